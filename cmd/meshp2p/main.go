@@ -1,0 +1,80 @@
+// Command meshp2p runs large language models split by layers across a
+// peer-to-peer mesh of ordinary computers.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+)
+
+// command is one subcommand. run gets the arguments after the subcommand name.
+type command struct {
+	name    string
+	summary string
+	run     func(ctx context.Context, stdout, stderr io.Writer, args []string) error
+}
+
+func commands() []command {
+	return []command{
+		{"start", "serve a layer range of a model to the swarm", runStart},
+		{"generate", "generate text through the swarm (or --local)", runGenerate},
+		{"shard", "inspect | split | synth | verify GGUF models and shards", runShard},
+		{"key", "show | swarm-gen: node identity and private-swarm keys", runKey},
+		{"testnet", "build a network-namespace NAT test network", runTestnet},
+		{"version", "print version, llama.cpp revision and CPU features", runVersion},
+	}
+}
+
+// errUsage marks an error caused by bad command-line usage (exit status 2).
+var errUsage = errors.New("usage")
+
+func usage(w io.Writer) {
+	fmt.Fprintf(w, "meshp2p: run LLMs split by layers across a peer-to-peer mesh\n\nUsage: meshp2p <command> [flags]\n\nCommands:\n")
+	for _, c := range commands() {
+		fmt.Fprintf(w, "  %-9s %s\n", c.name, c.summary)
+	}
+	fmt.Fprintf(w, "\nRun 'meshp2p <command> --help' for a command's flags.\n")
+}
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+func run(args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+		usage(stdout)
+		if len(args) == 0 {
+			return 2
+		}
+		return 0
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	for _, c := range commands() {
+		if c.name != args[0] {
+			continue
+		}
+		err := c.run(ctx, stdout, stderr, args[1:])
+		switch {
+		case err == nil:
+			return 0
+		case errors.Is(err, flag.ErrHelp):
+			return 0
+		case errors.Is(err, errUsage):
+			fmt.Fprintf(stderr, "meshp2p %s: %v\n", c.name, err)
+			return 2
+		default:
+			fmt.Fprintf(stderr, "meshp2p %s: %v\n", c.name, err)
+			return 1
+		}
+	}
+	fmt.Fprintf(stderr, "meshp2p: unknown command %q\n\n", args[0])
+	usage(stderr)
+	return 2
+}

@@ -1,0 +1,49 @@
+package engine
+
+//go:generate go run ../internal/gencgo zz_cgo_include.go
+
+/*
+#cgo CXXFLAGS: -std=c++17
+#include <stdlib.h>
+#include "mp.h"
+*/
+import "C"
+
+import (
+	"os"
+	"sync"
+
+	_ "github.com/ollama/ollama/llama/llama.cpp/src"      // libllama and its model graphs
+	_ "github.com/ollama/ollama/ml/backend/ggml/ggml/src" // ggml, ggml-base, ggml-cpu
+)
+
+// Version of meshp2p; overridden at link time by the Makefile.
+var Version = "dev"
+
+// LlamaCommit is the upstream llama.cpp revision vendored by the pinned
+// ollama module; OllamaVersion is that module's version.
+const (
+	LlamaCommit   = llamaCommit
+	OllamaVersion = ollamaVersion
+)
+
+// backendOnce guards llama_backend_init, which is process-wide by design in
+// llama.cpp (it registers the CPU backend once).
+var backendOnce sync.Once
+
+func initBackend() {
+	backendOnce.Do(func() {
+		verbose := 0
+		if os.Getenv("MESHP2P_LLAMA_DEBUG") != "" {
+			verbose = 1
+		}
+		C.mp_log_init(C.int(verbose))
+		C.llama_backend_init()
+	})
+}
+
+// SystemInfo returns llama.cpp's compiled-in CPU feature line.
+func SystemInfo() string {
+	initBackend()
+	return C.GoString(C.llama_print_system_info())
+}

@@ -1,0 +1,268 @@
+package engine
+
+/*
+#include <stdlib.h>
+#include "mp.h"
+*/
+import "C"
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"unsafe"
+)
+
+// Errors callers branch on.
+var (
+	ErrNoVocab        = errors.New("engine: model has no vocabulary (middle shard); tokenizer calls are not allowed")
+	ErrNoChatTemplate = errors.New("engine: model has no chat template")
+	ErrLoad           = errors.New("engine: llama.cpp could not load the model")
+)
+
+// Metadata keys written by engine/gguf into shard files.
+const (
+	keyParentFingerprint = "meshp2p.parent.fingerprint"
+	keyParentNLayer      = "meshp2p.parent.n_layer"
+	keyRangeStart        = "meshp2p.range.start"
+	keyRangeEnd          = "meshp2p.range.end"
+)
+
+// ModelInfo describes a loaded model or shard.
+type ModelInfo struct {
+	Path      string
+	Arch      string
+	NLayer    int // layers held by this file
+	NEmbd     int
+	NVocab    int // 1 on middle shards (stand-in vocabulary)
+	NCtxTrain int
+	NParams   uint64
+	HasVocab  bool
+	// Range is the global layer range [Start, End) of the parent model this
+	// file holds; a whole model has Start 0 and End == ParentNLayer.
+	Start, End   int
+	ParentNLayer int
+	// ParentFingerprint is the fingerprint recorded in a shard file ("" for
+	// a whole model: compute it with engine/gguf).
+	ParentFingerprint string
+	VocabOnly         bool
+}
+
+// IsHead reports whether the shard takes token ids (holds layer 0).
+func (i ModelInfo) IsHead() bool { return i.Start == 0 }
+
+// IsTail reports whether the shard produces logits (holds the last layer).
+func (i ModelInfo) IsTail() bool { return i.End == i.ParentNLayer }
+
+// Model is a loaded GGUF model, shard or vocabulary. It is safe for
+// concurrent use by tokenizer calls; compute goes through a Shard.
+type Model struct {
+	ptr   *C.struct_llama_model
+	vocab *C.struct_llama_vocab
+	info  ModelInfo
+}
+
+// LoadOptions control model loading.
+type LoadOptions struct {
+	// VocabOnly loads only the tokenizer (for thin clients without weights).
+	VocabOnly bool
+	// Validate runs before llama.cpp sees the file; it must reject anything
+	// that would make llama.cpp abort (GGML_ASSERT ends the process).
+	Validate func(ctx context.Context, path string) error
+}
+
+// LoadModel loads a whole model, a shard file or (VocabOnly) a vocabulary.
+func LoadModel(ctx context.Context, path string, opts LoadOptions) (*Model, error) {
+	if _, err := os.Stat(path); err != nil {
+		return nil, fmt.Errorf("engine: load %s: %w", path, err)
+	}
+	if opts.Validate != nil {
+		if err := opts.Validate(ctx, path); err != nil {
+			return nil, fmt.Errorf("engine: load %s: %w", path, err)
+		}
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	initBackend()
+	p := C.llama_model_default_params()
+	C.mp_quiet_model_params(&p)
+	p.vocab_only = C.bool(opts.VocabOnly)
+	p.use_mmap = true
+	cpath := C.CString(path)
+	defer C.free(unsafe.Pointer(cpath))
+	ptr := C.llama_model_load_from_file(cpath, p)
+	if ptr == nil {
+		return nil, fmt.Errorf("%w: %s (see the log above for llama.cpp's reason)", ErrLoad, path)
+	}
+	m := &Model{ptr: ptr, vocab: C.llama_model_get_vocab(ptr)}
+	m.info = ModelInfo{
+		Path:      path,
+		NLayer:    int(C.llama_model_n_layer(ptr)),
+		NEmbd:     int(C.llama_model_n_embd(ptr)),
+		NVocab:    int(C.llama_vocab_n_tokens(m.vocab)),
+		NCtxTrain: int(C.llama_model_n_ctx_train(ptr)),
+		NParams:   uint64(C.llama_model_n_params(ptr)),
+		VocabOnly: opts.VocabOnly,
+	}
+	m.info.Arch = m.meta("general.architecture")
+	m.info.HasVocab = C.llama_vocab_type(m.vocab) != C.LLAMA_VOCAB_TYPE_NONE
+	m.info.ParentFingerprint = m.meta(keyParentFingerprint)
+	m.info.Start, m.info.End, m.info.ParentNLayer = 0, m.info.NLayer, m.info.NLayer
+	if m.info.ParentFingerprint != "" {
+		s, e, n := m.metaInt(keyRangeStart), m.metaInt(keyRangeEnd), m.metaInt(keyParentNLayer)
+		if s < 0 || e <= s || n < e || (!opts.VocabOnly && e-s != m.info.NLayer) {
+			m.Close()
+			return nil, fmt.Errorf("engine: load %s: inconsistent shard metadata: range [%d,%d) of %d layers, file holds %d", path, s, e, n, m.info.NLayer)
+		}
+		m.info.Start, m.info.End, m.info.ParentNLayer = s, e, n
+	}
+	return m, nil
+}
+
+func (m *Model) meta(key string) string {
+	ck := C.CString(key)
+	defer C.free(unsafe.Pointer(ck))
+	var buf [256]C.char
+	n := C.llama_model_meta_val_str(m.ptr, ck, &buf[0], C.size_t(len(buf)))
+	if n < 0 {
+		return ""
+	}
+	return C.GoString(&buf[0])
+}
+
+func (m *Model) metaInt(key string) int {
+	v, err := strconv.Atoi(m.meta(key))
+	if err != nil {
+		return -1
+	}
+	return v
+}
+
+// Info returns the model's description.
+func (m *Model) Info() ModelInfo { return m.info }
+
+// Close frees the model. Shards using it must be closed first.
+func (m *Model) Close() {
+	if m.ptr != nil {
+		C.llama_model_free(m.ptr)
+		m.ptr = nil
+	}
+}
+
+// BOS, EOS return special token ids (-1 when the model has none).
+func (m *Model) BOS() int32 { return int32(C.llama_vocab_bos(m.vocab)) }
+func (m *Model) EOS() int32 { return int32(C.llama_vocab_eos(m.vocab)) }
+
+// IsEOG reports whether tok ends generation (EOS, EOT, ...).
+func (m *Model) IsEOG(tok int32) bool {
+	if !m.info.HasVocab || tok < 0 || int(tok) >= m.info.NVocab {
+		return false
+	}
+	return bool(C.llama_vocab_is_eog(m.vocab, C.llama_token(tok)))
+}
+
+// Tokenize converts text to token ids. addSpecial adds BOS/EOS as the model
+// asks; parseSpecial lets control tokens in text through.
+func (m *Model) Tokenize(text string, addSpecial, parseSpecial bool) ([]int32, error) {
+	if !m.info.HasVocab {
+		return nil, ErrNoVocab
+	}
+	ct := C.CString(text)
+	defer C.free(unsafe.Pointer(ct))
+	n := len(text) + 8
+	for range 2 {
+		buf := make([]C.llama_token, n)
+		got := C.llama_tokenize(m.vocab, ct, C.int32_t(len(text)), &buf[0], C.int32_t(n), C.bool(addSpecial), C.bool(parseSpecial))
+		if got >= 0 {
+			out := make([]int32, got)
+			for i := range out {
+				out[i] = int32(buf[i])
+			}
+			return out, nil
+		}
+		n = int(-got)
+	}
+	return nil, fmt.Errorf("engine: tokenize: buffer size mismatch")
+}
+
+// TokenPiece returns the text of one token (special tokens rendered only
+// when special is true).
+func (m *Model) TokenPiece(tok int32, special bool) (string, error) {
+	if !m.info.HasVocab {
+		return "", ErrNoVocab
+	}
+	if tok < 0 || int(tok) >= m.info.NVocab {
+		return "", fmt.Errorf("engine: token %d outside vocabulary of %d", tok, m.info.NVocab)
+	}
+	buf := make([]C.char, 64)
+	for range 2 {
+		n := C.llama_token_to_piece(m.vocab, C.llama_token(tok), &buf[0], C.int32_t(len(buf)), 0, C.bool(special))
+		if n >= 0 {
+			return C.GoStringN(&buf[0], n), nil
+		}
+		buf = make([]C.char, int(-n)+1)
+	}
+	return "", fmt.Errorf("engine: token_to_piece: buffer size mismatch")
+}
+
+// Detokenize turns tokens back into text (no special tokens).
+func (m *Model) Detokenize(toks []int32) (string, error) {
+	var b []byte
+	for _, t := range toks {
+		p, err := m.TokenPiece(t, false)
+		if err != nil {
+			return "", err
+		}
+		b = append(b, p...)
+	}
+	return string(b), nil
+}
+
+// ChatMessage is one turn of a conversation.
+type ChatMessage struct {
+	Role    string `json:"role"`
+	Content string `json:"content"`
+}
+
+// ApplyChatTemplate renders messages with the model's own chat template
+// (llama_chat_apply_template), adding the assistant prefix when addAssistant.
+func (m *Model) ApplyChatTemplate(msgs []ChatMessage, addAssistant bool) (string, error) {
+	tmpl := C.llama_model_chat_template(m.ptr, nil)
+	if tmpl == nil {
+		return "", ErrNoChatTemplate
+	}
+	if len(msgs) == 0 {
+		return "", errors.New("engine: chat template: no messages")
+	}
+	cmsgs := (*[1 << 20]C.struct_llama_chat_message)(C.malloc(C.size_t(len(msgs)) * C.size_t(unsafe.Sizeof(C.struct_llama_chat_message{}))))[:len(msgs):len(msgs)]
+	defer C.free(unsafe.Pointer(&cmsgs[0]))
+	var frees []unsafe.Pointer
+	defer func() {
+		for _, p := range frees {
+			C.free(p)
+		}
+	}()
+	total := 0
+	for i, msg := range msgs {
+		r, c := C.CString(msg.Role), C.CString(msg.Content)
+		frees = append(frees, unsafe.Pointer(r), unsafe.Pointer(c))
+		cmsgs[i].role, cmsgs[i].content = r, c
+		total += len(msg.Role) + len(msg.Content)
+	}
+	n := 2*total + 256
+	for range 2 {
+		buf := make([]C.char, n)
+		got := C.llama_chat_apply_template(tmpl, &cmsgs[0], C.size_t(len(msgs)), C.bool(addAssistant), &buf[0], C.int32_t(n))
+		if got < 0 {
+			return "", fmt.Errorf("engine: chat template not supported by llama.cpp (%d)", int(got))
+		}
+		if int(got) <= n {
+			return C.GoStringN(&buf[0], got), nil
+		}
+		n = int(got) + 1
+	}
+	return "", errors.New("engine: chat template: buffer size mismatch")
+}

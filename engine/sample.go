@@ -1,0 +1,183 @@
+package engine
+
+/*
+#include <stdlib.h>
+#include "mp.h"
+*/
+import "C"
+
+import (
+	"fmt"
+	"math"
+	"unsafe"
+)
+
+// Sampling configures token selection on the tail. Filtering (penalties,
+// top-k, top-p, min-p, temperature) runs through llama.cpp's sampler chain;
+// the final random draw uses a generator keyed on (Seed, step), so a
+// session re-created after a reroute draws exactly the same numbers.
+type Sampling struct {
+	Temperature   float32 // <= 0: greedy
+	TopK          int32   // 0: off
+	TopP          float32 // 0 or 1: off
+	MinP          float32 // 0: off
+	RepeatPenalty float32 // 0 or 1: off
+	RepeatLastN   int32   // tokens the penalty looks back (default 64)
+	Seed          uint64
+	// Generated are tokens this session already produced (after a reroute):
+	// they feed the repetition penalty and offset the draw counter.
+	Generated []int32
+}
+
+func (p Sampling) validate() error {
+	switch {
+	case math.IsNaN(float64(p.Temperature)) || p.Temperature > 100:
+		return fmt.Errorf("%w: temperature %v", ErrBadInput, p.Temperature)
+	case p.TopK < 0:
+		return fmt.Errorf("%w: top_k %d", ErrBadInput, p.TopK)
+	case !(p.TopP >= 0 && p.TopP <= 1):
+		return fmt.Errorf("%w: top_p %v outside [0,1]", ErrBadInput, p.TopP)
+	case !(p.MinP >= 0 && p.MinP <= 1):
+		return fmt.Errorf("%w: min_p %v outside [0,1]", ErrBadInput, p.MinP)
+	case !(p.RepeatPenalty >= 0 && p.RepeatPenalty <= 10):
+		return fmt.Errorf("%w: repeat_penalty %v outside [0,10]", ErrBadInput, p.RepeatPenalty)
+	case p.RepeatLastN < 0 || p.RepeatLastN > 1<<16:
+		return fmt.Errorf("%w: repeat_last_n %d", ErrBadInput, p.RepeatLastN)
+	}
+	return nil
+}
+
+type sampler struct {
+	p     Sampling
+	chain *C.struct_llama_sampler // nil when no filter is active
+	step  uint64
+}
+
+func newSampler(m *Model, p Sampling) (*sampler, error) {
+	smp := &sampler{p: p, step: uint64(len(p.Generated))}
+	cp := C.llama_sampler_chain_default_params()
+	cp.no_perf = true
+	chain := C.llama_sampler_chain_init(cp)
+	n := 0
+	if p.RepeatPenalty > 0 && p.RepeatPenalty != 1 {
+		last := p.RepeatLastN
+		if last == 0 {
+			last = 64
+		}
+		C.llama_sampler_chain_add(chain, C.llama_sampler_init_penalties(C.int32_t(last), C.float(p.RepeatPenalty), 0, 0))
+		n++
+	}
+	if p.Temperature > 0 {
+		if p.TopK > 0 {
+			C.llama_sampler_chain_add(chain, C.llama_sampler_init_top_k(C.int32_t(p.TopK)))
+			n++
+		}
+		if p.TopP > 0 && p.TopP < 1 {
+			C.llama_sampler_chain_add(chain, C.llama_sampler_init_top_p(C.float(p.TopP), 1))
+			n++
+		}
+		if p.MinP > 0 {
+			C.llama_sampler_chain_add(chain, C.llama_sampler_init_min_p(C.float(p.MinP), 1))
+			n++
+		}
+		C.llama_sampler_chain_add(chain, C.llama_sampler_init_temp(C.float(p.Temperature)))
+		n++
+	}
+	if n == 0 {
+		C.llama_sampler_free(chain)
+		return smp, nil
+	}
+	smp.chain = chain
+	for _, t := range p.Generated {
+		C.llama_sampler_accept(chain, C.llama_token(t))
+	}
+	return smp, nil
+}
+
+func (smp *sampler) free() {
+	if smp.chain != nil {
+		C.llama_sampler_free(smp.chain)
+		smp.chain = nil
+	}
+}
+
+// sample picks a token from logits; cands is scratch of n_vocab entries.
+func (smp *sampler) sample(cands []C.llama_token_data, logits []float32) int32 {
+	step := smp.step
+	smp.step++
+	if smp.chain == nil {
+		return argmax(logits)
+	}
+	for i, l := range logits {
+		cands[i] = C.llama_token_data{id: C.llama_token(i), logit: C.float(l), p: 0}
+	}
+	arr := C.llama_token_data_array{data: &cands[0], size: C.size_t(len(logits)), selected: -1, sorted: false}
+	C.llama_sampler_apply(smp.chain, &arr)
+	view := cands[:arr.size]
+	if arr.data != &cands[0] {
+		view = unsafeTokenData(arr.data, int(arr.size))
+	}
+	var tok int32
+	if smp.p.Temperature <= 0 {
+		best := 0
+		for i := range view {
+			if view[i].logit > view[best].logit {
+				best = i
+			}
+		}
+		tok = int32(view[best].id)
+	} else {
+		tok = draw(view, rand01(smp.p.Seed, step))
+	}
+	C.llama_sampler_accept(smp.chain, C.llama_token(tok))
+	return tok
+}
+
+func argmax(v []float32) int32 {
+	best := 0
+	for i := range v {
+		if v[i] > v[best] {
+			best = i
+		}
+	}
+	return int32(best)
+}
+
+// draw samples from softmax(logit) over view with u in [0,1).
+func draw(view []C.llama_token_data, u float64) int32 {
+	maxL := math.Inf(-1)
+	for _, c := range view {
+		maxL = math.Max(maxL, float64(c.logit))
+	}
+	sum := 0.0
+	for _, c := range view {
+		if !math.IsInf(float64(c.logit), -1) {
+			sum += math.Exp(float64(c.logit) - maxL)
+		}
+	}
+	target := u * sum
+	acc := 0.0
+	for _, c := range view {
+		if math.IsInf(float64(c.logit), -1) {
+			continue
+		}
+		acc += math.Exp(float64(c.logit) - maxL)
+		if acc > target {
+			return int32(c.id)
+		}
+	}
+	return int32(view[len(view)-1].id)
+}
+
+// rand01 is splitmix64 keyed on (seed, step): a uniform value in [0,1).
+func rand01(seed, step uint64) float64 {
+	z := seed + 0x9E3779B97F4A7C15*(step+1)
+	z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9
+	z = (z ^ (z >> 27)) * 0x94D049BB133111EB
+	z ^= z >> 31
+	return float64(z>>11) / float64(1<<53)
+}
+
+func unsafeTokenData(p *C.llama_token_data, n int) []C.llama_token_data {
+	return unsafe.Slice(p, n)
+}

@@ -1,0 +1,453 @@
+package engine
+
+/*
+#include <stdlib.h>
+#include <string.h>
+#include "mp.h"
+*/
+import "C"
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"runtime"
+	"sync"
+	"unsafe"
+)
+
+// Errors returned by shards and sessions; callers branch on them.
+var (
+	ErrNoCapacity    = errors.New("engine: no capacity")
+	ErrSessionExists = errors.New("engine: session already open")
+	ErrClosed        = errors.New("engine: shard closed")
+	ErrSessionClosed = errors.New("engine: session closed")
+	ErrBadInput      = errors.New("engine: bad input")
+	ErrSelfTest      = errors.New("engine: start-up self-test failed (llama.cpp internals changed? see patches/README.md)")
+	ErrDecode        = errors.New("engine: llama_decode failed")
+)
+
+// SessionKey identifies a route session on a hop: the same session id gets
+// a new epoch after a reroute, and both epochs may briefly coexist.
+type SessionKey struct {
+	ID    [16]byte
+	Epoch uint64
+}
+
+func (k SessionKey) String() string { return fmt.Sprintf("%x/%d", k.ID[:4], k.Epoch) }
+
+// Config sizes a shard's llama context.
+type Config struct {
+	// NCtx is the number of KV cells shared by all sessions (default 4096).
+	NCtx int
+	// NBatch is the most rows one llama_decode takes (default 512). Larger
+	// requests are split across decode steps.
+	NBatch int
+	// MaxSessions is the number of concurrent sessions (default 8).
+	MaxSessions int
+	// Threads for compute (default: number of CPUs).
+	Threads int
+	// FlashAttn enables flash attention. Off by default: with it on, a
+	// session placed into KV cells freed by another differs by ~1e-3 from a
+	// run alone (measured, engine-spike.md Q4); off, results are bit-exact.
+	FlashAttn bool
+	Logger    *slog.Logger
+}
+
+func (c Config) withDefaults() (Config, error) {
+	if c.NCtx == 0 {
+		c.NCtx = 4096
+	}
+	if c.NBatch == 0 {
+		c.NBatch = 512
+	}
+	if c.MaxSessions == 0 {
+		c.MaxSessions = 8
+	}
+	if c.Threads == 0 {
+		c.Threads = runtime.NumCPU()
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	switch {
+	case c.NCtx < 16 || c.NCtx > 1<<22:
+		return c, fmt.Errorf("%w: NCtx %d outside [16, %d]", ErrBadInput, c.NCtx, 1<<22)
+	case c.NBatch < 2 || c.NBatch > 8192:
+		return c, fmt.Errorf("%w: NBatch %d outside [2, 8192]", ErrBadInput, c.NBatch)
+	case c.MaxSessions < 1 || c.MaxSessions > 250:
+		return c, fmt.Errorf("%w: MaxSessions %d outside [1, 250]", ErrBadInput, c.MaxSessions)
+	case c.NBatch < 2*c.MaxSessions:
+		// Decode rows go first; leave room so prefill always progresses.
+		return c, fmt.Errorf("%w: NBatch %d must be at least 2×MaxSessions (%d)", ErrBadInput, c.NBatch, 2*c.MaxSessions)
+	}
+	return c, nil
+}
+
+// Capacity is what a shard can still admit.
+type Capacity struct {
+	MaxSessions  int
+	FreeSessions int
+	NCtx         int // KV cells in total
+	FreeKV       int // KV cells not reserved by open sessions
+}
+
+// Shard runs one model file's layers for many sessions. One goroutine owns
+// the llama context and batches all sessions' rows (continuous batching).
+type Shard struct {
+	model *Model
+	info  ModelInfo
+	cfg   Config
+	log   *slog.Logger
+
+	lctx    *C.struct_llama_context
+	capture *C.mp_capture         // nil on the tail (it produces logits)
+	batch   *C.struct_llama_batch // in C memory: cgo may not see Go pointers to it
+	cands   []C.llama_token_data  // sampling scratch, owned by the loop
+	nCtx    int
+	scratch int // sequence id reserved for the self-test
+
+	reqs chan *request
+	quit chan struct{}
+	done chan struct{}
+
+	mu       sync.Mutex
+	closed   bool
+	sessions map[SessionKey]*Session
+	freeSeq  []int
+	reserved int
+}
+
+// NewShard creates a llama context for model and starts its batching loop.
+// It runs the start-up self-test and fails loudly if llama.cpp no longer
+// behaves the way the engine relies on (patches/README.md).
+func NewShard(ctx context.Context, model *Model, cfg Config) (*Shard, error) {
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	info := model.Info()
+	if info.VocabOnly {
+		return nil, fmt.Errorf("%w: %s was loaded vocab-only", ErrBadInput, info.Path)
+	}
+	s := &Shard{
+		model: model, info: info, cfg: cfg, log: cfg.Logger.With("shard", fmt.Sprintf("%d-%d", info.Start, info.End)),
+		reqs: make(chan *request, 4*cfg.MaxSessions), quit: make(chan struct{}), done: make(chan struct{}),
+		sessions: map[SessionKey]*Session{}, scratch: cfg.MaxSessions,
+	}
+	p := C.llama_context_default_params()
+	p.n_ctx = C.uint32_t(cfg.NCtx)
+	p.n_batch = C.uint32_t(cfg.NBatch)
+	p.n_ubatch = C.uint32_t(cfg.NBatch) // one ubatch per decode: captured rows stay in batch order
+	p.n_seq_max = C.uint32_t(cfg.MaxSessions + 1)
+	p.n_threads = C.int32_t(cfg.Threads)
+	p.n_threads_batch = C.int32_t(cfg.Threads)
+	p.kv_unified = true // split_simple: rows come back in batch order
+	p.no_perf = true
+	p.flash_attn_type = C.LLAMA_FLASH_ATTN_TYPE_DISABLED
+	if cfg.FlashAttn {
+		p.flash_attn_type = C.LLAMA_FLASH_ATTN_TYPE_ENABLED
+	}
+	if !info.IsTail() {
+		s.capture = (*C.mp_capture)(C.calloc(1, C.size_t(unsafe.Sizeof(C.mp_capture{}))))
+		name := fmt.Sprintf("l_out-%d", info.NLayer-1)
+		cname := C.CString(name)
+		C.strncpy(&s.capture.name[0], cname, 63)
+		C.free(unsafe.Pointer(cname))
+		s.capture.cap = C.size_t(cfg.NBatch * info.NEmbd)
+		s.capture.buf = (*C.float)(C.malloc(s.capture.cap * 4))
+		C.mp_set_capture(&p, s.capture)
+	}
+	s.lctx = C.llama_init_from_model(model.ptr, p)
+	if s.lctx == nil {
+		s.freeC()
+		return nil, fmt.Errorf("engine: llama_init_from_model failed for %s (n_ctx %d)", info.Path, cfg.NCtx)
+	}
+	s.nCtx = int(C.llama_n_ctx(s.lctx))
+	embd := 0
+	if !info.IsHead() {
+		embd = info.NEmbd
+	}
+	s.batch = (*C.struct_llama_batch)(C.malloc(C.size_t(unsafe.Sizeof(C.struct_llama_batch{}))))
+	*s.batch = C.llama_batch_init(C.int32_t(cfg.NBatch), C.int32_t(embd), 1)
+	if info.IsTail() {
+		s.cands = make([]C.llama_token_data, 0, info.NVocab)
+		s.cands = (*[1 << 30]C.llama_token_data)(C.malloc(C.size_t(info.NVocab) * C.size_t(unsafe.Sizeof(C.llama_token_data{}))))[:info.NVocab:info.NVocab]
+	}
+	for i := cfg.MaxSessions - 1; i >= 0; i-- {
+		s.freeSeq = append(s.freeSeq, i)
+	}
+	if err := s.selfTest(); err != nil {
+		s.freeC()
+		return nil, err
+	}
+	go s.loop()
+	return s, nil
+}
+
+// Info describes the model this shard runs.
+func (s *Shard) Info() ModelInfo { return s.info }
+
+// Config returns the effective configuration.
+func (s *Shard) Config() Config { return s.cfg }
+
+// Capacity reports free session slots and unreserved KV cells.
+func (s *Shard) Capacity() Capacity {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return Capacity{MaxSessions: s.cfg.MaxSessions, FreeSessions: len(s.freeSeq), NCtx: s.nCtx, FreeKV: s.nCtx - s.reserved}
+}
+
+// Close stops the loop, fails pending requests and frees the context.
+func (s *Shard) Close() error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil
+	}
+	s.closed = true
+	s.mu.Unlock()
+	close(s.quit)
+	<-s.done
+	s.freeC()
+	return nil
+}
+
+func (s *Shard) freeC() {
+	if s.lctx != nil {
+		if s.batch != nil {
+			C.llama_batch_free(*s.batch)
+			C.free(unsafe.Pointer(s.batch))
+			s.batch = nil
+		}
+		C.llama_free(s.lctx)
+		s.lctx = nil
+	}
+	if s.capture != nil {
+		C.free(unsafe.Pointer(s.capture.buf))
+		C.free(unsafe.Pointer(s.capture))
+		s.capture = nil
+	}
+	if s.cands != nil {
+		C.free(unsafe.Pointer(&s.cands[0]))
+		s.cands = nil
+	}
+}
+
+// SessionParams are fixed when a session opens on a shard.
+type SessionParams struct {
+	// KVTokens reserves KV cells for the session: prompt + generated tokens
+	// it may reach. 0 means an even share of the context.
+	KVTokens int
+	// Sampling is used on the tail only.
+	Sampling Sampling
+}
+
+// Session is one sequence in a shard's context.
+type Session struct {
+	shard *Shard
+	key   SessionKey
+	seq   int
+	kv    int
+	smp   *sampler // tail only
+
+	mu      sync.Mutex // one Forward at a time
+	nextPos int
+	closed  bool
+	broken  error
+}
+
+// OpenSession admits a session: it needs a free sequence slot and KV cells.
+func (s *Shard) OpenSession(key SessionKey, p SessionParams) (*Session, error) {
+	if p.KVTokens < 0 {
+		return nil, fmt.Errorf("%w: negative KV reservation", ErrBadInput)
+	}
+	if err := p.Sampling.validate(); err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return nil, ErrClosed
+	}
+	if _, ok := s.sessions[key]; ok {
+		return nil, fmt.Errorf("%w: %s", ErrSessionExists, key)
+	}
+	kv := p.KVTokens
+	if kv == 0 {
+		kv = s.nCtx / s.cfg.MaxSessions
+	}
+	if len(s.freeSeq) == 0 {
+		return nil, fmt.Errorf("%w: all %d session slots in use", ErrNoCapacity, s.cfg.MaxSessions)
+	}
+	if s.reserved+kv > s.nCtx {
+		return nil, fmt.Errorf("%w: session needs %d KV cells, %d of %d free", ErrNoCapacity, kv, s.nCtx-s.reserved, s.nCtx)
+	}
+	seq := s.freeSeq[len(s.freeSeq)-1]
+	s.freeSeq = s.freeSeq[:len(s.freeSeq)-1]
+	s.reserved += kv
+	sess := &Session{shard: s, key: key, seq: seq, kv: kv}
+	if s.info.IsTail() {
+		smp, err := newSampler(s.model, p.Sampling)
+		if err != nil {
+			s.freeSeq = append(s.freeSeq, seq)
+			s.reserved -= kv
+			return nil, err
+		}
+		sess.smp = smp
+	}
+	s.sessions[key] = sess
+	return sess, nil
+}
+
+// Key returns the session's key.
+func (x *Session) Key() SessionKey { return x.key }
+
+// NextPos is the position the next Forward must start at.
+func (x *Session) NextPos() int {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	return x.nextPos
+}
+
+// Input is one chunk of rows for a session: token ids on a head shard,
+// hidden states (rows × n_embd, row-major) elsewhere.
+type Input struct {
+	Pos    int // must equal the session's NextPos
+	Tokens []int32
+	Hidden []float32
+	// Sample asks the tail to sample a token after the last row.
+	Sample bool
+	// Logits asks the tail for a copy of the last row's logits.
+	Logits bool
+}
+
+// Output is the result of a Forward.
+type Output struct {
+	Hidden []float32 // non-tail: rows × n_embd
+	Token  int32     // tail with Sample
+	Logits []float32 // tail with Logits
+}
+
+// Forward runs the shard's layers on in and blocks until done. Rows of all
+// sessions are batched together by the shard's loop.
+func (x *Session) Forward(ctx context.Context, in Input) (*Output, error) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if x.closed {
+		return nil, ErrSessionClosed
+	}
+	if x.broken != nil {
+		return nil, x.broken
+	}
+	rows, err := x.validate(in)
+	if err != nil {
+		return nil, err
+	}
+	r := &request{sess: x, in: in, rows: rows, done: make(chan error, 1)}
+	if !x.shard.info.IsTail() {
+		r.out.Hidden = make([]float32, rows*x.shard.info.NEmbd)
+	}
+	select {
+	case x.shard.reqs <- r:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	case <-x.shard.quit:
+		return nil, ErrClosed
+	}
+	// Once queued, the request runs to completion (its rows enter the KV
+	// cache); waiting for it keeps the session consistent.
+	select {
+	case err = <-r.done:
+	case <-x.shard.done:
+		err = ErrClosed
+	}
+	if err != nil {
+		x.broken = err
+		return nil, err
+	}
+	x.nextPos += rows
+	return &r.out, nil
+}
+
+func (x *Session) validate(in Input) (int, error) {
+	info := x.shard.info
+	var rows int
+	switch {
+	case info.IsHead() && in.Hidden != nil:
+		return 0, fmt.Errorf("%w: head shard takes token ids, got hidden states", ErrBadInput)
+	case !info.IsHead() && in.Tokens != nil:
+		return 0, fmt.Errorf("%w: shard [%d,%d) takes hidden states, got token ids", ErrBadInput, info.Start, info.End)
+	case info.IsHead():
+		rows = len(in.Tokens)
+		for _, t := range in.Tokens {
+			if t < 0 || int(t) >= info.NVocab {
+				return 0, fmt.Errorf("%w: token %d outside vocabulary of %d", ErrBadInput, t, info.NVocab)
+			}
+		}
+	default:
+		if len(in.Hidden)%info.NEmbd != 0 {
+			return 0, fmt.Errorf("%w: hidden states of %d floats are not a multiple of n_embd %d", ErrBadInput, len(in.Hidden), info.NEmbd)
+		}
+		rows = len(in.Hidden) / info.NEmbd
+		for _, v := range in.Hidden {
+			if math.IsNaN(float64(v)) || math.IsInf(float64(v), 0) {
+				return 0, fmt.Errorf("%w: non-finite hidden state", ErrBadInput)
+			}
+		}
+	}
+	if rows == 0 {
+		return 0, fmt.Errorf("%w: no rows", ErrBadInput)
+	}
+	if in.Pos != x.nextPos {
+		return 0, fmt.Errorf("%w: position %d, session is at %d", ErrBadInput, in.Pos, x.nextPos)
+	}
+	if x.nextPos+rows > x.kv {
+		return 0, fmt.Errorf("%w: %d rows at position %d exceed the session's %d reserved KV cells", ErrNoCapacity, rows, x.nextPos, x.kv)
+	}
+	if (in.Sample || in.Logits) && !info.IsTail() {
+		return 0, fmt.Errorf("%w: only the tail shard samples", ErrBadInput)
+	}
+	return rows, nil
+}
+
+// Close frees the session's KV cells and slot. It is safe to call twice.
+func (x *Session) Close() {
+	x.mu.Lock()
+	if x.closed {
+		x.mu.Unlock()
+		return
+	}
+	x.closed = true
+	x.mu.Unlock()
+	s := x.shard
+	r := &request{sess: x, free: true, done: make(chan error, 1)}
+	select {
+	case s.reqs <- r:
+		select {
+		case <-r.done:
+		case <-s.done:
+		}
+	case <-s.quit:
+	}
+	if x.smp != nil {
+		x.smp.free()
+	}
+	s.mu.Lock()
+	delete(s.sessions, x.key)
+	s.freeSeq = append(s.freeSeq, x.seq)
+	s.reserved -= x.kv
+	s.mu.Unlock()
+}
+
+type request struct {
+	sess *Session
+	in   Input
+	rows int
+	off  int // rows already decoded
+	free bool
+	out  Output
+	done chan error
+}
