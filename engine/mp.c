@@ -37,7 +37,7 @@ void mp_quiet_model_params(struct llama_model_params *p) {
 	p->progress_callback_user_data = NULL;
 }
 
-static int mp_log_level = GGML_LOG_LEVEL_WARN;
+static int mp_log_level = GGML_LOG_LEVEL_ERROR;
 
 static void mp_log(enum ggml_log_level level, const char *text, void *ud) {
 	(void)ud;
@@ -50,7 +50,7 @@ static void mp_log(enum ggml_log_level level, const char *text, void *ud) {
 }
 
 void mp_log_init(int verbose) {
-	mp_log_level = verbose ? GGML_LOG_LEVEL_DEBUG : GGML_LOG_LEVEL_WARN;
+	mp_log_level = verbose ? GGML_LOG_LEVEL_DEBUG : GGML_LOG_LEVEL_ERROR;
 	llama_log_set(mp_log, NULL);
 }
 
