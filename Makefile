@@ -69,4 +69,4 @@ demo: build
 clean:
 	rm -rf bin $(GENERATED)
 
--include proto/proto.mk
+include proto/proto.mk

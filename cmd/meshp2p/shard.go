@@ -1,0 +1,386 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/neuron-tai/meshp2p/engine/gguf"
+)
+
+const shardUsage = `Usage:
+  meshp2p shard inspect [--json] [--no-fingerprint] FILE
+        summarise a GGUF model or shard (architecture, geometry, fingerprint)
+  meshp2p shard split (--ranges 0-3,3-6 | --even K) [-o DIR] [--json] FILE
+        write one shard GGUF per half-open layer range [a,b) as DIR/<base>.L<a>-<b>.gguf
+  meshp2p shard synth [--arch llama|qwen2|qwen3|qwen3moe] [geometry flags] -o FILE
+        write a random-weight model (see 'meshp2p shard synth --help')
+  meshp2p shard verify ...
+        check shards against their model fingerprint
+`
+
+// runShard implements "meshp2p shard inspect|split|synth|verify".
+func runShard(ctx context.Context, stdout, stderr io.Writer, args []string) error {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, shardUsage)
+		return fmt.Errorf("%w: shard needs a subcommand (inspect, split, synth or verify)", errUsage)
+	}
+	switch args[0] {
+	case "inspect":
+		return runShardInspect(ctx, stdout, stderr, args[1:])
+	case "split":
+		return runShardSplit(ctx, stdout, stderr, args[1:])
+	case "synth":
+		return runShardSynth(ctx, stdout, stderr, args[1:])
+	case "verify":
+		return runShardVerify(ctx, stdout, stderr, args[1:])
+	case "-h", "--help", "help":
+		fmt.Fprint(stdout, shardUsage)
+		return nil
+	default:
+		fmt.Fprint(stderr, shardUsage)
+		return fmt.Errorf("%w: unknown shard subcommand %q", errUsage, args[0])
+	}
+}
+
+// parseInterspersed parses flags that may come before or after positional
+// arguments and returns the positionals, which must number exactly nPos.
+func parseInterspersed(fs *flag.FlagSet, args []string, nPos int, what string) ([]string, error) {
+	var pos []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			if errors.Is(err, flag.ErrHelp) {
+				return nil, err
+			}
+			return nil, fmt.Errorf("%w: %v", errUsage, err)
+		}
+		if fs.NArg() == 0 {
+			break
+		}
+		pos = append(pos, fs.Arg(0))
+		args = fs.Args()[1:]
+	}
+	if len(pos) != nPos {
+		return nil, fmt.Errorf("%w: want %s, got %d argument(s)", errUsage, what, len(pos))
+	}
+	return pos, nil
+}
+
+func runShardInspect(ctx context.Context, stdout, stderr io.Writer, args []string) error {
+	fs := flag.NewFlagSet("shard inspect", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	asJSON := fs.Bool("json", false, "print JSON")
+	noFP := fs.Bool("no-fingerprint", false, "skip the fingerprint (it reads every tensor)")
+	pos, err := parseInterspersed(fs, args, 1, "one GGUF file")
+	if err != nil {
+		return err
+	}
+	in, err := gguf.Inspect(ctx, pos[0], !*noFP)
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(in)
+	}
+	printInfo(stdout, pos[0], in)
+	return nil
+}
+
+func printInfo(w io.Writer, path string, in *gguf.Info) {
+	row := func(k, format string, args ...any) {
+		fmt.Fprintf(w, "%-13s "+format+"\n", append([]any{k}, args...)...)
+	}
+	row("file", "%s (%s)", path, humanBytes(in.FileSize))
+	row("architecture", "%s", in.Architecture)
+	if in.Name != "" {
+		row("name", "%s", in.Name)
+	}
+	row("layers", "%d", in.NLayer)
+	row("embd", "%d", in.NEmbd)
+	row("heads", "%d (kv %d)", in.NHead, in.NHeadKV)
+	row("ff", "%d", in.NFF)
+	if in.NExpert > 0 {
+		row("experts", "%d (used %d, ff %d)", in.NExpert, in.NExpertUsed, in.NFFExpert)
+	}
+	row("vocab", "%d (tokenizer %q)", in.VocabSize, in.Tokenizer)
+	row("context", "%d", in.ContextLength)
+	types := make([]string, 0, len(in.TensorTypes))
+	for t, n := range in.TensorTypes {
+		types = append(types, fmt.Sprintf("%s %d", t, n))
+	}
+	sort.Strings(types)
+	row("tensors", "%d (%s)", in.TensorCount, strings.Join(types, ", "))
+	row("params", "%s", humanCount(in.Params))
+	if len(in.LayerBytes) > 0 {
+		lo, hi := in.LayerBytes[0], in.LayerBytes[0]
+		for _, b := range in.LayerBytes {
+			lo, hi = min(lo, b), max(hi, b)
+		}
+		if lo == hi {
+			row("layer bytes", "%s each", humanBytes(lo))
+		} else {
+			row("layer bytes", "%s .. %s", humanBytes(lo), humanBytes(hi))
+		}
+	}
+	row("global bytes", "%s", humanBytes(in.GlobalBytes))
+	if in.TiedOutput {
+		row("output", "tied to token_embd")
+	} else {
+		row("output", "separate output.weight")
+	}
+	if in.Fingerprint != "" {
+		row("fingerprint", "%s", in.Fingerprint)
+	}
+	if s := in.Shard; s != nil {
+		row("shard", "layers %v of %d (%s), claimed parent %s", s.Range, s.ParentNLayer, s.Role, s.ParentFingerprint)
+	}
+}
+
+func humanBytes(n int64) string {
+	const unit = 1024
+	if n < unit {
+		return fmt.Sprintf("%d B", n)
+	}
+	div, exp := int64(unit), 0
+	for m := n / unit; m >= unit; m /= unit {
+		div *= unit
+		exp++
+	}
+	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
+}
+
+func humanCount(n uint64) string {
+	switch {
+	case n >= 1e9:
+		return fmt.Sprintf("%.2fB", float64(n)/1e9)
+	case n >= 1e6:
+		return fmt.Sprintf("%.2fM", float64(n)/1e6)
+	case n >= 1e3:
+		return fmt.Sprintf("%.1fK", float64(n)/1e3)
+	}
+	return fmt.Sprint(n)
+}
+
+func runShardSplit(ctx context.Context, stdout, stderr io.Writer, args []string) error {
+	fs := flag.NewFlagSet("shard split", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	rangesFlag := fs.String("ranges", "", "comma-separated half-open layer ranges, e.g. 0-3,3-6")
+	even := fs.Int("even", 0, "split into K even ranges instead of --ranges")
+	outDir := fs.String("o", ".", "output directory")
+	asJSON := fs.Bool("json", false, "print the results as JSON")
+	pos, err := parseInterspersed(fs, args, 1, "one source GGUF file")
+	if err != nil {
+		return err
+	}
+	src := pos[0]
+	var ranges []gguf.Range
+	switch {
+	case *rangesFlag != "" && *even != 0:
+		return fmt.Errorf("%w: use --ranges or --even, not both", errUsage)
+	case *rangesFlag != "":
+		if ranges, err = gguf.ParseRanges(*rangesFlag); err != nil {
+			return fmt.Errorf("%w: --ranges: %v", errUsage, err)
+		}
+	case *even > 0:
+		in, err := gguf.Inspect(ctx, src, false)
+		if err != nil {
+			return err
+		}
+		ranges = gguf.EvenSplit(in.NLayer, *even)
+	default:
+		return fmt.Errorf("%w: --ranges or --even K is required", errUsage)
+	}
+	prog := newProgress(stderr, "split "+filepath.Base(src))
+	res, err := gguf.Split(ctx, src, ranges, *outDir, prog.update)
+	prog.finish()
+	if errors.Is(err, gguf.ErrBadRange) {
+		return fmt.Errorf("%w: %v", errUsage, err)
+	}
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(res)
+	}
+	for _, r := range res {
+		fmt.Fprintf(stdout, "%s\tlayers %v (%s)\t%s\tmodel %s\n", r.Path, r.Range, r.Role, humanBytes(r.Size), r.Fingerprint)
+	}
+	return nil
+}
+
+// quantTypes are the llama.cpp ftypes synth can produce through the engine.
+var quantTypes = map[string]bool{
+	"q4_0": true, "q4_1": true, "q5_0": true, "q5_1": true, "q8_0": true,
+	"q2_k": true, "q3_k_s": true, "q3_k_m": true, "q3_k_l": true,
+	"q4_k_s": true, "q4_k_m": true, "q5_k_s": true, "q5_k_m": true, "q6_k": true,
+}
+
+// quantizeFile quantizes the whole-model GGUF at in into out with the
+// llama.cpp ftype typ (e.g. "q8_0", "q4_k_m"), writing out atomically. The
+// engine (cgo) provides the implementation; this placeholder keeps the
+// pure-Go build working.
+func quantizeFile(ctx context.Context, in, out, typ string) error {
+	return fmt.Errorf("quantized synth (--type %s) needs the engine, which is not built in yet", typ)
+}
+
+func runShardSynth(ctx context.Context, stdout, stderr io.Writer, args []string) error {
+	fs := flag.NewFlagSet("shard synth", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	arch := fs.String("arch", "llama", "architecture: llama, qwen2, qwen3 or qwen3moe")
+	layers := fs.Int("layers", 0, "number of layers (default 6)")
+	embd := fs.Int("embd", 0, "embedding length (default 128)")
+	heads := fs.Int("heads", 0, "attention heads (default 4)")
+	kvHeads := fs.Int("kv-heads", 0, "key/value heads (default 2)")
+	ff := fs.Int("ff", 0, "feed-forward length; per expert for llama with experts (default 256)")
+	experts := fs.Int("experts", -1, "expert count (qwen3moe default 8; llama default 0 = dense)")
+	expertsUsed := fs.Int("experts-used", -1, "experts used per token (qwen3moe default 2)")
+	expertFF := fs.Int("expert-ff", -1, "expert feed-forward length, qwen3moe (default 64)")
+	ctxLen := fs.Int("ctx", 0, "context length (default 2048)")
+	tied := fs.Bool("tied", false, "tie the output to token_embd (default: qwen3 tied, others untied)")
+	vocabFrom := fs.String("vocab-from", "", "copy tokenizer.* from this GGUF (default: a built-in 372-token SPM vocabulary)")
+	typ := fs.String("type", "f32", "weight type: f32, f16, or a quantized type (q8_0, q4_k_m, ...) via the engine")
+	seed := fs.Uint64("seed", 1, "random seed (same seed and flags, same file)")
+	name := fs.String("name", "", "general.name")
+	out := fs.String("o", "", "output file (required)")
+	if _, err := parseInterspersed(fs, args, 0, "no positional arguments"); err != nil {
+		return err
+	}
+	if *out == "" {
+		return fmt.Errorf("%w: -o FILE is required", errUsage)
+	}
+	spec := gguf.DefaultSpec(*arch)
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	if set["layers"] {
+		spec.Layers = *layers
+	}
+	if set["embd"] {
+		spec.Embd = *embd
+	}
+	if set["heads"] {
+		spec.Heads = *heads
+	}
+	if set["kv-heads"] {
+		spec.KVHeads = *kvHeads
+	} else if set["heads"] && spec.Heads%spec.KVHeads != 0 {
+		spec.KVHeads = spec.Heads
+	}
+	if set["ff"] {
+		spec.FF = *ff
+	}
+	if set["experts"] {
+		spec.Experts = *experts
+		if !set["experts-used"] && spec.Experts > 0 && spec.ExpertsUsed == 0 {
+			spec.ExpertsUsed = min(2, spec.Experts)
+		}
+	}
+	if set["experts-used"] {
+		spec.ExpertsUsed = *expertsUsed
+	}
+	if set["expert-ff"] {
+		spec.ExpertFF = *expertFF
+	}
+	if set["ctx"] {
+		spec.ContextLength = *ctxLen
+	}
+	if set["tied"] {
+		spec.Tied = *tied
+	}
+	spec.VocabFrom, spec.Seed, spec.Name = *vocabFrom, *seed, *name
+	quant := ""
+	switch t := strings.ToLower(*typ); {
+	case t == "f32":
+		spec.Type = gguf.TypeF32
+	case t == "f16":
+		spec.Type = gguf.TypeF16
+	case quantTypes[t]:
+		spec.Type, quant = gguf.TypeF16, t
+	default:
+		return fmt.Errorf("%w: --type %q (want f32, f16 or one of q8_0, q4_k_m, ...)", errUsage, *typ)
+	}
+	if err := spec.Validate(); err != nil {
+		return fmt.Errorf("%w: %v", errUsage, err)
+	}
+	prog := newProgress(stderr, "synth "+filepath.Base(*out))
+	target := *out
+	if quant != "" {
+		target = filepath.Join(filepath.Dir(*out), "."+filepath.Base(*out)+".f16.tmp")
+		defer os.Remove(target)
+	}
+	spec.Progress = prog.update
+	err := gguf.Synth(ctx, spec, target)
+	prog.finish()
+	if err != nil {
+		return err
+	}
+	if quant != "" {
+		if err := quantizeFile(ctx, target, *out, quant); err != nil {
+			return err
+		}
+	}
+	in, err := gguf.Inspect(ctx, *out, true)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "%s\t%s %d layers, %d embd, %s params\t%s\tmodel %s\n", *out, in.Architecture, in.NLayer, in.NEmbd, humanCount(in.Params), humanBytes(in.FileSize), in.Fingerprint)
+	return nil
+}
+
+// progress prints a progress line on stderr: a \r-updated line on a
+// terminal, otherwise a line every 10% for large jobs.
+type progress struct {
+	w        io.Writer
+	label    string
+	tty      bool
+	last     time.Time
+	lastPct  int
+	printed  bool
+	minBytes int64
+}
+
+func newProgress(w io.Writer, label string) *progress {
+	p := &progress{w: w, label: label, lastPct: -1, minBytes: 64 << 20}
+	if f, ok := w.(*os.File); ok {
+		if st, err := f.Stat(); err == nil && st.Mode()&os.ModeCharDevice != 0 {
+			p.tty = true
+		}
+	}
+	return p
+}
+
+func (p *progress) update(done, total int64) {
+	if total <= 0 || total < p.minBytes {
+		return
+	}
+	pct := int(done * 100 / total)
+	if p.tty {
+		if now := time.Now(); now.Sub(p.last) >= 100*time.Millisecond || done == total {
+			p.last = now
+			fmt.Fprintf(p.w, "\r%s %3d%% %s / %s", p.label, pct, humanBytes(done), humanBytes(total))
+			p.printed = true
+		}
+		return
+	}
+	if pct/10 != p.lastPct/10 {
+		p.lastPct = pct
+		fmt.Fprintf(p.w, "%s %d%% (%s / %s)\n", p.label, pct, humanBytes(done), humanBytes(total))
+	}
+}
+
+func (p *progress) finish() {
+	if p.tty && p.printed {
+		fmt.Fprintln(p.w)
+	}
+}

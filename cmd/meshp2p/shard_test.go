@@ -1,0 +1,111 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/neuron-tai/meshp2p/engine/gguf"
+)
+
+func runShardArgs(t *testing.T, args ...string) (string, string, error) {
+	t.Helper()
+	var out, errb bytes.Buffer
+	err := runShard(context.Background(), &out, &errb, args)
+	return out.String(), errb.String(), err
+}
+
+func TestShardCLI(t *testing.T) {
+	dir := t.TempDir()
+	model := filepath.Join(dir, "m.gguf")
+	if _, _, err := runShardArgs(t, "synth", "--arch", "qwen2", "--layers", "5", "--embd", "64", "--heads", "4", "--kv-heads", "2", "--ff", "96", "--type", "f16", "--seed", "3", "-o", model); err != nil {
+		t.Fatalf("synth: %v", err)
+	}
+	stdout, _, err := runShardArgs(t, "inspect", model, "--json")
+	if err != nil {
+		t.Fatalf("inspect: %v", err)
+	}
+	var in gguf.Info
+	if err := json.Unmarshal([]byte(stdout), &in); err != nil {
+		t.Fatalf("inspect --json output: %v\n%s", err, stdout)
+	}
+	if in.Architecture != "qwen2" || in.NLayer != 5 || in.NEmbd != 64 || in.NHeadKV != 2 || in.TensorTypes["F16"] == 0 || len(in.Fingerprint) != 64 {
+		t.Errorf("inspect: %+v", in)
+	}
+	outDir := filepath.Join(dir, "out")
+	stdout, _, err = runShardArgs(t, "split", "--ranges", "0-2,2-4,4-5", "-o", outDir, "--json", model)
+	if err != nil {
+		t.Fatalf("split: %v", err)
+	}
+	var res []gguf.SplitResult
+	if err := json.Unmarshal([]byte(stdout), &res); err != nil || len(res) != 3 {
+		t.Fatalf("split output %v: %s", err, stdout)
+	}
+	for _, r := range res {
+		if r.Fingerprint != in.Fingerprint || filepath.Dir(r.Path) != outDir {
+			t.Errorf("split result %+v", r)
+		}
+		if _, err := gguf.CheckShard(context.Background(), r.Path, in.Fingerprint, r.Range); err != nil {
+			t.Errorf("CheckShard(%s): %v", r.Path, err)
+		}
+	}
+	stdout, _, err = runShardArgs(t, "inspect", "--no-fingerprint", res[1].Path)
+	if err != nil || !strings.Contains(stdout, "layers 2-4 of 5 (middle)") || strings.Contains(stdout, "fingerprint ") {
+		t.Errorf("inspect shard: %v\n%s", err, stdout)
+	}
+	stdout, _, err = runShardArgs(t, "split", "--even", "2", "-o", outDir, model)
+	if err != nil || !strings.Contains(stdout, "m.L0-3.gguf") || !strings.Contains(stdout, "m.L3-5.gguf") {
+		t.Errorf("split --even 2: %v\n%s", err, stdout)
+	}
+}
+
+func TestShardCLIUsage(t *testing.T) {
+	dir := t.TempDir()
+	model := filepath.Join(dir, "m.gguf")
+	if _, _, err := runShardArgs(t, "synth", "--layers", "2", "--embd", "32", "-o", model); err != nil {
+		t.Fatal(err)
+	}
+	cases := [][]string{
+		{},
+		{"bogus"},
+		{"inspect"},
+		{"inspect", "a", "b"},
+		{"inspect", "--nope", model},
+		{"split", model},
+		{"split", "--ranges", "0-1", "--even", "2", model},
+		{"split", "--ranges", "0-3", "-o", dir, model},
+		{"split", "--ranges", "0-2,1-2", "-o", dir, model},
+		{"split", "--ranges", "x", model},
+		{"synth"},
+		{"synth", "--arch", "gpt2", "-o", filepath.Join(dir, "x.gguf")},
+		{"synth", "--arch", "qwen3moe", "--experts-used", "0", "-o", filepath.Join(dir, "x.gguf")},
+		{"synth", "--heads", "3", "-o", filepath.Join(dir, "x.gguf")},
+		{"synth", "--type", "q9", "-o", filepath.Join(dir, "x.gguf")},
+		{"synth", "-o", filepath.Join(dir, "x.gguf"), "extra"},
+	}
+	for _, args := range cases {
+		if _, _, err := runShardArgs(t, args...); !errors.Is(err, errUsage) {
+			t.Errorf("shard %q: err = %v, want errUsage", args, err)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(dir, "x.gguf")); err == nil {
+		t.Error("a failed synth left its output")
+	}
+	// The quantize hook is reached and its temporary file removed.
+	q := filepath.Join(dir, "q.gguf")
+	if _, _, err := runShardArgs(t, "synth", "--layers", "1", "--embd", "32", "--type", "q8_0", "-o", q); err == nil || errors.Is(err, errUsage) {
+		t.Errorf("synth --type q8_0 without the engine: %v", err)
+	}
+	ents, _ := os.ReadDir(dir)
+	if len(ents) != 1 {
+		t.Errorf("dir holds %d entries after failed quantized synth, want only the model", len(ents))
+	}
+	if _, _, err := runShardArgs(t, "--help"); err != nil {
+		t.Errorf("--help: %v", err)
+	}
+}

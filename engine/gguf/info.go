@@ -1,0 +1,292 @@
+package gguf
+
+import (
+	"context"
+	"errors"
+	"fmt"
+)
+
+// Info summarises a model or shard for `meshp2p shard inspect` and for
+// capability adverts. Its JSON form is stable (fixed field order, sorted
+// map keys).
+type Info struct {
+	Architecture  string         `json:"architecture"`
+	Name          string         `json:"name,omitempty"`
+	FileSize      int64          `json:"file_size"`
+	NLayer        int            `json:"n_layer"`
+	NEmbd         int            `json:"n_embd"`
+	NHead         int            `json:"n_head"`
+	NHeadKV       int            `json:"n_head_kv"`
+	NFF           int            `json:"n_ff"`
+	NExpert       int            `json:"n_expert"`
+	NExpertUsed   int            `json:"n_expert_used"`
+	NFFExpert     int            `json:"n_ff_expert,omitempty"`
+	VocabSize     int            `json:"vocab_size"`
+	ContextLength int            `json:"context_length"`
+	Tokenizer     string         `json:"tokenizer"` // tokenizer.ggml.model
+	TiedOutput    bool           `json:"tied_output"`
+	TensorCount   int            `json:"tensor_count"`
+	TensorTypes   map[string]int `json:"tensor_types"`
+	LayerBytes    []int64        `json:"layer_bytes"`  // data bytes of each layer
+	GlobalBytes   int64          `json:"global_bytes"` // data bytes outside layers
+	Params        uint64         `json:"params"`
+	// Fingerprint is the model fingerprint (whole models only, when computed).
+	Fingerprint string `json:"fingerprint,omitempty"`
+	// Shard is the shard's claim (shards only; VerifyShard proves it).
+	Shard *ShardInfo `json:"shard,omitempty"`
+}
+
+func mdInt(md Metadata, key string) int {
+	v, ok := md.Uint(key)
+	if !ok || v > 1<<31 {
+		return 0
+	}
+	return int(v)
+}
+
+// Info computes the static summary of f (no tensor data is read).
+func (f *File) Info() (*Info, error) {
+	arch := f.Architecture()
+	md := f.Metadata
+	n, err := f.NLayer()
+	if err != nil {
+		return nil, err
+	}
+	in := &Info{
+		Architecture:  arch,
+		FileSize:      f.Size,
+		NLayer:        n,
+		NEmbd:         mdInt(md, arch+".embedding_length"),
+		NHead:         mdInt(md, arch+".attention.head_count"),
+		NHeadKV:       mdInt(md, arch+".attention.head_count_kv"),
+		NFF:           mdInt(md, arch+".feed_forward_length"),
+		NExpert:       mdInt(md, arch+".expert_count"),
+		NExpertUsed:   mdInt(md, arch+".expert_used_count"),
+		NFFExpert:     mdInt(md, arch+".expert_feed_forward_length"),
+		ContextLength: mdInt(md, arch+".context_length"),
+		TensorCount:   len(f.Tensors),
+		TensorTypes:   map[string]int{},
+		LayerBytes:    make([]int64, n),
+	}
+	in.Name, _ = md.String("general.name")
+	in.Tokenizer, _ = md.String("tokenizer.ggml.model")
+	if in.NHeadKV == 0 {
+		in.NHeadKV = in.NHead
+	}
+	switch {
+	case mdInt(md, arch+".vocab_size") > 0:
+		in.VocabSize = mdInt(md, arch+".vocab_size")
+	default:
+		if l, ok := md.ArrayLen("tokenizer.ggml.tokens"); ok {
+			in.VocabSize = l
+		} else if t, ok := f.Tensor(tokenEmbd); ok && len(t.Shape) == 2 {
+			in.VocabSize = int(t.Shape[1])
+		}
+	}
+	_, hasOutput := f.Tensor(output)
+	in.TiedOutput = !hasOutput
+	for i := range f.Tensors {
+		t := &f.Tensors[i]
+		in.TensorTypes[t.Type.String()]++
+		in.Params += t.Elements()
+		idx, _, isLayer, err := splitLayerName(t.Name)
+		if err != nil {
+			return nil, err
+		}
+		if isLayer && idx < n {
+			in.LayerBytes[idx] += int64(t.Bytes)
+		} else {
+			in.GlobalBytes += int64(t.Bytes)
+		}
+	}
+	if si, err := ReadShardInfo(md); err == nil {
+		in.Shard = si
+	} else if !errors.Is(err, ErrNotShard) || md.Index(KeyParentFingerprint) >= 0 {
+		return nil, err
+	}
+	return in, nil
+}
+
+// Inspect opens path and returns its Info; with fingerprint set it also
+// streams the file to compute the model fingerprint (whole models only).
+func Inspect(ctx context.Context, path string, fingerprint bool) (*Info, error) {
+	f, err := Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	in, err := f.Info()
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	if fingerprint && in.Shard == nil {
+		if in.Fingerprint, err = Fingerprint(ctx, f); err != nil {
+			return nil, fmt.Errorf("%s: %w", path, err)
+		}
+	}
+	return in, nil
+}
+
+// ErrNotLoadable reports a file the engine must not hand to llama.cpp
+// (unknown architecture, or metadata that would make llama.cpp abort the
+// process or divide by zero).
+var ErrNotLoadable = errors.New("model cannot be loaded")
+
+// Architectures the engine supports (range execution verified for these).
+var loadableArchs = map[string]bool{"llama": true, "qwen2": true, "qwen3": true, "qwen3moe": true}
+
+// MaxExperts is llama.cpp's LLAMA_MAX_EXPERTS.
+const MaxExperts = 512
+
+// ValidateForLoad checks f before the engine passes it to llama.cpp, whose
+// loader asserts (aborting the process) on some bad metadata: known
+// architecture, 0 < block_count <= 512, sane head counts, expert counts
+// (expert_used_count in 1..expert_count when experts > 0, both 0
+// otherwise), alignment type, rope scaling type, tokenizer arrays of equal
+// length, and the tensors the architecture needs in every layer.
+func ValidateForLoad(f *File) error {
+	bad := func(format string, args ...any) error {
+		return fmt.Errorf("%w: "+format, append([]any{ErrNotLoadable}, args...)...)
+	}
+	md := f.Metadata
+	arch := f.Architecture()
+	if !loadableArchs[arch] {
+		return bad("unsupported architecture %q (supported: llama, qwen2, qwen3, qwen3moe)", arch)
+	}
+	p := arch + "."
+	u := func(key string) (uint64, bool, error) {
+		v, present := md.Get(p + key)
+		if !present {
+			return 0, false, nil
+		}
+		x, ok := asUint(v)
+		if !ok || x > 1<<31 {
+			return 0, true, bad("%s%s = %v is not a valid count (per-layer arrays are not supported)", p, key, v)
+		}
+		return x, true, nil
+	}
+	nLayer, ok, err := u("block_count")
+	if err != nil {
+		return err
+	}
+	if !ok || nLayer == 0 || nLayer > MaxLayers {
+		return bad("block_count %d must be in 1..%d", nLayer, MaxLayers)
+	}
+	nEmbd, _, err := u("embedding_length")
+	if err != nil {
+		return err
+	}
+	if nEmbd == 0 {
+		return bad("embedding_length missing or 0")
+	}
+	if c, _, err := u("context_length"); err != nil || c == 0 {
+		return bad("context_length missing or 0")
+	}
+	nHead, _, err := u("attention.head_count")
+	if err != nil {
+		return err
+	}
+	if nHead == 0 {
+		return bad("attention.head_count missing or 0")
+	}
+	nKV, hasKV, err := u("attention.head_count_kv")
+	if err != nil {
+		return err
+	}
+	if hasKV && (nKV == 0 || nKV > nHead || nHead%nKV != 0) {
+		return bad("attention.head_count_kv %d must divide head_count %d", nKV, nHead)
+	}
+	if _, hasKeyLen := md.Get(p + "attention.key_length"); !hasKeyLen && nEmbd%nHead != 0 {
+		return bad("embedding_length %d not divisible by head_count %d", nEmbd, nHead)
+	}
+	for _, k := range []string{"attention.key_length", "attention.value_length", "rope.dimension_count"} {
+		if v, present, err := u(k); err != nil {
+			return err
+		} else if present && v == 0 {
+			return bad("%s%s is 0", p, k)
+		}
+	}
+	nExp, _, err := u("expert_count")
+	if err != nil {
+		return err
+	}
+	nUsed, _, err := u("expert_used_count")
+	if err != nil {
+		return err
+	}
+	if nExp > MaxExperts {
+		return bad("expert_count %d > %d", nExp, MaxExperts)
+	}
+	if nExp > 0 && (nUsed == 0 || nUsed > nExp) {
+		return bad("expert_used_count %d must be in 1..expert_count %d", nUsed, nExp)
+	}
+	if nExp == 0 && nUsed != 0 {
+		return bad("expert_used_count %d without experts", nUsed)
+	}
+	if arch == "qwen3moe" && nExp == 0 {
+		return bad("qwen3moe needs expert_count > 0")
+	}
+	for _, k := range []string{"expert_group_count", "expert_group_used_count"} {
+		if g, _, err := u(k); err != nil || g != 0 {
+			return bad("%s%s is not supported", p, k)
+		}
+	}
+	if v, ok := md.Get(p + "rope.scaling.type"); ok {
+		s, _ := v.(string)
+		switch s {
+		case "none", "linear", "yarn", "longrope":
+		default:
+			return bad("unknown rope.scaling.type %v", v)
+		}
+	}
+	if v, ok := md.Get(KeyAlignment); ok {
+		if _, isU32 := v.(uint32); !isU32 {
+			return bad("%s must be uint32", KeyAlignment)
+		}
+	}
+	nTok, hasTok := md.ArrayLen("tokenizer.ggml.tokens")
+	for _, k := range []string{"tokenizer.ggml.scores", "tokenizer.ggml.token_type"} {
+		if l, ok := md.ArrayLen(k); ok && (!hasTok || l != nTok) {
+			return bad("%s has %d entries for %d tokens", k, l, nTok)
+		}
+	}
+	model, _ := md.String("tokenizer.ggml.model")
+	if model != "none" && !hasTok {
+		return bad("tokenizer.ggml.model %q without tokenizer.ggml.tokens", model)
+	}
+
+	need := []string{tokenEmbd, outputNorm}
+	layer := []string{"attn_norm.weight", "attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_output.weight", "ffn_norm.weight"}
+	if nExp > 0 {
+		layer = append(layer, "ffn_gate_inp.weight", "ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight")
+	} else {
+		layer = append(layer, "ffn_gate.weight", "ffn_up.weight", "ffn_down.weight")
+	}
+	switch arch {
+	case "qwen2":
+		layer = append(layer, "attn_q.bias", "attn_k.bias", "attn_v.bias")
+	case "qwen3", "qwen3moe":
+		layer = append(layer, "attn_q_norm.weight", "attn_k_norm.weight")
+	}
+	for i := 0; i < int(nLayer); i++ {
+		for _, s := range layer {
+			need = append(need, layerName(i, s))
+		}
+	}
+	for _, name := range need {
+		if _, ok := f.Tensor(name); !ok {
+			return bad("tensor %q missing", name)
+		}
+	}
+	if t, _ := f.Tensor(tokenEmbd); len(t.Shape) != 2 || t.Shape[0] != nEmbd {
+		return bad("%s shape %v, want {%d, n_vocab}", tokenEmbd, t.Shape, nEmbd)
+	}
+	for i := range f.Tensors {
+		if idx, _, isLayer, err := splitLayerName(f.Tensors[i].Name); err != nil {
+			return bad("%v", err)
+		} else if isLayer && idx >= int(nLayer) {
+			return bad("tensor %q beyond block_count %d", f.Tensors[i].Name, nLayer)
+		}
+	}
+	return nil
+}

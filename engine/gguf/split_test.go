@@ -1,0 +1,445 @@
+package gguf
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+)
+
+func tensorBytes(t *testing.T, f *File, name string) []byte {
+	t.Helper()
+	ti, ok := f.Tensor(name)
+	if !ok {
+		t.Fatalf("tensor %s missing", name)
+	}
+	b, err := io.ReadAll(f.TensorData(ti))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// checkShardRules checks the head/middle/tail rules of one shard against its source.
+func checkShardRules(t *testing.T, src *File, res SplitResult, n int) {
+	t.Helper()
+	sh := mustOpen(t, res.Path)
+	r := res.Range
+	arch := src.Architecture()
+	if got, _ := sh.NLayer(); got != r.Len() {
+		t.Errorf("%v: block_count %d", r, got)
+	}
+	if want := ShardName(src.closer.(*os.File).Name(), r); filepath.Base(res.Path) != want {
+		t.Errorf("shard name %s, want %s", filepath.Base(res.Path), want)
+	}
+	si, err := ReadShardInfo(sh.Metadata)
+	if err != nil || si.Range != r || si.ParentNLayer != n || si.ParentFingerprint != res.Fingerprint || si.Role != RoleOf(r, n) {
+		t.Errorf("%v: shard info %+v, %v", r, si, err)
+	}
+	// Layers: renumbered, byte-identical, nothing else.
+	var layerTensors int
+	for i := range sh.Tensors {
+		idx, rest, isLayer, _ := splitLayerName(sh.Tensors[i].Name)
+		if !isLayer {
+			continue
+		}
+		layerTensors++
+		if !bytes.Equal(tensorBytes(t, sh, sh.Tensors[i].Name), tensorBytes(t, src, layerName(r.Start+idx, rest))) {
+			t.Errorf("%v: %s differs from source layer %d", r, sh.Tensors[i].Name, r.Start+idx)
+		}
+	}
+	var srcLayerTensors int
+	for i := range src.Tensors {
+		if idx, _, isLayer, _ := splitLayerName(src.Tensors[i].Name); isLayer && idx >= r.Start && idx < r.End {
+			srcLayerTensors++
+		}
+	}
+	if layerTensors != srcLayerTensors {
+		t.Errorf("%v: %d layer tensors, want %d", r, layerTensors, srcLayerTensors)
+	}
+	_, srcHasOutput := src.Tensor(output)
+	_, hasOutput := sh.Tensor(output)
+	tok, _ := sh.Metadata.String("tokenizer.ggml.model")
+	switch si.Role {
+	case RoleHead, RoleWhole:
+		if !bytes.Equal(tensorBytes(t, sh, tokenEmbd), tensorBytes(t, src, tokenEmbd)) {
+			t.Errorf("%v: head token_embd differs", r)
+		}
+		if hasOutput != (si.Role == RoleWhole && srcHasOutput) {
+			t.Errorf("%v: output.weight present=%v", r, hasOutput)
+		}
+	case RoleMiddle:
+		te, _ := sh.Tensor(tokenEmbd)
+		on, _ := sh.Tensor(outputNorm)
+		nEmbd, _ := src.Metadata.Uint(arch + ".embedding_length")
+		if te == nil || te.Type != TypeF32 || !reflect.DeepEqual(te.Shape, []uint64{nEmbd, 1}) || on == nil || on.Type != TypeF32 || !reflect.DeepEqual(on.Shape, []uint64{nEmbd}) {
+			t.Errorf("%v: stand-ins %+v %+v", r, te, on)
+		}
+		if !bytes.Equal(tensorBytes(t, sh, tokenEmbd), make([]byte, 4*nEmbd)) {
+			t.Errorf("%v: token_embd stand-in not zeros", r)
+		}
+		if !bytes.Equal(tensorBytes(t, sh, outputNorm), bytes.Repeat([]byte{0, 0, 0x80, 0x3f}, int(nEmbd))) {
+			t.Errorf("%v: output_norm stand-in not ones", r)
+		}
+		if hasOutput || tok != "none" {
+			t.Errorf("%v: middle output=%v tokenizer=%q", r, hasOutput, tok)
+		}
+		for _, kv := range sh.Metadata {
+			if strings.HasPrefix(kv.Key, "tokenizer.") && kv.Key != "tokenizer.ggml.model" {
+				t.Errorf("%v: middle keeps %s", r, kv.Key)
+			}
+		}
+		if v, _ := sh.Metadata.Get(arch + ".vocab_size"); v != uint32(1) {
+			t.Errorf("%v: vocab_size %#v, want uint32 1", r, v)
+		}
+	case RoleTail:
+		want := tokenEmbd
+		if srcHasOutput {
+			want = output
+		}
+		if !bytes.Equal(tensorBytes(t, sh, tokenEmbd), tensorBytes(t, src, want)) {
+			t.Errorf("%v: tail token_embd is not the source %s", r, want)
+		}
+		if hasOutput {
+			t.Errorf("%v: tail keeps output.weight", r)
+		}
+	}
+	if si.Role != RoleMiddle {
+		if tok == "none" || sh.Metadata.Index("tokenizer.ggml.tokens") < 0 {
+			t.Errorf("%v: %s lost the tokenizer", r, si.Role)
+		}
+		if !bytes.Equal(tensorBytes(t, sh, outputNorm), tensorBytes(t, src, outputNorm)) {
+			t.Errorf("%v: output_norm differs", r)
+		}
+	}
+	// Globals such as rope_freqs are always copied.
+	for i := range src.Tensors {
+		name := src.Tensors[i].Name
+		if _, _, isLayer, _ := splitLayerName(name); !isLayer && name != tokenEmbd && name != outputNorm && name != output {
+			if !bytes.Equal(tensorBytes(t, sh, name), tensorBytes(t, src, name)) {
+				t.Errorf("%v: global %s differs", r, name)
+			}
+		}
+	}
+	if err := ValidateForLoad(sh); err != nil {
+		t.Errorf("%v: ValidateForLoad: %v", r, err)
+	}
+	got, err := VerifyShard(context.Background(), res.Path)
+	if err != nil {
+		t.Fatalf("%v: VerifyShard: %v", r, err)
+	}
+	if *got != *si {
+		t.Errorf("VerifyShard = %+v, want %+v", got, si)
+	}
+	if _, err := CheckShard(context.Background(), res.Path, res.Fingerprint, r); err != nil {
+		t.Errorf("%v: CheckShard: %v", r, err)
+	}
+}
+
+func splitAndCheck(t *testing.T, src string, ranges []Range) []SplitResult {
+	t.Helper()
+	ctx := context.Background()
+	f := mustOpen(t, src)
+	n, _ := f.NLayer()
+	fp, err := Fingerprint(ctx, f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var calls int
+	var last, total int64
+	res, err := Split(ctx, src, ranges, t.TempDir(), func(d, tt int64) {
+		if d < last || d > tt {
+			t.Fatalf("progress %d/%d after %d", d, tt, last)
+		}
+		calls, last, total = calls+1, d, tt
+	})
+	if err != nil {
+		t.Fatalf("Split(%v): %v", ranges, err)
+	}
+	if calls == 0 || last != total {
+		t.Errorf("progress: %d calls, ended at %d/%d", calls, last, total)
+	}
+	if len(res) != len(ranges) {
+		t.Fatalf("%d results for %d ranges", len(res), len(ranges))
+	}
+	for i, r := range res {
+		if r.Range != ranges[i] || r.Fingerprint != fp {
+			t.Errorf("result %+v, want range %v fp %s", r, ranges[i], fp)
+		}
+		checkShardRules(t, f, r, n)
+	}
+	return res
+}
+
+func TestSplitStories(t *testing.T) {
+	src := stories(t)
+	for _, ranges := range [][]Range{EvenSplit(5, 2), EvenSplit(5, 3), {{0, 5}}, {{1, 2}}, {{0, 1}, {4, 5}}} {
+		t.Run(rangesString(ranges), func(t *testing.T) {
+			res := splitAndCheck(t, src, ranges)
+			if ranges[0] == (Range{0, 5}) {
+				sh := mustOpen(t, res[0].Path)
+				if _, ok := sh.Tensor(output); !ok {
+					t.Error("whole shard dropped output.weight")
+				}
+			}
+		})
+	}
+}
+
+func rangesString(rs []Range) string {
+	var s []string
+	for _, r := range rs {
+		s = append(s, r.String())
+	}
+	return strings.Join(s, ",")
+}
+
+func TestSplitSynth(t *testing.T) {
+	moe := tinySpec("llama")
+	moe.Experts, moe.ExpertsUsed = 4, 2
+	for name, s := range map[string]Spec{"qwen3-tied": tinySpec("qwen3"), "qwen3moe": tinySpec("qwen3moe"), "qwen2": tinySpec("qwen2"), "llama-experts": moe} {
+		t.Run(name, func(t *testing.T) {
+			splitAndCheck(t, synthFile(t, s), EvenSplit(s.Layers, 3))
+		})
+	}
+}
+
+// rewriteWith copies src to out with edited metadata and tensors.
+func rewriteWith(t *testing.T, src, out string, editMD func(*Metadata), editTensors func(*File, []WriteTensor) []WriteTensor) {
+	t.Helper()
+	f := mustOpen(t, src)
+	md := f.Metadata.Clone()
+	if editMD != nil {
+		editMD(&md)
+	}
+	var ts []WriteTensor
+	for i := range f.Tensors {
+		ti := &f.Tensors[i]
+		ts = append(ts, WriteTensor{ti.Name, ti.Type, ti.Shape, f.TensorData(ti)})
+	}
+	if editTensors != nil {
+		ts = editTensors(f, ts)
+	}
+	if err := WriteFile(context.Background(), out, md, ts, nil); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestVerifyRejects(t *testing.T) {
+	ctx := context.Background()
+	sA := tinySpec("llama")
+	sB := sA
+	sB.Seed = 7
+	a, b := synthFile(t, sA), synthFile(t, sB)
+	ra := splitAndCheck(t, a, EvenSplit(4, 3))
+	rb, err := Split(ctx, b, EvenSplit(4, 3), t.TempDir(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fpA, fpB := ra[0].Fingerprint, rb[0].Fingerprint
+	if fpA == fpB {
+		t.Fatal("different weights, same fingerprint")
+	}
+	mid, midB := ra[1], rb[1] // [2,3)? EvenSplit(4,3) = 0-2, 2-3, 3-4
+	tail := ra[2]
+	dir := t.TempDir()
+	out := func(name string) string { return filepath.Join(dir, name+".gguf") }
+
+	// Wrong model / wrong range with intact shards.
+	if _, err := CheckShard(ctx, mid.Path, fpB, mid.Range); !errors.Is(err, ErrWrongModel) {
+		t.Errorf("shard of A checked against B: %v, want ErrWrongModel", err)
+	}
+	if _, err := CheckShard(ctx, mid.Path, fpA, Range{1, 3}); !errors.Is(err, ErrWrongRange) {
+		t.Errorf("wrong range: %v, want ErrWrongRange", err)
+	}
+	if _, err := VerifyShard(ctx, a); !errors.Is(err, ErrNotShard) {
+		t.Errorf("VerifyShard(whole model) = %v, want ErrNotShard", err)
+	}
+	if _, err := Split(ctx, mid.Path, []Range{{0, 1}}, dir, nil); !errors.Is(err, ErrIsShard) {
+		t.Errorf("Split(shard) = %v, want ErrIsShard", err)
+	}
+
+	flipIn := func(name string) func(*File, []WriteTensor) []WriteTensor {
+		return func(f *File, ts []WriteTensor) []WriteTensor {
+			for i := range ts {
+				if ts[i].Name == name {
+					ti, _ := f.Tensor(name)
+					buf, _ := io.ReadAll(f.TensorData(ti))
+					buf[len(buf)/2] ^= 1
+					ts[i].Data = bytes.NewReader(buf)
+				}
+			}
+			return ts
+		}
+	}
+	cases := []struct {
+		name    string
+		src     string
+		editMD  func(*Metadata)
+		editT   func(*File, []WriteTensor) []WriteTensor
+		wantErr error
+	}{
+		{"layer weight byte", mid.Path, nil, flipIn("blk.0.ffn_up.weight"), ErrFingerprintMismatch},
+		{"stand-in byte", mid.Path, nil, flipIn("output_norm.weight"), ErrFingerprintMismatch},
+		{"tail output byte", tail.Path, nil, flipIn("token_embd.weight"), ErrFingerprintMismatch},
+		{"global rope_freqs byte", tail.Path, nil, flipIn("rope_freqs.weight"), ErrFingerprintMismatch},
+		{"claims B's fingerprint", mid.Path, func(m *Metadata) { m.Set(KeyParentFingerprint, fpB) }, nil, ErrFingerprintMismatch},
+		{"carries B's proof material", mid.Path, func(m *Metadata) {
+			fb := mustOpen(t, midB.Path)
+			for _, kv := range fb.Metadata {
+				if strings.HasPrefix(kv.Key, "meshp2p.") {
+					m.Set(kv.Key, kv.Value)
+				}
+			}
+		}, nil, ErrFingerprintMismatch},
+		{"changed hparam", mid.Path, func(m *Metadata) { m.Set("llama.rope.freq_base", float32(5000)) }, nil, ErrFingerprintMismatch},
+		{"changed tokenizer", tail.Path, func(m *Metadata) { m.Set("tokenizer.ggml.bos_token_id", uint32(2)) }, nil, ErrFingerprintMismatch},
+		{"middle with tokenizer", mid.Path, func(m *Metadata) { m.Set("tokenizer.ggml.tokens", []string{"a"}) }, nil, ErrFingerprintMismatch},
+		{"claims another range", mid.Path, func(m *Metadata) { m.Set(KeyRangeStart, uint32(1)); m.Set(KeyRangeEnd, uint32(2)) }, nil, ErrFingerprintMismatch},
+		{"wrong block_count", mid.Path, func(m *Metadata) { m.Set("llama.block_count", uint32(2)) }, nil, ErrFingerprintMismatch},
+		{"no proof material", mid.Path, func(m *Metadata) { m.DeletePrefix("meshp2p.parent.layer") }, nil, ErrNotShard},
+		{"extra tensor", mid.Path, nil, func(f *File, ts []WriteTensor) []WriteTensor {
+			return append(ts, WriteTensor{"extra.weight", TypeF32, []uint64{4}, bytes.NewReader(make([]byte, 16))})
+		}, ErrFingerprintMismatch},
+		{"missing layer tensor", mid.Path, nil, func(f *File, ts []WriteTensor) []WriteTensor {
+			var out []WriteTensor
+			for _, w := range ts {
+				if w.Name != "blk.0.attn_k.weight" {
+					out = append(out, w)
+				}
+			}
+			return out
+		}, ErrFingerprintMismatch},
+		{"missing global", tail.Path, nil, func(f *File, ts []WriteTensor) []WriteTensor {
+			var out []WriteTensor
+			for _, w := range ts {
+				if w.Name != "rope_freqs.weight" {
+					out = append(out, w)
+				}
+			}
+			return out
+		}, ErrFingerprintMismatch},
+		{"layers swapped", ra[0].Path, nil, func(f *File, ts []WriteTensor) []WriteTensor {
+			for i := range ts {
+				if strings.HasPrefix(ts[i].Name, "blk.0.") {
+					ts[i].Name = "blk.1." + strings.TrimPrefix(ts[i].Name, "blk.0.")
+				} else if strings.HasPrefix(ts[i].Name, "blk.1.") {
+					ts[i].Name = "blk.0." + strings.TrimPrefix(ts[i].Name, "blk.1.")
+				}
+			}
+			return ts
+		}, ErrFingerprintMismatch},
+	}
+	for _, tc := range cases {
+		p := out(strings.ReplaceAll(tc.name, " ", "_"))
+		rewriteWith(t, tc.src, p, tc.editMD, tc.editT)
+		if _, err := VerifyShard(ctx, p); !errors.Is(err, tc.wantErr) {
+			t.Errorf("%s: VerifyShard = %v, want %v", tc.name, err, tc.wantErr)
+		}
+	}
+}
+
+func TestSplitBadRanges(t *testing.T) {
+	src := synthFile(t, tinySpec("llama")) // 4 layers
+	cases := map[string][]Range{
+		"overlap":       {{0, 2}, {1, 3}},
+		"beyond":        {{2, 5}},
+		"empty":         {{2, 2}},
+		"reversed":      {{3, 1}},
+		"negative":      {{-1, 2}},
+		"none":          nil,
+		"overlap order": {{2, 4}, {0, 3}},
+	}
+	for name, rs := range cases {
+		dir := t.TempDir()
+		if _, err := Split(context.Background(), src, rs, dir, nil); !errors.Is(err, ErrBadRange) {
+			t.Errorf("%s: Split = %v, want ErrBadRange", name, err)
+		}
+		if ents, _ := os.ReadDir(dir); len(ents) != 0 {
+			t.Errorf("%s: Split left %d files", name, len(ents))
+		}
+	}
+}
+
+func TestRanges(t *testing.T) {
+	parse := []struct {
+		in   string
+		want []Range
+		ok   bool
+	}{
+		{"0-3,3-6", []Range{{0, 3}, {3, 6}}, true},
+		{" 0-1 , 1-5 ", []Range{{0, 1}, {1, 5}}, true},
+		{"4-2", nil, false},
+		{"3-3", nil, false},
+		{"", nil, false},
+		{"0-", nil, false},
+		{"a-b", nil, false},
+		{"0-3;3-6", nil, false},
+		{"-1-2", nil, false},
+		{"0-99999", nil, false},
+	}
+	for _, tc := range parse {
+		got, err := ParseRanges(tc.in)
+		if tc.ok != (err == nil) || (tc.ok && !reflect.DeepEqual(got, tc.want)) {
+			t.Errorf("ParseRanges(%q) = %v, %v", tc.in, got, err)
+		}
+		if err != nil && !errors.Is(err, ErrBadRange) {
+			t.Errorf("ParseRanges(%q) error %v is not ErrBadRange", tc.in, err)
+		}
+	}
+	cover := []struct {
+		rs          []Range
+		n           int
+		validOK     bool
+		coverOK     bool
+		errContains string
+	}{
+		{[]Range{{0, 3}, {3, 6}}, 6, true, true, ""},
+		{[]Range{{0, 2}, {3, 6}}, 6, true, false, "gap"},
+		{[]Range{{0, 3}}, 6, true, false, "gap"},
+		{[]Range{{1, 6}}, 6, true, false, "gap"},
+		{[]Range{{0, 4}, {3, 6}}, 6, false, false, "overlaps"},
+		{[]Range{{0, 3}, {3, 7}}, 6, false, false, "beyond"},
+		{[]Range{{3, 6}, {0, 3}}, 6, true, false, "order"},
+		{nil, 6, false, false, "no ranges"},
+	}
+	for _, tc := range cover {
+		if err := ValidateRanges(tc.rs, tc.n); (err == nil) != tc.validOK {
+			t.Errorf("ValidateRanges(%v,%d) = %v", tc.rs, tc.n, err)
+		}
+		err := ValidateCover(tc.rs, tc.n)
+		if (err == nil) != tc.coverOK || (err != nil && (!errors.Is(err, ErrBadRange) || !strings.Contains(err.Error(), tc.errContains))) {
+			t.Errorf("ValidateCover(%v,%d) = %v, want ok=%v containing %q", tc.rs, tc.n, err, tc.coverOK, tc.errContains)
+		}
+	}
+	even := []struct {
+		n, k int
+		want []Range
+	}{
+		{5, 2, []Range{{0, 3}, {3, 5}}},
+		{5, 3, []Range{{0, 2}, {2, 4}, {4, 5}}},
+		{6, 3, []Range{{0, 2}, {2, 4}, {4, 6}}},
+		{3, 5, []Range{{0, 1}, {1, 2}, {2, 3}}},
+		{4, 0, []Range{{0, 4}}},
+		{0, 2, nil},
+	}
+	for _, tc := range even {
+		got := EvenSplit(tc.n, tc.k)
+		if !reflect.DeepEqual(got, tc.want) {
+			t.Errorf("EvenSplit(%d,%d) = %v, want %v", tc.n, tc.k, got, tc.want)
+		}
+		if tc.n > 0 {
+			if err := ValidateCover(got, tc.n); err != nil {
+				t.Errorf("EvenSplit(%d,%d) does not cover: %v", tc.n, tc.k, err)
+			}
+		}
+	}
+	if RoleOf(Range{0, 5}, 5) != RoleWhole || RoleOf(Range{0, 2}, 5) != RoleHead || RoleOf(Range{2, 3}, 5) != RoleMiddle || RoleOf(Range{3, 5}, 5) != RoleTail {
+		t.Error("RoleOf")
+	}
+}

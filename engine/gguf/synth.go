@@ -1,0 +1,412 @@
+package gguf
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"math"
+	"math/rand/v2"
+	"strings"
+)
+
+// ErrBadSpec reports an invalid synthetic model geometry.
+var ErrBadSpec = errors.New("bad model spec")
+
+// Spec describes a random-weight model for Synth.
+type Spec struct {
+	Arch          string     // llama | qwen2 | qwen3 | qwen3moe
+	Layers        int        // block_count
+	Embd          int        // embedding_length
+	Heads         int        // attention.head_count
+	KVHeads       int        // attention.head_count_kv
+	FF            int        // feed_forward_length (per expert for llama with experts)
+	Experts       int        // expert_count: >0 for qwen3moe, optional for llama
+	ExpertsUsed   int        // expert_used_count, 1..Experts
+	ExpertFF      int        // expert_feed_forward_length (qwen3moe)
+	Type          TensorType // TypeF32 or TypeF16 for matrices; 1-D tensors are always F32
+	Seed          uint64     // weights are a pure function of Spec (same seed, same file)
+	ContextLength int        // context_length
+	Tied          bool       // no output.weight (output tied to token_embd)
+	VocabFrom     string     // copy tokenizer.* from this GGUF; "" = small built-in SPM vocab
+	Name          string     // general.name
+
+	Progress func(done, total int64) `json:"-"`
+}
+
+// DefaultSpec returns the spike's tiny fixture geometry for arch: 128-dim,
+// 6 layers, 4 heads (2 KV), n_ff 256, F32; qwen3moe gets 8 experts, top-2,
+// expert n_ff 64; qwen3 is tied.
+func DefaultSpec(arch string) Spec {
+	s := Spec{Arch: arch, Layers: 6, Embd: 128, Heads: 4, KVHeads: 2, FF: 256, Type: TypeF32, ContextLength: 2048, Seed: 1}
+	switch arch {
+	case "qwen3":
+		s.Tied = true
+	case "qwen3moe":
+		s.Experts, s.ExpertsUsed, s.ExpertFF = 8, 2, 64
+	}
+	return s
+}
+
+// Validate checks the geometry before any work is done.
+func (s *Spec) Validate() error {
+	bad := func(format string, args ...any) error {
+		return fmt.Errorf("%w: "+format, append([]any{ErrBadSpec}, args...)...)
+	}
+	if !loadableArchs[s.Arch] {
+		return bad("unknown architecture %q (want llama, qwen2, qwen3 or qwen3moe)", s.Arch)
+	}
+	switch {
+	case s.Layers < 1 || s.Layers > MaxLayers:
+		return bad("layers %d must be in 1..%d", s.Layers, MaxLayers)
+	case s.Embd < 1 || s.Embd > 1<<16:
+		return bad("embd %d must be in 1..65536", s.Embd)
+	case s.Heads < 1 || s.Embd%s.Heads != 0:
+		return bad("embd %d must be divisible by heads %d", s.Embd, s.Heads)
+	case (s.Embd/s.Heads)%2 != 0:
+		return bad("head dimension embd/heads = %d must be even (rope)", s.Embd/s.Heads)
+	case s.KVHeads < 1 || s.Heads%s.KVHeads != 0:
+		return bad("heads %d must be divisible by kv-heads %d", s.Heads, s.KVHeads)
+	case s.FF < 1 || s.FF > 1<<20:
+		return bad("ff %d must be in 1..1048576", s.FF)
+	case s.ContextLength < 1:
+		return bad("context length %d must be positive", s.ContextLength)
+	case s.Type != TypeF32 && s.Type != TypeF16:
+		return bad("type %v: synth writes f32 or f16 (quantize afterwards)", s.Type)
+	case s.Experts < 0 || s.Experts > MaxExperts:
+		return bad("experts %d must be in 0..%d", s.Experts, MaxExperts)
+	}
+	switch s.Arch {
+	case "qwen3moe":
+		if s.Experts < 1 {
+			return bad("qwen3moe needs experts >= 1")
+		}
+		if s.ExpertFF < 1 || s.ExpertFF > 1<<20 {
+			return bad("qwen3moe needs expert-ff in 1..1048576, got %d", s.ExpertFF)
+		}
+	case "llama":
+		if s.ExpertFF != 0 {
+			return bad("llama with experts uses ff per expert; expert-ff is for qwen3moe")
+		}
+	default:
+		if s.Experts != 0 {
+			return bad("%s has no experts (use llama or qwen3moe)", s.Arch)
+		}
+		if s.ExpertFF != 0 {
+			return bad("expert-ff is for qwen3moe")
+		}
+	}
+	if s.Experts > 0 && (s.ExpertsUsed < 1 || s.ExpertsUsed > s.Experts) {
+		return bad("experts-used %d must be in 1..experts %d", s.ExpertsUsed, s.Experts)
+	}
+	if s.Experts == 0 && s.ExpertsUsed != 0 {
+		return bad("experts-used %d without experts", s.ExpertsUsed)
+	}
+	return nil
+}
+
+// init kinds of synthetic tensors
+const (
+	initNormal = iota
+	initOnes
+	initRopeFreqs
+)
+
+type synthTensor struct {
+	name  string
+	typ   TensorType
+	shape []uint64
+	init  int
+	std   float64
+}
+
+// Synth writes a random-weight model described by spec to out (atomically).
+// Weights are generated chunk by chunk from a PRNG seeded by (Seed, tensor
+// name, chunk), so memory use does not depend on the model size and the
+// output is deterministic.
+func Synth(ctx context.Context, spec Spec, out string) error {
+	if err := spec.Validate(); err != nil {
+		return err
+	}
+	tok, nVocab, err := synthVocab(spec.VocabFrom)
+	if err != nil {
+		return err
+	}
+	md, ts := synthLayout(&spec, nVocab)
+	md = append(md, tok...)
+	wts := make([]WriteTensor, len(ts))
+	for i, t := range ts {
+		n, err := TensorBytes(t.typ, t.shape)
+		if err != nil {
+			return fmt.Errorf("%w: tensor %s: %v", ErrBadSpec, t.name, err)
+		}
+		wts[i] = WriteTensor{Name: t.name, Type: t.typ, Shape: t.shape, Data: newSynthData(spec.Seed, t, int64(n))}
+	}
+	return WriteFile(ctx, out, md, wts, spec.Progress)
+}
+
+func synthLayout(s *Spec, nVocab int) (Metadata, []synthTensor) {
+	a := s.Arch
+	headDim := s.Embd / s.Heads
+	e, q, kv := uint64(s.Embd), uint64(headDim*s.Heads), uint64(headDim*s.KVHeads)
+	ff, nv := uint64(s.FF), uint64(nVocab)
+	fileType := uint32(0)
+	if s.Type == TypeF16 {
+		fileType = 1
+	}
+	name := s.Name
+	if name == "" {
+		name = fmt.Sprintf("meshp2p synthetic %s %dL %dd seed %d", a, s.Layers, s.Embd, s.Seed)
+	}
+	eps, base := float32(1e-5), float32(10000)
+	if a != "llama" {
+		eps, base = 1e-6, 1000000
+	}
+	md := Metadata{
+		{KeyArchitecture, a},
+		{"general.name", name},
+		{"general.file_type", fileType},
+		{a + ".context_length", uint32(s.ContextLength)},
+		{a + ".embedding_length", uint32(s.Embd)},
+		{a + ".block_count", uint32(s.Layers)},
+		{a + ".feed_forward_length", uint32(s.FF)},
+		{a + ".attention.head_count", uint32(s.Heads)},
+		{a + ".attention.head_count_kv", uint32(s.KVHeads)},
+		{a + ".rope.freq_base", base},
+		{a + ".attention.layer_norm_rms_epsilon", eps},
+		{a + ".rope.dimension_count", uint32(headDim)},
+	}
+	if a == "qwen3" || a == "qwen3moe" {
+		md = append(md, KV{a + ".attention.key_length", uint32(headDim)}, KV{a + ".attention.value_length", uint32(headDim)})
+	}
+	if s.Experts > 0 {
+		md = append(md, KV{a + ".expert_count", uint32(s.Experts)}, KV{a + ".expert_used_count", uint32(s.ExpertsUsed)})
+	}
+	if a == "qwen3moe" {
+		md = append(md, KV{a + ".expert_feed_forward_length", uint32(s.ExpertFF)})
+	}
+
+	const std = 0.02
+	mat := func(name string, shape ...uint64) synthTensor {
+		return synthTensor{name, s.Type, shape, initNormal, std}
+	}
+	vec := func(name string, init int, n uint64) synthTensor {
+		return synthTensor{name, TypeF32, []uint64{n}, init, std}
+	}
+	ts := []synthTensor{mat(tokenEmbd, e, nv)}
+	if a == "llama" {
+		ts = append(ts, vec("rope_freqs.weight", initRopeFreqs, uint64(headDim/2)))
+	}
+	for i := 0; i < s.Layers; i++ {
+		l := func(n string) string { return layerName(i, n) }
+		ts = append(ts,
+			vec(l("attn_norm.weight"), initOnes, e),
+			mat(l("attn_q.weight"), e, q),
+			mat(l("attn_k.weight"), e, kv),
+			mat(l("attn_v.weight"), e, kv),
+			mat(l("attn_output.weight"), q, e),
+		)
+		switch a {
+		case "qwen2":
+			ts = append(ts, vec(l("attn_q.bias"), initNormal, q), vec(l("attn_k.bias"), initNormal, kv), vec(l("attn_v.bias"), initNormal, kv))
+		case "qwen3", "qwen3moe":
+			ts = append(ts, vec(l("attn_q_norm.weight"), initOnes, uint64(headDim)), vec(l("attn_k_norm.weight"), initOnes, uint64(headDim)))
+		}
+		ts = append(ts, vec(l("ffn_norm.weight"), initOnes, e))
+		if s.Experts > 0 {
+			x, eff := uint64(s.Experts), ff
+			if a == "qwen3moe" {
+				eff = uint64(s.ExpertFF)
+			}
+			gate := mat(l("ffn_gate_inp.weight"), e, x)
+			gate.std = 0.5 // spread the router logits so routing is exercised
+			ts = append(ts, gate,
+				mat(l("ffn_gate_exps.weight"), e, eff, x),
+				mat(l("ffn_down_exps.weight"), eff, e, x),
+				mat(l("ffn_up_exps.weight"), e, eff, x),
+			)
+		} else {
+			ts = append(ts, mat(l("ffn_gate.weight"), e, ff), mat(l("ffn_down.weight"), ff, e), mat(l("ffn_up.weight"), e, ff))
+		}
+	}
+	ts = append(ts, vec(outputNorm, initOnes, e))
+	if !s.Tied {
+		ts = append(ts, mat(output, e, nv))
+	}
+	return md, ts
+}
+
+// synthData generates a tensor's bytes on demand: element i is a pure
+// function of (seed, name, i/synthChunk, i%synthChunk).
+type synthData struct {
+	seed, nameHash uint64
+	t              synthTensor
+	size           int64
+}
+
+const synthChunk = 4096 // elements per PRNG stream
+
+func newSynthData(seed uint64, t synthTensor, size int64) *synthData {
+	h := fnv.New64a()
+	h.Write([]byte(t.name))
+	return &synthData{seed: seed, nameHash: h.Sum64(), t: t, size: size}
+}
+
+func (d *synthData) elemSize() int64 { return int64(d.t.typ.TypeSize()) }
+
+// ReadAt fills p with the tensor's bytes at off.
+func (d *synthData) ReadAt(p []byte, off int64) (int, error) {
+	es := d.elemSize()
+	n := 0
+	var vals [synthChunk]float32
+	var enc [synthChunk * 4]byte
+	for n < len(p) && off+int64(n) < d.size {
+		pos := off + int64(n)
+		elem := pos / es
+		chunk := elem / synthChunk
+		d.fill(chunk, vals[:])
+		first := chunk * synthChunk
+		for i, v := range vals {
+			if d.t.typ == TypeF16 {
+				binary.LittleEndian.PutUint16(enc[2*i:], f32ToF16(v))
+			} else {
+				binary.LittleEndian.PutUint32(enc[4*i:], math.Float32bits(v))
+			}
+		}
+		chunkBytes := enc[:synthChunk*es]
+		from := pos - first*es
+		end := min(int64(len(chunkBytes)), d.size-first*es)
+		n += copy(p[n:], chunkBytes[from:end])
+	}
+	if n < len(p) {
+		return n, errors.New("gguf: synth read past tensor end")
+	}
+	return n, nil
+}
+
+func (d *synthData) fill(chunk int64, vals []float32) {
+	switch d.t.init {
+	case initOnes:
+		for i := range vals {
+			vals[i] = 1
+		}
+	case initRopeFreqs:
+		// llama3-style frequency factors between 1 and 4.
+		n := float64(d.size / d.elemSize())
+		for i := range vals {
+			k := float64(chunk*synthChunk + int64(i))
+			vals[i] = float32(1 + 3*k/max(1, n-1))
+		}
+	default:
+		r := rand.New(rand.NewPCG(d.seed^d.nameHash, uint64(chunk)))
+		for i := range vals {
+			vals[i] = float32(r.NormFloat64() * d.t.std)
+		}
+	}
+}
+
+// f32ToF16 converts to IEEE half precision, rounding to nearest even.
+func f32ToF16(f float32) uint16 {
+	b := math.Float32bits(f)
+	sign := uint16(b>>16) & 0x8000
+	exp := int32(b>>23) & 0xff
+	mant := b & 0x7fffff
+	switch {
+	case exp == 0xff: // Inf/NaN
+		if mant != 0 {
+			return sign | 0x7e00
+		}
+		return sign | 0x7c00
+	case exp-127 > 15: // overflow
+		return sign | 0x7c00
+	case exp-127 >= -14: // normal
+		e := uint32(exp-127+15) << 10
+		m := mant >> 13
+		h := e | m
+		rem := mant & 0x1fff
+		if rem > 0x1000 || (rem == 0x1000 && h&1 == 1) {
+			h++ // may carry into the exponent, which is correct
+		}
+		return sign | uint16(h)
+	case exp-127 >= -25: // subnormal
+		mant |= 0x800000
+		shift := uint32(-14-(exp-127)) + 13
+		m := mant >> shift
+		rem := mant & (1<<shift - 1)
+		half := uint32(1) << (shift - 1)
+		if rem > half || (rem == half && m&1 == 1) {
+			m++
+		}
+		return sign | uint16(m)
+	}
+	return sign
+}
+
+// synthVocab returns the tokenizer.* pairs and the vocabulary size.
+func synthVocab(from string) (Metadata, int, error) {
+	if from == "" {
+		md := builtinVocab()
+		n, _ := md.ArrayLen("tokenizer.ggml.tokens")
+		return md, n, nil
+	}
+	f, err := Open(from)
+	if err != nil {
+		return nil, 0, fmt.Errorf("vocab: %w", err)
+	}
+	defer f.Close()
+	var md Metadata
+	for _, kv := range f.Metadata {
+		if strings.HasPrefix(kv.Key, "tokenizer.") {
+			md = append(md, kv)
+		}
+	}
+	n, ok := md.ArrayLen("tokenizer.ggml.tokens")
+	if !ok || n == 0 {
+		return nil, 0, fmt.Errorf("%w: vocab file %s has no tokenizer.ggml.tokens", ErrBadSpec, from)
+	}
+	return md, n, nil
+}
+
+// builtinVocab is a 372-token SentencePiece-style vocabulary: <unk>, <s>,
+// </s>, 256 byte tokens, ▁, printable ASCII and a few merges.
+func builtinVocab() Metadata {
+	const (
+		typNormal  = 1
+		typUnknown = 2
+		typControl = 3
+		typByte    = 6
+	)
+	var toks []string
+	var scores []float32
+	var types []int32
+	add := func(s string, score float32, typ int32) {
+		toks = append(toks, s)
+		scores = append(scores, score)
+		types = append(types, typ)
+	}
+	add("<unk>", 0, typUnknown)
+	add("<s>", 0, typControl)
+	add("</s>", 0, typControl)
+	for b := 0; b < 256; b++ {
+		add(fmt.Sprintf("<0x%02X>", b), 0, typByte)
+	}
+	add("▁", -1000, typNormal)
+	for c := byte(0x21); c <= 0x7e; c++ {
+		add(string(rune(c)), -1001-float32(c), typNormal)
+	}
+	for i, m := range []string{"▁t", "he", "▁a", "in", "▁the", "on", "er", "an", "▁s", "re", "nd", "at", "▁w", "en", "▁o", "it", "es", "ed"} {
+		add(m, -10-float32(i), typNormal)
+	}
+	return Metadata{
+		{"tokenizer.ggml.model", "llama"},
+		{"tokenizer.ggml.tokens", toks},
+		{"tokenizer.ggml.scores", scores},
+		{"tokenizer.ggml.token_type", types},
+		{"tokenizer.ggml.bos_token_id", uint32(1)},
+		{"tokenizer.ggml.eos_token_id", uint32(2)},
+		{"tokenizer.ggml.unknown_token_id", uint32(0)},
+		{"tokenizer.ggml.add_bos_token", true},
+		{"tokenizer.ggml.add_eos_token", false},
+	}
+}

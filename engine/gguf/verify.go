@@ -1,0 +1,222 @@
+package gguf
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+)
+
+// Shard verification errors.
+var (
+	ErrNotShard            = errors.New("not a shard (no valid meshp2p.* metadata)")
+	ErrFingerprintMismatch = errors.New("shard content does not prove the claimed fingerprint")
+	ErrWrongModel          = errors.New("shard belongs to a different model")
+	ErrWrongRange          = errors.New("shard holds a different layer range")
+)
+
+// ShardInfo is what a shard claims about itself (see VerifyShard for proof).
+type ShardInfo struct {
+	ParentFingerprint string `json:"parent_fingerprint"`
+	ParentNLayer      int    `json:"parent_n_layer"`
+	Range             Range  `json:"range"`
+	Role              Role   `json:"role"`
+}
+
+// ReadShardInfo parses a shard's claims without checking them. It returns
+// ErrNotShard when md has no shard metadata.
+func ReadShardInfo(md Metadata) (*ShardInfo, error) {
+	fp, ok := md.String(KeyParentFingerprint)
+	if !ok {
+		return nil, ErrNotShard
+	}
+	if _, err := ParseDigest(fp); err != nil {
+		return nil, fmt.Errorf("%w: bad %s", ErrNotShard, KeyParentFingerprint)
+	}
+	n, ok1 := md.Uint(KeyParentNLayer)
+	a, ok2 := md.Uint(KeyRangeStart)
+	b, ok3 := md.Uint(KeyRangeEnd)
+	if !ok1 || !ok2 || !ok3 || n == 0 || n > MaxLayers || a >= b || b > n {
+		return nil, fmt.Errorf("%w: bad n_layer/range metadata", ErrNotShard)
+	}
+	r := Range{int(a), int(b)}
+	return &ShardInfo{ParentFingerprint: fp, ParentNLayer: int(n), Range: r, Role: RoleOf(r, int(n))}, nil
+}
+
+// VerifyShard opens the shard at path and checks that it proves membership
+// of its parent model: the stored proof material hashes to the stored parent
+// fingerprint, and the hyper-parameters, tokenizer (head/tail), global
+// tensors and every layer it holds hash to that material (with layer indices
+// mapped back to the parent's, the tail's output-as-token_embd rule and the
+// middle shard's exact 1-row stand-ins). Every tensor in the file must be
+// accounted for. It streams the data once.
+func VerifyShard(ctx context.Context, path string) (*ShardInfo, error) {
+	f, err := Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	si, err := VerifyShardFile(ctx, f)
+	if err != nil {
+		return nil, fmt.Errorf("gguf: verify %s: %w", path, err)
+	}
+	return si, nil
+}
+
+// CheckShard verifies the shard at path (VerifyShard) and that it belongs to
+// the model with fingerprint fp and holds exactly layers r.
+func CheckShard(ctx context.Context, path, fp string, r Range) (*ShardInfo, error) {
+	si, err := VerifyShard(ctx, path)
+	if err != nil {
+		return nil, err
+	}
+	if si.ParentFingerprint != strings.ToLower(fp) {
+		return si, fmt.Errorf("gguf: %s: %w: it is from %s, want %s", path, ErrWrongModel, si.ParentFingerprint, fp)
+	}
+	if si.Range != r {
+		return si, fmt.Errorf("gguf: %s: %w: it holds %v, want %v", path, ErrWrongRange, si.Range, r)
+	}
+	return si, nil
+}
+
+// VerifyShardFile is VerifyShard on an open file.
+func VerifyShardFile(ctx context.Context, f *File) (*ShardInfo, error) {
+	si, err := ReadShardInfo(f.Metadata)
+	if err != nil {
+		return nil, err
+	}
+	mismatch := func(format string, args ...any) error {
+		return fmt.Errorf("%w: "+format, append([]any{ErrFingerprintMismatch}, args...)...)
+	}
+	dg, err := digestsFromMetadata(f.Metadata)
+	if err != nil {
+		return nil, err
+	}
+	if len(dg.Layers) != si.ParentNLayer {
+		return nil, mismatch("%d layer digests for %d layers", len(dg.Layers), si.ParentNLayer)
+	}
+	if dg.Fingerprint() != si.ParentFingerprint {
+		return nil, mismatch("stored digests hash to %s, not %s", dg.Fingerprint(), si.ParentFingerprint)
+	}
+	arch := f.Architecture()
+	r := si.Range
+	if got, err := f.NLayer(); err != nil || got != r.Len() {
+		return nil, mismatch("block_count %d for range %v", got, r)
+	}
+	h, err := hparamsDigest(f.Metadata)
+	if err != nil {
+		return nil, err
+	}
+	if h != dg.HParams {
+		return nil, mismatch("hyper-parameters differ from the parent's")
+	}
+	if si.Role == RoleMiddle {
+		for _, kv := range f.Metadata {
+			if strings.HasPrefix(kv.Key, "tokenizer.") && kv.Key != "tokenizer.ggml.model" {
+				return nil, mismatch("middle shard has tokenizer key %q", kv.Key)
+			}
+		}
+		if m, _ := f.Metadata.String("tokenizer.ggml.model"); m != "none" {
+			return nil, mismatch("middle shard has tokenizer model %q, want \"none\"", m)
+		}
+		if v, _ := f.Metadata.Uint(arch + ".vocab_size"); v != 1 {
+			return nil, mismatch("middle shard has vocab_size %d, want 1", v)
+		}
+	} else {
+		t, err := tokenizerDigest(f.Metadata)
+		if err != nil {
+			return nil, err
+		}
+		if t != dg.Tokenizer {
+			return nil, mismatch("tokenizer differs from the parent's")
+		}
+		if v, ok := f.Metadata.Get(arch + ".vocab_size"); ok {
+			nTok, hasTok := f.Metadata.ArrayLen("tokenizer.ggml.tokens")
+			if u, isU := asUint(v); !isU || !hasTok || u != uint64(nTok) {
+				return nil, mismatch("vocab_size %v does not match the tokenizer", v)
+			}
+		}
+	}
+	nEmbd, err := embdLength(f.Metadata)
+	if err != nil {
+		return nil, err
+	}
+
+	// Which global digests this shard must hold, under which source name.
+	want := make(map[string]string) // shard tensor name -> parent tensor name
+	for _, g := range dg.Globals {
+		want[g.Name] = g.Name
+	}
+	_, parentHasOutput := dg.Global(output)
+	standIns := map[string]Digest{}
+	switch si.Role {
+	case RoleHead:
+		delete(want, output)
+	case RoleMiddle:
+		delete(want, output)
+		delete(want, tokenEmbd)
+		delete(want, outputNorm)
+		for _, name := range []string{tokenEmbd, outputNorm} {
+			st := standIn(name, nEmbd)
+			dh, err := hashData(ctx, st.Data, int64(4*nEmbd), make([]byte, 64<<10), nil)
+			if err != nil {
+				return nil, err
+			}
+			standIns[name] = tensorDigest(name, st.Type, st.Shape, dh)
+		}
+	case RoleTail:
+		delete(want, output)
+		if parentHasOutput {
+			want[tokenEmbd] = output
+		}
+	}
+
+	layers := make([][]Digest, r.Len())
+	buf := make([]byte, copyChunk)
+	for i := range f.Tensors {
+		t := &f.Tensors[i]
+		idx, rest, isLayer, err := splitLayerName(t.Name)
+		if err != nil {
+			return nil, mismatch("%v", err)
+		}
+		if isLayer && idx >= r.Len() {
+			return nil, mismatch("tensor %q is beyond the shard's %d layers", t.Name, r.Len())
+		}
+		dh, err := hashData(ctx, f.TensorData(t), int64(t.Bytes), buf, nil)
+		if err != nil {
+			return nil, fmt.Errorf("hashing tensor %q: %w", t.Name, err)
+		}
+		if isLayer {
+			layers[idx] = append(layers[idx], tensorDigest(layerName(r.Start+idx, rest), t.Type, t.Shape, dh))
+			continue
+		}
+		if sd, ok := standIns[t.Name]; ok {
+			if tensorDigest(t.Name, t.Type, t.Shape, dh) != sd {
+				return nil, mismatch("stand-in %q is not the exact 1-row stand-in", t.Name)
+			}
+			delete(standIns, t.Name)
+			continue
+		}
+		parentName, ok := want[t.Name]
+		if !ok {
+			return nil, mismatch("unexpected tensor %q in a %s shard", t.Name, si.Role)
+		}
+		pd, _ := dg.Global(parentName)
+		if tensorDigest(parentName, t.Type, t.Shape, dh) != pd {
+			return nil, mismatch("tensor %q differs from the parent's %q", t.Name, parentName)
+		}
+		delete(want, t.Name)
+	}
+	for name := range want {
+		return nil, mismatch("tensor %q is missing", name)
+	}
+	for name := range standIns {
+		return nil, mismatch("stand-in %q is missing", name)
+	}
+	for j, l := range layers {
+		if len(l) == 0 || layerDigest(l) != dg.Layers[r.Start+j] {
+			return nil, mismatch("layer %d (parent layer %d) differs", j, r.Start+j)
+		}
+	}
+	return si, nil
+}
