@@ -19,11 +19,14 @@ type ChainOptions struct {
 	// round trip) to measure a lossy wire encoding.
 	Wire func([]float32) []float32
 	Key  SessionKey
+	// Stop, if set, sees every sampled token; returning true ends the run
+	// early (end-of-generation token, stop string).
+	Stop func(tok int32) bool
 }
 
 // ChainResult is what a chain produced.
 type ChainResult struct {
-	Tokens  []int32     // sampled tokens, Steps+1 of them (the first after the prompt)
+	Tokens  []int32     // sampled tokens: Steps+1 (the first after the prompt) unless stopped
 	Logits  [][]float32 // per sampled token, when asked
 	Prefill time.Duration
 	Decode  time.Duration // total over the decode steps
@@ -104,8 +107,9 @@ func RunChain(ctx context.Context, shards []*Shard, prompt []int32, o ChainOptio
 	if o.Logits {
 		res.Logits = append(res.Logits, logits)
 	}
+	stopped := o.Stop != nil && o.Stop(tok)
 	t1 := time.Now()
-	for i := 0; i < o.Steps; i++ {
+	for i := 0; i < o.Steps && !stopped; i++ {
 		var err error
 		tok, logits, err = step([]int32{tok}, len(prompt)+i, true)
 		if err != nil {
@@ -115,6 +119,7 @@ func RunChain(ctx context.Context, shards []*Shard, prompt []int32, o ChainOptio
 		if o.Logits {
 			res.Logits = append(res.Logits, logits)
 		}
+		stopped = o.Stop != nil && o.Stop(tok)
 	}
 	res.Decode = time.Since(t1)
 	return res, nil

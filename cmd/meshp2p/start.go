@@ -2,11 +2,92 @@ package main
 
 import (
 	"context"
-	"errors"
+	"flag"
+	"fmt"
 	"io"
+	"log/slog"
+	"time"
+
+	"github.com/neuron-tai/meshp2p/engine/gguf"
+	"github.com/neuron-tai/meshp2p/node"
 )
 
-// runStart is a placeholder until the start subcommand lands.
+const startUsage = `Usage: meshp2p start --model FILE [--layers A-B] [flags]
+
+Serves layers [A,B) of a GGUF model to the swarm. On first start the model
+is fingerprinted and its shard file is cut into <data-dir>/shards (cached).
+Once ready, the node prints its peer id and addresses and writes them to
+<data-dir>/node.json. SIGINT/SIGTERM close sessions and withdraw the advert.
+
+Flags:
+`
+
 func runStart(ctx context.Context, stdout, stderr io.Writer, args []string) error {
-	return errors.New("not implemented yet")
+	fs := flag.NewFlagSet("start", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() { fmt.Fprint(stderr, startUsage); fs.PrintDefaults() }
+	var nf netFlags
+	nf.register(fs, node.PresetHome)
+	model := fs.String("model", "", "whole GGUF model file (required)")
+	layers := fs.String("layers", "", "layer range A-B to serve, half-open [A,B) (default: all layers)")
+	name := fs.String("name", "", "model name to advertise (default: file name)")
+	def := node.DefaultEngine()
+	maxSess := fs.Int("max-sessions", def.MaxSessions, "concurrent sessions this shard admits")
+	nctx := fs.Int("ctx", def.NCtx, "KV cells shared by all sessions")
+	nbatch := fs.Int("batch", def.NBatch, "most rows per llama_decode")
+	threads := fs.Int("threads", 0, "compute threads (default: all CPUs)")
+	flash := fs.Bool("flash-attn", false, "flash attention (faster on long contexts; not bit-exact across KV layouts)")
+	idle := fs.Duration("idle-timeout", 60*time.Second, "free a session after this long without frames")
+	verbose := fs.Bool("v", false, "debug logging")
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	if *model == "" {
+		fs.Usage()
+		return fmt.Errorf("%w: --model is required", errUsage)
+	}
+	pc, err := nf.config(node.PresetHome)
+	if err != nil {
+		return err
+	}
+	var rng *gguf.Range
+	if *layers != "" {
+		rs, err := gguf.ParseRanges(*layers)
+		if err != nil || len(rs) != 1 {
+			return fmt.Errorf("%w: --layers %q: want one range A-B", errUsage, *layers)
+		}
+		rng = &rs[0]
+	}
+	log := newLogger(stderr, *verbose)
+	prog := newProgress(stderr, "splitting")
+	cfg := node.Config{P2P: pc, ModelPath: *model, Layers: rng, ModelName: *name, Logger: log,
+		Engine: def, Hop: node.HopConfig{Idle: *idle}, SplitProgress: prog.update}
+	cfg.Engine.MaxSessions, cfg.Engine.NCtx, cfg.Engine.NBatch, cfg.Engine.Threads, cfg.Engine.FlashAttn = *maxSess, *nctx, *nbatch, *threads, *flash
+	n, err := node.Start(ctx, cfg)
+	prog.finish()
+	if err != nil {
+		return err
+	}
+	defer n.Close()
+	info := n.Info()
+	fmt.Fprintf(stdout, "peer id:  %s\nmodel:    %s (%.16s…) layers %d-%d of %d\n", info.PeerID, info.Model, info.Fingerprint, info.Start, info.End, info.NLayer)
+	for _, a := range info.Addrs {
+		fmt.Fprintf(stdout, "address:  %s\n", a)
+	}
+	p, err := n.WriteInfo()
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "ready; node info in %s\n", p)
+	<-ctx.Done()
+	log.Info("shutting down: closing sessions, withdrawing advert")
+	return n.Close()
+}
+
+func newLogger(w io.Writer, verbose bool) *slog.Logger {
+	lvl := slog.LevelInfo
+	if verbose {
+		lvl = slog.LevelDebug
+	}
+	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: lvl}))
 }

@@ -279,3 +279,27 @@ func WriteActivation(w io.Writer, hdr *meshp2pb.ActivationHeader, tensors ...[]b
 func ReadActivation(r io.Reader, lim Limits) (*meshp2pb.ActivationHeader, [][]byte, error) {
 	return NewReader(r, lim).ReadActivation()
 }
+
+// WriteBlob writes msg as the header and data as an opaque payload, for
+// request/response protocols that ship a file (e.g. a vocabulary). The
+// payload is bounded by the Limits like any other.
+func (w *Writer) WriteBlob(msg proto.Message, data []byte) error {
+	if len(data) > w.lim.MaxPayload {
+		return fmt.Errorf("%w: blob %d bytes > %d", ErrFrameTooLarge, len(data), w.lim.MaxPayload)
+	}
+	return w.writeFrame(msg, len(data), [][]byte{data})
+}
+
+// ReadBlob reads a frame written by WriteBlob: the header into msg and the
+// payload as fresh memory (at most Limits.MaxPayload bytes).
+func (r *Reader) ReadBlob(msg proto.Message) ([]byte, error) {
+	n, err := r.readHeader(msg)
+	if err != nil {
+		return nil, err
+	}
+	data, err := readN(r.r, nil, n)
+	if err != nil {
+		return nil, truncated("payload", err)
+	}
+	return data, nil
+}

@@ -1,0 +1,108 @@
+package main
+
+import (
+	"flag"
+	"fmt"
+	"strings"
+
+	"github.com/libp2p/go-libp2p/core/peer"
+	"github.com/multiformats/go-multiaddr"
+
+	"github.com/neuron-tai/meshp2p/node"
+	"github.com/neuron-tai/meshp2p/p2p"
+)
+
+// netFlags are the p2p flags shared by start, generate and tracker.
+type netFlags struct {
+	network     string
+	listen      string
+	bootstrap   string
+	relays      string
+	swarmKey    string
+	dataDir     string
+	dhtMode     string
+	reach       string
+	portMapping bool
+	relay       bool
+	test        bool
+}
+
+func (f *netFlags) register(fs *flag.FlagSet, preset string) {
+	fs.StringVar(&f.network, "network", node.DefaultNetwork, "swarm name; scopes every protocol ID, so swarms never mix")
+	fs.StringVar(&f.listen, "listen", "", "comma-separated listen multiaddrs (default TCP and QUIC on all IPv4 interfaces, random ports)")
+	fs.StringVar(&f.bootstrap, "bootstrap", "", "comma-separated bootstrap peers (multiaddrs ending in /p2p/<id>); there are no public defaults")
+	fs.StringVar(&f.relays, "relay", "", "comma-separated static relays (multiaddrs with /p2p/<id>); default: the bootstrap peers")
+	fs.StringVar(&f.swarmKey, "swarm-key", "", "private swarm key file (libp2p swarm.key; makes the node TCP-only)")
+	fs.StringVar(&f.dataDir, "data-dir", defaultDataDir(), "data directory (identity, shard cache, node.json)")
+	fs.StringVar(&f.dhtMode, "dht-mode", "", "DHT mode: auto, server or client (default by role)")
+	fs.StringVar(&f.reach, "reachability", "", "force reachability: public or private (default: AutoNAT decides)")
+	fs.BoolVar(&f.portMapping, "port-mapping", preset == node.PresetHome, "map a port on the home router with UPnP/NAT-PMP")
+	fs.BoolVar(&f.test, "test-mode", false, "loopback test preset: fast adverts, relaxed per-IP limits, DHT server (never in deployments)")
+	fs.BoolVar(&f.relay, "relay-service", preset == node.PresetRelay, "run a circuit relay v2 for swarm members (raised limits for activation traffic)")
+}
+
+func parseAddrInfos(s string) ([]peer.AddrInfo, error) {
+	var out []peer.AddrInfo
+	for _, part := range strings.Split(s, ",") {
+		part = strings.TrimSpace(part)
+		if part == "" {
+			continue
+		}
+		m, err := multiaddr.NewMultiaddr(part)
+		if err != nil {
+			return nil, fmt.Errorf("%w: bad multiaddr %q: %v", errUsage, part, err)
+		}
+		ai, err := peer.AddrInfoFromP2pAddr(m)
+		if err != nil {
+			return nil, fmt.Errorf("%w: %q must end in /p2p/<peer id>: %v", errUsage, part, err)
+		}
+		out = append(out, *ai)
+	}
+	return out, nil
+}
+
+func splitList(s string) []string {
+	var out []string
+	for _, p := range strings.Split(s, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// config builds the p2p configuration from a preset and the flags.
+func (f *netFlags) config(preset string) (p2p.Config, error) {
+	if f.test {
+		preset = node.PresetTest
+	}
+	c := node.Preset(preset)
+	c.Network = f.network
+	if f.dataDir == "" {
+		return c, fmt.Errorf("%w: --data-dir is required (no home directory found)", errUsage)
+	}
+	c.DataDir = f.dataDir
+	if l := splitList(f.listen); len(l) > 0 {
+		c.ListenAddrs = l
+	}
+	var err error
+	if c.Bootstrap, err = parseAddrInfos(f.bootstrap); err != nil {
+		return c, err
+	}
+	c.StaticRelays = c.Bootstrap
+	if f.relays != "" {
+		if c.StaticRelays, err = parseAddrInfos(f.relays); err != nil {
+			return c, err
+		}
+	}
+	c.SwarmKeyPath = f.swarmKey
+	if f.dhtMode != "" {
+		c.DHTMode = f.dhtMode
+	}
+	if f.reach != "" {
+		c.ForceReachability = f.reach
+	}
+	c.PortMapping = f.portMapping
+	c.RelayService = f.relay
+	return c, nil
+}

@@ -1,0 +1,340 @@
+// Package node composes a meshp2p node: the p2p host and discovery, an
+// engine shard served to route sessions, the capability advert, the
+// vocabulary service and the origin (route planning and generation).
+package node
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/libp2p/go-libp2p/core/network"
+	"github.com/libp2p/go-libp2p/core/peer"
+	"github.com/libp2p/go-libp2p/core/peerstore"
+	"github.com/libp2p/go-libp2p/core/protocol"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/neuron-tai/meshp2p/engine"
+	"github.com/neuron-tai/meshp2p/engine/gguf"
+	"github.com/neuron-tai/meshp2p/p2p"
+	"github.com/neuron-tai/meshp2p/proto/meshp2pb"
+	"github.com/neuron-tai/meshp2p/route"
+)
+
+// Config configures a Node.
+type Config struct {
+	P2P p2p.Config
+	// ModelPath is a whole GGUF model; with Layers, the node serves that
+	// layer range (split into DataDir/shards on first start). Empty: a
+	// client node that serves nothing.
+	ModelPath string
+	Layers    *gguf.Range // nil: all layers
+	ModelName string      // advertised name (default: the file name without .gguf)
+	Engine    engine.Config
+	Hop       HopConfig
+	// SplitProgress, if set, reports shard splitting progress.
+	SplitProgress func(done, total int64)
+	Logger        *slog.Logger
+}
+
+// Node is a running meshp2p node.
+type Node struct {
+	cfg   Config
+	log   *slog.Logger
+	p2p   *p2p.Node
+	host  *hostAdapter
+	table *route.Table
+
+	model     *engine.Model
+	shard     *engine.Shard
+	hop       *HopService
+	fp        string
+	nLayer    int
+	shardPath string
+	vocabPath string
+	vocab     *vocabService
+
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+}
+
+// Start brings a node up: host, discovery, and (with a model) the shard,
+// its hop service and its advert.
+func Start(ctx context.Context, cfg Config) (*Node, error) {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.P2P.Logger == nil {
+		cfg.P2P.Logger = cfg.Logger
+	}
+	if cfg.Hop.Logger == nil {
+		cfg.Hop.Logger = cfg.Logger
+	}
+	if cfg.Engine.Logger == nil {
+		cfg.Engine.Logger = cfg.Logger
+	}
+	n := &Node{cfg: cfg, log: cfg.Logger, table: route.NewTable()}
+	var err error
+	if cfg.ModelPath != "" {
+		if err := n.loadShard(ctx); err != nil {
+			n.closeEngine()
+			return nil, err
+		}
+	}
+	n.p2p, err = p2p.New(ctx, cfg.P2P)
+	if err != nil {
+		n.closeEngine()
+		return nil, err
+	}
+	n.host = &hostAdapter{n.p2p}
+	n.table.Reach = func(p peer.ID) p2p.Path { return n.p2p.ConnStatus(p).Path }
+	bg, cancel := context.WithCancel(context.Background())
+	n.cancel = cancel
+	n.wg.Add(1)
+	go func() { defer n.wg.Done(); route.Follow(bg, n.p2p.Discovery(), n.table) }()
+	n.vocab = newVocabService(n.host, cfg.Hop.Limits, n.log)
+	if n.shard != nil {
+		cfg.Hop.Fingerprint = n.fp
+		n.hop = NewHopService(n.host, n.model, n.shard, cfg.Hop)
+		if n.vocabPath != "" {
+			n.vocab.add(n.fp, n.vocabPath)
+		}
+		if err := n.publish(); err != nil {
+			n.Close()
+			return nil, err
+		}
+		n.wg.Add(1)
+		go func() { defer n.wg.Done(); n.advertLoop(bg) }()
+	}
+	return n, nil
+}
+
+func (n *Node) loadShard(ctx context.Context) error {
+	cfg := n.cfg
+	dataDir := cfg.P2P.DataDir
+	if err := os.MkdirAll(dataDir, 0o700); err != nil {
+		return err
+	}
+	var r gguf.Range
+	if cfg.Layers != nil {
+		r = *cfg.Layers
+	} else {
+		f, err := gguf.Open(cfg.ModelPath)
+		if err != nil {
+			return err
+		}
+		nl, err := f.NLayer()
+		f.Close()
+		if err != nil {
+			return err
+		}
+		r = gguf.Range{Start: 0, End: nl}
+	}
+	path, fp, nl, err := prepareShard(ctx, dataDir, cfg.ModelPath, r, cfg.SplitProgress, n.log)
+	if err != nil {
+		return err
+	}
+	n.fp, n.nLayer, n.shardPath = fp, nl, path
+	n.model, err = engine.LoadModel(ctx, path, engine.LoadOptions{})
+	if err != nil {
+		return err
+	}
+	n.shard, err = engine.NewShard(ctx, n.model, cfg.Engine)
+	if err != nil {
+		return err
+	}
+	if n.model.Info().HasVocab {
+		vp := filepath.Join(dataDir, "shards", fp[:16], "vocab.gguf")
+		if _, err := os.Stat(vp); err != nil {
+			if err := gguf.WriteVocab(ctx, path, vp); err != nil {
+				return fmt.Errorf("write vocabulary: %w", err)
+			}
+		}
+		n.vocabPath = vp
+	}
+	return nil
+}
+
+// ModelName is the advertised model name.
+func (n *Node) ModelName() string {
+	if n.cfg.ModelName != "" {
+		return n.cfg.ModelName
+	}
+	if n.cfg.ModelPath == "" {
+		return ""
+	}
+	b := filepath.Base(n.cfg.ModelPath)
+	return b[:len(b)-len(filepath.Ext(b))]
+}
+
+// NameKey is the discovery key under which a model name is announced.
+func NameKey(name string) string { return "name:" + name }
+
+func (n *Node) advertBody() ([]byte, error) {
+	info := n.shard.Info()
+	c := n.shard.Capacity()
+	ca := &meshp2pb.CapabilityAdvert{
+		PeerId: []byte(n.p2p.ID()), Network: n.cfg.P2P.Network, Roles: []meshp2pb.Role{meshp2pb.Role_ROLE_SHARD},
+		Version: engine.Version,
+		Shards: []*meshp2pb.ShardAdvert{{
+			ModelFingerprint: n.fp, ModelName: n.ModelName(), NLayer: uint32(n.nLayer),
+			Start: uint32(info.Start), End: uint32(info.End),
+			WireDtypes: []meshp2pb.DType{meshp2pb.DType_DTYPE_F32, meshp2pb.DType_DTYPE_F16},
+			Capacity: &meshp2pb.ShardCapacity{FreeSessions: uint32(c.FreeSessions), MaxSessions: uint32(c.MaxSessions),
+				FreeKvTokens: uint64(c.FreeKV), NCtx: uint32(c.NCtx), NBatch: uint32(n.shard.Config().NBatch)},
+			HasVocab: n.vocabPath != "", NEmbd: uint32(info.NEmbd), Arch: info.Arch,
+			Runtime: "llama.cpp@" + engine.LlamaCommit, BundleSchema: "l_out/v1",
+		}},
+	}
+	return proto.Marshal(ca)
+}
+
+func (n *Node) publish() error {
+	body, err := n.advertBody()
+	if err != nil {
+		return err
+	}
+	keys := []string{n.fp}
+	if name := n.ModelName(); name != "" {
+		keys = append(keys, NameKey(name))
+	}
+	return n.p2p.Discovery().SetLocalAdvert(keys, body)
+}
+
+// advertLoop re-publishes when free capacity changes (checked every 2 s).
+func (n *Node) advertLoop(ctx context.Context) {
+	t := time.NewTicker(2 * time.Second)
+	defer t.Stop()
+	last := n.shard.Capacity()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			if c := n.shard.Capacity(); c != last {
+				last = c
+				if err := n.publish(); err != nil {
+					n.log.Warn("re-publish advert", "err", err)
+				}
+			}
+		}
+	}
+}
+
+// P2P returns the network node.
+func (n *Node) P2P() *p2p.Node { return n.p2p }
+
+// Table returns the capability table fed by discovery.
+func (n *Node) Table() *route.Table { return n.table }
+
+// Fingerprint of the served model ("" on a client).
+func (n *Node) Fingerprint() string { return n.fp }
+
+// Shard returns the served engine shard (nil on a client).
+func (n *Node) Shard() *engine.Shard { return n.shard }
+
+// Hop returns the hop service (nil on a client).
+func (n *Node) Hop() *HopService { return n.hop }
+
+// Origin returns an origin that plans over this node's table.
+func (n *Node) Origin(planner route.Planner) *route.Origin {
+	if planner == nil {
+		planner = &route.LocalPlanner{Table: n.table}
+	}
+	return &route.Origin{Dialer: n.host, Planner: planner, Protocol: n.host.ProtocolID(ProtoSession, ProtoVersion),
+		Limits: n.cfg.Hop.Limits, Logger: n.log}
+}
+
+// Info is what node.json holds.
+type Info struct {
+	PeerID      string   `json:"peer_id"`
+	Addrs       []string `json:"addrs"`
+	Network     string   `json:"network"`
+	Fingerprint string   `json:"fingerprint,omitempty"`
+	Model       string   `json:"model,omitempty"`
+	Start       int      `json:"start"`
+	End         int      `json:"end"`
+	NLayer      int      `json:"n_layer,omitempty"`
+}
+
+// Info describes the node (addresses include /p2p/<id>).
+func (n *Node) Info() Info {
+	in := Info{PeerID: n.p2p.ID().String(), Network: n.cfg.P2P.Network, Fingerprint: n.fp, Model: n.ModelName(), NLayer: n.nLayer}
+	for _, a := range n.p2p.Addrs() {
+		in.Addrs = append(in.Addrs, a.String())
+	}
+	if n.shard != nil {
+		in.Start, in.End = n.shard.Info().Start, n.shard.Info().End
+	}
+	return in
+}
+
+// WriteInfo writes node.json into the data dir atomically.
+func (n *Node) WriteInfo() (string, error) {
+	b, err := json.MarshalIndent(n.Info(), "", "  ")
+	if err != nil {
+		return "", err
+	}
+	p := filepath.Join(n.cfg.P2P.DataDir, "node.json")
+	tmp := p + ".tmp"
+	if err := os.WriteFile(tmp, append(b, '\n'), 0o644); err != nil {
+		return "", err
+	}
+	return p, os.Rename(tmp, p)
+}
+
+// Close withdraws the advert, ends sessions and stops everything.
+func (n *Node) Close() error {
+	if n.cancel != nil {
+		n.cancel()
+	}
+	if n.hop != nil {
+		n.hop.Close()
+	}
+	if n.vocab != nil {
+		n.vocab.close()
+	}
+	var errs []error
+	if n.p2p != nil {
+		errs = append(errs, n.p2p.Close())
+	}
+	n.wg.Wait()
+	n.closeEngine()
+	return errors.Join(errs...)
+}
+
+func (n *Node) closeEngine() {
+	if n.shard != nil {
+		n.shard.Close()
+		n.shard = nil
+	}
+	if n.model != nil {
+		n.model.Close()
+		n.model = nil
+	}
+}
+
+// hostAdapter gives the data plane the few host calls it needs.
+type hostAdapter struct{ n *p2p.Node }
+
+func (h *hostAdapter) ID() peer.ID                           { return h.n.ID() }
+func (h *hostAdapter) ProtocolID(name, v string) protocol.ID { return h.n.ProtocolID(name, v) }
+func (h *hostAdapter) Peerstore() peerstore.Peerstore        { return h.n.Host().Peerstore() }
+func (h *hostAdapter) Protect(p peer.ID, tag string)         { h.n.Protect(p, tag) }
+func (h *hostAdapter) Unprotect(p peer.ID, tag string) bool  { return h.n.Unprotect(p, tag) }
+func (h *hostAdapter) RemoveStreamHandler(pid protocol.ID)   { h.n.Host().RemoveStreamHandler(pid) }
+func (h *hostAdapter) SetStreamHandler(pid protocol.ID, f network.StreamHandler) {
+	h.n.Host().SetStreamHandler(pid, f)
+}
+func (h *hostAdapter) NewStream(ctx context.Context, p peer.ID, pids ...protocol.ID) (network.Stream, error) {
+	return h.n.NewStream(ctx, p, pids...)
+}
+
+// Host returns the data-plane view of the host (streams, protocol IDs).
+func (n *Node) Host() Host { return n.host }

@@ -1,0 +1,254 @@
+package p2p
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"regexp"
+	"time"
+
+	"github.com/libp2p/go-libp2p/core/peer"
+)
+
+// Reachability overrides for Config.ForceReachability.
+const (
+	ReachabilityAuto    = ""        // AutoNAT decides
+	ReachabilityPublic  = "public"  // relays, bootstrap nodes, trackers
+	ReachabilityPrivate = "private" // nodes known to sit behind NAT
+)
+
+// DHT modes for Config.DHTMode.
+const (
+	DHTModeAuto   = "auto"   // client until AutoNAT (or ForceReachability) says public
+	DHTModeServer = "server" // answer DHT queries and store provider records
+	DHTModeClient = "client" // query only
+)
+
+// Config configures a Node. The zero value is not valid: Network and DataDir
+// (or Identity) are required; everything else has a default (see withDefaults).
+type Config struct {
+	// Network is the swarm name. It scopes every protocol ID
+	// (/meshp2p/<network>/...), so two swarms never mix. Letters, digits,
+	// '.', '_' and '-' only.
+	Network string
+	// Role and Version go into the user agent meshp2p/<network>/<role>/<version>.
+	Role, Version string
+
+	// DataDir holds identity.key (Ed25519, created with 0600 on first start).
+	DataDir string
+
+	// ListenAddrs defaults to DefaultListenAddrs (TCP and QUIC on all IPv4
+	// interfaces, port 0). Under a swarm key, non-TCP addresses are dropped
+	// and the drop is logged.
+	ListenAddrs []string
+	// AnnounceAddrs, when set, replaces the addresses the host advertises
+	// (for a relay or bootstrap node with a known public address).
+	AnnounceAddrs []string
+
+	// Bootstrap peers: dialled at start, DHT bootstrap peers, protected in the
+	// connection manager, gossipsub direct peers. There are no defaults.
+	Bootstrap []peer.AddrInfo
+	// StaticRelays are relay v2 servers this node reserves a slot with when it
+	// is (or is forced) private. Protected in the connection manager.
+	StaticRelays []peer.AddrInfo
+
+	// SwarmKey is a libp2p swarm.key (/key/swarm/psk/1.0.0/ /base16/ <hex>);
+	// SwarmKeyPath names a file holding one. Either makes the swarm private
+	// (pnet): outsiders cannot complete a handshake, and the host is TCP-only
+	// because go-libp2p's QUIC refuses a pre-shared key.
+	SwarmKey     []byte
+	SwarmKeyPath string
+
+	// RelayService runs the circuit relay v2 service for mesh members, with
+	// RelayLimit (nil: no data or time limit per circuit) and RelayResources
+	// (zero fields: DefaultRelayResources).
+	RelayService   bool
+	RelayLimit     *RelayLimit
+	RelayResources RelayResources
+	// RelayACL decides which peers may reserve a slot or open a circuit
+	// through this relay (as source or destination). nil admits every peer
+	// that completed a handshake, which under a swarm key means members only.
+	RelayACL func(peer.ID) bool
+
+	// ForceReachability is ReachabilityAuto, ReachabilityPublic or
+	// ReachabilityPrivate.
+	ForceReachability string
+	// PortMapping turns on UPnP/NAT-PMP. Off unless set; never in tests.
+	PortMapping bool
+	// DisableHolePunching turns DCUtR off (it is on by default).
+	DisableHolePunching bool
+
+	// DHTMode is DHTModeAuto (default), DHTModeServer or DHTModeClient.
+	DHTMode string
+
+	// ConnLow and ConnHigh are the connection manager watermarks
+	// (defaults 64 and 128); ConnGrace defaults to 1 minute.
+	ConnLow, ConnHigh int
+	ConnGrace         time.Duration
+
+	// Discovery tunes adverts; zero fields take DefaultDiscoveryConfig values.
+	Discovery DiscoveryConfig
+
+	// TestMode holds test-only settings. Never set in a deployment.
+	TestMode TestOptions
+
+	// Logger defaults to slog.Default().
+	Logger *slog.Logger
+}
+
+// RelayLimit bounds one relayed connection. Any non-nil limit makes clients
+// mark circuits "limited" (go-libp2p then refuses streams on them unless the
+// opener passes network.WithAllowLimitedConn, and gossipsub ignores them).
+type RelayLimit struct {
+	Duration time.Duration // per circuit
+	Data     int64         // bytes per direction per circuit
+}
+
+// RelayResources sizes the relay service. Zero fields take the
+// DefaultRelayResources value.
+type RelayResources struct {
+	MaxReservations      int
+	MaxCircuits          int // per peer
+	BufferSize           int // copy buffer per direction per circuit
+	MaxReservationsPerIP int
+	ReservationTTL       time.Duration
+}
+
+// DiscoveryConfig tunes advert publication. Zero fields take defaults.
+type DiscoveryConfig struct {
+	// RepublishInterval is how often the local advert is re-signed (new seq,
+	// new issued_at) and gossiped. Default 2 minutes.
+	RepublishInterval time.Duration
+	// AdvertTTL is how long an advert stays valid after it is issued.
+	// Default 3 × RepublishInterval, so two lost rounds do not drop a peer.
+	AdvertTTL time.Duration
+	// MaxAge rejects adverts issued longer ago than this (stale). Default
+	// AdvertTTL.
+	MaxAge time.Duration
+	// ClockSkew tolerates adverts issued this far in the future. Default 30 s.
+	ClockSkew time.Duration
+	// ProvideInterval is how often keys are re-announced in the DHT.
+	// Default 1 hour (provider records live 48 h in kad-dht).
+	ProvideInterval time.Duration
+	// MaxBody bounds Advert.Body; MaxKeys and MaxKeyLen bound Advert.Keys.
+	// Defaults 16 KiB, 64 and 256 bytes.
+	MaxBody, MaxKeys, MaxKeyLen int
+}
+
+// TestOptions are process-global tweaks for loopback tests and the netns test
+// network. Setting any of them changes go-libp2p and go-multiaddr package
+// variables for the whole process (there is no per-host option), so only test
+// binaries and testnet child processes may use them.
+type TestOptions struct {
+	// PublicCIDRs are treated as public addresses (removed from
+	// manet.Private4/Unroutable4), e.g. 203.0.113.0/24 for the test internet.
+	// Hole punching and relay address filters only use public addresses.
+	PublicCIDRs []netip.Prefix
+	// RelaxedCIDRs lift the resource manager's per-IP connection rate limit
+	// and per-subnet connection limits (every host behind one test NAT
+	// shares an IP). Also whitelisted from gossipsub IP-colocation scoring.
+	RelaxedCIDRs []netip.Prefix
+	// ObservedAddrThreshold lowers observedaddrs.ActivationThresh (default 4
+	// observers) so small swarms learn their external address. 0: unchanged.
+	ObservedAddrThreshold int
+}
+
+func (t TestOptions) enabled() bool {
+	return len(t.PublicCIDRs) > 0 || len(t.RelaxedCIDRs) > 0 || t.ObservedAddrThreshold > 0
+}
+
+// DefaultListenAddrs is used when Config.ListenAddrs is empty.
+var DefaultListenAddrs = []string{"/ip4/0.0.0.0/tcp/0", "/ip4/0.0.0.0/udp/0/quic-v1"}
+
+// DefaultDiscoveryConfig returns the production advert settings.
+func DefaultDiscoveryConfig() DiscoveryConfig {
+	return DiscoveryConfig{
+		RepublishInterval: 2 * time.Minute,
+		AdvertTTL:         6 * time.Minute,
+		MaxAge:            6 * time.Minute,
+		ClockSkew:         30 * time.Second,
+		ProvideInterval:   time.Hour,
+		MaxBody:           16 << 10,
+		MaxKeys:           64,
+		MaxKeyLen:         256,
+	}
+}
+
+// ErrConfig marks an invalid Config.
+var ErrConfig = errors.New("invalid p2p config")
+
+var networkNameRE = regexp.MustCompile(`^[A-Za-z0-9._-]{1,64}$`)
+
+func (c Config) withDefaults() (Config, error) {
+	if !networkNameRE.MatchString(c.Network) {
+		return c, fmt.Errorf("%w: network name %q must be 1-64 of [A-Za-z0-9._-]", ErrConfig, c.Network)
+	}
+	if c.DataDir == "" {
+		return c, fmt.Errorf("%w: DataDir is required", ErrConfig)
+	}
+	if c.Role == "" {
+		c.Role = "node"
+	}
+	if c.Version == "" {
+		c.Version = "dev"
+	}
+	if len(c.ListenAddrs) == 0 {
+		c.ListenAddrs = append([]string(nil), DefaultListenAddrs...)
+	}
+	switch c.ForceReachability {
+	case ReachabilityAuto, ReachabilityPublic, ReachabilityPrivate:
+	default:
+		return c, fmt.Errorf("%w: ForceReachability %q", ErrConfig, c.ForceReachability)
+	}
+	switch c.DHTMode {
+	case "":
+		c.DHTMode = DHTModeAuto
+	case DHTModeAuto, DHTModeServer, DHTModeClient:
+	default:
+		return c, fmt.Errorf("%w: DHTMode %q", ErrConfig, c.DHTMode)
+	}
+	if c.ConnLow <= 0 {
+		c.ConnLow = 64
+	}
+	if c.ConnHigh <= c.ConnLow {
+		c.ConnHigh = max(128, 2*c.ConnLow)
+	}
+	if c.ConnGrace <= 0 {
+		c.ConnGrace = time.Minute
+	}
+	c.Discovery = c.Discovery.withDefaults()
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return c, nil
+}
+
+func (d DiscoveryConfig) withDefaults() DiscoveryConfig {
+	def := DefaultDiscoveryConfig()
+	if d.RepublishInterval <= 0 {
+		d.RepublishInterval = def.RepublishInterval
+	}
+	if d.AdvertTTL <= 0 {
+		d.AdvertTTL = 3 * d.RepublishInterval
+	}
+	if d.MaxAge <= 0 {
+		d.MaxAge = d.AdvertTTL
+	}
+	if d.ClockSkew <= 0 {
+		d.ClockSkew = def.ClockSkew
+	}
+	if d.ProvideInterval <= 0 {
+		d.ProvideInterval = def.ProvideInterval
+	}
+	if d.MaxBody <= 0 {
+		d.MaxBody = def.MaxBody
+	}
+	if d.MaxKeys <= 0 {
+		d.MaxKeys = def.MaxKeys
+	}
+	if d.MaxKeyLen <= 0 {
+		d.MaxKeyLen = def.MaxKeyLen
+	}
+	return d
+}

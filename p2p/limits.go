@@ -1,0 +1,157 @@
+package p2p
+
+import (
+	"math"
+	"net/netip"
+	"time"
+
+	"github.com/libp2p/go-libp2p"
+	"github.com/libp2p/go-libp2p/core/network"
+	rcmgr "github.com/libp2p/go-libp2p/p2p/host/resource-manager"
+	"github.com/libp2p/go-libp2p/p2p/protocol/circuitv2/relay"
+	"github.com/libp2p/go-libp2p/x/rate"
+)
+
+// Resource manager sizing. go-libp2p's defaults are built for many small
+// IPFS streams; meshp2p streams carry activations (a 2k-token prefill of an
+// 8192-wide model is 64 MiB in f32) and yamux grows a stream's receive
+// window up to 16 MiB, charging the growth to the stream, protocol and peer
+// scopes. When a reservation fails yamux keeps the smaller window, so these
+// limits cap throughput, not correctness.
+const (
+	// streamMemory: one stream at the full 16 MiB yamux window plus room
+	// for the frame buffer its owner reserves (default 16 MiB).
+	streamMemory = 32 << 20
+	// protocolPeerMemory: four full-window streams of one protocol with one
+	// peer (e.g. parallel activation streams during prefill); default 16 MiB.
+	protocolPeerMemory = 64 << 20
+	// peerMemory: all protocols with one peer (default 64 MiB base).
+	peerMemory = 256 << 20
+	// protocolMemory: one protocol across all peers (default 64 MiB base).
+	protocolMemory = 256 << 20
+	// systemMemory: base before autoscaling adds 1 GiB per GiB of 1/8 RAM
+	// (default base 128 MiB).
+	systemMemory = 512 << 20
+	// relayServiceMemory: the relay service reserves 2 × BufferSize per
+	// circuit, so 256 MiB holds 512 circuits at the 256 KiB buffer
+	// (go-libp2p's relay service default is 16 MiB base).
+	relayServiceMemory = 256 << 20
+)
+
+// Relay service defaults. go-libp2p's defaults (128 KiB and 2 minutes per
+// circuit, 2 KiB copy buffer, 16 circuits per peer) cut an activation stream
+// after a few tokens; the netns spike measured a 1 MB transfer reset every
+// time. A meshp2p relay carries activations for members only (RelayACL,
+// swarm key), so it runs without a data or time limit by default.
+const (
+	defaultRelayMaxReservations      = 512
+	defaultRelayMaxCircuits          = 64        // per peer: one node can be a relayed hop in many pipelines
+	defaultRelayBufferSize           = 256 << 10 // per direction; 2 KiB default makes relaying syscall-bound
+	defaultRelayMaxReservationsPerIP = 16        // homes share one public IP (default 8)
+	defaultRelayReservationTTL       = time.Hour // go-libp2p default; clients refresh before expiry
+)
+
+// DefaultRelayResources returns the relay service sizing used when
+// Config.RelayResources fields are zero.
+func DefaultRelayResources() RelayResources {
+	return RelayResources{
+		MaxReservations:      defaultRelayMaxReservations,
+		MaxCircuits:          defaultRelayMaxCircuits,
+		BufferSize:           defaultRelayBufferSize,
+		MaxReservationsPerIP: defaultRelayMaxReservationsPerIP,
+		ReservationTTL:       defaultRelayReservationTTL,
+	}
+}
+
+func (r RelayResources) withDefaults() RelayResources {
+	d := DefaultRelayResources()
+	if r.MaxReservations <= 0 {
+		r.MaxReservations = d.MaxReservations
+	}
+	if r.MaxCircuits <= 0 {
+		r.MaxCircuits = d.MaxCircuits
+	}
+	if r.BufferSize <= 0 {
+		r.BufferSize = d.BufferSize
+	}
+	if r.MaxReservationsPerIP <= 0 {
+		r.MaxReservationsPerIP = d.MaxReservationsPerIP
+	}
+	if r.ReservationTTL <= 0 {
+		r.ReservationTTL = d.ReservationTTL
+	}
+	return r
+}
+
+func (c Config) relayResources() relay.Resources {
+	r := c.RelayResources.withDefaults()
+	res := relay.Resources{
+		ReservationTTL:         r.ReservationTTL,
+		MaxReservations:        r.MaxReservations,
+		MaxCircuits:            r.MaxCircuits,
+		BufferSize:             r.BufferSize,
+		MaxReservationsPerPeer: 1,
+		MaxReservationsPerIP:   r.MaxReservationsPerIP,
+		MaxReservationsPerASN:  4 * r.MaxReservationsPerIP,
+	}
+	if len(c.TestMode.RelaxedCIDRs) > 0 {
+		// Every testnet home shares its router's IP.
+		res.MaxReservationsPerIP = r.MaxReservations
+		res.MaxReservationsPerASN = r.MaxReservations
+	}
+	if c.RelayLimit != nil {
+		res.Limit = &relay.RelayLimit{Duration: c.RelayLimit.Duration, Data: c.RelayLimit.Data}
+	}
+	return res
+}
+
+// newResourceManager builds the resource manager described above.
+func newResourceManager(cfg Config) (network.ResourceManager, error) {
+	limits := rcmgr.DefaultLimits
+	libp2p.SetDefaultServiceLimits(&limits)
+	limits.SystemBaseLimit.Memory = systemMemory
+	limits.PeerBaseLimit.Memory = peerMemory
+	limits.ProtocolBaseLimit.Memory = protocolMemory
+	limits.ProtocolPeerBaseLimit.Memory = protocolPeerMemory
+	limits.StreamBaseLimit.Memory = streamMemory
+	limits.AddServiceLimit(relay.ServiceName,
+		rcmgr.BaseLimit{StreamsInbound: 1024, StreamsOutbound: 1024, Streams: 1024, Memory: relayServiceMemory},
+		rcmgr.BaseLimitIncrease{StreamsInbound: 256, StreamsOutbound: 256, Streams: 256, Memory: 64 << 20},
+	)
+	var opts []rcmgr.Option
+	if relaxed := cfg.TestMode.RelaxedCIDRs; len(relaxed) > 0 {
+		opts = append(opts, relaxedConnLimits(relaxed)...)
+	}
+	return rcmgr.NewResourceManager(rcmgr.NewFixedLimiter(limits.AutoScale()), opts...)
+}
+
+// relaxedConnLimits lifts the per-IP connection rate limit and the per-subnet
+// concurrent connection limit for the given prefixes (loopback stays
+// unlimited as in go-libp2p); everything else keeps go-libp2p's defaults
+// (0.2 conn/s with a burst of 16 per IPv4 /32, 8 concurrent per /32).
+func relaxedConnLimits(relaxed []netip.Prefix) []rcmgr.Option {
+	loop4, loop6 := netip.MustParsePrefix("127.0.0.0/8"), netip.MustParsePrefix("::1/128")
+	rl := &rate.Limiter{
+		NetworkPrefixLimits: []rate.PrefixLimit{{Prefix: loop4}, {Prefix: loop6}},
+		SubnetRateLimiter: rate.SubnetLimiter{
+			IPv4SubnetLimits: []rate.SubnetLimit{{PrefixLength: 32, Limit: rate.Limit{RPS: 0.2, Burst: 16}}},
+			IPv6SubnetLimits: []rate.SubnetLimit{
+				{PrefixLength: 56, Limit: rate.Limit{RPS: 0.2, Burst: 16}},
+				{PrefixLength: 48, Limit: rate.Limit{RPS: 0.5, Burst: 80}},
+			},
+			GracePeriod: time.Minute,
+		},
+	}
+	v4 := []rcmgr.NetworkPrefixLimit{{Network: loop4, ConnCount: math.MaxInt}}
+	v6 := []rcmgr.NetworkPrefixLimit{{Network: loop6, ConnCount: math.MaxInt}}
+	for _, p := range relaxed {
+		p = p.Masked()
+		rl.NetworkPrefixLimits = append(rl.NetworkPrefixLimits, rate.PrefixLimit{Prefix: p})
+		if p.Addr().Is4() {
+			v4 = append(v4, rcmgr.NetworkPrefixLimit{Network: p, ConnCount: math.MaxInt})
+		} else {
+			v6 = append(v6, rcmgr.NetworkPrefixLimit{Network: p, ConnCount: math.MaxInt})
+		}
+	}
+	return []rcmgr.Option{rcmgr.WithConnRateLimiters(rl), rcmgr.WithNetworkPrefixLimit(v4, v6)}
+}

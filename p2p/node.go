@@ -1,0 +1,531 @@
+package p2p
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/libp2p/go-libp2p"
+	dht "github.com/libp2p/go-libp2p-kad-dht"
+	"github.com/libp2p/go-libp2p/core/crypto"
+	"github.com/libp2p/go-libp2p/core/host"
+	"github.com/libp2p/go-libp2p/core/network"
+	"github.com/libp2p/go-libp2p/core/peer"
+	"github.com/libp2p/go-libp2p/core/peerstore"
+	"github.com/libp2p/go-libp2p/core/pnet"
+	"github.com/libp2p/go-libp2p/core/protocol"
+	"github.com/libp2p/go-libp2p/core/routing"
+	"github.com/libp2p/go-libp2p/p2p/host/autorelay"
+	"github.com/libp2p/go-libp2p/p2p/muxer/yamux"
+	"github.com/libp2p/go-libp2p/p2p/net/connmgr"
+	circuitproto "github.com/libp2p/go-libp2p/p2p/protocol/circuitv2/proto"
+	"github.com/libp2p/go-libp2p/p2p/protocol/circuitv2/relay"
+	"github.com/libp2p/go-libp2p/p2p/protocol/holepunch"
+	"github.com/libp2p/go-libp2p/p2p/security/noise"
+	libp2ptls "github.com/libp2p/go-libp2p/p2p/security/tls"
+	libp2pquic "github.com/libp2p/go-libp2p/p2p/transport/quic"
+	"github.com/libp2p/go-libp2p/p2p/transport/tcp"
+	"github.com/multiformats/go-multiaddr"
+)
+
+// Protection tags for the connection manager.
+const (
+	tagBootstrap = "meshp2p-bootstrap"
+	tagRelay     = "meshp2p-relay"
+)
+
+// Tunables that are variables so tests can shrink them.
+var (
+	// bootstrapRetry is how often an unconnected bootstrap peer is redialled.
+	bootstrapRetry = 10 * time.Second
+	// bootstrapDialTimeout bounds one dial to a bootstrap peer.
+	bootstrapDialTimeout = 15 * time.Second
+	// autorelayBackoff replaces go-libp2p's 1 h backoff after a failed
+	// reservation: our relays are few and known, and a relay that was not
+	// up yet when we started must be retried soon (netns spike pitfall 4).
+	autorelayBackoff = 30 * time.Second
+	// autorelayMinInterval is how often autorelay asks the peer source.
+	autorelayMinInterval = 5 * time.Second
+)
+
+// maxRelayCandidates bounds how many relay candidates the peer source hands
+// autorelay in one call.
+const maxRelayCandidates = 8
+
+// Node is a running libp2p host for one swarm plus its discovery service.
+type Node struct {
+	cfg     Config
+	log     *slog.Logger
+	host    host.Host
+	kad     *dht.IpfsDHT
+	cm      *connmgr.BasicConnMgr
+	relay   *relay.Relay
+	tracker *connTracker
+	disc    *Discovery
+	pskFP   string // "" when not private
+
+	ctx    context.Context // lifecycle; cancelled by Close
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+
+	closeOnce sync.Once
+	closeErr  error
+}
+
+// New starts a host and its discovery service. Bootstrap peers are dialled
+// in the background (and redialled while disconnected); New does not wait
+// for them. ctx bounds start-up only; the node runs until Close.
+func New(ctx context.Context, cfg Config) (*Node, error) {
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	if cfg.TestMode.enabled() {
+		applyTestOptions(cfg.TestMode)
+		cfg.Logger.Warn("p2p test mode: process-global address and threshold overrides active",
+			"public_cidrs", cfg.TestMode.PublicCIDRs, "relaxed_cidrs", cfg.TestMode.RelaxedCIDRs,
+			"observed_addr_threshold", cfg.TestMode.ObservedAddrThreshold)
+	}
+	key, created, err := LoadOrCreateIdentity(cfg.DataDir)
+	if err != nil {
+		return nil, err
+	}
+	log := cfg.Logger.With("logger", "p2p", "network", cfg.Network)
+	if created {
+		log.Info("created node identity", "file", cfg.DataDir+string(os.PathSeparator)+IdentityFile)
+	}
+
+	var psk pnet.PSK
+	switch {
+	case len(cfg.SwarmKey) > 0 && cfg.SwarmKeyPath != "":
+		return nil, fmt.Errorf("%w: set SwarmKey or SwarmKeyPath, not both", ErrConfig)
+	case len(cfg.SwarmKey) > 0:
+		if psk, err = DecodeSwarmKey(cfg.SwarmKey); err != nil {
+			return nil, err
+		}
+	case cfg.SwarmKeyPath != "":
+		if psk, err = ReadSwarmKey(cfg.SwarmKeyPath); err != nil {
+			return nil, err
+		}
+	}
+
+	n := &Node{cfg: cfg, log: log, tracker: newConnTracker()}
+	if psk != nil {
+		n.pskFP = SwarmKeyFingerprint(psk)
+		kept, dropped := tcpOnly(cfg.ListenAddrs)
+		if len(kept) == 0 {
+			return nil, fmt.Errorf("%w: a private swarm (swarm key) is TCP-only and no TCP listen address is configured (got %v)", ErrConfig, cfg.ListenAddrs)
+		}
+		cfg.ListenAddrs = kept
+		log.Warn("private swarm: pre-shared key active; QUIC is disabled (go-libp2p does not support QUIC with a PSK), TCP only",
+			"swarm_key_fingerprint", n.pskFP, "dropped_listen_addrs", dropped)
+	}
+	n.cfg = cfg
+
+	cm, err := connmgr.NewConnManager(cfg.ConnLow, cfg.ConnHigh, connmgr.WithGracePeriod(cfg.ConnGrace))
+	if err != nil {
+		return nil, fmt.Errorf("creating connection manager: %w", err)
+	}
+	n.cm = cm
+	rm, err := newResourceManager(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("creating resource manager: %w", err)
+	}
+
+	n.ctx, n.cancel = context.WithCancel(context.Background())
+	opts, err := n.hostOptions(key, psk, rm)
+	if err != nil {
+		n.cancel()
+		rm.Close()
+		return nil, err
+	}
+	h, err := libp2p.New(opts...)
+	if err != nil {
+		n.cancel()
+		if n.kad != nil {
+			n.kad.Close()
+		}
+		return nil, fmt.Errorf("creating libp2p host: %w", err)
+	}
+	n.host = h
+	netw := h.Network()
+	n.tracker.mu.Lock()
+	n.tracker.net = func() network.Network { return netw }
+	n.tracker.mu.Unlock()
+	netw.Notify(n.tracker.notifiee())
+
+	for _, ai := range cfg.Bootstrap {
+		h.Peerstore().AddAddrs(ai.ID, ai.Addrs, peerstore.PermanentAddrTTL)
+		cm.Protect(ai.ID, tagBootstrap)
+	}
+	for _, ai := range cfg.StaticRelays {
+		h.Peerstore().AddAddrs(ai.ID, ai.Addrs, peerstore.PermanentAddrTTL)
+		cm.Protect(ai.ID, tagRelay)
+	}
+
+	if cfg.RelayService {
+		r, err := relay.New(h, relay.WithResources(cfg.relayResources()), relay.WithACL(relayACL{cfg.RelayACL}))
+		if err != nil {
+			n.closeHost()
+			return nil, fmt.Errorf("starting relay service: %w", err)
+		}
+		n.relay = r
+		lim := "unlimited"
+		if cfg.RelayLimit != nil {
+			lim = fmt.Sprintf("%v / %d bytes per direction", cfg.RelayLimit.Duration, cfg.RelayLimit.Data)
+		}
+		rr := cfg.RelayResources.withDefaults()
+		log.Info("relay service on", "limit", lim, "buffer", rr.BufferSize, "max_circuits_per_peer", rr.MaxCircuits,
+			"max_reservations", rr.MaxReservations, "acl", cfg.RelayACL != nil)
+	}
+
+	d, err := newDiscovery(n)
+	if err != nil {
+		n.closeHost()
+		return nil, err
+	}
+	n.disc = d
+
+	if len(cfg.Bootstrap) > 0 {
+		n.wg.Add(1)
+		go n.bootstrapLoop()
+	}
+	log.Info("p2p host started", "peer_id", h.ID(), "user_agent", n.userAgent(), "addrs", h.Addrs(),
+		"private", psk != nil, "swarm_key_fingerprint", n.pskFP, "dht_mode", cfg.DHTMode,
+		"reachability", cfg.ForceReachability, "port_mapping", cfg.PortMapping,
+		"bootstrap", len(cfg.Bootstrap), "static_relays", len(cfg.StaticRelays))
+	return n, nil
+}
+
+func (n *Node) userAgent() string {
+	return fmt.Sprintf("meshp2p/%s/%s/%s", n.cfg.Network, n.cfg.Role, n.cfg.Version)
+}
+
+// tcpOnly splits listen addresses into TCP ones and the rest.
+func tcpOnly(addrs []string) (kept, dropped []string) {
+	for _, s := range addrs {
+		a, err := multiaddr.NewMultiaddr(s)
+		if err == nil {
+			if _, err := a.ValueForProtocol(multiaddr.P_TCP); err == nil && !strings.Contains(s, "/ws") {
+				kept = append(kept, s)
+				continue
+			}
+		}
+		dropped = append(dropped, s)
+	}
+	return kept, dropped
+}
+
+func (n *Node) hostOptions(key crypto.PrivKey, psk pnet.PSK, rm network.ResourceManager) ([]libp2p.Option, error) {
+	cfg := n.cfg
+	opts := []libp2p.Option{
+		libp2p.Identity(key),
+		libp2p.UserAgent(n.userAgent()),
+		libp2p.ListenAddrStrings(cfg.ListenAddrs...),
+		libp2p.Security(noise.ID, noise.New),
+		libp2p.Security(libp2ptls.ID, libp2ptls.New),
+		libp2p.Muxer(yamux.ID, yamux.DefaultTransport),
+		libp2p.Transport(tcp.NewTCPTransport),
+		libp2p.ResourceManager(rm),
+		libp2p.ConnectionManager(n.cm),
+		libp2p.DisableMetrics(),
+		libp2p.EnableRelay(),
+		libp2p.EnableAutoRelayWithPeerSource(n.relayPeerSource,
+			autorelay.WithMinCandidates(1),
+			autorelay.WithMaxCandidates(maxRelayCandidates),
+			autorelay.WithNumRelays(max(1, min(2, len(cfg.StaticRelays)))),
+			autorelay.WithBootDelay(0),
+			autorelay.WithBackoff(autorelayBackoff),
+			autorelay.WithMinInterval(autorelayMinInterval),
+		),
+		libp2p.EnableNATService(),
+		libp2p.EnableAutoNATv2(),
+		libp2p.Routing(func(h host.Host) (routing.PeerRouting, error) {
+			kad, err := n.newDHT(h)
+			n.kad = kad
+			return kad, err
+		}),
+	}
+	if psk != nil {
+		opts = append(opts, libp2p.PrivateNetwork(psk))
+	} else {
+		opts = append(opts, libp2p.Transport(libp2pquic.NewTransport))
+	}
+	if !cfg.DisableHolePunching {
+		opts = append(opts, libp2p.EnableHolePunching(holepunch.WithTracer(n.tracker)))
+	}
+	switch cfg.ForceReachability {
+	case ReachabilityPublic:
+		opts = append(opts, libp2p.ForceReachabilityPublic())
+	case ReachabilityPrivate:
+		opts = append(opts, libp2p.ForceReachabilityPrivate())
+	}
+	if cfg.PortMapping {
+		opts = append(opts, libp2p.NATPortMap())
+	}
+	if len(cfg.AnnounceAddrs) > 0 {
+		announce := make([]multiaddr.Multiaddr, 0, len(cfg.AnnounceAddrs))
+		for _, s := range cfg.AnnounceAddrs {
+			a, err := multiaddr.NewMultiaddr(s)
+			if err != nil {
+				return nil, fmt.Errorf("%w: announce address %q: %v", ErrConfig, s, err)
+			}
+			announce = append(announce, a)
+		}
+		opts = append(opts, libp2p.AddrsFactory(func(in []multiaddr.Multiaddr) []multiaddr.Multiaddr {
+			out := append([]multiaddr.Multiaddr(nil), announce...)
+			for _, a := range in {
+				if isRelayed(a) {
+					out = append(out, a)
+				}
+			}
+			return out
+		}))
+	}
+	return opts, nil
+}
+
+// newDHT builds the swarm's own Kademlia DHT: protocol
+// /meshp2p/<network>/kad/1.0.0, explicit bootstrap peers only.
+func (n *Node) newDHT(h host.Host) (*dht.IpfsDHT, error) {
+	mode := dht.ModeAuto
+	switch n.cfg.DHTMode {
+	case DHTModeServer:
+		mode = dht.ModeServer
+	case DHTModeClient:
+		mode = dht.ModeClient
+	}
+	kad, err := dht.New(h,
+		dht.ProtocolPrefix(protocol.ID("/meshp2p/"+n.cfg.Network)),
+		dht.Mode(mode),
+		dht.BootstrapPeers(n.cfg.Bootstrap...),
+		dht.DisableValues(),
+	)
+	if err != nil {
+		return nil, fmt.Errorf("creating DHT: %w", err)
+	}
+	return kad, nil
+}
+
+// relayPeerSource feeds autorelay: static relays first, then connected peers
+// that speak the relay v2 hop protocol.
+func (n *Node) relayPeerSource(ctx context.Context, num int) <-chan peer.AddrInfo {
+	num = min(num, maxRelayCandidates)
+	out := make(chan peer.AddrInfo, max(num, 0))
+	defer close(out)
+	seen := make(map[peer.ID]bool)
+	for _, ai := range n.cfg.StaticRelays {
+		if len(out) >= num {
+			return out
+		}
+		seen[ai.ID] = true
+		out <- ai
+	}
+	h := n.hostOrNil()
+	if h == nil {
+		return out
+	}
+	for _, p := range h.Network().Peers() {
+		if len(out) >= num {
+			break
+		}
+		if seen[p] || p == h.ID() {
+			continue
+		}
+		if ok, _ := h.Peerstore().SupportsProtocols(p, circuitproto.ProtoIDv2Hop); len(ok) == 0 {
+			continue
+		}
+		seen[p] = true
+		out <- peer.AddrInfo{ID: p, Addrs: h.Peerstore().Addrs(p)}
+	}
+	return out
+}
+
+func (n *Node) hostOrNil() host.Host {
+	n.tracker.mu.Lock()
+	defer n.tracker.mu.Unlock()
+	if n.tracker.net == nil {
+		return nil
+	}
+	return n.host
+}
+
+// relayACL adapts Config.RelayACL to go-libp2p's relay.ACLFilter.
+type relayACL struct{ allow func(peer.ID) bool }
+
+func (a relayACL) AllowReserve(p peer.ID, _ multiaddr.Multiaddr) bool {
+	return a.allow == nil || a.allow(p)
+}
+
+func (a relayACL) AllowConnect(src peer.ID, _ multiaddr.Multiaddr, dst peer.ID) bool {
+	return a.allow == nil || (a.allow(src) && a.allow(dst))
+}
+
+// bootstrapLoop dials bootstrap peers now and whenever they are not
+// connected, every bootstrapRetry, until Close. After the first success it
+// bootstraps the DHT.
+func (n *Node) bootstrapLoop() {
+	defer n.wg.Done()
+	t := time.NewTicker(bootstrapRetry)
+	defer t.Stop()
+	dhtStarted := false
+	for {
+		connected := 0
+		for _, ai := range n.cfg.Bootstrap {
+			if ai.ID == n.host.ID() {
+				continue
+			}
+			if n.host.Network().Connectedness(ai.ID) == network.Connected {
+				connected++
+				continue
+			}
+			ctx, cancel := context.WithTimeout(n.ctx, bootstrapDialTimeout)
+			err := n.host.Connect(ctx, ai)
+			cancel()
+			if err != nil {
+				if n.ctx.Err() != nil {
+					return
+				}
+				n.log.Debug("bootstrap dial failed", "peer", ai.ID, "err", err)
+				continue
+			}
+			connected++
+			n.log.Info("connected to bootstrap peer", "peer", ai.ID)
+		}
+		if connected > 0 && !dhtStarted && n.kad != nil {
+			dhtStarted = true
+			if err := n.kad.Bootstrap(n.ctx); err != nil {
+				n.log.Warn("DHT bootstrap", "err", err)
+			}
+		}
+		select {
+		case <-n.ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// ID is the node's peer id.
+func (n *Node) ID() peer.ID { return n.host.ID() }
+
+// Host is the underlying libp2p host (for stream handlers).
+func (n *Node) Host() host.Host { return n.host }
+
+// Network is the swarm name.
+func (n *Node) Network() string { return n.cfg.Network }
+
+// Addrs are the host's advertised addresses, each ending in /p2p/<id>.
+func (n *Node) Addrs() []multiaddr.Multiaddr {
+	out, err := peer.AddrInfoToP2pAddrs(&peer.AddrInfo{ID: n.host.ID(), Addrs: n.host.Addrs()})
+	if err != nil {
+		return nil
+	}
+	return out
+}
+
+// AddrInfo is the node's id and advertised addresses (without /p2p/).
+func (n *Node) AddrInfo() peer.AddrInfo {
+	return peer.AddrInfo{ID: n.host.ID(), Addrs: n.host.Addrs()}
+}
+
+// ProtocolID returns "/meshp2p/<network>/<name>/<version>".
+func (n *Node) ProtocolID(name, version string) protocol.ID {
+	return ProtocolID(n.cfg.Network, name, version)
+}
+
+// ProtocolID returns "/meshp2p/<network>/<name>/<version>".
+func ProtocolID(network, name, version string) protocol.ID {
+	return protocol.ID("/meshp2p/" + network + "/" + name + "/" + version)
+}
+
+// Connect dials a peer (its addresses are added to the peerstore first).
+func (n *Node) Connect(ctx context.Context, ai peer.AddrInfo) error {
+	if err := n.host.Connect(ctx, ai); err != nil {
+		return fmt.Errorf("connecting to %s: %w", ai.ID, err)
+	}
+	return nil
+}
+
+// NewStream opens a stream to p on the best connection: libp2p prefers an
+// unlimited connection to a limited one and a direct connection to a relayed
+// one, so after a hole punch new streams use the direct connection. Limited
+// relayed connections are allowed (control-plane use); callers that must
+// wait for a direct connection use Host().NewStream without
+// network.WithAllowLimitedConn.
+func (n *Node) NewStream(ctx context.Context, p peer.ID, pids ...protocol.ID) (network.Stream, error) {
+	s, err := n.host.NewStream(network.WithAllowLimitedConn(ctx, "meshp2p"), p, pids...)
+	if err != nil {
+		return nil, fmt.Errorf("opening %v stream to %s: %w", pids, p, err)
+	}
+	return s, nil
+}
+
+// ConnStatus reports how p is reached now and its hole-punch counts.
+func (n *Node) ConnStatus(p peer.ID) ConnStatus { return n.tracker.status(p) }
+
+// SubscribeConn delivers connectivity events until ctx ends or the node
+// closes, then closes the channel. The channel holds connSubBuffer (64) events; a slow reader loses
+// the oldest ones, never the newest.
+func (n *Node) SubscribeConn(ctx context.Context) <-chan ConnEvent {
+	return n.tracker.subscribe(ctx, n.ctx)
+}
+
+// Protect keeps the connection manager from trimming connections to p while
+// any tag is set (route neighbours, relays, bootstrap peers).
+func (n *Node) Protect(p peer.ID, tag string) { n.cm.Protect(p, tag) }
+
+// Unprotect removes one tag; it reports whether p is still protected.
+func (n *Node) Unprotect(p peer.ID, tag string) bool { return n.cm.Unprotect(p, tag) }
+
+// Private reports whether the node runs a private swarm (swarm key), and the
+// key's fingerprint (never the key).
+func (n *Node) Private() (bool, string) { return n.pskFP != "", n.pskFP }
+
+// DHT is the swarm's Kademlia DHT (for peer routing by other packages).
+func (n *Node) DHT() *dht.IpfsDHT { return n.kad }
+
+// Discovery is the node's advert service.
+func (n *Node) Discovery() *Discovery { return n.disc }
+
+// Close withdraws the local advert (best effort, bounded by
+// withdrawTimeout), then stops discovery, the DHT, the relay and the host.
+func (n *Node) Close() error {
+	n.closeOnce.Do(func() {
+		var errs []error
+		if n.disc != nil {
+			n.disc.close()
+		}
+		n.cancel()
+		n.wg.Wait()
+		errs = append(errs, n.closeHost())
+		n.closeErr = errors.Join(errs...)
+	})
+	return n.closeErr
+}
+
+func (n *Node) closeHost() error {
+	n.cancel()
+	var errs []error
+	if n.relay != nil {
+		errs = append(errs, n.relay.Close())
+	}
+	if n.kad != nil {
+		errs = append(errs, n.kad.Close())
+	}
+	if n.host != nil {
+		errs = append(errs, n.host.Close())
+	}
+	if n.cm != nil {
+		errs = append(errs, n.cm.Close())
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,265 @@
+package route
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/libp2p/go-libp2p/core/network"
+	"github.com/libp2p/go-libp2p/core/peer"
+	"github.com/libp2p/go-libp2p/core/protocol"
+
+	"github.com/neuron-tai/meshp2p/proto/frame"
+	"github.com/neuron-tai/meshp2p/proto/meshp2pb"
+)
+
+// Dialer opens streams; the p2p node implements it.
+type Dialer interface {
+	NewStream(ctx context.Context, p peer.ID, pids ...protocol.ID) (network.Stream, error)
+}
+
+// Origin runs generations along routes and re-routes around failed hops.
+type Origin struct {
+	Dialer   Dialer
+	Planner  Planner
+	Protocol protocol.ID // the session protocol ID of this swarm
+	Limits   frame.Limits
+	Logger   *slog.Logger
+	// TokenTimeout bounds the wait for each token (default 60s; the first
+	// token also waits for the prefill).
+	TokenTimeout time.Duration
+	// MaxReroutes bounds recovery attempts per generation (default 4).
+	MaxReroutes int
+	// Chunk is the prefill chunk size in rows (default 128).
+	Chunk int
+}
+
+// GenerateRequest is one generation.
+type GenerateRequest struct {
+	Fingerprint string
+	NLayer      int
+	Prompt      []int32
+	MaxTokens   int
+	Sampling    *meshp2pb.SamplingParams
+	WireDType   meshp2pb.DType
+	// OnToken sees each token as it arrives; returning true stops the
+	// generation (stop string found).
+	OnToken func(tok int32) bool
+}
+
+// HopStat is the mean compute time one hop spent per generated token.
+type HopStat struct {
+	Peer       peer.ID `json:"peer"`
+	Start      int     `json:"start"`
+	End        int     `json:"end"`
+	MeanUs     float64 `json:"mean_compute_us"`
+	PrefillUs  uint32  `json:"prefill_compute_us"`
+	Reach      string  `json:"reach"`
+	StepsTimed int     `json:"steps"`
+}
+
+// Result is what a generation produced.
+type Result struct {
+	Tokens   []int32
+	Route    *Route
+	Reroutes int
+	Stop     string // "eos", "max_tokens", "stop"
+	TTFT     time.Duration
+	Total    time.Duration
+	HopStats []HopStat
+	// Failures lists the errors that caused reroutes.
+	Failures []string
+}
+
+// ErrGeneration wraps failures that ended a generation.
+var ErrGeneration = errors.New("route: generation failed")
+
+// Generate runs req, re-routing (epoch+1, failed peer excluded, prompt and
+// tokens so far re-prefilled) when a hop fails.
+func (o *Origin) Generate(ctx context.Context, req GenerateRequest) (*Result, error) {
+	if len(req.Prompt) == 0 {
+		return nil, fmt.Errorf("%w: empty prompt", ErrGeneration)
+	}
+	if req.MaxTokens <= 0 {
+		req.MaxTokens = 128
+	}
+	maxRe := o.MaxReroutes
+	if maxRe == 0 {
+		maxRe = 4
+	}
+	log := o.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	var sid [16]byte
+	if _, err := rand.Read(sid[:]); err != nil {
+		return nil, err
+	}
+	res := &Result{}
+	exclude := map[peer.ID]bool{}
+	start := time.Now()
+	for epoch := uint64(1); ; epoch++ {
+		rt, err := o.Planner.Plan(ctx, Request{Fingerprint: req.Fingerprint, NLayer: req.NLayer, Exclude: exclude, NeedKV: len(req.Prompt) + req.MaxTokens + 1})
+		if err != nil {
+			if len(res.Failures) > 0 {
+				return res, fmt.Errorf("%w after %d reroutes (last failure: %s): %w", ErrGeneration, res.Reroutes, res.Failures[len(res.Failures)-1], err)
+			}
+			return res, err
+		}
+		rt.Epoch = epoch
+		res.Route = rt
+		failed, err := o.run(ctx, sid, rt, req, res, start)
+		if err == nil {
+			res.Total = time.Since(start)
+			return res, nil
+		}
+		if ctx.Err() != nil {
+			return res, ctx.Err()
+		}
+		res.Failures = append(res.Failures, err.Error())
+		if failed == "" || res.Reroutes >= maxRe {
+			return res, fmt.Errorf("%w: %w", ErrGeneration, err)
+		}
+		log.Warn("hop failed, re-routing", "failed_peer", failed, "epoch", epoch+1, "tokens_so_far", len(res.Tokens), "err", err)
+		exclude[failed] = true
+		res.Reroutes++
+	}
+}
+
+// run drives one epoch. On failure it returns the peer to exclude ("" when
+// nobody is to blame and re-routing would not help).
+func (o *Origin) run(ctx context.Context, sid [16]byte, rt *Route, req GenerateRequest, res *Result, start time.Time) (peer.ID, error) {
+	head := rt.Hops[0].Peer
+	dctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	s, err := o.Dialer.NewStream(dctx, head, o.Protocol)
+	cancel()
+	if err != nil {
+		return head, fmt.Errorf("open session stream to head %s: %w", head, err)
+	}
+	defer s.Close()
+	stop := context.AfterFunc(ctx, func() { _ = s.Reset() })
+	defer stop()
+	w, r := frame.NewWriter(s, o.Limits), frame.NewReader(s, o.Limits)
+	pr := &meshp2pb.Route{ModelFingerprint: rt.Fingerprint, NLayer: uint32(rt.NLayer), Epoch: rt.Epoch}
+	for _, h := range rt.Hops {
+		hop := &meshp2pb.RouteHop{PeerId: []byte(h.Peer), Start: uint32(h.Start), End: uint32(h.End)}
+		for _, a := range h.Addrs {
+			hop.Addrs = append(hop.Addrs, a.String())
+		}
+		pr.Hops = append(pr.Hops, hop)
+	}
+	generated := append([]int32(nil), res.Tokens...)
+	remaining := req.MaxTokens - len(generated)
+	input := append(append([]int32(nil), req.Prompt...), generated...)
+	chunk := o.Chunk
+	if chunk <= 0 {
+		chunk = 128
+	}
+	open := &meshp2pb.SessionOpen{SessionId: sid[:], Epoch: rt.Epoch, ModelFingerprint: rt.Fingerprint, Route: pr,
+		Sampling: req.Sampling, MaxTokens: uint32(remaining), WireDtype: req.WireDType,
+		NCtxNeeded: uint32(len(input) + remaining + 1), MaxRows: uint32(chunk), BundleSchema: "l_out/v1", Generated: generated}
+	if err := w.WriteStream(&meshp2pb.StreamMessage{Kind: &meshp2pb.StreamMessage_Open{Open: open}}); err != nil {
+		return head, fmt.Errorf("send open: %w", err)
+	}
+	tt := o.TokenTimeout
+	if tt == 0 {
+		tt = 60 * time.Second
+	}
+	_ = s.SetReadDeadline(time.Now().Add(tt))
+	msg, _, err := r.ReadStream()
+	if err != nil {
+		return head, fmt.Errorf("admission: %w", err)
+	}
+	acc := msg.GetAccept()
+	if acc == nil {
+		return head, fmt.Errorf("admission: unexpected reply")
+	}
+	if !acc.GetOk() {
+		return blame(acc.GetError()), fmt.Errorf("route refused: %w", frame.FromProto(acc.GetError()))
+	}
+	// Prefill: the prompt (and, after a reroute, the tokens so far).
+	for off := 0; off < len(input); off += chunk {
+		end := min(off+chunk, len(input))
+		a := &meshp2pb.ActivationHeader{SessionId: sid[:], Epoch: rt.Epoch, PosStart: uint32(off), NRows: uint32(end - off),
+			IsPrefill: true, LastChunk: end == len(input), Tokens: input[off:end]}
+		if err := w.WriteActivation(a); err != nil {
+			return head, fmt.Errorf("send prefill: %w", err)
+		}
+	}
+	sums := make([]uint64, len(rt.Hops))
+	counts := 0
+	var prefillUs []uint32
+	for len(res.Tokens) < req.MaxTokens {
+		_ = s.SetReadDeadline(time.Now().Add(tt))
+		msg, _, err := r.ReadStream()
+		if err != nil {
+			return head, fmt.Errorf("waiting for token %d: %w", len(res.Tokens)+1, err)
+		}
+		switch k := msg.GetKind().(type) {
+		case *meshp2pb.StreamMessage_Error:
+			return blame(k.Error), frame.FromProto(k.Error)
+		case *meshp2pb.StreamMessage_Token:
+			tf := k.Token
+			if res.TTFT == 0 {
+				res.TTFT = time.Since(start)
+			}
+			if prefillUs == nil {
+				prefillUs = tf.GetHopUs()
+			} else if len(tf.GetHopUs()) == len(sums) {
+				for i, us := range tf.GetHopUs() {
+					sums[i] += uint64(us)
+				}
+				counts++
+			}
+			res.Tokens = append(res.Tokens, tf.GetToken())
+			stopNow := req.OnToken != nil && req.OnToken(tf.GetToken())
+			switch {
+			case tf.GetEos():
+				res.Stop = "eos"
+			case stopNow:
+				res.Stop = "stop"
+			case len(res.Tokens) >= req.MaxTokens:
+				res.Stop = "max_tokens"
+			}
+			if res.Stop != "" {
+				_ = w.WriteStream(&meshp2pb.StreamMessage{Kind: &meshp2pb.StreamMessage_Close{Close: &meshp2pb.SessionClose{SessionId: sid[:], Epoch: rt.Epoch, Reason: res.Stop}}})
+				res.HopStats = hopStats(rt, sums, counts, prefillUs)
+				return "", nil
+			}
+		default:
+			return head, fmt.Errorf("unexpected message from head")
+		}
+	}
+	res.Stop = "max_tokens"
+	return "", nil
+}
+
+func hopStats(rt *Route, sums []uint64, n int, prefill []uint32) []HopStat {
+	out := make([]HopStat, len(rt.Hops))
+	for i, h := range rt.Hops {
+		out[i] = HopStat{Peer: h.Peer, Start: h.Start, End: h.End, Reach: h.Reach.String(), StepsTimed: n}
+		if n > 0 {
+			out[i].MeanUs = float64(sums[i]) / float64(n)
+		}
+		if i < len(prefill) {
+			out[i].PrefillUs = prefill[i]
+		}
+	}
+	return out
+}
+
+// blame picks the peer to exclude from an error report.
+func blame(e *meshp2pb.Error) peer.ID {
+	if e == nil {
+		return ""
+	}
+	if len(e.GetFailedPeerId()) > 0 {
+		if p, err := peer.IDFromBytes(e.GetFailedPeerId()); err == nil {
+			return p
+		}
+	}
+	return ""
+}

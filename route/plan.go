@@ -1,0 +1,195 @@
+package route
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"math/rand/v2"
+
+	"github.com/libp2p/go-libp2p/core/peer"
+	"github.com/multiformats/go-multiaddr"
+
+	"github.com/neuron-tai/meshp2p/p2p"
+)
+
+// Errors callers branch on.
+var (
+	ErrUnknownModel = errors.New("route: unknown model")
+	ErrNoRoute      = errors.New("route: no route")
+)
+
+// NoRouteError names the layers no usable peer covers.
+type NoRouteError struct {
+	Fingerprint string
+	NLayer      int
+	// Missing is the first layer range [Start, End) nobody reachable serves
+	// (after exclusions).
+	MissingStart, MissingEnd int
+	Excluded                 int
+}
+
+func (e *NoRouteError) Error() string {
+	ex := ""
+	if e.Excluded > 0 {
+		ex = fmt.Sprintf(" (%d failed peers excluded)", e.Excluded)
+	}
+	return fmt.Sprintf("route: no route for model %.12s: no peer serves layers %d-%d of %d%s", e.Fingerprint, e.MissingStart, e.MissingEnd, e.NLayer, ex)
+}
+
+func (e *NoRouteError) Unwrap() error { return ErrNoRoute }
+
+// Hop is one step of a route.
+type Hop struct {
+	Peer       peer.ID
+	Start, End int
+	Addrs      []multiaddr.Multiaddr
+	Reach      p2p.Path
+}
+
+// Route is an ordered list of hops covering [0, NLayer).
+type Route struct {
+	Fingerprint string
+	NLayer      int
+	Epoch       uint64
+	Hops        []Hop
+}
+
+// Request asks a planner for a route.
+type Request struct {
+	Fingerprint string
+	NLayer      int
+	Exclude     map[peer.ID]bool
+	MaxHops     int // 0: no limit
+	// NeedKV is the KV cells the session needs on every hop.
+	NeedKV int
+}
+
+// Planner picks routes. The local planner below uses only the capability
+// table; a tracker-backed planner can stand in behind the same interface.
+type Planner interface {
+	Plan(ctx context.Context, req Request) (*Route, error)
+}
+
+// LocalPlanner plans over the capability table, tracker-less.
+type LocalPlanner struct {
+	Table *Table
+	// Rand spreads sessions over equally good routes; nil uses a fresh
+	// generator.
+	Rand *rand.Rand
+}
+
+// Edge costs: the first version prefers fewer hops above all, then direct
+// over relayed connections, then free capacity. Each term is documented
+// with its reason; the tracker issue replaces these with measured costs.
+const (
+	costHop     = 1000.0 // each hop adds a network round of latency per token
+	costRelayed = 400.0  // a relayed hop pays the relay's extra leg and shares its bandwidth
+	costLoad    = 100.0  // scaled by the fraction of the hop's sessions in use
+	costJitter  = 1.0    // random tie-break so equal routes share the load
+)
+
+// Plan finds the cheapest chain of shards whose ranges join end to start
+// and cover [0, NLayer) exactly: a shortest path over layer boundaries.
+// Ranges may overlap across peers; a hop always runs its whole range.
+func (p *LocalPlanner) Plan(ctx context.Context, req Request) (*Route, error) {
+	if req.NLayer <= 0 {
+		return nil, fmt.Errorf("%w: model %.12s has unknown layer count", ErrUnknownModel, req.Fingerprint)
+	}
+	rnd := p.Rand
+	if rnd == nil {
+		rnd = rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64()))
+	}
+	var cands []Shard
+	for _, s := range p.Table.Shards(req.Fingerprint) {
+		if req.Exclude[s.Peer] || s.NLayer != req.NLayer {
+			continue
+		}
+		if c := s.Capacity; c != nil && (c.GetFreeSessions() == 0 || (req.NeedKV > 0 && c.GetFreeKvTokens() < uint64(req.NeedKV)) || (req.NeedKV > 0 && c.GetNCtx() > 0 && c.GetNCtx() < uint32(req.NeedKV))) {
+			continue
+		}
+		cands = append(cands, s)
+	}
+	n := req.NLayer
+	dist := make([]float64, n+1)
+	hops := make([]int, n+1)
+	prev := make([]int, n+1) // index into cands of the edge reaching boundary b
+	for i := range dist {
+		dist[i], prev[i] = math.Inf(1), -1
+	}
+	dist[0] = 0
+	// Edges only go forward (End > Start), so boundaries in increasing
+	// order are a topological order: one relaxation pass is enough.
+	for b := 0; b < n; b++ {
+		if math.IsInf(dist[b], 1) {
+			continue
+		}
+		for i, s := range cands {
+			if s.Start != b {
+				continue
+			}
+			if req.MaxHops > 0 && hops[b]+1 > req.MaxHops {
+				continue
+			}
+			c := dist[b] + edgeCost(s) + costJitter*rnd.Float64()
+			if c < dist[s.End] {
+				dist[s.End], prev[s.End], hops[s.End] = c, i, hops[b]+1
+			}
+		}
+	}
+	if math.IsInf(dist[n], 1) {
+		return nil, noRoute(req, cands)
+	}
+	var out []Hop
+	for b := n; b > 0; {
+		s := cands[prev[b]]
+		out = append([]Hop{{Peer: s.Peer, Start: s.Start, End: s.End, Addrs: s.Addrs, Reach: s.Reach}}, out...)
+		b = s.Start
+	}
+	return &Route{Fingerprint: req.Fingerprint, NLayer: n, Hops: out}, nil
+}
+
+func edgeCost(s Shard) float64 {
+	c := costHop
+	if s.Reach == p2p.PathRelayed {
+		c += costRelayed
+	}
+	if cp := s.Capacity; cp != nil && cp.GetMaxSessions() > 0 {
+		used := float64(cp.GetMaxSessions()-cp.GetFreeSessions()) / float64(cp.GetMaxSessions())
+		c += costLoad * used
+	}
+	return c
+}
+
+// noRoute reports the first layer range reachable boundaries cannot cross.
+func noRoute(req Request, cands []Shard) error {
+	n := req.NLayer
+	reach := make([]bool, n+1)
+	reach[0] = true
+	for b := 0; b < n; b++ {
+		if !reach[b] {
+			continue
+		}
+		for _, s := range cands {
+			if s.Start == b {
+				reach[s.End] = true
+			}
+		}
+	}
+	// The gap starts at the furthest reachable boundary and ends at the
+	// nearest boundary after it from which some shard continues.
+	far := 0
+	for b := n; b >= 0; b-- {
+		if reach[b] {
+			far = b
+			break
+		}
+	}
+	end := n
+	for _, s := range cands {
+		if s.Start > far && s.Start < end {
+			end = s.Start
+		}
+	}
+	return &NoRouteError{Fingerprint: req.Fingerprint, NLayer: n, MissingStart: far, MissingEnd: end, Excluded: len(req.Exclude)}
+}
