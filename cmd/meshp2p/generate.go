@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -13,7 +12,6 @@ import (
 	"time"
 
 	"github.com/neuron-tai/meshp2p/engine"
-	"github.com/neuron-tai/meshp2p/engine/gguf"
 	"github.com/neuron-tai/meshp2p/node"
 	"github.com/neuron-tai/meshp2p/proto/meshp2pb"
 	"github.com/neuron-tai/meshp2p/route"
@@ -152,7 +150,7 @@ func runGenerate(ctx context.Context, stdout, stderr io.Writer, args []string) e
 			return err
 		}
 		defer n.Close()
-		fp, nLayer, err := findModel(ctx, n, *model, *wait)
+		fp, nLayer, err := n.WaitForModel(ctx, *model, *wait)
 		if err != nil {
 			return err
 		}
@@ -237,64 +235,6 @@ func stopReason(m *engine.Model, toks []int32, p *streamPrinter, max int) string
 		return "max_tokens"
 	}
 	return "stop"
-}
-
-// findModel resolves a model name or fingerprint to a fingerprint with a
-// complete route, waiting for discovery (gossip and DHT lookups).
-func findModel(ctx context.Context, n *node.Node, model string, wait time.Duration) (string, int, error) {
-	ctx, cancel := context.WithTimeout(ctx, wait)
-	defer cancel()
-	key := node.NameKey(model)
-	if isHex(model) && len(model) == 64 {
-		key = model
-	}
-	if st, err := os.Stat(model); err == nil && !st.IsDir() {
-		f, err := gguf.Open(model)
-		if err != nil {
-			return "", 0, err
-		}
-		fp, err := gguf.Fingerprint(ctx, f)
-		f.Close()
-		if err != nil {
-			return "", 0, err
-		}
-		key, model = fp, fp
-	}
-	changed := n.Table().Changed()
-	var lastErr error
-	lookup := time.NewTimer(0)
-	defer lookup.Stop()
-	for {
-		if fp, nl, err := n.Table().Resolve(model); err == nil {
-			_, perr := (&route.LocalPlanner{Table: n.Table()}).Plan(ctx, route.Request{Fingerprint: fp, NLayer: nl})
-			if perr == nil {
-				return fp, nl, nil
-			}
-			lastErr = perr
-		} else {
-			lastErr = err
-		}
-		select {
-		case <-ctx.Done():
-			if errors.Is(ctx.Err(), context.DeadlineExceeded) {
-				return "", 0, fmt.Errorf("after waiting %s for peers: %w", wait, lastErr)
-			}
-			return "", 0, ctx.Err()
-		case <-changed:
-		case <-lookup.C:
-			go func() {
-				lctx, c := context.WithTimeout(ctx, 5*time.Second)
-				defer c()
-				_, _ = n.P2P().Discovery().Lookup(lctx, key)
-			}()
-			lookup.Reset(3 * time.Second)
-		}
-	}
-}
-
-func isHex(s string) bool {
-	_, err := hex.DecodeString(s)
-	return err == nil
 }
 
 // loadVocab uses a local model file's vocabulary when --model is one, else

@@ -1,0 +1,342 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/libp2p/go-libp2p/core/peer"
+
+	"github.com/neuron-tai/meshp2p/engine"
+	"github.com/neuron-tai/meshp2p/engine/gguf"
+	"github.com/neuron-tai/meshp2p/p2p"
+	"github.com/neuron-tai/meshp2p/proto/meshp2pb"
+	"github.com/neuron-tai/meshp2p/route"
+)
+
+func sharedModel(t testing.TB, name string) string {
+	t.Helper()
+	for _, d := range []string{os.Getenv("MESHP2P_MODELS"), "../../shared/models", "../../../shared/models"} {
+		if d == "" {
+			continue
+		}
+		if p := filepath.Join(d, name); fileExists(p) {
+			return p
+		}
+	}
+	t.Skipf("test model %s not found (set MESHP2P_MODELS or provide ../shared/models)", name)
+	return ""
+}
+
+func fileExists(p string) bool { _, err := os.Stat(p); return err == nil }
+
+// testNet is a swarm of in-process nodes on loopback.
+type testNet struct {
+	t       *testing.T
+	network string
+	boot    []peer.AddrInfo
+}
+
+var netSeq atomic.Int64
+
+func newTestNet(t *testing.T) *testNet {
+	return &testNet{t: t, network: fmt.Sprintf("t%d-%d", os.Getpid(), netSeq.Add(1))}
+}
+
+func (tn *testNet) config(dir string) Config {
+	pc := Preset(PresetTest)
+	pc.Network = tn.network
+	pc.DataDir = dir
+	pc.Bootstrap = tn.boot
+	ec := engine.Config{NCtx: 512, NBatch: 64, MaxSessions: 4, Threads: 1}
+	return Config{P2P: pc, Engine: ec, Hop: HopConfig{Idle: 20 * time.Second, OpenTimeout: 10 * time.Second}}
+}
+
+// shard starts a node serving layers r of model; the first node becomes
+// everyone's bootstrap peer.
+func (tn *testNet) shard(model string, r gguf.Range) *Node {
+	tn.t.Helper()
+	cfg := tn.config(tn.t.TempDir())
+	cfg.ModelPath, cfg.Layers = model, &r
+	n, err := Start(context.Background(), cfg)
+	if err != nil {
+		tn.t.Fatalf("start node %s: %v", r, err)
+	}
+	tn.t.Cleanup(func() { n.Close() })
+	if tn.boot == nil {
+		tn.boot = []peer.AddrInfo{n.P2P().AddrInfo()}
+	}
+	return n
+}
+
+func (tn *testNet) client() *Node {
+	tn.t.Helper()
+	cfg := tn.config(tn.t.TempDir())
+	n, err := Start(context.Background(), cfg)
+	if err != nil {
+		tn.t.Fatal(err)
+	}
+	tn.t.Cleanup(func() { n.Close() })
+	return n
+}
+
+// localTokens runs the whole model in-process: the reference.
+func localTokens(t *testing.T, model string, prompt []int32, n int) []int32 {
+	t.Helper()
+	m, err := engine.LoadModel(context.Background(), model, engine.LoadOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	s, err := engine.NewShard(context.Background(), m, engine.Config{NCtx: 256, NBatch: 64, MaxSessions: 1, Threads: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	res, err := engine.RunChain(context.Background(), []*engine.Shard{s}, prompt, engine.ChainOptions{Steps: n - 1, Chunk: 128})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return res.Tokens
+}
+
+func thinClientPrompt(t *testing.T, c *Node, fp, text string) []int32 {
+	t.Helper()
+	var holder peer.ID
+	for _, s := range c.Table().Shards(fp) {
+		if s.HasVocab {
+			holder = s.Peer
+		}
+	}
+	if holder == "" {
+		t.Fatal("no peer advertises the vocabulary")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	path, err := FetchVocab(ctx, c.Host(), holder, fp, t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	v, err := engine.LoadModel(ctx, path, engine.LoadOptions{VocabOnly: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer v.Close()
+	toks, err := v.Tokenize(text, true, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return toks
+}
+
+func equalTokens(a, b []int32) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
+
+func waitModel(t *testing.T, c *Node, name string) (string, int) {
+	t.Helper()
+	fp, n, err := c.WaitForModel(context.Background(), name, 30*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return fp, n
+}
+
+// A model split over 3 nodes answers a thin client (no weights, vocabulary
+// fetched from a peer) exactly like the whole model in-process.
+func TestSwarmMatchesLocal(t *testing.T) {
+	model := sharedModel(t, "stories260K.gguf")
+	tn := newTestNet(t)
+	for _, r := range gguf.EvenSplit(5, 3) {
+		tn.shard(model, r)
+	}
+	c := tn.client()
+	fp, nl := waitModel(t, c, "stories260K")
+	prompt := thinClientPrompt(t, c, fp, "Once upon a time")
+	want := localTokens(t, model, prompt, 24)
+	for _, wire := range []meshp2pb.DType{meshp2pb.DType_DTYPE_F32, meshp2pb.DType_DTYPE_F16} {
+		res, err := c.Origin(nil).Generate(context.Background(), route.GenerateRequest{Fingerprint: fp, NLayer: nl, Prompt: prompt, MaxTokens: 24, WireDType: wire})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(res.Route.Hops) != 3 || res.Reroutes != 0 {
+			t.Fatalf("route %+v reroutes %d", res.Route.Hops, res.Reroutes)
+		}
+		same := 0
+		for same < len(want) && same < len(res.Tokens) && want[same] == res.Tokens[same] {
+			same++
+		}
+		t.Logf("wire %s: %d/%d tokens equal to local; TTFT %s, hops %+v", wire, same, len(want), res.TTFT, res.HopStats)
+		switch wire {
+		case meshp2pb.DType_DTYPE_F32:
+			if !equalTokens(res.Tokens, want) {
+				t.Fatalf("f32 wire: swarm %v\nlocal %v", res.Tokens, want)
+			}
+		default:
+			// f16 is "close, not identical" (docs/architecture.md): on F32
+			// weights the measured greedy output stayed identical; demand
+			// at least the first 8 tokens.
+			if same < 8 {
+				t.Fatalf("f16 wire diverged after %d tokens: %v vs %v", same, res.Tokens, want)
+			}
+		}
+	}
+	assertReleased(t, tn, c)
+}
+
+// assertReleased waits until no hop holds a session any more.
+func assertReleased(t *testing.T, tn *testNet, nodes ...*Node) {
+	t.Helper()
+	_ = tn
+	deadline := time.Now().Add(10 * time.Second)
+	for _, n := range nodes {
+		for n.Hop() != nil && n.Hop().Sessions() > 0 {
+			if time.Now().After(deadline) {
+				t.Fatalf("node %s still holds %d sessions", n.P2P().ID(), n.Hop().Sessions())
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+}
+
+// Killing the middle node mid-generation re-routes through a spare and
+// the answer is identical; with no spare the error names the gap.
+func TestKillMiddleNode(t *testing.T) {
+	model := sharedModel(t, "stories260K.gguf")
+	for _, spare := range []bool{true, false} {
+		t.Run(fmt.Sprintf("spare=%v", spare), func(t *testing.T) {
+			tn := newTestNet(t)
+			head := tn.shard(model, gguf.Range{Start: 0, End: 2})
+			mids := []*Node{tn.shard(model, gguf.Range{Start: 2, End: 4})}
+			if spare {
+				mids = append(mids, tn.shard(model, gguf.Range{Start: 2, End: 4}))
+			}
+			tail := tn.shard(model, gguf.Range{Start: 4, End: 5})
+			c := tn.client()
+			fp, nl := waitModel(t, c, "stories260K")
+			if spare { // both middles must be known before we start
+				deadline := time.Now().Add(30 * time.Second)
+				for len(c.Table().Shards(fp)) < 4 && time.Now().Before(deadline) {
+					time.Sleep(50 * time.Millisecond)
+				}
+			}
+			prompt := thinClientPrompt(t, c, fp, "Once upon a time")
+			const maxTok = 96
+			want := localTokens(t, model, prompt, maxTok)
+			var killed atomic.Pointer[Node]
+			n := 0
+			res, err := c.Origin(nil).Generate(context.Background(), route.GenerateRequest{Fingerprint: fp, NLayer: nl, Prompt: prompt, MaxTokens: maxTok,
+				OnToken: func(int32) bool {
+					n++
+					if n == 6 && killed.Load() == nil {
+						for _, m := range mids {
+							if m.Hop().Sessions() > 0 {
+								killed.Store(m)
+								// Abrupt: the host goes away (no advert
+								// withdrawal, no goodbye), streams reset. The
+								// ring keeps generating while we are in this
+								// callback, so the kill must be quick.
+								_ = m.P2P().Host().Close()
+							}
+						}
+					}
+					return false
+				}})
+			if killed.Load() == nil {
+				t.Fatal("no middle node was serving the session")
+			}
+			if !spare {
+				var nr *route.NoRouteError
+				if !errors.As(err, &nr) || nr.MissingStart != 2 || nr.MissingEnd != 4 {
+					t.Fatalf("want a no-route error naming layers 2-4, got %v", err)
+				}
+				t.Logf("error as the user sees it: %v", err)
+				assertReleased(t, tn, head, tail)
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if res.Reroutes != 1 || !equalTokens(res.Tokens, want) {
+				t.Fatalf("reroutes %d\nswarm %v\nlocal %v", res.Reroutes, res.Tokens, want)
+			}
+			if res.Route.Hops[1].Peer == killed.Load().P2P().ID() {
+				t.Fatal("final route still uses the killed node")
+			}
+			t.Logf("recovered after %v", res.Failures)
+			assertReleased(t, tn, head, tail, mids[0], mids[1])
+		})
+	}
+}
+
+// A hop refuses a session for another model or another range with the
+// matching error code, and keeps serving.
+func TestHopRefusesMismatch(t *testing.T) {
+	model := sharedModel(t, "stories260K.gguf")
+	tn := newTestNet(t)
+	a := tn.shard(model, gguf.Range{Start: 0, End: 3})
+	b := tn.shard(model, gguf.Range{Start: 3, End: 5})
+	c := tn.client()
+	fp, nl := waitModel(t, c, "stories260K")
+	hop := func(n *Node, s, e int) route.Hop {
+		return route.Hop{Peer: n.P2P().ID(), Start: s, End: e, Addrs: n.P2P().Addrs()}
+	}
+	cases := []struct {
+		name string
+		rt   route.Route
+		code meshp2pb.ErrorCode
+	}{
+		{"wrong model", route.Route{Fingerprint: "00" + fp[2:], NLayer: nl, Hops: []route.Hop{hop(a, 0, 3), hop(b, 3, 5)}}, meshp2pb.ErrorCode_ERROR_CODE_MODEL_MISMATCH},
+		{"wrong range", route.Route{Fingerprint: fp, NLayer: nl, Hops: []route.Hop{hop(a, 0, 2), hop(b, 2, 5)}}, meshp2pb.ErrorCode_ERROR_CODE_RANGE_MISMATCH},
+	}
+	for _, tc := range cases {
+		o := c.Origin(fixedPlanner{&tc.rt})
+		_, err := o.Generate(context.Background(), route.GenerateRequest{Fingerprint: tc.rt.Fingerprint, NLayer: nl, Prompt: []int32{1, 2, 3}, MaxTokens: 4})
+		if err == nil || !containsCode(err, tc.code) {
+			t.Errorf("%s: got %v, want %s", tc.name, err, tc.code)
+		}
+	}
+	// Still serving.
+	res, err := c.Origin(nil).Generate(context.Background(), route.GenerateRequest{Fingerprint: fp, NLayer: nl, Prompt: []int32{1, 2, 3}, MaxTokens: 4})
+	if err != nil || len(res.Tokens) != 4 {
+		t.Fatalf("after refusals: %v %v", res, err)
+	}
+	_ = p2p.PathDirect
+}
+
+type fixedPlanner struct{ rt *route.Route }
+
+func (f fixedPlanner) Plan(context.Context, route.Request) (*route.Route, error) {
+	cp := *f.rt
+	return &cp, nil
+}
+
+func containsCode(err error, code meshp2pb.ErrorCode) bool {
+	return err != nil && (errors.Is(err, errCode(code)) || contains(err.Error(), code.String()))
+}
+
+type errCode meshp2pb.ErrorCode
+
+func (e errCode) Error() string { return meshp2pb.ErrorCode(e).String() }
+
+func contains(s, sub string) bool {
+	for i := 0; i+len(sub) <= len(s); i++ {
+		if s[i:i+len(sub)] == sub {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,72 @@
+package node
+
+import (
+	"context"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/neuron-tai/meshp2p/engine/gguf"
+	"github.com/neuron-tai/meshp2p/route"
+)
+
+// WaitForModel resolves a model name, fingerprint or local model file to
+// a fingerprint with a complete route, waiting up to wait for discovery
+// (gossip, plus DHT lookups every 3 s for late joiners).
+func (n *Node) WaitForModel(ctx context.Context, model string, wait time.Duration) (string, int, error) {
+	ctx, cancel := context.WithTimeout(ctx, wait)
+	defer cancel()
+	key := NameKey(model)
+	if isHex(model) && len(model) == 64 {
+		key = model
+	}
+	if st, err := os.Stat(model); err == nil && !st.IsDir() {
+		f, err := gguf.Open(model)
+		if err != nil {
+			return "", 0, err
+		}
+		fp, err := gguf.Fingerprint(ctx, f)
+		f.Close()
+		if err != nil {
+			return "", 0, err
+		}
+		key, model = fp, fp
+	}
+	changed := n.table.Changed()
+	var lastErr error
+	lookup := time.NewTimer(0)
+	defer lookup.Stop()
+	for {
+		if fp, nl, err := n.table.Resolve(model); err == nil {
+			_, perr := (&route.LocalPlanner{Table: n.table}).Plan(ctx, route.Request{Fingerprint: fp, NLayer: nl})
+			if perr == nil {
+				return fp, nl, nil
+			}
+			lastErr = perr
+		} else {
+			lastErr = err
+		}
+		select {
+		case <-ctx.Done():
+			if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+				return "", 0, fmt.Errorf("after waiting %s for peers: %w", wait, lastErr)
+			}
+			return "", 0, ctx.Err()
+		case <-changed:
+		case <-lookup.C:
+			go func() {
+				lctx, c := context.WithTimeout(ctx, 5*time.Second)
+				defer c()
+				_, _ = n.p2p.Discovery().Lookup(lctx, key)
+			}()
+			lookup.Reset(3 * time.Second)
+		}
+	}
+}
+
+func isHex(s string) bool {
+	_, err := hex.DecodeString(s)
+	return err == nil
+}
