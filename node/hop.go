@@ -209,14 +209,15 @@ func (h *HopService) handleSession(s network.Stream) {
 	msg, _, err := r.ReadStream()
 	if err != nil {
 		h.log.Debug("session stream: bad open", "peer", s.Conn().RemotePeer(), "err", err)
+		// Say why, then close (a reset could drop the error in flight).
 		_ = w.WriteStream(&meshp2pb.StreamMessage{Kind: &meshp2pb.StreamMessage_Error{Error: frame.ToProto(err)}})
-		_ = s.Reset()
+		_ = s.Close()
 		return
 	}
 	open := msg.GetOpen()
 	if open == nil {
 		h.reject(w, &meshp2pb.SessionOpen{}, codeErr(meshp2pb.ErrorCode_ERROR_CODE_UNEXPECTED_MESSAGE, "first message must be SessionOpen", ""))
-		_ = s.Reset()
+		_ = s.Close()
 		return
 	}
 	idx, he := h.admit(open)
@@ -491,7 +492,7 @@ func (hs *hopSession) run(r *frame.Reader) {
 			idle.Reset(hs.h.cfg.Idle)
 		case <-idle.C:
 			hs.fail(codeErr(meshp2pb.ErrorCode_ERROR_CODE_TIMEOUT, fmt.Sprintf("session idle for %s", hs.h.cfg.Idle), ""))
-			_ = hs.up.Reset()
+			_ = hs.up.Close()
 			<-upstream
 			return
 		}

@@ -1,0 +1,222 @@
+package node
+
+import (
+	"context"
+	"crypto/rand"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/libp2p/go-libp2p/core/peer"
+
+	"github.com/neuron-tai/meshp2p/engine"
+	"github.com/neuron-tai/meshp2p/engine/gguf"
+	"github.com/neuron-tai/meshp2p/proto/frame"
+	"github.com/neuron-tai/meshp2p/proto/meshp2pb"
+	"github.com/neuron-tai/meshp2p/route"
+)
+
+// Several sessions at once share each hop's batch and each still gets the
+// whole model's answer.
+func TestConcurrentSessionsThroughSwarm(t *testing.T) {
+	model := sharedModel(t, "stories260K.gguf")
+	tn := newTestNet(t)
+	var nodes []*Node
+	for _, r := range gguf.EvenSplit(5, 3) {
+		nodes = append(nodes, tn.shard(model, r))
+	}
+	c := tn.client()
+	fp, nl := waitModel(t, c, "stories260K")
+	prompts := [][]int32{{1, 403, 407}, {1, 76, 91, 32, 44}, {1, 300, 301, 302, 303, 304}, {1, 17}}
+	const maxTok = 16
+	var wg sync.WaitGroup
+	got := make([]*route.Result, len(prompts))
+	errs := make([]error, len(prompts))
+	for i, p := range prompts {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			got[i], errs[i] = c.Origin(nil).Generate(context.Background(), route.GenerateRequest{Fingerprint: fp, NLayer: nl, Prompt: p, MaxTokens: maxTok})
+		}()
+	}
+	wg.Wait()
+	for i, p := range prompts {
+		if errs[i] != nil {
+			t.Fatalf("session %d: %v", i, errs[i])
+		}
+		// Interleaved KV cells change float rounding (engine tests); tokens
+		// of this trained model stay identical.
+		if want := localTokens(t, model, p, maxTok); !equalTokens(got[i].Tokens, want) {
+			t.Fatalf("session %d: swarm %v local %v", i, got[i].Tokens, want)
+		}
+	}
+	assertReleased(t, tn, nodes...)
+	for _, n := range nodes {
+		if c := n.Shard().Capacity(); c.FreeSessions != c.MaxSessions {
+			t.Fatalf("engine slots not returned: %+v", c)
+		}
+	}
+}
+
+// A client that vanishes mid-generation leaves nothing behind on any hop.
+func TestClientDisconnectReleasesSessions(t *testing.T) {
+	model := sharedModel(t, "stories260K.gguf")
+	tn := newTestNet(t)
+	var nodes []*Node
+	for _, r := range gguf.EvenSplit(5, 3) {
+		nodes = append(nodes, tn.shard(model, r))
+	}
+	c := tn.client()
+	fp, nl := waitModel(t, c, "stories260K")
+	ctx, cancel := context.WithCancel(context.Background())
+	n := 0
+	_, err := c.Origin(nil).Generate(ctx, route.GenerateRequest{Fingerprint: fp, NLayer: nl, Prompt: []int32{1, 2, 3}, MaxTokens: 500,
+		OnToken: func(int32) bool {
+			if n++; n == 3 {
+				cancel()
+			}
+			return false
+		}})
+	if err == nil {
+		t.Fatal("cancelled generation returned no error")
+	}
+	assertReleased(t, tn, nodes...)
+}
+
+// A session whose origin opens it and then goes silent is freed after the
+// idle timeout on the hop.
+func TestIdleSessionFreed(t *testing.T) {
+	model := sharedModel(t, "stories260K.gguf")
+	tn := newTestNet(t)
+	cfg := tn.config(t.TempDir())
+	cfg.ModelPath = model
+	cfg.Hop.Idle = 500 * time.Millisecond
+	whole, err := Start(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer whole.Close()
+	tn.boot = []peer.AddrInfo{whole.P2P().AddrInfo()}
+	c := tn.client()
+	fp, nl := waitModel(t, c, "stories260K")
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	s, err := c.Host().NewStream(ctx, whole.P2P().ID(), c.Host().ProtocolID(ProtoSession, ProtoVersion))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	sid := make([]byte, 16)
+	_, _ = rand.Read(sid)
+	open := &meshp2pb.SessionOpen{SessionId: sid, Epoch: 1, ModelFingerprint: fp, NCtxNeeded: 64,
+		Route: &meshp2pb.Route{ModelFingerprint: fp, NLayer: uint32(nl), Epoch: 1, Hops: []*meshp2pb.RouteHop{{PeerId: []byte(whole.P2P().ID()), Start: 0, End: uint32(nl)}}}}
+	w, r := frame.NewWriter(s, frame.Limits{}), frame.NewReader(s, frame.Limits{})
+	if err := w.WriteStream(&meshp2pb.StreamMessage{Kind: &meshp2pb.StreamMessage_Open{Open: open}}); err != nil {
+		t.Fatal(err)
+	}
+	msg, _, err := r.ReadStream()
+	if err != nil || !msg.GetAccept().GetOk() {
+		t.Fatalf("accept: %v %v", msg, err)
+	}
+	if whole.Hop().Sessions() != 1 {
+		t.Fatalf("sessions %d, want 1", whole.Hop().Sessions())
+	}
+	// Silence: the hop must time the session out and say so.
+	_ = s.SetReadDeadline(time.Now().Add(5 * time.Second))
+	msg, _, err = r.ReadStream()
+	if err != nil || msg.GetError().GetCode() != meshp2pb.ErrorCode_ERROR_CODE_TIMEOUT {
+		t.Fatalf("want TIMEOUT error, got %v %v", msg, err)
+	}
+	assertReleased(t, tn, whole)
+}
+
+// Malformed and oversized frames reset that stream only; the node keeps
+// serving everyone else.
+func TestMalformedFramesDoNotHurtOthers(t *testing.T) {
+	model := sharedModel(t, "stories260K.gguf")
+	tn := newTestNet(t)
+	a := tn.shard(model, gguf.Range{Start: 0, End: 3})
+	b := tn.shard(model, gguf.Range{Start: 3, End: 5})
+	c := tn.client()
+	fp, nl := waitModel(t, c, "stories260K")
+	bad := [][]byte{
+		[]byte("garbage that is not a frame at all"),
+		{0xff, 0xff, 0xff, 0xff, 0, 0, 0, 0},         // header length over the limit
+		{0, 0, 0, 4, 0xff, 0xff, 0xff, 0xff, 1, 2, 3}, // payload over the limit
+		{0, 0, 0, 3, 0, 0, 0, 0, 0x0a, 0x05, 0x01},    // protobuf that does not parse
+		{0, 0, 0, 2, 0, 0, 0, 0, 0x1a, 0x00},          // a SessionClose before any SessionOpen
+	}
+	want := []meshp2pb.ErrorCode{
+		meshp2pb.ErrorCode_ERROR_CODE_FRAME_TOO_LARGE, meshp2pb.ErrorCode_ERROR_CODE_FRAME_TOO_LARGE,
+		meshp2pb.ErrorCode_ERROR_CODE_FRAME_TOO_LARGE, meshp2pb.ErrorCode_ERROR_CODE_MALFORMED,
+		meshp2pb.ErrorCode_ERROR_CODE_UNEXPECTED_MESSAGE,
+	}
+	for _, target := range []*Node{a, b} {
+		for i, frameBytes := range bad {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			s, err := c.Host().NewStream(ctx, target.P2P().ID(), c.Host().ProtocolID(ProtoSession, ProtoVersion))
+			if err != nil {
+				cancel()
+				t.Fatal(err)
+			}
+			_, _ = s.Write(frameBytes)
+			_ = s.CloseWrite()
+			_ = s.SetReadDeadline(time.Now().Add(5 * time.Second))
+			msg, _, err := frame.NewReader(s, frame.Limits{}).ReadStream()
+			_ = s.Close()
+			cancel()
+			if err != nil {
+				t.Fatalf("bad frame %d: no error reply: %v", i, err)
+			}
+			code := msg.GetError().GetCode()
+			if msg.GetAccept() != nil {
+				code = msg.GetAccept().GetError().GetCode()
+			}
+			if code != want[i] {
+				t.Errorf("bad frame %d: node answered %v, want %s", i, msg, want[i])
+			}
+		}
+	}
+	res, err := c.Origin(nil).Generate(context.Background(), route.GenerateRequest{Fingerprint: fp, NLayer: nl, Prompt: []int32{1, 2, 3}, MaxTokens: 8})
+	if err != nil || len(res.Tokens) != 8 {
+		t.Fatalf("node stopped serving after bad frames: %v", err)
+	}
+	if want := localTokens(t, model, []int32{1, 2, 3}, 8); !equalTokens(res.Tokens, want) {
+		t.Fatalf("tokens %v want %v", res.Tokens, want)
+	}
+	assertReleased(t, tn, a, b)
+}
+
+// A synthesized quantized model (Q4_K_M with real k-quants: dims are
+// multiples of 256) split over 3 nodes matches the whole model exactly.
+func TestSwarmQuantizedMatchesLocal(t *testing.T) {
+	if testing.Short() {
+		t.Skip("quantizes a model")
+	}
+	dir := t.TempDir()
+	f16 := dir + "/q.f16.gguf"
+	spec := gguf.DefaultSpec("llama")
+	spec.Layers, spec.Embd, spec.Heads, spec.KVHeads, spec.FF = 4, 256, 4, 2, 512
+	spec.Type, spec.Seed, spec.Name = gguf.TypeF16, 11, "qsynth"
+	if err := gguf.Synth(context.Background(), spec, f16); err != nil {
+		t.Fatal(err)
+	}
+	model := dir + "/qsynth.gguf"
+	if err := engine.Quantize(context.Background(), f16, model, engine.QuantQ4_KM); err != nil {
+		t.Fatal(err)
+	}
+	tn := newTestNet(t)
+	for _, r := range gguf.EvenSplit(4, 3) {
+		tn.shard(model, r)
+	}
+	c := tn.client()
+	fp, nl := waitModel(t, c, "qsynth")
+	prompt := thinClientPrompt(t, c, fp, "Once upon a time")
+	res, err := c.Origin(nil).Generate(context.Background(), route.GenerateRequest{Fingerprint: fp, NLayer: nl, Prompt: prompt, MaxTokens: 24})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := localTokens(t, model, prompt, 24); !equalTokens(res.Tokens, want) {
+		t.Fatalf("swarm %v\nlocal %v", res.Tokens, want)
+	}
+}
