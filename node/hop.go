@@ -395,12 +395,21 @@ func (hs *hopSession) fail(he *hopError) {
 				he.e.PeerId = []byte(hs.h.host.ID())
 			}
 			he.e.SessionId, he.e.Epoch = hs.open.GetSessionId(), hs.open.GetEpoch()
+			msg := &meshp2pb.StreamMessage{Kind: &meshp2pb.StreamMessage_Error{Error: he.e}}
 			hs.upMu.Lock()
 			if hs.upW != nil {
 				_ = hs.up.SetWriteDeadline(time.Now().Add(2 * time.Second))
-				_ = hs.upW.WriteStream(&meshp2pb.StreamMessage{Kind: &meshp2pb.StreamMessage_Error{Error: he.e}})
+				_ = hs.upW.WriteStream(msg)
 			}
 			hs.upMu.Unlock()
+			// The tail also tells the head over the ring, so the head blames
+			// the right peer (its ring closing alone would point at us).
+			if hs.tail && !hs.head && hs.ringS != nil {
+				hs.downMu.Lock()
+				_ = hs.ringS.SetWriteDeadline(time.Now().Add(2 * time.Second))
+				_ = hs.downW.WriteStream(msg)
+				hs.downMu.Unlock()
+			}
 		}
 		close(hs.done)
 	})
@@ -636,6 +645,16 @@ func (hs *hopSession) readRing(rs network.Stream) {
 	for {
 		msg, _, err := r.ReadStream()
 		if err != nil {
+			if errors.Is(err, io.EOF) {
+				// The tail closed the ring without saying why: the cause is
+				// usually upstream of it, and our downstream watcher will
+				// name it. Blame the tail only if nothing else does.
+				select {
+				case <-hs.done:
+					return
+				case <-time.After(time.Second):
+				}
+			}
 			select {
 			case <-hs.done:
 			default:

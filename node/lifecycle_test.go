@@ -141,7 +141,7 @@ func TestMalformedFramesDoNotHurtOthers(t *testing.T) {
 	fp, nl := waitModel(t, c, "stories260K")
 	bad := [][]byte{
 		[]byte("garbage that is not a frame at all"),
-		{0xff, 0xff, 0xff, 0xff, 0, 0, 0, 0},         // header length over the limit
+		{0xff, 0xff, 0xff, 0xff, 0, 0, 0, 0},          // header length over the limit
 		{0, 0, 0, 4, 0xff, 0xff, 0xff, 0xff, 1, 2, 3}, // payload over the limit
 		{0, 0, 0, 3, 0, 0, 0, 0, 0x0a, 0x05, 0x01},    // protobuf that does not parse
 		{0, 0, 0, 2, 0, 0, 0, 0, 0x1a, 0x00},          // a SessionClose before any SessionOpen

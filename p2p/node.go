@@ -294,7 +294,8 @@ func (n *Node) hostOptions(key crypto.PrivKey, psk pnet.PSK, rm network.Resource
 }
 
 // newDHT builds the swarm's own Kademlia DHT: protocol
-// /meshp2p/<network>/kad/1.0.0, explicit bootstrap peers only.
+// /meshp2p/<network>/kad/1.0.0; it learns peers only from connections
+// (bootstrapLoop dials the explicit bootstrap peers), never public ones.
 func (n *Node) newDHT(h host.Host) (*dht.IpfsDHT, error) {
 	mode := dht.ModeAuto
 	switch n.cfg.DHTMode {
@@ -306,7 +307,12 @@ func (n *Node) newDHT(h host.Host) (*dht.IpfsDHT, error) {
 	kad, err := dht.New(h,
 		dht.ProtocolPrefix(protocol.ID("/meshp2p/"+n.cfg.Network)),
 		dht.Mode(mode),
-		dht.BootstrapPeers(n.cfg.Bootstrap...),
+		// No dht.BootstrapPeers: the DHT would dial them from inside
+		// libp2p.New, before the host listens, so those connections leave
+		// from a random source port and relays' observations of our public
+		// address are ignored: hole punching then never starts (found in
+		// the netns testnet, 4 of 6 runs). bootstrapLoop dials the same
+		// peers once the host listens and bootstraps the DHT then.
 		dht.DisableValues(),
 	)
 	if err != nil {

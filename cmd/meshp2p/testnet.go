@@ -32,9 +32,11 @@ traffic, and hosts behind them. Nothing in the root namespace changes.
         show a topology (without --prefix: list all on this machine)
   meshp2p testnet exec [--prefix mp] NODE -- COMMAND [ARGS...]
         run a command inside NODE's namespace (like ip netns exec)
-  meshp2p testnet down [--prefix mp] [--stale]
+  meshp2p testnet down [--prefix mp]
         kill its processes by PID and delete its namespaces
-        (--stale: also remove test topologies whose test process is gone)
+  meshp2p testnet down --stale [--prefix mp]
+        remove test topologies (t<pid><rand>) whose test process is gone
+        (and the --prefix one, if given)
   meshp2p testnet spec [--homes 2] [--hosts 1] [--nat ...] [--open-firewall]
         print the JSON spec 'up' would build, to edit and pass to --spec
 
@@ -171,12 +173,18 @@ func testnetDown(ctx context.Context, stdout, stderr io.Writer, args []string) e
 	if fs.NArg() > 0 {
 		return fmt.Errorf("%w: unexpected arguments %q", errUsage, fs.Args())
 	}
-	var errs []error
+	prefixSet := false
+	fs.Visit(func(f *flag.Flag) { prefixSet = prefixSet || f.Name == "prefix" })
 	if *stale {
-		errs = append(errs, testnet.SweepStale(ctx))
+		if err := testnet.SweepStale(ctx); err != nil {
+			return err
+		}
+		fmt.Fprintln(stdout, "stale test networks removed")
+		if !prefixSet {
+			return nil
+		}
 	}
-	errs = append(errs, testnet.Cleanup(ctx, *prefix))
-	if err := errors.Join(errs...); err != nil {
+	if err := testnet.Cleanup(ctx, *prefix); err != nil {
 		return err
 	}
 	fmt.Fprintf(stdout, "testnet %s: down\n", *prefix)
