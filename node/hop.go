@@ -50,6 +50,10 @@ type HopConfig struct {
 	OpenTimeout time.Duration
 	Limits      frame.Limits
 	Logger      *slog.Logger
+	// Admit, if set, runs after the built-in checks (model, range, route
+	// shape) and may refuse the session with an error to send back (e.g.
+	// a missing or invalid route ticket). idx is this hop's route index.
+	Admit func(open *meshp2pb.SessionOpen, idx int) *meshp2pb.Error
 }
 
 // HopService serves one engine shard to route sessions.
@@ -198,6 +202,14 @@ func (h *HopService) admit(open *meshp2pb.SessionOpen) (int, *hopError) {
 	}
 	if at != rt.GetNLayer() {
 		return 0, codeErr(meshp2pb.ErrorCode_ERROR_CODE_BAD_REQUEST, "route does not cover all layers", "")
+	}
+	if h.cfg.Admit != nil {
+		if e := h.cfg.Admit(open, idx); e != nil {
+			if len(e.GetFailedPeerId()) == 0 && frame.Retryable(e.GetCode()) {
+				e.FailedPeerId = []byte(me)
+			}
+			return 0, &hopError{e}
+		}
 	}
 	return idx, nil
 }

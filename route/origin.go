@@ -102,14 +102,16 @@ func (o *Origin) Generate(ctx context.Context, req GenerateRequest) (*Result, er
 	exclude := map[peer.ID]bool{}
 	start := time.Now()
 	for epoch := uint64(1); ; epoch++ {
-		rt, err := o.Planner.Plan(ctx, Request{Fingerprint: req.Fingerprint, NLayer: req.NLayer, Exclude: exclude, NeedKV: len(req.Prompt) + req.MaxTokens + 1})
+		rt, err := o.Planner.Plan(ctx, Request{Fingerprint: req.Fingerprint, NLayer: req.NLayer, Exclude: exclude, NeedKV: len(req.Prompt) + req.MaxTokens + 1, Epoch: epoch})
 		if err != nil {
 			if len(res.Failures) > 0 {
 				return res, fmt.Errorf("%w after %d reroutes (last failure: %s): %w", ErrGeneration, res.Reroutes, res.Failures[len(res.Failures)-1], err)
 			}
 			return res, err
 		}
-		rt.Epoch = epoch
+		if rt.Epoch != epoch {
+			return res, fmt.Errorf("%w: planner returned a route for epoch %d, want %d", ErrGeneration, rt.Epoch, epoch)
+		}
 		res.Route = rt
 		failed, err := o.run(ctx, sid, rt, req, res, start)
 		if err == nil {
@@ -160,7 +162,8 @@ func (o *Origin) run(ctx context.Context, sid [16]byte, rt *Route, req GenerateR
 	}
 	open := &meshp2pb.SessionOpen{SessionId: sid[:], Epoch: rt.Epoch, ModelFingerprint: rt.Fingerprint, Route: pr,
 		Sampling: req.Sampling, MaxTokens: uint32(remaining), WireDtype: req.WireDType,
-		NCtxNeeded: uint32(len(input) + remaining + 1), MaxRows: uint32(chunk), BundleSchema: "l_out/v1", Generated: generated}
+		NCtxNeeded: uint32(len(input) + remaining + 1), MaxRows: uint32(chunk), BundleSchema: "l_out/v1", Generated: generated,
+		Ticket: rt.Ticket}
 	if err := w.WriteStream(&meshp2pb.StreamMessage{Kind: &meshp2pb.StreamMessage_Open{Open: open}}); err != nil {
 		return head, fmt.Errorf("send open: %w", err)
 	}

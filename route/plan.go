@@ -11,6 +11,7 @@ import (
 	"github.com/multiformats/go-multiaddr"
 
 	"github.com/neuron-tai/meshp2p/p2p"
+	"github.com/neuron-tai/meshp2p/proto/meshp2pb"
 )
 
 // Errors callers branch on.
@@ -53,6 +54,9 @@ type Route struct {
 	NLayer      int
 	Epoch       uint64
 	Hops        []Hop
+	// Ticket is the tracker's signature over this route, when a tracker
+	// planned it; the origin sends it with the session open.
+	Ticket *meshp2pb.SignedRouteTicket
 }
 
 // Request asks a planner for a route.
@@ -63,6 +67,8 @@ type Request struct {
 	MaxHops     int // 0: no limit
 	// NeedKV is the KV cells the session needs on every hop.
 	NeedKV int
+	// Epoch the route is for (1 for a new session, +1 per reroute).
+	Epoch uint64
 }
 
 // Planner picks routes. The local planner below uses only the capability
@@ -146,7 +152,7 @@ func (p *LocalPlanner) Plan(ctx context.Context, req Request) (*Route, error) {
 		out = append([]Hop{{Peer: s.Peer, Start: s.Start, End: s.End, Addrs: s.Addrs, Reach: s.Reach}}, out...)
 		b = s.Start
 	}
-	return &Route{Fingerprint: req.Fingerprint, NLayer: n, Hops: out}, nil
+	return &Route{Fingerprint: req.Fingerprint, NLayer: n, Epoch: req.Epoch, Hops: out}, nil
 }
 
 func edgeCost(s Shard) float64 {
