@@ -319,8 +319,9 @@ func TestHopRefusesMismatch(t *testing.T) {
 
 type fixedPlanner struct{ rt *route.Route }
 
-func (f fixedPlanner) Plan(context.Context, route.Request) (*route.Route, error) {
+func (f fixedPlanner) Plan(_ context.Context, req route.Request) (*route.Route, error) {
 	cp := *f.rt
+	cp.Epoch = req.Epoch
 	return &cp, nil
 }
 
