@@ -333,7 +333,9 @@ func (h *hostAdapter) SetStreamHandler(pid protocol.ID, f network.StreamHandler)
 	h.n.Host().SetStreamHandler(pid, f)
 }
 func (h *hostAdapter) NewStream(ctx context.Context, p peer.ID, pids ...protocol.ID) (network.Stream, error) {
-	return h.n.NewStream(ctx, p, pids...)
+	// Data-plane streams live long: start them on the direct connection
+	// when a hole punch is about to provide one.
+	return h.n.NewStreamPreferDirect(ctx, p, DirectWait, pids...)
 }
 
 // Host returns the data-plane view of the host (streams, protocol IDs).

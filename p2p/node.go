@@ -535,3 +535,33 @@ func (n *Node) closeHost() error {
 	}
 	return errors.Join(errs...)
 }
+
+// NewStreamPreferDirect opens a stream for long-lived traffic (activation
+// streams). When the only connection to p is relayed and a hole punch may
+// still succeed (none has failed yet), it first waits up to wait for the
+// direct connection, so the stream starts on it instead of staying on the
+// relay for its whole life; afterwards it behaves like NewStream. libp2p
+// starts DCUtR as soon as a relayed connection is up, and measured punches
+// finish in 20–220 ms, so the wait is short when punching works and is paid
+// at most once per peer when it cannot (a failed round is remembered).
+func (n *Node) NewStreamPreferDirect(ctx context.Context, p peer.ID, wait time.Duration, pids ...protocol.ID) (network.Stream, error) {
+	if n.host.Network().Connectedness(p) != network.Connected {
+		if err := n.host.Connect(network.WithAllowLimitedConn(ctx, "meshp2p"), peer.AddrInfo{ID: p}); err != nil {
+			return nil, fmt.Errorf("connecting to %s: %w", p, err)
+		}
+	}
+	if st := n.ConnStatus(p); st.Path == PathRelayed && st.HolePunch.Failures == 0 && wait > 0 && !n.cfg.DisableHolePunching {
+		wctx, cancel := context.WithTimeout(ctx, wait)
+		events := n.SubscribeConn(wctx)
+		// Re-check after subscribing: the punch may have finished meanwhile.
+		for n.ConnStatus(p).Path == PathRelayed && n.ConnStatus(p).HolePunch.Failures == 0 {
+			ev, ok := <-events
+			if !ok {
+				break // waited long enough: use the relay
+			}
+			_ = ev
+		}
+		cancel()
+	}
+	return n.NewStream(ctx, p, pids...)
+}

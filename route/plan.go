@@ -28,12 +28,17 @@ type NoRouteError struct {
 	// (after exclusions).
 	MissingStart, MissingEnd int
 	Excluded                 int
+	// MaxHops is set when every layer is served but no route fits in it.
+	MaxHops int
 }
 
 func (e *NoRouteError) Error() string {
 	ex := ""
 	if e.Excluded > 0 {
 		ex = fmt.Sprintf(" (%d failed peers excluded)", e.Excluded)
+	}
+	if e.MaxHops > 0 {
+		return fmt.Sprintf("route: no route for model %.12s within %d hops%s", e.Fingerprint, e.MaxHops, ex)
 	}
 	return fmt.Sprintf("route: no route for model %.12s: no peer serves layers %d-%d of %d%s", e.Fingerprint, e.MissingStart, e.MissingEnd, e.NLayer, ex)
 }
@@ -181,6 +186,9 @@ func noRoute(req Request, cands []Shard) error {
 				reach[s.End] = true
 			}
 		}
+	}
+	if reach[n] {
+		return &NoRouteError{Fingerprint: req.Fingerprint, NLayer: n, MissingStart: n, MissingEnd: n, Excluded: len(req.Exclude), MaxHops: req.MaxHops}
 	}
 	// The gap starts at the furthest reachable boundary and ends at the
 	// nearest boundary after it from which some shard continues.

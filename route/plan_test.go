@@ -1,0 +1,123 @@
+package route
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/libp2p/go-libp2p/core/peer"
+
+	"github.com/neuron-tai/meshp2p/p2p"
+	"github.com/neuron-tai/meshp2p/proto/meshp2pb"
+)
+
+const fp = "f00d"
+
+func offer(id string, s, e int, reach p2p.Path, free uint32) Shard {
+	return Shard{Peer: peer.ID(id), Fingerprint: fp, NLayer: 6, Start: s, End: e, Reach: reach,
+		Capacity: &meshp2pb.ShardCapacity{FreeSessions: free, MaxSessions: 4, FreeKvTokens: 4096, NCtx: 4096}}
+}
+
+func table(offers ...Shard) *Table {
+	t := NewTable()
+	by := map[peer.ID][]Shard{}
+	for _, o := range offers {
+		by[o.Peer] = append(by[o.Peer], o)
+	}
+	for p, ss := range by {
+		t.Set(p, ss)
+	}
+	return t
+}
+
+func hops(r *Route) string {
+	s := ""
+	for _, h := range r.Hops {
+		s += fmt.Sprintf("%s[%d,%d) ", string(h.Peer), h.Start, h.End)
+	}
+	return s
+}
+
+func TestPlan(t *testing.T) {
+	D, R := p2p.PathDirect, p2p.PathRelayed
+	cases := []struct {
+		name    string
+		offers  []Shard
+		exclude []string
+		maxHops int
+		want    string // hops, or "gap a-b"
+	}{
+		{"exact three", []Shard{offer("a", 0, 2, D, 4), offer("b", 2, 4, D, 4), offer("c", 4, 6, D, 4)}, nil, 0, "a[0,2) b[2,4) c[4,6) "},
+		{"fewer hops win", []Shard{offer("a", 0, 2, D, 4), offer("b", 2, 4, D, 4), offer("c", 4, 6, D, 4), offer("w", 0, 6, D, 4)}, nil, 0, "w[0,6) "},
+		{"overlapping ranges join end to start", []Shard{offer("a", 0, 3, D, 4), offer("b", 2, 6, D, 4), offer("c", 3, 6, D, 4)}, nil, 0, "a[0,3) c[3,6) "},
+		{"direct over relayed", []Shard{offer("a", 0, 3, D, 4), offer("r", 3, 6, R, 4), offer("d", 3, 6, D, 4)}, nil, 0, "a[0,3) d[3,6) "},
+		{"relayed when it is all there is", []Shard{offer("a", 0, 3, D, 4), offer("r", 3, 6, R, 4)}, nil, 0, "a[0,3) r[3,6) "},
+		{"full peers are skipped", []Shard{offer("a", 0, 3, D, 4), offer("f", 3, 6, D, 0), offer("g", 3, 6, R, 1)}, nil, 0, "a[0,3) g[3,6) "},
+		{"excluded peer", []Shard{offer("a", 0, 3, D, 4), offer("b", 3, 6, D, 4), offer("c", 3, 6, D, 4)}, []string{"b"}, 0, "a[0,3) c[3,6) "},
+		{"gap in the middle", []Shard{offer("a", 0, 2, D, 4), offer("c", 4, 6, D, 4)}, nil, 0, "gap 2-4"},
+		{"nothing after exclusion", []Shard{offer("a", 0, 3, D, 4), offer("b", 3, 6, D, 4)}, []string{"b"}, 0, "gap 3-6"},
+		{"no head", []Shard{offer("b", 2, 6, D, 4)}, nil, 0, "gap 0-2"},
+		{"max hops", []Shard{offer("a", 0, 2, D, 4), offer("b", 2, 4, D, 4), offer("c", 4, 6, D, 4)}, nil, 2, "gap 6-6"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			ex := map[peer.ID]bool{}
+			for _, e := range tc.exclude {
+				ex[peer.ID(e)] = true
+			}
+			p := &LocalPlanner{Table: table(tc.offers...), Rand: rand.New(rand.NewPCG(1, 2))}
+			r, err := p.Plan(context.Background(), Request{Fingerprint: fp, NLayer: 6, Exclude: ex, MaxHops: tc.maxHops, Epoch: 3})
+			var nr *NoRouteError
+			switch {
+			case errors.As(err, &nr):
+				if got := fmt.Sprintf("gap %d-%d", nr.MissingStart, nr.MissingEnd); got != tc.want || nr.MaxHops != tc.maxHops {
+					t.Fatalf("got %s (%v), want %s", got, err, tc.want)
+				}
+			case err != nil:
+				t.Fatal(err)
+			default:
+				if got := hops(r); got != tc.want {
+					t.Fatalf("route %s, want %s", got, tc.want)
+				}
+				if r.Epoch != 3 {
+					t.Fatalf("epoch %d", r.Epoch)
+				}
+			}
+		})
+	}
+}
+
+// Equal routes share the load: the jitter term spreads sessions.
+func TestPlanSpreadsEqualRoutes(t *testing.T) {
+	tb := table(offer("a", 0, 3, p2p.PathDirect, 4), offer("b", 0, 3, p2p.PathDirect, 4), offer("c", 3, 6, p2p.PathDirect, 4))
+	p := &LocalPlanner{Table: tb, Rand: rand.New(rand.NewPCG(7, 7))}
+	count := map[peer.ID]int{}
+	for range 200 {
+		r, err := p.Plan(context.Background(), Request{Fingerprint: fp, NLayer: 6})
+		if err != nil {
+			t.Fatal(err)
+		}
+		count[r.Hops[0].Peer]++
+	}
+	if count["a"] < 60 || count["b"] < 60 {
+		t.Fatalf("heads chosen %v: not spread", count)
+	}
+}
+
+func TestResolve(t *testing.T) {
+	tb := table(offer("a", 0, 6, p2p.PathDirect, 4))
+	tb.Set("x", []Shard{{Peer: "x", Fingerprint: "beef" + "00000000", ModelName: "m2", NLayer: 2, Start: 0, End: 2}})
+	s := tb.Shards(fp)
+	s[0].ModelName = "ignored"
+	for _, tc := range []struct{ in, fp string }{{fp, fp}, {"m2", "beef00000000"}, {"beef0000", "beef00000000"}} {
+		got, _, err := tb.Resolve(tc.in)
+		if err != nil || got != tc.fp {
+			t.Errorf("Resolve(%q) = %q, %v", tc.in, got, err)
+		}
+	}
+	if _, _, err := tb.Resolve("nope"); !errors.Is(err, ErrUnknownModel) {
+		t.Errorf("unknown model: %v", err)
+	}
+}
