@@ -13,6 +13,8 @@ import (
 	"os"
 	"strconv"
 	"unsafe"
+
+	"github.com/neuron-tai/meshp2p/engine/gguf"
 )
 
 // Errors callers branch on.
@@ -68,14 +70,53 @@ type Model struct {
 type LoadOptions struct {
 	// VocabOnly loads only the tokenizer (for thin clients without weights).
 	VocabOnly bool
-	// Validate runs before llama.cpp sees the file; it must reject anything
-	// that would make llama.cpp abort (GGML_ASSERT ends the process).
+	// Validate runs before llama.cpp sees the file, after the engine's own
+	// pure-Go checks (validateFile), for callers' extra checks (e.g. that a
+	// shard belongs to the expected model: gguf.CheckShard).
 	Validate func(ctx context.Context, path string) error
 }
 
-// LoadModel loads a whole model, a shard file or (VocabOnly) a vocabulary.
+// validateFile checks path in pure Go before llama.cpp sees it, because
+// llama.cpp's loader aborts the process (GGML_ASSERT) on some bad input:
+// the GGUF header must parse (corrupt, truncated and hostile files fail
+// here), and the file must pass gguf.ValidateForLoad (known architecture,
+// sane hyper-parameters such as expert_used_count, required tensors) and
+// gguf.ValidateTokenizer. A vocabulary-only load reads no hyper-parameters
+// and no tensors, so it gets the lighter gguf.ValidateVocabForLoad. It
+// returns the vocabulary fingerprint a vocabulary file claims ("" if none).
+func validateFile(path string, vocabOnly bool) (string, error) {
+	f, err := gguf.Open(path)
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	if vocabOnly {
+		if err := gguf.ValidateVocabForLoad(f); err != nil {
+			return "", err
+		}
+		fp, _ := gguf.ReadVocabFingerprint(f.Metadata)
+		return fp, nil
+	}
+	if err := gguf.ValidateForLoad(f); err != nil {
+		return "", err
+	}
+	if err := gguf.ValidateTokenizer(f.Metadata); err != nil {
+		return "", err
+	}
+	return "", nil
+}
+
+// LoadModel loads a whole model, a shard file or (VocabOnly) a vocabulary
+// (a model, a head/tail shard or a gguf.WriteVocab file). The file is
+// validated in pure Go first (validateFile, then opts.Validate), so bad
+// files give an error wrapping the gguf error (gguf.ErrNotLoadable,
+// *gguf.FormatError, ...) instead of a llama.cpp abort.
 func LoadModel(ctx context.Context, path string, opts LoadOptions) (*Model, error) {
 	if _, err := os.Stat(path); err != nil {
+		return nil, fmt.Errorf("engine: load %s: %w", path, err)
+	}
+	vocabFP, err := validateFile(path, opts.VocabOnly)
+	if err != nil {
 		return nil, fmt.Errorf("engine: load %s: %w", path, err)
 	}
 	if opts.Validate != nil {
@@ -111,6 +152,13 @@ func LoadModel(ctx context.Context, path string, opts LoadOptions) (*Model, erro
 	m.info.HasVocab = C.llama_vocab_type(m.vocab) != C.LLAMA_VOCAB_TYPE_NONE
 	m.info.ParentFingerprint = m.meta(keyParentFingerprint)
 	m.info.Start, m.info.End, m.info.ParentNLayer = 0, m.info.NLayer, m.info.NLayer
+	if vocabFP != "" {
+		// A vocabulary file (gguf.WriteVocab): no layers, no range.
+		m.info.ParentFingerprint = vocabFP
+		m.info.ParentNLayer = m.metaInt(keyParentNLayer)
+		m.info.End = m.info.ParentNLayer
+		return m, nil
+	}
 	if m.info.ParentFingerprint != "" {
 		s, e, n := m.metaInt(keyRangeStart), m.metaInt(keyRangeEnd), m.metaInt(keyParentNLayer)
 		if s < 0 || e <= s || n < e || (!opts.VocabOnly && e-s != m.info.NLayer) {

@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/neuron-tai/meshp2p/engine"
 	"github.com/neuron-tai/meshp2p/engine/gguf"
 )
 
@@ -23,8 +24,10 @@ const shardUsage = `Usage:
         write one shard GGUF per half-open layer range [a,b) as DIR/<base>.L<a>-<b>.gguf
   meshp2p shard synth [--arch llama|qwen2|qwen3|qwen3moe] [geometry flags] -o FILE
         write a random-weight model (see 'meshp2p shard synth --help')
-  meshp2p shard verify ...
-        check shards against their model fingerprint
+  meshp2p shard verify [--splits 2,3] [--tokens N] [--prompt TEXT] [--json] FILE
+        split a whole model evenly 2 and 3 ways (in a temp dir), run the whole model and
+        each chain of shards in-process on the same prompt and greedy steps, and report
+        the max |logit difference| per split; fails unless the results are identical
 `
 
 // runShard implements "meshp2p shard inspect|split|synth|verify".
@@ -220,19 +223,26 @@ func runShardSplit(ctx context.Context, stdout, stderr io.Writer, args []string)
 	return nil
 }
 
-// quantTypes are the llama.cpp ftypes synth can produce through the engine.
-var quantTypes = map[string]bool{
-	"q4_0": true, "q4_1": true, "q5_0": true, "q5_1": true, "q8_0": true,
-	"q2_k": true, "q3_k_s": true, "q3_k_m": true, "q3_k_l": true,
-	"q4_k_s": true, "q4_k_m": true, "q5_k_s": true, "q5_k_m": true, "q6_k": true,
-}
+// quantTypes are the quantizations synth can produce through the engine
+// (engine.Quantize; gguf.CheckQuantizable knows their geometry rules).
+var quantTypes = map[string]bool{string(engine.QuantQ8_0): true, string(engine.QuantQ4_KM): true}
 
-// quantizeFile quantizes the whole-model GGUF at in into out with the
-// llama.cpp ftype typ (e.g. "q8_0", "q4_k_m"), writing out atomically. The
-// engine (cgo) provides the implementation; this placeholder keeps the
-// pure-Go build working.
+// quantizeFile quantizes the whole-model GGUF at in into out with llama.cpp
+// (engine.Quantize: typ "q8_0", "q4_k_m" or "f16"), writing out atomically.
+// A geometry or file the quantizer cannot take (plain Q8_0 needs rows that
+// are multiples of 32, shards, already-quantized tensors, metadata that
+// would abort llama.cpp) gets a clear error before any quantization work.
 func quantizeFile(ctx context.Context, in, out, typ string) error {
-	return fmt.Errorf("quantized synth (--type %s) needs the engine, which is not built in yet", typ)
+	f, err := gguf.Open(in)
+	if err != nil {
+		return err
+	}
+	err = gguf.CheckQuantizable(f, typ)
+	f.Close()
+	if err != nil {
+		return err
+	}
+	return engine.Quantize(ctx, in, out, engine.QuantType(strings.ToLower(typ)))
 }
 
 func runShardSynth(ctx context.Context, stdout, stderr io.Writer, args []string) error {
@@ -250,7 +260,7 @@ func runShardSynth(ctx context.Context, stdout, stderr io.Writer, args []string)
 	ctxLen := fs.Int("ctx", 0, "context length (default 2048)")
 	tied := fs.Bool("tied", false, "tie the output to token_embd (default: qwen3 tied, others untied)")
 	vocabFrom := fs.String("vocab-from", "", "copy tokenizer.* from this GGUF (default: a built-in 372-token SPM vocabulary)")
-	typ := fs.String("type", "f32", "weight type: f32, f16, or a quantized type (q8_0, q4_k_m, ...) via the engine")
+	typ := fs.String("type", "f32", "weight type: f32, f16, q8_0 or q4_k_m (quantized from f16 by llama.cpp)")
 	seed := fs.Uint64("seed", 1, "random seed (same seed and flags, same file)")
 	name := fs.String("name", "", "general.name")
 	out := fs.String("o", "", "output file (required)")
@@ -308,7 +318,7 @@ func runShardSynth(ctx context.Context, stdout, stderr io.Writer, args []string)
 	case quantTypes[t]:
 		spec.Type, quant = gguf.TypeF16, t
 	default:
-		return fmt.Errorf("%w: --type %q (want f32, f16 or one of q8_0, q4_k_m, ...)", errUsage, *typ)
+		return fmt.Errorf("%w: --type %q (want f32, f16, q8_0 or q4_k_m)", errUsage, *typ)
 	}
 	if err := spec.Validate(); err != nil {
 		return fmt.Errorf("%w: %v", errUsage, err)

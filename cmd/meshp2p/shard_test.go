@@ -96,14 +96,22 @@ func TestShardCLIUsage(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(dir, "x.gguf")); err == nil {
 		t.Error("a failed synth left its output")
 	}
-	// The quantize hook is reached and its temporary file removed.
+	// Quantized synth goes through the engine; a geometry plain Q8_0 cannot
+	// take is refused before quantizing, and no temporary file is left.
 	q := filepath.Join(dir, "q.gguf")
-	if _, _, err := runShardArgs(t, "synth", "--layers", "1", "--embd", "32", "--type", "q8_0", "-o", q); err == nil || errors.Is(err, errUsage) {
-		t.Errorf("synth --type q8_0 without the engine: %v", err)
+	if _, _, err := runShardArgs(t, "synth", "--layers", "1", "--embd", "32", "--type", "q8_0", "-o", q); err != nil {
+		t.Fatalf("synth --type q8_0: %v", err)
+	}
+	if in, err := gguf.Inspect(context.Background(), q, false); err != nil || in.TensorTypes["Q8_0"] == 0 {
+		t.Errorf("synth --type q8_0: %v, types %v", err, in.TensorTypes)
+	}
+	bad := filepath.Join(dir, "bad.gguf")
+	if _, _, err := runShardArgs(t, "synth", "--layers", "1", "--embd", "32", "--ff", "100", "--type", "q8_0", "-o", bad); !errors.Is(err, gguf.ErrNotQuantizable) {
+		t.Errorf("synth --ff 100 --type q8_0: %v, want ErrNotQuantizable", err)
 	}
 	ents, _ := os.ReadDir(dir)
-	if len(ents) != 1 {
-		t.Errorf("dir holds %d entries after failed quantized synth, want only the model", len(ents))
+	if len(ents) != 2 {
+		t.Errorf("dir holds %d entries after quantized synths, want the two models", len(ents))
 	}
 	if _, _, err := runShardArgs(t, "--help"); err != nil {
 		t.Errorf("--help: %v", err)

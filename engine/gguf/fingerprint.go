@@ -251,6 +251,9 @@ func ComputeDigests(ctx context.Context, f *File, progress func(done, total int6
 	if _, ok := f.Metadata.Get(KeyParentFingerprint); ok {
 		return nil, fmt.Errorf("gguf: %w: file is a shard; verify it with VerifyShard", ErrIsShard)
 	}
+	if _, ok := f.Metadata.Get(KeyVocabFingerprint); ok {
+		return nil, fmt.Errorf("gguf: %w: file is a vocabulary; verify it with CheckVocab", ErrIsShard)
+	}
 	n, err := f.NLayer()
 	if err != nil {
 		return nil, err
