@@ -341,6 +341,7 @@ func (hs *hopSession) connect(ctx context.Context) *hopError {
 			return codeErr(meshp2pb.ErrorCode_ERROR_CODE_UNEXPECTED_MESSAGE, "next hop did not accept", np)
 		}
 		hs.down, hs.downW = ds, w
+		h.log.Info("seam to next hop open", "session", hs.key, "next", np, "path", pathOf(ds))
 		go hs.watchDownstream(r)
 	}
 	if hs.tail && !hs.head {
@@ -358,6 +359,7 @@ func (hs *hopSession) connect(ctx context.Context) *hopError {
 		}
 		hs.ringS = rs
 		hs.downW = frame.NewWriter(rs, h.cfg.Limits)
+		h.log.Info("ring to head open", "session", hs.key, "head", head, "path", pathOf(rs))
 	}
 	return nil
 }
@@ -737,4 +739,13 @@ func asHopError(err error, blame peer.ID) *hopError {
 
 func protoClone(o *meshp2pb.SessionOpen) *meshp2pb.SessionOpen {
 	return proto.Clone(o).(*meshp2pb.SessionOpen)
+}
+
+// pathOf says whether a stream runs over a relay (its connection's remote
+// address has /p2p-circuit) or directly.
+func pathOf(s network.Stream) string {
+	if _, err := s.Conn().RemoteMultiaddr().ValueForProtocol(multiaddr.P_CIRCUIT); err == nil {
+		return "relayed"
+	}
+	return "direct"
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"flag"
 	"fmt"
+	"net/netip"
 	"strings"
 
 	"github.com/libp2p/go-libp2p/core/peer"
@@ -25,6 +26,7 @@ type netFlags struct {
 	portMapping bool
 	relay       bool
 	test        bool
+	testPublic  string
 }
 
 func (f *netFlags) register(fs *flag.FlagSet, preset string) {
@@ -38,6 +40,7 @@ func (f *netFlags) register(fs *flag.FlagSet, preset string) {
 	fs.StringVar(&f.reach, "reachability", "", "force reachability: public or private (default: AutoNAT decides)")
 	fs.BoolVar(&f.portMapping, "port-mapping", preset == node.PresetHome, "map a port on the home router with UPnP/NAT-PMP")
 	fs.BoolVar(&f.test, "test-mode", false, "loopback test preset: fast adverts, relaxed per-IP limits, DHT server (never in deployments)")
+	fs.StringVar(&f.testPublic, "test-public-cidrs", "", "TEST ONLY (with --test-mode): treat these CIDRs as public internet and lift per-IP limits for them, e.g. the netns test network's 203.0.113.0/24")
 	fs.BoolVar(&f.relay, "relay-service", preset == node.PresetRelay, "run a circuit relay v2 for swarm members (raised limits for activation traffic)")
 }
 
@@ -104,5 +107,18 @@ func (f *netFlags) config(preset string) (p2p.Config, error) {
 	}
 	c.PortMapping = f.portMapping
 	c.RelayService = f.relay
+	if f.testPublic != "" {
+		if !f.test {
+			return c, fmt.Errorf("%w: --test-public-cidrs needs --test-mode", errUsage)
+		}
+		for _, s := range splitList(f.testPublic) {
+			pfx, err := netip.ParsePrefix(s)
+			if err != nil {
+				return c, fmt.Errorf("%w: --test-public-cidrs: %v", errUsage, err)
+			}
+			c.TestMode.PublicCIDRs = append(c.TestMode.PublicCIDRs, pfx)
+			c.TestMode.RelaxedCIDRs = append(c.TestMode.RelaxedCIDRs, pfx)
+		}
+	}
 	return c, nil
 }
