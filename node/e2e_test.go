@@ -238,7 +238,9 @@ func TestKillMiddleNode(t *testing.T) {
 			want := localTokens(t, model, prompt, maxTok)
 			var killed atomic.Pointer[Node]
 			n := 0
-			res, err := c.Origin(nil).Generate(context.Background(), route.GenerateRequest{Fingerprint: fp, NLayer: nl, Prompt: prompt, MaxTokens: maxTok,
+			o := c.Origin(nil)
+			o.RouteWait = time.Second // no replacement is coming in the no-spare case
+			res, err := o.Generate(context.Background(), route.GenerateRequest{Fingerprint: fp, NLayer: nl, Prompt: prompt, MaxTokens: maxTok,
 				OnToken: func(int32) bool {
 					n++
 					if n == 6 && killed.Load() == nil {

@@ -248,7 +248,20 @@ func (n *Node) Origin(planner route.Planner) *route.Origin {
 		planner = &route.LocalPlanner{Table: n.table}
 	}
 	return &route.Origin{Dialer: n.host, Planner: planner, Protocol: n.host.ProtocolID(ProtoSession, ProtoVersion),
-		Limits: n.cfg.Hop.Limits, Logger: n.log}
+		Limits: n.cfg.Hop.Limits, Logger: n.log,
+		Rediscover: func(ctx context.Context, fp string) {
+			// Late joiners' adverts arrive with the next republish; ask
+			// the DHT meanwhile.
+			for ctx.Err() == nil {
+				lctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+				_, _ = n.p2p.Discovery().Lookup(lctx, fp)
+				cancel()
+				select {
+				case <-ctx.Done():
+				case <-time.After(2 * time.Second):
+				}
+			}
+		}}
 }
 
 // Info is what node.json holds.

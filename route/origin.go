@@ -35,6 +35,13 @@ type Origin struct {
 	MaxReroutes int
 	// Chunk is the prefill chunk size in rows (default 128).
 	Chunk int
+	// RouteWait bounds how long a re-route waits for a replacement peer to
+	// appear when none is known yet (default 15s; the error then names
+	// the missing layers). Rediscover, if set, is called while waiting
+	// (e.g. DHT lookups) and Changed signals table changes.
+	RouteWait  time.Duration
+	Rediscover func(ctx context.Context, fingerprint string)
+	Changed    <-chan struct{}
 }
 
 // GenerateRequest is one generation.
@@ -102,7 +109,11 @@ func (o *Origin) Generate(ctx context.Context, req GenerateRequest) (*Result, er
 	exclude := map[peer.ID]bool{}
 	start := time.Now()
 	for epoch := uint64(1); ; epoch++ {
-		rt, err := o.Planner.Plan(ctx, Request{Fingerprint: req.Fingerprint, NLayer: req.NLayer, Exclude: exclude, NeedKV: len(req.Prompt) + req.MaxTokens + 1, Epoch: epoch})
+		preq := Request{Fingerprint: req.Fingerprint, NLayer: req.NLayer, Exclude: exclude, NeedKV: len(req.Prompt) + req.MaxTokens + 1, Epoch: epoch}
+		rt, err := o.Planner.Plan(ctx, preq)
+		if errors.Is(err, ErrNoRoute) && len(res.Failures) > 0 {
+			rt, err = o.awaitRoute(ctx, preq, err)
+		}
 		if err != nil {
 			if len(res.Failures) > 0 {
 				return res, fmt.Errorf("%w after %d reroutes (last failure: %s): %w", ErrGeneration, res.Reroutes, res.Failures[len(res.Failures)-1], err)
@@ -265,4 +276,39 @@ func blame(e *meshp2pb.Error) peer.ID {
 		}
 	}
 	return ""
+}
+
+// awaitRoute retries planning after a failure left no route, until a
+// replacement appears or RouteWait passes.
+func (o *Origin) awaitRoute(ctx context.Context, req Request, err error) (*Route, error) {
+	wait := o.RouteWait
+	if wait == 0 {
+		wait = 15 * time.Second
+	}
+	if wait < 0 {
+		return nil, err
+	}
+	wctx, cancel := context.WithTimeout(ctx, wait)
+	defer cancel()
+	tick := time.NewTicker(500 * time.Millisecond)
+	defer tick.Stop()
+	if o.Rediscover != nil {
+		go o.Rediscover(wctx, req.Fingerprint)
+	}
+	for {
+		select {
+		case <-wctx.Done():
+			if ctx.Err() != nil {
+				return nil, ctx.Err()
+			}
+			return nil, err
+		case <-o.Changed:
+		case <-tick.C:
+		}
+		rt, perr := o.Planner.Plan(ctx, req)
+		if perr == nil {
+			return rt, nil
+		}
+		err = perr
+	}
 }
