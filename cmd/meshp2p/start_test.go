@@ -1,0 +1,114 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// syncBuf is a goroutine-safe buffer for a command's output.
+type syncBuf struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuf) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuf) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// start serves a shard, writes node.json once ready, and shuts down cleanly
+// when its context ends (what SIGINT/SIGTERM do); a thin client generates
+// through a two-node swarm started the same way, and --local agrees.
+func TestStartGenerateAndShutdown(t *testing.T) {
+	model := sharedModelPath(t, "stories260K.gguf")
+	dir := t.TempDir()
+	net := []string{"--network", "clitest", "--test-mode", "--port-mapping=false", "--listen", "/ip4/127.0.0.1/tcp/0"}
+	type proc struct {
+		cancel context.CancelFunc
+		done   chan error
+		out    *syncBuf
+	}
+	start := func(name, layers string, extra ...string) (*proc, map[string]any) {
+		ctx, cancel := context.WithCancel(context.Background())
+		p := &proc{cancel: cancel, done: make(chan error, 1), out: &syncBuf{}}
+		args := append([]string{"--model", model, "--layers", layers, "--data-dir", filepath.Join(dir, name)}, append(net, extra...)...)
+		go func() { p.done <- runStart(ctx, p.out, &syncBuf{}, args) }()
+		nj := filepath.Join(dir, name, "node.json")
+		deadline := time.Now().Add(30 * time.Second)
+		for {
+			if b, err := os.ReadFile(nj); err == nil {
+				var info map[string]any
+				if json.Unmarshal(b, &info) == nil {
+					return p, info
+				}
+			}
+			select {
+			case err := <-p.done:
+				t.Fatalf("start %s exited: %v", name, err)
+			default:
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("start %s: no node.json", name)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	head, info := start("head", "0-3")
+	addrs, _ := info["addrs"].([]any)
+	if info["peer_id"] == "" || len(addrs) == 0 || !strings.Contains(addrs[0].(string), "/p2p/"+info["peer_id"].(string)) {
+		t.Fatalf("node.json: %v", info)
+	}
+	boot := addrs[0].(string)
+	tail, _ := start("tail", "3-5", "--bootstrap", boot)
+	if !strings.Contains(head.out.String(), "peer id:") {
+		t.Fatalf("start printed %q", head.out.String())
+	}
+
+	gen := func(args ...string) map[string]any {
+		var out, errb syncBuf
+		if err := runGenerate(context.Background(), &out, &errb, append(args, "--prompt", "Once upon a time", "--max-tokens", "12", "--json")); err != nil {
+			t.Fatalf("generate %v: %v\n%s", args, err, errb.String())
+		}
+		var res map[string]any
+		if err := json.Unmarshal([]byte(out.String()), &res); err != nil {
+			t.Fatalf("generate output %q: %v", out.String(), err)
+		}
+		return res
+	}
+	local := gen("--local", "--model", model)
+	swarm := gen(append([]string{"--model", "stories260K", "--bootstrap", boot, "--wait", "20s"}, net...)...)
+	if local["text"] == "" || local["text"] != swarm["text"] {
+		t.Fatalf("local %q, swarm %q", local["text"], swarm["text"])
+	}
+	route, _ := swarm["route"].([]any)
+	if len(route) != 2 || swarm["ttft_ms"] == nil || swarm["reroutes"].(float64) != 0 {
+		t.Fatalf("swarm result %v", swarm)
+	}
+
+	for name, p := range map[string]*proc{"head": head, "tail": tail} {
+		p.cancel()
+		select {
+		case err := <-p.done:
+			if err != nil && !errors.Is(err, context.Canceled) {
+				t.Fatalf("%s shutdown: %v", name, err)
+			}
+		case <-time.After(15 * time.Second):
+			t.Fatalf("%s did not shut down", name)
+		}
+	}
+}
