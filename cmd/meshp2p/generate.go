@@ -57,6 +57,8 @@ func runGenerate(ctx context.Context, stdout, stderr io.Writer, args []string) e
 	fs.Usage = func() { fmt.Fprint(stderr, generateUsage); fs.PrintDefaults() }
 	var nf netFlags
 	nf.register(fs, node.PresetClient)
+	var tf trackerFlags
+	tf.registerOrigin(fs)
 	model := fs.String("model", "", "model name, fingerprint (or unique prefix of 16+ hex chars), or a local GGUF file")
 	prompt := fs.String("prompt", "", "prompt text (required)")
 	chat := fs.Bool("chat", false, "wrap the prompt as a user message with the model's chat template")
@@ -145,6 +147,10 @@ func runGenerate(ctx context.Context, stdout, stderr io.Writer, args []string) e
 			pc.DataDir = d
 		}
 		pc.Logger = log
+		trackers, err := tf.applyOrigin(&pc)
+		if err != nil {
+			return err
+		}
 		n, err := node.Start(ctx, node.Config{P2P: pc, Logger: log})
 		if err != nil {
 			return err
@@ -165,7 +171,11 @@ func runGenerate(ctx context.Context, stdout, stderr io.Writer, args []string) e
 			return err
 		}
 		printer = newStreamPrinter(stdout, vocab, stops, !*asJSON)
-		o := n.Origin(nil)
+		var planner route.Planner
+		if len(trackers) > 0 {
+			planner = n.TrackerPlanner(trackers, tf.requireTracker)
+		}
+		o := n.Origin(planner)
 		res, err := o.Generate(ctx, route.GenerateRequest{Fingerprint: fp, NLayer: nLayer, Prompt: toks, MaxTokens: *maxTokens,
 			Sampling: &meshp2pb.SamplingParams{Temperature: smp.Temperature, TopK: smp.TopK, TopP: smp.TopP, MinP: smp.MinP,
 				RepeatPenalty: smp.RepeatPenalty, Seed: uint32(smp.Seed)},

@@ -28,6 +28,8 @@ func runStart(ctx context.Context, stdout, stderr io.Writer, args []string) erro
 	fs.Usage = func() { fmt.Fprint(stderr, startUsage); fs.PrintDefaults() }
 	var nf netFlags
 	nf.register(fs, node.PresetHome)
+	var tf trackerFlags
+	tf.registerHop(fs)
 	model := fs.String("model", "", "whole GGUF model file (required)")
 	layers := fs.String("layers", "", "layer range A-B to serve, half-open [A,B) (default: all layers)")
 	name := fs.String("name", "", "model name to advertise (default: file name)")
@@ -62,6 +64,9 @@ func runStart(ctx context.Context, stdout, stderr io.Writer, args []string) erro
 	prog := newProgress(stderr, "splitting")
 	cfg := node.Config{P2P: pc, ModelPath: *model, Layers: rng, ModelName: *name, Logger: log,
 		Engine: def, Hop: node.HopConfig{Idle: *idle}, SplitProgress: prog.update}
+	if err := tf.applyHop(&cfg.P2P, &cfg.Hop); err != nil {
+		return err
+	}
 	cfg.Engine.MaxSessions, cfg.Engine.NCtx, cfg.Engine.NBatch, cfg.Engine.Threads, cfg.Engine.FlashAttn = *maxSess, *nctx, *nbatch, *threads, *flash
 	n, err := node.Start(ctx, cfg)
 	prog.finish()

@@ -1,0 +1,176 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"strings"
+	"time"
+
+	"github.com/libp2p/go-libp2p/core/peer"
+
+	"github.com/neuron-tai/meshp2p/node"
+	"github.com/neuron-tai/meshp2p/p2p"
+)
+
+const trackerUsage = `Usage: meshp2p tracker [--listen ADDRS] [--data-dir DIR] [--network NAME] [flags]
+
+Runs a tracker: a publicly reachable swarm peer that is DHT server,
+gossipsub hub, circuit relay (limits raised for activation traffic, swarm
+members only), AutoNAT server and route oracle. Origins started with
+--tracker <its multiaddr>/p2p/<id> ask it for signed route tickets; hops
+started with --require-ticket --trust-tracker <id> admit only sessions
+carrying one. Its identity persists in <data-dir>/identity.key
+('meshp2p key show' prints the peer id to pin); once ready it prints its
+peer id and addresses and writes them to <data-dir>/node.json.
+
+Flags:
+`
+
+func runTracker(ctx context.Context, stdout, stderr io.Writer, args []string) error {
+	fs := flag.NewFlagSet("tracker", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() { fmt.Fprint(stderr, trackerUsage); fs.PrintDefaults() }
+	var nf netFlags
+	nf.register(fs, node.PresetRelay)
+	ttl := fs.Duration("ticket-ttl", 2*time.Minute, "how long an issued route ticket stays valid")
+	pingEvery := fs.Duration("ping-interval", 10*time.Second, "how often the tracker measures RTT to every node")
+	verbose := fs.Bool("v", false, "debug logging")
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	pc, err := nf.config(node.PresetRelay)
+	if err != nil {
+		return err
+	}
+	log := newLogger(stderr, *verbose)
+	pc.Logger = log
+	tr, err := node.StartTracker(ctx, node.TrackerConfig{P2P: pc, TicketTTL: *ttl, PingInterval: *pingEvery, Logger: log})
+	if err != nil {
+		return err
+	}
+	defer tr.Close()
+	info := tr.Info()
+	fmt.Fprintf(stdout, "peer id:  %s\nrole:     tracker (route oracle, relay, DHT server) network %s\n", info.PeerID, info.Network)
+	for _, a := range info.Addrs {
+		fmt.Fprintf(stdout, "address:  %s\n", a)
+	}
+	p, err := tr.WriteInfo()
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "ready; node info in %s\n", p)
+	<-ctx.Done()
+	log.Info("shutting down tracker")
+	return tr.Close()
+}
+
+// trackerFlags are the tracker-related flags of start and generate.
+type trackerFlags struct {
+	trackers       listFlag // --tracker MULTIADDR/p2p/ID (repeatable, comma lists)
+	trust          listFlag // --trust-tracker PEERID (repeatable, comma lists)
+	requireTracker bool
+	requireTicket  bool
+}
+
+// listFlag collects repeated and comma-separated values.
+type listFlag []string
+
+func (l *listFlag) String() string { return strings.Join(*l, ",") }
+func (l *listFlag) Set(s string) error {
+	*l = append(*l, splitList(s)...)
+	return nil
+}
+
+func (f *trackerFlags) registerOrigin(fs *flag.FlagSet) {
+	fs.Var(&f.trackers, "tracker", "tracker multiaddr ending in /p2p/<id> (repeatable or comma-separated); the id is pinned: only tickets it signs are accepted")
+	fs.BoolVar(&f.requireTracker, "require-tracker", false, "fail when no tracker returns a valid ticket instead of planning locally")
+}
+
+func (f *trackerFlags) registerHop(fs *flag.FlagSet) {
+	fs.Var(&f.trackers, "tracker", "tracker multiaddr ending in /p2p/<id> (repeatable or comma-separated): bootstrap peer and relay, trusted with --require-ticket")
+	fs.BoolVar(&f.requireTicket, "require-ticket", false, "admit only sessions carrying a valid route ticket from a trusted tracker")
+	fs.Var(&f.trust, "trust-tracker", "peer id of a tracker whose tickets are accepted (repeatable or comma-separated; default: the --tracker ids)")
+}
+
+// addrInfos parses --tracker.
+func (f *trackerFlags) addrInfos() ([]peer.AddrInfo, error) {
+	return parseAddrInfos(strings.Join(f.trackers, ","))
+}
+
+// trusted is --trust-tracker, or the --tracker ids when none is given.
+func (f *trackerFlags) trusted() ([]peer.ID, error) {
+	var out []peer.ID
+	for _, s := range f.trust {
+		id, err := peer.Decode(s)
+		if err != nil {
+			return nil, fmt.Errorf("%w: --trust-tracker %q: %v", errUsage, s, err)
+		}
+		out = append(out, id)
+	}
+	if len(out) == 0 {
+		ais, err := f.addrInfos()
+		if err != nil {
+			return nil, err
+		}
+		for _, ai := range ais {
+			out = append(out, ai.ID)
+		}
+	}
+	return out, nil
+}
+
+// mergePeers appends trackers to a bootstrap/relay list, skipping duplicates.
+func mergePeers(list []peer.AddrInfo, extra []peer.AddrInfo) []peer.AddrInfo {
+	for _, e := range extra {
+		dup := false
+		for _, l := range list {
+			dup = dup || l.ID == e.ID
+		}
+		if !dup {
+			list = append(list, e)
+		}
+	}
+	return list
+}
+
+// applyHop adds the trackers as bootstrap peers and relays and, with
+// --require-ticket, installs the ticket admission hook.
+func (f *trackerFlags) applyHop(pc *p2p.Config, hop *node.HopConfig) error {
+	trk, err := f.addrInfos()
+	if err != nil {
+		return err
+	}
+	pc.Bootstrap = mergePeers(pc.Bootstrap, trk)
+	pc.StaticRelays = mergePeers(pc.StaticRelays, trk)
+	if !f.requireTicket {
+		if len(f.trust) > 0 {
+			return fmt.Errorf("%w: --trust-tracker needs --require-ticket", errUsage)
+		}
+		return nil
+	}
+	trusted, err := f.trusted()
+	if err != nil {
+		return err
+	}
+	if len(trusted) == 0 {
+		return fmt.Errorf("%w: --require-ticket needs --trust-tracker PEERID or --tracker ADDR", errUsage)
+	}
+	hop.Admit = node.TicketAdmission(node.TicketPolicy{Network: pc.Network, Trusted: trusted})
+	return nil
+}
+
+// applyOrigin adds the trackers as bootstrap peers and returns them.
+func (f *trackerFlags) applyOrigin(pc *p2p.Config) ([]peer.AddrInfo, error) {
+	trk, err := f.addrInfos()
+	if err != nil {
+		return nil, err
+	}
+	if f.requireTracker && len(trk) == 0 {
+		return nil, fmt.Errorf("%w: --require-tracker needs --tracker ADDR", errUsage)
+	}
+	pc.Bootstrap = mergePeers(pc.Bootstrap, trk)
+	pc.StaticRelays = mergePeers(pc.StaticRelays, trk)
+	return trk, nil
+}

@@ -1,0 +1,508 @@
+package node
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/libp2p/go-libp2p/core/crypto"
+	"github.com/libp2p/go-libp2p/core/network"
+	"github.com/libp2p/go-libp2p/core/peer"
+	"github.com/libp2p/go-libp2p/core/peerstore"
+	"github.com/libp2p/go-libp2p/core/protocol"
+	"github.com/libp2p/go-libp2p/p2p/protocol/identify"
+	"github.com/libp2p/go-libp2p/p2p/protocol/ping"
+	"github.com/multiformats/go-multiaddr"
+	manet "github.com/multiformats/go-multiaddr/net"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/neuron-tai/meshp2p/engine"
+	"github.com/neuron-tai/meshp2p/p2p"
+	"github.com/neuron-tai/meshp2p/proto/frame"
+	"github.com/neuron-tai/meshp2p/proto/meshp2pb"
+	"github.com/neuron-tai/meshp2p/route"
+)
+
+// TrackerKey is the discovery key trackers announce themselves under.
+const TrackerKey = "role:tracker"
+
+// TrackerConfig configures a Tracker. P2P usually comes from
+// Preset(PresetRelay): relay service with raised limits, DHT server,
+// public reachability (so it is also an AutoNAT server and gossipsub hub
+// every member bootstraps from).
+type TrackerConfig struct {
+	P2P p2p.Config
+	// TicketTTL is how long an issued ticket is valid (default 2 min; a
+	// ticket is checked at admission only, so it bounds the time between
+	// asking and opening the session, not the session).
+	TicketTTL time.Duration
+	// PingInterval is how often every advertising peer's RTT is measured
+	// (default 10 s); StaleAfter (default 3 × PingInterval) without a
+	// successful ping ages a peer out of routes.
+	PingInterval time.Duration
+	StaleAfter   time.Duration
+	Cost         route.CostModel
+	Limits       frame.Limits
+	Logger       *slog.Logger
+}
+
+// Tracker is the optional route oracle: an ordinary swarm peer that keeps
+// its own view of the swarm (adverts, RTT, reachability, load) and answers
+// /meshp2p/<network>/route/1.0.0 with signed route tickets.
+type Tracker struct {
+	cfg     TrackerConfig
+	log     *slog.Logger
+	p2p     *p2p.Node
+	table   *route.Table
+	planner *route.CostPlanner
+	key     crypto.PrivKey
+	pid     protocol.ID
+
+	mu    sync.Mutex
+	views map[peer.ID]*peerView
+
+	issued atomic.Uint64
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+}
+
+// peerView is the tracker's own measurement of one peer.
+type peerView struct {
+	rtt       time.Duration // EWMA of ping RTTs
+	lastOK    time.Time
+	firstFail time.Time // first failure since the last success (zero: none)
+}
+
+// StartTracker starts a tracker node.
+func StartTracker(ctx context.Context, cfg TrackerConfig) (*Tracker, error) {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.P2P.Logger == nil {
+		cfg.P2P.Logger = cfg.Logger
+	}
+	if cfg.TicketTTL <= 0 {
+		cfg.TicketTTL = 2 * time.Minute
+	}
+	if cfg.PingInterval <= 0 {
+		cfg.PingInterval = 10 * time.Second
+	}
+	if cfg.StaleAfter <= 0 {
+		cfg.StaleAfter = 3 * cfg.PingInterval
+	}
+	if cfg.P2P.Role == "" {
+		cfg.P2P.Role = "tracker"
+	}
+	t := &Tracker{cfg: cfg, log: cfg.Logger.With("logger", "tracker"), table: route.NewTable(), views: map[peer.ID]*peerView{}}
+	cfg.P2P.RelayService = true
+	private := len(cfg.P2P.SwarmKey) > 0 || cfg.P2P.SwarmKeyPath != ""
+	if cfg.P2P.RelayACL == nil && !private {
+		// Without a swarm key anybody can connect: relay only for peers
+		// that speak this swarm's protocols. Under a swarm key every
+		// handshake is a member already (nil ACL).
+		cfg.P2P.RelayACL = t.member
+	}
+	var err error
+	if t.p2p, err = p2p.New(ctx, cfg.P2P); err != nil {
+		return nil, err
+	}
+	t.cfg = cfg
+	h := t.p2p.Host()
+	t.key = h.Peerstore().PrivKey(h.ID())
+	if t.key == nil {
+		t.p2p.Close()
+		return nil, errors.New("tracker: host has no private key")
+	}
+	t.planner = &route.CostPlanner{Table: t.table, Stats: t.stats, Model: cfg.Cost}
+	t.pid = t.p2p.ProtocolID(route.ProtoRoute, route.ProtoRouteVersion)
+	h.SetStreamHandler(t.pid, t.handle)
+	body, err := proto.Marshal(&meshp2pb.CapabilityAdvert{PeerId: []byte(h.ID()), Network: cfg.P2P.Network,
+		Roles: []meshp2pb.Role{meshp2pb.Role_ROLE_TRACKER, meshp2pb.Role_ROLE_RELAY}, Version: engine.Version,
+		Reachability: meshp2pb.Reachability_REACHABILITY_PUBLIC})
+	if err == nil {
+		err = t.p2p.Discovery().SetLocalAdvert([]string{TrackerKey}, body)
+	}
+	if err != nil {
+		t.p2p.Close()
+		return nil, err
+	}
+	bg, cancel := context.WithCancel(context.Background())
+	t.cancel = cancel
+	t.wg.Add(2)
+	go func() { defer t.wg.Done(); route.Follow(bg, t.p2p.Discovery(), t.table) }()
+	go func() { defer t.wg.Done(); t.pingLoop(bg) }()
+	t.log.Info("tracker started", "peer_id", h.ID(), "protocol", t.pid, "ticket_ttl", cfg.TicketTTL, "ping_interval", cfg.PingInterval)
+	return t, nil
+}
+
+// member is the relay ACL without a swarm key: a peer that advertises in
+// this swarm, or (after identify) speaks one of its protocols.
+func (t *Tracker) member(p peer.ID) bool {
+	if t.p2p == nil {
+		return false
+	}
+	if _, ok := t.p2p.Discovery().Advert(p); ok {
+		return true
+	}
+	h := t.p2p.Host()
+	if ids, ok := h.(interface{ IDService() identify.IDService }); ok {
+		for _, c := range h.Network().ConnsToPeer(p) {
+			select {
+			case <-ids.IDService().IdentifyWait(c):
+			case <-time.After(3 * time.Second):
+			}
+		}
+	}
+	prefix := "/meshp2p/" + t.cfg.P2P.Network + "/"
+	protos, _ := h.Peerstore().GetProtocols(p)
+	for _, pr := range protos {
+		if strings.HasPrefix(string(pr), prefix) {
+			return true
+		}
+	}
+	t.log.Info("relay refused for a non-member", "peer", p)
+	return false
+}
+
+// ID is the tracker's peer id (what operators pin with --tracker/--trust-tracker).
+func (t *Tracker) ID() peer.ID { return t.p2p.ID() }
+
+// P2P returns the network node.
+func (t *Tracker) P2P() *p2p.Node { return t.p2p }
+
+// Table is the tracker's capability table.
+func (t *Tracker) Table() *route.Table { return t.table }
+
+// Issued counts tickets issued so far.
+func (t *Tracker) Issued() uint64 { return t.issued.Load() }
+
+// Info describes the tracker (addresses include /p2p/<id>).
+func (t *Tracker) Info() Info {
+	in := Info{PeerID: t.p2p.ID().String(), Network: t.cfg.P2P.Network}
+	for _, a := range t.p2p.Addrs() {
+		in.Addrs = append(in.Addrs, a.String())
+	}
+	return in
+}
+
+// WriteInfo writes node.json (peer_id, addrs, network) into the data dir.
+func (t *Tracker) WriteInfo() (string, error) {
+	b, err := json.MarshalIndent(t.Info(), "", "  ")
+	if err != nil {
+		return "", err
+	}
+	p := filepath.Join(t.cfg.P2P.DataDir, "node.json")
+	if err := os.WriteFile(p+".tmp", append(b, '\n'), 0o644); err != nil {
+		return "", err
+	}
+	return p, os.Rename(p+".tmp", p)
+}
+
+// Close stops the tracker.
+func (t *Tracker) Close() error {
+	t.cancel()
+	t.p2p.Host().RemoveStreamHandler(t.pid)
+	err := t.p2p.Close()
+	t.wg.Wait()
+	return err
+}
+
+// PeerStats is the tracker's current view of p (for tests and logs).
+func (t *Tracker) PeerStats(p peer.ID) route.PeerStats { return t.stats(p) }
+
+// stats combines the tracker's measurements with what the peer's advert
+// and connection say about reachability.
+func (t *Tracker) stats(p peer.ID) route.PeerStats {
+	var st route.PeerStats
+	t.mu.Lock()
+	if v := t.views[p]; v != nil {
+		st.RTT = v.rtt
+		st.Stale = !v.firstFail.IsZero() && time.Since(v.lastOK) > t.cfg.StaleAfter && time.Since(v.firstFail) > t.cfg.StaleAfter/2
+	}
+	t.mu.Unlock()
+	cs := t.p2p.ConnStatus(p)
+	if a, ok := t.p2p.Discovery().Advert(p); ok {
+		st.Relayed = relayedOnly(a.Addrs, t.loopbackOnly())
+	}
+	if cs.Path == p2p.PathRelayed {
+		st.Relayed = true
+		st.Limited = cs.Limited
+	}
+	return st
+}
+
+// relayedOnly: the peer advertises a circuit address and no address other
+// nodes can dial directly: a public one, or — only in a swarm that lives
+// on one machine (loopback is true when the tracker itself listens on
+// loopback only) — a loopback one. A home node behind NAT advertises its
+// LAN and loopback addresses and its relay circuit: only the circuit works
+// from outside. (Hole punching may still turn a relayed seam direct later;
+// the tracker cannot know that per pair.)
+func relayedOnly(addrs []multiaddr.Multiaddr, loopback bool) bool {
+	circuit := false
+	for _, a := range addrs {
+		if _, err := a.ValueForProtocol(multiaddr.P_CIRCUIT); err == nil {
+			circuit = true
+			continue
+		}
+		if manet.IsPublicAddr(a) || (loopback && manet.IsIPLoopback(a)) {
+			return false
+		}
+	}
+	return circuit
+}
+
+// loopbackOnly reports whether every address the tracker listens on is a
+// loopback address (a one-machine swarm: tests, demos).
+func (t *Tracker) loopbackOnly() bool {
+	addrs := t.p2p.Host().Addrs()
+	for _, a := range addrs {
+		if !manet.IsIPLoopback(a) {
+			return false
+		}
+	}
+	return len(addrs) > 0
+}
+
+// pingLoop measures RTT to every peer with a shard advert, every
+// PingInterval, at most 16 pings at once.
+func (t *Tracker) pingLoop(ctx context.Context) {
+	tick := time.NewTicker(t.cfg.PingInterval)
+	defer tick.Stop()
+	for {
+		t.pingAll(ctx)
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+	}
+}
+
+func (t *Tracker) pingAll(ctx context.Context) {
+	peers := map[peer.ID]bool{}
+	for _, s := range t.table.Shards("") {
+		peers[s.Peer] = true
+	}
+	t.mu.Lock()
+	for p := range t.views { // forget peers whose adverts are gone
+		if !peers[p] {
+			delete(t.views, p)
+		}
+	}
+	t.mu.Unlock()
+	sem := make(chan struct{}, 16)
+	var wg sync.WaitGroup
+	for p := range peers {
+		select {
+		case sem <- struct{}{}:
+		case <-ctx.Done():
+			wg.Wait()
+			return
+		}
+		wg.Add(1)
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			t.pingOne(ctx, p)
+		}()
+	}
+	wg.Wait()
+}
+
+func (t *Tracker) pingOne(ctx context.Context, p peer.ID) {
+	pctx, cancel := context.WithTimeout(ctx, min(5*time.Second, t.cfg.PingInterval))
+	defer cancel()
+	var res ping.Result
+	select {
+	case res = <-ping.Ping(pctx, t.p2p.Host(), p):
+	case <-pctx.Done():
+		res.Error = pctx.Err()
+	}
+	if ctx.Err() != nil {
+		return
+	}
+	now := time.Now()
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	v := t.views[p]
+	if v == nil {
+		v = &peerView{}
+		t.views[p] = v
+	}
+	if res.Error != nil {
+		if v.firstFail.IsZero() {
+			v.firstFail = now
+		}
+		t.log.Debug("ping failed", "peer", p, "err", res.Error)
+		return
+	}
+	if v.rtt == 0 {
+		v.rtt = res.RTT
+	} else { // EWMA: one slow ping does not reroute the swarm
+		v.rtt = (7*v.rtt + 3*res.RTT) / 10
+	}
+	v.lastOK, v.firstFail = now, time.Time{}
+}
+
+// MeasureNow pings every advertising peer once (tests, and start-up).
+func (t *Tracker) MeasureNow(ctx context.Context) { t.pingAll(ctx) }
+
+// handle answers one route request.
+func (t *Tracker) handle(s network.Stream) {
+	defer s.Close()
+	_ = s.SetDeadline(time.Now().Add(10 * time.Second))
+	var req meshp2pb.RouteRequest
+	if err := frame.ReadMessage(s, &req, t.cfg.Limits); err != nil {
+		_ = s.Reset()
+		return
+	}
+	resp := t.answer(context.Background(), s.Conn().RemotePeer(), &req)
+	_ = frame.WriteMessage(s, resp)
+}
+
+func refuse(code meshp2pb.ErrorCode, format string, args ...any) *meshp2pb.RouteResponse {
+	return &meshp2pb.RouteResponse{Error: &meshp2pb.Error{Code: code, Message: fmt.Sprintf(format, args...), Retryable: frame.Retryable(code)}}
+}
+
+func (t *Tracker) answer(ctx context.Context, client peer.ID, req *meshp2pb.RouteRequest) *meshp2pb.RouteResponse {
+	fp := req.GetModelFingerprint()
+	if fp == "" || len(fp) > 128 || len(req.GetExclude()) > 1024 {
+		return refuse(meshp2pb.ErrorCode_ERROR_CODE_BAD_REQUEST, "bad route request")
+	}
+	nl := int(req.GetNLayer())
+	if nl == 0 {
+		for _, s := range t.table.Shards(fp) {
+			nl = s.NLayer
+			break
+		}
+	}
+	rq := route.Request{Fingerprint: fp, NLayer: nl, MaxHops: int(req.GetMaxHops()), NeedKV: int(req.GetNeedKv()),
+		Epoch: max(req.GetEpoch(), 1), Exclude: map[peer.ID]bool{}}
+	for _, b := range req.GetExclude() {
+		if id, err := peer.IDFromBytes(b); err == nil {
+			rq.Exclude[id] = true
+		}
+	}
+	obj := route.ObjectiveLatency
+	if req.GetObjective() == meshp2pb.RouteObjective_ROUTE_OBJECTIVE_THROUGHPUT {
+		obj = route.ObjectiveThroughput
+	}
+	rt, est, err := t.planner.PlanObjective(ctx, rq, obj)
+	if err != nil {
+		code := meshp2pb.ErrorCode_ERROR_CODE_NO_CAPACITY
+		if errors.Is(err, route.ErrUnknownModel) {
+			code = meshp2pb.ErrorCode_ERROR_CODE_MODEL_MISMATCH
+		}
+		return refuse(code, "%v", err)
+	}
+	nonce, err := route.NewNonce()
+	if err != nil {
+		return refuse(meshp2pb.ErrorCode_ERROR_CODE_INTERNAL, "nonce: %v", err)
+	}
+	now := time.Now()
+	tk := &meshp2pb.RouteTicket{Network: t.cfg.P2P.Network, Route: route.WireRoute(rt), ClientPeerId: []byte(client), Nonce: nonce,
+		IssuedAtMs: now.UnixMilli(), ExpiresAtMs: now.Add(t.cfg.TicketTTL).UnixMilli(), TrackerPeerId: []byte(t.p2p.ID())}
+	st, err := route.SignTicket(t.key, tk)
+	if err != nil {
+		return refuse(meshp2pb.ErrorCode_ERROR_CODE_INTERNAL, "sign: %v", err)
+	}
+	t.issued.Add(1)
+	hops := make([]string, len(rt.Hops))
+	for i, h := range rt.Hops {
+		hops[i] = fmt.Sprintf("%s[%d-%d]%s %.2fms", shortID(h.Peer), h.Start, h.End, h.Reach, est.Hops[i].Total())
+	}
+	t.log.Info("route ticket issued", "client", client, "model", fp[:min(16, len(fp))], "epoch", rq.Epoch, "objective", obj,
+		"excluded", len(rq.Exclude), "hops", hops, "est_ms_per_token", fmt.Sprintf("%.2f", est.PerTokenMs), "candidates", est.Candidates)
+	return &meshp2pb.RouteResponse{Ticket: st}
+}
+
+func shortID(p peer.ID) string {
+	s := p.String()
+	return s[max(0, len(s)-6):]
+}
+
+// TicketPolicy is what a hop started with --require-ticket demands.
+type TicketPolicy struct {
+	Network string
+	// Trusted trackers; a ticket signed by anyone else is refused.
+	Trusted   []peer.ID
+	Now       func() time.Time
+	ClockSkew time.Duration
+}
+
+// TicketAdmission returns a HopConfig.Admit hook that refuses sessions
+// whose ticket is missing (TICKET_INVALID), forged or tampered
+// (TICKET_INVALID), expired (TICKET_EXPIRED), signed by an untrusted
+// tracker (TICKET_UNTRUSTED), for another model (MODEL_MISMATCH) or whose
+// route — hops, ranges, epoch — is not the ticket's (NOT_IN_TICKET; the
+// built-in admission already checks that route hop idx is this peer with
+// its range, so the ticket then lists this hop too). Refusals are not
+// retryable (another route would carry the same ticket problem) except
+// TICKET_EXPIRED, which blames the ticket's tracker so that the origin
+// re-plans with a fresh ticket.
+func TicketAdmission(pol TicketPolicy) func(open *meshp2pb.SessionOpen, idx int) *meshp2pb.Error {
+	return func(open *meshp2pb.SessionOpen, idx int) *meshp2pb.Error {
+		tk, err := route.VerifyTicket(open.GetTicket(), route.VerifyOptions{Trusted: pol.Trusted, Network: pol.Network,
+			Fingerprint: open.GetModelFingerprint(), Epoch: open.GetEpoch(), Now: pol.Now, ClockSkew: pol.ClockSkew})
+		if err == nil {
+			err = route.SameRoute(tk.GetRoute(), open.GetRoute())
+		}
+		if err == nil {
+			return nil
+		}
+		e := &meshp2pb.Error{Code: route.TicketCode(err), Message: fmt.Sprintf("hop %d: %v", idx, err)}
+		if errors.Is(err, route.ErrTicketExpired) {
+			// Retryable: a fresh ticket will do. The admission hook blames
+			// this hop for retryable errors unless told otherwise, and the
+			// origin excludes whoever is blamed; blame the ticket's issuer
+			// instead (it serves no layers, so the re-plan for epoch+1 only
+			// fetches a fresh ticket).
+			e.Retryable = true
+			if tk := ticketSigner(open.GetTicket()); tk != "" {
+				e.FailedPeerId = []byte(tk)
+			}
+		}
+		return e
+	}
+}
+
+// ticketSigner is the tracker id a ticket claims ("" if unreadable).
+func ticketSigner(st *meshp2pb.SignedRouteTicket) peer.ID {
+	var t meshp2pb.RouteTicket
+	if st == nil || proto.Unmarshal(st.GetTicket(), &t) != nil {
+		return ""
+	}
+	id, err := peer.IDFromBytes(t.GetTrackerPeerId())
+	if err != nil {
+		return ""
+	}
+	return id
+}
+
+// trackerHost adapts the p2p node to route.TrackerHost.
+type trackerHost struct{ n *p2p.Node }
+
+func (h trackerHost) NewStream(ctx context.Context, p peer.ID, pids ...protocol.ID) (network.Stream, error) {
+	return h.n.NewStream(ctx, p, pids...)
+}
+
+func (h trackerHost) AddAddrs(ai peer.AddrInfo) {
+	h.n.Host().Peerstore().AddAddrs(ai.ID, ai.Addrs, peerstore.PermanentAddrTTL)
+}
+
+// TrackerPlanner returns a planner that asks trackers for signed routes,
+// verified against this node's table, falling back to local planning
+// unless require is set.
+func (n *Node) TrackerPlanner(trackers []peer.AddrInfo, require bool) *route.TrackerPlanner {
+	return &route.TrackerPlanner{Host: trackerHost{n.p2p}, Trackers: trackers, Protocol: n.p2p.ProtocolID(route.ProtoRoute, route.ProtoRouteVersion),
+		Network: n.cfg.P2P.Network, Self: n.p2p.ID(), Table: n.table, Fallback: &route.LocalPlanner{Table: n.table}, Require: require,
+		Limits: n.cfg.Hop.Limits, Logger: n.log}
+}

@@ -1,0 +1,422 @@
+package route
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/libp2p/go-libp2p/core/peer"
+
+	"github.com/neuron-tai/meshp2p/p2p"
+)
+
+// This file is the tracker's route planner: a measured cost model and a
+// shortest-path search over layer boundaries.
+//
+// # Cost model
+//
+// The quantity estimated is the time one generated token spends in a
+// route, in milliseconds: every token crosses every hop once (hidden
+// states flow head → … → tail, the sampled token returns to the head), so
+// per-token time is the sum of per-hop costs:
+//
+//	hop cost = compute + latency + queue
+//
+//	compute = layers × ms_per_layer × (1 + LoadSlowdown × ρ)
+//	    Decode time grows with the number of layers a hop runs, at that
+//	    node's own speed (ms_per_layer: the node's measured
+//	    decode_ms_per_layer from its signed advert, or the tracker's own
+//	    measurement, DefaultMsPerLayer when neither exists, so unknown
+//	    nodes compare by layer count alone). ρ = sessions in use / max
+//	    sessions: concurrent sessions share the node's cores and memory
+//	    bandwidth; llama.cpp batches their rows, so a fully busy node is
+//	    about (1 + LoadSlowdown) times slower per token, not max-sessions
+//	    times.
+//
+//	latency = RTT / 2                           (direct)
+//	        = RTT / 2 × RelayRTTFactor + RelayExtra (reachable only via a relay)
+//	    Each hop adds one network crossing per token. The tracker measures
+//	    RTT to every node with libp2p ping and uses half of it as the
+//	    one-way cost of entering the hop (node-to-node RTT is not known to
+//	    the tracker; tracker-to-node is the best proxy it has). A relayed
+//	    hop pays the relay's extra leg (the factor) and shares the relay's
+//	    bandwidth and copy buffers with every other circuit (the fixed
+//	    extra). Hops whose only path is a relay with go-libp2p's default
+//	    limits (128 KiB / 2 min per circuit) are never used: the relay
+//	    would cut the session's activation stream mid-generation.
+//	    Unknown RTT (not measured yet) counts as DefaultRTT.
+//
+//	queue = layers × ms_per_layer × min(ρ / (1 − ρ), MaxQueue)
+//	    A token arriving while the hop is busy with other sessions' rows
+//	    waits for that step to finish; with utilisation ρ the expected wait
+//	    grows like ρ/(1−ρ) (M/M/1), sharply near saturation. A hop with no
+//	    free session (ρ = 1) is not a candidate at all (it would refuse
+//	    with NO_CAPACITY).
+//
+// ρ counts the sessions the node advertises as in use plus the tickets
+// this tracker issued for it in the last PendingWindow: adverts lag behind
+// admissions (capacity is re-published every few seconds), and without
+// the pending count a burst of requests would all be sent to the same
+// cheapest replica.
+//
+// Nodes the tracker has not been able to ping for StaleAfter are aged out
+// (PeerStats.Stale) even while their advert is still valid.
+//
+// # Search
+//
+// Boundaries 0..n_layer are vertices; each offered shard [start, end) is
+// an edge start → end with the hop cost above; edges only go forward, so
+// one relaxation pass in boundary order is a shortest path (a hop may
+// start inside another replica's range: every boundary is a vertex).
+// Objective latency minimises the sum. Objective throughput minimises the
+// slowest stage (compute + queue + relay penalty: with many sessions in
+// flight the pipeline runs at the pace of its slowest hop), then the sum.
+//
+// # Spreading
+//
+// Edge costs are rounded to Quantum (default 1 ms) so routes whose
+// estimates differ by less than measurement noise tie; ties are broken by
+// the sum of each hop's last-issued sequence number (never issued: 0), so
+// the least recently used replicas win and equal routes take turns
+// (round robin) instead of piling onto one.
+
+// PeerStats is what a tracker knows about one peer besides its advert.
+type PeerStats struct {
+	// RTT is the measured round trip tracker ↔ peer (0: not measured).
+	RTT time.Duration
+	// Relayed: other nodes reach this peer only through a circuit relay.
+	Relayed bool
+	// Limited: the only path goes through a relay that limits circuits
+	// (go-libp2p defaults); the hop is never used.
+	Limited bool
+	// Stale: the tracker has failed to reach the peer for too long.
+	Stale bool
+	// MsPerLayer is a measured decode time per layer (0: unknown; the
+	// advert's value, then DefaultMsPerLayer, is used).
+	MsPerLayer float64
+}
+
+// Objective selects what the planner minimises.
+type Objective int
+
+const (
+	ObjectiveLatency    Objective = iota // per-token time of this session
+	ObjectiveThroughput                  // slowest stage, then per-token time
+)
+
+func (o Objective) String() string {
+	if o == ObjectiveThroughput {
+		return "throughput"
+	}
+	return "latency"
+}
+
+// CostModel holds the model's constants; zero fields take the defaults
+// from DefaultCostModel.
+type CostModel struct {
+	DefaultMsPerLayer float64       // unknown compute speed (1 ms)
+	DefaultRTT        time.Duration // unknown RTT (20 ms: a typical WAN hop)
+	RelayRTTFactor    float64       // relayed one-way latency multiplier (2: the relay's extra leg)
+	RelayExtra        time.Duration // fixed relayed-hop penalty (10 ms: shared relay bandwidth)
+	LoadSlowdown      float64       // per-token slowdown of a fully busy node (1: twice as slow)
+	MaxQueue          float64       // cap of ρ/(1-ρ) (8)
+	PendingWindow     time.Duration // issued tickets count as load this long (5 s)
+	Quantum           time.Duration // tie tolerance per hop (1 ms)
+}
+
+// DefaultCostModel returns the default constants.
+func DefaultCostModel() CostModel {
+	return CostModel{DefaultMsPerLayer: 1, DefaultRTT: 20 * time.Millisecond, RelayRTTFactor: 2, RelayExtra: 10 * time.Millisecond,
+		LoadSlowdown: 1, MaxQueue: 8, PendingWindow: 5 * time.Second, Quantum: time.Millisecond}
+}
+
+func (m CostModel) withDefaults() CostModel {
+	d := DefaultCostModel()
+	if m.DefaultMsPerLayer <= 0 {
+		m.DefaultMsPerLayer = d.DefaultMsPerLayer
+	}
+	if m.DefaultRTT <= 0 {
+		m.DefaultRTT = d.DefaultRTT
+	}
+	if m.RelayRTTFactor <= 0 {
+		m.RelayRTTFactor = d.RelayRTTFactor
+	}
+	if m.RelayExtra <= 0 {
+		m.RelayExtra = d.RelayExtra
+	}
+	if m.LoadSlowdown <= 0 {
+		m.LoadSlowdown = d.LoadSlowdown
+	}
+	if m.MaxQueue <= 0 {
+		m.MaxQueue = d.MaxQueue
+	}
+	if m.PendingWindow <= 0 {
+		m.PendingWindow = d.PendingWindow
+	}
+	if m.Quantum <= 0 {
+		m.Quantum = d.Quantum
+	}
+	return m
+}
+
+// HopCost is one hop's estimate in milliseconds per token.
+type HopCost struct {
+	Compute, Latency, Queue float64
+	// Stage is the hop's pipeline stage time (throughput objective).
+	Stage float64
+	// Skip, when not empty, says why the hop is not a candidate.
+	Skip string
+}
+
+// Total is the hop's per-token time.
+func (c HopCost) Total() float64 { return c.Compute + c.Latency + c.Queue }
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+// Hop estimates one shard's cost; pending is the number of sessions issued
+// to the peer that its advert does not show yet.
+func (m CostModel) Hop(s Shard, st PeerStats, pending int) HopCost {
+	m = m.withDefaults()
+	var c HopCost
+	switch {
+	case st.Limited:
+		c.Skip = "only reachable through a relay with limited circuits"
+		return c
+	case st.Stale:
+		c.Skip = "stale: not reachable by the tracker"
+		return c
+	}
+	msl := st.MsPerLayer
+	if msl <= 0 {
+		msl = float64(s.DecodeMsPerLayer)
+	}
+	if msl <= 0 {
+		msl = m.DefaultMsPerLayer
+	}
+	rho := 0.0
+	if cp := s.Capacity; cp != nil && cp.GetMaxSessions() > 0 {
+		used := int(cp.GetMaxSessions()) - int(cp.GetFreeSessions()) + pending
+		if used >= int(cp.GetMaxSessions()) {
+			c.Skip = "no free session"
+			return c
+		}
+		rho = float64(used) / float64(cp.GetMaxSessions())
+	}
+	base := float64(s.End-s.Start) * msl
+	c.Compute = base * (1 + m.LoadSlowdown*rho)
+	c.Queue = base * min(rho/(1-rho), m.MaxQueue)
+	rtt := st.RTT
+	if rtt <= 0 {
+		rtt = m.DefaultRTT
+	}
+	c.Latency = ms(rtt) / 2
+	c.Stage = c.Compute + c.Queue
+	if st.Relayed {
+		c.Latency = c.Latency*m.RelayRTTFactor + ms(m.RelayExtra)
+		c.Stage += ms(m.RelayExtra)
+	}
+	return c
+}
+
+// Estimate is the planner's estimate for a route.
+type Estimate struct {
+	PerTokenMs   float64   // sum of hop costs
+	BottleneckMs float64   // slowest stage
+	Hops         []HopCost // per hop, in route order
+	Candidates   int       // shards considered
+}
+
+// CostPlanner is the tracker's planner: the cost model above over a
+// capability table plus the tracker's measurements. Every successful Plan
+// is one issued route: it counts as pending load and moves the chosen
+// peers to the back of the tie-break order. Safe for concurrent use.
+type CostPlanner struct {
+	Table *Table
+	// Stats returns the tracker's measurements of a peer (nil: none).
+	Stats func(peer.ID) PeerStats
+	Model CostModel
+	// Now defaults to time.Now.
+	Now func() time.Time
+
+	mu      sync.Mutex
+	seq     uint64
+	last    map[peer.ID]uint64      // sequence number of the last route through the peer
+	pending map[peer.ID][]time.Time // issue times within PendingWindow
+}
+
+// Plan implements Planner with the latency objective.
+func (p *CostPlanner) Plan(ctx context.Context, req Request) (*Route, error) {
+	rt, _, err := p.PlanObjective(ctx, req, ObjectiveLatency)
+	return rt, err
+}
+
+type costEdge struct {
+	s     Shard
+	hc    HopCost
+	q     int64 // quantized total
+	stage int64 // quantized stage
+	rec   uint64
+}
+
+// PlanObjective plans a route for req under obj and records it as issued.
+func (p *CostPlanner) PlanObjective(ctx context.Context, req Request, obj Objective) (*Route, *Estimate, error) {
+	if req.NLayer <= 0 {
+		return nil, nil, fmt.Errorf("%w: model %.12s has unknown layer count", ErrUnknownModel, req.Fingerprint)
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, nil, err
+	}
+	m := p.Model.withDefaults()
+	now := time.Now()
+	if p.Now != nil {
+		now = p.Now()
+	}
+	shards := p.Table.Shards(req.Fingerprint)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.last == nil {
+		p.last, p.pending = map[peer.ID]uint64{}, map[peer.ID][]time.Time{}
+	}
+	q := float64(m.Quantum) / float64(time.Millisecond)
+	byStart := make([][]costEdge, req.NLayer)
+	var cands []Shard
+	nEdges := 0
+	for _, s := range shards {
+		if req.Exclude[s.Peer] || s.NLayer != req.NLayer || s.Start < 0 || s.End > req.NLayer {
+			continue
+		}
+		if c := s.Capacity; c != nil && req.NeedKV > 0 && (c.GetFreeKvTokens() < uint64(req.NeedKV) || (c.GetNCtx() > 0 && c.GetNCtx() < uint32(req.NeedKV))) {
+			continue
+		}
+		var st PeerStats
+		if p.Stats != nil {
+			st = p.Stats(s.Peer)
+		}
+		hc := m.Hop(s, st, p.pendingLocked(s.Peer, now, m.PendingWindow))
+		if hc.Skip != "" {
+			continue
+		}
+		cands = append(cands, s)
+		byStart[s.Start] = append(byStart[s.Start], costEdge{s: s, hc: hc, q: int64(math.Round(hc.Total() / q)),
+			stage: int64(math.Round(hc.Stage / q)), rec: p.last[s.Peer]})
+		nEdges++
+	}
+	limit := int64(math.MaxInt64)
+	if obj == ObjectiveThroughput && nEdges > 0 {
+		// Smallest bottleneck T with a route using only stages <= T.
+		var stages []int64
+		for _, es := range byStart {
+			for _, e := range es {
+				stages = append(stages, e.stage)
+			}
+		}
+		sort.Slice(stages, func(i, j int) bool { return stages[i] < stages[j] })
+		i := sort.Search(len(stages), func(i int) bool { return reachable(byStart, req, stages[i]) })
+		if i < len(stages) {
+			limit = stages[i]
+		}
+	}
+	path := shortest(byStart, req, limit)
+	if path == nil {
+		return nil, nil, noRoute(req, cands)
+	}
+	p.seq++
+	est := &Estimate{Candidates: len(cands)}
+	rt := &Route{Fingerprint: req.Fingerprint, NLayer: req.NLayer, Epoch: req.Epoch}
+	for _, e := range path {
+		reach := p2p.PathDirect
+		if p.Stats != nil && p.Stats(e.s.Peer).Relayed {
+			reach = p2p.PathRelayed
+		}
+		rt.Hops = append(rt.Hops, Hop{Peer: e.s.Peer, Start: e.s.Start, End: e.s.End, Addrs: e.s.Addrs, Reach: reach})
+		est.Hops = append(est.Hops, e.hc)
+		est.PerTokenMs += e.hc.Total()
+		est.BottleneckMs = max(est.BottleneckMs, e.hc.Stage)
+		p.last[e.s.Peer] = p.seq
+		p.pending[e.s.Peer] = append(p.pending[e.s.Peer], now)
+	}
+	return rt, est, nil
+}
+
+// pendingLocked counts (and prunes) issue times within the window.
+func (p *CostPlanner) pendingLocked(id peer.ID, now time.Time, win time.Duration) int {
+	ts := p.pending[id]
+	k := 0
+	for _, t := range ts {
+		if now.Sub(t) < win {
+			ts[k] = t
+			k++
+		}
+	}
+	if k == 0 {
+		delete(p.pending, id)
+	} else {
+		p.pending[id] = ts[:k]
+	}
+	return k
+}
+
+// reachable reports whether some route uses only edges with stage <= limit.
+func reachable(byStart [][]costEdge, req Request, limit int64) bool {
+	n := len(byStart)
+	ok := make([]bool, n+1)
+	ok[0] = true
+	for b := 0; b < n; b++ {
+		if !ok[b] {
+			continue
+		}
+		for _, e := range byStart[b] {
+			if e.stage <= limit {
+				ok[e.s.End] = true
+			}
+		}
+	}
+	return ok[n]
+}
+
+// shortest finds the route minimising (quantized cost, recency) using
+// edges with stage <= limit, honouring req.MaxHops; nil when none.
+func shortest(byStart [][]costEdge, req Request, limit int64) []costEdge {
+	n := len(byStart)
+	type label struct {
+		cost int64
+		rec  uint64
+		hops int
+		prev *costEdge
+		set  bool
+	}
+	lab := make([]label, n+1)
+	lab[0].set = true
+	for b := 0; b < n; b++ {
+		if !lab[b].set {
+			continue
+		}
+		for i := range byStart[b] {
+			e := &byStart[b][i]
+			if e.stage > limit || (req.MaxHops > 0 && lab[b].hops+1 > req.MaxHops) {
+				continue
+			}
+			c, r := lab[b].cost+e.q, lab[b].rec+e.rec
+			l := &lab[e.s.End]
+			if !l.set || c < l.cost || (c == l.cost && (r < l.rec || (r == l.rec && lab[b].hops+1 < l.hops))) {
+				*l = label{cost: c, rec: r, hops: lab[b].hops + 1, prev: e, set: true}
+			}
+		}
+	}
+	if !lab[n].set {
+		return nil
+	}
+	var out []costEdge
+	for b := n; b > 0; {
+		e := lab[b].prev
+		out = append(out, *e)
+		b = e.s.Start
+	}
+	for i, j := 0, len(out)-1; i < j; i, j = i+1, j-1 {
+		out[i], out[j] = out[j], out[i]
+	}
+	return out
+}
