@@ -71,9 +71,9 @@ func (s *Shard) loop() {
 		err := s.step(parts, n)
 		for _, p := range parts {
 			if err != nil {
-				if p.r.done != nil {
+				if !p.r.failed {
 					p.r.done <- err
-					p.r.done = nil
+					p.r.failed = true
 				}
 				continue
 			}
@@ -86,7 +86,7 @@ func (s *Shard) loop() {
 			// A failed request must not linger in the prefill queue.
 			keep := prefills[:0]
 			for _, r := range prefills {
-				if r.done != nil {
+				if !r.failed {
 					keep = append(keep, r)
 				}
 			}

@@ -449,5 +449,8 @@ type request struct {
 	off  int // rows already decoded
 	free bool
 	out  Output
-	done chan error
+	done chan error // receives exactly one result
+	// failed is set by the loop once it has sent an error on done, so a
+	// request split across decodes is answered once.
+	failed bool
 }

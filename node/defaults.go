@@ -38,6 +38,10 @@ func Preset(role string) p2p.Config {
 		c.ForceReachability = p2p.ReachabilityPublic
 		c.DHTMode = p2p.DHTModeServer
 	case PresetTest:
+		// Loopback peers reach each other directly; without this, AutoNAT
+		// can call a node private, autorelay then advertises only relay
+		// addresses and sessions run through (and die with) the relay.
+		c.ForceReachability = p2p.ReachabilityPublic
 		c.DHTMode = p2p.DHTModeServer
 		c.ListenAddrs = []string{"/ip4/127.0.0.1/tcp/0"}
 		c.Discovery = p2p.DiscoveryConfig{RepublishInterval: 5 * time.Second}

@@ -93,7 +93,7 @@ func localTokens(t *testing.T, model string, prompt []int32, n int) []int32 {
 		t.Fatal(err)
 	}
 	defer m.Close()
-	s, err := engine.NewShard(context.Background(), m, engine.Config{NCtx: 256, NBatch: 64, MaxSessions: 1, Threads: 1})
+	s, err := engine.NewShard(context.Background(), m, engine.Config{NCtx: max(256, len(prompt)+n+16), NBatch: 64, MaxSessions: 1, Threads: 1})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -134,6 +134,10 @@ type hopSession struct {
 	downW  *frame.Writer
 	ring   chan network.Stream // head: the tail's ring stream arrives here
 	ringS  network.Stream
+	// self carries sampled tokens back to the decode loop when this hop is
+	// head and tail at once (a one-hop route): no recursion, and the
+	// upstream reader stays free to see SessionClose.
+	self chan *meshp2pb.TokenFrame
 
 	maxTokens int
 	produced  int
@@ -243,7 +247,7 @@ func (h *HopService) handleSession(s network.Stream) {
 	key.Epoch = open.GetEpoch()
 	n := len(open.GetRoute().GetHops())
 	hs := &hopSession{h: h, key: key, open: open, idx: idx, head: idx == 0, tail: idx == n-1, wire: open.GetWireDtype(),
-		up: s, upW: w, ring: make(chan network.Stream, 1), activity: make(chan struct{}, 1), done: make(chan struct{}),
+		up: s, upW: w, ring: make(chan network.Stream, 1), self: make(chan *meshp2pb.TokenFrame, 1), activity: make(chan struct{}, 1), done: make(chan struct{}),
 		maxTokens: int(open.GetMaxTokens())}
 	for _, x := range open.GetRoute().GetHops() {
 		hs.route = append(hs.route, peer.ID(x.GetPeerId()))
@@ -286,7 +290,11 @@ func (h *HopService) handleSession(s network.Stream) {
 	defer h.wg.Done()
 	defer hs.release()
 
-	ctx, cancel := context.WithTimeout(context.Background(), h.cfg.OpenTimeout)
+	// Deeper hops give up first, so a hang further down is reported by
+	// the hop next to it, not blamed on an innocent hop by an impatient
+	// head.
+	budget := h.cfg.OpenTimeout - time.Duration(idx)*h.cfg.OpenTimeout/time.Duration(2*n)
+	ctx, cancel := context.WithTimeout(context.Background(), budget)
 	if he := hs.connect(ctx); he != nil {
 		cancel()
 		h.reject(w, open, he)
@@ -336,11 +344,13 @@ func (hs *hopSession) connect(ctx context.Context) *hopError {
 		if acc == nil || !acc.GetOk() {
 			_ = ds.Close()
 			if acc != nil && acc.GetError() != nil {
-				return &hopError{acc.GetError()}
+				return hs.fromDownstream(acc.GetError(), np)
 			}
 			return codeErr(meshp2pb.ErrorCode_ERROR_CODE_UNEXPECTED_MESSAGE, "next hop did not accept", np)
 		}
+		hs.downMu.Lock()
 		hs.down, hs.downW = ds, w
+		hs.downMu.Unlock()
 		h.log.Info("seam to next hop open", "session", hs.key, "next", np, "path", pathOf(ds))
 		go hs.watchDownstream(r)
 	}
@@ -357,8 +367,10 @@ func (hs *hopSession) connect(ctx context.Context) *hopError {
 			_ = rs.Reset()
 			return codeErr(meshp2pb.ErrorCode_ERROR_CODE_NEXT_HOP_UNREACHABLE, fmt.Sprintf("ring hello to head: %v", err), head)
 		}
+		hs.downMu.Lock()
 		hs.ringS = rs
 		hs.downW = frame.NewWriter(rs, h.cfg.Limits)
+		hs.downMu.Unlock()
 		h.log.Info("ring to head open", "session", hs.key, "head", head, "path", pathOf(rs))
 	}
 	return nil
@@ -380,12 +392,14 @@ func (h *HopService) handleRing(s network.Stream) {
 	h.mu.Lock()
 	hs := h.active[key]
 	h.mu.Unlock()
-	tailIdx := len(open.GetRoute().GetHops()) - 1
-	if hs == nil || !hs.head || int(open.GetHopIndex()) != tailIdx || tailIdx >= len(hs.route) || s.Conn().RemotePeer() != hs.route[tailIdx] {
+	// Only the tail of the route this head admitted may close the ring.
+	if hs == nil || !hs.head || hs.tail || int(open.GetHopIndex()) != len(hs.route)-1 || s.Conn().RemotePeer() != hs.route[len(hs.route)-1] {
 		_ = s.Reset()
 		return
 	}
 	select {
+	case <-hs.done:
+		_ = s.Reset() // released meanwhile
 	case hs.ring <- s:
 	default:
 		_ = s.Reset() // a second ring for one session
@@ -410,20 +424,22 @@ func (hs *hopSession) fail(he *hopError) {
 			}
 			he.e.SessionId, he.e.Epoch = hs.open.GetSessionId(), hs.open.GetEpoch()
 			msg := &meshp2pb.StreamMessage{Kind: &meshp2pb.StreamMessage_Error{Error: he.e}}
+			// A writer blocked on a peer that stopped reading holds the
+			// lock; the deadline frees it (and bounds our own write).
+			_ = hs.up.SetWriteDeadline(time.Now().Add(failWriteTimeout))
 			hs.upMu.Lock()
 			if hs.upW != nil {
-				_ = hs.up.SetWriteDeadline(time.Now().Add(2 * time.Second))
 				_ = hs.upW.WriteStream(msg)
 			}
 			hs.upMu.Unlock()
 			// The tail also tells the head over the ring, so the head blames
 			// the right peer (its ring closing alone would point at us).
+			hs.downMu.Lock()
 			if hs.tail && !hs.head && hs.ringS != nil {
-				hs.downMu.Lock()
-				_ = hs.ringS.SetWriteDeadline(time.Now().Add(2 * time.Second))
+				_ = hs.ringS.SetWriteDeadline(time.Now().Add(failWriteTimeout))
 				_ = hs.downW.WriteStream(msg)
-				hs.downMu.Unlock()
 			}
+			hs.downMu.Unlock()
 		}
 		close(hs.done)
 	})
@@ -466,7 +482,7 @@ func (hs *hopSession) watchDownstream(r *frame.Reader) {
 	}
 	switch {
 	case err == nil && msg.GetError() != nil:
-		hs.fail(&hopError{msg.GetError()})
+		hs.fail(hs.fromDownstream(msg.GetError(), next))
 	case err == nil:
 		hs.fail(codeErr(meshp2pb.ErrorCode_ERROR_CODE_UNEXPECTED_MESSAGE, "unexpected message from next hop", next))
 	default:
@@ -488,6 +504,9 @@ func (hs *hopSession) run(r *frame.Reader) {
 			return
 		}
 	}
+	if hs.head && hs.tail {
+		go hs.selfRing()
+	}
 	upstream := make(chan error, 1)
 	go func() { upstream <- hs.readUpstream(r) }()
 	idle := time.NewTimer(hs.h.cfg.Idle)
@@ -502,6 +521,7 @@ func (hs *hopSession) run(r *frame.Reader) {
 			}
 			return
 		case <-hs.done:
+			hs.unblock()
 			_ = hs.up.Close()
 			<-upstream
 			return
@@ -514,7 +534,10 @@ func (hs *hopSession) run(r *frame.Reader) {
 			}
 			idle.Reset(hs.h.cfg.Idle)
 		case <-idle.C:
-			hs.fail(codeErr(meshp2pb.ErrorCode_ERROR_CODE_TIMEOUT, fmt.Sprintf("session idle for %s", hs.h.cfg.Idle), ""))
+			// Nothing arrived for too long: blame the hop that should have
+			// sent it (the origin for the head: nothing to re-route).
+			hs.fail(codeErr(meshp2pb.ErrorCode_ERROR_CODE_TIMEOUT, fmt.Sprintf("session idle for %s", hs.h.cfg.Idle), hs.upstreamPeer()))
+			hs.unblock()
 			_ = hs.up.Close()
 			<-upstream
 			return
@@ -609,9 +632,14 @@ func (hs *hopSession) activation(a *meshp2pb.ActivationHeader, tensors [][]byte)
 		tf := &meshp2pb.TokenFrame{SessionId: a.GetSessionId(), Epoch: a.GetEpoch(), Step: a.GetStep(), Token: out.Token,
 			Position: a.GetPosStart() + a.GetNRows(), Eos: hs.h.model.IsEOG(out.Token), HopUs: append(a.GetHopUs(), us)}
 		if hs.head {
-			return hs.token(tf)
+			select { // to selfRing, which is waiting (it sent the previous token)
+			case hs.self <- tf:
+			case <-hs.done:
+			}
+			return nil
 		}
 		hs.downMu.Lock()
+		_ = hs.ringS.SetWriteDeadline(time.Now().Add(hs.h.cfg.Idle / 2))
 		err := hs.downW.WriteStream(&meshp2pb.StreamMessage{Kind: &meshp2pb.StreamMessage_Token{Token: tf}})
 		hs.downMu.Unlock()
 		if err != nil {
@@ -644,6 +672,11 @@ func (hs *hopSession) sendDown(a *meshp2pb.ActivationHeader, hidden []float32, u
 		NRows: uint32(rows), IsPrefill: a.GetIsPrefill(), LastChunk: a.GetLastChunk(), HopUs: append(a.GetHopUs(), us),
 		Tensors: []*meshp2pb.TensorInfo{{Name: bundleTensor, Dtype: dt, Shape: []int64{int64(rows), int64(hs.h.info.NEmbd)}}}}
 	hs.downMu.Lock()
+	// A next hop that stops reading must not wedge us. Half the idle time
+	// (30 s by default, far more than any chunk's compute) makes this
+	// specific error, which names the next hop, win over our own idle
+	// timeout, which could not.
+	_ = hs.down.SetWriteDeadline(time.Now().Add(hs.h.cfg.Idle / 2))
 	err := hs.downW.WriteActivation(hdr, payload)
 	hs.downMu.Unlock()
 	if err != nil {
@@ -684,7 +717,7 @@ func (hs *hopSession) readRing(rs network.Stream) {
 				return
 			}
 		case *meshp2pb.StreamMessage_Error:
-			hs.fail(&hopError{k.Error})
+			hs.fail(hs.fromDownstream(k.Error, tail))
 			return
 		default:
 			hs.fail(codeErr(meshp2pb.ErrorCode_ERROR_CODE_UNEXPECTED_MESSAGE, "unexpected message on ring", tail))
@@ -696,7 +729,9 @@ func (hs *hopSession) readRing(rs network.Stream) {
 // token (head) passes a sampled token to the origin and, unless the
 // session is done, feeds it back into the route as the next decode step.
 func (hs *hopSession) token(tf *meshp2pb.TokenFrame) error {
+	hs.touch()
 	hs.upMu.Lock()
+	_ = hs.up.SetWriteDeadline(time.Now().Add(hs.h.cfg.Idle))
 	err := hs.upW.WriteStream(&meshp2pb.StreamMessage{Kind: &meshp2pb.StreamMessage_Token{Token: tf}})
 	hs.upMu.Unlock()
 	if err != nil {
@@ -748,4 +783,53 @@ func pathOf(s network.Stream) string {
 		return "relayed"
 	}
 	return "direct"
+}
+
+// failWriteTimeout bounds the error report a failing hop sends.
+const failWriteTimeout = 2 * time.Second
+
+// selfRing is the ring of a one-hop route: it feeds each sampled token
+// back in, like readRing does with the tail's tokens.
+func (hs *hopSession) selfRing() {
+	for {
+		select {
+		case <-hs.done:
+			return
+		case tf := <-hs.self:
+			if err := hs.token(tf); err != nil {
+				hs.fail(asHopError(err, ""))
+				return
+			}
+		}
+	}
+}
+
+// unblock resets the streams after the session failed, so no goroutine
+// stays blocked writing to a peer that stopped reading.
+func (hs *hopSession) unblock() {
+	if hs.down != nil {
+		_ = hs.down.Reset()
+	}
+	if hs.ringS != nil && hs.tail {
+		_ = hs.ringS.Reset()
+	}
+}
+
+// fromDownstream accepts an error report from a later hop, but only lets
+// it blame a peer that comes after us on the route: a hop must not be
+// able to get an earlier, honest hop excluded. Otherwise the blame goes
+// to the neighbour that sent the report.
+func (hs *hopSession) fromDownstream(e *meshp2pb.Error, neighbour peer.ID) *hopError {
+	e = proto.Clone(e).(*meshp2pb.Error)
+	if len(e.GetFailedPeerId()) > 0 {
+		fp := peer.ID(e.GetFailedPeerId())
+		ok := false
+		for j := hs.idx + 1; j < len(hs.route); j++ {
+			ok = ok || hs.route[j] == fp
+		}
+		if !ok {
+			e.FailedPeerId = []byte(neighbour)
+		}
+	}
+	return &hopError{e}
 }

@@ -3,10 +3,12 @@ package node
 import (
 	"context"
 	"crypto/rand"
+	"errors"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/libp2p/go-libp2p/core/network"
 	"github.com/libp2p/go-libp2p/core/peer"
 
 	"github.com/neuron-tai/meshp2p/engine"
@@ -218,5 +220,105 @@ func TestSwarmQuantizedMatchesLocal(t *testing.T) {
 	}
 	if want := localTokens(t, model, prompt, 24); !equalTokens(res.Tokens, want) {
 		t.Fatalf("swarm %v\nlocal %v", res.Tokens, want)
+	}
+}
+
+// A one-hop route (one node serving every layer) keeps generating past the
+// idle timeout: tokens are activity too.
+func TestSingleHopOutlivesIdleTimeout(t *testing.T) {
+	model := sharedModel(t, "stories260K.gguf")
+	tn := newTestNet(t)
+	cfg := tn.config(t.TempDir())
+	cfg.ModelPath = model
+	cfg.Hop.Idle = 100 * time.Millisecond
+	whole, err := Start(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer whole.Close()
+	tn.boot = []peer.AddrInfo{whole.P2P().AddrInfo()}
+	c := tn.client()
+	fp, nl := waitModel(t, c, "stories260K")
+	t0 := time.Now()
+	res, err := c.Origin(nil).Generate(context.Background(), route.GenerateRequest{Fingerprint: fp, NLayer: nl, Prompt: []int32{1, 2}, MaxTokens: 400})
+	if err != nil {
+		t.Fatalf("after %s: %v", time.Since(t0), err)
+	}
+	if want := localTokens(t, model, []int32{1, 2}, 400); !equalTokens(res.Tokens, want) {
+		t.Fatal("tokens differ from local")
+	}
+	t.Logf("400 tokens in %s with a %s idle timeout", time.Since(t0), cfg.Hop.Idle)
+}
+
+// A next hop that admits a session and then stops reading must not wedge
+// the hop: its write fails, the error names that peer, the session is
+// released and the node still shuts down promptly.
+func TestStalledNextHopIsBlamedAndReleased(t *testing.T) {
+	model := sharedModel(t, "stories260K.gguf")
+	tn := newTestNet(t)
+	cfg := tn.config(t.TempDir())
+	cfg.ModelPath, cfg.Layers = model, &gguf.Range{Start: 0, End: 3}
+	cfg.Hop.Idle = time.Second
+	cfg.Engine.NCtx = 2048
+	head, err := Start(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tn.boot = []peer.AddrInfo{head.P2P().AddrInfo()}
+	c := tn.client()
+	stall := tn.client()
+	release := make(chan struct{})
+	defer close(release)
+	stall.Host().SetStreamHandler(stall.Host().ProtocolID(ProtoSession, ProtoVersion), func(s network.Stream) {
+		msg, _, err := frame.NewReader(s, frame.Limits{}).ReadStream()
+		if err != nil || msg.GetOpen() == nil {
+			_ = s.Reset()
+			return
+		}
+		o := msg.GetOpen()
+		// Behave like a tail: open the ring to the head, accept.
+		ring, err := stall.Host().NewStream(context.Background(), head.P2P().ID(), stall.Host().ProtocolID(ProtoRing, ProtoVersion))
+		if err != nil {
+			_ = s.Reset()
+			return
+		}
+		defer ring.Close()
+		_ = frame.NewWriter(ring, frame.Limits{}).WriteStream(&meshp2pb.StreamMessage{Kind: &meshp2pb.StreamMessage_Open{Open: o}})
+		_ = frame.NewWriter(s, frame.Limits{}).WriteStream(&meshp2pb.StreamMessage{Kind: &meshp2pb.StreamMessage_Accept{Accept: &meshp2pb.SessionAccept{SessionId: o.GetSessionId(), Epoch: o.GetEpoch(), Ok: true}}})
+		<-release // never read again
+		_ = s.Reset()
+	})
+	var fp string
+	var nl int
+	for deadline := time.Now().Add(20 * time.Second); fp == ""; time.Sleep(50 * time.Millisecond) {
+		fp, nl, _ = c.Table().Resolve("stories260K") // only the head: no full route
+		if time.Now().After(deadline) {
+			t.Fatal("head advert never arrived")
+		}
+	}
+	rt := route.Route{Fingerprint: fp, NLayer: nl, Hops: []route.Hop{
+		{Peer: head.P2P().ID(), Start: 0, End: 3, Addrs: head.P2P().Addrs()},
+		{Peer: stall.P2P().ID(), Start: 3, End: 5, Addrs: stall.P2P().Addrs()},
+	}}
+	o := c.Origin(fixedPlanner{&rt})
+	o.MaxReroutes = -1
+	// 1500 rows × 64 floats × 4 bytes: far more than a stream window.
+	prompt := make([]int32, 1500)
+	for i := range prompt {
+		prompt[i] = int32(1 + i%400)
+	}
+	_, err = o.Generate(context.Background(), route.GenerateRequest{Fingerprint: fp, NLayer: nl, Prompt: prompt, MaxTokens: 4})
+	var re *frame.RemoteError
+	if !errors.As(err, &re) || re.E.GetCode() != meshp2pb.ErrorCode_ERROR_CODE_NEXT_HOP_UNREACHABLE || peer.ID(re.E.GetFailedPeerId()) != stall.P2P().ID() {
+		t.Fatalf("want NEXT_HOP_UNREACHABLE naming the stalled hop, got %v", err)
+	}
+	t.Logf("origin sees: %v", err)
+	assertReleased(t, tn, head)
+	done := make(chan struct{})
+	go func() { head.Close(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("node close hangs")
 	}
 }

@@ -103,7 +103,10 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 		cfg.Hop.Fingerprint = n.fp
 		n.hop = NewHopService(n.host, n.model, n.shard, cfg.Hop)
 		if n.vocabPath != "" {
-			n.vocab.add(n.fp, n.vocabPath)
+			if err := n.vocab.add(n.fp, n.vocabPath); err != nil {
+				n.Close()
+				return nil, err
+			}
 		}
 		if err := n.publish(); err != nil {
 			n.Close()

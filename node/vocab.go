@@ -15,6 +15,7 @@ import (
 	"github.com/neuron-tai/meshp2p/engine/gguf"
 	"github.com/neuron-tai/meshp2p/proto/frame"
 	"github.com/neuron-tai/meshp2p/proto/meshp2pb"
+	"github.com/neuron-tai/meshp2p/route"
 )
 
 // ProtoVocab serves vocabulary-only GGUF files to origins without weights.
@@ -28,21 +29,33 @@ type vocabService struct {
 	host Host
 	lim  frame.Limits
 	log  *slog.Logger
+	sem  chan struct{} // bounds concurrent transfers
 	mu   sync.Mutex
-	byFP map[string]string
+	byFP map[string][]byte // the files, read once
 }
+
+// maxVocabTransfers bounds concurrent vocabulary downloads from one node.
+const maxVocabTransfers = 4
 
 func newVocabService(h Host, lim frame.Limits, log *slog.Logger) *vocabService {
 	lim.MaxPayload = MaxVocabBytes
-	v := &vocabService{host: h, lim: lim, log: log, byFP: map[string]string{}}
+	v := &vocabService{host: h, lim: lim, log: log, sem: make(chan struct{}, maxVocabTransfers), byFP: map[string][]byte{}}
 	h.SetStreamHandler(h.ProtocolID(ProtoVocab, ProtoVersion), v.handle)
 	return v
 }
 
-func (v *vocabService) add(fp, path string) {
+func (v *vocabService) add(fp, path string) error {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return err
+	}
+	if len(data) > MaxVocabBytes {
+		return fmt.Errorf("vocabulary %s is %d bytes, over the %d limit", path, len(data), MaxVocabBytes)
+	}
 	v.mu.Lock()
-	v.byFP[fp] = path
+	v.byFP[fp] = data
 	v.mu.Unlock()
+	return nil
 }
 
 func (v *vocabService) close() {
@@ -51,6 +64,13 @@ func (v *vocabService) close() {
 
 func (v *vocabService) handle(s network.Stream) {
 	defer s.Close()
+	select {
+	case v.sem <- struct{}{}:
+		defer func() { <-v.sem }()
+	default:
+		_ = s.Reset() // busy: the client tries another peer
+		return
+	}
 	_ = s.SetDeadline(time.Now().Add(60 * time.Second))
 	var req meshp2pb.VocabRequest
 	if err := frame.NewReader(s, v.lim).ReadMessage(&req); err != nil {
@@ -59,14 +79,9 @@ func (v *vocabService) handle(s network.Stream) {
 	}
 	w := frame.NewWriter(s, v.lim)
 	v.mu.Lock()
-	path := v.byFP[req.GetModelFingerprint()]
+	data := v.byFP[req.GetModelFingerprint()]
 	v.mu.Unlock()
-	var data []byte
-	var err error
-	if path != "" {
-		data, err = os.ReadFile(path)
-	}
-	if path == "" || err != nil || len(data) > MaxVocabBytes {
+	if data == nil {
 		_ = w.WriteMessage(&meshp2pb.VocabResponse{Error: &meshp2pb.Error{
 			Code: meshp2pb.ErrorCode_ERROR_CODE_MODEL_MISMATCH, Message: "no vocabulary for that model here"}})
 		return
@@ -77,6 +92,9 @@ func (v *vocabService) handle(s network.Stream) {
 // FetchVocab downloads the vocabulary of model fp from peer p into dir and
 // verifies it against the fingerprint. It returns the file's path.
 func FetchVocab(ctx context.Context, h Host, p peer.ID, fp, dir string) (string, error) {
+	if !route.ValidFingerprint(fp) {
+		return "", fmt.Errorf("vocab: %q is not a model fingerprint", fp)
+	}
 	lim := frame.Limits{MaxPayload: MaxVocabBytes}
 	s, err := h.NewStream(ctx, p, h.ProtocolID(ProtoVocab, ProtoVersion))
 	if err != nil {

@@ -28,10 +28,12 @@ type Origin struct {
 	Protocol protocol.ID // the session protocol ID of this swarm
 	Limits   frame.Limits
 	Logger   *slog.Logger
-	// TokenTimeout bounds the wait for each token (default 60s; the first
-	// token also waits for the prefill).
+	// TokenTimeout bounds the wait for each token (default 90s, longer
+	// than a hop's idle timeout; the first token gets more per 1024 prompt
+	// tokens, for the prefill).
 	TokenTimeout time.Duration
-	// MaxReroutes bounds recovery attempts per generation (default 4).
+	// MaxReroutes bounds recovery attempts per generation (default 4;
+	// negative: never re-route).
 	MaxReroutes int
 	// Chunk is the prefill chunk size in rows (default 128).
 	Chunk int
@@ -178,11 +180,16 @@ func (o *Origin) run(ctx context.Context, sid [16]byte, rt *Route, req GenerateR
 	if err := w.WriteStream(&meshp2pb.StreamMessage{Kind: &meshp2pb.StreamMessage_Open{Open: open}}); err != nil {
 		return head, fmt.Errorf("send open: %w", err)
 	}
+	// Longer than a hop's idle timeout (60 s by default), so a stalled hop
+	// is reported by its neighbour, which can name it, before we give up
+	// and can only blame the head. The first token also waits for the
+	// prefill, which grows with the prompt.
 	tt := o.TokenTimeout
 	if tt == 0 {
-		tt = 60 * time.Second
+		tt = 90 * time.Second
 	}
-	_ = s.SetReadDeadline(time.Now().Add(tt))
+	first := tt * time.Duration(1+len(input)/1024)
+	_ = s.SetReadDeadline(time.Now().Add(first))
 	msg, _, err := r.ReadStream()
 	if err != nil {
 		return head, fmt.Errorf("admission: %w", err)
@@ -207,7 +214,11 @@ func (o *Origin) run(ctx context.Context, sid [16]byte, rt *Route, req GenerateR
 	counts := 0
 	var prefillUs []uint32
 	for len(res.Tokens) < req.MaxTokens {
-		_ = s.SetReadDeadline(time.Now().Add(tt))
+		if res.TTFT > 0 || len(res.Tokens) > len(generated) {
+			_ = s.SetReadDeadline(time.Now().Add(tt))
+		} else {
+			_ = s.SetReadDeadline(time.Now().Add(first))
+		}
 		msg, _, err := r.ReadStream()
 		if err != nil {
 			return head, fmt.Errorf("waiting for token %d: %w", len(res.Tokens)+1, err)

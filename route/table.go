@@ -59,7 +59,7 @@ func DecodeAdvert(a p2p.Advert) ([]Shard, error) {
 	}
 	var out []Shard
 	for _, s := range ca.GetShards() {
-		if s.GetEnd() <= s.GetStart() || s.GetEnd() > s.GetNLayer() {
+		if s.GetEnd() <= s.GetStart() || s.GetEnd() > s.GetNLayer() || !ValidFingerprint(s.GetModelFingerprint()) {
 			continue // malformed entry: ignore, keep the rest
 		}
 		out = append(out, Shard{
@@ -176,4 +176,19 @@ func Follow(ctx context.Context, d *p2p.Discovery, t *Table) {
 			}
 		}
 	}
+}
+
+// ValidFingerprint reports whether fp looks like a model fingerprint: 64
+// lowercase hex characters (a sha256). Adverts come from peers; nothing
+// else may reach file names or prefixes built from it.
+func ValidFingerprint(fp string) bool {
+	if len(fp) != 64 {
+		return false
+	}
+	for _, c := range fp {
+		if (c < '0' || c > '9') && (c < 'a' || c > 'f') {
+			return false
+		}
+	}
+	return true
 }
