@@ -155,3 +155,39 @@ func MaxAbsDiff(a, b []float32) float64 {
 	}
 	return d
 }
+
+// MeasureDecode times steps single-row decode steps of one scratch session
+// (a head gets token ids, other shards small hidden states) and returns
+// the mean time per step. Nodes advertise it, per layer, as their measured
+// speed for the tracker's cost model. It takes one session slot briefly.
+func (s *Shard) MeasureDecode(ctx context.Context, steps int) (time.Duration, error) {
+	if steps <= 0 {
+		steps = 8
+	}
+	x, err := s.OpenSession(SessionKey{ID: [16]byte{0xca, 0x11, 0xb7}}, SessionParams{KVTokens: steps + 1})
+	if err != nil {
+		return 0, err
+	}
+	defer x.Close()
+	hidden := make([]float32, s.info.NEmbd)
+	for i := range hidden {
+		hidden[i] = float32(math.Sin(float64(i))) * 0.1
+	}
+	var total time.Duration
+	for i := 0; i <= steps; i++ {
+		in := Input{Pos: i, Sample: s.info.IsTail()}
+		if s.info.IsHead() {
+			in.Tokens = []int32{int32(1 + i%max(1, s.info.NVocab-1))}
+		} else {
+			in.Hidden = hidden
+		}
+		t0 := time.Now()
+		if _, err := x.Forward(ctx, in); err != nil {
+			return 0, err
+		}
+		if i > 0 { // the first step warms caches
+			total += time.Since(t0)
+		}
+	}
+	return total / time.Duration(steps), nil
+}

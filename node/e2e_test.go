@@ -165,6 +165,12 @@ func TestSwarmMatchesLocal(t *testing.T) {
 	}
 	c := tn.client()
 	fp, nl := waitModel(t, c, "stories260K")
+	for _, s := range c.Table().Shards(fp) {
+		// Measured at start; the tracker's cost model reads it.
+		if s.DecodeMsPerLayer <= 0 || s.Capacity.GetFreeSessions() == 0 {
+			t.Fatalf("advert of %s lacks measured speed or capacity: %+v", s.Peer, s)
+		}
+	}
 	prompt := thinClientPrompt(t, c, fp, "Once upon a time")
 	want := localTokens(t, model, prompt, 24)
 	for _, wire := range []meshp2pb.DType{meshp2pb.DType_DTYPE_F32, meshp2pb.DType_DTYPE_F16} {

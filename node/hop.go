@@ -69,6 +69,30 @@ type HopService struct {
 	closed bool
 	active map[engine.SessionKey]*hopSession
 	wg     sync.WaitGroup
+	// decodeUs is an exponentially weighted mean of single-row compute
+	// time on this hop (µs), advertised per layer for the tracker's cost
+	// model; 0 until measured.
+	decodeUs float64
+}
+
+// ObserveDecode folds one single-row compute time into the hop's measured
+// speed (EWMA, weight 1/16: follows load within a few dozen tokens).
+func (h *HopService) ObserveDecode(d time.Duration) {
+	us := float64(d.Microseconds())
+	h.mu.Lock()
+	if h.decodeUs == 0 {
+		h.decodeUs = us
+	} else {
+		h.decodeUs += (us - h.decodeUs) / 16
+	}
+	h.mu.Unlock()
+}
+
+// DecodeMsPerLayer is the measured single-row compute time per layer.
+func (h *HopService) DecodeMsPerLayer() float32 {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return float32(h.decodeUs / 1000 / float64(max(1, h.info.End-h.info.Start)))
 }
 
 // NewHopService registers the session and ring protocols on host.
@@ -624,7 +648,11 @@ func (hs *hopSession) activation(a *meshp2pb.ActivationHeader, tensors [][]byte)
 	if err != nil {
 		return engineErr(err)
 	}
-	us := uint32(time.Since(t0).Microseconds())
+	took := time.Since(t0)
+	us := uint32(took.Microseconds())
+	if a.GetNRows() == 1 {
+		hs.h.ObserveDecode(took)
+	}
 	if hs.tail {
 		if !in.Sample {
 			return nil

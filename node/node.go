@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"os"
 	"path/filepath"
 	"sync"
@@ -59,6 +60,9 @@ type Node struct {
 	shardPath string
 	vocabPath string
 	vocab     *vocabService
+	// calibration is the decode time per row measured at start, the
+	// advertised speed until live traffic refines it.
+	calibration time.Duration
 
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
@@ -152,6 +156,11 @@ func (n *Node) loadShard(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	if n.calibration, err = n.shard.MeasureDecode(ctx, 8); err != nil {
+		return fmt.Errorf("measuring decode speed: %w", err)
+	}
+	n.log.Info("shard ready", "range", fmt.Sprintf("%d-%d", n.shard.Info().Start, n.shard.Info().End),
+		"decode_ms_per_token", float64(n.calibration.Microseconds())/1000)
 	if n.model.Info().HasVocab {
 		vp := filepath.Join(dataDir, "shards", fp[:16], "vocab.gguf")
 		if _, err := os.Stat(vp); err != nil {
@@ -195,6 +204,11 @@ func (n *Node) advertBody() ([]byte, error) {
 			Runtime: "llama.cpp@" + engine.LlamaCommit, BundleSchema: "l_out/v1",
 		}},
 	}
+	msl := n.hop.DecodeMsPerLayer()
+	if msl == 0 {
+		msl = float32(float64(n.calibration.Microseconds()) / 1000 / float64(max(1, info.End-info.Start)))
+	}
+	ca.Shards[0].DecodeMsPerLayer = &msl
 	return proto.Marshal(ca)
 }
 
@@ -210,18 +224,23 @@ func (n *Node) publish() error {
 	return n.p2p.Discovery().SetLocalAdvert(keys, body)
 }
 
-// advertLoop re-publishes when free capacity changes (checked every 2 s).
+// advertLoop re-publishes when free capacity or measured speed changes
+// (checked every 2 s).
 func (n *Node) advertLoop(ctx context.Context) {
 	t := time.NewTicker(2 * time.Second)
 	defer t.Stop()
 	last := n.shard.Capacity()
+	lastSpeed := n.hop.DecodeMsPerLayer()
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-			if c := n.shard.Capacity(); c != last {
-				last = c
+			c, sp := n.shard.Capacity(), n.hop.DecodeMsPerLayer()
+			// Re-publish on capacity changes, or when the measured speed
+			// moved by more than a quarter (the tracker's cost model).
+			if c != last || math.Abs(float64(sp-lastSpeed)) > 0.25*float64(max(lastSpeed, 1e-6)) {
+				last, lastSpeed = c, sp
 				if err := n.publish(); err != nil {
 					n.log.Warn("re-publish advert", "err", err)
 				}
