@@ -102,6 +102,8 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 	n.cancel = cancel
 	n.wg.Add(1)
 	go func() { defer n.wg.Done(); route.Follow(bg, n.p2p.Discovery(), n.table) }()
+	n.wg.Add(1)
+	go func() { defer n.wg.Done(); n.logConnEvents(bg) }()
 	n.vocab = newVocabService(n.host, cfg.Hop.Limits, n.log)
 	if n.shard != nil {
 		cfg.Hop.Fingerprint = n.fp
@@ -375,3 +377,21 @@ func (h *hostAdapter) NewStream(ctx context.Context, p peer.ID, pids ...protocol
 
 // Host returns the data-plane view of the host (streams, protocol IDs).
 func (n *Node) Host() Host { return n.host }
+
+// logConnEvents makes NAT traversal observable in the node's log: hole
+// punches and their outcome, and a peer's path moving between relayed and
+// direct.
+func (n *Node) logConnEvents(ctx context.Context) {
+	for ev := range n.p2p.SubscribeConn(ctx) {
+		switch ev.Kind {
+		case p2p.PathChanged:
+			n.log.Info("peer path changed", "peer", ev.Peer, "path", ev.Status.Path.String())
+		case p2p.HolePunchFinished:
+			if ev.Success {
+				n.log.Info("hole punch succeeded", "peer", ev.Peer, "attempts", ev.Status.HolePunch.Attempts)
+			} else {
+				n.log.Info("hole punch failed; staying relayed", "peer", ev.Peer, "err", ev.Error, "failures", ev.Status.HolePunch.Failures)
+			}
+		}
+	}
+}
