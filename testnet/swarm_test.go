@@ -69,7 +69,7 @@ func TestPrivateSwarmAcrossNATs(t *testing.T) {
 			{Name: "h2", Hosts: []string{"b"}},
 			{Name: "h3", Hosts: []string{"c"}},
 		},
-	}, 90*time.Second)
+	}, 150*time.Second)
 	key := filepath.Join(c.dir, "swarm.key")
 	if b, err := exec.Command(c.bin, "key", "swarm-gen", "-o", key).CombinedOutput(); err != nil {
 		t.Fatalf("swarm-gen: %v %s", err, b)
@@ -125,7 +125,7 @@ func TestKillMiddleProcessAcrossNATs(t *testing.T) {
 			{Name: "h3", Hosts: []string{"c"}},
 			{Name: "h4", Hosts: []string{"d"}},
 		},
-	}, 90*time.Second)
+	}, 150*time.Second)
 	c.shard("boot", "0-2", "--reachability", "public", "--dht-mode", "server", "--relay-service")
 	c.common = append(c.common, "--bootstrap", c.addr("boot"))
 	home := []string{"--reachability", "private", "--dht-mode", "client"}

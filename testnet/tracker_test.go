@@ -23,7 +23,7 @@ func TestTrackerAcrossNATs(t *testing.T) {
 			{Name: "h2", Hosts: []string{"b"}},
 			{Name: "h3", Hosts: []string{"c"}},
 		},
-	}, 60*time.Second)
+	}, 150*time.Second)
 	trk := c.start("trk", "tracker", "--reachability", "public", "--ping-interval", "2s")
 	trkAddr := c.addr("trk")
 	home := []string{"--reachability", "private", "--dht-mode", "client", "--tracker", trkAddr, "--require-ticket"}
