@@ -112,3 +112,36 @@ func TestStartGenerateAndShutdown(t *testing.T) {
 		}
 	}
 }
+
+// status shows a swarm's models and says when layers are missing.
+func TestStatus(t *testing.T) {
+	model := sharedModelPath(t, "stories260K.gguf")
+	dir := t.TempDir()
+	net := []string{"--network", "statustest", "--test-mode", "--port-mapping=false", "--listen", "/ip4/127.0.0.1/tcp/0"}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- runStart(ctx, &syncBuf{}, &syncBuf{}, append([]string{"--model", model, "--layers", "0-3", "--data-dir", dir}, net...))
+	}()
+	defer func() { cancel(); <-done }()
+	var info struct {
+		Addrs []string `json:"addrs"`
+	}
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		if b, err := os.ReadFile(filepath.Join(dir, "node.json")); err == nil && json.Unmarshal(b, &info) == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no node.json")
+		}
+	}
+	var out, errb syncBuf
+	if err := runStatus(context.Background(), &out, &errb, append([]string{"--bootstrap", info.Addrs[0], "--model", "stories260K", "--wait", "3s"}, net...)); err != nil {
+		t.Fatalf("status: %v\n%s", err, errb.String())
+	}
+	s := out.String()
+	if !strings.Contains(s, "stories260K") || !strings.Contains(s, "NOT routable") || !strings.Contains(s, "layers 3-5") || !strings.Contains(s, "layers   0-3") {
+		t.Fatalf("status output:\n%s", s)
+	}
+	t.Logf("status:\n%s", s)
+}

@@ -1,0 +1,134 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"sort"
+	"time"
+
+	"github.com/neuron-tai/meshp2p/node"
+	"github.com/neuron-tai/meshp2p/route"
+)
+
+const statusUsage = `Usage: meshp2p status --bootstrap ADDR [--model NAME_OR_FINGERPRINT] [--json] [flags]
+
+Joins the swarm briefly as a client and prints what it sees: every model
+on offer, which peers serve which layers (capacity, measured speed, how
+this machine reaches them: direct or relayed), and whether the layers are
+covered end to end (else which range is missing).
+
+Flags:
+`
+
+type statusShard struct {
+	Peer          string  `json:"peer"`
+	Start         int     `json:"start"`
+	End           int     `json:"end"`
+	FreeSessions  uint32  `json:"free_sessions"`
+	MaxSessions   uint32  `json:"max_sessions"`
+	FreeKV        uint64  `json:"free_kv_tokens"`
+	MsPerLayer    float32 `json:"decode_ms_per_layer"`
+	Reach         string  `json:"reach"`
+	HasVocabulary bool    `json:"has_vocab"`
+}
+
+type statusModel struct {
+	Fingerprint string        `json:"fingerprint"`
+	Name        string        `json:"name"`
+	Arch        string        `json:"arch"`
+	NLayer      int           `json:"n_layer"`
+	Routable    bool          `json:"routable"`
+	Missing     string        `json:"missing,omitempty"`
+	Shards      []statusShard `json:"shards"`
+}
+
+func runStatus(ctx context.Context, stdout, stderr io.Writer, args []string) error {
+	fs := flag.NewFlagSet("status", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() { fmt.Fprint(stderr, statusUsage); fs.PrintDefaults() }
+	var nf netFlags
+	nf.register(fs, node.PresetClient)
+	model := fs.String("model", "", "also look this model up in the DHT (name or fingerprint)")
+	wait := fs.Duration("wait", 5*time.Second, "how long to listen for adverts")
+	asJSON := fs.Bool("json", false, "print JSON")
+	verbose := fs.Bool("v", false, "debug logging")
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	if nf.bootstrap == "" {
+		fs.Usage()
+		return fmt.Errorf("%w: --bootstrap is required (there are no public defaults)", errUsage)
+	}
+	pc, err := nf.config(node.PresetClient)
+	if err != nil {
+		return err
+	}
+	d, err := os.MkdirTemp("", "meshp2p-status-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(d)
+	pc.DataDir = d // an ephemeral identity
+	log := newLogger(stderr, *verbose)
+	pc.Logger = log
+	n, err := node.Start(ctx, node.Config{P2P: pc, Logger: log})
+	if err != nil {
+		return err
+	}
+	defer n.Close()
+	if *model != "" {
+		_, _, _ = n.WaitForModel(ctx, *model, *wait)
+	} else {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(*wait):
+		}
+	}
+	models := map[string]*statusModel{}
+	for _, s := range n.Table().Shards("") {
+		m := models[s.Fingerprint]
+		if m == nil {
+			m = &statusModel{Fingerprint: s.Fingerprint, Name: s.ModelName, Arch: s.Arch, NLayer: s.NLayer}
+			models[s.Fingerprint] = m
+		}
+		m.Shards = append(m.Shards, statusShard{Peer: s.Peer.String(), Start: s.Start, End: s.End,
+			FreeSessions: s.Capacity.GetFreeSessions(), MaxSessions: s.Capacity.GetMaxSessions(), FreeKV: s.Capacity.GetFreeKvTokens(),
+			MsPerLayer: s.DecodeMsPerLayer, Reach: s.Reach.String(), HasVocabulary: s.HasVocab})
+	}
+	var out []*statusModel
+	for _, m := range models {
+		_, err := (&route.LocalPlanner{Table: n.Table()}).Plan(ctx, route.Request{Fingerprint: m.Fingerprint, NLayer: m.NLayer})
+		m.Routable = err == nil
+		if err != nil {
+			m.Missing = err.Error()
+		}
+		out = append(out, m)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	if *asJSON {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(out)
+	}
+	if len(out) == 0 {
+		fmt.Fprintf(stdout, "no models seen after %s (peers connected: %d)\n", *wait, len(n.P2P().Host().Network().Peers()))
+		return nil
+	}
+	for _, m := range out {
+		state := "routable"
+		if !m.Routable {
+			state = "NOT routable: " + m.Missing
+		}
+		fmt.Fprintf(stdout, "%s (%s, %d layers) %.16s… — %s\n", m.Name, m.Arch, m.NLayer, m.Fingerprint, state)
+		for _, s := range m.Shards {
+			fmt.Fprintf(stdout, "  layers %3d-%-3d %s  %s  sessions %d/%d free, %d KV free, %.3f ms/layer\n",
+				s.Start, s.End, s.Peer, s.Reach, s.FreeSessions, s.MaxSessions, s.FreeKV, s.MsPerLayer)
+		}
+	}
+	return nil
+}
