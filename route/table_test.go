@@ -1,0 +1,55 @@
+package route
+
+import (
+	"strings"
+	"testing"
+
+	"google.golang.org/protobuf/proto"
+
+	"github.com/neuron-tai/meshp2p/p2p"
+	"github.com/neuron-tai/meshp2p/proto/meshp2pb"
+)
+
+// Advert bodies come from other peers: decoding never panics and never
+// lets a malformed shard entry into the table.
+func FuzzDecodeAdvert(f *testing.F) {
+	good := strings.Repeat("ab", 32)
+	for _, sa := range []*meshp2pb.ShardAdvert{
+		{ModelFingerprint: good, NLayer: 6, Start: 0, End: 3},
+		{ModelFingerprint: good, NLayer: 6, Start: 4, End: 3},
+		{ModelFingerprint: "../x", NLayer: 6, Start: 0, End: 6},
+		{ModelFingerprint: good, NLayer: 2, Start: 0, End: 6},
+	} {
+		b, _ := proto.Marshal(&meshp2pb.CapabilityAdvert{Shards: []*meshp2pb.ShardAdvert{sa}})
+		f.Add(b)
+	}
+	f.Add([]byte{0x42, 0xff, 0xff})
+	f.Fuzz(func(t *testing.T, body []byte) {
+		shards, err := DecodeAdvert(p2p.Advert{Peer: "p", Body: body})
+		if err != nil {
+			return
+		}
+		for _, s := range shards {
+			if s.End <= s.Start || s.End > s.NLayer || !ValidFingerprint(s.Fingerprint) {
+				t.Fatalf("malformed shard admitted: %+v", s)
+			}
+		}
+	})
+}
+
+func TestValidFingerprint(t *testing.T) {
+	for _, tc := range []struct {
+		fp string
+		ok bool
+	}{
+		{strings.Repeat("0f", 32), true},
+		{strings.Repeat("0F", 32), false},
+		{strings.Repeat("0f", 31), false},
+		{strings.Repeat("0f", 31) + "/x", false},
+		{"", false},
+	} {
+		if got := ValidFingerprint(tc.fp); got != tc.ok {
+			t.Errorf("ValidFingerprint(%q) = %v", tc.fp, got)
+		}
+	}
+}
