@@ -85,25 +85,11 @@ func benchChain(b *testing.B, k int, cfg Config) []*Shard {
 // chainStep forwards rows through every shard's session (as the mesh does,
 // in-process, f32 hidden states) and returns the tail's greedy token.
 func chainStep(b *testing.B, sess []*Session, toks []int32, pos int) int32 {
-	var hidden []float32
-	for i, x := range sess {
-		in := Input{Pos: pos}
-		if i == 0 {
-			in.Tokens = toks
-		} else {
-			in.Hidden = hidden
-		}
-		in.Sample = i == len(sess)-1
-		out, err := x.Forward(context.Background(), in)
-		if err != nil {
-			b.Fatal(err)
-		}
-		hidden = out.Hidden
-		if in.Sample {
-			return out.Token
-		}
+	out, err := forwardChain(context.Background(), sess, toks, pos, true, false, nil)
+	if err != nil {
+		b.Fatal(err)
 	}
-	return 0
+	return out.Token
 }
 
 func openChain(b *testing.B, shards []*Shard, key SessionKey, kv int) []*Session {

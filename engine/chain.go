@@ -62,30 +62,11 @@ func RunChain(ctx context.Context, shards []*Shard, prompt []int32, o ChainOptio
 	}()
 	res := &ChainResult{}
 	step := func(toks []int32, pos int, last bool) (int32, []float32, error) {
-		var hidden []float32
-		for i, x := range sess {
-			in := Input{Pos: pos}
-			if i == 0 {
-				in.Tokens = toks
-			} else {
-				in.Hidden = hidden
-			}
-			if i == len(sess)-1 {
-				in.Sample, in.Logits = last, last && o.Logits
-			}
-			out, err := x.Forward(ctx, in)
-			if err != nil {
-				return 0, nil, fmt.Errorf("shard %d [%d,%d): %w", i, x.shard.info.Start, x.shard.info.End, err)
-			}
-			hidden = out.Hidden
-			if o.Wire != nil && hidden != nil {
-				hidden = o.Wire(hidden)
-			}
-			if i == len(sess)-1 {
-				return out.Token, out.Logits, nil
-			}
+		out, err := forwardChain(ctx, sess, toks, pos, last, last && o.Logits, o.Wire)
+		if err != nil {
+			return 0, nil, err
 		}
-		return 0, nil, nil
+		return out.Token, out.Logits, nil
 	}
 	chunk := o.Chunk
 	if chunk <= 0 {
@@ -190,4 +171,35 @@ func (s *Shard) MeasureDecode(ctx context.Context, steps int) (time.Duration, er
 		}
 	}
 	return total / time.Duration(steps), nil
+}
+
+// forwardChain runs rows through every session in order, as the mesh does
+// in-process: token ids into the first, each shard's hidden states into the
+// next (through wire, if set). It returns the tail's output.
+func forwardChain(ctx context.Context, sess []*Session, toks []int32, pos int, sample, logits bool, wire func([]float32) []float32) (*Output, error) {
+	var hidden []float32
+	for i, x := range sess {
+		in := Input{Pos: pos}
+		if i == 0 {
+			in.Tokens = toks
+		} else {
+			in.Hidden = hidden
+		}
+		last := i == len(sess)-1
+		if last {
+			in.Sample, in.Logits = sample, logits
+		}
+		out, err := x.Forward(ctx, in)
+		if err != nil {
+			return nil, fmt.Errorf("shard %d [%d,%d): %w", i, x.shard.info.Start, x.shard.info.End, err)
+		}
+		if last {
+			return out, nil
+		}
+		hidden = out.Hidden
+		if wire != nil {
+			hidden = wire(hidden)
+		}
+	}
+	return nil, fmt.Errorf("%w: empty chain", ErrBadInput)
 }

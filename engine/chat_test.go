@@ -8,12 +8,13 @@ import (
 	"testing"
 
 	"github.com/neuron-tai/meshp2p/engine/gguf"
+	"github.com/neuron-tai/meshp2p/internal/testmodels"
 )
 
 // The chat template comes from the model (llama_chat_apply_template);
 // a model without one says so instead of inventing a format.
 func TestChatTemplate(t *testing.T) {
-	src := sharedModel(t, "stories260K.gguf")
+	src := testmodels.Path(t, "stories260K.gguf")
 	ctx := context.Background()
 	plain, err := LoadModel(ctx, src, LoadOptions{VocabOnly: true})
 	if err != nil {

@@ -4,12 +4,14 @@ import (
 	"context"
 	"sync"
 	"testing"
+
+	"github.com/neuron-tai/meshp2p/internal/testmodels"
 )
 
 // Sessions batched together in one context must produce what each produces
 // alone, and a freed session's cells must be reusable.
 func TestConcurrentSessionsMatchAlone(t *testing.T) {
-	path := sharedModel(t, "stories260K.gguf")
+	path := testmodels.Path(t, "stories260K.gguf")
 	ctx := context.Background()
 	cfg := Config{NCtx: 512, NBatch: 64, MaxSessions: 6, Threads: 2}
 	shards := loadShards(t, path, 3, cfg)
@@ -76,7 +78,7 @@ func TestConcurrentSessionsMatchAlone(t *testing.T) {
 // A session placed in cells freed by another, or behind another session's
 // contiguous cells, computes exactly what it computes alone.
 func TestFreedCellsReusedExactly(t *testing.T) {
-	path := sharedModel(t, "stories260K.gguf")
+	path := testmodels.Path(t, "stories260K.gguf")
 	ctx := context.Background()
 	shards := loadShards(t, path, 2, Config{NCtx: 256, NBatch: 64, MaxSessions: 2, Threads: 2})
 	prompt := []int32{1, 76, 91, 32, 44, 99, 12}

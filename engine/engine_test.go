@@ -3,27 +3,10 @@ package engine
 import (
 	"context"
 	"errors"
-	"os"
-	"path/filepath"
 	"testing"
-)
 
-// sharedModel returns a file from ../shared/models or skips.
-func sharedModel(t testing.TB, name string) string {
-	t.Helper()
-	dirs := []string{os.Getenv("MESHP2P_MODELS"), "../../shared/models", "../../../shared/models"}
-	for _, d := range dirs {
-		if d == "" {
-			continue
-		}
-		p := filepath.Join(d, name)
-		if _, err := os.Stat(p); err == nil {
-			return p
-		}
-	}
-	t.Skipf("test model %s not found (set MESHP2P_MODELS or provide ../shared/models)", name)
-	return ""
-}
+	"github.com/neuron-tai/meshp2p/internal/testmodels"
+)
 
 func loadWhole(t testing.TB, path string) (*Model, *Shard) {
 	t.Helper()
@@ -41,7 +24,7 @@ func loadWhole(t testing.TB, path string) (*Model, *Shard) {
 }
 
 func TestWholeModelGreedyIsDeterministic(t *testing.T) {
-	m, s := loadWhole(t, sharedModel(t, "stories260K.gguf"))
+	m, s := loadWhole(t, testmodels.Path(t, "stories260K.gguf"))
 	prompt, err := m.Tokenize("Once upon a time", true, false)
 	if err != nil {
 		t.Fatal(err)
@@ -86,7 +69,7 @@ func TestWholeModelGreedyIsDeterministic(t *testing.T) {
 }
 
 func TestAdmissionAndBadInput(t *testing.T) {
-	_, s := loadWhole(t, sharedModel(t, "stories260K.gguf"))
+	_, s := loadWhole(t, testmodels.Path(t, "stories260K.gguf"))
 	var open []*Session
 	for i := range 4 {
 		sess, err := s.OpenSession(SessionKey{ID: [16]byte{byte(i)}}, SessionParams{KVTokens: 64})

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/neuron-tai/meshp2p/engine/gguf"
+	"github.com/neuron-tai/meshp2p/internal/testmodels"
 )
 
 // loadShards splits path k ways into a temp dir and opens a shard for each.
@@ -77,7 +78,7 @@ func checkParity(t *testing.T, path string, prompt []int32, steps int) {
 }
 
 func TestParityStories260K(t *testing.T) {
-	path := sharedModel(t, "stories260K.gguf")
+	path := testmodels.Path(t, "stories260K.gguf")
 	m, err := LoadModel(context.Background(), path, LoadOptions{VocabOnly: true})
 	if err != nil {
 		t.Fatal(err)

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/neuron-tai/meshp2p/engine/gguf"
+	"github.com/neuron-tai/meshp2p/internal/testmodels"
 )
 
 // A vocabulary file (gguf.WriteVocab) from a whole model, a head or a tail
@@ -14,7 +15,7 @@ import (
 // exactly like the whole model.
 func TestVocabFileTokenizesLikeModel(t *testing.T) {
 	ctx := context.Background()
-	path := sharedModel(t, "stories260K.gguf")
+	path := testmodels.Path(t, "stories260K.gguf")
 	dir := t.TempDir()
 	f, err := gguf.Open(path)
 	if err != nil {

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -14,26 +13,11 @@ import (
 
 	"github.com/neuron-tai/meshp2p/engine"
 	"github.com/neuron-tai/meshp2p/engine/gguf"
+	"github.com/neuron-tai/meshp2p/internal/testmodels"
 	"github.com/neuron-tai/meshp2p/p2p"
 	"github.com/neuron-tai/meshp2p/proto/meshp2pb"
 	"github.com/neuron-tai/meshp2p/route"
 )
-
-func sharedModel(t testing.TB, name string) string {
-	t.Helper()
-	for _, d := range []string{os.Getenv("MESHP2P_MODELS"), "../../shared/models", "../../../shared/models"} {
-		if d == "" {
-			continue
-		}
-		if p := filepath.Join(d, name); fileExists(p) {
-			return p
-		}
-	}
-	t.Skipf("test model %s not found (set MESHP2P_MODELS or provide ../shared/models)", name)
-	return ""
-}
-
-func fileExists(p string) bool { _, err := os.Stat(p); return err == nil }
 
 // testNet is a swarm of in-process nodes on loopback.
 type testNet struct {
@@ -60,12 +44,21 @@ func (tn *testNet) config(dir string) Config {
 // shard starts a node serving layers r of model; the first node becomes
 // everyone's bootstrap peer.
 func (tn *testNet) shard(model string, r gguf.Range) *Node {
+	return tn.shardWith(model, &r, nil)
+}
+
+// shardWith is shard with a configuration tweak; a nil range serves all
+// layers.
+func (tn *testNet) shardWith(model string, r *gguf.Range, tweak func(*Config)) *Node {
 	tn.t.Helper()
 	cfg := tn.config(tn.t.TempDir())
-	cfg.ModelPath, cfg.Layers = model, &r
+	cfg.ModelPath, cfg.Layers = model, r
+	if tweak != nil {
+		tweak(&cfg)
+	}
 	n, err := Start(context.Background(), cfg)
 	if err != nil {
-		tn.t.Fatalf("start node %s: %v", r, err)
+		tn.t.Fatalf("start node %v: %v", r, err)
 	}
 	tn.t.Cleanup(func() { n.Close() })
 	if tn.boot == nil {
@@ -158,7 +151,7 @@ func waitModel(t *testing.T, c *Node, name string) (string, int) {
 // A model split over 3 nodes answers a thin client (no weights, vocabulary
 // fetched from a peer) exactly like the whole model in-process.
 func TestSwarmMatchesLocal(t *testing.T) {
-	model := sharedModel(t, "stories260K.gguf")
+	model := testmodels.Path(t, "stories260K.gguf")
 	tn := newTestNet(t)
 	for _, r := range gguf.EvenSplit(5, 3) {
 		tn.shard(model, r)
@@ -221,7 +214,7 @@ func assertReleased(t *testing.T, tn *testNet, nodes ...*Node) {
 // Killing the middle node mid-generation re-routes through a spare and
 // the answer is identical; with no spare the error names the gap.
 func TestKillMiddleNode(t *testing.T) {
-	model := sharedModel(t, "stories260K.gguf")
+	model := testmodels.Path(t, "stories260K.gguf")
 	for _, spare := range []bool{true, false} {
 		t.Run(fmt.Sprintf("spare=%v", spare), func(t *testing.T) {
 			tn := newTestNet(t)
@@ -293,7 +286,7 @@ func TestKillMiddleNode(t *testing.T) {
 // A hop refuses a session for another model or another range with the
 // matching error code, and keeps serving.
 func TestHopRefusesMismatch(t *testing.T) {
-	model := sharedModel(t, "stories260K.gguf")
+	model := testmodels.Path(t, "stories260K.gguf")
 	tn := newTestNet(t)
 	a := tn.shard(model, gguf.Range{Start: 0, End: 3})
 	b := tn.shard(model, gguf.Range{Start: 3, End: 5})

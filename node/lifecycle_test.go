@@ -13,6 +13,7 @@ import (
 
 	"github.com/neuron-tai/meshp2p/engine"
 	"github.com/neuron-tai/meshp2p/engine/gguf"
+	"github.com/neuron-tai/meshp2p/internal/testmodels"
 	"github.com/neuron-tai/meshp2p/proto/frame"
 	"github.com/neuron-tai/meshp2p/proto/meshp2pb"
 	"github.com/neuron-tai/meshp2p/route"
@@ -21,7 +22,7 @@ import (
 // Several sessions at once share each hop's batch and each still gets the
 // whole model's answer.
 func TestConcurrentSessionsThroughSwarm(t *testing.T) {
-	model := sharedModel(t, "stories260K.gguf")
+	model := testmodels.Path(t, "stories260K.gguf")
 	tn := newTestNet(t)
 	var nodes []*Node
 	for _, r := range gguf.EvenSplit(5, 3) {
@@ -62,7 +63,7 @@ func TestConcurrentSessionsThroughSwarm(t *testing.T) {
 
 // A client that vanishes mid-generation leaves nothing behind on any hop.
 func TestClientDisconnectReleasesSessions(t *testing.T) {
-	model := sharedModel(t, "stories260K.gguf")
+	model := testmodels.Path(t, "stories260K.gguf")
 	tn := newTestNet(t)
 	var nodes []*Node
 	for _, r := range gguf.EvenSplit(5, 3) {
@@ -88,17 +89,9 @@ func TestClientDisconnectReleasesSessions(t *testing.T) {
 // A session whose origin opens it and then goes silent is freed after the
 // idle timeout on the hop.
 func TestIdleSessionFreed(t *testing.T) {
-	model := sharedModel(t, "stories260K.gguf")
+	model := testmodels.Path(t, "stories260K.gguf")
 	tn := newTestNet(t)
-	cfg := tn.config(t.TempDir())
-	cfg.ModelPath = model
-	cfg.Hop.Idle = 500 * time.Millisecond
-	whole, err := Start(context.Background(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer whole.Close()
-	tn.boot = []peer.AddrInfo{whole.P2P().AddrInfo()}
+	whole := tn.shardWith(model, nil, func(c *Config) { c.Hop.Idle = 500 * time.Millisecond })
 	c := tn.client()
 	fp, nl := waitModel(t, c, "stories260K")
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -135,7 +128,7 @@ func TestIdleSessionFreed(t *testing.T) {
 // Malformed and oversized frames reset that stream only; the node keeps
 // serving everyone else.
 func TestMalformedFramesDoNotHurtOthers(t *testing.T) {
-	model := sharedModel(t, "stories260K.gguf")
+	model := testmodels.Path(t, "stories260K.gguf")
 	tn := newTestNet(t)
 	a := tn.shard(model, gguf.Range{Start: 0, End: 3})
 	b := tn.shard(model, gguf.Range{Start: 3, End: 5})
@@ -226,17 +219,10 @@ func TestSwarmQuantizedMatchesLocal(t *testing.T) {
 // A one-hop route (one node serving every layer) keeps generating past the
 // idle timeout: tokens are activity too.
 func TestSingleHopOutlivesIdleTimeout(t *testing.T) {
-	model := sharedModel(t, "stories260K.gguf")
+	model := testmodels.Path(t, "stories260K.gguf")
 	tn := newTestNet(t)
-	cfg := tn.config(t.TempDir())
-	cfg.ModelPath = model
-	cfg.Hop.Idle = 100 * time.Millisecond
-	whole, err := Start(context.Background(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer whole.Close()
-	tn.boot = []peer.AddrInfo{whole.P2P().AddrInfo()}
+	const idle = 100 * time.Millisecond
+	tn.shardWith(model, nil, func(c *Config) { c.Hop.Idle = idle })
 	c := tn.client()
 	fp, nl := waitModel(t, c, "stories260K")
 	t0 := time.Now()
@@ -247,24 +233,16 @@ func TestSingleHopOutlivesIdleTimeout(t *testing.T) {
 	if want := localTokens(t, model, []int32{1, 2}, 400); !equalTokens(res.Tokens, want) {
 		t.Fatal("tokens differ from local")
 	}
-	t.Logf("400 tokens in %s with a %s idle timeout", time.Since(t0), cfg.Hop.Idle)
+	t.Logf("400 tokens in %s with a %s idle timeout", time.Since(t0), idle)
 }
 
 // A next hop that admits a session and then stops reading must not wedge
 // the hop: its write fails, the error names that peer, the session is
 // released and the node still shuts down promptly.
 func TestStalledNextHopIsBlamedAndReleased(t *testing.T) {
-	model := sharedModel(t, "stories260K.gguf")
+	model := testmodels.Path(t, "stories260K.gguf")
 	tn := newTestNet(t)
-	cfg := tn.config(t.TempDir())
-	cfg.ModelPath, cfg.Layers = model, &gguf.Range{Start: 0, End: 3}
-	cfg.Hop.Idle = time.Second
-	cfg.Engine.NCtx = 2048
-	head, err := Start(context.Background(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tn.boot = []peer.AddrInfo{head.P2P().AddrInfo()}
+	head := tn.shardWith(model, &gguf.Range{Start: 0, End: 3}, func(c *Config) { c.Hop.Idle, c.Engine.NCtx = time.Second, 2048 })
 	c := tn.client()
 	stall := tn.client()
 	release := make(chan struct{})
@@ -307,7 +285,7 @@ func TestStalledNextHopIsBlamedAndReleased(t *testing.T) {
 	for i := range prompt {
 		prompt[i] = int32(1 + i%400)
 	}
-	_, err = o.Generate(context.Background(), route.GenerateRequest{Fingerprint: fp, NLayer: nl, Prompt: prompt, MaxTokens: 4})
+	_, err := o.Generate(context.Background(), route.GenerateRequest{Fingerprint: fp, NLayer: nl, Prompt: prompt, MaxTokens: 4})
 	var re *frame.RemoteError
 	if !errors.As(err, &re) || re.E.GetCode() != meshp2pb.ErrorCode_ERROR_CODE_NEXT_HOP_UNREACHABLE || peer.ID(re.E.GetFailedPeerId()) != stall.P2P().ID() {
 		t.Fatalf("want NEXT_HOP_UNREACHABLE naming the stalled hop, got %v", err)

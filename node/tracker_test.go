@@ -16,6 +16,7 @@ import (
 	"github.com/multiformats/go-multiaddr"
 
 	"github.com/neuron-tai/meshp2p/engine/gguf"
+	"github.com/neuron-tai/meshp2p/internal/testmodels"
 	"github.com/neuron-tai/meshp2p/p2p"
 	"github.com/neuron-tai/meshp2p/proto/frame"
 	"github.com/neuron-tai/meshp2p/proto/meshp2pb"
@@ -39,22 +40,6 @@ func (tn *testNet) tracker(dir string) *Tracker {
 		tn.boot = []peer.AddrInfo{tr.P2P().AddrInfo()}
 	}
 	return tr
-}
-
-// shardWith starts a shard node after edit changes its config.
-func (tn *testNet) shardWith(model string, r gguf.Range, edit func(*Config)) *Node {
-	tn.t.Helper()
-	cfg := tn.config(tn.t.TempDir())
-	cfg.ModelPath, cfg.Layers = model, &r
-	if edit != nil {
-		edit(&cfg)
-	}
-	n, err := Start(context.Background(), cfg)
-	if err != nil {
-		tn.t.Fatalf("start node %s: %v", r, err)
-	}
-	tn.t.Cleanup(func() { n.Close() })
-	return n
 }
 
 func requireTicket(tn *testNet, trusted ...peer.ID) func(*Config) {
@@ -119,12 +104,12 @@ func hopOf(n *Node, s, e int) route.Hop {
 // other-model and not-listing-this-hop tickets with their own codes, and
 // the origin refuses bad tickets from a tracker with its own errors.
 func TestTrackerTickets(t *testing.T) {
-	model := sharedModel(t, "stories260K.gguf")
+	model := testmodels.Path(t, "stories260K.gguf")
 	tn := newTestNet(t)
 	trDir := t.TempDir()
 	tr := tn.tracker(trDir)
-	a := tn.shardWith(model, gguf.Range{Start: 0, End: 3}, requireTicket(tn, tr.ID()))
-	b := tn.shardWith(model, gguf.Range{Start: 3, End: 5}, requireTicket(tn, tr.ID()))
+	a := tn.shardWith(model, &gguf.Range{Start: 0, End: 3}, requireTicket(tn, tr.ID()))
+	b := tn.shardWith(model, &gguf.Range{Start: 3, End: 5}, requireTicket(tn, tr.ID()))
 	c := tn.client()
 	fp, nl := waitModel(t, c, "stories260K")
 	waitShards(t, tr.Table(), fp, 2)
@@ -246,7 +231,7 @@ func TestTrackerTickets(t *testing.T) {
 // unaffected; afterwards an origin falls back to local planning, or, with
 // require-tracker, fails at once.
 func TestTrackerDown(t *testing.T) {
-	model := sharedModel(t, "stories260K.gguf")
+	model := testmodels.Path(t, "stories260K.gguf")
 	tn := newTestNet(t)
 	tr := tn.tracker(t.TempDir())
 	tn.shard(model, gguf.Range{Start: 0, End: 2})
@@ -294,7 +279,7 @@ func TestTrackerDown(t *testing.T) {
 // tracker's relay: tracker routes use the direct ones, and 8 concurrent
 // sessions spread over both direct replicas of each range.
 func TestTrackerPlannerDirectAndSpread(t *testing.T) {
-	model := sharedModel(t, "stories260K.gguf")
+	model := testmodels.Path(t, "stories260K.gguf")
 	tn := newTestNet(t)
 	tr := tn.tracker(t.TempDir())
 	var circuit string
@@ -313,8 +298,8 @@ func TestTrackerPlannerDirectAndSpread(t *testing.T) {
 	}
 	var direct, relayed []*Node
 	for _, r := range []gguf.Range{{Start: 0, End: 3}, {Start: 3, End: 5}} {
-		direct = append(direct, tn.shardWith(model, r, wide), tn.shardWith(model, r, wide))
-		relayed = append(relayed, tn.shardWith(model, r, relayOnly))
+		direct = append(direct, tn.shardWith(model, &r, wide), tn.shardWith(model, &r, wide))
+		relayed = append(relayed, tn.shardWith(model, &r, relayOnly))
 	}
 	c := tn.client()
 	fp, nl := waitModel(t, c, "stories260K")

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/neuron-tai/meshp2p/internal/testmodels"
 	"github.com/neuron-tai/meshp2p/testnet"
 )
 
@@ -29,7 +30,7 @@ type cliSwarm struct {
 // when the test ends or after timeout.
 func newCLISwarm(t *testing.T, network string, spec testnet.Spec, timeout time.Duration) *cliSwarm {
 	t.Helper()
-	model := sharedModel(t, "stories260K.gguf")
+	model := testmodels.Path(t, "stories260K.gguf")
 	topo := testnet.NewT(t, spec)
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	t.Cleanup(cancel)

@@ -29,22 +29,6 @@ func buildCLI(t *testing.T) string {
 	return out
 }
 
-func sharedModel(t *testing.T, name string) string {
-	t.Helper()
-	for _, d := range []string{os.Getenv("MESHP2P_MODELS"), "../../shared/models", "../../../shared/models"} {
-		if d == "" {
-			continue
-		}
-		if p, err := filepath.Abs(filepath.Join(d, name)); err == nil {
-			if _, err := os.Stat(p); err == nil {
-				return p
-			}
-		}
-	}
-	t.Skipf("test model %s not found (set MESHP2P_MODELS or provide ../shared/models)", name)
-	return ""
-}
-
 type genJSON struct {
 	Text     string  `json:"text"`
 	Tokens   []int32 `json:"tokens"`

@@ -7,24 +7,9 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/neuron-tai/meshp2p/internal/testmodels"
 )
-
-// sharedModelPath returns a model from the shared test models or skips.
-func sharedModelPath(t *testing.T, name string) string {
-	t.Helper()
-	for _, d := range []string{os.Getenv("MESHP2P_MODELS"), "../../../shared/models"} {
-		if d == "" {
-			continue
-		}
-		if p := filepath.Join(d, name); fileExists(p) {
-			return p
-		}
-	}
-	t.Skipf("test model %s not found (set MESHP2P_MODELS or provide ../shared/models)", name)
-	return ""
-}
-
-func fileExists(p string) bool { _, err := os.Stat(p); return err == nil }
 
 func runVerifyJSON(t *testing.T, args ...string) verifyReport {
 	t.Helper()
@@ -63,7 +48,7 @@ func checkReport(t *testing.T, rep verifyReport, wantK []int, steps int) {
 }
 
 func TestShardVerifyStories(t *testing.T) {
-	model := sharedModelPath(t, "stories260K.gguf")
+	model := testmodels.Path(t, "stories260K.gguf")
 	before, _ := filepath.Glob(filepath.Join(os.TempDir(), "meshp2p-verify-*"))
 	rep := runVerifyJSON(t, "--splits", "2,3", "--tokens", "8", model)
 	checkReport(t, rep, []int{2, 3}, 8)

@@ -11,6 +11,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/neuron-tai/meshp2p/internal/testmodels"
 )
 
 // syncBuf is a goroutine-safe buffer for a command's output.
@@ -35,7 +37,7 @@ func (s *syncBuf) String() string {
 // when its context ends (what SIGINT/SIGTERM do); a thin client generates
 // through a two-node swarm started the same way, and --local agrees.
 func TestStartGenerateAndShutdown(t *testing.T) {
-	model := sharedModelPath(t, "stories260K.gguf")
+	model := testmodels.Path(t, "stories260K.gguf")
 	dir := t.TempDir()
 	net := []string{"--network", "clitest", "--test-mode", "--port-mapping=false", "--listen", "/ip4/127.0.0.1/tcp/0"}
 	type proc struct {
@@ -115,7 +117,7 @@ func TestStartGenerateAndShutdown(t *testing.T) {
 
 // status shows a swarm's models and says when layers are missing.
 func TestStatus(t *testing.T) {
-	model := sharedModelPath(t, "stories260K.gguf")
+	model := testmodels.Path(t, "stories260K.gguf")
 	dir := t.TempDir()
 	net := []string{"--network", "statustest", "--test-mode", "--port-mapping=false", "--listen", "/ip4/127.0.0.1/tcp/0"}
 	ctx, cancel := context.WithCancel(context.Background())

@@ -12,26 +12,18 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+
+	"github.com/neuron-tai/meshp2p/internal/testmodels"
 )
 
-// modelsDir finds the shared test models ($MESHP2P_MODELS, else
-// ../../shared/models relative to the repo root) or skips.
+// modelsDir finds the shared test models or skips.
 func modelsDir(t testing.TB) string {
 	t.Helper()
-	d, ok := findModels()
+	d, ok := testmodels.Dir()
 	if !ok {
-		t.Skipf("test models not found in %s (set MESHP2P_MODELS)", d)
+		t.Skipf("test models not found in %q (set MESHP2P_MODELS or provide ../shared/models next to the repository)", d)
 	}
 	return d
-}
-
-func findModels() (string, bool) {
-	d := os.Getenv("MESHP2P_MODELS")
-	if d == "" {
-		d = filepath.Join("..", "..", "..", "shared", "models")
-	}
-	_, err := os.Stat(filepath.Join(d, "stories260K.gguf"))
-	return d, err == nil
 }
 
 func stories(t testing.TB) string { return filepath.Join(modelsDir(t), "stories260K.gguf") }
@@ -141,7 +133,7 @@ func rewrite(t *testing.T, p, out string) {
 func TestRoundTrip(t *testing.T) {
 	dir := t.TempDir()
 	files := map[string]string{"synth-llama-f16": synthFile(t, func() Spec { s := tinySpec("llama"); s.Type = TypeF16; return s }())}
-	if md, ok := findModels(); ok {
+	if md, ok := testmodels.Dir(); ok {
 		files["stories260K"] = filepath.Join(md, "stories260K.gguf")
 		files["llama-2-tiny-random"] = filepath.Join(md, "llama-2-tiny-random.gguf")
 		files["vocab-spm"] = filepath.Join(md, "ggml-vocab-llama-spm.gguf")
