@@ -61,7 +61,7 @@ fuzz: $(GENERATED)
 	done
 
 bench: $(GENERATED)
-	go test -run '^$$' -bench . -benchtime 3x ./engine/...
+	go test -run '^$$' -bench . -benchtime 3x ./engine/... ./node ./route ./proto/...
 
 demo: build
 	sh scripts/demo.sh

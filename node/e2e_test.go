@@ -21,14 +21,14 @@ import (
 
 // testNet is a swarm of in-process nodes on loopback.
 type testNet struct {
-	t       *testing.T
+	t       testing.TB
 	network string
 	boot    []peer.AddrInfo
 }
 
 var netSeq atomic.Int64
 
-func newTestNet(t *testing.T) *testNet {
+func newTestNet(t testing.TB) *testNet {
 	return &testNet{t: t, network: fmt.Sprintf("t%d-%d", os.Getpid(), netSeq.Add(1))}
 }
 
