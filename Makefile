@@ -60,6 +60,9 @@ fuzz: $(GENERATED)
 	  done; \
 	done
 
+fmt:
+	gofmt -w $$(git ls-files '*.go' | grep -v '\.pb\.go$$')
+
 bench: $(GENERATED)
 	go test -run '^$$' -bench . -benchtime 3x ./engine/... ./node ./route ./proto/...
 

@@ -17,6 +17,7 @@ cleanup() {
 trap cleanup EXIT INT TERM
 
 if [ -z "${MODEL:-}" ]; then
+	SYNTH=1
 	MODEL=$WORK/demo-llama.gguf
 	echo "== synthesizing a random-weight llama model (no download needed; MODEL=path.gguf for a real one)"
 	$BIN shard synth --arch llama --layers 6 --embd 256 --heads 8 --kv-heads 4 --ff 768 --seed 7 --name demo-llama -o "$MODEL"
@@ -49,6 +50,7 @@ start_node n3 "$B-$NL" "$BOOT"
 echo "== reference: whole model in-process (--local)"
 $BIN generate --local --model "$MODEL" --prompt "$PROMPT" --max-tokens "$TOKENS" --json >"$WORK/local.json"
 echo "== generating through the swarm (thin client: no weights, vocabulary fetched from a peer)"
+[ -n "${SYNTH:-}" ] && echo "   (random weights: expect gibberish text; the point is that it equals the whole model's)"
 NAME=$(sed -n 's/.*"model": *"\([^"]*\)".*/\1/p' "$WORK/n1/node.json")
 $BIN generate $common --bootstrap "$BOOT" --model "$NAME" --prompt "$PROMPT" --max-tokens "$TOKENS" --wait 60s
 $BIN generate $common --bootstrap "$BOOT" --model "$NAME" --prompt "$PROMPT" --max-tokens "$TOKENS" --wait 60s --json >"$WORK/swarm.json" 2>"$WORK/swarm.log"

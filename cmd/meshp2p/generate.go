@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"strings"
 	"time"
@@ -93,7 +94,7 @@ func runGenerate(ctx context.Context, stdout, stderr io.Writer, args []string) e
 	}
 	smp := engine.Sampling{Temperature: float32(*temp), TopK: int32(*topK), TopP: float32(*topP), MinP: float32(*minP), RepeatPenalty: float32(*rep), Seed: uint64(*seed)}
 	stops := splitList(*stop)
-	log := newLogger(stderr, *verbose)
+	log := newLoggerAt(stderr, *verbose, slog.LevelWarn)
 	out := &genResult{}
 	var vocab *engine.Model
 	var printer *streamPrinter

@@ -90,9 +90,14 @@ func runStart(ctx context.Context, stdout, stderr io.Writer, args []string) erro
 }
 
 func newLogger(w io.Writer, verbose bool) *slog.Logger {
-	lvl := slog.LevelInfo
+	return newLoggerAt(w, verbose, slog.LevelInfo)
+}
+
+// newLoggerAt logs at level, or debug with verbose. Interactive commands
+// (generate, status) log warnings only, so their output stays readable.
+func newLoggerAt(w io.Writer, verbose bool, level slog.Level) *slog.Logger {
 	if verbose {
-		lvl = slog.LevelDebug
+		level = slog.LevelDebug
 	}
-	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: lvl}))
+	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: level}))
 }

@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"sort"
 	"time"
@@ -73,7 +74,7 @@ func runStatus(ctx context.Context, stdout, stderr io.Writer, args []string) err
 	}
 	defer os.RemoveAll(d)
 	pc.DataDir = d // an ephemeral identity
-	log := newLogger(stderr, *verbose)
+	log := newLoggerAt(stderr, *verbose, slog.LevelWarn)
 	pc.Logger = log
 	n, err := node.Start(ctx, node.Config{P2P: pc, Logger: log})
 	if err != nil {
