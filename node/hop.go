@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/libp2p/go-libp2p/core/network"
@@ -18,6 +19,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/neuron-tai/meshp2p/engine"
+	"github.com/neuron-tai/meshp2p/p2p"
 	"github.com/neuron-tai/meshp2p/proto/frame"
 	"github.com/neuron-tai/meshp2p/proto/meshp2pb"
 )
@@ -39,6 +41,9 @@ type Host interface {
 	RemoveStreamHandler(pid protocol.ID)
 	Protect(p peer.ID, tag string)
 	Unprotect(p peer.ID, tag string) bool
+	// SubscribeConn reports connectivity changes (a hole punch turning a
+	// relayed path direct) until ctx ends.
+	SubscribeConn(ctx context.Context) <-chan p2p.ConnEvent
 }
 
 // HopConfig configures a HopService.
@@ -69,6 +74,8 @@ type HopService struct {
 	closed bool
 	active map[engine.SessionKey]*hopSession
 	wg     sync.WaitGroup
+	// moves counts streams moved from a relayed to a direct connection.
+	moves atomic.Int64
 	// decodeUs is an exponentially weighted mean of single-row compute
 	// time on this hop (µs), advertised per layer for the tracker's cost
 	// model; 0 until measured.
@@ -113,6 +120,10 @@ func NewHopService(host Host, model *engine.Model, shard *engine.Shard, cfg HopC
 	return h
 }
 
+// Moves reports how many seams or rings this hop moved from a relayed to a
+// direct connection after a hole punch.
+func (h *HopService) Moves() int64 { return h.moves.Load() }
+
 // Sessions reports how many sessions are open on this hop.
 func (h *HopService) Sessions() int {
 	h.mu.Lock()
@@ -149,15 +160,21 @@ type hopSession struct {
 	wire  meshp2pb.DType
 	route []peer.ID
 
-	up   network.Stream
-	upW  *frame.Writer
-	upMu sync.Mutex // guards upW: the head writes tokens and errors from two goroutines
+	upRef sync.Mutex // guards the up field itself (it changes when the seam moves)
+	up    network.Stream
+	upW   *frame.Writer
+	upMu  sync.Mutex // guards upW: the head writes tokens and errors from two goroutines
+	// resumeUp / resumeRing receive the replacement stream when the
+	// upstream hop (or the tail) moves the seam to a direct connection.
+	resumeUp   chan network.Stream
+	resumeRing chan network.Stream
 
-	down   network.Stream
-	downMu sync.Mutex // guards downW: prefill and ring tokens may race on a bad origin
-	downW  *frame.Writer
-	ring   chan network.Stream // head: the tail's ring stream arrives here
-	ringS  network.Stream
+	downRef sync.Mutex // guards the down and ringS fields (they change when a stream moves); never held during I/O
+	down    network.Stream
+	downMu  sync.Mutex // guards downW: prefill and ring tokens may race on a bad origin
+	downW   *frame.Writer
+	ring    chan network.Stream // head: the tail's ring stream arrives here
+	ringS   network.Stream
 	// self carries sampled tokens back to the decode loop when this hop is
 	// head and tail at once (a one-hop route): no recursion, and the
 	// upstream reader stays free to see SessionClose.
@@ -260,6 +277,10 @@ func (h *HopService) handleSession(s network.Stream) {
 		_ = s.Close()
 		return
 	}
+	if open.GetResume() {
+		h.resume(s, w, open)
+		return
+	}
 	idx, he := h.admit(open)
 	if he != nil {
 		h.reject(w, open, he)
@@ -272,6 +293,7 @@ func (h *HopService) handleSession(s network.Stream) {
 	n := len(open.GetRoute().GetHops())
 	hs := &hopSession{h: h, key: key, open: open, idx: idx, head: idx == 0, tail: idx == n-1, wire: open.GetWireDtype(),
 		up: s, upW: w, ring: make(chan network.Stream, 1), self: make(chan *meshp2pb.TokenFrame, 1), activity: make(chan struct{}, 1), done: make(chan struct{}),
+		resumeUp: make(chan network.Stream, 1), resumeRing: make(chan network.Stream, 1),
 		maxTokens: int(open.GetMaxTokens())}
 	for _, x := range open.GetRoute().GetHops() {
 		hs.route = append(hs.route, peer.ID(x.GetPeerId()))
@@ -373,10 +395,15 @@ func (hs *hopSession) connect(ctx context.Context) *hopError {
 			return codeErr(meshp2pb.ErrorCode_ERROR_CODE_UNEXPECTED_MESSAGE, "next hop did not accept", np)
 		}
 		hs.downMu.Lock()
+		hs.downRef.Lock()
 		hs.down, hs.downW = ds, w
+		hs.downRef.Unlock()
 		hs.downMu.Unlock()
 		h.log.Info("seam to next hop open", "session", hs.key, "next", np, "path", pathOf(ds))
-		go hs.watchDownstream(r)
+		go hs.watchDownstream(ds, r)
+		if pathOf(ds) == "relayed" {
+			go hs.migrateWhenDirect(np, false)
+		}
 	}
 	if hs.tail && !hs.head {
 		head := peer.ID(hops[0].GetPeerId())
@@ -392,10 +419,15 @@ func (hs *hopSession) connect(ctx context.Context) *hopError {
 			return codeErr(meshp2pb.ErrorCode_ERROR_CODE_NEXT_HOP_UNREACHABLE, fmt.Sprintf("ring hello to head: %v", err), head)
 		}
 		hs.downMu.Lock()
+		hs.downRef.Lock()
 		hs.ringS = rs
+		hs.downRef.Unlock()
 		hs.downW = frame.NewWriter(rs, h.cfg.Limits)
 		hs.downMu.Unlock()
 		h.log.Info("ring to head open", "session", hs.key, "head", head, "path", pathOf(rs))
+		if pathOf(rs) == "relayed" {
+			go hs.migrateWhenDirect(head, true)
+		}
 	}
 	return nil
 }
@@ -419,6 +451,14 @@ func (h *HopService) handleRing(s network.Stream) {
 	// Only the tail of the route this head admitted may close the ring.
 	if hs == nil || !hs.head || hs.tail || int(open.GetHopIndex()) != len(hs.route)-1 || s.Conn().RemotePeer() != hs.route[len(hs.route)-1] {
 		_ = s.Reset()
+		return
+	}
+	if open.GetResume() {
+		select {
+		case hs.resumeRing <- s:
+		default:
+			_ = s.Reset()
+		}
 		return
 	}
 	select {
@@ -450,7 +490,7 @@ func (hs *hopSession) fail(he *hopError) {
 			msg := &meshp2pb.StreamMessage{Kind: &meshp2pb.StreamMessage_Error{Error: he.e}}
 			// A writer blocked on a peer that stopped reading holds the
 			// lock; the deadline frees it (and bounds our own write).
-			_ = hs.up.SetWriteDeadline(time.Now().Add(failWriteTimeout))
+			_ = hs.upStream().SetWriteDeadline(time.Now().Add(failWriteTimeout))
 			hs.upMu.Lock()
 			if hs.upW != nil {
 				_ = hs.upW.WriteStream(msg)
@@ -476,19 +516,22 @@ func (hs *hopSession) release() {
 	h.mu.Lock()
 	delete(h.active, hs.key)
 	h.mu.Unlock()
-	if hs.down != nil {
-		_ = hs.down.Close()
-		h.host.Unprotect(hs.down.Conn().RemotePeer(), "route")
+	hs.downRef.Lock()
+	down, ring := hs.down, hs.ringS
+	hs.downRef.Unlock()
+	if down != nil {
+		_ = down.Close()
+		h.host.Unprotect(down.Conn().RemotePeer(), "route")
 	}
-	if hs.ringS != nil {
-		_ = hs.ringS.Close()
+	if ring != nil {
+		_ = ring.Close()
 	}
 	select {
 	case rs := <-hs.ring:
 		_ = rs.Reset()
 	default:
 	}
-	_ = hs.up.Close()
+	_ = hs.upStream().Close()
 	hs.eng.Close()
 	h.log.Debug("session released", "session", hs.key, "err", hs.err)
 }
@@ -496,13 +539,19 @@ func (hs *hopSession) release() {
 // watchDownstream reads the reverse direction of the downstream seam: only
 // errors travel there. Any error, or the stream dying, fails the session
 // naming the peer to blame.
-func (hs *hopSession) watchDownstream(r *frame.Reader) {
+func (hs *hopSession) watchDownstream(s network.Stream, r *frame.Reader) {
 	next := hs.route[hs.idx+1]
 	msg, _, err := r.ReadStream()
 	select {
 	case <-hs.done:
 		return // we are closing it ourselves
 	default:
+	}
+	hs.downRef.Lock()
+	superseded := hs.down != s
+	hs.downRef.Unlock()
+	if superseded && err != nil {
+		return // the seam moved to another stream; this one just ended
 	}
 	switch {
 	case err == nil && msg.GetError() != nil:
@@ -519,7 +568,9 @@ func (hs *hopSession) run(r *frame.Reader) {
 	if hs.head && !hs.tail {
 		select {
 		case rs := <-hs.ring:
+			hs.downRef.Lock()
 			hs.ringS = rs
+			hs.downRef.Unlock()
 			go hs.readRing(rs)
 		case <-hs.done:
 			return
@@ -546,7 +597,7 @@ func (hs *hopSession) run(r *frame.Reader) {
 			return
 		case <-hs.done:
 			hs.unblock()
-			_ = hs.up.Close()
+			_ = hs.upStream().Close()
 			<-upstream
 			return
 		case <-hs.activity:
@@ -562,7 +613,7 @@ func (hs *hopSession) run(r *frame.Reader) {
 			// sent it (the origin for the head: nothing to re-route).
 			hs.fail(codeErr(meshp2pb.ErrorCode_ERROR_CODE_TIMEOUT, fmt.Sprintf("session idle for %s", hs.h.cfg.Idle), hs.upstreamPeer()))
 			hs.unblock()
-			_ = hs.up.Close()
+			_ = hs.upStream().Close()
 			<-upstream
 			return
 		}
@@ -589,6 +640,17 @@ func (hs *hopSession) readUpstream(r *frame.Reader) error {
 		msg, tensors, err := r.ReadStream()
 		if err != nil {
 			if errors.Is(err, io.EOF) {
+				// The upstream hop may have moved the seam: it attached
+				// the new stream before ending this one.
+				select {
+				case ns := <-hs.resumeUp:
+					old := hs.swapUp(ns)
+					_ = old.Close()
+					r = frame.NewReader(ns, hs.h.cfg.Limits)
+					hs.h.log.Info("seam from previous hop moved", "session", hs.key, "path", pathOf(ns))
+					continue
+				default:
+				}
 				return nil
 			}
 			select {
@@ -721,12 +783,23 @@ func (hs *hopSession) readRing(rs network.Stream) {
 		msg, _, err := r.ReadStream()
 		if err != nil {
 			if errors.Is(err, io.EOF) {
-				// The tail closed the ring without saying why: the cause is
-				// usually upstream of it, and our downstream watcher will
-				// name it. Blame the tail only if nothing else does.
+				// Either the tail moved the ring to a direct connection
+				// (the new stream arrives here), or it closed the ring
+				// without saying why: the cause is then usually upstream of
+				// it, and our downstream watcher will name it. Blame the
+				// tail only if nothing else happens.
 				select {
 				case <-hs.done:
 					return
+				case ns := <-hs.resumeRing:
+					_ = rs.Close()
+					rs = ns
+					r = frame.NewReader(rs, hs.h.cfg.Limits)
+					hs.downRef.Lock()
+					hs.ringS = rs
+					hs.downRef.Unlock()
+					hs.h.log.Info("ring from tail moved", "session", hs.key, "path", pathOf(rs))
+					continue
 				case <-time.After(time.Second):
 				}
 			}
@@ -759,7 +832,7 @@ func (hs *hopSession) readRing(rs network.Stream) {
 func (hs *hopSession) token(tf *meshp2pb.TokenFrame) error {
 	hs.touch()
 	hs.upMu.Lock()
-	_ = hs.up.SetWriteDeadline(time.Now().Add(hs.h.cfg.Idle))
+	_ = hs.upStream().SetWriteDeadline(time.Now().Add(hs.h.cfg.Idle))
 	err := hs.upW.WriteStream(&meshp2pb.StreamMessage{Kind: &meshp2pb.StreamMessage_Token{Token: tf}})
 	hs.upMu.Unlock()
 	if err != nil {
@@ -835,11 +908,14 @@ func (hs *hopSession) selfRing() {
 // unblock resets the streams after the session failed, so no goroutine
 // stays blocked writing to a peer that stopped reading.
 func (hs *hopSession) unblock() {
-	if hs.down != nil {
-		_ = hs.down.Reset()
+	hs.downRef.Lock()
+	down, ring := hs.down, hs.ringS
+	hs.downRef.Unlock()
+	if down != nil {
+		_ = down.Reset()
 	}
-	if hs.ringS != nil && hs.tail {
-		_ = hs.ringS.Reset()
+	if ring != nil && hs.tail {
+		_ = ring.Reset()
 	}
 }
 
@@ -860,4 +936,134 @@ func (hs *hopSession) fromDownstream(e *meshp2pb.Error, neighbour peer.ID) *hopE
 		}
 	}
 	return &hopError{e}
+}
+
+// upStream returns the current upstream stream.
+func (hs *hopSession) upStream() network.Stream {
+	hs.upRef.Lock()
+	defer hs.upRef.Unlock()
+	return hs.up
+}
+
+// swapUp makes ns the upstream stream (errors and, on the head, tokens go
+// there from now on) and returns the old one.
+func (hs *hopSession) swapUp(ns network.Stream) network.Stream {
+	hs.upMu.Lock()
+	defer hs.upMu.Unlock()
+	hs.upRef.Lock()
+	defer hs.upRef.Unlock()
+	old := hs.up
+	hs.up, hs.upW = ns, frame.NewWriter(ns, hs.h.cfg.Limits)
+	return old
+}
+
+// resume attaches a replacement seam stream from the previous hop to an
+// open session (the seam moves from a relayed to a direct connection).
+func (h *HopService) resume(s network.Stream, w *frame.Writer, open *meshp2pb.SessionOpen) {
+	var key engine.SessionKey
+	copy(key.ID[:], open.GetSessionId())
+	key.Epoch = open.GetEpoch()
+	h.mu.Lock()
+	hs := h.active[key]
+	h.mu.Unlock()
+	if hs == nil || hs.head || int(open.GetHopIndex()) != hs.idx || s.Conn().RemotePeer() != hs.route[hs.idx-1] {
+		h.reject(w, open, codeErr(meshp2pb.ErrorCode_ERROR_CODE_SESSION_UNKNOWN, "no such session to resume from that peer", ""))
+		_ = s.Close()
+		return
+	}
+	select {
+	case hs.resumeUp <- s:
+	default:
+		h.reject(w, open, codeErr(meshp2pb.ErrorCode_ERROR_CODE_BAD_REQUEST, "a seam move is already pending", ""))
+		_ = s.Close()
+		return
+	}
+	_ = w.WriteStream(&meshp2pb.StreamMessage{Kind: &meshp2pb.StreamMessage_Accept{Accept: &meshp2pb.SessionAccept{SessionId: open.GetSessionId(), Epoch: open.GetEpoch(), Ok: true}}})
+}
+
+// migrateWhenDirect moves a long-lived stream this hop writes (the seam to
+// the next hop, or on the tail the ring to the head) from a relayed to the
+// direct connection once a hole punch to that peer succeeds: it opens a
+// replacement stream (libp2p puts new streams on the direct connection),
+// has the peer attach it, switches its writes over, then ends the old
+// stream after everything already written on it.
+func (hs *hopSession) migrateWhenDirect(p peer.ID, ring bool) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() {
+		<-hs.done
+		cancel()
+	}()
+	for ev := range hs.h.host.SubscribeConn(ctx) {
+		if ev.Peer != p || ev.Kind != p2p.PathChanged || ev.Status.Path != p2p.PathDirect {
+			continue
+		}
+		if err := hs.migrate(ctx, p, ring); err != nil {
+			hs.h.log.Info("could not move stream to the direct connection; staying relayed", "session", hs.key, "peer", p, "err", err)
+			continue
+		}
+		return
+	}
+}
+
+func (hs *hopSession) migrate(ctx context.Context, p peer.ID, ring bool) error {
+	h := hs.h
+	name := ProtoSession
+	if ring {
+		name = ProtoRing
+	}
+	octx, cancel := context.WithTimeout(ctx, h.cfg.OpenTimeout)
+	defer cancel()
+	ns, err := h.host.NewStream(octx, p, h.host.ProtocolID(name, ProtoVersion))
+	if err != nil {
+		return err
+	}
+	if pathOf(ns) != "direct" {
+		_ = ns.Reset()
+		return errors.New("new stream is not direct")
+	}
+	msg := protoClone(hs.open)
+	msg.Resume = true
+	msg.HopIndex = uint32(hs.idx + 1)
+	if ring {
+		msg.HopIndex = uint32(hs.idx)
+	}
+	w, r := frame.NewWriter(ns, h.cfg.Limits), frame.NewReader(ns, h.cfg.Limits)
+	if err := w.WriteStream(&meshp2pb.StreamMessage{Kind: &meshp2pb.StreamMessage_Open{Open: msg}}); err != nil {
+		_ = ns.Reset()
+		return err
+	}
+	if !ring { // the next hop confirms it attached the stream
+		if dl, ok := octx.Deadline(); ok {
+			_ = ns.SetReadDeadline(dl)
+		}
+		reply, _, err := r.ReadStream()
+		_ = ns.SetReadDeadline(time.Time{})
+		if err != nil || !reply.GetAccept().GetOk() {
+			_ = ns.Reset()
+			return fmt.Errorf("next hop refused the move: %v %v", err, reply.GetAccept().GetError())
+		}
+	}
+	hs.downMu.Lock()
+	hs.downRef.Lock()
+	var old network.Stream
+	if ring {
+		old, hs.ringS = hs.ringS, ns
+	} else {
+		old, hs.down = hs.down, ns
+	}
+	hs.downRef.Unlock()
+	hs.downW = w
+	hs.downMu.Unlock()
+	if !ring {
+		go hs.watchDownstream(ns, r)
+	}
+	_ = old.CloseWrite()
+	what := "seam to next hop"
+	if ring {
+		what = "ring to head"
+	}
+	h.moves.Add(1)
+	h.log.Info(what+" moved to the direct connection", "session", hs.key, "peer", p)
+	return nil
 }

@@ -39,6 +39,10 @@ type Config struct {
 	ModelName string      // advertised name (default: the file name without .gguf)
 	Engine    engine.Config
 	Hop       HopConfig
+	// DirectWait bounds how long a data-plane stream to a relayed peer
+	// waits for a hole punch before starting on the relay (0: DirectWait;
+	// negative: do not wait; the stream then moves once one succeeds).
+	DirectWait time.Duration
 	// SplitProgress, if set, reports shard splitting progress.
 	SplitProgress func(done, total int64)
 	Logger        *slog.Logger
@@ -96,7 +100,7 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 		n.closeEngine()
 		return nil, err
 	}
-	n.host = &hostAdapter{n.p2p}
+	n.host = &hostAdapter{n: n.p2p, directWait: cfg.DirectWait}
 	n.table.Reach = func(p peer.ID) p2p.Path { return n.p2p.ConnStatus(p).Path }
 	bg, cancel := context.WithCancel(context.Background())
 	n.cancel = cancel
@@ -358,7 +362,11 @@ func (n *Node) closeEngine() {
 }
 
 // hostAdapter gives the data plane the few host calls it needs.
-type hostAdapter struct{ n *p2p.Node }
+type hostAdapter struct {
+	n *p2p.Node
+	// directWait overrides DirectWait (negative: do not wait).
+	directWait time.Duration
+}
 
 func (h *hostAdapter) ID() peer.ID                           { return h.n.ID() }
 func (h *hostAdapter) ProtocolID(name, v string) protocol.ID { return h.n.ProtocolID(name, v) }
@@ -369,10 +377,17 @@ func (h *hostAdapter) RemoveStreamHandler(pid protocol.ID)   { h.n.Host().Remove
 func (h *hostAdapter) SetStreamHandler(pid protocol.ID, f network.StreamHandler) {
 	h.n.Host().SetStreamHandler(pid, f)
 }
+func (h *hostAdapter) SubscribeConn(ctx context.Context) <-chan p2p.ConnEvent {
+	return h.n.SubscribeConn(ctx)
+}
 func (h *hostAdapter) NewStream(ctx context.Context, p peer.ID, pids ...protocol.ID) (network.Stream, error) {
 	// Data-plane streams live long: start them on the direct connection
 	// when a hole punch is about to provide one.
-	return h.n.NewStreamPreferDirect(ctx, p, DirectWait, pids...)
+	wait := h.directWait
+	if wait == 0 {
+		wait = DirectWait
+	}
+	return h.n.NewStreamPreferDirect(ctx, p, max(wait, 0), pids...)
 }
 
 // Host returns the data-plane view of the host (streams, protocol IDs).

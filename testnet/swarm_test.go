@@ -146,3 +146,40 @@ func TestKillMiddleProcessAcrossNATs(t *testing.T) {
 	}
 	t.Logf("killed middle node %s mid-generation; %d tokens identical to --local after %d reroute", victim, len(got.Tokens), got.Reroutes)
 }
+
+// A seam that starts on the relay (--direct-wait 0: no waiting for the hole
+// punch) moves to the direct connection once the punch succeeds, in the
+// middle of a generation, and the text is unchanged.
+func TestSeamMovesToDirectAcrossNATs(t *testing.T) {
+	c := newCLISwarm(t, "natmove", testnet.Spec{
+		Public: []testnet.Public{{Name: "boot", Roles: []testnet.Role{testnet.RoleBootstrap, testnet.RoleRelay}}},
+		Homes: []testnet.Home{
+			{Name: "h1", Hosts: []string{"a"}},
+			{Name: "h2", Hosts: []string{"b"}},
+			{Name: "h3", Hosts: []string{"c"}},
+		},
+	}, 150*time.Second)
+	c.shard("boot", "0-2", "--reachability", "public", "--dht-mode", "server", "--relay-service")
+	c.common = append(c.common, "--bootstrap", c.addr("boot"))
+	home := []string{"--reachability", "private", "--dht-mode", "client", "--direct-wait", "0"}
+	mid := c.shard("a", "2-4", home...)
+	tail := c.shard("b", "4-5", home...)
+	want := c.local("300")
+	got := c.result(c.generateProc("c", "300"), mid, tail)
+	if fmt.Sprint(got.Tokens) != fmt.Sprint(want.Tokens) {
+		t.Fatalf("swarm %v\nlocal %v", got.Tokens, want.Tokens)
+	}
+	seam, err := waitStderr(c.ctx, mid, "seam to next hop open")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("seam opened: %s", seam)
+	if strings.Contains(seam, "path=direct") {
+		t.Skip("the hole punch finished before the seam opened: nothing to move this time")
+	}
+	moved, err := waitStderr(c.ctx, mid, "seam to next hop moved to the direct connection")
+	if err != nil {
+		t.Fatalf("seam opened relayed and never moved: %v\n%s", err, mid.StderrTail(3000))
+	}
+	t.Logf("%s", moved)
+}

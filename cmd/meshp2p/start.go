@@ -40,6 +40,7 @@ func runStart(ctx context.Context, stdout, stderr io.Writer, args []string) erro
 	threads := fs.Int("threads", 0, "compute threads (default: all CPUs)")
 	flash := fs.Bool("flash-attn", false, "flash attention (faster on long contexts; not bit-exact across KV layouts)")
 	idle := fs.Duration("idle-timeout", 60*time.Second, "free a session after this long without frames")
+	directWait := fs.Duration("direct-wait", node.DirectWait, "how long a new seam to a peer reached through a relay waits for a hole punch (0: start on the relay; the seam moves to the direct connection once it appears)")
 	verbose := fs.Bool("v", false, "debug logging")
 	if err := parseFlags(fs, args); err != nil {
 		return err
@@ -63,7 +64,10 @@ func runStart(ctx context.Context, stdout, stderr io.Writer, args []string) erro
 	log := newLogger(stderr, *verbose)
 	prog := newProgress(stderr, "splitting")
 	cfg := node.Config{P2P: pc, ModelPath: *model, Layers: rng, ModelName: *name, Logger: log,
-		Engine: def, Hop: node.HopConfig{Idle: *idle}, SplitProgress: prog.update}
+		Engine: def, Hop: node.HopConfig{Idle: *idle}, SplitProgress: prog.update, DirectWait: *directWait}
+	if *directWait <= 0 {
+		cfg.DirectWait = -1 // do not wait
+	}
 	if err := tf.applyHop(&cfg.P2P, &cfg.Hop); err != nil {
 		return err
 	}

@@ -49,7 +49,12 @@ type SessionOpen struct {
 	// after a reroute): they are the tail of the prefill, feed the tail's
 	// repetition penalty and offset its seeded draws, so the continuation is
 	// what the original route would have produced.
-	Generated     []int32 `protobuf:"varint,16,rep,packed,name=generated,proto3" json:"generated,omitempty"`
+	Generated []int32 `protobuf:"varint,16,rep,packed,name=generated,proto3" json:"generated,omitempty"`
+	// resume: this stream replaces the existing seam (or ring) of an open
+	// session, e.g. to move it from a relayed to a direct connection after a
+	// hole punch. The receiver attaches it and keeps reading the old stream
+	// until it ends; the sender writes only to the new one from then on.
+	Resume        bool `protobuf:"varint,17,opt,name=resume,proto3" json:"resume,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -194,6 +199,13 @@ func (x *SessionOpen) GetGenerated() []int32 {
 		return x.Generated
 	}
 	return nil
+}
+
+func (x *SessionOpen) GetResume() bool {
+	if x != nil {
+		return x.Resume
+	}
+	return false
 }
 
 // SamplingParams mirror the llama.cpp sampler chain. Zero values mean
@@ -606,7 +618,7 @@ var File_meshp2p_v1_session_proto protoreflect.FileDescriptor
 const file_meshp2p_v1_session_proto_rawDesc = "" +
 	"\n" +
 	"\x18meshp2p/v1/session.proto\x12\n" +
-	"meshp2p.v1\x1a\x17meshp2p/v1/common.proto\x1a\x16meshp2p/v1/route.proto\"\xe6\x04\n" +
+	"meshp2p.v1\x1a\x17meshp2p/v1/common.proto\x1a\x16meshp2p/v1/route.proto\"\xfe\x04\n" +
 	"\vSessionOpen\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\fR\tsessionId\x12\x14\n" +
@@ -628,7 +640,8 @@ const file_meshp2p_v1_session_proto_rawDesc = "" +
 	"\x06ticket\x18\r \x01(\v2\x1d.meshp2p.v1.SignedRouteTicketR\x06ticket\x12#\n" +
 	"\rbundle_schema\x18\x0e \x01(\tR\fbundleSchema\x12&\n" +
 	"\x0fidle_timeout_ms\x18\x0f \x01(\rR\ridleTimeoutMs\x12\x1c\n" +
-	"\tgenerated\x18\x10 \x03(\x05R\tgenerated\"\xa8\x02\n" +
+	"\tgenerated\x18\x10 \x03(\x05R\tgenerated\x12\x16\n" +
+	"\x06resume\x18\x11 \x01(\bR\x06resume\"\xa8\x02\n" +
 	"\x0eSamplingParams\x12 \n" +
 	"\vtemperature\x18\x01 \x01(\x02R\vtemperature\x12\x13\n" +
 	"\x05top_k\x18\x02 \x01(\x05R\x04topK\x12\x13\n" +
