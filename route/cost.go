@@ -77,8 +77,10 @@ import (
 //
 // # Spreading
 //
-// Edge costs are rounded to Quantum (default 1 ms) so routes whose
-// estimates differ by less than measurement noise tie; ties are broken by
+// Edge costs are rounded to Quantum (default 1 ms), and replicas of one
+// range within a quantum of the cheapest count as equal to it, so routes
+// whose estimates differ by less than measurement noise tie; ties are
+// broken by
 // the sum of each hop's last-issued sequence number (never issued: 0), so
 // the least recently used replicas win and equal routes take turns
 // (round robin) instead of piling onto one.
@@ -303,6 +305,26 @@ func (p *CostPlanner) PlanObjective(ctx context.Context, req Request, obj Object
 		byStart[s.Start] = append(byStart[s.Start], costEdge{s: s, hc: hc, q: int64(math.Round(hc.Total() / q)),
 			stage: int64(math.Round(hc.Stage / q)), rec: p.last[s.Peer]})
 		nEdges++
+	}
+	// Replicas of the same range whose estimates are within one quantum of
+	// the cheapest are ties, whichever side of a rounding boundary they
+	// fall on (rounding alone made 0.49 and 0.51 ms different forever).
+	for _, es := range byStart {
+		best := map[int]costEdge{}
+		for _, e := range es {
+			if b, ok := best[e.s.End]; !ok || e.hc.Total() < b.hc.Total() {
+				best[e.s.End] = e
+			}
+		}
+		for i := range es {
+			b := best[es[i].s.End]
+			if es[i].hc.Total()-b.hc.Total() < q {
+				es[i].q = b.q
+			}
+			if math.Abs(es[i].hc.Stage-b.hc.Stage) < q {
+				es[i].stage = b.stage
+			}
+		}
 	}
 	limit := int64(math.MaxInt64)
 	if obj == ObjectiveThroughput && nEdges > 0 {

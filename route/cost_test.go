@@ -138,13 +138,29 @@ func TestCostPlanner(t *testing.T) {
 // count keeps a burst from piling onto one replica.
 func TestCostPlannerSpreads(t *testing.T) {
 	ms := time.Millisecond
-	tb, stats := synthTable([]synthPeer{
-		{id: pid(1), start: 0, end: 2, st: PeerStats{RTT: 2 * ms}},
-		{id: pid(2), start: 0, end: 2, st: PeerStats{RTT: 2 * ms}},
-		{id: pid(3), start: 2, end: 4, st: PeerStats{RTT: 2 * ms}},
-		{id: pid(4), start: 2, end: 4, st: PeerStats{RTT: 2 * ms}},
-	}, 4)
-	p := &CostPlanner{Table: tb, Stats: stats}
+	for _, tc := range []struct {
+		name     string
+		msA, msB float32 // per-layer speed of the two replicas of each range
+	}{
+		{"identical replicas", 0, 0},
+		// 0.49 vs 0.51 ms per token: measurement noise across a rounding
+		// boundary must still count as a tie.
+		{"noise across a rounding boundary", 0.245, 0.255},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tb, stats := synthTable([]synthPeer{
+				{id: pid(1), start: 0, end: 2, st: PeerStats{RTT: 2 * ms}, msPerLayer: tc.msA},
+				{id: pid(2), start: 0, end: 2, st: PeerStats{RTT: 2 * ms}, msPerLayer: tc.msB},
+				{id: pid(3), start: 2, end: 4, st: PeerStats{RTT: 2 * ms}, msPerLayer: tc.msA},
+				{id: pid(4), start: 2, end: 4, st: PeerStats{RTT: 2 * ms}, msPerLayer: tc.msB},
+			}, 4)
+			checkSpread(t, &CostPlanner{Table: tb, Stats: stats})
+		})
+	}
+}
+
+func checkSpread(t *testing.T, p *CostPlanner) {
+	t.Helper()
 	count := map[peer.ID]int{}
 	routes := map[string]int{}
 	for range 8 {
