@@ -105,7 +105,7 @@ func (f *netFlags) config(preset string) (p2p.Config, error) {
 	if f.reach != "" {
 		c.ForceReachability = f.reach
 	}
-	c.PortMapping = f.portMapping
+	c.PortMapping = f.portMapping && !f.test // never UPnP/NAT-PMP in test mode
 	c.RelayService = f.relay
 	if f.testPublic != "" {
 		if !f.test {
