@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -76,30 +77,38 @@ type HopService struct {
 	wg     sync.WaitGroup
 	// moves counts streams moved from a relayed to a direct connection.
 	moves atomic.Int64
-	// decodeUs is an exponentially weighted mean of single-row compute
-	// time on this hop (µs), advertised per layer for the tracker's cost
-	// model; 0 until measured.
-	decodeUs float64
+	// decodeUs holds the last decodeWindow single-row compute times (µs);
+	// the hop's speed is their minimum (what the shard can do; load is
+	// advertised separately as capacity), advertised per layer for the
+	// tracker's cost model.
+	decodeUs [decodeWindow]float64
+	nDecode  int
 }
 
-// ObserveDecode folds one single-row compute time into the hop's measured
-// speed (EWMA, weight 1/16: follows load within a few dozen tokens).
+// decodeWindow is how many recent decode steps the measured speed covers.
+const decodeWindow = 32
+
+// ObserveDecode records one single-row compute time.
 func (h *HopService) ObserveDecode(d time.Duration) {
-	us := float64(d.Microseconds())
 	h.mu.Lock()
-	if h.decodeUs == 0 {
-		h.decodeUs = us
-	} else {
-		h.decodeUs += (us - h.decodeUs) / 16
-	}
+	h.decodeUs[h.nDecode%decodeWindow] = float64(d.Microseconds())
+	h.nDecode++
 	h.mu.Unlock()
 }
 
-// DecodeMsPerLayer is the measured single-row compute time per layer.
+// DecodeMsPerLayer is the measured single-row compute time per layer (0
+// before any live step).
 func (h *HopService) DecodeMsPerLayer() float32 {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	return float32(h.decodeUs / 1000 / float64(max(1, h.info.End-h.info.Start)))
+	if h.nDecode == 0 {
+		return 0
+	}
+	best := math.Inf(1)
+	for _, us := range h.decodeUs[:min(h.nDecode, decodeWindow)] {
+		best = math.Min(best, us)
+	}
+	return float32(best / 1000 / float64(max(1, h.info.End-h.info.Start)))
 }
 
 // NewHopService registers the session and ring protocols on host.

@@ -74,9 +74,14 @@ type Tracker struct {
 	wg     sync.WaitGroup
 }
 
+// rttWindow is how many recent ping samples a peer's RTT is taken over.
+const rttWindow = 8
+
 // peerView is the tracker's own measurement of one peer.
 type peerView struct {
-	rtt       time.Duration // EWMA of ping RTTs
+	rtt       time.Duration // minimum of the recent RTT samples
+	samples   [rttWindow]time.Duration
+	nSamples  int
 	lastOK    time.Time
 	firstFail time.Time // first failure since the last success (zero: none)
 }
@@ -344,10 +349,15 @@ func (t *Tracker) pingOne(ctx context.Context, p peer.ID) {
 		t.log.Debug("ping failed", "peer", p, "err", res.Error)
 		return
 	}
-	if v.rtt == 0 {
-		v.rtt = res.RTT
-	} else { // EWMA: one slow ping does not reroute the swarm
-		v.rtt = (7*v.rtt + 3*res.RTT) / 10
+	// The minimum of the last rttWindow pings: the path's latency without
+	// the queueing noise of busy hosts (load is modelled separately), so
+	// one slow ping neither reroutes the swarm nor breaks ties between
+	// equal replicas.
+	v.samples[v.nSamples%rttWindow] = res.RTT
+	v.nSamples++
+	v.rtt = res.RTT
+	for _, r := range v.samples[:min(v.nSamples, rttWindow)] {
+		v.rtt = min(v.rtt, r)
 	}
 	v.lastOK, v.firstFail = now, time.Time{}
 }
