@@ -229,11 +229,20 @@ func TestKillMiddleNode(t *testing.T) {
 			if spare { // both middles must be known before we start
 				deadline := time.Now().Add(30 * time.Second)
 				for len(c.Table().Shards(fp)) < 4 && time.Now().Before(deadline) {
+					// A late joiner asks the DHT instead of waiting for
+					// the next gossip round.
+					lctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+					_, _ = c.P2P().Discovery().Lookup(lctx, fp)
+					cancel()
 					time.Sleep(50 * time.Millisecond)
 				}
 			}
 			prompt := thinClientPrompt(t, c, fp, "Once upon a time")
-			const maxTok = 96
+			// The ring does not wait for the origin: on a starved machine
+			// it could finish a short generation before the origin even
+			// sees token 3 and kills the node. 400 tokens keep the kill
+			// well inside the generation.
+			const maxTok = 400
 			want := localTokens(t, model, prompt, maxTok)
 			var killed atomic.Pointer[Node]
 			n := 0
@@ -242,7 +251,7 @@ func TestKillMiddleNode(t *testing.T) {
 			res, err := o.Generate(context.Background(), route.GenerateRequest{Fingerprint: fp, NLayer: nl, Prompt: prompt, MaxTokens: maxTok,
 				OnToken: func(int32) bool {
 					n++
-					if n == 6 && killed.Load() == nil {
+					if n == 3 && killed.Load() == nil {
 						for _, m := range mids {
 							if m.Hop().Sessions() > 0 {
 								killed.Store(m)
