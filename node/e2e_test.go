@@ -351,3 +351,33 @@ func contains(s, sub string) bool {
 	}
 	return false
 }
+
+// Nodes can serve shard files cut beforehand (meshp2p shard split), so a
+// machine needs only its own layers; a shard started with other --layers
+// is refused.
+func TestPreCutShards(t *testing.T) {
+	model := testmodels.Path(t, "stories260K.gguf")
+	res, err := gguf.Split(context.Background(), model, gguf.EvenSplit(5, 3), t.TempDir(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tn := newTestNet(t)
+	for _, r := range res {
+		tn.shardWith(r.Path, nil, nil)
+	}
+	cfg := tn.config(t.TempDir())
+	cfg.ModelPath, cfg.Layers = res[0].Path, &gguf.Range{Start: 0, End: 3}
+	if _, err := Start(context.Background(), cfg); err == nil || !contains(err.Error(), "not --layers 0-3") {
+		t.Fatalf("shard with other --layers: %v", err)
+	}
+	c := tn.client()
+	fp, nl := waitModel(t, c, "stories260K")
+	prompt := thinClientPrompt(t, c, fp, "Once upon a time")
+	got, err := c.Origin(nil).Generate(context.Background(), route.GenerateRequest{Fingerprint: fp, NLayer: nl, Prompt: prompt, MaxTokens: 16})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := localTokens(t, model, prompt, 16); !equalTokens(got.Tokens, want) {
+		t.Fatalf("swarm %v local %v", got.Tokens, want)
+	}
+}

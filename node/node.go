@@ -12,6 +12,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"regexp"
 	"sync"
 	"time"
 
@@ -32,8 +33,9 @@ import (
 type Config struct {
 	P2P p2p.Config
 	// ModelPath is a whole GGUF model; with Layers, the node serves that
-	// layer range (split into DataDir/shards on first start). Empty: a
-	// client node that serves nothing.
+	// layer range (split into DataDir/shards on first start). It may also
+	// be a shard file cut by `meshp2p shard split` (verified, served as is).
+	// Empty: a client node that serves nothing.
 	ModelPath string
 	Layers    *gguf.Range // nil: all layers
 	ModelName string      // advertised name (default: the file name without .gguf)
@@ -134,24 +136,36 @@ func (n *Node) loadShard(ctx context.Context) error {
 	if err := os.MkdirAll(dataDir, 0o700); err != nil {
 		return err
 	}
-	var r gguf.Range
-	if cfg.Layers != nil {
-		r = *cfg.Layers
-	} else {
-		f, err := gguf.Open(cfg.ModelPath)
-		if err != nil {
-			return err
-		}
-		nl, err := f.NLayer()
-		f.Close()
-		if err != nil {
-			return err
-		}
-		r = gguf.Range{Start: 0, End: nl}
-	}
-	path, fp, nl, err := prepareShard(ctx, dataDir, cfg.ModelPath, r, cfg.SplitProgress, n.log)
+	f, err := gguf.Open(cfg.ModelPath)
 	if err != nil {
 		return err
+	}
+	nl, err := f.NLayer()
+	si, shardErr := gguf.ReadShardInfo(f.Metadata)
+	f.Close()
+	if err != nil {
+		return err
+	}
+	var path, fp string
+	if shardErr == nil {
+		// A pre-cut shard (meshp2p shard split): serve it as it is, after
+		// checking its proof, so a machine needs only its own layers.
+		if si, err = gguf.VerifyShard(ctx, cfg.ModelPath); err != nil {
+			return fmt.Errorf("%s: %w", cfg.ModelPath, err)
+		}
+		if cfg.Layers != nil && *cfg.Layers != si.Range {
+			return fmt.Errorf("%s holds layers %s, not --layers %s", cfg.ModelPath, si.Range, *cfg.Layers)
+		}
+		path, fp, nl = cfg.ModelPath, si.ParentFingerprint, si.ParentNLayer
+		n.log.Info("serving a pre-cut shard", "path", path, "range", si.Range.String(), "model", fp)
+	} else {
+		r := gguf.Range{Start: 0, End: nl}
+		if cfg.Layers != nil {
+			r = *cfg.Layers
+		}
+		if path, fp, nl, err = prepareShard(ctx, dataDir, cfg.ModelPath, r, cfg.SplitProgress, n.log); err != nil {
+			return err
+		}
 	}
 	n.fp, n.nLayer, n.shardPath = fp, nl, path
 	n.model, err = engine.LoadModel(ctx, path, engine.LoadOptions{})
@@ -169,6 +183,9 @@ func (n *Node) loadShard(ctx context.Context) error {
 		"decode_ms_per_token", float64(n.calibration.Microseconds())/1000)
 	if n.model.Info().HasVocab {
 		vp := filepath.Join(dataDir, "shards", fp[:16], "vocab.gguf")
+		if err := os.MkdirAll(filepath.Dir(vp), 0o755); err != nil {
+			return err
+		}
 		if _, err := os.Stat(vp); err != nil {
 			if err := gguf.WriteVocab(ctx, path, vp); err != nil {
 				return fmt.Errorf("write vocabulary: %w", err)
@@ -188,8 +205,16 @@ func (n *Node) ModelName() string {
 		return ""
 	}
 	b := filepath.Base(n.cfg.ModelPath)
-	return b[:len(b)-len(filepath.Ext(b))]
+	b = b[:len(b)-len(filepath.Ext(b))]
+	// A shard file cut by `shard split` is named <model>.L<a>-<b>.gguf:
+	// advertise the model's name, as the nodes holding the whole file do.
+	if m := shardSuffix.FindStringSubmatch(b); m != nil {
+		return m[1]
+	}
+	return b
 }
+
+var shardSuffix = regexp.MustCompile(`^(.+)\.L\d+-\d+$`)
 
 // NameKey is the discovery key under which a model name is announced.
 func NameKey(name string) string { return "name:" + name }

@@ -14,7 +14,8 @@ import (
 
 const startUsage = `Usage: meshp2p start --model FILE [--layers A-B] [flags]
 
-Serves layers [A,B) of a GGUF model to the swarm. On first start the model
+Serves layers [A,B) of a GGUF model to the swarm (or a shard file cut by
+meshp2p shard split, served as it is). On first start the model
 is fingerprinted and its shard file is cut into <data-dir>/shards (cached).
 Once ready, the node prints its peer id and addresses and writes them to
 <data-dir>/node.json. SIGINT/SIGTERM close sessions and withdraw the advert.
