@@ -15,6 +15,7 @@ import (
 	"github.com/neuron-tai/meshp2p/engine/gguf"
 	"github.com/neuron-tai/meshp2p/internal/testmodels"
 	"github.com/neuron-tai/meshp2p/p2p"
+	"github.com/neuron-tai/meshp2p/proto/frame"
 	"github.com/neuron-tai/meshp2p/proto/meshp2pb"
 	"github.com/neuron-tai/meshp2p/route"
 )
@@ -318,6 +319,25 @@ func TestHopRefusesMismatch(t *testing.T) {
 		if err == nil || !containsCode(err, tc.code) {
 			t.Errorf("%s: got %v, want %s", tc.name, err, tc.code)
 		}
+	}
+	// A stranger (the client) cannot open a session at the second hop
+	// pretending to be the first.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	s, err := c.Host().NewStream(ctx, b.P2P().ID(), c.Host().ProtocolID(ProtoSession, ProtoVersion))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pr := &meshp2pb.Route{ModelFingerprint: fp, NLayer: uint32(nl), Epoch: 1, Hops: []*meshp2pb.RouteHop{
+		{PeerId: []byte(a.P2P().ID()), Start: 0, End: 3}, {PeerId: []byte(b.P2P().ID()), Start: 3, End: 5}}}
+	open := &meshp2pb.SessionOpen{SessionId: make([]byte, 16), Epoch: 1, ModelFingerprint: fp, Route: pr, HopIndex: 1, NCtxNeeded: 16}
+	if err := frame.NewWriter(s, frame.Limits{}).WriteStream(&meshp2pb.StreamMessage{Kind: &meshp2pb.StreamMessage_Open{Open: open}}); err != nil {
+		t.Fatal(err)
+	}
+	msg, _, err := frame.NewReader(s, frame.Limits{}).ReadStream()
+	_ = s.Close()
+	if err != nil || msg.GetAccept().GetOk() || msg.GetAccept().GetError().GetCode() != meshp2pb.ErrorCode_ERROR_CODE_BAD_REQUEST {
+		t.Fatalf("spliced session open: %v %v", msg, err)
 	}
 	// Still serving.
 	res, err := c.Origin(nil).Generate(context.Background(), route.GenerateRequest{Fingerprint: fp, NLayer: nl, Prompt: []int32{1, 2, 3}, MaxTokens: 4})

@@ -57,9 +57,11 @@ type HopConfig struct {
 	Limits      frame.Limits
 	Logger      *slog.Logger
 	// Admit, if set, runs after the built-in checks (model, range, route
-	// shape) and may refuse the session with an error to send back (e.g.
-	// a missing or invalid route ticket). idx is this hop's route index.
-	Admit func(open *meshp2pb.SessionOpen, idx int) *meshp2pb.Error
+	// shape, sender) and may refuse the session with an error to send back
+	// (e.g. a missing or invalid route ticket). idx is this hop's route
+	// index; from is the peer that opened the stream (the origin for the
+	// head, else the previous hop).
+	Admit func(open *meshp2pb.SessionOpen, idx int, from peer.ID) *meshp2pb.Error
 }
 
 // HopService serves one engine shard to route sessions.
@@ -220,7 +222,7 @@ func (h *HopService) reject(w *frame.Writer, open *meshp2pb.SessionOpen, he *hop
 }
 
 // admit checks that the open names this hop with exactly this model and range.
-func (h *HopService) admit(open *meshp2pb.SessionOpen) (int, *hopError) {
+func (h *HopService) admit(open *meshp2pb.SessionOpen, from peer.ID) (int, *hopError) {
 	me := h.host.ID()
 	rt := open.GetRoute()
 	idx := int(open.GetHopIndex())
@@ -242,6 +244,11 @@ func (h *HopService) admit(open *meshp2pb.SessionOpen) (int, *hopError) {
 	if peer.ID(hop.GetPeerId()) != me {
 		return 0, codeErr(meshp2pb.ErrorCode_ERROR_CODE_BAD_REQUEST, "route hop names another peer", "")
 	}
+	// Only the previous hop of the route may extend a session to us: a
+	// stranger cannot splice itself into someone's route.
+	if idx > 0 && peer.ID(rt.GetHops()[idx-1].GetPeerId()) != from {
+		return 0, codeErr(meshp2pb.ErrorCode_ERROR_CODE_BAD_REQUEST, "session open must come from the previous hop of the route", "")
+	}
 	if int(hop.GetStart()) != h.info.Start || int(hop.GetEnd()) != h.info.End {
 		return 0, codeErr(meshp2pb.ErrorCode_ERROR_CODE_RANGE_MISMATCH, fmt.Sprintf("this hop serves layers %d-%d, route asks %d-%d", h.info.Start, h.info.End, hop.GetStart(), hop.GetEnd()), me)
 	}
@@ -258,7 +265,7 @@ func (h *HopService) admit(open *meshp2pb.SessionOpen) (int, *hopError) {
 		return 0, codeErr(meshp2pb.ErrorCode_ERROR_CODE_BAD_REQUEST, "route does not cover all layers", "")
 	}
 	if h.cfg.Admit != nil {
-		if e := h.cfg.Admit(open, idx); e != nil {
+		if e := h.cfg.Admit(open, idx, from); e != nil {
 			if len(e.GetFailedPeerId()) == 0 && frame.Retryable(e.GetCode()) {
 				e.FailedPeerId = []byte(me)
 			}
@@ -290,7 +297,7 @@ func (h *HopService) handleSession(s network.Stream) {
 		h.resume(s, w, open)
 		return
 	}
-	idx, he := h.admit(open)
+	idx, he := h.admit(open, s.Conn().RemotePeer())
 	if he != nil {
 		h.reject(w, open, he)
 		_ = s.Close()

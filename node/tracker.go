@@ -458,12 +458,17 @@ type TicketPolicy struct {
 // retryable (another route would carry the same ticket problem) except
 // TICKET_EXPIRED, which blames the ticket's tracker so that the origin
 // re-plans with a fresh ticket.
-func TicketAdmission(pol TicketPolicy) func(open *meshp2pb.SessionOpen, idx int) *meshp2pb.Error {
-	return func(open *meshp2pb.SessionOpen, idx int) *meshp2pb.Error {
+func TicketAdmission(pol TicketPolicy) func(open *meshp2pb.SessionOpen, idx int, from peer.ID) *meshp2pb.Error {
+	return func(open *meshp2pb.SessionOpen, idx int, from peer.ID) *meshp2pb.Error {
 		tk, err := route.VerifyTicket(open.GetTicket(), route.VerifyOptions{Trusted: pol.Trusted, Network: pol.Network,
 			Fingerprint: open.GetModelFingerprint(), Epoch: open.GetEpoch(), Now: pol.Now, ClockSkew: pol.ClockSkew})
 		if err == nil {
 			err = route.SameRoute(tk.GetRoute(), open.GetRoute())
+		}
+		// A ticket issued to a client is good for that client only: the
+		// head, which the origin dials, checks who presents it.
+		if c := tk.GetClientPeerId(); err == nil && idx == 0 && len(c) > 0 && peer.ID(c) != from {
+			err = fmt.Errorf("%w: ticket was issued to %s, presented by %s", route.ErrTicketInvalid, peer.ID(c), from)
 		}
 		if err == nil {
 			return nil

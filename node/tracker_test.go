@@ -72,13 +72,17 @@ func loadKey(t *testing.T, dir string) crypto.PrivKey {
 }
 
 // forge signs a ticket for hops with key, valid from issued for ttl.
-func forge(t *testing.T, key crypto.PrivKey, network, fp string, nl int, hops []route.Hop, issued time.Time, ttl time.Duration) *meshp2pb.SignedRouteTicket {
+func forge(t *testing.T, key crypto.PrivKey, network, fp string, nl int, hops []route.Hop, issued time.Time, ttl time.Duration, client ...peer.ID) *meshp2pb.SignedRouteTicket {
 	t.Helper()
 	id, _ := peer.IDFromPrivateKey(key)
 	rt := route.WireRoute(&route.Route{Fingerprint: fp, NLayer: nl, Epoch: 1, Hops: hops})
 	nonce, _ := route.NewNonce()
-	st, err := route.SignTicket(key, &meshp2pb.RouteTicket{Network: network, Route: rt, Nonce: nonce, IssuedAtMs: issued.UnixMilli(),
-		ExpiresAtMs: issued.Add(ttl).UnixMilli(), TrackerPeerId: []byte(id)})
+	tk := &meshp2pb.RouteTicket{Network: network, Route: rt, Nonce: nonce, IssuedAtMs: issued.UnixMilli(),
+		ExpiresAtMs: issued.Add(ttl).UnixMilli(), TrackerPeerId: []byte(id)}
+	if len(client) > 0 {
+		tk.ClientPeerId = []byte(client[0])
+	}
+	st, err := route.SignTicket(key, tk)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -146,6 +150,7 @@ func TestTrackerTickets(t *testing.T) {
 		{"expired", forge(t, tkey, tn.network, fp, nl, good, now.Add(-time.Hour), time.Minute), meshp2pb.ErrorCode_ERROR_CODE_TICKET_EXPIRED},
 		{"other model", forge(t, tkey, tn.network, "00"+fp[2:], nl, good, now, time.Minute), meshp2pb.ErrorCode_ERROR_CODE_MODEL_MISMATCH},
 		{"hop not in ticket", forge(t, tkey, tn.network, fp, nl, []route.Hop{{Peer: stranger, Start: 0, End: 3}, hopOf(b, 3, 5)}, now, time.Minute), meshp2pb.ErrorCode_ERROR_CODE_NOT_IN_TICKET},
+		{"issued to another client", forge(t, tkey, tn.network, fp, nl, good, now, time.Minute, stranger), meshp2pb.ErrorCode_ERROR_CODE_TICKET_INVALID},
 	}
 	for _, hc := range hopCases {
 		rt := &route.Route{Fingerprint: fp, NLayer: nl, Hops: good, Ticket: hc.st}
