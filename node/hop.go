@@ -195,9 +195,10 @@ type hopSession struct {
 	produced  int
 	activity  chan struct{}
 
-	once sync.Once
-	done chan struct{}
-	err  error
+	once     sync.Once
+	done     chan struct{}
+	released chan struct{} // closed once everything is freed
+	err      error
 }
 
 type hopError struct{ e *meshp2pb.Error }
@@ -308,7 +309,7 @@ func (h *HopService) handleSession(s network.Stream) {
 	key.Epoch = open.GetEpoch()
 	n := len(open.GetRoute().GetHops())
 	hs := &hopSession{h: h, key: key, open: open, idx: idx, head: idx == 0, tail: idx == n-1, wire: open.GetWireDtype(),
-		up: s, upW: w, ring: make(chan network.Stream, 1), self: make(chan *meshp2pb.TokenFrame, 1), activity: make(chan struct{}, 1), done: make(chan struct{}),
+		up: s, upW: w, ring: make(chan network.Stream, 1), self: make(chan *meshp2pb.TokenFrame, 1), activity: make(chan struct{}, 1), done: make(chan struct{}), released: make(chan struct{}),
 		resumeUp: make(chan network.Stream, 1), resumeRing: make(chan network.Stream, 1),
 		maxTokens: int(open.GetMaxTokens())}
 	for _, x := range open.GetRoute().GetHops() {
@@ -320,6 +321,7 @@ func (h *HopService) handleSession(s network.Stream) {
 			RepeatPenalty: sp.GetRepeatPenalty(), RepeatLastN: max(sp.GetRepeatLastN(), 0), Seed: uint64(sp.GetSeed())}
 	}
 	smp.Generated = open.GetGenerated()
+	h.supersede(key)
 	eng, err := h.shard.OpenSession(key, engine.SessionParams{KVTokens: int(open.GetNCtxNeeded()), Sampling: smp})
 	if err != nil {
 		code := meshp2pb.ErrorCode_ERROR_CODE_BAD_REQUEST
@@ -527,6 +529,7 @@ func (hs *hopSession) fail(he *hopError) {
 
 // release frees everything the session holds on this hop.
 func (hs *hopSession) release() {
+	defer close(hs.released)
 	hs.fail(nil)
 	h := hs.h
 	h.mu.Lock()
@@ -1082,4 +1085,29 @@ func (hs *hopSession) migrate(ctx context.Context, p peer.ID, ring bool) error {
 	h.moves.Add(1)
 	h.log.Info(what+" moved to the direct connection", "session", hs.key, "peer", p)
 	return nil
+}
+
+// supersede ends older epochs of a session that is being re-opened (the
+// origin re-routed) and waits, bounded, until their KV cells are free: the
+// old epoch is dead either way, and its reservation must not make the new
+// one fail for lack of capacity.
+func (h *HopService) supersede(key engine.SessionKey) {
+	h.mu.Lock()
+	var old []*hopSession
+	for k, hs := range h.active {
+		if k.ID == key.ID && k.Epoch < key.Epoch {
+			old = append(old, hs)
+		}
+	}
+	h.mu.Unlock()
+	deadline := time.After(h.cfg.OpenTimeout / 2)
+	for _, hs := range old {
+		hs.fail(codeErr(meshp2pb.ErrorCode_ERROR_CODE_STALE_EPOCH, fmt.Sprintf("superseded by epoch %d", key.Epoch), ""))
+		hs.unblock()
+		select {
+		case <-hs.released:
+		case <-deadline:
+			return
+		}
+	}
 }

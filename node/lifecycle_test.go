@@ -300,3 +300,52 @@ func TestStalledNextHopIsBlamedAndReleased(t *testing.T) {
 		t.Fatal("node close hangs")
 	}
 }
+
+// A re-routed session (same id, next epoch) reaching a hop that still holds
+// the old epoch supersedes it: the old one is told STALE_EPOCH and freed,
+// so its KV reservation does not refuse the new one.
+func TestNewEpochSupersedesOld(t *testing.T) {
+	model := testmodels.Path(t, "stories260K.gguf")
+	tn := newTestNet(t)
+	whole := tn.shardWith(model, nil, nil) // 512 KV cells
+	c := tn.client()
+	fp, nl := waitModel(t, c, "stories260K")
+	sid := make([]byte, 16)
+	_, _ = rand.Read(sid)
+	open := func(epoch uint64) (network.Stream, *meshp2pb.StreamMessage) {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		s, err := c.Host().NewStream(ctx, whole.P2P().ID(), c.Host().ProtocolID(ProtoSession, ProtoVersion))
+		if err != nil {
+			t.Fatal(err)
+		}
+		o := &meshp2pb.SessionOpen{SessionId: sid, Epoch: epoch, ModelFingerprint: fp, NCtxNeeded: 400,
+			Route: &meshp2pb.Route{ModelFingerprint: fp, NLayer: uint32(nl), Epoch: epoch, Hops: []*meshp2pb.RouteHop{{PeerId: []byte(whole.P2P().ID()), Start: 0, End: uint32(nl)}}}}
+		if err := frame.NewWriter(s, frame.Limits{}).WriteStream(&meshp2pb.StreamMessage{Kind: &meshp2pb.StreamMessage_Open{Open: o}}); err != nil {
+			t.Fatal(err)
+		}
+		_ = s.SetReadDeadline(time.Now().Add(10 * time.Second))
+		msg, _, err := frame.NewReader(s, frame.Limits{}).ReadStream()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s, msg
+	}
+	s1, m1 := open(1)
+	defer s1.Close()
+	if !m1.GetAccept().GetOk() {
+		t.Fatalf("epoch 1: %v", m1)
+	}
+	s2, m2 := open(2) // 400 + 400 cells would not fit next to epoch 1
+	defer s2.Close()
+	if !m2.GetAccept().GetOk() {
+		t.Fatalf("epoch 2 refused while epoch 1 holds its cells: %v", m2)
+	}
+	msg, _, err := frame.NewReader(s1, frame.Limits{}).ReadStream()
+	if err != nil || msg.GetError().GetCode() != meshp2pb.ErrorCode_ERROR_CODE_STALE_EPOCH {
+		t.Fatalf("epoch 1 should be told STALE_EPOCH: %v %v", msg, err)
+	}
+	if n := whole.Hop().Sessions(); n != 1 {
+		t.Fatalf("sessions on the hop: %d, want 1", n)
+	}
+}
