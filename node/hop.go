@@ -361,13 +361,18 @@ func (h *HopService) handleSession(s network.Stream) {
 	ctx, cancel := context.WithTimeout(context.Background(), budget)
 	if he := hs.connect(ctx); he != nil {
 		cancel()
+		hs.upMu.Lock() // a concurrent HopService.Close may be reporting on w too
 		h.reject(w, open, he)
+		hs.upMu.Unlock()
 		_ = s.Close()
 		return
 	}
 	cancel()
 	_ = s.SetReadDeadline(time.Time{})
-	if err := w.WriteStream(&meshp2pb.StreamMessage{Kind: &meshp2pb.StreamMessage_Accept{Accept: &meshp2pb.SessionAccept{SessionId: open.GetSessionId(), Epoch: open.GetEpoch(), Ok: true}}}); err != nil {
+	hs.upMu.Lock()
+	err = w.WriteStream(&meshp2pb.StreamMessage{Kind: &meshp2pb.StreamMessage_Accept{Accept: &meshp2pb.SessionAccept{SessionId: open.GetSessionId(), Epoch: open.GetEpoch(), Ok: true}}})
+	hs.upMu.Unlock()
+	if err != nil {
 		return
 	}
 	h.log.Debug("session open", "session", key, "hop", idx, "of", n)
