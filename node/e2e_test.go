@@ -239,33 +239,39 @@ func TestKillMiddleNode(t *testing.T) {
 				}
 			}
 			prompt := thinClientPrompt(t, c, fp, "Once upon a time")
-			// The ring does not wait for the origin: on a starved machine
-			// it could finish a short generation before the origin even
-			// sees token 3 and kills the node. 400 tokens keep the kill
-			// well inside the generation.
 			const maxTok = 400
 			want := localTokens(t, model, prompt, maxTok)
+			// Kill the middle node once 3 decode steps have passed through
+			// it: judged on the hop, not by the origin, because the ring
+			// does not wait for the origin and a starved origin could see
+			// token 3 only after the ring has finished.
 			var killed atomic.Pointer[Node]
-			n := 0
-			o := c.Origin(nil)
-			o.RouteWait = time.Second // no replacement is coming in the no-spare case
-			res, err := o.Generate(context.Background(), route.GenerateRequest{Fingerprint: fp, NLayer: nl, Prompt: prompt, MaxTokens: maxTok,
-				OnToken: func(int32) bool {
-					n++
-					if n == 3 && killed.Load() == nil {
-						for _, m := range mids {
-							if m.Hop().Sessions() > 0 {
-								killed.Store(m)
-								// Abrupt: the host goes away (no advert
-								// withdrawal, no goodbye), streams reset. The
-								// ring keeps generating while we are in this
-								// callback, so the kill must be quick.
-								_ = m.P2P().Host().Close()
-							}
+			stop := make(chan struct{})
+			killerDone := make(chan struct{})
+			go func() {
+				defer close(killerDone)
+				for {
+					for _, m := range mids {
+						if m.Hop().Sessions() > 0 && m.Hop().DecodeSteps() >= 3 {
+							killed.Store(m)
+							// Abrupt: the host goes away (no advert
+							// withdrawal, no goodbye), streams reset.
+							_ = m.P2P().Host().Close()
+							return
 						}
 					}
-					return false
-				}})
+					select {
+					case <-stop:
+						return
+					case <-time.After(time.Millisecond):
+					}
+				}
+			}()
+			o := c.Origin(nil)
+			o.RouteWait = time.Second // no replacement is coming in the no-spare case
+			res, err := o.Generate(context.Background(), route.GenerateRequest{Fingerprint: fp, NLayer: nl, Prompt: prompt, MaxTokens: maxTok})
+			close(stop)
+			<-killerDone
 			if killed.Load() == nil {
 				t.Fatal("no middle node was serving the session")
 			}

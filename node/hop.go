@@ -98,6 +98,13 @@ func (h *HopService) ObserveDecode(d time.Duration) {
 	h.mu.Unlock()
 }
 
+// DecodeSteps counts the single-row steps this hop has computed.
+func (h *HopService) DecodeSteps() int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.nDecode
+}
+
 // DecodeMsPerLayer is the measured single-row compute time per layer (0
 // before any live step).
 func (h *HopService) DecodeMsPerLayer() float32 {
