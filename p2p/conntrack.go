@@ -119,18 +119,7 @@ func (t *connTracker) update(p peer.ID) {
 
 func (t *connTracker) emitLocked(ev ConnEvent) {
 	for ch := range t.subs {
-		select {
-		case ch <- ev:
-		default:
-			select { // drop the oldest, then deliver
-			case <-ch:
-			default:
-			}
-			select {
-			case ch <- ev:
-			default:
-			}
-		}
+		sendDropOldest(ch, ev)
 	}
 }
 
@@ -193,5 +182,24 @@ func (t *connTracker) notifiee() network.Notifiee {
 	return &network.NotifyBundle{
 		ConnectedF:    func(_ network.Network, c network.Conn) { t.update(c.RemotePeer()) },
 		DisconnectedF: func(_ network.Network, c network.Conn) { t.update(c.RemotePeer()) },
+	}
+}
+
+// sendDropOldest delivers v on a subscriber's bounded channel without
+// blocking: when the channel is full the oldest event is dropped, so a slow
+// reader loses old events, never the newest.
+func sendDropOldest[T any](ch chan T, v T) {
+	select {
+	case ch <- v:
+		return
+	default:
+	}
+	select {
+	case <-ch:
+	default:
+	}
+	select {
+	case ch <- v:
+	default:
 	}
 }

@@ -390,18 +390,7 @@ func sameContent(a, b *Advert) bool {
 func (d *Discovery) emitLocked(ev AdvertEvent) {
 	ev.Advert.Reach = d.n.tracker.status(ev.Advert.Peer).Path
 	for ch := range d.subs {
-		select {
-		case ch <- ev:
-		default:
-			select { // drop the oldest, then deliver
-			case <-ch:
-			default:
-			}
-			select {
-			case ch <- ev:
-			default:
-			}
-		}
+		sendDropOldest(ch, ev)
 	}
 }
 

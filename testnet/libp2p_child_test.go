@@ -131,7 +131,6 @@ type punchTracer struct {
 	failures int
 	success  int
 	errs     []string
-	changed  chan struct{}
 }
 
 func (p *punchTracer) Trace(evt *holepunch.Event) {
