@@ -290,14 +290,27 @@ func (c *advertChecker) accept(source peer.ID, data []byte, now time.Time) (*adv
 	return rec, nil
 }
 
-// noteSeq records seq for p if it is higher than what was seen (adverts
-// fetched directly by Lookup).
-func (c *advertChecker) noteSeq(p peer.ID, seq uint64, now time.Time) {
+// lastSeen is the highest seq gossip has accepted from p (adverts and
+// tombstones), if any is remembered.
+func (c *advertChecker) lastSeen(p peer.ID) (uint64, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if last, ok := c.lastSeq[p]; !ok || seq > last.seq {
-		c.lastSeq[p] = seqSeen{seq: seq, at: now}
+	s, ok := c.lastSeq[p]
+	return s.seq, ok
+}
+
+// envelopeSigner returns the peer whose key signed the envelope (not yet
+// verified: open does that).
+func envelopeSigner(data []byte) (peer.ID, error) {
+	env, err := record.UnmarshalEnvelope(data)
+	if err != nil || env.PublicKey == nil {
+		return "", fmt.Errorf("%w: not a signed envelope", ErrAdvertUnsigned)
 	}
+	id, err := peer.IDFromPublicKey(env.PublicKey)
+	if err != nil {
+		return "", fmt.Errorf("%w: signer key: %v", ErrAdvertMalformed, err)
+	}
+	return id, nil
 }
 
 // prune drops replay state older than MaxAge + ClockSkew.

@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"github.com/ipfs/go-cid"
+	dht "github.com/libp2p/go-libp2p-kad-dht"
+	"github.com/libp2p/go-libp2p-kad-dht/dual"
 	pubsub "github.com/libp2p/go-libp2p-pubsub"
 	"github.com/libp2p/go-libp2p/core/network"
 	"github.com/libp2p/go-libp2p/core/peer"
@@ -71,6 +73,8 @@ type Advert struct {
 	Addrs []multiaddr.Multiaddr
 	// Reach is how this node reaches Peer right now (filled when read).
 	Reach Path
+
+	env []byte // the signed envelope as received, served to pulling peers
 }
 
 // AdvertEventKind says what changed in the advert table.
@@ -126,6 +130,8 @@ type Discovery struct {
 	topic   *pubsub.Topic
 	sub     *pubsub.Subscription
 	advPID  protocol.ID
+	syncPID protocol.ID
+	sync    *syncState
 
 	publishNow chan struct{} // cap 1
 	provideNow chan struct{} // cap 1
@@ -175,6 +181,8 @@ func newDiscovery(n *Node) (*Discovery, error) {
 		cfg:        cfg,
 		checker:    newAdvertChecker(n.cfg.Network, cfg),
 		advPID:     ProtocolID(n.cfg.Network, "advert", "1.0.0"),
+		syncPID:    ProtocolID(n.cfg.Network, "advert-sync", "1.0.0"),
+		sync:       newSyncState(),
 		publishNow: make(chan struct{}, 1),
 		provideNow: make(chan struct{}, 1),
 		table:      make(map[peer.ID]*Advert),
@@ -212,13 +220,20 @@ func newDiscovery(n *Node) (*Discovery, error) {
 		d.cancel()
 		return nil, fmt.Errorf("subscribing to %s: %w", topic, err)
 	}
+	idSub, err := d.subscribeIdentify()
+	if err != nil {
+		d.cancel()
+		return nil, fmt.Errorf("subscribing to identify events: %w", err)
+	}
 	n.host.SetStreamHandler(d.advPID, d.handleAdvertStream)
+	n.host.SetStreamHandler(d.syncPID, d.handleSyncStream)
 
-	d.wg.Add(4)
+	d.wg.Add(5)
 	go d.readLoop()
 	go d.publishLoop()
 	go d.provideLoop()
 	go d.sweepLoop()
+	go d.syncLoop(idSub)
 	return d, nil
 }
 
@@ -333,34 +348,36 @@ func (d *Discovery) readLoop() {
 		if !ok || rec.Peer == self {
 			continue
 		}
-		d.ingest(rec, time.Now())
+		d.ingest(rec, msg.Data, time.Now())
 	}
 }
 
-// ingest applies an accepted advert or tombstone to the table.
-func (d *Discovery) ingest(rec *advertRecord, now time.Time) {
+// ingest applies a verified advert or tombstone (env: its signed envelope)
+// to the table. It reports whether the table changed.
+func (d *Discovery) ingest(rec *advertRecord, env []byte, now time.Time) bool {
 	if rec.Peer == d.n.host.ID() {
-		return
+		return false
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.closed {
-		return
+		return false
 	}
 	old := d.table[rec.Peer]
 	if old != nil && rec.Seq <= old.Seq {
-		return
+		return false
 	}
 	if rec.Withdrawn {
 		if old != nil {
 			delete(d.table, rec.Peer)
 			d.emitLocked(AdvertEvent{Kind: AdvertRemoved, Advert: *old, Reason: ReasonWithdrawn})
+			return true
 		}
-		return
+		return false
 	}
 	if old == nil && len(d.table) >= maxTableSize {
 		d.log.Warn("advert table full; ignoring new peer", "peer", rec.Peer, "size", len(d.table))
-		return
+		return false
 	}
 	expires := rec.ExpiresAt
 	if cap := rec.IssuedAt.Add(d.cfg.MaxAge); cap.Before(expires) {
@@ -368,7 +385,7 @@ func (d *Discovery) ingest(rec *advertRecord, now time.Time) {
 	}
 	ad := &Advert{
 		Peer: rec.Peer, Seq: rec.Seq, IssuedAt: rec.IssuedAt, ExpiresAt: expires,
-		Keys: rec.Keys, Body: rec.Body, Addrs: rec.Addrs,
+		Keys: rec.Keys, Body: rec.Body, Addrs: rec.Addrs, env: env,
 	}
 	d.table[rec.Peer] = ad
 	if ttl := expires.Sub(now); ttl > 0 && len(ad.Addrs) > 0 {
@@ -380,6 +397,7 @@ func (d *Discovery) ingest(rec *advertRecord, now time.Time) {
 	case !sameContent(old, ad):
 		d.emitLocked(AdvertEvent{Kind: AdvertUpdated, Advert: *ad})
 	}
+	return true
 }
 
 func sameContent(a, b *Advert) bool {
@@ -547,6 +565,34 @@ func (d *Discovery) publish() bool {
 	return true
 }
 
+// errNoDHTPeers: neither DHT has a peer to store a provider record with.
+var errNoDHTPeers = errors.New("no DHT peers yet")
+
+// provideBoth announces c in the LAN and the WAN DHT, each that has peers
+// (dual.DHT.Provide picks only one). It succeeds if either does.
+func provideBoth(ctx context.Context, kad *dual.DHT, c cid.Cid) error {
+	var errs []error
+	done := false
+	for _, k := range []*dht.IpfsDHT{kad.LAN, kad.WAN} {
+		if k.RoutingTable().Size() == 0 {
+			continue
+		}
+		if err := k.Provide(ctx, c, true); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		done = true
+	}
+	switch {
+	case done:
+		return nil
+	case len(errs) == 0:
+		return errNoDHTPeers
+	default:
+		return errors.Join(errs...)
+	}
+}
+
 // keyCID maps a lookup key to the CID its DHT provider records use; the
 // network name is part of the hash so swarms never share provider records.
 func keyCID(network, key string) cid.Cid {
@@ -581,7 +627,7 @@ func (d *Discovery) provideLoop() {
 		var failed error
 		for _, k := range keys {
 			ctx, cancel := context.WithTimeout(d.ctx, provideTimeout)
-			err := kad.Provide(ctx, keyCID(d.n.cfg.Network, k), true)
+			err := provideBoth(ctx, kad, keyCID(d.n.cfg.Network, k))
 			cancel()
 			if err != nil {
 				failed = err
@@ -741,8 +787,11 @@ func (d *Discovery) lookupOne(ctx context.Context, p peer.ID, key string) (Adver
 	if rec.Withdrawn || !slices.Contains(rec.Keys, key) {
 		return Advert{}, fmt.Errorf("advert does not list key %q", key)
 	}
-	d.checker.noteSeq(rec.Peer, rec.Seq, now)
-	d.ingest(rec, now)
+	// Not recorded in the gossip replay state (see advertsync.go): the
+	// same advert arriving by gossip must still be forwarded.
+	if last, ok := d.checker.lastSeen(rec.Peer); !ok || rec.Seq >= last {
+		d.ingest(rec, env, now)
+	}
 	expires := rec.ExpiresAt
 	if cap := rec.IssuedAt.Add(d.cfg.MaxAge); cap.Before(expires) {
 		expires = cap
@@ -842,6 +891,7 @@ func (d *Discovery) close() {
 		}
 	}
 	d.n.host.RemoveStreamHandler(d.advPID)
+	d.n.host.RemoveStreamHandler(d.syncPID)
 	d.cancel()
 	d.sub.Cancel()
 	d.wg.Wait()

@@ -159,6 +159,9 @@ func TestLateJoinerLookup(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor(ctx, t, "bootstrap to receive the holder's only gossip", func() bool { return hasAdvert(b, holder.ID(), "shard 0-15") })
+	// Nor by pulling on connect: nobody serves pulls.
+	b.Host().RemoveStreamHandler(b.Discovery().syncPID)
+	holder.Host().RemoveStreamHandler(holder.Discovery().syncPID)
 
 	late := newTestNode(t, func(c *Config) { withBootstrap(b)(c); slow(c) })
 	waitFor(ctx, t, "late joiner to reach bootstrap", func() bool { return late.ConnStatus(b.ID()).Path == PathDirect })

@@ -12,6 +12,7 @@ import (
 
 	"github.com/libp2p/go-libp2p"
 	dht "github.com/libp2p/go-libp2p-kad-dht"
+	"github.com/libp2p/go-libp2p-kad-dht/dual"
 	"github.com/libp2p/go-libp2p/core/crypto"
 	"github.com/libp2p/go-libp2p/core/host"
 	"github.com/libp2p/go-libp2p/core/network"
@@ -41,10 +42,6 @@ const (
 
 // Tunables that are variables so tests can shrink them.
 var (
-	// bootstrapRetry is how often an unconnected bootstrap peer is redialled.
-	bootstrapRetry = 10 * time.Second
-	// bootstrapDialTimeout bounds one dial to a bootstrap peer.
-	bootstrapDialTimeout = 15 * time.Second
 	// autorelayBackoff replaces go-libp2p's 1 h backoff after a failed
 	// reservation: our relays are few and known, and a relay that was not
 	// up yet when we started must be retried soon (netns spike pitfall 4).
@@ -62,11 +59,12 @@ type Node struct {
 	cfg     Config
 	log     *slog.Logger
 	host    host.Host
-	kad     *dht.IpfsDHT
+	kad     *dual.DHT
 	cm      *connmgr.BasicConnMgr
 	relay   *relay.Relay
 	tracker *connTracker
 	disc    *Discovery
+	boot    *bootState
 	pskFP   string // "" when not private
 
 	ctx    context.Context // lifecycle; cancelled by Close
@@ -117,7 +115,7 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 		}
 	}
 
-	n := &Node{cfg: cfg, log: log, tracker: newConnTracker()}
+	n := &Node{cfg: cfg, log: log, tracker: newConnTracker(), boot: newBootState(cfg.Bootstrap)}
 	if psk != nil {
 		n.pskFP = SwarmKeyFingerprint(psk)
 		kept, dropped := tcpOnly(cfg.ListenAddrs)
@@ -293,10 +291,16 @@ func (n *Node) hostOptions(key crypto.PrivKey, psk pnet.PSK, rm network.Resource
 	return opts, nil
 }
 
-// newDHT builds the swarm's own Kademlia DHT: protocol
-// /meshp2p/<network>/kad/1.0.0; it learns peers only from connections
+// newDHT builds the swarm's own dual Kademlia DHT, as kubo runs it: a WAN
+// DHT (/meshp2p/<network>/kad/1.0.0) among peers with public addresses,
+// whose mode follows Config.DHTMode (auto: AutoNAT decides, so nodes behind
+// NAT stay clients), and a LAN DHT (/meshp2p/<network>/kad/lan/1.0.0) among
+// peers reached over private addresses, in which every node that is not a
+// pure client is a server. So peers on one LAN, or one host, find each
+// other's provider records even though AutoNAT never calls a private or
+// loopback address public. It learns peers only from connections
 // (bootstrapLoop dials the explicit bootstrap peers), never public ones.
-func (n *Node) newDHT(h host.Host) (*dht.IpfsDHT, error) {
+func (n *Node) newDHT(h host.Host) (*dual.DHT, error) {
 	mode := dht.ModeAuto
 	switch n.cfg.DHTMode {
 	case DHTModeServer:
@@ -304,16 +308,22 @@ func (n *Node) newDHT(h host.Host) (*dht.IpfsDHT, error) {
 	case DHTModeClient:
 		mode = dht.ModeClient
 	}
-	kad, err := dht.New(h,
-		dht.ProtocolPrefix(protocol.ID("/meshp2p/"+n.cfg.Network)),
-		dht.Mode(mode),
-		// No dht.BootstrapPeers: the DHT would dial them from inside
-		// libp2p.New, before the host listens, so those connections leave
-		// from a random source port and relays' observations of our public
-		// address are ignored: hole punching then never starts (found in
-		// the netns testnet, 4 of 6 runs). bootstrapLoop dials the same
-		// peers once the host listens and bootstraps the DHT then.
-		dht.DisableValues(),
+	kad, err := dual.New(h,
+		dual.DHTOption(
+			dht.ProtocolPrefix(protocol.ID("/meshp2p/"+n.cfg.Network)),
+			dht.Mode(mode),
+			// No dht.BootstrapPeers: the DHT would dial them from inside
+			// libp2p.New, before the host listens, so those connections
+			// leave from a random source port and relays' observations of
+			// our public address are ignored: hole punching then never
+			// starts (found in the netns testnet, 4 of 6 runs).
+			// bootstrapLoop dials the same peers once the host listens and
+			// bootstraps the DHT then.
+			dht.DisableValues(),
+		),
+		// kubo's LAN DHT drops loopback addresses from what it hands out;
+		// a swarm on one host (the demo, a first try) has only those.
+		dual.LanDHTOption(dht.AddressFilter(nil)),
 	)
 	if err != nil {
 		return nil, fmt.Errorf("creating DHT: %w", err)
@@ -373,51 +383,6 @@ func (a relayACL) AllowReserve(p peer.ID, _ multiaddr.Multiaddr) bool {
 
 func (a relayACL) AllowConnect(src peer.ID, _ multiaddr.Multiaddr, dst peer.ID) bool {
 	return a.allow == nil || (a.allow(src) && a.allow(dst))
-}
-
-// bootstrapLoop dials bootstrap peers now and whenever they are not
-// connected, every bootstrapRetry, until Close. After the first success it
-// bootstraps the DHT.
-func (n *Node) bootstrapLoop() {
-	defer n.wg.Done()
-	t := time.NewTicker(bootstrapRetry)
-	defer t.Stop()
-	dhtStarted := false
-	for {
-		connected := 0
-		for _, ai := range n.cfg.Bootstrap {
-			if ai.ID == n.host.ID() {
-				continue
-			}
-			if n.host.Network().Connectedness(ai.ID) == network.Connected {
-				connected++
-				continue
-			}
-			ctx, cancel := context.WithTimeout(n.ctx, bootstrapDialTimeout)
-			err := n.host.Connect(ctx, ai)
-			cancel()
-			if err != nil {
-				if n.ctx.Err() != nil {
-					return
-				}
-				n.log.Debug("bootstrap dial failed", "peer", ai.ID, "err", err)
-				continue
-			}
-			connected++
-			n.log.Info("connected to bootstrap peer", "peer", ai.ID)
-		}
-		if connected > 0 && !dhtStarted && n.kad != nil {
-			dhtStarted = true
-			if err := n.kad.Bootstrap(n.ctx); err != nil {
-				n.log.Warn("DHT bootstrap", "err", err)
-			}
-		}
-		select {
-		case <-n.ctx.Done():
-			return
-		case <-t.C:
-		}
-	}
 }
 
 // ID is the node's peer id.
@@ -495,9 +460,6 @@ func (n *Node) Unprotect(p peer.ID, tag string) bool { return n.cm.Unprotect(p, 
 // Private reports whether the node runs a private swarm (swarm key), and the
 // key's fingerprint (never the key).
 func (n *Node) Private() (bool, string) { return n.pskFP != "", n.pskFP }
-
-// DHT is the swarm's Kademlia DHT (for peer routing by other packages).
-func (n *Node) DHT() *dht.IpfsDHT { return n.kad }
 
 // Discovery is the node's advert service.
 func (n *Node) Discovery() *Discovery { return n.disc }
