@@ -42,6 +42,15 @@ func (tn *testNet) config(dir string) Config {
 	return Config{P2P: pc, Engine: ec, Hop: HopConfig{Idle: 20 * time.Second, OpenTimeout: 10 * time.Second}}
 }
 
+// clientPreset turns a test node's p2p config into the client preset's
+// (DHT client), keeping the test's network, directory, listen addresses and
+// bootstrap peers.
+func clientPreset(c p2p.Config) p2p.Config {
+	pc := TestRelax(Preset(PresetClient))
+	pc.Network, pc.DataDir, pc.Bootstrap, pc.ListenAddrs = c.Network, c.DataDir, c.Bootstrap, c.ListenAddrs
+	return pc
+}
+
 // shard starts a node serving layers r of model; the first node becomes
 // everyone's bootstrap peer.
 func (tn *testNet) shard(model string, r gguf.Range) *Node {
@@ -68,9 +77,12 @@ func (tn *testNet) shardWith(model string, r *gguf.Range, tweak func(*Config)) *
 	return n
 }
 
+// client starts a node without weights on the client preset, as
+// `meshp2p generate` does.
 func (tn *testNet) client() *Node {
 	tn.t.Helper()
 	cfg := tn.config(tn.t.TempDir())
+	cfg.P2P = clientPreset(cfg.P2P)
 	n, err := Start(context.Background(), cfg)
 	if err != nil {
 		tn.t.Fatal(err)

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"sync/atomic"
 	"time"
 
 	"github.com/neuron-tai/meshp2p/engine/gguf"
@@ -36,8 +37,14 @@ func (n *Node) WaitForModel(ctx context.Context, model string, wait time.Duratio
 	}
 	changed := n.table.Changed()
 	var lastErr error
+	// Besides gossip, every few seconds: pull adverts again from connected
+	// peers (a peer we connected to before it learnt of the model) and ask
+	// the DHT for providers of the key.
 	lookup := time.NewTimer(0)
 	defer lookup.Stop()
+	alone := time.NewTicker(250 * time.Millisecond)
+	defer alone.Stop()
+	var looking atomic.Bool
 	for {
 		if fp, nl, err := n.table.Resolve(model); err == nil {
 			_, perr := (&route.LocalPlanner{Table: n.table}).Plan(ctx, route.Request{Fingerprint: fp, NLayer: nl})
@@ -51,20 +58,38 @@ func (n *Node) WaitForModel(ctx context.Context, model string, wait time.Duratio
 		select {
 		case <-ctx.Done():
 			if errors.Is(ctx.Err(), context.DeadlineExceeded) {
-				return "", 0, fmt.Errorf("after waiting %s for peers: %w", wait, lastErr)
+				if err := n.p2p.NoPeersError(); err != nil {
+					return "", 0, fmt.Errorf("after waiting %s: %w", wait, err)
+				}
+				return "", 0, fmt.Errorf("after waiting %s (connected to %d peer(s), %d advert(s) seen): %w",
+					wait, n.p2p.PeerCount(), len(n.p2p.Discovery().Adverts()), lastErr)
 			}
 			return "", 0, ctx.Err()
+		case <-alone.C:
+			// Every bootstrap peer refused us for a reason waiting will
+			// not fix (wrong key, network or address): say so now.
+			if n.p2p.Unreachable() {
+				return "", 0, n.p2p.NoPeersError()
+			}
 		case <-changed:
 		case <-lookup.C:
-			go func() {
-				lctx, c := context.WithTimeout(ctx, 5*time.Second)
-				defer c()
-				_, _ = n.p2p.Discovery().Lookup(lctx, key)
-			}()
-			lookup.Reset(3 * time.Second)
+			if looking.CompareAndSwap(false, true) {
+				go func() {
+					defer looking.Store(false)
+					lctx, c := context.WithTimeout(ctx, 5*time.Second)
+					defer c()
+					n.p2p.Discovery().Sync(lctx)
+					_, _ = n.p2p.Discovery().Lookup(lctx, key)
+				}()
+			}
+			lookup.Reset(waitLookupEvery)
 		}
 	}
 }
+
+// waitLookupEvery is how often WaitForModel re-pulls adverts and asks the
+// DHT while the model is not routable yet.
+const waitLookupEvery = 2 * time.Second
 
 func isHex(s string) bool {
 	_, err := hex.DecodeString(s)

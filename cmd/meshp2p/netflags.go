@@ -8,6 +8,7 @@ import (
 
 	"github.com/libp2p/go-libp2p/core/peer"
 	"github.com/multiformats/go-multiaddr"
+	manet "github.com/multiformats/go-multiaddr/net"
 
 	"github.com/neuron-tai/meshp2p/node"
 	"github.com/neuron-tai/meshp2p/p2p"
@@ -39,8 +40,8 @@ func (f *netFlags) register(fs *flag.FlagSet, preset string) {
 	fs.StringVar(&f.dhtMode, "dht-mode", "", "DHT mode: auto, server or client (default by role)")
 	fs.StringVar(&f.reach, "reachability", "", "force reachability: public or private (default: AutoNAT decides)")
 	fs.BoolVar(&f.portMapping, "port-mapping", preset == node.PresetHome, "map a port on the home router with UPnP/NAT-PMP")
-	fs.BoolVar(&f.test, "test-mode", false, "loopback test preset: fast adverts, relaxed per-IP limits, DHT server (never in deployments)")
-	fs.StringVar(&f.testPublic, "test-public-cidrs", "", "TEST ONLY (with --test-mode): treat these CIDRs as public internet and lift per-IP limits for them, e.g. the netns test network's 203.0.113.0/24")
+	fs.BoolVar(&f.test, "test-mode", false, "TEST ONLY: lift per-IP connection limits for 127.0.0.0/8 and turn UPnP/NAT-PMP off; changes nothing else (intervals, DHT mode and reachability stay as the role's preset)")
+	fs.StringVar(&f.testPublic, "test-public-cidrs", "", "TEST ONLY (with --test-mode): treat these CIDRs as public internet and lift per-IP limits for them, e.g. the netns test network's 203.0.113.0/24 (changes go-libp2p's address classification for the whole process)")
 	fs.BoolVar(&f.relay, "relay-service", preset == node.PresetRelay, "run a circuit relay v2 for swarm members (raised limits for activation traffic)")
 }
 
@@ -76,10 +77,10 @@ func splitList(s string) []string {
 
 // config builds the p2p configuration from a preset and the flags.
 func (f *netFlags) config(preset string) (p2p.Config, error) {
-	if f.test {
-		preset = node.PresetTest
-	}
 	c := node.Preset(preset)
+	if f.test {
+		c = node.TestRelax(c)
+	}
 	c.Network = f.network
 	if f.dataDir == "" {
 		return c, fmt.Errorf("%w: --data-dir is required (no home directory found)", errUsage)
@@ -105,7 +106,9 @@ func (f *netFlags) config(preset string) (p2p.Config, error) {
 	if f.reach != "" {
 		c.ForceReachability = f.reach
 	}
-	c.PortMapping = f.portMapping && !f.test // never UPnP/NAT-PMP in test mode
+	// Never UPnP/NAT-PMP in test mode, nor when only loopback is listened
+	// on (nothing a router could map).
+	c.PortMapping = f.portMapping && !f.test && !loopbackOnly(c.ListenAddrs)
 	c.RelayService = f.relay
 	if f.testPublic != "" {
 		if !f.test {
@@ -121,4 +124,18 @@ func (f *netFlags) config(preset string) (p2p.Config, error) {
 		}
 	}
 	return c, nil
+}
+
+// loopbackOnly reports whether every listen address is a loopback one.
+func loopbackOnly(addrs []string) bool {
+	if len(addrs) == 0 {
+		return false
+	}
+	for _, s := range addrs {
+		a, err := multiaddr.NewMultiaddr(s)
+		if err != nil || !manet.IsIPLoopback(a) {
+			return false
+		}
+	}
+	return true
 }

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/neuron-tai/meshp2p/internal/testmodels"
+	"github.com/neuron-tai/meshp2p/p2p"
 )
 
 // syncBuf is a goroutine-safe buffer for a command's output.
@@ -39,7 +40,8 @@ func (s *syncBuf) String() string {
 func TestStartGenerateAndShutdown(t *testing.T) {
 	model := testmodels.Path(t, "stories260K.gguf")
 	dir := t.TempDir()
-	net := []string{"--network", "clitest", "--test-mode", "--port-mapping=false", "--listen", "/ip4/127.0.0.1/tcp/0"}
+	// The flags the README gives users (loopback listening turns UPnP off).
+	net := []string{"--network", "clitest", "--listen", "/ip4/127.0.0.1/tcp/0"}
 	type proc struct {
 		cancel context.CancelFunc
 		done   chan error
@@ -119,7 +121,7 @@ func TestStartGenerateAndShutdown(t *testing.T) {
 func TestStatus(t *testing.T) {
 	model := testmodels.Path(t, "stories260K.gguf")
 	dir := t.TempDir()
-	net := []string{"--network", "statustest", "--test-mode", "--port-mapping=false", "--listen", "/ip4/127.0.0.1/tcp/0"}
+	net := []string{"--network", "statustest", "--listen", "/ip4/127.0.0.1/tcp/0"}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() {
@@ -146,4 +148,75 @@ func TestStatus(t *testing.T) {
 		t.Fatalf("status output:\n%s", s)
 	}
 	t.Logf("status:\n%s", s)
+}
+
+// startNode runs `meshp2p start args...` until the test ends and returns
+// its first address (from node.json) and its log.
+func startNode(t *testing.T, dir string, args ...string) (string, *syncBuf) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	logs := &syncBuf{}
+	go func() { done <- runStart(ctx, &syncBuf{}, logs, append(args, "--data-dir", dir)) }()
+	t.Cleanup(func() { cancel(); <-done })
+	var info struct {
+		Addrs []string `json:"addrs"`
+	}
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		if b, err := os.ReadFile(filepath.Join(dir, "node.json")); err == nil && json.Unmarshal(b, &info) == nil && len(info.Addrs) > 0 {
+			return info.Addrs[0], logs
+		}
+		select {
+		case err := <-done:
+			t.Fatalf("start exited: %v\n%s", err, logs.String())
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no node.json")
+		}
+	}
+}
+
+// Nodes and clients that cannot get in say why, and clients tell "connected
+// to nobody" from "connected, but nobody serves this model".
+func TestJoinFailuresAreLoud(t *testing.T) {
+	model := testmodels.Path(t, "stories260K.gguf")
+	dir := t.TempDir()
+	keyA, keyB := filepath.Join(dir, "a.key"), filepath.Join(dir, "b.key")
+	for _, k := range []string{keyA, keyB} {
+		if err := runKey(context.Background(), &syncBuf{}, &syncBuf{}, []string{"swarm-gen", "-o", k}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	net := []string{"--network", "loud", "--listen", "/ip4/127.0.0.1/tcp/0"}
+	boot, _ := startNode(t, filepath.Join(dir, "a"), append([]string{"--model", model, "--swarm-key", keyA}, net...)...)
+
+	// An outsider node logs that it reaches no one, and why.
+	_, logs := startNode(t, filepath.Join(dir, "b"), append([]string{"--model", model, "--swarm-key", keyB, "--bootstrap", boot}, net...)...)
+	for deadline := time.Now().Add(20 * time.Second); !strings.Contains(logs.String(), "different swarm key"); time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("outsider node never said why it is alone:\n%s", logs.String())
+		}
+	}
+
+	gen := func(args ...string) (error, time.Duration) {
+		start := time.Now()
+		err := runGenerate(context.Background(), &syncBuf{}, &syncBuf{}, append([]string{"--wait", "30s", "--bootstrap", boot, "--prompt", "Once", "--max-tokens", "2"}, args...))
+		return err, time.Since(start)
+	}
+	// An outsider client gives up early with the reason, not after --wait.
+	err, took := gen(append([]string{"--model", "stories260K", "--swarm-key", keyB}, net...)...)
+	if !errors.Is(err, p2p.ErrNoPeers) || !strings.Contains(err.Error(), "different swarm key") {
+		t.Fatalf("outsider generate: %v", err)
+	}
+	t.Logf("outsider client after %v: %v", took.Round(time.Millisecond), err)
+	if err := runStatus(context.Background(), &syncBuf{}, &syncBuf{}, append([]string{"--bootstrap", boot, "--swarm-key", keyB}, net...)); !errors.Is(err, p2p.ErrNoPeers) {
+		t.Fatalf("outsider status: %v", err)
+	}
+	// A member asking for a model nobody serves hears that it is connected.
+	err, _ = gen(append([]string{"--model", "no-such-model", "--swarm-key", keyA, "--wait", "2s"}, net...)...)
+	if err == nil || errors.Is(err, p2p.ErrNoPeers) || !strings.Contains(err.Error(), "connected to 1 peer") || !strings.Contains(err.Error(), "no-such-model") {
+		t.Fatalf("member asking for an unknown model: %v", err)
+	}
+	t.Logf("member, unknown model: %v", err)
 }

@@ -54,7 +54,7 @@ func runStatus(ctx context.Context, stdout, stderr io.Writer, args []string) err
 	var nf netFlags
 	nf.register(fs, node.PresetClient)
 	model := fs.String("model", "", "also look this model up in the DHT (name or fingerprint)")
-	wait := fs.Duration("wait", 5*time.Second, "how long to listen for adverts")
+	wait := fs.Duration("wait", 5*time.Second, "the most to wait for the swarm's view (it is pulled from the first peer reached, usually in well under a second)")
 	asJSON := fs.Bool("json", false, "print JSON")
 	verbose := fs.Bool("v", false, "debug logging")
 	if err := parseFlags(fs, args); err != nil {
@@ -83,12 +83,11 @@ func runStatus(ctx context.Context, stdout, stderr io.Writer, args []string) err
 	defer n.Close()
 	if *model != "" {
 		_, _, _ = n.WaitForModel(ctx, *model, *wait)
-	} else {
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(*wait):
-		}
+	} else if err := settleView(ctx, n, *wait); err != nil {
+		return err
+	}
+	if err := n.P2P().NoPeersError(); err != nil {
+		return err
 	}
 	models := map[string]*statusModel{}
 	for _, s := range n.Table().Shards("") {
@@ -117,7 +116,7 @@ func runStatus(ctx context.Context, stdout, stderr io.Writer, args []string) err
 		return enc.Encode(out)
 	}
 	if len(out) == 0 {
-		fmt.Fprintf(stdout, "no models seen after %s (peers connected: %d)\n", *wait, len(n.P2P().Host().Network().Peers()))
+		fmt.Fprintf(stdout, "connected to %d peers; none serves a model\n", n.P2P().PeerCount())
 		return nil
 	}
 	for _, m := range out {
@@ -133,3 +132,41 @@ func runStatus(ctx context.Context, stdout, stderr io.Writer, args []string) err
 	}
 	return nil
 }
+
+// settleView waits until the node is connected and its advert table has
+// stopped growing for statusQuiet (the adverts pulled on connect have
+// arrived), at most wait. It fails early when no bootstrap peer can be
+// reached for a reason waiting will not fix.
+func settleView(ctx context.Context, n *node.Node, wait time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, wait)
+	defer cancel()
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	last, since := -1, time.Now()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-tick.C:
+		}
+		p := n.P2P()
+		if p.Unreachable() {
+			return p.NoPeersError()
+		}
+		if p.PeerCount() == 0 {
+			continue
+		}
+		if c := len(p.Discovery().Adverts()); c != last {
+			last, since = c, time.Now()
+			go p.Discovery().Sync(ctx)
+			continue
+		}
+		if time.Since(since) >= statusQuiet {
+			return nil
+		}
+	}
+}
+
+// statusQuiet is how long the advert table must stay unchanged before
+// status prints it.
+const statusQuiet = 500 * time.Millisecond
