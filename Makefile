@@ -3,10 +3,24 @@
 # SIMD: llama.cpp is compiled through cgo by the Go toolchain; by default with
 # -march=native. For portable release artifacts: `make build SIMD=x86-64-v3`.
 # The flag string is kept byte-for-byte stable so the Go build cache stays warm
-# (changing it recompiles all of llama.cpp: about 2 minutes on 2 cores).
+# (changing it recompiles all of llama.cpp: about 4 minutes on 2 cores).
+#
+# AMX is off on x86-64 (NOAMX). On an AMX CPU (Intel Sapphire Rapids and later)
+# -march=native defines __AMX_INT8__, and ggml-cpu then calls
+# ggml_backend_amx_buffer_type(), whose sources (ggml-cpu/amx/) the ollama
+# module's cgo package does not compile: the link fails with "undefined
+# reference to ggml_backend_amx_buffer_type()". We cannot compile them without
+# copying llama.cpp sources into this repository, and ggml's AMX path only
+# speeds up some quantized matmuls in batched prompt processing. Reasons and
+# measurements: patches/README.md. `make build-check-amx` (run by `make test`)
+# proves a build for an AMX target links on any x86-64 machine.
 
 SIMD       ?= native
-CGO_FLAGS  := -O3 -march=$(SIMD)
+CGO_ARCH   := $(shell GOTOOLCHAIN=local go env GOARCH)
+ifeq ($(CGO_ARCH),amd64)
+NOAMX      ?= -mno-amx-tile -mno-amx-int8 -mno-amx-bf16
+endif
+CGO_FLAGS  := $(strip -O3 -march=$(SIMD) $(NOAMX))
 export CGO_CFLAGS   := $(CGO_FLAGS)
 export CGO_CXXFLAGS := $(CGO_FLAGS)
 export CGO_ENABLED  := 1
@@ -14,13 +28,13 @@ export CGO_ENABLED  := 1
 export GOTOOLCHAIN  := local
 
 VERSION    ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
-LDFLAGS    := -X github.com/neuron-tai/meshp2p/engine.Version=$(VERSION) -X main.buildSIMD=$(SIMD)
+LDFLAGS    = -X github.com/neuron-tai/meshp2p/engine.Version=$(VERSION) -X main.buildSIMD=$(SIMD) -X "main.buildNoAMX=$(NOAMX)"
 BIN        := bin/meshp2p
 GENERATED  := engine/zz_cgo_include.go
 TEST_TIMEOUT ?= 25m
 FUZZTIME   ?= 5s
 
-.PHONY: all build generate test test-short vet fmt fuzz bench demo clean deps
+.PHONY: all build build-check-amx generate test test-short vet fmt fuzz bench demo clean deps
 
 all: build
 
@@ -35,16 +49,32 @@ $(GENERATED): go.mod go.sum internal/gencgo/main.go
 generate: $(GENERATED)
 
 build: $(GENERATED)
-	@echo "building $(BIN) with SIMD level -march=$(SIMD) (first build compiles llama.cpp: ~2-3 min on 2 cores)"
+	@echo "building $(BIN) with SIMD level -march=$(SIMD) (first build compiles llama.cpp: ~4 min on 2 cores)"
 	go build -ldflags '$(LDFLAGS)' -o $(BIN) ./cmd/meshp2p
 	@$(BIN) version
+
+# Link check for an AMX target: builds ./cmd/meshp2p with -march=$(AMX_SIMD)
+# (which enables AMX) plus $(NOAMX), to a throwaway binary that is never run
+# (this machine may lack the target's AVX-512/AMX instructions). Fails if the
+# link fails. Its own flag string, so its own cached llama.cpp build (~4 min
+# on 2 cores the first time, seconds afterwards). Skipped off x86-64.
+AMX_SIMD   ?= sapphirerapids
+AMX_FLAGS  := $(strip -O3 -march=$(AMX_SIMD) $(NOAMX))
+build-check-amx: $(GENERATED)
+ifeq ($(CGO_ARCH),amd64)
+	@echo "link check: ./cmd/meshp2p with '$(AMX_FLAGS)' (first time compiles llama.cpp again: ~4 min on 2 cores)"
+	CGO_CFLAGS='$(AMX_FLAGS)' CGO_CXXFLAGS='$(AMX_FLAGS)' go build -ldflags '$(LDFLAGS) -X main.buildSIMD=$(AMX_SIMD)' -o bin/meshp2p-$(AMX_SIMD) ./cmd/meshp2p
+	@echo "link check ok: bin/meshp2p-$(AMX_SIMD) (not run)"
+else
+	@echo "link check for -march=$(AMX_SIMD) skipped: GOARCH=$(CGO_ARCH), not amd64"
+endif
 
 vet: $(GENERATED)
 	go vet ./...
 	@out=$$(gofmt -l $$(git ls-files '*.go' | grep -v '\.pb\.go$$')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 
 # The test command of the README and .ci/run.
-test: deps build vet
+test: deps build build-check-amx vet
 	go test -count=1 -timeout $(TEST_TIMEOUT) ./...
 	$(MAKE) fuzz FUZZTIME=$(FUZZTIME)
 

@@ -6,6 +6,7 @@ package engine
 #cgo CXXFLAGS: -std=c++17
 #include <stdlib.h>
 #include "mp.h"
+#include "ggml-cpu.h"
 */
 import "C"
 
@@ -40,6 +41,14 @@ func initBackend() {
 		C.mp_log_init(C.int(verbose))
 		C.llama_backend_init()
 	})
+}
+
+// HasAMXInt8 reports whether ggml's CPU backend was compiled with AMX-INT8
+// (__AMX_INT8__ defined by the C compiler flags, e.g. -march=sapphirerapids
+// without -mno-amx-int8). It says what was compiled, not what this CPU has.
+// The Makefile turns AMX off on x86-64; see patches/README.md.
+func HasAMXInt8() bool {
+	return C.ggml_cpu_has_amx_int8() != 0
 }
 
 // SystemInfo returns llama.cpp's compiled-in CPU feature line.
