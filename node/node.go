@@ -300,7 +300,10 @@ func (n *Node) Origin(planner route.Planner) *route.Origin {
 	if planner == nil {
 		planner = &route.LocalPlanner{Table: n.table}
 	}
-	return &route.Origin{Dialer: n.host, Planner: planner, Protocol: n.host.ProtocolID(ProtoSession, ProtoVersion),
+	// The origin's stream carries token ids one way and tokens the other:
+	// it opens at once on any connection, relayed included, instead of
+	// waiting for a hole punch as activation seams do.
+	return &route.Origin{Dialer: n.ControlHost(), Planner: planner, Protocol: n.host.ProtocolID(ProtoSession, ProtoVersion),
 		Limits: n.cfg.Hop.Limits, Logger: n.log,
 		Rediscover: func(ctx context.Context, fp string) {
 			// Late joiners' adverts arrive with the next republish; ask
@@ -416,7 +419,14 @@ func (h *hostAdapter) NewStream(ctx context.Context, p peer.ID, pids ...protocol
 }
 
 // Host returns the data-plane view of the host (streams, protocol IDs).
+// Its streams start on the direct connection when a hole punch is about to
+// give one (activation seams live long and carry megabytes).
 func (n *Node) Host() Host { return n.host }
+
+// ControlHost is Host for small, latency-bound exchanges (the origin's
+// session stream, vocabulary and advert fetches): its streams open at once
+// on the best connection there is, a relayed one included.
+func (n *Node) ControlHost() Host { return &hostAdapter{n: n.p2p, directWait: -1} }
 
 // logConnEvents makes NAT traversal observable in the node's log: hole
 // punches and their outcome, and a peer's path moving between relayed and

@@ -14,6 +14,7 @@ import (
 	dht "github.com/libp2p/go-libp2p-kad-dht"
 	"github.com/libp2p/go-libp2p-kad-dht/dual"
 	"github.com/libp2p/go-libp2p/core/crypto"
+	"github.com/libp2p/go-libp2p/core/event"
 	"github.com/libp2p/go-libp2p/core/host"
 	"github.com/libp2p/go-libp2p/core/network"
 	"github.com/libp2p/go-libp2p/core/peer"
@@ -22,6 +23,7 @@ import (
 	"github.com/libp2p/go-libp2p/core/protocol"
 	"github.com/libp2p/go-libp2p/core/routing"
 	"github.com/libp2p/go-libp2p/p2p/host/autorelay"
+	"github.com/libp2p/go-libp2p/p2p/host/eventbus"
 	"github.com/libp2p/go-libp2p/p2p/muxer/yamux"
 	"github.com/libp2p/go-libp2p/p2p/net/connmgr"
 	circuitproto "github.com/libp2p/go-libp2p/p2p/protocol/circuitv2/proto"
@@ -191,6 +193,10 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 		return nil, err
 	}
 	n.disc = d
+	if err := n.startRelayFinder(); err != nil {
+		n.Close()
+		return nil, err
+	}
 
 	if len(cfg.Bootstrap) > 0 {
 		n.wg.Add(1)
@@ -329,6 +335,31 @@ func (n *Node) newDHT(h host.Host) (*dual.DHT, error) {
 		return nil, fmt.Errorf("creating DHT: %w", err)
 	}
 	return kad, nil
+}
+
+// startRelayFinder makes a node whose reachability AutoNAT has not decided
+// yet reserve relay slots at once. go-libp2p's autorelay starts its relay
+// finder on an EvtLocalReachabilityChanged event saying private or unknown,
+// but AutoNAT (v1) emits nothing until it has probed an address, and it
+// only probes addresses that enough peers observed (four): in a small swarm
+// behind a home NAT that never happens, the node never reserves a slot, and
+// its adverts carry only LAN addresses no outsider can dial (found with the
+// netns testnet on the shipped home preset). So we announce "unknown" once
+// at start; AutoNAT's own verdicts follow (public stops the finder again).
+// Forced reachability needs none of this: go-libp2p emits it itself.
+func (n *Node) startRelayFinder() error {
+	if n.cfg.ForceReachability != ReachabilityAuto {
+		return nil
+	}
+	em, err := n.host.EventBus().Emitter(new(event.EvtLocalReachabilityChanged), eventbus.Stateful)
+	if err != nil {
+		return fmt.Errorf("reachability emitter: %w", err)
+	}
+	defer em.Close()
+	if err := em.Emit(event.EvtLocalReachabilityChanged{Reachability: network.ReachabilityUnknown}); err != nil {
+		return fmt.Errorf("announcing unknown reachability: %w", err)
+	}
+	return nil
 }
 
 // relayPeerSource feeds autorelay: static relays first, then connected peers

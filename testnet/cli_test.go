@@ -24,6 +24,7 @@ type cliSwarm struct {
 	dir    string
 	model  string
 	common []string // network flags every process gets
+	procs  map[string]*testnet.Proc
 }
 
 // newCLISwarm builds the topology and the binary; every process is killed
@@ -34,7 +35,7 @@ func newCLISwarm(t *testing.T, network string, spec testnet.Spec, timeout time.D
 	topo := testnet.NewT(t, spec)
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	t.Cleanup(cancel)
-	return &cliSwarm{t: t, ctx: ctx, topo: topo, bin: buildCLI(t), dir: t.TempDir(), model: model,
+	return &cliSwarm{t: t, ctx: ctx, topo: topo, bin: buildCLI(t), dir: t.TempDir(), model: model, procs: map[string]*testnet.Proc{},
 		common: []string{"--network", network, "--test-mode", "--test-public-cidrs", "203.0.113.0/24",
 			"--port-mapping=false", "--listen", "/ip4/0.0.0.0/tcp/4001"}}
 }
@@ -48,10 +49,21 @@ func (c *cliSwarm) start(node string, args ...string) *testnet.Proc {
 	if err != nil {
 		c.t.Fatal(err)
 	}
+	c.procs[node] = p
+	c.waitReady(node)
+	return p
+}
+
+// waitReady waits until the process started in node prints "ready;".
+func (c *cliSwarm) waitReady(node string) {
+	c.t.Helper()
+	p := c.procs[node]
+	if p == nil {
+		c.t.Fatalf("no process in %s", node)
+	}
 	if _, err := p.WaitLine(c.ctx, func(l []byte) bool { return bytes.HasPrefix(l, []byte("ready;")) }); err != nil {
 		c.t.Fatalf("%s did not start: %v\n%s", node, err, p.StderrTail(3000))
 	}
-	return p
 }
 
 // shard starts a shard node serving layers.

@@ -30,7 +30,8 @@ func buildCLI(t *testing.T) string {
 }
 
 type genJSON struct {
-	Text     string  `json:"text"`
+	FirstTokenMs float64 `json:"first_token_ms"`
+	Text         string  `json:"text"`
 	Tokens   []int32 `json:"tokens"`
 	Reroutes int     `json:"reroutes"`
 	Route    []struct {
@@ -182,4 +183,56 @@ func TestSeamMovesToDirectAcrossNATs(t *testing.T) {
 		t.Fatalf("seam opened relayed and never moved: %v\n%s", err, mid.StderrTail(3000))
 	}
 	t.Logf("%s", moved)
+}
+
+// Discovery on the shipped presets across NATs, no tracker: three shard
+// nodes behind the same home router and a client behind another, started
+// with only --bootstrap (home and client presets: 2-minute republish, DHT
+// mode auto/client, AutoNAT deciding reachability). The client joins 10 s
+// after the nodes came up and must have its first token within 3 s of
+// starting; the seams between the LAN peers must be direct (LAN
+// addresses), not through the relay.
+func TestLANSwarmOnShippedPresets(t *testing.T) {
+	c := newCLISwarm(t, "lanswarm", testnet.Spec{
+		Public: []testnet.Public{{Name: "boot", Roles: []testnet.Role{testnet.RoleBootstrap, testnet.RoleRelay}}},
+		Homes: []testnet.Home{
+			{Name: "h1", Hosts: []string{"a", "b", "c"}},
+			{Name: "h2", Hosts: []string{"d"}},
+		},
+	}, 150*time.Second)
+	// The public node is a relay and bootstrap peer serving another model,
+	// so the route runs through the LAN.
+	other := filepath.Join(c.dir, "relaymodel.gguf")
+	if b, err := exec.Command(c.bin, "shard", "synth", "--arch", "llama", "--layers", "2", "--embd", "64", "--heads", "4", "--kv-heads", "2", "--ff", "128", "--name", "relaymodel", "-o", other).CombinedOutput(); err != nil {
+		t.Fatalf("synth: %v %s", err, b)
+	}
+	c.start("boot", "start", "--model", other, "--reachability", "public", "--dht-mode", "server", "--relay-service")
+	c.common = append(c.common, "--bootstrap", c.addr("boot"))
+	procs := map[string]*testnet.Proc{}
+	for node, layers := range map[string]string{"a": "0-2", "b": "2-4", "c": "4-5"} {
+		procs[node] = c.shard(node, layers) // no reachability or DHT-mode flags: the home preset
+	}
+	want := c.local("8")
+	time.Sleep(10 * time.Second)
+	args := []string{"generate", "--model", "stories260K", "--prompt", "Once upon a time", "--max-tokens", "8", "--json",
+		"--data-dir", filepath.Join(c.dir, "d"), "--wait", "30s"}
+	p, err := c.topo.Start(c.ctx, "d", c.bin, append(args, c.common...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := c.result(p, procs["a"], procs["b"])
+	if fmt.Sprint(got.Tokens) != fmt.Sprint(want.Tokens) || len(got.Route) != 3 {
+		t.Fatalf("swarm %v (route %+v)\nlocal %v", got.Tokens, got.Route, want.Tokens)
+	}
+	t.Logf("client behind another NAT: first token %.0f ms after it started (route %+v)", got.FirstTokenMs, got.Route)
+	if got.FirstTokenMs <= 0 || got.FirstTokenMs > 3000 {
+		t.Fatalf("first token %.0f ms after the client started, want ≤ 3000", got.FirstTokenMs)
+	}
+	for _, n := range []string{"a", "b"} {
+		seam, err := waitStderr(c.ctx, procs[n], "seam to next hop open")
+		if err != nil || !strings.Contains(seam, "path=direct") {
+			t.Fatalf("LAN seam from %s is not direct: %q %v\n%s", n, seam, err, procs[n].StderrTail(3000))
+		}
+		t.Logf("LAN seam from %s: %s", n, seam)
+	}
 }

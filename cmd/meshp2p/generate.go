@@ -32,17 +32,20 @@ Flags:
 `
 
 type genResult struct {
-	Text       string          `json:"text"`
-	Tokens     []int32         `json:"tokens"`
-	Route      []routeHopJSON  `json:"route"`
-	Reroutes   int             `json:"reroutes"`
-	Stop       string          `json:"stop"`
-	TTFTms     float64         `json:"ttft_ms"`
-	MsPerToken float64         `json:"ms_per_token"`
-	TotalMs    float64         `json:"total_ms"`
-	Hops       []route.HopStat `json:"hops,omitempty"`
-	Failures   []string        `json:"failures,omitempty"`
-	Model      string          `json:"model"`
+	Text       string         `json:"text"`
+	Tokens     []int32        `json:"tokens"`
+	Route      []routeHopJSON `json:"route"`
+	Reroutes   int            `json:"reroutes"`
+	Stop       string         `json:"stop"`
+	TTFTms     float64        `json:"ttft_ms"`
+	MsPerToken float64        `json:"ms_per_token"`
+	TotalMs    float64        `json:"total_ms"`
+	// FirstTokenMs is from the command's start to the first token:
+	// discovery, vocabulary, route and prefill included.
+	FirstTokenMs float64         `json:"first_token_ms"`
+	Hops         []route.HopStat `json:"hops,omitempty"`
+	Failures     []string        `json:"failures,omitempty"`
+	Model        string          `json:"model"`
 }
 
 type routeHopJSON struct {
@@ -201,6 +204,9 @@ func runGenerate(ctx context.Context, stdout, stderr io.Writer, args []string) e
 	printer.flush()
 	out.Text = printer.text()
 	out.TotalMs = ms(time.Since(start))
+	if !printer.first.IsZero() {
+		out.FirstTokenMs = ms(printer.first.Sub(start))
+	}
 	if *asJSON {
 		enc := json.NewEncoder(stdout)
 		enc.SetIndent("", "  ")
@@ -260,7 +266,7 @@ func loadVocab(ctx context.Context, n *node.Node, model, fp, dir string) (*engin
 			continue
 		}
 		fctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		path, err := node.FetchVocab(fctx, n.Host(), s.Peer, fp, dir)
+		path, err := node.FetchVocab(fctx, n.ControlHost(), s.Peer, fp, dir)
 		cancel()
 		if err != nil {
 			errs = append(errs, err)
@@ -286,6 +292,7 @@ type streamPrinter struct {
 	printed int
 	stopped bool
 	toks    []int32
+	first   time.Time // when the first token arrived
 }
 
 func newStreamPrinter(w io.Writer, m *engine.Model, stops []string, live bool) *streamPrinter {
@@ -294,6 +301,9 @@ func newStreamPrinter(w io.Writer, m *engine.Model, stops []string, live bool) *
 
 // add records a token; it returns true when a stop string appeared.
 func (p *streamPrinter) add(tok int32) bool {
+	if p.first.IsZero() {
+		p.first = time.Now()
+	}
 	p.toks = append(p.toks, tok)
 	if p.stopped || p.m.IsEOG(tok) {
 		return p.stopped
