@@ -32,9 +32,9 @@ func buildCLI(t *testing.T) string {
 type genJSON struct {
 	FirstTokenMs float64 `json:"first_token_ms"`
 	Text         string  `json:"text"`
-	Tokens   []int32 `json:"tokens"`
-	Reroutes int     `json:"reroutes"`
-	Route    []struct {
+	Tokens       []int32 `json:"tokens"`
+	Reroutes     int     `json:"reroutes"`
+	Route        []struct {
 		Peer       string `json:"peer"`
 		Start, End int
 	} `json:"route"`
