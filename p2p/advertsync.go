@@ -14,6 +14,7 @@ import (
 	"github.com/libp2p/go-libp2p/core/network"
 	"github.com/libp2p/go-libp2p/core/peer"
 	"github.com/libp2p/go-libp2p/p2p/host/eventbus"
+	manet "github.com/multiformats/go-multiaddr/net"
 )
 
 // Advert sync: pull on connect.
@@ -140,7 +141,14 @@ func (d *Discovery) syncLoop(sub event.Subscription) {
 				return
 			}
 			ev, ok := e.(event.EvtPeerIdentificationCompleted)
-			if !ok || !slices.Contains(ev.Protocols, d.syncPID) {
+			if !ok {
+				continue
+			}
+			if ev.ObservedAddr != nil && manet.IsPublicAddr(ev.ObservedAddr) {
+				d.observedPublic.Store(true)
+			}
+			d.identified.Store(true)
+			if !slices.Contains(ev.Protocols, d.syncPID) {
 				continue
 			}
 			d.pullAsync(ev.Peer)

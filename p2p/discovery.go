@@ -11,6 +11,7 @@ import (
 	"net"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/ipfs/go-cid"
@@ -20,6 +21,7 @@ import (
 	"github.com/libp2p/go-libp2p/core/network"
 	"github.com/libp2p/go-libp2p/core/peer"
 	"github.com/libp2p/go-libp2p/core/protocol"
+	"github.com/libp2p/go-libp2p/p2p/protocol/holepunch"
 	"github.com/multiformats/go-multiaddr"
 	mh "github.com/multiformats/go-multihash"
 )
@@ -132,6 +134,11 @@ type Discovery struct {
 	advPID  protocol.ID
 	syncPID protocol.ID
 	sync    *syncState
+
+	// identified: identify completed with some peer; observedPublic: some
+	// peer observed us at a public address (we sit behind a NAT or are
+	// public). Read by awaitHolePunchReady.
+	identified, observedPublic atomic.Bool
 
 	publishNow chan struct{} // cap 1
 	provideNow chan struct{} // cap 1
@@ -519,6 +526,7 @@ func (d *Discovery) signLocal(withdrawn bool) ([]byte, error) {
 
 func (d *Discovery) publishLoop() {
 	defer d.wg.Done()
+	d.awaitHolePunchReady()
 	timer := time.NewTimer(d.cfg.RepublishInterval)
 	defer timer.Stop()
 	for {
@@ -544,6 +552,48 @@ func (d *Discovery) publishLoop() {
 		timer.Reset(next)
 	}
 }
+
+// awaitHolePunchReady holds the first advert back until this node can take
+// part in a hole punch, when it sits behind a NAT. go-libp2p's DCUtR service
+// only starts once the host knows a public address of its own (it polls with
+// a backoff: 0.25, 0.75, 1.75, 3.75 s after start), and it only punches
+// relayed connections that arrive after that. A node advertised before then
+// is reached through the relay by a session opened at once — pull on connect
+// makes that immediate — and the seam stays relayed for its whole life.
+// So: wait until the DCUtR protocol is registered, as long as a peer has
+// observed us at a public address (else there is nothing to punch: a LAN or
+// loopback swarm waits for nothing), at most holePunchReadyMax.
+func (d *Discovery) awaitHolePunchReady() {
+	n := d.n
+	if n.cfg.DisableHolePunching || n.cfg.ForceReachability == ReachabilityPublic {
+		return
+	}
+	deadline := time.NewTimer(holePunchReadyMax)
+	defer deadline.Stop()
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		if slices.Contains(n.host.Mux().Protocols(), holepunch.Protocol) {
+			return
+		}
+		if d.identified.Load() && !d.observedPublic.Load() {
+			return
+		}
+		select {
+		case <-d.ctx.Done():
+			return
+		case <-deadline.C:
+			d.log.Debug("publishing before hole punching is ready", "waited", holePunchReadyMax)
+			return
+		case <-tick.C:
+		}
+	}
+}
+
+// holePunchReadyMax bounds awaitHolePunchReady (go-libp2p's DCUtR service
+// checks for a public address 3.75 s after start at the latest in this
+// range).
+const holePunchReadyMax = 4 * time.Second
 
 // publish signs and gossips the local advert. It reports false when there
 // was an advert but no topic peer to send it to.

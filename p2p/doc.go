@@ -21,10 +21,12 @@
 //
 // Every protocol is scoped by the swarm name ("network"):
 //
-//	/meshp2p/<network>/kad/1.0.0          Kademlia DHT (dht.ProtocolPrefix)
+//	/meshp2p/<network>/kad/1.0.0          Kademlia DHT, WAN half (dht.ProtocolPrefix)
+//	/meshp2p/<network>/kad/lan/1.0.0      Kademlia DHT, LAN half (kad-dht's dual DHT)
 //	/meshp2p/<network>/meshsub/1.2.0      gossipsub (v1.2 features, no floodsub fallback)
 //	/meshp2p/<network>/adverts/1          gossipsub topic carrying adverts
 //	/meshp2p/<network>/advert/1.0.0       advert request/response
+//	/meshp2p/<network>/advert-sync/1.0.0  pull on connect: a bounded batch of signed adverts
 //	/meshp2p/<network>/<name>/<version>   Node.ProtocolID for callers
 //
 // Relay v2, DCUtR (/libp2p/dcutr), identify, ping and AutoNAT keep their
@@ -64,8 +66,12 @@
 // Adverts are gossiped on the adverts topic (StrictSign, a topic validator,
 // peer scoring), re-published every Discovery interval, withdrawn with a
 // tombstone on Close, and expire on their own when a node dies. Each key is
-// also announced as a DHT provider record, so a late joiner can Lookup a key
-// and fetch the holder's advert directly over the advert protocol.
+// also announced as a DHT provider record (LAN and WAN halves), so a node
+// can Lookup a key and fetch the holder's advert directly over the advert
+// protocol. And when identify completes with a peer, the node pulls the
+// signed adverts that peer holds (advertsync.go: bounded, rate-limited, each
+// advert verified on its own signature), so a newcomer knows the swarm after
+// one round trip instead of one republish interval.
 //
 // Gossip validation: StrictSign, then the topic validator rejects unsigned,
 // badly signed, malformed, oversized, stale (issued more than MaxAge ago,
