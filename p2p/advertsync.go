@@ -46,6 +46,7 @@ const (
 	syncRepull      = 2 * time.Second
 	syncParallel    = 4
 	syncTimeout     = 10 * time.Second
+	syncFollowUp    = 3 * time.Second
 	syncServiceName = "meshp2p.advert-sync"
 )
 
@@ -152,6 +153,7 @@ func (d *Discovery) syncLoop(sub event.Subscription) {
 				continue
 			}
 			d.pullAsync(ev.Peer)
+			d.followUp(ev.Peer)
 		}
 	}
 }
@@ -159,6 +161,29 @@ func (d *Discovery) syncLoop(sub event.Subscription) {
 // subscribeIdentify subscribes to identify completions (for syncLoop).
 func (d *Discovery) subscribeIdentify() (event.Subscription, error) {
 	return d.n.host.EventBus().Subscribe(new(event.EvtPeerIdentificationCompleted), eventbus.Name("meshp2p advert sync"))
+}
+
+// followUp pulls from p once more syncFollowUp after connecting. Adverts
+// that reach p while we connect (a node that joined a moment before us
+// publishes its first advert) miss both our first pull and, until p's
+// gossip mesh includes us, p's forwarding; the second pull closes that
+// window (found with a tracker swarm: one of six adverts missing for the
+// whole 2-minute republish interval).
+func (d *Discovery) followUp(p peer.ID) {
+	d.wg.Add(1)
+	go func() {
+		defer d.wg.Done()
+		t := time.NewTimer(syncFollowUp)
+		defer t.Stop()
+		select {
+		case <-d.ctx.Done():
+			return
+		case <-t.C:
+		}
+		if d.n.host.Network().Connectedness(p) == network.Connected {
+			d.pullAsync(p)
+		}
+	}()
 }
 
 // pullAsync starts a pull from p unless one ran within syncRepull.
