@@ -26,6 +26,9 @@ var (
 	ErrAdvertStale        = errors.New("advert: stale")
 	ErrAdvertReplayed     = errors.New("advert: replayed")
 	ErrAdvertSigner       = errors.New("advert: signer is not the source")
+	// ErrAdvertRateLimited: the author publishes faster than the per-author
+	// limit; the advert is dropped without penalty.
+	ErrAdvertRateLimited = errors.New("advert: author rate limited")
 )
 
 // advertCodec is the envelope payload type of an advert record.
@@ -202,8 +205,9 @@ type advertChecker struct {
 }
 
 type seqSeen struct {
-	seq uint64
-	at  time.Time
+	seq    uint64
+	at     time.Time
+	tokens float64 // rate-limit bucket after the last accepted advert
 }
 
 func newAdvertChecker(network string, cfg DiscoveryConfig) *advertChecker {
@@ -283,11 +287,48 @@ func (c *advertChecker) accept(source peer.ID, data []byte, now time.Time) (*adv
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if last, ok := c.lastSeq[rec.Peer]; ok && rec.Seq <= last.seq {
+	last, ok := c.lastSeq[rec.Peer]
+	if ok && rec.Seq <= last.seq {
 		return nil, fmt.Errorf("%w: seq %d, already saw %d", ErrAdvertReplayed, rec.Seq, last.seq)
 	}
-	c.lastSeq[rec.Peer] = seqSeen{seq: rec.Seq, at: now}
+	// Per-author rate limit: a burst, then one advert per authorRefill.
+	// Withdrawals always pass (they end the author's presence).
+	tokens := float64(authorBurst)
+	if ok {
+		tokens = min(authorBurst, last.tokens+float64(now.Sub(last.at))/float64(authorRefill))
+	}
+	if tokens < 1 && !rec.Withdrawn {
+		return nil, fmt.Errorf("%w: %s publishes faster than one advert per %v", ErrAdvertRateLimited, rec.Peer, authorRefill)
+	}
+	if !ok && len(c.lastSeq) >= maxSeqState {
+		c.evictOldestLocked()
+	}
+	c.lastSeq[rec.Peer] = seqSeen{seq: rec.Seq, at: now, tokens: max(tokens-1, 0)}
 	return rec, nil
+}
+
+// Gossip bounds per author and for the replay state.
+const (
+	// authorBurst adverts at once, then one per authorRefill: honest nodes
+	// re-publish every RepublishInterval and when capacity changes (checked
+	// every 2 s).
+	authorBurst  = 10
+	authorRefill = 2 * time.Second
+	// maxSeqState bounds the replay state (peers remembered); past it the
+	// least recently heard peer is forgotten.
+	maxSeqState = 2 * maxTableSize
+)
+
+// evictOldestLocked forgets the peer heard from least recently.
+func (c *advertChecker) evictOldestLocked() {
+	var oldest peer.ID
+	var at time.Time
+	for p, s := range c.lastSeq {
+		if oldest == "" || s.at.Before(at) {
+			oldest, at = p, s.at
+		}
+	}
+	delete(c.lastSeq, oldest)
 }
 
 // lastSeen is the highest seq gossip has accepted from p (adverts and

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"crypto/rand"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -143,6 +144,78 @@ func TestValidator(t *testing.T) {
 	}
 	if r := d2.validate(nil, alice.id, msg(mallory.id, seal(good(alice, 101), alice))); r != pubsub.ValidationReject {
 		t.Fatalf("forged author: %v, want reject", r)
+	}
+	// A clock a minute fast makes adverts "stale": dropped, but not
+	// rejected (rejection would graylist an honest peer).
+	future := good(alice, 200)
+	future.IssuedAt, future.ExpiresAt = now.Add(cfg.ClockSkew+time.Minute), now.Add(time.Hour)
+	if r := d2.validate(nil, alice.id, msg(alice.id, seal(future, alice))); r != pubsub.ValidationIgnore {
+		t.Fatalf("advert from a fast clock: %v, want ignore", r)
+	}
+}
+
+// One author cannot flood the topic: a burst of adverts passes, the rest
+// is dropped until the bucket refills; a withdrawal always passes.
+func TestAdvertAuthorRateLimit(t *testing.T) {
+	now := time.Now()
+	cfg := DefaultDiscoveryConfig()
+	c := newAdvertChecker("test", cfg)
+	flooder := newSigner(t)
+	advert := func(seq uint64, at time.Time, withdrawn bool) []byte {
+		env, err := sealAdvert(&advertRecord{domain: advertDomain("test"), Peer: flooder.id, Seq: seq,
+			IssuedAt: at, ExpiresAt: at.Add(time.Minute), Withdrawn: withdrawn}, flooder.key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return env
+	}
+	accepted := 0
+	for i := range 3 * authorBurst {
+		if _, err := c.accept(flooder.id, advert(uint64(i+1), now, false), now); err == nil {
+			accepted++
+		} else if !errors.Is(err, ErrAdvertRateLimited) {
+			t.Fatal(err)
+		}
+	}
+	if accepted != authorBurst {
+		t.Fatalf("%d of %d back-to-back adverts accepted, want the burst of %d", accepted, 3*authorBurst, authorBurst)
+	}
+	if _, err := c.accept(flooder.id, advert(1000, now, true), now); err != nil {
+		t.Fatalf("withdrawal refused while rate limited: %v", err)
+	}
+	later := now.Add(3 * authorRefill)
+	accepted = 0
+	for i := range 10 {
+		if _, err := c.accept(flooder.id, advert(uint64(2000+i), later, false), later); err == nil {
+			accepted++
+		}
+	}
+	if accepted != 3 {
+		t.Fatalf("after %v, %d adverts accepted, want 3 (one per %v)", 3*authorRefill, accepted, authorRefill)
+	}
+}
+
+// The replay state is bounded: past maxSeqState peers, the least recently
+// heard is forgotten.
+func TestReplayStateBounded(t *testing.T) {
+	now := time.Now()
+	c := newAdvertChecker("test", DefaultDiscoveryConfig())
+	for i := range maxSeqState {
+		c.lastSeq[peer.ID(fmt.Sprintf("fake-%d", i))] = seqSeen{seq: 1, at: now.Add(-time.Hour + time.Duration(i)*time.Millisecond)}
+	}
+	s := newSigner(t)
+	env, err := sealAdvert(&advertRecord{domain: advertDomain("test"), Peer: s.id, Seq: 1, IssuedAt: now, ExpiresAt: now.Add(time.Minute)}, s.key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.accept(s.id, env, now); err != nil {
+		t.Fatal(err)
+	}
+	if len(c.lastSeq) != maxSeqState {
+		t.Fatalf("replay state holds %d peers, want the cap %d", len(c.lastSeq), maxSeqState)
+	}
+	if _, ok := c.lastSeq["fake-0"]; ok {
+		t.Fatal("the least recently heard peer was kept")
 	}
 }
 

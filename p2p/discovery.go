@@ -109,6 +109,7 @@ func (k AdvertEventKind) String() string {
 const (
 	ReasonExpired   = "expired"
 	ReasonWithdrawn = "withdrawn"
+	ReasonEvicted   = "evicted" // the table was full (see maxTableSize)
 )
 
 // AdvertEvent is one change to the advert table.
@@ -150,7 +151,9 @@ type Discovery struct {
 	table    map[peer.ID]*Advert
 	subs     map[chan AdvertEvent]struct{}
 	leaving  bool // Close started: no more regular adverts, only the tombstone
-	closed   bool
+	// lastFullWarn rate-limits the table-full warning.
+	lastFullWarn time.Time
+	closed       bool
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -319,8 +322,12 @@ func (d *Discovery) validate(_ context.Context, _ peer.ID, msg *pubsub.Message) 
 	case err == nil:
 		msg.ValidatorData = rec
 		return pubsub.ValidationAccept
-	case errors.Is(err, ErrAdvertReplayed):
-		d.log.Debug("ignoring replayed advert", "from", msg.GetFrom(), "err", err)
+	case errors.Is(err, ErrAdvertReplayed), errors.Is(err, ErrAdvertRateLimited), errors.Is(err, ErrAdvertStale):
+		// Dropped, not forwarded, no score penalty: replays and late
+		// copies are normal in gossip, a rate-limited author only loses
+		// the excess, and a stale advert usually means a skewed clock,
+		// not malice (rejecting would graylist an honest peer).
+		d.log.Debug("ignoring advert", "from", msg.GetFrom(), "err", err)
 		return pubsub.ValidationIgnore
 	default:
 		d.log.Debug("rejecting advert", "from", msg.GetFrom(), "received_from", msg.ReceivedFrom, "err", err)
@@ -383,8 +390,7 @@ func (d *Discovery) ingest(rec *advertRecord, env []byte, now time.Time) bool {
 		return false
 	}
 	if old == nil && len(d.table) >= maxTableSize {
-		d.log.Warn("advert table full; ignoring new peer", "peer", rec.Peer, "size", len(d.table))
-		return false
+		d.evictLocked(now)
 	}
 	expires := rec.ExpiresAt
 	if cap := rec.IssuedAt.Add(d.cfg.MaxAge); cap.Before(expires) {
@@ -405,6 +411,29 @@ func (d *Discovery) ingest(rec *advertRecord, env []byte, now time.Time) bool {
 		d.emitLocked(AdvertEvent{Kind: AdvertUpdated, Advert: *ad})
 	}
 	return true
+}
+
+// evictLocked makes room in a full table: the advert closest to its expiry
+// goes (a newcomer is never silently ignored), and a warning says so at most
+// once a minute. A full table of 4096 peers is far above any real swarm;
+// reaching it means many cheap identities (Sybil fill), which an open swarm
+// cannot prevent, only bound.
+func (d *Discovery) evictLocked(now time.Time) {
+	var victim *Advert
+	for _, ad := range d.table {
+		if victim == nil || ad.ExpiresAt.Before(victim.ExpiresAt) {
+			victim = ad
+		}
+	}
+	if victim == nil {
+		return
+	}
+	delete(d.table, victim.Peer)
+	d.emitLocked(AdvertEvent{Kind: AdvertRemoved, Advert: *victim, Reason: ReasonEvicted})
+	if now.Sub(d.lastFullWarn) >= time.Minute {
+		d.lastFullWarn = now
+		d.log.Warn("advert table full; evicting the adverts closest to expiry", "size", len(d.table)+1, "evicted", victim.Peer)
+	}
 }
 
 func sameContent(a, b *Advert) bool {

@@ -196,3 +196,38 @@ func TestLateJoinerLookup(t *testing.T) {
 		t.Fatalf("Lookup of an unknown key = %v, %v; want none", ads, err)
 	}
 }
+
+// A full table evicts the advert closest to expiry instead of silently
+// ignoring newcomers (Sybil fill can push honest adverts out, but an
+// honest newcomer always gets in).
+func TestFullTableEvicts(t *testing.T) {
+	n := newTestNode(t, shippedDiscovery)
+	d := n.Discovery()
+	events := d.Subscribe(testCtx(t, 10*time.Second))
+	now := time.Now()
+	for i := range maxTableSize {
+		d.ingest(&advertRecord{Peer: peer.ID(fmt.Sprintf("sybil-%d", i)), Seq: 1, IssuedAt: now,
+			ExpiresAt: now.Add(time.Minute + time.Duration(i)*time.Millisecond)}, nil, now)
+	}
+	newcomer := newSigner(t)
+	if !d.ingest(&advertRecord{Peer: newcomer.id, Seq: 1, IssuedAt: now, ExpiresAt: now.Add(time.Hour), Body: []byte("honest")}, nil, now) {
+		t.Fatal("newcomer ignored by a full table")
+	}
+	if !hasAdvert(n, newcomer.id, "honest") {
+		t.Fatal("newcomer not in the table")
+	}
+	if ad, ok := d.Advert("sybil-0"); ok {
+		t.Fatalf("the advert closest to expiry was not evicted: %+v", ad)
+	}
+	if got := len(d.Adverts()); got != maxTableSize {
+		t.Fatalf("table holds %d, want %d", got, maxTableSize)
+	}
+	for ev := range events {
+		if ev.Kind == AdvertRemoved {
+			if ev.Reason != ReasonEvicted || ev.Advert.Peer != "sybil-0" {
+				t.Fatalf("removal event %v %s %s", ev.Kind, ev.Reason, ev.Advert.Peer)
+			}
+			return
+		}
+	}
+}

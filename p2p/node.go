@@ -62,6 +62,9 @@ type Node struct {
 	log     *slog.Logger
 	host    host.Host
 	kad     *dual.DHT
+	// provStores hold the LAN and WAN DHTs' provider records under quota
+	// (providerquota.go).
+	provStores [2]*quotaStore
 	cm      *connmgr.BasicConnMgr
 	relay   *relay.Relay
 	tracker *connTracker
@@ -117,7 +120,8 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 		}
 	}
 
-	n := &Node{cfg: cfg, log: log, tracker: newConnTracker(), boot: newBootState(cfg.Bootstrap)}
+	n := &Node{cfg: cfg, log: log, tracker: newConnTracker(), boot: newBootState(cfg.Bootstrap),
+		provStores: [2]*quotaStore{newQuotaStore(), newQuotaStore()}}
 	if psk != nil {
 		n.pskFP = SwarmKeyFingerprint(psk)
 		kept, dropped := tcpOnly(cfg.ListenAddrs)
@@ -329,7 +333,8 @@ func (n *Node) newDHT(h host.Host) (*dual.DHT, error) {
 		),
 		// kubo's LAN DHT drops loopback addresses from what it hands out;
 		// a swarm on one host (the demo, a first try) has only those.
-		dual.LanDHTOption(dht.AddressFilter(nil)),
+		dual.LanDHTOption(dht.AddressFilter(nil), dht.Datastore(n.provStores[0])),
+		dual.WanDHTOption(dht.Datastore(n.provStores[1])),
 	)
 	if err != nil {
 		return nil, fmt.Errorf("creating DHT: %w", err)
