@@ -58,19 +58,19 @@ const maxRelayCandidates = 8
 
 // Node is a running libp2p host for one swarm plus its discovery service.
 type Node struct {
-	cfg     Config
-	log     *slog.Logger
-	host    host.Host
-	kad     *dual.DHT
+	cfg  Config
+	log  *slog.Logger
+	host host.Host
+	kad  *dual.DHT
 	// provStores hold the LAN and WAN DHTs' provider records under quota
 	// (providerquota.go).
 	provStores [2]*quotaStore
-	cm      *connmgr.BasicConnMgr
-	relay   *relay.Relay
-	tracker *connTracker
-	disc    *Discovery
-	boot    *bootState
-	pskFP   string // "" when not private
+	cm         *connmgr.BasicConnMgr
+	relay      *relay.Relay
+	tracker    *connTracker
+	disc       *Discovery
+	boot       *bootState
+	pskFP      string // "" when not private
 
 	ctx    context.Context // lifecycle; cancelled by Close
 	cancel context.CancelFunc

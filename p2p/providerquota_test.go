@@ -29,7 +29,9 @@ func TestProviderQuota(t *testing.T) {
 	if err := honest.kad.LAN.Provide(ctx, keyCID("test", "real-model"), true); err != nil {
 		t.Fatal(err)
 	}
-	enc := func(n *Node) string { return base32.StdEncoding.WithPadding(base32.NoPadding).EncodeToString([]byte(n.ID())) }
+	enc := func(n *Node) string {
+		return base32.StdEncoding.WithPadding(base32.NoPadding).EncodeToString([]byte(n.ID()))
+	}
 	store := server.provStores[0]
 	if got := store.records(enc(flooder)); got != maxProviderKeysPerPeer {
 		t.Fatalf("flooder holds %d provider records on the server, want the quota %d", got, maxProviderKeysPerPeer)
