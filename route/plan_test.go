@@ -1,6 +1,7 @@
 package route
 
 import (
+	"strings"
 	"context"
 	"errors"
 	"fmt"
@@ -108,10 +109,11 @@ func TestPlanSpreadsEqualRoutes(t *testing.T) {
 
 func TestResolve(t *testing.T) {
 	tb := table(offer("a", 0, 6, p2p.PathDirect, 4))
-	tb.Set("x", []Shard{{Peer: "x", Fingerprint: "beef" + "00000000", ModelName: "m2", NLayer: 2, Start: 0, End: 2}})
+	other := "beef" + strings.Repeat("0", 60)
+	tb.Set("x", []Shard{{Peer: "x", Fingerprint: other, ModelName: "m2", NLayer: 2, Start: 0, End: 2}})
 	s := tb.Shards(fp)
 	s[0].ModelName = "ignored"
-	for _, tc := range []struct{ in, fp string }{{fp, fp}, {"m2", "beef00000000"}, {"beef0000", "beef00000000"}} {
+	for _, tc := range []struct{ in, fp string }{{fp, fp}, {"m2", other}, {other[:MinPrefix], other}} {
 		got, _, err := tb.Resolve(tc.in)
 		if err != nil || got != tc.fp {
 			t.Errorf("Resolve(%q) = %q, %v", tc.in, got, err)
@@ -119,5 +121,8 @@ func TestResolve(t *testing.T) {
 	}
 	if _, _, err := tb.Resolve("nope"); !errors.Is(err, ErrUnknownModel) {
 		t.Errorf("unknown model: %v", err)
+	}
+	if _, _, err := tb.Resolve(other[:8]); !errors.Is(err, ErrUnknownModel) {
+		t.Errorf("8-character prefix resolved: %v", err)
 	}
 }

@@ -5,8 +5,11 @@ package route
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"math"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -14,6 +17,7 @@ import (
 	"github.com/multiformats/go-multiaddr"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/neuron-tai/meshp2p/engine/gguf"
 	"github.com/neuron-tai/meshp2p/p2p"
 	"github.com/neuron-tai/meshp2p/proto/meshp2pb"
 )
@@ -51,7 +55,10 @@ type Table struct {
 // NewTable returns an empty table.
 func NewTable() *Table { return &Table{byPeer: map[peer.ID][]Shard{}} }
 
-// DecodeAdvert parses an advert body into shards.
+// DecodeAdvert parses an advert body into shards. Every advertised number
+// comes from a peer and is checked here, before any planner sizes anything
+// by it; a shard that fails a check is dropped (the rest of the advert is
+// kept) and counted in the error-free result's absence.
 func DecodeAdvert(a p2p.Advert) ([]Shard, error) {
 	var ca meshp2pb.CapabilityAdvert
 	if err := proto.Unmarshal(a.Body, &ca); err != nil {
@@ -59,8 +66,8 @@ func DecodeAdvert(a p2p.Advert) ([]Shard, error) {
 	}
 	var out []Shard
 	for _, s := range ca.GetShards() {
-		if s.GetEnd() <= s.GetStart() || s.GetEnd() > s.GetNLayer() || !ValidFingerprint(s.GetModelFingerprint()) {
-			continue // malformed entry: ignore, keep the rest
+		if checkShard(s) != nil {
+			continue // malformed or lying entry: ignore, keep the rest
 		}
 		out = append(out, Shard{
 			Peer: a.Peer, Fingerprint: s.GetModelFingerprint(), ModelName: s.GetModelName(), Arch: s.GetArch(),
@@ -70,6 +77,45 @@ func DecodeAdvert(a p2p.Advert) ([]Shard, error) {
 		})
 	}
 	return out, nil
+}
+
+// Bounds on advertised numbers (checkShard).
+const (
+	// MaxEmbd bounds n_embd (the largest public models use 16384).
+	MaxEmbd = 1 << 16
+	// MaxAdvertSessions bounds max_sessions per shard.
+	MaxAdvertSessions = 1 << 12
+	// MaxAdvertMsPerLayer bounds the advertised decode cost (a minute per
+	// layer is no shard anyone would route through).
+	MaxAdvertMsPerLayer = 60_000
+)
+
+// ErrBadAdvert marks an advertised shard that fails a bound.
+var ErrBadAdvert = errors.New("route: advertised shard out of bounds")
+
+// checkShard validates one advertised shard: layer counts within what a
+// model can have (gguf.MaxLayers, llama.cpp's limit), a range inside them,
+// a plausible width, capacity that does not exceed itself, and a finite,
+// non-negative speed.
+func checkShard(s *meshp2pb.ShardAdvert) error {
+	bad := func(f string, args ...any) error { return fmt.Errorf("%w: "+f, append([]any{ErrBadAdvert}, args...)...) }
+	c := s.GetCapacity()
+	ms := float64(s.GetDecodeMsPerLayer())
+	switch {
+	case !ValidFingerprint(s.GetModelFingerprint()):
+		return bad("fingerprint %q", s.GetModelFingerprint())
+	case s.GetNLayer() == 0 || s.GetNLayer() > gguf.MaxLayers:
+		return bad("n_layer %d not in 1..%d", s.GetNLayer(), gguf.MaxLayers)
+	case s.GetEnd() <= s.GetStart() || s.GetEnd() > s.GetNLayer():
+		return bad("range %d-%d of %d layers", s.GetStart(), s.GetEnd(), s.GetNLayer())
+	case s.GetNEmbd() == 0 || s.GetNEmbd() > MaxEmbd:
+		return bad("n_embd %d not in 1..%d", s.GetNEmbd(), MaxEmbd)
+	case c.GetMaxSessions() > MaxAdvertSessions || c.GetFreeSessions() > c.GetMaxSessions():
+		return bad("sessions %d free of %d", c.GetFreeSessions(), c.GetMaxSessions())
+	case math.IsNaN(ms) || math.IsInf(ms, 0) || ms < 0 || ms > MaxAdvertMsPerLayer:
+		return bad("decode speed %v ms/layer", ms)
+	}
+	return nil
 }
 
 // Set replaces a peer's shards (nil removes the peer).
@@ -100,15 +146,16 @@ func (t *Table) Changed() <-chan struct{} {
 	return c
 }
 
-// Shards lists current offers (discovery removes expired and withdrawn
-// adverts) for a model fingerprint (all models when fp is
-// empty), ordered by start layer then peer.
+// Shards lists current offers for a model fingerprint (all models when fp
+// is empty), ordered by start layer then peer. Expired offers are left out
+// even if discovery's removal event was lost.
 func (t *Table) Shards(fp string) []Shard {
+	now := time.Now()
 	t.mu.RLock()
 	var out []Shard
 	for _, ss := range t.byPeer {
 		for _, s := range ss {
-			if fp == "" || s.Fingerprint == fp {
+			if (fp == "" || s.Fingerprint == fp) && (s.ExpiresAt.IsZero() || s.ExpiresAt.After(now)) {
 				out = append(out, s)
 			}
 		}
@@ -130,39 +177,63 @@ func (t *Table) Shards(fp string) []Shard {
 	return out
 }
 
+// MinPrefix is the shortest fingerprint prefix Resolve accepts.
+const MinPrefix = 16
+
 // Resolve finds the fingerprint of a model given by fingerprint, unique
-// fingerprint prefix or model name.
+// fingerprint prefix (at least MinPrefix hex characters) or model name. The
+// layer count is the one most peers advertise for that fingerprint (the
+// fingerprint binds it, so honest peers agree; shards that disagree are
+// left out by the planners, which match NLayer exactly).
 func (t *Table) Resolve(nameOrFP string) (fp string, nLayer int, err error) {
-	seen := map[string]int{}
+	votes := map[string]map[int]int{} // fingerprint → n_layer → peers
 	for _, s := range t.Shards("") {
-		if s.Fingerprint == nameOrFP || s.ModelName == nameOrFP || (len(nameOrFP) >= 8 && len(s.Fingerprint) > len(nameOrFP) && s.Fingerprint[:len(nameOrFP)] == nameOrFP) {
-			seen[s.Fingerprint] = s.NLayer
+		if s.Fingerprint == nameOrFP || s.ModelName == nameOrFP || (len(nameOrFP) >= MinPrefix && strings.HasPrefix(s.Fingerprint, nameOrFP)) {
+			if votes[s.Fingerprint] == nil {
+				votes[s.Fingerprint] = map[int]int{}
+			}
+			votes[s.Fingerprint][s.NLayer]++
 		}
 	}
-	switch len(seen) {
+	switch len(votes) {
 	case 0:
 		return "", 0, fmt.Errorf("%w: no peer serves a model named %q", ErrUnknownModel, nameOrFP)
 	case 1:
-		for f, n := range seen {
-			return f, n, nil
+		for f, v := range votes {
+			best, bestN, tie := 0, 0, false
+			for n, c := range v {
+				switch {
+				case c > bestN:
+					best, bestN, tie = n, c, false
+				case c == bestN:
+					tie = true
+				}
+			}
+			if tie {
+				return "", 0, fmt.Errorf("%w: peers disagree on the layer count of %.16s (%v); refusing", ErrUnknownModel, f, v)
+			}
+			return f, best, nil
 		}
 	}
-	return "", 0, fmt.Errorf("%w: %q matches %d models; give the fingerprint", ErrUnknownModel, nameOrFP, len(seen))
+	return "", 0, fmt.Errorf("%w: %q matches %d models; give the fingerprint", ErrUnknownModel, nameOrFP, len(votes))
 }
 
 // Follow keeps t in step with d until ctx ends: it loads the current
-// adverts, then applies every added, updated or removed advert.
+// adverts, then applies every added, updated or removed advert. Events come
+// through a drop-oldest channel, so every followResync it also rebuilds the
+// table from d's full state (a lost removal would keep a dead peer, a lost
+// addition would hide a live one).
 func Follow(ctx context.Context, d *p2p.Discovery, t *Table) {
 	events := d.Subscribe(ctx)
-	for _, a := range d.Adverts() {
-		if ss, err := DecodeAdvert(a); err == nil {
-			t.Set(a.Peer, ss)
-		}
-	}
+	t.resync(d.Adverts())
+	tick := time.NewTicker(followResync)
+	defer tick.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
+		case <-tick.C:
+			t.resync(d.Adverts())
 		case ev, ok := <-events:
 			if !ok {
 				return
@@ -175,6 +246,31 @@ func Follow(ctx context.Context, d *p2p.Discovery, t *Table) {
 				t.Set(ev.Advert.Peer, ss)
 			}
 		}
+	}
+}
+
+// followResync is how often Follow rebuilds the table from discovery.
+const followResync = 10 * time.Second
+
+// resync makes the table hold exactly the given adverts.
+func (t *Table) resync(ads []p2p.Advert) {
+	keep := make(map[peer.ID]bool, len(ads))
+	for _, a := range ads {
+		keep[a.Peer] = true
+		if ss, err := DecodeAdvert(a); err == nil {
+			t.Set(a.Peer, ss)
+		}
+	}
+	t.mu.RLock()
+	var gone []peer.ID
+	for p := range t.byPeer {
+		if !keep[p] {
+			gone = append(gone, p)
+		}
+	}
+	t.mu.RUnlock()
+	for _, p := range gone {
+		t.Set(p, nil)
 	}
 }
 
