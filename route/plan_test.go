@@ -1,11 +1,11 @@
 package route
 
 import (
-	"strings"
 	"context"
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"testing"
 
 	"github.com/libp2p/go-libp2p/core/peer"

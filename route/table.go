@@ -98,7 +98,9 @@ var ErrBadAdvert = errors.New("route: advertised shard out of bounds")
 // a plausible width, capacity that does not exceed itself, and a finite,
 // non-negative speed.
 func checkShard(s *meshp2pb.ShardAdvert) error {
-	bad := func(f string, args ...any) error { return fmt.Errorf("%w: "+f, append([]any{ErrBadAdvert}, args...)...) }
+	bad := func(f string, args ...any) error {
+		return fmt.Errorf("%w: "+f, append([]any{ErrBadAdvert}, args...)...)
+	}
 	c := s.GetCapacity()
 	ms := float64(s.GetDecodeMsPerLayer())
 	switch {

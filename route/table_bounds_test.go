@@ -21,7 +21,9 @@ func TestDecodeAdvertBounds(t *testing.T) {
 		return &meshp2pb.ShardAdvert{ModelFingerprint: fp, ModelName: "m", NLayer: 32, Start: 0, End: 8, NEmbd: 4096,
 			Capacity: &meshp2pb.ShardCapacity{MaxSessions: 8, FreeSessions: 8}, DecodeMsPerLayer: proto.Float32(0.5)}
 	}
-	ms := func(v float32) func(*meshp2pb.ShardAdvert) { return func(s *meshp2pb.ShardAdvert) { s.DecodeMsPerLayer = proto.Float32(v) } }
+	ms := func(v float32) func(*meshp2pb.ShardAdvert) {
+		return func(s *meshp2pb.ShardAdvert) { s.DecodeMsPerLayer = proto.Float32(v) }
+	}
 	for _, tc := range []struct {
 		name string
 		mod  func(*meshp2pb.ShardAdvert)
@@ -36,7 +38,7 @@ func TestDecodeAdvertBounds(t *testing.T) {
 		{"n_embd 0", func(s *meshp2pb.ShardAdvert) { s.NEmbd = 0 }, false},
 		{"n_embd huge", func(s *meshp2pb.ShardAdvert) { s.NEmbd = 1 << 30 }, false},
 		{"more free sessions than sessions", func(s *meshp2pb.ShardAdvert) { s.Capacity.FreeSessions = 1 << 20 }, false},
-		{"absurd session count", func(s *meshp2pb.ShardAdvert) { s.Capacity.MaxSessions, s.Capacity.FreeSessions = 1 << 20, 1 << 20 }, false},
+		{"absurd session count", func(s *meshp2pb.ShardAdvert) { s.Capacity.MaxSessions, s.Capacity.FreeSessions = 1<<20, 1<<20 }, false},
 		{"NaN speed", ms(float32(math.NaN())), false},
 		{"negative speed", ms(-1), false},
 		{"infinite speed", ms(float32(math.Inf(1))), false},
