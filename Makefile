@@ -34,7 +34,7 @@ GENERATED  := engine/zz_cgo_include.go
 TEST_TIMEOUT ?= 25m
 FUZZTIME   ?= 5s
 
-.PHONY: all build build-check-amx generate test test-short vet fmt fuzz bench demo clean deps
+.PHONY: all build build-check-amx generate test test-short vet fmt fuzz bench demo clean deps soak
 
 all: build
 
@@ -80,6 +80,14 @@ test: deps build build-check-amx vet
 
 test-short: $(GENERATED)
 	go test -short -count=1 ./...
+
+# Churn soak (not in CI): 6 loopback nodes (3 ranges x 2 replicas), 8 clients
+# generating greedily, one random node SIGKILLed and restarted every 20-40 s.
+# `make test` runs its 3-minute version (as part of go test ./...).
+# SOAK_DURATION=25m by default; MESHP2P_SOAK_SEED and MESHP2P_SOAK_REPORT=file.json pass through.
+SOAK_DURATION ?= 25m
+soak: $(GENERATED)
+	MESHP2P_SOAK_DURATION=$(SOAK_DURATION) go test -run TestChurnSoak -timeout 35m -v -count=1 ./soak
 
 # Runs every fuzz target briefly (CI) or longer: make fuzz FUZZTIME=5m
 fuzz: $(GENERATED)
