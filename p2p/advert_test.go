@@ -34,7 +34,7 @@ type signer struct {
 	id  peer.ID
 }
 
-func newSigner(t *testing.T) signer {
+func newSigner(t testing.TB) signer {
 	t.Helper()
 	k, _, err := crypto.GenerateEd25519Key(rand.Reader)
 	if err != nil {
@@ -242,4 +242,33 @@ func TestAdvertRecordRoundTrip(t *testing.T) {
 		!out.Addrs[0].Equal(in.Addrs[0]) || !out.Withdrawn {
 		t.Fatalf("round trip: got %+v, want %+v", out, in)
 	}
+}
+
+// FuzzAdvertEnvelope feeds arbitrary bytes to the advert checker (what
+// gossip, the advert protocol and pull-on-connect hand it).
+func FuzzAdvertEnvelope(f *testing.F) {
+	cfg := DefaultDiscoveryConfig()
+	s := newSigner(f)
+	now := time.Unix(1_800_000_000, 0)
+	env, err := sealAdvert(&advertRecord{domain: advertDomain("test"), Peer: s.id, Seq: 1, IssuedAt: now, ExpiresAt: now.Add(time.Minute),
+		Keys: []string{"k"}, Body: []byte("body"), Addrs: []multiaddr.Multiaddr{multiaddr.StringCast("/ip4/127.0.0.1/tcp/1")}}, s.key)
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Add(env)
+	f.Add([]byte{})
+	f.Fuzz(func(t *testing.T, in []byte) {
+		c := newAdvertChecker("test", cfg)
+		signer, err := envelopeSigner(in)
+		if err != nil {
+			return
+		}
+		rec, err := c.open(signer, in, now)
+		if err != nil {
+			return
+		}
+		if rec.Peer != signer || len(rec.Body) > cfg.MaxBody || len(rec.Keys) > cfg.MaxKeys || len(rec.Addrs) > maxAdvertAddrs {
+			t.Fatalf("accepted an advert over its bounds or for another peer: %+v", rec)
+		}
+	})
 }
