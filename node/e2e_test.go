@@ -18,6 +18,7 @@ import (
 	"github.com/neuron-tai/meshp2p/proto/frame"
 	"github.com/neuron-tai/meshp2p/proto/meshp2pb"
 	"github.com/neuron-tai/meshp2p/route"
+	"github.com/neuron-tai/meshp2p/session"
 )
 
 // testNet is a swarm of in-process nodes on loopback.
@@ -39,7 +40,7 @@ func (tn *testNet) config(dir string) Config {
 	pc.DataDir = dir
 	pc.Bootstrap = tn.boot
 	ec := engine.Config{NCtx: 512, NBatch: 64, MaxSessions: 4, Threads: 1}
-	return Config{P2P: pc, Engine: ec, Hop: HopConfig{Idle: 20 * time.Second, OpenTimeout: 10 * time.Second}}
+	return Config{P2P: pc, Engine: ec, Hop: session.HopConfig{Idle: 20 * time.Second, OpenTimeout: 10 * time.Second}}
 }
 
 // shard starts a node serving layers r of model; the first node becomes
@@ -168,7 +169,7 @@ func TestSwarmMatchesLocal(t *testing.T) {
 	prompt := thinClientPrompt(t, c, fp, "Once upon a time")
 	want := localTokens(t, model, prompt, 24)
 	for _, wire := range []meshp2pb.DType{meshp2pb.DType_DTYPE_F32, meshp2pb.DType_DTYPE_F16} {
-		res, err := c.Origin(nil).Generate(context.Background(), route.GenerateRequest{Fingerprint: fp, NLayer: nl, Prompt: prompt, MaxTokens: 24, WireDType: wire})
+		res, err := c.Origin(nil).Generate(context.Background(), session.GenerateRequest{Fingerprint: fp, NLayer: nl, Prompt: prompt, MaxTokens: 24, WireDType: wire})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -269,7 +270,7 @@ func TestKillMiddleNode(t *testing.T) {
 			}()
 			o := c.Origin(nil)
 			o.RouteWait = time.Second // no replacement is coming in the no-spare case
-			res, err := o.Generate(context.Background(), route.GenerateRequest{Fingerprint: fp, NLayer: nl, Prompt: prompt, MaxTokens: maxTok})
+			res, err := o.Generate(context.Background(), session.GenerateRequest{Fingerprint: fp, NLayer: nl, Prompt: prompt, MaxTokens: maxTok})
 			close(stop)
 			<-killerDone
 			if killed.Load() == nil {
@@ -321,7 +322,7 @@ func TestHopRefusesMismatch(t *testing.T) {
 	}
 	for _, tc := range cases {
 		o := c.Origin(fixedPlanner{&tc.rt})
-		_, err := o.Generate(context.Background(), route.GenerateRequest{Fingerprint: tc.rt.Fingerprint, NLayer: nl, Prompt: []int32{1, 2, 3}, MaxTokens: 4})
+		_, err := o.Generate(context.Background(), session.GenerateRequest{Fingerprint: tc.rt.Fingerprint, NLayer: nl, Prompt: []int32{1, 2, 3}, MaxTokens: 4})
 		if err == nil || !containsCode(err, tc.code) {
 			t.Errorf("%s: got %v, want %s", tc.name, err, tc.code)
 		}
@@ -330,7 +331,7 @@ func TestHopRefusesMismatch(t *testing.T) {
 	// pretending to be the first.
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	s, err := c.Host().NewStream(ctx, b.P2P().ID(), c.Host().ProtocolID(ProtoSession, ProtoVersion))
+	s, err := c.Host().NewStream(ctx, b.P2P().ID(), c.Host().ProtocolID(session.ProtoSession, session.ProtoVersion))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -346,7 +347,7 @@ func TestHopRefusesMismatch(t *testing.T) {
 		t.Fatalf("spliced session open: %v %v", msg, err)
 	}
 	// Still serving.
-	res, err := c.Origin(nil).Generate(context.Background(), route.GenerateRequest{Fingerprint: fp, NLayer: nl, Prompt: []int32{1, 2, 3}, MaxTokens: 4})
+	res, err := c.Origin(nil).Generate(context.Background(), session.GenerateRequest{Fingerprint: fp, NLayer: nl, Prompt: []int32{1, 2, 3}, MaxTokens: 4})
 	if err != nil || len(res.Tokens) != 4 {
 		t.Fatalf("after refusals: %v %v", res, err)
 	}
@@ -399,7 +400,7 @@ func TestPreCutShards(t *testing.T) {
 	c := tn.client()
 	fp, nl := waitModel(t, c, "stories260K")
 	prompt := thinClientPrompt(t, c, fp, "Once upon a time")
-	got, err := c.Origin(nil).Generate(context.Background(), route.GenerateRequest{Fingerprint: fp, NLayer: nl, Prompt: prompt, MaxTokens: 16})
+	got, err := c.Origin(nil).Generate(context.Background(), session.GenerateRequest{Fingerprint: fp, NLayer: nl, Prompt: prompt, MaxTokens: 16})
 	if err != nil {
 		t.Fatal(err)
 	}

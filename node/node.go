@@ -25,8 +25,10 @@ import (
 	"github.com/neuron-tai/meshp2p/engine"
 	"github.com/neuron-tai/meshp2p/engine/gguf"
 	"github.com/neuron-tai/meshp2p/p2p"
+	"github.com/neuron-tai/meshp2p/proto/frame"
 	"github.com/neuron-tai/meshp2p/proto/meshp2pb"
 	"github.com/neuron-tai/meshp2p/route"
+	"github.com/neuron-tai/meshp2p/session"
 )
 
 // Config configures a Node.
@@ -40,7 +42,7 @@ type Config struct {
 	Layers    *gguf.Range // nil: all layers
 	ModelName string      // advertised name (default: the file name without .gguf)
 	Engine    engine.Config
-	Hop       HopConfig
+	Hop       session.HopConfig
 	// DirectWait bounds how long a data-plane stream to a relayed peer
 	// waits for a hole punch before starting on the relay (0: DirectWait;
 	// negative: do not wait; the stream then moves once one succeeds).
@@ -60,7 +62,7 @@ type Node struct {
 
 	model     *engine.Model
 	shard     *engine.Shard
-	hop       *HopService
+	hop       *session.HopService
 	fp        string
 	nLayer    int
 	shardPath string
@@ -113,7 +115,7 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 	n.vocab = newVocabService(n.host, cfg.Hop.Limits, n.log)
 	if n.shard != nil {
 		cfg.Hop.Fingerprint = n.fp
-		n.hop = NewHopService(n.host, n.model, n.shard, cfg.Hop)
+		n.hop = session.NewHopService(n.host, shardEngine{n.model, n.shard}, cfg.Hop)
 		if n.vocabPath != "" {
 			if err := n.vocab.add(n.fp, n.vocabPath); err != nil {
 				n.Close()
@@ -228,7 +230,7 @@ func (n *Node) advertBody() ([]byte, error) {
 		Shards: []*meshp2pb.ShardAdvert{{
 			ModelFingerprint: n.fp, ModelName: n.ModelName(), NLayer: uint32(n.nLayer),
 			Start: uint32(info.Start), End: uint32(info.End),
-			WireDtypes: []meshp2pb.DType{meshp2pb.DType_DTYPE_F32, meshp2pb.DType_DTYPE_F16},
+			WireDtypes: frame.WireDTypeList(),
 			Capacity: &meshp2pb.ShardCapacity{FreeSessions: uint32(c.FreeSessions), MaxSessions: uint32(c.MaxSessions),
 				FreeKvTokens: uint64(c.FreeKV), NCtx: uint32(c.NCtx), NBatch: uint32(n.shard.Config().NBatch)},
 			HasVocab: n.vocabPath != "", NEmbd: uint32(info.NEmbd), Arch: info.Arch,
@@ -293,14 +295,14 @@ func (n *Node) Fingerprint() string { return n.fp }
 func (n *Node) Shard() *engine.Shard { return n.shard }
 
 // Hop returns the hop service (nil on a client).
-func (n *Node) Hop() *HopService { return n.hop }
+func (n *Node) Hop() *session.HopService { return n.hop }
 
 // Origin returns an origin that plans over this node's table.
-func (n *Node) Origin(planner route.Planner) *route.Origin {
+func (n *Node) Origin(planner route.Planner) *session.Origin {
 	if planner == nil {
 		planner = &route.LocalPlanner{Table: n.table}
 	}
-	return &route.Origin{Dialer: n.host, Planner: planner, Protocol: n.host.ProtocolID(ProtoSession, ProtoVersion),
+	return &session.Origin{Dialer: n.host, Planner: planner, Protocol: n.host.ProtocolID(session.ProtoSession, session.ProtoVersion),
 		Limits: n.cfg.Hop.Limits, Logger: n.log,
 		Rediscover: func(ctx context.Context, fp string) {
 			// Late joiners' adverts arrive with the next republish; ask
@@ -416,7 +418,7 @@ func (h *hostAdapter) NewStream(ctx context.Context, p peer.ID, pids ...protocol
 }
 
 // Host returns the data-plane view of the host (streams, protocol IDs).
-func (n *Node) Host() Host { return n.host }
+func (n *Node) Host() session.Host { return n.host }
 
 // logConnEvents makes NAT traversal observable in the node's log: hole
 // punches and their outcome, and a peer's path moving between relayed and

@@ -21,6 +21,7 @@ import (
 	"github.com/neuron-tai/meshp2p/proto/frame"
 	"github.com/neuron-tai/meshp2p/proto/meshp2pb"
 	"github.com/neuron-tai/meshp2p/route"
+	"github.com/neuron-tai/meshp2p/session"
 )
 
 // tracker starts a tracker on loopback; it becomes the bootstrap peer of
@@ -44,7 +45,7 @@ func (tn *testNet) tracker(dir string) *Tracker {
 
 func requireTicket(tn *testNet, trusted ...peer.ID) func(*Config) {
 	return func(c *Config) {
-		c.Hop.Admit = TicketAdmission(TicketPolicy{Network: tn.network, Trusted: trusted})
+		c.Hop.Admit = session.TicketAdmission(session.TicketPolicy{Network: tn.network, Trusted: trusted})
 	}
 }
 
@@ -122,7 +123,7 @@ func TestTrackerTickets(t *testing.T) {
 	ctx := context.Background()
 
 	tp := c.TrackerPlanner(trackerAI(tr), true)
-	res, err := c.Origin(tp).Generate(ctx, route.GenerateRequest{Fingerprint: fp, NLayer: nl, Prompt: prompt, MaxTokens: 24})
+	res, err := c.Origin(tp).Generate(ctx, session.GenerateRequest{Fingerprint: fp, NLayer: nl, Prompt: prompt, MaxTokens: 24})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -154,7 +155,7 @@ func TestTrackerTickets(t *testing.T) {
 	}
 	for _, hc := range hopCases {
 		rt := &route.Route{Fingerprint: fp, NLayer: nl, Hops: good, Ticket: hc.st}
-		res, err := c.Origin(fixedPlanner{rt}).Generate(ctx, route.GenerateRequest{Fingerprint: fp, NLayer: nl, Prompt: prompt, MaxTokens: 4})
+		res, err := c.Origin(fixedPlanner{rt}).Generate(ctx, session.GenerateRequest{Fingerprint: fp, NLayer: nl, Prompt: prompt, MaxTokens: 4})
 		got := frame.Code(err)
 		if res != nil && len(res.Failures) > 0 { // retryable refusals (expired) re-plan first; the first refusal counts
 			got = meshp2pb.ErrorCode_ERROR_CODE_UNSPECIFIED
@@ -249,7 +250,7 @@ func TestTrackerDown(t *testing.T) {
 	want := localTokens(t, model, prompt, maxTok)
 	ctx := context.Background()
 	n := 0
-	res, err := c.Origin(c.TrackerPlanner(trackerAI(tr), true)).Generate(ctx, route.GenerateRequest{Fingerprint: fp, NLayer: nl, Prompt: prompt, MaxTokens: maxTok,
+	res, err := c.Origin(c.TrackerPlanner(trackerAI(tr), true)).Generate(ctx, session.GenerateRequest{Fingerprint: fp, NLayer: nl, Prompt: prompt, MaxTokens: maxTok,
 		OnToken: func(int32) bool {
 			if n++; n == 4 {
 				_ = tr.Close()
@@ -271,7 +272,7 @@ func TestTrackerDown(t *testing.T) {
 	}
 	t.Logf("require-tracker failed after %s: %v", time.Since(start).Round(time.Millisecond), err)
 
-	res, err = c.Origin(c.TrackerPlanner(trackerAI(tr), false)).Generate(ctx, route.GenerateRequest{Fingerprint: fp, NLayer: nl, Prompt: prompt, MaxTokens: maxTok})
+	res, err = c.Origin(c.TrackerPlanner(trackerAI(tr), false)).Generate(ctx, session.GenerateRequest{Fingerprint: fp, NLayer: nl, Prompt: prompt, MaxTokens: maxTok})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -324,14 +325,14 @@ func TestTrackerPlannerDirectAndSpread(t *testing.T) {
 
 	const sessions = 8
 	var wg sync.WaitGroup
-	results := make([]*route.Result, sessions)
+	results := make([]*session.Result, sessions)
 	errs := make([]error, sessions)
 	for i := range sessions {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			o := c.Origin(c.TrackerPlanner(trackerAI(tr), true))
-			results[i], errs[i] = o.Generate(ctx, route.GenerateRequest{Fingerprint: fp, NLayer: nl, Prompt: prompt, MaxTokens: 16})
+			results[i], errs[i] = o.Generate(ctx, session.GenerateRequest{Fingerprint: fp, NLayer: nl, Prompt: prompt, MaxTokens: 16})
 		}()
 	}
 	wg.Wait()

@@ -16,6 +16,7 @@ import (
 	"github.com/neuron-tai/meshp2p/node"
 	"github.com/neuron-tai/meshp2p/proto/meshp2pb"
 	"github.com/neuron-tai/meshp2p/route"
+	"github.com/neuron-tai/meshp2p/session"
 )
 
 const generateUsage = `Usage:
@@ -32,17 +33,17 @@ Flags:
 `
 
 type genResult struct {
-	Text       string          `json:"text"`
-	Tokens     []int32         `json:"tokens"`
-	Route      []routeHopJSON  `json:"route"`
-	Reroutes   int             `json:"reroutes"`
-	Stop       string          `json:"stop"`
-	TTFTms     float64         `json:"ttft_ms"`
-	MsPerToken float64         `json:"ms_per_token"`
-	TotalMs    float64         `json:"total_ms"`
-	Hops       []route.HopStat `json:"hops,omitempty"`
-	Failures   []string        `json:"failures,omitempty"`
-	Model      string          `json:"model"`
+	Text       string            `json:"text"`
+	Tokens     []int32           `json:"tokens"`
+	Route      []routeHopJSON    `json:"route"`
+	Reroutes   int               `json:"reroutes"`
+	Stop       string            `json:"stop"`
+	TTFTms     float64           `json:"ttft_ms"`
+	MsPerToken float64           `json:"ms_per_token"`
+	TotalMs    float64           `json:"total_ms"`
+	Hops       []session.HopStat `json:"hops,omitempty"`
+	Failures   []string          `json:"failures,omitempty"`
+	Model      string            `json:"model"`
 }
 
 type routeHopJSON struct {
@@ -177,7 +178,7 @@ func runGenerate(ctx context.Context, stdout, stderr io.Writer, args []string) e
 			planner = n.TrackerPlanner(trackers, tf.requireTracker)
 		}
 		o := n.Origin(planner)
-		res, err := o.Generate(ctx, route.GenerateRequest{Fingerprint: fp, NLayer: nLayer, Prompt: toks, MaxTokens: *maxTokens,
+		res, err := o.Generate(ctx, session.GenerateRequest{Fingerprint: fp, NLayer: nLayer, Prompt: toks, MaxTokens: *maxTokens,
 			Sampling: &meshp2pb.SamplingParams{Temperature: smp.Temperature, TopK: smp.TopK, TopP: smp.TopP, MinP: smp.MinP,
 				RepeatPenalty: smp.RepeatPenalty, Seed: uint32(smp.Seed)},
 			WireDType: wd, OnToken: printer.add})
