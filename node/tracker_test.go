@@ -22,17 +22,18 @@ import (
 	"github.com/neuron-tai/meshp2p/proto/meshp2pb"
 	"github.com/neuron-tai/meshp2p/route"
 	"github.com/neuron-tai/meshp2p/session"
+	"github.com/neuron-tai/meshp2p/tracker"
 )
 
 // tracker starts a tracker on loopback; it becomes the bootstrap peer of
 // every node started after it. dir holds its identity (tests read the key
 // to forge tickets "signed by the tracker").
-func (tn *testNet) tracker(dir string) *Tracker {
+func (tn *testNet) tracker(dir string) *tracker.Tracker {
 	tn.t.Helper()
 	pc := Preset(PresetTest)
 	pc.Network, pc.DataDir, pc.Bootstrap = tn.network, dir, tn.boot
 	pc.RelayService, pc.ForceReachability = true, p2p.ReachabilityPublic
-	tr, err := StartTracker(context.Background(), TrackerConfig{P2P: pc, PingInterval: time.Second})
+	tr, err := tracker.Start(context.Background(), tracker.Config{P2P: pc, PingInterval: time.Second})
 	if err != nil {
 		tn.t.Fatal(err)
 	}
@@ -61,7 +62,7 @@ func waitShards(t *testing.T, tb *route.Table, fp string, n int) {
 	}
 }
 
-func trackerAI(tr *Tracker) []peer.AddrInfo { return []peer.AddrInfo{tr.P2P().AddrInfo()} }
+func trackerAI(tr *tracker.Tracker) []peer.AddrInfo { return []peer.AddrInfo{tr.P2P().AddrInfo()} }
 
 func loadKey(t *testing.T, dir string) crypto.PrivKey {
 	t.Helper()

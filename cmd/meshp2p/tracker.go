@@ -13,6 +13,7 @@ import (
 	"github.com/neuron-tai/meshp2p/node"
 	"github.com/neuron-tai/meshp2p/p2p"
 	"github.com/neuron-tai/meshp2p/session"
+	"github.com/neuron-tai/meshp2p/tracker"
 )
 
 const trackerUsage = `Usage: meshp2p tracker [--listen ADDRS] [--data-dir DIR] [--network NAME] [flags]
@@ -47,7 +48,7 @@ func runTracker(ctx context.Context, stdout, stderr io.Writer, args []string) er
 	}
 	log := newLogger(stderr, *verbose)
 	pc.Logger = log
-	tr, err := node.StartTracker(ctx, node.TrackerConfig{P2P: pc, TicketTTL: *ttl, PingInterval: *pingEvery, Logger: log})
+	tr, err := tracker.Start(ctx, tracker.Config{P2P: pc, TicketTTL: *ttl, PingInterval: *pingEvery, Logger: log})
 	if err != nil {
 		return err
 	}
