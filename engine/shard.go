@@ -290,7 +290,7 @@ func (s *Shard) OpenSession(key SessionKey, p SessionParams) (*Session, error) {
 	s.reserved += kv
 	sess := &Session{shard: s, key: key, seq: seq, kv: kv}
 	if s.info.IsTail() {
-		smp, err := newSampler(s.model, p.Sampling)
+		smp, err := newSampler(s.model, p.Sampling, s.nCtx)
 		if err != nil {
 			s.freeSeq = append(s.freeSeq, seq)
 			s.reserved -= kv

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/libp2p/go-libp2p/core/peer"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/neuron-tai/meshp2p/engine"
 	"github.com/neuron-tai/meshp2p/engine/gguf"
@@ -406,5 +407,58 @@ func TestPreCutShards(t *testing.T) {
 	}
 	if want := localTokens(t, model, prompt, 16); !equalTokens(got.Tokens, want) {
 		t.Fatalf("swarm %v local %v", got.Tokens, want)
+	}
+}
+
+// localSampled is localTokens with sampling, through the same conversion
+// the tail uses (engine.SamplingFromProto), as `generate --local` does.
+func localSampled(t *testing.T, model string, prompt []int32, n int, sp *meshp2pb.SamplingParams) []int32 {
+	t.Helper()
+	m, err := engine.LoadModel(context.Background(), model, engine.LoadOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	s, err := engine.NewShard(context.Background(), m, engine.Config{NCtx: max(256, len(prompt)+n+16), NBatch: 64, MaxSessions: 1, Threads: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	res, err := engine.RunChain(context.Background(), []*engine.Shard{s}, prompt, engine.ChainOptions{Steps: n - 1, Chunk: 128, Sampling: engine.SamplingFromProto(sp)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return res.Tokens
+}
+
+// Sampling at temperature 0.8 with a seed above 2^32 and repeat_last_n -1
+// gives the same tokens through a 3-hop swarm as in-process (`--local`):
+// the seed keeps all 64 bits on the wire and -1 means the whole context on
+// both paths.
+func TestSampledSwarmMatchesLocal(t *testing.T) {
+	model := testmodels.Path(t, "stories260K.gguf")
+	tn := newTestNet(t)
+	for _, r := range gguf.EvenSplit(5, 3) {
+		tn.shard(model, r)
+	}
+	c := tn.client()
+	fp, nl := waitModel(t, c, "stories260K")
+	prompt := []int32{1, 403, 407, 261}
+	const maxTok = 32
+	sp := &meshp2pb.SamplingParams{Temperature: 0.8, TopK: 40, TopP: 0.95, MinP: 0.05, RepeatPenalty: 1.1, RepeatLastN: -1, Seed: 1<<40 + 12345}
+	res, err := c.Origin(nil).Generate(context.Background(), session.GenerateRequest{Fingerprint: fp, NLayer: nl, Prompt: prompt, MaxTokens: maxTok, Sampling: sp})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := localSampled(t, model, prompt, maxTok, sp)
+	if !equalTokens(res.Tokens, want) {
+		t.Fatalf("swarm %v\nlocal %v", res.Tokens, want)
+	}
+	// The high bits of the seed matter: the seed cut to 32 bits (what the
+	// wire used to carry) samples something else.
+	cut := proto.Clone(sp).(*meshp2pb.SamplingParams)
+	cut.Seed = uint64(uint32(sp.Seed))
+	if equalTokens(localSampled(t, model, prompt, maxTok, cut), want) {
+		t.Fatal("a 32-bit seed gives the same tokens: this test does not exercise the seed width")
 	}
 }

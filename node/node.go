@@ -234,7 +234,7 @@ func (n *Node) advertBody() ([]byte, error) {
 			Capacity: &meshp2pb.ShardCapacity{FreeSessions: uint32(c.FreeSessions), MaxSessions: uint32(c.MaxSessions),
 				FreeKvTokens: uint64(c.FreeKV), NCtx: uint32(c.NCtx), NBatch: uint32(n.shard.Config().NBatch)},
 			HasVocab: n.vocabPath != "", NEmbd: uint32(info.NEmbd), Arch: info.Arch,
-			Runtime: "llama.cpp@" + engine.LlamaCommit, BundleSchema: "l_out/v1",
+			Runtime: "llama.cpp@" + engine.LlamaCommit,
 		}},
 	}
 	msl := n.hop.DecodeMsPerLayer()

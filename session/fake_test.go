@@ -79,7 +79,7 @@ func (e *fakeEngine) OpenSession(key Key, p EngineParams) (EngineSession, error)
 	}
 	s := &fakeSession{e: e, key: key, kv: p.KVTokens}
 	if sp := p.Sampling; sp != nil {
-		s.seed = uint64(sp.GetSeed())
+		s.seed = sp.GetSeed()
 	}
 	e.sessions[key] = s
 	e.reserved += p.KVTokens

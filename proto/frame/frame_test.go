@@ -148,7 +148,7 @@ func TestStreamSequence(t *testing.T) {
 	w := NewWriter(&buf, Limits{})
 	hdr, tensors := testBundle(4, 8, true)
 	msgs := []*meshp2pb.StreamMessage{
-		{Kind: &meshp2pb.StreamMessage_Open{Open: &meshp2pb.SessionOpen{SessionId: testSID, Epoch: 1, MaxRows: 512,
+		{Kind: &meshp2pb.StreamMessage_Open{Open: &meshp2pb.SessionOpen{SessionId: testSID, Epoch: 1, NCtxNeeded: 512,
 			Route:    &meshp2pb.Route{NLayer: 2, Hops: []*meshp2pb.RouteHop{{PeerId: []byte("p"), Start: 0, End: 2, Addrs: []string{"/ip4/127.0.0.1/tcp/1"}}}},
 			Sampling: &meshp2pb.SamplingParams{Temperature: 0.7, TopK: 40, Seed: 42}}}},
 		{Kind: &meshp2pb.StreamMessage_Accept{Accept: &meshp2pb.SessionAccept{SessionId: testSID, Epoch: 1, Ok: true}}},
