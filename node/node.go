@@ -258,9 +258,9 @@ func (n *Node) publish() error {
 }
 
 // advertLoop re-publishes when free capacity or measured speed changes
-// (checked every 2 s).
+// (checked every AdvertCheckInterval).
 func (n *Node) advertLoop(ctx context.Context) {
-	t := time.NewTicker(2 * time.Second)
+	t := time.NewTicker(AdvertCheckInterval)
 	defer t.Stop()
 	last := n.shard.Capacity()
 	lastSpeed := n.hop.DecodeMsPerLayer()
@@ -272,7 +272,7 @@ func (n *Node) advertLoop(ctx context.Context) {
 			c, sp := n.shard.Capacity(), n.hop.DecodeMsPerLayer()
 			// Re-publish on capacity changes, or when the measured speed
 			// moved by more than a quarter (the tracker's cost model).
-			if c != last || math.Abs(float64(sp-lastSpeed)) > 0.25*float64(max(lastSpeed, 1e-6)) {
+			if c != last || math.Abs(float64(sp-lastSpeed)) > AdvertSpeedChange*float64(max(lastSpeed, 1e-6)) {
 				last, lastSpeed = c, sp
 				if err := n.publish(); err != nil {
 					n.log.Warn("re-publish advert", "err", err)
@@ -308,12 +308,12 @@ func (n *Node) Origin(planner route.Planner) *session.Origin {
 			// Late joiners' adverts arrive with the next republish; ask
 			// the DHT meanwhile.
 			for ctx.Err() == nil {
-				lctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+				lctx, cancel := context.WithTimeout(ctx, LookupTimeout)
 				_, _ = n.p2p.Discovery().Lookup(lctx, fp)
 				cancel()
 				select {
 				case <-ctx.Done():
-				case <-time.After(2 * time.Second):
+				case <-time.After(RediscoverPause):
 				}
 			}
 		}}

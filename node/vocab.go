@@ -75,7 +75,7 @@ func (v *vocabService) handle(s network.Stream) {
 		_ = s.Reset() // busy: the client tries another peer
 		return
 	}
-	_ = s.SetDeadline(time.Now().Add(60 * time.Second))
+	_ = s.SetDeadline(time.Now().Add(VocabTransferTimeout))
 	var req meshp2pb.VocabRequest
 	if err := frame.NewReader(s, v.lim).ReadMessage(&req); err != nil {
 		_ = s.Reset()

@@ -14,7 +14,7 @@ import (
 
 // WaitForModel resolves a model name, fingerprint or local model file to
 // a fingerprint with a complete route, waiting up to wait for discovery
-// (gossip, plus DHT lookups every 3 s for late joiners).
+// (gossip, plus DHT lookups every WaitLookupInterval for late joiners).
 func (n *Node) WaitForModel(ctx context.Context, model string, wait time.Duration) (string, int, error) {
 	ctx, cancel := context.WithTimeout(ctx, wait)
 	defer cancel()
@@ -57,11 +57,11 @@ func (n *Node) WaitForModel(ctx context.Context, model string, wait time.Duratio
 		case <-changed:
 		case <-lookup.C:
 			go func() {
-				lctx, c := context.WithTimeout(ctx, 5*time.Second)
+				lctx, c := context.WithTimeout(ctx, WaitLookupTimeout)
 				defer c()
 				_, _ = n.p2p.Discovery().Lookup(lctx, key)
 			}()
-			lookup.Reset(3 * time.Second)
+			lookup.Reset(WaitLookupInterval)
 		}
 	}
 }
