@@ -496,9 +496,6 @@ func (n *Node) Unprotect(p peer.ID, tag string) bool { return n.cm.Unprotect(p, 
 // key's fingerprint (never the key).
 func (n *Node) Private() (bool, string) { return n.pskFP != "", n.pskFP }
 
-// DHT is the swarm's Kademlia DHT (for peer routing by other packages).
-func (n *Node) DHT() *dht.IpfsDHT { return n.kad }
-
 // Discovery is the node's advert service.
 func (n *Node) Discovery() *Discovery { return n.disc }
 

@@ -22,7 +22,7 @@ func (e *hopError) Error() string {
 // codeErr builds a report; failed names the peer to re-route around ("":
 // nobody, re-routing would not help).
 func codeErr(code meshp2pb.ErrorCode, msg string, failed peer.ID) *hopError {
-	e := &meshp2pb.Error{Code: code, Message: msg, Retryable: frame.Retryable(code)}
+	e := &meshp2pb.Error{Code: code, Message: msg}
 	if failed != "" {
 		e.FailedPeerId = []byte(failed)
 	}

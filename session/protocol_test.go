@@ -25,7 +25,7 @@ func TestGenerateMatchesReference(t *testing.T) {
 		name   string
 		ranges [][2]int
 		wire   meshp2pb.DType
-		seed   uint32
+		seed   uint64
 	}{
 		{"one hop", [][2]int{{0, 6}}, meshp2pb.DType_DTYPE_F32, 0},
 		{"two hops f16", [][2]int{{0, 3}, {3, 6}}, meshp2pb.DType_DTYPE_F16, 5},
@@ -47,7 +47,7 @@ func TestGenerateMatchesReference(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if want := reference(prompt, 20, uint64(tc.seed)); !equal(res.Tokens, want) {
+			if want := reference(prompt, 20, tc.seed); !equal(res.Tokens, want) {
 				t.Fatalf("tokens %v, want %v", res.Tokens, want)
 			}
 			if res.Stop != "max_tokens" || res.Reroutes != 0 || len(res.HopStats) != len(hops) {

@@ -53,7 +53,6 @@ func TicketAdmission(pol TicketPolicy) func(open *meshp2pb.SessionOpen, idx int,
 			// origin excludes whoever is blamed; blame the ticket's issuer
 			// instead (it serves no layers, so the re-plan for epoch+1 only
 			// fetches a fresh ticket).
-			e.Retryable = true
 			if tk := ticketSigner(open.GetTicket()); tk != "" {
 				e.FailedPeerId = []byte(tk)
 			}

@@ -386,7 +386,7 @@ func (t *Tracker) handle(s network.Stream) {
 }
 
 func refuse(code meshp2pb.ErrorCode, format string, args ...any) *meshp2pb.RouteResponse {
-	return &meshp2pb.RouteResponse{Error: &meshp2pb.Error{Code: code, Message: fmt.Sprintf(format, args...), Retryable: frame.Retryable(code)}}
+	return &meshp2pb.RouteResponse{Error: &meshp2pb.Error{Code: code, Message: fmt.Sprintf(format, args...)}}
 }
 
 func (t *Tracker) answer(ctx context.Context, client peer.ID, req *meshp2pb.RouteRequest) *meshp2pb.RouteResponse {
