@@ -51,7 +51,7 @@ type Config struct {
 	Threads int
 	// FlashAttn enables flash attention. Off by default: with it on, a
 	// session placed into KV cells freed by another differs by ~1e-3 from a
-	// run alone (measured, engine-spike.md Q4); off, results are bit-exact.
+	// run alone (measured on stories260K); off, results are bit-exact.
 	FlashAttn bool
 	Logger    *slog.Logger
 }
