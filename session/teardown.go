@@ -40,9 +40,6 @@ func (hs *hopSession) release() {
 	defer close(hs.released)
 	hs.fail(nil)
 	h := hs.h
-	h.mu.Lock()
-	delete(h.active, hs.key)
-	h.mu.Unlock()
 	if down := hs.down.Stream(); down != nil {
 		_ = down.Close()
 		h.host.Unprotect(down.Conn().RemotePeer(), RouteProtectTag)
@@ -55,7 +52,13 @@ func (hs *hopSession) release() {
 	default:
 	}
 	hs.up.Close()
+	// Free the engine session (KV cells, slot) before the session leaves
+	// the active map: a new epoch that no longer finds it there (supersede)
+	// must find its cells free.
 	hs.eng.Close()
+	h.mu.Lock()
+	delete(h.active, hs.key)
+	h.mu.Unlock()
 	h.log.Debug("session released", "session", hs.key, "err", hs.err)
 }
 
