@@ -33,11 +33,9 @@ output is identical to --local, which runs the whole model in-process.
 Flags:
 `
 
-var wireDTypes = frame.WireDTypes()
-
 func wireDTypeHelp() string {
 	var parts []string
-	for _, w := range wireDTypes {
+	for _, w := range frame.WireDTypes() {
 		parts = append(parts, w.Name+" ("+w.Doc+")")
 	}
 	return strings.Join(parts, " or ")
@@ -86,7 +84,7 @@ func runGenerate(ctx context.Context, stdout, stderr io.Writer, args []string) e
 	stop := fs.String("stop", "", "comma-separated stop strings")
 	local := fs.Bool("local", false, "run the whole --model FILE in-process (the reference for the swarm)")
 	asJSON := fs.Bool("json", false, "print one JSON object instead of streaming text")
-	wire := fs.String("wire-dtype", wireDTypes[0].Name, "activation dtype between hops: "+wireDTypeHelp())
+	wire := fs.String("wire-dtype", frame.WireDTypes()[0].Name, "activation dtype between hops: "+wireDTypeHelp())
 	wait := fs.Duration("wait", 30*time.Second, "how long to wait for peers covering the model")
 	verbose := fs.Bool("v", false, "debug logging")
 	if err := parseFlags(fs, args); err != nil {

@@ -20,7 +20,7 @@ type WireDType struct {
 }
 
 var wireDTypes = []WireDType{
-	{Name: "f32", DType: meshp2pb.DType_DTYPE_F32, Exact: true, Doc: "exact (default)"},
+	{Name: "f32", DType: meshp2pb.DType_DTYPE_F32, Exact: true, Doc: "exact"},
 	{Name: "f16", DType: meshp2pb.DType_DTYPE_F16, Doc: "half the bytes, close but not identical; a frame with values beyond f16's range goes as f32"},
 }
 
