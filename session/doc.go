@@ -41,8 +41,9 @@
 //     held for the duration of one frame write, I/O included. No code holds
 //     two seams' wmu at once.
 //  2. Seam.ref: guards the stream pointer of a seam; held only to read or
-//     swap it, never during I/O. Interrupt/Reset/Close/Stream take only
-//     ref, which is how a blocked writer is freed.
+//     swap it, never during I/O. Interrupt/Reset/Close/Is/RemotePeer take
+//     only ref, which is how a blocked writer is freed. The stream itself
+//     is not handed out, so nothing writes on it without wmu.
 //  3. HopService.mu (closed flag and the active sessions map) and the
 //     speed meter's mutex: leaves, held for map and counter updates only,
 //     never while taking a seam lock or doing I/O.

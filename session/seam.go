@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/libp2p/go-libp2p/core/network"
+	"github.com/libp2p/go-libp2p/core/peer"
 
 	"github.com/neuron-tai/meshp2p/proto/frame"
 	"github.com/neuron-tai/meshp2p/proto/meshp2pb"
@@ -24,7 +25,7 @@ import (
 //	wmu  serialises writers and is held during the write (I/O);
 //	ref  guards the stream pointer and is never held during I/O.
 //
-// Interrupt, Reset, Close and Stream take only ref, so they work while a
+// Interrupt, Reset, Close, Is and RemotePeer take only ref, so they work while a
 // writer is blocked on a peer that stopped reading: a write deadline or a
 // reset is what frees that writer.
 type Seam struct {
@@ -46,11 +47,24 @@ func NewSeam(s network.Stream, lim frame.Limits) *Seam {
 	return m
 }
 
-// Stream is the seam's current stream (nil before one is attached).
-func (m *Seam) Stream() network.Stream {
+// stream is the seam's current stream (nil before one is attached). It
+// stays unexported: writes go through Send, so nobody writes without the
+// lock.
+func (m *Seam) stream() network.Stream {
 	m.ref.Lock()
 	defer m.ref.Unlock()
 	return m.s
+}
+
+// Is reports whether s is the seam's current stream.
+func (m *Seam) Is(s network.Stream) bool { return m.stream() == s }
+
+// RemotePeer is the peer at the other end ("" before a stream is attached).
+func (m *Seam) RemotePeer() peer.ID {
+	if s := m.stream(); s != nil {
+		return s.Conn().RemotePeer()
+	}
+	return ""
 }
 
 // Send writes one stream message, bounding the write by timeout (0: no
@@ -59,7 +73,7 @@ func (m *Seam) Stream() network.Stream {
 func (m *Seam) Send(msg *meshp2pb.StreamMessage, timeout time.Duration) error {
 	m.wmu.Lock()
 	defer m.wmu.Unlock()
-	s := m.Stream()
+	s := m.stream()
 	if s == nil {
 		return errNoStream
 	}
@@ -73,7 +87,7 @@ func (m *Seam) Send(msg *meshp2pb.StreamMessage, timeout time.Duration) error {
 func (m *Seam) SendActivation(hdr *meshp2pb.ActivationHeader, payload []byte, timeout time.Duration) error {
 	m.wmu.Lock()
 	defer m.wmu.Unlock()
-	s := m.Stream()
+	s := m.stream()
 	if s == nil {
 		return errNoStream
 	}
@@ -99,21 +113,21 @@ func (m *Seam) Swap(ns network.Stream) network.Stream {
 // for the write lock: a writer blocked on a peer that stopped reading
 // fails at the deadline and lets the next one in.
 func (m *Seam) Interrupt(d time.Duration) {
-	if s := m.Stream(); s != nil {
+	if s := m.stream(); s != nil {
 		_ = s.SetWriteDeadline(time.Now().Add(d))
 	}
 }
 
 // Reset resets the current stream (blocked reads and writes on it fail).
 func (m *Seam) Reset() {
-	if s := m.Stream(); s != nil {
+	if s := m.stream(); s != nil {
 		_ = s.Reset()
 	}
 }
 
 // Close closes the current stream.
 func (m *Seam) Close() {
-	if s := m.Stream(); s != nil {
+	if s := m.stream(); s != nil {
 		_ = s.Close()
 	}
 }

@@ -74,7 +74,7 @@ func TestSeamInterruptAndSwap(t *testing.T) {
 	if msg := <-got; msg.GetClose().GetReason() != "x" {
 		t.Fatalf("the new stream got %v", msg)
 	}
-	if m.Stream() != second {
-		t.Fatal("Stream is not the swapped-in stream")
+	if !m.Is(second) {
+		t.Fatal("the seam is not on the swapped-in stream")
 	}
 }

@@ -40,9 +40,9 @@ func (hs *hopSession) release() {
 	defer close(hs.released)
 	hs.fail(nil)
 	h := hs.h
-	if down := hs.down.Stream(); down != nil {
-		_ = down.Close()
-		h.host.Unprotect(down.Conn().RemotePeer(), RouteProtectTag)
+	if next := hs.down.RemotePeer(); next != "" {
+		hs.down.Close()
+		h.host.Unprotect(next, RouteProtectTag)
 	}
 	hs.ringOut.Close()
 	hs.ringIn.Close()
@@ -80,7 +80,7 @@ func (hs *hopSession) watchDownstream(s network.Stream, r *frame.Reader) {
 		return // we are closing it ourselves
 	default:
 	}
-	if hs.down.Stream() != s && err != nil {
+	if !hs.down.Is(s) && err != nil {
 		return // the seam moved to another stream; this one just ended
 	}
 	switch {
