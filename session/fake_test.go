@@ -54,7 +54,10 @@ type fakeEngine struct {
 	maxSessions int
 	nCtx        int
 
-	mu       sync.Mutex
+	mu sync.Mutex
+	// onStep, if set, runs after every single-row (decode) step with the
+	// number of such steps so far (tests kill a hop mid-generation).
+	onStep   func(steps int)
 	sessions map[Key]*fakeSession
 	reserved int
 	steps    int
@@ -137,10 +140,15 @@ func (s *fakeSession) Forward(ctx context.Context, in Input) (Output, error) {
 	}
 	s.nextPos += len(rows)
 	s.e.mu.Lock()
+	steps, onStep := -1, s.e.onStep
 	if len(rows) == 1 {
 		s.e.steps++
+		steps = s.e.steps
 	}
 	s.e.mu.Unlock()
+	if steps > 0 && onStep != nil {
+		onStep(steps)
+	}
 	var out Output
 	for i := range rows {
 		rows[i][2] += float32(info.End - info.Start)
@@ -297,9 +305,41 @@ func startHop(t testing.TB, start, end int, tweak func(*HopConfig)) *fakeHop {
 	return &fakeHop{host: h, eng: e, svc: svc}
 }
 
-// kill ends the hop like a crashed process: every connection drops.
-func (f *fakeHop) kill() {
+// kill ends the hop like a crashed process: every connection to it drops
+// and it sends nothing more. The others drop their connections to it
+// first (the origin first, as given): closing its own host instead would
+// close its connections one by one, and a hop that is only shutting down
+// may still report the first closed one over another.
+func (f *fakeHop) kill(others ...*testHost) {
+	for _, h := range others {
+		if h != f.host {
+			_ = h.Network().ClosePeer(f.host.ID())
+			h.Peerstore().ClearAddrs(f.host.ID())
+		}
+	}
 	_ = f.host.Close()
+}
+
+// killAtStep kills f during its n-th decode step: judged on the hop, since
+// the ring does not wait for the origin, which may see token n only after
+// the ring has finished.
+func (f *fakeHop) killAtStep(n int, others ...*testHost) {
+	var once sync.Once
+	f.eng.mu.Lock()
+	defer f.eng.mu.Unlock()
+	f.eng.onStep = func(steps int) {
+		if steps >= n {
+			once.Do(func() { f.kill(others...) })
+		}
+	}
+}
+
+func hostsOf(hops ...*fakeHop) []*testHost {
+	var out []*testHost
+	for _, h := range hops {
+		out = append(out, h.host)
+	}
+	return out
 }
 
 func (f *fakeHop) hop() route.Hop {

@@ -159,71 +159,100 @@ func (o *Origin) run(ctx context.Context, sid [16]byte, rt *route.Route, req Gen
 	defer s.Close()
 	stop := context.AfterFunc(ctx, func() { _ = s.Reset() })
 	defer stop()
-	w, r := frame.NewWriter(s, o.Limits), frame.NewReader(s, o.Limits)
-	pr := &meshp2pb.Route{ModelFingerprint: rt.Fingerprint, NLayer: uint32(rt.NLayer), Epoch: rt.Epoch}
-	for _, h := range rt.Hops {
-		hop := &meshp2pb.RouteHop{PeerId: []byte(h.Peer), Start: uint32(h.Start), End: uint32(h.End)}
-		for _, a := range h.Addrs {
-			hop.Addrs = append(hop.Addrs, a.String())
-		}
-		pr.Hops = append(pr.Hops, hop)
-	}
-	generated := append([]int32(nil), res.Tokens...)
-	remaining := req.MaxTokens - len(generated)
-	input := append(append([]int32(nil), req.Prompt...), generated...)
-	chunk := o.Chunk
-	if chunk <= 0 {
-		chunk = DefaultChunk
-	}
-	open := &meshp2pb.SessionOpen{SessionId: sid[:], Epoch: rt.Epoch, ModelFingerprint: rt.Fingerprint, Route: pr,
-		Sampling: req.Sampling, MaxTokens: uint32(remaining), WireDtype: req.WireDType,
-		NCtxNeeded: uint32(len(input) + remaining + 1), Generated: generated,
-		Ticket: rt.Ticket}
-	if err := w.WriteStream(&meshp2pb.StreamMessage{Kind: &meshp2pb.StreamMessage_Open{Open: open}}); err != nil {
-		return head, fmt.Errorf("send open: %w", err)
-	}
+	e := &epochRun{s: s, w: frame.NewWriter(s, o.Limits), r: frame.NewReader(s, o.Limits), sid: sid, rt: rt, head: head}
+	open, input := o.sessionOpen(sid, rt, req, res.Tokens)
 	// Longer than a hop's idle timeout (the ladder in defaults.go), so a
 	// stalled hop is reported by its neighbour, which can name it, before
 	// we give up and can only blame the head. The first token also waits
 	// for the prefill, which grows with the prompt.
-	tt := o.TokenTimeout
-	if tt == 0 {
-		tt = DefaultTokenTimeout
+	e.tokenTimeout = o.TokenTimeout
+	if e.tokenTimeout == 0 {
+		e.tokenTimeout = DefaultTokenTimeout
 	}
-	first := tt * time.Duration(1+len(input)/PrefillRowsPerTokenTimeout)
-	_ = s.SetReadDeadline(time.Now().Add(first))
-	msg, _, err := r.ReadStream()
+	e.firstTimeout = e.tokenTimeout * time.Duration(1+len(input)/PrefillRowsPerTokenTimeout)
+	if failed, err := e.admit(open); err != nil {
+		return failed, err
+	}
+	chunk := o.Chunk
+	if chunk <= 0 {
+		chunk = DefaultChunk
+	}
+	if err := e.prefill(input, chunk); err != nil {
+		return head, err
+	}
+	return e.collect(req, res, len(open.GetGenerated()), start)
+}
+
+// sessionOpen is the SessionOpen of one epoch and the rows to prefill: the
+// prompt and, after a re-route, the tokens generated so far.
+func (o *Origin) sessionOpen(sid [16]byte, rt *route.Route, req GenerateRequest, soFar []int32) (*meshp2pb.SessionOpen, []int32) {
+	generated := append([]int32(nil), soFar...)
+	remaining := req.MaxTokens - len(generated)
+	input := append(append([]int32(nil), req.Prompt...), generated...)
+	return &meshp2pb.SessionOpen{SessionId: sid[:], Epoch: rt.Epoch, ModelFingerprint: rt.Fingerprint, Route: route.WireRoute(rt),
+		Sampling: req.Sampling, MaxTokens: uint32(remaining), WireDtype: req.WireDType,
+		NCtxNeeded: uint32(len(input) + remaining + 1), Generated: generated, Ticket: rt.Ticket}, input
+}
+
+// epochRun is the origin's end of one epoch: the stream to the head.
+type epochRun struct {
+	s                          network.Stream
+	w                          *frame.Writer
+	r                          *frame.Reader
+	sid                        [16]byte
+	rt                         *route.Route
+	head                       peer.ID
+	tokenTimeout, firstTimeout time.Duration
+}
+
+// admit sends the open and waits until the whole route admitted it.
+func (e *epochRun) admit(open *meshp2pb.SessionOpen) (peer.ID, error) {
+	if err := e.w.WriteStream(&meshp2pb.StreamMessage{Kind: &meshp2pb.StreamMessage_Open{Open: open}}); err != nil {
+		return e.head, fmt.Errorf("send open: %w", err)
+	}
+	_ = e.s.SetReadDeadline(time.Now().Add(e.firstTimeout))
+	msg, _, err := e.r.ReadStream()
 	if err != nil {
-		return head, fmt.Errorf("admission: %w", err)
+		return e.head, fmt.Errorf("admission: %w", err)
 	}
 	acc := msg.GetAccept()
 	if acc == nil {
-		return head, fmt.Errorf("admission: unexpected reply")
+		return e.head, fmt.Errorf("admission: unexpected reply")
 	}
 	if !acc.GetOk() {
 		return blame(acc.GetError()), fmt.Errorf("route refused: %w", frame.FromProto(acc.GetError()))
 	}
-	// Prefill: the prompt (and, after a reroute, the tokens so far).
+	return "", nil
+}
+
+// prefill sends the input as token-id frames of at most chunk rows.
+func (e *epochRun) prefill(input []int32, chunk int) error {
 	for off := 0; off < len(input); off += chunk {
 		end := min(off+chunk, len(input))
-		a := &meshp2pb.ActivationHeader{SessionId: sid[:], Epoch: rt.Epoch, PosStart: uint32(off), NRows: uint32(end - off),
+		a := &meshp2pb.ActivationHeader{SessionId: e.sid[:], Epoch: e.rt.Epoch, PosStart: uint32(off), NRows: uint32(end - off),
 			IsPrefill: true, LastChunk: end == len(input), Tokens: input[off:end]}
-		if err := w.WriteActivation(a); err != nil {
-			return head, fmt.Errorf("send prefill: %w", err)
+		if err := e.w.WriteActivation(a); err != nil {
+			return fmt.Errorf("send prefill: %w", err)
 		}
 	}
-	sums := make([]uint64, len(rt.Hops))
+	return nil
+}
+
+// collect reads tokens from the head until the generation stops, then
+// closes the session. nGenerated tokens of res came from earlier epochs.
+func (e *epochRun) collect(req GenerateRequest, res *Result, nGenerated int, start time.Time) (peer.ID, error) {
+	sums := make([]uint64, len(e.rt.Hops))
 	counts := 0
 	var prefillUs []uint32
 	for len(res.Tokens) < req.MaxTokens {
-		if res.TTFT > 0 || len(res.Tokens) > len(generated) {
-			_ = s.SetReadDeadline(time.Now().Add(tt))
+		if res.TTFT > 0 || len(res.Tokens) > nGenerated {
+			_ = e.s.SetReadDeadline(time.Now().Add(e.tokenTimeout))
 		} else {
-			_ = s.SetReadDeadline(time.Now().Add(first))
+			_ = e.s.SetReadDeadline(time.Now().Add(e.firstTimeout))
 		}
-		msg, _, err := r.ReadStream()
+		msg, _, err := e.r.ReadStream()
 		if err != nil {
-			return head, fmt.Errorf("waiting for token %d: %w", len(res.Tokens)+1, err)
+			return e.head, fmt.Errorf("waiting for token %d: %w", len(res.Tokens)+1, err)
 		}
 		switch k := msg.GetKind().(type) {
 		case *meshp2pb.StreamMessage_Error:
@@ -252,12 +281,12 @@ func (o *Origin) run(ctx context.Context, sid [16]byte, rt *route.Route, req Gen
 				res.Stop = "max_tokens"
 			}
 			if res.Stop != "" {
-				_ = w.WriteStream(&meshp2pb.StreamMessage{Kind: &meshp2pb.StreamMessage_Close{Close: &meshp2pb.SessionClose{SessionId: sid[:], Epoch: rt.Epoch, Reason: res.Stop}}})
-				res.HopStats = hopStats(rt, sums, counts, prefillUs)
+				_ = e.w.WriteStream(&meshp2pb.StreamMessage{Kind: &meshp2pb.StreamMessage_Close{Close: &meshp2pb.SessionClose{SessionId: e.sid[:], Epoch: e.rt.Epoch, Reason: res.Stop}}})
+				res.HopStats = hopStats(e.rt, sums, counts, prefillUs)
 				return "", nil
 			}
 		default:
-			return head, fmt.Errorf("unexpected message from head")
+			return e.head, fmt.Errorf("unexpected message from head")
 		}
 	}
 	res.Stop = "max_tokens"

@@ -252,17 +252,11 @@ func TestRerouteAfterKill(t *testing.T) {
 			for i := range primary {
 				stages = append(stages, []*fakeHop{primary[i], spare[i]})
 			}
-			o, _ := newOrigin(t, stagePlanner{stages}, append(primary, spare...)...)
+			o, c := newOrigin(t, stagePlanner{stages}, append(primary, spare...)...)
+			primary[pos].killAtStep(5, append([]*testHost{c}, hostsOf(append(primary, spare...)...)...)...)
 			prompt := []int32{3, 1, 4, 1, 5}
 			const maxTok = 40
-			n := 0
-			res, err := o.Generate(context.Background(), GenerateRequest{Fingerprint: fakeFP, NLayer: fakeNLay, Prompt: prompt, MaxTokens: maxTok,
-				OnToken: func(int32) bool {
-					if n++; n == 10 {
-						primary[pos].kill()
-					}
-					return false
-				}})
+			res, err := o.Generate(context.Background(), GenerateRequest{Fingerprint: fakeFP, NLayer: fakeNLay, Prompt: prompt, MaxTokens: maxTok})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -298,16 +292,10 @@ func TestBlameNamesTheDeadHop(t *testing.T) {
 	for pos, name := range []string{"head", "middle", "tail"} {
 		t.Run(name, func(t *testing.T) {
 			hops := threeHops(t)
-			o, _ := newOrigin(t, stagePlanner{[][]*fakeHop{{hops[0]}, {hops[1]}, {hops[2]}}}, hops...)
+			o, c := newOrigin(t, stagePlanner{[][]*fakeHop{{hops[0]}, {hops[1]}, {hops[2]}}}, hops...)
 			o.MaxReroutes = -1
-			n := 0
-			res, err := o.Generate(context.Background(), GenerateRequest{Fingerprint: fakeFP, NLayer: fakeNLay, Prompt: []int32{2, 7}, MaxTokens: 500,
-				OnToken: func(int32) bool {
-					if n++; n == 5 {
-						hops[pos].kill()
-					}
-					return false
-				}})
+			hops[pos].killAtStep(5, append([]*testHost{c}, hostsOf(hops...)...)...)
+			res, err := o.Generate(context.Background(), GenerateRequest{Fingerprint: fakeFP, NLayer: fakeNLay, Prompt: []int32{2, 7}, MaxTokens: 500})
 			if !errors.Is(err, ErrGeneration) {
 				t.Fatalf("want ErrGeneration, got %v", err)
 			}
@@ -318,7 +306,8 @@ func TestBlameNamesTheDeadHop(t *testing.T) {
 			if pos > 0 {
 				// A neighbour reports: the error names the dead peer.
 				if !errors.As(err, &re) || peer.ID(re.E.GetFailedPeerId()) != hops[pos].host.ID() {
-					t.Fatalf("want a report naming hop %d (%s), got %v", pos, hops[pos].host.ID(), err)
+					t.Fatalf("want a report naming hop %d (%s), got %v (from %s, blaming %s; hops %s %s %s)", pos, hops[pos].host.ID(), err,
+						peer.ID(re.E.GetPeerId()), peer.ID(re.E.GetFailedPeerId()), hops[0].host.ID(), hops[1].host.ID(), hops[2].host.ID())
 				}
 			} else if errors.As(err, &re) {
 				// The head itself died: only the origin can tell.
@@ -393,15 +382,9 @@ func TestSeamMigration(t *testing.T) {
 // a NoRouteError after a failure ends the generation with the layers named.
 func TestNoReplacementNamesLayers(t *testing.T) {
 	hops := threeHops(t)
-	o, _ := newOrigin(t, stagePlanner{[][]*fakeHop{{hops[0]}, {hops[1]}, {hops[2]}}}, hops...)
-	n := 0
-	_, err := o.Generate(context.Background(), GenerateRequest{Fingerprint: fakeFP, NLayer: fakeNLay, Prompt: []int32{1}, MaxTokens: 500,
-		OnToken: func(int32) bool {
-			if n++; n == 3 {
-				hops[1].kill()
-			}
-			return false
-		}})
+	o, c := newOrigin(t, stagePlanner{[][]*fakeHop{{hops[0]}, {hops[1]}, {hops[2]}}}, hops...)
+	hops[1].killAtStep(3, append([]*testHost{c}, hostsOf(hops...)...)...)
+	_, err := o.Generate(context.Background(), GenerateRequest{Fingerprint: fakeFP, NLayer: fakeNLay, Prompt: []int32{1}, MaxTokens: 500})
 	var nr *route.NoRouteError
 	if !errors.As(err, &nr) || nr.MissingStart != 2 || nr.MissingEnd != 4 {
 		t.Fatalf("want a NoRouteError for layers 2-4, got %v", err)
