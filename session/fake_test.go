@@ -185,11 +185,12 @@ func (s *fakeSession) Close() {
 type testHost struct {
 	host.Host
 
-	mu      sync.Mutex
-	relayed map[peer.ID]bool
-	onRelay map[network.Stream]bool
-	opened  map[protocol.ID]int
-	subs    map[chan p2p.ConnEvent]bool
+	mu       sync.Mutex
+	accepted map[protocol.ID][]*trackedStream
+	relayed  map[peer.ID]bool
+	onRelay  map[network.Stream]bool
+	opened   map[protocol.ID]int
+	subs     map[chan p2p.ConnEvent]bool
 }
 
 func newTestHost(t testing.TB) *testHost {
@@ -199,9 +200,53 @@ func newTestHost(t testing.TB) *testHost {
 	if err != nil {
 		t.Fatal(err)
 	}
-	th := &testHost{Host: h, relayed: map[peer.ID]bool{}, onRelay: map[network.Stream]bool{}, opened: map[protocol.ID]int{}, subs: map[chan p2p.ConnEvent]bool{}}
+	th := &testHost{Host: h, accepted: map[protocol.ID][]*trackedStream{}, relayed: map[peer.ID]bool{}, onRelay: map[network.Stream]bool{}, opened: map[protocol.ID]int{}, subs: map[chan p2p.ConnEvent]bool{}}
 	t.Cleanup(func() { _ = h.Close() })
 	return th
+}
+
+// trackedStream is an incoming stream that remembers its read deadline.
+type trackedStream struct {
+	network.Stream
+	mu     sync.Mutex
+	readDL time.Time
+}
+
+func (s *trackedStream) SetReadDeadline(t time.Time) error {
+	s.mu.Lock()
+	s.readDL = t
+	s.mu.Unlock()
+	return s.Stream.SetReadDeadline(t)
+}
+
+func (s *trackedStream) SetDeadline(t time.Time) error {
+	s.mu.Lock()
+	s.readDL = t
+	s.mu.Unlock()
+	return s.Stream.SetDeadline(t)
+}
+
+func (s *trackedStream) readDeadline() time.Time {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.readDL
+}
+
+// SetStreamHandler hands the handler tracked streams.
+func (h *testHost) SetStreamHandler(pid protocol.ID, handler network.StreamHandler) {
+	h.Host.SetStreamHandler(pid, func(s network.Stream) {
+		ts := &trackedStream{Stream: s}
+		h.mu.Lock()
+		h.accepted[pid] = append(h.accepted[pid], ts)
+		h.mu.Unlock()
+		handler(ts)
+	})
+}
+
+func (h *testHost) acceptedStreams(pid protocol.ID) []*trackedStream {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return append([]*trackedStream(nil), h.accepted[pid]...)
 }
 
 func (h *testHost) ProtocolID(name, version string) protocol.ID {

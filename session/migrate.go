@@ -31,6 +31,9 @@ func (h *HopService) resume(s network.Stream, w *frame.Writer, open *meshp2pb.Se
 		_ = s.Close()
 		return
 	}
+	// The open's read deadline must not outlive the handshake: this stream
+	// carries the rest of the session.
+	_ = s.SetReadDeadline(time.Time{})
 	select {
 	case hs.resumeUp <- s:
 	default:

@@ -375,6 +375,17 @@ func TestSeamMigration(t *testing.T) {
 	if res.Reroutes != 0 {
 		t.Fatalf("the move caused a re-route: %v", res.Failures)
 	}
+	// The replacement seam carries the rest of the session: no deadline
+	// of its opening handshake may stay on it.
+	seams := tail.host.acceptedStreams(seamPID)
+	if len(seams) != 2 {
+		t.Fatalf("tail accepted %d session streams, want 2 (open and move)", len(seams))
+	}
+	for i, s := range seams {
+		if dl := s.readDeadline(); !dl.IsZero() {
+			t.Errorf("session stream %d on the tail keeps a read deadline (%s)", i, dl.Format(time.RFC3339Nano))
+		}
+	}
 	waitReleased(t, head, tail)
 }
 
