@@ -179,7 +179,7 @@ func makeParityModel(t *testing.T, m parityModel, dir string) string {
 // engine default): identical greedy tokens and logits bit-identical (max
 // |Δlogit| exactly 0) on every architecture and weight type. MoE note:
 // on SIMD builds llama.cpp's MoE path is not bit-reproducible across batch
-// shapes (engine-spike-2.md: feeding a prompt in chunks of 5 instead of 16
+// shapes (measured before this package existed: feeding a prompt in chunks of 5 instead of 16
 // moved qwen3moe logits by up to 0.4 on Q4_K_M), but a chain gives every
 // shard exactly the batches the whole model gets, so parity must still be 0.
 func TestParityMatrix(t *testing.T) {

@@ -22,7 +22,7 @@ type Sampling struct {
 	TopP          float32 // 0 or 1: off
 	MinP          float32 // 0: off
 	RepeatPenalty float32 // 0 or 1: off
-	RepeatLastN   int32   // tokens the penalty looks back (default 64)
+	RepeatLastN   int32   // tokens the penalty looks back: 0 = DefaultRepeatLastN, -1 = the shard's n_ctx (all of the session)
 	Seed          uint64
 	// Generated are tokens this session already produced (after a reroute):
 	// they feed the repetition penalty and offset the draw counter.
@@ -41,7 +41,7 @@ func (p Sampling) validate() error {
 		return fmt.Errorf("%w: min_p %v outside [0,1]", ErrBadInput, p.MinP)
 	case !(p.RepeatPenalty >= 0 && p.RepeatPenalty <= 10):
 		return fmt.Errorf("%w: repeat_penalty %v outside [0,10]", ErrBadInput, p.RepeatPenalty)
-	case p.RepeatLastN < 0 || p.RepeatLastN > 1<<16:
+	case p.RepeatLastN < -1 || p.RepeatLastN > 1<<16:
 		return fmt.Errorf("%w: repeat_last_n %d", ErrBadInput, p.RepeatLastN)
 	}
 	return nil
@@ -53,7 +53,13 @@ type sampler struct {
 	step  uint64
 }
 
-func newSampler(m *Model, p Sampling) (*sampler, error) {
+// DefaultRepeatLastN is the penalty window when none is given (llama.cpp's
+// default).
+const DefaultRepeatLastN = 64
+
+// newSampler builds the tail's sampler; nCtx is the shard's context size
+// (RepeatLastN -1 looks back over all of it: the whole session).
+func newSampler(m *Model, p Sampling, nCtx int) (*sampler, error) {
 	smp := &sampler{p: p, step: uint64(len(p.Generated))}
 	cp := C.llama_sampler_chain_default_params()
 	cp.no_perf = true
@@ -61,8 +67,11 @@ func newSampler(m *Model, p Sampling) (*sampler, error) {
 	n := 0
 	if p.RepeatPenalty > 0 && p.RepeatPenalty != 1 {
 		last := p.RepeatLastN
-		if last == 0 {
-			last = 64
+		switch {
+		case last == 0:
+			last = DefaultRepeatLastN
+		case last < 0:
+			last = int32(nCtx)
 		}
 		C.llama_sampler_chain_add(chain, C.llama_sampler_init_penalties(C.int32_t(last), C.float(p.RepeatPenalty), 0, 0))
 		n++

@@ -51,7 +51,7 @@ type Config struct {
 	Threads int
 	// FlashAttn enables flash attention. Off by default: with it on, a
 	// session placed into KV cells freed by another differs by ~1e-3 from a
-	// run alone (measured, engine-spike.md Q4); off, results are bit-exact.
+	// run alone (measured on stories260K); off, results are bit-exact.
 	FlashAttn bool
 	Logger    *slog.Logger
 }
@@ -290,7 +290,7 @@ func (s *Shard) OpenSession(key SessionKey, p SessionParams) (*Session, error) {
 	s.reserved += kv
 	sess := &Session{shard: s, key: key, seq: seq, kv: kv}
 	if s.info.IsTail() {
-		smp, err := newSampler(s.model, p.Sampling)
+		smp, err := newSampler(s.model, p.Sampling, s.nCtx)
 		if err != nil {
 			s.freeSeq = append(s.freeSeq, seq)
 			s.reserved -= kv

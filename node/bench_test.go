@@ -8,7 +8,7 @@ import (
 	"github.com/neuron-tai/meshp2p/engine"
 	"github.com/neuron-tai/meshp2p/engine/gguf"
 	"github.com/neuron-tai/meshp2p/internal/testmodels"
-	"github.com/neuron-tai/meshp2p/route"
+	"github.com/neuron-tai/meshp2p/session"
 )
 
 // BenchmarkSwarmDecode measures what the mesh costs per token: greedy
@@ -49,7 +49,7 @@ func BenchmarkSwarmDecode(b *testing.B) {
 			b.Fatal(err)
 		}
 		local += res.Decode
-		g, err := c.Origin(nil).Generate(ctx, route.GenerateRequest{Fingerprint: fp, NLayer: nl, Prompt: prompt, MaxTokens: steps})
+		g, err := c.Origin(nil).Generate(ctx, session.GenerateRequest{Fingerprint: fp, NLayer: nl, Prompt: prompt, MaxTokens: steps})
 		if err != nil {
 			b.Fatal(err)
 		}

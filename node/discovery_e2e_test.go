@@ -9,7 +9,7 @@ import (
 	"github.com/neuron-tai/meshp2p/engine/gguf"
 	"github.com/neuron-tai/meshp2p/internal/testmodels"
 	"github.com/neuron-tai/meshp2p/p2p"
-	"github.com/neuron-tai/meshp2p/route"
+	"github.com/neuron-tai/meshp2p/session"
 )
 
 // Discovery on the shipped presets. These tests run the home preset for
@@ -46,7 +46,7 @@ func joinAndGenerate(t *testing.T, tn *testNet, model string) (time.Duration, *N
 	resolved := time.Since(start)
 	prompt := thinClientPrompt(t, c, fp, "Once upon a time")
 	var first time.Duration
-	res, err := c.Origin(nil).Generate(context.Background(), route.GenerateRequest{Fingerprint: fp, NLayer: nl, Prompt: prompt, MaxTokens: 8,
+	res, err := c.Origin(nil).Generate(context.Background(), session.GenerateRequest{Fingerprint: fp, NLayer: nl, Prompt: prompt, MaxTokens: 8,
 		OnToken: func(int32) bool {
 			if first == 0 {
 				first = time.Since(start)

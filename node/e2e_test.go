@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/libp2p/go-libp2p/core/peer"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/neuron-tai/meshp2p/engine"
 	"github.com/neuron-tai/meshp2p/engine/gguf"
@@ -18,6 +19,7 @@ import (
 	"github.com/neuron-tai/meshp2p/proto/frame"
 	"github.com/neuron-tai/meshp2p/proto/meshp2pb"
 	"github.com/neuron-tai/meshp2p/route"
+	"github.com/neuron-tai/meshp2p/session"
 )
 
 // testNet is a swarm of in-process nodes on loopback.
@@ -39,7 +41,7 @@ func (tn *testNet) config(dir string) Config {
 	pc.DataDir = dir
 	pc.Bootstrap = tn.boot
 	ec := engine.Config{NCtx: 512, NBatch: 64, MaxSessions: 4, Threads: 1}
-	return Config{P2P: pc, Engine: ec, Hop: HopConfig{Idle: 20 * time.Second, OpenTimeout: 10 * time.Second}}
+	return Config{P2P: pc, Engine: ec, Hop: session.HopConfig{Idle: 20 * time.Second, OpenTimeout: 10 * time.Second}}
 }
 
 // clientPreset turns a test node's p2p config into the client preset's
@@ -180,7 +182,7 @@ func TestSwarmMatchesLocal(t *testing.T) {
 	prompt := thinClientPrompt(t, c, fp, "Once upon a time")
 	want := localTokens(t, model, prompt, 24)
 	for _, wire := range []meshp2pb.DType{meshp2pb.DType_DTYPE_F32, meshp2pb.DType_DTYPE_F16} {
-		res, err := c.Origin(nil).Generate(context.Background(), route.GenerateRequest{Fingerprint: fp, NLayer: nl, Prompt: prompt, MaxTokens: 24, WireDType: wire})
+		res, err := c.Origin(nil).Generate(context.Background(), session.GenerateRequest{Fingerprint: fp, NLayer: nl, Prompt: prompt, MaxTokens: 24, WireDType: wire})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -281,7 +283,7 @@ func TestKillMiddleNode(t *testing.T) {
 			}()
 			o := c.Origin(nil)
 			o.RouteWait = time.Second // no replacement is coming in the no-spare case
-			res, err := o.Generate(context.Background(), route.GenerateRequest{Fingerprint: fp, NLayer: nl, Prompt: prompt, MaxTokens: maxTok})
+			res, err := o.Generate(context.Background(), session.GenerateRequest{Fingerprint: fp, NLayer: nl, Prompt: prompt, MaxTokens: maxTok})
 			close(stop)
 			<-killerDone
 			if killed.Load() == nil {
@@ -333,7 +335,7 @@ func TestHopRefusesMismatch(t *testing.T) {
 	}
 	for _, tc := range cases {
 		o := c.Origin(fixedPlanner{&tc.rt})
-		_, err := o.Generate(context.Background(), route.GenerateRequest{Fingerprint: tc.rt.Fingerprint, NLayer: nl, Prompt: []int32{1, 2, 3}, MaxTokens: 4})
+		_, err := o.Generate(context.Background(), session.GenerateRequest{Fingerprint: tc.rt.Fingerprint, NLayer: nl, Prompt: []int32{1, 2, 3}, MaxTokens: 4})
 		if err == nil || !containsCode(err, tc.code) {
 			t.Errorf("%s: got %v, want %s", tc.name, err, tc.code)
 		}
@@ -342,7 +344,7 @@ func TestHopRefusesMismatch(t *testing.T) {
 	// pretending to be the first.
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	s, err := c.Host().NewStream(ctx, b.P2P().ID(), c.Host().ProtocolID(ProtoSession, ProtoVersion))
+	s, err := c.Host().NewStream(ctx, b.P2P().ID(), c.Host().ProtocolID(session.ProtoSession, session.ProtoVersion))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -358,7 +360,7 @@ func TestHopRefusesMismatch(t *testing.T) {
 		t.Fatalf("spliced session open: %v %v", msg, err)
 	}
 	// Still serving.
-	res, err := c.Origin(nil).Generate(context.Background(), route.GenerateRequest{Fingerprint: fp, NLayer: nl, Prompt: []int32{1, 2, 3}, MaxTokens: 4})
+	res, err := c.Origin(nil).Generate(context.Background(), session.GenerateRequest{Fingerprint: fp, NLayer: nl, Prompt: []int32{1, 2, 3}, MaxTokens: 4})
 	if err != nil || len(res.Tokens) != 4 {
 		t.Fatalf("after refusals: %v %v", res, err)
 	}
@@ -411,11 +413,64 @@ func TestPreCutShards(t *testing.T) {
 	c := tn.client()
 	fp, nl := waitModel(t, c, "stories260K")
 	prompt := thinClientPrompt(t, c, fp, "Once upon a time")
-	got, err := c.Origin(nil).Generate(context.Background(), route.GenerateRequest{Fingerprint: fp, NLayer: nl, Prompt: prompt, MaxTokens: 16})
+	got, err := c.Origin(nil).Generate(context.Background(), session.GenerateRequest{Fingerprint: fp, NLayer: nl, Prompt: prompt, MaxTokens: 16})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if want := localTokens(t, model, prompt, 16); !equalTokens(got.Tokens, want) {
 		t.Fatalf("swarm %v local %v", got.Tokens, want)
+	}
+}
+
+// localSampled is localTokens with sampling, through the same conversion
+// the tail uses (engine.SamplingFromProto), as `generate --local` does.
+func localSampled(t *testing.T, model string, prompt []int32, n int, sp *meshp2pb.SamplingParams) []int32 {
+	t.Helper()
+	m, err := engine.LoadModel(context.Background(), model, engine.LoadOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	s, err := engine.NewShard(context.Background(), m, engine.Config{NCtx: max(256, len(prompt)+n+16), NBatch: 64, MaxSessions: 1, Threads: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	res, err := engine.RunChain(context.Background(), []*engine.Shard{s}, prompt, engine.ChainOptions{Steps: n - 1, Chunk: 128, Sampling: engine.SamplingFromProto(sp)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return res.Tokens
+}
+
+// Sampling at temperature 0.8 with a seed above 2^32 and repeat_last_n -1
+// gives the same tokens through a 3-hop swarm as in-process (`--local`):
+// the seed keeps all 64 bits on the wire and -1 means the whole context on
+// both paths.
+func TestSampledSwarmMatchesLocal(t *testing.T) {
+	model := testmodels.Path(t, "stories260K.gguf")
+	tn := newTestNet(t)
+	for _, r := range gguf.EvenSplit(5, 3) {
+		tn.shard(model, r)
+	}
+	c := tn.client()
+	fp, nl := waitModel(t, c, "stories260K")
+	prompt := []int32{1, 403, 407, 261}
+	const maxTok = 32
+	sp := &meshp2pb.SamplingParams{Temperature: 0.8, TopK: 40, TopP: 0.95, MinP: 0.05, RepeatPenalty: 1.1, RepeatLastN: -1, Seed: 1<<40 + 12345}
+	res, err := c.Origin(nil).Generate(context.Background(), session.GenerateRequest{Fingerprint: fp, NLayer: nl, Prompt: prompt, MaxTokens: maxTok, Sampling: sp})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := localSampled(t, model, prompt, maxTok, sp)
+	if !equalTokens(res.Tokens, want) {
+		t.Fatalf("swarm %v\nlocal %v", res.Tokens, want)
+	}
+	// The high bits of the seed matter: the seed cut to 32 bits (what the
+	// wire used to carry) samples something else.
+	cut := proto.Clone(sp).(*meshp2pb.SamplingParams)
+	cut.Seed = uint64(uint32(sp.Seed))
+	if equalTokens(localSampled(t, model, prompt, maxTok, cut), want) {
+		t.Fatal("a 32-bit seed gives the same tokens: this test does not exercise the seed width")
 	}
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/neuron-tai/meshp2p/proto/frame"
 	"github.com/neuron-tai/meshp2p/proto/meshp2pb"
 	"github.com/neuron-tai/meshp2p/route"
+	"github.com/neuron-tai/meshp2p/session"
 )
 
 // Several sessions at once share each hop's batch and each still gets the
@@ -33,13 +34,13 @@ func TestConcurrentSessionsThroughSwarm(t *testing.T) {
 	prompts := [][]int32{{1, 403, 407}, {1, 76, 91, 32, 44}, {1, 300, 301, 302, 303, 304}, {1, 17}}
 	const maxTok = 16
 	var wg sync.WaitGroup
-	got := make([]*route.Result, len(prompts))
+	got := make([]*session.Result, len(prompts))
 	errs := make([]error, len(prompts))
 	for i, p := range prompts {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			got[i], errs[i] = c.Origin(nil).Generate(context.Background(), route.GenerateRequest{Fingerprint: fp, NLayer: nl, Prompt: p, MaxTokens: maxTok})
+			got[i], errs[i] = c.Origin(nil).Generate(context.Background(), session.GenerateRequest{Fingerprint: fp, NLayer: nl, Prompt: p, MaxTokens: maxTok})
 		}()
 	}
 	wg.Wait()
@@ -73,7 +74,7 @@ func TestClientDisconnectReleasesSessions(t *testing.T) {
 	fp, nl := waitModel(t, c, "stories260K")
 	ctx, cancel := context.WithCancel(context.Background())
 	n := 0
-	_, err := c.Origin(nil).Generate(ctx, route.GenerateRequest{Fingerprint: fp, NLayer: nl, Prompt: []int32{1, 2, 3}, MaxTokens: 500,
+	_, err := c.Origin(nil).Generate(ctx, session.GenerateRequest{Fingerprint: fp, NLayer: nl, Prompt: []int32{1, 2, 3}, MaxTokens: 500,
 		OnToken: func(int32) bool {
 			if n++; n == 3 {
 				cancel()
@@ -96,7 +97,7 @@ func TestIdleSessionFreed(t *testing.T) {
 	fp, nl := waitModel(t, c, "stories260K")
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	s, err := c.Host().NewStream(ctx, whole.P2P().ID(), c.Host().ProtocolID(ProtoSession, ProtoVersion))
+	s, err := c.Host().NewStream(ctx, whole.P2P().ID(), c.Host().ProtocolID(session.ProtoSession, session.ProtoVersion))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -149,7 +150,7 @@ func TestMalformedFramesDoNotHurtOthers(t *testing.T) {
 	for _, target := range []*Node{a, b} {
 		for i, frameBytes := range bad {
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			s, err := c.Host().NewStream(ctx, target.P2P().ID(), c.Host().ProtocolID(ProtoSession, ProtoVersion))
+			s, err := c.Host().NewStream(ctx, target.P2P().ID(), c.Host().ProtocolID(session.ProtoSession, session.ProtoVersion))
 			if err != nil {
 				cancel()
 				t.Fatal(err)
@@ -172,7 +173,7 @@ func TestMalformedFramesDoNotHurtOthers(t *testing.T) {
 			}
 		}
 	}
-	res, err := c.Origin(nil).Generate(context.Background(), route.GenerateRequest{Fingerprint: fp, NLayer: nl, Prompt: []int32{1, 2, 3}, MaxTokens: 8})
+	res, err := c.Origin(nil).Generate(context.Background(), session.GenerateRequest{Fingerprint: fp, NLayer: nl, Prompt: []int32{1, 2, 3}, MaxTokens: 8})
 	if err != nil || len(res.Tokens) != 8 {
 		t.Fatalf("node stopped serving after bad frames: %v", err)
 	}
@@ -207,7 +208,7 @@ func TestSwarmQuantizedMatchesLocal(t *testing.T) {
 	c := tn.client()
 	fp, nl := waitModel(t, c, "qsynth")
 	prompt := thinClientPrompt(t, c, fp, "Once upon a time")
-	res, err := c.Origin(nil).Generate(context.Background(), route.GenerateRequest{Fingerprint: fp, NLayer: nl, Prompt: prompt, MaxTokens: 24})
+	res, err := c.Origin(nil).Generate(context.Background(), session.GenerateRequest{Fingerprint: fp, NLayer: nl, Prompt: prompt, MaxTokens: 24})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -226,7 +227,7 @@ func TestSingleHopOutlivesIdleTimeout(t *testing.T) {
 	c := tn.client()
 	fp, nl := waitModel(t, c, "stories260K")
 	t0 := time.Now()
-	res, err := c.Origin(nil).Generate(context.Background(), route.GenerateRequest{Fingerprint: fp, NLayer: nl, Prompt: []int32{1, 2}, MaxTokens: 400})
+	res, err := c.Origin(nil).Generate(context.Background(), session.GenerateRequest{Fingerprint: fp, NLayer: nl, Prompt: []int32{1, 2}, MaxTokens: 400})
 	if err != nil {
 		t.Fatalf("after %s: %v", time.Since(t0), err)
 	}
@@ -247,7 +248,7 @@ func TestStalledNextHopIsBlamedAndReleased(t *testing.T) {
 	stall := tn.client()
 	release := make(chan struct{})
 	defer close(release)
-	stall.Host().SetStreamHandler(stall.Host().ProtocolID(ProtoSession, ProtoVersion), func(s network.Stream) {
+	stall.Host().SetStreamHandler(stall.Host().ProtocolID(session.ProtoSession, session.ProtoVersion), func(s network.Stream) {
 		msg, _, err := frame.NewReader(s, frame.Limits{}).ReadStream()
 		if err != nil || msg.GetOpen() == nil {
 			_ = s.Reset()
@@ -255,7 +256,7 @@ func TestStalledNextHopIsBlamedAndReleased(t *testing.T) {
 		}
 		o := msg.GetOpen()
 		// Behave like a tail: open the ring to the head, accept.
-		ring, err := stall.Host().NewStream(context.Background(), head.P2P().ID(), stall.Host().ProtocolID(ProtoRing, ProtoVersion))
+		ring, err := stall.Host().NewStream(context.Background(), head.P2P().ID(), stall.Host().ProtocolID(session.ProtoRing, session.ProtoVersion))
 		if err != nil {
 			_ = s.Reset()
 			return
@@ -285,7 +286,7 @@ func TestStalledNextHopIsBlamedAndReleased(t *testing.T) {
 	for i := range prompt {
 		prompt[i] = int32(1 + i%400)
 	}
-	_, err := o.Generate(context.Background(), route.GenerateRequest{Fingerprint: fp, NLayer: nl, Prompt: prompt, MaxTokens: 4})
+	_, err := o.Generate(context.Background(), session.GenerateRequest{Fingerprint: fp, NLayer: nl, Prompt: prompt, MaxTokens: 4})
 	var re *frame.RemoteError
 	if !errors.As(err, &re) || re.E.GetCode() != meshp2pb.ErrorCode_ERROR_CODE_NEXT_HOP_UNREACHABLE || peer.ID(re.E.GetFailedPeerId()) != stall.P2P().ID() {
 		t.Fatalf("want NEXT_HOP_UNREACHABLE naming the stalled hop, got %v", err)
@@ -315,7 +316,7 @@ func TestNewEpochSupersedesOld(t *testing.T) {
 	open := func(epoch uint64) (network.Stream, *meshp2pb.StreamMessage) {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		s, err := c.Host().NewStream(ctx, whole.P2P().ID(), c.Host().ProtocolID(ProtoSession, ProtoVersion))
+		s, err := c.Host().NewStream(ctx, whole.P2P().ID(), c.Host().ProtocolID(session.ProtoSession, session.ProtoVersion))
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -25,8 +25,10 @@ import (
 	"github.com/neuron-tai/meshp2p/engine"
 	"github.com/neuron-tai/meshp2p/engine/gguf"
 	"github.com/neuron-tai/meshp2p/p2p"
+	"github.com/neuron-tai/meshp2p/proto/frame"
 	"github.com/neuron-tai/meshp2p/proto/meshp2pb"
 	"github.com/neuron-tai/meshp2p/route"
+	"github.com/neuron-tai/meshp2p/session"
 )
 
 // Config configures a Node.
@@ -40,7 +42,7 @@ type Config struct {
 	Layers    *gguf.Range // nil: all layers
 	ModelName string      // advertised name (default: the file name without .gguf)
 	Engine    engine.Config
-	Hop       HopConfig
+	Hop       session.HopConfig
 	// DirectWait bounds how long a data-plane stream to a relayed peer
 	// waits for a hole punch before starting on the relay (0: DirectWait;
 	// negative: do not wait; the stream then moves once one succeeds).
@@ -60,7 +62,7 @@ type Node struct {
 
 	model     *engine.Model
 	shard     *engine.Shard
-	hop       *HopService
+	hop       *session.HopService
 	fp        string
 	nLayer    int
 	shardPath string
@@ -113,7 +115,7 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 	n.vocab = newVocabService(n.host, cfg.Hop.Limits, n.log)
 	if n.shard != nil {
 		cfg.Hop.Fingerprint = n.fp
-		n.hop = NewHopService(n.host, n.model, n.shard, cfg.Hop)
+		n.hop = session.NewHopService(n.host, shardEngine{n.model, n.shard}, cfg.Hop)
 		if n.vocabPath != "" {
 			if err := n.vocab.add(n.fp, n.vocabPath); err != nil {
 				n.Close()
@@ -228,11 +230,11 @@ func (n *Node) advertBody() ([]byte, error) {
 		Shards: []*meshp2pb.ShardAdvert{{
 			ModelFingerprint: n.fp, ModelName: n.ModelName(), NLayer: uint32(n.nLayer),
 			Start: uint32(info.Start), End: uint32(info.End),
-			WireDtypes: []meshp2pb.DType{meshp2pb.DType_DTYPE_F32, meshp2pb.DType_DTYPE_F16},
+			WireDtypes: frame.WireDTypeList(),
 			Capacity: &meshp2pb.ShardCapacity{FreeSessions: uint32(c.FreeSessions), MaxSessions: uint32(c.MaxSessions),
 				FreeKvTokens: uint64(c.FreeKV), NCtx: uint32(c.NCtx), NBatch: uint32(n.shard.Config().NBatch)},
 			HasVocab: n.vocabPath != "", NEmbd: uint32(info.NEmbd), Arch: info.Arch,
-			Runtime: "llama.cpp@" + engine.LlamaCommit, BundleSchema: "l_out/v1",
+			Runtime: "llama.cpp@" + engine.LlamaCommit,
 		}},
 	}
 	msl := n.hop.DecodeMsPerLayer()
@@ -256,9 +258,9 @@ func (n *Node) publish() error {
 }
 
 // advertLoop re-publishes when free capacity or measured speed changes
-// (checked every 2 s).
+// (checked every AdvertCheckInterval).
 func (n *Node) advertLoop(ctx context.Context) {
-	t := time.NewTicker(2 * time.Second)
+	t := time.NewTicker(AdvertCheckInterval)
 	defer t.Stop()
 	last := n.shard.Capacity()
 	lastSpeed := n.hop.DecodeMsPerLayer()
@@ -270,7 +272,7 @@ func (n *Node) advertLoop(ctx context.Context) {
 			c, sp := n.shard.Capacity(), n.hop.DecodeMsPerLayer()
 			// Re-publish on capacity changes, or when the measured speed
 			// moved by more than a quarter (the tracker's cost model).
-			if c != last || math.Abs(float64(sp-lastSpeed)) > 0.25*float64(max(lastSpeed, 1e-6)) {
+			if c != last || math.Abs(float64(sp-lastSpeed)) > AdvertSpeedChange*float64(max(lastSpeed, 1e-6)) {
 				last, lastSpeed = c, sp
 				if err := n.publish(); err != nil {
 					n.log.Warn("re-publish advert", "err", err)
@@ -293,28 +295,29 @@ func (n *Node) Fingerprint() string { return n.fp }
 func (n *Node) Shard() *engine.Shard { return n.shard }
 
 // Hop returns the hop service (nil on a client).
-func (n *Node) Hop() *HopService { return n.hop }
+func (n *Node) Hop() *session.HopService { return n.hop }
 
 // Origin returns an origin that plans over this node's table.
-func (n *Node) Origin(planner route.Planner) *route.Origin {
+func (n *Node) Origin(planner route.Planner) *session.Origin {
 	if planner == nil {
 		planner = &route.LocalPlanner{Table: n.table}
 	}
 	// The origin's stream carries token ids one way and tokens the other:
 	// it opens at once on any connection, relayed included, instead of
 	// waiting for a hole punch as activation seams do.
-	return &route.Origin{Dialer: n.ControlHost(), Planner: planner, Protocol: n.host.ProtocolID(ProtoSession, ProtoVersion),
+	return &session.Origin{Dialer: n.ControlHost(), Planner: planner, Protocol: n.host.ProtocolID(session.ProtoSession, session.ProtoVersion),
 		Limits: n.cfg.Hop.Limits, Logger: n.log,
 		Rediscover: func(ctx context.Context, fp string) {
-			// Late joiners' adverts arrive with the next republish; ask
-			// the DHT meanwhile.
+			// A replacement may be known to a peer but not to us yet:
+			// re-pull adverts from connected peers and ask the DHT.
 			for ctx.Err() == nil {
-				lctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+				lctx, cancel := context.WithTimeout(ctx, LookupTimeout)
+				n.p2p.Discovery().Sync(lctx)
 				_, _ = n.p2p.Discovery().Lookup(lctx, fp)
 				cancel()
 				select {
 				case <-ctx.Done():
-				case <-time.After(2 * time.Second):
+				case <-time.After(RediscoverPause):
 				}
 			}
 		}}
@@ -421,12 +424,12 @@ func (h *hostAdapter) NewStream(ctx context.Context, p peer.ID, pids ...protocol
 // Host returns the data-plane view of the host (streams, protocol IDs).
 // Its streams start on the direct connection when a hole punch is about to
 // give one (activation seams live long and carry megabytes).
-func (n *Node) Host() Host { return n.host }
+func (n *Node) Host() session.Host { return n.host }
 
 // ControlHost is Host for small, latency-bound exchanges (the origin's
 // session stream, vocabulary and advert fetches): its streams open at once
 // on the best connection there is, a relayed one included.
-func (n *Node) ControlHost() Host { return &hostAdapter{n: n.p2p, directWait: -1} }
+func (n *Node) ControlHost() session.Host { return &hostAdapter{n: n.p2p, directWait: -1} }
 
 // logConnEvents makes NAT traversal observable in the node's log: hole
 // punches and their outcome, and a peer's path moving between relayed and

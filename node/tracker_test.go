@@ -21,17 +21,19 @@ import (
 	"github.com/neuron-tai/meshp2p/proto/frame"
 	"github.com/neuron-tai/meshp2p/proto/meshp2pb"
 	"github.com/neuron-tai/meshp2p/route"
+	"github.com/neuron-tai/meshp2p/session"
+	"github.com/neuron-tai/meshp2p/tracker"
 )
 
 // tracker starts a tracker on loopback; it becomes the bootstrap peer of
 // every node started after it. dir holds its identity (tests read the key
 // to forge tickets "signed by the tracker").
-func (tn *testNet) tracker(dir string) *Tracker {
+func (tn *testNet) tracker(dir string) *tracker.Tracker {
 	tn.t.Helper()
 	pc := Preset(PresetTest)
 	pc.Network, pc.DataDir, pc.Bootstrap = tn.network, dir, tn.boot
 	pc.RelayService, pc.ForceReachability = true, p2p.ReachabilityPublic
-	tr, err := StartTracker(context.Background(), TrackerConfig{P2P: pc, PingInterval: time.Second})
+	tr, err := tracker.Start(context.Background(), tracker.Config{P2P: pc, PingInterval: time.Second})
 	if err != nil {
 		tn.t.Fatal(err)
 	}
@@ -44,7 +46,7 @@ func (tn *testNet) tracker(dir string) *Tracker {
 
 func requireTicket(tn *testNet, trusted ...peer.ID) func(*Config) {
 	return func(c *Config) {
-		c.Hop.Admit = TicketAdmission(TicketPolicy{Network: tn.network, Trusted: trusted})
+		c.Hop.Admit = session.TicketAdmission(session.TicketPolicy{Network: tn.network, Trusted: trusted})
 	}
 }
 
@@ -60,7 +62,7 @@ func waitShards(t *testing.T, tb *route.Table, fp string, n int) {
 	}
 }
 
-func trackerAI(tr *Tracker) []peer.AddrInfo { return []peer.AddrInfo{tr.P2P().AddrInfo()} }
+func trackerAI(tr *tracker.Tracker) []peer.AddrInfo { return []peer.AddrInfo{tr.P2P().AddrInfo()} }
 
 func loadKey(t *testing.T, dir string) crypto.PrivKey {
 	t.Helper()
@@ -122,7 +124,7 @@ func TestTrackerTickets(t *testing.T) {
 	ctx := context.Background()
 
 	tp := c.TrackerPlanner(trackerAI(tr), true)
-	res, err := c.Origin(tp).Generate(ctx, route.GenerateRequest{Fingerprint: fp, NLayer: nl, Prompt: prompt, MaxTokens: 24})
+	res, err := c.Origin(tp).Generate(ctx, session.GenerateRequest{Fingerprint: fp, NLayer: nl, Prompt: prompt, MaxTokens: 24})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -154,7 +156,7 @@ func TestTrackerTickets(t *testing.T) {
 	}
 	for _, hc := range hopCases {
 		rt := &route.Route{Fingerprint: fp, NLayer: nl, Hops: good, Ticket: hc.st}
-		res, err := c.Origin(fixedPlanner{rt}).Generate(ctx, route.GenerateRequest{Fingerprint: fp, NLayer: nl, Prompt: prompt, MaxTokens: 4})
+		res, err := c.Origin(fixedPlanner{rt}).Generate(ctx, session.GenerateRequest{Fingerprint: fp, NLayer: nl, Prompt: prompt, MaxTokens: 4})
 		got := frame.Code(err)
 		if res != nil && len(res.Failures) > 0 { // retryable refusals (expired) re-plan first; the first refusal counts
 			got = meshp2pb.ErrorCode_ERROR_CODE_UNSPECIFIED
@@ -249,7 +251,7 @@ func TestTrackerDown(t *testing.T) {
 	want := localTokens(t, model, prompt, maxTok)
 	ctx := context.Background()
 	n := 0
-	res, err := c.Origin(c.TrackerPlanner(trackerAI(tr), true)).Generate(ctx, route.GenerateRequest{Fingerprint: fp, NLayer: nl, Prompt: prompt, MaxTokens: maxTok,
+	res, err := c.Origin(c.TrackerPlanner(trackerAI(tr), true)).Generate(ctx, session.GenerateRequest{Fingerprint: fp, NLayer: nl, Prompt: prompt, MaxTokens: maxTok,
 		OnToken: func(int32) bool {
 			if n++; n == 4 {
 				_ = tr.Close()
@@ -271,7 +273,7 @@ func TestTrackerDown(t *testing.T) {
 	}
 	t.Logf("require-tracker failed after %s: %v", time.Since(start).Round(time.Millisecond), err)
 
-	res, err = c.Origin(c.TrackerPlanner(trackerAI(tr), false)).Generate(ctx, route.GenerateRequest{Fingerprint: fp, NLayer: nl, Prompt: prompt, MaxTokens: maxTok})
+	res, err = c.Origin(c.TrackerPlanner(trackerAI(tr), false)).Generate(ctx, session.GenerateRequest{Fingerprint: fp, NLayer: nl, Prompt: prompt, MaxTokens: maxTok})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -324,14 +326,14 @@ func TestTrackerPlannerDirectAndSpread(t *testing.T) {
 
 	const sessions = 8
 	var wg sync.WaitGroup
-	results := make([]*route.Result, sessions)
+	results := make([]*session.Result, sessions)
 	errs := make([]error, sessions)
 	for i := range sessions {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			o := c.Origin(c.TrackerPlanner(trackerAI(tr), true))
-			results[i], errs[i] = o.Generate(ctx, route.GenerateRequest{Fingerprint: fp, NLayer: nl, Prompt: prompt, MaxTokens: 16})
+			results[i], errs[i] = o.Generate(ctx, session.GenerateRequest{Fingerprint: fp, NLayer: nl, Prompt: prompt, MaxTokens: 16})
 		}()
 	}
 	wg.Wait()

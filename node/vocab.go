@@ -16,17 +16,21 @@ import (
 	"github.com/neuron-tai/meshp2p/proto/frame"
 	"github.com/neuron-tai/meshp2p/proto/meshp2pb"
 	"github.com/neuron-tai/meshp2p/route"
+	"github.com/neuron-tai/meshp2p/session"
 )
 
 // ProtoVocab serves vocabulary-only GGUF files to origins without weights.
-const ProtoVocab = "vocab"
+const (
+	ProtoVocab        = "vocab"
+	ProtoVocabVersion = "1.0.0"
+)
 
 // MaxVocabBytes bounds a vocabulary file on the wire (a 152k-token Qwen
 // vocabulary with merges is about 10 MiB).
 const MaxVocabBytes = 64 << 20
 
 type vocabService struct {
-	host Host
+	host session.Host
 	lim  frame.Limits
 	log  *slog.Logger
 	sem  chan struct{} // bounds concurrent transfers
@@ -37,10 +41,10 @@ type vocabService struct {
 // maxVocabTransfers bounds concurrent vocabulary downloads from one node.
 const maxVocabTransfers = 4
 
-func newVocabService(h Host, lim frame.Limits, log *slog.Logger) *vocabService {
+func newVocabService(h session.Host, lim frame.Limits, log *slog.Logger) *vocabService {
 	lim.MaxPayload = MaxVocabBytes
 	v := &vocabService{host: h, lim: lim, log: log, sem: make(chan struct{}, maxVocabTransfers), byFP: map[string][]byte{}}
-	h.SetStreamHandler(h.ProtocolID(ProtoVocab, ProtoVersion), v.handle)
+	h.SetStreamHandler(h.ProtocolID(ProtoVocab, ProtoVocabVersion), v.handle)
 	return v
 }
 
@@ -59,7 +63,7 @@ func (v *vocabService) add(fp, path string) error {
 }
 
 func (v *vocabService) close() {
-	v.host.RemoveStreamHandler(v.host.ProtocolID(ProtoVocab, ProtoVersion))
+	v.host.RemoveStreamHandler(v.host.ProtocolID(ProtoVocab, ProtoVocabVersion))
 }
 
 func (v *vocabService) handle(s network.Stream) {
@@ -71,7 +75,7 @@ func (v *vocabService) handle(s network.Stream) {
 		_ = s.Reset() // busy: the client tries another peer
 		return
 	}
-	_ = s.SetDeadline(time.Now().Add(60 * time.Second))
+	_ = s.SetDeadline(time.Now().Add(VocabTransferTimeout))
 	var req meshp2pb.VocabRequest
 	if err := frame.NewReader(s, v.lim).ReadMessage(&req); err != nil {
 		_ = s.Reset()
@@ -91,12 +95,12 @@ func (v *vocabService) handle(s network.Stream) {
 
 // FetchVocab downloads the vocabulary of model fp from peer p into dir and
 // verifies it against the fingerprint. It returns the file's path.
-func FetchVocab(ctx context.Context, h Host, p peer.ID, fp, dir string) (string, error) {
+func FetchVocab(ctx context.Context, h session.Host, p peer.ID, fp, dir string) (string, error) {
 	if !route.ValidFingerprint(fp) {
 		return "", fmt.Errorf("vocab: %q is not a model fingerprint", fp)
 	}
 	lim := frame.Limits{MaxPayload: MaxVocabBytes}
-	s, err := h.NewStream(ctx, p, h.ProtocolID(ProtoVocab, ProtoVersion))
+	s, err := h.NewStream(ctx, p, h.ProtocolID(ProtoVocab, ProtoVocabVersion))
 	if err != nil {
 		return "", fmt.Errorf("vocab from %s: %w", p, err)
 	}

@@ -15,7 +15,7 @@ import (
 
 // WaitForModel resolves a model name, fingerprint or local model file to
 // a fingerprint with a complete route, waiting up to wait for discovery
-// (gossip, plus DHT lookups every 3 s for late joiners).
+// (gossip, plus DHT lookups every WaitLookupInterval for late joiners).
 func (n *Node) WaitForModel(ctx context.Context, model string, wait time.Duration) (string, int, error) {
 	ctx, cancel := context.WithTimeout(ctx, wait)
 	defer cancel()
@@ -42,7 +42,7 @@ func (n *Node) WaitForModel(ctx context.Context, model string, wait time.Duratio
 	// the DHT for providers of the key.
 	lookup := time.NewTimer(0)
 	defer lookup.Stop()
-	alone := time.NewTicker(250 * time.Millisecond)
+	alone := time.NewTicker(WaitUnreachableCheck)
 	defer alone.Stop()
 	var looking atomic.Bool
 	for {
@@ -76,20 +76,16 @@ func (n *Node) WaitForModel(ctx context.Context, model string, wait time.Duratio
 			if looking.CompareAndSwap(false, true) {
 				go func() {
 					defer looking.Store(false)
-					lctx, c := context.WithTimeout(ctx, 5*time.Second)
+					lctx, c := context.WithTimeout(ctx, WaitLookupTimeout)
 					defer c()
 					n.p2p.Discovery().Sync(lctx)
 					_, _ = n.p2p.Discovery().Lookup(lctx, key)
 				}()
 			}
-			lookup.Reset(waitLookupEvery)
+			lookup.Reset(WaitLookupInterval)
 		}
 	}
 }
-
-// waitLookupEvery is how often WaitForModel re-pulls adverts and asks the
-// DHT while the model is not routable yet.
-const waitLookupEvery = 2 * time.Second
 
 func isHex(s string) bool {
 	_, err := hex.DecodeString(s)

@@ -67,10 +67,8 @@ import (
 //
 // # Search
 //
-// Boundaries 0..n_layer are vertices; each offered shard [start, end) is
-// an edge start → end with the hop cost above; edges only go forward, so
-// one relaxation pass in boundary order is a shortest path (a hop may
-// start inside another replica's range: every boundary is a vertex).
+// The shared planner core (core.go: the capacity filter and the shortest
+// path over layer boundaries), with the hop cost above as edge cost.
 // Objective latency minimises the sum. Objective throughput minimises the
 // slowest stage (compute + queue + relay penalty: with many sessions in
 // flight the pipeline runs at the pace of its slowest hop), then the sum.
@@ -255,14 +253,6 @@ func (p *CostPlanner) Plan(ctx context.Context, req Request) (*Route, error) {
 	return rt, err
 }
 
-type costEdge struct {
-	s     Shard
-	hc    HopCost
-	q     int64 // quantized total
-	stage int64 // quantized stage
-	rec   uint64
-}
-
 // PlanObjective plans a route for req under obj and records it as issued.
 func (p *CostPlanner) PlanObjective(ctx context.Context, req Request, obj Objective) (*Route, *Estimate, error) {
 	if req.NLayer <= 0 {
@@ -283,14 +273,11 @@ func (p *CostPlanner) PlanObjective(ctx context.Context, req Request, obj Object
 		p.last, p.pending = map[peer.ID]uint64{}, map[peer.ID][]time.Time{}
 	}
 	q := float64(m.Quantum) / float64(time.Millisecond)
-	byStart := make([][]costEdge, req.NLayer)
+	byStart := make([][]edge, req.NLayer)
 	var cands []Shard
 	nEdges := 0
 	for _, s := range shards {
-		if req.Exclude[s.Peer] || s.NLayer != req.NLayer || s.Start < 0 || s.End > req.NLayer {
-			continue
-		}
-		if c := s.Capacity; c != nil && req.NeedKV > 0 && (c.GetFreeKvTokens() < uint64(req.NeedKV) || (c.GetNCtx() > 0 && c.GetNCtx() < uint32(req.NeedKV))) {
+		if !usable(s, req) {
 			continue
 		}
 		var st PeerStats
@@ -302,7 +289,7 @@ func (p *CostPlanner) PlanObjective(ctx context.Context, req Request, obj Object
 			continue
 		}
 		cands = append(cands, s)
-		byStart[s.Start] = append(byStart[s.Start], costEdge{s: s, hc: hc, q: int64(math.Round(hc.Total() / q)),
+		byStart[s.Start] = append(byStart[s.Start], edge{s: s, hc: hc, cost: int64(math.Round(hc.Total() / q)),
 			stage: int64(math.Round(hc.Stage / q)), rec: p.last[s.Peer]})
 		nEdges++
 	}
@@ -310,7 +297,7 @@ func (p *CostPlanner) PlanObjective(ctx context.Context, req Request, obj Object
 	// the cheapest are ties, whichever side of a rounding boundary they
 	// fall on (rounding alone made 0.49 and 0.51 ms different forever).
 	for _, es := range byStart {
-		best := map[int]costEdge{}
+		best := map[int]edge{}
 		for _, e := range es {
 			if b, ok := best[e.s.End]; !ok || e.hc.Total() < b.hc.Total() {
 				best[e.s.End] = e
@@ -319,7 +306,7 @@ func (p *CostPlanner) PlanObjective(ctx context.Context, req Request, obj Object
 		for i := range es {
 			b := best[es[i].s.End]
 			if es[i].hc.Total()-b.hc.Total() < q {
-				es[i].q = b.q
+				es[i].cost = b.cost
 			}
 			if math.Abs(es[i].hc.Stage-b.hc.Stage) < q {
 				es[i].stage = b.stage
@@ -336,12 +323,12 @@ func (p *CostPlanner) PlanObjective(ctx context.Context, req Request, obj Object
 			}
 		}
 		sort.Slice(stages, func(i, j int) bool { return stages[i] < stages[j] })
-		i := sort.Search(len(stages), func(i int) bool { return reachable(byStart, req, stages[i]) })
+		i := sort.Search(len(stages), func(i int) bool { return reachable(byStart, stages[i]) })
 		if i < len(stages) {
 			limit = stages[i]
 		}
 	}
-	path := shortest(byStart, req, limit)
+	path := shortest(byStart, req.MaxHops, limit)
 	if path == nil {
 		return nil, nil, noRoute(req, cands)
 	}
@@ -379,66 +366,4 @@ func (p *CostPlanner) pendingLocked(id peer.ID, now time.Time, win time.Duration
 		p.pending[id] = ts[:k]
 	}
 	return k
-}
-
-// reachable reports whether some route uses only edges with stage <= limit.
-func reachable(byStart [][]costEdge, req Request, limit int64) bool {
-	n := len(byStart)
-	ok := make([]bool, n+1)
-	ok[0] = true
-	for b := 0; b < n; b++ {
-		if !ok[b] {
-			continue
-		}
-		for _, e := range byStart[b] {
-			if e.stage <= limit {
-				ok[e.s.End] = true
-			}
-		}
-	}
-	return ok[n]
-}
-
-// shortest finds the route minimising (quantized cost, recency) using
-// edges with stage <= limit, honouring req.MaxHops; nil when none.
-func shortest(byStart [][]costEdge, req Request, limit int64) []costEdge {
-	n := len(byStart)
-	type label struct {
-		cost int64
-		rec  uint64
-		hops int
-		prev *costEdge
-		set  bool
-	}
-	lab := make([]label, n+1)
-	lab[0].set = true
-	for b := 0; b < n; b++ {
-		if !lab[b].set {
-			continue
-		}
-		for i := range byStart[b] {
-			e := &byStart[b][i]
-			if e.stage > limit || (req.MaxHops > 0 && lab[b].hops+1 > req.MaxHops) {
-				continue
-			}
-			c, r := lab[b].cost+e.q, lab[b].rec+e.rec
-			l := &lab[e.s.End]
-			if !l.set || c < l.cost || (c == l.cost && (r < l.rec || (r == l.rec && lab[b].hops+1 < l.hops))) {
-				*l = label{cost: c, rec: r, hops: lab[b].hops + 1, prev: e, set: true}
-			}
-		}
-	}
-	if !lab[n].set {
-		return nil
-	}
-	var out []costEdge
-	for b := n; b > 0; {
-		e := lab[b].prev
-		out = append(out, *e)
-		b = e.s.Start
-	}
-	for i, j := 0, len(out)-1; i < j; i, j = i+1, j-1 {
-		out[i], out[j] = out[j], out[i]
-	}
-	return out
 }

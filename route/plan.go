@@ -98,11 +98,17 @@ const (
 	costRelayed = 400.0  // a relayed hop pays the relay's extra leg and shares its bandwidth
 	costLoad    = 100.0  // scaled by the fraction of the hop's sessions in use
 	costJitter  = 1.0    // random tie-break so equal routes share the load
+
+	// localCostScale turns the costs above into the integer costs of the
+	// shared search (route/core.go): a millionth of a unit, far below the
+	// jitter.
+	localCostScale = 1e6
 )
 
 // Plan finds the cheapest chain of shards whose ranges join end to start
-// and cover [0, NLayer) exactly: a shortest path over layer boundaries.
-// Ranges may overlap across peers; a hop always runs its whole range.
+// and cover [0, NLayer) exactly: the shared shortest path over layer
+// boundaries (route/core.go) with the edge costs above. Ranges may overlap
+// across peers; a hop always runs its whole range.
 func (p *LocalPlanner) Plan(ctx context.Context, req Request) (*Route, error) {
 	if req.NLayer <= 0 {
 		return nil, fmt.Errorf("%w: model %.12s has unknown layer count", ErrUnknownModel, req.Fingerprint)
@@ -111,51 +117,24 @@ func (p *LocalPlanner) Plan(ctx context.Context, req Request) (*Route, error) {
 	if rnd == nil {
 		rnd = rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64()))
 	}
+	n := req.NLayer
 	var cands []Shard
+	byStart := make([][]edge, n)
 	for _, s := range p.Table.Shards(req.Fingerprint) {
-		if req.Exclude[s.Peer] || s.NLayer != req.NLayer {
-			continue
-		}
-		if c := s.Capacity; c != nil && (c.GetFreeSessions() == 0 || (req.NeedKV > 0 && c.GetFreeKvTokens() < uint64(req.NeedKV)) || (req.NeedKV > 0 && c.GetNCtx() > 0 && c.GetNCtx() < uint32(req.NeedKV))) {
+		if !usable(s, req) {
 			continue
 		}
 		cands = append(cands, s)
+		c := edgeCost(s) + costJitter*rnd.Float64()
+		byStart[s.Start] = append(byStart[s.Start], edge{s: s, cost: int64(math.Round(c * localCostScale))})
 	}
-	n := req.NLayer
-	dist := make([]float64, n+1)
-	hops := make([]int, n+1)
-	prev := make([]int, n+1) // index into cands of the edge reaching boundary b
-	for i := range dist {
-		dist[i], prev[i] = math.Inf(1), -1
-	}
-	dist[0] = 0
-	// Edges only go forward (End > Start), so boundaries in increasing
-	// order are a topological order: one relaxation pass is enough.
-	for b := 0; b < n; b++ {
-		if math.IsInf(dist[b], 1) {
-			continue
-		}
-		for i, s := range cands {
-			if s.Start != b {
-				continue
-			}
-			if req.MaxHops > 0 && hops[b]+1 > req.MaxHops {
-				continue
-			}
-			c := dist[b] + edgeCost(s) + costJitter*rnd.Float64()
-			if c < dist[s.End] {
-				dist[s.End], prev[s.End], hops[s.End] = c, i, hops[b]+1
-			}
-		}
-	}
-	if math.IsInf(dist[n], 1) {
+	path := shortest(byStart, req.MaxHops, math.MaxInt64)
+	if path == nil {
 		return nil, noRoute(req, cands)
 	}
-	var out []Hop
-	for b := n; b > 0; {
-		s := cands[prev[b]]
-		out = append([]Hop{{Peer: s.Peer, Start: s.Start, End: s.End, Addrs: s.Addrs, Reach: s.Reach}}, out...)
-		b = s.Start
+	out := make([]Hop, len(path))
+	for i, e := range path {
+		out[i] = Hop{Peer: e.s.Peer, Start: e.s.Start, End: e.s.End, Addrs: e.s.Addrs, Reach: e.s.Reach}
 	}
 	return &Route{Fingerprint: req.Fingerprint, NLayer: n, Epoch: req.Epoch, Hops: out}, nil
 }

@@ -101,7 +101,7 @@ func (p *TrackerPlanner) log() *slog.Logger {
 func (p *TrackerPlanner) Ask(ctx context.Context, ai peer.AddrInfo, req Request) (*Route, error) {
 	to := p.Timeout
 	if to <= 0 {
-		to = 5 * time.Second
+		to = DefaultTrackerTimeout
 	}
 	ctx, cancel := context.WithTimeout(ctx, to)
 	defer cancel()
@@ -180,3 +180,8 @@ func (p *TrackerPlanner) Verify(st *meshp2pb.SignedRouteTicket, tracker peer.ID,
 	}
 	return rt, nil
 }
+
+// DefaultTrackerTimeout bounds one route request to a tracker: it answers
+// from memory, so a slow answer means an unreachable tracker (the planner
+// then asks the next one or falls back to local planning).
+const DefaultTrackerTimeout = 5 * time.Second

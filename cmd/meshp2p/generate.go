@@ -14,8 +14,10 @@ import (
 
 	"github.com/neuron-tai/meshp2p/engine"
 	"github.com/neuron-tai/meshp2p/node"
+	"github.com/neuron-tai/meshp2p/proto/frame"
 	"github.com/neuron-tai/meshp2p/proto/meshp2pb"
 	"github.com/neuron-tai/meshp2p/route"
+	"github.com/neuron-tai/meshp2p/session"
 )
 
 const generateUsage = `Usage:
@@ -31,6 +33,14 @@ output is identical to --local, which runs the whole model in-process.
 Flags:
 `
 
+func wireDTypeHelp() string {
+	var parts []string
+	for _, w := range frame.WireDTypes() {
+		parts = append(parts, w.Name+" ("+w.Doc+")")
+	}
+	return strings.Join(parts, " or ")
+}
+
 type genResult struct {
 	Text       string         `json:"text"`
 	Tokens     []int32        `json:"tokens"`
@@ -42,10 +52,10 @@ type genResult struct {
 	TotalMs    float64        `json:"total_ms"`
 	// FirstTokenMs is from the command's start to the first token:
 	// discovery, vocabulary, route and prefill included.
-	FirstTokenMs float64         `json:"first_token_ms"`
-	Hops         []route.HopStat `json:"hops,omitempty"`
-	Failures     []string        `json:"failures,omitempty"`
-	Model        string          `json:"model"`
+	FirstTokenMs float64           `json:"first_token_ms"`
+	Hops         []session.HopStat `json:"hops,omitempty"`
+	Failures     []string          `json:"failures,omitempty"`
+	Model        string            `json:"model"`
 }
 
 type routeHopJSON struct {
@@ -72,11 +82,12 @@ func runGenerate(ctx context.Context, stdout, stderr io.Writer, args []string) e
 	topP := fs.Float64("top-p", 0.95, "top-p filter when sampling (1: off)")
 	minP := fs.Float64("min-p", 0.05, "min-p filter when sampling (0: off)")
 	rep := fs.Float64("repeat-penalty", 1, "repetition penalty (1: off)")
-	seed := fs.Uint("seed", 42, "sampling seed (same seed, same output)")
+	repLastN := fs.Int("repeat-last-n", engine.DefaultRepeatLastN, "tokens the repetition penalty looks back (-1: the whole context)")
+	seed := fs.Uint64("seed", 42, "sampling seed, 64 bits (same seed, same output)")
 	stop := fs.String("stop", "", "comma-separated stop strings")
 	local := fs.Bool("local", false, "run the whole --model FILE in-process (the reference for the swarm)")
 	asJSON := fs.Bool("json", false, "print one JSON object instead of streaming text")
-	wire := fs.String("wire-dtype", "f32", "activation dtype between hops: f32 (exact) or f16 (half the bytes, close but not identical)")
+	wire := fs.String("wire-dtype", frame.WireDTypes()[0].Name, "activation dtype between hops: "+wireDTypeHelp())
 	wait := fs.Duration("wait", 30*time.Second, "how long to wait for peers covering the model")
 	verbose := fs.Bool("v", false, "debug logging")
 	if err := parseFlags(fs, args); err != nil {
@@ -86,16 +97,14 @@ func runGenerate(ctx context.Context, stdout, stderr io.Writer, args []string) e
 		fs.Usage()
 		return fmt.Errorf("%w: --model and --prompt are required", errUsage)
 	}
-	var wd meshp2pb.DType
-	switch *wire {
-	case "f32":
-		wd = meshp2pb.DType_DTYPE_F32
-	case "f16":
-		wd = meshp2pb.DType_DTYPE_F16
-	default:
-		return fmt.Errorf("%w: --wire-dtype %q: want f32 or f16", errUsage, *wire)
+	wd, err := frame.ParseWireDType(*wire)
+	if err != nil {
+		return fmt.Errorf("%w: --wire-dtype: %w", errUsage, err)
 	}
-	smp := engine.Sampling{Temperature: float32(*temp), TopK: int32(*topK), TopP: float32(*topP), MinP: float32(*minP), RepeatPenalty: float32(*rep), Seed: uint64(*seed)}
+	// The one sampling representation, from here to the tail (and to the
+	// in-process reference): the wire's SamplingParams.
+	smp := &meshp2pb.SamplingParams{Temperature: float32(*temp), TopK: int32(*topK), TopP: float32(*topP), MinP: float32(*minP),
+		RepeatPenalty: float32(*rep), RepeatLastN: int32(*repLastN), Seed: *seed}
 	stops := splitList(*stop)
 	log := newLoggerAt(stderr, *verbose, slog.LevelWarn)
 	out := &genResult{}
@@ -123,7 +132,7 @@ func runGenerate(ctx context.Context, stdout, stderr io.Writer, args []string) e
 		}
 		defer sh.Close()
 		printer = newStreamPrinter(stdout, m, stops, !*asJSON)
-		res, err := engine.RunChain(ctx, []*engine.Shard{sh}, toks, engine.ChainOptions{Steps: *maxTokens - 1, Sampling: smp, Chunk: 128,
+		res, err := engine.RunChain(ctx, []*engine.Shard{sh}, toks, engine.ChainOptions{Steps: *maxTokens - 1, Sampling: engine.SamplingFromProto(smp), Chunk: session.DefaultChunk,
 			Stop: func(t int32) bool { return printer.add(t) || m.IsEOG(t) }})
 		if err != nil {
 			return err
@@ -180,10 +189,8 @@ func runGenerate(ctx context.Context, stdout, stderr io.Writer, args []string) e
 			planner = n.TrackerPlanner(trackers, tf.requireTracker)
 		}
 		o := n.Origin(planner)
-		res, err := o.Generate(ctx, route.GenerateRequest{Fingerprint: fp, NLayer: nLayer, Prompt: toks, MaxTokens: *maxTokens,
-			Sampling: &meshp2pb.SamplingParams{Temperature: smp.Temperature, TopK: smp.TopK, TopP: smp.TopP, MinP: smp.MinP,
-				RepeatPenalty: smp.RepeatPenalty, Seed: uint32(smp.Seed)},
-			WireDType: wd, OnToken: printer.add})
+		res, err := o.Generate(ctx, session.GenerateRequest{Fingerprint: fp, NLayer: nLayer, Prompt: toks, MaxTokens: *maxTokens,
+			Sampling: smp, WireDType: wd, OnToken: printer.add})
 		if res != nil {
 			out.Tokens, out.Reroutes, out.Stop, out.Failures, out.Hops = res.Tokens, res.Reroutes, res.Stop, res.Failures, res.HopStats
 			out.TTFTms = ms(res.TTFT)

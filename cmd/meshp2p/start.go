@@ -10,6 +10,7 @@ import (
 
 	"github.com/neuron-tai/meshp2p/engine/gguf"
 	"github.com/neuron-tai/meshp2p/node"
+	"github.com/neuron-tai/meshp2p/session"
 )
 
 const startUsage = `Usage: meshp2p start --model FILE [--layers A-B] [flags]
@@ -65,7 +66,7 @@ func runStart(ctx context.Context, stdout, stderr io.Writer, args []string) erro
 	log := newLogger(stderr, *verbose)
 	prog := newProgress(stderr, "splitting")
 	cfg := node.Config{P2P: pc, ModelPath: *model, Layers: rng, ModelName: *name, Logger: log,
-		Engine: def, Hop: node.HopConfig{Idle: *idle}, SplitProgress: prog.update, DirectWait: *directWait}
+		Engine: def, Hop: session.HopConfig{Idle: *idle}, SplitProgress: prog.update, DirectWait: *directWait}
 	if *directWait <= 0 {
 		cfg.DirectWait = -1 // do not wait
 	}

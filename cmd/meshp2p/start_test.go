@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -98,6 +99,14 @@ func TestStartGenerateAndShutdown(t *testing.T) {
 	swarm := gen(append([]string{"--model", "stories260K", "--bootstrap", boot, "--wait", "20s"}, net...)...)
 	if local["text"] == "" || local["text"] != swarm["text"] {
 		t.Fatalf("local %q, swarm %q", local["text"], swarm["text"])
+	}
+	// Sampled, with a seed above 2^32 and the penalty over the whole
+	// context: --local and the swarm still agree token for token.
+	sampled := []string{"--temperature", "0.8", "--seed", "1099511640121", "--repeat-penalty", "1.1", "--repeat-last-n", "-1"}
+	localS := gen(append([]string{"--local", "--model", model}, sampled...)...)
+	swarmS := gen(append(append([]string{"--model", "stories260K", "--bootstrap", boot, "--wait", "20s"}, net...), sampled...)...)
+	if fmt.Sprint(localS["tokens"]) != fmt.Sprint(swarmS["tokens"]) {
+		t.Fatalf("sampled: local %v, swarm %v", localS["tokens"], swarmS["tokens"])
 	}
 	route, _ := swarm["route"].([]any)
 	if len(route) != 2 || swarm["ttft_ms"] == nil || swarm["reroutes"].(float64) != 0 {

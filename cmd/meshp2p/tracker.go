@@ -12,6 +12,8 @@ import (
 
 	"github.com/neuron-tai/meshp2p/node"
 	"github.com/neuron-tai/meshp2p/p2p"
+	"github.com/neuron-tai/meshp2p/session"
+	"github.com/neuron-tai/meshp2p/tracker"
 )
 
 const trackerUsage = `Usage: meshp2p tracker [--listen ADDRS] [--data-dir DIR] [--network NAME] [flags]
@@ -46,7 +48,7 @@ func runTracker(ctx context.Context, stdout, stderr io.Writer, args []string) er
 	}
 	log := newLogger(stderr, *verbose)
 	pc.Logger = log
-	tr, err := node.StartTracker(ctx, node.TrackerConfig{P2P: pc, TicketTTL: *ttl, PingInterval: *pingEvery, Logger: log})
+	tr, err := tracker.Start(ctx, tracker.Config{P2P: pc, TicketTTL: *ttl, PingInterval: *pingEvery, Logger: log})
 	if err != nil {
 		return err
 	}
@@ -137,7 +139,7 @@ func mergePeers(list []peer.AddrInfo, extra []peer.AddrInfo) []peer.AddrInfo {
 
 // applyHop adds the trackers as bootstrap peers and relays and, with
 // --require-ticket, installs the ticket admission hook.
-func (f *trackerFlags) applyHop(pc *p2p.Config, hop *node.HopConfig) error {
+func (f *trackerFlags) applyHop(pc *p2p.Config, hop *session.HopConfig) error {
 	trk, err := f.addrInfos()
 	if err != nil {
 		return err
@@ -157,7 +159,7 @@ func (f *trackerFlags) applyHop(pc *p2p.Config, hop *node.HopConfig) error {
 	if len(trusted) == 0 {
 		return fmt.Errorf("%w: --require-ticket needs --trust-tracker PEERID or --tracker ADDR", errUsage)
 	}
-	hop.Admit = node.TicketAdmission(node.TicketPolicy{Network: pc.Network, Trusted: trusted})
+	hop.Admit = session.TicketAdmission(session.TicketPolicy{Network: pc.Network, Trusted: trusted})
 	return nil
 }
 

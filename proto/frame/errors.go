@@ -101,9 +101,8 @@ func Code(err error) meshp2pb.ErrorCode {
 	}
 }
 
-// Retryable is the default policy for Error.retryable: whether the same
-// request may succeed on another route or later. Codes this version does
-// not know are not retryable.
+// Retryable reports whether the same request may succeed on another route
+// or later. Codes this version does not know are not retryable.
 func Retryable(c meshp2pb.ErrorCode) bool {
 	switch c {
 	case meshp2pb.ErrorCode_ERROR_CODE_CHECKSUM_MISMATCH,
@@ -124,7 +123,7 @@ func Retryable(c meshp2pb.ErrorCode) bool {
 
 // ToProto builds the Error message to send for err (nil for nil). A
 // RemoteError is passed on unchanged (cloned); other errors get Code(err),
-// err.Error() and Retryable(code). Callers fill peer and session fields.
+// err.Error(). Callers fill peer and session fields.
 func ToProto(err error) *meshp2pb.Error {
 	if err == nil {
 		return nil
@@ -134,5 +133,5 @@ func ToProto(err error) *meshp2pb.Error {
 		return proto.Clone(re.E).(*meshp2pb.Error)
 	}
 	c := Code(err)
-	return &meshp2pb.Error{Code: c, Message: err.Error(), Retryable: Retryable(c)}
+	return &meshp2pb.Error{Code: c, Message: err.Error()}
 }

@@ -148,13 +148,13 @@ func TestStreamSequence(t *testing.T) {
 	w := NewWriter(&buf, Limits{})
 	hdr, tensors := testBundle(4, 8, true)
 	msgs := []*meshp2pb.StreamMessage{
-		{Kind: &meshp2pb.StreamMessage_Open{Open: &meshp2pb.SessionOpen{SessionId: testSID, Epoch: 1, MaxRows: 512,
+		{Kind: &meshp2pb.StreamMessage_Open{Open: &meshp2pb.SessionOpen{SessionId: testSID, Epoch: 1, NCtxNeeded: 512,
 			Route:    &meshp2pb.Route{NLayer: 2, Hops: []*meshp2pb.RouteHop{{PeerId: []byte("p"), Start: 0, End: 2, Addrs: []string{"/ip4/127.0.0.1/tcp/1"}}}},
 			Sampling: &meshp2pb.SamplingParams{Temperature: 0.7, TopK: 40, Seed: 42}}}},
 		{Kind: &meshp2pb.StreamMessage_Accept{Accept: &meshp2pb.SessionAccept{SessionId: testSID, Epoch: 1, Ok: true}}},
 		actMsg(hdr),
 		{Kind: &meshp2pb.StreamMessage_Token{Token: &meshp2pb.TokenFrame{SessionId: testSID, Epoch: 1, Token: 42, Position: 14}}},
-		{Kind: &meshp2pb.StreamMessage_Error{Error: &meshp2pb.Error{Code: meshp2pb.ErrorCode_ERROR_CODE_NO_CAPACITY, Retryable: true}}},
+		{Kind: &meshp2pb.StreamMessage_Error{Error: &meshp2pb.Error{Code: meshp2pb.ErrorCode_ERROR_CODE_NO_CAPACITY, FailedPeerId: []byte("p")}}},
 		{Kind: &meshp2pb.StreamMessage_Cancel{Cancel: &meshp2pb.SessionCancel{SessionId: testSID}}},
 		{Kind: &meshp2pb.StreamMessage_Close{Close: &meshp2pb.SessionClose{SessionId: testSID, Reason: "stop"}}},
 	}
@@ -461,7 +461,7 @@ func TestCode(t *testing.T) {
 		}
 	}
 	pe := ToProto(fmt.Errorf("read: %w", ErrChecksum))
-	if pe.Code != meshp2pb.ErrorCode_ERROR_CODE_CHECKSUM_MISMATCH || !pe.Retryable || pe.Message == "" {
+	if pe.Code != meshp2pb.ErrorCode_ERROR_CODE_CHECKSUM_MISMATCH || !Retryable(pe.Code) || pe.Message == "" {
 		t.Errorf("ToProto(checksum) = %v", pe)
 	}
 	if pe := ToProto(fmt.Errorf("hop: %w", remote)); pe.Code != meshp2pb.ErrorCode_ERROR_CODE_STALE_EPOCH || pe.Message != "old" {

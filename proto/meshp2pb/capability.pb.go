@@ -263,7 +263,6 @@ type ShardAdvert struct {
 	NEmbd             uint32                 `protobuf:"varint,11,opt,name=n_embd,json=nEmbd,proto3" json:"n_embd,omitempty"`                                               // hidden size (activation row width)
 	Arch              string                 `protobuf:"bytes,12,opt,name=arch,proto3" json:"arch,omitempty"`                                                               // GGUF general.architecture, e.g. "llama"
 	Runtime           string                 `protobuf:"bytes,13,opt,name=runtime,proto3" json:"runtime,omitempty"`                                                         // execution runtime + pin, e.g. "llama.cpp@ec98e2002"
-	BundleSchema      string                 `protobuf:"bytes,14,opt,name=bundle_schema,json=bundleSchema,proto3" json:"bundle_schema,omitempty"`                           // activation bundle schema produced/consumed, e.g. "l_out/v1"
 	unknownFields     protoimpl.UnknownFields
 	sizeCache         protoimpl.SizeCache
 }
@@ -385,13 +384,6 @@ func (x *ShardAdvert) GetArch() string {
 func (x *ShardAdvert) GetRuntime() string {
 	if x != nil {
 		return x.Runtime
-	}
-	return ""
-}
-
-func (x *ShardAdvert) GetBundleSchema() string {
-	if x != nil {
-		return x.BundleSchema
 	}
 	return ""
 }
@@ -553,7 +545,7 @@ const file_meshp2p_v1_capability_proto_rawDesc = "" +
 	"\x06shards\x18\b \x03(\v2\x17.meshp2p.v1.ShardAdvertR\x06shards\x12\x14\n" +
 	"\x05addrs\x18\t \x03(\tR\x05addrs\x12<\n" +
 	"\freachability\x18\n" +
-	" \x01(\x0e2\x18.meshp2p.v1.ReachabilityR\freachability\"\xa7\x04\n" +
+	" \x01(\x0e2\x18.meshp2p.v1.ReachabilityR\freachability\"\x97\x04\n" +
 	"\vShardAdvert\x12+\n" +
 	"\x11model_fingerprint\x18\x01 \x01(\tR\x10modelFingerprint\x12\x1d\n" +
 	"\n" +
@@ -570,10 +562,9 @@ const file_meshp2p_v1_capability_proto_rawDesc = "" +
 	" \x01(\bR\bhasVocab\x12\x15\n" +
 	"\x06n_embd\x18\v \x01(\rR\x05nEmbd\x12\x12\n" +
 	"\x04arch\x18\f \x01(\tR\x04arch\x12\x18\n" +
-	"\aruntime\x18\r \x01(\tR\aruntime\x12#\n" +
-	"\rbundle_schema\x18\x0e \x01(\tR\fbundleSchemaB\x16\n" +
+	"\aruntime\x18\r \x01(\tR\aruntimeB\x16\n" +
 	"\x14_decode_ms_per_layerB\x17\n" +
-	"\x15_prefill_ms_per_layer\"\xab\x01\n" +
+	"\x15_prefill_ms_per_layerJ\x04\b\x0e\x10\x0fR\rbundle_schema\"\xab\x01\n" +
 	"\rShardCapacity\x12#\n" +
 	"\rfree_sessions\x18\x01 \x01(\rR\ffreeSessions\x12!\n" +
 	"\fmax_sessions\x18\x02 \x01(\rR\vmaxSessions\x12$\n" +

@@ -81,7 +81,7 @@ func (DType) EnumDescriptor() ([]byte, []int) {
 }
 
 // ErrorCode classifies an Error. Receivers must treat values they do not know
-// as ERROR_CODE_INTERNAL (not retryable unless Error.retryable says so).
+// as ERROR_CODE_INTERNAL.
 type ErrorCode int32
 
 const (
@@ -198,7 +198,6 @@ type Error struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Code          ErrorCode              `protobuf:"varint,1,opt,name=code,proto3,enum=meshp2p.v1.ErrorCode" json:"code,omitempty"`
 	Message       string                 `protobuf:"bytes,2,opt,name=message,proto3" json:"message,omitempty"`                                 // human-readable, for logs; never parsed
-	Retryable     bool                   `protobuf:"varint,3,opt,name=retryable,proto3" json:"retryable,omitempty"`                            // true: the same request may succeed on another route / later
 	PeerId        []byte                 `protobuf:"bytes,4,opt,name=peer_id,json=peerId,proto3" json:"peer_id,omitempty"`                     // reporter (binary libp2p peer ID)
 	FailedPeerId  []byte                 `protobuf:"bytes,5,opt,name=failed_peer_id,json=failedPeerId,proto3" json:"failed_peer_id,omitempty"` // peer to blame / exclude when re-routing (may equal peer_id); empty: unknown
 	SessionId     []byte                 `protobuf:"bytes,6,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`            // 16 bytes when the error concerns a session
@@ -252,13 +251,6 @@ func (x *Error) GetMessage() string {
 	return ""
 }
 
-func (x *Error) GetRetryable() bool {
-	if x != nil {
-		return x.Retryable
-	}
-	return false
-}
-
 func (x *Error) GetPeerId() []byte {
 	if x != nil {
 		return x.PeerId
@@ -299,17 +291,16 @@ var File_meshp2p_v1_common_proto protoreflect.FileDescriptor
 const file_meshp2p_v1_common_proto_rawDesc = "" +
 	"\n" +
 	"\x17meshp2p/v1/common.proto\x12\n" +
-	"meshp2p.v1\"\x84\x02\n" +
+	"meshp2p.v1\"\xf7\x01\n" +
 	"\x05Error\x12)\n" +
 	"\x04code\x18\x01 \x01(\x0e2\x15.meshp2p.v1.ErrorCodeR\x04code\x12\x18\n" +
-	"\amessage\x18\x02 \x01(\tR\amessage\x12\x1c\n" +
-	"\tretryable\x18\x03 \x01(\bR\tretryable\x12\x17\n" +
+	"\amessage\x18\x02 \x01(\tR\amessage\x12\x17\n" +
 	"\apeer_id\x18\x04 \x01(\fR\x06peerId\x12$\n" +
 	"\x0efailed_peer_id\x18\x05 \x01(\fR\ffailedPeerId\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x06 \x01(\fR\tsessionId\x12\x14\n" +
 	"\x05epoch\x18\a \x01(\x04R\x05epoch\x12$\n" +
-	"\x0eretry_after_ms\x18\b \x01(\x04R\fretryAfterMs*4\n" +
+	"\x0eretry_after_ms\x18\b \x01(\x04R\fretryAfterMsJ\x04\b\x03\x10\x04R\tretryable*4\n" +
 	"\x05DType\x12\r\n" +
 	"\tDTYPE_F32\x10\x00\x12\r\n" +
 	"\tDTYPE_F16\x10\x01\x12\r\n" +

@@ -39,11 +39,9 @@ type SessionOpen struct {
 	MaxTokens        uint32                 `protobuf:"varint,7,opt,name=max_tokens,json=maxTokens,proto3" json:"max_tokens,omitempty"`                       // tail stops after this many generated tokens; 0 = until n_ctx
 	WireDtype        DType                  `protobuf:"varint,8,opt,name=wire_dtype,json=wireDtype,proto3,enum=meshp2p.v1.DType" json:"wire_dtype,omitempty"` // activation dtype on every seam of this session (default F32)
 	NCtxNeeded       uint32                 `protobuf:"varint,9,opt,name=n_ctx_needed,json=nCtxNeeded,proto3" json:"n_ctx_needed,omitempty"`                  // KV cells this session may use (prompt + max generated)
-	MaxRows          uint32                 `protobuf:"varint,10,opt,name=max_rows,json=maxRows,proto3" json:"max_rows,omitempty"`                            // largest ActivationHeader.n_rows this session will send
 	OriginPeerId     []byte                 `protobuf:"bytes,11,opt,name=origin_peer_id,json=originPeerId,proto3" json:"origin_peer_id,omitempty"`            // binary libp2p peer ID of the origin
 	OriginAddrs      []string               `protobuf:"bytes,12,rep,name=origin_addrs,json=originAddrs,proto3" json:"origin_addrs,omitempty"`
 	Ticket           *SignedRouteTicket     `protobuf:"bytes,13,opt,name=ticket,proto3" json:"ticket,omitempty"`                                       // present when the route came from a tracker
-	BundleSchema     string                 `protobuf:"bytes,14,opt,name=bundle_schema,json=bundleSchema,proto3" json:"bundle_schema,omitempty"`       // activation bundle schema, e.g. "l_out/v1"
 	IdleTimeoutMs    uint32                 `protobuf:"varint,15,opt,name=idle_timeout_ms,json=idleTimeoutMs,proto3" json:"idle_timeout_ms,omitempty"` // hops free the session after this long without frames; 0 = hop default
 	// Tokens the session already generated in an earlier epoch (re-prefill
 	// after a reroute): they are the tail of the prefill, feed the tail's
@@ -152,13 +150,6 @@ func (x *SessionOpen) GetNCtxNeeded() uint32 {
 	return 0
 }
 
-func (x *SessionOpen) GetMaxRows() uint32 {
-	if x != nil {
-		return x.MaxRows
-	}
-	return 0
-}
-
 func (x *SessionOpen) GetOriginPeerId() []byte {
 	if x != nil {
 		return x.OriginPeerId
@@ -178,13 +169,6 @@ func (x *SessionOpen) GetTicket() *SignedRouteTicket {
 		return x.Ticket
 	}
 	return nil
-}
-
-func (x *SessionOpen) GetBundleSchema() string {
-	if x != nil {
-		return x.BundleSchema
-	}
-	return ""
 }
 
 func (x *SessionOpen) GetIdleTimeoutMs() uint32 {
@@ -217,8 +201,8 @@ type SamplingParams struct {
 	TopP             float32                `protobuf:"fixed32,3,opt,name=top_p,json=topP,proto3" json:"top_p,omitempty"`                                     // 0 or >= 1: disabled
 	MinP             float32                `protobuf:"fixed32,4,opt,name=min_p,json=minP,proto3" json:"min_p,omitempty"`                                     // 0: disabled
 	RepeatPenalty    float32                `protobuf:"fixed32,5,opt,name=repeat_penalty,json=repeatPenalty,proto3" json:"repeat_penalty,omitempty"`          // 0 or 1: disabled
-	RepeatLastN      int32                  `protobuf:"varint,6,opt,name=repeat_last_n,json=repeatLastN,proto3" json:"repeat_last_n,omitempty"`               // tokens of history the penalties look at; -1 = n_ctx
-	Seed             uint32                 `protobuf:"varint,7,opt,name=seed,proto3" json:"seed,omitempty"`                                                  // RNG seed for the dist sampler
+	RepeatLastN      int32                  `protobuf:"varint,6,opt,name=repeat_last_n,json=repeatLastN,proto3" json:"repeat_last_n,omitempty"`               // tokens of history the penalties look at; 0 = 64, -1 = n_ctx
+	Seed             uint64                 `protobuf:"varint,7,opt,name=seed,proto3" json:"seed,omitempty"`                                                  // RNG seed for the dist sampler (64 bits; varint-compatible with the old uint32)
 	FrequencyPenalty float32                `protobuf:"fixed32,8,opt,name=frequency_penalty,json=frequencyPenalty,proto3" json:"frequency_penalty,omitempty"` // 0: disabled
 	PresencePenalty  float32                `protobuf:"fixed32,9,opt,name=presence_penalty,json=presencePenalty,proto3" json:"presence_penalty,omitempty"`    // 0: disabled
 	unknownFields    protoimpl.UnknownFields
@@ -297,7 +281,7 @@ func (x *SamplingParams) GetRepeatLastN() int32 {
 	return 0
 }
 
-func (x *SamplingParams) GetSeed() uint32 {
+func (x *SamplingParams) GetSeed() uint64 {
 	if x != nil {
 		return x.Seed
 	}
@@ -618,7 +602,7 @@ var File_meshp2p_v1_session_proto protoreflect.FileDescriptor
 const file_meshp2p_v1_session_proto_rawDesc = "" +
 	"\n" +
 	"\x18meshp2p/v1/session.proto\x12\n" +
-	"meshp2p.v1\x1a\x17meshp2p/v1/common.proto\x1a\x16meshp2p/v1/route.proto\"\xfe\x04\n" +
+	"meshp2p.v1\x1a\x17meshp2p/v1/common.proto\x1a\x16meshp2p/v1/route.proto\"\xe3\x04\n" +
 	"\vSessionOpen\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\fR\tsessionId\x12\x14\n" +
@@ -632,16 +616,14 @@ const file_meshp2p_v1_session_proto_rawDesc = "" +
 	"\n" +
 	"wire_dtype\x18\b \x01(\x0e2\x11.meshp2p.v1.DTypeR\twireDtype\x12 \n" +
 	"\fn_ctx_needed\x18\t \x01(\rR\n" +
-	"nCtxNeeded\x12\x19\n" +
-	"\bmax_rows\x18\n" +
-	" \x01(\rR\amaxRows\x12$\n" +
+	"nCtxNeeded\x12$\n" +
 	"\x0eorigin_peer_id\x18\v \x01(\fR\foriginPeerId\x12!\n" +
 	"\forigin_addrs\x18\f \x03(\tR\voriginAddrs\x125\n" +
-	"\x06ticket\x18\r \x01(\v2\x1d.meshp2p.v1.SignedRouteTicketR\x06ticket\x12#\n" +
-	"\rbundle_schema\x18\x0e \x01(\tR\fbundleSchema\x12&\n" +
+	"\x06ticket\x18\r \x01(\v2\x1d.meshp2p.v1.SignedRouteTicketR\x06ticket\x12&\n" +
 	"\x0fidle_timeout_ms\x18\x0f \x01(\rR\ridleTimeoutMs\x12\x1c\n" +
 	"\tgenerated\x18\x10 \x03(\x05R\tgenerated\x12\x16\n" +
-	"\x06resume\x18\x11 \x01(\bR\x06resume\"\xa8\x02\n" +
+	"\x06resume\x18\x11 \x01(\bR\x06resumeJ\x04\b\n" +
+	"\x10\vJ\x04\b\x0e\x10\x0fR\bmax_rowsR\rbundle_schema\"\xa8\x02\n" +
 	"\x0eSamplingParams\x12 \n" +
 	"\vtemperature\x18\x01 \x01(\x02R\vtemperature\x12\x13\n" +
 	"\x05top_k\x18\x02 \x01(\x05R\x04topK\x12\x13\n" +
@@ -649,7 +631,7 @@ const file_meshp2p_v1_session_proto_rawDesc = "" +
 	"\x05min_p\x18\x04 \x01(\x02R\x04minP\x12%\n" +
 	"\x0erepeat_penalty\x18\x05 \x01(\x02R\rrepeatPenalty\x12\"\n" +
 	"\rrepeat_last_n\x18\x06 \x01(\x05R\vrepeatLastN\x12\x12\n" +
-	"\x04seed\x18\a \x01(\rR\x04seed\x12+\n" +
+	"\x04seed\x18\a \x01(\x04R\x04seed\x12+\n" +
 	"\x11frequency_penalty\x18\b \x01(\x02R\x10frequencyPenalty\x12)\n" +
 	"\x10presence_penalty\x18\t \x01(\x02R\x0fpresencePenalty\"}\n" +
 	"\rSessionAccept\x12\x1d\n" +

@@ -1,4 +1,8 @@
-package node
+// Package tracker is the optional route oracle: an ordinary swarm peer
+// (relay, DHT server, gossipsub hub) that measures the swarm and answers
+// route requests with signed tickets (docs/tracker.md). It never runs a
+// model and does not link llama.cpp.
+package tracker
 
 import (
 	"context"
@@ -16,7 +20,6 @@ import (
 	"github.com/libp2p/go-libp2p/core/crypto"
 	"github.com/libp2p/go-libp2p/core/network"
 	"github.com/libp2p/go-libp2p/core/peer"
-	"github.com/libp2p/go-libp2p/core/peerstore"
 	"github.com/libp2p/go-libp2p/core/protocol"
 	"github.com/libp2p/go-libp2p/p2p/protocol/identify"
 	"github.com/libp2p/go-libp2p/p2p/protocol/ping"
@@ -24,21 +27,20 @@ import (
 	manet "github.com/multiformats/go-multiaddr/net"
 	"google.golang.org/protobuf/proto"
 
-	"github.com/neuron-tai/meshp2p/engine"
 	"github.com/neuron-tai/meshp2p/p2p"
 	"github.com/neuron-tai/meshp2p/proto/frame"
 	"github.com/neuron-tai/meshp2p/proto/meshp2pb"
 	"github.com/neuron-tai/meshp2p/route"
 )
 
-// TrackerKey is the discovery key trackers announce themselves under.
-const TrackerKey = "role:tracker"
+// Key is the discovery key trackers announce themselves under.
+const Key = "role:tracker"
 
-// TrackerConfig configures a Tracker. P2P usually comes from
-// Preset(PresetRelay): relay service with raised limits, DHT server,
+// Config configures a Tracker. P2P usually comes from
+// node.Preset(node.PresetRelay): relay service with raised limits, DHT server,
 // public reachability (so it is also an AutoNAT server and gossipsub hub
 // every member bootstraps from).
-type TrackerConfig struct {
+type Config struct {
 	P2P p2p.Config
 	// TicketTTL is how long an issued ticket is valid (default 2 min; a
 	// ticket is checked at admission only, so it bounds the time between
@@ -58,7 +60,7 @@ type TrackerConfig struct {
 // its own view of the swarm (adverts, RTT, reachability, load) and answers
 // /meshp2p/<network>/route/1.0.0 with signed route tickets.
 type Tracker struct {
-	cfg     TrackerConfig
+	cfg     Config
 	log     *slog.Logger
 	p2p     *p2p.Node
 	table   *route.Table
@@ -74,20 +76,17 @@ type Tracker struct {
 	wg     sync.WaitGroup
 }
 
-// rttWindow is how many recent ping samples a peer's RTT is taken over.
-const rttWindow = 8
-
 // peerView is the tracker's own measurement of one peer.
 type peerView struct {
 	rtt       time.Duration // minimum of the recent RTT samples
-	samples   [rttWindow]time.Duration
+	samples   [RTTWindow]time.Duration
 	nSamples  int
 	lastOK    time.Time
 	firstFail time.Time // first failure since the last success (zero: none)
 }
 
-// StartTracker starts a tracker node.
-func StartTracker(ctx context.Context, cfg TrackerConfig) (*Tracker, error) {
+// Start starts a tracker node.
+func Start(ctx context.Context, cfg Config) (*Tracker, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
@@ -95,13 +94,13 @@ func StartTracker(ctx context.Context, cfg TrackerConfig) (*Tracker, error) {
 		cfg.P2P.Logger = cfg.Logger
 	}
 	if cfg.TicketTTL <= 0 {
-		cfg.TicketTTL = 2 * time.Minute
+		cfg.TicketTTL = DefaultTicketTTL
 	}
 	if cfg.PingInterval <= 0 {
-		cfg.PingInterval = 10 * time.Second
+		cfg.PingInterval = DefaultPingInterval
 	}
 	if cfg.StaleAfter <= 0 {
-		cfg.StaleAfter = 3 * cfg.PingInterval
+		cfg.StaleAfter = StaleAfterPings * cfg.PingInterval
 	}
 	if cfg.P2P.Role == "" {
 		cfg.P2P.Role = "tracker"
@@ -130,10 +129,10 @@ func StartTracker(ctx context.Context, cfg TrackerConfig) (*Tracker, error) {
 	t.pid = t.p2p.ProtocolID(route.ProtoRoute, route.ProtoRouteVersion)
 	h.SetStreamHandler(t.pid, t.handle)
 	body, err := proto.Marshal(&meshp2pb.CapabilityAdvert{PeerId: []byte(h.ID()), Network: cfg.P2P.Network,
-		Roles: []meshp2pb.Role{meshp2pb.Role_ROLE_TRACKER, meshp2pb.Role_ROLE_RELAY}, Version: engine.Version,
+		Roles: []meshp2pb.Role{meshp2pb.Role_ROLE_TRACKER, meshp2pb.Role_ROLE_RELAY}, Version: cfg.P2P.Version,
 		Reachability: meshp2pb.Reachability_REACHABILITY_PUBLIC})
 	if err == nil {
-		err = t.p2p.Discovery().SetLocalAdvert([]string{TrackerKey}, body)
+		err = t.p2p.Discovery().SetLocalAdvert([]string{Key}, body)
 	}
 	if err != nil {
 		t.p2p.Close()
@@ -162,7 +161,7 @@ func (t *Tracker) member(p peer.ID) bool {
 		for _, c := range h.Network().ConnsToPeer(p) {
 			select {
 			case <-ids.IDService().IdentifyWait(c):
-			case <-time.After(3 * time.Second):
+			case <-time.After(IdentifyWait):
 			}
 		}
 	}
@@ -188,6 +187,14 @@ func (t *Tracker) Table() *route.Table { return t.table }
 
 // Issued counts tickets issued so far.
 func (t *Tracker) Issued() uint64 { return t.issued.Load() }
+
+// Info is what node.json holds for a tracker (the fields a node writes
+// that a tracker has).
+type Info struct {
+	PeerID  string   `json:"peer_id"`
+	Addrs   []string `json:"addrs"`
+	Network string   `json:"network"`
+}
 
 // Info describes the tracker (addresses include /p2p/<id>).
 func (t *Tracker) Info() Info {
@@ -304,7 +311,7 @@ func (t *Tracker) pingAll(ctx context.Context) {
 		}
 	}
 	t.mu.Unlock()
-	sem := make(chan struct{}, 16)
+	sem := make(chan struct{}, MaxConcurrentPings)
 	var wg sync.WaitGroup
 	for p := range peers {
 		select {
@@ -323,7 +330,7 @@ func (t *Tracker) pingAll(ctx context.Context) {
 }
 
 func (t *Tracker) pingOne(ctx context.Context, p peer.ID) {
-	pctx, cancel := context.WithTimeout(ctx, min(5*time.Second, t.cfg.PingInterval))
+	pctx, cancel := context.WithTimeout(ctx, min(PingTimeout, t.cfg.PingInterval))
 	defer cancel()
 	var res ping.Result
 	select {
@@ -349,14 +356,14 @@ func (t *Tracker) pingOne(ctx context.Context, p peer.ID) {
 		t.log.Debug("ping failed", "peer", p, "err", res.Error)
 		return
 	}
-	// The minimum of the last rttWindow pings: the path's latency without
+	// The minimum of the last RTTWindow pings: the path's latency without
 	// the queueing noise of busy hosts (load is modelled separately), so
 	// one slow ping neither reroutes the swarm nor breaks ties between
 	// equal replicas.
-	v.samples[v.nSamples%rttWindow] = res.RTT
+	v.samples[v.nSamples%RTTWindow] = res.RTT
 	v.nSamples++
 	v.rtt = res.RTT
-	for _, r := range v.samples[:min(v.nSamples, rttWindow)] {
+	for _, r := range v.samples[:min(v.nSamples, RTTWindow)] {
 		v.rtt = min(v.rtt, r)
 	}
 	v.lastOK, v.firstFail = now, time.Time{}
@@ -368,7 +375,7 @@ func (t *Tracker) MeasureNow(ctx context.Context) { t.pingAll(ctx) }
 // handle answers one route request.
 func (t *Tracker) handle(s network.Stream) {
 	defer s.Close()
-	_ = s.SetDeadline(time.Now().Add(10 * time.Second))
+	_ = s.SetDeadline(time.Now().Add(RequestTimeout))
 	var req meshp2pb.RouteRequest
 	if err := frame.ReadMessage(s, &req, t.cfg.Limits); err != nil {
 		_ = s.Reset()
@@ -379,7 +386,7 @@ func (t *Tracker) handle(s network.Stream) {
 }
 
 func refuse(code meshp2pb.ErrorCode, format string, args ...any) *meshp2pb.RouteResponse {
-	return &meshp2pb.RouteResponse{Error: &meshp2pb.Error{Code: code, Message: fmt.Sprintf(format, args...), Retryable: frame.Retryable(code)}}
+	return &meshp2pb.RouteResponse{Error: &meshp2pb.Error{Code: code, Message: fmt.Sprintf(format, args...)}}
 }
 
 func (t *Tracker) answer(ctx context.Context, client peer.ID, req *meshp2pb.RouteRequest) *meshp2pb.RouteResponse {
@@ -437,87 +444,4 @@ func (t *Tracker) answer(ctx context.Context, client peer.ID, req *meshp2pb.Rout
 func shortID(p peer.ID) string {
 	s := p.String()
 	return s[max(0, len(s)-6):]
-}
-
-// TicketPolicy is what a hop started with --require-ticket demands.
-type TicketPolicy struct {
-	Network string
-	// Trusted trackers; a ticket signed by anyone else is refused.
-	Trusted   []peer.ID
-	Now       func() time.Time
-	ClockSkew time.Duration
-}
-
-// TicketAdmission returns a HopConfig.Admit hook that refuses sessions
-// whose ticket is missing (TICKET_INVALID), forged or tampered
-// (TICKET_INVALID), expired (TICKET_EXPIRED), signed by an untrusted
-// tracker (TICKET_UNTRUSTED), for another model (MODEL_MISMATCH) or whose
-// route — hops, ranges, epoch — is not the ticket's (NOT_IN_TICKET; the
-// built-in admission already checks that route hop idx is this peer with
-// its range, so the ticket then lists this hop too). Refusals are not
-// retryable (another route would carry the same ticket problem) except
-// TICKET_EXPIRED, which blames the ticket's tracker so that the origin
-// re-plans with a fresh ticket.
-func TicketAdmission(pol TicketPolicy) func(open *meshp2pb.SessionOpen, idx int, from peer.ID) *meshp2pb.Error {
-	return func(open *meshp2pb.SessionOpen, idx int, from peer.ID) *meshp2pb.Error {
-		tk, err := route.VerifyTicket(open.GetTicket(), route.VerifyOptions{Trusted: pol.Trusted, Network: pol.Network,
-			Fingerprint: open.GetModelFingerprint(), Epoch: open.GetEpoch(), Now: pol.Now, ClockSkew: pol.ClockSkew})
-		if err == nil {
-			err = route.SameRoute(tk.GetRoute(), open.GetRoute())
-		}
-		// A ticket issued to a client is good for that client only: the
-		// head, which the origin dials, checks who presents it.
-		if c := tk.GetClientPeerId(); err == nil && idx == 0 && len(c) > 0 && peer.ID(c) != from {
-			err = fmt.Errorf("%w: ticket was issued to %s, presented by %s", route.ErrTicketInvalid, peer.ID(c), from)
-		}
-		if err == nil {
-			return nil
-		}
-		e := &meshp2pb.Error{Code: route.TicketCode(err), Message: fmt.Sprintf("hop %d: %v", idx, err)}
-		if errors.Is(err, route.ErrTicketExpired) {
-			// Retryable: a fresh ticket will do. The admission hook blames
-			// this hop for retryable errors unless told otherwise, and the
-			// origin excludes whoever is blamed; blame the ticket's issuer
-			// instead (it serves no layers, so the re-plan for epoch+1 only
-			// fetches a fresh ticket).
-			e.Retryable = true
-			if tk := ticketSigner(open.GetTicket()); tk != "" {
-				e.FailedPeerId = []byte(tk)
-			}
-		}
-		return e
-	}
-}
-
-// ticketSigner is the tracker id a ticket claims ("" if unreadable).
-func ticketSigner(st *meshp2pb.SignedRouteTicket) peer.ID {
-	var t meshp2pb.RouteTicket
-	if st == nil || proto.Unmarshal(st.GetTicket(), &t) != nil {
-		return ""
-	}
-	id, err := peer.IDFromBytes(t.GetTrackerPeerId())
-	if err != nil {
-		return ""
-	}
-	return id
-}
-
-// trackerHost adapts the p2p node to route.TrackerHost.
-type trackerHost struct{ n *p2p.Node }
-
-func (h trackerHost) NewStream(ctx context.Context, p peer.ID, pids ...protocol.ID) (network.Stream, error) {
-	return h.n.NewStream(ctx, p, pids...)
-}
-
-func (h trackerHost) AddAddrs(ai peer.AddrInfo) {
-	h.n.Host().Peerstore().AddAddrs(ai.ID, ai.Addrs, peerstore.PermanentAddrTTL)
-}
-
-// TrackerPlanner returns a planner that asks trackers for signed routes,
-// verified against this node's table, falling back to local planning
-// unless require is set.
-func (n *Node) TrackerPlanner(trackers []peer.AddrInfo, require bool) *route.TrackerPlanner {
-	return &route.TrackerPlanner{Host: trackerHost{n.p2p}, Trackers: trackers, Protocol: n.p2p.ProtocolID(route.ProtoRoute, route.ProtoRouteVersion),
-		Network: n.cfg.P2P.Network, Self: n.p2p.ID(), Table: n.table, Fallback: &route.LocalPlanner{Table: n.table}, Require: require,
-		Limits: n.cfg.Hop.Limits, Logger: n.log}
 }

@@ -1,4 +1,4 @@
-package route
+package session
 
 import (
 	"context"
@@ -14,6 +14,7 @@ import (
 
 	"github.com/neuron-tai/meshp2p/proto/frame"
 	"github.com/neuron-tai/meshp2p/proto/meshp2pb"
+	"github.com/neuron-tai/meshp2p/route"
 )
 
 // Dialer opens streams; the p2p node implements it.
@@ -21,24 +22,25 @@ type Dialer interface {
 	NewStream(ctx context.Context, p peer.ID, pids ...protocol.ID) (network.Stream, error)
 }
 
-// Origin runs generations along routes and re-routes around failed hops.
+// Origin is the client side of the route-session protocol: it runs
+// generations along routes and re-routes around failed hops.
 type Origin struct {
 	Dialer   Dialer
-	Planner  Planner
+	Planner  route.Planner
 	Protocol protocol.ID // the session protocol ID of this swarm
 	Limits   frame.Limits
 	Logger   *slog.Logger
-	// TokenTimeout bounds the wait for each token (default 90s, longer
-	// than a hop's idle timeout; the first token gets more per 1024 prompt
-	// tokens, for the prefill).
+	// TokenTimeout bounds the wait for each token (DefaultTokenTimeout,
+	// longer than a hop's idle timeout; the first token gets more per
+	// PrefillRowsPerTokenTimeout prompt rows, for the prefill).
 	TokenTimeout time.Duration
-	// MaxReroutes bounds recovery attempts per generation (default 4;
-	// negative: never re-route).
+	// MaxReroutes bounds recovery attempts per generation
+	// (DefaultMaxReroutes; negative: never re-route).
 	MaxReroutes int
-	// Chunk is the prefill chunk size in rows (default 128).
+	// Chunk is the prefill chunk size in rows (DefaultChunk).
 	Chunk int
 	// RouteWait bounds how long a re-route waits for a replacement peer to
-	// appear when none is known yet (default 15s; the error then names
+	// appear when none is known yet (DefaultRouteWait; the error then names
 	// the missing layers). Rediscover, if set, is called while waiting
 	// (e.g. DHT lookups) and Changed signals table changes.
 	RouteWait  time.Duration
@@ -73,7 +75,7 @@ type HopStat struct {
 // Result is what a generation produced.
 type Result struct {
 	Tokens   []int32
-	Route    *Route
+	Route    *route.Route
 	Reroutes int
 	Stop     string // "eos", "max_tokens", "stop"
 	TTFT     time.Duration
@@ -84,7 +86,7 @@ type Result struct {
 }
 
 // ErrGeneration wraps failures that ended a generation.
-var ErrGeneration = errors.New("route: generation failed")
+var ErrGeneration = errors.New("session: generation failed")
 
 // Generate runs req, re-routing (epoch+1, failed peer excluded, prompt and
 // tokens so far re-prefilled) when a hop fails.
@@ -93,11 +95,11 @@ func (o *Origin) Generate(ctx context.Context, req GenerateRequest) (*Result, er
 		return nil, fmt.Errorf("%w: empty prompt", ErrGeneration)
 	}
 	if req.MaxTokens <= 0 {
-		req.MaxTokens = 128
+		req.MaxTokens = DefaultMaxTokens
 	}
 	maxRe := o.MaxReroutes
 	if maxRe == 0 {
-		maxRe = 4
+		maxRe = DefaultMaxReroutes
 	}
 	log := o.Logger
 	if log == nil {
@@ -111,9 +113,9 @@ func (o *Origin) Generate(ctx context.Context, req GenerateRequest) (*Result, er
 	exclude := map[peer.ID]bool{}
 	start := time.Now()
 	for epoch := uint64(1); ; epoch++ {
-		preq := Request{Fingerprint: req.Fingerprint, NLayer: req.NLayer, Exclude: exclude, NeedKV: len(req.Prompt) + req.MaxTokens + 1, Epoch: epoch}
+		preq := route.Request{Fingerprint: req.Fingerprint, NLayer: req.NLayer, Exclude: exclude, NeedKV: len(req.Prompt) + req.MaxTokens + 1, Epoch: epoch}
 		rt, err := o.Planner.Plan(ctx, preq)
-		if errors.Is(err, ErrNoRoute) && len(res.Failures) > 0 {
+		if errors.Is(err, route.ErrNoRoute) && len(res.Failures) > 0 {
 			rt, err = o.awaitRoute(ctx, preq, err)
 		}
 		if err != nil {
@@ -146,9 +148,9 @@ func (o *Origin) Generate(ctx context.Context, req GenerateRequest) (*Result, er
 
 // run drives one epoch. On failure it returns the peer to exclude ("" when
 // nobody is to blame and re-routing would not help).
-func (o *Origin) run(ctx context.Context, sid [16]byte, rt *Route, req GenerateRequest, res *Result, start time.Time) (peer.ID, error) {
+func (o *Origin) run(ctx context.Context, sid [16]byte, rt *route.Route, req GenerateRequest, res *Result, start time.Time) (peer.ID, error) {
 	head := rt.Hops[0].Peer
-	dctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	dctx, cancel := context.WithTimeout(ctx, DialTimeout)
 	s, err := o.Dialer.NewStream(dctx, head, o.Protocol)
 	cancel()
 	if err != nil {
@@ -157,71 +159,100 @@ func (o *Origin) run(ctx context.Context, sid [16]byte, rt *Route, req GenerateR
 	defer s.Close()
 	stop := context.AfterFunc(ctx, func() { _ = s.Reset() })
 	defer stop()
-	w, r := frame.NewWriter(s, o.Limits), frame.NewReader(s, o.Limits)
-	pr := &meshp2pb.Route{ModelFingerprint: rt.Fingerprint, NLayer: uint32(rt.NLayer), Epoch: rt.Epoch}
-	for _, h := range rt.Hops {
-		hop := &meshp2pb.RouteHop{PeerId: []byte(h.Peer), Start: uint32(h.Start), End: uint32(h.End)}
-		for _, a := range h.Addrs {
-			hop.Addrs = append(hop.Addrs, a.String())
-		}
-		pr.Hops = append(pr.Hops, hop)
+	e := &epochRun{s: s, w: frame.NewWriter(s, o.Limits), r: frame.NewReader(s, o.Limits), sid: sid, rt: rt, head: head}
+	open, input := o.sessionOpen(sid, rt, req, res.Tokens)
+	// Longer than a hop's idle timeout (the ladder in defaults.go), so a
+	// stalled hop is reported by its neighbour, which can name it, before
+	// we give up and can only blame the head. The first token also waits
+	// for the prefill, which grows with the prompt.
+	e.tokenTimeout = o.TokenTimeout
+	if e.tokenTimeout == 0 {
+		e.tokenTimeout = DefaultTokenTimeout
 	}
-	generated := append([]int32(nil), res.Tokens...)
-	remaining := req.MaxTokens - len(generated)
-	input := append(append([]int32(nil), req.Prompt...), generated...)
+	e.firstTimeout = e.tokenTimeout * time.Duration(1+len(input)/PrefillRowsPerTokenTimeout)
+	if failed, err := e.admit(open); err != nil {
+		return failed, err
+	}
 	chunk := o.Chunk
 	if chunk <= 0 {
-		chunk = 128
+		chunk = DefaultChunk
 	}
-	open := &meshp2pb.SessionOpen{SessionId: sid[:], Epoch: rt.Epoch, ModelFingerprint: rt.Fingerprint, Route: pr,
+	if err := e.prefill(input, chunk); err != nil {
+		return head, err
+	}
+	return e.collect(req, res, len(open.GetGenerated()), start)
+}
+
+// sessionOpen is the SessionOpen of one epoch and the rows to prefill: the
+// prompt and, after a re-route, the tokens generated so far.
+func (o *Origin) sessionOpen(sid [16]byte, rt *route.Route, req GenerateRequest, soFar []int32) (*meshp2pb.SessionOpen, []int32) {
+	generated := append([]int32(nil), soFar...)
+	remaining := req.MaxTokens - len(generated)
+	input := append(append([]int32(nil), req.Prompt...), generated...)
+	return &meshp2pb.SessionOpen{SessionId: sid[:], Epoch: rt.Epoch, ModelFingerprint: rt.Fingerprint, Route: route.WireRoute(rt),
 		Sampling: req.Sampling, MaxTokens: uint32(remaining), WireDtype: req.WireDType,
-		NCtxNeeded: uint32(len(input) + remaining + 1), MaxRows: uint32(chunk), BundleSchema: "l_out/v1", Generated: generated,
-		Ticket: rt.Ticket}
-	if err := w.WriteStream(&meshp2pb.StreamMessage{Kind: &meshp2pb.StreamMessage_Open{Open: open}}); err != nil {
-		return head, fmt.Errorf("send open: %w", err)
+		NCtxNeeded: uint32(len(input) + remaining + 1), Generated: generated, Ticket: rt.Ticket}, input
+}
+
+// epochRun is the origin's end of one epoch: the stream to the head.
+type epochRun struct {
+	s                          network.Stream
+	w                          *frame.Writer
+	r                          *frame.Reader
+	sid                        [16]byte
+	rt                         *route.Route
+	head                       peer.ID
+	tokenTimeout, firstTimeout time.Duration
+}
+
+// admit sends the open and waits until the whole route admitted it.
+func (e *epochRun) admit(open *meshp2pb.SessionOpen) (peer.ID, error) {
+	if err := e.w.WriteStream(&meshp2pb.StreamMessage{Kind: &meshp2pb.StreamMessage_Open{Open: open}}); err != nil {
+		return e.head, fmt.Errorf("send open: %w", err)
 	}
-	// Longer than a hop's idle timeout (60 s by default), so a stalled hop
-	// is reported by its neighbour, which can name it, before we give up
-	// and can only blame the head. The first token also waits for the
-	// prefill, which grows with the prompt.
-	tt := o.TokenTimeout
-	if tt == 0 {
-		tt = 90 * time.Second
-	}
-	first := tt * time.Duration(1+len(input)/1024)
-	_ = s.SetReadDeadline(time.Now().Add(first))
-	msg, _, err := r.ReadStream()
+	_ = e.s.SetReadDeadline(time.Now().Add(e.firstTimeout))
+	msg, _, err := e.r.ReadStream()
 	if err != nil {
-		return head, fmt.Errorf("admission: %w", err)
+		return e.head, fmt.Errorf("admission: %w", err)
 	}
 	acc := msg.GetAccept()
 	if acc == nil {
-		return head, fmt.Errorf("admission: unexpected reply")
+		return e.head, fmt.Errorf("admission: unexpected reply")
 	}
 	if !acc.GetOk() {
 		return blame(acc.GetError()), fmt.Errorf("route refused: %w", frame.FromProto(acc.GetError()))
 	}
-	// Prefill: the prompt (and, after a reroute, the tokens so far).
+	return "", nil
+}
+
+// prefill sends the input as token-id frames of at most chunk rows.
+func (e *epochRun) prefill(input []int32, chunk int) error {
 	for off := 0; off < len(input); off += chunk {
 		end := min(off+chunk, len(input))
-		a := &meshp2pb.ActivationHeader{SessionId: sid[:], Epoch: rt.Epoch, PosStart: uint32(off), NRows: uint32(end - off),
+		a := &meshp2pb.ActivationHeader{SessionId: e.sid[:], Epoch: e.rt.Epoch, PosStart: uint32(off), NRows: uint32(end - off),
 			IsPrefill: true, LastChunk: end == len(input), Tokens: input[off:end]}
-		if err := w.WriteActivation(a); err != nil {
-			return head, fmt.Errorf("send prefill: %w", err)
+		if err := e.w.WriteActivation(a); err != nil {
+			return fmt.Errorf("send prefill: %w", err)
 		}
 	}
-	sums := make([]uint64, len(rt.Hops))
+	return nil
+}
+
+// collect reads tokens from the head until the generation stops, then
+// closes the session. nGenerated tokens of res came from earlier epochs.
+func (e *epochRun) collect(req GenerateRequest, res *Result, nGenerated int, start time.Time) (peer.ID, error) {
+	sums := make([]uint64, len(e.rt.Hops))
 	counts := 0
 	var prefillUs []uint32
 	for len(res.Tokens) < req.MaxTokens {
-		if res.TTFT > 0 || len(res.Tokens) > len(generated) {
-			_ = s.SetReadDeadline(time.Now().Add(tt))
+		if res.TTFT > 0 || len(res.Tokens) > nGenerated {
+			_ = e.s.SetReadDeadline(time.Now().Add(e.tokenTimeout))
 		} else {
-			_ = s.SetReadDeadline(time.Now().Add(first))
+			_ = e.s.SetReadDeadline(time.Now().Add(e.firstTimeout))
 		}
-		msg, _, err := r.ReadStream()
+		msg, _, err := e.r.ReadStream()
 		if err != nil {
-			return head, fmt.Errorf("waiting for token %d: %w", len(res.Tokens)+1, err)
+			return e.head, fmt.Errorf("waiting for token %d: %w", len(res.Tokens)+1, err)
 		}
 		switch k := msg.GetKind().(type) {
 		case *meshp2pb.StreamMessage_Error:
@@ -250,19 +281,19 @@ func (o *Origin) run(ctx context.Context, sid [16]byte, rt *Route, req GenerateR
 				res.Stop = "max_tokens"
 			}
 			if res.Stop != "" {
-				_ = w.WriteStream(&meshp2pb.StreamMessage{Kind: &meshp2pb.StreamMessage_Close{Close: &meshp2pb.SessionClose{SessionId: sid[:], Epoch: rt.Epoch, Reason: res.Stop}}})
-				res.HopStats = hopStats(rt, sums, counts, prefillUs)
+				_ = e.w.WriteStream(&meshp2pb.StreamMessage{Kind: &meshp2pb.StreamMessage_Close{Close: &meshp2pb.SessionClose{SessionId: e.sid[:], Epoch: e.rt.Epoch, Reason: res.Stop}}})
+				res.HopStats = hopStats(e.rt, sums, counts, prefillUs)
 				return "", nil
 			}
 		default:
-			return head, fmt.Errorf("unexpected message from head")
+			return e.head, fmt.Errorf("unexpected message from head")
 		}
 	}
 	res.Stop = "max_tokens"
 	return "", nil
 }
 
-func hopStats(rt *Route, sums []uint64, n int, prefill []uint32) []HopStat {
+func hopStats(rt *route.Route, sums []uint64, n int, prefill []uint32) []HopStat {
 	out := make([]HopStat, len(rt.Hops))
 	for i, h := range rt.Hops {
 		out[i] = HopStat{Peer: h.Peer, Start: h.Start, End: h.End, Reach: h.Reach.String(), StepsTimed: n}
@@ -291,17 +322,17 @@ func blame(e *meshp2pb.Error) peer.ID {
 
 // awaitRoute retries planning after a failure left no route, until a
 // replacement appears or RouteWait passes.
-func (o *Origin) awaitRoute(ctx context.Context, req Request, err error) (*Route, error) {
+func (o *Origin) awaitRoute(ctx context.Context, req route.Request, err error) (*route.Route, error) {
 	wait := o.RouteWait
 	if wait == 0 {
-		wait = 15 * time.Second
+		wait = DefaultRouteWait
 	}
 	if wait < 0 {
 		return nil, err
 	}
 	wctx, cancel := context.WithTimeout(ctx, wait)
 	defer cancel()
-	tick := time.NewTicker(500 * time.Millisecond)
+	tick := time.NewTicker(RoutePollInterval)
 	defer tick.Stop()
 	if o.Rediscover != nil {
 		go o.Rediscover(wctx, req.Fingerprint)

@@ -1,0 +1,33 @@
+package node
+
+import "time"
+
+// The node's timings besides the role presets (defaults.go), each with its
+// reason. The route-session protocol's timeouts live in session/defaults.go,
+// the tracker's in tracker/defaults.go.
+const (
+	// AdvertCheckInterval is how often a node compares its free capacity
+	// and measured speed with what it last advertised.
+	AdvertCheckInterval = 2 * time.Second
+	// AdvertSpeedChange is the relative change of the measured speed that
+	// re-publishes the advert (the tracker's cost model reads it; smaller
+	// changes are noise).
+	AdvertSpeedChange = 0.25
+	// LookupTimeout bounds one DHT provider lookup for a model.
+	LookupTimeout = 3 * time.Second
+	// RediscoverPause separates the DHT lookups of an origin waiting for a
+	// replacement peer (its advert may be one republish away).
+	RediscoverPause = 2 * time.Second
+	// WaitLookupTimeout and WaitLookupInterval: how `generate` re-pulls
+	// adverts from connected peers and asks the DHT while it waits for
+	// peers covering the model (the pull on connect usually answers first;
+	// this covers peers that learnt of the model after we connected).
+	WaitLookupTimeout  = 5 * time.Second
+	WaitLookupInterval = 2 * time.Second
+	// WaitUnreachableCheck is how often WaitForModel checks whether every
+	// bootstrap peer refused us for a reason waiting will not fix.
+	WaitUnreachableCheck = 250 * time.Millisecond
+	// VocabTransferTimeout bounds one vocabulary transfer (a 10 MiB file
+	// over a relayed home connection).
+	VocabTransferTimeout = 60 * time.Second
+)

@@ -1,0 +1,206 @@
+package session
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/libp2p/go-libp2p/core/network"
+	"github.com/libp2p/go-libp2p/core/peer"
+
+	"github.com/neuron-tai/meshp2p/proto/frame"
+	"github.com/neuron-tai/meshp2p/proto/meshp2pb"
+)
+
+// admit checks that the open names this hop with exactly this model and
+// range, in a route that covers the model, sent by the right peer.
+func (h *HopService) admit(open *meshp2pb.SessionOpen, from peer.ID) (int, *hopError) {
+	me := h.host.ID()
+	rt := open.GetRoute()
+	idx := int(open.GetHopIndex())
+	switch {
+	case len(open.GetSessionId()) != frame.SessionIDLen:
+		return 0, codeErr(meshp2pb.ErrorCode_ERROR_CODE_BAD_REQUEST, "session id must be 16 bytes", "")
+	case rt == nil || idx >= len(rt.GetHops()):
+		return 0, codeErr(meshp2pb.ErrorCode_ERROR_CODE_BAD_REQUEST, "hop index outside the route", "")
+	case open.GetModelFingerprint() != h.cfg.Fingerprint || rt.GetModelFingerprint() != h.cfg.Fingerprint:
+		return 0, codeErr(meshp2pb.ErrorCode_ERROR_CODE_MODEL_MISMATCH, fmt.Sprintf("this hop serves model %.16s, not %.16s", h.cfg.Fingerprint, open.GetModelFingerprint()), me)
+	case int(rt.GetNLayer()) != h.info.ParentNLayer:
+		return 0, codeErr(meshp2pb.ErrorCode_ERROR_CODE_MODEL_MISMATCH, fmt.Sprintf("model has %d layers, route says %d", h.info.ParentNLayer, rt.GetNLayer()), me)
+	case open.GetEpoch() != rt.GetEpoch():
+		return 0, codeErr(meshp2pb.ErrorCode_ERROR_CODE_BAD_REQUEST, "session epoch differs from route epoch", "")
+	case !frame.WireDTypeSupported(open.GetWireDtype()):
+		return 0, codeErr(meshp2pb.ErrorCode_ERROR_CODE_UNSUPPORTED_DTYPE, "wire dtype must be one of "+frame.WireDTypeNames(), me)
+	}
+	hop := rt.GetHops()[idx]
+	if peer.ID(hop.GetPeerId()) != me {
+		return 0, codeErr(meshp2pb.ErrorCode_ERROR_CODE_BAD_REQUEST, "route hop names another peer", "")
+	}
+	// Only the previous hop of the route may extend a session to us: a
+	// stranger cannot splice itself into someone's route.
+	if idx > 0 && peer.ID(rt.GetHops()[idx-1].GetPeerId()) != from {
+		return 0, codeErr(meshp2pb.ErrorCode_ERROR_CODE_BAD_REQUEST, "session open must come from the previous hop of the route", "")
+	}
+	if int(hop.GetStart()) != h.info.Start || int(hop.GetEnd()) != h.info.End {
+		return 0, codeErr(meshp2pb.ErrorCode_ERROR_CODE_RANGE_MISMATCH, fmt.Sprintf("this hop serves layers %d-%d, route asks %d-%d", h.info.Start, h.info.End, hop.GetStart(), hop.GetEnd()), me)
+	}
+	// The route must be a contiguous cover, or some hop would run the
+	// wrong layers on the hidden states it receives.
+	at := uint32(0)
+	for _, x := range rt.GetHops() {
+		if x.GetStart() != at || x.GetEnd() <= x.GetStart() {
+			return 0, codeErr(meshp2pb.ErrorCode_ERROR_CODE_BAD_REQUEST, "route hops do not join end to start", "")
+		}
+		at = x.GetEnd()
+	}
+	if at != rt.GetNLayer() {
+		return 0, codeErr(meshp2pb.ErrorCode_ERROR_CODE_BAD_REQUEST, "route does not cover all layers", "")
+	}
+	if h.cfg.Admit != nil {
+		if e := h.cfg.Admit(open, idx, from); e != nil {
+			if len(e.GetFailedPeerId()) == 0 && frame.Retryable(e.GetCode()) {
+				e.FailedPeerId = []byte(me)
+			}
+			return 0, &hopError{e}
+		}
+	}
+	return idx, nil
+}
+
+// refusal is the SessionAccept{ok: false} that answers open with he.
+func (h *HopService) refusal(open *meshp2pb.SessionOpen, he *hopError) *meshp2pb.StreamMessage {
+	he.e.PeerId = []byte(h.host.ID())
+	he.e.SessionId, he.e.Epoch = open.GetSessionId(), open.GetEpoch()
+	return &meshp2pb.StreamMessage{Kind: &meshp2pb.StreamMessage_Accept{Accept: &meshp2pb.SessionAccept{
+		SessionId: open.GetSessionId(), Epoch: open.GetEpoch(), Ok: false, Error: he.e}}}
+}
+
+func acceptance(open *meshp2pb.SessionOpen) *meshp2pb.StreamMessage {
+	return &meshp2pb.StreamMessage{Kind: &meshp2pb.StreamMessage_Accept{Accept: &meshp2pb.SessionAccept{
+		SessionId: open.GetSessionId(), Epoch: open.GetEpoch(), Ok: true}}}
+}
+
+// admissionBudget is how long hop idx of n waits for the rest of the route
+// to admit: deeper hops give up first, so a hang further down is reported
+// by the hop next to it, not blamed on an innocent hop by an impatient head.
+func admissionBudget(open time.Duration, idx, n int) time.Duration {
+	return open - time.Duration(idx)*open/time.Duration(2*n)
+}
+
+// handleSession serves one incoming session stream: admission, the rest of
+// the route, then the data plane until the session ends.
+func (h *HopService) handleSession(s network.Stream) {
+	lim := h.cfg.Limits
+	r, w := frame.NewReader(s, lim), frame.NewWriter(s, lim)
+	_ = s.SetReadDeadline(time.Now().Add(h.cfg.OpenTimeout))
+	msg, _, err := r.ReadStream()
+	if err != nil {
+		h.log.Debug("session stream: bad open", "peer", s.Conn().RemotePeer(), "err", err)
+		// Say why, then close (a reset could drop the error in flight).
+		_ = w.WriteStream(&meshp2pb.StreamMessage{Kind: &meshp2pb.StreamMessage_Error{Error: frame.ToProto(err)}})
+		_ = s.Close()
+		return
+	}
+	open := msg.GetOpen()
+	if open == nil {
+		_ = w.WriteStream(h.refusal(&meshp2pb.SessionOpen{}, codeErr(meshp2pb.ErrorCode_ERROR_CODE_UNEXPECTED_MESSAGE, "first message must be SessionOpen", "")))
+		_ = s.Close()
+		return
+	}
+	if open.GetResume() {
+		h.resume(s, w, open)
+		return
+	}
+	refuse := func(he *hopError) {
+		_ = w.WriteStream(h.refusal(open, he))
+		_ = s.Close()
+	}
+	idx, he := h.admit(open, s.Conn().RemotePeer())
+	if he != nil {
+		refuse(he)
+		return
+	}
+	key := keyOf(open.GetSessionId(), open.GetEpoch())
+	n := len(open.GetRoute().GetHops())
+	hs := &hopSession{h: h, key: key, open: open, idx: idx, head: idx == 0, tail: idx == n-1, wire: open.GetWireDtype(),
+		up: NewSeam(s, lim), down: NewSeam(nil, lim), ringOut: NewSeam(nil, lim), ringIn: NewSeam(nil, lim),
+		ring: make(chan network.Stream, 1), self: make(chan *meshp2pb.TokenFrame, 1), activity: make(chan struct{}, 1),
+		done: make(chan struct{}), released: make(chan struct{}),
+		resumeUp: make(chan network.Stream, 1), resumeRing: make(chan network.Stream, 1),
+		maxTokens: int(open.GetMaxTokens())}
+	for _, x := range open.GetRoute().GetHops() {
+		hs.route = append(hs.route, peer.ID(x.GetPeerId()))
+	}
+	h.supersede(key)
+	eng, err := h.eng.OpenSession(key, EngineParams{KVTokens: int(open.GetNCtxNeeded()), Sampling: open.GetSampling(), Generated: open.GetGenerated()})
+	if err != nil {
+		code := meshp2pb.ErrorCode_ERROR_CODE_BAD_REQUEST
+		if errors.Is(err, ErrNoCapacity) {
+			code = meshp2pb.ErrorCode_ERROR_CODE_NO_CAPACITY
+		}
+		refuse(codeErr(code, err.Error(), h.host.ID()))
+		return
+	}
+	hs.eng = eng
+	h.mu.Lock()
+	if h.closed {
+		h.mu.Unlock()
+		eng.Close()
+		refuse(codeErr(meshp2pb.ErrorCode_ERROR_CODE_SHUTTING_DOWN, "hop shutting down", h.host.ID()))
+		return
+	}
+	if old := h.active[key]; old != nil {
+		h.mu.Unlock()
+		eng.Close()
+		refuse(codeErr(meshp2pb.ErrorCode_ERROR_CODE_BAD_REQUEST, "session already open", ""))
+		return
+	}
+	h.active[key] = hs
+	h.wg.Add(1)
+	h.mu.Unlock()
+	defer h.wg.Done()
+	defer hs.release()
+
+	// From here on a concurrent HopService.Close may report on the
+	// upstream too: every write goes through the seam.
+	ctx, cancel := context.WithTimeout(context.Background(), admissionBudget(h.cfg.OpenTimeout, idx, n))
+	he = hs.connect(ctx)
+	cancel()
+	if he != nil {
+		_ = hs.up.Send(h.refusal(open, he), 0)
+		_ = s.Close()
+		return
+	}
+	_ = s.SetReadDeadline(time.Time{})
+	if err := hs.up.Send(acceptance(open), 0); err != nil {
+		return
+	}
+	h.log.Debug("session open", "session", key, "hop", idx, "of", n)
+	hs.run(r)
+}
+
+// supersede ends older epochs of a session that is being re-opened (the
+// origin re-routed) and waits, bounded, until their KV cells are free: the
+// old epoch is dead either way, and its reservation must not make the new
+// one fail for lack of capacity.
+func (h *HopService) supersede(key Key) {
+	h.mu.Lock()
+	var old []*hopSession
+	for k, hs := range h.active {
+		if k.ID == key.ID && k.Epoch < key.Epoch {
+			old = append(old, hs)
+		}
+	}
+	h.mu.Unlock()
+	deadline := time.After(h.cfg.OpenTimeout / 2)
+	for _, hs := range old {
+		hs.fail(codeErr(meshp2pb.ErrorCode_ERROR_CODE_STALE_EPOCH, fmt.Sprintf("superseded by epoch %d", key.Epoch), ""))
+		hs.unblock()
+		select {
+		case <-hs.released:
+		case <-deadline:
+			return
+		}
+	}
+}

@@ -1,0 +1,272 @@
+package session
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/libp2p/go-libp2p/core/network"
+
+	"github.com/neuron-tai/meshp2p/proto/frame"
+	"github.com/neuron-tai/meshp2p/proto/meshp2pb"
+)
+
+// BundleTensor is the name of the one tensor an activation frame carries
+// between hops: the hidden states after this hop's last layer.
+const BundleTensor = "l_out"
+
+// run processes the session until it ends: it waits for the ring (head),
+// reads upstream frames in a goroutine and keeps the idle timer.
+func (hs *hopSession) run(r *frame.Reader) {
+	if hs.head && !hs.tail {
+		select {
+		case rs := <-hs.ring:
+			hs.ringIn.Swap(rs)
+			go hs.readRing(rs)
+		case <-hs.done:
+			return
+		case <-time.After(hs.h.cfg.OpenTimeout):
+			hs.fail(codeErr(meshp2pb.ErrorCode_ERROR_CODE_NEXT_HOP_UNREACHABLE, "tail never opened the ring", hs.route[len(hs.route)-1]))
+			return
+		}
+	}
+	if hs.head && hs.tail {
+		go hs.selfRing()
+	}
+	upstream := make(chan error, 1)
+	go func() { upstream <- hs.readUpstream(r) }()
+	idle := time.NewTimer(hs.h.cfg.Idle)
+	defer idle.Stop()
+	for {
+		select {
+		case err := <-upstream:
+			if err != nil {
+				hs.fail(asHopError(err, hs.upstreamPeer()))
+			} else {
+				hs.fail(nil)
+			}
+			return
+		case <-hs.done:
+			hs.unblock()
+			hs.up.Close()
+			<-upstream
+			return
+		case <-hs.activity:
+			idle.Reset(hs.h.cfg.Idle)
+		case <-idle.C:
+			// Nothing arrived for too long: blame the hop that should have
+			// sent it (the origin for the head: nothing to re-route).
+			hs.fail(codeErr(meshp2pb.ErrorCode_ERROR_CODE_TIMEOUT, fmt.Sprintf("session idle for %s", hs.h.cfg.Idle), hs.upstreamPeer()))
+			hs.unblock()
+			hs.up.Close()
+			<-upstream
+			return
+		}
+	}
+}
+
+// readUpstream handles frames from upstream until close (nil) or failure.
+func (hs *hopSession) readUpstream(r *frame.Reader) error {
+	for {
+		msg, tensors, err := r.ReadStream()
+		if err != nil {
+			if errors.Is(err, io.EOF) {
+				// The upstream hop may have moved the seam: it attached
+				// the new stream before ending this one.
+				select {
+				case ns := <-hs.resumeUp:
+					if old := hs.up.Swap(ns); old != nil {
+						_ = old.Close()
+					}
+					r = frame.NewReader(ns, hs.h.cfg.Limits)
+					hs.h.log.Info("seam from previous hop moved", "session", hs.key, "path", pathOf(hs.h.host, ns).String())
+					continue
+				default:
+				}
+				return nil
+			}
+			select {
+			case <-hs.done:
+				return nil
+			default:
+			}
+			return err
+		}
+		hs.touch()
+		switch k := msg.GetKind().(type) {
+		case *meshp2pb.StreamMessage_Activation:
+			if err := hs.activation(k.Activation, tensors); err != nil {
+				return err
+			}
+		case *meshp2pb.StreamMessage_Close, *meshp2pb.StreamMessage_Cancel:
+			return nil
+		case *meshp2pb.StreamMessage_Error:
+			return &hopError{k.Error}
+		default:
+			return codeErr(meshp2pb.ErrorCode_ERROR_CODE_UNEXPECTED_MESSAGE, "unexpected message on session stream", "")
+		}
+	}
+}
+
+// activation runs one frame through the shard and passes the result on.
+func (hs *hopSession) activation(a *meshp2pb.ActivationHeader, tensors [][]byte) error {
+	if !bytes.Equal(a.GetSessionId(), hs.open.GetSessionId()) || a.GetEpoch() != hs.key.Epoch {
+		return codeErr(meshp2pb.ErrorCode_ERROR_CODE_SESSION_UNKNOWN, "activation for another session or epoch", "")
+	}
+	nEmbd := hs.h.info.NEmbd
+	in := Input{Pos: int(a.GetPosStart())}
+	if hs.head {
+		if len(a.GetTokens()) != int(a.GetNRows()) || len(tensors) != 0 {
+			return codeErr(meshp2pb.ErrorCode_ERROR_CODE_BAD_REQUEST, "head expects token ids only", "")
+		}
+		in.Tokens = a.GetTokens()
+	} else {
+		if len(tensors) != 1 || a.GetTensors()[0].GetName() != BundleTensor {
+			return codeErr(meshp2pb.ErrorCode_ERROR_CODE_BAD_REQUEST, "expected one l_out tensor", "")
+		}
+		ti := a.GetTensors()[0]
+		if len(ti.GetShape()) != 2 || ti.GetShape()[0] != int64(a.GetNRows()) || ti.GetShape()[1] != int64(nEmbd) {
+			return codeErr(meshp2pb.ErrorCode_ERROR_CODE_BAD_REQUEST, fmt.Sprintf("tensor shape %v, want [%d %d]", ti.GetShape(), a.GetNRows(), nEmbd), "")
+		}
+		hidden, err := frame.ToF32(ti.GetDtype(), tensors[0], nil)
+		if err != nil {
+			return err
+		}
+		in.Hidden = hidden
+	}
+	last := a.GetLastChunk() || !a.GetIsPrefill()
+	if hs.tail {
+		in.Sample = last
+	}
+	t0 := time.Now()
+	out, err := hs.eng.Forward(context.Background(), in)
+	if err != nil {
+		return engineErr(err)
+	}
+	took := time.Since(t0)
+	us := uint32(took.Microseconds())
+	if a.GetNRows() == 1 {
+		hs.h.ObserveDecode(took)
+	}
+	if !hs.tail {
+		return hs.sendDown(a, out.Hidden, us)
+	}
+	if !in.Sample {
+		return nil
+	}
+	tf := &meshp2pb.TokenFrame{SessionId: a.GetSessionId(), Epoch: a.GetEpoch(), Step: a.GetStep(), Token: out.Token,
+		Position: a.GetPosStart() + a.GetNRows(), Eos: hs.h.eng.IsEOG(out.Token), HopUs: append(a.GetHopUs(), us)}
+	if hs.head {
+		select { // to selfRing, which is waiting (it sent the previous token)
+		case hs.self <- tf:
+		case <-hs.done:
+		}
+		return nil
+	}
+	if err := hs.ringOut.Send(&meshp2pb.StreamMessage{Kind: &meshp2pb.StreamMessage_Token{Token: tf}}, WriteDeadline(hs.h.cfg.Idle)); err != nil {
+		return codeErr(meshp2pb.ErrorCode_ERROR_CODE_NEXT_HOP_UNREACHABLE, fmt.Sprintf("ring to head: %v", err), hs.route[0])
+	}
+	return nil
+}
+
+// sendDown writes hidden states to the next hop in the session's wire dtype.
+func (hs *hopSession) sendDown(a *meshp2pb.ActivationHeader, hidden []float32, us uint32) error {
+	nEmbd := hs.h.info.NEmbd
+	payload, dt := frame.EncodeWire(hs.wire, hidden)
+	rows := len(hidden) / nEmbd
+	hdr := &meshp2pb.ActivationHeader{SessionId: a.GetSessionId(), Epoch: a.GetEpoch(), Step: a.GetStep(), PosStart: a.GetPosStart(),
+		NRows: uint32(rows), IsPrefill: a.GetIsPrefill(), LastChunk: a.GetLastChunk(), HopUs: append(a.GetHopUs(), us),
+		Tensors: []*meshp2pb.TensorInfo{{Name: BundleTensor, Dtype: dt, Shape: []int64{int64(rows), int64(nEmbd)}}}}
+	// A next hop that stops reading must not wedge us: the write deadline
+	// (WriteDeadline) makes this specific error, which names the next hop,
+	// win over our own idle timeout, which could not.
+	if err := hs.down.SendActivation(hdr, payload, WriteDeadline(hs.h.cfg.Idle)); err != nil {
+		return codeErr(meshp2pb.ErrorCode_ERROR_CODE_NEXT_HOP_UNREACHABLE, fmt.Sprintf("send to next hop: %v", err), hs.route[hs.idx+1])
+	}
+	return nil
+}
+
+// readRing (head) takes sampled tokens from the tail.
+func (hs *hopSession) readRing(rs network.Stream) {
+	r := frame.NewReader(rs, hs.h.cfg.Limits)
+	tail := hs.route[len(hs.route)-1]
+	for {
+		msg, _, err := r.ReadStream()
+		if err != nil {
+			if errors.Is(err, io.EOF) {
+				// Either the tail moved the ring to a direct connection
+				// (the new stream arrives here), or it closed the ring
+				// without saying why: the cause is then usually upstream of
+				// it, and our downstream watcher will name it. Blame the
+				// tail only if nothing else happens.
+				select {
+				case <-hs.done:
+					return
+				case ns := <-hs.resumeRing:
+					if old := hs.ringIn.Swap(ns); old != nil {
+						_ = old.Close()
+					}
+					r = frame.NewReader(ns, hs.h.cfg.Limits)
+					hs.h.log.Info("ring from tail moved", "session", hs.key, "path", pathOf(hs.h.host, ns).String())
+					continue
+				case <-time.After(RingGrace):
+				}
+			}
+			select {
+			case <-hs.done:
+			default:
+				hs.fail(codeErr(meshp2pb.ErrorCode_ERROR_CODE_NEXT_HOP_UNREACHABLE, fmt.Sprintf("lost ring from tail %s: %v", tail, err), tail))
+			}
+			return
+		}
+		hs.touch()
+		switch k := msg.GetKind().(type) {
+		case *meshp2pb.StreamMessage_Token:
+			if err := hs.token(k.Token); err != nil {
+				hs.fail(asHopError(err, ""))
+				return
+			}
+		case *meshp2pb.StreamMessage_Error:
+			hs.fail(hs.fromDownstream(k.Error, tail))
+			return
+		default:
+			hs.fail(codeErr(meshp2pb.ErrorCode_ERROR_CODE_UNEXPECTED_MESSAGE, "unexpected message on ring", tail))
+			return
+		}
+	}
+}
+
+// token (head) passes a sampled token to the origin and, unless the
+// session is done, feeds it back into the route as the next decode step.
+func (hs *hopSession) token(tf *meshp2pb.TokenFrame) error {
+	hs.touch()
+	if err := hs.up.Send(&meshp2pb.StreamMessage{Kind: &meshp2pb.StreamMessage_Token{Token: tf}}, hs.h.cfg.Idle); err != nil {
+		return codeErr(meshp2pb.ErrorCode_ERROR_CODE_CANCELLED, "origin gone", "")
+	}
+	hs.produced++
+	if tf.GetEos() || (hs.maxTokens > 0 && hs.produced >= hs.maxTokens) {
+		return nil // the origin closes the session
+	}
+	a := &meshp2pb.ActivationHeader{SessionId: tf.GetSessionId(), Epoch: tf.GetEpoch(), Step: tf.GetStep() + 1,
+		PosStart: tf.GetPosition(), NRows: 1, LastChunk: true, Tokens: []int32{tf.GetToken()}}
+	return hs.activation(a, nil)
+}
+
+// selfRing is the ring of a one-hop route: it feeds each sampled token
+// back in, like readRing does with the tail's tokens.
+func (hs *hopSession) selfRing() {
+	for {
+		select {
+		case <-hs.done:
+			return
+		case tf := <-hs.self:
+			if err := hs.token(tf); err != nil {
+				hs.fail(asHopError(err, ""))
+				return
+			}
+		}
+	}
+}

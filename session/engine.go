@@ -1,0 +1,92 @@
+package session
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/neuron-tai/meshp2p/proto/meshp2pb"
+)
+
+// Engine is what a hop needs from the model runtime: the layer range it
+// serves, sessions to run rows through, and which tokens end a generation.
+// node wires the real llama.cpp shard (engine.Shard) in; tests use a
+// deterministic fake, so this package builds and tests without cgo.
+type Engine interface {
+	Info() ShardInfo
+	// OpenSession admits a session: a free sequence slot and KVTokens KV
+	// cells. Errors wrap ErrNoCapacity or ErrBadInput where they apply.
+	OpenSession(key Key, p EngineParams) (EngineSession, error)
+	// IsEOG reports whether tok ends a generation (tail only).
+	IsEOG(tok int32) bool
+}
+
+// EngineSession is one session's sequence in the engine.
+type EngineSession interface {
+	// Forward runs the shard's layers on in and blocks until done. Errors
+	// wrap ErrNoCapacity (context full) or ErrBadInput where they apply.
+	Forward(ctx context.Context, in Input) (Output, error)
+	// Close frees the session's slot and KV cells.
+	Close()
+}
+
+// ShardInfo is the part of the model geometry admission and framing need.
+type ShardInfo struct {
+	Start, End   int // global layer range [Start, End)
+	ParentNLayer int // layers of the whole model
+	NEmbd        int // hidden-state width
+}
+
+// IsHead reports whether the shard takes token ids.
+func (i ShardInfo) IsHead() bool { return i.Start == 0 }
+
+// IsTail reports whether the shard samples tokens.
+func (i ShardInfo) IsTail() bool { return i.End == i.ParentNLayer }
+
+// Key identifies a route session on a hop: the same session id gets a new
+// epoch after a re-route, and both epochs may briefly coexist.
+type Key struct {
+	ID    [16]byte
+	Epoch uint64
+}
+
+func (k Key) String() string { return fmt.Sprintf("%x/%d", k.ID[:4], k.Epoch) }
+
+func keyOf(id []byte, epoch uint64) Key {
+	var k Key
+	copy(k.ID[:], id)
+	k.Epoch = epoch
+	return k
+}
+
+// EngineParams are fixed when a session opens.
+type EngineParams struct {
+	// KVTokens reserves KV cells: prompt + generated tokens it may reach.
+	KVTokens int
+	// Sampling is the session's sampling (tail only; nil: greedy).
+	Sampling *meshp2pb.SamplingParams
+	// Generated are tokens already produced before a re-route: they feed
+	// the repetition penalty and offset the seeded draws.
+	Generated []int32
+}
+
+// Input is one chunk of rows: token ids on the head, hidden states (rows ×
+// n_embd, row-major) elsewhere.
+type Input struct {
+	Pos    int
+	Tokens []int32
+	Hidden []float32
+	Sample bool // the tail samples a token after the last row
+}
+
+// Output is the result of a Forward.
+type Output struct {
+	Hidden []float32 // non-tail: rows × n_embd
+	Token  int32     // tail with Sample
+}
+
+// Errors an Engine wraps so that the hop can map them to wire codes.
+var (
+	ErrNoCapacity = errors.New("session: engine has no capacity")
+	ErrBadInput   = errors.New("session: bad input for the engine")
+)

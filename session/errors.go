@@ -1,0 +1,59 @@
+package session
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/libp2p/go-libp2p/core/peer"
+
+	"github.com/neuron-tai/meshp2p/proto/frame"
+	"github.com/neuron-tai/meshp2p/proto/meshp2pb"
+)
+
+var errNoStream = errors.New("session: seam has no stream")
+
+// hopError is a wire error a hop reports upstream (and ends a session with).
+type hopError struct{ e *meshp2pb.Error }
+
+func (e *hopError) Error() string {
+	return fmt.Sprintf("%s: %s", e.e.GetCode(), e.e.GetMessage())
+}
+
+// codeErr builds a report; failed names the peer to re-route around ("":
+// nobody, re-routing would not help).
+func codeErr(code meshp2pb.ErrorCode, msg string, failed peer.ID) *hopError {
+	e := &meshp2pb.Error{Code: code, Message: msg}
+	if failed != "" {
+		e.FailedPeerId = []byte(failed)
+	}
+	return &hopError{e}
+}
+
+// engineErr maps an engine failure to its wire code.
+func engineErr(err error) *hopError {
+	switch {
+	case errors.Is(err, ErrNoCapacity):
+		return codeErr(meshp2pb.ErrorCode_ERROR_CODE_CONTEXT_FULL, err.Error(), "")
+	case errors.Is(err, ErrBadInput):
+		return codeErr(meshp2pb.ErrorCode_ERROR_CODE_BAD_REQUEST, err.Error(), "")
+	}
+	return codeErr(meshp2pb.ErrorCode_ERROR_CODE_INTERNAL, err.Error(), "")
+}
+
+// asHopError turns a stream failure into a report blaming blame unless it
+// already is one.
+func asHopError(err error, blame peer.ID) *hopError {
+	var he *hopError
+	if errors.As(err, &he) {
+		return he
+	}
+	var re *frame.RemoteError
+	if errors.As(err, &re) && re.E != nil {
+		return &hopError{re.E}
+	}
+	code := frame.Code(err)
+	if code == meshp2pb.ErrorCode_ERROR_CODE_UNSPECIFIED || code == meshp2pb.ErrorCode_ERROR_CODE_INTERNAL {
+		code = meshp2pb.ErrorCode_ERROR_CODE_NEXT_HOP_UNREACHABLE
+	}
+	return codeErr(code, err.Error(), blame)
+}

@@ -1,0 +1,152 @@
+package session
+
+import (
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/libp2p/go-libp2p/core/network"
+	"github.com/libp2p/go-libp2p/core/peer"
+
+	"github.com/neuron-tai/meshp2p/proto/frame"
+	"github.com/neuron-tai/meshp2p/proto/meshp2pb"
+)
+
+// HopConfig configures a HopService.
+type HopConfig struct {
+	Fingerprint string
+	// Idle frees a session after this long without frames (DefaultIdle).
+	Idle time.Duration
+	// OpenTimeout bounds admission along the rest of the route
+	// (DefaultOpenTimeout).
+	OpenTimeout time.Duration
+	Limits      frame.Limits
+	Logger      *slog.Logger
+	// Admit, if set, runs after the built-in checks (model, range, route
+	// shape, sender) and may refuse the session with an error to send back
+	// (e.g. a missing or invalid route ticket: TicketAdmission). idx is
+	// this hop's route index; from is the peer that opened the stream (the
+	// origin for the head, else the previous hop).
+	Admit func(open *meshp2pb.SessionOpen, idx int, from peer.ID) *meshp2pb.Error
+}
+
+// HopService serves one engine shard to route sessions: it registers the
+// session and ring protocols and runs every (session, epoch) admitted on
+// this hop.
+type HopService struct {
+	host  Host
+	eng   Engine
+	info  ShardInfo
+	cfg   HopConfig
+	log   *slog.Logger
+	speed speedMeter
+
+	mu     sync.Mutex // guards closed and active; never held during I/O or with a seam lock
+	closed bool
+	active map[Key]*hopSession
+	wg     sync.WaitGroup
+}
+
+// NewHopService registers the session and ring protocols on host.
+func NewHopService(host Host, eng Engine, cfg HopConfig) *HopService {
+	if cfg.Idle == 0 {
+		cfg.Idle = DefaultIdle
+	}
+	if cfg.OpenTimeout == 0 {
+		cfg.OpenTimeout = DefaultOpenTimeout
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	info := eng.Info()
+	h := &HopService{host: host, eng: eng, info: info, cfg: cfg,
+		log: cfg.Logger.With("range", fmt.Sprintf("%d-%d", info.Start, info.End)), active: map[Key]*hopSession{}}
+	h.speed.layers = max(1, info.End-info.Start)
+	host.SetStreamHandler(host.ProtocolID(ProtoSession, ProtoVersion), h.handleSession)
+	host.SetStreamHandler(host.ProtocolID(ProtoRing, ProtoVersion), h.handleRing)
+	return h
+}
+
+// Sessions reports how many sessions are open on this hop.
+func (h *HopService) Sessions() int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return len(h.active)
+}
+
+// lookup returns the open session with key (nil if none).
+func (h *HopService) lookup(key Key) *hopSession {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.active[key]
+}
+
+// Close stops accepting sessions, ends the open ones and waits for them.
+func (h *HopService) Close() {
+	h.host.RemoveStreamHandler(h.host.ProtocolID(ProtoSession, ProtoVersion))
+	h.host.RemoveStreamHandler(h.host.ProtocolID(ProtoRing, ProtoVersion))
+	h.mu.Lock()
+	h.closed = true
+	var all []*hopSession
+	for _, s := range h.active {
+		all = append(all, s)
+	}
+	h.mu.Unlock()
+	for _, s := range all {
+		s.fail(codeErr(meshp2pb.ErrorCode_ERROR_CODE_SHUTTING_DOWN, "hop shutting down", h.host.ID()))
+	}
+	h.wg.Wait()
+}
+
+// hopSession is one (session, epoch) on this hop. Its streams are seams
+// (see Seam); the fields without a comment are fixed at admission.
+type hopSession struct {
+	h     *HopService
+	key   Key
+	open  *meshp2pb.SessionOpen
+	idx   int
+	head  bool
+	tail  bool
+	eng   EngineSession
+	wire  meshp2pb.DType
+	route []peer.ID
+
+	up      *Seam // from the previous hop (the origin on the head); errors, and tokens on the head, go back on it
+	down    *Seam // to the next hop (no stream on the tail)
+	ringOut *Seam // tail (not head): the ring to the head
+	ringIn  *Seam // head (not tail): the ring from the tail, read by readRing
+
+	// resumeUp / resumeRing receive the replacement stream when the
+	// upstream hop (or the tail) moves the seam to a direct connection.
+	resumeUp   chan network.Stream
+	resumeRing chan network.Stream
+	ring       chan network.Stream // head: the tail's ring stream arrives here
+	// self carries sampled tokens back to the decode loop when this hop is
+	// head and tail at once (a one-hop route): no recursion, and the
+	// upstream reader stays free to see SessionClose.
+	self chan *meshp2pb.TokenFrame
+
+	maxTokens int
+	produced  int // head: tokens passed to the origin; only the ring reader touches it
+	activity  chan struct{}
+
+	once     sync.Once
+	done     chan struct{} // closed when the session fails or ends
+	released chan struct{} // closed once everything is freed
+	err      error         // why it ended; written once, inside once
+}
+
+func (hs *hopSession) upstreamPeer() peer.ID {
+	if hs.idx == 0 {
+		return "" // the origin: nothing to re-route around
+	}
+	return hs.route[hs.idx-1]
+}
+
+func (hs *hopSession) touch() {
+	select {
+	case hs.activity <- struct{}{}:
+	default:
+	}
+}

@@ -1,0 +1,113 @@
+package session
+
+import (
+	"fmt"
+
+	"github.com/libp2p/go-libp2p/core/network"
+	"github.com/libp2p/go-libp2p/core/peer"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/neuron-tai/meshp2p/proto/frame"
+	"github.com/neuron-tai/meshp2p/proto/meshp2pb"
+)
+
+// fail ends the session once, telling upstream why (he nil: a clean end).
+func (hs *hopSession) fail(he *hopError) {
+	hs.once.Do(func() {
+		if he != nil {
+			hs.err = he
+			if len(he.e.GetPeerId()) == 0 {
+				he.e.PeerId = []byte(hs.h.host.ID())
+			}
+			he.e.SessionId, he.e.Epoch = hs.open.GetSessionId(), hs.open.GetEpoch()
+			msg := &meshp2pb.StreamMessage{Kind: &meshp2pb.StreamMessage_Error{Error: he.e}}
+			// A writer blocked on a peer that stopped reading holds the
+			// seam; the deadline frees it (and bounds our own write).
+			hs.up.Interrupt(FailWriteTimeout)
+			_ = hs.up.Send(msg, FailWriteTimeout)
+			// The tail also tells the head over the ring, so the head blames
+			// the right peer (its ring closing alone would point at us).
+			if hs.tail && !hs.head {
+				_ = hs.ringOut.Send(msg, FailWriteTimeout)
+			}
+		}
+		close(hs.done)
+	})
+}
+
+// release frees everything the session holds on this hop.
+func (hs *hopSession) release() {
+	defer close(hs.released)
+	hs.fail(nil)
+	h := hs.h
+	if next := hs.down.RemotePeer(); next != "" {
+		hs.down.Close()
+		h.host.Unprotect(next, RouteProtectTag)
+	}
+	hs.ringOut.Close()
+	hs.ringIn.Close()
+	select {
+	case rs := <-hs.ring:
+		_ = rs.Reset()
+	default:
+	}
+	hs.up.Close()
+	// Free the engine session (KV cells, slot) before the session leaves
+	// the active map: a new epoch that no longer finds it there (supersede)
+	// must find its cells free.
+	hs.eng.Close()
+	h.mu.Lock()
+	delete(h.active, hs.key)
+	h.mu.Unlock()
+	h.log.Debug("session released", "session", hs.key, "err", hs.err)
+}
+
+// unblock resets the streams this hop writes after the session failed, so
+// no goroutine stays blocked writing to a peer that stopped reading.
+func (hs *hopSession) unblock() {
+	hs.down.Reset()
+	hs.ringOut.Reset()
+}
+
+// watchDownstream reads the reverse direction of the downstream seam: only
+// errors travel there. Any error, or the stream dying, fails the session
+// naming the peer to blame.
+func (hs *hopSession) watchDownstream(s network.Stream, r *frame.Reader) {
+	next := hs.route[hs.idx+1]
+	msg, _, err := r.ReadStream()
+	select {
+	case <-hs.done:
+		return // we are closing it ourselves
+	default:
+	}
+	if !hs.down.Is(s) && err != nil {
+		return // the seam moved to another stream; this one just ended
+	}
+	switch {
+	case err == nil && msg.GetError() != nil:
+		hs.fail(hs.fromDownstream(msg.GetError(), next))
+	case err == nil:
+		hs.fail(codeErr(meshp2pb.ErrorCode_ERROR_CODE_UNEXPECTED_MESSAGE, "unexpected message from next hop", next))
+	default:
+		hs.fail(codeErr(meshp2pb.ErrorCode_ERROR_CODE_NEXT_HOP_UNREACHABLE, fmt.Sprintf("lost next hop %s: %v", next, err), next))
+	}
+}
+
+// fromDownstream accepts an error report from a later hop, but only lets
+// it blame a peer that comes after us on the route: a hop must not be
+// able to get an earlier, honest hop excluded. Otherwise the blame goes
+// to the neighbour that sent the report.
+func (hs *hopSession) fromDownstream(e *meshp2pb.Error, neighbour peer.ID) *hopError {
+	e = proto.Clone(e).(*meshp2pb.Error)
+	if len(e.GetFailedPeerId()) > 0 {
+		fp := peer.ID(e.GetFailedPeerId())
+		ok := false
+		for j := hs.idx + 1; j < len(hs.route); j++ {
+			ok = ok || hs.route[j] == fp
+		}
+		if !ok {
+			e.FailedPeerId = []byte(neighbour)
+		}
+	}
+	return &hopError{e}
+}
