@@ -188,6 +188,15 @@ func (n *Node) loadShard(ctx context.Context) error {
 		if err := os.MkdirAll(filepath.Dir(vp), 0o755); err != nil {
 			return err
 		}
+		// A cached vocabulary is served to peers: check it belongs to this
+		// model (a truncated write or a file swapped in the data dir would
+		// otherwise be handed out); rewrite it when it does not.
+		if _, err := os.Stat(vp); err == nil {
+			if cerr := gguf.CheckVocab(ctx, vp, fp); cerr != nil {
+				n.log.Warn("cached vocabulary does not match the model; rewriting it", "file", vp, "err", cerr)
+				_ = os.Remove(vp)
+			}
+		}
 		if _, err := os.Stat(vp); err != nil {
 			if err := gguf.WriteVocab(ctx, path, vp); err != nil {
 				return fmt.Errorf("write vocabulary: %w", err)

@@ -30,12 +30,13 @@ const (
 const MaxVocabBytes = 64 << 20
 
 type vocabService struct {
-	host session.Host
-	lim  frame.Limits
-	log  *slog.Logger
-	sem  chan struct{} // bounds concurrent transfers
-	mu   sync.Mutex
-	byFP map[string][]byte // the files, read once
+	host   session.Host
+	lim    frame.Limits
+	log    *slog.Logger
+	sem    chan struct{} // bounds concurrent transfers
+	mu     sync.Mutex
+	byFP   map[string][]byte // the files, read once
+	active map[peer.ID]bool  // peers with a transfer in progress (one each)
 }
 
 // maxVocabTransfers bounds concurrent vocabulary downloads from one node.
@@ -43,7 +44,8 @@ const maxVocabTransfers = 4
 
 func newVocabService(h session.Host, lim frame.Limits, log *slog.Logger) *vocabService {
 	lim.MaxPayload = MaxVocabBytes
-	v := &vocabService{host: h, lim: lim, log: log, sem: make(chan struct{}, maxVocabTransfers), byFP: map[string][]byte{}}
+	v := &vocabService{host: h, lim: lim, log: log, sem: make(chan struct{}, maxVocabTransfers), byFP: map[string][]byte{},
+		active: map[peer.ID]bool{}}
 	h.SetStreamHandler(h.ProtocolID(ProtoVocab, ProtoVocabVersion), v.handle)
 	return v
 }
@@ -68,6 +70,24 @@ func (v *vocabService) close() {
 
 func (v *vocabService) handle(s network.Stream) {
 	defer s.Close()
+	// One peer may hold one transfer slot at a time, so a single peer
+	// cannot occupy all of them for VocabTransferTimeout.
+	p := s.Conn().RemotePeer()
+	v.mu.Lock()
+	busy := v.active[p]
+	if !busy {
+		v.active[p] = true
+	}
+	v.mu.Unlock()
+	if busy {
+		_ = s.Reset()
+		return
+	}
+	defer func() {
+		v.mu.Lock()
+		delete(v.active, p)
+		v.mu.Unlock()
+	}()
 	select {
 	case v.sem <- struct{}{}:
 		defer func() { <-v.sem }()

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"strings"
 	"testing"
 
 	"github.com/libp2p/go-libp2p/core/peer"
@@ -75,6 +76,16 @@ func TestSwarmKey(t *testing.T) {
 	}
 	if len(psk) != 32 || SwarmKeyFingerprint(psk) != fp {
 		t.Fatalf("decoded key len %d, fingerprint %s (want %s)", len(psk), SwarmKeyFingerprint(psk), fp)
+	}
+	// A key others can read is refused with the fix in the message.
+	if err := os.Chmod(path, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ReadSwarmKey(path); !errors.Is(err, ErrSwarmKeyMode) || !strings.Contains(err.Error(), "chmod 600") {
+		t.Fatalf("world-readable swarm key: %v, want ErrSwarmKeyMode", err)
+	}
+	if err := os.Chmod(path, 0o600); err != nil {
+		t.Fatal(err)
 	}
 	if _, err := WriteSwarmKey(path); !errors.Is(err, fs.ErrExist) {
 		t.Fatalf("overwriting: err = %v, want fs.ErrExist", err)

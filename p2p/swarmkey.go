@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -75,12 +76,19 @@ func ReadSwarmKey(path string) (pnet.PSK, error) {
 		return nil, fmt.Errorf("opening swarm key: %w", err)
 	}
 	defer f.Close()
+	if st, err := f.Stat(); err == nil && st.Mode().Perm()&0o077 != 0 {
+		return nil, fmt.Errorf("%w: %s has mode %04o: anyone who can read it can join the swarm; run chmod 600 %s",
+			ErrSwarmKeyMode, path, st.Mode().Perm(), path)
+	}
 	b, err := io.ReadAll(io.LimitReader(f, maxSwarmKeyFile+1))
 	if err != nil {
 		return nil, fmt.Errorf("reading swarm key: %w", err)
 	}
 	return DecodeSwarmKey(b)
 }
+
+// ErrSwarmKeyMode: the swarm key file is readable by group or others.
+var ErrSwarmKeyMode = errors.New("swarm key file permissions too open")
 
 // SwarmKeyFingerprint is a short, one-way identifier for a swarm key that
 // operators can compare in logs: the first 8 bytes of
