@@ -80,7 +80,10 @@ func FuzzReadActivation(f *testing.F) {
 }
 
 // FuzzReadMessage: arbitrary bytes into ReadMessage never panic; accepted
-// messages survive a write/read round trip.
+// messages survive a write/read round trip. It covers every message a peer
+// can send: session streams (SessionOpen/Accept/Close/Cancel, Error,
+// activation headers, TokenFrame inside StreamMessage), adverts, route
+// tickets, the tracker's route request/response and vocabulary transfers.
 func FuzzReadMessage(f *testing.F) {
 	fuzzSeeds(f)
 	adv := &meshp2pb.CapabilityAdvert{PeerId: []byte("p"), Network: "n", Seq: 1,
@@ -95,6 +98,10 @@ func FuzzReadMessage(f *testing.F) {
 			func() proto.Message { return new(meshp2pb.StreamMessage) },
 			func() proto.Message { return new(meshp2pb.CapabilityAdvert) },
 			func() proto.Message { return new(meshp2pb.SignedRouteTicket) },
+			func() proto.Message { return new(meshp2pb.RouteRequest) },
+			func() proto.Message { return new(meshp2pb.RouteResponse) },
+			func() proto.Message { return new(meshp2pb.VocabRequest) },
+			func() proto.Message { return new(meshp2pb.VocabResponse) },
 		} {
 			msg := newMsg()
 			err := ReadMessage(bytes.NewReader(data), msg, fuzzLimits)
