@@ -142,7 +142,9 @@ type Proc struct {
 	ThreadsStart  int     `json:"threads_start"`
 	RSSEndKB      int     `json:"rss_end_kb"`
 	ThreadsEnd    int     `json:"threads_end"`
-	GoroutinesEnd int     `json:"goroutines_end"` // from the SIGQUIT dump at teardown; -1 if not known
+	GoroutinesEnd int     `json:"goroutines_end"`  // from the SIGQUIT dump at teardown; -1 if not known
+	Crash         string  `json:"crash,omitempty"` // exit status and stderr tail of a node that exited without our signal
+	signalled     bool
 	measuredAt    time.Time
 	started       time.Time
 	ended         time.Time
@@ -180,6 +182,9 @@ type shardNode struct {
 }
 
 func (n *shardNode) layers() string { return fmt.Sprintf("%d-%d", n.start, n.end) }
+
+// live: started and not exited (caller holds s.mu).
+func (n *shardNode) live() bool { return n.cur != nil && n.cur.EndedBy == "" }
 
 type soak struct {
 	t       *testing.T
@@ -267,7 +272,7 @@ func TestChurnSoak(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	var wg sync.WaitGroup
-	maxGens := int(dur/time.Second) + 10 // a bound on each client's loop (a generation takes > 1 s)
+	maxGens := int(dur/(50*time.Millisecond)) + 10 // a bound on each client's loop, far above what a process per generation allows
 	for c := 0; c < nClients; c++ {
 		wg.Add(1)
 		go func(c int) {
@@ -320,6 +325,9 @@ func TestChurnSoak(t *testing.T) {
 		}
 	}
 	for _, p := range rep.Processes {
+		if p.Crash != "" {
+			t.Errorf("%s (layers %s) pid %d exited without being signalled: %s", p.Node, p.Layers, p.PID, p.Crash)
+		}
 		// Only gross growth fails (timing-like thresholds make flaky tests);
 		// the numbers are in the report either way.
 		if lived := p.ended.Sub(p.measuredAt); p.RSSStartKB > 0 && p.RSSEndKB > 3*p.RSSStartKB && lived >= time.Minute {
@@ -399,6 +407,8 @@ func (s *soak) startNode(n *shardNode, port int) error {
 	}
 	cmd := exec.Command(s.bin, args...)
 	cmd.Stdout, cmd.Stderr = stdout, stderr
+	// If the test binary dies (go test -timeout), its nodes die with it.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
 		stdout.Close()
 		stderr.Close()
@@ -407,9 +417,16 @@ func (s *soak) startNode(n *shardNode, port int) error {
 	p := &Proc{Node: n.name, Layers: n.layers(), PID: cmd.Process.Pid, cmd: cmd, done: make(chan struct{}),
 		errPath: base + ".err", GoroutinesEnd: -1}
 	go func() {
-		cmd.Wait()
+		err := cmd.Wait()
 		stdout.Close()
 		stderr.Close()
+		s.mu.Lock()
+		if !p.signalled { // a node that died on its own: a finding, not churn
+			b, _ := os.ReadFile(p.errPath)
+			p.ended, p.EndedBy, p.Crash = time.Now(), "crashed", fmt.Sprintf("%v\n%s", err, tail(string(b)))
+			s.t.Logf("t=%5.1fs NODE EXITED ON ITS OWN: %s (layers %s, pid %d): %s", time.Since(s.t0).Seconds(), p.Node, p.Layers, p.PID, indent(p.Crash))
+		}
+		s.mu.Unlock()
 		close(p.done)
 	}()
 	s.mu.Lock()
@@ -425,6 +442,9 @@ func (s *soak) startNode(n *shardNode, port int) error {
 		}
 		select {
 		case <-p.done:
+			s.mu.Lock()
+			p.EndedBy, p.Crash = "failed start", "" // reported by the caller
+			s.mu.Unlock()
 			e, _ := os.ReadFile(p.errPath)
 			return fmt.Errorf("exited before ready (%v):\n%s", cmd.ProcessState, tail(string(e)))
 		case <-time.After(100 * time.Millisecond):
@@ -468,6 +488,9 @@ func (s *soak) startNode(n *shardNode, port int) error {
 
 // stop signals p and waits up to 15 s for it to exit.
 func (s *soak) stop(p *Proc, sig syscall.Signal) bool {
+	s.mu.Lock()
+	p.signalled = true
+	s.mu.Unlock()
 	p.cmd.Process.Signal(sig)
 	select {
 	case <-p.done:
@@ -541,11 +564,11 @@ func (s *soak) killer(ctx context.Context, rng *rand.Rand, deadline time.Time) {
 		s.mu.Lock()
 		var cand []*shardNode
 		for _, n := range s.nodes {
-			if n.cur == nil {
+			if !n.live() {
 				continue
 			}
 			for _, o := range s.nodes {
-				if o != n && o.cur != nil && o.start == n.start && o.end == n.end {
+				if o != n && o.live() && o.start == n.start && o.end == n.end {
 					cand = append(cand, n)
 					break
 				}
@@ -692,7 +715,7 @@ func (s *soak) teardown() {
 	s.mu.Lock()
 	var live []*Proc
 	for _, n := range s.nodes {
-		if p := n.cur; p != nil {
+		if p := n.cur; n.live() {
 			p.RSSEndKB, p.ThreadsEnd = procStatus(p.PID)
 			live = append(live, p)
 		}
@@ -802,11 +825,12 @@ func short(p string) string {
 	return p
 }
 
-// tail returns the last lines (at most 2 KiB) of s.
+// tail returns the last lines (at most 6 KiB: a lost generation's every
+// re-route warning) of s.
 func tail(s string) string {
 	s = strings.TrimRight(s, "\n")
-	if len(s) > 2048 {
-		s = s[len(s)-2048:]
+	if len(s) > 6<<10 {
+		s = s[len(s)-6<<10:]
 		if i := strings.IndexByte(s, '\n'); i >= 0 {
 			s = s[i+1:]
 		}
