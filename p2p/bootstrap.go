@@ -12,7 +12,6 @@ import (
 
 	"github.com/libp2p/go-libp2p/core/network"
 	"github.com/libp2p/go-libp2p/core/peer"
-	"github.com/libp2p/go-libp2p/p2p/net/swarm"
 )
 
 // Bootstrap dialling: every bootstrap peer that is not connected is dialled
@@ -207,9 +206,7 @@ func earliest(a, b time.Time) time.Time {
 func (n *Node) dialBootstrap(bp *bootPeer) error {
 	// We pace bootstrap dials ourselves; the swarm's own dial backoff
 	// would hide the real error behind "dial backoff".
-	if sw, ok := n.host.Network().(*swarm.Swarm); ok {
-		sw.Backoff().Clear(bp.ai.ID)
-	}
+	n.clearDialBackoff(bp.ai.ID)
 	ctx, cancel := context.WithTimeout(n.ctx, bootstrapDialTimeout)
 	err := n.host.Connect(ctx, bp.ai)
 	cancel()

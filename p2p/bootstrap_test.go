@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/libp2p/go-libp2p/core/network"
 	"github.com/libp2p/go-libp2p/core/peer"
 	"github.com/libp2p/go-libp2p/core/pnet"
 	"github.com/multiformats/go-multiaddr"
@@ -115,4 +116,32 @@ func mustIdentity(t *testing.T, dir string) peer.ID {
 		t.Fatal(err)
 	}
 	return id
+}
+
+// A data-plane stream to a peer that came back on the same address moments
+// after a failed dial is opened, not refused by the swarm's dial backoff
+// (found by the churn soak: a restarted head, the tail's ring open failed).
+func TestStreamAfterPeerRestart(t *testing.T) {
+	ctx := testCtx(t, 20*time.Second)
+	l, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	listen := "/ip4/127.0.0.1/tcp/" + itoa(l.Addr().(*net.TCPAddr).Port)
+	l.Close()
+	dir := t.TempDir()
+	id := mustIdentity(t, dir)
+	addr, _ := multiaddr.NewMultiaddr(listen)
+	a := newTestNode(t, nil)
+	a.Host().Peerstore().AddAddrs(id, []multiaddr.Multiaddr{addr}, time.Hour)
+	if err := a.Connect(ctx, peer.AddrInfo{ID: id}); err == nil {
+		t.Fatal("dial to a peer that is down succeeded")
+	}
+	b := newTestNode(t, func(c *Config) { c.DataDir = dir; c.ListenAddrs = []string{listen} })
+	b.Host().SetStreamHandler("/meshp2p/test/echo/1.0.0", func(s network.Stream) { s.Close() })
+	s, err := a.NewStreamPreferDirect(ctx, b.ID(), 0, "/meshp2p/test/echo/1.0.0")
+	if err != nil {
+		t.Fatalf("stream to the restarted peer: %v", err)
+	}
+	s.Close()
 }

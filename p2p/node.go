@@ -26,6 +26,7 @@ import (
 	"github.com/libp2p/go-libp2p/p2p/host/eventbus"
 	"github.com/libp2p/go-libp2p/p2p/muxer/yamux"
 	"github.com/libp2p/go-libp2p/p2p/net/connmgr"
+	"github.com/libp2p/go-libp2p/p2p/net/swarm"
 	circuitproto "github.com/libp2p/go-libp2p/p2p/protocol/circuitv2/proto"
 	"github.com/libp2p/go-libp2p/p2p/protocol/circuitv2/relay"
 	"github.com/libp2p/go-libp2p/p2p/protocol/holepunch"
@@ -534,6 +535,13 @@ func (n *Node) closeHost() error {
 	return errors.Join(errs...)
 }
 
+// clearDialBackoff forgets the swarm's dial backoff for p.
+func (n *Node) clearDialBackoff(p peer.ID) {
+	if sw, ok := n.host.Network().(*swarm.Swarm); ok {
+		sw.Backoff().Clear(p)
+	}
+}
+
 // NewStreamPreferDirect opens a stream for long-lived traffic (activation
 // streams). When the only connection to p is relayed and a hole punch may
 // still succeed (none has failed yet), it first waits up to wait for the
@@ -544,6 +552,13 @@ func (n *Node) closeHost() error {
 // at most once per peer when it cannot (a failed round is remembered).
 func (n *Node) NewStreamPreferDirect(ctx context.Context, p peer.ID, wait time.Duration, pids ...protocol.ID) (network.Stream, error) {
 	if n.host.Network().Connectedness(p) != network.Connected {
+		// A route names this peer as live now (its advert is fresh): dial
+		// it even if an earlier dial failed moments ago. The swarm's dial
+		// backoff would refuse without trying, e.g. a head that restarted
+		// on the same address seconds ago ("dial backoff"; found by the
+		// churn soak: the tail's ring open failed and honest tails were
+		// blamed). One dial per session open is not hammering.
+		n.clearDialBackoff(p)
 		if err := n.host.Connect(network.WithAllowLimitedConn(ctx, "meshp2p"), peer.AddrInfo{ID: p}); err != nil {
 			return nil, fmt.Errorf("connecting to %s: %w", p, err)
 		}
