@@ -2,7 +2,6 @@ package route
 
 import (
 	"context"
-	"fmt"
 	"math"
 	"sort"
 	"sync"
@@ -60,7 +59,10 @@ import (
 // this tracker issued for it in the last PendingWindow: adverts lag behind
 // admissions (capacity is re-published every few seconds), and without
 // the pending count a burst of requests would all be sent to the same
-// cheapest replica.
+// cheapest replica. One client's tickets count at most
+// MaxPendingPerClient per hop: sessions a client really opens show up in
+// the advert soon, and tickets it only hoards must not fill the hop for
+// every other client.
 //
 // Nodes the tracker has not been able to ping for StaleAfter are aged out
 // (PeerStats.Stale) even while their advert is still valid.
@@ -125,12 +127,15 @@ type CostModel struct {
 	MaxQueue          float64       // cap of ρ/(1-ρ) (8)
 	PendingWindow     time.Duration // issued tickets count as load this long (5 s)
 	Quantum           time.Duration // tie tolerance per hop (1 ms)
+	// MaxPendingPerClient caps the pending tickets of one client counted
+	// per hop (2; Request.Client "" is not capped).
+	MaxPendingPerClient int
 }
 
 // DefaultCostModel returns the default constants.
 func DefaultCostModel() CostModel {
 	return CostModel{DefaultMsPerLayer: 1, DefaultRTT: 20 * time.Millisecond, RelayRTTFactor: 2, RelayExtra: 10 * time.Millisecond,
-		LoadSlowdown: 1, MaxQueue: 8, PendingWindow: 5 * time.Second, Quantum: time.Millisecond}
+		LoadSlowdown: 1, MaxQueue: 8, PendingWindow: 5 * time.Second, Quantum: time.Millisecond, MaxPendingPerClient: 2}
 }
 
 func (m CostModel) withDefaults() CostModel {
@@ -158,6 +163,9 @@ func (m CostModel) withDefaults() CostModel {
 	}
 	if m.Quantum <= 0 {
 		m.Quantum = d.Quantum
+	}
+	if m.MaxPendingPerClient <= 0 {
+		m.MaxPendingPerClient = d.MaxPendingPerClient
 	}
 	return m
 }
@@ -243,8 +251,14 @@ type CostPlanner struct {
 
 	mu      sync.Mutex
 	seq     uint64
-	last    map[peer.ID]uint64      // sequence number of the last route through the peer
-	pending map[peer.ID][]time.Time // issue times within PendingWindow
+	last    map[peer.ID]uint64          // sequence number of the last route through the peer
+	pending map[peer.ID][]pendingTicket // tickets issued within PendingWindow
+}
+
+// pendingTicket is one issued ticket through a peer.
+type pendingTicket struct {
+	at     time.Time
+	client peer.ID
 }
 
 // Plan implements Planner with the latency objective.
@@ -255,8 +269,8 @@ func (p *CostPlanner) Plan(ctx context.Context, req Request) (*Route, error) {
 
 // PlanObjective plans a route for req under obj and records it as issued.
 func (p *CostPlanner) PlanObjective(ctx context.Context, req Request, obj Objective) (*Route, *Estimate, error) {
-	if req.NLayer <= 0 {
-		return nil, nil, fmt.Errorf("%w: model %.12s has unknown layer count", ErrUnknownModel, req.Fingerprint)
+	if err := checkLayerCount(req); err != nil {
+		return nil, nil, err
 	}
 	if err := ctx.Err(); err != nil {
 		return nil, nil, err
@@ -270,7 +284,7 @@ func (p *CostPlanner) PlanObjective(ctx context.Context, req Request, obj Object
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.last == nil {
-		p.last, p.pending = map[peer.ID]uint64{}, map[peer.ID][]time.Time{}
+		p.last, p.pending = map[peer.ID]uint64{}, map[peer.ID][]pendingTicket{}
 	}
 	q := float64(m.Quantum) / float64(time.Millisecond)
 	byStart := make([][]edge, req.NLayer)
@@ -284,7 +298,7 @@ func (p *CostPlanner) PlanObjective(ctx context.Context, req Request, obj Object
 		if p.Stats != nil {
 			st = p.Stats(s.Peer)
 		}
-		hc := m.Hop(s, st, p.pendingLocked(s.Peer, now, m.PendingWindow))
+		hc := m.Hop(s, st, p.pendingLocked(s.Peer, now, m))
 		if hc.Skip != "" {
 			continue
 		}
@@ -345,25 +359,35 @@ func (p *CostPlanner) PlanObjective(ctx context.Context, req Request, obj Object
 		est.PerTokenMs += e.hc.Total()
 		est.BottleneckMs = max(est.BottleneckMs, e.hc.Stage)
 		p.last[e.s.Peer] = p.seq
-		p.pending[e.s.Peer] = append(p.pending[e.s.Peer], now)
+		p.pending[e.s.Peer] = append(p.pending[e.s.Peer], pendingTicket{at: now, client: req.Client})
 	}
 	return rt, est, nil
 }
 
-// pendingLocked counts (and prunes) issue times within the window.
-func (p *CostPlanner) pendingLocked(id peer.ID, now time.Time, win time.Duration) int {
+// pendingLocked prunes tickets older than the window and counts the rest,
+// at most m.MaxPendingPerClient per client (anonymous ones uncapped).
+func (p *CostPlanner) pendingLocked(id peer.ID, now time.Time, m CostModel) int {
 	ts := p.pending[id]
 	k := 0
 	for _, t := range ts {
-		if now.Sub(t) < win {
+		if now.Sub(t.at) < m.PendingWindow {
 			ts[k] = t
 			k++
 		}
 	}
 	if k == 0 {
 		delete(p.pending, id)
-	} else {
-		p.pending[id] = ts[:k]
+		return 0
 	}
-	return k
+	p.pending[id] = ts[:k]
+	per := map[peer.ID]int{}
+	n := 0
+	for _, t := range ts[:k] {
+		if t.client != "" && per[t.client] >= m.MaxPendingPerClient {
+			continue
+		}
+		per[t.client]++
+		n++
+	}
+	return n
 }

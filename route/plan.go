@@ -10,6 +10,7 @@ import (
 	"github.com/libp2p/go-libp2p/core/peer"
 	"github.com/multiformats/go-multiaddr"
 
+	"github.com/neuron-tai/meshp2p/engine/gguf"
 	"github.com/neuron-tai/meshp2p/p2p"
 	"github.com/neuron-tai/meshp2p/proto/meshp2pb"
 )
@@ -18,6 +19,9 @@ import (
 var (
 	ErrUnknownModel = errors.New("route: unknown model")
 	ErrNoRoute      = errors.New("route: no route")
+	// ErrLayerCount: a request's layer count is outside 1..gguf.MaxLayers
+	// (no model has that many layers; planners size their search by it).
+	ErrLayerCount = errors.New("route: layer count out of range")
 )
 
 // NoRouteError names the layers no usable peer covers.
@@ -74,6 +78,24 @@ type Request struct {
 	NeedKV int
 	// Epoch the route is for (1 for a new session, +1 per reroute).
 	Epoch uint64
+	// SessionID, when set (16 bytes), is the session the route is for: a
+	// tracker binds its ticket to it, so hops admit no other session with
+	// that ticket.
+	SessionID []byte
+	// Client is the peer the route is for (tracker side: the requesting
+	// peer; the pending load one client's tickets add is capped).
+	Client peer.ID
+}
+
+// checkLayerCount bounds req.NLayer before a planner sizes anything by it.
+func checkLayerCount(req Request) error {
+	if req.NLayer <= 0 {
+		return fmt.Errorf("%w: model %.12s has unknown layer count", ErrUnknownModel, req.Fingerprint)
+	}
+	if req.NLayer > gguf.MaxLayers {
+		return fmt.Errorf("%w: %d layers, at most %d", ErrLayerCount, req.NLayer, gguf.MaxLayers)
+	}
+	return nil
 }
 
 // Planner picks routes. The local planner below uses only the capability
@@ -110,8 +132,8 @@ const (
 // boundaries (route/core.go) with the edge costs above. Ranges may overlap
 // across peers; a hop always runs its whole range.
 func (p *LocalPlanner) Plan(ctx context.Context, req Request) (*Route, error) {
-	if req.NLayer <= 0 {
-		return nil, fmt.Errorf("%w: model %.12s has unknown layer count", ErrUnknownModel, req.Fingerprint)
+	if err := checkLayerCount(req); err != nil {
+		return nil, err
 	}
 	rnd := p.Rand
 	if rnd == nil {

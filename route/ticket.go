@@ -56,6 +56,12 @@ var (
 	// capability advert (no such peer, range or model in the origin's
 	// table); the tracker's view is wrong or it lies (TICKET_INVALID).
 	ErrTicketAdvert = errors.New("route ticket hop does not match the peer's advert")
+	// ErrTicketReplayed: the ticket is bound to another session, or a hop
+	// already admitted it for another session (TICKET_INVALID).
+	ErrTicketReplayed = errors.New("route ticket used for another session")
+	// ErrTicketKV: the session asks for more KV cells than the ticket was
+	// planned for (TICKET_INVALID).
+	ErrTicketKV = errors.New("route ticket planned for fewer KV cells")
 )
 
 // TicketError is a refused ticket: one of the sentinels above plus detail.
@@ -74,7 +80,8 @@ func ticketErr(sentinel error, format string, args ...any) error {
 // TicketCode maps a ticket error to its wire code (INTERNAL for others).
 func TicketCode(err error) meshp2pb.ErrorCode {
 	switch {
-	case errors.Is(err, ErrTicketMissing), errors.Is(err, ErrTicketInvalid), errors.Is(err, ErrTicketAdvert):
+	case errors.Is(err, ErrTicketMissing), errors.Is(err, ErrTicketInvalid), errors.Is(err, ErrTicketAdvert),
+		errors.Is(err, ErrTicketReplayed), errors.Is(err, ErrTicketKV):
 		return meshp2pb.ErrorCode_ERROR_CODE_TICKET_INVALID
 	case errors.Is(err, ErrTicketExpired):
 		return meshp2pb.ErrorCode_ERROR_CODE_TICKET_EXPIRED
@@ -253,6 +260,20 @@ func checkCover(rt *meshp2pb.Route) error {
 	}
 	if at != rt.GetNLayer() || at == 0 {
 		return ticketErr(ErrTicketInvalid, "route covers layers 0-%d of %d", at, rt.GetNLayer())
+	}
+	return nil
+}
+
+// CheckTicketSession checks what a ticket binds besides the route: the
+// session id (when the ticket names one) and the KV cells the session may
+// ask for (when the ticket says how many it was planned for). Tickets of
+// trackers that bind neither pass.
+func CheckTicketSession(t *meshp2pb.RouteTicket, sessionID []byte, nCtxNeeded uint32) error {
+	if sid := t.GetSessionId(); len(sid) > 0 && !bytes.Equal(sid, sessionID) {
+		return ticketErr(ErrTicketReplayed, "ticket is for session %x, presented for session %x", sid, sessionID)
+	}
+	if n := t.GetNCtxNeeded(); n > 0 && nCtxNeeded > n {
+		return ticketErr(ErrTicketKV, "session asks for %d KV cells, ticket was planned for %d", nCtxNeeded, n)
 	}
 	return nil
 }

@@ -30,6 +30,9 @@ var (
 	ErrNoTicket = errors.New("route: no valid ticket from any tracker")
 	// ErrTrackerRefused: a tracker answered with an error (e.g. no route).
 	ErrTrackerRefused = errors.New("route: tracker refused")
+	// ErrTrackerBusy: the tracker rate-limited this client (NO_CAPACITY
+	// with retry_after_ms); ask again after that long, or plan locally.
+	ErrTrackerBusy = errors.New("route: tracker rate-limited this client")
 )
 
 // TrackerHost is what the tracker planner needs from the p2p host.
@@ -116,7 +119,7 @@ func (p *TrackerPlanner) Ask(ctx context.Context, ai peer.AddrInfo, req Request)
 	stop := context.AfterFunc(ctx, func() { _ = s.Reset() })
 	defer stop()
 	rq := &meshp2pb.RouteRequest{ModelFingerprint: req.Fingerprint, NLayer: uint32(req.NLayer), MaxHops: uint32(max(req.MaxHops, 0)),
-		Objective: meshp2pb.RouteObjective(p.Objective), Epoch: req.Epoch, NeedKv: uint32(max(req.NeedKV, 0))}
+		Objective: meshp2pb.RouteObjective(p.Objective), Epoch: req.Epoch, NeedKv: uint32(max(req.NeedKV, 0)), SessionId: req.SessionID}
 	for id := range req.Exclude {
 		rq.Exclude = append(rq.Exclude, []byte(id))
 	}
@@ -129,6 +132,9 @@ func (p *TrackerPlanner) Ask(ctx context.Context, ai peer.AddrInfo, req Request)
 		return nil, fmt.Errorf("read route response: %w", err)
 	}
 	if e := resp.GetError(); e != nil {
+		if e.GetCode() == meshp2pb.ErrorCode_ERROR_CODE_NO_CAPACITY && e.GetRetryAfterMs() > 0 { // rate limited
+			return nil, fmt.Errorf("%w: %w: %w", ErrTrackerRefused, ErrTrackerBusy, frame.FromProto(e))
+		}
 		if e.GetCode() == meshp2pb.ErrorCode_ERROR_CODE_NO_CAPACITY { // the tracker knows no route
 			return nil, fmt.Errorf("%w: %w: %w", ErrTrackerRefused, ErrNoRoute, frame.FromProto(e))
 		}
@@ -146,6 +152,11 @@ func (p *TrackerPlanner) Verify(st *meshp2pb.SignedRouteTicket, tracker peer.ID,
 	}
 	if c := t.GetClientPeerId(); len(c) > 0 && p.Self != "" && peer.ID(c) != p.Self {
 		return nil, ticketErr(ErrTicketInvalid, "ticket issued to %s, not to this origin %s", peer.ID(c), p.Self)
+	}
+	// A ticket for another session, or for fewer KV cells than asked,
+	// would be refused by the hops.
+	if err := CheckTicketSession(t, req.SessionID, uint32(max(req.NeedKV, 0))); err != nil {
+		return nil, err
 	}
 	rt := TicketRoute(t, st)
 	if req.MaxHops > 0 && len(rt.Hops) > req.MaxHops {

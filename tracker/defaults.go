@@ -27,4 +27,23 @@ const (
 	// IdentifyWait bounds the relay ACL's wait for identify to tell
 	// whether a peer speaks this swarm's protocols.
 	IdentifyWait = 3 * time.Second
+	// RouteRequestBurst is how many route requests one client peer may
+	// send at once: an origin asks once per session and once per reroute,
+	// and an application starting a batch opens a few sessions together
+	// (8 concurrent sessions from one origin is the spread test's load).
+	RouteRequestBurst = 8
+	// RouteRequestsPerSecond refills a client's bucket: 2 new sessions or
+	// reroutes a second, sustained, is more than one origin's generations
+	// take (each lasts seconds), and bounds what one peer id can make the
+	// tracker sign and count as load.
+	RouteRequestsPerSecond = 2
+	// MaxPendingPerClient caps, per hop, the tickets of one client that
+	// count as pending load: pending load exists to spread a burst before
+	// adverts catch up, and sessions a client really opens show up in the
+	// hop's advertised load within a few seconds. Tickets beyond this that
+	// a client never uses cannot fill a hop for everyone else.
+	MaxPendingPerClient = 2
+	// MaxTrackedClients bounds the per-client rate-limit state; beyond it
+	// idle (full) buckets are dropped first, then the least recently seen.
+	MaxTrackedClients = 4096
 )

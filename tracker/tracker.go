@@ -27,6 +27,7 @@ import (
 	manet "github.com/multiformats/go-multiaddr/net"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/neuron-tai/meshp2p/engine/gguf"
 	"github.com/neuron-tai/meshp2p/p2p"
 	"github.com/neuron-tai/meshp2p/proto/frame"
 	"github.com/neuron-tai/meshp2p/proto/meshp2pb"
@@ -54,6 +55,13 @@ type Config struct {
 	Cost         route.CostModel
 	Limits       frame.Limits
 	Logger       *slog.Logger
+	// RequestBurst and RequestsPerSecond rate-limit route requests per
+	// client peer (token bucket; defaults RouteRequestBurst and
+	// RouteRequestsPerSecond).
+	RequestBurst      int
+	RequestsPerSecond float64
+	// Now defaults to time.Now (rate limits, pending load, ticket times).
+	Now func() time.Time
 }
 
 // Tracker is the optional route oracle: an ordinary swarm peer that keeps
@@ -67,6 +75,8 @@ type Tracker struct {
 	planner *route.CostPlanner
 	key     crypto.PrivKey
 	pid     protocol.ID
+
+	limiter *rateLimiter
 
 	mu    sync.Mutex
 	views map[peer.ID]*peerView
@@ -105,7 +115,20 @@ func Start(ctx context.Context, cfg Config) (*Tracker, error) {
 	if cfg.P2P.Role == "" {
 		cfg.P2P.Role = "tracker"
 	}
-	t := &Tracker{cfg: cfg, log: cfg.Logger.With("logger", "tracker"), table: route.NewTable(), views: map[peer.ID]*peerView{}}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if cfg.RequestBurst <= 0 {
+		cfg.RequestBurst = RouteRequestBurst
+	}
+	if cfg.RequestsPerSecond <= 0 {
+		cfg.RequestsPerSecond = RouteRequestsPerSecond
+	}
+	if cfg.Cost.MaxPendingPerClient <= 0 {
+		cfg.Cost.MaxPendingPerClient = MaxPendingPerClient
+	}
+	t := &Tracker{cfg: cfg, log: cfg.Logger.With("logger", "tracker"), table: route.NewTable(), views: map[peer.ID]*peerView{},
+		limiter: newRateLimiter(cfg.RequestsPerSecond, cfg.RequestBurst, MaxTrackedClients)}
 	cfg.P2P.RelayService = true
 	private := len(cfg.P2P.SwarmKey) > 0 || cfg.P2P.SwarmKeyPath != ""
 	if cfg.P2P.RelayACL == nil && !private {
@@ -125,7 +148,7 @@ func Start(ctx context.Context, cfg Config) (*Tracker, error) {
 		t.p2p.Close()
 		return nil, errors.New("tracker: host has no private key")
 	}
-	t.planner = &route.CostPlanner{Table: t.table, Stats: t.stats, Model: cfg.Cost}
+	t.planner = &route.CostPlanner{Table: t.table, Stats: t.stats, Model: cfg.Cost, Now: cfg.Now}
 	t.pid = t.p2p.ProtocolID(route.ProtoRoute, route.ProtoRouteVersion)
 	h.SetStreamHandler(t.pid, t.handle)
 	body, err := proto.Marshal(&meshp2pb.CapabilityAdvert{PeerId: []byte(h.ID()), Network: cfg.P2P.Network,
@@ -147,18 +170,33 @@ func Start(ctx context.Context, cfg Config) (*Tracker, error) {
 	return t, nil
 }
 
-// member is the relay ACL without a swarm key: a peer that advertises in
-// this swarm, or (after identify) speaks one of its protocols.
+// member is the relay ACL without a swarm key. A member is connected to
+// the tracker directly (not through another relay, and not merely
+// remembered by the peerstore) and either holds an advert with at least
+// one shard inside route.DecodeAdvert's bounds, or (after identify)
+// speaks one of this swarm's protocols. Both are self-asserted: in an open
+// swarm this keeps out peers of other networks, not a determined stranger
+// (docs/tracker.md, "Who may relay").
 func (t *Tracker) member(p peer.ID) bool {
 	if t.p2p == nil {
 		return false
 	}
-	if _, ok := t.p2p.Discovery().Advert(p); ok {
+	h := t.p2p.Host()
+	var direct []network.Conn
+	for _, c := range h.Network().ConnsToPeer(p) {
+		if _, err := c.RemoteMultiaddr().ValueForProtocol(multiaddr.P_CIRCUIT); err != nil {
+			direct = append(direct, c)
+		}
+	}
+	if len(direct) == 0 {
+		t.log.Debug("relay refused: peer not connected directly", "peer", p)
+		return false
+	}
+	if a, ok := t.p2p.Discovery().Advert(p); ok && advertMember(a) {
 		return true
 	}
-	h := t.p2p.Host()
 	if ids, ok := h.(interface{ IDService() identify.IDService }); ok {
-		for _, c := range h.Network().ConnsToPeer(p) {
+		for _, c := range direct {
 			select {
 			case <-ids.IDService().IdentifyWait(c):
 			case <-time.After(IdentifyWait):
@@ -174,6 +212,13 @@ func (t *Tracker) member(p peer.ID) bool {
 	}
 	t.log.Info("relay refused for a non-member", "peer", p)
 	return false
+}
+
+// advertMember: the advert lists at least one shard that passes
+// route.DecodeAdvert's bounds (a garbage advert makes no one a member).
+func advertMember(a p2p.Advert) bool {
+	shards, err := route.DecodeAdvert(a)
+	return err == nil && len(shards) > 0
 }
 
 // ID is the tracker's peer id (what operators pin with --tracker/--trust-tracker).
@@ -394,15 +439,30 @@ func (t *Tracker) answer(ctx context.Context, client peer.ID, req *meshp2pb.Rout
 	if fp == "" || len(fp) > 128 || len(req.GetExclude()) > 1024 {
 		return refuse(meshp2pb.ErrorCode_ERROR_CODE_BAD_REQUEST, "bad route request")
 	}
-	nl := int(req.GetNLayer())
-	if nl == 0 {
-		for _, s := range t.table.Shards(fp) {
-			nl = s.NLayer
-			break
-		}
+	if sid := req.GetSessionId(); len(sid) != 0 && len(sid) != frame.SessionIDLen {
+		return refuse(meshp2pb.ErrorCode_ERROR_CODE_BAD_REQUEST, "session id must be %d bytes, not %d", frame.SessionIDLen, len(sid))
 	}
-	rq := route.Request{Fingerprint: fp, NLayer: nl, MaxHops: int(req.GetMaxHops()), NeedKV: int(req.GetNeedKv()),
-		Epoch: max(req.GetEpoch(), 1), Exclude: map[peer.ID]bool{}}
+	// n_layer is the client's number: bound it before anything is sized
+	// by it, and require the model's own layer count.
+	nl := req.GetNLayer()
+	if nl == 0 || nl > gguf.MaxLayers {
+		return refuse(meshp2pb.ErrorCode_ERROR_CODE_BAD_REQUEST, "n_layer %d not in 1..%d", nl, gguf.MaxLayers)
+	}
+	adv, err := t.advertisedNLayer(fp)
+	if err != nil {
+		return refuse(meshp2pb.ErrorCode_ERROR_CODE_MODEL_MISMATCH, "%v", err)
+	}
+	if int(nl) != adv {
+		return refuse(meshp2pb.ErrorCode_ERROR_CODE_MODEL_MISMATCH, "model %.16s has %d layers, request says %d", fp, adv, nl)
+	}
+	if ok, wait := t.limiter.allow(client, t.cfg.Now()); !ok {
+		t.log.Debug("route request rate-limited", "client", client, "retry_after", wait)
+		r := refuse(meshp2pb.ErrorCode_ERROR_CODE_NO_CAPACITY, "rate limited: at most %d route requests at once, %.3g/s sustained, per client", t.cfg.RequestBurst, t.cfg.RequestsPerSecond)
+		r.Error.RetryAfterMs = uint64(max(wait.Milliseconds(), 1))
+		return r
+	}
+	rq := route.Request{Fingerprint: fp, NLayer: int(nl), MaxHops: int(req.GetMaxHops()), NeedKV: int(req.GetNeedKv()),
+		Epoch: max(req.GetEpoch(), 1), Exclude: map[peer.ID]bool{}, SessionID: req.GetSessionId(), Client: client}
 	for _, b := range req.GetExclude() {
 		if id, err := peer.IDFromBytes(b); err == nil {
 			rq.Exclude[id] = true
@@ -415,8 +475,11 @@ func (t *Tracker) answer(ctx context.Context, client peer.ID, req *meshp2pb.Rout
 	rt, est, err := t.planner.PlanObjective(ctx, rq, obj)
 	if err != nil {
 		code := meshp2pb.ErrorCode_ERROR_CODE_NO_CAPACITY
-		if errors.Is(err, route.ErrUnknownModel) {
+		switch {
+		case errors.Is(err, route.ErrUnknownModel):
 			code = meshp2pb.ErrorCode_ERROR_CODE_MODEL_MISMATCH
+		case errors.Is(err, route.ErrLayerCount):
+			code = meshp2pb.ErrorCode_ERROR_CODE_BAD_REQUEST
 		}
 		return refuse(code, "%v", err)
 	}
@@ -424,9 +487,10 @@ func (t *Tracker) answer(ctx context.Context, client peer.ID, req *meshp2pb.Rout
 	if err != nil {
 		return refuse(meshp2pb.ErrorCode_ERROR_CODE_INTERNAL, "nonce: %v", err)
 	}
-	now := time.Now()
+	now := t.cfg.Now()
 	tk := &meshp2pb.RouteTicket{Network: t.cfg.P2P.Network, Route: route.WireRoute(rt), ClientPeerId: []byte(client), Nonce: nonce,
-		IssuedAtMs: now.UnixMilli(), ExpiresAtMs: now.Add(t.cfg.TicketTTL).UnixMilli(), TrackerPeerId: []byte(t.p2p.ID())}
+		IssuedAtMs: now.UnixMilli(), ExpiresAtMs: now.Add(t.cfg.TicketTTL).UnixMilli(), TrackerPeerId: []byte(t.p2p.ID()),
+		SessionId: req.GetSessionId(), NCtxNeeded: req.GetNeedKv()}
 	st, err := route.SignTicket(t.key, tk)
 	if err != nil {
 		return refuse(meshp2pb.ErrorCode_ERROR_CODE_INTERNAL, "sign: %v", err)
@@ -439,6 +503,31 @@ func (t *Tracker) answer(ctx context.Context, client peer.ID, req *meshp2pb.Rout
 	t.log.Info("route ticket issued", "client", client, "model", fp[:min(16, len(fp))], "epoch", rq.Epoch, "objective", obj,
 		"excluded", len(rq.Exclude), "hops", hops, "est_ms_per_token", fmt.Sprintf("%.2f", est.PerTokenMs), "candidates", est.Candidates)
 	return &meshp2pb.RouteResponse{Ticket: st}
+}
+
+// advertisedNLayer is the layer count most peers advertise for fp (the
+// fingerprint binds it, so honest peers agree); a tie is refused.
+func (t *Tracker) advertisedNLayer(fp string) (int, error) {
+	votes := map[int]int{}
+	for _, s := range t.table.Shards(fp) {
+		votes[s.NLayer]++
+	}
+	best, bestN, tie := 0, 0, false
+	for n, c := range votes {
+		switch {
+		case c > bestN:
+			best, bestN, tie = n, c, false
+		case c == bestN:
+			tie = true
+		}
+	}
+	switch {
+	case bestN == 0:
+		return 0, fmt.Errorf("%w: no peer advertises model %.16s", route.ErrUnknownModel, fp)
+	case tie:
+		return 0, fmt.Errorf("%w: peers disagree on the layer count of %.16s (%v)", route.ErrUnknownModel, fp, votes)
+	}
+	return best, nil
 }
 
 func shortID(p peer.ID) string {

@@ -174,6 +174,8 @@ type RouteTicket struct {
 	IssuedAtMs    int64                  `protobuf:"varint,5,opt,name=issued_at_ms,json=issuedAtMs,proto3" json:"issued_at_ms,omitempty"`      // unix milliseconds
 	ExpiresAtMs   int64                  `protobuf:"varint,6,opt,name=expires_at_ms,json=expiresAtMs,proto3" json:"expires_at_ms,omitempty"`
 	TrackerPeerId []byte                 `protobuf:"bytes,7,opt,name=tracker_peer_id,json=trackerPeerId,proto3" json:"tracker_peer_id,omitempty"` // signer
+	SessionId     []byte                 `protobuf:"bytes,8,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`               // 16 bytes when bound: hops admit only this session (empty: first use binds it)
+	NCtxNeeded    uint32                 `protobuf:"varint,9,opt,name=n_ctx_needed,json=nCtxNeeded,proto3" json:"n_ctx_needed,omitempty"`         // KV cells the route was planned for; hops refuse a SessionOpen asking more (0: unbound)
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -257,6 +259,20 @@ func (x *RouteTicket) GetTrackerPeerId() []byte {
 	return nil
 }
 
+func (x *RouteTicket) GetSessionId() []byte {
+	if x != nil {
+		return x.SessionId
+	}
+	return nil
+}
+
+func (x *RouteTicket) GetNCtxNeeded() uint32 {
+	if x != nil {
+		return x.NCtxNeeded
+	}
+	return 0
+}
+
 // SignedRouteTicket carries the exact bytes that were signed. signature is
 // the tracker's libp2p key signature over "meshp2p/route-ticket/v1\x00" || ticket.
 type SignedRouteTicket struct {
@@ -334,7 +350,7 @@ const file_meshp2p_v1_route_proto_rawDesc = "" +
 	"\apeer_id\x18\x01 \x01(\fR\x06peerId\x12\x14\n" +
 	"\x05start\x18\x02 \x01(\rR\x05start\x12\x10\n" +
 	"\x03end\x18\x03 \x01(\rR\x03end\x12\x14\n" +
-	"\x05addrs\x18\x04 \x03(\tR\x05addrs\"\xfa\x01\n" +
+	"\x05addrs\x18\x04 \x03(\tR\x05addrs\"\xbb\x02\n" +
 	"\vRouteTicket\x12\x18\n" +
 	"\anetwork\x18\x01 \x01(\tR\anetwork\x12'\n" +
 	"\x05route\x18\x02 \x01(\v2\x11.meshp2p.v1.RouteR\x05route\x12$\n" +
@@ -343,7 +359,11 @@ const file_meshp2p_v1_route_proto_rawDesc = "" +
 	"\fissued_at_ms\x18\x05 \x01(\x03R\n" +
 	"issuedAtMs\x12\"\n" +
 	"\rexpires_at_ms\x18\x06 \x01(\x03R\vexpiresAtMs\x12&\n" +
-	"\x0ftracker_peer_id\x18\a \x01(\fR\rtrackerPeerId\"h\n" +
+	"\x0ftracker_peer_id\x18\a \x01(\fR\rtrackerPeerId\x12\x1d\n" +
+	"\n" +
+	"session_id\x18\b \x01(\fR\tsessionId\x12 \n" +
+	"\fn_ctx_needed\x18\t \x01(\rR\n" +
+	"nCtxNeeded\"h\n" +
 	"\x11SignedRouteTicket\x12\x16\n" +
 	"\x06ticket\x18\x01 \x01(\fR\x06ticket\x12\x1c\n" +
 	"\tsignature\x18\x02 \x01(\fR\tsignature\x12\x1d\n" +

@@ -74,12 +74,13 @@ func (RouteObjective) EnumDescriptor() ([]byte, []int) {
 type RouteRequest struct {
 	state            protoimpl.MessageState `protogen:"open.v1"`
 	ModelFingerprint string                 `protobuf:"bytes,1,opt,name=model_fingerprint,json=modelFingerprint,proto3" json:"model_fingerprint,omitempty"` // lowercase hex
-	NLayer           uint32                 `protobuf:"varint,2,opt,name=n_layer,json=nLayer,proto3" json:"n_layer,omitempty"`                              // expected layer count (0: take the advertised one)
+	NLayer           uint32                 `protobuf:"varint,2,opt,name=n_layer,json=nLayer,proto3" json:"n_layer,omitempty"`                              // the model's layer count: 1..512 (llama.cpp's limit) and equal to the advertised one, else refused
 	Exclude          [][]byte               `protobuf:"bytes,3,rep,name=exclude,proto3" json:"exclude,omitempty"`                                           // binary peer IDs not to route through (failed hops)
 	MaxHops          uint32                 `protobuf:"varint,4,opt,name=max_hops,json=maxHops,proto3" json:"max_hops,omitempty"`                           // 0: no limit
 	Objective        RouteObjective         `protobuf:"varint,5,opt,name=objective,proto3,enum=meshp2p.v1.RouteObjective" json:"objective,omitempty"`
-	Epoch            uint64                 `protobuf:"varint,6,opt,name=epoch,proto3" json:"epoch,omitempty"`                 // the session epoch the route is for (1 for a new session)
-	NeedKv           uint32                 `protobuf:"varint,7,opt,name=need_kv,json=needKv,proto3" json:"need_kv,omitempty"` // KV cells the session needs on every hop (0: unknown)
+	Epoch            uint64                 `protobuf:"varint,6,opt,name=epoch,proto3" json:"epoch,omitempty"`                         // the session epoch the route is for (1 for a new session)
+	NeedKv           uint32                 `protobuf:"varint,7,opt,name=need_kv,json=needKv,proto3" json:"need_kv,omitempty"`         // KV cells the session needs on every hop (0: unknown); becomes the ticket's n_ctx_needed
+	SessionId        []byte                 `protobuf:"bytes,8,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"` // 16 bytes: the session the ticket is for (empty: not bound; hops then bind it at first use)
 	unknownFields    protoimpl.UnknownFields
 	sizeCache        protoimpl.SizeCache
 }
@@ -163,6 +164,13 @@ func (x *RouteRequest) GetNeedKv() uint32 {
 	return 0
 }
 
+func (x *RouteRequest) GetSessionId() []byte {
+	if x != nil {
+		return x.SessionId
+	}
+	return nil
+}
+
 type RouteResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Ticket        *SignedRouteTicket     `protobuf:"bytes,1,opt,name=ticket,proto3" json:"ticket,omitempty"` // set on success
@@ -220,7 +228,7 @@ var File_meshp2p_v1_tracker_proto protoreflect.FileDescriptor
 const file_meshp2p_v1_tracker_proto_rawDesc = "" +
 	"\n" +
 	"\x18meshp2p/v1/tracker.proto\x12\n" +
-	"meshp2p.v1\x1a\x17meshp2p/v1/common.proto\x1a\x16meshp2p/v1/route.proto\"\xf2\x01\n" +
+	"meshp2p.v1\x1a\x17meshp2p/v1/common.proto\x1a\x16meshp2p/v1/route.proto\"\x91\x02\n" +
 	"\fRouteRequest\x12+\n" +
 	"\x11model_fingerprint\x18\x01 \x01(\tR\x10modelFingerprint\x12\x17\n" +
 	"\an_layer\x18\x02 \x01(\rR\x06nLayer\x12\x18\n" +
@@ -228,7 +236,9 @@ const file_meshp2p_v1_tracker_proto_rawDesc = "" +
 	"\bmax_hops\x18\x04 \x01(\rR\amaxHops\x128\n" +
 	"\tobjective\x18\x05 \x01(\x0e2\x1a.meshp2p.v1.RouteObjectiveR\tobjective\x12\x14\n" +
 	"\x05epoch\x18\x06 \x01(\x04R\x05epoch\x12\x17\n" +
-	"\aneed_kv\x18\a \x01(\rR\x06needKv\"o\n" +
+	"\aneed_kv\x18\a \x01(\rR\x06needKv\x12\x1d\n" +
+	"\n" +
+	"session_id\x18\b \x01(\fR\tsessionId\"o\n" +
 	"\rRouteResponse\x125\n" +
 	"\x06ticket\x18\x01 \x01(\v2\x1d.meshp2p.v1.SignedRouteTicketR\x06ticket\x12'\n" +
 	"\x05error\x18\x02 \x01(\v2\x11.meshp2p.v1.ErrorR\x05error*M\n" +
