@@ -41,7 +41,11 @@ func (tn *testNet) config(dir string) Config {
 	pc.DataDir = dir
 	pc.Bootstrap = tn.boot
 	ec := engine.Config{NCtx: 512, NBatch: 64, MaxSessions: 4, Threads: 1}
-	return Config{P2P: pc, Engine: ec, Hop: session.HopConfig{Idle: 20 * time.Second, OpenTimeout: 10 * time.Second}}
+	// One test client stands in for many (concurrent sessions), and the
+	// 512-cell shards run 400-token generations: no per-session cap or
+	// per-origin quota but the engine's (session tests cover those).
+	return Config{P2P: pc, Engine: ec, Hop: session.HopConfig{Idle: 20 * time.Second, OpenTimeout: 10 * time.Second,
+		MaxSessionKV: -1, MaxSessionsPerPeer: -1, MaxKVPerPeer: -1}}
 }
 
 // clientPreset turns a test node's p2p config into the client preset's

@@ -15,8 +15,8 @@ type shardEngine struct {
 }
 
 func (e shardEngine) Info() session.ShardInfo {
-	i := e.shard.Info()
-	return session.ShardInfo{Start: i.Start, End: i.End, ParentNLayer: i.ParentNLayer, NEmbd: i.NEmbd}
+	i, c := e.shard.Info(), e.shard.Capacity()
+	return session.ShardInfo{Start: i.Start, End: i.End, ParentNLayer: i.ParentNLayer, NEmbd: i.NEmbd, NCtx: c.NCtx, MaxSessions: c.MaxSessions}
 }
 
 func (e shardEngine) IsEOG(tok int32) bool { return e.model.IsEOG(tok) }

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"slices"
 	"time"
 
 	"github.com/libp2p/go-libp2p/core/network"
@@ -70,7 +72,9 @@ func (h *HopService) admit(open *meshp2pb.SessionOpen, from peer.ID) (int, *hopE
 
 // refusal is the SessionAccept{ok: false} that answers open with he.
 func (h *HopService) refusal(open *meshp2pb.SessionOpen, he *hopError) *meshp2pb.StreamMessage {
-	he.e.PeerId = []byte(h.host.ID())
+	if len(he.e.GetPeerId()) == 0 { // a relayed refusal keeps its reporter
+		he.e.PeerId = []byte(h.host.ID())
+	}
 	he.e.SessionId, he.e.Epoch = open.GetSessionId(), open.GetEpoch()
 	return &meshp2pb.StreamMessage{Kind: &meshp2pb.StreamMessage_Accept{Accept: &meshp2pb.SessionAccept{
 		SessionId: open.GetSessionId(), Epoch: open.GetEpoch(), Ok: false, Error: he.e}}}
@@ -88,13 +92,25 @@ func admissionBudget(open time.Duration, idx, n int) time.Duration {
 	return open - time.Duration(idx)*open/time.Duration(2*n)
 }
 
+// readFirst reads the first message of a session or ring stream with the
+// header limit and no payload: the open's kind and sender are checked
+// before this hop reads any activation-sized frame.
+func readFirst(s io.Reader, lim frame.Limits) (*meshp2pb.StreamMessage, error) {
+	msg := new(meshp2pb.StreamMessage)
+	first := frame.Limits{MaxHeader: lim.MaxHeader, MaxPayload: FirstFrameMaxPayload}
+	if err := frame.NewReader(s, first).ReadMessage(msg); err != nil {
+		return nil, err
+	}
+	return msg, nil
+}
+
 // handleSession serves one incoming session stream: admission, the rest of
 // the route, then the data plane until the session ends.
 func (h *HopService) handleSession(s network.Stream) {
 	lim := h.cfg.Limits
-	r, w := frame.NewReader(s, lim), frame.NewWriter(s, lim)
+	w := frame.NewWriter(s, lim)
 	_ = s.SetReadDeadline(time.Now().Add(h.cfg.OpenTimeout))
-	msg, _, err := r.ReadStream()
+	msg, err := readFirst(s, lim)
 	if err != nil {
 		h.log.Debug("session stream: bad open", "peer", s.Conn().RemotePeer(), "err", err)
 		// Say why, then close (a reset could drop the error in flight).
@@ -102,6 +118,9 @@ func (h *HopService) handleSession(s network.Stream) {
 		_ = s.Close()
 		return
 	}
+	// The reader does no read-ahead: the rest of the stream is read with
+	// the full limits.
+	r := frame.NewReader(s, lim)
 	open := msg.GetOpen()
 	if open == nil {
 		_ = w.WriteStream(h.refusal(&meshp2pb.SessionOpen{}, codeErr(meshp2pb.ErrorCode_ERROR_CODE_UNEXPECTED_MESSAGE, "first message must be SessionOpen", "")))
@@ -116,25 +135,38 @@ func (h *HopService) handleSession(s network.Stream) {
 		_ = w.WriteStream(h.refusal(open, he))
 		_ = s.Close()
 	}
-	idx, he := h.admit(open, s.Conn().RemotePeer())
+	from := s.Conn().RemotePeer()
+	idx, he := h.admit(open, from)
+	if he == nil {
+		he = h.checkSessionKV(open)
+	}
 	if he != nil {
 		refuse(he)
 		return
 	}
 	key := keyOf(open.GetSessionId(), open.GetEpoch())
 	n := len(open.GetRoute().GetHops())
-	hs := &hopSession{h: h, key: key, open: open, idx: idx, head: idx == 0, tail: idx == n-1, wire: open.GetWireDtype(),
+	hs := &hopSession{h: h, key: key, open: open, idx: idx, head: idx == 0, tail: idx == n-1, wire: open.GetWireDtype(), from: from,
 		up: NewSeam(s, lim), down: NewSeam(nil, lim), ringOut: NewSeam(nil, lim), ringIn: NewSeam(nil, lim),
 		ring: make(chan network.Stream, 1), self: make(chan *meshp2pb.TokenFrame, 1), activity: make(chan struct{}, 1),
-		done: make(chan struct{}), released: make(chan struct{}),
+		done: make(chan struct{}), released: make(chan struct{}), engFreed: make(chan struct{}),
 		resumeUp: make(chan network.Stream, 1), resumeRing: make(chan network.Stream, 1),
 		maxTokens: int(open.GetMaxTokens())}
 	for _, x := range open.GetRoute().GetHops() {
 		hs.route = append(hs.route, peer.ID(x.GetPeerId()))
 	}
-	h.supersede(key)
+	// Only now, with the open admitted and its sender checked, may it end
+	// an older epoch of the same session (from the same origin).
+	h.supersede(key, from, idx)
+	if hs.head {
+		if he := h.takeQuota(hs, int(open.GetNCtxNeeded())); he != nil {
+			refuse(he)
+			return
+		}
+	}
 	eng, err := h.eng.OpenSession(key, EngineParams{KVTokens: int(open.GetNCtxNeeded()), Sampling: open.GetSampling(), Generated: open.GetGenerated()})
 	if err != nil {
+		h.giveQuota(hs)
 		code := meshp2pb.ErrorCode_ERROR_CODE_BAD_REQUEST
 		if errors.Is(err, ErrNoCapacity) {
 			code = meshp2pb.ErrorCode_ERROR_CODE_NO_CAPACITY
@@ -146,13 +178,13 @@ func (h *HopService) handleSession(s network.Stream) {
 	h.mu.Lock()
 	if h.closed {
 		h.mu.Unlock()
-		eng.Close()
+		hs.closeEngine()
 		refuse(codeErr(meshp2pb.ErrorCode_ERROR_CODE_SHUTTING_DOWN, "hop shutting down", h.host.ID()))
 		return
 	}
 	if old := h.active[key]; old != nil {
 		h.mu.Unlock()
-		eng.Close()
+		hs.closeEngine()
 		refuse(codeErr(meshp2pb.ErrorCode_ERROR_CODE_BAD_REQUEST, "session already open", ""))
 		return
 	}
@@ -180,25 +212,127 @@ func (h *HopService) handleSession(s network.Stream) {
 	hs.run(r)
 }
 
+// maxSessionKV is the most KV cells one session may reserve here (0: no
+// cap but the engine's).
+func (h *HopService) maxSessionKV() int {
+	switch c := h.cfg.MaxSessionKV; {
+	case c > 0:
+		return c
+	case c < 0:
+		return 0
+	}
+	return h.info.NCtx / DefaultSessionKVDivisor
+}
+
+// checkSessionKV refuses a session that asks for more KV cells than one
+// session may hold here. Not retryable and nobody to blame: every replica
+// of this shard would refuse it too.
+func (h *HopService) checkSessionKV(open *meshp2pb.SessionOpen) *hopError {
+	if c := h.maxSessionKV(); c > 0 && int(open.GetNCtxNeeded()) > c {
+		return codeErr(meshp2pb.ErrorCode_ERROR_CODE_BAD_REQUEST,
+			fmt.Sprintf("session needs %d KV cells; this hop admits at most %d per session", open.GetNCtxNeeded(), c), "")
+	}
+	return nil
+}
+
+// peerQuota is what one origin peer may hold on this head (0: unlimited).
+func (h *HopService) peerQuota() peerUse {
+	q := peerUse{sessions: h.cfg.MaxSessionsPerPeer, kv: h.cfg.MaxKVPerPeer}
+	if q.sessions == 0 && h.info.MaxSessions > 0 {
+		q.sessions = max(1, h.info.MaxSessions/DefaultPeerShareDivisor)
+	}
+	if q.kv == 0 {
+		q.kv = h.info.NCtx / DefaultPeerShareDivisor
+	}
+	return peerUse{sessions: max(0, q.sessions), kv: max(0, q.kv)}
+}
+
+// takeQuota counts a new session on the head against its origin's quota,
+// or refuses it (NO_CAPACITY: the origin's own sessions must end first).
+func (h *HopService) takeQuota(hs *hopSession, kv int) *hopError {
+	q := h.peerQuota()
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	u := h.perPeer[hs.from]
+	switch {
+	case q.sessions > 0 && u.sessions+1 > q.sessions:
+		return codeErr(meshp2pb.ErrorCode_ERROR_CODE_NO_CAPACITY, fmt.Sprintf("origin %s already holds %d sessions here (quota %d)", hs.from, u.sessions, q.sessions), h.host.ID())
+	case q.kv > 0 && u.kv+kv > q.kv:
+		return codeErr(meshp2pb.ErrorCode_ERROR_CODE_NO_CAPACITY, fmt.Sprintf("origin %s holds %d KV cells here, %d more exceed its quota of %d", hs.from, u.kv, kv, q.kv), h.host.ID())
+	}
+	hs.quota = peerUse{sessions: 1, kv: kv}
+	h.perPeer[hs.from] = peerUse{sessions: u.sessions + 1, kv: u.kv + kv}
+	return nil
+}
+
+// giveQuota returns what hs counted against its origin's quota (once).
+func (h *HopService) giveQuota(hs *hopSession) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if hs.quota == (peerUse{}) {
+		return
+	}
+	u := h.perPeer[hs.from]
+	u.sessions -= hs.quota.sessions
+	u.kv -= hs.quota.kv
+	hs.quota = peerUse{}
+	if u == (peerUse{}) {
+		delete(h.perPeer, hs.from)
+		return
+	}
+	h.perPeer[hs.from] = u
+}
+
+// closeEngine frees the session's engine slot and KV cells and its quota,
+// once; engFreed is closed when done.
+func (hs *hopSession) closeEngine() {
+	hs.engOnce.Do(func() {
+		if hs.eng != nil {
+			hs.eng.Close()
+		}
+		hs.h.giveQuota(hs)
+		close(hs.engFreed)
+	})
+}
+
+// supersededBy reports whether an open of a newer epoch of this session,
+// received from peer from, may end this epoch: only the party that could
+// end it anyway. On the head that is the origin that opened it; on a later
+// hop, a peer upstream of this hop in this epoch's route (it could drop
+// our seam at any time). A stranger who learnt the session id cannot; nor
+// can a replacement upstream hop that was not on this epoch's route: there
+// the old epoch ends when its upstream goes away, and until then a
+// capacity refusal makes the origin wait (DefaultCapacityWait).
+func (hs *hopSession) supersededBy(from peer.ID) bool {
+	if hs.idx == 0 {
+		return from == hs.from
+	}
+	return slices.Contains(hs.route[:hs.idx], from)
+}
+
 // supersede ends older epochs of a session that is being re-opened (the
-// origin re-routed) and waits, bounded, until their KV cells are free: the
-// old epoch is dead either way, and its reservation must not make the new
-// one fail for lack of capacity.
-func (h *HopService) supersede(key Key) {
+// origin re-routed) by the same origin, and frees their KV cells before
+// the new epoch's admission: the old epoch is dead either way, and its
+// reservation must not make the new one fail for lack of capacity. The
+// wait is bounded (an engine that frees late makes the new epoch's
+// admission refuse with NO_CAPACITY, which the origin retries).
+func (h *HopService) supersede(key Key, from peer.ID, idx int) {
 	h.mu.Lock()
 	var old []*hopSession
 	for k, hs := range h.active {
-		if k.ID == key.ID && k.Epoch < key.Epoch {
+		if k.ID == key.ID && k.Epoch < key.Epoch && hs.supersededBy(from) {
 			old = append(old, hs)
 		}
 	}
 	h.mu.Unlock()
 	deadline := time.After(h.cfg.OpenTimeout / 2)
 	for _, hs := range old {
+		h.log.Debug("epoch superseded", "session", hs.key, "by", key.Epoch, "hop", idx)
 		hs.fail(codeErr(meshp2pb.ErrorCode_ERROR_CODE_STALE_EPOCH, fmt.Sprintf("superseded by epoch %d", key.Epoch), ""))
 		hs.unblock()
+		go hs.closeEngine()
 		select {
-		case <-hs.released:
+		case <-hs.engFreed:
 		case <-deadline:
 			return
 		}

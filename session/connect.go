@@ -48,7 +48,7 @@ func (hs *hopSession) connect(ctx context.Context) *hopError {
 		if acc == nil || !acc.GetOk() {
 			_ = ds.Close()
 			if acc != nil && acc.GetError() != nil {
-				return hs.fromDownstream(acc.GetError(), np)
+				return hs.fromDownstream(acc.GetError(), np, false)
 			}
 			return codeErr(meshp2pb.ErrorCode_ERROR_CODE_UNEXPECTED_MESSAGE, "next hop did not accept", np)
 		}
@@ -86,7 +86,9 @@ func (hs *hopSession) connect(ctx context.Context) *hopError {
 // handleRing attaches the tail's ring stream to the head's session.
 func (h *HopService) handleRing(s network.Stream) {
 	_ = s.SetReadDeadline(time.Now().Add(h.cfg.OpenTimeout))
-	msg, _, err := frame.NewReader(s, h.cfg.Limits).ReadStream()
+	// The hello is read with the header limit and no payload: a stranger
+	// cannot make the head read a large frame before it is checked.
+	msg, err := readFirst(s, h.cfg.Limits)
 	if err != nil || msg.GetOpen() == nil {
 		_ = s.Reset()
 		return

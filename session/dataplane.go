@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/libp2p/go-libp2p/core/network"
+	"github.com/libp2p/go-libp2p/core/peer"
 
 	"github.com/neuron-tai/meshp2p/proto/frame"
 	"github.com/neuron-tai/meshp2p/proto/meshp2pb"
@@ -38,13 +39,17 @@ func (hs *hopSession) run(r *frame.Reader) {
 	}
 	upstream := make(chan error, 1)
 	go func() { upstream <- hs.readUpstream(r) }()
-	idle := time.NewTimer(hs.h.cfg.Idle)
+	// Until the first frame the idle timer is the first-frame timeout: an
+	// open that reserved cells along the route and sends nothing is freed
+	// soon.
+	wait, first := hs.h.firstFrame(hs.idx), true
+	idle := time.NewTimer(wait)
 	defer idle.Stop()
 	for {
 		select {
 		case err := <-upstream:
 			if err != nil {
-				hs.fail(asHopError(err, hs.upstreamPeer()))
+				hs.fail(hs.fromUpstream(err))
 			} else {
 				hs.fail(nil)
 			}
@@ -55,11 +60,17 @@ func (hs *hopSession) run(r *frame.Reader) {
 			<-upstream
 			return
 		case <-hs.activity:
-			idle.Reset(hs.h.cfg.Idle)
+			first = false
+			wait = hs.h.cfg.Idle
+			idle.Reset(wait)
 		case <-idle.C:
 			// Nothing arrived for too long: blame the hop that should have
 			// sent it (the origin for the head: nothing to re-route).
-			hs.fail(codeErr(meshp2pb.ErrorCode_ERROR_CODE_TIMEOUT, fmt.Sprintf("session idle for %s", hs.h.cfg.Idle), hs.upstreamPeer()))
+			what := "session idle"
+			if first {
+				what = "no frame since admission"
+			}
+			hs.fail(codeErr(meshp2pb.ErrorCode_ERROR_CODE_TIMEOUT, fmt.Sprintf("%s for %s", what, wait), hs.upstreamPeer()))
 			hs.unblock()
 			hs.up.Close()
 			<-upstream
@@ -98,42 +109,47 @@ func (hs *hopSession) readUpstream(r *frame.Reader) error {
 		hs.touch()
 		switch k := msg.GetKind().(type) {
 		case *meshp2pb.StreamMessage_Activation:
-			if err := hs.activation(k.Activation, tensors); err != nil {
+			if err := hs.activation(k.Activation, tensors, hs.upstreamPeer()); err != nil {
 				return err
 			}
 		case *meshp2pb.StreamMessage_Close, *meshp2pb.StreamMessage_Cancel:
 			return nil
 		case *meshp2pb.StreamMessage_Error:
-			return &hopError{k.Error}
+			// Errors travel upstream; one from upstream blames its sender
+			// whatever it says (fromUpstream).
+			return frame.FromProto(k.Error)
 		default:
-			return codeErr(meshp2pb.ErrorCode_ERROR_CODE_UNEXPECTED_MESSAGE, "unexpected message on session stream", "")
+			return codeErr(meshp2pb.ErrorCode_ERROR_CODE_UNEXPECTED_MESSAGE, "unexpected message on session stream", hs.upstreamPeer())
 		}
 	}
 }
 
 // activation runs one frame through the shard and passes the result on.
-func (hs *hopSession) activation(a *meshp2pb.ActivationHeader, tensors [][]byte) error {
+// from sent the frame (the previous hop, the tail for the head's decode
+// steps, "" for the origin or this hop itself): a frame the hop or its
+// engine rejects is blamed on it.
+func (hs *hopSession) activation(a *meshp2pb.ActivationHeader, tensors [][]byte, from peer.ID) error {
 	if !bytes.Equal(a.GetSessionId(), hs.open.GetSessionId()) || a.GetEpoch() != hs.key.Epoch {
-		return codeErr(meshp2pb.ErrorCode_ERROR_CODE_SESSION_UNKNOWN, "activation for another session or epoch", "")
+		return codeErr(meshp2pb.ErrorCode_ERROR_CODE_SESSION_UNKNOWN, "activation for another session or epoch", from)
 	}
 	nEmbd := hs.h.info.NEmbd
 	in := Input{Pos: int(a.GetPosStart())}
 	if hs.head {
 		if len(a.GetTokens()) != int(a.GetNRows()) || len(tensors) != 0 {
-			return codeErr(meshp2pb.ErrorCode_ERROR_CODE_BAD_REQUEST, "head expects token ids only", "")
+			return codeErr(meshp2pb.ErrorCode_ERROR_CODE_BAD_REQUEST, "head expects token ids only", from)
 		}
 		in.Tokens = a.GetTokens()
 	} else {
 		if len(tensors) != 1 || a.GetTensors()[0].GetName() != BundleTensor {
-			return codeErr(meshp2pb.ErrorCode_ERROR_CODE_BAD_REQUEST, "expected one l_out tensor", "")
+			return codeErr(meshp2pb.ErrorCode_ERROR_CODE_BAD_REQUEST, "expected one l_out tensor", from)
 		}
 		ti := a.GetTensors()[0]
 		if len(ti.GetShape()) != 2 || ti.GetShape()[0] != int64(a.GetNRows()) || ti.GetShape()[1] != int64(nEmbd) {
-			return codeErr(meshp2pb.ErrorCode_ERROR_CODE_BAD_REQUEST, fmt.Sprintf("tensor shape %v, want [%d %d]", ti.GetShape(), a.GetNRows(), nEmbd), "")
+			return codeErr(meshp2pb.ErrorCode_ERROR_CODE_BAD_REQUEST, fmt.Sprintf("tensor shape %v, want [%d %d]", ti.GetShape(), a.GetNRows(), nEmbd), from)
 		}
 		hidden, err := frame.ToF32(ti.GetDtype(), tensors[0], nil)
 		if err != nil {
-			return err
+			return asHopError(err, from)
 		}
 		in.Hidden = hidden
 	}
@@ -144,7 +160,7 @@ func (hs *hopSession) activation(a *meshp2pb.ActivationHeader, tensors [][]byte)
 	t0 := time.Now()
 	out, err := hs.eng.Forward(context.Background(), in)
 	if err != nil {
-		return engineErr(err)
+		return engineErr(err, from)
 	}
 	took := time.Since(t0)
 	us := uint32(took.Microseconds())
@@ -225,12 +241,12 @@ func (hs *hopSession) readRing(rs network.Stream) {
 		hs.touch()
 		switch k := msg.GetKind().(type) {
 		case *meshp2pb.StreamMessage_Token:
-			if err := hs.token(k.Token); err != nil {
+			if err := hs.token(k.Token, tail); err != nil {
 				hs.fail(asHopError(err, ""))
 				return
 			}
 		case *meshp2pb.StreamMessage_Error:
-			hs.fail(hs.fromDownstream(k.Error, tail))
+			hs.fail(hs.fromDownstream(k.Error, tail, true))
 			return
 		default:
 			hs.fail(codeErr(meshp2pb.ErrorCode_ERROR_CODE_UNEXPECTED_MESSAGE, "unexpected message on ring", tail))
@@ -239,9 +255,10 @@ func (hs *hopSession) readRing(rs network.Stream) {
 	}
 }
 
-// token (head) passes a sampled token to the origin and, unless the
-// session is done, feeds it back into the route as the next decode step.
-func (hs *hopSession) token(tf *meshp2pb.TokenFrame) error {
+// token (head) passes a sampled token from the tail (from; "" on a
+// one-hop route) to the origin and, unless the session is done, feeds it
+// back into the route as the next decode step.
+func (hs *hopSession) token(tf *meshp2pb.TokenFrame, from peer.ID) error {
 	hs.touch()
 	if err := hs.up.Send(&meshp2pb.StreamMessage{Kind: &meshp2pb.StreamMessage_Token{Token: tf}}, hs.h.cfg.Idle); err != nil {
 		return codeErr(meshp2pb.ErrorCode_ERROR_CODE_CANCELLED, "origin gone", "")
@@ -252,7 +269,7 @@ func (hs *hopSession) token(tf *meshp2pb.TokenFrame) error {
 	}
 	a := &meshp2pb.ActivationHeader{SessionId: tf.GetSessionId(), Epoch: tf.GetEpoch(), Step: tf.GetStep() + 1,
 		PosStart: tf.GetPosition(), NRows: 1, LastChunk: true, Tokens: []int32{tf.GetToken()}}
-	return hs.activation(a, nil)
+	return hs.activation(a, nil, from)
 }
 
 // selfRing is the ring of a one-hop route: it feeds each sampled token
@@ -263,7 +280,7 @@ func (hs *hopSession) selfRing() {
 		case <-hs.done:
 			return
 		case tf := <-hs.self:
-			if err := hs.token(tf); err != nil {
+			if err := hs.token(tf, ""); err != nil {
 				hs.fail(asHopError(err, ""))
 				return
 			}

@@ -11,6 +11,7 @@ import (
 // idle timer, and a hop's idle timer before the origin's token timeout.
 //
 //	FailWriteTimeout < write deadline (Idle/2) < Idle < TokenTimeout
+//	DefaultFirstFrame < Idle (the first frame's tighter idle timer)
 const (
 	// DefaultIdle frees a hop's session after this long without frames and
 	// reports TIMEOUT blaming the upstream neighbour.
@@ -24,6 +25,28 @@ const (
 	// chunk's compute), so a next hop that stops reading is named by this
 	// specific error before our own idle timeout fires.
 	WriteDeadlineDivisor = 2
+	// DefaultFirstFrame is how long an admitted session may wait for its
+	// first frame: the origin sends its prefill right after the accept, so
+	// an open that reserves a route's KV cells and sends nothing is freed
+	// in seconds, not after Idle. Hop idx of a route waits (idx+1) times
+	// this (the first chunk is computed by every hop before it), at most
+	// Idle.
+	DefaultFirstFrame = 10 * time.Second
+	// DefaultSessionKVDivisor: one session may reserve at most this
+	// fraction (1/2) of a shard's KV cells, so a single open cannot take a
+	// whole hop (HopConfig.MaxSessionKV overrides it).
+	DefaultSessionKVDivisor = 2
+	// DefaultPeerShareDivisor: at the head, one origin peer may hold at
+	// most this fraction (1/2, at least one session) of the shard's
+	// session slots and of its KV cells at once, so one client cannot
+	// starve the others (HopConfig.MaxSessionsPerPeer / MaxKVPerPeer).
+	DefaultPeerShareDivisor = 2
+	// FirstFrameMaxPayload is the payload limit of the first frame of a
+	// session or ring stream (SessionOpen, ring hello): none is allowed;
+	// 1 is the smallest limit frame.Limits expresses (0 means the
+	// default). Activation-sized frames are read only after the open's
+	// kind and sender were checked.
+	FirstFrameMaxPayload = 1
 	// FailWriteTimeout bounds the error report a failing hop sends.
 	FailWriteTimeout = 2 * time.Second
 	// RingGrace is how long a head whose ring ended without a word waits
@@ -63,6 +86,18 @@ const (
 	DefaultRouteWait = 15 * time.Second
 	// RoutePollInterval is how often a waiting re-route plans again.
 	RoutePollInterval = 500 * time.Millisecond
+	// DefaultCapacityWait bounds how long the origin keeps retrying a
+	// route refused with NO_CAPACITY (a full hop is not a failed hop: it is
+	// never excluded, only avoided for one plan when a replica exists). It
+	// covers a dead epoch whose cells a loaded hop frees late, and a
+	// later hop that keeps the old epoch until it notices its upstream is
+	// gone.
+	DefaultCapacityWait = 30 * time.Second
+	// CapacityRetryMin and CapacityRetryMax bound the backoff between
+	// capacity retries (doubling from the first to the second); a
+	// refusal's retry_after_ms is honoured within them.
+	CapacityRetryMin = 250 * time.Millisecond
+	CapacityRetryMax = 2 * time.Second
 )
 
 // WriteDeadline is the deadline of a data write on a seam for a hop idle
@@ -77,6 +112,8 @@ func CheckTimeoutLadder(idle, tokenTimeout time.Duration) error {
 		return fmt.Errorf("session: fail-report write timeout %s must be below the seam write deadline %s", FailWriteTimeout, w)
 	case w >= idle:
 		return fmt.Errorf("session: seam write deadline %s must be below the hop idle timeout %s", w, idle)
+	case DefaultFirstFrame >= idle:
+		return fmt.Errorf("session: first-frame timeout %s must be below the hop idle timeout %s", DefaultFirstFrame, idle)
 	case idle >= tokenTimeout:
 		return fmt.Errorf("session: hop idle timeout %s must be below the origin token timeout %s", idle, tokenTimeout)
 	}

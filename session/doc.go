@@ -12,7 +12,7 @@
 //	defaults.go   every default and timeout, with the reason, and the timeout ladder
 //	seam.go       Seam: one stream, its writer and its lock
 //	hop.go        HopService and hopSession (state of one session epoch on a hop)
-//	admit.go      admission: checks, engine slot, epoch supersede, the accept/refuse reply
+//	admit.go      admission: checks, KV cap and per-origin quota, engine slot, epoch supersede, the accept/refuse reply
 //	connect.go    the rest of the route: stream to the next hop, the ring to the head
 //	dataplane.go  upstream frames → engine → next hop / ring; the head's token loop
 //	teardown.go   fail (report upstream once), release, blame from downstream reports

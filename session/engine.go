@@ -35,6 +35,10 @@ type ShardInfo struct {
 	Start, End   int // global layer range [Start, End)
 	ParentNLayer int // layers of the whole model
 	NEmbd        int // hidden-state width
+	// NCtx is the shard's KV cells in total and MaxSessions its session
+	// slots (0: unknown); admission derives its per-session cap and
+	// per-peer quotas from them.
+	NCtx, MaxSessions int
 }
 
 // IsHead reports whether the shard takes token ids.

@@ -29,13 +29,14 @@ func codeErr(code meshp2pb.ErrorCode, msg string, failed peer.ID) *hopError {
 	return &hopError{e}
 }
 
-// engineErr maps an engine failure to its wire code.
-func engineErr(err error) *hopError {
+// engineErr maps an engine failure to its wire code. Input the engine
+// rejects is blamed on from, the peer that sent it.
+func engineErr(err error, from peer.ID) *hopError {
 	switch {
 	case errors.Is(err, ErrNoCapacity):
 		return codeErr(meshp2pb.ErrorCode_ERROR_CODE_CONTEXT_FULL, err.Error(), "")
 	case errors.Is(err, ErrBadInput):
-		return codeErr(meshp2pb.ErrorCode_ERROR_CODE_BAD_REQUEST, err.Error(), "")
+		return codeErr(meshp2pb.ErrorCode_ERROR_CODE_BAD_REQUEST, err.Error(), from)
 	}
 	return codeErr(meshp2pb.ErrorCode_ERROR_CODE_INTERNAL, err.Error(), "")
 }

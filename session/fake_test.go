@@ -57,15 +57,20 @@ type fakeEngine struct {
 	mu sync.Mutex
 	// onStep, if set, runs after every single-row (decode) step with the
 	// number of such steps so far (tests kill a hop mid-generation).
-	onStep   func(steps int)
-	sessions map[Key]*fakeSession
-	reserved int
-	steps    int
+	onStep func(steps int)
+	// onClose, if set, runs when a session starts closing, before its
+	// cells are freed (tests hold a dead epoch's cells).
+	onClose     func(Key)
+	refused     chan struct{} // closed at the first capacity refusal
+	refusedOnce sync.Once
+	sessions    map[Key]*fakeSession
+	reserved    int
+	steps       int
 }
 
 func newFakeEngine(start, end int) *fakeEngine {
-	return &fakeEngine{info: ShardInfo{Start: start, End: end, ParentNLayer: fakeNLay, NEmbd: fakeEmbd},
-		maxSessions: 4, nCtx: 1024, sessions: map[Key]*fakeSession{}}
+	return &fakeEngine{info: ShardInfo{Start: start, End: end, ParentNLayer: fakeNLay, NEmbd: fakeEmbd, NCtx: 1024, MaxSessions: 4},
+		maxSessions: 4, nCtx: 1024, sessions: map[Key]*fakeSession{}, refused: make(chan struct{})}
 }
 
 func (e *fakeEngine) Info() ShardInfo      { return e.info }
@@ -78,6 +83,7 @@ func (e *fakeEngine) OpenSession(key Key, p EngineParams) (EngineSession, error)
 		return nil, fmt.Errorf("%w: session %s already open", ErrBadInput, key)
 	}
 	if len(e.sessions) >= e.maxSessions || e.reserved+p.KVTokens > e.nCtx {
+		e.refusedOnce.Do(func() { close(e.refused) })
 		return nil, fmt.Errorf("%w: %d sessions, %d of %d cells reserved", ErrNoCapacity, len(e.sessions), e.reserved, e.nCtx)
 	}
 	s := &fakeSession{e: e, key: key, kv: p.KVTokens}
@@ -167,6 +173,12 @@ func (s *fakeSession) Forward(ctx context.Context, in Input) (Output, error) {
 }
 
 func (s *fakeSession) Close() {
+	s.e.mu.Lock()
+	onClose := s.e.onClose
+	s.e.mu.Unlock()
+	if onClose != nil {
+		onClose(s.key)
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {

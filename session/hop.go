@@ -23,6 +23,18 @@ type HopConfig struct {
 	OpenTimeout time.Duration
 	Limits      frame.Limits
 	Logger      *slog.Logger
+	// FirstFrame bounds the wait for the first frame after this hop
+	// accepted a session (DefaultFirstFrame; never more than Idle).
+	FirstFrame time.Duration
+	// MaxSessionKV caps the KV cells one session may reserve on this hop
+	// (0: the shard's KV cells / DefaultSessionKVDivisor; negative: no cap
+	// but the engine's own).
+	MaxSessionKV int
+	// MaxSessionsPerPeer and MaxKVPerPeer are the head's quota per origin
+	// peer: sessions and KV cells one origin may hold here at once
+	// (0: a DefaultPeerShareDivisor-th of the shard's slots and cells;
+	// negative: no quota).
+	MaxSessionsPerPeer, MaxKVPerPeer int
 	// Admit, if set, runs after the built-in checks (model, range, route
 	// shape, sender) and may refuse the session with an error to send back
 	// (e.g. a missing or invalid route ticket: TicketAdmission). idx is
@@ -42,10 +54,11 @@ type HopService struct {
 	log   *slog.Logger
 	speed speedMeter
 
-	mu     sync.Mutex // guards closed and active; never held during I/O or with a seam lock
-	closed bool
-	active map[Key]*hopSession
-	wg     sync.WaitGroup
+	mu      sync.Mutex // guards closed, active and perPeer; never held during I/O or with a seam lock
+	closed  bool
+	active  map[Key]*hopSession
+	perPeer map[peer.ID]peerUse // head: what each origin peer holds here (quota)
+	wg      sync.WaitGroup
 }
 
 // NewHopService registers the session and ring protocols on host.
@@ -61,7 +74,7 @@ func NewHopService(host Host, eng Engine, cfg HopConfig) *HopService {
 	}
 	info := eng.Info()
 	h := &HopService{host: host, eng: eng, info: info, cfg: cfg,
-		log: cfg.Logger.With("range", fmt.Sprintf("%d-%d", info.Start, info.End)), active: map[Key]*hopSession{}}
+		log: cfg.Logger.With("range", fmt.Sprintf("%d-%d", info.Start, info.End)), active: map[Key]*hopSession{}, perPeer: map[peer.ID]peerUse{}}
 	h.speed.layers = max(1, info.End-info.Start)
 	host.SetStreamHandler(host.ProtocolID(ProtoSession, ProtoVersion), h.handleSession)
 	host.SetStreamHandler(host.ProtocolID(ProtoRing, ProtoVersion), h.handleRing)
@@ -111,6 +124,15 @@ type hopSession struct {
 	eng   EngineSession
 	wire  meshp2pb.DType
 	route []peer.ID
+	from  peer.ID // the peer that opened this epoch here (the origin on the head)
+	// quota is what this epoch counts against its origin's per-peer quota
+	// (head only; zero elsewhere), given back by closeEngine.
+	quota peerUse
+	// engOnce closes the engine session once (supersede frees a dead
+	// epoch's cells before the new epoch's admission; release too);
+	// engFreed is closed when its cells are free.
+	engOnce  sync.Once
+	engFreed chan struct{}
 
 	up      *Seam // from the previous hop (the origin on the head); errors, and tokens on the head, go back on it
 	down    *Seam // to the next hop (no stream on the tail)
@@ -136,6 +158,19 @@ type hopSession struct {
 	released chan struct{} // closed once everything is freed
 	err      error         // why it ended; written once, inside once
 }
+
+// firstFrame is how long hop idx waits for a session's first frame
+// after accepting it (see DefaultFirstFrame), never more than Idle.
+func (h *HopService) firstFrame(idx int) time.Duration {
+	d := h.cfg.FirstFrame
+	if d <= 0 {
+		d = DefaultFirstFrame
+	}
+	return min(d*time.Duration(idx+1), h.cfg.Idle)
+}
+
+// peerUse is what one origin peer holds on a head: sessions and KV cells.
+type peerUse struct{ sessions, kv int }
 
 func (hs *hopSession) upstreamPeer() peer.ID {
 	if hs.idx == 0 {

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"time"
 
 	"github.com/libp2p/go-libp2p/core/network"
@@ -46,6 +47,11 @@ type Origin struct {
 	RouteWait  time.Duration
 	Rediscover func(ctx context.Context, fingerprint string)
 	Changed    <-chan struct{}
+	// CapacityWait bounds how long a route refused with NO_CAPACITY is
+	// retried (DefaultCapacityWait; negative: not retried). A full hop is
+	// never excluded: the next plan avoids it when a replica exists, else
+	// the same route is tried again after a backoff.
+	CapacityWait time.Duration
 }
 
 // GenerateRequest is one generation.
@@ -83,6 +89,9 @@ type Result struct {
 	HopStats []HopStat
 	// Failures lists the errors that caused reroutes.
 	Failures []string
+	// CapacityRetries counts opens refused with NO_CAPACITY and retried
+	// (not failures, not reroutes).
+	CapacityRetries int
 }
 
 // ErrGeneration wraps failures that ended a generation.
@@ -111,10 +120,11 @@ func (o *Origin) Generate(ctx context.Context, req GenerateRequest) (*Result, er
 	}
 	res := &Result{}
 	exclude := map[peer.ID]bool{}
+	var full capacityRetry
 	start := time.Now()
 	for epoch := uint64(1); ; epoch++ {
 		preq := route.Request{Fingerprint: req.Fingerprint, NLayer: req.NLayer, Exclude: exclude, NeedKV: len(req.Prompt) + req.MaxTokens + 1, Epoch: epoch}
-		rt, err := o.Planner.Plan(ctx, preq)
+		rt, err := full.plan(ctx, o.Planner, preq)
 		if errors.Is(err, route.ErrNoRoute) && len(res.Failures) > 0 {
 			rt, err = o.awaitRoute(ctx, preq, err)
 		}
@@ -136,6 +146,17 @@ func (o *Origin) Generate(ctx context.Context, req GenerateRequest) (*Result, er
 		if ctx.Err() != nil {
 			return res, ctx.Err()
 		}
+		if frame.Code(err) == meshp2pb.ErrorCode_ERROR_CODE_NO_CAPACITY {
+			// A full hop has not failed: never exclude it. Avoid it for
+			// the next plan if a replica exists, else wait and retry.
+			if werr := full.wait(ctx, o.CapacityWait, failed, err); werr != nil {
+				return res, fmt.Errorf("%w: %w", ErrGeneration, werr)
+			}
+			res.CapacityRetries++
+			log.Info("route refused for capacity, retrying", "full_peer", failed, "epoch", epoch+1, "err", err)
+			continue
+		}
+		full = capacityRetry{}
 		res.Failures = append(res.Failures, err.Error())
 		if failed == "" || res.Reroutes >= maxRe {
 			return res, fmt.Errorf("%w: %w", ErrGeneration, err)
@@ -352,5 +373,60 @@ func (o *Origin) awaitRoute(ctx context.Context, req route.Request, err error) (
 			return rt, nil
 		}
 		err = perr
+	}
+}
+
+// capacityRetry is the origin's state across opens refused with
+// NO_CAPACITY: since when, the backoff, and the peer to avoid next.
+type capacityRetry struct {
+	since   time.Time
+	backoff time.Duration
+	avoid   peer.ID
+}
+
+// plan plans req avoiding the last full peer when a route without it
+// exists (a replica), else with it.
+func (c *capacityRetry) plan(ctx context.Context, pl route.Planner, req route.Request) (*route.Route, error) {
+	if c.avoid != "" && !req.Exclude[c.avoid] {
+		ex := maps.Clone(req.Exclude)
+		ex[c.avoid] = true
+		alt := req
+		alt.Exclude = ex
+		if rt, err := pl.Plan(ctx, alt); err == nil {
+			return rt, nil
+		}
+	}
+	return pl.Plan(ctx, req)
+}
+
+// wait records a capacity refusal by full (err) and waits the backoff
+// (the refusal's retry_after_ms within [CapacityRetryMin,
+// CapacityRetryMax]); it returns err once CapacityWait has passed.
+func (c *capacityRetry) wait(ctx context.Context, limit time.Duration, full peer.ID, err error) error {
+	if limit == 0 {
+		limit = DefaultCapacityWait
+	}
+	now := time.Now()
+	if c.since.IsZero() {
+		c.since, c.backoff = now, CapacityRetryMin
+	}
+	if limit < 0 || now.Sub(c.since) >= limit {
+		return fmt.Errorf("no capacity after retrying for %s: %w", now.Sub(c.since).Round(time.Millisecond), err)
+	}
+	c.avoid = full
+	d := c.backoff
+	var re *frame.RemoteError
+	if errors.As(err, &re) && re.E.GetRetryAfterMs() > 0 {
+		d = time.Duration(re.E.GetRetryAfterMs()) * time.Millisecond
+	}
+	d = min(max(d, CapacityRetryMin), CapacityRetryMax)
+	c.backoff = min(2*c.backoff, CapacityRetryMax)
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
 	}
 }

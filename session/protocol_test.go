@@ -106,6 +106,8 @@ func openFor(h *fakeHop, epoch uint64, kv uint32) *meshp2pb.SessionOpen {
 
 func TestAdmissionRefusals(t *testing.T) {
 	whole := startHop(t, 0, 6, func(c *HopConfig) {
+		// The engine's own limits (quotas: TestAdmissionQuotas).
+		c.MaxSessionKV, c.MaxSessionsPerPeer, c.MaxKVPerPeer = -1, -1, -1
 		c.Admit = func(open *meshp2pb.SessionOpen, idx int, from peer.ID) *meshp2pb.Error {
 			if open.GetMaxTokens() == 999 {
 				return &meshp2pb.Error{Code: meshp2pb.ErrorCode_ERROR_CODE_TICKET_INVALID, Message: "no ticket"}
@@ -182,14 +184,17 @@ func TestAdmissionRefusals(t *testing.T) {
 // hop: the old one is told STALE_EPOCH and its KV cells are freed first.
 func TestEpochSupersede(t *testing.T) {
 	whole := startHop(t, 0, 6, nil)
+	whole.eng.mu.Lock()
+	whole.eng.nCtx = 600 // 500 + 500 cells do not fit
+	whole.eng.mu.Unlock()
 	c := newTestHost(t)
 	connectAll(c, whole.host)
-	o1 := openFor(whole, 1, 800) // 800 + 800 cells would not fit in 1024
+	o1 := openFor(whole, 1, 500)
 	s1, m1 := rawOpen(t, c, whole.host.ID(), o1)
 	if !m1.GetAccept().GetOk() {
 		t.Fatalf("epoch 1: %v", m1)
 	}
-	o2 := openFor(whole, 2, 800)
+	o2 := openFor(whole, 2, 500)
 	o2.SessionId = o1.SessionId
 	_, m2 := rawOpen(t, c, whole.host.ID(), o2)
 	if !m2.GetAccept().GetOk() {
@@ -317,18 +322,37 @@ func TestBlameNamesTheDeadHop(t *testing.T) {
 	}
 }
 
-// A hop may not get an earlier, honest hop excluded: a report from
-// downstream that blames a peer before it is pinned on the reporter.
+// A hop may not get an earlier, honest hop excluded, nor a hop its
+// reporter cannot see, and an error that blames nobody is blamed on the
+// neighbour that sent it.
 func TestBlameOnlyDownstream(t *testing.T) {
-	hs := &hopSession{idx: 1, route: []peer.ID{"a", "b", "c", "d"}}
+	route := []peer.ID{"a", "b", "c", "d", "e"}
 	for _, tc := range []struct {
-		failed, want peer.ID
+		name             string
+		idx              int // the hop that receives the report
+		ring             bool
+		reporter, failed peer.ID
+		neighbour, want  peer.ID
 	}{
-		{"c", "c"}, {"d", "d"}, {"a", "c"}, {"b", "c"}, {"", ""},
+		{"next hop blames itself", 1, false, "", "c", "c", "c"},
+		{"next hop blames its next hop", 1, false, "", "d", "c", "d"},
+		{"next hop blames a hop it does not see", 1, false, "", "e", "c", "c"},
+		{"next hop blames the first hop", 1, false, "", "a", "c", "c"},
+		{"next hop blames us", 1, false, "", "b", "c", "c"},
+		{"next hop blames nobody", 1, false, "", "", "c", "c"},
+		{"relayed: later reporter blames its next hop", 1, false, "d", "e", "c", "e"},
+		{"relayed: later reporter blames its previous hop", 1, false, "d", "c", "c", "c"},
+		{"reporter before the neighbour is not believed", 1, false, "a", "e", "c", "c"},
+		{"ring: tail blames itself", 0, true, "", "e", "e", "e"},
+		{"ring: tail blames its upstream", 0, true, "", "d", "e", "d"},
+		{"ring: tail blames a middle it does not see", 0, true, "", "c", "e", "e"},
+		{"ring: tail blames nobody", 0, true, "", "", "e", "e"},
+		{"ring: no relayed reporter on the ring", 0, true, "c", "b", "e", "e"},
 	} {
-		e := &meshp2pb.Error{Code: meshp2pb.ErrorCode_ERROR_CODE_NEXT_HOP_UNREACHABLE, FailedPeerId: []byte(tc.failed)}
-		if got := peer.ID(hs.fromDownstream(e, "c").e.GetFailedPeerId()); got != tc.want {
-			t.Errorf("report blaming %q: hop blames %q, want %q", tc.failed, got, tc.want)
+		hs := &hopSession{idx: tc.idx, route: route}
+		e := &meshp2pb.Error{Code: meshp2pb.ErrorCode_ERROR_CODE_NEXT_HOP_UNREACHABLE, PeerId: []byte(tc.reporter), FailedPeerId: []byte(tc.failed)}
+		if got := peer.ID(hs.fromDownstream(e, tc.neighbour, tc.ring).e.GetFailedPeerId()); got != tc.want {
+			t.Errorf("%s: hop blames %q, want %q", tc.name, got, tc.want)
 		}
 	}
 }

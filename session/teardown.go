@@ -1,7 +1,9 @@
 package session
 
 import (
+	"errors"
 	"fmt"
+	"slices"
 
 	"github.com/libp2p/go-libp2p/core/network"
 	"github.com/libp2p/go-libp2p/core/peer"
@@ -55,7 +57,7 @@ func (hs *hopSession) release() {
 	// Free the engine session (KV cells, slot) before the session leaves
 	// the active map: a new epoch that no longer finds it there (supersede)
 	// must find its cells free.
-	hs.eng.Close()
+	hs.closeEngine()
 	h.mu.Lock()
 	delete(h.active, hs.key)
 	h.mu.Unlock()
@@ -85,7 +87,7 @@ func (hs *hopSession) watchDownstream(s network.Stream, r *frame.Reader) {
 	}
 	switch {
 	case err == nil && msg.GetError() != nil:
-		hs.fail(hs.fromDownstream(msg.GetError(), next))
+		hs.fail(hs.fromDownstream(msg.GetError(), next, false))
 	case err == nil:
 		hs.fail(codeErr(meshp2pb.ErrorCode_ERROR_CODE_UNEXPECTED_MESSAGE, "unexpected message from next hop", next))
 	default:
@@ -93,21 +95,55 @@ func (hs *hopSession) watchDownstream(s network.Stream, r *frame.Reader) {
 	}
 }
 
-// fromDownstream accepts an error report from a later hop, but only lets
-// it blame a peer that comes after us on the route: a hop must not be
-// able to get an earlier, honest hop excluded. Otherwise the blame goes
-// to the neighbour that sent the report.
-func (hs *hopSession) fromDownstream(e *meshp2pb.Error, neighbour peer.ID) *hopError {
+// fromDownstream accepts an error report that neighbour (the next hop,
+// or on the ring the tail) sent us, but lets it blame only what its
+// reporter can see: the reporter itself or its direct neighbours on the
+// route, and never this hop or one before it (a hop must not be able to
+// get an earlier, honest hop excluded). On the ring the reporter is the
+// tail itself (nothing is relayed there); on the seam it is the peer the
+// report names as reporter if that is a later hop (the next hop relays
+// what hops after it report), else the neighbour. A report that blames
+// anyone else, or nobody, is blamed on the neighbour that sent it: a hop
+// that fails a generation must not escape the re-route. (A relaying hop
+// can still forge a later reporter: reports are not signed.)
+func (hs *hopSession) fromDownstream(e *meshp2pb.Error, neighbour peer.ID, ring bool) *hopError {
 	e = proto.Clone(e).(*meshp2pb.Error)
-	if len(e.GetFailedPeerId()) > 0 {
-		fp := peer.ID(e.GetFailedPeerId())
-		ok := false
+	at := func(p peer.ID) int { // route index of p after us, -1 if none
 		for j := hs.idx + 1; j < len(hs.route); j++ {
-			ok = ok || hs.route[j] == fp
+			if hs.route[j] == p {
+				return j
+			}
 		}
-		if !ok {
-			e.FailedPeerId = []byte(neighbour)
-		}
+		return -1
+	}
+	r := at(neighbour)
+	if claimed := at(peer.ID(e.GetPeerId())); !ring && claimed > r {
+		r = claimed
+	}
+	fp := peer.ID(e.GetFailedPeerId())
+	if e.GetCode() == meshp2pb.ErrorCode_ERROR_CODE_TICKET_EXPIRED && fp != "" && !slices.Contains(hs.route, fp) {
+		return &hopError{e} // names the ticket's tracker, not a hop: a fresh ticket will do
+	}
+	b := at(fp)
+	if r < 0 || b < 0 || b < r-1 || b > r+1 {
+		e.FailedPeerId = []byte(neighbour)
 	}
 	return &hopError{e}
+}
+
+// fromUpstream turns the end of readUpstream into the report. An Error
+// the previous hop sent down the seam (errors only travel upstream) is
+// blamed on that hop whatever it names, and so are frames it sent that
+// could not be read; a report this hop made itself stays as it is.
+func (hs *hopSession) fromUpstream(err error) *hopError {
+	var re *frame.RemoteError
+	if errors.As(err, &re) && re.E != nil {
+		e := proto.Clone(re.E).(*meshp2pb.Error)
+		e.PeerId, e.FailedPeerId = nil, nil
+		if p := hs.upstreamPeer(); p != "" {
+			e.FailedPeerId = []byte(p)
+		}
+		return &hopError{e}
+	}
+	return asHopError(err, hs.upstreamPeer())
 }
