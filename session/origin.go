@@ -123,7 +123,7 @@ func (o *Origin) Generate(ctx context.Context, req GenerateRequest) (*Result, er
 	var full capacityRetry
 	start := time.Now()
 	for epoch := uint64(1); ; epoch++ {
-		preq := route.Request{Fingerprint: req.Fingerprint, NLayer: req.NLayer, Exclude: exclude, NeedKV: len(req.Prompt) + req.MaxTokens + 1, Epoch: epoch}
+		preq := route.Request{Fingerprint: req.Fingerprint, NLayer: req.NLayer, Exclude: exclude, NeedKV: len(req.Prompt) + req.MaxTokens + 1, Epoch: epoch, SessionID: sid[:]}
 		rt, err := full.plan(ctx, o.Planner, preq)
 		if errors.Is(err, route.ErrNoRoute) && len(res.Failures) > 0 {
 			rt, err = o.awaitRoute(ctx, preq, err)
