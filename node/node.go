@@ -420,6 +420,7 @@ func (h *hostAdapter) SetStreamHandler(pid protocol.ID, f network.StreamHandler)
 func (h *hostAdapter) SubscribeConn(ctx context.Context) <-chan p2p.ConnEvent {
 	return h.n.SubscribeConn(ctx)
 }
+func (h *hostAdapter) PathTo(p peer.ID) p2p.Path { return h.n.ConnStatus(p).Path }
 func (h *hostAdapter) NewStream(ctx context.Context, p peer.ID, pids ...protocol.ID) (network.Stream, error) {
 	// Data-plane streams live long: start them on the direct connection
 	// when a hole punch is about to provide one.

@@ -200,9 +200,12 @@ type testHost struct {
 	mu       sync.Mutex
 	accepted map[protocol.ID][]*trackedStream
 	relayed  map[peer.ID]bool
-	onRelay  map[network.Stream]bool
-	opened   map[protocol.ID]int
-	subs     map[chan p2p.ConnEvent]bool
+	// punchOnOpen: the path to a relayed peer turns direct right after a
+	// stream to it opened on the relay, before anyone could subscribe.
+	punchOnOpen bool
+	onRelay     map[network.Stream]bool
+	opened      map[protocol.ID]int
+	subs        map[chan p2p.ConnEvent]bool
 }
 
 func newTestHost(t testing.TB) *testHost {
@@ -273,12 +276,25 @@ func (h *testHost) NewStream(ctx context.Context, p peer.ID, pids ...protocol.ID
 		return nil, err
 	}
 	h.mu.Lock()
-	defer h.mu.Unlock()
 	h.opened[s.Protocol()]++
 	if h.relayed[p] {
 		h.onRelay[s] = true
 	}
+	punch := h.punchOnOpen && h.relayed[p]
+	h.mu.Unlock()
+	if punch {
+		h.punch(p)
+	}
 	return s, nil
+}
+
+func (h *testHost) PathTo(p peer.ID) p2p.Path {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.relayed[p] {
+		return p2p.PathRelayed
+	}
+	return p2p.PathDirect
 }
 
 func (h *testHost) streamsOpened(pid protocol.ID) int {

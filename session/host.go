@@ -34,6 +34,8 @@ type Host interface {
 	// SubscribeConn reports connectivity changes (a hole punch turning a
 	// relayed path direct) until ctx ends.
 	SubscribeConn(ctx context.Context) <-chan p2p.ConnEvent
+	// PathTo is the current best path to p (a new stream takes it).
+	PathTo(p peer.ID) p2p.Path
 }
 
 // StreamPather is optionally implemented by a Host that knows better than

@@ -54,7 +54,17 @@ func (hs *hopSession) migrateWhenDirect(p peer.ID, ring bool) {
 		<-hs.done
 		cancel()
 	}()
-	for ev := range hs.h.host.SubscribeConn(ctx) {
+	events := hs.h.host.SubscribeConn(ctx)
+	// The path may have turned direct between opening the stream and
+	// subscribing (the event is then gone): look once after subscribing.
+	if hs.h.host.PathTo(p) == p2p.PathDirect {
+		err := hs.migrate(ctx, p, ring)
+		if err == nil {
+			return
+		}
+		hs.h.log.Info("could not move stream to the direct connection; staying relayed", "session", hs.key, "peer", p, "err", err)
+	}
+	for ev := range events {
 		if ev.Peer != p || ev.Kind != p2p.PathChanged || ev.Status.Path != p2p.PathDirect {
 			continue
 		}

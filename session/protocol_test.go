@@ -432,3 +432,42 @@ func TestNoReplacementNamesLayers(t *testing.T) {
 		t.Fatalf("want a NoRouteError for layers 2-4, got %v", err)
 	}
 }
+
+// A hole punch that completes between opening a seam on the relay and
+// watching for path changes (its event is gone by then) still moves the
+// seam.
+func TestSeamMigrationAfterEarlyPunch(t *testing.T) {
+	head, tail := startHop(t, 0, 3, nil), startHop(t, 3, 6, nil)
+	o, _ := newOrigin(t, stagePlanner{[][]*fakeHop{{head}, {tail}}}, head, tail)
+	head.host.relay(tail.host.ID())
+	head.host.punchOnOpen = true
+	seamPID := head.host.ProtocolID(ProtoSession, ProtoVersion)
+	prompt := []int32{4, 4, 4}
+	const maxTok = 30
+	moved := false
+	n := 0
+	// The session stays open until the origin closes it: wait for the
+	// move while reading tokens.
+	res, err := o.Generate(context.Background(), GenerateRequest{Fingerprint: fakeFP, NLayer: fakeNLay, Prompt: prompt, MaxTokens: maxTok,
+		OnToken: func(int32) bool {
+			if n++; n != 5 {
+				return false
+			}
+			for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+				if moved = head.host.streamsOpened(seamPID) >= 2; moved {
+					break
+				}
+			}
+			return false
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !moved {
+		t.Fatal("the seam opened on the relay never moved although the path is direct")
+	}
+	if want := reference(prompt, maxTok, 0); !equal(res.Tokens, want) {
+		t.Fatalf("tokens %v\nwant   %v", res.Tokens, want)
+	}
+	waitReleased(t, head, tail)
+}
