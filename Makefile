@@ -76,6 +76,7 @@ vet: $(GENERATED)
 # The test command of the README and .ci/run.
 test: deps build build-check-amx vet
 	go test -count=1 -timeout $(TEST_TIMEOUT) ./...
+	$(MAKE) soak SOAK_DURATION=3m
 	$(MAKE) fuzz FUZZTIME=$(FUZZTIME)
 
 test-short: $(GENERATED)

@@ -6,10 +6,11 @@
 // in-process (--local); each node process's RSS and thread count are
 // reported at start and end.
 //
-//	go test ./soak                                     3 minutes (part of make test)
+//	MESHP2P_SOAK_DURATION=3m go test -run TestChurnSoak ./soak   (make test, after the other packages)
 //	MESHP2P_SOAK_DURATION=25m go test -run TestChurnSoak -timeout 35m -v -count=1 ./soak   (make soak)
 //
-// Environment: MESHP2P_SOAK_DURATION (default 3m), MESHP2P_SOAK_SEED (default:
+// Environment: MESHP2P_SOAK_DURATION (required; unset: skipped, so plain
+// `go test ./...` does not run it next to the netns tests), MESHP2P_SOAK_SEED (default:
 // the clock; printed, so a run can be repeated), MESHP2P_SOAK_REPORT (also
 // write the report as JSON to this file), MESHP2P_BIN (a prebuilt CLI).
 package soak
@@ -213,7 +214,15 @@ func TestChurnSoak(t *testing.T) {
 		t.Skipf("churn soak: %s absent (the committed trained model): %v", modelFile, err)
 	}
 	dur := 3 * time.Minute
-	if v := os.Getenv("MESHP2P_SOAK_DURATION"); v != "" {
+	v := os.Getenv("MESHP2P_SOAK_DURATION")
+	if v == "" {
+		// Not under plain `go test ./...`: 6 nodes and 8 clients on a
+		// 2-core machine next to the netns NAT tests starve both. `make
+		// test` runs the 3-minute version after the other packages, `make
+		// soak` the 25-minute one.
+		t.Skip("churn soak: set MESHP2P_SOAK_DURATION (make test runs 3m after the other tests; make soak runs 25m)")
+	}
+	if v != "" {
 		if dur, err = time.ParseDuration(v); err != nil || dur <= 0 {
 			t.Fatalf("MESHP2P_SOAK_DURATION=%q: want a positive Go duration like 3m", v)
 		}
