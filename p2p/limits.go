@@ -40,7 +40,7 @@ const (
 
 // Relay service defaults. go-libp2p's defaults (128 KiB and 2 minutes per
 // circuit, 2 KiB copy buffer, 16 circuits per peer) cut an activation stream
-// after a few tokens; the netns spike measured a 1 MB transfer reset every
+// after a few tokens; a 1 MB transfer through them was reset every
 // time. A meshp2p relay carries activations for members only (RelayACL,
 // swarm key), so it runs without a data or time limit by default.
 const (

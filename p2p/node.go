@@ -47,7 +47,7 @@ const (
 var (
 	// autorelayBackoff replaces go-libp2p's 1 h backoff after a failed
 	// reservation: our relays are few and known, and a relay that was not
-	// up yet when we started must be retried soon (netns spike pitfall 4).
+	// up yet when we started must be retried soon.
 	autorelayBackoff = 30 * time.Second
 	// autorelayMinInterval is how often autorelay asks the peer source.
 	autorelayMinInterval = 5 * time.Second

@@ -35,7 +35,7 @@ type Spec struct {
 	Progress func(done, total int64) `json:"-"`
 }
 
-// DefaultSpec returns the spike's tiny fixture geometry for arch: 128-dim,
+// DefaultSpec returns a tiny fixture geometry for arch: 128-dim,
 // 6 layers, 4 heads (2 KV), n_ff 256, F32; qwen3moe gets 8 experts, top-2,
 // expert n_ff 64; qwen3 is tied.
 func DefaultSpec(arch string) Spec {
