@@ -183,41 +183,51 @@ func (t *Table) Shards(fp string) []Shard {
 const MinPrefix = 16
 
 // Resolve finds the fingerprint of a model given by fingerprint, unique
-// fingerprint prefix (at least MinPrefix hex characters) or model name. The
-// layer count is the one most peers advertise for that fingerprint (the
-// fingerprint binds it, so honest peers agree; shards that disagree are
-// left out by the planners, which match NLayer exactly).
+// fingerprint prefix (at least MinPrefix hex characters) or model name, and
+// its layer count (LayerCount).
 func (t *Table) Resolve(nameOrFP string) (fp string, nLayer int, err error) {
-	votes := map[string]map[int]int{} // fingerprint → n_layer → peers
+	fps := map[string]bool{}
 	for _, s := range t.Shards("") {
 		if s.Fingerprint == nameOrFP || s.ModelName == nameOrFP || (len(nameOrFP) >= MinPrefix && strings.HasPrefix(s.Fingerprint, nameOrFP)) {
-			if votes[s.Fingerprint] == nil {
-				votes[s.Fingerprint] = map[int]int{}
-			}
-			votes[s.Fingerprint][s.NLayer]++
+			fps[s.Fingerprint] = true
 		}
 	}
-	switch len(votes) {
+	switch len(fps) {
 	case 0:
 		return "", 0, fmt.Errorf("%w: no peer serves a model named %q", ErrUnknownModel, nameOrFP)
 	case 1:
-		for f, v := range votes {
-			best, bestN, tie := 0, 0, false
-			for n, c := range v {
-				switch {
-				case c > bestN:
-					best, bestN, tie = n, c, false
-				case c == bestN:
-					tie = true
-				}
-			}
-			if tie {
-				return "", 0, fmt.Errorf("%w: peers disagree on the layer count of %.16s (%v); refusing", ErrUnknownModel, f, v)
-			}
-			return f, best, nil
+		for f := range fps {
+			n, err := t.LayerCount(f)
+			return f, n, err
 		}
 	}
-	return "", 0, fmt.Errorf("%w: %q matches %d models; give the fingerprint", ErrUnknownModel, nameOrFP, len(votes))
+	return "", 0, fmt.Errorf("%w: %q matches %d models; give the fingerprint", ErrUnknownModel, nameOrFP, len(fps))
+}
+
+// LayerCount is the layer count most peers advertise for fingerprint fp.
+// The fingerprint binds it, so honest peers agree; shards that disagree are
+// left out by the planners, which match NLayer exactly. A tie is refused.
+func (t *Table) LayerCount(fp string) (int, error) {
+	votes := map[int]int{} // n_layer → peers
+	for _, s := range t.Shards(fp) {
+		votes[s.NLayer]++
+	}
+	best, bestN, tie := 0, 0, false
+	for n, c := range votes {
+		switch {
+		case c > bestN:
+			best, bestN, tie = n, c, false
+		case c == bestN:
+			tie = true
+		}
+	}
+	switch {
+	case bestN == 0:
+		return 0, fmt.Errorf("%w: no peer advertises model %.16s", ErrUnknownModel, fp)
+	case tie:
+		return 0, fmt.Errorf("%w: peers disagree on the layer count of %.16s (%v); refusing", ErrUnknownModel, fp, votes)
+	}
+	return best, nil
 }
 
 // Follow keeps t in step with d until ctx ends: it loads the current

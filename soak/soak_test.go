@@ -33,6 +33,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/neuron-tai/meshp2p/internal/testbin"
 )
 
 const (
@@ -62,25 +64,6 @@ type combo struct {
 
 // The ranges of stories260K's 5 layers; node i serves ranges[i%3].
 var ranges = [][2]int{{0, 2}, {2, 4}, {4, 5}}
-
-// buildCLI compiles the CLI for the test (cached builds take seconds), or
-// returns $MESHP2P_BIN.
-func buildCLI(t *testing.T) string {
-	t.Helper()
-	if b := os.Getenv("MESHP2P_BIN"); b != "" {
-		abs, err := filepath.Abs(b)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return abs
-	}
-	out := filepath.Join(t.TempDir(), "meshp2p")
-	cmd := exec.Command("go", "build", "-o", out, "../cmd/meshp2p")
-	if b, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, b)
-	}
-	return out
-}
 
 type genJSON struct {
 	Text     string   `json:"text"`
@@ -242,7 +225,7 @@ func TestChurnSoak(t *testing.T) {
 	}
 	t.Logf("churn soak: duration %v, seed %d (repeat with MESHP2P_SOAK_SEED=%d)", dur, seed, seed)
 
-	s := &soak{t: t, bin: buildCLI(t), model: model, network: fmt.Sprintf("soak-%d", os.Getpid()), work: t.TempDir(), t0: time.Now()}
+	s := &soak{t: t, bin: testbin.CLI(t), model: model, network: fmt.Sprintf("soak-%d", os.Getpid()), work: t.TempDir(), t0: time.Now()}
 	t.Cleanup(s.killAll) // registered after TempDir: runs before the directory goes
 
 	refs := s.references()

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/neuron-tai/meshp2p/internal/testbin"
 	"github.com/neuron-tai/meshp2p/internal/testmodels"
 	"github.com/neuron-tai/meshp2p/testnet"
 )
@@ -35,7 +36,7 @@ func newCLISwarm(t *testing.T, network string, spec testnet.Spec, timeout time.D
 	topo := testnet.NewT(t, spec)
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	t.Cleanup(cancel)
-	return &cliSwarm{t: t, ctx: ctx, topo: topo, bin: buildCLI(t), dir: t.TempDir(), model: model, procs: map[string]*testnet.Proc{},
+	return &cliSwarm{t: t, ctx: ctx, topo: topo, bin: testbin.CLI(t), dir: t.TempDir(), model: model, procs: map[string]*testnet.Proc{},
 		common: []string{"--network", network, "--test-mode", "--test-public-cidrs", "203.0.113.0/24",
 			"--port-mapping=false", "--listen", "/ip4/0.0.0.0/tcp/4001"}}
 }

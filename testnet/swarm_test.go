@@ -14,21 +14,6 @@ import (
 	"github.com/neuron-tai/meshp2p/testnet"
 )
 
-// buildCLI compiles the CLI for the test (cached builds take seconds), or
-// returns $MESHP2P_BIN.
-func buildCLI(t *testing.T) string {
-	t.Helper()
-	if b := os.Getenv("MESHP2P_BIN"); b != "" { // a binary built by hand
-		return b
-	}
-	out := filepath.Join(t.TempDir(), "meshp2p")
-	cmd := exec.Command("go", "build", "-o", out, "../cmd/meshp2p")
-	if b, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, b)
-	}
-	return out
-}
-
 type genJSON struct {
 	FirstTokenMs float64 `json:"first_token_ms"`
 	Text         string  `json:"text"`

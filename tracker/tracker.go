@@ -448,7 +448,7 @@ func (t *Tracker) answer(ctx context.Context, client peer.ID, req *meshp2pb.Rout
 	if nl == 0 || nl > gguf.MaxLayers {
 		return refuse(meshp2pb.ErrorCode_ERROR_CODE_BAD_REQUEST, "n_layer %d not in 1..%d", nl, gguf.MaxLayers)
 	}
-	adv, err := t.advertisedNLayer(fp)
+	adv, err := t.table.LayerCount(fp)
 	if err != nil {
 		return refuse(meshp2pb.ErrorCode_ERROR_CODE_MODEL_MISMATCH, "%v", err)
 	}
@@ -503,31 +503,6 @@ func (t *Tracker) answer(ctx context.Context, client peer.ID, req *meshp2pb.Rout
 	t.log.Info("route ticket issued", "client", client, "model", fp[:min(16, len(fp))], "epoch", rq.Epoch, "objective", obj,
 		"excluded", len(rq.Exclude), "hops", hops, "est_ms_per_token", fmt.Sprintf("%.2f", est.PerTokenMs), "candidates", est.Candidates)
 	return &meshp2pb.RouteResponse{Ticket: st}
-}
-
-// advertisedNLayer is the layer count most peers advertise for fp (the
-// fingerprint binds it, so honest peers agree); a tie is refused.
-func (t *Tracker) advertisedNLayer(fp string) (int, error) {
-	votes := map[int]int{}
-	for _, s := range t.table.Shards(fp) {
-		votes[s.NLayer]++
-	}
-	best, bestN, tie := 0, 0, false
-	for n, c := range votes {
-		switch {
-		case c > bestN:
-			best, bestN, tie = n, c, false
-		case c == bestN:
-			tie = true
-		}
-	}
-	switch {
-	case bestN == 0:
-		return 0, fmt.Errorf("%w: no peer advertises model %.16s", route.ErrUnknownModel, fp)
-	case tie:
-		return 0, fmt.Errorf("%w: peers disagree on the layer count of %.16s (%v)", route.ErrUnknownModel, fp, votes)
-	}
-	return best, nil
 }
 
 func shortID(p peer.ID) string {
