@@ -42,6 +42,8 @@ func runStart(ctx context.Context, stdout, stderr io.Writer, args []string) erro
 	threads := fs.Int("threads", 0, "compute threads (default: all CPUs)")
 	flash := fs.Bool("flash-attn", false, "flash attention (faster on long contexts; not bit-exact across KV layouts)")
 	idle := fs.Duration("idle-timeout", 60*time.Second, "free a session after this long without frames")
+	sessKV := fs.Int("max-session-kv", 0, "KV cells (tokens) one session may reserve here (0: half of --ctx, so one client cannot take the whole cache; -1: up to --ctx)")
+	peerQuota := fs.Int("max-sessions-per-client", 0, "sessions one client may hold at once when this node is the head (0: half of --max-sessions; -1: no quota)")
 	directWait := fs.Duration("direct-wait", node.DirectWait, "how long a new seam to a peer reached through a relay waits for a hole punch (0: start on the relay; the seam moves to the direct connection once it appears)")
 	verbose := fs.Bool("v", false, "debug logging")
 	if err := parseFlags(fs, args); err != nil {
@@ -66,7 +68,7 @@ func runStart(ctx context.Context, stdout, stderr io.Writer, args []string) erro
 	log := newLogger(stderr, *verbose)
 	prog := newProgress(stderr, "splitting")
 	cfg := node.Config{P2P: pc, ModelPath: *model, Layers: rng, ModelName: *name, Logger: log,
-		Engine: def, Hop: session.HopConfig{Idle: *idle}, SplitProgress: prog.update, DirectWait: *directWait}
+		Engine: def, Hop: session.HopConfig{Idle: *idle, MaxSessionKV: *sessKV, MaxSessionsPerPeer: *peerQuota}, SplitProgress: prog.update, DirectWait: *directWait}
 	if *directWait <= 0 {
 		cfg.DirectWait = -1 // do not wait
 	}
