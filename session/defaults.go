@@ -59,7 +59,13 @@ const (
 	DecodeWindow = 32
 	// PeerAddrTTL is how long addresses learnt from a route stay in the
 	// peerstore (longer than a session's admission, shorter than forever).
-	PeerAddrTTL = 10 * time.Minute
+	PeerAddrTTL = 2 * time.Minute
+	// MaxRouteAddrs and MaxRouteAddrLen bound the addresses a route may
+	// hand a hop for one peer (an advert carries at most 32 of 256 bytes;
+	// a route names the few that matter), so a hostile origin cannot fill
+	// the peerstore or make hops dial long lists of chosen addresses.
+	MaxRouteAddrs   = 8
+	MaxRouteAddrLen = 256
 	// RouteProtectTag protects connections to route neighbours from the
 	// connection manager while a seam is open.
 	RouteProtectTag = "route"

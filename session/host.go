@@ -57,9 +57,14 @@ func pathOf(h Host, s network.Stream) p2p.Path {
 }
 
 func addAddrs(h Host, p peer.ID, addrs []string) {
+	added := 0
 	for _, a := range addrs {
+		if added >= MaxRouteAddrs || len(a) > MaxRouteAddrLen {
+			break
+		}
 		if m, err := multiaddr.NewMultiaddr(a); err == nil {
 			h.Peerstore().AddAddr(p, m, PeerAddrTTL)
+			added++
 		}
 	}
 }

@@ -139,6 +139,7 @@ func (o *Origin) Generate(ctx context.Context, req GenerateRequest) (*Result, er
 		}
 		res.Route = rt
 		failed, err := o.run(ctx, sid, rt, req, res, start)
+		failed = blameOnRoute(rt, failed)
 		if err == nil {
 			res.Total = time.Since(start)
 			return res, nil
@@ -165,6 +166,22 @@ func (o *Origin) Generate(ctx context.Context, req GenerateRequest) (*Result, er
 		exclude[failed] = true
 		res.Reroutes++
 	}
+}
+
+// blameOnRoute keeps a blamed peer only if it is on the route: a report
+// naming anyone else reached us through the head, which relayed it, so the
+// head is the one to avoid (a hostile hop must not get an arbitrary peer of
+// the swarm excluded).
+func blameOnRoute(rt *route.Route, failed peer.ID) peer.ID {
+	if failed == "" || len(rt.Hops) == 0 {
+		return failed
+	}
+	for _, h := range rt.Hops {
+		if h.Peer == failed {
+			return failed
+		}
+	}
+	return rt.Hops[0].Peer
 }
 
 // run drives one epoch. On failure it returns the peer to exclude ("" when
