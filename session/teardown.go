@@ -58,10 +58,26 @@ func (hs *hopSession) release() {
 	// the active map: a new epoch that no longer finds it there (supersede)
 	// must find its cells free.
 	hs.closeEngine()
+	hs.dropPendingResumes()
 	h.mu.Lock()
 	delete(h.active, hs.key)
 	h.mu.Unlock()
+	// A resume that found the session just before it left the map may
+	// have queued its stream meanwhile.
+	hs.dropPendingResumes()
 	h.log.Debug("session released", "session", hs.key, "err", hs.err)
+}
+
+// dropPendingResumes resets replacement streams a seam move queued but the
+// session will never attach, so they do not linger until the peer gives up.
+func (hs *hopSession) dropPendingResumes() {
+	for _, ch := range []chan network.Stream{hs.resumeUp, hs.resumeRing} {
+		select {
+		case s := <-ch:
+			_ = s.Reset()
+		default:
+		}
+	}
 }
 
 // unblock resets the streams this hop writes after the session failed, so
