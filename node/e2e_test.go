@@ -97,24 +97,10 @@ func (tn *testNet) client() *Node {
 	return n
 }
 
-// localTokens runs the whole model in-process: the reference.
+// localTokens runs the whole model in-process, greedy: the reference.
 func localTokens(t *testing.T, model string, prompt []int32, n int) []int32 {
 	t.Helper()
-	m, err := engine.LoadModel(context.Background(), model, engine.LoadOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer m.Close()
-	s, err := engine.NewShard(context.Background(), m, engine.Config{NCtx: max(256, len(prompt)+n+16), NBatch: 64, MaxSessions: 1, Threads: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
-	res, err := engine.RunChain(context.Background(), []*engine.Shard{s}, prompt, engine.ChainOptions{Steps: n - 1, Chunk: 128})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return res.Tokens
+	return localSampled(t, model, prompt, n, nil)
 }
 
 func thinClientPrompt(t *testing.T, c *Node, fp, text string) []int32 {
@@ -426,8 +412,9 @@ func TestPreCutShards(t *testing.T) {
 	}
 }
 
-// localSampled is localTokens with sampling, through the same conversion
-// the tail uses (engine.SamplingFromProto), as `generate --local` does.
+// localSampled runs the whole model in-process with sampling sp (nil:
+// greedy), through the same conversion the tail uses
+// (engine.SamplingFromProto), as `generate --local` does.
 func localSampled(t *testing.T, model string, prompt []int32, n int, sp *meshp2pb.SamplingParams) []int32 {
 	t.Helper()
 	m, err := engine.LoadModel(context.Background(), model, engine.LoadOptions{})
