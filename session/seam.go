@@ -71,20 +71,16 @@ func (m *Seam) RemotePeer() peer.ID {
 // deadline). It returns an error without writing when no stream is
 // attached.
 func (m *Seam) Send(msg *meshp2pb.StreamMessage, timeout time.Duration) error {
-	m.wmu.Lock()
-	defer m.wmu.Unlock()
-	s := m.stream()
-	if s == nil {
-		return errNoStream
-	}
-	if timeout > 0 {
-		_ = s.SetWriteDeadline(time.Now().Add(timeout))
-	}
-	return m.w.WriteStream(msg)
+	return m.write(timeout, func(w *frame.Writer) error { return w.WriteStream(msg) })
 }
 
 // SendActivation writes one activation frame with its payload.
 func (m *Seam) SendActivation(hdr *meshp2pb.ActivationHeader, payload []byte, timeout time.Duration) error {
+	return m.write(timeout, func(w *frame.Writer) error { return w.WriteActivation(hdr, payload) })
+}
+
+// write runs one frame write under the write lock, with the deadline set.
+func (m *Seam) write(timeout time.Duration, frameWrite func(*frame.Writer) error) error {
 	m.wmu.Lock()
 	defer m.wmu.Unlock()
 	s := m.stream()
@@ -94,7 +90,7 @@ func (m *Seam) SendActivation(hdr *meshp2pb.ActivationHeader, payload []byte, ti
 	if timeout > 0 {
 		_ = s.SetWriteDeadline(time.Now().Add(timeout))
 	}
-	return m.w.WriteActivation(hdr, payload)
+	return frameWrite(m.w)
 }
 
 // Swap makes ns the seam's stream, waiting for a frame in progress to end,
