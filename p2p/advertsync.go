@@ -194,18 +194,7 @@ func (d *Discovery) pullAsync(p peer.ID) {
 	d.wg.Add(1)
 	go func() {
 		defer d.wg.Done()
-		select {
-		case d.sync.sem <- struct{}{}:
-		case <-d.ctx.Done():
-			return
-		}
-		defer func() { <-d.sync.sem }()
-		n, err := d.pull(d.ctx, p)
-		if err != nil {
-			d.log.Debug("advert sync failed", "peer", p, "err", err)
-			return
-		}
-		d.log.Debug("advert sync", "peer", p, "new", n)
+		d.pullLimited(d.ctx, p)
 	}()
 }
 
@@ -231,16 +220,7 @@ func (d *Discovery) Sync(ctx context.Context) int {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			select {
-			case d.sync.sem <- struct{}{}:
-			case <-ctx.Done():
-				return
-			}
-			defer func() { <-d.sync.sem }()
-			n, err := d.pull(ctx, p)
-			if err != nil {
-				d.log.Debug("advert sync failed", "peer", p, "err", err)
-			}
+			n := d.pullLimited(ctx, p)
 			mu.Lock()
 			total += n
 			mu.Unlock()
@@ -248,6 +228,24 @@ func (d *Discovery) Sync(ctx context.Context) int {
 	}
 	wg.Wait()
 	return total
+}
+
+// pullLimited pulls from p once a pull slot is free (syncParallel at a
+// time) and returns how many adverts were new or newer.
+func (d *Discovery) pullLimited(ctx context.Context, p peer.ID) int {
+	select {
+	case d.sync.sem <- struct{}{}:
+	case <-ctx.Done():
+		return 0
+	}
+	defer func() { <-d.sync.sem }()
+	n, err := d.pull(ctx, p)
+	if err != nil {
+		d.log.Debug("advert sync failed", "peer", p, "err", err)
+		return n
+	}
+	d.log.Debug("advert sync", "peer", p, "new", n)
+	return n
 }
 
 // handleSyncStream serves one pull: the asker half-closes; we answer with a
