@@ -132,6 +132,7 @@ func (h *HopService) handleSession(s network.Stream) {
 		return
 	}
 	refuse := func(he *hopError) {
+		h.cfg.Observer.SessionRefused(he.e.GetCode())
 		_ = w.WriteStream(h.refusal(open, he))
 		_ = s.Close()
 	}
@@ -200,6 +201,7 @@ func (h *HopService) handleSession(s network.Stream) {
 	he = hs.connect(ctx)
 	cancel()
 	if he != nil {
+		h.cfg.Observer.SessionRefused(he.e.GetCode())
 		_ = hs.up.Send(h.refusal(open, he), 0)
 		_ = s.Close()
 		return
@@ -208,6 +210,8 @@ func (h *HopService) handleSession(s network.Stream) {
 	if err := hs.up.Send(acceptance(open), 0); err != nil {
 		return
 	}
+	hs.admitted = true
+	h.cfg.Observer.SessionAdmitted(sessionInfo(open, idx))
 	h.log.Debug("session open", "session", key, "hop", idx, "of", n)
 	hs.run(r)
 }

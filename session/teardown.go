@@ -65,6 +65,9 @@ func (hs *hopSession) release() {
 	// A resume that found the session just before it left the map may
 	// have queued its stream meanwhile.
 	hs.dropPendingResumes()
+	if hs.admitted {
+		h.cfg.Observer.SessionEnded(errCode(hs.err))
+	}
 	h.log.Debug("session released", "session", hs.key, "err", hs.err)
 }
 
