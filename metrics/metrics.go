@@ -239,3 +239,16 @@ func (m *Metrics) GenerationDone(tokens int, err error) {
 	m.gens.WithLabelValues(r).Inc()
 	m.genTokens.Add(float64(tokens))
 }
+
+// Counter registers a counter read from fn at every scrape (a total kept
+// elsewhere). A second one of the same name is ignored (false).
+func (m *Metrics) Counter(name, help string, fn func() float64) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.gaugeNames[name] {
+		return false
+	}
+	m.gaugeNames[name] = true
+	m.Registry.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: Namespace, Name: name, Help: help}, fn))
+	return true
+}

@@ -24,11 +24,13 @@ import (
 
 	"github.com/neuron-tai/meshp2p/engine"
 	"github.com/neuron-tai/meshp2p/engine/gguf"
+	"github.com/neuron-tai/meshp2p/metrics"
 	"github.com/neuron-tai/meshp2p/p2p"
 	"github.com/neuron-tai/meshp2p/proto/frame"
 	"github.com/neuron-tai/meshp2p/proto/meshp2pb"
 	"github.com/neuron-tai/meshp2p/route"
 	"github.com/neuron-tai/meshp2p/session"
+	"github.com/neuron-tai/meshp2p/status"
 )
 
 // Config configures a Node.
@@ -50,6 +52,9 @@ type Config struct {
 	// SplitProgress, if set, reports shard splitting progress.
 	SplitProgress func(done, total int64)
 	Logger        *slog.Logger
+	// Metrics, if set, is the process's registry: go-libp2p's, the hop's
+	// and the origin's metrics and the node's gauges go there (observe.go).
+	Metrics *metrics.Metrics
 }
 
 // Node is a running meshp2p node.
@@ -71,6 +76,7 @@ type Node struct {
 	// calibration is the decode time per row measured at start, the
 	// advertised speed until live traffic refines it.
 	calibration time.Duration
+	recorder    *status.Recorder // totals and recent routes for the status document
 
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
@@ -91,7 +97,9 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 	if cfg.Engine.Logger == nil {
 		cfg.Engine.Logger = cfg.Logger
 	}
-	n := &Node{cfg: cfg, log: cfg.Logger, table: route.NewTable()}
+	n := &Node{log: cfg.Logger, table: route.NewTable()}
+	cfg = n.observe(cfg)
+	n.cfg = cfg
 	var err error
 	if cfg.ModelPath != "" {
 		if err := n.loadShard(ctx); err != nil {
@@ -129,6 +137,7 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 		n.wg.Add(1)
 		go func() { defer n.wg.Done(); n.advertLoop(bg) }()
 	}
+	n.registerGauges()
 	return n, nil
 }
 
@@ -315,7 +324,7 @@ func (n *Node) Origin(planner route.Planner) *session.Origin {
 	// it opens at once on any connection, relayed included, instead of
 	// waiting for a hole punch as activation seams do.
 	return &session.Origin{Dialer: n.ControlHost(), Planner: planner, Protocol: n.host.ProtocolID(session.ProtoSession, session.ProtoVersion),
-		Limits: n.cfg.Hop.Limits, Logger: n.log,
+		Limits: n.cfg.Hop.Limits, Logger: n.log, Observer: n.originObserver(),
 		Rediscover: func(ctx context.Context, fp string) {
 			// A replacement may be known to a peer but not to us yet:
 			// re-pull adverts from connected peers and ask the DHT.

@@ -109,3 +109,66 @@ func errCode(err error) meshp2pb.ErrorCode {
 	}
 	return meshp2pb.ErrorCode_ERROR_CODE_INTERNAL
 }
+
+// HopObservers fans every call out to each non-nil observer in turn.
+type HopObservers []HopObserver
+
+func (o HopObservers) SessionAdmitted(si SessionInfo) {
+	for _, x := range o {
+		x.SessionAdmitted(si)
+	}
+}
+func (o HopObservers) SessionRefused(c meshp2pb.ErrorCode) {
+	for _, x := range o {
+		x.SessionRefused(c)
+	}
+}
+func (o HopObservers) SessionEnded(c meshp2pb.ErrorCode) {
+	for _, x := range o {
+		x.SessionEnded(c)
+	}
+}
+func (o HopObservers) Computed(prefill bool, rows int, d time.Duration) {
+	for _, x := range o {
+		x.Computed(prefill, rows, d)
+	}
+}
+func (o HopObservers) TokenServed() {
+	for _, x := range o {
+		x.TokenServed()
+	}
+}
+func (o HopObservers) SeamWrite(p p2p.Path, bytes int, d time.Duration) {
+	for _, x := range o {
+		x.SeamWrite(p, bytes, d)
+	}
+}
+
+// OriginObservers fans every call out to each observer in turn.
+type OriginObservers []OriginObserver
+
+func (o OriginObservers) RoutePlanned(d time.Duration, err error) {
+	for _, x := range o {
+		x.RoutePlanned(d, err)
+	}
+}
+func (o OriginObservers) FirstToken(d time.Duration) {
+	for _, x := range o {
+		x.FirstToken(d)
+	}
+}
+func (o OriginObservers) Rerouted() {
+	for _, x := range o {
+		x.Rerouted()
+	}
+}
+func (o OriginObservers) Recovered(d time.Duration) {
+	for _, x := range o {
+		x.Recovered(d)
+	}
+}
+func (o OriginObservers) GenerationDone(tokens int, err error) {
+	for _, x := range o {
+		x.GenerationDone(tokens, err)
+	}
+}

@@ -11,6 +11,7 @@ import (
 	"github.com/neuron-tai/meshp2p/engine/gguf"
 	"github.com/neuron-tai/meshp2p/node"
 	"github.com/neuron-tai/meshp2p/session"
+	"github.com/neuron-tai/meshp2p/status"
 )
 
 const startUsage = `Usage: meshp2p start --model FILE [--layers A-B] [flags]
@@ -46,6 +47,8 @@ func runStart(ctx context.Context, stdout, stderr io.Writer, args []string) erro
 	peerQuota := fs.Int("max-sessions-per-client", 0, "sessions one client may hold at once when this node is the head (0: half of --max-sessions; -1: no quota)")
 	directWait := fs.Duration("direct-wait", node.DirectWait, "how long a new seam to a peer reached through a relay waits for a hole punch (0: start on the relay; the seam moves to the direct connection once it appears)")
 	verbose := fs.Bool("v", false, "debug logging")
+	var mf metricsFlag
+	mf.register(fs)
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -76,6 +79,9 @@ func runStart(ctx context.Context, stdout, stderr io.Writer, args []string) erro
 		return err
 	}
 	cfg.Engine.MaxSessions, cfg.Engine.NCtx, cfg.Engine.NBatch, cfg.Engine.Threads, cfg.Engine.FlashAttn = *maxSess, *nctx, *nbatch, *threads, *flash
+	if cfg.Metrics, err = mf.metrics(); err != nil {
+		return err
+	}
 	n, err := node.Start(ctx, cfg)
 	prog.finish()
 	if err != nil {
@@ -87,6 +93,11 @@ func runStart(ctx context.Context, stdout, stderr io.Writer, args []string) erro
 	for _, a := range info.Addrs {
 		fmt.Fprintf(stdout, "address:  %s\n", a)
 	}
+	stopMetrics, err := mf.serve(stdout, log, func(ctx context.Context) *status.Document { return n.Status(ctx, "node") })
+	if err != nil {
+		return err
+	}
+	defer stopMetrics()
 	p, err := n.WriteInfo()
 	if err != nil {
 		return err

@@ -39,6 +39,8 @@ func runTracker(ctx context.Context, stdout, stderr io.Writer, args []string) er
 	ttl := fs.Duration("ticket-ttl", 2*time.Minute, "how long an issued route ticket stays valid")
 	pingEvery := fs.Duration("ping-interval", 10*time.Second, "how often the tracker measures RTT to every node")
 	verbose := fs.Bool("v", false, "debug logging")
+	var mf metricsFlag
+	mf.register(fs)
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -48,11 +50,23 @@ func runTracker(ctx context.Context, stdout, stderr io.Writer, args []string) er
 	}
 	log := newLogger(stderr, *verbose)
 	pc.Logger = log
+	m, err := mf.metrics()
+	if err != nil {
+		return err
+	}
+	if m != nil {
+		pc.Metrics = m.Registry
+	}
 	tr, err := tracker.Start(ctx, tracker.Config{P2P: pc, TicketTTL: *ttl, PingInterval: *pingEvery, Logger: log})
 	if err != nil {
 		return err
 	}
 	defer tr.Close()
+	stopMetrics, err := serveTrackerMetrics(stdout, log, &mf, tr)
+	if err != nil {
+		return err
+	}
+	defer stopMetrics()
 	info := tr.Info()
 	fmt.Fprintf(stdout, "peer id:  %s\nrole:     tracker (route oracle, relay, DHT server) network %s\n", info.PeerID, info.Network)
 	for _, a := range info.Addrs {

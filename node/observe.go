@@ -1,0 +1,94 @@
+package node
+
+import (
+	"context"
+
+	"github.com/neuron-tai/meshp2p/route"
+	"github.com/neuron-tai/meshp2p/session"
+	"github.com/neuron-tai/meshp2p/status"
+)
+
+// observe wires the node's observers into cfg before anything starts:
+// the status recorder always, the process's metrics when cfg.Metrics is
+// set (go-libp2p's metrics too, through the p2p registerer).
+func (n *Node) observe(cfg Config) Config {
+	n.recorder = &status.Recorder{}
+	obs := session.HopObservers{n.recorder}
+	if m := cfg.Metrics; m != nil {
+		obs = append(obs, m)
+		if cfg.P2P.Metrics == nil {
+			cfg.P2P.Metrics = m.Registry
+		}
+	}
+	if cfg.Hop.Observer != nil {
+		obs = append(obs, cfg.Hop.Observer)
+	}
+	cfg.Hop.Observer = obs
+	return cfg
+}
+
+// registerGauges adds the node's gauges to its metrics (once p2p and the
+// shard are up).
+func (n *Node) registerGauges() {
+	m := n.cfg.Metrics
+	if m == nil {
+		return
+	}
+	m.P2P(n.p2p)
+	m.Table(n.table)
+	sh, hop := n.shard, n.hop
+	if sh == nil {
+		return
+	}
+	m.Gauge("sessions_active", "Route sessions open on this hop.", func() float64 { return float64(hop.Sessions()) })
+	m.Gauge("kv_cells", "KV cache cells of this node's shard.", func() float64 { return float64(sh.Capacity().NCtx) })
+	m.Gauge("kv_cells_used", "KV cache cells reserved by open sessions.", func() float64 {
+		c := sh.Capacity()
+		return float64(c.NCtx - c.FreeKV)
+	})
+	m.Gauge("session_slots", "Session slots of this node's shard (--max-sessions).", func() float64 { return float64(sh.Capacity().MaxSessions) })
+	m.Gauge("decode_ms_per_layer", "Measured single-row compute time per layer, as advertised.", func() float64 {
+		if v := hop.DecodeMsPerLayer(); v > 0 {
+			return float64(v)
+		}
+		return float64(n.calibration.Microseconds()) / 1000 / float64(max(1, sh.Info().End-sh.Info().Start))
+	})
+}
+
+// originObserver is what the node's origins report to.
+func (n *Node) originObserver() session.OriginObserver {
+	obs := session.OriginObservers{n.recorder}
+	if m := n.cfg.Metrics; m != nil {
+		obs = append(obs, m)
+	}
+	return obs
+}
+
+// Recorder holds the node's running totals and recent routes.
+func (n *Node) Recorder() *status.Recorder { return n.recorder }
+
+// StatusCollector builds the node's status document (GET /api/status,
+// `meshp2p status --json`).
+func (n *Node) StatusCollector(role string) *status.Collector {
+	return &status.Collector{P2P: n.p2p, Table: n.table, Recorder: n.recorder, Self: func() (status.Self, []route.Shard) {
+		in := n.Info()
+		s := status.Self{PeerID: in.PeerID, Role: role, Network: in.Network, Addrs: in.Addrs, Model: in.Model,
+			Fingerprint: in.Fingerprint, Start: in.Start, End: in.End, NLayer: in.NLayer}
+		sh, hop := n.shard, n.hop
+		if sh == nil || hop == nil {
+			return s, nil
+		}
+		c := sh.Capacity()
+		s.Sessions, s.MaxSessions, s.KVUsed, s.KVTotal = hop.Sessions(), c.MaxSessions, c.NCtx-c.FreeKV, c.NCtx
+		s.MsPerLayer = hop.DecodeMsPerLayer()
+		info := sh.Info()
+		own := route.Shard{Peer: n.p2p.ID(), Fingerprint: n.fp, ModelName: n.ModelName(), Arch: info.Arch, NLayer: n.nLayer,
+			NEmbd: info.NEmbd, Start: info.Start, End: info.End, HasVocab: n.vocabPath != "", DecodeMsPerLayer: s.MsPerLayer}
+		return s, []route.Shard{own}
+	}}
+}
+
+// Status builds the node's status document now.
+func (n *Node) Status(ctx context.Context, role string) *status.Document {
+	return n.StatusCollector(role).Document(ctx)
+}
