@@ -41,6 +41,7 @@ all: build
 deps:
 	go mod download
 	sh testnet/deps.sh
+	sh scripts/browser-deps.sh
 
 $(GENERATED): go.mod go.sum internal/gencgo/main.go
 	go mod download github.com/ollama/ollama

@@ -47,11 +47,11 @@ func (n *Node) registerGauges() {
 		return float64(c.NCtx - c.FreeKV)
 	})
 	m.Gauge("session_slots", "Session slots of this node's shard (--max-sessions).", func() float64 { return float64(sh.Capacity().MaxSessions) })
-	m.Gauge("decode_ms_per_layer", "Measured single-row compute time per layer, as advertised.", func() float64 {
+	m.Gauge("decode_seconds_per_layer", "Measured single-row compute time per layer, as advertised.", func() float64 {
 		if v := hop.DecodeMsPerLayer(); v > 0 {
-			return float64(v)
+			return float64(v) / 1000
 		}
-		return float64(n.calibration.Microseconds()) / 1000 / float64(max(1, sh.Info().End-sh.Info().Start))
+		return n.calibration.Seconds() / float64(max(1, sh.Info().End-sh.Info().Start))
 	})
 }
 
