@@ -59,15 +59,15 @@ func (hs *hopSession) release() {
 	// must find its cells free.
 	hs.closeEngine()
 	hs.dropPendingResumes()
+	if hs.admitted { // before it leaves the active map: Sessions() == 0 implies it is counted
+		h.cfg.Observer.SessionEnded(errCode(hs.err))
+	}
 	h.mu.Lock()
 	delete(h.active, hs.key)
 	h.mu.Unlock()
 	// A resume that found the session just before it left the map may
 	// have queued its stream meanwhile.
 	hs.dropPendingResumes()
-	if hs.admitted {
-		h.cfg.Observer.SessionEnded(errCode(hs.err))
-	}
 	h.log.Debug("session released", "session", hs.key, "err", hs.err)
 }
 

@@ -54,7 +54,7 @@ function drawModel(m) {
     if (s.tokens_per_sec) facts.push(`${s.tokens_per_sec.toFixed(0)} tok/s`);
     list.append(el("div", { class: "shard" + (s.live ? "" : " dead"), "data-peer": s.peer, "data-live": String(s.live) },
       el("div", { class: "row" }, el("b", { text: `layers ${s.start}-${s.end}` }), el("span", { class: "id", title: s.peer, text: short(s.peer) }),
-        s.self ? badge("self", "this node") : badge(s.path === "none" ? "" : s.path, s.path), s.live ? null : badge("dead", "dead")),
+        s.self ? badge("self", "this node") : s.live ? badge(s.path, s.path) : badge("dead", "dead")),
       span, el("div", { class: "muted", text: facts.join(" · ") })));
   }
   card.append(list);

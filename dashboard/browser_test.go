@@ -1,0 +1,175 @@
+package dashboard_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/chromedp/chromedp"
+
+	"github.com/neuron-tai/meshp2p/internal/testmodels"
+)
+
+// chromium finds Debian's chromium (scripts/browser-deps.sh installs it).
+func chromium(t *testing.T) string {
+	t.Helper()
+	for _, b := range []string{"chromium", "chromium-browser", "google-chrome"} {
+		if p, err := exec.LookPath(b); err == nil {
+			return p
+		}
+	}
+	t.Skip("chromium is not installed: run `make deps` as root (scripts/browser-deps.sh runs apt-get install chromium)")
+	return ""
+}
+
+// browser starts headless chromium with the flags this project uses and
+// returns a tab context.
+func browser(t *testing.T, exe string) context.Context {
+	t.Helper()
+	opts := []chromedp.ExecAllocatorOption{
+		chromedp.ExecPath(exe),
+		chromedp.Headless, chromedp.NoSandbox, chromedp.DisableGPU, chromedp.NoFirstRun, chromedp.NoDefaultBrowserCheck,
+		chromedp.Flag("disable-quic", true),
+		chromedp.Flag("disable-background-networking", true),
+		chromedp.Flag("disable-component-update", true),
+		chromedp.Flag("disable-sync", true),
+		chromedp.UserDataDir(t.TempDir()),
+		chromedp.WindowSize(1366, 900),
+	}
+	actx, cancelA := chromedp.NewExecAllocator(context.Background(), opts...)
+	ctx, cancelB := chromedp.NewContext(actx)
+	t.Cleanup(func() { cancelB(); cancelA() })
+	if err := chromedp.Do(ctx); err != nil { // starts the browser
+		t.Fatalf("start chromium: %v", err)
+	}
+	return ctx
+}
+
+// evalUntil evaluates js (a boolean expression) until it is true, at most
+// within d; it returns how long that took.
+func evalUntil(t *testing.T, ctx context.Context, js string, d time.Duration) time.Duration {
+	t.Helper()
+	start := time.Now()
+	for {
+		ok, err := chromedp.Run(ctx, chromedp.Evaluate[bool](js))
+		if err != nil {
+			t.Fatalf("evaluate %s: %v", js, err)
+		}
+		if ok {
+			return time.Since(start)
+		}
+		if time.Since(start) > d {
+			html, _ := chromedp.Run(ctx, chromedp.Evaluate[string](`document.querySelector('main').outerHTML`))
+			t.Fatalf("not true after %s: %s\n%s", d, js, html)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// screenshot writes the page to $MESHP2P_SCREENSHOT_DIR (default: the
+// test's temp dir), never into the repository.
+func screenshot(t *testing.T, ctx context.Context, name string) {
+	t.Helper()
+	dir := os.Getenv("MESHP2P_SCREENSHOT_DIR")
+	if dir == "" {
+		dir = t.TempDir()
+	}
+	png, err := chromedp.Run(ctx, chromedp.FullScreenshot(100))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := filepath.Join(dir, name)
+	if err := os.WriteFile(p, png, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("screenshot %s (%d bytes)", p, len(png))
+}
+
+// A three-node loopback swarm started through the CLI, the dashboard of
+// the first node in headless chromium: the coverage bar shows every layer
+// covered and every node; after a generation the route is listed; killing
+// a node turns its layers red; nothing overflows at laptop or phone width.
+func TestDashboardInBrowser(t *testing.T) {
+	exe := chromium(t)
+	bin := cli(t)
+	model := testmodels.Path(t, "stories260K.gguf")
+	a := startProc(t, bin, append([]string{"start", "--model", model, "--layers", "0-2", "--metrics", "127.0.0.1:0"}, netArgs("browsertest", dataDir(t, "a"))...)...)
+	b := startProc(t, bin, append([]string{"start", "--model", model, "--layers", "2-4", "--bootstrap", a.addr}, netArgs("browsertest", dataDir(t, "b"))...)...)
+	c := startProc(t, bin, append([]string{"start", "--model", model, "--layers", "4-5", "--bootstrap", a.addr}, netArgs("browsertest", dataDir(t, "c"))...)...)
+	if _, err := run(t, bin, "generate", "--model", "stories260K", "--bootstrap", a.addr, "--prompt", "Once upon a time", "--max-tokens", "24",
+		"--wait", "30s", "--network", "browsertest", "--listen", "/ip4/127.0.0.1/tcp/0"); err != nil {
+		t.Fatal(err)
+	}
+
+	ctx := browser(t, exe)
+	url := "http://" + a.metrics + "/"
+	if err := chromedp.Do(ctx, chromedp.Navigate(url)); err != nil {
+		t.Fatal(err)
+	}
+	// Full coverage: five layers, one replica each, no gap; three shards,
+	// all live, each node listed.
+	took := evalUntil(t, ctx, `document.querySelectorAll('.bar .cell').length === 5 &&
+		document.querySelectorAll('.bar .cell.gap').length === 0 &&
+		document.querySelectorAll('.bar .cell.r1').length === 5 &&
+		document.querySelectorAll('.shard[data-live="true"]').length === 3`, 20*time.Second)
+	t.Logf("full coverage shown %v after load", took.Round(time.Millisecond))
+	for _, p := range []*proc{b, c} {
+		evalUntil(t, ctx, fmt.Sprintf(`!!document.querySelector('.node[data-peer=%q]') && !!document.querySelector('.shard[data-peer=%q]')`, p.id, p.id), 10*time.Second)
+	}
+	evalUntil(t, ctx, `document.querySelectorAll('#route-list li[data-epoch]').length === 1 &&
+		document.querySelector('#route-list li').textContent.includes('[0-2]') && document.querySelector('#route-list li').textContent.includes('[4-5]')`, 10*time.Second)
+	// No API on this server: the chat panel stays hidden.
+	if chatHidden, err := chromedp.Run(ctx, chromedp.Evaluate[bool](`document.getElementById('chat').hidden`)); err != nil || !chatHidden {
+		t.Errorf("chat panel shown without /v1/models (%v)", err)
+	}
+
+	for _, w := range []struct {
+		name          string
+		width, height int64
+	}{{"laptop", 1366, 900}, {"phone", 390, 844}} {
+		if err := chromedp.Do(ctx, chromedp.EmulateViewport(w.width, w.height)); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(300 * time.Millisecond) // a layout pass and a poll
+		type widths struct{ Doc, Body, Inner float64 }
+		over, err := chromedp.Run(ctx, chromedp.Evaluate[widths](`({Doc: document.documentElement.scrollWidth, Body: document.body.scrollWidth, Inner: window.innerWidth})`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if over.Doc > over.Inner || over.Body > over.Inner || over.Inner != float64(w.width) {
+			t.Errorf("%s: horizontal overflow: scrollWidth %v / body %v > innerWidth %v", w.name, over.Doc, over.Body, over.Inner)
+		}
+		// No element sticks out to the right either (overflow hidden on
+		// the body would hide that from scrollWidth).
+		wide, err := chromedp.Run(ctx, chromedp.Evaluate[string](`[...document.querySelectorAll('body *')].filter(e => e.getBoundingClientRect().right > window.innerWidth + 0.5).map(e => e.tagName + '.' + e.className).slice(0, 5).join(' ')`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if wide != "" {
+			t.Errorf("%s: elements wider than the viewport: %s", w.name, wide)
+		}
+		screenshot(t, ctx, "dashboard-"+w.name+".png")
+	}
+	if err := chromedp.Do(ctx, chromedp.EmulateViewport(1366, 900)); err != nil {
+		t.Fatal(err)
+	}
+
+	// Kill the node serving layers 4-5: its layer turns red, its shard is
+	// marked dead, and the model is not routable.
+	killed := time.Now()
+	c.kill()
+	evalUntil(t, ctx, `!!document.querySelector('.bar .cell.gap[data-layer="4"]') &&
+		document.querySelectorAll('.bar .cell.gap').length === 1 &&
+		!!document.querySelector('.shard.dead[data-peer="`+c.id+`"]') &&
+		document.querySelector('.model .badge.bad') !== null`, 15*time.Second)
+	t.Logf("killed node's layer red %v after SIGKILL", time.Since(killed).Round(time.Millisecond))
+	screenshot(t, ctx, "dashboard-killed.png")
+
+	t.Run("chat", func(t *testing.T) {
+		t.Skip("the OpenAI API server (issue 11) is not on this branch: no /v1/chat/completions to stream from; the panel is hidden (checked above)")
+	})
+}
