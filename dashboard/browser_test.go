@@ -122,6 +122,12 @@ func TestDashboardInBrowser(t *testing.T) {
 	}
 	evalUntil(t, ctx, `document.querySelectorAll('#route-list li[data-epoch]').length === 1 &&
 		document.querySelector('#route-list li').textContent.includes('[0-2]') && document.querySelector('#route-list li').textContent.includes('[4-5]')`, 10*time.Second)
+	// Tokens flowing through this node show as a rate.
+	if _, err := run(t, bin, "generate", "--model", "stories260K", "--bootstrap", a.addr, "--prompt", "Once upon a time", "--max-tokens", "64",
+		"--wait", "30s", "--network", "browsertest", "--listen", "/ip4/127.0.0.1/tcp/0"); err != nil {
+		t.Fatal(err)
+	}
+	evalUntil(t, ctx, `parseFloat(document.getElementById('tps').textContent) > 0 && document.querySelectorAll('#route-list li[data-epoch]').length === 2`, 10*time.Second)
 	// No API on this server: the chat panel stays hidden.
 	if chatHidden, err := chromedp.Run(ctx, chromedp.Evaluate[bool](`document.getElementById('chat').hidden`)); err != nil || !chatHidden {
 		t.Errorf("chat panel shown without /v1/models (%v)", err)

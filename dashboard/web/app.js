@@ -84,7 +84,7 @@ function drawRoutes(doc) {
     const hops = [];
     (r.hops || []).forEach((h, i) => {
       if (i) hops.push(" → ");
-      hops.push(el("span", { class: "hop", title: h.peer, text: `${short(h.peer)}[${h.start}-${h.end}]${h.path && h.path !== "self" ? " " + h.path : ""}` }));
+      hops.push(el("span", { class: "hop", title: h.peer, text: `${short(h.peer)}[${h.start}-${h.end}]${h.path === "direct" || h.path === "relayed" ? " " + h.path : ""}` }));
     });
     const t = new Date(r.time).toLocaleTimeString();
     list.append(el("li", { "data-epoch": String(r.epoch) }, el("span", { class: "muted", text: t + " " }),
