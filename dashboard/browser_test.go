@@ -2,16 +2,23 @@ package dashboard_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/chromedp/chromedp"
 
+	"github.com/neuron-tai/meshp2p/dashboard"
 	"github.com/neuron-tai/meshp2p/internal/testmodels"
+	"github.com/neuron-tai/meshp2p/status"
 )
 
 // chromium finds Debian's chromium (scripts/browser-deps.sh installs it).
@@ -175,7 +182,56 @@ func TestDashboardInBrowser(t *testing.T) {
 	t.Logf("killed node's layer red %v after SIGKILL", time.Since(killed).Round(time.Millisecond))
 	screenshot(t, ctx, "dashboard-killed.png")
 
-	t.Run("chat", func(t *testing.T) {
-		t.Skip("the OpenAI API server (issue 11) is not on this branch: no /v1/chat/completions to stream from; the panel is hidden (checked above)")
+	t.Run("chat panel streams from a stand-in /v1", func(t *testing.T) { chatPanel(t, ctx) })
+	t.Run("chat through the real API server", func(t *testing.T) {
+		t.Skip("the OpenAI API server (issue 11) is not on this branch: no real /v1/chat/completions to stream from yet")
 	})
+}
+
+// chatPanel checks the panel's own logic (shown when /v1/models answers,
+// sends the conversation with stream: true, renders SSE deltas as they
+// arrive) against a minimal stand-in for the API server's two routes,
+// mounted beside the dashboard as the API server will mount it.
+func chatPanel(t *testing.T, ctx context.Context) {
+	var mu sync.Mutex
+	var got []map[string]any
+	mux := http.NewServeMux()
+	dashboard.Register(mux, dashboard.Options{Status: func(context.Context) *status.Document {
+		return &status.Document{Version: status.Version, Self: status.Self{Role: "gateway"}}
+	}})
+	mux.HandleFunc("GET /v1/models", func(w http.ResponseWriter, _ *http.Request) {
+		_, _ = io.WriteString(w, `{"object":"list","data":[{"id":"stories260K","object":"model"}]}`)
+	})
+	mux.HandleFunc("POST /v1/chat/completions", func(w http.ResponseWriter, r *http.Request) {
+		var req map[string]any
+		_ = json.NewDecoder(io.LimitReader(r.Body, 1<<20)).Decode(&req)
+		mu.Lock()
+		got = append(got, req)
+		mu.Unlock()
+		w.Header().Set("Content-Type", "text/event-stream")
+		for _, piece := range []string{"Once", " upon", " a <b>time</b>"} {
+			b, _ := json.Marshal(map[string]any{"object": "chat.completion.chunk", "choices": []any{map[string]any{"index": 0, "delta": map[string]any{"content": piece}}}})
+			fmt.Fprintf(w, "data: %s\n\n", b)
+			w.(http.Flusher).Flush()
+			time.Sleep(50 * time.Millisecond)
+		}
+		_, _ = io.WriteString(w, "data: [DONE]\n\n")
+	})
+	srv := httptest.NewServer(mux)
+	defer srv.Close()
+	if err := chromedp.Do(ctx, chromedp.Navigate(srv.URL+"/")); err != nil {
+		t.Fatal(err)
+	}
+	evalUntil(t, ctx, `!document.getElementById('chat').hidden && document.getElementById('chat-model').value === 'stories260K'`, 10*time.Second)
+	if err := chromedp.Do(ctx, chromedp.Evaluate[chromedp.Void](`document.getElementById('chat-input').value = 'Tell me a story'; document.getElementById('chat-send').click()`)); err != nil {
+		t.Fatal(err)
+	}
+	evalUntil(t, ctx, `(() => { const m = document.querySelector('.msg.assistant[data-done="true"]');
+		return !!m && m.textContent === 'Once upon a <b>time</b>' && m.children.length === 0; })()`, 10*time.Second)
+	screenshot(t, ctx, "dashboard-chat.png")
+	mu.Lock()
+	defer mu.Unlock()
+	if len(got) != 1 || got[0]["stream"] != true || got[0]["model"] != "stories260K" || fmt.Sprint(got[0]["messages"]) != "[map[content:Tell me a story role:user]]" {
+		t.Fatalf("requests %v", got)
+	}
 }

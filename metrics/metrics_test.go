@@ -1,7 +1,9 @@
 package metrics
 
 import (
+	"context"
 	"errors"
+	"log/slog"
 	"fmt"
 	"net/http/httptest"
 	"strings"
@@ -74,5 +76,26 @@ func TestMetricsLintAndLabels(t *testing.T) {
 	}
 	if n := testutil.CollectAndCount(m.seamBytes); n != 2 {
 		t.Errorf("seam bytes has %d series, want direct and relayed only", n)
+	}
+}
+
+// Two hosts of one process (a gateway's client beside a serving node)
+// share the process's registry: go-libp2p's collectors are registered
+// once, meshp2p's gauges of the same name once, and a scrape works.
+func TestTwoHostsShareARegistry(t *testing.T) {
+	m := New()
+	for i := 0; i < 2; i++ {
+		n, err := p2p.New(context.Background(), p2p.Config{Network: "metricsshare", DataDir: t.TempDir(), Metrics: m.Registry,
+			ListenAddrs: []string{"/ip4/127.0.0.1/tcp/0"}, RelayService: i == 0, Logger: slog.New(slog.DiscardHandler)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { n.Close() })
+		m.P2P(n)
+	}
+	rec := httptest.NewRecorder()
+	m.Handler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+	if rec.Code != 200 || !strings.Contains(rec.Body.String(), "libp2p_rcmgr_") || !strings.Contains(rec.Body.String(), "meshp2p_adverts 0") {
+		t.Fatalf("scrape: %d\n%.2000s", rec.Code, rec.Body.String())
 	}
 }
