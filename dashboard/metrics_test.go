@@ -163,6 +163,36 @@ func TestMetricsStatusAndDashboard(t *testing.T) {
 		t.Errorf("head counters/routes: %+v %+v", api.Counters, api.Routes)
 	}
 
+	// A dead node drops out of coverage at once, though its advert
+	// lingers: the client's probe cannot dial it, the head has lost it.
+	tail.kill()
+	out, err = run(t, bin, append([]string{"status", "--json", "--wait", "5s"}, client[2:]...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var dead status.Document
+	decodeJSON(t, out, &dead)
+	if len(dead.Models) != 1 || !reflect.DeepEqual(dead.Models[0].Replicas, []int{1, 1, 1, 0, 0}) || dead.Models[0].Routable ||
+		!reflect.DeepEqual(dead.Models[0].Gaps, []status.Run{{Start: 3, End: 5, Replicas: 0}}) {
+		t.Fatalf("after the kill, status --json: %+v", dead.Models)
+	}
+	listed := 0
+	for _, sh := range dead.Models[0].Shards {
+		if (sh.Peer == tail.id) == sh.Live {
+			t.Errorf("shard %s live=%v after the tail was killed", sh.Peer, sh.Live)
+		}
+		if sh.Peer == tail.id {
+			listed++
+		}
+	}
+	if listed != 1 {
+		t.Errorf("the dead tail's lingering advert is listed %d times, want once (as dead)", listed)
+	}
+	decodeJSON(t, get(t, "http://"+head.metrics+"/api/status"), &api)
+	if !reflect.DeepEqual(api.Models[0].Replicas, []int{1, 1, 1, 0, 0}) {
+		t.Errorf("head after the kill: %+v", api.Models[0])
+	}
+
 	// The dashboard: its page and files, with the self-only CSP.
 	r, err := http.Get("http://" + head.metrics + "/")
 	if err != nil {
