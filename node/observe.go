@@ -70,11 +70,12 @@ func (n *Node) Recorder() *status.Recorder { return n.recorder }
 // StatusCollector builds the node's status document (GET /api/status,
 // `meshp2p status --json`).
 func (n *Node) StatusCollector(role string) *status.Collector {
+	sh, hop := n.shard, n.hop // fixed after Start; Close clears n.shard
 	return &status.Collector{P2P: n.p2p, Table: n.table, Recorder: n.recorder, Self: func() (status.Self, []route.Shard) {
-		in := n.Info()
-		s := status.Self{PeerID: in.PeerID, Role: role, Network: in.Network, Addrs: in.Addrs, Model: in.Model,
-			Fingerprint: in.Fingerprint, Start: in.Start, End: in.End, NLayer: in.NLayer}
-		sh, hop := n.shard, n.hop
+		s := status.Self{PeerID: n.p2p.ID().String(), Role: role, Network: n.cfg.P2P.Network, Model: n.ModelName(), Fingerprint: n.fp, NLayer: n.nLayer}
+		for _, a := range n.p2p.Addrs() {
+			s.Addrs = append(s.Addrs, a.String())
+		}
 		if sh == nil || hop == nil {
 			return s, nil
 		}
@@ -82,6 +83,7 @@ func (n *Node) StatusCollector(role string) *status.Collector {
 		s.Sessions, s.MaxSessions, s.KVUsed, s.KVTotal = hop.Sessions(), c.MaxSessions, c.NCtx-c.FreeKV, c.NCtx
 		s.MsPerLayer = hop.DecodeMsPerLayer()
 		info := sh.Info()
+		s.Start, s.End = info.Start, info.End
 		own := route.Shard{Peer: n.p2p.ID(), Fingerprint: n.fp, ModelName: n.ModelName(), Arch: info.Arch, NLayer: n.nLayer,
 			NEmbd: info.NEmbd, Start: info.Start, End: info.End, HasVocab: n.vocabPath != "", DecodeMsPerLayer: s.MsPerLayer}
 		return s, []route.Shard{own}

@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"sync"
 
 	"github.com/neuron-tai/meshp2p/dashboard"
 	"github.com/neuron-tai/meshp2p/metrics"
@@ -49,5 +50,6 @@ func (f *metricsFlag) serve(stdout io.Writer, log *slog.Logger, doc func(context
 	}
 	fmt.Fprintf(stdout, "metrics:  http://%s/metrics (dashboard http://%s/)\n", srv.Addr(), srv.Addr())
 	log.Info("metrics, status and dashboard served", "addr", srv.Addr())
-	return func() { _ = srv.Close() }, nil
+	var once sync.Once
+	return func() { once.Do(func() { _ = srv.Close() }) }, nil
 }

@@ -105,6 +105,7 @@ func runStart(ctx context.Context, stdout, stderr io.Writer, args []string) erro
 	fmt.Fprintf(stdout, "ready; node info in %s\n", p)
 	<-ctx.Done()
 	log.Info("shutting down: closing sessions, withdrawing advert")
+	stopMetrics()
 	return n.Close()
 }
 

@@ -79,6 +79,7 @@ func runTracker(ctx context.Context, stdout, stderr io.Writer, args []string) er
 	fmt.Fprintf(stdout, "ready; node info in %s\n", p)
 	<-ctx.Done()
 	log.Info("shutting down tracker")
+	stopMetrics()
 	return tr.Close()
 }
 
