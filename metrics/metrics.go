@@ -228,6 +228,7 @@ func (m *Metrics) RoutePlanned(d time.Duration, err error) {
 	}
 	m.planned.WithLabelValues(r).Observe(d.Seconds())
 }
+func (m *Metrics) Routed(session.SessionInfo) {}
 func (m *Metrics) FirstToken(d time.Duration) { m.ttft.Observe(d.Seconds()) }
 func (m *Metrics) Rerouted()                  { m.reroutes.Inc() }
 func (m *Metrics) Recovered(d time.Duration)  { m.recovery.Observe(d.Seconds()) }

@@ -117,6 +117,9 @@ func TestOriginMetricsFollowAReroute(t *testing.T) {
 	if cn := c.Recorder().Counters(); cn.Reroutes != 1 || cn.Generations != 1 {
 		t.Errorf("recorder %+v", cn)
 	}
+	if rs := c.Recorder().Routes(); len(rs) != 2 || !rs[0].Reroute || rs[0].HopIndex != -1 || rs[1].Reroute || len(rs[0].Hops) != 3 {
+		t.Errorf("recorded routes %+v", rs)
+	}
 	if sample(t, m, "libp2p_rcmgr_streams", "") < 0 {
 		t.Error("no go-libp2p metrics in the client's registry")
 	}

@@ -8,6 +8,7 @@ import (
 
 	"github.com/neuron-tai/meshp2p/p2p"
 	"github.com/neuron-tai/meshp2p/proto/meshp2pb"
+	"github.com/neuron-tai/meshp2p/route"
 )
 
 // HopObserver sees what a HopService does, for metrics and the status
@@ -39,6 +40,9 @@ type HopObserver interface {
 type OriginObserver interface {
 	// RoutePlanned: the planner answered in d (err nil: a route).
 	RoutePlanned(d time.Duration, err error)
+	// Routed: an epoch's route is about to be opened (HopIndex -1: this
+	// is the origin).
+	Routed(SessionInfo)
 	// FirstToken: a generation's first token arrived d after it started.
 	FirstToken(d time.Duration)
 	// Rerouted: a hop failed and the origin re-routes around it.
@@ -88,6 +92,7 @@ func (nopOrigin) FirstToken(time.Duration)            {}
 func (nopOrigin) Rerouted()                           {}
 func (nopOrigin) Recovered(time.Duration)             {}
 func (nopOrigin) GenerationDone(int, error)           {}
+func (nopOrigin) Routed(SessionInfo)                  {}
 
 type nopOrigin struct{}
 
@@ -95,6 +100,14 @@ func sessionInfo(open *meshp2pb.SessionOpen, idx int) SessionInfo {
 	si := SessionInfo{Fingerprint: open.GetModelFingerprint(), Epoch: open.GetEpoch(), HopIndex: idx}
 	for _, h := range open.GetRoute().GetHops() {
 		si.Hops = append(si.Hops, HopInfo{Peer: peer.ID(h.GetPeerId()), Start: int(h.GetStart()), End: int(h.GetEnd())})
+	}
+	return si
+}
+
+func routeInfo(rt *route.Route) SessionInfo {
+	si := SessionInfo{Fingerprint: rt.Fingerprint, Epoch: rt.Epoch, HopIndex: -1}
+	for _, h := range rt.Hops {
+		si.Hops = append(si.Hops, HopInfo{Peer: h.Peer, Start: h.Start, End: h.End})
 	}
 	return si
 }
@@ -150,6 +163,11 @@ type OriginObservers []OriginObserver
 func (o OriginObservers) RoutePlanned(d time.Duration, err error) {
 	for _, x := range o {
 		x.RoutePlanned(d, err)
+	}
+}
+func (o OriginObservers) Routed(si SessionInfo) {
+	for _, x := range o {
+		x.Routed(si)
 	}
 }
 func (o OriginObservers) FirstToken(d time.Duration) {

@@ -25,6 +25,7 @@ type recObs struct {
 	reroutes int
 	recover  int
 	done     []int
+	routed   []SessionInfo
 }
 
 func (r *recObs) lock() func() { r.mu.Lock(); return r.mu.Unlock }
@@ -55,6 +56,7 @@ func (r *recObs) SeamWrite(p p2p.Path, _ int, _ time.Duration) {
 }
 func (r *recObs) RoutePlanned(time.Duration, error) { defer r.lock()(); r.planned++ }
 func (r *recObs) FirstToken(time.Duration)          { defer r.lock()(); r.ttft++ }
+func (r *recObs) Routed(si SessionInfo)             { defer r.lock()(); r.routed = append(r.routed, si) }
 func (r *recObs) Rerouted()                         { defer r.lock()(); r.reroutes++ }
 func (r *recObs) Recovered(time.Duration)           { defer r.lock()(); r.recover++ }
 func (r *recObs) GenerationDone(n int, _ error)     { defer r.lock()(); r.done = append(r.done, n) }
@@ -85,6 +87,9 @@ func TestObserversSeeARerouteGeneration(t *testing.T) {
 	}
 	if origin.planned != 2 || origin.ttft != 1 || origin.reroutes != 1 || origin.recover != 1 || len(origin.done) != 1 || origin.done[0] != maxTok {
 		t.Fatalf("origin saw planned %d, ttft %d, reroutes %d, recovered %d, done %v", origin.planned, origin.ttft, origin.reroutes, origin.recover, origin.done)
+	}
+	if len(origin.routed) != 2 || origin.routed[1].Epoch != 2 || origin.routed[1].HopIndex != -1 || origin.routed[1].Hops[1].Peer != spare.host.ID() {
+		t.Fatalf("origin routed %+v", origin.routed)
 	}
 	if len(obs[2].admitted) != 1 || obs[2].admitted[0].Epoch != 2 || obs[2].admitted[0].HopIndex != 1 || len(obs[2].admitted[0].Hops) != 3 ||
 		obs[2].admitted[0].Hops[1].Peer != spare.host.ID() {

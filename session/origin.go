@@ -214,6 +214,7 @@ func blameOnRoute(rt *route.Route, failed peer.ID) peer.ID {
 // run drives one epoch. On failure it returns the peer to exclude ("" when
 // nobody is to blame and re-routing would not help).
 func (o *Origin) run(ctx context.Context, sid [16]byte, rt *route.Route, req GenerateRequest, res *Result, start time.Time) (peer.ID, error) {
+	o.observer().Routed(routeInfo(rt))
 	head := rt.Hops[0].Peer
 	dctx, cancel := context.WithTimeout(ctx, DialTimeout)
 	s, err := o.Dialer.NewStream(dctx, head, o.Protocol)

@@ -31,6 +31,14 @@ func (r *Recorder) SessionAdmitted(si session.SessionInfo) {
 	if si.Epoch > 1 {
 		r.reroutes.Add(1)
 	}
+	r.add(si)
+}
+
+// Routed records a route this node's origin opens (its re-routes are
+// counted by Rerouted).
+func (r *Recorder) Routed(si session.SessionInfo) { r.add(si) }
+
+func (r *Recorder) add(si session.SessionInfo) {
 	rt := Route{Time: time.Now().UTC(), Fingerprint: si.Fingerprint, Epoch: si.Epoch, Reroute: si.Epoch > 1, HopIndex: si.HopIndex}
 	for _, h := range si.Hops {
 		rt.Hops = append(rt.Hops, Hop{Peer: h.Peer.String(), Start: h.Start, End: h.End})

@@ -99,7 +99,8 @@ type Peer struct {
 	Layers []string `json:"layers,omitempty"` // "<model> A-B"
 }
 
-// Route is a session this node ran a hop of (or, as an origin, planned).
+// Route is a session this node ran a hop of (HopIndex ≥ 0) or, as an
+// origin, opened (HopIndex -1).
 type Route struct {
 	Time        time.Time `json:"time"`
 	Fingerprint string    `json:"fingerprint"`
