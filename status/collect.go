@@ -36,7 +36,8 @@ type Collector struct {
 	Self     func() (Self, []route.Shard)
 	Recorder *Recorder
 
-	mu     sync.Mutex
+	round  sync.Mutex // one probe round at a time: concurrent requests reuse its results
+	mu     sync.Mutex // guards probes
 	probes map[peer.ID]probe
 }
 
@@ -180,6 +181,8 @@ func (c *Collector) peers(shards []route.Shard, live map[peer.ID]probe) []Peer {
 // pinged for RTT; the others get one bounded dial and ping. Results are
 // cached for ProbeCache.
 func (c *Collector) probeAll(ctx context.Context, shards []route.Shard) map[peer.ID]probe {
+	c.round.Lock()
+	defer c.round.Unlock()
 	out := map[peer.ID]probe{}
 	addrs := map[peer.ID]peer.AddrInfo{}
 	for _, s := range shards {
