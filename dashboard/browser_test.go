@@ -200,22 +200,43 @@ func chatPanel(t *testing.T, ctx context.Context) {
 		return &status.Document{Version: status.Version, Self: status.Self{Role: "gateway"}}
 	}})
 	mux.HandleFunc("GET /v1/models", func(w http.ResponseWriter, _ *http.Request) {
-		_, _ = io.WriteString(w, `{"object":"list","data":[{"id":"stories260K","object":"model"}]}`)
+		_, _ = io.WriteString(w, `{"object":"list","data":[{"id":"stories260K","object":"model"},{"id":"base","object":"model"}]}`)
 	})
-	mux.HandleFunc("POST /v1/chat/completions", func(w http.ResponseWriter, r *http.Request) {
-		var req map[string]any
-		_ = json.NewDecoder(io.LimitReader(r.Body, 1<<20)).Decode(&req)
-		mu.Lock()
-		got = append(got, req)
-		mu.Unlock()
+	sse := func(w http.ResponseWriter, chunk func(string) any, pieces ...string) {
 		w.Header().Set("Content-Type", "text/event-stream")
-		for _, piece := range []string{"Once", " upon", " a <b>time</b>"} {
-			b, _ := json.Marshal(map[string]any{"object": "chat.completion.chunk", "choices": []any{map[string]any{"index": 0, "delta": map[string]any{"content": piece}}}})
+		for _, piece := range pieces {
+			b, _ := json.Marshal(chunk(piece))
 			fmt.Fprintf(w, "data: %s\n\n", b)
 			w.(http.Flusher).Flush()
 			time.Sleep(50 * time.Millisecond)
 		}
 		_, _ = io.WriteString(w, "data: [DONE]\n\n")
+	}
+	record := func(r *http.Request) map[string]any {
+		var req map[string]any
+		_ = json.NewDecoder(io.LimitReader(r.Body, 1<<20)).Decode(&req)
+		req["path"] = r.URL.Path
+		mu.Lock()
+		got = append(got, req)
+		mu.Unlock()
+		return req
+	}
+	mux.HandleFunc("POST /v1/chat/completions", func(w http.ResponseWriter, r *http.Request) {
+		if record(r)["model"] == "base" { // what the API server says for a GGUF without a chat template
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusBadRequest)
+			_, _ = io.WriteString(w, `{"error":{"message":"model base has no chat template in its GGUF file: use /v1/completions with a prompt","type":"invalid_request_error","param":"messages","code":null}}`)
+			return
+		}
+		sse(w, func(p string) any {
+			return map[string]any{"object": "chat.completion.chunk", "choices": []any{map[string]any{"index": 0, "delta": map[string]any{"content": p}}}}
+		}, "Once", " upon", " a <b>time</b>")
+	})
+	mux.HandleFunc("POST /v1/completions", func(w http.ResponseWriter, r *http.Request) {
+		record(r)
+		sse(w, func(p string) any {
+			return map[string]any{"object": "text_completion", "choices": []any{map[string]any{"index": 0, "text": p}}}
+		}, " a time", " there")
 	})
 	srv := httptest.NewServer(mux)
 	defer srv.Close()
@@ -228,10 +249,18 @@ func chatPanel(t *testing.T, ctx context.Context) {
 	}
 	evalUntil(t, ctx, `(() => { const m = document.querySelector('.msg.assistant[data-done="true"]');
 		return !!m && m.textContent === 'Once upon a <b>time</b>' && m.children.length === 0; })()`, 10*time.Second)
+	// A base model (no chat template): the panel continues the text
+	// through /v1/completions and says so.
+	if err := chromedp.Do(ctx, chromedp.Evaluate[chromedp.Void](`document.getElementById('chat-model').value = 'base'; document.getElementById('chat-input').value = 'Once upon'; document.getElementById('chat-send').click()`)); err != nil {
+		t.Fatal(err)
+	}
+	evalUntil(t, ctx, `(() => { const m = document.querySelectorAll('.msg.assistant[data-done="true"]');
+		return m.length === 2 && m[1].textContent === 'Once upon a time there' && m[1].dataset.mode === 'completion' && !!document.querySelector('.msg.note'); })()`, 10*time.Second)
 	screenshot(t, ctx, "dashboard-chat.png")
 	mu.Lock()
 	defer mu.Unlock()
-	if len(got) != 1 || got[0]["stream"] != true || got[0]["model"] != "stories260K" || fmt.Sprint(got[0]["messages"]) != "[map[content:Tell me a story role:user]]" {
+	if len(got) != 3 || got[0]["stream"] != true || got[0]["model"] != "stories260K" || fmt.Sprint(got[0]["messages"]) != "[map[content:Tell me a story role:user]]" ||
+		got[1]["path"] != "/v1/chat/completions" || got[2]["path"] != "/v1/completions" || got[2]["prompt"] != "Once upon" || got[2]["stream"] != true {
 		t.Fatalf("requests %v", got)
 	}
 }

@@ -151,6 +151,42 @@ async function initChat() {
   });
 }
 
+// Models without a chat template in their GGUF (base models) are
+// refused by /v1/chat/completions; the panel then continues the text
+// through /v1/completions and says so.
+const noTemplate = {};
+
+async function stream(url, body, onText) {
+  const r = await fetch(url, { method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body) });
+  if (!r.ok || !r.body) {
+    const err = new Error(`HTTP ${r.status}`);
+    try { const e = (await r.json()).error || {}; err.message = e.message || err.message; err.param = e.param; } catch (e) { /* not JSON */ }
+    err.status = r.status;
+    throw err;
+  }
+  const reader = r.body.getReader();
+  const dec = new TextDecoder();
+  let buf = "";
+  for (;;) {
+    const { done, value } = await reader.read();
+    if (done) return;
+    buf += dec.decode(value, { stream: true });
+    let i;
+    while ((i = buf.indexOf("\n")) >= 0) {
+      const line = buf.slice(0, i).trim();
+      buf = buf.slice(i + 1);
+      if (!line.startsWith("data:")) continue;
+      const data = line.slice(5).trim();
+      if (data === "[DONE]") continue;
+      const chunk = JSON.parse(data);
+      if (chunk.error) throw new Error(chunk.error.message || "error");
+      const c = chunk.choices && chunk.choices[0];
+      const t = c && ((c.delta && c.delta.content) || c.text);
+      if (t) onText(t);
+    }
+  }
+}
+
 async function send() {
   const input = $("chat-input");
   const text = input.value.trim();
@@ -160,38 +196,26 @@ async function send() {
   log.append(el("div", { class: "msg user", text }));
   const out = el("div", { class: "msg assistant" });
   log.append(out);
+  const model = $("chat-model").value;
   history.push({ role: "user", content: text });
   $("chat-send").disabled = true;
   let reply = "";
+  const show = (t) => { reply += t; out.textContent = reply; log.scrollTop = log.scrollHeight; };
   try {
-    const r = await fetch("/v1/chat/completions", {
-      method: "POST", headers: { "Content-Type": "application/json" },
-      body: JSON.stringify({ model: $("chat-model").value, messages: history, stream: true }),
-    });
-    if (!r.ok || !r.body) {
-      let msg = `HTTP ${r.status}`;
-      try { msg = (await r.json()).error.message || msg; } catch (e) { /* not JSON */ }
-      throw new Error(msg);
-    }
-    const reader = r.body.getReader();
-    const dec = new TextDecoder();
-    let buf = "";
-    for (;;) {
-      const { done, value } = await reader.read();
-      if (done) break;
-      buf += dec.decode(value, { stream: true });
-      let i;
-      while ((i = buf.indexOf("\n")) >= 0) {
-        const line = buf.slice(0, i).trim();
-        buf = buf.slice(i + 1);
-        if (!line.startsWith("data:")) continue;
-        const data = line.slice(5).trim();
-        if (data === "[DONE]") continue;
-        const chunk = JSON.parse(data);
-        if (chunk.error) throw new Error(chunk.error.message || "error");
-        const d = chunk.choices && chunk.choices[0] && chunk.choices[0].delta;
-        if (d && d.content) { reply += d.content; out.textContent = reply; log.scrollTop = log.scrollHeight; }
+    if (!noTemplate[model]) {
+      try {
+        await stream("/v1/chat/completions", { model, messages: history, stream: true }, show);
+      } catch (e) {
+        if (e.status !== 400 || e.param !== "messages" || reply) throw e;
+        noTemplate[model] = true;
       }
+    }
+    if (noTemplate[model]) {
+      out.dataset.mode = "completion";
+      log.insertBefore(el("div", { class: "msg note", text: `${model} has no chat template: continuing your text instead` }), out);
+      reply = text;
+      out.textContent = reply;
+      await stream("/v1/completions", { model, prompt: text, stream: true, max_tokens: 128 }, show);
     }
     history.push({ role: "assistant", content: reply });
     out.dataset.done = "true";
