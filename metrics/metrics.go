@@ -76,7 +76,7 @@ func New() *Metrics {
 	m.reroutes = f.counter("reroutes_total", "Re-routes: a hop failed during a generation and the origin routed around it.")
 	m.recovery = f.histogram("reroute_recovery_seconds", "Time from the failure behind a re-route until tokens flow again.", slowBuckets)
 	m.gens = f.counterVec("generations_total", "Generations this origin ran, by result.", "result")
-	m.genTokens = f.counter("generated_tokens_total", "Tokens this origin's generations received.")
+	m.genTokens = f.counter("generated_tokens_total", "Tokens this origin's generations received (counted as they arrive).")
 	for _, k := range []string{"prefill", "decode"} {
 		m.rows.WithLabelValues(k)
 		m.compute.WithLabelValues(k)
@@ -230,6 +230,7 @@ func (m *Metrics) RoutePlanned(d time.Duration, err error) {
 }
 func (m *Metrics) Routed(session.SessionInfo) {}
 func (m *Metrics) FirstToken(d time.Duration) { m.ttft.Observe(d.Seconds()) }
+func (m *Metrics) TokenReceived()             { m.genTokens.Inc() }
 func (m *Metrics) Rerouted()                  { m.reroutes.Inc() }
 func (m *Metrics) Recovered(d time.Duration)  { m.recovery.Observe(d.Seconds()) }
 func (m *Metrics) GenerationDone(tokens int, err error) {
@@ -238,7 +239,6 @@ func (m *Metrics) GenerationDone(tokens int, err error) {
 		r = "error"
 	}
 	m.gens.WithLabelValues(r).Inc()
-	m.genTokens.Add(float64(tokens))
 }
 
 // Counter registers a counter read from fn at every scrape (a total kept

@@ -39,6 +39,9 @@ func TestMetricsLintAndLabels(t *testing.T) {
 	m.FirstToken(50 * time.Millisecond)
 	m.Rerouted()
 	m.Recovered(time.Second)
+	for i := 0; i < 12; i++ {
+		m.TokenReceived()
+	}
 	m.GenerationDone(12, nil)
 	m.Gauge("kv_cells", "KV cache cells.", func() float64 { return 4096 })
 	if m.Gauge("kv_cells", "again", func() float64 { return 1 }) {

@@ -114,7 +114,7 @@ func TestOriginMetricsFollowAReroute(t *testing.T) {
 			t.Errorf("%s{%s} = %v, want %v", w.name, w.label, got, w.v)
 		}
 	}
-	if cn := c.Recorder().Counters(); cn.Reroutes != 1 || cn.Generations != 1 {
+	if cn := c.Recorder().Counters(); cn.Reroutes != 1 || cn.Generations != 1 || cn.TokensReceived != uint64(len(res.Tokens)) {
 		t.Errorf("recorder %+v", cn)
 	}
 	if rs := c.Recorder().Routes(); len(rs) != 2 || !rs[0].Reroute || rs[0].HopIndex != -1 || rs[1].Reroute || len(rs[0].Hops) != 3 {

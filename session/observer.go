@@ -45,6 +45,8 @@ type OriginObserver interface {
 	Routed(SessionInfo)
 	// FirstToken: a generation's first token arrived d after it started.
 	FirstToken(d time.Duration)
+	// TokenReceived: a token reached the origin (each one, first included).
+	TokenReceived()
 	// Rerouted: a hop failed and the origin re-routes around it.
 	Rerouted()
 	// Recovered: tokens flow again d after the failure that caused a
@@ -88,6 +90,7 @@ func (nopHop) Computed(bool, int, time.Duration)      {}
 func (nopHop) TokenServed()                           {}
 func (nopHop) SeamWrite(p2p.Path, int, time.Duration) {}
 func (nopOrigin) RoutePlanned(time.Duration, error)   {}
+func (nopOrigin) TokenReceived()                      {}
 func (nopOrigin) FirstToken(time.Duration)            {}
 func (nopOrigin) Rerouted()                           {}
 func (nopOrigin) Recovered(time.Duration)             {}
@@ -173,6 +176,11 @@ func (o OriginObservers) Routed(si SessionInfo) {
 func (o OriginObservers) FirstToken(d time.Duration) {
 	for _, x := range o {
 		x.FirstToken(d)
+	}
+}
+func (o OriginObservers) TokenReceived() {
+	for _, x := range o {
+		x.TokenReceived()
 	}
 }
 func (o OriginObservers) Rerouted() {

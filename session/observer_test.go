@@ -26,6 +26,7 @@ type recObs struct {
 	recover  int
 	done     []int
 	routed   []SessionInfo
+	received int
 }
 
 func (r *recObs) lock() func() { r.mu.Lock(); return r.mu.Unlock }
@@ -56,6 +57,7 @@ func (r *recObs) SeamWrite(p p2p.Path, _ int, _ time.Duration) {
 }
 func (r *recObs) RoutePlanned(time.Duration, error) { defer r.lock()(); r.planned++ }
 func (r *recObs) FirstToken(time.Duration)          { defer r.lock()(); r.ttft++ }
+func (r *recObs) TokenReceived()                    { defer r.lock()(); r.received++ }
 func (r *recObs) Routed(si SessionInfo)             { defer r.lock()(); r.routed = append(r.routed, si) }
 func (r *recObs) Rerouted()                         { defer r.lock()(); r.reroutes++ }
 func (r *recObs) Recovered(time.Duration)           { defer r.lock()(); r.recover++ }
@@ -84,6 +86,9 @@ func TestObserversSeeARerouteGeneration(t *testing.T) {
 	for _, r := range append(obs, origin) {
 		r.mu.Lock() // the hops are done: later reads see everything
 		defer r.mu.Unlock()
+	}
+	if origin.received != maxTok {
+		t.Fatalf("origin received %d tokens, want %d", origin.received, maxTok)
 	}
 	if origin.planned != 2 || origin.ttft != 1 || origin.reroutes != 1 || origin.recover != 1 || len(origin.done) != 1 || origin.done[0] != maxTok {
 		t.Fatalf("origin saw planned %d, ttft %d, reroutes %d, recovered %d, done %v", origin.planned, origin.ttft, origin.reroutes, origin.recover, origin.done)

@@ -342,6 +342,7 @@ func (e *epochRun) collect(req GenerateRequest, res *Result, nGenerated int, sta
 				counts++
 			}
 			res.Tokens = append(res.Tokens, tf.GetToken())
+			obs.TokenReceived()
 			stopNow := req.OnToken != nil && req.OnToken(tf.GetToken())
 			switch {
 			case tf.GetEos():

@@ -17,7 +17,7 @@ const MaxRoutes = 20
 // document. It is a session.HopObserver and session.OriginObserver; the
 // zero value is ready.
 type Recorder struct {
-	admitted, refused, served, rows, reroutes, gens atomic.Uint64
+	admitted, refused, served, rows, reroutes, gens, received atomic.Uint64
 
 	mu     sync.Mutex
 	routes []Route // ring, oldest first, at most MaxRoutes
@@ -62,6 +62,7 @@ func (r *Recorder) TokenServed()                           { r.served.Add(1) }
 func (r *Recorder) SeamWrite(p2p.Path, int, time.Duration) {}
 func (r *Recorder) RoutePlanned(time.Duration, error)      {}
 func (r *Recorder) FirstToken(time.Duration)               {}
+func (r *Recorder) TokenReceived()                         { r.received.Add(1) }
 func (r *Recorder) Rerouted()                              { r.reroutes.Add(1) }
 func (r *Recorder) Recovered(time.Duration)                {}
 func (r *Recorder) GenerationDone(int, error)              { r.gens.Add(1) }
@@ -69,7 +70,7 @@ func (r *Recorder) GenerationDone(int, error)              { r.gens.Add(1) }
 // Counters returns the running totals (SessionsActive is the caller's).
 func (r *Recorder) Counters() Counters {
 	return Counters{SessionsAdmitted: r.admitted.Load(), SessionsRefused: r.refused.Load(), TokensServed: r.served.Load(),
-		DecodeRows: r.rows.Load(), Reroutes: r.reroutes.Load(), Generations: r.gens.Load()}
+		DecodeRows: r.rows.Load(), Reroutes: r.reroutes.Load(), Generations: r.gens.Load(), TokensReceived: r.received.Load()}
 }
 
 // Routes returns the recent routes, newest first.

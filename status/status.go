@@ -124,10 +124,11 @@ type Counters struct {
 	SessionsAdmitted uint64 `json:"sessions_admitted"`
 	SessionsRefused  uint64 `json:"sessions_refused"`
 	SessionsActive   int    `json:"sessions_active"`
-	TokensServed     uint64 `json:"tokens_served"` // as head, to origins
-	DecodeRows       uint64 `json:"decode_rows"`   // decode steps computed on this hop
-	Reroutes         uint64 `json:"reroutes"`      // sessions re-opened here with epoch > 1, or re-routes by this origin
-	Generations      uint64 `json:"generations"`   // as origin
+	TokensServed     uint64 `json:"tokens_served"`   // as head, to origins
+	DecodeRows       uint64 `json:"decode_rows"`     // decode steps computed on this hop
+	Reroutes         uint64 `json:"reroutes"`        // sessions re-opened here with epoch > 1, or re-routes by this origin
+	Generations      uint64 `json:"generations"`     // as origin
+	TokensReceived   uint64 `json:"tokens_received"` // as origin, as they arrive
 }
 
 // Coverage computes per-layer replica counts, runs and gaps of nLayer

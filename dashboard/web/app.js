@@ -92,6 +92,10 @@ function drawRoutes(doc) {
   }
 }
 
+// tokens is what the tokens/s rate counts: decode steps this hop computed,
+// or, on an origin (the API gateway), tokens its generations received.
+const tokens = (c) => (c.decode_rows || 0) + (c.tokens_received || 0);
+
 function draw(doc) {
   const s = doc.self || {};
   $("self").textContent = `${s.role || "node"} ${short(s.peer_id)} · ${s.network || ""}` +
@@ -100,10 +104,10 @@ function draw(doc) {
   const c = doc.counters || {};
   if (last) {
     const dt = (now - last.t) / 1000;
-    const rate = dt > 0 ? Math.max(0, (c.decode_rows - last.rows) / dt) : 0;
+    const rate = dt > 0 ? Math.max(0, (tokens(c) - last.rows) / dt) : 0;
     $("tps").textContent = rate.toFixed(1);
   }
-  last = { t: now, rows: c.decode_rows || 0 };
+  last = { t: now, rows: tokens(c) };
   $("active").textContent = String(c.sessions_active || 0);
   $("npeers").textContent = String((doc.peers || []).filter((p) => p.live).length);
   $("reroutes").textContent = String(c.reroutes || 0);
