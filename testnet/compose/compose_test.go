@@ -40,6 +40,9 @@ func TestComposeTestnet(t *testing.T) {
 	if testing.Short() {
 		t.Skip("container testnet: not in -short")
 	}
+	if os.Getenv("MESHP2P_DOCKER_TEST") != "1" {
+		t.Skip("container testnet: run by make test-docker (MESHP2P_DOCKER_TEST=1), never next to the namespace NAT tests")
+	}
 	for _, tool := range []string{"docker", "dockerd"} {
 		if _, err := exec.LookPath(tool); err != nil {
 			t.Skipf("container testnet: %s not installed (make deps installs docker.io and docker-compose as root)", tool)

@@ -31,6 +31,10 @@ export MESHP2P_IMAGE=${MESHP2P_IMAGE:-meshp2p:testnet}
 export FIT_MEM=${FIT_MEM:-200m}
 export COMPOSE_PROJECT_NAME=${COMPOSE_PROJECT_NAME:-meshp2p}
 export DOCKER_BUILDKIT=0
+# The dockerd this testnet starts (if none runs) is recorded in its own state
+# directory: `down` (and the next `up` after an interrupted run) stops that
+# one only, never a daemon another testnet or the system started.
+export MESHP2P_DOCKERD_PIDFILE="$MESHP2P_STATE/dockerd.pid" MESHP2P_DOCKERD_LOG="$MESHP2P_STATE/dockerd.log"
 PROMPT="Once upon a time"
 TOKENS=${MESHP2P_TOKENS:-24}
 
