@@ -90,7 +90,7 @@ cmd_up() {
 	rc=0
 	sh "$repo/testnet/docker/dockerd.sh" start || rc=$?
 	[ $rc = 0 ] || exit $rc
-	sh "$repo/testnet/docker/image.sh" "$BIN" "$MESHP2P_IMAGE"
+	sh "$repo/testnet/docker/image.sh" "$BIN" "$MESHP2P_IMAGE" || exit $?
 	[ -f "$MESHP2P_MODELS/$MESHP2P_MODEL" ] || { echo "testnet.sh: no model $MESHP2P_MODELS/$MESHP2P_MODEL" >&2; exit 1; }
 	"$BIN" key show --data-dir "$MESHP2P_STATE/relay" 2>/dev/null >"$MESHP2P_STATE/relay.id"
 	rm -f "$MESHP2P_STATE/relay/node.json"

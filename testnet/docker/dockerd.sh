@@ -35,10 +35,12 @@ cmd_install() {
 	fi
 	echo "testnet/docker/dockerd.sh: installing$missing" >&2
 	export DEBIAN_FRONTEND=noninteractive
-	apt-get update -qq
 	# Debian's policy-rc.d keeps the package from starting a daemon here.
+	# A failed install is not fatal: the container test then skips.
 	# shellcheck disable=SC2086
-	apt-get install -y -qq --no-install-recommends $missing >/dev/null
+	if ! { apt-get update -qq && apt-get install -y -qq --no-install-recommends $missing >/dev/null; }; then
+		echo "testnet/docker/dockerd.sh: installing$missing failed; the container test will skip" >&2
+	fi
 }
 
 cmd_start() {

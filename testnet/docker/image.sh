@@ -4,6 +4,7 @@
 # `ldd` lists for it, Debian's busybox-static (sh, ip, nc, ...: the
 # testnet's scripts and healthchecks) and this machine's iptables (nft
 # backend, its extensions and their libraries: the router containers).
+# Exit status 3: a part is missing here (docker, iptables, busybox-static).
 # The build context is assembled in a temporary directory outside the
 # repository and removed afterwards; nothing here is ever committed.
 set -eu
@@ -13,9 +14,9 @@ TAG=${2:-meshp2p:local}
 CACHE=${MESHP2P_IMAGE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/meshp2p-image}
 
 [ -x "$BIN" ] || { echo "image.sh: $BIN is not an executable (make build)" >&2; exit 1; }
-command -v docker >/dev/null 2>&1 || { echo "image.sh: docker is not installed (make deps as root)" >&2; exit 1; }
+command -v docker >/dev/null 2>&1 || { echo "image.sh: docker is not installed (make deps as root)" >&2; exit 3; }
 IPT=$(command -v xtables-nft-multi || true)
-[ -n "$IPT" ] || { echo "image.sh: iptables (nft) is not installed here (make deps as root)" >&2; exit 1; }
+[ -n "$IPT" ] || { echo "image.sh: iptables (nft) is not installed here (make deps as root)" >&2; exit 3; }
 
 ctx=$(mktemp -d "${TMPDIR:-/tmp}/meshp2p-image.XXXXXX")
 trap 'rm -rf "$ctx" "$ctx.log"' EXIT INT TERM
@@ -41,7 +42,7 @@ copylibs "$BIN"
 mkdir -p "$CACHE"
 deb=$(ls "$CACHE"/busybox-static_*.deb 2>/dev/null | head -1 || true)
 if [ -z "$deb" ]; then
-	(cd "$CACHE" && apt-get download busybox-static >/dev/null) || { echo "image.sh: apt-get download busybox-static failed" >&2; exit 1; }
+	(cd "$CACHE" && apt-get download busybox-static >/dev/null 2>&1) || { echo "image.sh: apt-get download busybox-static failed (no Debian archive reachable?)" >&2; exit 3; }
 	deb=$(ls "$CACHE"/busybox-static_*.deb | head -1)
 fi
 dpkg-deb -x "$deb" "$ctx/bb"
