@@ -6,9 +6,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -66,7 +69,8 @@ func TestComposeTestnet(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
 	env := append(os.Environ(), "MESHP2P_BIN="+bin, "MESHP2P_MODELS="+models,
-		"MESHP2P_COMPOSE_STATE=/tmp/meshp2p-compose-test", "COMPOSE_PROJECT_NAME=meshp2ptest", "MESHP2P_IMAGE=meshp2p:composetest")
+		"MESHP2P_COMPOSE_STATE=/tmp/meshp2p-compose-test", "COMPOSE_PROJECT_NAME=meshp2ptest", "MESHP2P_IMAGE=meshp2p:composetest",
+		"MESHP2P_FIT_TOKENS=12") // the fit model's three hops are slow on a loaded 2-core machine
 	sh := func(ctx context.Context, args ...string) (string, error) {
 		cmd := exec.CommandContext(ctx, "sh", append([]string{script}, args...)...)
 		cmd.Env = env
@@ -135,6 +139,17 @@ func TestComposeTestnet(t *testing.T) {
 		t.Fatalf("the seam a -> b (home 1 -> home 2) is not hole-punched: %q\n%s", seam, logs)
 	}
 	t.Logf("home-to-home seam: %s", strings.TrimSpace(seam))
+	// Through both NATs: b (home 2) holds an established TCP connection
+	// from router 1's WAN address, and none from home 1's LAN.
+	tcp, err := sh(ctx, "compose", "exec", "-T", "b", "cat", "/proc/net/tcp")
+	if err != nil {
+		t.Fatal(err)
+	}
+	peers := establishedPeers(t, tcp)
+	if !slices.Contains(peers, "198.51.100.11") || slices.ContainsFunc(peers, func(p string) bool { return strings.HasPrefix(p, "10.0.1.") }) {
+		t.Fatalf("b's established TCP peers %v: want router 1's WAN 198.51.100.11, nothing from 10.0.1.0/24", peers)
+	}
+	t.Logf("b's established TCP peers: %v", peers)
 
 	fout, err := sh(ctx, "fit")
 	if err != nil {
@@ -144,4 +159,27 @@ func TestComposeTestnet(t *testing.T) {
 		t.Fatalf("fit: %s", fout)
 	}
 	t.Logf("%s", strings.TrimSpace(fout))
+}
+
+// establishedPeers reads /proc/net/tcp text: the remote IPv4 addresses of
+// established connections.
+func establishedPeers(t *testing.T, procNetTCP string) []string {
+	t.Helper()
+	var out []string
+	for _, l := range strings.Split(procNetTCP, "\n")[1:] {
+		f := strings.Fields(l)
+		if len(f) < 4 || f[3] != "01" {
+			continue
+		}
+		hexIP, _, ok := strings.Cut(f[2], ":")
+		v, err := strconv.ParseUint(hexIP, 16, 32)
+		if !ok || err != nil || len(hexIP) != 8 {
+			t.Fatalf("/proc/net/tcp line %q", l)
+		}
+		ip := netip.AddrFrom4([4]byte{byte(v), byte(v >> 8), byte(v >> 16), byte(v >> 24)}).String()
+		if !slices.Contains(out, ip) {
+			out = append(out, ip)
+		}
+	}
+	return out
 }

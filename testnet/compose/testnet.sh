@@ -18,7 +18,8 @@
 # Environment: MESHP2P_BIN (default bin/meshp2p), MESHP2P_MODELS (default
 # ../shared/models), MESHP2P_MODEL (stories260K.gguf), MESHP2P_COMPOSE_STATE
 # (default /tmp/meshp2p-compose), MESHP2P_IMAGE (meshp2p:testnet), FIT_MEM
-# (200m). Exit status 3: Docker cannot run here (the message says why).
+# (200m), MESHP2P_TOKENS (24), MESHP2P_FIT_TOKENS (MESHP2P_TOKENS).
+# Exit status 3: Docker cannot run here (the message says why).
 set -eu
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -37,6 +38,7 @@ export DOCKER_BUILDKIT=0
 export MESHP2P_DOCKERD_PIDFILE="$MESHP2P_STATE/dockerd.pid" MESHP2P_DOCKERD_LOG="$MESHP2P_STATE/dockerd.log"
 PROMPT="Once upon a time"
 TOKENS=${MESHP2P_TOKENS:-24}
+FIT_TOKENS=${MESHP2P_FIT_TOKENS:-$TOKENS}
 
 dc() {
 	if [ -f "$MESHP2P_STATE/relay.id" ]; then
@@ -143,8 +145,8 @@ cmd_fit() {
 	echo "testnet.sh: fit: whole model in one $FIT_MEM container: OOM-killed (exit $rc)"
 	dc --profile fit up -d fit1 fit2 fit3
 	wait_healthy fit1 fit2 fit3
-	"$BIN" generate --local --model "$fit/fit.gguf" --prompt "$PROMPT" --max-tokens "$TOKENS" --json >"$MESHP2P_STATE/fit-local.json"
-	dc run --rm -T client generate --model fit --prompt "$PROMPT" --max-tokens "$TOKENS" --json \
+	"$BIN" generate --local --model "$fit/fit.gguf" --prompt "$PROMPT" --max-tokens "$FIT_TOKENS" --json >"$MESHP2P_STATE/fit-local.json"
+	dc run --rm -T client generate --model fit --prompt "$PROMPT" --max-tokens "$FIT_TOKENS" --json \
 		--reachability private --dht-mode client --wait 45s >"$MESHP2P_STATE/fit-swarm.json"
 	want=$(tokens "$MESHP2P_STATE/fit-local.json")
 	got=$(tokens "$MESHP2P_STATE/fit-swarm.json")
@@ -157,7 +159,7 @@ cmd_fit() {
 		peak=$(docker exec "$id" cat /sys/fs/cgroup/memory/memory.max_usage_in_bytes 2>/dev/null || docker exec "$id" cat /sys/fs/cgroup/memory.peak 2>/dev/null || echo 0)
 		echo "testnet.sh: fit: $s peak memory $((peak / 1048576)) MiB of $FIT_MEM"
 	done
-	echo "testnet.sh: fit ok: $TOKENS tokens equal --local (outside the limits); $(tps "$MESHP2P_STATE/fit-swarm.json") tokens/s across fit1..fit3, $(tps "$MESHP2P_STATE/fit-local.json") tokens/s --local"
+	echo "testnet.sh: fit ok: $FIT_TOKENS tokens equal --local (outside the limits); $(tps "$MESHP2P_STATE/fit-swarm.json") tokens/s across fit1..fit3, $(tps "$MESHP2P_STATE/fit-local.json") tokens/s --local"
 }
 
 cmd_down() {
