@@ -132,7 +132,7 @@ cmd_fit() {
 		"$BIN" shard split "$fit/fit.gguf" --ranges 0-2,2-4,4-6 -o "$fit/shards" >/dev/null 2>&1
 	fi
 	size=$(wc -c <"$fit/fit.gguf")
-	echo "testnet.sh: fit: model $((size / 1048576)) MiB, limit $FIT_MEM per container"
+	echo "testnet.sh: fit: model $(echo "$size" | awk '{printf "%.1f", $1 / 1048576}') MiB, limit $FIT_MEM per container"
 	dc rm -fsv fitwhole >/dev/null 2>&1 || true
 	rc=0
 	dc --profile fit run --name meshp2p-fitwhole -T fitwhole >/dev/null 2>&1 || rc=$?
