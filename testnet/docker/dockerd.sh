@@ -12,8 +12,9 @@
 #                        only if /proc/PID is still that dockerd); a daemon
 #                        we did not start is left alone
 #   dockerd.sh snapshot  the host state the testnet must not change:
-#                        iptables-save (counters stripped), ip_forward, the
-#                        bridge-netfilter sysctls, links and addresses
+#                        iptables-save and ip6tables-save (counters
+#                        stripped), IPv4/IPv6 forwarding, the bridge-netfilter
+#                        sysctls, links, addresses and routes
 #
 # Exit status of start: 0 ready, 3 docker unavailable here (not root, not
 # installed, daemon failed): callers skip with the message printed.
@@ -91,7 +92,9 @@ cmd_stop() {
 cmd_snapshot() {
 	echo "## iptables-save"
 	iptables-save 2>/dev/null | grep -v '^#' | sed 's/\[[0-9]*:[0-9]*\]//' || true
-	echo "## ip_forward $(cat /proc/sys/net/ipv4/ip_forward)"
+	echo "## ip6tables-save"
+	ip6tables-save 2>/dev/null | grep -v '^#' | sed 's/\[[0-9]*:[0-9]*\]//' || true
+	echo "## ip_forward $(cat /proc/sys/net/ipv4/ip_forward) ipv6 forwarding $(cat /proc/sys/net/ipv6/conf/all/forwarding 2>/dev/null)"
 	for f in /proc/sys/net/bridge/bridge-nf-call-iptables /proc/sys/net/bridge/bridge-nf-call-ip6tables; do
 		[ -f "$f" ] && echo "## $f $(cat "$f")"
 	done
@@ -101,6 +104,7 @@ cmd_snapshot() {
 	ip -br addr
 	echo "## routes"
 	ip route
+	ip -6 route | sed 's/ expires [0-9]*sec//'
 }
 
 case "${1:-}" in
