@@ -34,7 +34,9 @@ type genJSON struct {
 // the offline image, start relay, two NAT routers and a node behind each,
 // generate from a client behind router 1 (tokens equal to --local, route
 // relay -> a -> b), require the a -> b seam (home 1 to home 2) to be hole
-// punched, run the fit profile (a model bigger than one container's memory
+// punched and the direct connection to arrive from router 1's WAN address,
+// scale two more nodes in (--scale node=2, NODE_LAYERS=2-4), run the fit
+// profile (a model bigger than one container's memory
 // limit: OOM-killed whole, equal to --local across three limited
 // containers), then tear everything down, with the host's iptables,
 // ip_forward, links, addresses and routes as before. Skips where Docker
@@ -150,6 +152,27 @@ func TestComposeTestnet(t *testing.T) {
 		t.Fatalf("b's established TCP peers %v: want router 1's WAN 198.51.100.11, nothing from 10.0.1.0/24", peers)
 	}
 	t.Logf("b's established TCP peers: %v", peers)
+
+	// --scale: two more nodes behind router 2 with NODE_LAYERS=2-4; the
+	// client's status lists three peers serving 2-4.
+	env = append(env, "NODE_LAYERS=2-4")
+	if _, err := sh(ctx, "scale", "2"); err != nil {
+		t.Fatal(err)
+	}
+	st, err := sh(ctx, "compose", "run", "--rm", "-T", "client", "status", "--wait", "20s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, l := range strings.Split(st, "\n") {
+		if f := strings.Fields(l); len(f) > 2 && f[0] == "layers" && f[1] == "2-4" {
+			n++
+		}
+	}
+	if n != 3 {
+		t.Fatalf("status lists %d peers serving 2-4, want 3 (a + 2 scaled):\n%s", n, st)
+	}
+	t.Logf("scaled: status lists a and 2 --scale nodes on layers 2-4")
 
 	fout, err := sh(ctx, "fit")
 	if err != nil {

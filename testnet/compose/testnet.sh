@@ -7,6 +7,8 @@
 #   testnet.sh check    generate through the NATed nodes (client behind
 #                       router 1), compare with --local, require the home-to-
 #                       home seam (a -> b) to be hole-punched (path=direct)
+#   testnet.sh scale N  N nodes behind router 2 serving NODE_LAYERS (all
+#                       layers without it): docker-compose --scale node=N
 #   testnet.sh fit      a model bigger than one container's memory limit:
 #                       OOM-killed whole in one limited container, served by
 #                       three limited containers, output equal to --local
@@ -52,29 +54,32 @@ dc() {
 	fi
 }
 
-# wait_healthy SERVICE...: until docker reports each one healthy (120 s).
+# wait_healthy SERVICE...: until docker reports every container of each
+# one healthy (120 s each).
 wait_healthy() {
 	for s in "$@"; do
-		id=$(dc ps -q "$s")
-		[ -n "$id" ] || { echo "testnet.sh: $s has no container" >&2; return 1; }
-		i=0
-		while :; do
-			st=$(docker inspect -f '{{.State.Status}} {{if .State.Health}}{{.State.Health.Status}}{{end}}' "$id")
-			case "$st" in
-			"running healthy") break ;;
-			exited* | dead*)
-				echo "testnet.sh: $s stopped ($st):" >&2
-				docker logs --tail 20 "$id" >&2 || true
-				return 1
-				;;
-			esac
-			i=$((i + 1))
-			if [ $i -gt 600 ]; then
-				echo "testnet.sh: $s not healthy after 120 s ($st)" >&2
-				docker logs --tail 20 "$id" >&2 || true
-				return 1
-			fi
-			sleep 0.2
+		ids=$(dc --profile scale --profile fit ps -q "$s")
+		[ -n "$ids" ] || { echo "testnet.sh: $s has no container" >&2; return 1; }
+		for id in $ids; do
+			i=0
+			while :; do
+				st=$(docker inspect -f '{{.State.Status}} {{if .State.Health}}{{.State.Health.Status}}{{end}}' "$id")
+				case "$st" in
+				"running healthy") break ;;
+				exited* | dead*)
+					echo "testnet.sh: $s stopped ($st):" >&2
+					docker logs --tail 20 "$id" >&2 || true
+					return 1
+					;;
+				esac
+				i=$((i + 1))
+				if [ $i -gt 600 ]; then
+					echo "testnet.sh: $s not healthy after 120 s ($st)" >&2
+					docker logs --tail 20 "$id" >&2 || true
+					return 1
+				fi
+				sleep 0.2
+			done
 		done
 	done
 }
@@ -180,8 +185,15 @@ cmd_down() {
 	rm -rf "$MESHP2P_STATE"
 }
 
+# scale N: N more nodes behind router 2 (layers NODE_LAYERS, or all).
+cmd_scale() {
+	dc --profile scale up -d --scale node="${1:?usage: testnet.sh scale N}" node
+	wait_healthy node
+}
+
 case "${1:-}" in
 up) cmd_up ;;
+scale) cmd_scale "${2:-}" ;;
 check) cmd_check ;;
 fit) cmd_fit ;;
 down) cmd_down ;;
@@ -190,7 +202,7 @@ compose)
 	dc "$@"
 	;;
 *)
-	echo "usage: $0 up|check|fit|down|compose ARGS..." >&2
+	echo "usage: $0 up|check|scale N|fit|down|compose ARGS..." >&2
 	exit 2
 	;;
 esac
