@@ -15,6 +15,7 @@ CACHE=${MESHP2P_IMAGE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/meshp2p-image}
 
 [ -x "$BIN" ] || { echo "image.sh: $BIN is not an executable (make build)" >&2; exit 1; }
 command -v docker >/dev/null 2>&1 || { echo "image.sh: docker is not installed (make deps as root)" >&2; exit 3; }
+docker version >/dev/null 2>&1 || { echo "image.sh: no docker daemon answers (start one that leaves host networking alone: sh testnet/docker/dockerd.sh start)" >&2; exit 3; }
 IPT=$(command -v xtables-nft-multi || true)
 [ -n "$IPT" ] || { echo "image.sh: iptables (nft) is not installed here (make deps as root)" >&2; exit 3; }
 
