@@ -168,6 +168,11 @@ cmd_fit() {
 }
 
 cmd_down() {
+	# After a run whose dockerd died (killed with the terminal, a crash),
+	# start one to remove what it still knows about.
+	if [ -f "$MESHP2P_STATE/host.before" ] && ! docker version >/dev/null 2>&1; then
+		sh "$repo/testnet/docker/dockerd.sh" start >/dev/null 2>&1 || true
+	fi
 	if docker version >/dev/null 2>&1; then
 		dc --profile fit --profile tools --profile scale down -v --remove-orphans --timeout 5 >/dev/null 2>&1 || true
 		docker rm -f meshp2p-fitwhole >/dev/null 2>&1 || true
@@ -175,6 +180,13 @@ cmd_down() {
 	fi
 	sh "$repo/testnet/docker/dockerd.sh" stop
 	if [ -f "$MESHP2P_STATE/host.before" ]; then
+		# Links a killed dockerd left half made (a veth pair still on the
+		# host, a network bridge): Docker's names, not there before up.
+		for l in $(ip -o link show | awk -F': ' '{print $2}' | sed 's/@.*//'); do
+			case "$l" in
+			veth* | br-*) grep -q "^$l " "$MESHP2P_STATE/host.before" || ip link del "$l" 2>/dev/null || true ;;
+			esac
+		done
 		sh "$repo/testnet/docker/dockerd.sh" snapshot >"$MESHP2P_STATE/host.after"
 		if ! diff "$MESHP2P_STATE/host.before" "$MESHP2P_STATE/host.after" >&2; then
 			echo "testnet.sh: the host's network state differs from before up (above)" >&2

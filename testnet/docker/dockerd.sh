@@ -7,7 +7,8 @@
 #   dockerd.sh start     start dockerd only if none answers; ours runs with
 #                        --iptables=false --ip-forward=false --bridge=none, so
 #                        it changes no iptables rule, no ip_forward and makes
-#                        no docker0; its PID goes to $PIDFILE
+#                        no docker0; it runs in its own session and writes
+#                        its PID to $PIDFILE
 #   dockerd.sh stop      stop the daemon `start` started (by that PID, and
 #                        only if /proc/PID is still that dockerd); a daemon
 #                        we did not start is left alone
@@ -57,13 +58,17 @@ cmd_start() {
 		echo "dockerd.sh: no docker daemon answers and starting one needs root" >&2
 		return 3
 	fi
-	dockerd --iptables=false --ip-forward=false --ip-masq=false --bridge=none \
-		--userland-proxy=true >"$LOG" 2>&1 &
-	echo $! >"$PIDFILE"
+	# Its own session, so a Ctrl-C (or kill) of the make or test that
+	# started it cannot kill it halfway through creating a container; it
+	# writes its own PID to $PIDFILE.
+	rm -f "$PIDFILE"
+	setsid dockerd --iptables=false --ip-forward=false --ip-masq=false --bridge=none \
+		--userland-proxy=true --pidfile "$PIDFILE" </dev/null >"$LOG" 2>&1 &
+	spawned=$!
 	i=0
 	while ! running; do
 		i=$((i + 1))
-		if [ $i -gt 100 ] || ! kill -0 "$(cat "$PIDFILE")" 2>/dev/null; then
+		if [ $i -gt 150 ] || { [ ! -f "$PIDFILE" ] && ! kill -0 "$spawned" 2>/dev/null; }; then
 			echo "dockerd.sh: dockerd did not come up (log $LOG):" >&2
 			tail -5 "$LOG" >&2 || true
 			cmd_stop
@@ -77,6 +82,7 @@ cmd_start() {
 cmd_stop() {
 	[ -f "$PIDFILE" ] || return 0
 	pid=$(cat "$PIDFILE")
+	[ -n "$pid" ] || { rm -f "$PIDFILE"; return 0; }
 	case "$(cat "/proc/$pid/comm" 2>/dev/null || true)" in
 	dockerd)
 		kill "$pid"
