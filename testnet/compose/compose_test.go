@@ -17,7 +17,6 @@ import (
 	"time"
 
 	"github.com/neuron-tai/meshp2p/internal/testbin"
-	"github.com/neuron-tai/meshp2p/internal/testmodels"
 )
 
 type genJSON struct {
@@ -58,11 +57,12 @@ func TestComposeTestnet(t *testing.T) {
 			t.Skip("container testnet: neither docker-compose nor docker compose is installed")
 		}
 	}
-	models, ok := testmodels.Dir()
-	if !ok {
-		t.Skip("container testnet: no test models")
+	// The committed model (models/README.md), as make testnet-docker uses.
+	models, err := filepath.Abs("../../models")
+	if err != nil {
+		t.Fatal(err)
 	}
-	model := testmodels.Path(t, "stories260K.gguf")
+	model := filepath.Join(models, "stories260K.gguf")
 	bin := testbin.CLI(t)
 	script, err := filepath.Abs("testnet.sh")
 	if err != nil {

@@ -18,7 +18,8 @@
 #                       host's network state with the one before `up`
 #
 # Environment: MESHP2P_BIN (default bin/meshp2p), MESHP2P_MODELS (default
-# ../shared/models), MESHP2P_MODEL (stories260K.gguf), MESHP2P_COMPOSE_STATE
+# models/, the committed stories260K.gguf: 5 layers, as the compose file
+# splits them), MESHP2P_MODEL (stories260K.gguf), MESHP2P_COMPOSE_STATE
 # (default /tmp/meshp2p-compose), MESHP2P_IMAGE (meshp2p:testnet), FIT_MEM
 # (200m), MESHP2P_TOKENS (24), MESHP2P_FIT_TOKENS (MESHP2P_TOKENS).
 # Exit status 3: Docker cannot run here (the message says why).
@@ -27,7 +28,7 @@ set -eu
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../.." && pwd)
 BIN=${MESHP2P_BIN:-$repo/bin/meshp2p}
-export MESHP2P_MODELS=${MESHP2P_MODELS:-$repo/../shared/models}
+export MESHP2P_MODELS=${MESHP2P_MODELS:-$repo/models}
 export MESHP2P_MODEL=${MESHP2P_MODEL:-stories260K.gguf}
 export MESHP2P_STATE=${MESHP2P_COMPOSE_STATE:-/tmp/meshp2p-compose}
 export MESHP2P_IMAGE=${MESHP2P_IMAGE:-meshp2p:testnet}
