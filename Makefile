@@ -124,7 +124,7 @@ testnet-docker-down:
 	sh testnet/compose/testnet.sh down
 
 test-docker: $(GENERATED)
-	MESHP2P_DOCKER_TEST=1 go test -count=1 -timeout 6m -v -run 'TestComposeTestnet' ./testnet/compose
+	MESHP2P_DOCKER_TEST=1 go test -count=1 -timeout 8m -v -run 'TestComposeTestnet' ./testnet/compose
 
 fmt:
 	gofmt -w $$(git ls-files '*.go' | grep -v '\.pb\.go$$')
