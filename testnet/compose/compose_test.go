@@ -35,11 +35,11 @@ type genJSON struct {
 // relay -> a -> b), require the a -> b seam (home 1 to home 2) to be hole
 // punched and the direct connection to arrive from router 1's WAN address,
 // scale two more nodes in (--scale node=2, NODE_LAYERS=2-4), run the fit
-// profile (a model bigger than one container's memory
-// limit: OOM-killed whole, equal to --local across three limited
-// containers), then tear everything down, with the host's iptables,
-// ip_forward, links, addresses and routes as before. Skips where Docker
-// cannot run (not installed, no daemon and not root).
+// profile (a model bigger than one container's memory limit: OOM-killed
+// whole, equal to --local across three limited containers), then tear
+// everything down, with the host's iptables, forwarding, links, addresses
+// and routes as before. Skips where Docker cannot run (not installed, no
+// daemon and not root).
 func TestComposeTestnet(t *testing.T) {
 	if testing.Short() {
 		t.Skip("container testnet: not in -short")
