@@ -42,6 +42,7 @@ type Config struct {
 	Layers    *gguf.Range // nil: all layers
 	ModelName string      // advertised name (default: the file name without .gguf)
 	Engine    engine.Config
+	NoMmap    bool // read the weights instead of mapping them (engine.LoadOptions.NoMmap)
 	Hop       session.HopConfig
 	// DirectWait bounds how long a data-plane stream to a relayed peer
 	// waits for a hole punch before starting on the relay (0: DirectWait;
@@ -170,7 +171,7 @@ func (n *Node) loadShard(ctx context.Context) error {
 		}
 	}
 	n.fp, n.nLayer, n.shardPath = fp, nl, path
-	n.model, err = engine.LoadModel(ctx, path, engine.LoadOptions{})
+	n.model, err = engine.LoadModel(ctx, path, engine.LoadOptions{NoMmap: cfg.NoMmap})
 	if err != nil {
 		return err
 	}
