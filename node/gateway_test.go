@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"net/http/httptest"
-	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -18,32 +17,8 @@ import (
 	"github.com/neuron-tai/meshp2p/api"
 	"github.com/neuron-tai/meshp2p/engine"
 	"github.com/neuron-tai/meshp2p/engine/gguf"
-	"github.com/neuron-tai/meshp2p/internal/testmodels"
+	"github.com/neuron-tai/meshp2p/internal/testmodels/chatmodel"
 )
-
-// chatStories is stories260K with a ChatML chat template added to its
-// metadata (the fixture has none), named stories-chat.
-func chatStories(t *testing.T) string {
-	t.Helper()
-	ctx := context.Background()
-	f, err := gguf.Open(testmodels.Path(t, "stories260K.gguf"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	md := f.Metadata.Clone()
-	md.Set("tokenizer.chat_template", "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
-	var tensors []gguf.WriteTensor
-	for i := range f.Tensors {
-		ti := &f.Tensors[i]
-		tensors = append(tensors, gguf.WriteTensor{Name: ti.Name, Type: ti.Type, Shape: ti.Shape, Data: f.TensorData(ti)})
-	}
-	out := filepath.Join(t.TempDir(), "stories-chat.gguf")
-	if err := gguf.WriteFile(ctx, out, md, tensors, nil); err != nil {
-		t.Fatal(err)
-	}
-	return out
-}
 
 // reference is what `generate --local` prints for prompt: the whole model
 // in-process, greedy, tokens up to the first end-of-generation token, and
@@ -108,7 +83,7 @@ func promptOf(t *testing.T, model string, chat bool, text string) []int32 {
 // in-process; stop strings that span tokens; models; errors; 8 concurrent
 // streams sharing the route; a client that leaves frees every hop.
 func TestGatewayOpenAISDK(t *testing.T) {
-	model := chatStories(t)
+	model := chatmodel.ChatStories(t)
 	tn := newTestNet(t)
 	var hops []*Node
 	for _, r := range gguf.EvenSplit(5, 3) {
