@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os/exec"
@@ -537,4 +538,41 @@ func TestNoEngineOrNodeDependency(t *testing.T) {
 	if !strings.Contains(string(out), "net/http") {
 		t.Fatalf("go list output looks wrong:\n%s", out)
 	}
+}
+
+// Serve holds at most MaxConns connections open; the next waits until
+// one closes.
+func TestMaxConns(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- New(Config{Backend: &scripted{}, MaxConns: 1}).Serve(ctx, ln) }()
+	defer func() { cancel(); <-done }()
+	url := "http://" + ln.Addr().String() + "/v1/models"
+	hold, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Make sure the held connection was accepted: a request on it works.
+	if _, err := io.WriteString(hold, "GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := bufio.NewReader(hold).ReadString('\n'); err != nil {
+		t.Fatal(err)
+	}
+	c := &http.Client{Timeout: 300 * time.Millisecond, Transport: &http.Transport{DisableKeepAlives: true}}
+	if resp, err := c.Get(url); err == nil {
+		resp.Body.Close()
+		t.Fatal("a second connection was served while the first held the only slot")
+	}
+	hold.Close()
+	c.Timeout = 10 * time.Second
+	resp, err := c.Get(url)
+	if err != nil {
+		t.Fatalf("after the first connection closed: %v", err)
+	}
+	resp.Body.Close()
 }

@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -18,6 +19,10 @@ const (
 	DefaultMaxActive = 8       // generations running at once
 	DefaultMaxQueue  = 64      // generations waiting for a slot
 	DefaultMaxBody   = 1 << 20 // request body bytes
+	DefaultMaxConns  = 512     // open HTTP connections
+	// BodyReadTimeout bounds reading a request's body (the headers have
+	// 10 s), so a client trickling bytes cannot hold a connection.
+	BodyReadTimeout = 30 * time.Second
 )
 
 // Config configures a Server.
@@ -35,7 +40,10 @@ type Config struct {
 	MaxActive, MaxQueue int
 	// MaxBody bounds a request body (0: DefaultMaxBody); larger: 413.
 	MaxBody int64
-	Logger  *slog.Logger
+	// MaxConns bounds open connections (0: DefaultMaxConns); further
+	// ones wait in the kernel's accept queue.
+	MaxConns int
+	Logger   *slog.Logger
 }
 
 // Server is the HTTP API. It is an http.Handler; Handle mounts extra
@@ -60,6 +68,9 @@ func New(cfg Config) *Server {
 	cfg.MaxQueue = max(cfg.MaxQueue, 0)
 	if cfg.MaxBody <= 0 {
 		cfg.MaxBody = DefaultMaxBody
+	}
+	if cfg.MaxConns <= 0 {
+		cfg.MaxConns = DefaultMaxConns
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
@@ -105,9 +116,10 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		_ = hs.Shutdown(sctx)
+		_ = hs.Close() // connections still open after the grace period
 	})
 	defer stop()
-	err := hs.Serve(ln)
+	err := hs.Serve(&limitListener{Listener: ln, slots: make(chan struct{}, s.cfg.MaxConns)})
 	if errors.Is(err, http.ErrServerClosed) {
 		return nil
 	}
@@ -163,7 +175,10 @@ func (s *Server) cors(w http.ResponseWriter, r *http.Request) bool {
 
 // readBody reads a bounded body (413 beyond MaxBody).
 func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, *Error) {
+	rc := http.NewResponseController(w)
+	_ = rc.SetReadDeadline(time.Now().Add(BodyReadTimeout))
 	b, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.cfg.MaxBody))
+	_ = rc.SetReadDeadline(time.Time{})
 	var mbe *http.MaxBytesError
 	switch {
 	case errors.As(err, &mbe):
@@ -205,4 +220,32 @@ func (l *limiter) acquire(ctx context.Context) (release func(), err error) {
 	case <-ctx.Done():
 		return nil, ctx.Err()
 	}
+}
+
+// limitListener holds at most cap(slots) connections open at once.
+type limitListener struct {
+	net.Listener
+	slots chan struct{}
+}
+
+func (l *limitListener) Accept() (net.Conn, error) {
+	l.slots <- struct{}{}
+	c, err := l.Listener.Accept()
+	if err != nil {
+		<-l.slots
+		return nil, err
+	}
+	return &limitConn{Conn: c, release: func() { <-l.slots }}, nil
+}
+
+type limitConn struct {
+	net.Conn
+	once    sync.Once
+	release func()
+}
+
+func (c *limitConn) Close() error {
+	err := c.Conn.Close()
+	c.once.Do(c.release)
+	return err
 }
