@@ -13,6 +13,7 @@ import (
 
 	"github.com/neuron-tai/meshp2p/api"
 	"github.com/neuron-tai/meshp2p/engine"
+	"github.com/neuron-tai/meshp2p/proto/frame"
 	"github.com/neuron-tai/meshp2p/proto/meshp2pb"
 	"github.com/neuron-tai/meshp2p/route"
 	"github.com/neuron-tai/meshp2p/session"
@@ -162,6 +163,28 @@ func (g *Gateway) Models(context.Context) ([]api.Model, error) {
 	return out, nil
 }
 
+// contextLimit is the longest session (KV cells) any route over ss could
+// hold: per layer the largest advertised n_ctx of a shard covering it, the
+// least of those over the layers (0: unknown).
+func contextLimit(ss []route.Shard, nl int) int {
+	limit := 0
+	for l := 0; l < nl; l++ {
+		best := 0
+		for _, s := range ss {
+			if s.NLayer == nl && s.Start <= l && l < s.End {
+				best = max(best, int(s.Capacity.GetNCtx()))
+			}
+		}
+		if best == 0 {
+			return 0
+		}
+		if limit == 0 || best < limit {
+			limit = best
+		}
+	}
+	return limit
+}
+
 // covered reports whether shards of one model chain from layer 0 to nl.
 func covered(ss []route.Shard, nl int) bool {
 	reach := map[int]bool{0: true}
@@ -205,6 +228,10 @@ func (g *Gateway) Generate(ctx context.Context, req *api.GenerateRequest, onText
 	if maxTok <= 0 {
 		maxTok = g.cfg.MaxTokens
 	}
+	if limit := contextLimit(g.n.table.Shards(fp), nl); limit > 0 && len(prompt)+maxTok+1 > limit {
+		return nil, api.BadRequest("max_tokens", "prompt (%d tokens) + max_tokens (%d) exceed the %d-token context the peers serving model %s offer",
+			len(prompt), maxTok, limit, id)
+	}
 	sp := &meshp2pb.SamplingParams{Temperature: req.Temperature, TopP: req.TopP, Seed: req.Seed,
 		FrequencyPenalty: req.FrequencyPenalty, PresencePenalty: req.PresencePenalty}
 	if sp.FrequencyPenalty != 0 || sp.PresencePenalty != 0 {
@@ -245,6 +272,10 @@ func (g *Gateway) Generate(ctx context.Context, req *api.GenerateRequest, onText
 		return out, ctx.Err()
 	case errors.Is(err, route.ErrNoRoute):
 		return out, api.Unavailable("model %s: %v", id, err)
+	case frame.Code(err) == meshp2pb.ErrorCode_ERROR_CODE_BAD_REQUEST:
+		// A hop refused the request itself (e.g. more KV cells than it
+		// gives one session).
+		return out, api.BadRequest("max_tokens", "model %s: %v", id, err)
 	}
 	return out, err
 }

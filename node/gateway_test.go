@@ -269,6 +269,12 @@ func TestGatewayOpenAISDK(t *testing.T) {
 			t.Fatalf("model without a route: %v", err)
 		}
 		t.Logf("503 as the client sees it: %s", e.Message)
+		// More than the hops' 1024-cell context: refused up front.
+		p = chatParams("stories-chat")
+		p.MaxTokens = openai.Int(2000)
+		if _, err := client.Chat.Completions.New(ctx, p); !errors.As(err, &e) || e.StatusCode != 400 || e.Param != "max_tokens" {
+			t.Fatalf("max_tokens beyond the context: %v", err)
+		}
 		bad := openai.NewClient(option.WithBaseURL(srv.URL+"/v1/"), option.WithAPIKey("wrong"), option.WithMaxRetries(0))
 		if _, err := bad.Models.List(ctx); !errors.As(err, &e) || e.StatusCode != 401 {
 			t.Fatalf("wrong key: %v", err)
