@@ -18,6 +18,7 @@ import (
 	"github.com/neuron-tai/meshp2p/engine"
 	"github.com/neuron-tai/meshp2p/engine/gguf"
 	"github.com/neuron-tai/meshp2p/internal/testmodels/chatmodel"
+	"github.com/neuron-tai/meshp2p/proto/meshp2pb"
 )
 
 // reference is what `generate --local` prints for prompt: the whole model
@@ -31,7 +32,11 @@ type reference struct {
 
 func localReference(t *testing.T, model string, prompt []int32, n int) reference {
 	t.Helper()
-	toks := localTokens(t, model, prompt, n)
+	return referenceOf(t, model, localTokens(t, model, prompt, n))
+}
+
+func referenceOf(t *testing.T, model string, toks []int32) reference {
+	t.Helper()
 	v, err := engine.LoadModel(context.Background(), model, engine.LoadOptions{VocabOnly: true})
 	if err != nil {
 		t.Fatal(err)
@@ -204,6 +209,33 @@ func TestGatewayOpenAISDK(t *testing.T) {
 		}
 		if err := st.Err(); err != nil || text != compRef.text {
 			t.Fatalf("streamed completion %q (%v), local %q", text, err, compRef.text)
+		}
+	})
+
+	t.Run("sampling and penalties", func(t *testing.T) {
+		// temperature, top_p, seed and the penalties reach the tail: the
+		// swarm samples exactly as the whole model in-process with the
+		// same parameters (OpenAI has no top-k or min-p: both off).
+		prompt := promptOf(t, model, false, "Once upon a time")
+		for _, sp := range []*meshp2pb.SamplingParams{
+			{Temperature: 0.9, TopP: 0.95, Seed: 1 << 40},
+			{FrequencyPenalty: 1.5, TopP: 1, RepeatLastN: -1},
+			{PresencePenalty: 1.2, Temperature: 0.7, TopP: 1, Seed: 7, RepeatLastN: -1},
+		} {
+			want := referenceOf(t, model, localSampled(t, model, prompt, 32, sp))
+			p := compParams(32)
+			p.Temperature, p.TopP, p.Seed = openai.Float(float64(sp.Temperature)), openai.Float(float64(sp.TopP)), openai.Int(int64(sp.Seed))
+			p.FrequencyPenalty, p.PresencePenalty = openai.Float(float64(sp.FrequencyPenalty)), openai.Float(float64(sp.PresencePenalty))
+			resp, err := client.Completions.New(ctx, p)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if resp.Choices[0].Text != want.text {
+				t.Fatalf("%v: api %q, local %q", sp, resp.Choices[0].Text, want.text)
+			}
+			if want.text == compRef.text {
+				t.Fatalf("%v: sampled text equals greedy; the parameters did nothing", sp)
+			}
 		}
 	})
 

@@ -55,8 +55,9 @@ func (f *apiFlags) register(fs *flag.FlagSet, defAddr, what string) {
 }
 
 // run serves the API for gateway node c until ctx ends (stop ends it
-// sooner). It prints the base URL once listening.
-func (f *apiFlags) run(ctx context.Context, stdout io.Writer, log *slog.Logger, c *node.Node, planner route.Planner) (stop func(), err error) {
+// sooner). It prints the base URL once listening. Each mount may add
+// handlers beside /v1/ (api.Server.Handle; outside the API key).
+func (f *apiFlags) run(ctx context.Context, stdout io.Writer, log *slog.Logger, c *node.Node, planner route.Planner, mounts ...func(*api.Server)) (stop func(), err error) {
 	key := f.key
 	if key == "" {
 		key = os.Getenv("MESHP2P_API_KEY")
@@ -71,6 +72,9 @@ func (f *apiFlags) run(ctx context.Context, stdout io.Writer, log *slog.Logger, 
 	g := node.NewGateway(c, node.GatewayConfig{Planner: planner, MaxTokens: f.maxTokens, WireDType: frame.WireDTypes()[0].DType, Logger: log})
 	srv := api.New(api.Config{Backend: g, APIKey: key, CORSOrigins: splitList(f.cors), MaxActive: f.maxActive, MaxQueue: f.maxQueue,
 		MaxBody: f.maxBody, Logger: log})
+	for _, m := range mounts {
+		m(srv)
+	}
 	sctx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() { done <- srv.Serve(sctx, ln) }()
