@@ -28,7 +28,7 @@ type Sampling struct {
 	// its logit, over the same window as RepeatPenalty.
 	FrequencyPenalty float32
 	PresencePenalty  float32
-	Seed          uint64
+	Seed             uint64
 	// Generated are tokens this session already produced (after a reroute):
 	// they feed the repetition penalty and offset the draw counter.
 	Generated []int32
