@@ -65,6 +65,10 @@ type GenerateRequest struct {
 	// OnToken sees each token as it arrives; returning true stops the
 	// generation (stop string found).
 	OnToken func(tok int32) bool
+	// OnRoute, if set, sees each epoch's route before it is opened (the
+	// first, then one per re-route or capacity retry) and the re-routes so
+	// far.
+	OnRoute func(rt *route.Route, reroutes int)
 }
 
 // HopStat is the mean compute time one hop spent per generated token.
@@ -138,6 +142,9 @@ func (o *Origin) Generate(ctx context.Context, req GenerateRequest) (*Result, er
 			return res, fmt.Errorf("%w: planner returned a route for epoch %d, want %d", ErrGeneration, rt.Epoch, epoch)
 		}
 		res.Route = rt
+		if req.OnRoute != nil {
+			req.OnRoute(rt, res.Reroutes)
+		}
 		failed, err := o.run(ctx, sid, rt, req, res, start)
 		failed = blameOnRoute(rt, failed)
 		if err == nil {
