@@ -210,8 +210,14 @@ type testHost struct {
 
 func newTestHost(t testing.TB) *testHost {
 	t.Helper()
+	return newTestHostRM(t, &network.NullResourceManager{})
+}
+
+// newTestHostRM is newTestHost with the resource manager rm.
+func newTestHostRM(t testing.TB, rm network.ResourceManager) *testHost {
+	t.Helper()
 	h, err := libp2p.New(libp2p.ListenAddrStrings("/ip4/127.0.0.1/tcp/0"), libp2p.DisableRelay(),
-		libp2p.ResourceManager(&network.NullResourceManager{}))
+		libp2p.ResourceManager(rm))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -367,7 +373,12 @@ type fakeHop struct {
 
 func startHop(t testing.TB, start, end int, tweak func(*HopConfig)) *fakeHop {
 	t.Helper()
-	h := newTestHost(t)
+	return startHopOn(t, newTestHost(t), start, end, tweak)
+}
+
+// startHopOn is startHop on the host h.
+func startHopOn(t testing.TB, h *testHost, start, end int, tweak func(*HopConfig)) *fakeHop {
+	t.Helper()
 	e := newFakeEngine(start, end)
 	cfg := HopConfig{Fingerprint: fakeFP, Idle: 20 * time.Second, OpenTimeout: 10 * time.Second, Logger: quiet}
 	if tweak != nil {

@@ -197,7 +197,7 @@ func (o *Origin) run(ctx context.Context, sid [16]byte, rt *route.Route, req Gen
 	defer s.Close()
 	stop := context.AfterFunc(ctx, func() { _ = s.Reset() })
 	defer stop()
-	e := &epochRun{s: s, w: frame.NewWriter(s, o.Limits), r: frame.NewReader(s, o.Limits), sid: sid, rt: rt, head: head}
+	e := &epochRun{s: s, w: frame.NewWriter(s, o.Limits), r: streamReader(s, o.Limits), sid: sid, rt: rt, head: head}
 	open, input := o.sessionOpen(sid, rt, req, res.Tokens)
 	// Longer than a hop's idle timeout (the ladder in defaults.go), so a
 	// stalled hop is reported by its neighbour, which can name it, before
