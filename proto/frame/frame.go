@@ -134,9 +134,19 @@ func (r *Reader) ChargeTo(s MemoryScope) *Reader {
 	return r
 }
 
-// charge makes the reservation cover a payload buffer of n bytes.
+// charge makes the reservation cover a payload buffer of n bytes. A
+// buffer over four times what the frame needs (a prefill chunk's, now that
+// single-row decode steps follow) is dropped and its reservation given
+// back first, so a long session does not hold its largest frame forever.
 func (r *Reader) charge(n int) error {
-	if r.scope == nil || n <= r.charged {
+	if r.scope == nil {
+		return nil
+	}
+	if r.charged > growStep && r.charged > 4*n {
+		r.scope.ReleaseMemory(r.charged)
+		r.payload, r.charged = nil, 0
+	}
+	if n <= r.charged {
 		return nil
 	}
 	if err := r.scope.ReserveMemory(n-r.charged, reservePriority); err != nil {
