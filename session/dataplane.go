@@ -160,7 +160,7 @@ func (hs *hopSession) activation(a *meshp2pb.ActivationHeader, tensors [][]byte,
 	t0 := time.Now()
 	out, err := hs.eng.Forward(context.Background(), in)
 	if err != nil {
-		return engineErr(err, from)
+		return engineErr(err, from, hs.h.host.ID())
 	}
 	took := time.Since(t0)
 	us := uint32(took.Microseconds())

@@ -60,7 +60,10 @@ type fakeEngine struct {
 	onStep func(steps int)
 	// onClose, if set, runs when a session starts closing, before its
 	// cells are freed (tests hold a dead epoch's cells).
-	onClose     func(Key)
+	onClose func(Key)
+	// broken, if set, is what every Forward fails with (a peer that
+	// cannot compute the layers it claims).
+	broken      error
 	refused     chan struct{} // closed at the first capacity refusal
 	refusedOnce sync.Once
 	sessions    map[Key]*fakeSession
@@ -119,6 +122,12 @@ func (s *fakeSession) Forward(ctx context.Context, in Input) (Output, error) {
 	info := s.e.info
 	if s.closed {
 		return Output{}, fmt.Errorf("session closed")
+	}
+	s.e.mu.Lock()
+	broken := s.e.broken
+	s.e.mu.Unlock()
+	if broken != nil {
+		return Output{}, broken
 	}
 	if in.Pos != s.nextPos {
 		return Output{}, fmt.Errorf("%w: position %d, want %d", ErrBadInput, in.Pos, s.nextPos)

@@ -52,6 +52,10 @@ type Origin struct {
 	// never excluded: the next plan avoids it when a replica exists, else
 	// the same route is tried again after a backoff.
 	CapacityWait time.Duration
+	// Failures, if set, is shared by the origins of a node or gateway:
+	// peers blamed for a failed generation are avoided by later plans
+	// (soft: still planned when no other route exists).
+	Failures *FailureMemory
 }
 
 // GenerateRequest is one generation.
@@ -124,7 +128,7 @@ func (o *Origin) Generate(ctx context.Context, req GenerateRequest) (*Result, er
 	start := time.Now()
 	for epoch := uint64(1); ; epoch++ {
 		preq := route.Request{Fingerprint: req.Fingerprint, NLayer: req.NLayer, Exclude: exclude, NeedKV: len(req.Prompt) + req.MaxTokens + 1, Epoch: epoch, SessionID: sid[:]}
-		rt, err := full.plan(ctx, o.Planner, preq)
+		rt, err := o.plan(ctx, &full, preq)
 		if errors.Is(err, route.ErrNoRoute) && len(res.Failures) > 0 {
 			rt, err = o.awaitRoute(ctx, preq, err)
 		}
@@ -159,6 +163,7 @@ func (o *Origin) Generate(ctx context.Context, req GenerateRequest) (*Result, er
 		}
 		full = capacityRetry{}
 		res.Failures = append(res.Failures, err.Error())
+		o.Failures.Blame(failed)
 		if failed == "" || res.Reroutes >= maxRe {
 			return res, fmt.Errorf("%w: %w", ErrGeneration, err)
 		}
@@ -166,6 +171,19 @@ func (o *Origin) Generate(ctx context.Context, req GenerateRequest) (*Result, er
 		exclude[failed] = true
 		res.Reroutes++
 	}
+}
+
+// plan plans req, avoiding the peers the failure memory holds when a route
+// without them exists.
+func (o *Origin) plan(ctx context.Context, full *capacityRetry, req route.Request) (*route.Route, error) {
+	if avoid := o.Failures.avoiding(req.Exclude); avoid != nil {
+		alt := req
+		alt.Exclude = avoid
+		if rt, err := full.plan(ctx, o.Planner, alt); err == nil {
+			return rt, nil
+		}
+	}
+	return full.plan(ctx, o.Planner, req)
 }
 
 // blameOnRoute keeps a blamed peer only if it is on the route: a report
