@@ -93,6 +93,9 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 	if cfg.Engine.Logger == nil {
 		cfg.Engine.Logger = cfg.Logger
 	}
+	if cfg.P2P.MemberAdvert == nil { // an open relay's members (--relay-service)
+		cfg.P2P.MemberAdvert = route.MemberAdvert
+	}
 	n := &Node{cfg: cfg, log: cfg.Logger, table: route.NewTable(), failures: session.NewFailureMemory(0, 0)}
 	var err error
 	if cfg.ModelPath != "" {

@@ -45,7 +45,8 @@ const (
 // circuit, 2 KiB copy buffer, 16 circuits per peer) cut an activation stream
 // after a few tokens; a 1 MB transfer through them was reset every
 // time. A meshp2p relay carries activations for members only (RelayACL,
-// swarm key), so it runs without a data or time limit by default.
+// swarm key), so it runs without go-libp2p's per-circuit data or time
+// limit; an open relay bounds each peer instead (relayguard.go).
 const (
 	defaultRelayMaxReservations      = 512
 	defaultRelayMaxCircuits          = 64        // per peer: one node can be a relayed hop in many pipelines
@@ -86,7 +87,12 @@ func (r RelayResources) withDefaults() RelayResources {
 	return r
 }
 
-func (c Config) relayResources() relay.Resources {
+// relayResources sizes the relay service; an open relay (no swarm key)
+// allows fewer circuits per peer unless configured (relayguard.go).
+func (c Config) relayResources(open bool) relay.Resources {
+	if open && c.RelayResources.MaxCircuits <= 0 {
+		c.RelayResources.MaxCircuits = openRelayMaxCircuits
+	}
 	r := c.RelayResources.withDefaults()
 	res := relay.Resources{
 		ReservationTTL:         r.ReservationTTL,

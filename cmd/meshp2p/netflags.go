@@ -42,7 +42,7 @@ func (f *netFlags) register(fs *flag.FlagSet, preset string) {
 	fs.BoolVar(&f.portMapping, "port-mapping", preset == node.PresetHome, "map a port on the home router with UPnP/NAT-PMP")
 	fs.BoolVar(&f.test, "test-mode", false, "TEST ONLY: lift per-IP connection limits for 127.0.0.0/8 and turn UPnP/NAT-PMP off; changes nothing else (intervals, DHT mode and reachability stay as the role's preset)")
 	fs.StringVar(&f.testPublic, "test-public-cidrs", "", "TEST ONLY (with --test-mode): treat these CIDRs as public internet and lift per-IP limits for them, e.g. the netns test network's 203.0.113.0/24 (changes go-libp2p's address classification for the whole process)")
-	fs.BoolVar(&f.relay, "relay-service", preset == node.PresetRelay, "run a circuit relay v2 for swarm members (raised limits for activation traffic)")
+	fs.BoolVar(&f.relay, "relay-service", preset == node.PresetRelay, "run a circuit relay v2 for swarm members (raised limits for activation traffic; without --swarm-key: members by advert or protocol, 16 circuits, 1 GiB/h and 1 h per circuit per peer)")
 }
 
 func parseAddrInfos(s string) ([]peer.AddrInfo, error) {
