@@ -72,6 +72,8 @@ type Node struct {
 	// calibration is the decode time per row measured at start, the
 	// advertised speed until live traffic refines it.
 	calibration time.Duration
+	// failures is shared by every origin of this node (session.FailureMemory).
+	failures *session.FailureMemory
 
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
@@ -92,7 +94,10 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 	if cfg.Engine.Logger == nil {
 		cfg.Engine.Logger = cfg.Logger
 	}
-	n := &Node{cfg: cfg, log: cfg.Logger, table: route.NewTable()}
+	if cfg.P2P.MemberAdvert == nil { // an open relay's members (--relay-service)
+		cfg.P2P.MemberAdvert = route.MemberAdvert
+	}
+	n := &Node{cfg: cfg, log: cfg.Logger, table: route.NewTable(), failures: session.NewFailureMemory(0, 0)}
 	var err error
 	if cfg.ModelPath != "" {
 		if err := n.loadShard(ctx); err != nil {
@@ -316,7 +321,7 @@ func (n *Node) Origin(planner route.Planner) *session.Origin {
 	// it opens at once on any connection, relayed included, instead of
 	// waiting for a hole punch as activation seams do.
 	return &session.Origin{Dialer: n.ControlHost(), Planner: planner, Protocol: n.host.ProtocolID(session.ProtoSession, session.ProtoVersion),
-		Limits: n.cfg.Hop.Limits, Logger: n.log,
+		Limits: n.cfg.Hop.Limits, Logger: n.log, Failures: n.failures,
 		Rediscover: func(ctx context.Context, fp string) {
 			// A replacement may be known to a peer but not to us yet:
 			// re-pull adverts from connected peers and ask the DHT.
