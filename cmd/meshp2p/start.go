@@ -49,6 +49,9 @@ func runStart(ctx context.Context, stdout, stderr io.Writer, args []string) erro
 	verbose := fs.Bool("v", false, "debug logging")
 	var mf metricsFlag
 	mf.register(fs)
+	mmap := fs.Bool("mmap", true, "map the shard file; --mmap=false reads it into memory (containers with a memory limit: mapped page cache is not charged to the container)")
+	var af apiFlags
+	af.register(fs, "", "also serve the OpenAI-compatible HTTP API on this host:port, e.g. 127.0.0.1:8080 (see meshp2p serve; default: off)")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -71,7 +74,7 @@ func runStart(ctx context.Context, stdout, stderr io.Writer, args []string) erro
 	log := newLogger(stderr, *verbose)
 	prog := newProgress(stderr, "splitting")
 	cfg := node.Config{P2P: pc, ModelPath: *model, Layers: rng, ModelName: *name, Logger: log,
-		Engine: def, Hop: session.HopConfig{Idle: *idle, MaxSessionKV: *sessKV, MaxSessionsPerPeer: *peerQuota}, SplitProgress: prog.update, DirectWait: *directWait}
+		Engine: def, Hop: session.HopConfig{Idle: *idle, MaxSessionKV: *sessKV, MaxSessionsPerPeer: *peerQuota}, SplitProgress: prog.update, DirectWait: *directWait, NoMmap: !*mmap}
 	if *directWait <= 0 {
 		cfg.DirectWait = -1 // do not wait
 	}
@@ -98,6 +101,11 @@ func runStart(ctx context.Context, stdout, stderr io.Writer, args []string) erro
 		return err
 	}
 	defer stopMetrics()
+	stopAPI, err := af.startAPI(ctx, stdout, log, n, pc)
+	if err != nil {
+		return err
+	}
+	defer stopAPI()
 	p, err := n.WriteInfo()
 	if err != nil {
 		return err
@@ -106,6 +114,7 @@ func runStart(ctx context.Context, stdout, stderr io.Writer, args []string) erro
 	<-ctx.Done()
 	log.Info("shutting down: closing sessions, withdrawing advert")
 	stopMetrics()
+	stopAPI()
 	return n.Close()
 }
 
