@@ -183,9 +183,50 @@ func TestDashboardInBrowser(t *testing.T) {
 	screenshot(t, ctx, "dashboard-killed.png")
 
 	t.Run("chat panel streams from a stand-in /v1", func(t *testing.T) { chatPanel(t, ctx) })
-	t.Run("chat through the real API server", func(t *testing.T) {
-		t.Skip("the OpenAI API server (issue 11) is not on this branch: no real /v1/chat/completions to stream from yet")
-	})
+}
+
+// The dashboard on the API server of `start --api` (mounted beside /v1/):
+// the chat panel streams a reply through the real API and the swarm (the
+// base model has no chat template, so the panel continues the text), the
+// gateway's route and tokens/s show, and the API server's /metrics has the
+// origin's metrics.
+func TestDashboardChatThroughAPI(t *testing.T) {
+	exe := chromium(t)
+	bin := cli(t)
+	model := testmodels.Path(t, "stories260K.gguf")
+	a := startProc(t, bin, append([]string{"start", "--model", model, "--layers", "0-3", "--api", "127.0.0.1:0"}, netArgs("chattest", dataDir(t, "a"))...)...)
+	startProc(t, bin, append([]string{"start", "--model", model, "--layers", "3-5", "--bootstrap", a.addr}, netArgs("chattest", dataDir(t, "b"))...)...)
+	if a.api == "" {
+		t.Fatalf("no api address printed:\n%s", a.logs.String())
+	}
+	ctx := browser(t, exe)
+	if err := chromedp.Do(ctx, chromedp.Navigate("http://"+a.api+"/")); err != nil {
+		t.Fatal(err)
+	}
+	evalUntil(t, ctx, `!document.getElementById('chat').hidden && document.getElementById('chat-model').value === 'stories260K' &&
+		document.querySelectorAll('.bar .cell.r1').length === 5`, 30*time.Second)
+	if err := chromedp.Do(ctx, chromedp.Evaluate[chromedp.Void](`document.getElementById('chat-input').value = 'Once upon a time'; document.getElementById('chat-send').click()`)); err != nil {
+		t.Fatal(err)
+	}
+	evalUntil(t, ctx, `parseFloat(document.getElementById('tps').textContent) > 0`, 60*time.Second)
+	evalUntil(t, ctx, `(() => { const m = document.querySelector('.msg.assistant[data-done="true"]');
+		return !!m && m.dataset.mode === 'completion' && m.textContent.startsWith('Once upon a time') && m.textContent.length > 40; })()`, 60*time.Second)
+	evalUntil(t, ctx, `[...document.querySelectorAll('#route-list li')].some(li => li.textContent.includes('[0-3]') && li.textContent.includes('[3-5]'))`, 10*time.Second)
+	reply, err := chromedp.Run(ctx, chromedp.Evaluate[string](`document.querySelector('.msg.assistant').textContent`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("reply through the API: %q", reply)
+	screenshot(t, ctx, "dashboard-api-chat.png")
+	fams := waitValue(t, a.api, "meshp2p_generations_total", map[string]string{"result": "ok"}, 1)
+	for _, name := range []string{"meshp2p_ttft_seconds", "meshp2p_route_plan_seconds", "meshp2p_generated_tokens_total", "meshp2p_sessions_admitted_total", "libp2p_rcmgr_streams"} {
+		if fams[name] == nil {
+			t.Errorf("API server /metrics lacks %s", name)
+		}
+	}
+	if v := value(fams, "meshp2p_sessions_admitted_total", nil); v != 1 {
+		t.Errorf("the node (head of the chat's route) admitted %v sessions, want 1", v)
+	}
 }
 
 // chatPanel checks the panel's own logic (shown when /v1/models answers,

@@ -30,6 +30,7 @@ type proc struct {
 	id      string
 	addr    string // first listen address, with /p2p/<id>
 	metrics string // host:port of --metrics
+	api     string // host:port of --api
 	exited  chan struct{}
 }
 
@@ -78,6 +79,8 @@ func startProc(t *testing.T, bin string, args ...string) *proc {
 				p.addr = f[1]
 			case strings.HasPrefix(line, "metrics:") && len(f) >= 2:
 				p.metrics = strings.TrimSuffix(strings.TrimPrefix(f[1], "http://"), "/metrics")
+			case strings.HasPrefix(line, "api:") && len(f) >= 2:
+				p.api = strings.TrimSuffix(strings.TrimPrefix(f[1], "http://"), "/v1")
 			case strings.HasPrefix(line, "ready"):
 				once.Do(func() { close(ready) })
 			}

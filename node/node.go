@@ -56,6 +56,10 @@ type Config struct {
 	// Metrics, if set, is the process's registry: go-libp2p's, the hop's
 	// and the origin's metrics and the node's gauges go there (observe.go).
 	Metrics *metrics.Metrics
+	// Recorder, if set, receives this node's routes and totals for its
+	// status document (shared by `start --api`'s gateway peer and its
+	// node); nil: a recorder of its own.
+	Recorder *status.Recorder
 }
 
 // Node is a running meshp2p node.

@@ -12,7 +12,10 @@ import (
 // the status recorder always, the process's metrics when cfg.Metrics is
 // set (go-libp2p's metrics too, through the p2p registerer).
 func (n *Node) observe(cfg Config) Config {
-	n.recorder = &status.Recorder{}
+	n.recorder = cfg.Recorder
+	if n.recorder == nil {
+		n.recorder = &status.Recorder{}
+	}
 	obs := session.HopObservers{n.recorder}
 	if m := cfg.Metrics; m != nil {
 		obs = append(obs, m)

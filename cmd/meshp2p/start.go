@@ -82,9 +82,11 @@ func runStart(ctx context.Context, stdout, stderr io.Writer, args []string) erro
 		return err
 	}
 	cfg.Engine.MaxSessions, cfg.Engine.NCtx, cfg.Engine.NBatch, cfg.Engine.Threads, cfg.Engine.FlashAttn = *maxSess, *nctx, *nbatch, *threads, *flash
+	mf.always = af.addr != "" // the API server serves /metrics too
 	if cfg.Metrics, err = mf.metrics(); err != nil {
 		return err
 	}
+	af.metrics = cfg.Metrics
 	n, err := node.Start(ctx, cfg)
 	prog.finish()
 	if err != nil {

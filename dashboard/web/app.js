@@ -5,7 +5,7 @@
 "use strict";
 
 const POLL_MS = 1000;
-let last = null; // previous {t, rows} for the tokens/s rate
+let last = null; // previous {t, rows, recv} for the tokens/s rate
 
 function el(tag, props, ...kids) {
   const e = document.createElement(tag);
@@ -87,14 +87,15 @@ function drawRoutes(doc) {
       hops.push(el("span", { class: "hop", title: h.peer, text: `${short(h.peer)}[${h.start}-${h.end}]${h.path === "direct" || h.path === "relayed" ? " " + h.path : ""}` }));
     });
     const t = new Date(r.time).toLocaleTimeString();
-    list.append(el("li", { "data-epoch": String(r.epoch) }, el("span", { class: "muted", text: t + " " }),
+    const role = r.hop_index < 0 ? "origin" : `hop ${r.hop_index + 1}`;
+    list.append(el("li", { "data-epoch": String(r.epoch), "data-hop-index": String(r.hop_index) }, el("span", { class: "muted", text: `${t} ${role}: ` }),
       r.reroute ? el("span", { class: "reroute", text: `re-route (epoch ${r.epoch}) ` }) : null, ...hops));
   }
 }
 
-// tokens is what the tokens/s rate counts: decode steps this hop computed,
-// or, on an origin (the API gateway), tokens its generations received.
-const tokens = (c) => (c.decode_rows || 0) + (c.tokens_received || 0);
+// tokens/s: the faster of the decode steps this hop computed and the
+// tokens this node's origin (the API gateway) received; `start --api`
+// counts both for the same tokens when it is on its own route.
 
 function draw(doc) {
   const s = doc.self || {};
@@ -104,10 +105,10 @@ function draw(doc) {
   const c = doc.counters || {};
   if (last) {
     const dt = (now - last.t) / 1000;
-    const rate = dt > 0 ? Math.max(0, (tokens(c) - last.rows) / dt) : 0;
+    const rate = dt > 0 ? Math.max(0, ((c.decode_rows || 0) - last.rows) / dt, ((c.tokens_received || 0) - last.recv) / dt) : 0;
     $("tps").textContent = rate.toFixed(1);
   }
-  last = { t: now, rows: tokens(c) };
+  last = { t: now, rows: c.decode_rows || 0, recv: c.tokens_received || 0 };
   $("active").textContent = String(c.sessions_active || 0);
   $("npeers").textContent = String((doc.peers || []).filter((p) => p.live).length);
   $("reroutes").textContent = String(c.reroutes || 0);
