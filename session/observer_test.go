@@ -116,3 +116,34 @@ func TestObserversSeeARerouteGeneration(t *testing.T) {
 		t.Fatal("CodeLabel")
 	}
 }
+
+// Seam writes are reported with the path their stream runs on: the head's
+// seam to a peer reached through a relay counts as relayed, the tail's
+// ring (direct) as direct.
+func TestObserverSeesSeamPaths(t *testing.T) {
+	obs := []*recObs{{}, {}}
+	head := startHop(t, 0, 3, func(c *HopConfig) { c.Observer = obs[0] })
+	tail := startHop(t, 3, fakeNLay, func(c *HopConfig) { c.Observer = obs[1] })
+	head.host.relay(tail.host.ID())
+	o, _ := newOrigin(t, stagePlanner{[][]*fakeHop{{head}, {tail}}}, head, tail)
+	const maxTok = 10
+	if _, err := o.Generate(context.Background(), GenerateRequest{Fingerprint: fakeFP, NLayer: fakeNLay, Prompt: []int32{5, 6}, MaxTokens: maxTok}); err != nil {
+		t.Fatal(err)
+	}
+	waitReleased(t, head, tail)
+	for _, r := range obs {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+	}
+	// The head writes one prefill chunk and maxTok-1 decode steps; the
+	// tail writes maxTok tokens over the ring.
+	if w := obs[0].writes; w[p2p.PathRelayed] != maxTok || w[p2p.PathDirect] != 0 {
+		t.Fatalf("head seam writes %v, want %d relayed", w, maxTok)
+	}
+	if w := obs[1].writes; w[p2p.PathDirect] != maxTok || w[p2p.PathRelayed] != 0 {
+		t.Fatalf("tail ring writes %v, want %d direct", w, maxTok)
+	}
+	if obs[0].served != maxTok || obs[1].served != 0 {
+		t.Fatalf("tokens served: head %d, tail %d", obs[0].served, obs[1].served)
+	}
+}
