@@ -83,29 +83,76 @@ func (v View) medianMs() float64 {
 	return ms[len(ms)/2]
 }
 
-// Coverage is the throughput (tokens/s) each layer gets from the view's
-// servers, relayed ones weighted down; 0 is a gap.
-func (v View) Coverage() []float64 {
-	c := make([]float64, v.NLayer)
-	def := v.medianMs()
-	for _, s := range v.Servers {
-		addServer(c, s, def)
-	}
-	return c
+// Score is how well a swarm serves the model.
+//
+//   - Deficit is the fewest layers missing from the best route. A route is
+//     a chain of windows, each starting where the previous ends (a shard
+//     runs exactly its layers), so a layer every window covers may still
+//     be unroutable; 0 when a chain runs from layer 0 to the last.
+//   - Coverage is each layer's throughput (tokens/s) summed over the
+//     windows holding it, relayed-only ones weighted down.
+type Score struct {
+	Deficit  int
+	Coverage []float64
 }
 
-func addServer(c []float64, s Server, defMs float64) {
-	ms := s.MsPerLayer
-	if ms <= 0 {
-		ms = defMs
+// Score scores the view.
+func (v View) Score() Score {
+	g := v.graph()
+	return Score{Deficit: g.deficit(nil), Coverage: g.cov}
+}
+
+// Coverage is the view's per-layer throughput (Score.Coverage).
+func (v View) Coverage() []float64 { return v.graph().cov }
+
+// Deficit is the view's Score.Deficit.
+func (v View) Deficit() int { return v.graph().deficit(nil) }
+
+// graph is a view's windows as edges between layer boundaries, and its
+// coverage.
+type graph struct {
+	n    int
+	ends [][]int // ends[b]: where the windows starting at b end
+	cov  []float64
+	ms   float64 // the view's median speed (for unknown ones)
+}
+
+func (v View) graph() *graph {
+	g := &graph{n: v.NLayer, ends: make([][]int, v.NLayer+1), cov: make([]float64, v.NLayer), ms: v.medianMs()}
+	for _, s := range v.Servers {
+		if s.Range.Start >= 0 && s.Range.End <= g.n && s.Range.Len() > 0 {
+			g.ends[s.Range.Start] = append(g.ends[s.Range.Start], s.Range.End)
+			addServer(g.cov, s, g.ms)
+		}
 	}
-	t := throughput(ms, s.Range.Len())
-	if s.Relayed {
-		t *= RelayedWeight
+	return g
+}
+
+// deficit is the fewest layers missing from the best route, with one more
+// window extra (nil: none): a shortest path over boundaries where a window
+// costs 0 and a missing layer 1.
+func (g *graph) deficit(extra *Range) int {
+	dist := make([]int, g.n+1)
+	for b := range dist {
+		dist[b] = b
 	}
-	for l := max(0, s.Range.Start); l < min(len(c), s.Range.End); l++ {
-		c[l] += t
+	for b := 0; b < g.n; b++ {
+		dist[b+1] = min(dist[b+1], dist[b]+1)
+		for _, e := range g.ends[b] {
+			dist[e] = min(dist[e], dist[b])
+		}
+		if extra != nil && extra.Start == b {
+			dist[extra.End] = min(dist[extra.End], dist[b])
+		}
 	}
+	return dist[g.n]
+}
+
+// with is the score of the graph plus a window r at ms per layer.
+func (g *graph) with(r Range, ms float64) Score {
+	c := slices.Clone(g.cov)
+	addServer(c, Server{Range: r, MsPerLayer: ms}, g.ms)
+	return Score{Deficit: g.deficit(&r), Coverage: c}
 }
 
 // Without is the view less one peer's windows.
@@ -119,7 +166,7 @@ func (v View) Without(peer string) View {
 	return out
 }
 
-// Gaps counts the layers nobody serves.
+// Gaps counts the layers no window holds (in a Coverage).
 func Gaps(c []float64) int {
 	n := 0
 	for _, x := range c {
@@ -138,19 +185,16 @@ func Weakest(c []float64) float64 {
 	return slices.Min(c)
 }
 
-// better reports whether coverage a beats b: fewer gaps, then leximin
-// (the sorted vectors compared from the weakest layer up, with a relative
-// tolerance so float noise is a tie). 0: a tie.
-func better(a, b []float64) int {
-	if ga, gb := Gaps(a), Gaps(b); ga != gb {
-		if ga < gb {
+// compareSorted compares scores: the smaller deficit wins, then leximin
+// of the coverage (the sorted vectors compared from the weakest layer up,
+// with a relative tolerance so float noise is a tie). 0: a tie.
+func compareSorted(da int, sa []float64, db int, sb []float64) int {
+	if da != db {
+		if da < db {
 			return 1
 		}
 		return -1
 	}
-	sa, sb := slices.Clone(a), slices.Clone(b)
-	slices.Sort(sa)
-	slices.Sort(sb)
 	for i := range sa {
 		if d := sa[i] - sb[i]; math.Abs(d) > 1e-9*math.Max(math.Abs(sa[i]), math.Abs(sb[i])) {
 			if d > 0 {
@@ -162,72 +206,77 @@ func better(a, b []float64) int {
 	return 0
 }
 
-// Candidates lists the windows a node with this budget could serve: from
-// every start, the longest window that fits, and every longest window
-// ending at the last layer. Empty when not even one layer fits.
+// Candidates lists every window a node with this budget could serve (any
+// start, any length that fits). Empty when not even one layer fits.
 func Candidates(sz Sizing, budget int64) []Range {
 	var out []Range
-	add := func(r Range) {
-		if r.Len() > 0 && !slices.Contains(out, r) {
-			out = append(out, r)
-		}
-	}
 	for s := 0; s < sz.NLayer; s++ {
-		add(Range{s, s + sz.MaxWindow(s, budget)})
-	}
-	// Windows flush with the tail: the tail's extra bytes shorten them.
-	for s := 0; s < sz.NLayer; s++ {
-		if sz.Need(Range{s, sz.NLayer}) <= budget {
-			add(Range{s, sz.NLayer})
-			break
+		for e := s + 1; e <= sz.NLayer && sz.Need(Range{s, e}) <= budget; e++ {
+			out = append(out, Range{s, e})
 		}
 	}
 	return out
 }
 
-// Choice is a chosen window and how the swarm looks without and with this
-// node on it.
+// Choice is a chosen window and how the swarm scores without and with
+// this node on it.
 type Choice struct {
 	Range                  Range
-	Gaps, GapsBefore       int
+	Deficit, DeficitBefore int
 	Weakest, WeakestBefore float64
 }
 
 // Choose picks the window that most improves view for a node with ms
-// decode cost per layer (0: the view's median): fewest gaps left, then the
-// strongest weakest layer (leximin: the sorted per-layer throughputs
-// compared from the weakest up), ties at random. view must not hold this
-// node's own windows. ok is false when no window fits the budget.
-func Choose(view View, sz Sizing, budget int64, ms float64, rng *rand.Rand) (Choice, bool) {
-	return choose(view, Candidates(sz, budget), ms, nil, rng)
+// decode cost per layer (0: the view's median): the smallest deficit, then
+// the strongest weakest layer (leximin), then the longest window (fewer
+// hops per route), then prefer when it is among the best (a node keeps
+// what it announced), else at random. view must not hold this node's
+// own windows. ok is false when no window fits the budget.
+func Choose(view View, sz Sizing, budget int64, ms float64, prefer *Range, rng *rand.Rand) (Choice, bool) {
+	return choose(view, Candidates(sz, budget), ms, nil, prefer, rng)
 }
 
-// choose is Choose over given candidates; with keep set, a candidate that
-// would leave a layer with keep[l] > 0 uncovered is not taken.
-func choose(view View, cands []Range, ms float64, keep []float64, rng *rand.Rand) (Choice, bool) {
+// choose is Choose over given candidates; with keep set, a candidate
+// that would leave a layer of keep.Coverage > 0 in no window, or raise the
+// deficit above keep.Deficit, is not taken.
+func choose(view View, cands []Range, ms float64, keep *Score, prefer *Range, rng *rand.Rand) (Choice, bool) {
+	g := view.graph()
 	if ms <= 0 {
-		ms = view.medianMs()
+		ms = g.ms
 	}
-	base := view.Coverage()
+	base := Score{Deficit: g.deficit(nil), Coverage: g.cov}
 	var best []Range
-	var bestCov []float64
+	var bestSc Score
+	var bestSorted []float64
 next:
 	for _, r := range cands {
-		c := slices.Clone(base)
-		addServer(c, Server{Range: r, MsPerLayer: ms}, ms)
-		for l := range keep {
-			if keep[l] > 0 && c[l] <= 0 {
-				continue next
-			}
-		}
-		if bestCov == nil {
-			best, bestCov = []Range{r}, c
+		d := g.deficit(&r)
+		if (keep != nil && d > keep.Deficit) || (best != nil && d > bestSc.Deficit) {
 			continue
 		}
-		switch better(c, bestCov) {
-		case 1:
-			best, bestCov = []Range{r}, c
-		case 0:
+		sc := Score{Deficit: d, Coverage: slices.Clone(g.cov)}
+		addServer(sc.Coverage, Server{Range: r, MsPerLayer: ms}, g.ms)
+		if keep != nil {
+			for l, x := range keep.Coverage {
+				if x > 0 && sc.Coverage[l] <= 0 {
+					continue next
+				}
+			}
+		}
+		sorted := slices.Clone(sc.Coverage)
+		slices.Sort(sorted)
+		if best == nil {
+			best, bestSc, bestSorted = []Range{r}, sc, sorted
+			continue
+		}
+		cmp := compareSorted(sc.Deficit, sorted, bestSc.Deficit, bestSorted)
+		if cmp == 0 {
+			cmp = r.Len() - best[0].Len()
+		}
+		switch {
+		case cmp > 0:
+			best, bestSc, bestSorted = []Range{r}, sc, sorted
+		case cmp == 0:
 			best = append(best, r)
 		}
 	}
@@ -235,5 +284,23 @@ next:
 		return Choice{}, false
 	}
 	r := best[rng.IntN(len(best))]
-	return Choice{Range: r, Gaps: Gaps(bestCov), GapsBefore: Gaps(base), Weakest: Weakest(bestCov), WeakestBefore: Weakest(base)}, true
+	if prefer != nil && slices.Contains(best, *prefer) {
+		r = *prefer
+	}
+	return Choice{Range: r, Deficit: bestSc.Deficit, DeficitBefore: base.Deficit, Weakest: Weakest(bestSc.Coverage), WeakestBefore: Weakest(base.Coverage)}, true
+}
+
+// addServer adds s's throughput to each layer of its window.
+func addServer(c []float64, s Server, defMs float64) {
+	ms := s.MsPerLayer
+	if ms <= 0 {
+		ms = defMs
+	}
+	t := throughput(ms, s.Range.Len())
+	if s.Relayed {
+		t *= RelayedWeight
+	}
+	for l := max(0, s.Range.Start); l < min(len(c), s.Range.End); l++ {
+		c[l] += t
+	}
 }

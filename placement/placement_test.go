@@ -62,7 +62,7 @@ func TestChooseGapsFirstThenWeakest(t *testing.T) {
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			for range 20 {
-				ch, ok := Choose(View{NLayer: 12, Servers: c.servers}, sz, budget, 1, rng)
+				ch, ok := Choose(View{NLayer: 12, Servers: c.servers}, sz, budget, 1, nil, rng)
 				if !ok {
 					t.Fatal("no window fits")
 				}
@@ -76,7 +76,7 @@ func TestChooseGapsFirstThenWeakest(t *testing.T) {
 			}
 		})
 	}
-	if _, ok := Choose(View{NLayer: 12}, sz, sz.FixedBytes, 1, rng); ok {
+	if _, ok := Choose(View{NLayer: 12}, sz, sz.FixedBytes, 1, nil, rng); ok {
 		t.Error("a budget with room for no layer chose a window")
 	}
 }

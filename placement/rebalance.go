@@ -3,15 +3,14 @@ package placement
 import (
 	"fmt"
 	"math/rand/v2"
-	"slices"
 )
 
 // Reason says why a node moves.
 type Reason string
 
 const (
-	// ReasonGap: the move serves layers nobody serves (at once, no
-	// cooldown).
+	// ReasonGap: the move shrinks the deficit (layers missing from the
+	// best route), at once, with no cooldown.
 	ReasonGap Reason = "gap"
 	// ReasonThroughput: the move raises the swarm's weakest layer by more
 	// than Margin, seen on ConfirmChecks checks in a row, and the node's
@@ -36,7 +35,8 @@ type Rebalancer struct {
 	Budget int64
 	rng    *rand.Rand
 	streak int
-	since  int // checks since the last move (the start counts as one)
+	since  int     // checks since the last move (the start counts as one)
+	cands  []Range // Candidates(Sizing, Budget), computed once
 }
 
 // NewRebalancer starts the state of a node that just chose its window.
@@ -46,28 +46,30 @@ func NewRebalancer(sz Sizing, budget int64, rng *rand.Rand) *Rebalancer {
 
 // Check runs one rebalance check for node me serving cur at ms per layer
 // (0: unknown) in view (which may hold me; its entries are ignored).
-// Never proposes a window that leaves a layer uncovered that is covered
-// now.
+// Never proposes a window that leaves a layer in no window that is in one
+// now, or that lengthens the deficit.
 func (b *Rebalancer) Check(view View, me string, cur Range, ms float64) Decision {
 	b.since++
 	others := view.Without(me)
 	if ms <= 0 {
 		ms = others.medianMs()
 	}
-	before := others.Coverage()
-	addServer(before, Server{Range: cur, MsPerLayer: ms}, ms)
-	ch, ok := choose(others, Candidates(b.Sizing, b.Budget), ms, before, b.rng)
+	before := others.graph().with(cur, ms)
+	if b.cands == nil {
+		b.cands = Candidates(b.Sizing, b.Budget)
+	}
+	ch, ok := choose(others, b.cands, ms, &before, &cur, b.rng)
 	stay := func(why string) Decision { b.streak = 0; return Decision{To: cur, Why: why} }
 	if !ok || ch.Range == cur {
 		return stay("current window is the best")
 	}
-	gb, wb := Gaps(before), Weakest(before)
+	db, wb := before.Deficit, Weakest(before.Coverage)
 	switch {
-	case ch.Gaps < gb:
+	case ch.Deficit < db:
 		b.streak, b.since = 0, 0
 		return Decision{Move: true, To: ch.Range, Reason: ReasonGap,
-			Why: fmt.Sprintf("layers nobody serves: %d, %d after moving %s → %s", gb, ch.Gaps, cur, ch.Range)}
-	case ch.Gaps > gb || ch.Weakest <= wb*(1+Margin):
+			Why: fmt.Sprintf("layers missing from the best route: %d, %d after moving %s → %s", db, ch.Deficit, cur, ch.Range)}
+	case ch.Deficit > db || ch.Weakest <= wb*(1+Margin):
 		return stay(fmt.Sprintf("no window beats %s by %.0f%%", cur, Margin*100))
 	}
 	b.streak++
@@ -77,15 +79,4 @@ func (b *Rebalancer) Check(view View, me string, cur Range, ms float64) Decision
 	}
 	b.streak, b.since = 0, 0
 	return Decision{Move: true, To: ch.Range, Reason: ReasonThroughput, Why: why}
-}
-
-// Uncovered lists the layers of the view nobody serves.
-func (v View) Uncovered() []int {
-	var out []int
-	for l, x := range v.Coverage() {
-		if x <= 0 {
-			out = append(out, l)
-		}
-	}
-	return slices.Clip(out)
 }
