@@ -471,6 +471,18 @@ func (n *Node) Placement() PlacementStatus {
 	return st
 }
 
+// RebalanceInterval is the period of the placement checks (0 without
+// placement).
+func (n *Node) RebalanceInterval() time.Duration {
+	if n.placement == nil {
+		return 0
+	}
+	if iv := n.placement.cfg.Interval; iv > 0 {
+		return iv
+	}
+	return DefaultRebalanceInterval
+}
+
 func choiceWhy(c placement.Choice) string {
 	return fmt.Sprintf("layers missing from the best route %d → %d; weakest layer %.3g → %.3g tokens/s", c.DeficitBefore, c.Deficit, c.WeakestBefore, c.Weakest)
 }

@@ -97,6 +97,7 @@ func runStart(ctx context.Context, stdout, stderr io.Writer, args []string) erro
 	for _, a := range info.Addrs {
 		fmt.Fprintf(stdout, "address:  %s\n", a)
 	}
+	printPlacement(stdout, n)
 	p, err := n.WriteInfo()
 	if err != nil {
 		return err

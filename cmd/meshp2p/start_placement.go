@@ -3,6 +3,7 @@ package main
 import (
 	"flag"
 	"fmt"
+	"io"
 	"time"
 
 	"github.com/neuron-tai/meshp2p/node"
@@ -35,4 +36,12 @@ func (p *placementFlags) config() (*node.PlacementConfig, error) {
 		return nil, fmt.Errorf("%w: --rebalance-interval must be positive", errUsage)
 	}
 	return pc, nil
+}
+
+// printPlacement says how a self-placing node chose its window.
+func printPlacement(w io.Writer, n *node.Node) {
+	if st := n.Placement(); st.Auto {
+		fmt.Fprintf(w, "placement: chose layers %s within a %.1f MiB budget; rechecks every %v (docs/placement.md)\n",
+			st.Current, float64(st.Budget)/(1<<20), n.RebalanceInterval())
+	}
 }
