@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/libp2p/go-libp2p/core/peer"
@@ -17,6 +18,7 @@ import (
 	"github.com/neuron-tai/meshp2p/engine/gguf"
 	"github.com/neuron-tai/meshp2p/p2p"
 	"github.com/neuron-tai/meshp2p/placement"
+	"github.com/neuron-tai/meshp2p/route"
 	"github.com/neuron-tai/meshp2p/session"
 )
 
@@ -54,6 +56,8 @@ const (
 	// connection to before its adverts count (a crashed node's advert
 	// lives until its TTL).
 	LivenessDial = 2 * time.Second
+	// LivenessDials is how many such dials run at once.
+	LivenessDials = 8
 )
 
 // PlacementStatus is what the node's placement is doing.
@@ -299,37 +303,79 @@ func writeVocab(ctx context.Context, path, vp, fp string) error {
 	return gguf.WriteVocab(ctx, path, vp)
 }
 
-// settle waits (up to PlacementSettle) until a bootstrap peer is
-// connected, then pulls the adverts connected peers hold.
+// settle waits (up to PlacementSettle, not at all without bootstrap
+// peers) until the node holds some peer's advert, pulling from connected
+// peers meanwhile (a pull right after connecting can precede identify).
 func (n *Node) settle(ctx context.Context) {
+	if len(n.cfg.P2P.Bootstrap) == 0 {
+		return
+	}
 	ctx, cancel := context.WithTimeout(ctx, PlacementSettle)
 	defer cancel()
-	for len(n.cfg.P2P.Bootstrap) > 0 && n.p2p.PeerCount() == 0 && ctx.Err() == nil {
+	for ctx.Err() == nil {
+		if n.p2p.PeerCount() > 0 {
+			n.p2p.Discovery().Sync(ctx)
+			for _, a := range n.p2p.Discovery().Adverts() {
+				if a.Peer != n.p2p.ID() {
+					return
+				}
+			}
+		}
 		select {
 		case <-ctx.Done():
-		case <-time.After(50 * time.Millisecond):
+		case <-time.After(100 * time.Millisecond):
 		}
 	}
-	n.p2p.Discovery().Sync(ctx)
 }
 
-// view is the swarm for this node's model: every other peer's advertised
-// windows, a peer we hold no connection to counted only if a short dial
-// reaches it (a crashed node's advert outlives it by up to its TTL).
+// view is the swarm for this node's model, from the adverts discovery
+// holds now (not the route table, which follows them asynchronously):
+// every other peer's windows, a peer we hold no connection to counted only
+// if a short dial reaches it (a crashed node's advert outlives it by up to
+// its TTL). Dials run LivenessDials at a time.
 func (n *Node) view(ctx context.Context) placement.View {
 	v := placement.View{NLayer: n.nLayer}
 	me := n.p2p.ID()
-	alive := map[peer.ID]bool{}
-	for _, s := range n.table.Shards(n.fp) {
-		if s.Peer == me || s.NLayer != n.nLayer {
+	var shards []route.Shard
+	for _, a := range n.p2p.Discovery().Adverts() {
+		if a.Peer == me {
 			continue
 		}
-		ok, seen := alive[s.Peer]
-		if !seen {
-			ok = n.reachable(ctx, s.Peer)
-			alive[s.Peer] = ok
+		ss, err := route.DecodeAdvert(a)
+		if err != nil {
+			continue
 		}
-		if !ok {
+		for _, s := range ss {
+			if s.Fingerprint == n.fp && s.NLayer == n.nLayer {
+				shards = append(shards, s)
+			}
+		}
+	}
+	alive := map[peer.ID]bool{}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, LivenessDials)
+	for _, s := range shards {
+		mu.Lock()
+		_, seen := alive[s.Peer]
+		alive[s.Peer] = false
+		mu.Unlock()
+		if seen {
+			continue
+		}
+		wg.Add(1)
+		sem <- struct{}{}
+		go func(p peer.ID) {
+			defer func() { <-sem; wg.Done() }()
+			ok := n.reachable(ctx, p)
+			mu.Lock()
+			alive[p] = ok
+			mu.Unlock()
+		}(s.Peer)
+	}
+	wg.Wait()
+	for _, s := range shards {
+		if !alive[s.Peer] {
 			continue
 		}
 		v.Servers = append(v.Servers, placement.Server{Peer: s.Peer.String(), Range: placement.Range{Start: s.Start, End: s.End},
@@ -370,10 +416,7 @@ func (n *Node) setLoading(r *gguf.Range) {
 // rebalanceLoop runs a placement check every jittered interval.
 func (n *Node) rebalanceLoop(ctx context.Context) {
 	ps := n.placement
-	iv := ps.cfg.Interval
-	if iv <= 0 {
-		iv = DefaultRebalanceInterval
-	}
+	iv := n.RebalanceInterval()
 	for {
 		d := time.Duration(float64(iv) * (1 - RebalanceJitter + 2*RebalanceJitter*ps.rng.Float64()))
 		select {
