@@ -227,7 +227,7 @@ func TestSimulationHundredNodes(t *testing.T) {
 			if s.moves > 2*(s.joins+s.crashes) {
 				t.Errorf("%d moves for %d joins and %d crashes", s.moves, s.joins, s.crashes)
 			}
-			t.Logf("%d gaps, longest open %.0fs (period %.0fs)", len(s.gaps), longest, T)
+			t.Logf("%d gaps, longest open %.0fs (period %.0fs); weakest layer at %.2f of the mean", len(s.gaps), longest, T, Weakest(s.coverage())/mean(s.coverage()))
 			t.Logf("joins %d, crashes %d, moves %d (%d while settling); weakest layer %.3g → %.3g tokens/s; %d alive",
 				s.joins, s.crashes, s.moves, quietMoves, weakStart, Weakest(s.coverage()), len(s.alive()))
 		})
@@ -268,7 +268,15 @@ func TestIdenticalNodesConverge(t *testing.T) {
 			}
 		}
 	}
-	t.Logf("moves while settling: %d; per-layer replicas min %.0f max %.0f", settled, Weakest(cov)*6/1000, maxOf(cov)*6/1000)
+	t.Logf("moves while settling: %d; per-layer replicas min %.0f max %.0f; weakest layer at %.2f of the mean", settled, Weakest(cov)*6/1000, maxOf(cov)*6/1000, Weakest(cov)/mean(cov))
+}
+
+func mean(c []float64) float64 {
+	t := 0.0
+	for _, x := range c {
+		t += x
+	}
+	return t / float64(len(c))
 }
 
 func maxOf(c []float64) float64 {
