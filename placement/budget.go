@@ -131,8 +131,12 @@ func ParseBytes(s string) (int64, error) {
 		}
 	}
 	v, err := strconv.ParseFloat(t, 64)
-	if err != nil || v <= 0 || v*float64(mult) > 1<<50 {
+	if err != nil || !(v > 0) || !(v*float64(mult) <= 1<<50) { // also NaN and Inf
 		return 0, fmt.Errorf("placement: bad size %q (want e.g. 512M, 4G, 1.5GiB)", s)
 	}
-	return int64(v * float64(mult)), nil
+	n := int64(v * float64(mult))
+	if n < 1 {
+		return 0, fmt.Errorf("placement: bad size %q (less than a byte)", s)
+	}
+	return n, nil
 }

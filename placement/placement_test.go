@@ -168,3 +168,33 @@ func TestBudgetParsing(t *testing.T) {
 		t.Errorf("Budget() = %d %q %v", b, src, err)
 	}
 }
+
+// FuzzParseBytes: any --memory string either parses to a positive size
+// within bounds or is refused; never a panic.
+func FuzzParseBytes(f *testing.F) {
+	for _, s := range []string{"512M", "4G", "1.5GiB", "123", "", "-1", "1e400", "NaNG", "0x10", "1e-300G", "InfM"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		v, err := ParseBytes(s)
+		if err == nil && (v <= 0 || v > 1<<50) {
+			t.Fatalf("ParseBytes(%q) = %d", s, v)
+		}
+	})
+}
+
+// FuzzFromTensors: tensor lists from a header or a manifest never panic
+// the sizing, and a sizing that builds has one entry per layer.
+func FuzzFromTensors(f *testing.F) {
+	f.Add("blk.0.attn_q.weight", int64(10), "token_embd.weight", int64(5), 4)
+	f.Add("blk.x.y", int64(1), "blk.-1.", int64(-3), 1)
+	f.Fuzz(func(t *testing.T, n1 string, b1 int64, n2 string, b2 int64, nl int) {
+		if nl > 1<<12 {
+			return
+		}
+		sz, err := FromTensors(Geometry{NLayer: nl, NEmbd: 8, NHead: 2, KVWidth: 8}, []Tensor{{n1, b1}, {n2, b2}}, EngineShape{NCtx: 16, NBatch: 4})
+		if err == nil && len(sz.LayerBytes) != nl {
+			t.Fatalf("%d layer sizes for %d layers", len(sz.LayerBytes), nl)
+		}
+	})
+}
