@@ -11,6 +11,7 @@ import (
 
 	"github.com/libp2p/go-libp2p/core/peer"
 
+	"github.com/neuron-tai/meshp2p/engine"
 	"github.com/neuron-tai/meshp2p/engine/gguf"
 	"github.com/neuron-tai/meshp2p/placement"
 	"github.com/neuron-tai/meshp2p/session"
@@ -319,4 +320,42 @@ func TestMoveDuringGeneration(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 	assertReleased(t, tn, a, b)
+}
+
+// The sizing takes weights at the file's tensor types (F16 halves every
+// layer matrix against F32), the KV cache from --ctx and the model's KV
+// heads, and matches the bytes the GGUF header declares per layer.
+func TestModelSizingUsesTensorTypes(t *testing.T) {
+	dir := t.TempDir()
+	sizes := map[gguf.TensorType]placement.Sizing{}
+	for _, typ := range []gguf.TensorType{gguf.TypeF32, gguf.TypeF16} {
+		spec := gguf.DefaultSpec("llama")
+		spec.Layers, spec.Type = 4, typ
+		path := fmt.Sprintf("%s/m%d.gguf", dir, typ)
+		if err := gguf.Synth(context.Background(), spec, path); err != nil {
+			t.Fatal(err)
+		}
+		sz, err := ModelSizing(path, engine.Config{NCtx: 1024, NBatch: 32})
+		if err != nil {
+			t.Fatal(err)
+		}
+		info, err := gguf.Inspect(context.Background(), path, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for l, b := range info.LayerBytes {
+			if sz.LayerBytes[l] != b {
+				t.Fatalf("%v layer %d: sizing %d B, header %d B", typ, l, sz.LayerBytes[l], b)
+			}
+		}
+		// KV: 1024 cells × (K + V) × head dim 32 × 2 KV heads × 2 bytes.
+		if want := int64(1024 * 2 * 32 * 2 * 2); sz.KVBytesPerLayer != want {
+			t.Fatalf("KV per layer %d, want %d", sz.KVBytesPerLayer, want)
+		}
+		sizes[typ] = sz
+	}
+	f32, f16 := sizes[gguf.TypeF32].LayerBytes[0], sizes[gguf.TypeF16].LayerBytes[0]
+	if f16 >= f32*6/10 || f16 <= f32*4/10 {
+		t.Fatalf("F16 layer %d B vs F32 %d B: want about half", f16, f32)
+	}
 }
