@@ -103,6 +103,16 @@ func TestRebalanceRules(t *testing.T) {
 		t.Fatalf("moved off the only copy of 0-4: %+v", d)
 	}
 
+	// A planned window is not yet a replica: me stays until it loads.
+	b = NewRebalancer(sz, budget, rng)
+	// (8-12 is a gap: counting p as loaded, me would fill it at once.)
+	planned := View{NLayer: 12, Servers: []Server{{Peer: "b", Range: Range{4, 8}}, {Peer: "p", Range: Range{0, 4}, Planned: true}}}
+	for range 4 {
+		if d := b.Check(planned, "me", Range{0, 4}, 1); d.Move {
+			t.Fatalf("left 0-4 to a window still loading: %+v", d)
+		}
+	}
+
 	// Throughput: 0-4 has three fast replicas, 8-12 one slow server.
 	tp := View{NLayer: 12, Servers: []Server{{Peer: "a", Range: Range{0, 4}, MsPerLayer: 1}, {Peer: "c", Range: Range{0, 4}, MsPerLayer: 1},
 		{Peer: "b", Range: Range{4, 8}, MsPerLayer: 0.2}, {Peer: "d", Range: Range{8, 12}, MsPerLayer: 1}, {Peer: "e", Range: Range{4, 8}, MsPerLayer: 0.2}}}

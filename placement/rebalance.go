@@ -63,6 +63,11 @@ func (b *Rebalancer) Check(view View, me string, cur Range, ms float64) Decision
 	if !ok || ch.Range == cur {
 		return stay("current window is the best")
 	}
+	// Planned windows count for where to go, but not for what may be left:
+	// a window that is still loading may never arrive.
+	if !safe(others.loaded(), cur, ch.Range, ms) {
+		return stay(fmt.Sprintf("moving %s → %s waits for planned windows to load", cur, ch.Range))
+	}
 	db, wb := before.Deficit, Weakest(before.Coverage)
 	switch {
 	case ch.Deficit < db:
@@ -79,4 +84,31 @@ func (b *Rebalancer) Check(view View, me string, cur Range, ms float64) Decision
 	}
 	b.streak, b.since = 0, 0
 	return Decision{Move: true, To: ch.Range, Reason: ReasonThroughput, Why: why}
+}
+
+// loaded is the view without planned windows.
+func (v View) loaded() View {
+	out := View{NLayer: v.NLayer}
+	for _, s := range v.Servers {
+		if !s.Planned {
+			out.Servers = append(out.Servers, s)
+		}
+	}
+	return out
+}
+
+// safe reports whether moving from cur to to leaves every layer of v plus
+// cur still in a window, with no longer deficit.
+func safe(v View, cur, to Range, ms float64) bool {
+	g := v.graph()
+	before, after := g.with(cur, ms), g.with(to, ms)
+	if after.Deficit > before.Deficit {
+		return false
+	}
+	for l, x := range before.Coverage {
+		if x > 0 && after.Coverage[l] <= 0 {
+			return false
+		}
+	}
+	return true
 }
