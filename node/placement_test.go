@@ -4,6 +4,9 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"os"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -358,4 +361,67 @@ func TestModelSizingUsesTensorTypes(t *testing.T) {
 	if f16 >= f32*6/10 || f16 <= f32*4/10 {
 		t.Fatalf("F16 layer %d B vs F32 %d B: want about half", f16, f32)
 	}
+}
+
+// The memory estimate against what loading a window really takes: the
+// process's resident memory grows by no more than the estimate, and by at
+// least a quarter of it (KV cells no session has used yet are not
+// resident, so RSS right after loading is a lower bound).
+func TestMemoryEstimateAgainstRSS(t *testing.T) {
+	spec := gguf.DefaultSpec("llama")
+	spec.Layers, spec.Embd, spec.Heads, spec.KVHeads, spec.FF, spec.Type = 8, 512, 8, 4, 1536, gguf.TypeF16
+	path := t.TempDir() + "/rss.gguf"
+	if err := gguf.Synth(context.Background(), spec, path); err != nil {
+		t.Fatal(err)
+	}
+	ec := engine.Config{NCtx: 2048, NBatch: 128, MaxSessions: 4, Threads: 2}
+	sz, err := ModelSizing(path, ec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := gguf.Range{Start: 2, End: 6}
+	out := t.TempDir()
+	res, err := gguf.Split(context.Background(), path, []gguf.Range{r}, out, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := rss(t)
+	m, err := engine.LoadModel(context.Background(), res[0].Path, engine.LoadOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	sh, err := engine.NewShard(context.Background(), m, ec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sh.Close()
+	if _, err := sh.MeasureDecode(context.Background(), 4); err != nil { // touches every weight
+		t.Fatal(err)
+	}
+	grew := rss(t) - before
+	est := sz.Need(placement.Range{Start: r.Start, End: r.End})
+	t.Logf("window %s: estimate %.1f MiB (weights %.1f, KV %.1f, fixed %.1f); resident memory grew %.1f MiB (%.2f of the estimate)",
+		r, float64(est)/(1<<20), float64(sz.LayerBytes[2]*4)/(1<<20), float64(sz.KVBytesPerLayer*4)/(1<<20), float64(sz.FixedBytes)/(1<<20),
+		float64(grew)/(1<<20), float64(grew)/float64(est))
+	if grew > est || grew < est/4 {
+		t.Fatalf("resident memory grew %d B; the estimate says %d B", grew, est)
+	}
+}
+
+// rss is the process's resident memory (VmRSS) in bytes.
+func rss(t *testing.T) int64 {
+	t.Helper()
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		t.Skip("no /proc/self/status")
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(l); len(f) >= 2 && f[0] == "VmRSS:" {
+			kb, _ := strconv.ParseInt(f[1], 10, 64)
+			return kb << 10
+		}
+	}
+	t.Skip("no VmRSS")
+	return 0
 }

@@ -18,8 +18,8 @@ const startUsage = `Usage: meshp2p start --model FILE [--layers A-B | --memory S
 Serves layers [A,B) of a GGUF model to the swarm (or a shard file cut by
 meshp2p shard split, served as it is). Without --layers the node chooses
 its own window: as many layers as --memory holds, where the swarm needs
-them most (layers nobody serves first, then the slowest), and moves it
-when the swarm changes (docs/placement.md). On first start the model
+them most (layers missing from every route first, then the slowest), and
+moves it when the swarm changes (docs/placement.md). On first start the model
 is fingerprinted and its shard file is cut into <data-dir>/shards (cached).
 Once ready, the node prints its peer id and addresses and writes them to
 <data-dir>/node.json. SIGINT/SIGTERM close sessions and withdraw the advert.
