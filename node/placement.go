@@ -56,8 +56,10 @@ const (
 	// connection to before its adverts count (a crashed node's advert
 	// lives until its TTL).
 	LivenessDial = 2 * time.Second
-	// LivenessDials is how many such dials run at once.
-	LivenessDials = 8
+	// LivenessDials is how many such dials run at once, and
+	// MaxLivenessDials how many one check makes at most.
+	LivenessDials    = 8
+	MaxLivenessDials = 64
 )
 
 // PlacementStatus is what the node's placement is doing.
@@ -332,7 +334,8 @@ func (n *Node) settle(ctx context.Context) {
 // holds now (not the route table, which follows them asynchronously):
 // every other peer's windows, a peer we hold no connection to counted only
 // if a short dial reaches it (a crashed node's advert outlives it by up to
-// its TTL). Dials run LivenessDials at a time.
+// its TTL). Dials run LivenessDials at a time, at most MaxLivenessDials
+// per check (peers beyond that count as gone until a later check).
 func (n *Node) view(ctx context.Context) placement.View {
 	v := placement.View{NLayer: n.nLayer}
 	me := n.p2p.ID()
@@ -352,6 +355,7 @@ func (n *Node) view(ctx context.Context) placement.View {
 		}
 	}
 	alive := map[peer.ID]bool{}
+	dials := 0
 	var mu sync.Mutex
 	var wg sync.WaitGroup
 	sem := make(chan struct{}, LivenessDials)
@@ -362,6 +366,13 @@ func (n *Node) view(ctx context.Context) placement.View {
 		mu.Unlock()
 		if seen {
 			continue
+		}
+		if n.p2p.ConnStatus(s.Peer).Path != p2p.PathNone {
+			alive[s.Peer] = true
+			continue
+		}
+		if dials++; dials > MaxLivenessDials {
+			continue // counted as gone this check: adverts cannot make a check dial without end
 		}
 		wg.Add(1)
 		sem <- struct{}{}
