@@ -169,7 +169,7 @@ func (n *Node) startPlaced(ctx, bg context.Context) error {
 	cfg := n.cfg
 	fp, nl, err := modelFingerprint(ctx, cfg.P2P.DataDir, cfg.ModelPath, n.log)
 	if err != nil {
-		return fmt.Errorf("placing layers: %w (a pre-cut shard holds fixed layers: start it without --memory)", err)
+		return fmt.Errorf("placing layers: %w", err)
 	}
 	sz, in, err := modelSizing(cfg.ModelPath, cfg.Engine)
 	if err != nil {
@@ -360,15 +360,14 @@ func (n *Node) view(ctx context.Context) placement.View {
 	var wg sync.WaitGroup
 	sem := make(chan struct{}, LivenessDials)
 	for _, s := range shards {
+		connected := n.p2p.ConnStatus(s.Peer).Path != p2p.PathNone
 		mu.Lock()
 		_, seen := alive[s.Peer]
-		alive[s.Peer] = false
-		mu.Unlock()
-		if seen {
-			continue
+		if !seen {
+			alive[s.Peer] = connected
 		}
-		if n.p2p.ConnStatus(s.Peer).Path != p2p.PathNone {
-			alive[s.Peer] = true
+		mu.Unlock()
+		if seen || connected {
 			continue
 		}
 		if dials++; dials > MaxLivenessDials {

@@ -59,6 +59,10 @@ const (
 	// Cooldown is how many checks after its last move a node makes no
 	// throughput move (gap fills are exempt).
 	Cooldown = 2
+	// GapPatience is the check (counting those that saw a deficit) from
+	// which a node makes a move that only narrows a gap; one that closes
+	// it is made at once.
+	GapPatience = 2
 )
 
 // throughput is the tokens per second a server adds to each layer of its

@@ -96,6 +96,22 @@ func TestRebalanceRules(t *testing.T) {
 		t.Fatalf("gap not filled at once: %+v", d)
 	}
 
+	// A partial fix waits a check for a complete one: with 0-4 (me),
+	// 3-7 and 8-12, layer 7 is on no route. 3-7 → 4-8 closes it at once;
+	// me → 0-3 only narrows it (and would leave 3-7 nowhere to go), so me
+	// waits one check.
+	partial := View{NLayer: 12, Servers: []Server{{Peer: "x", Range: Range{3, 7}}, {Peer: "y", Range: Range{8, 12}}, {Peer: "me", Range: Range{0, 4}}}}
+	if d := NewRebalancer(sz, budget, rng).Check(partial, "x", Range{3, 7}, 1); !d.Move || d.To != (Range{4, 8}) {
+		t.Fatalf("the complete fix was not made at once: %+v", d)
+	}
+	b = NewRebalancer(sz, budget, rng)
+	if d := b.Check(partial, "me", Range{0, 4}, 1); d.Move {
+		t.Fatalf("a partial fix at the first check: %+v", d)
+	}
+	if d := b.Check(partial, "me", Range{0, 4}, 1); !d.Move || d.Reason != ReasonGap || d.To != (Range{0, 3}) {
+		t.Fatalf("the partial fix at the second check: %+v", d)
+	}
+
 	// Never uncover: me is the only server of 0-4; the gap stays.
 	b = NewRebalancer(sz, budget, rng)
 	alone := View{NLayer: 12, Servers: []Server{{Peer: "b", Range: Range{4, 8}}}}

@@ -10,7 +10,8 @@ type Reason string
 
 const (
 	// ReasonGap: the move shrinks the deficit (layers missing from the
-	// best route), at once, with no cooldown.
+	// best route), with no cooldown: at once when it closes the gap, from
+	// the GapPatience-th check with a deficit when it only narrows it.
 	ReasonGap Reason = "gap"
 	// ReasonThroughput: the move raises the swarm's weakest layer by more
 	// than Margin, seen on ConfirmChecks checks in a row, and the node's
@@ -31,12 +32,13 @@ type Decision struct {
 // checks that saw a better window, and checks since the last move). Not
 // safe for concurrent use; one goroutine runs the checks.
 type Rebalancer struct {
-	Sizing Sizing
-	Budget int64
-	rng    *rand.Rand
-	streak int
-	since  int     // checks since the last move (the start counts as one)
-	cands  []Range // Candidates(Sizing, Budget), computed once
+	Sizing    Sizing
+	Budget    int64
+	rng       *rand.Rand
+	streak    int
+	gapChecks int     // checks in a row that saw a deficit
+	since     int     // checks since the last move (the start counts as one)
+	cands     []Range // Candidates(Sizing, Budget), computed once
 }
 
 // NewRebalancer starts the state of a node that just chose its window.
@@ -55,6 +57,11 @@ func (b *Rebalancer) Check(view View, me string, cur Range, ms float64) Decision
 		ms = others.medianMs()
 	}
 	before := others.graph().with(cur, ms)
+	if before.Deficit > 0 {
+		b.gapChecks++
+	} else {
+		b.gapChecks = 0
+	}
 	if b.cands == nil {
 		b.cands = Candidates(b.Sizing, b.Budget)
 	}
@@ -70,6 +77,12 @@ func (b *Rebalancer) Check(view View, me string, cur Range, ms float64) Decision
 	}
 	db, wb := before.Deficit, Weakest(before.Coverage)
 	switch {
+	case ch.Deficit < db && ch.Deficit > 0 && b.gapChecks < GapPatience:
+		// A partial fix can block a complete one (a shorter window here
+		// leaves another node nowhere to go): leave the first check to
+		// nodes that can close the gap, then take what helps.
+		b.streak = 0
+		return Decision{To: cur, Why: fmt.Sprintf("moving %s → %s would leave %d layers missing; waiting a check for a node that closes the gap", cur, ch.Range, ch.Deficit)}
 	case ch.Deficit < db:
 		b.streak, b.since = 0, 0
 		return Decision{Move: true, To: ch.Range, Reason: ReasonGap,
