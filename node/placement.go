@@ -271,7 +271,7 @@ func (n *Node) loadRange(ctx context.Context, r gguf.Range) (*loadedShard, error
 		return nil, fmt.Errorf("model file changed: fingerprint %.16s, serving %.16s", fp, n.fp)
 	}
 	ls := &loadedShard{path: path}
-	if ls.model, err = engine.LoadModel(ctx, path, engine.LoadOptions{}); err != nil {
+	if ls.model, err = engine.LoadModel(ctx, path, engine.LoadOptions{NoMmap: n.cfg.NoMmap}); err != nil {
 		return nil, err
 	}
 	if ls.shard, err = engine.NewShard(ctx, ls.model, n.cfg.Engine); err != nil {

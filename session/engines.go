@@ -84,8 +84,24 @@ func (h *HopService) Drain(ctx context.Context, start, end int) int {
 			break
 		}
 	}
+	now := time.Now()
+	if h.moved == nil {
+		h.moved = map[[2]int]time.Time{}
+	}
+	for r, at := range h.moved {
+		if now.Sub(at) > MovedGrace {
+			delete(h.moved, r)
+		}
+	}
+	h.moved[[2]int{start, end}] = now
 	return ended
 }
+
+// MovedGrace is how long a hop answers opens for a range it moved away
+// from with NO_CAPACITY (retried elsewhere, never held against it) rather
+// than RANGE_MISMATCH (which blames it): an origin's table may still hold
+// the old advert for a moment.
+const MovedGrace = time.Minute
 
 // sessionsOn lists the sessions that run on layers [start, end).
 func (h *HopService) sessionsOn(start, end int) []*hopSession {
@@ -131,6 +147,9 @@ func (h *HopService) engineFor(start, end int) (*servedEngine, *hopError) {
 			return se, nil
 		}
 		have = append(have, fmt.Sprintf("%d-%d", se.info.Start, se.info.End))
+	}
+	if at, ok := h.moved[[2]int{start, end}]; ok && time.Since(at) <= MovedGrace {
+		return nil, codeErr(meshp2pb.ErrorCode_ERROR_CODE_NO_CAPACITY, fmt.Sprintf("this hop moved from layers %d-%d to %s", start, end, strings.Join(have, ",")), h.host.ID())
 	}
 	return nil, codeErr(meshp2pb.ErrorCode_ERROR_CODE_RANGE_MISMATCH, fmt.Sprintf("this hop serves layers %s, route asks %d-%d", strings.Join(have, ","), start, end), h.host.ID())
 }

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/neuron-tai/meshp2p/proto/frame"
 	"github.com/neuron-tai/meshp2p/proto/meshp2pb"
 	"github.com/neuron-tai/meshp2p/route"
 )
@@ -54,10 +55,13 @@ func TestHopMovesRangeGracefully(t *testing.T) {
 	}
 	waitReleased(t, a, b)
 
-	// The old range is gone (RANGE_MISMATCH); the new one serves.
+	// The old range is gone: an origin still routing through it is told
+	// NO_CAPACITY (it waits for a replica; nobody is blamed); the new
+	// range serves.
+	o.CapacityWait = 300 * time.Millisecond
 	_, err = o.Generate(context.Background(), GenerateRequest{Fingerprint: fakeFP, NLayer: fakeNLay, Prompt: prompt, MaxTokens: 3})
-	if err == nil {
-		t.Fatal("a route through the old range was served")
+	if frame.Code(err) != meshp2pb.ErrorCode_ERROR_CODE_NO_CAPACITY {
+		t.Fatalf("a route through the old range: %v", err)
 	}
 	z := startHop(t, 0, 3, nil)
 	connectAll(c, z.host, a.host)
@@ -98,8 +102,14 @@ func TestHopMovesRangeGracefully(t *testing.T) {
 	if _, he := a.svc.engineFor(3, 6); he == nil || he.e.GetCode() != meshp2pb.ErrorCode_ERROR_CODE_NO_CAPACITY {
 		t.Fatalf("draining range: %v", he)
 	}
-	if _, he := a.svc.engineFor(0, 3); he == nil || he.e.GetCode() != meshp2pb.ErrorCode_ERROR_CODE_RANGE_MISMATCH {
+	if _, he := a.svc.engineFor(1, 3); he == nil || he.e.GetCode() != meshp2pb.ErrorCode_ERROR_CODE_RANGE_MISMATCH {
 		t.Fatalf("unknown range: %v", he)
+	}
+	// A range the hop moved away from (0-3, above) is NO_CAPACITY for a
+	// while: an origin with the old advert retries elsewhere without
+	// blaming the hop.
+	if _, he := a.svc.engineFor(0, 3); he == nil || he.e.GetCode() != meshp2pb.ErrorCode_ERROR_CODE_NO_CAPACITY {
+		t.Fatalf("range moved away from: %v", he)
 	}
 }
 

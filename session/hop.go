@@ -57,6 +57,7 @@ type HopService struct {
 
 	mu      sync.Mutex // guards closed, active, perPeer and engines; never held during I/O or with a seam lock
 	engines []*servedEngine
+	moved   map[[2]int]time.Time // ranges drained away, when (MovedGrace)
 	closed  bool
 	active  map[Key]*hopSession
 	perPeer map[peer.ID]peerUse // head: what each origin peer holds here (quota)
