@@ -11,8 +11,10 @@ import (
 	"strings"
 )
 
-// Reserve is what the default budget leaves to the rest of the machine:
-// 10% of what is available, at least MinReserve.
+// Reserve is what the default budget leaves to the rest of the machine
+// (and this process's own heap): 10% of what is available, at least
+// MinReserve, but never more than a quarter (a container with a 200 MiB
+// limit keeps 150 MiB for layers).
 const (
 	ReserveFraction = 0.10
 	MinReserve      = 512 << 20
@@ -41,7 +43,7 @@ func Budget() (budget int64, src string, err error) {
 
 // ApplyReserve subtracts the reserve from avail (never below 0).
 func ApplyReserve(avail int64) int64 {
-	r := max(int64(float64(avail)*ReserveFraction), MinReserve)
+	r := max(int64(float64(avail)*ReserveFraction), min(MinReserve, avail/4))
 	return max(0, avail-r)
 }
 

@@ -177,8 +177,10 @@ func TestBudgetParsing(t *testing.T) {
 			t.Errorf("CgroupRoom(%q, %q) = %d %v", c.max, c.cur, v, ok)
 		}
 	}
-	if ApplyReserve(10<<30) != 9<<30 || ApplyReserve(100) != 0 {
-		t.Errorf("reserve: %d %d", ApplyReserve(10<<30), ApplyReserve(100))
+	for avail, want := range map[int64]int64{10 << 30: 9 << 30, 1 << 30: 768 << 20, 4 << 30: 3584 << 20, 200 << 20: 150 << 20, 0: 0} {
+		if got := ApplyReserve(avail); got != want {
+			t.Errorf("ApplyReserve(%d) = %d, want %d", avail, got, want)
+		}
 	}
 	for in, want := range map[string]int64{"512M": 512 << 20, "4G": 4 << 30, "1.5GiB": 3 << 29, "123456": 123456, "2gb": 2 << 30} {
 		if v, err := ParseBytes(in); err != nil || v != want {
