@@ -2,7 +2,9 @@ package node
 
 import (
 	"context"
+	"time"
 
+	"github.com/neuron-tai/meshp2p/engine"
 	"github.com/neuron-tai/meshp2p/route"
 	"github.com/neuron-tai/meshp2p/session"
 	"github.com/neuron-tai/meshp2p/status"
@@ -31,7 +33,8 @@ func (n *Node) observe(cfg Config) Config {
 }
 
 // registerGauges adds the node's gauges to its metrics (once p2p and the
-// shard are up).
+// hop service are up; the hop service is fixed from then on, the shard
+// may change with a placement move, so it is read at every scrape).
 func (n *Node) registerGauges() {
 	m := n.cfg.Metrics
 	if m == nil {
@@ -39,23 +42,41 @@ func (n *Node) registerGauges() {
 	}
 	m.P2P(n.p2p)
 	m.Table(n.table)
-	sh, hop := n.shard, n.hop
-	if sh == nil {
+	hop := n.hop
+	if hop == nil {
 		return
 	}
+	capacity := func() engine.Capacity {
+		if sh := n.Shard(); sh != nil {
+			return sh.Capacity()
+		}
+		return engine.Capacity{}
+	}
 	m.Gauge("sessions_active", "Route sessions open on this hop.", func() float64 { return float64(hop.Sessions()) })
-	m.Gauge("kv_cells", "KV cache cells of this node's shard.", func() float64 { return float64(sh.Capacity().NCtx) })
+	m.Gauge("kv_cells", "KV cache cells of this node's shard.", func() float64 { return float64(capacity().NCtx) })
 	m.Gauge("kv_cells_used", "KV cache cells reserved by open sessions.", func() float64 {
-		c := sh.Capacity()
+		c := capacity()
 		return float64(c.NCtx - c.FreeKV)
 	})
-	m.Gauge("session_slots", "Session slots of this node's shard (--max-sessions).", func() float64 { return float64(sh.Capacity().MaxSessions) })
+	m.Gauge("session_slots", "Session slots of this node's shard (--max-sessions).", func() float64 { return float64(capacity().MaxSessions) })
 	m.Gauge("decode_seconds_per_layer", "Measured single-row compute time per layer, as advertised.", func() float64 {
 		if v := hop.DecodeMsPerLayer(); v > 0 {
 			return float64(v) / 1000
 		}
-		return n.calibration.Seconds() / float64(max(1, sh.Info().End-sh.Info().Start))
+		sh, cal := n.servingNow()
+		if sh == nil {
+			return 0
+		}
+		return cal.Seconds() / float64(max(1, sh.Info().End-sh.Info().Start))
 	})
+}
+
+// servingNow is the served shard and its start-up calibration (nil: none
+// loaded).
+func (n *Node) servingNow() (*engine.Shard, time.Duration) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.shard, n.calibration
 }
 
 // originObserver is what the node's origins report to.
@@ -73,12 +94,13 @@ func (n *Node) Recorder() *status.Recorder { return n.recorder }
 // StatusCollector builds the node's status document (GET /api/status,
 // `meshp2p status --json`).
 func (n *Node) StatusCollector(role string) *status.Collector {
-	sh, hop := n.shard, n.hop // fixed after Start; Close clears n.shard
+	hop := n.hop // fixed once Start returned; the shard may move (placement)
 	return &status.Collector{P2P: n.p2p, Table: n.table, Recorder: n.recorder, Self: func() (status.Self, []route.Shard) {
 		s := status.Self{PeerID: n.p2p.ID().String(), Role: role, Network: n.cfg.P2P.Network, Model: n.ModelName(), Fingerprint: n.fp, NLayer: n.nLayer}
 		for _, a := range n.p2p.Addrs() {
 			s.Addrs = append(s.Addrs, a.String())
 		}
+		sh := n.Shard()
 		if sh == nil || hop == nil {
 			return s, nil
 		}

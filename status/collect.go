@@ -79,6 +79,7 @@ func (c *Collector) Document(ctx context.Context) *Document {
 		}
 		if cp := s.Capacity; cp != nil {
 			sh.FreeSessions, sh.MaxSessions, sh.FreeKV = cp.GetFreeSessions(), cp.GetMaxSessions(), cp.GetFreeKvTokens()
+			sh.Planned = !isSelf && sh.MaxSessions == 0
 			if sh.MaxSessions > 0 {
 				sh.Load = 1 - float64(sh.FreeSessions)/float64(sh.MaxSessions)
 			}

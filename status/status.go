@@ -75,7 +75,10 @@ type Shard struct {
 	// Live: connected now, or answered the probe's dial and ping. A dead
 	// peer's advert lingers until it expires; it does not count as
 	// coverage.
-	Live         bool    `json:"live"`
+	Live bool `json:"live"`
+	// Planned: announced by a node choosing or moving its window, not
+	// loaded yet (no session slot; docs/placement.md); not coverage.
+	Planned      bool    `json:"planned,omitempty"`
 	Path         string  `json:"path"` // "direct", "relayed", "none"
 	RTTMs        float64 `json:"rtt_ms,omitempty"`
 	FreeSessions uint32  `json:"free_sessions"`
@@ -132,14 +135,14 @@ type Counters struct {
 }
 
 // Coverage computes per-layer replica counts, runs and gaps of nLayer
-// layers from live shard ranges (clamped to [0, nLayer)).
+// layers from live, loaded shard ranges (clamped to [0, nLayer)).
 func Coverage(nLayer int, shards []Shard) (replicas []int, runs, gaps []Run) {
 	if nLayer <= 0 || nLayer > 1<<16 {
 		return nil, nil, nil
 	}
 	replicas = make([]int, nLayer)
 	for _, s := range shards {
-		if !s.Live {
+		if !s.Live || s.Planned {
 			continue
 		}
 		for l := max(0, s.Start); l < min(nLayer, s.End); l++ {

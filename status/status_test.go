@@ -24,6 +24,8 @@ func TestCoverage(t *testing.T) {
 			[]Run{{0, 1, 1}, {1, 3, 2}, {3, 5, 0}}, []Run{{3, 5, 0}}},
 		{"dead shard is no coverage", 2, []Shard{{Start: 0, End: 2, Live: false}, {Start: 0, End: 1, Live: true}}, []int{1, 0},
 			[]Run{{0, 1, 1}, {1, 2, 0}}, []Run{{1, 2, 0}}},
+		{"planned window is no coverage", 2, []Shard{{Start: 0, End: 2, Live: true, Planned: true}, {Start: 0, End: 1, Live: true}}, []int{1, 0},
+			[]Run{{0, 1, 1}, {1, 2, 0}}, []Run{{1, 2, 0}}},
 		{"out of range clamped", 2, []Shard{{Start: -3, End: 9, Live: true}}, []int{1, 1}, []Run{{0, 2, 1}}, []Run{}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

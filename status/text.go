@@ -24,6 +24,10 @@ func WriteText(w io.Writer, d *Document) error {
 		fmt.Fprintf(&b, "%s (%s, %d layers) %s… — %s\n", m.Name, m.Arch, m.NLayer, fp, state)
 		fmt.Fprintf(&b, "  coverage  %s\n", bar(m.Replicas))
 		for _, s := range m.Shards {
+			if s.Planned {
+				fmt.Fprintf(&b, "  layers %3d-%-3d %s  %s  planned: loading (placement)\n", s.Start, s.End, s.Peer, s.Path)
+				continue
+			}
 			live := ""
 			if !s.Live {
 				live = "  DEAD (no answer to dial/ping)"
