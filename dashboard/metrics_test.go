@@ -242,3 +242,22 @@ func TestTrackerMetrics(t *testing.T) {
 		t.Errorf("tracker status: %+v", doc)
 	}
 }
+
+// A node that places itself (no --layers) reports the shard it chose:
+// its gauges and status follow the window, read at each scrape.
+func TestSelfPlacingNodeMetrics(t *testing.T) {
+	bin := cli(t)
+	model := testmodels.Path(t, "stories260K.gguf")
+	n := startProc(t, bin, append([]string{"start", "--model", model, "--memory", "1G", "--ctx", "512", "--metrics", "127.0.0.1:0"},
+		netArgs("placemetrics", dataDir(t, "n"))...)...)
+	fams := waitValue(t, n.metrics, "meshp2p_kv_cells", nil, 512)
+	if v := value(fams, "meshp2p_session_slots", nil); v <= 0 {
+		t.Errorf("session slots %v", v)
+	}
+	var doc status.Document
+	decodeJSON(t, get(t, "http://"+n.metrics+"/api/status"), &doc)
+	if doc.Self.KVTotal != 512 || doc.Self.End <= doc.Self.Start || len(doc.Models) != 1 || len(doc.Models[0].Shards) != 1 || !doc.Models[0].Shards[0].Self {
+		t.Fatalf("status of a self-placing node: %+v %+v", doc.Self, doc.Models)
+	}
+	t.Logf("chose layers %d-%d", doc.Self.Start, doc.Self.End)
+}
