@@ -103,6 +103,8 @@ func runServe(ctx context.Context, stdout, stderr io.Writer, args []string) erro
 	var af apiFlags
 	af.register(fs, "127.0.0.1:8080", "HTTP address of the OpenAI-compatible API (host:port; loopback by default)")
 	verbose := fs.Bool("v", false, "debug logging")
+	var lf logFormat
+	lf.register(fs)
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -124,7 +126,10 @@ func runServe(ctx context.Context, stdout, stderr io.Writer, args []string) erro
 		defer os.RemoveAll(d)
 		pc.DataDir = d
 	}
-	log := newLogger(stderr, *verbose)
+	log, err := lf.logger(stderr, *verbose)
+	if err != nil {
+		return err
+	}
 	pc.Logger = log
 	trackers, err := tf.applyOrigin(&pc)
 	if err != nil {

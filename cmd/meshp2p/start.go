@@ -52,6 +52,8 @@ func runStart(ctx context.Context, stdout, stderr io.Writer, args []string) erro
 	peerQuota := fs.Int("max-sessions-per-client", 0, "sessions one client may hold at once when this node is the head (0: half of --max-sessions; -1: no quota)")
 	directWait := fs.Duration("direct-wait", node.DirectWait, "how long a new seam to a peer reached through a relay waits for a hole punch (0: start on the relay; the seam moves to the direct connection once it appears)")
 	verbose := fs.Bool("v", false, "debug logging")
+	var lf logFormat
+	lf.register(fs)
 	var mf metricsFlag
 	mf.register(fs)
 	mmap := fs.Bool("mmap", true, "map the shard file; --mmap=false reads it into memory (containers with a memory limit: mapped page cache is not charged to the container)")
@@ -76,7 +78,10 @@ func runStart(ctx context.Context, stdout, stderr io.Writer, args []string) erro
 		}
 		rng = &rs[0]
 	}
-	log := newLogger(stderr, *verbose)
+	log, err := lf.logger(stderr, *verbose)
+	if err != nil {
+		return err
+	}
 	prog := newProgress(stderr, "splitting")
 	cfg := node.Config{P2P: pc, ModelPath: *model, Layers: rng, ModelName: *name, Logger: log,
 		Engine: def, Hop: session.HopConfig{Idle: *idle, MaxSessionKV: *sessKV, MaxSessionsPerPeer: *peerQuota}, SplitProgress: prog.update, DirectWait: *directWait, NoMmap: !*mmap}

@@ -39,6 +39,8 @@ func runTracker(ctx context.Context, stdout, stderr io.Writer, args []string) er
 	ttl := fs.Duration("ticket-ttl", 2*time.Minute, "how long an issued route ticket stays valid")
 	pingEvery := fs.Duration("ping-interval", 10*time.Second, "how often the tracker measures RTT to every node")
 	verbose := fs.Bool("v", false, "debug logging")
+	var lf logFormat
+	lf.register(fs)
 	var mf metricsFlag
 	mf.register(fs)
 	if err := parseFlags(fs, args); err != nil {
@@ -48,7 +50,10 @@ func runTracker(ctx context.Context, stdout, stderr io.Writer, args []string) er
 	if err != nil {
 		return err
 	}
-	log := newLogger(stderr, *verbose)
+	log, err := lf.logger(stderr, *verbose)
+	if err != nil {
+		return err
+	}
 	pc.Logger = log
 	m, err := mf.metrics()
 	if err != nil {
