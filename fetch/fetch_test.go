@@ -141,10 +141,7 @@ func TestFetchFromPeersRejectsCorruptPeer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var need int64
-	for _, t := range ts {
-		need += int64(t.Bytes)
-	}
+	need, _ := uniqueBytes(m, ts)
 	logs := &logBuf{}
 	st := &Stage{Dir: filepath.Join(t.TempDir(), "staging")}
 	fe := &Fetcher{Host: me, Stage: st, Log: slog.New(slog.NewTextHandler(logs, nil)), Progress: NewProgress(need, nil)}

@@ -125,8 +125,13 @@ func (f *Fetcher) Fetch(ctx context.Context, m *gguf.Manifest, fp string, ts []*
 	nLayer := len(m.Digests.Layers)
 	_, untied := m.Digests.Global("output.weight")
 	var queue []*job
+	seen := map[gguf.Digest]bool{} // tensors with equal data are fetched once
 	for _, t := range ts {
 		h := m.DataHash(t)
+		if seen[h] {
+			continue
+		}
+		seen[h] = true
 		if f.Stage.Have(h, int64(t.Bytes)) {
 			f.Progress.skip(int64(t.Bytes))
 			continue

@@ -138,7 +138,6 @@ func (p *partial) discard() {
 // close keeps what arrived for a later resume.
 func (p *partial) close() { p.f.Close() }
 
-
 // reader reads the file offsets of manifest m's tensors from staged files,
 // for gguf.File.WithData: WriteShard then copies verified data only.
 type reader struct {
