@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 )
 
 // A Manifest describes a whole model without its weights: the GGUF header
@@ -186,4 +187,49 @@ func ReadManifestFile(path, fp string) (*Manifest, error) {
 		return nil, err
 	}
 	return CheckManifest(b, fp)
+}
+
+// ShardSourceNames maps each tensor of shard file f whose data is a copy of
+// a tensor of the parent model to that parent tensor's name (blk.j of a
+// shard of [a,b) is the parent's blk.(a+j); a tail's token_embd is the
+// parent's output.weight when it has one). The middle shard's stand-ins map
+// to nothing. It reads the shard's claims (ReadShardInfo) without checking
+// them; serve only verified shards.
+func ShardSourceNames(f *File) (map[string]string, *ShardInfo, error) {
+	si, err := ReadShardInfo(f.Metadata)
+	if err != nil {
+		return nil, nil, err
+	}
+	untied := false
+	if v, ok := f.Metadata.Get(KeyParentGlobalNames); ok {
+		names, _ := v.([]string)
+		untied = slices.Contains(names, output)
+	}
+	out := map[string]string{}
+	for i := range f.Tensors {
+		name := f.Tensors[i].Name
+		idx, rest, isLayer, err := splitLayerName(name)
+		if err != nil {
+			return nil, nil, err
+		}
+		switch {
+		case isLayer:
+			out[layerName(si.Range.Start+idx, rest)] = name
+		case name == tokenEmbd:
+			switch {
+			case si.Role == RoleMiddle:
+			case si.Role == RoleTail && untied:
+				out[output] = name
+			default:
+				out[tokenEmbd] = name
+			}
+		case name == outputNorm:
+			if si.Role != RoleMiddle {
+				out[name] = name
+			}
+		default:
+			out[name] = name
+		}
+	}
+	return out, si, nil
 }

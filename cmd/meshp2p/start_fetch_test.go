@@ -1,0 +1,156 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/neuron-tai/meshp2p/engine/gguf"
+)
+
+// A model given by name, fingerprint or URL (no local file) needs
+// --layers; a path that does not exist is not mistaken for a name.
+func TestStartFetchUsage(t *testing.T) {
+	dir := t.TempDir()
+	for _, c := range []struct {
+		model, want string
+		usage       bool
+	}{
+		{"some-model", "give the layers to fetch with --layers", true},
+		{"http://127.0.0.1:1/m.gguf", "give the layers to fetch with --layers", true},
+		{filepath.Join(dir, "missing.gguf"), "no such file", false},
+	} {
+		err := runStart(context.Background(), &syncBuf{}, &syncBuf{}, []string{"--model", c.model, "--data-dir", dir, "--listen", "/ip4/127.0.0.1/tcp/0"})
+		if err == nil || !strings.Contains(err.Error(), c.want) || errors.Is(err, errUsage) != c.usage {
+			t.Errorf("--model %s: %v", c.model, err)
+		}
+	}
+	err := runStart(context.Background(), &syncBuf{}, &syncBuf{}, []string{"--model", "m", "--layers", "0-1", "--upload-limit", "fast"})
+	if !errors.Is(err, errUsage) {
+		t.Errorf("bad --upload-limit: %v", err)
+	}
+	for in, want := range map[string]int64{"5M": 5 << 20, "500K": 500 << 10, "1024": 1024, "1.5G": 3 << 29, "0": 0} {
+		if got, err := parseByteRate(in); err != nil || got != want {
+			t.Errorf("parseByteRate(%q) = %d, %v", in, got, err)
+		}
+	}
+}
+
+// countingServer serves one file with range support and counts body bytes.
+func countingServer(t *testing.T, path string) (*httptest.Server, *atomic.Int64) {
+	var sent atomic.Int64
+	mt := time.Now().Add(-time.Hour)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		f, err := os.Open(path)
+		if err != nil {
+			http.Error(w, err.Error(), 500)
+			return
+		}
+		defer f.Close()
+		http.ServeContent(countW{w, &sent}, r, "m.gguf", mt, f)
+	}))
+	t.Cleanup(srv.Close)
+	return srv, &sent
+}
+
+type countW struct {
+	http.ResponseWriter
+	n *atomic.Int64
+}
+
+func (c countW) Write(b []byte) (int, error) {
+	k, err := c.ResponseWriter.Write(b)
+	c.n.Add(int64(k))
+	return k, err
+}
+
+// The README's flags: two nodes serve layers 0-4 and 8-12 of a 12-layer
+// model from the file; a third starts with only the file's URL and
+// --layers 4-8: it downloads the header and exactly its tensors (checked
+// against the peers' manifest), and the swarm's output equals --local. A
+// fourth starts with only the fingerprint and fetches 4-8 from the third.
+func TestStartFetchFromURLAndPeers(t *testing.T) {
+	dir := t.TempDir()
+	spec := gguf.DefaultSpec("llama")
+	spec.Layers, spec.Embd, spec.FF, spec.Name = 12, 128, 256, "fetch12"
+	model := filepath.Join(dir, "fetch12.gguf")
+	if err := gguf.Synth(context.Background(), spec, model); err != nil {
+		t.Fatal(err)
+	}
+	m, err := gguf.BuildManifest(context.Background(), model, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fp := m.Fingerprint()
+	ts, _ := gguf.ShardSources(m.File, gguf.Range{Start: 4, End: 8})
+	seen := map[gguf.Digest]bool{}
+	var need int64
+	for _, ti := range ts {
+		if h := m.DataHash(ti); !seen[h] {
+			seen[h] = true
+			need += int64(ti.Bytes)
+		}
+	}
+	srv, sent := countingServer(t, model)
+	net := []string{"--network", "fetchtest", "--listen", "/ip4/127.0.0.1/tcp/0"}
+
+	boot, _ := startNode(t, filepath.Join(dir, "a"), append([]string{"--model", model, "--layers", "0-4"}, net...)...)
+	startNode(t, filepath.Join(dir, "c"), append([]string{"--model", model, "--layers", "8-12", "--bootstrap", boot}, net...)...)
+	t0 := time.Now()
+	_, logsB := startNode(t, filepath.Join(dir, "b"), append([]string{"--model", srv.URL + "/fetch12.gguf", "--layers", "4-8", "--bootstrap", boot}, net...)...)
+	t.Logf("URL node ready after %v; file %d bytes, downloaded %d", time.Since(t0).Round(time.Millisecond), mustSize(t, model), sent.Load())
+	if got := sent.Load(); got != 256<<10+need {
+		t.Fatalf("URL node downloaded %d bytes, want the 262144-byte header read + %d tensor bytes\n%s", got, need, logsB.String())
+	}
+	if !strings.Contains(logsB.String(), "verified against a peer's manifest") {
+		t.Fatalf("URL node did not use the swarm's manifest:\n%s", logsB.String())
+	}
+	gen := func(args ...string) map[string]any {
+		var out, errb syncBuf
+		if err := runGenerate(context.Background(), &out, &errb, append(args, "--prompt", "Once upon a time", "--max-tokens", "8", "--json")); err != nil {
+			t.Fatalf("generate %v: %v\n%s", args, err, errb.String())
+		}
+		var res map[string]any
+		if err := json.Unmarshal([]byte(out.String()), &res); err != nil {
+			t.Fatalf("generate output %q: %v", out.String(), err)
+		}
+		return res
+	}
+	local := gen("--local", "--model", model)
+	swarm := gen(append([]string{"--model", "fetch12", "--bootstrap", boot, "--wait", "20s"}, net...)...)
+	if local["text"] == "" || local["text"] != swarm["text"] {
+		t.Fatalf("local %q, swarm %q", local["text"], swarm["text"])
+	}
+
+	// Only the fingerprint: layers 4-8 come from the URL node (the only
+	// peer holding them), and the shard equals shard split's.
+	_, logsD := startNode(t, filepath.Join(dir, "d"), append([]string{"--model", fp, "--layers", "4-8", "--bootstrap", boot}, net...)...)
+	if !strings.Contains(logsD.String(), "fetching layers from peers") {
+		t.Fatalf("fingerprint node did not fetch from peers:\n%s", logsD.String())
+	}
+	split, err := gguf.Split(context.Background(), model, []gguf.Range{{Start: 4, End: 8}}, filepath.Join(dir, "split"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, _ := os.ReadFile(split[0].Path)
+	got, err := os.ReadFile(filepath.Join(dir, "d", "shards", fp[:16], "fetch12.L4-8.gguf"))
+	if err != nil || string(got) != string(want) {
+		t.Fatalf("fetched shard differs from shard split's (%v)", err)
+	}
+}
+
+func mustSize(t *testing.T, p string) int64 {
+	st, err := os.Stat(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st.Size()
+}
