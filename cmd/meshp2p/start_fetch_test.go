@@ -154,3 +154,56 @@ func mustSize(t *testing.T, p string) int64 {
 	}
 	return st.Size()
 }
+
+// shard ls lists the cache (shards with model and layers, the manifest,
+// a fetch's staging); shard rm removes one shard or a model's whole cache.
+func TestShardLsRm(t *testing.T) {
+	dd := t.TempDir()
+	spec := gguf.DefaultSpec("llama")
+	spec.Layers, spec.Embd, spec.FF = 4, 32, 64
+	model := filepath.Join(t.TempDir(), "m.gguf")
+	if err := gguf.Synth(context.Background(), spec, model); err != nil {
+		t.Fatal(err)
+	}
+	m, err := gguf.BuildManifest(context.Background(), model, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fp := m.Fingerprint()
+	dir := filepath.Join(dd, "shards", fp[:16])
+	if _, err := gguf.Split(context.Background(), model, []gguf.Range{{Start: 0, End: 2}, {Start: 2, End: 4}}, dir, nil); err != nil {
+		t.Fatal(err)
+	}
+	_ = os.WriteFile(filepath.Join(dir, "manifest"), m.Marshal(), 0o644)
+	_ = os.MkdirAll(filepath.Join(dir, "staging"), 0o755)
+	_ = os.WriteFile(filepath.Join(dir, "staging", "x.part"), make([]byte, 100), 0o644)
+	var out syncBuf
+	if err := runShard(context.Background(), &out, &syncBuf{}, []string{"ls", "--data-dir", dd}); err != nil {
+		t.Fatal(err)
+	}
+	s := out.String()
+	for _, want := range []string{"shard     0-2", "shard     2-4", "manifest", "staging", fp[:16]} {
+		if !strings.Contains(s, want) {
+			t.Fatalf("shard ls lacks %q:\n%s", want, s)
+		}
+	}
+	if err := runShard(context.Background(), &syncBuf{}, &syncBuf{}, []string{"rm", "--data-dir", dd, fp[:12] + ":2-4"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "m.L2-4.gguf")); !os.IsNotExist(err) {
+		t.Fatal("shard 2-4 not removed")
+	}
+	if _, err := os.Stat(filepath.Join(dir, "m.L0-2.gguf")); err != nil {
+		t.Fatal("shard 0-2 removed too")
+	}
+	if err := runShard(context.Background(), &syncBuf{}, &syncBuf{}, []string{"rm", "--data-dir", dd, "abc"}); !errors.Is(err, errUsage) {
+		t.Fatalf("short prefix: %v", err)
+	}
+	if err := runShard(context.Background(), &syncBuf{}, &syncBuf{}, []string{"rm", "--data-dir", dd, fp}); err != nil {
+		t.Fatal(err)
+	}
+	es, _ := listCache(dd)
+	if len(es) != 0 {
+		t.Fatalf("after rm MODEL: %v", es)
+	}
+}
