@@ -56,7 +56,7 @@ type Config struct {
 	// UploadLimit caps the bytes per second this node sends to peers
 	// fetching tensors from it, over all of them (0: unlimited).
 	UploadLimit int64
-	Logger        *slog.Logger
+	Logger      *slog.Logger
 }
 
 // Node is a running meshp2p node.
