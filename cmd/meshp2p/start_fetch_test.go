@@ -44,32 +44,64 @@ func TestStartFetchUsage(t *testing.T) {
 	}
 }
 
-// countingServer serves one file with range support and counts body bytes.
-func countingServer(t *testing.T, path string) (*httptest.Server, *atomic.Int64) {
-	var sent atomic.Int64
+// countSrv serves one file with range support (http.ServeContent) and
+// counts the body bytes sent; while throttle > 0 an answer sends at most
+// that many bytes per 10 ms.
+type countSrv struct {
+	*httptest.Server
+	sent, throttle, active atomic.Int64
+}
+
+func countingServer(t *testing.T, path string) *countSrv {
+	cs := &countSrv{}
 	mt := time.Now().Add(-time.Hour)
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	cs.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		cs.active.Add(1)
+		defer cs.active.Add(-1)
 		f, err := os.Open(path)
 		if err != nil {
 			http.Error(w, err.Error(), 500)
 			return
 		}
 		defer f.Close()
-		http.ServeContent(countW{w, &sent}, r, "m.gguf", mt, f)
+		http.ServeContent(countW{w, &cs.sent, &cs.throttle}, r, "m.gguf", mt, f)
 	}))
-	t.Cleanup(srv.Close)
-	return srv, &sent
+	t.Cleanup(cs.Close)
+	return cs
+}
+
+// quiesce waits until no answer is in flight (a killed client's handler
+// may still be writing into its dead connection).
+func (cs *countSrv) quiesce(t *testing.T) {
+	for deadline := time.Now().Add(10 * time.Second); cs.active.Load() > 0; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("HTTP answers still in flight")
+		}
+	}
 }
 
 type countW struct {
 	http.ResponseWriter
-	n *atomic.Int64
+	n, throttle *atomic.Int64
 }
 
 func (c countW) Write(b []byte) (int, error) {
-	k, err := c.ResponseWriter.Write(b)
-	c.n.Add(int64(k))
-	return k, err
+	written := 0
+	for len(b) > 0 {
+		chunk := b
+		if th := c.throttle.Load(); th > 0 {
+			chunk = b[:min(int64(len(b)), th)]
+			time.Sleep(10 * time.Millisecond)
+		}
+		k, err := c.ResponseWriter.Write(chunk)
+		c.n.Add(int64(k))
+		written += k
+		if err != nil {
+			return written, err
+		}
+		b = b[k:]
+	}
+	return written, nil
 }
 
 // The README's flags: two nodes serve layers 0-4 and 8-12 of a 12-layer
@@ -99,7 +131,8 @@ func TestStartFetchFromURLAndPeers(t *testing.T) {
 			need += int64(ti.Bytes)
 		}
 	}
-	srv, sent := countingServer(t, model)
+	srv := countingServer(t, model)
+	sent := &srv.sent
 	net := []string{"--network", "fetchtest", "--listen", "/ip4/127.0.0.1/tcp/0"}
 
 	boot, _ := startNode(t, filepath.Join(dir, "a"), append([]string{"--model", model, "--layers", "0-4"}, net...)...)
