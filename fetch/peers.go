@@ -109,7 +109,12 @@ type job struct {
 	hash     gguf.Digest
 	tried    map[peer.ID]bool
 	attempts int
+	busy     int // "busy" answers (not failures, up to maxBusy)
 }
+
+// maxBusy bounds the "busy" answers one tensor takes (20 ms apart) before
+// they count as a failed attempt.
+const maxBusy = 500
 
 // Fetch downloads every tensor in ts (of manifest m, model fp) that is not
 // staged yet.
@@ -237,12 +242,25 @@ func (f *Fetcher) Fetch(ctx context.Context, m *gguf.Manifest, fp string, ts []*
 				mu.Unlock()
 
 				err := f.one(ctx, p, fp, j)
+				busy := frame.Code(err) == meshp2pb.ErrorCode_ERROR_CODE_NO_CAPACITY && j.busy < maxBusy
+				if busy {
+					j.busy++
+					// The server has not yet released our previous
+					// stream (it does after its last write): not a
+					// failure; ask again shortly.
+					select {
+					case <-ctx.Done():
+					case <-time.After(20 * time.Millisecond):
+					}
+				}
 
 				mu.Lock()
 				active[p]--
 				running--
 				switch {
 				case err == nil:
+				case busy:
+					log.Debug("peer busy; asking again", "peer", p, "tensor", j.t.Name)
 				case errors.Is(err, ErrBadData):
 					log.Warn("peer sent a tensor that does not match the manifest; dropping it for this fetch", "peer", p, "tensor", j.t.Name, "err", err)
 					dropped[p] = true
@@ -250,12 +268,11 @@ func (f *Fetcher) Fetch(ctx context.Context, m *gguf.Manifest, fp string, ts []*
 				default:
 					log.Info("tensor transfer failed; trying another peer", "peer", p, "tensor", j.t.Name, "err", err)
 				}
-				if err != nil && ctx.Err() == nil {
+				if busy {
+					queue = append(queue, j)
+				} else if err != nil && ctx.Err() == nil {
 					j.attempts++
 					j.tried[p] = true
-					if frame.Code(err) == meshp2pb.ErrorCode_ERROR_CODE_NO_CAPACITY {
-						delete(j.tried, p) // busy is not refusal: ask again later
-					}
 					if j.attempts >= attempts {
 						firstErr = fmt.Errorf("fetch: tensor %q failed %d times: %w", j.t.Name, j.attempts, err)
 					} else {
