@@ -26,9 +26,20 @@ type fileServer struct {
 	noRange   atomic.Bool
 	cutOnce   atomic.Int64 // >0: cut the next ranged answer after this many bytes
 	throttle  atomic.Int64 // bytes per 10 ms, 0: none
-	mtime     time.Time
+	mtime     atomic.Int64 // unix seconds
 	path      string
-	afterSent func(n int64)
+	afterSent atomic.Pointer[func(n int64)]
+	active    atomic.Int64
+}
+
+// quiesce waits until no answer is in flight (a cancelled client's handler
+// may still be writing into its dead connection).
+func (fs *fileServer) quiesce(t testing.TB) {
+	for deadline := time.Now().Add(10 * time.Second); fs.active.Load() > 0; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("HTTP answers still in flight")
+		}
+	}
 }
 
 type countingWriter struct {
@@ -57,8 +68,8 @@ func (w *countingWriter) Write(b []byte) (int, error) {
 		written += k
 		w.n += int64(k)
 		w.s.sent.Add(int64(k))
-		if w.s.afterSent != nil {
-			w.s.afterSent(w.s.sent.Load())
+		if f := w.s.afterSent.Load(); f != nil {
+			(*f)(w.s.sent.Load())
 		}
 		if err != nil {
 			return written, err
@@ -70,10 +81,13 @@ func (w *countingWriter) Write(b []byte) (int, error) {
 
 func newFileServer(t testing.TB, path string) *fileServer {
 	t.Helper()
-	fs := &fileServer{path: path, mtime: time.Now().Add(-time.Hour).Truncate(time.Second)}
+	fs := &fileServer{path: path}
+	fs.mtime.Store(time.Now().Add(-time.Hour).Unix())
 	mux := http.NewServeMux()
 	mux.HandleFunc("/redir", func(w http.ResponseWriter, r *http.Request) { http.Redirect(w, r, "/m.gguf", http.StatusFound) })
 	mux.HandleFunc("/m.gguf", func(w http.ResponseWriter, r *http.Request) {
+		fs.active.Add(1)
+		defer fs.active.Add(-1)
 		f, err := os.Open(fs.path)
 		if err != nil {
 			http.Error(w, err.Error(), 500)
@@ -86,7 +100,7 @@ func newFileServer(t testing.TB, path string) *fileServer {
 		} else if c := fs.cutOnce.Swap(0); c > 0 && r.Header.Get("Range") != "" {
 			cw.limit = c
 		}
-		http.ServeContent(cw, r, "m.gguf", fs.mtime, f)
+		http.ServeContent(cw, r, "m.gguf", time.Unix(fs.mtime.Load(), 0), f)
 	})
 	fs.Server = httptest.NewServer(mux)
 	t.Cleanup(fs.Close)
@@ -136,6 +150,7 @@ func TestFetchFromURL(t *testing.T) {
 		if !bytes.Equal(hdr, md.m.Header) || u.Size() != st0.Size() || f.HeaderSize != int64(len(hdr)) {
 			t.Fatal("header read by range differs from the file's")
 		}
+		srv.quiesce(t)
 		hdrSent := srv.sent.Load()
 		ts, _ := gguf.ShardSources(md.m.File, rg)
 		st := &Stage{Dir: t.TempDir()}
@@ -152,6 +167,7 @@ func TestFetchFromURL(t *testing.T) {
 			t.Fatal("shard from the URL differs from shard split's")
 		}
 		ub, _ := uniqueBytes(md.m, ts)
+		srv.quiesce(t)
 		if hdrSent != headerChunk || srv.sent.Load() != headerChunk+ub {
 			t.Fatalf("served %d bytes (header %d), want %d + %d tensor bytes", srv.sent.Load(), hdrSent, headerChunk, ub)
 		}
@@ -184,19 +200,21 @@ func TestFetchFromURL(t *testing.T) {
 		st := &Stage{Dir: t.TempDir()}
 		cctx, ccancel := context.WithCancel(ctx)
 		srv.sent.Store(0)
-		srv.afterSent = func(n int64) {
+		stopAt := func(n int64) {
 			if n > headerChunk+need/2 {
 				ccancel()
 			}
 		}
+		srv.afterSent.Store(&stopAt)
 		srv.throttle.Store(32 << 10)
 		u := &URL{URL: srv.URL + "/m.gguf"}
 		_, _, err := u.Header(cctx)
 		if err == nil {
 			err = u.FetchTensors(cctx, st, md.m, ts, nil)
 		}
-		srv.afterSent = nil
+		srv.afterSent.Store(nil)
 		srv.throttle.Store(0)
+		srv.quiesce(t)
 		if !errors.Is(err, context.Canceled) {
 			t.Fatalf("cancelled fetch: %v", err)
 		}
@@ -225,6 +243,7 @@ func TestFetchFromURL(t *testing.T) {
 		if err := u.FetchTensors(ctx, st, md.m, ts, nil); err != nil {
 			t.Fatal(err)
 		}
+		srv.quiesce(t)
 		if got := srv.sent.Load(); got != headerChunk+need-have {
 			t.Fatalf("resume downloaded %d bytes, want header %d + missing %d", got, headerChunk, need-have)
 		}
@@ -278,9 +297,9 @@ func TestFetchFromURL(t *testing.T) {
 		if _, _, err := u.Header(ctx); err != nil {
 			t.Fatal(err)
 		}
-		old := srv.mtime
-		srv.mtime = old.Add(time.Minute)
-		defer func() { srv.mtime = old }()
+		old := srv.mtime.Load()
+		srv.mtime.Store(old + 60)
+		defer srv.mtime.Store(old)
 		ts, _ := gguf.ShardSources(md.m.File, rg)
 		err := u.FetchTensors(ctx, &Stage{Dir: t.TempDir()}, md.m, ts, nil)
 		if !errors.Is(err, ErrChanged) {

@@ -108,6 +108,7 @@ func TestStartFromURLKilledAndResumed(t *testing.T) {
 			t.Fatalf("restarted node not ready:\n%s", logs2.String())
 		}
 	}
+	srv.quiesce(t)
 	if got := sent.Load(); got != 256<<10+need-have {
 		t.Fatalf("restart downloaded %d bytes, want header %d + missing %d (had %d of %d)", got, 256<<10, need-have, have, need)
 	}

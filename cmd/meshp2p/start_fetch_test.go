@@ -139,6 +139,7 @@ func TestStartFetchFromURLAndPeers(t *testing.T) {
 	startNode(t, filepath.Join(dir, "c"), append([]string{"--model", model, "--layers", "8-12", "--bootstrap", boot}, net...)...)
 	t0 := time.Now()
 	_, logsB := startNode(t, filepath.Join(dir, "b"), append([]string{"--model", srv.URL + "/fetch12.gguf", "--layers", "4-8", "--bootstrap", boot}, net...)...)
+	srv.quiesce(t)
 	t.Logf("URL node ready after %v; file %d bytes, downloaded %d", time.Since(t0).Round(time.Millisecond), mustSize(t, model), sent.Load())
 	if got := sent.Load(); got != 256<<10+need {
 		t.Fatalf("URL node downloaded %d bytes, want the 262144-byte header read + %d tensor bytes\n%s", got, need, logsB.String())
