@@ -52,13 +52,17 @@ func manifestPath(dataDir, fp string) string {
 }
 
 // ensureManifest returns the manifest of the whole model at modelPath,
-// building it (one hashing pass) the first time.
+// building it (one hashing pass) when the fingerprint pass did not (nil
+// when the header is too large for a manifest).
 func ensureManifest(ctx context.Context, dataDir, modelPath, fp string) ([]byte, error) {
 	mp := manifestPath(dataDir, fp)
 	if m, err := gguf.ReadManifestFile(mp, fp); err == nil {
 		return m.Marshal(), nil
 	}
 	m, err := gguf.BuildManifest(ctx, modelPath, nil)
+	if errors.Is(err, gguf.ErrTooLarge) {
+		return nil, nil
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -113,7 +117,6 @@ func (n *Node) waitPeers(ctx context.Context, wait time.Duration, key string, pr
 		case <-ctx.Done():
 			return false
 		case <-changed:
-			changed = n.table.Changed()
 		case <-tick.C:
 			lctx, c := context.WithTimeout(ctx, time.Second)
 			n.p2p.Discovery().Sync(lctx)
