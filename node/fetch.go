@@ -128,7 +128,28 @@ func (n *Node) waitPeers(ctx context.Context, wait time.Duration, key string, pr
 	}
 }
 
+// cachedShard finds a verified shard of layers r of model (a fingerprint or
+// a name) fetched earlier, so a restart needs no peer.
+func (n *Node) cachedShard(ctx context.Context, model string, r gguf.Range) string {
+	pat := filepath.Join(n.cfg.P2P.DataDir, "shards", "*", fmt.Sprintf("%s.L%d-%d.gguf", safeName(model, strings.Repeat("x", 16)), r.Start, r.End))
+	if route.ValidFingerprint(model) {
+		pat = filepath.Join(n.cfg.P2P.DataDir, "shards", model[:16], fmt.Sprintf("*.L%d-%d.gguf", r.Start, r.End))
+	}
+	paths, _ := filepath.Glob(pat)
+	for _, p := range paths {
+		si, err := gguf.VerifyShard(ctx, p)
+		if err == nil && si.Range == r && (!route.ValidFingerprint(model) || si.ParentFingerprint == model) {
+			return p
+		}
+	}
+	return ""
+}
+
 func (n *Node) fetchPeers(ctx context.Context, fc *FetchConfig, r gguf.Range) (string, error) {
+	if p := n.cachedShard(ctx, fc.Model, r); p != "" {
+		n.log.Info("using cached fetched shard", "path", p)
+		return p, nil
+	}
 	key := NameKey(fc.Model)
 	if route.ValidFingerprint(fc.Model) {
 		key = fc.Model

@@ -241,3 +241,35 @@ func TestShardLsRm(t *testing.T) {
 		t.Fatalf("after rm MODEL: %v", es)
 	}
 }
+
+// A node restarted with --model FINGERPRINT or NAME and a shard it fetched
+// before starts from the cache at once, with no peer to ask.
+func TestStartFetchCachedOffline(t *testing.T) {
+	dd := t.TempDir()
+	spec := gguf.DefaultSpec("llama")
+	spec.Layers, spec.Embd, spec.FF, spec.Name = 4, 64, 128, "cached4"
+	model := filepath.Join(t.TempDir(), "cached4.gguf")
+	if err := gguf.Synth(context.Background(), spec, model); err != nil {
+		t.Fatal(err)
+	}
+	f, _ := gguf.Open(model)
+	fp, err := gguf.Fingerprint(context.Background(), f)
+	f.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := gguf.Split(context.Background(), model, []gguf.Range{{Start: 0, End: 2}}, filepath.Join(dd, "shards", fp[:16]), nil); err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range []string{fp, "cached4"} {
+		t.Run(m[:7], func(t *testing.T) { // each node stops when its subtest ends
+			_ = os.Remove(filepath.Join(dd, "node.json"))
+			t0 := time.Now()
+			_, logs := startNode(t, dd, "--model", m, "--layers", "0-2", "--fetch-wait", "1m", "--network", "cachetest", "--listen", "/ip4/127.0.0.1/tcp/0")
+			if !strings.Contains(logs.String(), "using cached fetched shard") {
+				t.Fatalf("--model %s did not use the cache:\n%s", m, logs.String())
+			}
+			t.Logf("--model %.16s: ready from the cache in %v", m, time.Since(t0).Round(time.Millisecond))
+		})
+	}
+}
