@@ -55,13 +55,15 @@ type Host interface {
 // Server answers manifest and tensor requests for the models a node holds:
 // the manifest when it has one, and the tensors of the shard it serves.
 type Server struct {
-	host  Host
-	log   *slog.Logger
-	limit *rate.Limiter // nil: unlimited
+	host    Host
+	log     *slog.Logger
+	limit   *rate.Limiter // over all transfers; nil: unlimited
+	perPeer int64         // bytes/s per fetching peer; 0: unlimited
 
 	mu      sync.Mutex
 	models  map[string]*served
 	active  map[peer.ID]int
+	peerLim map[peer.ID]*rate.Limiter // while the peer has transfers
 	total   int
 	Served  func(n int64) // if set, counts tensor bytes sent (tests, metrics)
 	chunkSz int
@@ -79,14 +81,23 @@ type span struct{ off, size int64 }
 // NewServer registers the two protocols on h. uploadLimit is bytes per
 // second over all transfers (0: unlimited).
 func NewServer(h Host, uploadLimit int64, log *slog.Logger) *Server {
+	return NewServerLimits(h, uploadLimit, 0, log)
+}
+
+// NewServerLimits is NewServer with also a limit in bytes per second for
+// each fetching peer (0: none).
+func NewServerLimits(h Host, uploadLimit, perPeer int64, log *slog.Logger) *Server {
 	if log == nil {
 		log = slog.Default()
 	}
-	s := &Server{host: h, log: log, models: map[string]*served{}, active: map[peer.ID]int{}, chunkSz: 64 << 10}
+	s := &Server{host: h, log: log, models: map[string]*served{}, active: map[peer.ID]int{}, peerLim: map[peer.ID]*rate.Limiter{},
+		chunkSz: 64 << 10, perPeer: perPeer}
 	if uploadLimit > 0 {
-		burst := int(min(uploadLimit, 1<<20))
-		s.limit = rate.NewLimiter(rate.Limit(uploadLimit), burst)
-		s.chunkSz = min(s.chunkSz, burst)
+		s.limit = rate.NewLimiter(rate.Limit(uploadLimit), burstFor(uploadLimit))
+		s.chunkSz = min(s.chunkSz, burstFor(uploadLimit))
+	}
+	if perPeer > 0 {
+		s.chunkSz = min(s.chunkSz, burstFor(perPeer))
 	}
 	h.SetStreamHandler(h.ProtocolID(ProtoManifest, ProtoVersion), s.handleManifest)
 	h.SetStreamHandler(h.ProtocolID(ProtoTensor, ProtoVersion), s.handleTensor)
@@ -135,6 +146,8 @@ func (s *Server) Add(fp, shardPath string, manifest []byte) error {
 	return nil
 }
 
+func burstFor(bps int64) int { return int(max(1, min(bps, 1<<20))) }
+
 func errMsg(code meshp2pb.ErrorCode, format string, args ...any) *meshp2pb.Error {
 	return &meshp2pb.Error{Code: code, Message: fmt.Sprintf(format, args...)}
 }
@@ -169,15 +182,20 @@ func (s *Server) handleManifest(st network.Stream) {
 	_ = w.WriteBlob(&meshp2pb.ManifestResponse{Size: uint64(len(sv.manifest)), ModelFingerprint: fp}, sv.manifest)
 }
 
-func (s *Server) acquire(p peer.ID) bool {
+// acquire takes a transfer slot for p and returns p's rate limiter (nil:
+// none), or false when p or the server is at its limit.
+func (s *Server) acquire(p peer.ID) (*rate.Limiter, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.active[p] >= MaxTransfersPerPeer || s.total >= MaxTransfers {
-		return false
+		return nil, false
 	}
 	s.active[p]++
 	s.total++
-	return true
+	if s.perPeer > 0 && s.peerLim[p] == nil {
+		s.peerLim[p] = rate.NewLimiter(rate.Limit(s.perPeer), burstFor(s.perPeer))
+	}
+	return s.peerLim[p], true
 }
 
 func (s *Server) release(p peer.ID) {
@@ -186,6 +204,7 @@ func (s *Server) release(p peer.ID) {
 	s.total--
 	if s.active[p]--; s.active[p] <= 0 {
 		delete(s.active, p)
+		delete(s.peerLim, p)
 	}
 }
 
@@ -203,7 +222,8 @@ func (s *Server) handleTensor(st network.Stream) {
 	refuse := func(code meshp2pb.ErrorCode, format string, args ...any) {
 		_ = w.WriteMessage(&meshp2pb.TensorResponse{Error: errMsg(code, format, args...)})
 	}
-	if !s.acquire(p) {
+	plim, ok := s.acquire(p)
+	if !ok {
 		refuse(meshp2pb.ErrorCode_ERROR_CODE_NO_CAPACITY, "busy: at most %d transfers per peer, %d in all", MaxTransfersPerPeer, MaxTransfers)
 		return
 	}
@@ -239,10 +259,12 @@ func (s *Server) handleTensor(st network.Stream) {
 	for {
 		k, rerr := src.Read(buf)
 		if k > 0 {
-			if s.limit != nil {
-				if err := s.limit.WaitN(context.Background(), k); err != nil {
-					_ = st.Reset()
-					return
+			for _, l := range []*rate.Limiter{plim, s.limit} {
+				if l != nil {
+					if err := l.WaitN(context.Background(), k); err != nil {
+						_ = st.Reset()
+						return
+					}
 				}
 			}
 			_ = st.SetWriteDeadline(time.Now().Add(IdleTimeout))

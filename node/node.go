@@ -56,7 +56,9 @@ type Config struct {
 	// UploadLimit caps the bytes per second this node sends to peers
 	// fetching tensors from it, over all of them (0: unlimited).
 	UploadLimit int64
-	Logger      *slog.Logger
+	// UploadLimitPerPeer caps what each fetching peer gets (0: unlimited).
+	UploadLimitPerPeer int64
+	Logger             *slog.Logger
 }
 
 // Node is a running meshp2p node.
@@ -141,7 +143,7 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 	n.wg.Add(1)
 	go func() { defer n.wg.Done(); n.logConnEvents(bg) }()
 	n.vocab = newVocabService(n.host, cfg.Hop.Limits, n.log)
-	n.fetchSrv = fetch.NewServer(n.host, cfg.UploadLimit, n.log)
+	n.fetchSrv = fetch.NewServerLimits(n.host, cfg.UploadLimit, cfg.UploadLimitPerPeer, n.log)
 	if n.shard != nil {
 		if err := n.fetchSrv.Add(n.fp, n.shardPath, n.manifest); err != nil {
 			n.Close()

@@ -18,11 +18,13 @@ import (
 // fetchFlags are start's flags for fetching only a node's layers.
 type fetchFlags struct {
 	uploadLimit string
+	perPeer     string
 	wait        time.Duration
 }
 
 func (f *fetchFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.uploadLimit, "upload-limit", "0", "bytes per second this node sends to peers fetching tensors from it, over all of them (e.g. 5M, 500K; 0: unlimited)")
+	fs.StringVar(&f.perPeer, "upload-limit-per-peer", "0", "bytes per second each peer fetching tensors from this node gets (0: unlimited)")
 	fs.DurationVar(&f.wait, "fetch-wait", node.DefaultFetchWait, "with --model NAME|FINGERPRINT: how long to wait for peers that serve the model")
 }
 
@@ -35,6 +37,9 @@ func (f *fetchFlags) apply(cfg *node.Config, model string, layers *gguf.Range, s
 		return fmt.Errorf("%w: --upload-limit %q: %v", errUsage, f.uploadLimit, err)
 	}
 	cfg.UploadLimit = limit
+	if cfg.UploadLimitPerPeer, err = parseByteRate(f.perPeer); err != nil {
+		return fmt.Errorf("%w: --upload-limit-per-peer %q: %v", errUsage, f.perPeer, err)
+	}
 	isURL := node.IsURL(model)
 	if !isURL {
 		if _, err := os.Stat(model); err == nil {
