@@ -108,7 +108,8 @@ func (c countW) Write(b []byte) (int, error) {
 // model from the file; a third starts with only the file's URL and
 // --layers 4-8: it downloads the header and exactly its tensors (checked
 // against the peers' manifest), and the swarm's output equals --local. A
-// fourth starts with only the fingerprint and fetches 4-8 from the third.
+// fourth starts with only the fingerprint and fetches 4-8 from the third
+// and from a fifth that serves corrupt bytes.
 func TestStartFetchFromURLAndPeers(t *testing.T) {
 	dir := t.TempDir()
 	spec := gguf.DefaultSpec("llama")
@@ -164,11 +165,35 @@ func TestStartFetchFromURLAndPeers(t *testing.T) {
 		t.Fatalf("local %q, swarm %q", local["text"], swarm["text"])
 	}
 
-	// Only the fingerprint: layers 4-8 come from the URL node (the only
-	// peer holding them), and the shard equals shard split's.
+	// Only the fingerprint: layers 4-8 come from the URL node and from a
+	// node E whose shard file got one byte flipped in every tensor after
+	// it started (a corrupt or lying peer): E's tensors are rejected, E is
+	// dropped and logged, and every layer comes from the URL node.
+	addrE, _ := startNode(t, filepath.Join(dir, "e"), append([]string{"--model", model, "--layers", "4-8", "--bootstrap", boot}, net...)...)
+	idE := addrE[strings.LastIndex(addrE, "/")+1:]
+	shardE := filepath.Join(dir, "e", "shards", fp[:16], "fetch12.L4-8.gguf")
+	fe, err := gguf.Open(shardE)
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, _ := os.ReadFile(shardE)
+	for _, ti := range fe.Tensors {
+		raw[fe.DataOffset+int64(ti.Offset)+int64(ti.Bytes)/2] ^= 0x5a
+	}
+	fe.Close()
+	if err := os.WriteFile(shardE, raw, 0o644); err != nil {
+		t.Fatal(err)
+	}
 	_, logsD := startNode(t, filepath.Join(dir, "d"), append([]string{"--model", fp, "--layers", "4-8", "--bootstrap", boot}, net...)...)
 	if !strings.Contains(logsD.String(), "fetching layers from peers") {
 		t.Fatalf("fingerprint node did not fetch from peers:\n%s", logsD.String())
+	}
+	var dropped bool
+	for _, l := range strings.Split(logsD.String(), "\n") {
+		dropped = dropped || (strings.Contains(l, "does not match the manifest; dropping it") && strings.Contains(l, idE))
+	}
+	if !dropped {
+		t.Fatalf("corrupt peer %s not dropped:\n%s", idE, logsD.String())
 	}
 	split, err := gguf.Split(context.Background(), model, []gguf.Range{{Start: 4, End: 8}}, filepath.Join(dir, "split"), nil)
 	if err != nil {
