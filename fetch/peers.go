@@ -230,6 +230,7 @@ func (f *Fetcher) Fetch(ctx context.Context, m *gguf.Manifest, fp string, ts []*
 					if running == 0 {
 						if sj := stuck(); sj != nil {
 							firstErr = fmt.Errorf("fetch: tensor %q: %w (%d sources, %d dropped)", sj.t.Name, ErrNoSource, len(sources), len(dropped))
+							cancel() // stop the other transfers
 							cond.Broadcast()
 							mu.Unlock()
 							return
@@ -275,6 +276,7 @@ func (f *Fetcher) Fetch(ctx context.Context, m *gguf.Manifest, fp string, ts []*
 					j.tried[p] = true
 					if j.attempts >= attempts {
 						firstErr = fmt.Errorf("fetch: tensor %q failed %d times: %w", j.t.Name, j.attempts, err)
+						cancel()
 					} else {
 						queue = append(queue, j)
 					}
