@@ -10,6 +10,7 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"sort"
 	"strings"
 	"time"
 
@@ -37,9 +38,11 @@ type FetchConfig struct {
 // DefaultFetchWait is how long a fetch waits for peers that serve the model.
 const DefaultFetchWait = 60 * time.Second
 
-// urlManifestWait is how long a URL fetch looks for a peer with the
-// file's manifest before it concludes it is the model's first node.
-const urlManifestWait = 5 * time.Second
+// urlManifestWait bounds how long a URL fetch looks for a peer with the
+// file's manifest before it concludes it is the model's first node; it
+// concludes so sooner once two advert pulls from connected peers showed
+// no candidate.
+const urlManifestWait = 20 * time.Second
 
 // IsURL reports whether model names an HTTP(S) URL.
 func IsURL(model string) bool {
@@ -102,15 +105,17 @@ func (n *Node) fetchShard(ctx context.Context) (string, error) {
 }
 
 // waitPeers waits until pred holds for the table, re-pulling adverts and
-// asking the DHT for key every second.
-func (n *Node) waitPeers(ctx context.Context, wait time.Duration, key string, pred func() bool) bool {
+// asking the DHT for key every second. pred gets how many of those pulls
+// ran while connected to at least one peer.
+func (n *Node) waitPeers(ctx context.Context, wait time.Duration, key string, pred func(synced int) bool) bool {
 	ctx, cancel := context.WithTimeout(ctx, wait)
 	defer cancel()
 	changed := n.table.Changed()
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
+	synced := 0
 	for {
-		if pred() {
+		if pred(synced) {
 			return true
 		}
 		select {
@@ -119,7 +124,10 @@ func (n *Node) waitPeers(ctx context.Context, wait time.Duration, key string, pr
 		case <-changed:
 		case <-tick.C:
 			lctx, c := context.WithTimeout(ctx, time.Second)
-			n.p2p.Discovery().Sync(lctx)
+			if n.p2p.PeerCount() > 0 {
+				n.p2p.Discovery().Sync(lctx)
+				synced++
+			}
 			if key != "" {
 				_, _ = n.p2p.Discovery().Lookup(lctx, key)
 			}
@@ -157,7 +165,7 @@ func (n *Node) fetchPeers(ctx context.Context, fc *FetchConfig, r gguf.Range) (s
 	var fp string
 	var nl int
 	var resolveErr error
-	ok := n.waitPeers(ctx, fc.Wait, key, func() bool {
+	ok := n.waitPeers(ctx, fc.Wait, key, func(int) bool {
 		fp, nl, resolveErr = n.table.Resolve(fc.Model)
 		return resolveErr == nil
 	})
@@ -173,6 +181,7 @@ func (n *Node) fetchPeers(ctx context.Context, fc *FetchConfig, r gguf.Range) (s
 	if err := gguf.ValidateRanges([]gguf.Range{r}, nl); err != nil {
 		return "", fmt.Errorf("--layers %s: %w", r, err)
 	}
+	n.settleTable(ctx)
 	name := n.cfg.ModelName
 	var sources []fetch.Source
 	var peers []peer.ID
@@ -287,16 +296,32 @@ func (n *Node) fetchURL(ctx context.Context, fc *FetchConfig, r gguf.Range) (str
 	var m *gguf.Manifest
 	if len(n.cfg.P2P.Bootstrap) > 0 {
 		var peers []peer.ID
-		n.waitPeers(ctx, urlManifestWait, "", func() bool {
-			peers = peers[:0]
-			seen := map[peer.ID]bool{}
+		n.waitPeers(ctx, urlManifestWait, "", func(synced int) bool {
+			// Ask first the peers of the model most peers serve: a
+			// manifest is only as good as the header it matches, and a
+			// lone peer could offer one with wrong tensor hashes.
+			votes := map[string]map[peer.ID]bool{}
+			fpOf := map[peer.ID]string{}
 			for _, s := range n.table.Shards("") {
-				if s.NLayer == nl && !seen[s.Peer] && len(peers) < 16 {
-					seen[s.Peer] = true
-					peers = append(peers, s.Peer)
+				if s.NLayer != nl {
+					continue
 				}
+				if votes[s.Fingerprint] == nil {
+					votes[s.Fingerprint] = map[peer.ID]bool{}
+				}
+				votes[s.Fingerprint][s.Peer] = true
+				fpOf[s.Peer] = s.Fingerprint
 			}
-			return len(peers) > 0
+			peers = peers[:0]
+			for p := range fpOf {
+				peers = append(peers, p)
+			}
+			sort.Slice(peers, func(i, j int) bool {
+				vi, vj := len(votes[fpOf[peers[i]]]), len(votes[fpOf[peers[j]]])
+				return vi > vj || (vi == vj && peers[i] < peers[j])
+			})
+			peers = peers[:min(len(peers), 16)]
+			return len(peers) > 0 || synced >= 2
 		})
 		if len(peers) > 0 {
 			var raw []byte
@@ -359,6 +384,25 @@ func (n *Node) fetchURL(ctx context.Context, fc *FetchConfig, r gguf.Range) (str
 	}
 	out := filepath.Join(n.cfg.P2P.DataDir, "shards", fp[:16], gguf.ShardName(safeName(base, fp), r))
 	return n.assemble(ctx, st, m, r, out)
+}
+
+// settleTable pulls adverts from the connected peers once more and waits
+// until the table has not changed for 250 ms (at most 2 s), so a fetch
+// starts with every source a pull batch named, not the first one applied.
+func (n *Node) settleTable(ctx context.Context) {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	changed := n.table.Changed()
+	n.p2p.Discovery().Sync(ctx)
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-changed:
+		case <-time.After(250 * time.Millisecond):
+			return
+		}
+	}
 }
 
 // followTable feeds the capability table while the node fetches (before

@@ -184,6 +184,18 @@ func TestStartFetchFromURLAndPeers(t *testing.T) {
 	if err := os.WriteFile(shardE, raw, 0o644); err != nil {
 		t.Fatal(err)
 	}
+	// Start D once the bootstrap node knows both holders of 4-8 (D learns
+	// the swarm from it), so that both are sources.
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+		var out syncBuf
+		_ = runStatus(context.Background(), &out, &syncBuf{}, append([]string{"--bootstrap", boot, "--model", "fetch12", "--wait", "2s"}, net...))
+		if strings.Count(out.String(), "layers   4-8") >= 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the swarm never showed two holders of 4-8:\n%s", out.String())
+		}
+	}
 	_, logsD := startNode(t, filepath.Join(dir, "d"), append([]string{"--model", fp, "--layers", "4-8", "--bootstrap", boot}, net...)...)
 	if !strings.Contains(logsD.String(), "fetching layers from peers") {
 		t.Fatalf("fingerprint node did not fetch from peers:\n%s", logsD.String())
