@@ -43,6 +43,7 @@ type Config struct {
 	Layers    *gguf.Range // nil: all layers
 	ModelName string      // advertised name (default: the file name without .gguf)
 	Engine    engine.Config
+	NoMmap    bool // read the weights instead of mapping them (engine.LoadOptions.NoMmap)
 	Hop       session.HopConfig
 	// DirectWait bounds how long a data-plane stream to a relayed peer
 	// waits for a hole punch before starting on the relay (0: DirectWait;
@@ -82,6 +83,8 @@ type Node struct {
 	// calibration is the decode time per row measured at start, the
 	// advertised speed until live traffic refines it.
 	calibration time.Duration
+	// failures is shared by every origin of this node (session.FailureMemory).
+	failures *session.FailureMemory
 
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
@@ -102,7 +105,10 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 	if cfg.Engine.Logger == nil {
 		cfg.Engine.Logger = cfg.Logger
 	}
-	n := &Node{cfg: cfg, log: cfg.Logger, table: route.NewTable()}
+	if cfg.P2P.MemberAdvert == nil { // an open relay's members (--relay-service)
+		cfg.P2P.MemberAdvert = route.MemberAdvert
+	}
+	n := &Node{cfg: cfg, log: cfg.Logger, table: route.NewTable(), failures: session.NewFailureMemory(0, 0)}
 	var err error
 	if cfg.ModelPath == "" && cfg.Fetch != nil {
 		// Fetching needs the network first: peers are the sources.
@@ -212,7 +218,7 @@ func (n *Node) loadShard(ctx context.Context) error {
 		}
 	}
 	n.fp, n.nLayer, n.shardPath = fp, nl, path
-	n.model, err = engine.LoadModel(ctx, path, engine.LoadOptions{})
+	n.model, err = engine.LoadModel(ctx, path, engine.LoadOptions{NoMmap: cfg.NoMmap})
 	if err != nil {
 		return err
 	}
@@ -357,7 +363,7 @@ func (n *Node) Origin(planner route.Planner) *session.Origin {
 	// it opens at once on any connection, relayed included, instead of
 	// waiting for a hole punch as activation seams do.
 	return &session.Origin{Dialer: n.ControlHost(), Planner: planner, Protocol: n.host.ProtocolID(session.ProtoSession, session.ProtoVersion),
-		Limits: n.cfg.Hop.Limits, Logger: n.log,
+		Limits: n.cfg.Hop.Limits, Logger: n.log, Failures: n.failures,
 		Rediscover: func(ctx context.Context, fp string) {
 			// A replacement may be known to a peer but not to us yet:
 			// re-pull adverts from connected peers and ask the DHT.

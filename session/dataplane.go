@@ -92,7 +92,7 @@ func (hs *hopSession) readUpstream(r *frame.Reader) error {
 					if old := hs.up.Swap(ns); old != nil {
 						_ = old.Close()
 					}
-					r = frame.NewReader(ns, hs.h.cfg.Limits)
+					r = streamReader(ns, hs.h.cfg.Limits)
 					hs.h.log.Info("seam from previous hop moved", "session", hs.key, "path", pathOf(hs.h.host, ns).String())
 					continue
 				default:
@@ -160,7 +160,7 @@ func (hs *hopSession) activation(a *meshp2pb.ActivationHeader, tensors [][]byte,
 	t0 := time.Now()
 	out, err := hs.eng.Forward(context.Background(), in)
 	if err != nil {
-		return engineErr(err, from)
+		return engineErr(err, from, hs.h.host.ID())
 	}
 	took := time.Since(t0)
 	us := uint32(took.Microseconds())
@@ -207,7 +207,7 @@ func (hs *hopSession) sendDown(a *meshp2pb.ActivationHeader, hidden []float32, u
 
 // readRing (head) takes sampled tokens from the tail.
 func (hs *hopSession) readRing(rs network.Stream) {
-	r := frame.NewReader(rs, hs.h.cfg.Limits)
+	r := streamReader(rs, hs.h.cfg.Limits)
 	tail := hs.route[len(hs.route)-1]
 	for {
 		msg, _, err := r.ReadStream()
@@ -225,7 +225,7 @@ func (hs *hopSession) readRing(rs network.Stream) {
 					if old := hs.ringIn.Swap(ns); old != nil {
 						_ = old.Close()
 					}
-					r = frame.NewReader(ns, hs.h.cfg.Limits)
+					r = streamReader(ns, hs.h.cfg.Limits)
 					hs.h.log.Info("ring from tail moved", "session", hs.key, "path", pathOf(hs.h.host, ns).String())
 					continue
 				case <-time.After(RingGrace):

@@ -53,6 +53,9 @@ func runStart(ctx context.Context, stdout, stderr io.Writer, args []string) erro
 	peerQuota := fs.Int("max-sessions-per-client", 0, "sessions one client may hold at once when this node is the head (0: half of --max-sessions; -1: no quota)")
 	directWait := fs.Duration("direct-wait", node.DirectWait, "how long a new seam to a peer reached through a relay waits for a hole punch (0: start on the relay; the seam moves to the direct connection once it appears)")
 	verbose := fs.Bool("v", false, "debug logging")
+	mmap := fs.Bool("mmap", true, "map the shard file; --mmap=false reads it into memory (containers with a memory limit: mapped page cache is not charged to the container)")
+	var af apiFlags
+	af.register(fs, "", "also serve the OpenAI-compatible HTTP API on this host:port, e.g. 127.0.0.1:8080 (see meshp2p serve; default: off)")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -75,7 +78,7 @@ func runStart(ctx context.Context, stdout, stderr io.Writer, args []string) erro
 	log := newLogger(stderr, *verbose)
 	prog := newProgress(stderr, "splitting")
 	cfg := node.Config{P2P: pc, ModelPath: *model, Layers: rng, ModelName: *name, Logger: log,
-		Engine: def, Hop: session.HopConfig{Idle: *idle, MaxSessionKV: *sessKV, MaxSessionsPerPeer: *peerQuota}, SplitProgress: prog.update, DirectWait: *directWait}
+		Engine: def, Hop: session.HopConfig{Idle: *idle, MaxSessionKV: *sessKV, MaxSessionsPerPeer: *peerQuota}, SplitProgress: prog.update, DirectWait: *directWait, NoMmap: !*mmap}
 	if *directWait <= 0 {
 		cfg.DirectWait = -1 // do not wait
 	}
@@ -97,6 +100,11 @@ func runStart(ctx context.Context, stdout, stderr io.Writer, args []string) erro
 	for _, a := range info.Addrs {
 		fmt.Fprintf(stdout, "address:  %s\n", a)
 	}
+	stopAPI, err := af.startAPI(ctx, stdout, log, n, pc)
+	if err != nil {
+		return err
+	}
+	defer stopAPI()
 	p, err := n.WriteInfo()
 	if err != nil {
 		return err
@@ -104,6 +112,7 @@ func runStart(ctx context.Context, stdout, stderr io.Writer, args []string) erro
 	fmt.Fprintf(stdout, "ready; node info in %s\n", p)
 	<-ctx.Done()
 	log.Info("shutting down: closing sessions, withdrawing advert")
+	stopAPI()
 	return n.Close()
 }
 
