@@ -165,7 +165,7 @@ func (hs *hopSession) activation(a *meshp2pb.ActivationHeader, tensors [][]byte,
 	took := time.Since(t0)
 	us := uint32(took.Microseconds())
 	if a.GetNRows() == 1 {
-		hs.h.ObserveDecode(took)
+		hs.h.observeDecode(took, hs.se.info.End-hs.se.info.Start)
 	}
 	if !hs.tail {
 		return hs.sendDown(a, out.Hidden, us)
@@ -174,7 +174,7 @@ func (hs *hopSession) activation(a *meshp2pb.ActivationHeader, tensors [][]byte,
 		return nil
 	}
 	tf := &meshp2pb.TokenFrame{SessionId: a.GetSessionId(), Epoch: a.GetEpoch(), Step: a.GetStep(), Token: out.Token,
-		Position: a.GetPosStart() + a.GetNRows(), Eos: hs.h.eng.IsEOG(out.Token), HopUs: append(a.GetHopUs(), us)}
+		Position: a.GetPosStart() + a.GetNRows(), Eos: hs.se.eng.IsEOG(out.Token), HopUs: append(a.GetHopUs(), us)}
 	if hs.head {
 		select { // to selfRing, which is waiting (it sent the previous token)
 		case hs.self <- tf:

@@ -13,10 +13,13 @@ import (
 	"github.com/neuron-tai/meshp2p/session"
 )
 
-const startUsage = `Usage: meshp2p start --model FILE|URL|NAME|FINGERPRINT [--layers A-B] [flags]
+const startUsage = `Usage: meshp2p start --model FILE|URL|NAME|FINGERPRINT [--layers A-B | --memory SIZE] [flags]
 
 Serves layers [A,B) of a GGUF model to the swarm (or a shard file cut by
-meshp2p shard split, served as it is). On first start the model
+meshp2p shard split, served as it is). Without --layers the node chooses
+its own window: as many layers as --memory holds, where the swarm needs
+them most (layers missing from every route first, then the slowest), and
+moves it when the swarm changes (docs/placement.md). On first start the model
 is fingerprinted and its shard file is cut into <data-dir>/shards (cached).
 Without a local file, only the layers' tensors are downloaded (needs
 --layers): from peers that serve the model (--model NAME|FINGERPRINT), or
@@ -40,7 +43,9 @@ func runStart(ctx context.Context, stdout, stderr io.Writer, args []string) erro
 	model := fs.String("model", "", "whole GGUF model file, shard file, http(s) URL of one, or a model name or fingerprint to fetch from peers (required)")
 	var ff fetchFlags
 	ff.register(fs)
-	layers := fs.String("layers", "", "layer range A-B to serve, half-open [A,B) (default: all layers)")
+	layers := fs.String("layers", "", "layer range A-B to serve, half-open [A,B) (default: chosen from --memory and the swarm)")
+	var plf placementFlags
+	plf.register(fs)
 	name := fs.String("name", "", "model name to advertise (default: file name)")
 	def := node.DefaultEngine()
 	maxSess := fs.Int("max-sessions", def.MaxSessions, "concurrent sessions this shard admits")
@@ -79,6 +84,11 @@ func runStart(ctx context.Context, stdout, stderr io.Writer, args []string) erro
 	prog := newProgress(stderr, "splitting")
 	cfg := node.Config{P2P: pc, ModelPath: *model, Layers: rng, ModelName: *name, Logger: log,
 		Engine: def, Hop: session.HopConfig{Idle: *idle, MaxSessionKV: *sessKV, MaxSessionsPerPeer: *peerQuota}, SplitProgress: prog.update, DirectWait: *directWait, NoMmap: !*mmap}
+	if rng == nil {
+		if cfg.Placement, err = plf.config(); err != nil {
+			return err
+		}
+	}
 	if *directWait <= 0 {
 		cfg.DirectWait = -1 // do not wait
 	}
@@ -100,6 +110,7 @@ func runStart(ctx context.Context, stdout, stderr io.Writer, args []string) erro
 	for _, a := range info.Addrs {
 		fmt.Fprintf(stdout, "address:  %s\n", a)
 	}
+	printPlacement(stdout, n)
 	stopAPI, err := af.startAPI(ctx, stdout, log, n, pc)
 	if err != nil {
 		return err
