@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net/url"
 	"os"
 	"path"
@@ -18,6 +19,7 @@ import (
 
 	"github.com/neuron-tai/meshp2p/engine/gguf"
 	"github.com/neuron-tai/meshp2p/fetch"
+	"github.com/neuron-tai/meshp2p/placement"
 	"github.com/neuron-tai/meshp2p/route"
 )
 
@@ -91,10 +93,10 @@ func writeAtomic(p string, b []byte) error {
 // p2p host is up (peers are the sources and the manifest's holders).
 func (n *Node) fetchShard(ctx context.Context) (string, error) {
 	fc := n.cfg.Fetch
-	if n.cfg.Layers == nil {
-		return "", errors.New("fetching a model needs a layer range (--layers A-B)")
+	if n.cfg.Layers == nil && n.cfg.Placement == nil {
+		return "", errors.New("fetching a model needs a layer range (--layers A-B) or placement (--memory)")
 	}
-	r := *n.cfg.Layers
+	r := n.cfg.Layers
 	if fc.Wait <= 0 {
 		fc.Wait = DefaultFetchWait
 	}
@@ -153,10 +155,47 @@ func (n *Node) cachedShard(ctx context.Context, model string, r gguf.Range) stri
 	return ""
 }
 
-func (n *Node) fetchPeers(ctx context.Context, fc *FetchConfig, r gguf.Range) (string, error) {
-	if p := n.cachedShard(ctx, fc.Model, r); p != "" {
-		n.log.Info("using cached fetched shard", "path", p)
-		return p, nil
+// chooseFetchRange picks the window of a fetched model without --layers
+// with the placement code, from the header's sizes and the swarm now (fp
+// may be "" for the first node of a model: no other windows are known).
+// The window does not move later (the node holds only these layers).
+func (n *Node) chooseFetchRange(ctx context.Context, f *gguf.File, fp string) (gguf.Range, error) {
+	sz, _, err := fileSizing(f, n.cfg.Engine)
+	if err != nil {
+		return gguf.Range{}, err
+	}
+	nl, err := f.NLayer()
+	if err != nil {
+		return gguf.Range{}, err
+	}
+	budget, src := n.cfg.Placement.Memory, "--memory"
+	if budget <= 0 {
+		if budget, src, err = placement.Budget(); err != nil {
+			return gguf.Range{}, err
+		}
+	}
+	seed := n.cfg.Placement.Seed
+	if seed == 0 {
+		seed = rand.Uint64()
+	}
+	rng := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
+	n.fp, n.nLayer = fp, nl
+	n.settle(ctx)
+	c, ok := placement.Choose(n.view(ctx), sz, budget, 0, nil, rng)
+	if !ok {
+		return gguf.Range{}, fmt.Errorf("memory budget %s (%s) holds no window of this model; pass a larger --memory or --layers", mib(budget), src)
+	}
+	r := gguf.Range{Start: c.Range.Start, End: c.Range.End}
+	n.log.Info("placement chose the layers to fetch (a fetched window does not move)", "range", r.String(), "why", choiceWhy(c), "budget", mib(budget))
+	return r, nil
+}
+
+func (n *Node) fetchPeers(ctx context.Context, fc *FetchConfig, rp *gguf.Range) (string, error) {
+	if rp != nil {
+		if p := n.cachedShard(ctx, fc.Model, *rp); p != "" {
+			n.log.Info("using cached fetched shard", "path", p)
+			return p, nil
+		}
 	}
 	key := NameKey(fc.Model)
 	if route.ValidFingerprint(fc.Model) {
@@ -178,9 +217,6 @@ func (n *Node) fetchPeers(ctx context.Context, fc *FetchConfig, r gguf.Range) (s
 		}
 		return "", fmt.Errorf("fetch %s: after %s: %w", fc.Model, fc.Wait, resolveErr)
 	}
-	if err := gguf.ValidateRanges([]gguf.Range{r}, nl); err != nil {
-		return "", fmt.Errorf("--layers %s: %w", r, err)
-	}
 	n.settleTable(ctx)
 	name := n.cfg.ModelName
 	var sources []fetch.Source
@@ -196,11 +232,6 @@ func (n *Node) fetchPeers(ctx context.Context, fc *FetchConfig, r gguf.Range) (s
 		}
 	}
 	dir := filepath.Join(n.cfg.P2P.DataDir, "shards", fp[:16])
-	out := filepath.Join(dir, gguf.ShardName(safeName(name, fp), r))
-	if _, err := gguf.CheckShard(ctx, out, fp, r); err == nil {
-		n.log.Info("using cached fetched shard", "path", out)
-		return out, nil
-	}
 	var m *gguf.Manifest
 	mp := manifestPath(n.cfg.P2P.DataDir, fp)
 	if cached, err := gguf.ReadManifestFile(mp, fp); err == nil {
@@ -213,6 +244,23 @@ func (n *Node) fetchPeers(ctx context.Context, fc *FetchConfig, r gguf.Range) (s
 		if err := writeAtomic(mp, raw); err != nil {
 			return "", err
 		}
+	}
+	var r gguf.Range
+	if rp != nil {
+		r = *rp
+	} else {
+		var err error
+		if r, err = n.chooseFetchRange(ctx, m.File, fp); err != nil {
+			return "", err
+		}
+	}
+	if err := gguf.ValidateRanges([]gguf.Range{r}, nl); err != nil {
+		return "", fmt.Errorf("--layers %s: %w", r, err)
+	}
+	out := filepath.Join(dir, gguf.ShardName(safeName(name, fp), r))
+	if _, err := gguf.CheckShard(ctx, out, fp, r); err == nil {
+		n.log.Info("using cached fetched shard", "path", out)
+		return out, nil
 	}
 	ts, err := gguf.ShardSources(m.File, r)
 	if err != nil {
@@ -270,7 +318,7 @@ func safeName(name, fp string) string {
 	return name
 }
 
-func (n *Node) fetchURL(ctx context.Context, fc *FetchConfig, r gguf.Range) (string, error) {
+func (n *Node) fetchURL(ctx context.Context, fc *FetchConfig, rp *gguf.Range) (string, error) {
 	u := &fetch.URL{URL: fc.Model, Log: n.log}
 	f, hdr, err := u.Header(ctx)
 	if err != nil {
@@ -279,9 +327,6 @@ func (n *Node) fetchURL(ctx context.Context, fc *FetchConfig, r gguf.Range) (str
 	nl, err := f.NLayer()
 	if err != nil {
 		return "", err
-	}
-	if err := gguf.ValidateRanges([]gguf.Range{r}, nl); err != nil {
-		return "", fmt.Errorf("--layers %s: %w", r, err)
 	}
 	base := "model"
 	if pu, err := url.Parse(fc.Model); err == nil {
@@ -332,6 +377,21 @@ func (n *Node) fetchURL(ctx context.Context, fc *FetchConfig, r gguf.Range) (str
 				m = nil
 			}
 		}
+	}
+	var r gguf.Range
+	if rp != nil {
+		r = *rp
+	} else {
+		fp := ""
+		if m != nil {
+			fp = m.Fingerprint()
+		}
+		if r, err = n.chooseFetchRange(ctx, f, fp); err != nil {
+			return "", err
+		}
+	}
+	if err := gguf.ValidateRanges([]gguf.Range{r}, nl); err != nil {
+		return "", fmt.Errorf("--layers %s: %w", r, err)
 	}
 	if m != nil {
 		fp := m.Fingerprint()
@@ -412,4 +472,19 @@ func (n *Node) followTable() func() {
 	done := make(chan struct{})
 	go func() { defer close(done); route.Follow(ctx, n.p2p.Discovery(), n.table) }()
 	return func() { cancel(); <-done }
+}
+
+// serveFetch makes a self-placing node (which holds the whole file) serve
+// the manifest and its current window's tensors to fetchers.
+func (n *Node) serveFetch(ctx context.Context, shardPath string) {
+	if n.manifest == nil {
+		mb, err := ensureManifest(ctx, n.cfg.P2P.DataDir, n.cfg.ModelPath, n.fp)
+		if err != nil {
+			n.log.Warn("no manifest to serve to fetchers", "err", err)
+		}
+		n.manifest = mb
+	}
+	if err := n.fetchSrv.Add(n.fp, shardPath, n.manifest); err != nil {
+		n.log.Warn("tensors not served to fetchers", "err", err)
+	}
 }

@@ -49,8 +49,8 @@ func (f *fetchFlags) apply(cfg *node.Config, model string, layers *gguf.Range, s
 			return fmt.Errorf("--model %s: no such file (give a model file, a URL, or a model name or fingerprint to fetch from peers)", model)
 		}
 	}
-	if layers == nil {
-		return fmt.Errorf("%w: --model %s is fetched (no local file): give the layers to fetch with --layers A-B", errUsage, model)
+	if layers == nil && cfg.Placement == nil {
+		return fmt.Errorf("%w: --model %s is fetched (no local file): give the layers to fetch with --layers A-B, or --memory to have them chosen", errUsage, model)
 	}
 	var mu sync.Mutex
 	tty := false

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -16,16 +17,14 @@ import (
 	"github.com/neuron-tai/meshp2p/engine/gguf"
 )
 
-// A model given by name, fingerprint or URL (no local file) needs
-// --layers; a path that does not exist is not mistaken for a name.
+// A path that does not exist is not mistaken for a model name; bad rates
+// are usage errors.
 func TestStartFetchUsage(t *testing.T) {
 	dir := t.TempDir()
 	for _, c := range []struct {
 		model, want string
 		usage       bool
 	}{
-		{"some-model", "give the layers to fetch with --layers", true},
-		{"http://127.0.0.1:1/m.gguf", "give the layers to fetch with --layers", true},
 		{filepath.Join(dir, "missing.gguf"), "no such file", false},
 	} {
 		err := runStart(context.Background(), &syncBuf{}, &syncBuf{}, []string{"--model", c.model, "--data-dir", dir, "--listen", "/ip4/127.0.0.1/tcp/0"})
@@ -207,6 +206,21 @@ func TestStartFetchFromURLAndPeers(t *testing.T) {
 	if !dropped {
 		t.Fatalf("corrupt peer %s not dropped:\n%s", idE, logsD.String())
 	}
+	// Without --layers the placement code chooses the window from the
+	// manifest's sizes and the swarm; the node fetches and serves it.
+	_, logsF := startNode(t, filepath.Join(dir, "f"), append([]string{"--model", "fetch12", "--memory", "2G", "--bootstrap", boot}, net...)...)
+	if !strings.Contains(logsF.String(), "placement chose the layers to fetch") || !strings.Contains(logsF.String(), "shard written from fetched tensors") {
+		t.Fatalf("placed fetch:\n%s", logsF.String())
+	}
+	var infoF struct{ Start, End int }
+	b, _ := os.ReadFile(filepath.Join(dir, "f", "node.json"))
+	if err := json.Unmarshal(b, &infoF); err != nil || infoF.End <= infoF.Start {
+		t.Fatalf("placed fetch node.json %s: %v", b, err)
+	}
+	if _, err := gguf.CheckShard(context.Background(), filepath.Join(dir, "f", "shards", fp[:16], fmt.Sprintf("fetch12.L%d-%d.gguf", infoF.Start, infoF.End)), fp, gguf.Range{Start: infoF.Start, End: infoF.End}); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("placed fetch chose layers %d-%d", infoF.Start, infoF.End)
 	split, err := gguf.Split(context.Background(), model, []gguf.Range{{Start: 4, End: 8}}, filepath.Join(dir, "split"), nil)
 	if err != nil {
 		t.Fatal(err)
@@ -309,4 +323,30 @@ func TestStartFetchCachedOffline(t *testing.T) {
 			t.Logf("--model %.16s: ready from the cache in %v", m, time.Since(t0).Round(time.Millisecond))
 		})
 	}
+}
+
+// A self-placing node (whole file, no --layers) serves the manifest and
+// its window's tensors: a node given only the model name fetches that
+// window from it.
+func TestStartFetchFromSelfPlacingNode(t *testing.T) {
+	dir := t.TempDir()
+	spec := gguf.DefaultSpec("llama")
+	spec.Layers, spec.Embd, spec.FF, spec.Name = 6, 64, 128, "placed6"
+	model := filepath.Join(dir, "placed6.gguf")
+	if err := gguf.Synth(context.Background(), spec, model); err != nil {
+		t.Fatal(err)
+	}
+	net := []string{"--network", "placedfetch", "--listen", "/ip4/127.0.0.1/tcp/0"}
+	boot, _ := startNode(t, filepath.Join(dir, "p"), append([]string{"--model", model, "--memory", "1G"}, net...)...)
+	var info struct{ Start, End int }
+	b, _ := os.ReadFile(filepath.Join(dir, "p", "node.json"))
+	if err := json.Unmarshal(b, &info); err != nil || info.End <= info.Start {
+		t.Fatalf("node.json %s: %v", b, err)
+	}
+	layers := fmt.Sprintf("%d-%d", info.Start, info.End)
+	_, logs := startNode(t, filepath.Join(dir, "q"), append([]string{"--model", "placed6", "--layers", layers, "--bootstrap", boot}, net...)...)
+	if !strings.Contains(logs.String(), "shard written from fetched tensors") {
+		t.Fatalf("no fetch from the self-placing node:\n%s", logs.String())
+	}
+	t.Logf("fetched layers %s from the self-placing node", layers)
 }
