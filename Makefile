@@ -48,6 +48,7 @@ all: build
 deps:
 	go mod download
 	sh testnet/deps.sh
+	sh scripts/browser-deps.sh
 	sh testnet/docker/dockerd.sh install
 
 $(GENERATED): go.mod go.sum internal/gencgo/main.go

@@ -25,11 +25,13 @@ import (
 	"github.com/neuron-tai/meshp2p/engine"
 	"github.com/neuron-tai/meshp2p/engine/gguf"
 	"github.com/neuron-tai/meshp2p/fetch"
+	"github.com/neuron-tai/meshp2p/metrics"
 	"github.com/neuron-tai/meshp2p/p2p"
 	"github.com/neuron-tai/meshp2p/proto/frame"
 	"github.com/neuron-tai/meshp2p/proto/meshp2pb"
 	"github.com/neuron-tai/meshp2p/route"
 	"github.com/neuron-tai/meshp2p/session"
+	"github.com/neuron-tai/meshp2p/status"
 )
 
 // Config configures a Node.
@@ -63,6 +65,13 @@ type Config struct {
 	// UploadLimitPerPeer caps what each fetching peer gets (0: unlimited).
 	UploadLimitPerPeer int64
 	Logger             *slog.Logger
+	// Metrics, if set, is the process's registry: go-libp2p's, the hop's
+	// and the origin's metrics and the node's gauges go there (observe.go).
+	Metrics *metrics.Metrics
+	// Recorder, if set, receives this node's routes and totals for its
+	// status document (shared by `start --api`'s gateway peer and its
+	// node); nil: a recorder of its own.
+	Recorder *status.Recorder
 }
 
 // Node is a running meshp2p node.
@@ -89,6 +98,7 @@ type Node struct {
 	// calibration is the decode time per row measured at start, the
 	// advertised speed until live traffic refines it.
 	calibration time.Duration
+	recorder    *status.Recorder // totals and recent routes for the status document
 	// placement is nil for a node given --layers; loading is a window
 	// being loaded (advertised as planned), draining one being left.
 	placement         *placementState
@@ -120,7 +130,9 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 	if cfg.P2P.MemberAdvert == nil { // an open relay's members (--relay-service)
 		cfg.P2P.MemberAdvert = route.MemberAdvert
 	}
-	n := &Node{cfg: cfg, log: cfg.Logger, table: route.NewTable(), failures: session.NewFailureMemory(0, 0)}
+	n := &Node{log: cfg.Logger, table: route.NewTable(), failures: session.NewFailureMemory(0, 0)}
+	cfg = n.observe(cfg)
+	n.cfg = cfg
 	var err error
 	if cfg.ModelPath == "" && cfg.Fetch != nil {
 		// Fetching needs the network first: peers are the sources.
@@ -190,6 +202,7 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 			return nil, err
 		}
 	}
+	n.registerGauges()
 	return n, nil
 }
 
@@ -406,7 +419,7 @@ func (n *Node) Origin(planner route.Planner) *session.Origin {
 	// it opens at once on any connection, relayed included, instead of
 	// waiting for a hole punch as activation seams do.
 	return &session.Origin{Dialer: n.ControlHost(), Planner: planner, Protocol: n.host.ProtocolID(session.ProtoSession, session.ProtoVersion),
-		Limits: n.cfg.Hop.Limits, Logger: n.log, Failures: n.failures,
+		Limits: n.cfg.Hop.Limits, Logger: n.log, Failures: n.failures, Observer: n.originObserver(),
 		Rediscover: func(ctx context.Context, fp string) {
 			// A replacement may be known to a peer but not to us yet:
 			// re-pull adverts from connected peers and ask the DHT.

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/libp2p/go-libp2p/core/peer"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // Reachability overrides for Config.ForceReachability.
@@ -100,6 +101,11 @@ type Config struct {
 
 	// TestMode holds test-only settings. Never set in a deployment.
 	TestMode TestOptions
+
+	// Metrics, if set, receives go-libp2p's metrics (resource manager,
+	// swarm, identify, AutoNAT, hole punching, relay service; see
+	// metrics.go). nil: go-libp2p's metrics are off.
+	Metrics prometheus.Registerer
 
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger

@@ -29,7 +29,6 @@ import (
 	"github.com/libp2p/go-libp2p/p2p/net/swarm"
 	circuitproto "github.com/libp2p/go-libp2p/p2p/protocol/circuitv2/proto"
 	"github.com/libp2p/go-libp2p/p2p/protocol/circuitv2/relay"
-	"github.com/libp2p/go-libp2p/p2p/protocol/holepunch"
 	"github.com/libp2p/go-libp2p/p2p/security/noise"
 	libp2ptls "github.com/libp2p/go-libp2p/p2p/security/tls"
 	libp2pquic "github.com/libp2p/go-libp2p/p2p/transport/quic"
@@ -198,7 +197,7 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 
 	if cfg.RelayService {
 		res := cfg.relayResources(n.guard != nil)
-		r, err := relay.New(h, relay.WithResources(res), relay.WithACL(relayACL{n.relayAllow}))
+		r, err := relay.New(h, append(relayMetrics(cfg.Metrics), relay.WithResources(res), relay.WithACL(relayACL{n.relayAllow}))...)
 		if err != nil {
 			n.Close()
 			return nil, fmt.Errorf("starting relay service: %w", err)
@@ -264,7 +263,7 @@ func (n *Node) hostOptions(key crypto.PrivKey, psk pnet.PSK, rm network.Resource
 		libp2p.Transport(tcp.NewTCPTransport),
 		libp2p.ResourceManager(rm),
 		libp2p.ConnectionManager(n.cm),
-		libp2p.DisableMetrics(),
+		metricsOption(cfg.Metrics),
 		libp2p.EnableRelay(),
 		libp2p.EnableAutoRelayWithPeerSource(n.relayPeerSource,
 			autorelay.WithMinCandidates(1),
@@ -291,7 +290,7 @@ func (n *Node) hostOptions(key crypto.PrivKey, psk pnet.PSK, rm network.Resource
 		opts = append(opts, libp2p.Transport(libp2pquic.NewTransport))
 	}
 	if !cfg.DisableHolePunching {
-		opts = append(opts, libp2p.EnableHolePunching(holepunch.WithTracer(n.tracker)))
+		opts = append(opts, libp2p.EnableHolePunching(holePunchTracer(cfg.Metrics, n.tracker)))
 	}
 	switch cfg.ForceReachability {
 	case ReachabilityPublic:

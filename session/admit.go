@@ -133,6 +133,7 @@ func (h *HopService) handleSession(s network.Stream) {
 		return
 	}
 	refuse := func(he *hopError) {
+		h.cfg.Observer.SessionRefused(he.e.GetCode())
 		_ = w.WriteStream(h.refusal(open, he))
 		_ = s.Close()
 	}
@@ -201,6 +202,7 @@ func (h *HopService) handleSession(s network.Stream) {
 	he = hs.connect(ctx)
 	cancel()
 	if he != nil {
+		h.cfg.Observer.SessionRefused(he.e.GetCode())
 		_ = hs.up.Send(h.refusal(open, he), 0)
 		_ = s.Close()
 		return
@@ -209,6 +211,8 @@ func (h *HopService) handleSession(s network.Stream) {
 	if err := hs.up.Send(acceptance(open), 0); err != nil {
 		return
 	}
+	hs.admitted = true
+	h.cfg.Observer.SessionAdmitted(sessionInfo(open, idx))
 	h.log.Debug("session open", "session", key, "hop", idx, "of", n)
 	hs.run(r)
 }

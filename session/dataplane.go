@@ -11,6 +11,9 @@ import (
 	"github.com/libp2p/go-libp2p/core/network"
 	"github.com/libp2p/go-libp2p/core/peer"
 
+	"google.golang.org/protobuf/proto"
+
+	"github.com/neuron-tai/meshp2p/p2p"
 	"github.com/neuron-tai/meshp2p/proto/frame"
 	"github.com/neuron-tai/meshp2p/proto/meshp2pb"
 )
@@ -163,6 +166,7 @@ func (hs *hopSession) activation(a *meshp2pb.ActivationHeader, tensors [][]byte,
 		return engineErr(err, from, hs.h.host.ID())
 	}
 	took := time.Since(t0)
+	hs.h.cfg.Observer.Computed(a.GetIsPrefill(), int(a.GetNRows()), took)
 	us := uint32(took.Microseconds())
 	if a.GetNRows() == 1 {
 		hs.h.observeDecode(took, hs.se.info.End-hs.se.info.Start)
@@ -182,9 +186,12 @@ func (hs *hopSession) activation(a *meshp2pb.ActivationHeader, tensors [][]byte,
 		}
 		return nil
 	}
-	if err := hs.ringOut.Send(&meshp2pb.StreamMessage{Kind: &meshp2pb.StreamMessage_Token{Token: tf}}, WriteDeadline(hs.h.cfg.Idle)); err != nil {
+	msg := &meshp2pb.StreamMessage{Kind: &meshp2pb.StreamMessage_Token{Token: tf}}
+	path, t1 := hs.seamPath(hs.ringOut), time.Now()
+	if err := hs.ringOut.Send(msg, WriteDeadline(hs.h.cfg.Idle)); err != nil {
 		return codeErr(meshp2pb.ErrorCode_ERROR_CODE_NEXT_HOP_UNREACHABLE, fmt.Sprintf("ring to head: %v", err), hs.route[0])
 	}
+	hs.h.cfg.Observer.SeamWrite(path, proto.Size(msg), time.Since(t1))
 	return nil
 }
 
@@ -199,10 +206,20 @@ func (hs *hopSession) sendDown(a *meshp2pb.ActivationHeader, hidden []float32, u
 	// A next hop that stops reading must not wedge us: the write deadline
 	// (WriteDeadline) makes this specific error, which names the next hop,
 	// win over our own idle timeout, which could not.
+	path, t0 := hs.seamPath(hs.down), time.Now()
 	if err := hs.down.SendActivation(hdr, payload, WriteDeadline(hs.h.cfg.Idle)); err != nil {
 		return codeErr(meshp2pb.ErrorCode_ERROR_CODE_NEXT_HOP_UNREACHABLE, fmt.Sprintf("send to next hop: %v", err), hs.route[hs.idx+1])
 	}
+	hs.h.cfg.Observer.SeamWrite(path, len(payload), time.Since(t0))
 	return nil
+}
+
+// seamPath is how the seam's current stream runs (direct or relayed).
+func (hs *hopSession) seamPath(m *Seam) p2p.Path {
+	if s := m.stream(); s != nil {
+		return pathOf(hs.h.host, s)
+	}
+	return p2p.PathNone
 }
 
 // readRing (head) takes sampled tokens from the tail.
@@ -263,6 +280,7 @@ func (hs *hopSession) token(tf *meshp2pb.TokenFrame, from peer.ID) error {
 	if err := hs.up.Send(&meshp2pb.StreamMessage{Kind: &meshp2pb.StreamMessage_Token{Token: tf}}, hs.h.cfg.Idle); err != nil {
 		return codeErr(meshp2pb.ErrorCode_ERROR_CODE_CANCELLED, "origin gone", "")
 	}
+	hs.h.cfg.Observer.TokenServed()
 	hs.produced++
 	if tf.GetEos() || (hs.maxTokens > 0 && hs.produced >= hs.maxTokens) {
 		return nil // the origin closes the session

@@ -6,7 +6,7 @@ import (
 	"testing"
 )
 
-// The protocol, the tracker and routing never run a model: they must not
+// The protocol, the tracker, routing and observability never run a model: they must not
 // link llama.cpp (the engine package), or they would need cgo to build and
 // test.
 func TestNoEngineDependency(t *testing.T) {
@@ -26,7 +26,7 @@ func TestNoEngineDependency(t *testing.T) {
 			walk(imp, path)
 		}
 	}
-	for _, root := range []string{"session", "tracker", "route", "proto/frame"} {
+	for _, root := range []string{"session", "tracker", "route", "proto/frame", "metrics", "status", "dashboard"} {
 		walk(mod+root, "")
 	}
 	for p, from := range seen {

@@ -41,6 +41,9 @@ type HopConfig struct {
 	// this hop's route index; from is the peer that opened the stream (the
 	// origin for the head, else the previous hop).
 	Admit func(open *meshp2pb.SessionOpen, idx int, from peer.ID) *meshp2pb.Error
+	// Observer sees admissions, refusals, compute and seam writes
+	// (metrics, the status page); nil: none.
+	Observer HopObserver
 }
 
 // HopService serves one engine shard to route sessions: it registers the
@@ -74,6 +77,9 @@ func NewHopService(host Host, eng Engine, cfg HopConfig) *HopService {
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
+	}
+	if cfg.Observer == nil {
+		cfg.Observer = nopHop{}
 	}
 	info := eng.Info()
 	h := &HopService{host: host, info: info, cfg: cfg, engines: []*servedEngine{{eng: eng, info: info, admitting: true}},
@@ -154,7 +160,8 @@ type hopSession struct {
 	self chan *meshp2pb.TokenFrame
 
 	maxTokens int
-	produced  int // head: tokens passed to the origin; only the ring reader touches it
+	produced  int  // head: tokens passed to the origin; only the ring reader touches it
+	admitted  bool // the route accepted it (set before run; read by release)
 	activity  chan struct{}
 
 	once     sync.Once

@@ -56,6 +56,9 @@ type Origin struct {
 	// peers blamed for a failed generation are avoided by later plans
 	// (soft: still planned when no other route exists).
 	Failures *FailureMemory
+	// Observer sees route planning, first tokens, re-routes and recovery
+	// (metrics); nil: none.
+	Observer OriginObserver
 }
 
 // GenerateRequest is one generation.
@@ -100,6 +103,8 @@ type Result struct {
 	// CapacityRetries counts opens refused with NO_CAPACITY and retried
 	// (not failures, not reroutes).
 	CapacityRetries int
+
+	failedAt time.Time // the last re-route's failure, until tokens flow again
 }
 
 // ErrGeneration wraps failures that ended a generation.
@@ -108,6 +113,24 @@ var ErrGeneration = errors.New("session: generation failed")
 // Generate runs req, re-routing (epoch+1, failed peer excluded, prompt and
 // tokens so far re-prefilled) when a hop fails.
 func (o *Origin) Generate(ctx context.Context, req GenerateRequest) (*Result, error) {
+	obs := o.observer()
+	res, err := o.generate(ctx, req, obs)
+	n := 0
+	if res != nil {
+		n = len(res.Tokens)
+	}
+	obs.GenerationDone(n, err)
+	return res, err
+}
+
+func (o *Origin) observer() OriginObserver {
+	if o.Observer == nil {
+		return nopOrigin{}
+	}
+	return o.Observer
+}
+
+func (o *Origin) generate(ctx context.Context, req GenerateRequest, obs OriginObserver) (*Result, error) {
 	if len(req.Prompt) == 0 {
 		return nil, fmt.Errorf("%w: empty prompt", ErrGeneration)
 	}
@@ -132,10 +155,12 @@ func (o *Origin) Generate(ctx context.Context, req GenerateRequest) (*Result, er
 	start := time.Now()
 	for epoch := uint64(1); ; epoch++ {
 		preq := route.Request{Fingerprint: req.Fingerprint, NLayer: req.NLayer, Exclude: exclude, NeedKV: len(req.Prompt) + req.MaxTokens + 1, Epoch: epoch, SessionID: sid[:]}
+		t0 := time.Now()
 		rt, err := o.plan(ctx, &full, preq)
 		if errors.Is(err, route.ErrNoRoute) && len(res.Failures) > 0 {
 			rt, err = o.awaitRoute(ctx, preq, err)
 		}
+		obs.RoutePlanned(time.Since(t0), err)
 		if err != nil {
 			if len(res.Failures) > 0 {
 				return res, fmt.Errorf("%w after %d reroutes (last failure: %s): %w", ErrGeneration, res.Reroutes, res.Failures[len(res.Failures)-1], err)
@@ -177,6 +202,8 @@ func (o *Origin) Generate(ctx context.Context, req GenerateRequest) (*Result, er
 		log.Warn("hop failed, re-routing", "failed_peer", failed, "epoch", epoch+1, "tokens_so_far", len(res.Tokens), "err", err)
 		exclude[failed] = true
 		res.Reroutes++
+		res.failedAt = time.Now()
+		obs.Rerouted()
 	}
 }
 
@@ -212,6 +239,7 @@ func blameOnRoute(rt *route.Route, failed peer.ID) peer.ID {
 // run drives one epoch. On failure it returns the peer to exclude ("" when
 // nobody is to blame and re-routing would not help).
 func (o *Origin) run(ctx context.Context, sid [16]byte, rt *route.Route, req GenerateRequest, res *Result, start time.Time) (peer.ID, error) {
+	o.observer().Routed(routeInfo(rt))
 	head := rt.Hops[0].Peer
 	dctx, cancel := context.WithTimeout(ctx, DialTimeout)
 	s, err := o.Dialer.NewStream(dctx, head, o.Protocol)
@@ -243,7 +271,7 @@ func (o *Origin) run(ctx context.Context, sid [16]byte, rt *route.Route, req Gen
 	if err := e.prefill(input, chunk); err != nil {
 		return head, err
 	}
-	return e.collect(req, res, len(open.GetGenerated()), start)
+	return e.collect(req, res, len(open.GetGenerated()), start, o.observer())
 }
 
 // sessionOpen is the SessionOpen of one epoch and the rows to prefill: the
@@ -303,7 +331,7 @@ func (e *epochRun) prefill(input []int32, chunk int) error {
 
 // collect reads tokens from the head until the generation stops, then
 // closes the session. nGenerated tokens of res came from earlier epochs.
-func (e *epochRun) collect(req GenerateRequest, res *Result, nGenerated int, start time.Time) (peer.ID, error) {
+func (e *epochRun) collect(req GenerateRequest, res *Result, nGenerated int, start time.Time, obs OriginObserver) (peer.ID, error) {
 	sums := make([]uint64, len(e.rt.Hops))
 	counts := 0
 	var prefillUs []uint32
@@ -324,6 +352,11 @@ func (e *epochRun) collect(req GenerateRequest, res *Result, nGenerated int, sta
 			tf := k.Token
 			if res.TTFT == 0 {
 				res.TTFT = time.Since(start)
+				obs.FirstToken(res.TTFT)
+			}
+			if !res.failedAt.IsZero() {
+				obs.Recovered(time.Since(res.failedAt))
+				res.failedAt = time.Time{}
 			}
 			if prefillUs == nil {
 				prefillUs = tf.GetHopUs()
@@ -334,6 +367,7 @@ func (e *epochRun) collect(req GenerateRequest, res *Result, nGenerated int, sta
 				counts++
 			}
 			res.Tokens = append(res.Tokens, tf.GetToken())
+			obs.TokenReceived()
 			stopNow := req.OnToken != nil && req.OnToken(tf.GetToken())
 			switch {
 			case tf.GetEos():

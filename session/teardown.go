@@ -59,6 +59,9 @@ func (hs *hopSession) release() {
 	// must find its cells free.
 	hs.closeEngine()
 	hs.dropPendingResumes()
+	if hs.admitted { // before it leaves the active map: Sessions() == 0 implies it is counted
+		h.cfg.Observer.SessionEnded(errCode(hs.err))
+	}
 	h.mu.Lock()
 	delete(h.active, hs.key)
 	h.mu.Unlock()

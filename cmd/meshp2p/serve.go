@@ -14,6 +14,7 @@ import (
 	"github.com/libp2p/go-libp2p/core/peer"
 
 	"github.com/neuron-tai/meshp2p/api"
+	"github.com/neuron-tai/meshp2p/metrics"
 	"github.com/neuron-tai/meshp2p/node"
 	"github.com/neuron-tai/meshp2p/p2p"
 	"github.com/neuron-tai/meshp2p/proto/frame"
@@ -42,6 +43,9 @@ type apiFlags struct {
 	maxQueue  int
 	maxTokens int
 	maxBody   int64
+	// metrics is the process's registry (start --api: the node's); the API
+	// server serves it at /metrics with the status document and dashboard.
+	metrics *metrics.Metrics
 }
 
 func (f *apiFlags) register(fs *flag.FlagSet, defAddr, what string) {
@@ -99,6 +103,8 @@ func runServe(ctx context.Context, stdout, stderr io.Writer, args []string) erro
 	var af apiFlags
 	af.register(fs, "127.0.0.1:8080", "HTTP address of the OpenAI-compatible API (host:port; loopback by default)")
 	verbose := fs.Bool("v", false, "debug logging")
+	var lf logFormat
+	lf.register(fs)
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -120,13 +126,17 @@ func runServe(ctx context.Context, stdout, stderr io.Writer, args []string) erro
 		defer os.RemoveAll(d)
 		pc.DataDir = d
 	}
-	log := newLogger(stderr, *verbose)
+	log, err := lf.logger(stderr, *verbose)
+	if err != nil {
+		return err
+	}
 	pc.Logger = log
 	trackers, err := tf.applyOrigin(&pc)
 	if err != nil {
 		return err
 	}
-	n, err := node.Start(ctx, node.Config{P2P: pc, Logger: log})
+	m := metrics.New()
+	n, err := node.Start(ctx, node.Config{P2P: pc, Logger: log, Metrics: m})
 	if err != nil {
 		return err
 	}
@@ -135,7 +145,7 @@ func runServe(ctx context.Context, stdout, stderr io.Writer, args []string) erro
 	if len(trackers) > 0 {
 		planner = n.TrackerPlanner(trackers, tf.requireTracker)
 	}
-	stop, err := af.run(ctx, stdout, log, n, planner)
+	stop, err := af.run(ctx, stdout, log, n, planner, dashboardMount(m, n, "gateway", log))
 	if err != nil {
 		return err
 	}
@@ -166,7 +176,9 @@ func (f *apiFlags) startAPI(ctx context.Context, stdout io.Writer, log *slog.Log
 		return nil, err
 	}
 	pc.DataDir = d
-	c, err := node.Start(ctx, node.Config{P2P: pc, Logger: log.With("part", "api-gateway")})
+	// The gateway peer shares the node's metrics and status recorder: the
+	// API server's /metrics and dashboard show the node and its origin.
+	c, err := node.Start(ctx, node.Config{P2P: pc, Logger: log.With("part", "api-gateway"), Metrics: f.metrics, Recorder: n.Recorder()})
 	if err != nil {
 		os.RemoveAll(d)
 		return nil, fmt.Errorf("--api: gateway peer: %w", err)
@@ -178,7 +190,7 @@ func (f *apiFlags) startAPI(ctx context.Context, stdout io.Writer, log *slog.Log
 		time.Sleep(20 * time.Millisecond)
 	}
 	cancel()
-	stop, err := f.run(ctx, stdout, log, c, nil)
+	stop, err := f.run(ctx, stdout, log, c, nil, dashboardMount(f.metrics, n, "node", log))
 	if err != nil {
 		c.Close()
 		os.RemoveAll(d)

@@ -203,8 +203,12 @@ func TestServeAPIAndHopKill(t *testing.T) {
 			t.Fatal("final route still names the killed node")
 		}
 	}
-	if !strings.Contains(serve.log.String(), "re-routed") {
-		t.Fatalf("the gateway's log does not mention the re-route:\n%s", serve.log.String())
+	// The gateway logs the re-route once the handler returns, which is
+	// after the client has read the last chunk: wait for it (bounded).
+	for deadline := time.Now().Add(10 * time.Second); !strings.Contains(serve.log.String(), "re-routed"); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the gateway's log does not mention the re-route:\n%s", serve.log.String())
+		}
 	}
 
 	// `start --api`: the tail serves the same API through its own

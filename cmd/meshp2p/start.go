@@ -11,6 +11,7 @@ import (
 	"github.com/neuron-tai/meshp2p/engine/gguf"
 	"github.com/neuron-tai/meshp2p/node"
 	"github.com/neuron-tai/meshp2p/session"
+	"github.com/neuron-tai/meshp2p/status"
 )
 
 const startUsage = `Usage: meshp2p start --model FILE|URL|NAME|FINGERPRINT [--layers A-B | --memory SIZE] [flags]
@@ -59,6 +60,10 @@ func runStart(ctx context.Context, stdout, stderr io.Writer, args []string) erro
 	peerQuota := fs.Int("max-sessions-per-client", 0, "sessions one client may hold at once when this node is the head (0: half of --max-sessions; -1: no quota)")
 	directWait := fs.Duration("direct-wait", node.DirectWait, "how long a new seam to a peer reached through a relay waits for a hole punch (0: start on the relay; the seam moves to the direct connection once it appears)")
 	verbose := fs.Bool("v", false, "debug logging")
+	var lf logFormat
+	lf.register(fs)
+	var mf metricsFlag
+	mf.register(fs)
 	mmap := fs.Bool("mmap", true, "map the shard file; --mmap=false reads it into memory (containers with a memory limit: mapped page cache is not charged to the container)")
 	var af apiFlags
 	af.register(fs, "", "also serve the OpenAI-compatible HTTP API on this host:port, e.g. 127.0.0.1:8080 (see meshp2p serve; default: off)")
@@ -81,7 +86,10 @@ func runStart(ctx context.Context, stdout, stderr io.Writer, args []string) erro
 		}
 		rng = &rs[0]
 	}
-	log := newLogger(stderr, *verbose)
+	log, err := lf.logger(stderr, *verbose)
+	if err != nil {
+		return err
+	}
 	prog := newProgress(stderr, "splitting")
 	cfg := node.Config{P2P: pc, ModelPath: *model, Layers: rng, ModelName: *name, Logger: log,
 		Engine: def, Hop: session.HopConfig{Idle: *idle, MaxSessionKV: *sessKV, MaxSessionsPerPeer: *peerQuota}, SplitProgress: prog.update, DirectWait: *directWait, NoMmap: !*mmap}
@@ -100,6 +108,11 @@ func runStart(ctx context.Context, stdout, stderr io.Writer, args []string) erro
 		return err
 	}
 	cfg.Engine.MaxSessions, cfg.Engine.NCtx, cfg.Engine.NBatch, cfg.Engine.Threads, cfg.Engine.FlashAttn = *maxSess, *nctx, *nbatch, *threads, *flash
+	mf.always = af.addr != "" // the API server serves /metrics too
+	if cfg.Metrics, err = mf.metrics(); err != nil {
+		return err
+	}
+	af.metrics = cfg.Metrics
 	n, err := node.Start(ctx, cfg)
 	prog.finish()
 	if err != nil {
@@ -111,6 +124,11 @@ func runStart(ctx context.Context, stdout, stderr io.Writer, args []string) erro
 	for _, a := range info.Addrs {
 		fmt.Fprintf(stdout, "address:  %s\n", a)
 	}
+	stopMetrics, err := mf.serve(stdout, log, func(ctx context.Context) *status.Document { return n.Status(ctx, "node") })
+	if err != nil {
+		return err
+	}
+	defer stopMetrics()
 	printPlacement(stdout, n)
 	stopAPI, err := af.startAPI(ctx, stdout, log, n, pc)
 	if err != nil {
@@ -124,6 +142,7 @@ func runStart(ctx context.Context, stdout, stderr io.Writer, args []string) erro
 	fmt.Fprintf(stdout, "ready; node info in %s\n", p)
 	<-ctx.Done()
 	log.Info("shutting down: closing sessions, withdrawing advert")
+	stopMetrics()
 	stopAPI()
 	return n.Close()
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/neuron-tai/meshp2p/engine"
 	"github.com/neuron-tai/meshp2p/node"
 	"github.com/neuron-tai/meshp2p/placement"
+	"github.com/neuron-tai/meshp2p/status"
 )
 
 // Three `start` processes without --layers, each with a --memory that
@@ -81,16 +82,18 @@ func TestStartChoosesLayers(t *testing.T) {
 		}
 	}
 	// status: every layer covered, the windows and replica counts shown.
-	var models []statusModel
+	var models []status.Model
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		var out, errb syncBuf
 		if err := runStatus(context.Background(), &out, &errb, append([]string{"--bootstrap", boot, "--json"}, net...)); err != nil {
 			t.Fatalf("status: %v\n%s", err, errb.String())
 		}
-		if err := json.Unmarshal([]byte(out.String()), &models); err != nil {
+		var doc status.Document
+		if err := json.Unmarshal([]byte(out.String()), &doc); err != nil {
 			t.Fatal(err)
 		}
+		models = doc.Models
 		if len(models) == 1 && models[0].Routable && len(models[0].Shards) == 3 && !hasZero(models[0].Replicas) {
 			break
 		}

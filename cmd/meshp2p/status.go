@@ -8,49 +8,24 @@ import (
 	"io"
 	"log/slog"
 	"os"
-	"sort"
 	"time"
 
 	"github.com/neuron-tai/meshp2p/node"
-	"github.com/neuron-tai/meshp2p/route"
+	"github.com/neuron-tai/meshp2p/status"
 )
 
-const statusUsage = `Usage: meshp2p status --bootstrap ADDR [--model NAME_OR_FINGERPRINT] [--json] [flags]
+const statusUsage = `Usage: meshp2p status --bootstrap ADDR [--model NAME_OR_FINGERPRINT] [--json] [--watch 2s] [flags]
 
-Joins the swarm briefly as a client and prints what it sees: every model
-on offer, which peers serve which layers (capacity, measured speed, how
-this machine reaches them: direct or relayed), and whether the layers are
-covered end to end (else which range is missing).
+Joins the swarm as a client and prints what it sees: every model on offer,
+per-layer coverage (replicas per layer, gaps), which peers serve which
+layers (capacity, load, measured speed, RTT, how this machine reaches them:
+direct or relayed), and whether the layers are covered end to end (else
+which range is missing). A peer that is not connected gets one dial and
+ping (2 s); one that does not answer is shown dead and not counted.
+--json prints the document GET /api/status serves (docs/observability.md).
 
 Flags:
 `
-
-type statusShard struct {
-	Peer          string  `json:"peer"`
-	Start         int     `json:"start"`
-	End           int     `json:"end"`
-	FreeSessions  uint32  `json:"free_sessions"`
-	MaxSessions   uint32  `json:"max_sessions"`
-	FreeKV        uint64  `json:"free_kv_tokens"`
-	MsPerLayer    float32 `json:"decode_ms_per_layer"`
-	Reach         string  `json:"reach"`
-	HasVocabulary bool    `json:"has_vocab"`
-	// Planned: announced by a node choosing or moving its window, not
-	// loaded yet (no session slot; docs/placement.md).
-	Planned bool `json:"planned,omitempty"`
-}
-
-type statusModel struct {
-	Fingerprint string        `json:"fingerprint"`
-	Name        string        `json:"name"`
-	Arch        string        `json:"arch"`
-	NLayer      int           `json:"n_layer"`
-	Routable    bool          `json:"routable"`
-	Missing     string        `json:"missing,omitempty"`
-	Shards      []statusShard `json:"shards"`
-	// Replicas counts the loaded windows holding each layer.
-	Replicas []int `json:"replicas"`
-}
 
 func runStatus(ctx context.Context, stdout, stderr io.Writer, args []string) error {
 	fs := flag.NewFlagSet("status", flag.ContinueOnError)
@@ -60,7 +35,8 @@ func runStatus(ctx context.Context, stdout, stderr io.Writer, args []string) err
 	nf.register(fs, node.PresetClient)
 	model := fs.String("model", "", "also look this model up in the DHT (name or fingerprint)")
 	wait := fs.Duration("wait", 5*time.Second, "the most to wait for the swarm's view (it is pulled from the first peer reached, usually in well under a second)")
-	asJSON := fs.Bool("json", false, "print JSON")
+	asJSON := fs.Bool("json", false, "print the status document as JSON (the same document GET /api/status serves)")
+	watch := fs.Duration("watch", 0, "refresh every this long until interrupted (e.g. 2s; 0: print once)")
 	verbose := fs.Bool("v", false, "debug logging")
 	if err := parseFlags(fs, args); err != nil {
 		return err
@@ -94,59 +70,36 @@ func runStatus(ctx context.Context, stdout, stderr io.Writer, args []string) err
 	if err := n.P2P().NoPeersError(); err != nil {
 		return err
 	}
-	models := map[string]*statusModel{}
-	for _, s := range n.Table().Shards("") {
-		m := models[s.Fingerprint]
-		if m == nil {
-			m = &statusModel{Fingerprint: s.Fingerprint, Name: s.ModelName, Arch: s.Arch, NLayer: s.NLayer}
-			models[s.Fingerprint] = m
+	col := n.StatusCollector("client")
+	show := func() error {
+		doc := col.Document(ctx)
+		if *asJSON {
+			enc := json.NewEncoder(stdout)
+			enc.SetIndent("", "  ")
+			return enc.Encode(doc)
 		}
-		m.Shards = append(m.Shards, statusShard{Peer: s.Peer.String(), Start: s.Start, End: s.End,
-			FreeSessions: s.Capacity.GetFreeSessions(), MaxSessions: s.Capacity.GetMaxSessions(), FreeKV: s.Capacity.GetFreeKvTokens(),
-			MsPerLayer: s.DecodeMsPerLayer, Reach: s.Reach.String(), HasVocabulary: s.HasVocab, Planned: s.Capacity.GetMaxSessions() == 0})
+		return status.WriteText(stdout, doc)
 	}
-	var out []*statusModel
-	for _, m := range models {
-		m.Replicas = make([]int, m.NLayer)
-		for _, s := range m.Shards {
-			for l := s.Start; l < s.End && !s.Planned; l++ {
-				m.Replicas[l]++
-			}
+	if *watch <= 0 {
+		return show()
+	}
+	t := time.NewTicker(*watch)
+	defer t.Stop()
+	for {
+		if !*asJSON {
+			fmt.Fprint(stdout, "\x1b[H\x1b[2J") // home, clear screen
+			fmt.Fprintf(stdout, "meshp2p status — %s (every %s; Ctrl-C to stop)\n\n", time.Now().Format("15:04:05"), *watch)
 		}
-		_, err := (&route.LocalPlanner{Table: n.Table()}).Plan(ctx, route.Request{Fingerprint: m.Fingerprint, NLayer: m.NLayer})
-		m.Routable = err == nil
-		if err != nil {
-			m.Missing = err.Error()
+		if err := show(); err != nil {
+			return err
 		}
-		out = append(out, m)
-	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
-	if *asJSON {
-		enc := json.NewEncoder(stdout)
-		enc.SetIndent("", "  ")
-		return enc.Encode(out)
-	}
-	if len(out) == 0 {
-		fmt.Fprintf(stdout, "connected to %d peers; none serves a model\n", n.P2P().PeerCount())
-		return nil
-	}
-	for _, m := range out {
-		state := "routable"
-		if !m.Routable {
-			state = "NOT routable: " + m.Missing
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+			go n.P2P().Discovery().Sync(ctx)
 		}
-		fmt.Fprintf(stdout, "%s (%s, %d layers) %.16s… — %s\n", m.Name, m.Arch, m.NLayer, m.Fingerprint, state)
-		for _, s := range m.Shards {
-			if s.Planned {
-				fmt.Fprintf(stdout, "  layers %3d-%-3d %s  %s  planned: loading (placement)\n", s.Start, s.End, s.Peer, s.Reach)
-				continue
-			}
-			fmt.Fprintf(stdout, "  layers %3d-%-3d %s  %s  sessions %d/%d free, %d KV free, %.3f ms/layer\n",
-				s.Start, s.End, s.Peer, s.Reach, s.FreeSessions, s.MaxSessions, s.FreeKV, s.MsPerLayer)
-		}
-		fmt.Fprintf(stdout, "  replicas per layer: %v\n", m.Replicas)
 	}
-	return nil
 }
 
 // settleView waits until the node is connected and its advert table has

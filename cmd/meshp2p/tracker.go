@@ -39,6 +39,10 @@ func runTracker(ctx context.Context, stdout, stderr io.Writer, args []string) er
 	ttl := fs.Duration("ticket-ttl", 2*time.Minute, "how long an issued route ticket stays valid")
 	pingEvery := fs.Duration("ping-interval", 10*time.Second, "how often the tracker measures RTT to every node")
 	verbose := fs.Bool("v", false, "debug logging")
+	var lf logFormat
+	lf.register(fs)
+	var mf metricsFlag
+	mf.register(fs)
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -46,13 +50,28 @@ func runTracker(ctx context.Context, stdout, stderr io.Writer, args []string) er
 	if err != nil {
 		return err
 	}
-	log := newLogger(stderr, *verbose)
+	log, err := lf.logger(stderr, *verbose)
+	if err != nil {
+		return err
+	}
 	pc.Logger = log
+	m, err := mf.metrics()
+	if err != nil {
+		return err
+	}
+	if m != nil {
+		pc.Metrics = m.Registry
+	}
 	tr, err := tracker.Start(ctx, tracker.Config{P2P: pc, TicketTTL: *ttl, PingInterval: *pingEvery, Logger: log})
 	if err != nil {
 		return err
 	}
 	defer tr.Close()
+	stopMetrics, err := serveTrackerMetrics(stdout, log, &mf, tr)
+	if err != nil {
+		return err
+	}
+	defer stopMetrics()
 	info := tr.Info()
 	fmt.Fprintf(stdout, "peer id:  %s\nrole:     tracker (route oracle, relay, DHT server) network %s\n", info.PeerID, info.Network)
 	for _, a := range info.Addrs {
@@ -65,6 +84,7 @@ func runTracker(ctx context.Context, stdout, stderr io.Writer, args []string) er
 	fmt.Fprintf(stdout, "ready; node info in %s\n", p)
 	<-ctx.Done()
 	log.Info("shutting down tracker")
+	stopMetrics()
 	return tr.Close()
 }
 

@@ -1,0 +1,255 @@
+// Package metrics is meshp2p's Prometheus instrumentation: one registry
+// per process (never the global default registry) holding the Go runtime
+// and process collectors, go-libp2p's own metrics (registered by p2p when
+// given Registry) and meshp2p's session, origin and node metrics. It
+// implements session.HopObserver and session.OriginObserver, so the
+// session package never imports Prometheus. Every label comes from a
+// fixed set: no per-session or per-peer labels.
+package metrics
+
+import (
+	"errors"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/neuron-tai/meshp2p/p2p"
+	"github.com/neuron-tai/meshp2p/proto/meshp2pb"
+	"github.com/neuron-tai/meshp2p/route"
+	"github.com/neuron-tai/meshp2p/session"
+)
+
+// Namespace prefixes every meshp2p metric.
+const Namespace = "meshp2p"
+
+// Metrics is one process's registry and meshp2p's metrics in it.
+type Metrics struct {
+	// Registry is what /metrics serves; give it to p2p.Config.Metrics.
+	Registry *prometheus.Registry
+
+	admitted   prometheus.Counter
+	refused    *prometheus.CounterVec
+	ended      *prometheus.CounterVec
+	rows       *prometheus.CounterVec
+	compute    *prometheus.HistogramVec
+	served     prometheus.Counter
+	seamWrite  *prometheus.HistogramVec
+	seamBytes  *prometheus.CounterVec
+	planned    *prometheus.HistogramVec
+	ttft       prometheus.Histogram
+	reroutes   prometheus.Counter
+	recovery   prometheus.Histogram
+	gens       *prometheus.CounterVec
+	genTokens  prometheus.Counter
+	gaugeNames map[string]bool
+	mu         sync.Mutex // guards gaugeNames
+}
+
+// Buckets. Compute and seam writes run from tens of microseconds (a small
+// model on loopback) to seconds (a long prefill on a slow CPU).
+var (
+	fastBuckets = prometheus.ExponentialBuckets(50e-6, 4, 10) // 50 µs .. 13 s
+	slowBuckets = prometheus.ExponentialBuckets(1e-3, 3, 10)  // 1 ms .. 20 s
+)
+
+// New returns a registry with the Go runtime and process collectors and
+// meshp2p's metrics registered.
+func New() *Metrics {
+	r := prometheus.NewRegistry()
+	r.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	m := &Metrics{Registry: r, gaugeNames: map[string]bool{}}
+	f := factory{r}
+	m.admitted = f.counter("sessions_admitted_total", "Route sessions admitted by this hop (the whole route accepted them).")
+	m.refused = f.counterVec("sessions_refused_total", "Session opens this hop answered with a refusal, its own or one relayed from further down the route, by wire error code.", "reason")
+	m.ended = f.counterVec("sessions_ended_total", "Admitted sessions that ended, by wire error code (ok: a clean end).", "reason")
+	m.rows = f.counterVec("hop_rows_total", "Rows this hop's engine computed (decode: one per generated token).", "kind")
+	m.compute = f.histogramVec("hop_compute_seconds", "Engine compute time of one frame on this hop.", fastBuckets, "kind")
+	m.served = f.counter("tokens_served_total", "Tokens this node, as the head of a route, passed to origins.")
+	m.seamWrite = f.histogramVec("seam_write_seconds", "Time to write one frame to the next hop or over the ring to the head.", fastBuckets, "path")
+	m.seamBytes = f.counterVec("seam_sent_bytes_total", "Bytes written to next hops and rings (activation payloads, token frames), by path.", "path")
+	m.planned = f.histogramVec("route_plan_seconds", "Time the origin's planner took to answer, by result.", slowBuckets, "result")
+	m.ttft = f.histogram("ttft_seconds", "Time from the start of a generation to its first token.", slowBuckets)
+	m.reroutes = f.counter("reroutes_total", "Re-routes: a hop failed during a generation and the origin routed around it.")
+	m.recovery = f.histogram("reroute_recovery_seconds", "Time from the failure behind a re-route until tokens flow again.", slowBuckets)
+	m.gens = f.counterVec("generations_total", "Generations this origin ran, by result.", "result")
+	m.genTokens = f.counter("generated_tokens_total", "Tokens this origin's generations received (counted as they arrive).")
+	for _, k := range []string{"prefill", "decode"} {
+		m.rows.WithLabelValues(k)
+		m.compute.WithLabelValues(k)
+	}
+	for _, p := range []string{"direct", "relayed"} {
+		m.seamWrite.WithLabelValues(p)
+		m.seamBytes.WithLabelValues(p)
+	}
+	m.ended.WithLabelValues("ok")
+	m.gens.WithLabelValues("ok")
+	m.gens.WithLabelValues("error")
+	return m
+}
+
+// Handler serves the registry in the Prometheus exposition format.
+func (m *Metrics) Handler() http.Handler {
+	return promhttp.HandlerFor(m.Registry, promhttp.HandlerOpts{Registry: m.Registry})
+}
+
+type factory struct{ r prometheus.Registerer }
+
+func (f factory) counter(name, help string) prometheus.Counter {
+	c := prometheus.NewCounter(prometheus.CounterOpts{Namespace: Namespace, Name: name, Help: help})
+	f.r.MustRegister(c)
+	return c
+}
+
+func (f factory) counterVec(name, help string, labels ...string) *prometheus.CounterVec {
+	c := prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: Namespace, Name: name, Help: help}, labels)
+	f.r.MustRegister(c)
+	return c
+}
+
+func (f factory) histogram(name, help string, b []float64) prometheus.Histogram {
+	h := prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: Namespace, Name: name, Help: help, Buckets: b})
+	f.r.MustRegister(h)
+	return h
+}
+
+func (f factory) histogramVec(name, help string, b []float64, labels ...string) *prometheus.HistogramVec {
+	h := prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: Namespace, Name: name, Help: help, Buckets: b}, labels)
+	f.r.MustRegister(h)
+	return h
+}
+
+// Gauge registers a gauge read from fn at every scrape. A second gauge of
+// the same name is ignored (false): two nodes of one process, e.g. a
+// gateway's client beside a serving node, share the first one's.
+func (m *Metrics) Gauge(name, help string, fn func() float64) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.gaugeNames[name] {
+		return false
+	}
+	m.gaugeNames[name] = true
+	m.Registry.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: Namespace, Name: name, Help: help}, fn))
+	return true
+}
+
+// GaugeVec registers a gauge with one label whose values fn returns at
+// every scrape (label value → value; the values must come from a fixed
+// set). A second one of the same name is ignored.
+func (m *Metrics) GaugeVec(name, help, label string, fn func() map[string]float64) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.gaugeNames[name] {
+		return false
+	}
+	m.gaugeNames[name] = true
+	m.Registry.MustRegister(&mapGauge{desc: prometheus.NewDesc(Namespace+"_"+name, help, []string{label}, nil), fn: fn})
+	return true
+}
+
+type mapGauge struct {
+	desc *prometheus.Desc
+	fn   func() map[string]float64
+}
+
+func (g *mapGauge) Describe(ch chan<- *prometheus.Desc) { ch <- g.desc }
+func (g *mapGauge) Collect(ch chan<- prometheus.Metric) {
+	for k, v := range g.fn() {
+		ch <- prometheus.MustNewConstMetric(g.desc, prometheus.GaugeValue, v, k)
+	}
+}
+
+// P2P registers the gauges of a p2p node: peers by path and the advert
+// table's size.
+func (m *Metrics) P2P(n *p2p.Node) {
+	m.GaugeVec("peers", "Connected peers, by how they are reached.", "path", func() map[string]float64 {
+		out := map[string]float64{"direct": 0, "relayed": 0}
+		for _, p := range n.Host().Network().Peers() {
+			switch n.ConnStatus(p).Path {
+			case p2p.PathDirect:
+				out["direct"]++
+			case p2p.PathRelayed:
+				out["relayed"]++
+			}
+		}
+		return out
+	})
+	m.Gauge("adverts", "Fresh capability adverts of other peers this node holds (its advert table).", func() float64 {
+		return float64(len(n.Discovery().Adverts()))
+	})
+}
+
+// Table registers the size of a capability table (shards known).
+func (m *Metrics) Table(t *route.Table) {
+	m.Gauge("known_shards", "Shards of every model this node's route table knows.", func() float64 { return float64(len(t.Shards(""))) })
+}
+
+// --- session.HopObserver ---
+
+var _ session.HopObserver = (*Metrics)(nil)
+var _ session.OriginObserver = (*Metrics)(nil)
+
+func (m *Metrics) SessionAdmitted(session.SessionInfo) { m.admitted.Inc() }
+func (m *Metrics) SessionRefused(c meshp2pb.ErrorCode) {
+	m.refused.WithLabelValues(session.CodeLabel(c)).Inc()
+}
+func (m *Metrics) SessionEnded(c meshp2pb.ErrorCode) {
+	m.ended.WithLabelValues(session.CodeLabel(c)).Inc()
+}
+func (m *Metrics) Computed(prefill bool, rows int, d time.Duration) {
+	k := "decode"
+	if prefill {
+		k = "prefill"
+	}
+	m.rows.WithLabelValues(k).Add(float64(rows))
+	m.compute.WithLabelValues(k).Observe(d.Seconds())
+}
+func (m *Metrics) TokenServed() { m.served.Inc() }
+func (m *Metrics) SeamWrite(p p2p.Path, bytes int, d time.Duration) {
+	if p != p2p.PathDirect && p != p2p.PathRelayed {
+		return
+	}
+	m.seamWrite.WithLabelValues(p.String()).Observe(d.Seconds())
+	m.seamBytes.WithLabelValues(p.String()).Add(float64(bytes))
+}
+
+// --- session.OriginObserver ---
+
+func (m *Metrics) RoutePlanned(d time.Duration, err error) {
+	r := "ok"
+	switch {
+	case errors.Is(err, route.ErrNoRoute):
+		r = "no_route"
+	case err != nil:
+		r = "error"
+	}
+	m.planned.WithLabelValues(r).Observe(d.Seconds())
+}
+func (m *Metrics) Routed(session.SessionInfo) {}
+func (m *Metrics) FirstToken(d time.Duration) { m.ttft.Observe(d.Seconds()) }
+func (m *Metrics) TokenReceived()             { m.genTokens.Inc() }
+func (m *Metrics) Rerouted()                  { m.reroutes.Inc() }
+func (m *Metrics) Recovered(d time.Duration)  { m.recovery.Observe(d.Seconds()) }
+func (m *Metrics) GenerationDone(tokens int, err error) {
+	r := "ok"
+	if err != nil {
+		r = "error"
+	}
+	m.gens.WithLabelValues(r).Inc()
+}
+
+// Counter registers a counter read from fn at every scrape (a total kept
+// elsewhere). A second one of the same name is ignored (false).
+func (m *Metrics) Counter(name, help string, fn func() float64) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.gaugeNames[name] {
+		return false
+	}
+	m.gaugeNames[name] = true
+	m.Registry.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: Namespace, Name: name, Help: help}, fn))
+	return true
+}

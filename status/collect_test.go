@@ -1,0 +1,71 @@
+package status
+
+import (
+	"context"
+	"log/slog"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/libp2p/go-libp2p/core/peer"
+	"github.com/multiformats/go-multiaddr"
+
+	"github.com/neuron-tai/meshp2p/p2p"
+	"github.com/neuron-tai/meshp2p/proto/meshp2pb"
+	"github.com/neuron-tai/meshp2p/route"
+)
+
+func newHost(t *testing.T) *p2p.Node {
+	t.Helper()
+	n, err := p2p.New(context.Background(), p2p.Config{Network: "statusprobe", DataDir: t.TempDir(),
+		ListenAddrs: []string{"/ip4/127.0.0.1/tcp/0"}, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { n.Close() })
+	return n
+}
+
+// The probe: a peer that is not connected but answers is dialled, pinged
+// and counted; one whose address refuses is dead and not counted; many
+// concurrent documents share one probe round.
+func TestCollectorProbesPeers(t *testing.T) {
+	self, alive, gone := newHost(t), newHost(t), newHost(t)
+	goneID, goneAddrs := gone.ID(), gone.Host().Addrs()
+	gone.Close() // its address now refuses
+	tab := route.NewTable()
+	shard := func(p peer.ID, addrs []multiaddr.Multiaddr, start, end int) route.Shard {
+		return route.Shard{Peer: p, Fingerprint: "fp", ModelName: "m", NLayer: 4, Start: start, End: end, Addrs: addrs,
+			Capacity: &meshp2pb.ShardCapacity{FreeSessions: 1, MaxSessions: 2}, ExpiresAt: time.Now().Add(time.Minute)}
+	}
+	tab.Set(alive.ID(), []route.Shard{shard(alive.ID(), alive.Host().Addrs(), 0, 2)})
+	tab.Set(goneID, []route.Shard{shard(goneID, goneAddrs, 2, 4)})
+	c := &Collector{P2P: self, Table: tab, Recorder: &Recorder{}}
+	var wg sync.WaitGroup
+	docs := make([]*Document, 4)
+	for i := range docs {
+		wg.Add(1)
+		go func() { defer wg.Done(); docs[i] = c.Document(context.Background()) }()
+	}
+	wg.Wait()
+	for _, d := range docs {
+		if len(d.Models) != 1 {
+			t.Fatalf("models %+v", d.Models)
+		}
+		m := d.Models[0]
+		if m.Routable || len(m.Gaps) != 1 || m.Gaps[0] != (Run{Start: 2, End: 4}) || m.Replicas[0] != 1 || len(m.Shards) != 2 {
+			t.Fatalf("model %+v", m)
+		}
+		for _, s := range m.Shards {
+			if want := s.Peer == alive.ID().String(); s.Live != want {
+				t.Fatalf("shard %s live %v", s.Peer, s.Live)
+			}
+			if s.Live && (s.Path != "direct" || s.RTTMs <= 0 || s.Load != 0.5) {
+				t.Fatalf("live shard %+v", s)
+			}
+		}
+	}
+	if self.ConnStatus(alive.ID()).Path != p2p.PathDirect {
+		t.Fatal("the probe did not connect to the live peer")
+	}
+}

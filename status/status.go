@@ -1,0 +1,171 @@
+// Package status is the document `GET /api/status` serves and
+// `meshp2p status --json` prints: this node and its view of the swarm
+// (models, per-layer coverage, peers, paths, recent routes). It has no cgo
+// and no metrics library; the node fills it from its route table, its p2p
+// host and a Recorder of its sessions.
+package status
+
+import (
+	"time"
+)
+
+// Version is the document's format version; it changes when a field
+// changes meaning or goes away (new fields do not change it).
+const Version = 1
+
+// Document is one snapshot.
+type Document struct {
+	Version  int       `json:"version"`
+	Time     time.Time `json:"time"`
+	Self     Self      `json:"self"`
+	Models   []Model   `json:"models"`
+	Peers    []Peer    `json:"peers"`
+	Routes   []Route   `json:"routes"` // recent sessions this node took part in, newest first
+	Counters Counters  `json:"counters"`
+}
+
+// Self is the node that wrote the document.
+type Self struct {
+	PeerID      string   `json:"peer_id"`
+	Role        string   `json:"role"` // "node", "client", "tracker"
+	Network     string   `json:"network"`
+	Addrs       []string `json:"addrs"`
+	Model       string   `json:"model,omitempty"`
+	Fingerprint string   `json:"fingerprint,omitempty"`
+	Start       int      `json:"start"`
+	End         int      `json:"end"`
+	NLayer      int      `json:"n_layer,omitempty"`
+	Sessions    int      `json:"sessions"`     // open on this hop
+	MaxSessions int      `json:"max_sessions"` // 0: serves nothing
+	KVUsed      int      `json:"kv_cells_used"`
+	KVTotal     int      `json:"kv_cells_total"`
+	MsPerLayer  float32  `json:"decode_ms_per_layer,omitempty"`
+}
+
+// Model is one model on offer, with its coverage by live shards.
+type Model struct {
+	Fingerprint string `json:"fingerprint"`
+	Name        string `json:"name"`
+	Arch        string `json:"arch,omitempty"`
+	NLayer      int    `json:"n_layer"`
+	// Routable: a route over live shards covers every layer; else Missing
+	// says which layers lack one.
+	Routable bool   `json:"routable"`
+	Missing  string `json:"missing,omitempty"`
+	// Replicas[i] is how many live shards hold layer i.
+	Replicas []int   `json:"replicas"`
+	Runs     []Run   `json:"runs"` // maximal layer spans of equal replica count
+	Gaps     []Run   `json:"gaps"` // spans no live shard holds (Replicas 0)
+	Shards   []Shard `json:"shards"`
+}
+
+// Run is the half-open layer span [Start, End) held by Replicas shards.
+type Run struct {
+	Start    int `json:"start"`
+	End      int `json:"end"`
+	Replicas int `json:"replicas"`
+}
+
+// Shard is one peer's layer range of a model.
+type Shard struct {
+	Peer  string `json:"peer"`
+	Self  bool   `json:"self,omitempty"`
+	Start int    `json:"start"`
+	End   int    `json:"end"`
+	// Live: connected now, or answered the probe's dial and ping. A dead
+	// peer's advert lingers until it expires; it does not count as
+	// coverage.
+	Live bool `json:"live"`
+	// Planned: announced by a node choosing or moving its window, not
+	// loaded yet (no session slot; docs/placement.md); not coverage.
+	Planned      bool    `json:"planned,omitempty"`
+	Path         string  `json:"path"` // "direct", "relayed", "none"
+	RTTMs        float64 `json:"rtt_ms,omitempty"`
+	FreeSessions uint32  `json:"free_sessions"`
+	MaxSessions  uint32  `json:"max_sessions"`
+	FreeKV       uint64  `json:"free_kv_tokens"`
+	Load         float64 `json:"load"` // 1 - free/max sessions
+	MsPerLayer   float32 `json:"decode_ms_per_layer"`
+	// TokensPerSec is the shard's advertised single-row speed over its
+	// layers (0: unknown).
+	TokensPerSec float64 `json:"tokens_per_sec,omitempty"`
+	HasVocab     bool    `json:"has_vocab"`
+}
+
+// Peer is one peer this node knows, from adverts or connections.
+type Peer struct {
+	ID     string   `json:"id"`
+	Live   bool     `json:"live"`
+	Path   string   `json:"path"`
+	RTTMs  float64  `json:"rtt_ms,omitempty"`
+	Agent  string   `json:"agent,omitempty"`
+	Layers []string `json:"layers,omitempty"` // "<model> A-B"
+}
+
+// Route is a session this node ran a hop of (HopIndex ≥ 0) or, as an
+// origin, opened (HopIndex -1).
+type Route struct {
+	Time        time.Time `json:"time"`
+	Fingerprint string    `json:"fingerprint"`
+	Epoch       uint64    `json:"epoch"`
+	Reroute     bool      `json:"reroute"` // epoch > 1: the origin routed around a failed hop
+	HopIndex    int       `json:"hop_index"`
+	Hops        []Hop     `json:"hops"`
+}
+
+// Hop is one hop of a route.
+type Hop struct {
+	Peer  string `json:"peer"`
+	Start int    `json:"start"`
+	End   int    `json:"end"`
+	Path  string `json:"path,omitempty"` // how this node reaches it now
+}
+
+// Counters are running totals since the node started (the dashboard turns
+// their differences into rates).
+type Counters struct {
+	SessionsAdmitted uint64 `json:"sessions_admitted"`
+	SessionsRefused  uint64 `json:"sessions_refused"`
+	SessionsActive   int    `json:"sessions_active"`
+	TokensServed     uint64 `json:"tokens_served"`   // as head, to origins
+	DecodeRows       uint64 `json:"decode_rows"`     // decode steps computed on this hop
+	Reroutes         uint64 `json:"reroutes"`        // sessions re-opened here with epoch > 1, or re-routes by this origin
+	Generations      uint64 `json:"generations"`     // as origin
+	TokensReceived   uint64 `json:"tokens_received"` // as origin, as they arrive
+}
+
+// Coverage computes per-layer replica counts, runs and gaps of nLayer
+// layers from live, loaded shard ranges (clamped to [0, nLayer)).
+func Coverage(nLayer int, shards []Shard) (replicas []int, runs, gaps []Run) {
+	if nLayer <= 0 || nLayer > 1<<16 {
+		return nil, nil, nil
+	}
+	replicas = make([]int, nLayer)
+	for _, s := range shards {
+		if !s.Live || s.Planned {
+			continue
+		}
+		for l := max(0, s.Start); l < min(nLayer, s.End); l++ {
+			replicas[l]++
+		}
+	}
+	for l := 0; l < nLayer; {
+		e := l
+		for e < nLayer && replicas[e] == replicas[l] {
+			e++
+		}
+		r := Run{Start: l, End: e, Replicas: replicas[l]}
+		runs = append(runs, r)
+		if r.Replicas == 0 {
+			gaps = append(gaps, r)
+		}
+		l = e
+	}
+	if runs == nil {
+		runs = []Run{}
+	}
+	if gaps == nil {
+		gaps = []Run{}
+	}
+	return replicas, runs, gaps
+}

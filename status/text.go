@@ -1,0 +1,95 @@
+package status
+
+import (
+	"fmt"
+	"io"
+	"strings"
+)
+
+// WriteText prints the document for a terminal (`meshp2p status`).
+func WriteText(w io.Writer, d *Document) error {
+	var b strings.Builder
+	if len(d.Models) == 0 {
+		fmt.Fprintf(&b, "connected to %d peers; none serves a model\n", countLive(d.Peers))
+	}
+	for _, m := range d.Models {
+		state := "routable"
+		if !m.Routable {
+			state = "NOT routable: " + m.Missing
+		}
+		fp := m.Fingerprint
+		if len(fp) > 16 {
+			fp = fp[:16]
+		}
+		fmt.Fprintf(&b, "%s (%s, %d layers) %s… — %s\n", m.Name, m.Arch, m.NLayer, fp, state)
+		fmt.Fprintf(&b, "  coverage  %s\n", bar(m.Replicas))
+		for _, s := range m.Shards {
+			if s.Planned {
+				fmt.Fprintf(&b, "  layers %3d-%-3d %s  %s  planned: loading (placement)\n", s.Start, s.End, s.Peer, s.Path)
+				continue
+			}
+			live := ""
+			if !s.Live {
+				live = "  DEAD (no answer to dial/ping)"
+			}
+			rtt := ""
+			if s.RTTMs > 0 {
+				rtt = fmt.Sprintf(", rtt %.1f ms", s.RTTMs)
+			}
+			fmt.Fprintf(&b, "  layers %3d-%-3d %s  %s  sessions %d/%d free, %d KV free, %.3f ms/layer%s%s\n",
+				s.Start, s.End, s.Peer, s.Path, s.FreeSessions, s.MaxSessions, s.FreeKV, s.MsPerLayer, rtt, live)
+		}
+	}
+	c := d.Counters
+	fmt.Fprintf(&b, "this node %s (%s): %d sessions active, %d admitted, %d refused, %d tokens served, %d re-routes\n",
+		short(d.Self.PeerID), d.Self.Role, c.SessionsActive, c.SessionsAdmitted, c.SessionsRefused, c.TokensServed, c.Reroutes)
+	for i, r := range d.Routes {
+		if i == 5 {
+			break
+		}
+		var hops []string
+		for _, h := range r.Hops {
+			hops = append(hops, fmt.Sprintf("%s[%d-%d]", short(h.Peer), h.Start, h.End))
+		}
+		re := ""
+		if r.Reroute {
+			re = " (re-route)"
+		}
+		fmt.Fprintf(&b, "  route %s epoch %d%s: %s\n", r.Time.Format("15:04:05"), r.Epoch, re, strings.Join(hops, " → "))
+	}
+	_, err := io.WriteString(w, b.String())
+	return err
+}
+
+// bar draws replicas per layer: '.' for a gap, else the count (9+: '+').
+func bar(rep []int) string {
+	var b strings.Builder
+	for _, r := range rep {
+		switch {
+		case r == 0:
+			b.WriteByte('.')
+		case r > 9:
+			b.WriteByte('+')
+		default:
+			b.WriteByte(byte('0' + r))
+		}
+	}
+	return b.String()
+}
+
+func short(id string) string {
+	if len(id) > 12 {
+		return "…" + id[len(id)-8:]
+	}
+	return id
+}
+
+func countLive(ps []Peer) int {
+	n := 0
+	for _, p := range ps {
+		if p.Live {
+			n++
+		}
+	}
+	return n
+}
