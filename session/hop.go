@@ -150,7 +150,8 @@ type hopSession struct {
 	self chan *meshp2pb.TokenFrame
 
 	maxTokens int
-	produced  int // head: tokens passed to the origin; only the ring reader touches it
+	produced  int      // head: tokens passed to the origin; only the ring reader touches it
+	clock     hopClock // the previous frame's write times (HopTiming)
 	activity  chan struct{}
 
 	once     sync.Once
