@@ -55,7 +55,7 @@ type genResult struct {
 	FirstTokenMs float64           `json:"first_token_ms"`
 	Hops         []session.HopStat `json:"hops,omitempty"`
 	// NetworkMsPerToken is ms_per_token minus every hop's busy time.
-	NetworkMsPerToken float64  `json:"network_ms_per_token,omitempty"`
+	NetworkMsPerToken float64  `json:"network_ms_per_token"`
 	Failures          []string `json:"failures,omitempty"`
 	Model             string   `json:"model"`
 }

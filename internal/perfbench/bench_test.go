@@ -167,6 +167,9 @@ func fixedCost(b *testing.B, t *Table, whole string, shards []string, rounds, to
 		}
 	}
 	for i, v := range vs {
+		b.Logf("fixedcost %s: whole %v, 3 shards %v", v.name, wholeMs[i], splitMs[i])
+	}
+	for i, v := range vs {
 		base, bn := 0.0, ""
 		switch {
 		case i == 1:

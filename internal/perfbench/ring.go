@@ -2,7 +2,6 @@ package perfbench
 
 import (
 	"context"
-	"fmt"
 	"time"
 
 	"github.com/libp2p/go-libp2p/core/host"
@@ -113,10 +112,4 @@ func Floor(res *session.Result, h time.Duration) time.Duration {
 		us += s.MeanUs
 	}
 	return time.Duration(us*float64(time.Microsecond)) + time.Duration(len(res.HopStats))*h
-}
-
-func must(err error, what string) {
-	if err != nil {
-		panic(fmt.Sprintf("perfbench: %s: %v", what, err))
-	}
 }
