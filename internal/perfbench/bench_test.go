@@ -182,6 +182,22 @@ func fixedCost(b *testing.B, t *Table, whole string, shards []string, rounds, to
 	for i, v := range vs {
 		t.Add(Row{Name: "in-process 3 shards, 2 thr, " + v.name, Value: medianMs(splitMs[i]), Unit: "ms/token", Baseline: medianMs(wholeMs[i]), BaseName: "whole, same threads"})
 	}
+	// Load drifts between rounds more than between A and B of one round:
+	// the median of the per-round ratios is the steadier figure.
+	t.Add(Row{Name: "  pool / per-decode threads, whole, paired", Value: pairedRatio(wholeMs[1], wholeMs[0]), Unit: "x"})
+	t.Add(Row{Name: "  pool / per-decode threads, 3 shards, paired", Value: pairedRatio(splitMs[1], splitMs[0]), Unit: "x"})
+	t.Add(Row{Name: "  3 shards / whole with pool, paired", Value: pairedRatio(splitMs[1], wholeMs[1]), Unit: "x"})
+}
+
+// pairedRatio is the median over rounds of a[i]/b[i].
+func pairedRatio(a, b []time.Duration) float64 {
+	var r []float64
+	for i := range min(len(a), len(b)) {
+		if b[i] > 0 {
+			r = append(r, float64(a[i])/float64(b[i]))
+		}
+	}
+	return median(r)
 }
 
 // slack: the 1 ms timer slack against the kernel's 50 µs, in child
@@ -263,10 +279,12 @@ func loopback(b *testing.B, t *Table, lb *Loopback, whole string, threads, round
 		}
 		net = append(net, pt-time.Duration(busy*float64(time.Microsecond)))
 	}
+	b.Logf("loopback: whole %v, route %v", local, swarm)
 	t.Add(Row{Name: "whole model in-process", Value: medianMs(local), Unit: "ms/token"})
 	t.Add(Row{Name: "3-node loopback route", Value: medianMs(swarm), Unit: "ms/token", Baseline: medianMs(local), BaseName: "whole model in-process"})
 	t.Add(Row{Name: "3-node loopback speed vs whole", Value: 1 / medianMs(swarm), Unit: "tok/ms", Baseline: 1 / medianMs(local), BaseName: "whole model in-process", Goal: ">= 0.95"})
 	t.Add(Row{Name: "  of which not on any hop (network)", Value: medianMs(net), Unit: "ms/token"})
+	t.Add(Row{Name: "  route speed / whole, paired", Value: pairedRatio(local, swarm), Unit: "x", Goal: ">= 0.95"})
 }
 
 // floor: real shards over simulated links with one-way delay h (k = 3
