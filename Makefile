@@ -34,13 +34,15 @@ GENERATED  := engine/zz_cgo_include.go
 TEST_TIMEOUT ?= 25m
 FUZZTIME   ?= 5s
 
-.PHONY: all build build-check-amx generate test test-short vet fmt fuzz bench bench-micro demo clean deps soak
+.PHONY: all build build-check-amx generate test test-short vet fmt fuzz bench bench-micro demo clean deps soak \
+	image testnet-docker testnet-docker-fit testnet-docker-down test-docker
 
 all: build
 
 deps:
 	go mod download
 	sh testnet/deps.sh
+	sh testnet/docker/dockerd.sh install
 
 $(GENERATED): go.mod go.sum internal/gencgo/main.go
 	go mod download github.com/ollama/ollama
@@ -76,6 +78,7 @@ vet: $(GENERATED)
 # The test command of the README and .ci/run.
 test: deps build build-check-amx vet
 	go test -count=1 -timeout $(TEST_TIMEOUT) ./...
+	$(MAKE) test-docker
 	$(MAKE) soak SOAK_DURATION=3m
 	$(MAKE) fuzz FUZZTIME=$(FUZZTIME)
 
@@ -98,6 +101,30 @@ fuzz: $(GENERATED)
 	    go test -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZTIME) $$pkg || exit 1; \
 	  done; \
 	done
+
+# Containers (testnet/compose, README "Containers"). `make image` builds the
+# offline image FROM scratch (no registry); the Dockerfile is for machines
+# with registry access. testnet-docker brings the compose testnet up (and
+# starts dockerd, host networking untouched, if none runs) and checks it;
+# it stays up until testnet-docker-down. test-docker is the Go test of the
+# whole cycle, run by `make test` after the other packages so it never
+# overlaps the namespace NAT tests; it skips where Docker cannot run.
+IMAGE ?= meshp2p:local
+image: build
+	sh testnet/docker/image.sh $(BIN) $(IMAGE)
+
+testnet-docker: build
+	sh testnet/compose/testnet.sh up
+	sh testnet/compose/testnet.sh check
+
+testnet-docker-fit: testnet-docker
+	sh testnet/compose/testnet.sh fit
+
+testnet-docker-down:
+	sh testnet/compose/testnet.sh down
+
+test-docker: $(GENERATED)
+	MESHP2P_DOCKER_TEST=1 go test -count=1 -timeout 8m -v -run 'TestComposeTestnet' ./testnet/compose
 
 fmt:
 	gofmt -w $$(git ls-files '*.go' | grep -v '\.pb\.go$$')

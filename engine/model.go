@@ -74,6 +74,11 @@ type LoadOptions struct {
 	// pure-Go checks (validateFile), for callers' extra checks (e.g. that a
 	// shard belongs to the expected model: gguf.CheckShard).
 	Validate func(ctx context.Context, path string) error
+	// NoMmap reads the weights into the process's own memory instead of
+	// mapping the file. Mapped pages are page cache: under a container
+	// memory limit they are not (all) charged to the container, so a
+	// model can seem to fit where it does not. Results are identical.
+	NoMmap bool
 }
 
 // validateFile checks path in pure Go before llama.cpp sees it, because
@@ -131,7 +136,7 @@ func LoadModel(ctx context.Context, path string, opts LoadOptions) (*Model, erro
 	p := C.llama_model_default_params()
 	C.mp_quiet_model_params(&p)
 	p.vocab_only = C.bool(opts.VocabOnly)
-	p.use_mmap = true
+	p.use_mmap = C.bool(!opts.NoMmap)
 	cpath := C.CString(path)
 	defer C.free(unsafe.Pointer(cpath))
 	ptr := C.llama_model_load_from_file(cpath, p)

@@ -22,8 +22,13 @@ type Sampling struct {
 	TopP          float32 // 0 or 1: off
 	MinP          float32 // 0: off
 	RepeatPenalty float32 // 0 or 1: off
-	RepeatLastN   int32   // tokens the penalty looks back: 0 = DefaultRepeatLastN, -1 = the shard's n_ctx (all of the session)
-	Seed          uint64
+	RepeatLastN   int32   // tokens the penalties look back: 0 = DefaultRepeatLastN, -1 = the shard's n_ctx (all of the session)
+	// FrequencyPenalty and PresencePenalty (OpenAI's, in [-2, 2]; 0: off)
+	// subtract count × frequency and, once a token appeared, presence from
+	// its logit, over the same window as RepeatPenalty.
+	FrequencyPenalty float32
+	PresencePenalty  float32
+	Seed             uint64
 	// Generated are tokens this session already produced (after a reroute):
 	// they feed the repetition penalty and offset the draw counter.
 	Generated []int32
@@ -41,6 +46,10 @@ func (p Sampling) validate() error {
 		return fmt.Errorf("%w: min_p %v outside [0,1]", ErrBadInput, p.MinP)
 	case !(p.RepeatPenalty >= 0 && p.RepeatPenalty <= 10):
 		return fmt.Errorf("%w: repeat_penalty %v outside [0,10]", ErrBadInput, p.RepeatPenalty)
+	case !(p.FrequencyPenalty >= -2 && p.FrequencyPenalty <= 2):
+		return fmt.Errorf("%w: frequency_penalty %v outside [-2,2]", ErrBadInput, p.FrequencyPenalty)
+	case !(p.PresencePenalty >= -2 && p.PresencePenalty <= 2):
+		return fmt.Errorf("%w: presence_penalty %v outside [-2,2]", ErrBadInput, p.PresencePenalty)
 	case p.RepeatLastN < -1 || p.RepeatLastN > 1<<16:
 		return fmt.Errorf("%w: repeat_last_n %d", ErrBadInput, p.RepeatLastN)
 	}
@@ -65,7 +74,11 @@ func newSampler(m *Model, p Sampling, nCtx int) (*sampler, error) {
 	cp.no_perf = true
 	chain := C.llama_sampler_chain_init(cp)
 	n := 0
-	if p.RepeatPenalty > 0 && p.RepeatPenalty != 1 {
+	repeat := p.RepeatPenalty
+	if repeat <= 0 {
+		repeat = 1
+	}
+	if repeat != 1 || p.FrequencyPenalty != 0 || p.PresencePenalty != 0 {
 		last := p.RepeatLastN
 		switch {
 		case last == 0:
@@ -73,7 +86,7 @@ func newSampler(m *Model, p Sampling, nCtx int) (*sampler, error) {
 		case last < 0:
 			last = int32(nCtx)
 		}
-		C.llama_sampler_chain_add(chain, C.llama_sampler_init_penalties(C.int32_t(last), C.float(p.RepeatPenalty), 0, 0))
+		C.llama_sampler_chain_add(chain, C.llama_sampler_init_penalties(C.int32_t(last), C.float(repeat), C.float(p.FrequencyPenalty), C.float(p.PresencePenalty)))
 		n++
 	}
 	if p.Temperature > 0 {

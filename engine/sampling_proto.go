@@ -12,5 +12,6 @@ func SamplingFromProto(sp *meshp2pb.SamplingParams) Sampling {
 		return Sampling{}
 	}
 	return Sampling{Temperature: sp.GetTemperature(), TopK: sp.GetTopK(), TopP: sp.GetTopP(), MinP: sp.GetMinP(),
-		RepeatPenalty: sp.GetRepeatPenalty(), RepeatLastN: sp.GetRepeatLastN(), Seed: sp.GetSeed()}
+		RepeatPenalty: sp.GetRepeatPenalty(), RepeatLastN: sp.GetRepeatLastN(), Seed: sp.GetSeed(),
+		FrequencyPenalty: sp.GetFrequencyPenalty(), PresencePenalty: sp.GetPresencePenalty()}
 }

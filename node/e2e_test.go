@@ -260,6 +260,15 @@ func TestKillMiddleNode(t *testing.T) {
 							killed.Store(m)
 							// Abrupt: the host goes away (no advert
 							// withdrawal, no goodbye), streams reset.
+							// Its neighbours drop their connections
+							// first, the head first, as a crash looks to
+							// them: closing the host alone closes its
+							// connections one by one, and the dying hop
+							// could still report its lost downstream
+							// (blaming the innocent tail) to the head.
+							for _, n := range []*Node{head, tail} {
+								_ = n.P2P().Host().Network().ClosePeer(m.P2P().ID())
+							}
 							_ = m.P2P().Host().Close()
 							return
 						}

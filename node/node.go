@@ -42,11 +42,15 @@ type Config struct {
 	Layers    *gguf.Range // nil: all layers
 	ModelName string      // advertised name (default: the file name without .gguf)
 	Engine    engine.Config
+	NoMmap    bool // read the weights instead of mapping them (engine.LoadOptions.NoMmap)
 	Hop       session.HopConfig
 	// DirectWait bounds how long a data-plane stream to a relayed peer
 	// waits for a hole punch before starting on the relay (0: DirectWait;
 	// negative: do not wait; the stream then moves once one succeeds).
 	DirectWait time.Duration
+	// Placement, if set (and Layers nil), makes the node choose and move
+	// its own window (placement.go).
+	Placement *PlacementConfig
 	// SplitProgress, if set, reports shard splitting progress.
 	SplitProgress func(done, total int64)
 	Logger        *slog.Logger
@@ -60,6 +64,9 @@ type Node struct {
 	host  *hostAdapter
 	table *route.Table
 
+	// mu guards model, shard, shardPath, calibration and the placement
+	// fields below: a move swaps the served window.
+	mu        sync.Mutex
 	model     *engine.Model
 	shard     *engine.Shard
 	hop       *session.HopService
@@ -71,6 +78,14 @@ type Node struct {
 	// calibration is the decode time per row measured at start, the
 	// advertised speed until live traffic refines it.
 	calibration time.Duration
+	// placement is nil for a node given --layers; loading is a window
+	// being loaded (advertised as planned), draining one being left.
+	placement         *placementState
+	loading, draining *gguf.Range
+	moves             int
+	lastWhy           string
+	// failures is shared by every origin of this node (session.FailureMemory).
+	failures *session.FailureMemory
 
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
@@ -91,9 +106,15 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 	if cfg.Engine.Logger == nil {
 		cfg.Engine.Logger = cfg.Logger
 	}
-	n := &Node{cfg: cfg, log: cfg.Logger, table: route.NewTable()}
+	if cfg.P2P.MemberAdvert == nil { // an open relay's members (--relay-service)
+		cfg.P2P.MemberAdvert = route.MemberAdvert
+	}
+	n := &Node{cfg: cfg, log: cfg.Logger, table: route.NewTable(), failures: session.NewFailureMemory(0, 0)}
 	var err error
-	if cfg.ModelPath != "" {
+	if !cfg.places() {
+		cfg.Placement = nil
+	}
+	if cfg.ModelPath != "" && cfg.Placement == nil {
 		if err := n.loadShard(ctx); err != nil {
 			n.closeEngine()
 			return nil, err
@@ -128,6 +149,11 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 		}
 		n.wg.Add(1)
 		go func() { defer n.wg.Done(); n.advertLoop(bg) }()
+	} else if cfg.ModelPath != "" {
+		if err := n.startPlaced(ctx, bg); err != nil {
+			n.Close()
+			return nil, err
+		}
 	}
 	return n, nil
 }
@@ -170,7 +196,7 @@ func (n *Node) loadShard(ctx context.Context) error {
 		}
 	}
 	n.fp, n.nLayer, n.shardPath = fp, nl, path
-	n.model, err = engine.LoadModel(ctx, path, engine.LoadOptions{})
+	n.model, err = engine.LoadModel(ctx, path, engine.LoadOptions{NoMmap: cfg.NoMmap})
 	if err != nil {
 		return err
 	}
@@ -231,27 +257,46 @@ var shardSuffix = regexp.MustCompile(`^(.+)\.L\d+-\d+$`)
 func NameKey(name string) string { return "name:" + name }
 
 func (n *Node) advertBody() ([]byte, error) {
-	info := n.shard.Info()
-	c := n.shard.Capacity()
 	ca := &meshp2pb.CapabilityAdvert{
 		PeerId: []byte(n.p2p.ID()), Network: n.cfg.P2P.Network, Roles: []meshp2pb.Role{meshp2pb.Role_ROLE_SHARD},
 		Version: engine.Version,
-		Shards: []*meshp2pb.ShardAdvert{{
-			ModelFingerprint: n.fp, ModelName: n.ModelName(), NLayer: uint32(n.nLayer),
-			Start: uint32(info.Start), End: uint32(info.End),
-			WireDtypes: frame.WireDTypeList(),
-			Capacity: &meshp2pb.ShardCapacity{FreeSessions: uint32(c.FreeSessions), MaxSessions: uint32(c.MaxSessions),
-				FreeKvTokens: uint64(c.FreeKV), NCtx: uint32(c.NCtx), NBatch: uint32(n.shard.Config().NBatch)},
-			HasVocab: n.vocabPath != "", NEmbd: uint32(info.NEmbd), Arch: info.Arch,
-			Runtime: "llama.cpp@" + engine.LlamaCommit,
-		}},
 	}
-	msl := n.hop.DecodeMsPerLayer()
-	if msl == 0 {
-		msl = float32(float64(n.calibration.Microseconds()) / 1000 / float64(max(1, info.End-info.Start)))
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.shard != nil {
+		info := n.shard.Info()
+		c := n.shard.Capacity()
+		sa := n.shardAdvert(info.Start, info.End, info.NEmbd, info.Arch)
+		sa.Capacity = &meshp2pb.ShardCapacity{FreeSessions: uint32(c.FreeSessions), MaxSessions: uint32(c.MaxSessions),
+			FreeKvTokens: uint64(c.FreeKV), NCtx: uint32(c.NCtx), NBatch: uint32(n.shard.Config().NBatch)}
+		var msl float32
+		if n.hop != nil {
+			msl = n.hop.DecodeMsPerLayer()
+		}
+		if msl == 0 {
+			msl = float32(float64(n.calibration.Microseconds()) / 1000 / float64(max(1, info.End-info.Start)))
+		}
+		sa.DecodeMsPerLayer = &msl
+		ca.Shards = append(ca.Shards, sa)
 	}
-	ca.Shards[0].DecodeMsPerLayer = &msl
+	if r := n.loading; r != nil {
+		// A planned window: announced before it is loaded, with no session
+		// slot, so planners skip it and placement counts it.
+		embd, arch := n.modelShape()
+		sa := n.shardAdvert(r.Start, r.End, embd, arch)
+		sa.Capacity = &meshp2pb.ShardCapacity{}
+		ca.Shards = append(ca.Shards, sa)
+	}
 	return proto.Marshal(ca)
+}
+
+func (n *Node) shardAdvert(start, end, nEmbd int, arch string) *meshp2pb.ShardAdvert {
+	return &meshp2pb.ShardAdvert{
+		ModelFingerprint: n.fp, ModelName: n.ModelName(), NLayer: uint32(n.nLayer),
+		Start: uint32(start), End: uint32(end), WireDtypes: frame.WireDTypeList(),
+		HasVocab: n.vocabPath != "", NEmbd: uint32(nEmbd), Arch: arch,
+		Runtime: "llama.cpp@" + engine.LlamaCommit,
+	}
 }
 
 func (n *Node) publish() error {
@@ -271,14 +316,14 @@ func (n *Node) publish() error {
 func (n *Node) advertLoop(ctx context.Context) {
 	t := time.NewTicker(AdvertCheckInterval)
 	defer t.Stop()
-	last := n.shard.Capacity()
+	last := n.Shard().Capacity()
 	lastSpeed := n.hop.DecodeMsPerLayer()
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-			c, sp := n.shard.Capacity(), n.hop.DecodeMsPerLayer()
+			c, sp := n.Shard().Capacity(), n.hop.DecodeMsPerLayer()
 			// Re-publish on capacity changes, or when the measured speed
 			// moved by more than a quarter (the tracker's cost model).
 			if c != last || math.Abs(float64(sp-lastSpeed)) > AdvertSpeedChange*float64(max(lastSpeed, 1e-6)) {
@@ -301,7 +346,11 @@ func (n *Node) Table() *route.Table { return n.table }
 func (n *Node) Fingerprint() string { return n.fp }
 
 // Shard returns the served engine shard (nil on a client).
-func (n *Node) Shard() *engine.Shard { return n.shard }
+func (n *Node) Shard() *engine.Shard {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.shard
+}
 
 // Hop returns the hop service (nil on a client).
 func (n *Node) Hop() *session.HopService { return n.hop }
@@ -315,7 +364,7 @@ func (n *Node) Origin(planner route.Planner) *session.Origin {
 	// it opens at once on any connection, relayed included, instead of
 	// waiting for a hole punch as activation seams do.
 	return &session.Origin{Dialer: n.ControlHost(), Planner: planner, Protocol: n.host.ProtocolID(session.ProtoSession, session.ProtoVersion),
-		Limits: n.cfg.Hop.Limits, Logger: n.log,
+		Limits: n.cfg.Hop.Limits, Logger: n.log, Failures: n.failures,
 		Rediscover: func(ctx context.Context, fp string) {
 			// A replacement may be known to a peer but not to us yet:
 			// re-pull adverts from connected peers and ask the DHT.
@@ -350,8 +399,8 @@ func (n *Node) Info() Info {
 	for _, a := range n.p2p.Addrs() {
 		in.Addrs = append(in.Addrs, a.String())
 	}
-	if n.shard != nil {
-		in.Start, in.End = n.shard.Info().Start, n.shard.Info().End
+	if sh := n.Shard(); sh != nil {
+		in.Start, in.End = sh.Info().Start, sh.Info().End
 	}
 	return in
 }
@@ -391,6 +440,8 @@ func (n *Node) Close() error {
 }
 
 func (n *Node) closeEngine() {
+	n.mu.Lock()
+	defer n.mu.Unlock()
 	if n.shard != nil {
 		n.shard.Close()
 		n.shard = nil

@@ -68,8 +68,16 @@ type Config struct {
 	RelayResources RelayResources
 	// RelayACL decides which peers may reserve a slot or open a circuit
 	// through this relay (as source or destination). nil admits every peer
-	// that completed a handshake, which under a swarm key means members only.
+	// that completed a handshake under a swarm key (members only), and
+	// Node.RelayMember's members without one.
 	RelayACL func(peer.ID) bool
+	// MemberAdvert decides whether a peer's advert makes it a member for
+	// the open relay's ACL (nil: any advert; node and tracker use
+	// route.MemberAdvert).
+	MemberAdvert func(Advert) bool
+	// RelayBudget bounds each peer's use of an open relay (no swarm key);
+	// zero fields take the defaults in relayguard.go.
+	RelayBudget RelayBudget
 
 	// ForceReachability is ReachabilityAuto, ReachabilityPublic or
 	// ReachabilityPrivate.

@@ -36,14 +36,19 @@
 // # Resource limits
 //
 // limits.go documents each number. In short: a stream may hold 32 MiB (the
-// 16 MiB yamux window plus a frame buffer), one protocol with one peer
-// 64 MiB, one peer 256 MiB, one protocol 256 MiB; the system base is
-// 512 MiB plus go-libp2p's autoscaling. The relay service runs with no
-// data/time limit (go-libp2p's 128 KiB / 2 min kills activation streams), a
-// 256 KiB copy buffer, 64 circuits per peer, 512 reservations, and
-// RelayACL (nil: everyone who completed a handshake — with a swarm key,
-// members only). Config.RelayLimit re-imposes a limit; clients then see the
-// circuit as Limited.
+// frame buffer its reader charges; yamux windows count against the peer),
+// one protocol with one peer 64 MiB, one peer 256 MiB, one protocol
+// 256 MiB; the system base is 512 MiB plus go-libp2p's autoscaling. The
+// relay service runs with no per-circuit data/time limit (go-libp2p's
+// 128 KiB / 2 min kills activation streams), a 256 KiB copy buffer, 512
+// reservations, and RelayACL. With a swarm key (nil ACL: every handshake
+// is a member) it allows 64 circuits per peer. Without one it is an open
+// relay (relayguard.go): the ACL defaults to Node.RelayMember, and each
+// peer may hold 16 circuits, relay 1 GiB per hour (counted by the host's
+// bandwidth reporter on hop and stop streams) and keep a circuit 1 hour;
+// a peer over its bytes has its circuits reset and is refused until its
+// window ends. Config.RelayLimit re-imposes go-libp2p's per-circuit limit;
+// clients then see the circuit as Limited.
 //
 // # Connection status
 //

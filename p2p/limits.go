@@ -15,12 +15,15 @@ import (
 // Resource manager sizing. go-libp2p's defaults are built for many small
 // IPFS streams; meshp2p streams carry activations (a 2k-token prefill of an
 // 8192-wide model is 64 MiB in f32) and yamux grows a stream's receive
-// window up to 16 MiB, charging the growth to the stream, protocol and peer
-// scopes. When a reservation fails yamux keeps the smaller window, so these
-// limits cap throughput, not correctness.
+// window up to 16 MiB, charging the growth to the peer scope (a span of the
+// connection's peer). When such a reservation fails yamux keeps the smaller
+// window, so these limits cap throughput, not correctness. Session, seam
+// and ring streams also charge their frame payload buffer to the stream
+// scope (frame.Reader.ChargeTo): a frame the limits cannot hold is refused.
 const (
-	// streamMemory: one stream at the full 16 MiB yamux window plus room
-	// for the frame buffer its owner reserves (default 16 MiB).
+	// streamMemory: the frame buffer of one stream: a 128-row prefill
+	// chunk (session.DefaultChunk) of a 65536-wide f32 model, the widest
+	// an advert may claim (default 16 MiB).
 	streamMemory = 32 << 20
 	// protocolPeerMemory: four full-window streams of one protocol with one
 	// peer (e.g. parallel activation streams during prefill); default 16 MiB.
@@ -42,7 +45,8 @@ const (
 // circuit, 2 KiB copy buffer, 16 circuits per peer) cut an activation stream
 // after a few tokens; a 1 MB transfer through them was reset every
 // time. A meshp2p relay carries activations for members only (RelayACL,
-// swarm key), so it runs without a data or time limit by default.
+// swarm key), so it runs without go-libp2p's per-circuit data or time
+// limit; an open relay bounds each peer instead (relayguard.go).
 const (
 	defaultRelayMaxReservations      = 512
 	defaultRelayMaxCircuits          = 64        // per peer: one node can be a relayed hop in many pipelines
@@ -83,7 +87,12 @@ func (r RelayResources) withDefaults() RelayResources {
 	return r
 }
 
-func (c Config) relayResources() relay.Resources {
+// relayResources sizes the relay service; an open relay (no swarm key)
+// allows fewer circuits per peer unless configured (relayguard.go).
+func (c Config) relayResources(open bool) relay.Resources {
+	if open && c.RelayResources.MaxCircuits <= 0 {
+		c.RelayResources.MaxCircuits = openRelayMaxCircuits
+	}
 	r := c.RelayResources.withDefaults()
 	res := relay.Resources{
 		ReservationTTL:         r.ReservationTTL,

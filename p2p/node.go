@@ -72,6 +72,11 @@ type Node struct {
 	disc       *Discovery
 	boot       *bootState
 	pskFP      string // "" when not private
+	// guard bounds each peer's use of an open relay (nil: no relay
+	// service, or a private swarm); relayACL is the relay's member check
+	// (nil: everyone who completed a handshake). relayguard.go.
+	guard    *relayGuard
+	relayACL func(peer.ID) bool
 
 	ctx    context.Context // lifecycle; cancelled by Close
 	cancel context.CancelFunc
@@ -145,6 +150,14 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 		return nil, fmt.Errorf("creating resource manager: %w", err)
 	}
 
+	n.relayACL = cfg.RelayACL
+	if cfg.RelayService && psk == nil {
+		// An open relay: members only, and bounded per peer.
+		n.guard = newRelayGuard(cfg.RelayBudget)
+		if n.relayACL == nil {
+			n.relayACL = n.RelayMember
+		}
+	}
 	n.ctx, n.cancel = context.WithCancel(context.Background())
 	opts, err := n.hostOptions(key, psk, rm)
 	if err != nil {
@@ -176,10 +189,18 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 		cm.Protect(ai.ID, tagRelay)
 	}
 
+	d, err := newDiscovery(n)
+	if err != nil {
+		n.closeHost()
+		return nil, err
+	}
+	n.disc = d
+
 	if cfg.RelayService {
-		r, err := relay.New(h, relay.WithResources(cfg.relayResources()), relay.WithACL(relayACL{cfg.RelayACL}))
+		res := cfg.relayResources(n.guard != nil)
+		r, err := relay.New(h, relay.WithResources(res), relay.WithACL(relayACL{n.relayAllow}))
 		if err != nil {
-			n.closeHost()
+			n.Close()
 			return nil, fmt.Errorf("starting relay service: %w", err)
 		}
 		n.relay = r
@@ -187,17 +208,15 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 		if cfg.RelayLimit != nil {
 			lim = fmt.Sprintf("%v / %d bytes per direction", cfg.RelayLimit.Duration, cfg.RelayLimit.Data)
 		}
-		rr := cfg.RelayResources.withDefaults()
-		log.Info("relay service on", "limit", lim, "buffer", rr.BufferSize, "max_circuits_per_peer", rr.MaxCircuits,
-			"max_reservations", rr.MaxReservations, "acl", cfg.RelayACL != nil)
+		attrs := []any{"limit", lim, "buffer", res.BufferSize, "max_circuits_per_peer", res.MaxCircuits,
+			"max_reservations", res.MaxReservations, "acl", n.relayACL != nil}
+		if g := n.guard; g != nil {
+			attrs = append(attrs, "peer_bytes_per_window", g.budget.Bytes, "window", g.budget.Window, "max_circuit_duration", g.budget.CircuitDuration)
+			n.wg.Add(1)
+			go n.runRelayGuard()
+		}
+		log.Info("relay service on", attrs...)
 	}
-
-	d, err := newDiscovery(n)
-	if err != nil {
-		n.closeHost()
-		return nil, err
-	}
-	n.disc = d
 	if err := n.startRelayFinder(); err != nil {
 		n.Close()
 		return nil, err
@@ -262,6 +281,9 @@ func (n *Node) hostOptions(key crypto.PrivKey, psk pnet.PSK, rm network.Resource
 			n.kad = kad
 			return kad, err
 		}),
+	}
+	if n.guard != nil {
+		opts = append(opts, libp2p.BandwidthReporter(relayMeter{n.guard}))
 	}
 	if psk != nil {
 		opts = append(opts, libp2p.PrivateNetwork(psk))
@@ -411,15 +433,16 @@ func (n *Node) hostOrNil() host.Host {
 	return n.host
 }
 
-// relayACL adapts Config.RelayACL to go-libp2p's relay.ACLFilter.
+// relayACL adapts the relay's admission (Node.relayAllow) to go-libp2p's
+// relay.ACLFilter.
 type relayACL struct{ allow func(peer.ID) bool }
 
 func (a relayACL) AllowReserve(p peer.ID, _ multiaddr.Multiaddr) bool {
-	return a.allow == nil || a.allow(p)
+	return a.allow(p)
 }
 
 func (a relayACL) AllowConnect(src peer.ID, _ multiaddr.Multiaddr, dst peer.ID) bool {
-	return a.allow == nil || (a.allow(src) && a.allow(dst))
+	return a.allow(src) && a.allow(dst)
 }
 
 // ID is the node's peer id.

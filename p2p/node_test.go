@@ -208,7 +208,14 @@ func sendThrough(ctx context.Context, n *Node, p peer.ID, size int) (int64, erro
 // a slot on it and a dialer connected to the listener through the circuit.
 func relayedPair(t *testing.T, ctx context.Context, relayMod func(*Config)) (dialer, listener *Node) {
 	t.Helper()
-	r := newTestNode(t, func(c *Config) {
+	_, dialer, listener = relayedTrio(t, ctx, relayMod)
+	return dialer, listener
+}
+
+// relayedTrio is relayedPair that also returns the relay.
+func relayedTrio(t *testing.T, ctx context.Context, relayMod func(*Config)) (r, dialer, listener *Node) {
+	t.Helper()
+	r = newTestNode(t, func(c *Config) {
 		c.Role = "relay"
 		c.RelayService = true
 		c.ForceReachability = ReachabilityPublic
@@ -235,14 +242,20 @@ func relayedPair(t *testing.T, ctx context.Context, relayMod func(*Config)) (dia
 			relayTCP = a
 		}
 	}
-	circuit, err := multiaddr.NewMultiaddr(relayTCP.String() + "/p2p/" + r.ID().String() + "/p2p-circuit")
+	if err := dialer.Connect(ctx, peer.AddrInfo{ID: listener.ID(), Addrs: []multiaddr.Multiaddr{circuitAddr(t, r, relayTCP)}}); err != nil {
+		t.Fatalf("connecting through the relay: %v", err)
+	}
+	return r, dialer, listener
+}
+
+// circuitAddr is the circuit address through relay r at its address a.
+func circuitAddr(t *testing.T, r *Node, a multiaddr.Multiaddr) multiaddr.Multiaddr {
+	t.Helper()
+	circuit, err := multiaddr.NewMultiaddr(a.String() + "/p2p/" + r.ID().String() + "/p2p-circuit")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := dialer.Connect(ctx, peer.AddrInfo{ID: listener.ID(), Addrs: []multiaddr.Multiaddr{circuit}}); err != nil {
-		t.Fatalf("connecting through the relay: %v", err)
-	}
-	return dialer, listener
+	return circuit
 }
 
 func TestRelayRaisedLimits(t *testing.T) {

@@ -93,6 +93,15 @@ const (
 // ErrBadAdvert marks an advertised shard that fails a bound.
 var ErrBadAdvert = errors.New("route: advertised shard out of bounds")
 
+// MemberAdvert reports whether an advert lists at least one shard inside
+// DecodeAdvert's bounds: what makes its author a member for an open
+// relay's ACL (p2p.Config.MemberAdvert; a garbage advert makes no one a
+// member).
+func MemberAdvert(a p2p.Advert) bool {
+	shards, err := DecodeAdvert(a)
+	return err == nil && len(shards) > 0
+}
+
 // checkShard validates one advertised shard: layer counts within what a
 // model can have (gguf.MaxLayers, llama.cpp's limit), a range inside them,
 // a plausible width, capacity that does not exceed itself, and a finite,

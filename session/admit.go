@@ -17,57 +17,58 @@ import (
 
 // admit checks that the open names this hop with exactly this model and
 // range, in a route that covers the model, sent by the right peer.
-func (h *HopService) admit(open *meshp2pb.SessionOpen, from peer.ID) (int, *hopError) {
+func (h *HopService) admit(open *meshp2pb.SessionOpen, from peer.ID) (int, *servedEngine, *hopError) {
 	me := h.host.ID()
 	rt := open.GetRoute()
 	idx := int(open.GetHopIndex())
 	switch {
 	case len(open.GetSessionId()) != frame.SessionIDLen:
-		return 0, codeErr(meshp2pb.ErrorCode_ERROR_CODE_BAD_REQUEST, "session id must be 16 bytes", "")
+		return 0, nil, codeErr(meshp2pb.ErrorCode_ERROR_CODE_BAD_REQUEST, "session id must be 16 bytes", "")
 	case rt == nil || idx >= len(rt.GetHops()):
-		return 0, codeErr(meshp2pb.ErrorCode_ERROR_CODE_BAD_REQUEST, "hop index outside the route", "")
+		return 0, nil, codeErr(meshp2pb.ErrorCode_ERROR_CODE_BAD_REQUEST, "hop index outside the route", "")
 	case open.GetModelFingerprint() != h.cfg.Fingerprint || rt.GetModelFingerprint() != h.cfg.Fingerprint:
-		return 0, codeErr(meshp2pb.ErrorCode_ERROR_CODE_MODEL_MISMATCH, fmt.Sprintf("this hop serves model %.16s, not %.16s", h.cfg.Fingerprint, open.GetModelFingerprint()), me)
+		return 0, nil, codeErr(meshp2pb.ErrorCode_ERROR_CODE_MODEL_MISMATCH, fmt.Sprintf("this hop serves model %.16s, not %.16s", h.cfg.Fingerprint, open.GetModelFingerprint()), me)
 	case int(rt.GetNLayer()) != h.info.ParentNLayer:
-		return 0, codeErr(meshp2pb.ErrorCode_ERROR_CODE_MODEL_MISMATCH, fmt.Sprintf("model has %d layers, route says %d", h.info.ParentNLayer, rt.GetNLayer()), me)
+		return 0, nil, codeErr(meshp2pb.ErrorCode_ERROR_CODE_MODEL_MISMATCH, fmt.Sprintf("model has %d layers, route says %d", h.info.ParentNLayer, rt.GetNLayer()), me)
 	case open.GetEpoch() != rt.GetEpoch():
-		return 0, codeErr(meshp2pb.ErrorCode_ERROR_CODE_BAD_REQUEST, "session epoch differs from route epoch", "")
+		return 0, nil, codeErr(meshp2pb.ErrorCode_ERROR_CODE_BAD_REQUEST, "session epoch differs from route epoch", "")
 	case !frame.WireDTypeSupported(open.GetWireDtype()):
-		return 0, codeErr(meshp2pb.ErrorCode_ERROR_CODE_UNSUPPORTED_DTYPE, "wire dtype must be one of "+frame.WireDTypeNames(), me)
+		return 0, nil, codeErr(meshp2pb.ErrorCode_ERROR_CODE_UNSUPPORTED_DTYPE, "wire dtype must be one of "+frame.WireDTypeNames(), me)
 	}
 	hop := rt.GetHops()[idx]
 	if peer.ID(hop.GetPeerId()) != me {
-		return 0, codeErr(meshp2pb.ErrorCode_ERROR_CODE_BAD_REQUEST, "route hop names another peer", "")
+		return 0, nil, codeErr(meshp2pb.ErrorCode_ERROR_CODE_BAD_REQUEST, "route hop names another peer", "")
 	}
 	// Only the previous hop of the route may extend a session to us: a
 	// stranger cannot splice itself into someone's route.
 	if idx > 0 && peer.ID(rt.GetHops()[idx-1].GetPeerId()) != from {
-		return 0, codeErr(meshp2pb.ErrorCode_ERROR_CODE_BAD_REQUEST, "session open must come from the previous hop of the route", "")
+		return 0, nil, codeErr(meshp2pb.ErrorCode_ERROR_CODE_BAD_REQUEST, "session open must come from the previous hop of the route", "")
 	}
-	if int(hop.GetStart()) != h.info.Start || int(hop.GetEnd()) != h.info.End {
-		return 0, codeErr(meshp2pb.ErrorCode_ERROR_CODE_RANGE_MISMATCH, fmt.Sprintf("this hop serves layers %d-%d, route asks %d-%d", h.info.Start, h.info.End, hop.GetStart(), hop.GetEnd()), me)
+	se, he := h.engineFor(int(hop.GetStart()), int(hop.GetEnd()))
+	if he != nil {
+		return 0, nil, he
 	}
 	// The route must be a contiguous cover, or some hop would run the
 	// wrong layers on the hidden states it receives.
 	at := uint32(0)
 	for _, x := range rt.GetHops() {
 		if x.GetStart() != at || x.GetEnd() <= x.GetStart() {
-			return 0, codeErr(meshp2pb.ErrorCode_ERROR_CODE_BAD_REQUEST, "route hops do not join end to start", "")
+			return 0, nil, codeErr(meshp2pb.ErrorCode_ERROR_CODE_BAD_REQUEST, "route hops do not join end to start", "")
 		}
 		at = x.GetEnd()
 	}
 	if at != rt.GetNLayer() {
-		return 0, codeErr(meshp2pb.ErrorCode_ERROR_CODE_BAD_REQUEST, "route does not cover all layers", "")
+		return 0, nil, codeErr(meshp2pb.ErrorCode_ERROR_CODE_BAD_REQUEST, "route does not cover all layers", "")
 	}
 	if h.cfg.Admit != nil {
 		if e := h.cfg.Admit(open, idx, from); e != nil {
 			if len(e.GetFailedPeerId()) == 0 && frame.Retryable(e.GetCode()) {
 				e.FailedPeerId = []byte(me)
 			}
-			return 0, &hopError{e}
+			return 0, nil, &hopError{e}
 		}
 	}
-	return idx, nil
+	return idx, se, nil
 }
 
 // refusal is the SessionAccept{ok: false} that answers open with he.
@@ -136,9 +137,9 @@ func (h *HopService) handleSession(s network.Stream) {
 		_ = s.Close()
 	}
 	from := s.Conn().RemotePeer()
-	idx, he := h.admit(open, from)
+	idx, se, he := h.admit(open, from)
 	if he == nil {
-		he = h.checkSessionKV(open)
+		he = h.checkSessionKV(open, se.info)
 	}
 	if he != nil {
 		refuse(he)
@@ -146,7 +147,7 @@ func (h *HopService) handleSession(s network.Stream) {
 	}
 	key := keyOf(open.GetSessionId(), open.GetEpoch())
 	n := len(open.GetRoute().GetHops())
-	hs := &hopSession{h: h, key: key, open: open, idx: idx, head: idx == 0, tail: idx == n-1, wire: open.GetWireDtype(), from: from,
+	hs := &hopSession{h: h, se: se, key: key, open: open, idx: idx, head: idx == 0, tail: idx == n-1, wire: open.GetWireDtype(), from: from,
 		up: NewSeam(s, lim), down: NewSeam(nil, lim), ringOut: NewSeam(nil, lim), ringIn: NewSeam(nil, lim),
 		ring: make(chan network.Stream, 1), self: make(chan *meshp2pb.TokenFrame, 1), activity: make(chan struct{}, 1),
 		done: make(chan struct{}), released: make(chan struct{}), engFreed: make(chan struct{}),
@@ -164,7 +165,7 @@ func (h *HopService) handleSession(s network.Stream) {
 			return
 		}
 	}
-	eng, err := h.eng.OpenSession(key, EngineParams{KVTokens: int(open.GetNCtxNeeded()), Sampling: open.GetSampling(), Generated: open.GetGenerated()})
+	eng, err := se.eng.OpenSession(key, EngineParams{KVTokens: int(open.GetNCtxNeeded()), Sampling: open.GetSampling(), Generated: open.GetGenerated()})
 	if err != nil {
 		h.giveQuota(hs)
 		code := meshp2pb.ErrorCode_ERROR_CODE_BAD_REQUEST
@@ -214,21 +215,21 @@ func (h *HopService) handleSession(s network.Stream) {
 
 // maxSessionKV is the most KV cells one session may reserve here (0: no
 // cap but the engine's).
-func (h *HopService) maxSessionKV() int {
+func (h *HopService) maxSessionKV(info ShardInfo) int {
 	switch c := h.cfg.MaxSessionKV; {
 	case c > 0:
 		return c
 	case c < 0:
 		return 0
 	}
-	return h.info.NCtx / DefaultSessionKVDivisor
+	return info.NCtx / DefaultSessionKVDivisor
 }
 
 // checkSessionKV refuses a session that asks for more KV cells than one
 // session may hold here. Not retryable and nobody to blame: every replica
 // of this shard would refuse it too.
-func (h *HopService) checkSessionKV(open *meshp2pb.SessionOpen) *hopError {
-	if c := h.maxSessionKV(); c > 0 && int(open.GetNCtxNeeded()) > c {
+func (h *HopService) checkSessionKV(open *meshp2pb.SessionOpen, info ShardInfo) *hopError {
+	if c := h.maxSessionKV(info); c > 0 && int(open.GetNCtxNeeded()) > c {
 		return codeErr(meshp2pb.ErrorCode_ERROR_CODE_BAD_REQUEST,
 			fmt.Sprintf("session needs %d KV cells; this hop admits at most %d per session", open.GetNCtxNeeded(), c), "")
 	}
@@ -236,13 +237,13 @@ func (h *HopService) checkSessionKV(open *meshp2pb.SessionOpen) *hopError {
 }
 
 // peerQuota is what one origin peer may hold on this head (0: unlimited).
-func (h *HopService) peerQuota() peerUse {
+func (h *HopService) peerQuota(info ShardInfo) peerUse {
 	q := peerUse{sessions: h.cfg.MaxSessionsPerPeer, kv: h.cfg.MaxKVPerPeer}
-	if q.sessions == 0 && h.info.MaxSessions > 0 {
-		q.sessions = max(1, h.info.MaxSessions/DefaultPeerShareDivisor)
+	if q.sessions == 0 && info.MaxSessions > 0 {
+		q.sessions = max(1, info.MaxSessions/DefaultPeerShareDivisor)
 	}
 	if q.kv == 0 {
-		q.kv = h.info.NCtx / DefaultPeerShareDivisor
+		q.kv = info.NCtx / DefaultPeerShareDivisor
 	}
 	return peerUse{sessions: max(0, q.sessions), kv: max(0, q.kv)}
 }
@@ -250,7 +251,7 @@ func (h *HopService) peerQuota() peerUse {
 // takeQuota counts a new session on the head against its origin's quota,
 // or refuses it (NO_CAPACITY: the origin's own sessions must end first).
 func (h *HopService) takeQuota(hs *hopSession, kv int) *hopError {
-	q := h.peerQuota()
+	q := h.peerQuota(hs.se.info)
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	u := h.perPeer[hs.from]

@@ -30,7 +30,7 @@ func (hs *hopSession) connect(ctx context.Context) *hopError {
 		h.host.Protect(np, RouteProtectTag)
 		fwd := cloneOpen(hs.open)
 		fwd.HopIndex = uint32(hs.idx + 1)
-		w, r := frame.NewWriter(ds, h.cfg.Limits), frame.NewReader(ds, h.cfg.Limits)
+		w, r := frame.NewWriter(ds, h.cfg.Limits), streamReader(ds, h.cfg.Limits)
 		if err := w.WriteStream(&meshp2pb.StreamMessage{Kind: &meshp2pb.StreamMessage_Open{Open: fwd}}); err != nil {
 			_ = ds.Reset()
 			return codeErr(meshp2pb.ErrorCode_ERROR_CODE_NEXT_HOP_UNREACHABLE, fmt.Sprintf("send open to %s: %v", np, err), np)

@@ -162,12 +162,12 @@ func (hs *hopSession) activation(a *meshp2pb.ActivationHeader, tensors [][]byte,
 	t0 := time.Now()
 	out, err := hs.eng.Forward(context.Background(), in)
 	if err != nil {
-		return engineErr(err, from)
+		return engineErr(err, from, hs.h.host.ID())
 	}
 	took := time.Since(t0)
 	us := uint32(took.Microseconds())
 	if a.GetNRows() == 1 {
-		hs.h.ObserveDecode(took)
+		hs.h.observeDecode(took, hs.se.info.End-hs.se.info.Start)
 	}
 	own := &meshp2pb.HopTiming{WaitUs: usOf(rt.wait), ReadUs: usOf(rt.read), DecodeUs: usOf(rt.decode), ComputeUs: us,
 		WriteUs: uint32(hs.clock.write.Load()), UpUs: uint32(hs.clock.up.Load())}
@@ -179,7 +179,7 @@ func (hs *hopSession) activation(a *meshp2pb.ActivationHeader, tensors [][]byte,
 		return nil
 	}
 	tf := &meshp2pb.TokenFrame{SessionId: a.GetSessionId(), Epoch: a.GetEpoch(), Step: a.GetStep(), Token: out.Token,
-		Position: a.GetPosStart() + a.GetNRows(), Eos: hs.h.eng.IsEOG(out.Token), HopUs: append(a.GetHopUs(), us), HopTiming: timing}
+		Position: a.GetPosStart() + a.GetNRows(), Eos: hs.se.eng.IsEOG(out.Token), HopUs: append(a.GetHopUs(), us), HopTiming: timing}
 	if hs.head {
 		select { // to selfRing, which is waiting (it sent the previous token)
 		case hs.self <- tf:

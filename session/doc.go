@@ -18,6 +18,7 @@
 //	teardown.go   fail (report upstream once), release, blame from downstream reports
 //	migrate.go    moving a seam or ring from a relayed to a direct connection
 //	speed.go      measured decode speed (advertised for the tracker's cost model)
+//	engines.go    the layer ranges a hop serves (two while it moves): AddEngine, StopAdmitting, Drain
 //	errors.go     wire error codes for engine and stream failures
 //	ticket.go     the --require-ticket admission hook
 //	origin.go     the client side: Origin.Generate

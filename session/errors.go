@@ -29,16 +29,18 @@ func codeErr(code meshp2pb.ErrorCode, msg string, failed peer.ID) *hopError {
 	return &hopError{e}
 }
 
-// engineErr maps an engine failure to its wire code. Input the engine
-// rejects is blamed on from, the peer that sent it.
-func engineErr(err error, from peer.ID) *hopError {
+// engineErr maps an engine failure on hop me to its wire code. Input the
+// engine rejects is blamed on from, the peer that sent it; any other
+// failure on me (the origin re-routes around this hop: a peer whose engine
+// fails must not end the generation for want of someone to blame).
+func engineErr(err error, from, me peer.ID) *hopError {
 	switch {
 	case errors.Is(err, ErrNoCapacity):
 		return codeErr(meshp2pb.ErrorCode_ERROR_CODE_CONTEXT_FULL, err.Error(), "")
 	case errors.Is(err, ErrBadInput):
 		return codeErr(meshp2pb.ErrorCode_ERROR_CODE_BAD_REQUEST, err.Error(), from)
 	}
-	return codeErr(meshp2pb.ErrorCode_ERROR_CODE_INTERNAL, err.Error(), "")
+	return codeErr(meshp2pb.ErrorCode_ERROR_CODE_INTERNAL, err.Error(), me)
 }
 
 // asHopError turns a stream failure into a report blaming blame unless it

@@ -60,7 +60,10 @@ type fakeEngine struct {
 	onStep func(steps int)
 	// onClose, if set, runs when a session starts closing, before its
 	// cells are freed (tests hold a dead epoch's cells).
-	onClose     func(Key)
+	onClose func(Key)
+	// broken, if set, is what every Forward fails with (a peer that
+	// cannot compute the layers it claims).
+	broken      error
 	refused     chan struct{} // closed at the first capacity refusal
 	refusedOnce sync.Once
 	sessions    map[Key]*fakeSession
@@ -119,6 +122,12 @@ func (s *fakeSession) Forward(ctx context.Context, in Input) (Output, error) {
 	info := s.e.info
 	if s.closed {
 		return Output{}, fmt.Errorf("session closed")
+	}
+	s.e.mu.Lock()
+	broken := s.e.broken
+	s.e.mu.Unlock()
+	if broken != nil {
+		return Output{}, broken
 	}
 	if in.Pos != s.nextPos {
 		return Output{}, fmt.Errorf("%w: position %d, want %d", ErrBadInput, in.Pos, s.nextPos)
@@ -210,8 +219,14 @@ type testHost struct {
 
 func newTestHost(t testing.TB) *testHost {
 	t.Helper()
+	return newTestHostRM(t, &network.NullResourceManager{})
+}
+
+// newTestHostRM is newTestHost with the resource manager rm.
+func newTestHostRM(t testing.TB, rm network.ResourceManager) *testHost {
+	t.Helper()
 	h, err := libp2p.New(libp2p.ListenAddrStrings("/ip4/127.0.0.1/tcp/0"), libp2p.DisableRelay(),
-		libp2p.ResourceManager(&network.NullResourceManager{}))
+		libp2p.ResourceManager(rm))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -367,7 +382,12 @@ type fakeHop struct {
 
 func startHop(t testing.TB, start, end int, tweak func(*HopConfig)) *fakeHop {
 	t.Helper()
-	h := newTestHost(t)
+	return startHopOn(t, newTestHost(t), start, end, tweak)
+}
+
+// startHopOn is startHop on the host h.
+func startHopOn(t testing.TB, h *testHost, start, end int, tweak func(*HopConfig)) *fakeHop {
+	t.Helper()
 	e := newFakeEngine(start, end)
 	cfg := HopConfig{Fingerprint: fakeFP, Idle: 20 * time.Second, OpenTimeout: 10 * time.Second, Logger: quiet}
 	if tweak != nil {

@@ -47,14 +47,17 @@ type HopConfig struct {
 // session and ring protocols and runs every (session, epoch) admitted on
 // this hop.
 type HopService struct {
-	host  Host
-	eng   Engine
+	host Host
+	// info is the model-wide geometry (ParentNLayer, NEmbd) all engines
+	// share; each served range has its own servedEngine.
 	info  ShardInfo
 	cfg   HopConfig
 	log   *slog.Logger
 	speed speedMeter
 
-	mu      sync.Mutex // guards closed, active and perPeer; never held during I/O or with a seam lock
+	mu      sync.Mutex // guards closed, active, perPeer and engines; never held during I/O or with a seam lock
+	engines []*servedEngine
+	moved   map[[2]int]time.Time // ranges drained away, when (MovedGrace)
 	closed  bool
 	active  map[Key]*hopSession
 	perPeer map[peer.ID]peerUse // head: what each origin peer holds here (quota)
@@ -73,7 +76,7 @@ func NewHopService(host Host, eng Engine, cfg HopConfig) *HopService {
 		cfg.Logger = slog.Default()
 	}
 	info := eng.Info()
-	h := &HopService{host: host, eng: eng, info: info, cfg: cfg,
+	h := &HopService{host: host, info: info, cfg: cfg, engines: []*servedEngine{{eng: eng, info: info, admitting: true}},
 		log: cfg.Logger.With("range", fmt.Sprintf("%d-%d", info.Start, info.End)), active: map[Key]*hopSession{}, perPeer: map[peer.ID]peerUse{}}
 	h.speed.layers = max(1, info.End-info.Start)
 	host.SetStreamHandler(host.ProtocolID(ProtoSession, ProtoVersion), h.handleSession)
@@ -116,6 +119,7 @@ func (h *HopService) Close() {
 // (see Seam); the fields without a comment are fixed at admission.
 type hopSession struct {
 	h     *HopService
+	se    *servedEngine // the range this session runs on
 	key   Key
 	open  *meshp2pb.SessionOpen
 	idx   int

@@ -98,7 +98,7 @@ func (hs *hopSession) migrate(ctx context.Context, p peer.ID, ring bool) error {
 	if ring {
 		msg.HopIndex = uint32(hs.idx)
 	}
-	w, r := frame.NewWriter(ns, h.cfg.Limits), frame.NewReader(ns, h.cfg.Limits)
+	w, r := frame.NewWriter(ns, h.cfg.Limits), streamReader(ns, h.cfg.Limits)
 	if err := w.WriteStream(&meshp2pb.StreamMessage{Kind: &meshp2pb.StreamMessage_Open{Open: msg}}); err != nil {
 		_ = ns.Reset()
 		return err

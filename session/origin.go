@@ -52,6 +52,10 @@ type Origin struct {
 	// never excluded: the next plan avoids it when a replica exists, else
 	// the same route is tried again after a backoff.
 	CapacityWait time.Duration
+	// Failures, if set, is shared by the origins of a node or gateway:
+	// peers blamed for a failed generation are avoided by later plans
+	// (soft: still planned when no other route exists).
+	Failures *FailureMemory
 }
 
 // GenerateRequest is one generation.
@@ -65,6 +69,10 @@ type GenerateRequest struct {
 	// OnToken sees each token as it arrives; returning true stops the
 	// generation (stop string found).
 	OnToken func(tok int32) bool
+	// OnRoute, if set, sees each epoch's route before it is opened (the
+	// first, then one per re-route or capacity retry) and the re-routes so
+	// far.
+	OnRoute func(rt *route.Route, reroutes int)
 }
 
 // HopStat is the mean compute time one hop spent per generated token.
@@ -133,7 +141,7 @@ func (o *Origin) Generate(ctx context.Context, req GenerateRequest) (*Result, er
 	start := time.Now()
 	for epoch := uint64(1); ; epoch++ {
 		preq := route.Request{Fingerprint: req.Fingerprint, NLayer: req.NLayer, Exclude: exclude, NeedKV: len(req.Prompt) + req.MaxTokens + 1, Epoch: epoch, SessionID: sid[:]}
-		rt, err := full.plan(ctx, o.Planner, preq)
+		rt, err := o.plan(ctx, &full, preq)
 		if errors.Is(err, route.ErrNoRoute) && len(res.Failures) > 0 {
 			rt, err = o.awaitRoute(ctx, preq, err)
 		}
@@ -147,6 +155,9 @@ func (o *Origin) Generate(ctx context.Context, req GenerateRequest) (*Result, er
 			return res, fmt.Errorf("%w: planner returned a route for epoch %d, want %d", ErrGeneration, rt.Epoch, epoch)
 		}
 		res.Route = rt
+		if req.OnRoute != nil {
+			req.OnRoute(rt, res.Reroutes)
+		}
 		failed, err := o.run(ctx, sid, rt, req, res, start)
 		failed = blameOnRoute(rt, failed)
 		if err == nil {
@@ -168,6 +179,7 @@ func (o *Origin) Generate(ctx context.Context, req GenerateRequest) (*Result, er
 		}
 		full = capacityRetry{}
 		res.Failures = append(res.Failures, err.Error())
+		o.Failures.Blame(failed)
 		if failed == "" || res.Reroutes >= maxRe {
 			return res, fmt.Errorf("%w: %w", ErrGeneration, err)
 		}
@@ -175,6 +187,19 @@ func (o *Origin) Generate(ctx context.Context, req GenerateRequest) (*Result, er
 		exclude[failed] = true
 		res.Reroutes++
 	}
+}
+
+// plan plans req, avoiding the peers the failure memory holds when a route
+// without them exists.
+func (o *Origin) plan(ctx context.Context, full *capacityRetry, req route.Request) (*route.Route, error) {
+	if avoid := o.Failures.avoiding(req.Exclude); avoid != nil {
+		alt := req
+		alt.Exclude = avoid
+		if rt, err := full.plan(ctx, o.Planner, alt); err == nil {
+			return rt, nil
+		}
+	}
+	return full.plan(ctx, o.Planner, req)
 }
 
 // blameOnRoute keeps a blamed peer only if it is on the route: a report
@@ -206,7 +231,7 @@ func (o *Origin) run(ctx context.Context, sid [16]byte, rt *route.Route, req Gen
 	defer s.Close()
 	stop := context.AfterFunc(ctx, func() { _ = s.Reset() })
 	defer stop()
-	e := &epochRun{s: s, w: frame.NewWriter(s, o.Limits), r: frame.NewReader(s, o.Limits), sid: sid, rt: rt, head: head}
+	e := &epochRun{s: s, w: frame.NewWriter(s, o.Limits), r: streamReader(s, o.Limits), sid: sid, rt: rt, head: head}
 	open, input := o.sessionOpen(sid, rt, req, res.Tokens)
 	// Longer than a hop's idle timeout (the ladder in defaults.go), so a
 	// stalled hop is reported by its neighbour, which can name it, before

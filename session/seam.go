@@ -127,3 +127,11 @@ func (m *Seam) Close() {
 		_ = s.Close()
 	}
 }
+
+// streamReader is the frame reader of a session, seam or ring stream: its
+// payload buffer is charged to the stream's resource scope (the stream,
+// protocol-peer, peer and system limits), so a frame the resource manager
+// cannot hold is refused before any of its payload is read.
+func streamReader(s network.Stream, lim frame.Limits) *frame.Reader {
+	return frame.NewReader(s, lim).ChargeTo(s.Scope())
+}

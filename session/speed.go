@@ -12,15 +12,19 @@ type speedMeter struct {
 	layers int
 
 	mu       sync.Mutex
-	decodeUs [DecodeWindow]float64 // the last DecodeWindow single-row times (µs)
+	decodeUs [DecodeWindow]float64 // the last DecodeWindow single-row times per layer (µs)
 	n        int
 }
 
-// ObserveDecode records one single-row compute time.
-func (h *HopService) ObserveDecode(d time.Duration) {
+// ObserveDecode records one single-row compute time through the hop's
+// first range.
+func (h *HopService) ObserveDecode(d time.Duration) { h.observeDecode(d, h.speed.layers) }
+
+// observeDecode records one single-row compute time through layers layers.
+func (h *HopService) observeDecode(d time.Duration, layers int) {
 	m := &h.speed
 	m.mu.Lock()
-	m.decodeUs[m.n%DecodeWindow] = float64(d.Microseconds())
+	m.decodeUs[m.n%DecodeWindow] = float64(d.Microseconds()) / float64(max(1, layers))
 	m.n++
 	m.mu.Unlock()
 }
@@ -46,5 +50,5 @@ func (h *HopService) DecodeMsPerLayer() float32 {
 	for _, us := range m.decodeUs[:min(m.n, DecodeWindow)] {
 		best = math.Min(best, us)
 	}
-	return float32(best / 1000 / float64(m.layers))
+	return float32(best / 1000)
 }

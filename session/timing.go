@@ -5,6 +5,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/libp2p/go-libp2p/core/network"
+
 	"github.com/neuron-tai/meshp2p/proto/frame"
 	"github.com/neuron-tai/meshp2p/proto/meshp2pb"
 )
@@ -25,9 +27,11 @@ type timedReader struct {
 	call, end time.Time
 }
 
-func newTimedReader(r io.Reader, lim frame.Limits) *timedReader {
-	src := &firstByteReader{r: r}
-	return &timedReader{Reader: frame.NewReader(src, lim), src: src}
+// newTimedReader is streamReader (frames charged to the stream's scope)
+// with the first-byte clock.
+func newTimedReader(s network.Stream, lim frame.Limits) *timedReader {
+	src := &firstByteReader{r: s}
+	return &timedReader{Reader: frame.NewReader(src, lim).ChargeTo(s.Scope()), src: src}
 }
 
 // ReadStream reads one frame and records its timing.

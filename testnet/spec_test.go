@@ -133,3 +133,20 @@ func TestPrefixes(t *testing.T) {
 		t.Error("ownerOf(mp) claims an owner")
 	}
 }
+
+// A container router names Docker's interfaces; the rules are otherwise the
+// namespace routers' text.
+func TestRouterRulesInterfaces(t *testing.T) {
+	lan := netip.MustParsePrefix("10.0.1.0/24")
+	got := RouterRules(RouterConfig{LAN: lan, NAT: PortPreserving, Firewall: true, WAN: "eth0", LANIf: "eth1"})
+	for _, w := range []string{"-A FORWARD -i eth1 -o eth0 -j ACCEPT\n", "-A INPUT -i eth0 -j DROP\n", "-A POSTROUTING -s 10.0.1.0/24 -o eth0 -j MASQUERADE\n"} {
+		if !strings.Contains(got, w) {
+			t.Errorf("rules lack %q:\n%s", w, got)
+		}
+	}
+	def := RouterRules(RouterConfig{LAN: lan, NAT: PortPreserving, Firewall: true})
+	n := Node{LAN: lan, NAT: PortPreserving, Firewall: true}
+	if def != routerRules(&n) || strings.ReplaceAll(strings.ReplaceAll(got, "eth0", "wan"), "eth1", "lan") != def {
+		t.Errorf("renamed rules differ from the namespace routers':\n%s\nvs\n%s", got, def)
+	}
+}

@@ -233,27 +233,51 @@ func (t *Topology) build(ctx context.Context) error {
 	return nil
 }
 
-// routerRules is the iptables-restore input for a home router: source NAT
-// of the LAN out of the WAN and, unless the firewall is open, a home-router
-// firewall: new inbound connections on the WAN are dropped, replies to
-// connections from the LAN pass.
+// routerRules is the iptables-restore input for a home router of this
+// topology (interfaces "wan" and "lan"; see RouterRules).
 func routerRules(n *Node) string {
+	return RouterRules(RouterConfig{LAN: n.LAN, NAT: n.NAT, Firewall: n.Firewall})
+}
+
+// RouterConfig describes a home router's rules (RouterRules).
+type RouterConfig struct {
+	LAN      netip.Prefix // the LAN whose sources are translated
+	NAT      NATKind      // PortPreserving (default) or Symmetric
+	Firewall bool         // drop unsolicited inbound traffic on the WAN
+	// WAN and LANIf name the interfaces (default "wan" and "lan", as in
+	// the namespace routers; a container router passes Docker's eth<i>).
+	WAN, LANIf string
+}
+
+// RouterRules is the iptables-restore input for a home router: source NAT
+// of the LAN out of the WAN and, with Firewall, a home-router firewall:
+// new inbound connections on the WAN are dropped, replies to connections
+// from the LAN pass. The namespace routers and the container testnet's
+// router containers (`meshp2p testnet router-rules`) load this same text.
+func RouterRules(c RouterConfig) string {
+	wan, lan := c.WAN, c.LANIf
+	if wan == "" {
+		wan = "wan"
+	}
+	if lan == "" {
+		lan = "lan"
+	}
 	var b strings.Builder
 	b.WriteString("*filter\n:INPUT ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n")
-	if n.Firewall {
+	if c.Firewall {
 		b.WriteString(":FORWARD DROP [0:0]\n")
 		b.WriteString("-A FORWARD -m conntrack --ctstate ESTABLISHED,RELATED -j ACCEPT\n")
-		b.WriteString("-A FORWARD -i lan -o wan -j ACCEPT\n")
-		b.WriteString("-A FORWARD -i lan -o lan -j ACCEPT\n")
-		b.WriteString("-A INPUT -i wan -m conntrack --ctstate ESTABLISHED,RELATED -j ACCEPT\n")
-		b.WriteString("-A INPUT -i wan -j DROP\n")
+		fmt.Fprintf(&b, "-A FORWARD -i %s -o %s -j ACCEPT\n", lan, wan)
+		fmt.Fprintf(&b, "-A FORWARD -i %s -o %s -j ACCEPT\n", lan, lan)
+		fmt.Fprintf(&b, "-A INPUT -i %s -m conntrack --ctstate ESTABLISHED,RELATED -j ACCEPT\n", wan)
+		fmt.Fprintf(&b, "-A INPUT -i %s -j DROP\n", wan)
 	} else {
 		b.WriteString(":FORWARD ACCEPT [0:0]\n")
 	}
 	b.WriteString("COMMIT\n")
 	b.WriteString("*nat\n:PREROUTING ACCEPT [0:0]\n:INPUT ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n:POSTROUTING ACCEPT [0:0]\n")
-	masq := fmt.Sprintf("-A POSTROUTING -s %s -o wan -j MASQUERADE", n.LAN)
-	if n.NAT == Symmetric {
+	masq := fmt.Sprintf("-A POSTROUTING -s %s -o %s -j MASQUERADE", c.LAN, wan)
+	if c.NAT == Symmetric {
 		masq += " --random-fully"
 	}
 	b.WriteString(masq + "\nCOMMIT\n")

@@ -24,9 +24,6 @@ const (
 	RTTWindow = 8
 	// RequestTimeout bounds one route request on the wire.
 	RequestTimeout = 10 * time.Second
-	// IdentifyWait bounds the relay ACL's wait for identify to tell
-	// whether a peer speaks this swarm's protocols.
-	IdentifyWait = 3 * time.Second
 	// RouteRequestBurst is how many route requests one client peer may
 	// send at once: an origin asks once per session and once per reroute,
 	// and an application starting a batch opens a few sessions together

@@ -12,7 +12,6 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -21,7 +20,6 @@ import (
 	"github.com/libp2p/go-libp2p/core/network"
 	"github.com/libp2p/go-libp2p/core/peer"
 	"github.com/libp2p/go-libp2p/core/protocol"
-	"github.com/libp2p/go-libp2p/p2p/protocol/identify"
 	"github.com/libp2p/go-libp2p/p2p/protocol/ping"
 	"github.com/multiformats/go-multiaddr"
 	manet "github.com/multiformats/go-multiaddr/net"
@@ -129,13 +127,12 @@ func Start(ctx context.Context, cfg Config) (*Tracker, error) {
 	}
 	t := &Tracker{cfg: cfg, log: cfg.Logger.With("logger", "tracker"), table: route.NewTable(), views: map[peer.ID]*peerView{},
 		limiter: newRateLimiter(cfg.RequestsPerSecond, cfg.RequestBurst, MaxTrackedClients)}
+	// Without a swarm key the relay serves members only, each within its
+	// budget (p2p.Node.RelayMember, p2p/relayguard.go); a member's advert
+	// must list a shard inside route.DecodeAdvert's bounds.
 	cfg.P2P.RelayService = true
-	private := len(cfg.P2P.SwarmKey) > 0 || cfg.P2P.SwarmKeyPath != ""
-	if cfg.P2P.RelayACL == nil && !private {
-		// Without a swarm key anybody can connect: relay only for peers
-		// that speak this swarm's protocols. Under a swarm key every
-		// handshake is a member already (nil ACL).
-		cfg.P2P.RelayACL = t.member
+	if cfg.P2P.MemberAdvert == nil {
+		cfg.P2P.MemberAdvert = route.MemberAdvert
 	}
 	var err error
 	if t.p2p, err = p2p.New(ctx, cfg.P2P); err != nil {
@@ -168,57 +165,6 @@ func Start(ctx context.Context, cfg Config) (*Tracker, error) {
 	go func() { defer t.wg.Done(); t.pingLoop(bg) }()
 	t.log.Info("tracker started", "peer_id", h.ID(), "protocol", t.pid, "ticket_ttl", cfg.TicketTTL, "ping_interval", cfg.PingInterval)
 	return t, nil
-}
-
-// member is the relay ACL without a swarm key. A member is connected to
-// the tracker directly (not through another relay, and not merely
-// remembered by the peerstore) and either holds an advert with at least
-// one shard inside route.DecodeAdvert's bounds, or (after identify)
-// speaks one of this swarm's protocols. Both are self-asserted: in an open
-// swarm this keeps out peers of other networks, not a determined stranger
-// (docs/tracker.md, "Who may relay").
-func (t *Tracker) member(p peer.ID) bool {
-	if t.p2p == nil {
-		return false
-	}
-	h := t.p2p.Host()
-	var direct []network.Conn
-	for _, c := range h.Network().ConnsToPeer(p) {
-		if _, err := c.RemoteMultiaddr().ValueForProtocol(multiaddr.P_CIRCUIT); err != nil {
-			direct = append(direct, c)
-		}
-	}
-	if len(direct) == 0 {
-		t.log.Debug("relay refused: peer not connected directly", "peer", p)
-		return false
-	}
-	if a, ok := t.p2p.Discovery().Advert(p); ok && advertMember(a) {
-		return true
-	}
-	if ids, ok := h.(interface{ IDService() identify.IDService }); ok {
-		for _, c := range direct {
-			select {
-			case <-ids.IDService().IdentifyWait(c):
-			case <-time.After(IdentifyWait):
-			}
-		}
-	}
-	prefix := "/meshp2p/" + t.cfg.P2P.Network + "/"
-	protos, _ := h.Peerstore().GetProtocols(p)
-	for _, pr := range protos {
-		if strings.HasPrefix(string(pr), prefix) {
-			return true
-		}
-	}
-	t.log.Info("relay refused for a non-member", "peer", p)
-	return false
-}
-
-// advertMember: the advert lists at least one shard that passes
-// route.DecodeAdvert's bounds (a garbage advert makes no one a member).
-func advertMember(a p2p.Advert) bool {
-	shards, err := route.DecodeAdvert(a)
-	return err == nil && len(shards) > 0
 }
 
 // ID is the tracker's peer id (what operators pin with --tracker/--trust-tracker).

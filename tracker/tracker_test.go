@@ -234,7 +234,7 @@ func TestTrackerRelayMembership(t *testing.T) {
 	fp := testFP('d')
 	n := sw.shard(fp, 0, testNLayer, 4)
 	sw.waitShards(fp, 1)
-	if !sw.tr.member(n.ID()) {
+	if !sw.tr.P2P().RelayMember(n.ID()) {
 		t.Fatal("a connected shard node is not a relay member")
 	}
 	_ = n.Close()
@@ -245,7 +245,7 @@ func TestTrackerRelayMembership(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	if sw.tr.member(n.ID()) {
+	if sw.tr.P2P().RelayMember(n.ID()) {
 		t.Error("a peer with no connection to the tracker is a relay member (on its advert alone)")
 	}
 }
@@ -279,7 +279,7 @@ func TestTrackerAdvertMember(t *testing.T) {
 		{"bad fingerprint", body(func(ca *meshp2pb.CapabilityAdvert) { ca.Shards[0].ModelFingerprint = "x" }), false},
 		{"not a protobuf", []byte{0xff, 0xff, 0xff}, false},
 	} {
-		if got := advertMember(p2p.Advert{Peer: id, Body: tc.body}); got != tc.want {
+		if got := route.MemberAdvert(p2p.Advert{Peer: id, Body: tc.body}); got != tc.want {
 			t.Errorf("%s: member %v, want %v", tc.name, got, tc.want)
 		}
 	}

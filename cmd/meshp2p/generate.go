@@ -88,6 +88,7 @@ func runGenerate(ctx context.Context, stdout, stderr io.Writer, args []string) e
 	seed := fs.Uint64("seed", 42, "sampling seed, 64 bits (same seed, same output)")
 	stop := fs.String("stop", "", "comma-separated stop strings")
 	local := fs.Bool("local", false, "run the whole --model FILE in-process (the reference for the swarm)")
+	mmap := fs.Bool("mmap", true, "with --local: map the model file (--mmap=false reads it into memory)")
 	asJSON := fs.Bool("json", false, "print one JSON object instead of streaming text")
 	wire := fs.String("wire-dtype", frame.WireDTypes()[0].Name, "activation dtype between hops: "+wireDTypeHelp())
 	wait := fs.Duration("wait", 30*time.Second, "how long to wait for peers covering the model")
@@ -120,7 +121,7 @@ func runGenerate(ctx context.Context, stdout, stderr io.Writer, args []string) e
 	start := time.Now()
 
 	if *local {
-		m, err := engine.LoadModel(ctx, *model, engine.LoadOptions{})
+		m, err := engine.LoadModel(ctx, *model, engine.LoadOptions{NoMmap: !*mmap})
 		if err != nil {
 			return err
 		}

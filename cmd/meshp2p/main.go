@@ -24,6 +24,7 @@ func commands() []command {
 	return []command{
 		{"start", "serve a layer range of a model to the swarm", runStart},
 		{"generate", "generate text through the swarm (or --local)", runGenerate},
+		{"serve", "serve an OpenAI-compatible HTTP API through the swarm", runServe},
 		{"status", "show the models, shards and routes the swarm offers", runStatus},
 		{"tracker", "run a tracker: relay, DHT server and signed route oracle", runTracker},
 		{"shard", "inspect | split | synth | verify GGUF models and shards", runShard},

@@ -26,6 +26,7 @@ type netFlags struct {
 	reach       string
 	portMapping bool
 	relay       bool
+	relayMiB    int64
 	test        bool
 	testPublic  string
 }
@@ -42,7 +43,8 @@ func (f *netFlags) register(fs *flag.FlagSet, preset string) {
 	fs.BoolVar(&f.portMapping, "port-mapping", preset == node.PresetHome, "map a port on the home router with UPnP/NAT-PMP")
 	fs.BoolVar(&f.test, "test-mode", false, "TEST ONLY: lift per-IP connection limits for 127.0.0.0/8 and turn UPnP/NAT-PMP off; changes nothing else (intervals, DHT mode and reachability stay as the role's preset)")
 	fs.StringVar(&f.testPublic, "test-public-cidrs", "", "TEST ONLY (with --test-mode): treat these CIDRs as public internet and lift per-IP limits for them, e.g. the netns test network's 203.0.113.0/24 (changes go-libp2p's address classification for the whole process)")
-	fs.BoolVar(&f.relay, "relay-service", preset == node.PresetRelay, "run a circuit relay v2 for swarm members (raised limits for activation traffic)")
+	fs.BoolVar(&f.relay, "relay-service", preset == node.PresetRelay, "run a circuit relay v2 for swarm members (raised limits for activation traffic; without --swarm-key: members by advert or protocol, 16 circuits, 1 GiB/h and 1 h per circuit per peer)")
+	fs.Int64Var(&f.relayMiB, "relay-peer-mib", 0, "with --relay-service and no --swarm-key: MiB one peer may relay per hour, as source or destination (0: 1024)")
 }
 
 func parseAddrInfos(s string) ([]peer.AddrInfo, error) {
@@ -110,6 +112,10 @@ func (f *netFlags) config(preset string) (p2p.Config, error) {
 	// on (nothing a router could map).
 	c.PortMapping = f.portMapping && !f.test && !loopbackOnly(c.ListenAddrs)
 	c.RelayService = f.relay
+	if f.relayMiB < 0 || f.relayMiB > 1<<30 {
+		return c, fmt.Errorf("%w: --relay-peer-mib must be 0..%d", errUsage, 1<<30)
+	}
+	c.RelayBudget.Bytes = f.relayMiB << 20
 	if f.testPublic != "" {
 		if !f.test {
 			return c, fmt.Errorf("%w: --test-public-cidrs needs --test-mode", errUsage)

@@ -13,10 +13,13 @@ import (
 	"github.com/neuron-tai/meshp2p/session"
 )
 
-const startUsage = `Usage: meshp2p start --model FILE [--layers A-B] [flags]
+const startUsage = `Usage: meshp2p start --model FILE [--layers A-B | --memory SIZE] [flags]
 
 Serves layers [A,B) of a GGUF model to the swarm (or a shard file cut by
-meshp2p shard split, served as it is). On first start the model
+meshp2p shard split, served as it is). Without --layers the node chooses
+its own window: as many layers as --memory holds, where the swarm needs
+them most (layers missing from every route first, then the slowest), and
+moves it when the swarm changes (docs/placement.md). On first start the model
 is fingerprinted and its shard file is cut into <data-dir>/shards (cached).
 Once ready, the node prints its peer id and addresses and writes them to
 <data-dir>/node.json. SIGINT/SIGTERM close sessions and withdraw the advert.
@@ -33,7 +36,9 @@ func runStart(ctx context.Context, stdout, stderr io.Writer, args []string) erro
 	var tf trackerFlags
 	tf.registerHop(fs)
 	model := fs.String("model", "", "whole GGUF model file (required)")
-	layers := fs.String("layers", "", "layer range A-B to serve, half-open [A,B) (default: all layers)")
+	layers := fs.String("layers", "", "layer range A-B to serve, half-open [A,B) (default: chosen from --memory and the swarm)")
+	var plf placementFlags
+	plf.register(fs)
 	name := fs.String("name", "", "model name to advertise (default: file name)")
 	def := node.DefaultEngine()
 	maxSess := fs.Int("max-sessions", def.MaxSessions, "concurrent sessions this shard admits")
@@ -46,6 +51,9 @@ func runStart(ctx context.Context, stdout, stderr io.Writer, args []string) erro
 	peerQuota := fs.Int("max-sessions-per-client", 0, "sessions one client may hold at once when this node is the head (0: half of --max-sessions; -1: no quota)")
 	directWait := fs.Duration("direct-wait", node.DirectWait, "how long a new seam to a peer reached through a relay waits for a hole punch (0: start on the relay; the seam moves to the direct connection once it appears)")
 	verbose := fs.Bool("v", false, "debug logging")
+	mmap := fs.Bool("mmap", true, "map the shard file; --mmap=false reads it into memory (containers with a memory limit: mapped page cache is not charged to the container)")
+	var af apiFlags
+	af.register(fs, "", "also serve the OpenAI-compatible HTTP API on this host:port, e.g. 127.0.0.1:8080 (see meshp2p serve; default: off)")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -68,7 +76,12 @@ func runStart(ctx context.Context, stdout, stderr io.Writer, args []string) erro
 	log := newLogger(stderr, *verbose)
 	prog := newProgress(stderr, "splitting")
 	cfg := node.Config{P2P: pc, ModelPath: *model, Layers: rng, ModelName: *name, Logger: log,
-		Engine: def, Hop: session.HopConfig{Idle: *idle, MaxSessionKV: *sessKV, MaxSessionsPerPeer: *peerQuota}, SplitProgress: prog.update, DirectWait: *directWait}
+		Engine: def, Hop: session.HopConfig{Idle: *idle, MaxSessionKV: *sessKV, MaxSessionsPerPeer: *peerQuota}, SplitProgress: prog.update, DirectWait: *directWait, NoMmap: !*mmap}
+	if rng == nil {
+		if cfg.Placement, err = plf.config(); err != nil {
+			return err
+		}
+	}
 	if *directWait <= 0 {
 		cfg.DirectWait = -1 // do not wait
 	}
@@ -87,6 +100,12 @@ func runStart(ctx context.Context, stdout, stderr io.Writer, args []string) erro
 	for _, a := range info.Addrs {
 		fmt.Fprintf(stdout, "address:  %s\n", a)
 	}
+	printPlacement(stdout, n)
+	stopAPI, err := af.startAPI(ctx, stdout, log, n, pc)
+	if err != nil {
+		return err
+	}
+	defer stopAPI()
 	p, err := n.WriteInfo()
 	if err != nil {
 		return err
@@ -94,6 +113,7 @@ func runStart(ctx context.Context, stdout, stderr io.Writer, args []string) erro
 	fmt.Fprintf(stdout, "ready; node info in %s\n", p)
 	<-ctx.Done()
 	log.Info("shutting down: closing sessions, withdrawing advert")
+	stopAPI()
 	return n.Close()
 }
 

@@ -35,6 +35,9 @@ type statusShard struct {
 	MsPerLayer    float32 `json:"decode_ms_per_layer"`
 	Reach         string  `json:"reach"`
 	HasVocabulary bool    `json:"has_vocab"`
+	// Planned: announced by a node choosing or moving its window, not
+	// loaded yet (no session slot; docs/placement.md).
+	Planned bool `json:"planned,omitempty"`
 }
 
 type statusModel struct {
@@ -45,6 +48,8 @@ type statusModel struct {
 	Routable    bool          `json:"routable"`
 	Missing     string        `json:"missing,omitempty"`
 	Shards      []statusShard `json:"shards"`
+	// Replicas counts the loaded windows holding each layer.
+	Replicas []int `json:"replicas"`
 }
 
 func runStatus(ctx context.Context, stdout, stderr io.Writer, args []string) error {
@@ -98,10 +103,16 @@ func runStatus(ctx context.Context, stdout, stderr io.Writer, args []string) err
 		}
 		m.Shards = append(m.Shards, statusShard{Peer: s.Peer.String(), Start: s.Start, End: s.End,
 			FreeSessions: s.Capacity.GetFreeSessions(), MaxSessions: s.Capacity.GetMaxSessions(), FreeKV: s.Capacity.GetFreeKvTokens(),
-			MsPerLayer: s.DecodeMsPerLayer, Reach: s.Reach.String(), HasVocabulary: s.HasVocab})
+			MsPerLayer: s.DecodeMsPerLayer, Reach: s.Reach.String(), HasVocabulary: s.HasVocab, Planned: s.Capacity.GetMaxSessions() == 0})
 	}
 	var out []*statusModel
 	for _, m := range models {
+		m.Replicas = make([]int, m.NLayer)
+		for _, s := range m.Shards {
+			for l := s.Start; l < s.End && !s.Planned; l++ {
+				m.Replicas[l]++
+			}
+		}
 		_, err := (&route.LocalPlanner{Table: n.Table()}).Plan(ctx, route.Request{Fingerprint: m.Fingerprint, NLayer: m.NLayer})
 		m.Routable = err == nil
 		if err != nil {
@@ -126,9 +137,14 @@ func runStatus(ctx context.Context, stdout, stderr io.Writer, args []string) err
 		}
 		fmt.Fprintf(stdout, "%s (%s, %d layers) %.16s… — %s\n", m.Name, m.Arch, m.NLayer, m.Fingerprint, state)
 		for _, s := range m.Shards {
+			if s.Planned {
+				fmt.Fprintf(stdout, "  layers %3d-%-3d %s  %s  planned: loading (placement)\n", s.Start, s.End, s.Peer, s.Reach)
+				continue
+			}
 			fmt.Fprintf(stdout, "  layers %3d-%-3d %s  %s  sessions %d/%d free, %d KV free, %.3f ms/layer\n",
 				s.Start, s.End, s.Peer, s.Reach, s.FreeSessions, s.MaxSessions, s.FreeKV, s.MsPerLayer)
 		}
+		fmt.Fprintf(stdout, "  replicas per layer: %v\n", m.Replicas)
 	}
 	return nil
 }

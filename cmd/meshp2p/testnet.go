@@ -39,6 +39,10 @@ traffic, and hosts behind them. Nothing in the root namespace changes.
         (and the --prefix one, if given)
   meshp2p testnet spec [--homes 2] [--hosts 1] [--nat ...] [--open-firewall]
         print the JSON spec 'up' would build, to edit and pass to --spec
+  meshp2p testnet router-rules --lan 10.0.1.0/24 --wan 198.51.100.0/24 [--nat ...] [--open-firewall]
+        print this machine's home-router rules (NAT + firewall, the same text
+        the namespace routers load) for iptables-restore; the interfaces are
+        the ones holding addresses in --lan and --wan (testnet/compose routers)
 
 Spec (JSON):
   {"internet": "203.0.113.0/24",            optional, an IPv4 /24
@@ -73,6 +77,8 @@ func runTestnet(ctx context.Context, stdout, stderr io.Writer, args []string) er
 		return testnetExec(ctx, stdout, stderr, args[1:])
 	case "spec":
 		return testnetSpec(stdout, stderr, args[1:])
+	case "router-rules":
+		return testnetRouterRules(stdout, stderr, args[1:])
 	}
 	fmt.Fprint(stderr, testnetHelp)
 	return fmt.Errorf("%w: unknown subcommand %q", errUsage, args[0])

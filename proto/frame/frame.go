@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"slices"
 
 	"github.com/neuron-tai/meshp2p/proto/meshp2pb"
 	"google.golang.org/protobuf/proto"
@@ -103,11 +102,58 @@ type Reader struct {
 	prefix  [PrefixSize]byte
 	hdr     []byte
 	payload []byte // reused; returned tensors alias it until the next call
+	scope   MemoryScope
+	charged int // bytes reserved from scope for payload
 }
 
 // NewReader returns a Reader enforcing lim (zero fields take defaults).
 func NewReader(r io.Reader, lim Limits) *Reader {
 	return &Reader{r: r, lim: lim.norm()}
+}
+
+// MemoryScope is the part of a libp2p resource scope (network.StreamScope)
+// a Reader charges its payload buffer to.
+type MemoryScope interface {
+	ReserveMemory(size int, prio uint8) error
+	ReleaseMemory(size int)
+}
+
+// reservePriority is network.ReservationPriorityAlways: a payload buffer
+// may use the scope's whole limit (it is what the stream is for).
+const reservePriority = 255
+
+// ChargeTo makes r reserve the payload buffer of every activation frame
+// from s before it reads any payload byte, so frames count against the
+// resource manager's stream, protocol, peer and system memory limits. The
+// buffer is reused, and so is its reservation, which grows with the largest
+// frame and is given back with the scope (a libp2p stream's scope ends with
+// the stream). A refused reservation is ErrFrameTooLarge ("memory limit")
+// and the payload stays unread. It returns r.
+func (r *Reader) ChargeTo(s MemoryScope) *Reader {
+	r.scope = s
+	return r
+}
+
+// charge makes the reservation cover a payload buffer of n bytes. A
+// buffer over four times what the frame needs (a prefill chunk's, now that
+// single-row decode steps follow) is dropped and its reservation given
+// back first, so a long session does not hold its largest frame forever.
+func (r *Reader) charge(n int) error {
+	if r.scope == nil {
+		return nil
+	}
+	if r.charged > growStep && r.charged > 4*n {
+		r.scope.ReleaseMemory(r.charged)
+		r.payload, r.charged = nil, 0
+	}
+	if n <= r.charged {
+		return nil
+	}
+	if err := r.scope.ReserveMemory(n-r.charged, reservePriority); err != nil {
+		return fmt.Errorf("%w: memory limit: a %d-byte payload buffer is refused: %w", ErrFrameTooLarge, n, err)
+	}
+	r.charged = n
+	return nil
 }
 
 // ReadMessage reads one frame without payload into msg. A frame with a
@@ -208,13 +254,21 @@ func (r *Reader) readTensors(hdr *meshp2pb.ActivationHeader, payloadLen int) ([]
 	if total != payloadLen {
 		return nil, fmt.Errorf("%w: tensors declare %d bytes, frame carries %d", ErrMalformed, total, payloadLen)
 	}
-	buf := r.payload[:0]
+	// Every tensor starts 8-byte aligned in the buffer.
 	offs := make([]int, len(hdr.Tensors))
+	need := 0
 	for i, t := range hdr.Tensors {
-		for len(buf)%8 != 0 {
-			buf = append(buf, 0)
+		offs[i] = (need + 7) &^ 7
+		need = offs[i] + int(t.ByteLength)
+	}
+	if err := r.charge(need); err != nil {
+		return nil, err
+	}
+	buf := r.payload[:0]
+	for i, t := range hdr.Tensors {
+		for len(buf) < offs[i] {
+			buf = append(room(buf, need-len(buf)), 0)
 		}
-		offs[i] = len(buf)
 		if buf, err = readN(r.r, buf, int(t.ByteLength)); err != nil {
 			r.payload = buf
 			return nil, truncated("payload", err)
@@ -232,14 +286,10 @@ func (r *Reader) readTensors(hdr *meshp2pb.ActivationHeader, payloadLen int) ([]
 	return tensors, nil
 }
 
-// readN appends exactly n bytes from r to buf. It grows buf at most growStep
-// (or its current size) ahead of the bytes received, so a declared length
-// alone never causes a large allocation.
+// readN appends exactly n bytes from r to buf, growing it with room.
 func readN(r io.Reader, buf []byte, n int) ([]byte, error) {
 	for n > 0 {
-		if len(buf) == cap(buf) {
-			buf = slices.Grow(buf, min(n, max(growStep, len(buf))))
-		}
+		buf = room(buf, n)
 		chunk := min(n, cap(buf)-len(buf))
 		got, err := io.ReadFull(r, buf[len(buf):len(buf)+chunk])
 		buf = buf[:len(buf)+got]
@@ -249,6 +299,20 @@ func readN(r io.Reader, buf []byte, n int) ([]byte, error) {
 		}
 	}
 	return buf, nil
+}
+
+// room returns buf with spare capacity when it is full, grown by at most
+// growStep (or its current size) and never past upTo more bytes, so a
+// declared length alone never causes a large allocation. The new capacity
+// is exact (append would round it up): a charged Reader's buffer stays
+// within what it reserved.
+func room(buf []byte, upTo int) []byte {
+	if len(buf) < cap(buf) {
+		return buf
+	}
+	nb := make([]byte, len(buf), len(buf)+min(upTo, max(growStep, len(buf))))
+	copy(nb, buf)
+	return nb
 }
 
 func truncated(what string, err error) error {

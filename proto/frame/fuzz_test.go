@@ -37,9 +37,15 @@ func fuzzSeeds(f *testing.F) {
 func FuzzReadActivation(f *testing.F) {
 	fuzzSeeds(f)
 	f.Fuzz(func(t *testing.T, data []byte) {
-		r := NewReader(bytes.NewReader(data), fuzzLimits)
+		// Charged to a scope smaller than the payload limit: refusals
+		// and reuse are exercised too.
+		sc := &testScope{limit: fuzzLimits.MaxPayload / 2}
+		r := NewReader(bytes.NewReader(data), fuzzLimits).ChargeTo(sc)
 		for { // each iteration consumes >= PrefixSize bytes or ends
 			m, tensors, err := r.ReadStream()
+			if cap(r.payload) > r.charged || sc.used != r.charged {
+				t.Fatalf("buffer cap %d, charged %d, scope holds %d", cap(r.payload), r.charged, sc.used)
+			}
 			if err != nil {
 				if err != io.EOF && Code(err) == meshp2pb.ErrorCode_ERROR_CODE_INTERNAL {
 					t.Fatalf("error without a frame code: %v", err)

@@ -1,0 +1,391 @@
+package api
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+)
+
+// OpenAI response objects. finish_reason and logprobs are present as null
+// where OpenAI sends null.
+
+type usage struct {
+	PromptTokens     int `json:"prompt_tokens"`
+	CompletionTokens int `json:"completion_tokens"`
+	TotalTokens      int `json:"total_tokens"`
+}
+
+// extension is meshp2p's own field on responses and chunks: the route and
+// how often the generation re-routed around a failed hop.
+type extension struct {
+	Fingerprint string `json:"fingerprint,omitempty"`
+	Reroutes    int    `json:"reroutes"`
+	Route       []Hop  `json:"route,omitempty"`
+}
+
+type chatMessage struct {
+	Role    string `json:"role,omitempty"`
+	Content string `json:"content"`
+}
+
+type choice struct {
+	Index        int          `json:"index"`
+	Message      *chatMessage `json:"message,omitempty"`
+	Delta        *chatMessage `json:"delta,omitempty"`
+	Text         *string      `json:"text,omitempty"`
+	Logprobs     any          `json:"logprobs"`
+	FinishReason *string      `json:"finish_reason"`
+}
+
+type completion struct {
+	ID                string     `json:"id"`
+	Object            string     `json:"object"`
+	Created           int64      `json:"created"`
+	Model             string     `json:"model"`
+	SystemFingerprint string     `json:"system_fingerprint,omitempty"`
+	Choices           []choice   `json:"choices"`
+	Usage             *usage     `json:"usage,omitempty"`
+	Meshp2p           *extension `json:"meshp2p,omitempty"`
+}
+
+type modelObject struct {
+	ID      string          `json:"id"`
+	Object  string          `json:"object"`
+	Created int64           `json:"created"`
+	OwnedBy string          `json:"owned_by"`
+	Meshp2p *modelExtension `json:"meshp2p,omitempty"`
+}
+
+type modelExtension struct {
+	Name        string `json:"name"`
+	Fingerprint string `json:"fingerprint"`
+	NLayer      int    `json:"n_layer"`
+}
+
+func (s *Server) chat(w http.ResponseWriter, r *http.Request) {
+	body, e := s.readBody(w, r)
+	if e == nil {
+		var req *request
+		if req, e = parseChat(body); e == nil {
+			s.generate(w, r, req, true)
+			return
+		}
+	}
+	writeError(w, e)
+}
+
+func (s *Server) completions(w http.ResponseWriter, r *http.Request) {
+	body, e := s.readBody(w, r)
+	if e == nil {
+		var req *request
+		if req, e = parseCompletion(body); e == nil {
+			s.generate(w, r, req, false)
+			return
+		}
+	}
+	writeError(w, e)
+}
+
+func (s *Server) models(w http.ResponseWriter, r *http.Request) {
+	ms, err := s.cfg.Backend.Models(r.Context())
+	if err != nil {
+		writeError(w, asError(err))
+		return
+	}
+	list := struct {
+		Object string        `json:"object"`
+		Data   []modelObject `json:"data"`
+	}{Object: "list", Data: []modelObject{}}
+	for _, m := range ms {
+		list.Data = append(list.Data, toModelObject(m))
+	}
+	writeJSON(w, http.StatusOK, list)
+}
+
+// model answers GET /v1/models/{id}: the id as listed, the fingerprint or
+// a unique fingerprint prefix of MinPrefix+ hex characters.
+func (s *Server) model(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("id")
+	ms, err := s.cfg.Backend.Models(r.Context())
+	if err != nil {
+		writeError(w, asError(err))
+		return
+	}
+	var found []Model
+	for _, m := range ms {
+		if m.ID == id || m.Fingerprint == id || (len(id) >= MinPrefix && strings.HasPrefix(m.Fingerprint, id)) {
+			found = append(found, m)
+		}
+	}
+	if len(found) != 1 {
+		writeError(w, ModelNotFound(id))
+		return
+	}
+	writeJSON(w, http.StatusOK, toModelObject(found[0]))
+}
+
+func toModelObject(m Model) modelObject {
+	return modelObject{ID: m.ID, Object: "model", Created: m.Created, OwnedBy: "meshp2p",
+		Meshp2p: &modelExtension{Name: m.Name, Fingerprint: m.Fingerprint, NLayer: m.NLayer}}
+}
+
+// MinPrefix is the shortest fingerprint prefix that names a model (as
+// route.MinPrefix).
+const MinPrefix = 16
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+// run is one generation in flight: the backend runs in its own goroutine
+// and the handler writes what it produced, so a slow client never stalls
+// the route (the text it has not read yet is bounded by max_tokens).
+type run struct {
+	mu      sync.Mutex
+	text    textStream
+	pieces  int
+	info    RouteInfo
+	infoSeq int
+	notify  chan struct{}
+	done    chan struct{}
+	res     *GenerateResult
+	err     error
+}
+
+func (g *run) signal() {
+	select {
+	case g.notify <- struct{}{}:
+	default:
+	}
+}
+
+func (s *Server) generate(w http.ResponseWriter, r *http.Request, req *request, chat bool) {
+	start := time.Now()
+	release, err := s.limit.acquire(r.Context())
+	if err != nil {
+		if e := (*Error)(nil); errors.As(err, &e) {
+			writeError(w, e)
+		}
+		return
+	}
+	defer release()
+	ctx, cancel := context.WithCancel(r.Context())
+	defer cancel()
+	g := &run{text: textStream{stops: req.stops}, notify: make(chan struct{}, 1), done: make(chan struct{})}
+	req.gen.OnRoute = func(ri RouteInfo) {
+		g.mu.Lock()
+		g.info, g.infoSeq = ri, g.infoSeq+1
+		g.mu.Unlock()
+		g.signal()
+	}
+	go func() {
+		defer close(g.done)
+		res, err := s.cfg.Backend.Generate(ctx, &req.gen, func(piece string) bool {
+			g.mu.Lock()
+			g.pieces++
+			stop := g.text.add(piece)
+			g.mu.Unlock()
+			g.signal()
+			return stop
+		})
+		g.mu.Lock()
+		g.res, g.err = res, err
+		g.mu.Unlock()
+	}()
+	id, object := "cmpl-"+randomID(), "text_completion"
+	if chat {
+		id, object = "chatcmpl-"+randomID(), "chat.completion"
+	}
+	base := completion{ID: id, Object: object, Created: time.Now().Unix(), Model: req.gen.Model}
+	var status int
+	if req.stream {
+		status = s.stream(ctx, cancel, w, g, req, chat, base)
+	} else {
+		<-g.done
+		status = s.respond(w, r, g, chat, base)
+	}
+	<-g.done
+	attrs := []any{"path", r.URL.Path, "model", req.gen.Model, "stream", req.stream, "status", status, "ms", time.Since(start).Milliseconds()}
+	if g.res != nil {
+		attrs = append(attrs, "completion_tokens", g.res.CompletionTokens, "reroutes", g.res.Reroutes)
+		if g.res.Reroutes > 0 {
+			s.log.Warn("api generation re-routed around failed hops", attrs...)
+			return
+		}
+	}
+	if g.err != nil && status != 0 {
+		attrs = append(attrs, "err", g.err)
+	}
+	s.log.Info("api request", attrs...)
+}
+
+// respond writes a whole (non-streamed) completion.
+func (s *Server) respond(w http.ResponseWriter, r *http.Request, g *run, chat bool, c completion) int {
+	if g.err != nil {
+		if r.Context().Err() != nil {
+			return 0 // the client left
+		}
+		e := asError(g.err)
+		writeError(w, e)
+		return e.Status
+	}
+	res := g.res
+	fill(&c, res)
+	text := g.text.text()
+	fr := finish(res)
+	if chat {
+		c.Choices = []choice{{Message: &chatMessage{Role: "assistant", Content: text}, FinishReason: &fr}}
+	} else {
+		c.Choices = []choice{{Text: &text, FinishReason: &fr}}
+	}
+	c.Usage = &usage{res.PromptTokens, res.CompletionTokens, res.PromptTokens + res.CompletionTokens}
+	w.Header().Set("X-Meshp2p-Reroutes", strconv.Itoa(res.Reroutes))
+	writeJSON(w, http.StatusOK, c)
+	return http.StatusOK
+}
+
+func fill(c *completion, res *GenerateResult) {
+	if res.Model != "" {
+		c.Model = res.Model
+	}
+	c.SystemFingerprint = res.Fingerprint
+	c.Meshp2p = &extension{Fingerprint: res.Fingerprint, Reroutes: res.Reroutes, Route: res.Route}
+}
+
+func finish(res *GenerateResult) string {
+	if res.Length {
+		return "length"
+	}
+	return "stop"
+}
+
+// stream writes the generation as server-sent events: the headers and (for
+// chat) the role chunk once the first token arrived, so that errors before
+// it (unknown model, no route) still get their HTTP status; then a chunk
+// per piece of final text; the finish_reason chunk; the usage chunk when
+// asked; data: [DONE]. A failed write (the client left) cancels the
+// generation, which frees every hop.
+func (s *Server) stream(ctx context.Context, cancel context.CancelFunc, w http.ResponseWriter, g *run, req *request, chat bool, c completion) int {
+	c.Object = map[bool]string{true: "chat.completion.chunk", false: "text_completion"}[chat]
+	rc := http.NewResponseController(w)
+	started, sentSeq := false, 0
+	send := func(v any) bool {
+		b, err := json.Marshal(v)
+		if err != nil {
+			return false
+		}
+		_ = rc.SetWriteDeadline(time.Now().Add(30 * time.Second))
+		if _, err := w.Write(append(append([]byte("data: "), b...), '\n', '\n')); err != nil {
+			return false
+		}
+		return rc.Flush() == nil
+	}
+	chunk := func(text string, fr *string, ext *extension) completion {
+		k := c
+		k.Meshp2p = ext
+		if chat {
+			k.Choices = []choice{{Delta: &chatMessage{Content: text}, FinishReason: fr}}
+		} else {
+			k.Choices = []choice{{Text: &text, FinishReason: fr}}
+		}
+		return k
+	}
+	for {
+		var finished bool
+		select {
+		case <-g.notify:
+		case <-g.done:
+			finished = true
+		case <-ctx.Done():
+			<-g.done
+			return 0
+		}
+		g.mu.Lock()
+		pieces, info, seq := g.pieces, g.info, g.infoSeq
+		text := g.text.next(finished)
+		g.mu.Unlock()
+		if finished && g.err != nil {
+			e := asError(g.err)
+			if ctx.Err() != nil {
+				return 0
+			}
+			if !started {
+				writeError(w, e)
+				return e.Status
+			}
+			send(map[string]*Error{"error": e})
+			return http.StatusOK
+		}
+		if !started && (pieces > 0 || finished) {
+			started = true
+			if info.Model != "" {
+				c.Model = info.Model
+			}
+			c.SystemFingerprint = info.Fingerprint
+			h := w.Header()
+			h.Set("Content-Type", "text/event-stream")
+			h.Set("Cache-Control", "no-cache")
+			h.Set("X-Accel-Buffering", "no")
+			w.WriteHeader(http.StatusOK)
+			if chat {
+				k := chunk("", nil, nil)
+				k.Choices[0].Delta.Role = "assistant"
+				if !send(k) {
+					cancel()
+					continue
+				}
+			}
+		}
+		if !started {
+			continue
+		}
+		if text != "" || (seq != sentSeq && !finished) {
+			var ext *extension
+			if seq != sentSeq {
+				ext, sentSeq = &extension{Fingerprint: info.Fingerprint, Reroutes: info.Reroutes, Route: info.Hops}, seq
+			}
+			if !send(chunk(text, nil, ext)) {
+				cancel()
+				continue
+			}
+		}
+		if !finished {
+			continue
+		}
+		res := g.res
+		fr := finish(res)
+		last := chunk("", &fr, &extension{Fingerprint: res.Fingerprint, Reroutes: res.Reroutes, Route: res.Route})
+		if chat {
+			last.Choices[0].Delta = &chatMessage{}
+		}
+		ok := send(last)
+		if ok && req.includeUsage {
+			u := c
+			u.Choices = []choice{}
+			u.Usage = &usage{res.PromptTokens, res.CompletionTokens, res.PromptTokens + res.CompletionTokens}
+			u.Meshp2p = last.Meshp2p
+			ok = send(u)
+		}
+		if ok {
+			_ = rc.SetWriteDeadline(time.Now().Add(30 * time.Second))
+			_, _ = w.Write([]byte("data: [DONE]\n\n"))
+			_ = rc.Flush()
+		}
+		return http.StatusOK
+	}
+}
+
+func randomID() string {
+	var b [12]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}

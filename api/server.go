@@ -1,0 +1,251 @@
+package api
+
+import (
+	"context"
+	"crypto/sha256"
+	"crypto/subtle"
+	"errors"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+)
+
+// Defaults of Config.
+const (
+	DefaultMaxActive = 8       // generations running at once
+	DefaultMaxQueue  = 64      // generations waiting for a slot
+	DefaultMaxBody   = 1 << 20 // request body bytes
+	DefaultMaxConns  = 512     // open HTTP connections
+	// BodyReadTimeout bounds reading a request's body (the headers have
+	// 10 s), so a client trickling bytes cannot hold a connection.
+	BodyReadTimeout = 30 * time.Second
+)
+
+// Config configures a Server.
+type Config struct {
+	Backend Backend
+	// APIKey, if set, is required as "Authorization: Bearer <key>" on
+	// every /v1/ request (compared in constant time).
+	APIKey string
+	// CORSOrigins lists the origins browsers may call from ("*": any);
+	// empty: no CORS headers at all.
+	CORSOrigins []string
+	// MaxActive generations run at once, MaxQueue more wait for a slot;
+	// beyond that a request gets 429 with Retry-After (0: the defaults;
+	// MaxQueue < 0: no queue).
+	MaxActive, MaxQueue int
+	// MaxBody bounds a request body (0: DefaultMaxBody); larger: 413.
+	MaxBody int64
+	// MaxConns bounds open connections (0: DefaultMaxConns); further
+	// ones wait in the kernel's accept queue.
+	MaxConns int
+	Logger   *slog.Logger
+}
+
+// Server is the HTTP API. It is an http.Handler; Handle mounts extra
+// handlers (status pages, metrics) beside /v1/, outside the API key.
+type Server struct {
+	cfg     Config
+	log     *slog.Logger
+	mux     *http.ServeMux // everything
+	v1      *http.ServeMux // /v1/, behind the key
+	limit   *limiter
+	keyHash [32]byte
+}
+
+// New returns a server for cfg.
+func New(cfg Config) *Server {
+	if cfg.MaxActive <= 0 {
+		cfg.MaxActive = DefaultMaxActive
+	}
+	if cfg.MaxQueue == 0 {
+		cfg.MaxQueue = DefaultMaxQueue
+	}
+	cfg.MaxQueue = max(cfg.MaxQueue, 0)
+	if cfg.MaxBody <= 0 {
+		cfg.MaxBody = DefaultMaxBody
+	}
+	if cfg.MaxConns <= 0 {
+		cfg.MaxConns = DefaultMaxConns
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	s := &Server{cfg: cfg, log: cfg.Logger, mux: http.NewServeMux(), v1: http.NewServeMux(),
+		limit: newLimiter(cfg.MaxActive, cfg.MaxQueue), keyHash: sha256.Sum256([]byte(cfg.APIKey))}
+	s.v1.HandleFunc("POST /v1/chat/completions", s.chat)
+	s.v1.HandleFunc("POST /v1/completions", s.completions)
+	s.v1.HandleFunc("GET /v1/models", s.models)
+	s.v1.HandleFunc("GET /v1/models/{id}", s.model)
+	s.v1.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, newError(http.StatusNotFound, "invalid_request_error", "unknown_url", "",
+			"unknown endpoint %s %s (docs/api.md lists the endpoints)", r.Method, r.URL.Path))
+	})
+	s.mux.Handle("/v1/", s.auth(s.v1))
+	return s
+}
+
+// Handle mounts h at pattern (http.ServeMux syntax) beside the API. Such
+// handlers are not behind the API key; patterns under /v1/ are refused.
+func (s *Server) Handle(pattern string, h http.Handler) {
+	if p := pattern[strings.IndexByte(pattern, ' ')+1:]; strings.HasPrefix(p, "/v1/") || p == "/v1" {
+		panic("api: Handle: /v1/ belongs to the API")
+	}
+	s.mux.Handle(pattern, h)
+}
+
+// ServeHTTP routes a request, adding CORS headers when configured.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if s.cors(w, r) {
+		return
+	}
+	s.mux.ServeHTTP(w, r)
+}
+
+// Serve serves on ln until ctx ends, then shuts down (in-flight
+// generations are cancelled).
+func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
+	hs := &http.Server{Handler: s, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute,
+		MaxHeaderBytes: 64 << 10, ErrorLog: slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
+		BaseContext: func(net.Listener) context.Context { return ctx }}
+	stop := context.AfterFunc(ctx, func() {
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = hs.Shutdown(sctx)
+		_ = hs.Close() // connections still open after the grace period
+	})
+	defer stop()
+	err := hs.Serve(&limitListener{Listener: ln, slots: make(chan struct{}, s.cfg.MaxConns)})
+	if errors.Is(err, http.ErrServerClosed) {
+		return nil
+	}
+	return err
+}
+
+// auth requires the API key when one is set. The comparison is between
+// SHA-256 digests, in constant time, so neither the key's bytes nor its
+// length leak through timing.
+func (s *Server) auth(next http.Handler) http.Handler {
+	if s.cfg.APIKey == "" {
+		return next
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+		h := sha256.Sum256([]byte(got))
+		if subtle.ConstantTimeCompare(h[:], s.keyHash[:]) != 1 || !ok {
+			writeError(w, errUnauthorized)
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// cors adds the CORS headers for an allowed origin and answers preflight
+// requests; it reports whether the request was answered.
+func (s *Server) cors(w http.ResponseWriter, r *http.Request) bool {
+	origin := r.Header.Get("Origin")
+	if len(s.cfg.CORSOrigins) == 0 || origin == "" {
+		return false
+	}
+	allowed := ""
+	for _, o := range s.cfg.CORSOrigins {
+		if o == "*" || o == origin {
+			allowed = o
+		}
+	}
+	if allowed == "" {
+		return false
+	}
+	h := w.Header()
+	h.Set("Access-Control-Allow-Origin", allowed)
+	h.Add("Vary", "Origin")
+	if r.Method == http.MethodOptions && r.Header.Get("Access-Control-Request-Method") != "" {
+		h.Set("Access-Control-Allow-Methods", "GET, POST, OPTIONS")
+		h.Set("Access-Control-Allow-Headers", "Authorization, Content-Type")
+		h.Set("Access-Control-Max-Age", "600")
+		w.WriteHeader(http.StatusNoContent)
+		return true
+	}
+	return false
+}
+
+// readBody reads a bounded body (413 beyond MaxBody).
+func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, *Error) {
+	rc := http.NewResponseController(w)
+	_ = rc.SetReadDeadline(time.Now().Add(BodyReadTimeout))
+	b, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.cfg.MaxBody))
+	_ = rc.SetReadDeadline(time.Time{})
+	var mbe *http.MaxBytesError
+	switch {
+	case errors.As(err, &mbe):
+		return nil, errTooLarge(s.cfg.MaxBody)
+	case err != nil:
+		return nil, BadRequest("", "reading the request body: %v", err)
+	}
+	return b, nil
+}
+
+// limiter bounds generations: active ones run, up to queue more wait.
+type limiter struct {
+	slots chan struct{}
+	queue chan struct{}
+}
+
+func newLimiter(active, queue int) *limiter {
+	return &limiter{slots: make(chan struct{}, active), queue: make(chan struct{}, queue)}
+}
+
+// acquire takes a slot, waiting in the queue if there is room; it returns
+// errBusy when the queue is full too, ctx's error when the client left.
+func (l *limiter) acquire(ctx context.Context) (release func(), err error) {
+	release = func() { <-l.slots }
+	select {
+	case l.slots <- struct{}{}:
+		return release, nil
+	default:
+	}
+	select {
+	case l.queue <- struct{}{}:
+	default:
+		return nil, errBusy
+	}
+	defer func() { <-l.queue }()
+	select {
+	case l.slots <- struct{}{}:
+		return release, nil
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+// limitListener holds at most cap(slots) connections open at once.
+type limitListener struct {
+	net.Listener
+	slots chan struct{}
+}
+
+func (l *limitListener) Accept() (net.Conn, error) {
+	l.slots <- struct{}{}
+	c, err := l.Listener.Accept()
+	if err != nil {
+		<-l.slots
+		return nil, err
+	}
+	return &limitConn{Conn: c, release: func() { <-l.slots }}, nil
+}
+
+type limitConn struct {
+	net.Conn
+	once    sync.Once
+	release func()
+}
+
+func (c *limitConn) Close() error {
+	err := c.Conn.Close()
+	c.once.Do(c.release)
+	return err
+}

@@ -1,0 +1,189 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/libp2p/go-libp2p/core/peer"
+
+	"github.com/neuron-tai/meshp2p/api"
+	"github.com/neuron-tai/meshp2p/node"
+	"github.com/neuron-tai/meshp2p/p2p"
+	"github.com/neuron-tai/meshp2p/proto/frame"
+	"github.com/neuron-tai/meshp2p/route"
+)
+
+const serveUsage = `Usage: meshp2p serve --bootstrap ADDR [--api 127.0.0.1:8080] [flags]
+
+Serves an OpenAI-compatible HTTP API (POST /v1/chat/completions,
+POST /v1/completions, GET /v1/models) through the swarm: a long-lived
+client peer that holds no weights, keeps its capability table warm and runs
+each request as a route session, re-routing around hops that die
+(docs/api.md). Point any OpenAI client at http://ADDR/v1. The API listens on
+loopback unless --api names another address; --api-key (or
+$MESHP2P_API_KEY) requires "Authorization: Bearer KEY".
+
+Flags:
+`
+
+// apiFlags are the HTTP API flags of serve and start.
+type apiFlags struct {
+	addr      string
+	key       string
+	cors      string
+	maxActive int
+	maxQueue  int
+	maxTokens int
+	maxBody   int64
+}
+
+func (f *apiFlags) register(fs *flag.FlagSet, defAddr, what string) {
+	fs.StringVar(&f.addr, "api", defAddr, what)
+	fs.StringVar(&f.key, "api-key", "", "require Authorization: Bearer KEY on /v1/ (default: $MESHP2P_API_KEY; empty: no key)")
+	fs.StringVar(&f.cors, "cors-origin", "", "comma-separated origins browsers may call the API from (* for any); default: no CORS headers")
+	fs.IntVar(&f.maxActive, "api-max-active", api.DefaultMaxActive, "generations the API runs at once")
+	fs.IntVar(&f.maxQueue, "api-queue", api.DefaultMaxQueue, "generations waiting for a slot; beyond that: 429 with Retry-After (-1: no queue)")
+	fs.IntVar(&f.maxTokens, "api-max-tokens", node.DefaultGatewayMaxTokens, "a chat completion's max_tokens when the request gives none")
+	fs.Int64Var(&f.maxBody, "api-max-body", api.DefaultMaxBody, "largest request body in bytes (413 beyond)")
+}
+
+// run serves the API for gateway node c until ctx ends (stop ends it
+// sooner). It prints the base URL once listening. Each mount may add
+// handlers beside /v1/ (api.Server.Handle; outside the API key).
+func (f *apiFlags) run(ctx context.Context, stdout io.Writer, log *slog.Logger, c *node.Node, planner route.Planner, mounts ...func(*api.Server)) (stop func(), err error) {
+	key := f.key
+	if key == "" {
+		key = os.Getenv("MESHP2P_API_KEY")
+	}
+	ln, err := net.Listen("tcp", f.addr)
+	if err != nil {
+		return nil, fmt.Errorf("--api %s: %w", f.addr, err)
+	}
+	if tcp, ok := ln.Addr().(*net.TCPAddr); ok && !tcp.IP.IsLoopback() && key == "" {
+		log.Warn("the API listens beyond loopback without --api-key: anyone who reaches it can use the swarm", "addr", ln.Addr().String())
+	}
+	g := node.NewGateway(c, node.GatewayConfig{Planner: planner, MaxTokens: f.maxTokens, WireDType: frame.WireDTypes()[0].DType, Logger: log})
+	srv := api.New(api.Config{Backend: g, APIKey: key, CORSOrigins: splitList(f.cors), MaxActive: f.maxActive, MaxQueue: f.maxQueue,
+		MaxBody: f.maxBody, Logger: log})
+	for _, m := range mounts {
+		m(srv)
+	}
+	sctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(sctx, ln) }()
+	fmt.Fprintf(stdout, "api:      http://%s/v1\n", ln.Addr())
+	return func() {
+		cancel()
+		if err := <-done; err != nil {
+			log.Warn("api server", "err", err)
+		}
+		g.Close()
+	}, nil
+}
+
+func runServe(ctx context.Context, stdout, stderr io.Writer, args []string) error {
+	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() { fmt.Fprint(stderr, serveUsage); fs.PrintDefaults() }
+	var nf netFlags
+	nf.register(fs, node.PresetClient)
+	var tf trackerFlags
+	tf.registerOrigin(fs)
+	var af apiFlags
+	af.register(fs, "127.0.0.1:8080", "HTTP address of the OpenAI-compatible API (host:port; loopback by default)")
+	verbose := fs.Bool("v", false, "debug logging")
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	pc, err := nf.config(node.PresetClient)
+	if err != nil {
+		return err
+	}
+	if len(pc.Bootstrap) == 0 && len(tf.trackers) == 0 {
+		fs.Usage()
+		return fmt.Errorf("%w: --bootstrap (or --tracker) is required: the gateway serves what the swarm serves", errUsage)
+	}
+	explicitDir := false
+	fs.Visit(func(f *flag.Flag) { explicitDir = explicitDir || f.Name == "data-dir" })
+	if !explicitDir { // never share a local node's identity
+		d, err := os.MkdirTemp("", "meshp2p-gateway-")
+		if err != nil {
+			return err
+		}
+		defer os.RemoveAll(d)
+		pc.DataDir = d
+	}
+	log := newLogger(stderr, *verbose)
+	pc.Logger = log
+	trackers, err := tf.applyOrigin(&pc)
+	if err != nil {
+		return err
+	}
+	n, err := node.Start(ctx, node.Config{P2P: pc, Logger: log})
+	if err != nil {
+		return err
+	}
+	defer n.Close()
+	var planner route.Planner
+	if len(trackers) > 0 {
+		planner = n.TrackerPlanner(trackers, tf.requireTracker)
+	}
+	stop, err := af.run(ctx, stdout, log, n, planner)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "peer id:  %s\nready\n", n.P2P().ID())
+	<-ctx.Done()
+	log.Info("shutting down the API")
+	stop()
+	return nil
+}
+
+// startAPI serves the API from a `start` node (--api). A host cannot open
+// a route session to itself, so the gateway is a client peer of its own,
+// in this process, bootstrapped to the node (and to the node's bootstrap
+// peers). It returns a stop function, or nil when --api is not set.
+func (f *apiFlags) startAPI(ctx context.Context, stdout io.Writer, log *slog.Logger, n *node.Node, hostCfg p2p.Config) (func(), error) {
+	if f.addr == "" {
+		return func() {}, nil
+	}
+	pc := node.Preset(node.PresetClient)
+	pc.TestMode = hostCfg.TestMode // --test-mode's relaxations, as the node has them
+	pc.Network, pc.SwarmKeyPath, pc.Logger = hostCfg.Network, hostCfg.SwarmKeyPath, log
+	pc.ListenAddrs = []string{"/ip4/127.0.0.1/tcp/0"}
+	pc.PortMapping = false
+	pc.Bootstrap = mergePeers([]peer.AddrInfo{n.P2P().AddrInfo()}, hostCfg.Bootstrap)
+	pc.StaticRelays = hostCfg.StaticRelays
+	d, err := os.MkdirTemp("", "meshp2p-gateway-")
+	if err != nil {
+		return nil, err
+	}
+	pc.DataDir = d
+	c, err := node.Start(ctx, node.Config{P2P: pc, Logger: log.With("part", "api-gateway")})
+	if err != nil {
+		os.RemoveAll(d)
+		return nil, fmt.Errorf("--api: gateway peer: %w", err)
+	}
+	// Wait briefly for this node's own advert, so the API lists its model
+	// as soon as the swarm covers it.
+	wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	for wctx.Err() == nil && len(c.Table().Shards(n.Fingerprint())) == 0 {
+		time.Sleep(20 * time.Millisecond)
+	}
+	cancel()
+	stop, err := f.run(ctx, stdout, log, c, nil)
+	if err != nil {
+		c.Close()
+		os.RemoveAll(d)
+		return nil, err
+	}
+	var once sync.Once
+	return func() { once.Do(func() { stop(); c.Close(); os.RemoveAll(d) }) }, nil
+}

@@ -1,0 +1,427 @@
+package node
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/libp2p/go-libp2p/core/peer"
+
+	"github.com/neuron-tai/meshp2p/engine"
+	"github.com/neuron-tai/meshp2p/engine/gguf"
+	"github.com/neuron-tai/meshp2p/placement"
+	"github.com/neuron-tai/meshp2p/session"
+)
+
+// testRebalance is the one value the placement tests shorten (by name).
+const testRebalance = 2 * time.Second
+
+// placed starts a node without layers: it chooses them within budget.
+func (tn *testNet) placed(model string, budget int64, seed uint64) *Node {
+	tn.t.Helper()
+	cfg := tn.config(tn.t.TempDir())
+	cfg.ModelPath = model
+	cfg.Placement = &PlacementConfig{Memory: budget, Interval: testRebalance, Seed: seed}
+	n, err := Start(context.Background(), cfg)
+	if err != nil {
+		tn.t.Fatalf("start self-placing node: %v", err)
+	}
+	tn.t.Cleanup(func() { n.Close() })
+	if tn.boot == nil {
+		tn.boot = []peer.AddrInfo{n.P2P().AddrInfo()}
+	}
+	return n
+}
+
+// budgetFor is the most any window of k layers of the model needs: a
+// node with it holds k layers wherever it goes, and not k+1 in the middle.
+func budgetFor(sz placement.Sizing, k int) int64 {
+	var b int64
+	for s := 0; s+k <= sz.NLayer; s++ {
+		b = max(b, sz.Need(placement.Range{Start: s, End: s + k}))
+	}
+	return b
+}
+
+// replicas counts, per layer, the loaded windows of the given nodes.
+func replicas(nl int, nodes []*Node) []int {
+	c := make([]int, nl)
+	for _, n := range nodes {
+		in := n.Info()
+		for l := in.Start; l < in.End; l++ {
+			c[l]++
+		}
+	}
+	return c
+}
+
+func windows(nodes []*Node) []string {
+	var out []string
+	for _, n := range nodes {
+		in := n.Info()
+		out = append(out, fmt.Sprintf("%d-%d", in.Start, in.End))
+	}
+	return out
+}
+
+// waitCover waits until every layer has at least k replicas among nodes
+// and the client's table shows a loaded window for each node; returns how
+// long it took.
+func waitCover(t *testing.T, c *Node, fp string, nodes []*Node, k int, within time.Duration) time.Duration {
+	t.Helper()
+	t0 := time.Now()
+	for {
+		rep := replicas(nodes[0].nLayer, nodes)
+		ok := true
+		for _, r := range rep {
+			ok = ok && r >= k
+		}
+		if ok && advertised(c, fp, nodes) {
+			return time.Since(t0)
+		}
+		if time.Since(t0) > within {
+			t.Fatalf("after %v: replicas per layer %v (windows %v), want ≥ %d", within, rep, windows(nodes), k)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// advertised: the client's table has each node's current window, loaded.
+func advertised(c *Node, fp string, nodes []*Node) bool {
+	for _, n := range nodes {
+		in, found := n.Info(), false
+		for _, s := range c.Table().Shards(fp) {
+			found = found || (s.Peer == n.P2P().ID() && s.Start == in.Start && s.End == in.End && s.Capacity.GetMaxSessions() > 0)
+		}
+		if !found {
+			return false
+		}
+	}
+	return true
+}
+
+// fixableVictim picks a node that alone serves some layer and whose loss
+// the others can repair by the placement rules (budgets permitting).
+func fixableVictim(t *testing.T, sz placement.Sizing, budget int64, nodes []*Node) (*Node, []*Node) {
+	t.Helper()
+	for i, v := range nodes {
+		var rest []*Node
+		rest = append(rest, nodes[:i]...)
+		rest = append(rest, nodes[i+1:]...)
+		if !hasGap(replicas(sz.NLayer, rest)) {
+			continue
+		}
+		view := placement.View{NLayer: sz.NLayer}
+		for _, n := range rest {
+			in := n.Info()
+			view.Servers = append(view.Servers, placement.Server{Peer: n.P2P().ID().String(), Range: placement.Range{Start: in.Start, End: in.End}, MsPerLayer: 1})
+		}
+		for _, n := range rest {
+			in := n.Info()
+			d := placement.NewRebalancer(sz, budget, rand.New(rand.NewPCG(1, 1))).Check(view, n.P2P().ID().String(), placement.Range{Start: in.Start, End: in.End}, 1)
+			if d.Move && d.Reason == placement.ReasonGap {
+				return v, rest
+			}
+		}
+	}
+	t.Fatalf("no node's loss is both a gap and repairable: windows %v", windows(nodes))
+	return nil, nil
+}
+
+func hasGap(rep []int) bool {
+	for _, r := range rep {
+		if r == 0 {
+			return true
+		}
+	}
+	return false
+}
+
+func generateEqualsLocal(t *testing.T, c *Node, model, fp string, nl int, prompt []int32, n int) session.Result {
+	t.Helper()
+	o := c.Origin(nil)
+	res, err := o.Generate(context.Background(), session.GenerateRequest{Fingerprint: fp, NLayer: nl, Prompt: prompt, MaxTokens: n})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := localTokens(t, model, prompt, n); !equalTokens(res.Tokens, want) {
+		t.Fatalf("swarm %v\nlocal %v", res.Tokens, want)
+	}
+	return *res
+}
+
+// TestAutoPlacementLoopback: 4 nodes started without layers, with budgets
+// that hold 4 layers of a 12-layer model, cover it and answer exactly like
+// the whole model; killing one that alone served some layers makes the
+// others close the gap, and generation works again; 3 more nodes (6
+// layers each) put a second replica on every layer.
+func TestAutoPlacementLoopback(t *testing.T) {
+	model := synthModel(t, "auto12", 12)
+	tn := newTestNet(t)
+	sz, err := ModelSizing(model, tn.config("").Engine)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b4 := budgetFor(sz, 4)
+	t.Logf("one middle layer %d B, head +%d B, tail +%d B, fixed %d B; budget for 4 layers %d B",
+		sz.LayerBytes[5]+sz.KVBytesPerLayer, sz.HeadBytes, sz.TailBytes+sz.TailFixedBytes, sz.FixedBytes, b4)
+	if sz.MaxWindow(4, b4) >= 6 {
+		t.Fatalf("budget %d holds %d middle layers; want about 4", b4, sz.MaxWindow(4, b4))
+	}
+	t0 := time.Now()
+	nodes := []*Node{tn.placed(model, b4, 1)}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for i := range 3 { // the others start together: announce, pause, re-choose
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			n := tn.placed(model, b4, uint64(i+2))
+			mu.Lock()
+			nodes = append(nodes, n)
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	c := tn.client()
+	fp, nl := waitModel(t, c, "auto12")
+	took := waitCover(t, c, fp, nodes, 1, 60*time.Second)
+	t.Logf("4 nodes cover the model %v after the first started (%v after all were up): %v", time.Since(t0), took, windows(nodes))
+	for _, n := range nodes {
+		if st := n.Placement(); !st.Auto || st.Budget != b4 {
+			t.Fatalf("placement status %+v", st)
+		}
+	}
+	prompt := thinClientPrompt(t, c, fp, "Once upon a time")
+	generateEqualsLocal(t, c, model, fp, nl, prompt, 24)
+
+	// Kill one abruptly (no advert withdrawal): the others see it is gone
+	// by a failed dial and close the gap within two rebalance periods.
+	victim, rest := fixableVictim(t, sz, b4, nodes)
+	t.Logf("killing %s (%d-%d); replicas without it %v", victim.P2P().ID(), victim.Info().Start, victim.Info().End, replicas(nl, rest))
+	_ = victim.P2P().Host().Close()
+	tn.boot = nil // nodes started from now on bootstrap from survivors
+	for _, n := range rest {
+		tn.boot = append(tn.boot, n.P2P().AddrInfo())
+	}
+	healed := waitCover(t, c, fp, rest, 1, 2*time.Duration(float64(testRebalance)*(1+RebalanceJitter))+15*time.Second)
+	t.Logf("gap closed %v after the kill (rebalance interval %v): %v", healed, testRebalance, windows(rest))
+	res := generateEqualsLocal(t, c, model, fp, nl, prompt, 24)
+	for _, h := range res.Route.Hops {
+		if h.Peer == victim.P2P().ID() && res.Reroutes == 0 {
+			t.Fatal("the route used the killed node")
+		}
+	}
+
+	// Three more nodes, each with room for 6 layers, go where the swarm
+	// is weakest: every layer gets a second replica.
+	b6 := budgetFor(sz, 6)
+	ta := time.Now()
+	all := append([]*Node(nil), rest...)
+	for i := range 3 {
+		all = append(all, tn.placed(model, b6, uint64(10+i)))
+	}
+	spread := waitCover(t, c, fp, all, 2, 60*time.Second)
+	t.Logf("7 nodes: every layer has ≥ 2 replicas %v after the first new node started (%v after the last): %v, replicas %v",
+		time.Since(ta), spread, windows(all), replicas(nl, all))
+	generateEqualsLocal(t, c, model, fp, nl, prompt, 24)
+}
+
+// TestMoveDuringGeneration: a node on the route moves to another window
+// while a generation runs through it: the session finishes on the old
+// window with the whole model's tokens and no re-route, then the old
+// window is released and the node serves (and advertises) the new one.
+func TestMoveDuringGeneration(t *testing.T) {
+	model := synthModel(t, "move12", 12)
+	tn := newTestNet(t)
+	a := tn.shard(model, gguf.Range{Start: 0, End: 6})
+	b := tn.shard(model, gguf.Range{Start: 6, End: 12})
+	c := tn.client()
+	fp, nl := waitModel(t, c, "move12")
+	waitShards(t, c.Table(), fp, 2)
+	prompt := thinClientPrompt(t, c, fp, "Once upon a time")
+	const maxTok = 400
+	want := localTokens(t, model, prompt, maxTok)
+	moved := make(chan error, 1)
+	stop := make(chan struct{})
+	// overlap: the old window was draining while the session still ran
+	// on it (so the move really happened during the generation).
+	var overlap atomic.Bool
+	go func() {
+		for {
+			if st := b.Placement(); st.Moving != nil && b.Hop().Sessions() > 0 {
+				overlap.Store(true)
+				return
+			}
+			select {
+			case <-stop:
+				return
+			case <-time.After(200 * time.Microsecond):
+			}
+		}
+	}()
+	go func() {
+		for b.Hop().Sessions() == 0 || b.Hop().DecodeSteps() < 5 {
+			select {
+			case <-stop:
+				moved <- fmt.Errorf("no session reached the node")
+				return
+			case <-time.After(time.Millisecond):
+			}
+		}
+		moved <- b.move(context.Background(), gguf.Range{Start: 3, End: 9})
+	}()
+	res, err := c.Origin(nil).Generate(context.Background(), session.GenerateRequest{Fingerprint: fp, NLayer: nl, Prompt: prompt, MaxTokens: maxTok})
+	if err == nil {
+		// Closing the session is what ends the drain; wait for the move
+		// before stopping the watcher.
+		select {
+		case err := <-moved:
+			moved <- err
+		case <-time.After(60 * time.Second):
+		}
+	}
+	close(stop)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Reroutes != 0 || !equalTokens(res.Tokens, want) {
+		t.Fatalf("reroutes %d\nswarm %v\nlocal %v", res.Reroutes, res.Tokens, want)
+	}
+	select {
+	case err := <-moved:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(60 * time.Second):
+		t.Fatal("the move did not finish after the session ended")
+	}
+	if !overlap.Load() {
+		t.Fatal("the move did not overlap the session: nothing was drained")
+	}
+	if in := b.Info(); in.Start != 3 || in.End != 9 {
+		t.Fatalf("after the move the node serves %d-%d", in.Start, in.End)
+	}
+	if r := b.Hop().Ranges(); len(r) != 1 || r[0] != (session.ServedRange{Start: 3, End: 9, Admitting: true}) {
+		t.Fatalf("hop ranges %+v", r)
+	}
+	if st := b.Placement(); st.Moves != 1 || st.Moving != nil || st.Loading != nil {
+		t.Fatalf("placement status %+v", st)
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for !advertised(c, fp, []*Node{a, b}) {
+		if time.Now().After(deadline) {
+			t.Fatal("the client never saw the new window")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	assertReleased(t, tn, a, b)
+}
+
+// The sizing takes weights at the file's tensor types (F16 halves every
+// layer matrix against F32), the KV cache from --ctx and the model's KV
+// heads, and matches the bytes the GGUF header declares per layer.
+func TestModelSizingUsesTensorTypes(t *testing.T) {
+	dir := t.TempDir()
+	sizes := map[gguf.TensorType]placement.Sizing{}
+	for _, typ := range []gguf.TensorType{gguf.TypeF32, gguf.TypeF16} {
+		spec := gguf.DefaultSpec("llama")
+		spec.Layers, spec.Type = 4, typ
+		path := fmt.Sprintf("%s/m%d.gguf", dir, typ)
+		if err := gguf.Synth(context.Background(), spec, path); err != nil {
+			t.Fatal(err)
+		}
+		sz, err := ModelSizing(path, engine.Config{NCtx: 1024, NBatch: 32})
+		if err != nil {
+			t.Fatal(err)
+		}
+		info, err := gguf.Inspect(context.Background(), path, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for l, b := range info.LayerBytes {
+			if sz.LayerBytes[l] != b {
+				t.Fatalf("%v layer %d: sizing %d B, header %d B", typ, l, sz.LayerBytes[l], b)
+			}
+		}
+		// KV: 1024 cells × (K + V) × head dim 32 × 2 KV heads × 2 bytes.
+		if want := int64(1024 * 2 * 32 * 2 * 2); sz.KVBytesPerLayer != want {
+			t.Fatalf("KV per layer %d, want %d", sz.KVBytesPerLayer, want)
+		}
+		sizes[typ] = sz
+	}
+	f32, f16 := sizes[gguf.TypeF32].LayerBytes[0], sizes[gguf.TypeF16].LayerBytes[0]
+	if f16 >= f32*6/10 || f16 <= f32*4/10 {
+		t.Fatalf("F16 layer %d B vs F32 %d B: want about half", f16, f32)
+	}
+}
+
+// The memory estimate against what loading a window really takes: the
+// process's resident memory grows by no more than the estimate, and by at
+// least a quarter of it (KV cells no session has used yet are not
+// resident, so RSS right after loading is a lower bound).
+func TestMemoryEstimateAgainstRSS(t *testing.T) {
+	spec := gguf.DefaultSpec("llama")
+	spec.Layers, spec.Embd, spec.Heads, spec.KVHeads, spec.FF, spec.Type = 8, 512, 8, 4, 1536, gguf.TypeF16
+	path := t.TempDir() + "/rss.gguf"
+	if err := gguf.Synth(context.Background(), spec, path); err != nil {
+		t.Fatal(err)
+	}
+	ec := engine.Config{NCtx: 2048, NBatch: 128, MaxSessions: 4, Threads: 2}
+	sz, err := ModelSizing(path, ec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := gguf.Range{Start: 2, End: 6}
+	out := t.TempDir()
+	res, err := gguf.Split(context.Background(), path, []gguf.Range{r}, out, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := rss(t)
+	m, err := engine.LoadModel(context.Background(), res[0].Path, engine.LoadOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	sh, err := engine.NewShard(context.Background(), m, ec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sh.Close()
+	if _, err := sh.MeasureDecode(context.Background(), 4); err != nil { // touches every weight
+		t.Fatal(err)
+	}
+	grew := rss(t) - before
+	est := sz.Need(placement.Range{Start: r.Start, End: r.End})
+	t.Logf("window %s: estimate %.1f MiB (weights %.1f, KV %.1f, fixed %.1f); resident memory grew %.1f MiB (%.2f of the estimate)",
+		r, float64(est)/(1<<20), float64(sz.LayerBytes[2]*4)/(1<<20), float64(sz.KVBytesPerLayer*4)/(1<<20), float64(sz.FixedBytes)/(1<<20),
+		float64(grew)/(1<<20), float64(grew)/float64(est))
+	if grew > est || grew < est/4 {
+		t.Fatalf("resident memory grew %d B; the estimate says %d B", grew, est)
+	}
+}
+
+// rss is the process's resident memory (VmRSS) in bytes.
+func rss(t *testing.T) int64 {
+	t.Helper()
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		t.Skip("no /proc/self/status")
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(l); len(f) >= 2 && f[0] == "VmRSS:" {
+			kb, _ := strconv.ParseInt(f[1], 10, 64)
+			return kb << 10
+		}
+	}
+	t.Skip("no VmRSS")
+	return 0
+}

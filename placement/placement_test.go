@@ -1,0 +1,228 @@
+package placement
+
+import (
+	"math/rand/v2"
+	"strings"
+	"testing"
+)
+
+func TestSizingNeedAndWindows(t *testing.T) {
+	g := Geometry{NLayer: 4, NEmbd: 8, NHead: 2, NFF: 16, NVocab: 100, KVWidth: 8}
+	ts := []Tensor{{"token_embd.weight", 1000}, {"output_norm.weight", 10}, {"output.weight", 2000},
+		{"blk.0.attn_q.weight", 100}, {"blk.0.ffn_up.weight", 50}, {"blk.1.attn_q.weight", 150}, {"blk.2.x", 150}, {"blk.3.x", 150}}
+	e := EngineShape{NCtx: 10, NBatch: 2, KVElemBytes: 2}
+	sz, err := FromTensors(g, ts, e)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fixed, tail := ComputeEstimate(g, e)
+	kv := int64(10 * 8 * 2)
+	cases := []struct {
+		r    Range
+		want int64
+	}{
+		{Range{1, 3}, fixed + 300 + 2*kv},
+		{Range{0, 1}, fixed + 150 + kv + 1000},
+		{Range{3, 4}, fixed + 150 + kv + 2010 + tail},
+		{Range{0, 4}, fixed + 600 + 4*kv + 1000 + 2010 + tail},
+	}
+	for _, c := range cases {
+		if got := sz.Need(c.r); got != c.want {
+			t.Errorf("Need(%s) = %d, want %d", c.r, got, c.want)
+		}
+	}
+	if got := sz.MaxWindow(1, fixed+300+2*kv); got != 2 {
+		t.Errorf("MaxWindow = %d, want 2", got)
+	}
+	// A tied output: the tail holds a copy of the embeddings.
+	tied, _ := FromTensors(g, ts[:2], e)
+	if tied.TailBytes != 1010 || tied.HeadBytes != 1000 {
+		t.Errorf("tied: head %d tail %d", tied.HeadBytes, tied.TailBytes)
+	}
+	if _, err := FromTensors(g, []Tensor{{"blk.9.x", 1}}, e); err == nil {
+		t.Error("a tensor of layer 9 in a 4-layer model was accepted")
+	}
+}
+
+func TestChooseGapsFirstThenWeakest(t *testing.T) {
+	sz := uniformSizing(12)
+	budget := sz.FixedBytes + 4*100 + 60 // 4 layers, also at the tail
+	rng := rand.New(rand.NewPCG(1, 1))
+	cases := []struct {
+		name    string
+		servers []Server
+		want    []Range // acceptable choices
+	}{
+		{"fills the gap", []Server{{Peer: "a", Range: Range{0, 4}}, {Peer: "b", Range: Range{8, 12}}}, []Range{{4, 8}}},
+		{"weakest layers", []Server{{Peer: "a", Range: Range{0, 6}, MsPerLayer: 1}, {Peer: "b", Range: Range{6, 12}, MsPerLayer: 1},
+			{Peer: "c", Range: Range{0, 6}, MsPerLayer: 1}}, []Range{{6, 10}, {7, 11}, {8, 12}}},
+		{"relayed counts half", []Server{{Peer: "a", Range: Range{0, 6}, MsPerLayer: 1, Relayed: true}, {Peer: "b", Range: Range{6, 12}, MsPerLayer: 1},
+			{Peer: "c", Range: Range{0, 6}, MsPerLayer: 1, Relayed: true}, {Peer: "d", Range: Range{6, 12}, MsPerLayer: 2}}, []Range{{0, 4}, {1, 5}, {2, 6}}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			for range 20 {
+				ch, ok := Choose(View{NLayer: 12, Servers: c.servers}, sz, budget, 1, nil, rng)
+				if !ok {
+					t.Fatal("no window fits")
+				}
+				found := false
+				for _, w := range c.want {
+					found = found || w == ch.Range
+				}
+				if !found {
+					t.Fatalf("chose %s, want one of %v", ch.Range, c.want)
+				}
+			}
+		})
+	}
+	if _, ok := Choose(View{NLayer: 12}, sz, sz.FixedBytes, 1, nil, rng); ok {
+		t.Error("a budget with room for no layer chose a window")
+	}
+}
+
+// TestRebalanceRules: a gap is filled at once; a throughput move waits for
+// two checks in a row and the cooldown; a move that would uncover a layer
+// is never made.
+func TestRebalanceRules(t *testing.T) {
+	sz := uniformSizing(12)
+	budget := sz.FixedBytes + 4*100 + 60
+	rng := rand.New(rand.NewPCG(2, 2))
+
+	// Gap: "me" on 0-4 is a replica (a also serves 0-4); 8-12 is a gap.
+	b := NewRebalancer(sz, budget, rng)
+	gap := View{NLayer: 12, Servers: []Server{{Peer: "a", Range: Range{0, 4}}, {Peer: "b", Range: Range{4, 8}}}}
+	if d := b.Check(gap, "me", Range{0, 4}, 1); !d.Move || d.Reason != ReasonGap || d.To != (Range{8, 12}) {
+		t.Fatalf("gap not filled at once: %+v", d)
+	}
+
+	// A partial fix waits a check for a complete one: with 0-4 (me),
+	// 3-7 and 8-12, layer 7 is on no route. 3-7 → 4-8 closes it at once;
+	// me → 0-3 only narrows it (and would leave 3-7 nowhere to go), so me
+	// waits one check.
+	partial := View{NLayer: 12, Servers: []Server{{Peer: "x", Range: Range{3, 7}}, {Peer: "y", Range: Range{8, 12}}, {Peer: "me", Range: Range{0, 4}}}}
+	if d := NewRebalancer(sz, budget, rng).Check(partial, "x", Range{3, 7}, 1); !d.Move || d.To != (Range{4, 8}) {
+		t.Fatalf("the complete fix was not made at once: %+v", d)
+	}
+	b = NewRebalancer(sz, budget, rng)
+	if d := b.Check(partial, "me", Range{0, 4}, 1); d.Move {
+		t.Fatalf("a partial fix at the first check: %+v", d)
+	}
+	if d := b.Check(partial, "me", Range{0, 4}, 1); !d.Move || d.Reason != ReasonGap || d.To != (Range{0, 3}) {
+		t.Fatalf("the partial fix at the second check: %+v", d)
+	}
+
+	// Never uncover: me is the only server of 0-4; the gap stays.
+	b = NewRebalancer(sz, budget, rng)
+	alone := View{NLayer: 12, Servers: []Server{{Peer: "b", Range: Range{4, 8}}}}
+	if d := b.Check(alone, "me", Range{0, 4}, 1); d.Move {
+		t.Fatalf("moved off the only copy of 0-4: %+v", d)
+	}
+
+	// A planned window is not yet a replica: me stays until it loads.
+	b = NewRebalancer(sz, budget, rng)
+	// (8-12 is a gap: counting p as loaded, me would fill it at once.)
+	planned := View{NLayer: 12, Servers: []Server{{Peer: "b", Range: Range{4, 8}}, {Peer: "p", Range: Range{0, 4}, Planned: true}}}
+	for range 4 {
+		if d := b.Check(planned, "me", Range{0, 4}, 1); d.Move {
+			t.Fatalf("left 0-4 to a window still loading: %+v", d)
+		}
+	}
+
+	// Throughput: 0-4 has three fast replicas, 8-12 one slow server.
+	tp := View{NLayer: 12, Servers: []Server{{Peer: "a", Range: Range{0, 4}, MsPerLayer: 1}, {Peer: "c", Range: Range{0, 4}, MsPerLayer: 1},
+		{Peer: "b", Range: Range{4, 8}, MsPerLayer: 0.2}, {Peer: "d", Range: Range{8, 12}, MsPerLayer: 1}, {Peer: "e", Range: Range{4, 8}, MsPerLayer: 0.2}}}
+	b = NewRebalancer(sz, budget, rng)
+	var got []bool
+	for range 5 {
+		d := b.Check(tp, "me", Range{0, 4}, 1)
+		got = append(got, d.Move)
+		if d.Move {
+			if d.Reason != ReasonThroughput || d.To != (Range{8, 12}) {
+				t.Fatalf("move %+v", d)
+			}
+			break
+		}
+		if !strings.Contains(d.Why, "check") {
+			t.Errorf("why = %q", d.Why)
+		}
+	}
+	// The start counts as a move: checks 1-2 are in the cooldown, 3 is
+	// the second check in a row that saw the better window.
+	if len(got) != 3 || got[0] || got[1] || !got[2] {
+		t.Fatalf("moves per check = %v, want [false false true]", got)
+	}
+	// Right after the move: in the cooldown again.
+	if d := b.Check(tp, "me", Range{8, 12}, 1); d.Move {
+		t.Fatalf("moved again at once: %+v", d)
+	}
+}
+
+func TestBudgetParsing(t *testing.T) {
+	if v, err := MemAvailable(strings.NewReader("MemTotal: 100 kB\nMemAvailable:    2048 kB\n")); err != nil || v != 2048<<10 {
+		t.Errorf("MemAvailable = %d, %v", v, err)
+	}
+	if _, err := MemAvailable(strings.NewReader("MemTotal: 1 kB\n")); err == nil {
+		t.Error("no MemAvailable accepted")
+	}
+	if p, ok := CgroupV2Path("1:cpu:/x\n0::/user.slice/app\n"); !ok || p != "/user.slice/app" {
+		t.Errorf("cgroup path %q %v", p, ok)
+	}
+	for _, c := range []struct {
+		max, cur string
+		want     int64
+		ok       bool
+	}{{"max\n", "5", 0, false}, {"1000\n", "300\n", 700, true}, {"1000", "", 1000, true}, {"junk", "1", 0, false}, {"100", "200", 0, true}} {
+		if v, ok := CgroupRoom(c.max, c.cur); v != c.want || ok != c.ok {
+			t.Errorf("CgroupRoom(%q, %q) = %d %v", c.max, c.cur, v, ok)
+		}
+	}
+	for avail, want := range map[int64]int64{10 << 30: 9 << 30, 1 << 30: 768 << 20, 4 << 30: 3584 << 20, 200 << 20: 150 << 20, 0: 0} {
+		if got := ApplyReserve(avail); got != want {
+			t.Errorf("ApplyReserve(%d) = %d, want %d", avail, got, want)
+		}
+	}
+	for in, want := range map[string]int64{"512M": 512 << 20, "4G": 4 << 30, "1.5GiB": 3 << 29, "123456": 123456, "2gb": 2 << 30} {
+		if v, err := ParseBytes(in); err != nil || v != want {
+			t.Errorf("ParseBytes(%q) = %d, %v", in, v, err)
+		}
+	}
+	for _, in := range []string{"", "x", "-1G", "0", "1e30T"} {
+		if _, err := ParseBytes(in); err == nil {
+			t.Errorf("ParseBytes(%q) accepted", in)
+		}
+	}
+	if b, src, err := Budget(); err != nil || b <= 0 || src == "" {
+		t.Errorf("Budget() = %d %q %v", b, src, err)
+	}
+}
+
+// FuzzParseBytes: any --memory string either parses to a positive size
+// within bounds or is refused; never a panic.
+func FuzzParseBytes(f *testing.F) {
+	for _, s := range []string{"512M", "4G", "1.5GiB", "123", "", "-1", "1e400", "NaNG", "0x10", "1e-300G", "InfM"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		v, err := ParseBytes(s)
+		if err == nil && (v <= 0 || v > 1<<50) {
+			t.Fatalf("ParseBytes(%q) = %d", s, v)
+		}
+	})
+}
+
+// FuzzFromTensors: tensor lists from a header or a manifest never panic
+// the sizing, and a sizing that builds has one entry per layer.
+func FuzzFromTensors(f *testing.F) {
+	f.Add("blk.0.attn_q.weight", int64(10), "token_embd.weight", int64(5), 4)
+	f.Add("blk.x.y", int64(1), "blk.-1.", int64(-3), 1)
+	f.Fuzz(func(t *testing.T, n1 string, b1 int64, n2 string, b2 int64, nl int) {
+		if nl > 1<<12 {
+			return
+		}
+		sz, err := FromTensors(Geometry{NLayer: nl, NEmbd: 8, NHead: 2, KVWidth: 8}, []Tensor{{n1, b1}, {n2, b2}}, EngineShape{NCtx: 16, NBatch: 4})
+		if err == nil && len(sz.LayerBytes) != nl {
+			t.Fatalf("%d layer sizes for %d layers", len(sz.LayerBytes), nl)
+		}
+	})
+}

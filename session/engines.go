@@ -1,0 +1,155 @@
+package session
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/neuron-tai/meshp2p/proto/meshp2pb"
+)
+
+// servedEngine is one layer range a hop serves. A hop serves one range
+// normally and two while it moves (docs/placement.md): the new range is
+// added and admits at once, the old one stops admitting and drains.
+type servedEngine struct {
+	eng       Engine
+	info      ShardInfo
+	admitting bool // guarded by HopService.mu
+}
+
+// AddEngine adds a layer range of the same model to the hop; it admits
+// sessions at once. An engine for a range already served is refused.
+func (h *HopService) AddEngine(eng Engine) error {
+	info := eng.Info()
+	if info.ParentNLayer != h.info.ParentNLayer || info.NEmbd != h.info.NEmbd {
+		return fmt.Errorf("session: engine %d-%d is not of this hop's model (%d layers, n_embd %d)", info.Start, info.End, h.info.ParentNLayer, h.info.NEmbd)
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for _, se := range h.engines {
+		if se.info.Start == info.Start && se.info.End == info.End {
+			return fmt.Errorf("session: layers %d-%d are already served", info.Start, info.End)
+		}
+	}
+	h.engines = append(h.engines, &servedEngine{eng: eng, info: info, admitting: true})
+	return nil
+}
+
+// StopAdmitting makes the hop refuse new sessions for layers [start, end)
+// (NO_CAPACITY, which origins retry on another route without holding it
+// against this peer); open sessions go on.
+func (h *HopService) StopAdmitting(start, end int) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for _, se := range h.engines {
+		if se.info.Start == start && se.info.End == end {
+			se.admitting = false
+		}
+	}
+}
+
+// Drain waits until no session runs on layers [start, end), then removes
+// that engine from the hop; the caller may then close it. When ctx ends
+// first, the sessions still open are ended with SHUTTING_DOWN (their
+// origins re-route) and waited for. It returns how many were ended so.
+func (h *HopService) Drain(ctx context.Context, start, end int) int {
+	h.StopAdmitting(start, end)
+	ended := 0
+	for {
+		left := h.sessionsOn(start, end)
+		if len(left) == 0 {
+			break
+		}
+		if ctx.Err() != nil {
+			for _, hs := range left {
+				hs.fail(codeErr(meshp2pb.ErrorCode_ERROR_CODE_SHUTTING_DOWN, fmt.Sprintf("hop moved away from layers %d-%d", start, end), h.host.ID()))
+			}
+			for _, hs := range left {
+				<-hs.released
+			}
+			ended = len(left)
+			break
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for i, se := range h.engines {
+		if se.info.Start == start && se.info.End == end {
+			h.engines = append(h.engines[:i], h.engines[i+1:]...)
+			break
+		}
+	}
+	now := time.Now()
+	if h.moved == nil {
+		h.moved = map[[2]int]time.Time{}
+	}
+	for r, at := range h.moved {
+		if now.Sub(at) > MovedGrace {
+			delete(h.moved, r)
+		}
+	}
+	h.moved[[2]int{start, end}] = now
+	return ended
+}
+
+// MovedGrace is how long a hop answers opens for a range it moved away
+// from with NO_CAPACITY (retried elsewhere, never held against it) rather
+// than RANGE_MISMATCH (which blames it): an origin's table may still hold
+// the old advert for a moment.
+const MovedGrace = time.Minute
+
+// sessionsOn lists the sessions that run on layers [start, end).
+func (h *HopService) sessionsOn(start, end int) []*hopSession {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	var out []*hopSession
+	for _, hs := range h.active {
+		if hs.se.info.Start == start && hs.se.info.End == end {
+			out = append(out, hs)
+		}
+	}
+	return out
+}
+
+// Ranges lists the served ranges and whether each admits sessions.
+func (h *HopService) Ranges() []ServedRange {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	var out []ServedRange
+	for _, se := range h.engines {
+		out = append(out, ServedRange{Start: se.info.Start, End: se.info.End, Admitting: se.admitting})
+	}
+	return out
+}
+
+// ServedRange is one range of Ranges.
+type ServedRange struct {
+	Start, End int
+	Admitting  bool
+}
+
+// engineFor finds the engine serving exactly [start, end), or says why
+// there is none.
+func (h *HopService) engineFor(start, end int) (*servedEngine, *hopError) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	var have []string
+	for _, se := range h.engines {
+		if se.info.Start == start && se.info.End == end {
+			if !se.admitting {
+				return nil, codeErr(meshp2pb.ErrorCode_ERROR_CODE_NO_CAPACITY, fmt.Sprintf("this hop is moving away from layers %d-%d", start, end), h.host.ID())
+			}
+			return se, nil
+		}
+		have = append(have, fmt.Sprintf("%d-%d", se.info.Start, se.info.End))
+	}
+	if at, ok := h.moved[[2]int{start, end}]; ok && time.Since(at) <= MovedGrace {
+		return nil, codeErr(meshp2pb.ErrorCode_ERROR_CODE_NO_CAPACITY, fmt.Sprintf("this hop moved from layers %d-%d to %s", start, end, strings.Join(have, ",")), h.host.ID())
+	}
+	return nil, codeErr(meshp2pb.ErrorCode_ERROR_CODE_RANGE_MISMATCH, fmt.Sprintf("this hop serves layers %s, route asks %d-%d", strings.Join(have, ","), start, end), h.host.ID())
+}

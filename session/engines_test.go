@@ -1,0 +1,123 @@
+package session
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/neuron-tai/meshp2p/proto/frame"
+	"github.com/neuron-tai/meshp2p/proto/meshp2pb"
+	"github.com/neuron-tai/meshp2p/route"
+)
+
+// TestHopMovesRangeGracefully: a hop serving 0-3 moves to 3-6 while a
+// generation runs through its old range: the new range admits at once,
+// the old one refuses new sessions but the running one finishes with the
+// reference tokens, and Drain returns when it has ended. A drain that runs
+// out of time ends what is left, and the hop frees it.
+func TestHopMovesRangeGracefully(t *testing.T) {
+	a, b := startHop(t, 0, 3, nil), startHop(t, 3, 6, nil)
+	o, c := newOrigin(t, stagePlanner{[][]*fakeHop{{a}, {b}}}, a, b)
+	newEng := newFakeEngine(3, 6)
+	drained := make(chan int, 1)
+	var once sync.Once
+	a.eng.mu.Lock()
+	a.eng.onStep = func(steps int) {
+		if steps >= 5 {
+			once.Do(func() {
+				if err := a.svc.AddEngine(newEng); err != nil {
+					t.Error(err)
+				}
+				go func() { drained <- a.svc.Drain(context.Background(), 0, 3) }()
+			})
+		}
+	}
+	a.eng.mu.Unlock()
+	prompt := []int32{5, 6, 7}
+	res, err := o.Generate(context.Background(), GenerateRequest{Fingerprint: fakeFP, NLayer: fakeNLay, Prompt: prompt, MaxTokens: 40})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := reference(prompt, 40, 0); !equal(res.Tokens, want) || res.Reroutes != 0 {
+		t.Fatalf("tokens %v (reroutes %d), want %v", res.Tokens, res.Reroutes, want)
+	}
+	select {
+	case n := <-drained:
+		if n != 0 {
+			t.Fatalf("drain ended %d sessions; the generation finished on its own", n)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("drain did not return after the session ended")
+	}
+	if r := a.svc.Ranges(); len(r) != 1 || r[0] != (ServedRange{3, 6, true}) {
+		t.Fatalf("ranges after the move: %+v", r)
+	}
+	waitReleased(t, a, b)
+
+	// The old range is gone: an origin still routing through it is told
+	// NO_CAPACITY (it waits for a replica; nobody is blamed); the new
+	// range serves.
+	o.CapacityWait = 300 * time.Millisecond
+	_, err = o.Generate(context.Background(), GenerateRequest{Fingerprint: fakeFP, NLayer: fakeNLay, Prompt: prompt, MaxTokens: 3})
+	if frame.Code(err) != meshp2pb.ErrorCode_ERROR_CODE_NO_CAPACITY {
+		t.Fatalf("a route through the old range: %v", err)
+	}
+	z := startHop(t, 0, 3, nil)
+	connectAll(c, z.host, a.host)
+	moved := route.Hop{Peer: a.host.ID(), Start: 3, End: 6, Addrs: a.host.Addrs()}
+	o2 := &Origin{Dialer: c, Planner: fixedRoute{[]route.Hop{z.hop(), moved}}, Protocol: o.Protocol, RouteWait: -1, Logger: quiet}
+	newEng.mu.Lock()
+	newEng.onStep = func(int) { time.Sleep(20 * time.Millisecond) } // slow: the drain runs out first
+	newEng.mu.Unlock()
+	done := make(chan error, 1)
+	go func() {
+		_, err := o2.Generate(context.Background(), GenerateRequest{Fingerprint: fakeFP, NLayer: fakeNLay, Prompt: prompt, MaxTokens: 500})
+		done <- err
+	}()
+	for a.svc.Sessions() == 0 {
+		time.Sleep(5 * time.Millisecond)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	if n := a.svc.Drain(ctx, 3, 6); n != 1 {
+		t.Fatalf("a drain out of time ended %d sessions, want 1", n)
+	}
+	if err := <-done; err == nil {
+		t.Fatal("the generation drained away succeeded on a route with no replacement")
+	}
+	if len(a.svc.Ranges()) != 0 || a.svc.Sessions() != 0 {
+		t.Fatalf("after the drain: ranges %+v, %d sessions", a.svc.Ranges(), a.svc.Sessions())
+	}
+	if err := a.svc.AddEngine(newFakeEngine(3, 6)); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.svc.AddEngine(newFakeEngine(3, 6)); err == nil {
+		t.Fatal("a second engine for the same range was accepted")
+	}
+	// A range that stopped admitting refuses with NO_CAPACITY (retried
+	// elsewhere, never held against the peer); an unknown one with
+	// RANGE_MISMATCH.
+	a.svc.StopAdmitting(3, 6)
+	if _, he := a.svc.engineFor(3, 6); he == nil || he.e.GetCode() != meshp2pb.ErrorCode_ERROR_CODE_NO_CAPACITY {
+		t.Fatalf("draining range: %v", he)
+	}
+	if _, he := a.svc.engineFor(1, 3); he == nil || he.e.GetCode() != meshp2pb.ErrorCode_ERROR_CODE_RANGE_MISMATCH {
+		t.Fatalf("unknown range: %v", he)
+	}
+	// A range the hop moved away from (0-3, above) is NO_CAPACITY for a
+	// while: an origin with the old advert retries elsewhere without
+	// blaming the hop.
+	if _, he := a.svc.engineFor(0, 3); he == nil || he.e.GetCode() != meshp2pb.ErrorCode_ERROR_CODE_NO_CAPACITY {
+		t.Fatalf("range moved away from: %v", he)
+	}
+}
+
+type fixedRoute struct{ hops []route.Hop }
+
+func (f fixedRoute) Plan(_ context.Context, req route.Request) (*route.Route, error) {
+	if len(req.Exclude) > 0 {
+		return nil, &route.NoRouteError{Fingerprint: req.Fingerprint, NLayer: req.NLayer}
+	}
+	return &route.Route{Fingerprint: req.Fingerprint, NLayer: req.NLayer, Epoch: req.Epoch, Hops: f.hops}, nil
+}

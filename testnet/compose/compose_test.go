@@ -1,0 +1,208 @@
+package compose
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/neuron-tai/meshp2p/internal/testbin"
+)
+
+type genJSON struct {
+	Tokens     []int32 `json:"tokens"`
+	Text       string  `json:"text"`
+	MsPerToken float64 `json:"ms_per_token"`
+	Route      []struct {
+		Peer       string `json:"peer"`
+		Start, End int
+	} `json:"route"`
+}
+
+// The compose testnet end to end, as `make testnet-docker` runs it: build
+// the offline image, start relay, two NAT routers and a node behind each,
+// generate from a client behind router 1 (tokens equal to --local, route
+// relay -> a -> b), require the a -> b seam (home 1 to home 2) to be hole
+// punched and the direct connection to arrive from router 1's WAN address,
+// scale two more nodes in (--scale node=2, NODE_LAYERS=2-4), run the fit
+// profile (a model bigger than one container's memory limit: OOM-killed
+// whole, equal to --local across three limited containers), then tear
+// everything down, with the host's iptables, forwarding, links, addresses
+// and routes as before. Skips where Docker cannot run (not installed, no
+// daemon and not root).
+func TestComposeTestnet(t *testing.T) {
+	if testing.Short() {
+		t.Skip("container testnet: not in -short")
+	}
+	if os.Getenv("MESHP2P_DOCKER_TEST") != "1" {
+		t.Skip("container testnet: run by make test-docker (MESHP2P_DOCKER_TEST=1), never next to the namespace NAT tests")
+	}
+	for _, tool := range []string{"docker", "dockerd"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Skipf("container testnet: %s not installed (make deps installs docker.io and docker-compose as root)", tool)
+		}
+	}
+	if _, err := exec.LookPath("docker-compose"); err != nil {
+		if exec.Command("docker", "compose", "version").Run() != nil {
+			t.Skip("container testnet: neither docker-compose nor docker compose is installed")
+		}
+	}
+	// The committed model (models/README.md), as make testnet-docker uses.
+	models, err := filepath.Abs("../../models")
+	if err != nil {
+		t.Fatal(err)
+	}
+	model := filepath.Join(models, "stories260K.gguf")
+	bin := testbin.CLI(t)
+	script, err := filepath.Abs("testnet.sh")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute) // a hang guard: 46 s on a quiet 2-core machine, 3.5 min under load 10-20
+	defer cancel()
+	env := append(os.Environ(), "MESHP2P_BIN="+bin, "MESHP2P_MODELS="+models,
+		"MESHP2P_COMPOSE_STATE=/tmp/meshp2p-compose-test", "COMPOSE_PROJECT_NAME=meshp2ptest", "MESHP2P_IMAGE=meshp2p:composetest",
+		"MESHP2P_FIT_TOKENS=12") // the fit model's three hops are slow on a loaded 2-core machine
+	sh := func(ctx context.Context, args ...string) (string, error) {
+		cmd := exec.CommandContext(ctx, "sh", append([]string{script}, args...)...)
+		cmd.Env = env
+		var out, errb bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &out, &errb
+		err := cmd.Run()
+		if err != nil {
+			return out.String(), fmt.Errorf("testnet.sh %s: %w\n%s%s", strings.Join(args, " "), err, out.String(), errb.String())
+		}
+		return out.String(), nil
+	}
+
+	t0 := time.Now()
+	out, err := sh(ctx, "up")
+	t.Cleanup(func() {
+		dctx, dcancel := context.WithTimeout(context.Background(), time.Minute)
+		defer dcancel()
+		out, err := sh(dctx, "down")
+		if err != nil {
+			t.Errorf("teardown: %v", err)
+			return
+		}
+		t.Logf("%s", strings.TrimSpace(out))
+	})
+	var ee *exec.ExitError
+	if errors.As(err, &ee) && ee.ExitCode() == 3 {
+		t.Skipf("container testnet: Docker cannot run here: %v", err)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("up in %v: %s", time.Since(t0).Round(time.Millisecond), strings.TrimSpace(out))
+
+	const prompt, maxTok = "Once upon a time", "24"
+	lout, err := exec.CommandContext(ctx, bin, "generate", "--local", "--model", model, "--prompt", prompt, "--max-tokens", maxTok, "--json").Output()
+	if err != nil {
+		t.Fatalf("local: %v", err)
+	}
+	var want, got genJSON
+	if err := json.Unmarshal(lout, &want); err != nil {
+		t.Fatal(err)
+	}
+	sout, err := sh(ctx, "compose", "run", "--rm", "-T", "client", "generate", "--model", "stories260K", "--prompt", prompt,
+		"--max-tokens", maxTok, "--json", "--reachability", "private", "--dht-mode", "client", "--wait", "45s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal([]byte(sout), &got); err != nil {
+		t.Fatalf("client output %q: %v", sout, err)
+	}
+	if len(want.Tokens) == 0 || fmt.Sprint(got.Tokens) != fmt.Sprint(want.Tokens) || len(got.Route) != 3 {
+		t.Fatalf("swarm %v (route %+v)\nlocal %v", got.Tokens, got.Route, want.Tokens)
+	}
+	t.Logf("%d tokens through relay -> a (NAT 1) -> b (NAT 2) equal --local: %q", len(got.Tokens), got.Text)
+	logs, err := sh(ctx, "compose", "logs", "--no-color", "a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var seam string
+	for _, l := range strings.Split(logs, "\n") {
+		if strings.Contains(l, "seam to next hop open") {
+			seam = l
+		}
+	}
+	if !strings.Contains(seam, "path=direct") {
+		t.Fatalf("the seam a -> b (home 1 -> home 2) is not hole-punched: %q\n%s", seam, logs)
+	}
+	t.Logf("home-to-home seam: %s", strings.TrimSpace(seam))
+	// Through both NATs: b (home 2) holds an established TCP connection
+	// from router 1's WAN address, and none from home 1's LAN.
+	tcp, err := sh(ctx, "compose", "exec", "-T", "b", "cat", "/proc/net/tcp")
+	if err != nil {
+		t.Fatal(err)
+	}
+	peers := establishedPeers(t, tcp)
+	if !slices.Contains(peers, "198.51.100.11") || slices.ContainsFunc(peers, func(p string) bool { return strings.HasPrefix(p, "10.0.1.") }) {
+		t.Fatalf("b's established TCP peers %v: want router 1's WAN 198.51.100.11, nothing from 10.0.1.0/24", peers)
+	}
+	t.Logf("b's established TCP peers: %v", peers)
+
+	// --scale: two more nodes behind router 2 with NODE_LAYERS=2-4; the
+	// client's status lists three peers serving 2-4.
+	env = append(env, "NODE_LAYERS=2-4")
+	if _, err := sh(ctx, "scale", "2"); err != nil {
+		t.Fatal(err)
+	}
+	st, err := sh(ctx, "compose", "run", "--rm", "-T", "client", "status", "--wait", "20s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, l := range strings.Split(st, "\n") {
+		if f := strings.Fields(l); len(f) > 2 && f[0] == "layers" && f[1] == "2-4" {
+			n++
+		}
+	}
+	if n != 3 {
+		t.Fatalf("status lists %d peers serving 2-4, want 3 (a + 2 scaled):\n%s", n, st)
+	}
+	t.Logf("scaled: status lists a and 2 --scale nodes on layers 2-4")
+
+	fout, err := sh(ctx, "fit")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(fout, "OOM-killed") || !strings.Contains(fout, "fit ok") {
+		t.Fatalf("fit: %s", fout)
+	}
+	t.Logf("%s", strings.TrimSpace(fout))
+}
+
+// establishedPeers reads /proc/net/tcp text: the remote IPv4 addresses of
+// established connections.
+func establishedPeers(t *testing.T, procNetTCP string) []string {
+	t.Helper()
+	var out []string
+	for _, l := range strings.Split(procNetTCP, "\n")[1:] {
+		f := strings.Fields(l)
+		if len(f) < 4 || f[3] != "01" {
+			continue
+		}
+		hexIP, _, ok := strings.Cut(f[2], ":")
+		v, err := strconv.ParseUint(hexIP, 16, 32)
+		if !ok || err != nil || len(hexIP) != 8 {
+			t.Fatalf("/proc/net/tcp line %q", l)
+		}
+		ip := netip.AddrFrom4([4]byte{byte(v), byte(v >> 8), byte(v >> 16), byte(v >> 24)}).String()
+		if !slices.Contains(out, ip) {
+			out = append(out, ip)
+		}
+	}
+	return out
+}
