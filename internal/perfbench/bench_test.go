@@ -160,8 +160,9 @@ func fixedCost(b *testing.B, t *Table, whole string, shards []string, rounds, to
 	}
 	p := prompt(16)
 	wholeMs, splitMs := make([][]time.Duration, len(vs)), make([][]time.Duration, len(vs))
-	for range rounds {
-		for i := range vs {
+	for r := range rounds {
+		for j := range vs {
+			i := alternate(r, j, len(vs))
 			wholeMs[i] = append(wholeMs[i], decodeMs(b, cs[i].whole, p, tokens))
 			splitMs[i] = append(splitMs[i], decodeMs(b, cs[i].split, p, tokens))
 		}
@@ -187,6 +188,16 @@ func fixedCost(b *testing.B, t *Table, whole string, shards []string, rounds, to
 	t.Add(Row{Name: "  pool / per-decode threads, whole, paired", Value: pairedRatio(wholeMs[1], wholeMs[0]), Unit: "x"})
 	t.Add(Row{Name: "  pool / per-decode threads, 3 shards, paired", Value: pairedRatio(splitMs[1], splitMs[0]), Unit: "x"})
 	t.Add(Row{Name: "  3 shards / whole with pool, paired", Value: pairedRatio(splitMs[1], wholeMs[1]), Unit: "x"})
+}
+
+// alternate is the j-th variant to run in round r: forward in even
+// rounds, backward in odd ones (A B, B A, …), so load that drifts within a
+// round does not always favour the same variant.
+func alternate(r, j, n int) int {
+	if r%2 == 1 {
+		return n - 1 - j
+	}
+	return j
 }
 
 // pairedRatio is the median over rounds of a[i]/b[i].
@@ -226,9 +237,14 @@ func slack(b *testing.B, t *Table, rounds int) {
 		return 0
 	}
 	var def, one []float64
-	for range rounds {
-		def = append(def, run("50000"))
-		one = append(one, run("1000000"))
+	for r := range rounds {
+		for j := range 2 {
+			if alternate(r, j, 2) == 0 {
+				def = append(def, run("50000"))
+			} else {
+				one = append(one, run("1000000"))
+			}
+		}
 	}
 	t.Add(Row{Name: "in-process 3 shards, 2 thr, slack 50 µs", Value: median(def), Unit: "ms/token"})
 	t.Add(Row{Name: "in-process 3 shards, 2 thr, slack 1 ms", Value: median(one), Unit: "ms/token", Baseline: median(def), BaseName: "slack 50 µs (kernel default)"})
@@ -265,8 +281,10 @@ func loopback(b *testing.B, t *Table, lb *Loopback, whole string, threads, round
 	w := shardsOf(loadAll(b, []string{whole}, engineCfg(threads)))
 	p := prompt(16)
 	var local, swarm, net []time.Duration
-	for range rounds {
-		local = append(local, decodeMs(b, w, p, tokens))
+	for r := range rounds {
+		if r%2 == 0 {
+			local = append(local, decodeMs(b, w, p, tokens))
+		}
 		res, err := lb.Generate(context.Background(), p, tokens, session.DefaultChunk)
 		if err != nil {
 			b.Fatal(err)
@@ -278,6 +296,9 @@ func loopback(b *testing.B, t *Table, lb *Loopback, whole string, threads, round
 			busy += h.BusyUs()
 		}
 		net = append(net, pt-time.Duration(busy*float64(time.Microsecond)))
+		if r%2 == 1 {
+			local = append(local, decodeMs(b, w, p, tokens))
+		}
 	}
 	b.Logf("loopback: whole %v, route %v", local, swarm)
 	t.Add(Row{Name: "whole model in-process", Value: medianMs(local), Unit: "ms/token"})
