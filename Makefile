@@ -32,7 +32,13 @@ LDFLAGS    = -X github.com/neuron-tai/meshp2p/engine.Version=$(VERSION) -X main.
 BIN        := bin/meshp2p
 GENERATED  := engine/zz_cgo_include.go
 TEST_TIMEOUT ?= 25m
-FUZZTIME   ?= 5s
+# Fuzz budget per target. A count ("Nx"), not a duration: with a duration, Go's
+# fuzz coordinator can fail a target with "context deadline exceeded" and no
+# failing input when a starved worker is still mid-call as -fuzztime expires
+# (a race in internal/fuzz seen here on a loaded 2-core machine). A count has
+# no deadline: a loaded machine only makes it slower. 50000 execs take 1-11 s
+# per target here. `make fuzz FUZZTIME=5m` still fuzzes for a duration.
+FUZZTIME   ?= 50000x
 
 .PHONY: all build build-check-amx generate test test-short vet fmt fuzz bench bench-micro demo clean deps soak \
 	image testnet-docker testnet-docker-fit testnet-docker-down test-docker
@@ -93,7 +99,7 @@ SOAK_DURATION ?= 25m
 soak: $(GENERATED)
 	MESHP2P_SOAK_DURATION=$(SOAK_DURATION) go test -run TestChurnSoak -timeout 35m -v -count=1 ./soak
 
-# Runs every fuzz target briefly (CI) or longer: make fuzz FUZZTIME=5m
+# Runs every fuzz target briefly (CI: FUZZTIME execs each) or longer: make fuzz FUZZTIME=5m
 fuzz: $(GENERATED)
 	@for pkg in $$(go list ./...); do \
 	  for f in $$(go test -list '^Fuzz' $$pkg 2>/dev/null | grep '^Fuzz'); do \

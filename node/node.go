@@ -24,6 +24,7 @@ import (
 
 	"github.com/neuron-tai/meshp2p/engine"
 	"github.com/neuron-tai/meshp2p/engine/gguf"
+	"github.com/neuron-tai/meshp2p/fetch"
 	"github.com/neuron-tai/meshp2p/p2p"
 	"github.com/neuron-tai/meshp2p/proto/frame"
 	"github.com/neuron-tai/meshp2p/proto/meshp2pb"
@@ -53,7 +54,15 @@ type Config struct {
 	Placement *PlacementConfig
 	// SplitProgress, if set, reports shard splitting progress.
 	SplitProgress func(done, total int64)
-	Logger        *slog.Logger
+	// Fetch, with ModelPath empty, downloads only the tensors of Layers
+	// from peers or a URL (node/fetch.go, docs/fetch.md).
+	Fetch *FetchConfig
+	// UploadLimit caps the bytes per second this node sends to peers
+	// fetching tensors from it, over all of them (0: unlimited).
+	UploadLimit int64
+	// UploadLimitPerPeer caps what each fetching peer gets (0: unlimited).
+	UploadLimitPerPeer int64
+	Logger             *slog.Logger
 }
 
 // Node is a running meshp2p node.
@@ -75,6 +84,8 @@ type Node struct {
 	shardPath string
 	vocabPath string
 	vocab     *vocabService
+	manifest  []byte // the model's manifest, when this node has it
+	fetchSrv  *fetch.Server
 	// calibration is the decode time per row measured at start, the
 	// advertised speed until live traffic refines it.
 	calibration time.Duration
@@ -111,19 +122,38 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 	}
 	n := &Node{cfg: cfg, log: cfg.Logger, table: route.NewTable(), failures: session.NewFailureMemory(0, 0)}
 	var err error
+	if cfg.ModelPath == "" && cfg.Fetch != nil {
+		// Fetching needs the network first: peers are the sources.
+		if n.p2p, err = p2p.New(ctx, cfg.P2P); err != nil {
+			return nil, err
+		}
+		n.host = &hostAdapter{n: n.p2p, directWait: cfg.DirectWait}
+		stop := n.followTable()
+		path, err := n.fetchShard(ctx)
+		stop()
+		if err != nil {
+			_ = n.p2p.Close()
+			return nil, err
+		}
+		n.cfg.ModelPath, cfg.ModelPath = path, path
+	}
 	if !cfg.places() {
 		cfg.Placement = nil
 	}
 	if cfg.ModelPath != "" && cfg.Placement == nil {
 		if err := n.loadShard(ctx); err != nil {
 			n.closeEngine()
+			if n.p2p != nil {
+				_ = n.p2p.Close()
+			}
 			return nil, err
 		}
 	}
-	n.p2p, err = p2p.New(ctx, cfg.P2P)
-	if err != nil {
-		n.closeEngine()
-		return nil, err
+	if n.p2p == nil {
+		if n.p2p, err = p2p.New(ctx, cfg.P2P); err != nil {
+			n.closeEngine()
+			return nil, err
+		}
 	}
 	n.host = &hostAdapter{n: n.p2p, directWait: cfg.DirectWait}
 	n.table.Reach = func(p peer.ID) p2p.Path { return n.p2p.ConnStatus(p).Path }
@@ -134,7 +164,12 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 	n.wg.Add(1)
 	go func() { defer n.wg.Done(); n.logConnEvents(bg) }()
 	n.vocab = newVocabService(n.host, cfg.Hop.Limits, n.log)
+	n.fetchSrv = fetch.NewServerLimits(n.host, cfg.UploadLimit, cfg.UploadLimitPerPeer, n.log)
 	if n.shard != nil {
+		if err := n.fetchSrv.Add(n.fp, n.shardPath, n.manifest); err != nil {
+			n.Close()
+			return nil, err
+		}
 		cfg.Hop.Fingerprint = n.fp
 		n.hop = session.NewHopService(n.host, shardEngine{n.model, n.shard}, cfg.Hop)
 		if n.vocabPath != "" {
@@ -186,6 +221,9 @@ func (n *Node) loadShard(ctx context.Context) error {
 		}
 		path, fp, nl = cfg.ModelPath, si.ParentFingerprint, si.ParentNLayer
 		n.log.Info("serving a pre-cut shard", "path", path, "range", si.Range.String(), "model", fp)
+		if m, err := gguf.ReadManifestFile(manifestPath(dataDir, fp), fp); err == nil {
+			n.manifest = m.Marshal()
+		}
 	} else {
 		r := gguf.Range{Start: 0, End: nl}
 		if cfg.Layers != nil {
@@ -193,6 +231,10 @@ func (n *Node) loadShard(ctx context.Context) error {
 		}
 		if path, fp, nl, err = prepareShard(ctx, dataDir, cfg.ModelPath, r, cfg.SplitProgress, n.log); err != nil {
 			return err
+		}
+		// Peers that fetch only their layers verify against this.
+		if n.manifest, err = ensureManifest(ctx, dataDir, cfg.ModelPath, fp); err != nil {
+			return fmt.Errorf("manifest: %w", err)
 		}
 	}
 	n.fp, n.nLayer, n.shardPath = fp, nl, path
@@ -429,6 +471,9 @@ func (n *Node) Close() error {
 	}
 	if n.vocab != nil {
 		n.vocab.close()
+	}
+	if n.fetchSrv != nil {
+		n.fetchSrv.Close()
 	}
 	var errs []error
 	if n.p2p != nil {

@@ -126,6 +126,11 @@ func modelSizing(path string, ec engine.Config) (placement.Sizing, *gguf.Info, e
 		return placement.Sizing{}, nil, err
 	}
 	defer f.Close()
+	return fileSizing(f, ec)
+}
+
+// fileSizing is modelSizing from a parsed header (a fetch's manifest).
+func fileSizing(f *gguf.File, ec engine.Config) (placement.Sizing, *gguf.Info, error) {
 	in, err := f.Info()
 	if err != nil {
 		return placement.Sizing{}, nil, err
@@ -228,6 +233,7 @@ func (n *Node) startPlaced(ctx, bg context.Context) error {
 	n.mu.Unlock()
 	n.cfg.Hop.Fingerprint = n.fp
 	n.hop = newHop(n, ls)
+	n.serveFetch(ctx, ls.path)
 	// Every self-placing node holds the whole model file: it serves the
 	// vocabulary whatever window it is on.
 	vp := filepath.Join(cfg.P2P.DataDir, "shards", fp[:16], "vocab.gguf")
@@ -482,6 +488,7 @@ func (n *Node) move(ctx context.Context, to gguf.Range) error {
 	n.moves++
 	n.mu.Unlock()
 	n.hop.StopAdmitting(from.Start, from.End)
+	n.serveFetch(ctx, ls.path)
 	if err := n.publish(); err != nil {
 		n.log.Warn("advertise new window", "err", err)
 	}

@@ -53,9 +53,23 @@ func modelFingerprint(ctx context.Context, dataDir, path string, log *slog.Logge
 	}
 	t0 := time.Now()
 	log.Info("fingerprinting model (once; cached)", "path", path, "bytes", st.Size())
-	fp, err := gguf.Fingerprint(ctx, f)
-	if err != nil {
-		return "", 0, err
+	// The same pass gives the manifest peers fetching their layers verify
+	// against (kept next to the shards); a header too large for a manifest
+	// only means this node serves none.
+	var fp string
+	if f.HeaderSize > gguf.MaxManifestHeader {
+		if fp, err = gguf.Fingerprint(ctx, f); err != nil {
+			return "", 0, err
+		}
+	} else {
+		m, err := gguf.BuildManifest(ctx, path, nil)
+		if err != nil {
+			return "", 0, err
+		}
+		fp = m.Fingerprint()
+		if err := writeAtomic(manifestPath(dataDir, fp), m.Marshal()); err != nil {
+			return "", 0, err
+		}
 	}
 	log.Info("fingerprint", "fingerprint", fp, "took", time.Since(t0).Round(time.Millisecond))
 	cache = append(cache, fpCache{Path: abs, Size: st.Size(), ModTime: st.ModTime().UnixNano(), FP: fp, NLayer: n})

@@ -28,13 +28,17 @@ const shardUsage = `Usage:
         split a whole model evenly 2 and 3 ways (in a temp dir), run the whole model and
         each chain of shards in-process on the same prompt and greedy steps, and report
         the max |logit difference| per split; fails unless the results are identical
+  meshp2p shard ls [--data-dir DIR] [--json]
+        list the shard cache (<data-dir>/shards): shards, manifests, unfinished fetches
+  meshp2p shard rm [--data-dir DIR] FILE | MODEL[:A-B]
+        remove a cached file, a model's shard of layers A-B, or all of a model's cache
 `
 
 // runShard implements "meshp2p shard inspect|split|synth|verify".
 func runShard(ctx context.Context, stdout, stderr io.Writer, args []string) error {
 	if len(args) == 0 {
 		fmt.Fprint(stderr, shardUsage)
-		return fmt.Errorf("%w: shard needs a subcommand (inspect, split, synth or verify)", errUsage)
+		return fmt.Errorf("%w: shard needs a subcommand (inspect, split, synth, verify, ls or rm)", errUsage)
 	}
 	switch args[0] {
 	case "inspect":
@@ -45,6 +49,10 @@ func runShard(ctx context.Context, stdout, stderr io.Writer, args []string) erro
 		return runShardSynth(ctx, stdout, stderr, args[1:])
 	case "verify":
 		return runShardVerify(ctx, stdout, stderr, args[1:])
+	case "ls":
+		return runShardLs(ctx, stdout, stderr, args[1:])
+	case "rm":
+		return runShardRm(ctx, stdout, stderr, args[1:])
 	case "-h", "--help", "help":
 		fmt.Fprint(stdout, shardUsage)
 		return nil

@@ -13,7 +13,7 @@ import (
 	"github.com/neuron-tai/meshp2p/session"
 )
 
-const startUsage = `Usage: meshp2p start --model FILE [--layers A-B | --memory SIZE] [flags]
+const startUsage = `Usage: meshp2p start --model FILE|URL|NAME|FINGERPRINT [--layers A-B | --memory SIZE] [flags]
 
 Serves layers [A,B) of a GGUF model to the swarm (or a shard file cut by
 meshp2p shard split, served as it is). Without --layers the node chooses
@@ -21,6 +21,12 @@ its own window: as many layers as --memory holds, where the swarm needs
 them most (layers missing from every route first, then the slowest), and
 moves it when the swarm changes (docs/placement.md). On first start the model
 is fingerprinted and its shard file is cut into <data-dir>/shards (cached).
+Without a local file, only the layers' tensors are downloaded (the
+window from --layers, or chosen once as above): from peers that serve
+the model (--model NAME|FINGERPRINT), or
+from an http(s) URL of the GGUF file by range requests, verified against a
+peer's manifest of the model (docs/fetch.md); the shard is cached and the
+fetch resumes where it stopped.
 Once ready, the node prints its peer id and addresses and writes them to
 <data-dir>/node.json. SIGINT/SIGTERM close sessions and withdraw the advert.
 
@@ -35,7 +41,9 @@ func runStart(ctx context.Context, stdout, stderr io.Writer, args []string) erro
 	nf.register(fs, node.PresetHome)
 	var tf trackerFlags
 	tf.registerHop(fs)
-	model := fs.String("model", "", "whole GGUF model file (required)")
+	model := fs.String("model", "", "whole GGUF model file, shard file, http(s) URL of one, or a model name or fingerprint to fetch from peers (required)")
+	var ff fetchFlags
+	ff.register(fs)
 	layers := fs.String("layers", "", "layer range A-B to serve, half-open [A,B) (default: chosen from --memory and the swarm)")
 	var plf placementFlags
 	plf.register(fs)
@@ -86,6 +94,9 @@ func runStart(ctx context.Context, stdout, stderr io.Writer, args []string) erro
 		cfg.DirectWait = -1 // do not wait
 	}
 	if err := tf.applyHop(&cfg.P2P, &cfg.Hop); err != nil {
+		return err
+	}
+	if err := ff.apply(&cfg, *model, rng, stderr); err != nil {
 		return err
 	}
 	cfg.Engine.MaxSessions, cfg.Engine.NCtx, cfg.Engine.NBatch, cfg.Engine.Threads, cfg.Engine.FlashAttn = *maxSess, *nctx, *nbatch, *threads, *flash

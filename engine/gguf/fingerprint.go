@@ -248,6 +248,47 @@ func (f *File) DataBytes() int64 {
 // It fails on files that are shards (they carry their parent's digests; see
 // VerifyShard) and on layer tensors outside [0, block_count).
 func ComputeDigests(ctx context.Context, f *File, progress func(done, total int64)) (*Digests, error) {
+	// Check everything but the data first, so bad input fails fast.
+	if _, err := DigestsFromHashes(f, make([]Digest, len(f.Tensors))); err != nil {
+		return nil, err
+	}
+	hashes := make([]Digest, len(f.Tensors))
+	total, done := f.DataBytes(), int64(0)
+	buf := make([]byte, copyChunk)
+	for i := range f.Tensors {
+		t := &f.Tensors[i]
+		dh, err := hashData(ctx, f.TensorData(t), int64(t.Bytes), buf, func(k int64) {
+			done += k
+			if progress != nil {
+				progress(done, total)
+			}
+		})
+		if err != nil {
+			return nil, fmt.Errorf("gguf: hashing tensor %q: %w", t.Name, err)
+		}
+		hashes[i] = dh
+	}
+	return DigestsFromHashes(f, hashes)
+}
+
+// DataHashes returns sha256(data) of every tensor, in f.Tensors order, as
+// ComputeDigests or DigestsFromHashes saw them.
+func (d *Digests) DataHashes(f *File) []Digest {
+	out := make([]Digest, len(f.Tensors))
+	for i := range f.Tensors {
+		out[i] = d.dataHash[f.Tensors[i].Name]
+	}
+	return out
+}
+
+// DigestsFromHashes computes the digests of f from its metadata and the
+// sha256 of each tensor's data (hashes[i] for f.Tensors[i]) without reading
+// any data: the fingerprint of a model known only by its header and tensor
+// hashes (a Manifest). Its work is linear in the header (plus a sort).
+func DigestsFromHashes(f *File, hashes []Digest) (*Digests, error) {
+	if len(hashes) != len(f.Tensors) {
+		return nil, fmt.Errorf("gguf: %w: %d tensor hashes for %d tensors", ErrInvalidTensor, len(hashes), len(f.Tensors))
+	}
 	if _, ok := f.Metadata.Get(KeyParentFingerprint); ok {
 		return nil, fmt.Errorf("gguf: %w: file is a shard; verify it with VerifyShard", ErrIsShard)
 	}
@@ -266,8 +307,6 @@ func ComputeDigests(ctx context.Context, f *File, progress func(done, total int6
 		return nil, err
 	}
 	layers := make([][]Digest, n)
-	total, done := f.DataBytes(), int64(0)
-	buf := make([]byte, copyChunk)
 	for i := range f.Tensors {
 		t := &f.Tensors[i]
 		idx, _, isLayer, err := splitLayerName(t.Name)
@@ -277,17 +316,8 @@ func ComputeDigests(ctx context.Context, f *File, progress func(done, total int6
 		if isLayer && idx >= n {
 			return nil, fmt.Errorf("gguf: %w: tensor %q is beyond block_count %d", ErrInvalidTensor, t.Name, n)
 		}
-		dh, err := hashData(ctx, f.TensorData(t), int64(t.Bytes), buf, func(k int64) {
-			done += k
-			if progress != nil {
-				progress(done, total)
-			}
-		})
-		if err != nil {
-			return nil, fmt.Errorf("gguf: hashing tensor %q: %w", t.Name, err)
-		}
-		d.dataHash[t.Name] = dh
-		td := tensorDigest(t.Name, t.Type, t.Shape, dh)
+		d.dataHash[t.Name] = hashes[i]
+		td := tensorDigest(t.Name, t.Type, t.Shape, hashes[i])
 		if isLayer {
 			layers[idx] = append(layers[idx], td)
 		} else {

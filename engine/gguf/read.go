@@ -2,6 +2,7 @@ package gguf
 
 import (
 	"bufio"
+	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -84,6 +85,9 @@ type File struct {
 	Alignment  uint64
 	DataOffset int64 // absolute offset of the tensor data section
 	Size       int64 // file size
+	// HeaderSize is the end of the last tensor info: the bytes a Manifest
+	// carries (the data section starts at the next alignment boundary).
+	HeaderSize int64
 
 	r      io.ReaderAt
 	closer io.Closer
@@ -147,9 +151,10 @@ func Read(r io.ReaderAt, size int64) (*File, error) {
 		return nil, &FormatError{-1, fmt.Errorf("%w: negative size", ErrTruncated)}
 	}
 	d := &decoder{
-		br:     bufio.NewReaderSize(io.NewSectionReader(r, 0, size), 64<<10),
-		size:   size,
-		budget: MaxMetadataBytes,
+		br:       bufio.NewReaderSize(io.NewSectionReader(r, 0, size), 64<<10),
+		size:     size,
+		fileSize: size,
+		budget:   MaxMetadataBytes,
 	}
 	f, err := d.file()
 	if err != nil {
@@ -163,12 +168,50 @@ func Read(r io.ReaderAt, size int64) (*File, error) {
 	return f, nil
 }
 
+// ReadHeader parses a GGUF header given as bytes (magic through the last
+// tensor info, as File.HeaderSize counts them) of a file of fileSize bytes
+// whose data is not present. Every count and length is checked against
+// len(hdr), not fileSize, so the work and memory are bounded by the bytes
+// actually given, whatever the claimed file size. The returned File has no
+// data until WithData. A header cut short returns ErrTruncated.
+func ReadHeader(hdr []byte, fileSize int64) (*File, error) {
+	if fileSize < int64(len(hdr)) {
+		return nil, &FormatError{-1, fmt.Errorf("%w: file size %d is below the header's %d bytes", ErrTruncated, fileSize, len(hdr))}
+	}
+	d := &decoder{
+		br:       bufio.NewReaderSize(bytes.NewReader(hdr), 64<<10),
+		size:     int64(len(hdr)),
+		fileSize: fileSize,
+		budget:   MaxMetadataBytes,
+	}
+	f, err := d.file()
+	if err != nil {
+		var fe *FormatError
+		if !errors.As(err, &fe) {
+			err = &FormatError{d.pos, err}
+		}
+		return nil, err
+	}
+	return f, nil
+}
+
+// WithData returns a copy of f whose tensor data is read from r, at the
+// absolute file offsets of f (DataOffset + TensorInfo.Offset).
+func (f *File) WithData(r io.ReaderAt) *File {
+	c := *f
+	c.r, c.closer = r, nil
+	return &c
+}
+
 type decoder struct {
-	br     *bufio.Reader
-	pos    int64
-	size   int64
-	budget int64
-	scr    [8]byte
+	br   *bufio.Reader
+	pos  int64
+	size int64 // bytes present: every count and length is checked against it
+	// fileSize is the size of the whole file the tensors must fit in
+	// (size, unless only the header is present: ReadHeader).
+	fileSize int64
+	budget   int64
+	scr      [8]byte
 }
 
 func (d *decoder) fail(err error) error { return &FormatError{d.pos, err} }
@@ -287,7 +330,7 @@ func (d *decoder) file() (*File, error) {
 		return nil, err
 	}
 
-	f := &File{Version: version, Size: d.size, Alignment: DefaultAlignment}
+	f := &File{Version: version, Size: d.fileSize, Alignment: DefaultAlignment}
 	f.Metadata = make(Metadata, 0, nKV)
 	seen := make(map[string]struct{}, nKV)
 	for i := uint64(0); i < nKV; i++ {
@@ -328,12 +371,13 @@ func (d *decoder) file() (*File, error) {
 		want = alignUp(t.Offset+t.Bytes, f.Alignment)
 		f.Tensors = append(f.Tensors, t)
 	}
+	f.HeaderSize = d.pos
 	f.DataOffset = int64(alignUp(uint64(d.pos), f.Alignment))
 	if len(f.Tensors) > 0 {
 		last := f.Tensors[len(f.Tensors)-1]
 		end := uint64(f.DataOffset) + last.Offset + last.Bytes
-		if end > uint64(d.size) {
-			return nil, &FormatError{-1, fmt.Errorf("%w: tensor %q ends at byte %d, file has %d", ErrTruncated, last.Name, end, d.size)}
+		if end > uint64(d.fileSize) {
+			return nil, &FormatError{-1, fmt.Errorf("%w: tensor %q ends at byte %d, file has %d", ErrTruncated, last.Name, end, d.fileSize)}
 		}
 	}
 	return f, nil

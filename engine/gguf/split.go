@@ -183,14 +183,17 @@ func Split(ctx context.Context, src string, ranges []Range, outDir string, progr
 		return nil, err
 	}
 	// Plan every shard before doing any I/O so bad input fails fast.
+	total := f.DataBytes()
 	for _, r := range ranges {
-		if _, _, err := planShard(f, nil, r, n); err != nil {
+		_, ts, err := planShard(f, nil, r, n)
+		if err != nil {
 			return nil, err
 		}
+		for _, t := range ts {
+			b, _ := TensorBytes(t.Type, t.Shape)
+			total += int64(b)
+		}
 	}
-	var total int64 = f.DataBytes()
-	var plans [][]WriteTensor
-	var mds []Metadata
 	dg, err := ComputeDigests(ctx, f, func(done, _ int64) {
 		if progress != nil {
 			progress(done, total)
@@ -199,44 +202,83 @@ func Split(ctx context.Context, src string, ranges []Range, outDir string, progr
 	if err != nil {
 		return nil, err
 	}
-	for _, r := range ranges {
-		md, ts, err := planShard(f, dg, r, n)
-		if err != nil {
-			return nil, err
-		}
-		for _, t := range ts {
-			b, _ := TensorBytes(t.Type, t.Shape)
-			total += int64(b)
-		}
-		mds = append(mds, md)
-		plans = append(plans, ts)
-	}
 	if err := os.MkdirAll(outDir, 0o755); err != nil {
 		return nil, err
 	}
 	done := f.DataBytes()
 	var out []SplitResult
-	for i, r := range ranges {
-		path := filepath.Join(outDir, ShardName(src, r))
+	for _, r := range ranges {
 		base := done
-		err := WriteFile(ctx, path, mds[i], plans[i], func(d, _ int64) {
+		res, err := WriteShard(ctx, f, dg, r, filepath.Join(outDir, ShardName(src, r)), func(d, _ int64) {
 			done = base + d
 			if progress != nil {
 				progress(done, total)
 			}
 		})
 		if err != nil {
-			return out, fmt.Errorf("gguf: writing shard %v: %w", r, err)
-		}
-		if err := checkCopied(plans[i], dg); err != nil {
-			os.Remove(path)
-			return out, fmt.Errorf("gguf: writing shard %v: %w", r, err)
-		}
-		st, err := os.Stat(path)
-		if err != nil {
 			return out, err
 		}
-		out = append(out, SplitResult{Path: path, Range: r, Role: RoleOf(r, n), Size: st.Size(), Fingerprint: dg.Fingerprint()})
+		out = append(out, res)
+	}
+	return out, nil
+}
+
+// WriteShard writes the shard of layers r of model f, whose digests are dg,
+// to path (atomically). This is the one shard writer: Split uses it on a
+// whole model file, a fetch on a header whose tensor data comes from
+// verified downloads (File.WithData), so both produce the same bytes. Every
+// tensor copied is re-hashed on the way and must match dg (ErrSourceChanged).
+func WriteShard(ctx context.Context, f *File, dg *Digests, r Range, path string, progress func(done, total int64)) (SplitResult, error) {
+	n := len(dg.Layers)
+	if err := ValidateRanges([]Range{r}, n); err != nil {
+		return SplitResult{}, err
+	}
+	md, ts, err := planShard(f, dg, r, n)
+	if err != nil {
+		return SplitResult{}, err
+	}
+	if err := WriteFile(ctx, path, md, ts, progress); err != nil {
+		return SplitResult{}, fmt.Errorf("gguf: writing shard %v: %w", r, err)
+	}
+	if err := checkCopied(ts, dg); err != nil {
+		os.Remove(path)
+		return SplitResult{}, fmt.Errorf("gguf: writing shard %v: %w", r, err)
+	}
+	st, err := os.Stat(path)
+	if err != nil {
+		return SplitResult{}, err
+	}
+	return SplitResult{Path: path, Range: r, Role: RoleOf(r, n), Size: st.Size(), Fingerprint: dg.Fingerprint()}, nil
+}
+
+// ShardSources returns the tensors of f whose data the shard of layers r
+// copies (in f.Tensors order, each once): what a node that fetches only its
+// layers must download.
+func ShardSources(f *File, r Range) ([]*TensorInfo, error) {
+	n, err := f.NLayer()
+	if err != nil {
+		return nil, err
+	}
+	if err := ValidateRanges([]Range{r}, n); err != nil {
+		return nil, err
+	}
+	// With digests the plan reads every copied tensor through a
+	// hashingReaderAt that names its source.
+	_, ts, err := planShard(f, &Digests{Layers: make([]Digest, n)}, r, n)
+	if err != nil {
+		return nil, err
+	}
+	want := map[string]bool{}
+	for _, t := range ts {
+		if h, ok := t.Data.(*hashingReaderAt); ok {
+			want[h.srcName] = true
+		}
+	}
+	var out []*TensorInfo
+	for i := range f.Tensors {
+		if want[f.Tensors[i].Name] {
+			out = append(out, &f.Tensors[i])
+		}
 	}
 	return out, nil
 }

@@ -1,0 +1,186 @@
+package fetch
+
+import (
+	"bytes"
+	"context"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/libp2p/go-libp2p"
+	"github.com/libp2p/go-libp2p/core/host"
+	"github.com/libp2p/go-libp2p/core/network"
+	"github.com/libp2p/go-libp2p/core/peer"
+	"github.com/libp2p/go-libp2p/core/protocol"
+
+	"github.com/neuron-tai/meshp2p/engine/gguf"
+)
+
+// testHost is a real libp2p host on loopback.
+type testHost struct{ host.Host }
+
+func (h testHost) ProtocolID(name, v string) protocol.ID {
+	return protocol.ID("/meshp2p/fetchtest/" + name + "/" + v)
+}
+
+func newHost(t testing.TB) testHost {
+	t.Helper()
+	h, err := libp2p.New(libp2p.ListenAddrStrings("/ip4/127.0.0.1/tcp/0"), libp2p.DisableRelay(),
+		libp2p.ResourceManager(&network.NullResourceManager{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = h.Close() })
+	return testHost{h}
+}
+
+func connect(t testing.TB, a, b testHost) {
+	t.Helper()
+	if err := a.Connect(context.Background(), peer.AddrInfo{ID: b.ID(), Addrs: b.Addrs()}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// model is a synthesized 12-layer model with its manifest.
+type model struct {
+	path string
+	m    *gguf.Manifest
+	raw  []byte
+	fp   string
+}
+
+func synthModel(t testing.TB, embd int) *model {
+	t.Helper()
+	s := gguf.DefaultSpec("llama")
+	s.Layers, s.Embd, s.FF, s.Name = 12, embd, 2*embd, "synth12"
+	p := filepath.Join(t.TempDir(), "synth12.gguf")
+	if err := gguf.Synth(context.Background(), s, p); err != nil {
+		t.Fatal(err)
+	}
+	m, err := gguf.BuildManifest(context.Background(), p, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &model{path: p, m: m, raw: m.Marshal(), fp: m.Fingerprint()}
+}
+
+func (md *model) split(t testing.TB, r gguf.Range) string {
+	t.Helper()
+	res, err := gguf.Split(context.Background(), md.path, []gguf.Range{r}, t.TempDir(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return res[0].Path
+}
+
+// logBuf collects log lines.
+type logBuf struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *logBuf) Write(p []byte) (int, error) { l.mu.Lock(); defer l.mu.Unlock(); return l.b.Write(p) }
+func (l *logBuf) String() string              { l.mu.Lock(); defer l.mu.Unlock(); return l.b.String() }
+
+// Layers 4-8 of a 12-layer model from two peers, one of which serves
+// flipped bytes: the manifest checks against the fingerprint, the bad
+// peer's tensors are rejected, the peer dropped and logged, every tensor
+// comes from the honest peer, and the shard equals shard split's.
+func TestFetchFromPeersRejectsCorruptPeer(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	md := synthModel(t, 64)
+	rg := gguf.Range{Start: 4, End: 8}
+	want, err := os.ReadFile(md.split(t, rg))
+	if err != nil {
+		t.Fatal(err)
+	}
+	good, bad, me := newHost(t), newHost(t), newHost(t)
+	connect(t, me, good)
+	connect(t, me, bad)
+	var goodBytes, badBytes atomic.Int64
+	sg := NewServer(good, 0, nil)
+	sg.Served = func(n int64) { goodBytes.Add(n) }
+	if err := sg.Add(md.fp, md.split(t, gguf.Range{Start: 0, End: 8}), md.raw); err != nil {
+		t.Fatal(err)
+	}
+	// The bad peer holds 4-12 with one byte flipped in every tensor's data.
+	badShard := md.split(t, gguf.Range{Start: 4, End: 12})
+	sb := NewServer(bad, 0, nil)
+	sb.Served = func(n int64) { badBytes.Add(n) }
+	if err := sb.Add(md.fp, badShard, md.raw); err != nil {
+		t.Fatal(err)
+	}
+	f, err := gguf.Open(badShard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, _ := os.ReadFile(badShard)
+	for _, ti := range f.Tensors {
+		raw[f.DataOffset+int64(ti.Offset)+int64(ti.Bytes)/2] ^= 0x55
+	}
+	f.Close()
+	if err := os.WriteFile(badShard, raw, 0o644); err != nil {
+		t.Fatal(err)
+	}
+
+	// A manifest that does not prove the fingerprint is refused.
+	if _, _, err := FetchManifest(ctx, me, []peer.ID{good.ID()}, "00"+md.fp[2:], nil, nil); err == nil {
+		t.Fatal("manifest accepted for another fingerprint")
+	}
+	m, _, err := FetchManifest(ctx, me, []peer.ID{bad.ID(), good.ID()}, md.fp, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts, err := gguf.ShardSources(m.File, rg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	need, _ := uniqueBytes(m, ts)
+	logs := &logBuf{}
+	st := &Stage{Dir: filepath.Join(t.TempDir(), "staging")}
+	fe := &Fetcher{Host: me, Stage: st, Log: slog.New(slog.NewTextHandler(logs, nil)), Progress: NewProgress(need, nil)}
+	// The bad peer is listed first, so it is asked first.
+	srcs := []Source{{bad.ID(), 4, 12}, {good.ID(), 0, 8}}
+	if err := fe.Fetch(ctx, m, md.fp, ts, srcs); err != nil {
+		t.Fatal(err)
+	}
+	out := filepath.Join(t.TempDir(), "shard.gguf")
+	if _, err := st.Assemble(ctx, m, rg, out); err != nil {
+		t.Fatal(err)
+	}
+	got, _ := os.ReadFile(out)
+	if !bytes.Equal(got, want) {
+		t.Fatal("fetched shard differs from shard split's")
+	}
+	if n := strings.Count(logs.String(), "dropping it for this fetch"); n < 1 || !strings.Contains(logs.String(), bad.ID().String()) {
+		t.Fatalf("bad peer not dropped/logged:\n%s", logs)
+	}
+	if badBytes.Load() == 0 {
+		t.Fatal("the bad peer was never asked")
+	}
+	// Exactly the tensors' bytes were downloaded from the good peer.
+	if goodBytes.Load() != need {
+		t.Fatalf("good peer sent %d bytes, the shard needs %d", goodBytes.Load(), need)
+	}
+	t.Logf("%d tensors, %d bytes from the good peer, %d rejected bytes from the bad one", len(ts), goodBytes.Load(), badBytes.Load())
+
+	// A second fetch into the same stage downloads nothing.
+	before := goodBytes.Load()
+	if err := fe.Fetch(ctx, m, md.fp, ts, srcs[1:]); err != nil {
+		t.Fatal(err)
+	}
+	if goodBytes.Load() != before {
+		t.Fatal("staged tensors fetched again")
+	}
+	// With only the bad peer the fetch fails clearly.
+	fe2 := &Fetcher{Host: me, Stage: &Stage{Dir: t.TempDir()}, Log: slog.New(slog.NewTextHandler(logs, nil))}
+	if err := fe2.Fetch(ctx, m, md.fp, ts, srcs[:1]); err == nil || !strings.Contains(err.Error(), "no peer could send") {
+		t.Fatalf("only a bad peer: %v", err)
+	}
+}

@@ -1,0 +1,388 @@
+package fetch
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/libp2p/go-libp2p/core/network"
+	"github.com/libp2p/go-libp2p/core/peer"
+
+	"github.com/neuron-tai/meshp2p/engine/gguf"
+	"github.com/neuron-tai/meshp2p/proto/frame"
+	"github.com/neuron-tai/meshp2p/proto/meshp2pb"
+)
+
+// Source is a peer that serves layers [Start, End) of a model (from its
+// advert); it may also serve the globals those layers' role keeps.
+type Source struct {
+	Peer       peer.ID
+	Start, End int
+}
+
+// FetchManifest asks the peers in turn for the manifest of model fp (or,
+// with fp empty, for the manifest whose GGUF header hashes to headerHash)
+// and returns the first that checks: one that proves fp, or whose header
+// has that hash. A peer whose manifest does not check is logged and skipped.
+func FetchManifest(ctx context.Context, h Host, peers []peer.ID, fp string, headerHash []byte, log *slog.Logger) (*gguf.Manifest, []byte, error) {
+	if log == nil {
+		log = slog.Default()
+	}
+	var errs []error
+	for _, p := range peers {
+		b, claimed, err := requestManifest(ctx, h, p, fp, headerHash)
+		if err == nil {
+			want := fp
+			if want == "" {
+				want = claimed
+			}
+			var m *gguf.Manifest
+			if m, err = gguf.CheckManifest(b, want); err == nil {
+				if fp == "" && string(sha256Of(m.Header)) != string(headerHash) {
+					err = errors.New("manifest is for another header")
+				} else {
+					return m, b, nil
+				}
+			}
+			log.Warn("peer sent a manifest that does not check; ignoring it", "peer", p, "err", err)
+		}
+		errs = append(errs, fmt.Errorf("%s: %w", p, err))
+		if ctx.Err() != nil {
+			break
+		}
+	}
+	return nil, nil, fmt.Errorf("fetch: no peer of %d sent a valid manifest: %w", len(peers), errors.Join(errs...))
+}
+
+func requestManifest(ctx context.Context, h Host, p peer.ID, fp string, headerHash []byte) ([]byte, string, error) {
+	ctx, cancel := context.WithTimeout(ctx, RequestTimeout)
+	defer cancel()
+	s, err := h.NewStream(ctx, p, h.ProtocolID(ProtoManifest, ProtoVersion))
+	if err != nil {
+		return nil, "", err
+	}
+	defer s.Close()
+	dl, _ := ctx.Deadline()
+	_ = s.SetDeadline(dl)
+	lim := frame.Limits{MaxHeader: headerLimit, MaxPayload: gguf.MaxManifestBytes}
+	if err := frame.NewWriter(s, lim).WriteMessage(&meshp2pb.ManifestRequest{ModelFingerprint: fp, HeaderSha256: headerHash}); err != nil {
+		return nil, "", err
+	}
+	var resp meshp2pb.ManifestResponse
+	b, err := frame.NewReader(s, lim).ReadBlob(&resp)
+	if err != nil {
+		return nil, "", err
+	}
+	if resp.GetError() != nil {
+		return nil, "", frame.FromProto(resp.GetError())
+	}
+	if uint64(len(b)) != resp.GetSize() {
+		return nil, "", fmt.Errorf("manifest of %d bytes, announced %d", len(b), resp.GetSize())
+	}
+	return b, resp.GetModelFingerprint(), nil
+}
+
+// Fetcher downloads tensors of a verified manifest from peers into a Stage:
+// at most MaxTransfersPerPeer streams per source and MaxTransfers in all,
+// each tensor checked against its hash as it completes. A source that sends
+// a bad tensor is dropped for the rest of the fetch (and logged); the
+// tensor is fetched from another.
+type Fetcher struct {
+	Host     Host
+	Stage    *Stage
+	Log      *slog.Logger
+	Progress *Progress // may be nil
+	// Attempts bounds how often one tensor is tried (default 6).
+	Attempts int
+}
+
+// ErrNoSource means no source could deliver a tensor.
+var ErrNoSource = errors.New("no peer could send the tensor")
+
+type job struct {
+	t        *gguf.TensorInfo
+	hash     gguf.Digest
+	tried    map[peer.ID]bool
+	attempts int
+	busy     int // "busy" answers (not failures, up to maxBusy)
+}
+
+// maxBusy bounds the "busy" answers one tensor takes (20 ms apart) before
+// they count as a failed attempt.
+const maxBusy = 500
+
+// Fetch downloads every tensor in ts (of manifest m, model fp) that is not
+// staged yet.
+func (f *Fetcher) Fetch(ctx context.Context, m *gguf.Manifest, fp string, ts []*gguf.TensorInfo, sources []Source) error {
+	log := f.Log
+	if log == nil {
+		log = slog.Default()
+	}
+	attempts := f.Attempts
+	if attempts <= 0 {
+		attempts = 6
+	}
+	nLayer := len(m.Digests.Layers)
+	_, untied := m.Digests.Global("output.weight")
+	var queue []*job
+	seen := map[gguf.Digest]bool{} // tensors with equal data are fetched once
+	for _, t := range ts {
+		h := m.DataHash(t)
+		if seen[h] {
+			continue
+		}
+		seen[h] = true
+		if f.Stage.Have(h, int64(t.Bytes)) {
+			f.Progress.skip(int64(t.Bytes))
+			continue
+		}
+		queue = append(queue, &job{t: t, hash: h, tried: map[peer.ID]bool{}})
+	}
+	if len(queue) == 0 {
+		return nil
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var (
+		mu       sync.Mutex
+		cond     = sync.NewCond(&mu)
+		active   = map[peer.ID]int{}
+		dropped  = map[peer.ID]bool{}
+		running  int
+		firstErr error
+	)
+	stop := context.AfterFunc(ctx, func() { mu.Lock(); cond.Broadcast(); mu.Unlock() })
+	defer stop()
+	// candidates: sources that may hold t, by the role their range has.
+	holds := func(s Source, t *gguf.TensorInfo) bool {
+		if i, ok := layerIndex(t.Name); ok {
+			return i >= s.Start && i < s.End
+		}
+		head, tail := s.Start == 0, s.End == nLayer
+		switch t.Name {
+		case "token_embd.weight":
+			return head || (tail && !untied)
+		case "output.weight":
+			return tail
+		case "output_norm.weight":
+			return head || tail
+		}
+		return true
+	}
+	// next picks a job and a source for it (mu held), or reports why not.
+	next := func() (*job, peer.ID, bool) {
+		for i, j := range queue {
+			var best peer.ID
+			found, bestLoad := false, 0
+			for _, s := range sources {
+				if dropped[s.Peer] || j.tried[s.Peer] || active[s.Peer] >= MaxTransfersPerPeer || !holds(s, j.t) {
+					continue
+				}
+				if !found || active[s.Peer] < bestLoad {
+					best, found, bestLoad = s.Peer, true, active[s.Peer]
+				}
+			}
+			if found {
+				queue = append(queue[:i], queue[i+1:]...)
+				return j, best, true
+			}
+		}
+		return nil, "", false
+	}
+	// stuck: a job no source could ever take (all tried or dropped).
+	stuck := func() *job {
+		for _, j := range queue {
+			ok := false
+			for _, s := range sources {
+				if !dropped[s.Peer] && !j.tried[s.Peer] && holds(s, j.t) {
+					ok = true
+				}
+			}
+			if !ok {
+				return j
+			}
+		}
+		return nil
+	}
+	var wg sync.WaitGroup
+	for w := 0; w < MaxTransfers; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				mu.Lock()
+				var j *job
+				var p peer.ID
+				for {
+					if ctx.Err() != nil || firstErr != nil || (len(queue) == 0 && running == 0) {
+						mu.Unlock()
+						return
+					}
+					var ok bool
+					if j, p, ok = next(); ok {
+						break
+					}
+					if running == 0 {
+						if sj := stuck(); sj != nil {
+							firstErr = fmt.Errorf("fetch: tensor %q: %w (%d sources, %d dropped)", sj.t.Name, ErrNoSource, len(sources), len(dropped))
+							cancel() // stop the other transfers
+							cond.Broadcast()
+							mu.Unlock()
+							return
+						}
+					}
+					cond.Wait()
+				}
+				active[p]++
+				running++
+				mu.Unlock()
+
+				err := f.one(ctx, p, fp, j)
+				busy := frame.Code(err) == meshp2pb.ErrorCode_ERROR_CODE_NO_CAPACITY && j.busy < maxBusy
+				if busy {
+					j.busy++
+					// The server has not yet released our previous
+					// stream (it does after its last write): not a
+					// failure; ask again shortly.
+					select {
+					case <-ctx.Done():
+					case <-time.After(20 * time.Millisecond):
+					}
+				}
+
+				mu.Lock()
+				active[p]--
+				running--
+				switch {
+				case err == nil:
+				case busy:
+					log.Debug("peer busy; asking again", "peer", p, "tensor", j.t.Name)
+				case errors.Is(err, ErrBadData):
+					log.Warn("peer sent a tensor that does not match the manifest; dropping it for this fetch", "peer", p, "tensor", j.t.Name, "err", err)
+					dropped[p] = true
+				case ctx.Err() != nil:
+				default:
+					log.Info("tensor transfer failed; trying another peer", "peer", p, "tensor", j.t.Name, "err", err)
+				}
+				if busy {
+					queue = append(queue, j)
+				} else if err != nil && ctx.Err() == nil {
+					j.attempts++
+					j.tried[p] = true
+					if j.attempts >= attempts {
+						firstErr = fmt.Errorf("fetch: tensor %q failed %d times: %w", j.t.Name, j.attempts, err)
+						cancel()
+					} else {
+						queue = append(queue, j)
+					}
+				}
+				cond.Broadcast()
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	if firstErr != nil {
+		return firstErr
+	}
+	return ctx.Err()
+}
+
+func layerIndex(name string) (int, bool) {
+	s, ok := strings.CutPrefix(name, "blk.")
+	if !ok {
+		return 0, false
+	}
+	num, _, _ := strings.Cut(s, ".")
+	i := 0
+	for _, c := range num {
+		if c < '0' || c > '9' {
+			return 0, false
+		}
+		i = i*10 + int(c-'0')
+		if i > gguf.MaxLayers {
+			return 0, false
+		}
+	}
+	return i, num != ""
+}
+
+// one downloads the rest of job j from peer p.
+func (f *Fetcher) one(ctx context.Context, p peer.ID, fp string, j *job) error {
+	part, err := f.Stage.open(j.hash, int64(j.t.Bytes), true)
+	if err != nil {
+		return err
+	}
+	from := part.n
+	f.Progress.skip(from)
+	done := false
+	defer func() {
+		if !done {
+			f.Progress.unskip(part.n)
+			part.close()
+		}
+	}()
+	sctx, cancel := context.WithTimeout(ctx, RequestTimeout)
+	s, err := f.Host.NewStream(sctx, p, f.Host.ProtocolID(ProtoTensor, ProtoVersion))
+	cancel()
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	stop := context.AfterFunc(ctx, func() { _ = s.Reset() })
+	defer stop()
+	lim := frame.Limits{MaxHeader: headerLimit}
+	_ = s.SetDeadline(time.Now().Add(RequestTimeout))
+	want := uint64(j.t.Bytes) - uint64(from)
+	if err := frame.NewWriter(s, lim).WriteMessage(&meshp2pb.TensorRequest{ModelFingerprint: fp, Name: j.t.Name, Offset: uint64(from), Length: want}); err != nil {
+		return err
+	}
+	var resp meshp2pb.TensorResponse
+	fr := frame.NewReader(s, lim)
+	if err := fr.ReadMessage(&resp); err != nil {
+		return err
+	}
+	if resp.GetError() != nil {
+		return frame.FromProto(resp.GetError())
+	}
+	if resp.GetLength() != want {
+		return fmt.Errorf("%w: peer announced %d bytes, asked %d", ErrBadData, resp.GetLength(), want)
+	}
+	if err := copyIdle(s, part, int64(want), f.Progress); err != nil {
+		return err
+	}
+	done = true
+	if err := part.finish(); err != nil {
+		f.Progress.unskip(int64(j.t.Bytes))
+		return err
+	}
+	return nil
+}
+
+// copyIdle copies n bytes from s to w, each read bounded by IdleTimeout.
+func copyIdle(s network.Stream, w io.Writer, n int64, p *Progress) error {
+	buf := make([]byte, 256<<10)
+	for n > 0 {
+		_ = s.SetReadDeadline(time.Now().Add(IdleTimeout))
+		k, err := s.Read(buf[:min(int64(len(buf)), n)])
+		if k > 0 {
+			if _, werr := w.Write(buf[:k]); werr != nil {
+				return werr
+			}
+			n -= int64(k)
+			p.add(int64(k))
+		}
+		if err != nil && n > 0 {
+			if errors.Is(err, io.EOF) {
+				return fmt.Errorf("stream ended %d bytes short", n)
+			}
+			return err
+		}
+	}
+	return nil
+}
