@@ -40,7 +40,7 @@ TEST_TIMEOUT ?= 25m
 # per target here. `make fuzz FUZZTIME=5m` still fuzzes for a duration.
 FUZZTIME   ?= 50000x
 
-.PHONY: all build build-check-amx generate test test-short vet fmt fuzz bench demo clean deps soak \
+.PHONY: all build build-check-amx generate test test-short vet fmt fuzz bench bench-micro demo clean deps soak \
 	image testnet-docker testnet-docker-fit testnet-docker-down test-docker
 
 all: build
@@ -136,7 +136,15 @@ test-docker: $(GENERATED)
 fmt:
 	gofmt -w $$(git ls-files '*.go' | grep -v '\.pb\.go$$')
 
+# One table of issue 16's figures with ratios against baselines measured in
+# the same run (internal/perfbench; docs/performance.md). It synthesizes a
+# 154M-parameter model into the user cache (~300 MB, once). Knobs:
+# MESHP2P_BENCH_ONLY, _ROUNDS, _TOKENS, _THREADS (see bench_test.go).
 bench: $(GENERATED)
+	go test -run '^$$' -bench '^BenchmarkPerf$$' -benchtime 1x -timeout 60m ./internal/perfbench
+
+# The per-package micro benchmarks (engine chains, swarm decode, planning, framing).
+bench-micro: $(GENERATED)
 	go test -run '^$$' -bench . -benchtime 3x ./engine/... ./node ./route ./proto/...
 
 demo: build

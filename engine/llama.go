@@ -56,3 +56,7 @@ func SystemInfo() string {
 	initBackend()
 	return C.GoString(C.llama_print_system_info())
 }
+
+// TimerSlackNs is the calling thread's timer slack in ns (-1: unknown):
+// 1 ms unless MESHP2P_TIMER_SLACK_NS said otherwise (see mp.c).
+func TimerSlackNs() int64 { return int64(C.mp_timer_slack_ns()) }

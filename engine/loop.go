@@ -9,6 +9,7 @@ import "C"
 import (
 	"fmt"
 	"math"
+	"runtime"
 	"unsafe"
 )
 
@@ -19,6 +20,11 @@ import (
 // twice that, so prefill always progresses (no starvation).
 func (s *Shard) loop() {
 	defer close(s.done)
+	// Every decode on one OS thread: ggml's calling thread is worker 0 of
+	// the pool, and a goroutine hopping threads between decodes loses its
+	// caches and the pool's affinity to it.
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
 	var decodes, prefills []*request
 	for {
 		if len(decodes) == 0 && len(prefills) == 0 {

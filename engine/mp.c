@@ -3,6 +3,57 @@
 #include <stdlib.h>
 #include <string.h>
 #include "mp.h"
+#ifdef __linux__
+#include <sys/prctl.h>
+#endif
+
+// Timer slack (issue 16): Linux lets a sleeping thread's timer fire up to
+// its slack late (50 µs by default) so wake-ups coalesce. Go's sysmon
+// sleeps 20 µs at a time while the process is busy; each wake-up can
+// preempt one of ggml's worker threads spinning at a barrier, which then
+// holds up every other worker of that graph. A constructor runs before the
+// Go runtime starts its threads, and every thread inherits the slack of its
+// creator, so this covers sysmon, the Go Ps and ggml's workers alike.
+// MESHP2P_TIMER_SLACK_NS overrides it (50000: the kernel default; 0: leave
+// it alone).
+static long mp_slack_ns = 0;
+
+__attribute__((constructor)) static void mp_set_timer_slack(void) {
+#ifdef __linux__
+	long ns = 1000000;
+	const char *e = getenv("MESHP2P_TIMER_SLACK_NS");
+	if (e != NULL && *e != 0) {
+		char *end = NULL;
+		long v = strtol(e, &end, 10);
+		if (end != NULL && *end == 0 && v >= 0 && v <= 100000000) {
+			ns = v;
+		}
+	}
+	if (ns > 0 && prctl(PR_SET_TIMERSLACK, (unsigned long)ns, 0, 0, 0) == 0) {
+		mp_slack_ns = ns;
+	}
+#endif
+}
+
+long mp_timer_slack_ns(void) {
+#ifdef __linux__
+	int v = prctl(PR_GET_TIMERSLACK, 0, 0, 0, 0);
+	return v < 0 ? -1 : (long)v;
+#else
+	return -1;
+#endif
+}
+
+// mp_threadpool_new is a persistent ggml worker pool: without one ggml
+// creates and joins n_threads-1 threads on every graph compute (each
+// llama_decode). poll is ggml's spin level before a worker sleeps between
+// graphs (0: sleep at once, which leaves idle CPU to the other shards of a
+// machine).
+struct ggml_threadpool *mp_threadpool_new(int n_threads, int poll) {
+	struct ggml_threadpool_params p = ggml_threadpool_params_default(n_threads);
+	p.poll = (uint32_t)poll;
+	return ggml_threadpool_new(&p);
+}
 
 
 bool mp_eval_cb(struct ggml_tensor *t, bool ask, void *ud) {

@@ -5,6 +5,7 @@
 #include "llama.h"
 #include "ggml.h"
 #include "ggml-backend.h"
+#include "ggml-cpu.h"
 
 // capture holds the hidden states copied out of the graph by cb_eval.
 // It lives in C memory and is owned by exactly one shard's loop goroutine.
@@ -21,5 +22,7 @@ bool mp_eval_cb(struct ggml_tensor *t, bool ask, void *ud);
 void mp_set_capture(struct llama_context_params *p, mp_capture *c);
 void mp_quiet_model_params(struct llama_model_params *p);
 void mp_log_init(int verbose);
+struct ggml_threadpool *mp_threadpool_new(int n_threads, int poll);
+long mp_timer_slack_ns(void);
 void mp_batch_set(struct llama_batch *b, int i, llama_token tok, llama_pos pos, llama_seq_id seq, int8_t out);
 #endif

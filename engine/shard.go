@@ -54,6 +54,13 @@ type Config struct {
 	// run alone (measured on stories260K); off, results are bit-exact.
 	FlashAttn bool
 	Logger    *slog.Logger
+	// DisposableThreads makes ggml create and join its worker threads on
+	// every decode, as it does without a thread pool (A/B measurements
+	// only; the default is one persistent pool per shard).
+	DisposableThreads bool
+	// Poll is ggml's spin level (0-100) for idle pool workers before they
+	// sleep; 0 (default) sleeps at once, leaving idle CPU to other shards.
+	Poll int
 }
 
 func (c Config) withDefaults() (Config, error) {
@@ -79,6 +86,8 @@ func (c Config) withDefaults() (Config, error) {
 		return c, fmt.Errorf("%w: NBatch %d outside [2, 8192]", ErrBadInput, c.NBatch)
 	case c.MaxSessions < 1 || c.MaxSessions > 250:
 		return c, fmt.Errorf("%w: MaxSessions %d outside [1, 250]", ErrBadInput, c.MaxSessions)
+	case c.Poll < 0 || c.Poll > 100:
+		return c, fmt.Errorf("%w: Poll %d outside [0, 100]", ErrBadInput, c.Poll)
 	case c.NBatch < 2*c.MaxSessions:
 		// Decode rows go first; leave room so prefill always progresses.
 		return c, fmt.Errorf("%w: NBatch %d must be at least 2×MaxSessions (%d)", ErrBadInput, c.NBatch, 2*c.MaxSessions)
@@ -103,9 +112,10 @@ type Shard struct {
 	log   *slog.Logger
 
 	lctx    *C.struct_llama_context
-	capture *C.mp_capture         // nil on the tail (it produces logits)
-	batch   *C.struct_llama_batch // in C memory: cgo may not see Go pointers to it
-	cands   []C.llama_token_data  // sampling scratch, owned by the loop
+	pool    *C.struct_ggml_threadpool // nil with DisposableThreads
+	capture *C.mp_capture             // nil on the tail (it produces logits)
+	batch   *C.struct_llama_batch     // in C memory: cgo may not see Go pointers to it
+	cands   []C.llama_token_data      // sampling scratch, owned by the loop
 	nCtx    int
 	scratch int // sequence id reserved for the self-test
 
@@ -166,6 +176,14 @@ func NewShard(ctx context.Context, model *Model, cfg Config) (*Shard, error) {
 		return nil, fmt.Errorf("engine: llama_init_from_model failed for %s (n_ctx %d)", info.Path, cfg.NCtx)
 	}
 	s.nCtx = int(C.llama_n_ctx(s.lctx))
+	if !cfg.DisposableThreads {
+		s.pool = C.mp_threadpool_new(C.int(cfg.Threads), C.int(cfg.Poll))
+		if s.pool == nil {
+			s.freeC()
+			return nil, fmt.Errorf("engine: ggml_threadpool_new(%d threads) failed", cfg.Threads)
+		}
+		C.llama_attach_threadpool(s.lctx, s.pool, s.pool)
+	}
 	embd := 0
 	if !info.IsHead() {
 		embd = info.NEmbd
@@ -224,6 +242,10 @@ func (s *Shard) freeC() {
 		}
 		C.llama_free(s.lctx)
 		s.lctx = nil
+	}
+	if s.pool != nil {
+		C.ggml_threadpool_free(s.pool)
+		s.pool = nil
 	}
 	if s.capture != nil {
 		C.free(unsafe.Pointer(s.capture.buf))

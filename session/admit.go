@@ -121,7 +121,7 @@ func (h *HopService) handleSession(s network.Stream) {
 	}
 	// The reader does no read-ahead: the rest of the stream is read with
 	// the full limits.
-	r := streamReader(s, lim)
+	r := newTimedReader(s, lim)
 	open := msg.GetOpen()
 	if open == nil {
 		_ = w.WriteStream(h.refusal(&meshp2pb.SessionOpen{}, codeErr(meshp2pb.ErrorCode_ERROR_CODE_UNEXPECTED_MESSAGE, "first message must be SessionOpen", "")))

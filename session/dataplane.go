@@ -24,7 +24,7 @@ const BundleTensor = "l_out"
 
 // run processes the session until it ends: it waits for the ring (head),
 // reads upstream frames in a goroutine and keeps the idle timer.
-func (hs *hopSession) run(r *frame.Reader) {
+func (hs *hopSession) run(r *timedReader) {
 	if hs.head && !hs.tail {
 		select {
 		case rs := <-hs.ring:
@@ -83,7 +83,7 @@ func (hs *hopSession) run(r *frame.Reader) {
 }
 
 // readUpstream handles frames from upstream until close (nil) or failure.
-func (hs *hopSession) readUpstream(r *frame.Reader) error {
+func (hs *hopSession) readUpstream(r *timedReader) error {
 	for {
 		msg, tensors, err := r.ReadStream()
 		if err != nil {
@@ -95,7 +95,7 @@ func (hs *hopSession) readUpstream(r *frame.Reader) error {
 					if old := hs.up.Swap(ns); old != nil {
 						_ = old.Close()
 					}
-					r = streamReader(ns, hs.h.cfg.Limits)
+					r = newTimedReader(ns, hs.h.cfg.Limits)
 					hs.h.log.Info("seam from previous hop moved", "session", hs.key, "path", pathOf(hs.h.host, ns).String())
 					continue
 				default:
@@ -112,7 +112,7 @@ func (hs *hopSession) readUpstream(r *frame.Reader) error {
 		hs.touch()
 		switch k := msg.GetKind().(type) {
 		case *meshp2pb.StreamMessage_Activation:
-			if err := hs.activation(k.Activation, tensors, hs.upstreamPeer()); err != nil {
+			if err := hs.activation(k.Activation, tensors, hs.upstreamPeer(), r.timing()); err != nil {
 				return err
 			}
 		case *meshp2pb.StreamMessage_Close, *meshp2pb.StreamMessage_Cancel:
@@ -130,8 +130,8 @@ func (hs *hopSession) readUpstream(r *frame.Reader) error {
 // activation runs one frame through the shard and passes the result on.
 // from sent the frame (the previous hop, the tail for the head's decode
 // steps, "" for the origin or this hop itself): a frame the hop or its
-// engine rejects is blamed on it.
-func (hs *hopSession) activation(a *meshp2pb.ActivationHeader, tensors [][]byte, from peer.ID) error {
+// engine rejects is blamed on it. rt is how the frame reached this hop.
+func (hs *hopSession) activation(a *meshp2pb.ActivationHeader, tensors [][]byte, from peer.ID, rt readTiming) error {
 	if !bytes.Equal(a.GetSessionId(), hs.open.GetSessionId()) || a.GetEpoch() != hs.key.Epoch {
 		return codeErr(meshp2pb.ErrorCode_ERROR_CODE_SESSION_UNKNOWN, "activation for another session or epoch", from)
 	}
@@ -150,11 +150,13 @@ func (hs *hopSession) activation(a *meshp2pb.ActivationHeader, tensors [][]byte,
 		if len(ti.GetShape()) != 2 || ti.GetShape()[0] != int64(a.GetNRows()) || ti.GetShape()[1] != int64(nEmbd) {
 			return codeErr(meshp2pb.ErrorCode_ERROR_CODE_BAD_REQUEST, fmt.Sprintf("tensor shape %v, want [%d %d]", ti.GetShape(), a.GetNRows(), nEmbd), from)
 		}
+		t0 := time.Now()
 		hidden, err := frame.ToF32(ti.GetDtype(), tensors[0], nil)
 		if err != nil {
 			return asHopError(err, from)
 		}
 		in.Hidden = hidden
+		rt.decode = time.Since(t0)
 	}
 	last := a.GetLastChunk() || !a.GetIsPrefill()
 	if hs.tail {
@@ -171,14 +173,17 @@ func (hs *hopSession) activation(a *meshp2pb.ActivationHeader, tensors [][]byte,
 	if a.GetNRows() == 1 {
 		hs.h.observeDecode(took, hs.se.info.End-hs.se.info.Start)
 	}
+	own := &meshp2pb.HopTiming{WaitUs: usOf(rt.wait), ReadUs: usOf(rt.read), DecodeUs: usOf(rt.decode), ComputeUs: us,
+		WriteUs: uint32(hs.clock.write.Load()), UpUs: uint32(hs.clock.up.Load())}
+	timing := ownTiming(a.GetHopTiming(), hs.idx, own)
 	if !hs.tail {
-		return hs.sendDown(a, out.Hidden, us)
+		return hs.sendDown(a, out.Hidden, us, timing, own)
 	}
 	if !in.Sample {
 		return nil
 	}
 	tf := &meshp2pb.TokenFrame{SessionId: a.GetSessionId(), Epoch: a.GetEpoch(), Step: a.GetStep(), Token: out.Token,
-		Position: a.GetPosStart() + a.GetNRows(), Eos: hs.se.eng.IsEOG(out.Token), HopUs: append(a.GetHopUs(), us)}
+		Position: a.GetPosStart() + a.GetNRows(), Eos: hs.se.eng.IsEOG(out.Token), HopUs: append(a.GetHopUs(), us), HopTiming: timing}
 	if hs.head {
 		select { // to selfRing, which is waiting (it sent the previous token)
 		case hs.self <- tf:
@@ -191,26 +196,33 @@ func (hs *hopSession) activation(a *meshp2pb.ActivationHeader, tensors [][]byte,
 	if err := hs.ringOut.Send(msg, WriteDeadline(hs.h.cfg.Idle)); err != nil {
 		return codeErr(meshp2pb.ErrorCode_ERROR_CODE_NEXT_HOP_UNREACHABLE, fmt.Sprintf("ring to head: %v", err), hs.route[0])
 	}
-	hs.h.cfg.Observer.SeamWrite(path, proto.Size(msg), time.Since(t1))
+	d := time.Since(t1)
+	hs.h.cfg.Observer.SeamWrite(path, proto.Size(msg), d)
+	hs.clock.write.Store(int64(usOf(d)))
 	return nil
 }
 
-// sendDown writes hidden states to the next hop in the session's wire dtype.
-func (hs *hopSession) sendDown(a *meshp2pb.ActivationHeader, hidden []float32, us uint32) error {
+// sendDown writes hidden states to the next hop in the session's wire
+// dtype; timing (whose last entry, own, is this hop's) goes with them.
+func (hs *hopSession) sendDown(a *meshp2pb.ActivationHeader, hidden []float32, us uint32, timing []*meshp2pb.HopTiming, own *meshp2pb.HopTiming) error {
 	nEmbd := hs.h.info.NEmbd
+	t0 := time.Now()
 	payload, dt := frame.EncodeWire(hs.wire, hidden)
+	own.EncodeUs = usOf(time.Since(t0))
 	rows := len(hidden) / nEmbd
 	hdr := &meshp2pb.ActivationHeader{SessionId: a.GetSessionId(), Epoch: a.GetEpoch(), Step: a.GetStep(), PosStart: a.GetPosStart(),
-		NRows: uint32(rows), IsPrefill: a.GetIsPrefill(), LastChunk: a.GetLastChunk(), HopUs: append(a.GetHopUs(), us),
+		NRows: uint32(rows), IsPrefill: a.GetIsPrefill(), LastChunk: a.GetLastChunk(), HopUs: append(a.GetHopUs(), us), HopTiming: timing,
 		Tensors: []*meshp2pb.TensorInfo{{Name: BundleTensor, Dtype: dt, Shape: []int64{int64(rows), int64(nEmbd)}}}}
 	// A next hop that stops reading must not wedge us: the write deadline
 	// (WriteDeadline) makes this specific error, which names the next hop,
 	// win over our own idle timeout, which could not.
-	path, t0 := hs.seamPath(hs.down), time.Now()
+	path, t1 := hs.seamPath(hs.down), time.Now()
 	if err := hs.down.SendActivation(hdr, payload, WriteDeadline(hs.h.cfg.Idle)); err != nil {
 		return codeErr(meshp2pb.ErrorCode_ERROR_CODE_NEXT_HOP_UNREACHABLE, fmt.Sprintf("send to next hop: %v", err), hs.route[hs.idx+1])
 	}
-	hs.h.cfg.Observer.SeamWrite(path, len(payload), time.Since(t0))
+	d := time.Since(t1)
+	hs.h.cfg.Observer.SeamWrite(path, len(payload), d)
+	hs.clock.write.Store(int64(usOf(d)))
 	return nil
 }
 
@@ -224,7 +236,7 @@ func (hs *hopSession) seamPath(m *Seam) p2p.Path {
 
 // readRing (head) takes sampled tokens from the tail.
 func (hs *hopSession) readRing(rs network.Stream) {
-	r := streamReader(rs, hs.h.cfg.Limits)
+	r := newTimedReader(rs, hs.h.cfg.Limits)
 	tail := hs.route[len(hs.route)-1]
 	for {
 		msg, _, err := r.ReadStream()
@@ -242,7 +254,7 @@ func (hs *hopSession) readRing(rs network.Stream) {
 					if old := hs.ringIn.Swap(ns); old != nil {
 						_ = old.Close()
 					}
-					r = streamReader(ns, hs.h.cfg.Limits)
+					r = newTimedReader(ns, hs.h.cfg.Limits)
 					hs.h.log.Info("ring from tail moved", "session", hs.key, "path", pathOf(hs.h.host, ns).String())
 					continue
 				case <-time.After(RingGrace):
@@ -258,7 +270,7 @@ func (hs *hopSession) readRing(rs network.Stream) {
 		hs.touch()
 		switch k := msg.GetKind().(type) {
 		case *meshp2pb.StreamMessage_Token:
-			if err := hs.token(k.Token, tail); err != nil {
+			if err := hs.token(k.Token, tail, r.timing()); err != nil {
 				hs.fail(asHopError(err, ""))
 				return
 			}
@@ -274,12 +286,14 @@ func (hs *hopSession) readRing(rs network.Stream) {
 
 // token (head) passes a sampled token from the tail (from; "" on a
 // one-hop route) to the origin and, unless the session is done, feeds it
-// back into the route as the next decode step.
-func (hs *hopSession) token(tf *meshp2pb.TokenFrame, from peer.ID) error {
+// back into the route as the next decode step (rt: how it reached us).
+func (hs *hopSession) token(tf *meshp2pb.TokenFrame, from peer.ID, rt readTiming) error {
 	hs.touch()
+	t0 := time.Now()
 	if err := hs.up.Send(&meshp2pb.StreamMessage{Kind: &meshp2pb.StreamMessage_Token{Token: tf}}, hs.h.cfg.Idle); err != nil {
 		return codeErr(meshp2pb.ErrorCode_ERROR_CODE_CANCELLED, "origin gone", "")
 	}
+	hs.clock.up.Store(int64(usOf(time.Since(t0))))
 	hs.h.cfg.Observer.TokenServed()
 	hs.produced++
 	if tf.GetEos() || (hs.maxTokens > 0 && hs.produced >= hs.maxTokens) {
@@ -287,7 +301,7 @@ func (hs *hopSession) token(tf *meshp2pb.TokenFrame, from peer.ID) error {
 	}
 	a := &meshp2pb.ActivationHeader{SessionId: tf.GetSessionId(), Epoch: tf.GetEpoch(), Step: tf.GetStep() + 1,
 		PosStart: tf.GetPosition(), NRows: 1, LastChunk: true, Tokens: []int32{tf.GetToken()}}
-	return hs.activation(a, nil, from)
+	return hs.activation(a, nil, from, rt)
 }
 
 // selfRing is the ring of a one-hop route: it feeds each sampled token
@@ -298,7 +312,7 @@ func (hs *hopSession) selfRing() {
 		case <-hs.done:
 			return
 		case tf := <-hs.self:
-			if err := hs.token(tf, ""); err != nil {
+			if err := hs.token(tf, "", readTiming{}); err != nil {
 				hs.fail(asHopError(err, ""))
 				return
 			}

@@ -160,8 +160,9 @@ type hopSession struct {
 	self chan *meshp2pb.TokenFrame
 
 	maxTokens int
-	produced  int  // head: tokens passed to the origin; only the ring reader touches it
-	admitted  bool // the route accepted it (set before run; read by release)
+	produced  int      // head: tokens passed to the origin; only the ring reader touches it
+	admitted  bool     // the route accepted it (set before run; read by release)
+	clock     hopClock // the previous frame's write times (HopTiming)
 	activity  chan struct{}
 
 	once     sync.Once

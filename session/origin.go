@@ -87,6 +87,15 @@ type HopStat struct {
 	PrefillUs  uint32  `json:"prefill_compute_us"`
 	Reach      string  `json:"reach"`
 	StepsTimed int     `json:"steps"`
+	// Mean per decode step of the rest of the hop's time (HopTiming):
+	// waiting for input, reading, wire-to-f32, f32-to-wire, writing on,
+	// and (head) writing the token up to the origin.
+	WaitUs   float64 `json:"wait_us"`
+	ReadUs   float64 `json:"read_us"`
+	DecodeUs float64 `json:"decode_us"`
+	EncodeUs float64 `json:"encode_us"`
+	WriteUs  float64 `json:"write_us"`
+	UpUs     float64 `json:"up_us"`
 }
 
 // Result is what a generation produced.
@@ -334,6 +343,7 @@ func (e *epochRun) prefill(input []int32, chunk int) error {
 func (e *epochRun) collect(req GenerateRequest, res *Result, nGenerated int, start time.Time, obs OriginObserver) (peer.ID, error) {
 	sums := make([]uint64, len(e.rt.Hops))
 	counts := 0
+	timings := timingSums{hops: make([][7]uint64, len(e.rt.Hops))}
 	var prefillUs []uint32
 	for len(res.Tokens) < req.MaxTokens {
 		if res.TTFT > 0 || len(res.Tokens) > nGenerated {
@@ -365,6 +375,7 @@ func (e *epochRun) collect(req GenerateRequest, res *Result, nGenerated int, sta
 					sums[i] += uint64(us)
 				}
 				counts++
+				timings.add(tf.GetHopTiming())
 			}
 			res.Tokens = append(res.Tokens, tf.GetToken())
 			obs.TokenReceived()
@@ -380,6 +391,7 @@ func (e *epochRun) collect(req GenerateRequest, res *Result, nGenerated int, sta
 			if res.Stop != "" {
 				_ = e.w.WriteStream(&meshp2pb.StreamMessage{Kind: &meshp2pb.StreamMessage_Close{Close: &meshp2pb.SessionClose{SessionId: e.sid[:], Epoch: e.rt.Epoch, Reason: res.Stop}}})
 				res.HopStats = hopStats(e.rt, sums, counts, prefillUs)
+				timings.fill(res.HopStats)
 				return "", nil
 			}
 		default:

@@ -54,8 +54,10 @@ type genResult struct {
 	// discovery, vocabulary, route and prefill included.
 	FirstTokenMs float64           `json:"first_token_ms"`
 	Hops         []session.HopStat `json:"hops,omitempty"`
-	Failures     []string          `json:"failures,omitempty"`
-	Model        string            `json:"model"`
+	// NetworkMsPerToken is ms_per_token minus every hop's busy time.
+	NetworkMsPerToken float64  `json:"network_ms_per_token"`
+	Failures          []string `json:"failures,omitempty"`
+	Model             string   `json:"model"`
 }
 
 type routeHopJSON struct {
@@ -91,7 +93,12 @@ func runGenerate(ctx context.Context, stdout, stderr io.Writer, args []string) e
 	wire := fs.String("wire-dtype", frame.WireDTypes()[0].Name, "activation dtype between hops: "+wireDTypeHelp())
 	wait := fs.Duration("wait", 30*time.Second, "how long to wait for peers covering the model")
 	verbose := fs.Bool("v", false, "debug logging")
+	var pf perfFlags
+	pf.register(fs)
 	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	if err := pf.check(); err != nil {
 		return err
 	}
 	if *model == "" || *prompt == "" {
@@ -125,7 +132,7 @@ func runGenerate(ctx context.Context, stdout, stderr io.Writer, args []string) e
 			return err
 		}
 		ec := node.DefaultEngine()
-		ec.MaxSessions, ec.NCtx, ec.Logger = 1, len(toks)+*maxTokens+16, log
+		ec.MaxSessions, ec.NCtx, ec.Logger, ec.Threads = 1, len(toks)+*maxTokens+16, log, *pf.threads
 		ec.NBatch = max(ec.NBatch, 2)
 		sh, err := engine.NewShard(ctx, m, ec)
 		if err != nil {
@@ -133,7 +140,7 @@ func runGenerate(ctx context.Context, stdout, stderr io.Writer, args []string) e
 		}
 		defer sh.Close()
 		printer = newStreamPrinter(stdout, m, stops, !*asJSON)
-		res, err := engine.RunChain(ctx, []*engine.Shard{sh}, toks, engine.ChainOptions{Steps: *maxTokens - 1, Sampling: engine.SamplingFromProto(smp), Chunk: session.DefaultChunk,
+		res, err := engine.RunChain(ctx, []*engine.Shard{sh}, toks, engine.ChainOptions{Steps: *maxTokens - 1, Sampling: engine.SamplingFromProto(smp), Chunk: *pf.chunk,
 			Stop: func(t int32) bool { return printer.add(t) || m.IsEOG(t) }})
 		if err != nil {
 			return err
@@ -190,6 +197,7 @@ func runGenerate(ctx context.Context, stdout, stderr io.Writer, args []string) e
 			planner = n.TrackerPlanner(trackers, tf.requireTracker)
 		}
 		o := n.Origin(planner)
+		o.Chunk = *pf.chunk
 		res, err := o.Generate(ctx, session.GenerateRequest{Fingerprint: fp, NLayer: nLayer, Prompt: toks, MaxTokens: *maxTokens,
 			Sampling: smp, WireDType: wd, OnToken: printer.add})
 		if res != nil {
@@ -197,6 +205,7 @@ func runGenerate(ctx context.Context, stdout, stderr io.Writer, args []string) e
 			out.TTFTms = ms(res.TTFT)
 			if len(res.Tokens) > 1 {
 				out.MsPerToken = (ms(res.Total) - ms(res.TTFT)) / float64(len(res.Tokens)-1)
+				out.NetworkMsPerToken = networkMs(out.MsPerToken, out.Hops)
 			}
 			if res.Route != nil {
 				for _, h := range res.Route.Hops {
@@ -231,6 +240,7 @@ func runGenerate(ctx context.Context, stdout, stderr io.Writer, args []string) e
 			}
 			fmt.Fprintln(stderr, line)
 		}
+		printHopBreakdown(stderr, out.Hops, out.NetworkMsPerToken)
 	} else {
 		fmt.Fprintln(stderr)
 	}

@@ -112,6 +112,17 @@ func TestStartGenerateAndShutdown(t *testing.T) {
 	if len(route) != 2 || swarm["ttft_ms"] == nil || swarm["reroutes"].(float64) != 0 {
 		t.Fatalf("swarm result %v", swarm)
 	}
+	// The per-hop breakdown (HopTiming) reaches the JSON: every hop waited
+	// for its input, and the time no hop accounts for is reported.
+	hops, _ := swarm["hops"].([]any)
+	for i, h := range hops {
+		if w, _ := h.(map[string]any)["wait_us"].(float64); w <= 0 {
+			t.Fatalf("hop %d: no wait_us in %v", i, h)
+		}
+	}
+	if _, ok := swarm["network_ms_per_token"]; len(hops) != 2 || !ok {
+		t.Fatalf("swarm hops %v, network_ms_per_token %v", hops, swarm["network_ms_per_token"])
+	}
 
 	for name, p := range map[string]*proc{"head": head, "tail": tail} {
 		p.cancel()

@@ -47,7 +47,9 @@ type ActivationHeader struct {
 	Tokens    []int32                `protobuf:"varint,9,rep,packed,name=tokens,proto3" json:"tokens,omitempty"` // token ids of the rows; empty or exactly n_rows
 	// Compute time of this frame on each hop so far, in route order (µs);
 	// each hop appends its own before sending on.
-	HopUs         []uint32 `protobuf:"varint,10,rep,packed,name=hop_us,json=hopUs,proto3" json:"hop_us,omitempty"`
+	HopUs []uint32 `protobuf:"varint,10,rep,packed,name=hop_us,json=hopUs,proto3" json:"hop_us,omitempty"`
+	// Where each hop's time went, in route order, next to hop_us.
+	HopTiming     []*HopTiming `protobuf:"bytes,11,rep,name=hop_timing,json=hopTiming,proto3" json:"hop_timing,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -152,6 +154,13 @@ func (x *ActivationHeader) GetHopUs() []uint32 {
 	return nil
 }
 
+func (x *ActivationHeader) GetHopTiming() []*HopTiming {
+	if x != nil {
+		return x.HopTiming
+	}
+	return nil
+}
+
 type TensorInfo struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"` // unique within the bundle, e.g. "l_out"
@@ -239,7 +248,9 @@ type TokenFrame struct {
 	Position  uint32                 `protobuf:"varint,5,opt,name=position,proto3" json:"position,omitempty"` // position this token occupies when fed back (pos of the sampled row + 1)
 	Eos       bool                   `protobuf:"varint,6,opt,name=eos,proto3" json:"eos,omitempty"`           // end-of-generation token (the origin stops the session)
 	// hop_us of the activation frame this token came from, plus the tail\'s.
-	HopUs         []uint32 `protobuf:"varint,7,rep,packed,name=hop_us,json=hopUs,proto3" json:"hop_us,omitempty"`
+	HopUs []uint32 `protobuf:"varint,7,rep,packed,name=hop_us,json=hopUs,proto3" json:"hop_us,omitempty"`
+	// hop_timing of that activation frame, plus the tail's.
+	HopTiming     []*HopTiming `protobuf:"bytes,8,rep,name=hop_timing,json=hopTiming,proto3" json:"hop_timing,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -323,12 +334,19 @@ func (x *TokenFrame) GetHopUs() []uint32 {
 	return nil
 }
 
+func (x *TokenFrame) GetHopTiming() []*HopTiming {
+	if x != nil {
+		return x.HopTiming
+	}
+	return nil
+}
+
 var File_meshp2p_v1_activation_proto protoreflect.FileDescriptor
 
 const file_meshp2p_v1_activation_proto_rawDesc = "" +
 	"\n" +
 	"\x1bmeshp2p/v1/activation.proto\x12\n" +
-	"meshp2p.v1\x1a\x17meshp2p/v1/common.proto\"\xae\x02\n" +
+	"meshp2p.v1\x1a\x17meshp2p/v1/common.proto\x1a\x17meshp2p/v1/timing.proto\"\xe4\x02\n" +
 	"\x10ActivationHeader\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\fR\tsessionId\x12\x14\n" +
@@ -343,7 +361,9 @@ const file_meshp2p_v1_activation_proto_rawDesc = "" +
 	"\atensors\x18\b \x03(\v2\x16.meshp2p.v1.TensorInfoR\atensors\x12\x16\n" +
 	"\x06tokens\x18\t \x03(\x05R\x06tokens\x12\x15\n" +
 	"\x06hop_us\x18\n" +
-	" \x03(\rR\x05hopUs\"\x98\x01\n" +
+	" \x03(\rR\x05hopUs\x124\n" +
+	"\n" +
+	"hop_timing\x18\v \x03(\v2\x15.meshp2p.v1.HopTimingR\thopTiming\"\x98\x01\n" +
 	"\n" +
 	"TensorInfo\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12'\n" +
@@ -351,7 +371,7 @@ const file_meshp2p_v1_activation_proto_rawDesc = "" +
 	"\x05shape\x18\x03 \x03(\x03R\x05shape\x12\x1f\n" +
 	"\vbyte_length\x18\x04 \x01(\x04R\n" +
 	"byteLength\x12\x16\n" +
-	"\x06crc32c\x18\x05 \x01(\aR\x06crc32c\"\xb0\x01\n" +
+	"\x06crc32c\x18\x05 \x01(\aR\x06crc32c\"\xe6\x01\n" +
 	"\n" +
 	"TokenFrame\x12\x1d\n" +
 	"\n" +
@@ -361,7 +381,9 @@ const file_meshp2p_v1_activation_proto_rawDesc = "" +
 	"\x05token\x18\x04 \x01(\x05R\x05token\x12\x1a\n" +
 	"\bposition\x18\x05 \x01(\rR\bposition\x12\x10\n" +
 	"\x03eos\x18\x06 \x01(\bR\x03eos\x12\x15\n" +
-	"\x06hop_us\x18\a \x03(\rR\x05hopUsB.Z,github.com/neuron-tai/meshp2p/proto/meshp2pbb\x06proto3"
+	"\x06hop_us\x18\a \x03(\rR\x05hopUs\x124\n" +
+	"\n" +
+	"hop_timing\x18\b \x03(\v2\x15.meshp2p.v1.HopTimingR\thopTimingB.Z,github.com/neuron-tai/meshp2p/proto/meshp2pbb\x06proto3"
 
 var (
 	file_meshp2p_v1_activation_proto_rawDescOnce sync.Once
@@ -380,16 +402,19 @@ var file_meshp2p_v1_activation_proto_goTypes = []any{
 	(*ActivationHeader)(nil), // 0: meshp2p.v1.ActivationHeader
 	(*TensorInfo)(nil),       // 1: meshp2p.v1.TensorInfo
 	(*TokenFrame)(nil),       // 2: meshp2p.v1.TokenFrame
-	(DType)(0),               // 3: meshp2p.v1.DType
+	(*HopTiming)(nil),        // 3: meshp2p.v1.HopTiming
+	(DType)(0),               // 4: meshp2p.v1.DType
 }
 var file_meshp2p_v1_activation_proto_depIdxs = []int32{
 	1, // 0: meshp2p.v1.ActivationHeader.tensors:type_name -> meshp2p.v1.TensorInfo
-	3, // 1: meshp2p.v1.TensorInfo.dtype:type_name -> meshp2p.v1.DType
-	2, // [2:2] is the sub-list for method output_type
-	2, // [2:2] is the sub-list for method input_type
-	2, // [2:2] is the sub-list for extension type_name
-	2, // [2:2] is the sub-list for extension extendee
-	0, // [0:2] is the sub-list for field type_name
+	3, // 1: meshp2p.v1.ActivationHeader.hop_timing:type_name -> meshp2p.v1.HopTiming
+	4, // 2: meshp2p.v1.TensorInfo.dtype:type_name -> meshp2p.v1.DType
+	3, // 3: meshp2p.v1.TokenFrame.hop_timing:type_name -> meshp2p.v1.HopTiming
+	4, // [4:4] is the sub-list for method output_type
+	4, // [4:4] is the sub-list for method input_type
+	4, // [4:4] is the sub-list for extension type_name
+	4, // [4:4] is the sub-list for extension extendee
+	0, // [0:4] is the sub-list for field type_name
 }
 
 func init() { file_meshp2p_v1_activation_proto_init() }
@@ -398,6 +423,7 @@ func file_meshp2p_v1_activation_proto_init() {
 		return
 	}
 	file_meshp2p_v1_common_proto_init()
+	file_meshp2p_v1_timing_proto_init()
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
