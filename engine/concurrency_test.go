@@ -75,8 +75,13 @@ func TestConcurrentSessionsMatchAlone(t *testing.T) {
 	}
 }
 
-// A session placed in cells freed by another, or behind another session's
-// contiguous cells, computes exactly what it computes alone.
+// A session placed in cells freed by another computes exactly what it
+// computes alone; one placed behind another session's contiguous cells
+// computes the same tokens, and its logits differ at most by rounding: its
+// attention spans the other session's (masked) cells too, and how the SIMD
+// reduction groups the additions depends on the CPU (exact with AVX-512 in
+// earlier runs; on an AVX2 AMD EPYC 2.3e-6 at the first decode step, growing
+// to 4e-3 over 8).
 func TestFreedCellsReusedExactly(t *testing.T) {
 	path := testmodels.Path(t, "stories260K.gguf")
 	ctx := context.Background()
@@ -86,8 +91,17 @@ func TestFreedCellsReusedExactly(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// Fill both slots so the next sessions must reuse freed ones.
+	check := func(what string, round int, got *ChainResult, tol float64) {
+		t.Helper()
+		for i := range ref.Tokens {
+			d := MaxAbsDiff(got.Logits[i], ref.Logits[i])
+			if got.Tokens[i] != ref.Tokens[i] || d > tol {
+				t.Fatalf("%s, round %d step %d: token %d vs %d, |Δlogit| %g (allowed %g)", what, round, i, got.Tokens[i], ref.Tokens[i], d, tol)
+			}
+		}
+	}
 	for round := 1; round <= 3; round++ {
+		// Fill both slots with a session holding contiguous cells before ours.
 		var hold []*Session
 		for _, s := range shards {
 			x, err := s.OpenSession(SessionKey{ID: [16]byte{0xff}, Epoch: uint64(round)}, SessionParams{KVTokens: 32})
@@ -96,29 +110,28 @@ func TestFreedCellsReusedExactly(t *testing.T) {
 			}
 			hold = append(hold, x)
 		}
-		// The occupying session holds contiguous cells before ours.
 		if _, err := hold[0].Forward(ctx, Input{Tokens: []int32{1, 5, 6, 7, 8, 9, 10, 11, 12}}); err != nil {
 			t.Fatal(err)
 		}
-		got, err := RunChain(ctx, shards, prompt, ChainOptions{Steps: 8, Logits: true, Key: SessionKey{ID: [16]byte{byte(round)}}})
+		behind, err := RunChain(ctx, shards, prompt, ChainOptions{Steps: 8, Logits: true, Key: SessionKey{ID: [16]byte{byte(round)}}})
 		if err != nil {
 			t.Fatal(err)
 		}
-		for i := range ref.Tokens {
-			if got.Tokens[i] != ref.Tokens[i] || MaxAbsDiff(got.Logits[i], ref.Logits[i]) != 0 {
-				t.Fatalf("round %d step %d: token %d vs %d, |Δlogit| %g", round, i, got.Tokens[i], ref.Tokens[i], MaxAbsDiff(got.Logits[i], ref.Logits[i]))
-			}
-		}
+		check("behind another session", round, behind, 1e-2)
 		for _, x := range hold {
 			x.Close()
 		}
-		// No slot is free while both are held: admission refuses cleanly.
-		if round == 1 {
-			for _, s := range shards {
-				if c := s.Capacity(); c.FreeSessions != 2 {
-					t.Fatalf("slots not returned: %+v", c)
-				}
+		for _, s := range shards {
+			if c := s.Capacity(); c.FreeSessions != 2 || c.FreeKV != c.NCtx {
+				t.Fatalf("round %d: slots or cells not returned: %+v", round, c)
 			}
 		}
+		// Every cell is free again: a new session reuses cells the others
+		// held, and must be exact.
+		freed, err := RunChain(ctx, shards, prompt, ChainOptions{Steps: 8, Logits: true, Key: SessionKey{ID: [16]byte{byte(round), 1}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		check("in freed cells", round, freed, 0)
 	}
 }
