@@ -3,8 +3,9 @@
 // continuously while one random node is SIGKILLed and restarted every
 // 20–40 s. Everything goes through the real CLI, started exactly as users
 // start it. Every generation must finish and equal the whole model run
-// in-process (--local); each node process's RSS and thread count are
-// reported at start and end.
+// in-process (--local); each node process's RSS, thread count and
+// go_goroutines (scraped from its --metrics) are reported after warm-up and
+// before its kill or teardown, and growth beyond 3x fails the soak.
 //
 //	MESHP2P_SOAK_DURATION=3m go test -run TestChurnSoak ./soak   (make test, after the other packages)
 //	MESHP2P_SOAK_DURATION=25m go test -run TestChurnSoak -timeout 35m -v -count=1 ./soak   (make soak)
@@ -21,7 +22,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"math/rand/v2"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -126,15 +129,20 @@ type Proc struct {
 	ThreadsStart  int     `json:"threads_start"`
 	RSSEndKB      int     `json:"rss_end_kb"`
 	ThreadsEnd    int     `json:"threads_end"`
-	GoroutinesEnd int     `json:"goroutines_end"`  // from the SIGQUIT dump at teardown; -1 if not known
-	Crash         string  `json:"crash,omitempty"` // exit status and stderr tail of a node that exited without our signal
-	signalled     bool
-	measuredAt    time.Time
-	started       time.Time
-	ended         time.Time
-	cmd           *exec.Cmd
-	done          chan struct{}
-	errPath       string
+	GoroutinesEnd int     `json:"goroutines_end"` // from the SIGQUIT dump at teardown; -1 if not known
+	// go_goroutines scraped from the node's --metrics after warm-up, and
+	// last just before its kill or teardown (0: not scraped).
+	GoroutinesStart int `json:"goroutines_start"`
+	GoroutinesLast  int `json:"goroutines_last"`
+	metricsAddr     string
+	Crash           string `json:"crash,omitempty"` // exit status and stderr tail of a node that exited without our signal
+	signalled       bool
+	measuredAt      time.Time
+	started         time.Time
+	ended           time.Time
+	cmd             *exec.Cmd
+	done            chan struct{}
+	errPath         string
 }
 
 // Gen is one generation's record.
@@ -325,6 +333,9 @@ func TestChurnSoak(t *testing.T) {
 		if lived := p.ended.Sub(p.measuredAt); p.RSSStartKB > 0 && p.RSSEndKB > 3*p.RSSStartKB && lived >= time.Minute {
 			t.Errorf("%s pid %d: RSS grew from %d kB to %d kB in %v (> 3x)", p.Node, p.PID, p.RSSStartKB, p.RSSEndKB, lived.Round(time.Second))
 		}
+		if lived := p.ended.Sub(p.measuredAt); p.GoroutinesStart > 0 && p.GoroutinesLast > 3*p.GoroutinesStart && lived >= time.Minute {
+			t.Errorf("%s pid %d: goroutines grew from %d to %d in %v (> 3x: a leak)", p.Node, p.PID, p.GoroutinesStart, p.GoroutinesLast, lived.Round(time.Second))
+		}
 	}
 }
 
@@ -383,7 +394,7 @@ func (s *soak) startNode(n *shardNode, port int) error {
 	s.mu.Unlock()
 	args := []string{"start", "--model", s.model, "--layers", n.layers(), "--network", s.network,
 		"--listen", fmt.Sprintf("/ip4/127.0.0.1/tcp/%d", port), "--port-mapping=false",
-		"--data-dir", n.dir, "--threads", "1"}
+		"--data-dir", n.dir, "--threads", "1", "--metrics", "127.0.0.1:0"}
 	if len(boot) > 0 {
 		args = append(args, "--bootstrap", strings.Join(boot, ","))
 	}
@@ -446,6 +457,11 @@ func (s *soak) startNode(n *shardNode, port int) error {
 			e, _ := os.ReadFile(p.errPath)
 			return fmt.Errorf("not ready within %v:\n%s", readyWithin, tail(string(e)))
 		}
+	}
+	if m := metricsLine.FindSubmatch(mustRead(base + ".out")); m != nil {
+		s.mu.Lock()
+		p.metricsAddr = string(m[1])
+		s.mu.Unlock()
 	}
 	var info struct {
 		PeerID string   `json:"peer_id"`
@@ -533,6 +549,7 @@ func procStatus(pid int) (rssKB, threads int) {
 // measureStart records p's RSS and threads now (caller holds s.mu).
 func (s *soak) measureStart(p *Proc) {
 	p.RSSStartKB, p.ThreadsStart = procStatus(p.PID)
+	p.GoroutinesStart = scrapeGoroutines(p.metricsAddr)
 	p.measuredAt = time.Now()
 }
 
@@ -574,6 +591,7 @@ func (s *soak) killer(ctx context.Context, rng *rand.Rand, deadline time.Time) {
 		n := cand[rng.IntN(len(cand))]
 		p := n.cur
 		p.RSSEndKB, p.ThreadsEnd = procStatus(p.PID)
+		p.GoroutinesLast = scrapeGoroutines(p.metricsAddr)
 		k := &Kill{AtS: time.Since(s.t0).Seconds(), Node: n.name, Layers: n.layers(), PID: p.PID}
 		s.kills = append(s.kills, k)
 		n.cur = nil
@@ -709,6 +727,7 @@ func (s *soak) teardown() {
 	for _, n := range s.nodes {
 		if p := n.cur; n.live() {
 			p.RSSEndKB, p.ThreadsEnd = procStatus(p.PID)
+			p.GoroutinesLast = scrapeGoroutines(p.metricsAddr)
 			live = append(live, p)
 		}
 	}
@@ -780,14 +799,14 @@ func (s *soak) logReport(r *Report) {
 		t.Logf("  t=%6.1fs %s (%s) pid %d -> pid %d at t=%.1fs port %d (same: %v); %d generations re-routed, %d of them equal --local %s",
 			k.AtS, k.Node, k.Layers, k.PID, k.NewPID, k.RestartAtS, k.Port, k.SamePort, k.Rerouted, k.ReroutedExact, k.Error)
 	}
-	t.Logf("node processes (RSS kB and threads, start after warm-up -> end; goroutines at teardown):")
+	t.Logf("node processes (RSS kB, threads and go_goroutines: after warm-up -> before kill/teardown; goroutines in the teardown dump):")
 	for _, p := range r.Processes {
 		g := "-"
 		if p.GoroutinesEnd >= 0 {
 			g = strconv.Itoa(p.GoroutinesEnd)
 		}
-		t.Logf("  %s (%s) pid %-7d t=%6.1f..%6.1fs %-8s RSS %6d -> %6d kB  threads %3d -> %3d  goroutines %s",
-			p.Node, p.Layers, p.PID, p.StartedS, p.EndedS, p.EndedBy, p.RSSStartKB, p.RSSEndKB, p.ThreadsStart, p.ThreadsEnd, g)
+		t.Logf("  %s (%s) pid %-7d t=%6.1f..%6.1fs %-8s RSS %6d -> %6d kB  threads %3d -> %3d  go_goroutines %3d -> %3d  dump %s",
+			p.Node, p.Layers, p.PID, p.StartedS, p.EndedS, p.EndedBy, p.RSSStartKB, p.RSSEndKB, p.ThreadsStart, p.ThreadsEnd, p.GoroutinesStart, p.GoroutinesLast, g)
 	}
 	for _, g := range r.LostDetails {
 		t.Logf("lost: client %d %q/%d t=%.1f..%.1fs: %s; kills during %v\n%s", g.Client, g.Prompt, g.N, g.StartS, g.EndS, g.Exit, g.KillsDuring, indent(g.StderrTail))
@@ -835,4 +854,39 @@ func indent(s string) string {
 		return ""
 	}
 	return "    " + strings.ReplaceAll(s, "\n", "\n    ")
+}
+
+// metricsLine is what `start --metrics 127.0.0.1:0` prints once it listens.
+var metricsLine = regexp.MustCompile(`(?m)^metrics: +http://(127\.0\.0\.1:[0-9]+)/metrics`)
+
+func mustRead(path string) []byte {
+	b, _ := os.ReadFile(path)
+	return b
+}
+
+// goroutinesGauge is the Go collector's gauge in the Prometheus text format.
+var goroutinesGauge = regexp.MustCompile(`(?m)^go_goroutines ([0-9]+)$`)
+
+// scrapeGoroutines reads go_goroutines from a node's /metrics (0 if the
+// node has no metrics address or does not answer within 2 s).
+func scrapeGoroutines(addr string) int {
+	if addr == "" {
+		return 0
+	}
+	c := &http.Client{Timeout: 2 * time.Second}
+	resp, err := c.Get("http://" + addr + "/metrics")
+	if err != nil {
+		return 0
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(io.LimitReader(resp.Body, 4<<20))
+	if err != nil {
+		return 0
+	}
+	m := goroutinesGauge.FindSubmatch(b)
+	if m == nil {
+		return 0
+	}
+	n, _ := strconv.Atoi(string(m[1]))
+	return n
 }
