@@ -18,7 +18,7 @@ import (
 
 // Knobs (environment), so single runs stay short on a shared machine:
 //
-//	MESHP2P_BENCH_ONLY     comma list of sections (fixedcost,slack,loopback,floor,sessions,sessions-small,prefill); default all
+//	MESHP2P_BENCH_ONLY     comma list of sections (fixedcost,slack,loopback,floor,floor-tcp,sessions,sessions-small,prefill); default all
 //	MESHP2P_BENCH_ROUNDS   interleaved A/B rounds per figure (default 3; medians are reported)
 //	MESHP2P_BENCH_TOKENS   tokens per generation (default 16)
 //	MESHP2P_BENCH_THREADS  threads of every shard and of the whole model (default 1)
@@ -65,7 +65,7 @@ func BenchmarkPerf(b *testing.B) {
 	var whole string
 	var shards []string
 	var err error
-	if slices.ContainsFunc([]string{"fixedcost", "slack", "loopback", "prefill", "floor", "sessions"}, section) {
+	if slices.ContainsFunc([]string{"fixedcost", "slack", "loopback", "prefill", "floor", "floor-tcp", "sessions"}, section) {
 		if whole, shards, err = Files(ctx, 3); err != nil { // the 154M model, synthesized once
 			b.Fatal(err)
 		}
@@ -96,6 +96,9 @@ func BenchmarkPerf(b *testing.B) {
 		}
 		if section("floor") {
 			floor(b, &t, shards, threads, rounds, tokens)
+		}
+		if section("floor-tcp") {
+			floorTCP(b, &t, shards, threads, rounds, tokens)
 		}
 		if section("sessions") {
 			sessions(b, &t, "154M", shards, threads, rounds, tokens)
@@ -346,6 +349,34 @@ func floor(b *testing.B, t *Table, shards []string, threads, rounds, tokens int)
 		}
 		r.Close()
 		t.Add(Row{Name: fmt.Sprintf("3 hops, link delay h=%v", h), Value: medianMs(per), Unit: "ms/token", Baseline: medianMs(fl), BaseName: "floor Σcompute + 3h", Goal: "<= 1.02"})
+	}
+}
+
+// floorTCP is floor's real-time cross-check through real TCP: real nodes
+// (libp2p hosts, the test preset) on 127.0.0.1, every node behind a
+// delayproxy with one-way delay h, against Σcompute + 3h.
+func floorTCP(b *testing.B, t *Table, shards []string, threads, rounds, tokens int) {
+	for _, h := range []time.Duration{5 * time.Millisecond, 20 * time.Millisecond} {
+		lb, err := StartDelayed(context.Background(), shards, engineCfg(threads), h)
+		if err != nil {
+			b.Fatal(err)
+		}
+		var per, fl []time.Duration
+		for range rounds {
+			res, err := lb.Generate(context.Background(), prompt(16), tokens, session.DefaultChunk)
+			if err != nil {
+				lb.Close()
+				b.Fatal(err)
+			}
+			per, fl = append(per, PerToken(res)), append(fl, Floor(res, h))
+		}
+		err = lb.CheckProxied()
+		lb.Close()
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Logf("floor-tcp h=%v: per token %v, floor %v", h, per, fl)
+		t.Add(Row{Name: fmt.Sprintf("3 nodes, TCP via delay proxy h=%v", h), Value: medianMs(per), Unit: "ms/token", Baseline: medianMs(fl), BaseName: "floor Σcompute + 3h", Goal: "<= 1.02"})
 	}
 }
 
