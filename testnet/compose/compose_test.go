@@ -34,8 +34,9 @@ type genJSON struct {
 // generate from a client behind router 1 (tokens equal to --local, route
 // relay -> a -> b), require the a -> b seam (home 1 to home 2) to be hole
 // punched and the direct connection to arrive from router 1's WAN address,
-// scale two self-placing nodes in (--scale node=2, no NODE_LAYERS), stop a
-// and b and generate through the windows those two chose, run the fit
+// scale two self-placing nodes in (--scale node=2, no NODE_LAYERS: sized by
+// their containers' memory limit, then by --memory), stop a and b, let the
+// two close the gap and generate through their windows, run the fit
 // profile (a model bigger than one container's memory limit: OOM-killed
 // whole, equal to --local across three limited containers), then tear
 // everything down, with the host's iptables, forwarding, links, addresses
@@ -69,7 +70,7 @@ func TestComposeTestnet(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute) // a hang guard: 46 s on a quiet 2-core machine, 3.5 min under load 10-20
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute) // a hang guard: 75-87 s on this 2-core machine at load 5-6
 	defer cancel()
 	env := append(os.Environ(), "MESHP2P_BIN="+bin, "MESHP2P_MODELS="+models,
 		"MESHP2P_COMPOSE_STATE=/tmp/meshp2p-compose-test", "COMPOSE_PROJECT_NAME=meshp2ptest", "MESHP2P_IMAGE=meshp2p:composetest",
