@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/neuron-tai/meshp2p/engine"
+	"github.com/neuron-tai/meshp2p/engine/gguf"
 	"github.com/neuron-tai/meshp2p/route"
 	"github.com/neuron-tai/meshp2p/session"
 	"github.com/neuron-tai/meshp2p/status"
@@ -100,6 +101,10 @@ func (n *Node) StatusCollector(role string) *status.Collector {
 		for _, a := range n.p2p.Addrs() {
 			s.Addrs = append(s.Addrs, a.String())
 		}
+		if pl := n.Placement(); pl.Auto || pl.Moving != nil || pl.Loading != nil {
+			s.Placement = &status.Placement{BudgetBytes: pl.Budget, Start: pl.Current.Start, End: pl.Current.End,
+				Loading: window(pl.Loading), Draining: window(pl.Moving), Moves: pl.Moves, LastReason: pl.LastWhy}
+		}
 		sh := n.Shard()
 		if sh == nil || hop == nil {
 			return s, nil
@@ -118,4 +123,12 @@ func (n *Node) StatusCollector(role string) *status.Collector {
 // Status builds the node's status document now.
 func (n *Node) Status(ctx context.Context, role string) *status.Document {
 	return n.StatusCollector(role).Document(ctx)
+}
+
+// window is r as a status window (nil for nil).
+func window(r *gguf.Range) *status.Window {
+	if r == nil {
+		return nil
+	}
+	return &status.Window{Start: r.Start, End: r.End}
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/neuron-tai/meshp2p/engine/gguf"
 	"github.com/neuron-tai/meshp2p/placement"
 	"github.com/neuron-tai/meshp2p/session"
+	"github.com/neuron-tai/meshp2p/status"
 )
 
 // testRebalance is the one value the placement tests shorten (by name).
@@ -253,11 +254,18 @@ func TestMoveDuringGeneration(t *testing.T) {
 	stop := make(chan struct{})
 	// overlap: the old window was draining while the session still ran
 	// on it (so the move really happened during the generation).
-	var overlap atomic.Bool
+	var overlap, docDraining atomic.Bool
 	go func() {
 		for {
 			if st := b.Placement(); st.Moving != nil && b.Hop().Sessions() > 0 {
 				overlap.Store(true)
+				// The status document (GET /api/status) shows the move too.
+				sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+				p := b.Status(sctx, "node").Self.Placement
+				if p != nil && p.Draining != nil && *p.Draining == (status.Window{Start: st.Moving.Start, End: st.Moving.End}) {
+					docDraining.Store(true)
+				}
+				cancel()
 				return
 			}
 			select {
@@ -305,6 +313,9 @@ func TestMoveDuringGeneration(t *testing.T) {
 	}
 	if !overlap.Load() {
 		t.Fatal("the move did not overlap the session: nothing was drained")
+	}
+	if !docDraining.Load() {
+		t.Fatal("during the move the status document did not show the draining window")
 	}
 	if in := b.Info(); in.Start != 3 || in.End != 9 {
 		t.Fatalf("after the move the node serves %d-%d", in.Start, in.End)

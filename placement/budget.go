@@ -22,8 +22,9 @@ const (
 
 // Budget is the memory a node may use when --memory is not given: the
 // available RAM (/proc/meminfo MemAvailable), or less when the process's
-// cgroup v2 limit (memory.max less memory.current) leaves less, minus the
-// reserve. src says which bound applied.
+// cgroup v2 limit (memory.max less memory.current), or its cgroup v1 one
+// (memory.limit_in_bytes less memory.usage_in_bytes), leaves less, minus
+// the reserve. src says which bound applied.
 func Budget() (budget int64, src string, err error) {
 	f, err := os.Open("/proc/meminfo")
 	if err != nil {
@@ -37,6 +38,8 @@ func Budget() (budget int64, src string, err error) {
 	src = "MemAvailable"
 	if lim, ok := cgroupRoom(); ok && lim < avail {
 		avail, src = lim, "cgroup memory.max"
+	} else if lim, ok := cgroupV1Room(); ok && lim < avail {
+		avail, src = lim, "cgroup v1 memory.limit_in_bytes"
 	}
 	return ApplyReserve(avail), src, nil
 }

@@ -226,3 +226,36 @@ func FuzzFromTensors(f *testing.F) {
 		}
 	})
 }
+
+// The cgroup v1 memory controller, as Docker on a cgroup v1 host sets a
+// container's mem_limit.
+func TestCgroupV1(t *testing.T) {
+	for _, c := range []struct {
+		in, want string
+		ok       bool
+	}{
+		{"9:name=systemd:/\n4:memory:/docker/abc\n0::/\n", "/docker/abc", true},
+		{"3:cpu,memory:/x\n", "/x", true},
+		{"0::/user.slice\n", "", false},
+		{"4:memoryless:/y\n", "", false},
+	} {
+		if p, ok := CgroupV1MemoryPath(c.in); p != c.want || ok != c.ok {
+			t.Errorf("CgroupV1MemoryPath(%q) = %q %v", c.in, p, ok)
+		}
+	}
+	for _, c := range []struct {
+		lim, use string
+		want     int64
+		ok       bool
+	}{
+		{"1073741824\n", "73741824\n", 1<<30 - 73741824, true},
+		{"9223372036854771712\n", "5721571328\n", 0, false}, // no limit
+		{"209715200", "", 200 << 20, true},
+		{"104857600", "209715200", 0, true}, // over the limit: no room
+		{"x", "1", 0, false},
+	} {
+		if v, ok := CgroupV1Room(c.lim, c.use); v != c.want || ok != c.ok {
+			t.Errorf("CgroupV1Room(%q, %q) = %d %v", c.lim, c.use, v, ok)
+		}
+	}
+}

@@ -40,6 +40,30 @@ type Self struct {
 	KVUsed      int      `json:"kv_cells_used"`
 	KVTotal     int      `json:"kv_cells_total"`
 	MsPerLayer  float32  `json:"decode_ms_per_layer,omitempty"`
+	// Placement: what automatic placement is doing (nil: not a node, or
+	// fixed --layers and no move in progress).
+	Placement *Placement `json:"placement,omitempty"`
+}
+
+// Placement is a node's window and any move in progress
+// (docs/placement.md); BudgetBytes is 0 for a node given --layers.
+type Placement struct {
+	BudgetBytes int64 `json:"budget_bytes"`
+	Start       int   `json:"start"` // the window served now
+	End         int   `json:"end"`
+	// Loading is the window being loaded (a move or the first load);
+	// Draining the one being left: it admits no new session and is
+	// released once its sessions end or re-route.
+	Loading    *Window `json:"loading,omitempty"`
+	Draining   *Window `json:"draining,omitempty"`
+	Moves      int     `json:"moves"`
+	LastReason string  `json:"last_reason,omitempty"`
+}
+
+// Window is a layer range [Start, End).
+type Window struct {
+	Start int `json:"start"`
+	End   int `json:"end"`
 }
 
 // Model is one model on offer, with its coverage by live shards.

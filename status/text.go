@@ -43,6 +43,23 @@ func WriteText(w io.Writer, d *Document) error {
 	c := d.Counters
 	fmt.Fprintf(&b, "this node %s (%s): %d sessions active, %d admitted, %d refused, %d tokens served, %d re-routes\n",
 		short(d.Self.PeerID), d.Self.Role, c.SessionsActive, c.SessionsAdmitted, c.SessionsRefused, c.TokensServed, c.Reroutes)
+	if p := d.Self.Placement; p != nil {
+		b.WriteString("  placement:")
+		if p.BudgetBytes > 0 {
+			fmt.Fprintf(&b, " automatic, budget %d MiB,", p.BudgetBytes>>20)
+		}
+		fmt.Fprintf(&b, " serving layers %d-%d, %d move(s)", p.Start, p.End, p.Moves)
+		if p.Loading != nil {
+			fmt.Fprintf(&b, ", loading %d-%d", p.Loading.Start, p.Loading.End)
+		}
+		if p.Draining != nil {
+			fmt.Fprintf(&b, ", draining %d-%d", p.Draining.Start, p.Draining.End)
+		}
+		if p.LastReason != "" {
+			fmt.Fprintf(&b, "; last: %s", p.LastReason)
+		}
+		b.WriteString("\n")
+	}
 	for i, r := range d.Routes {
 		if i == 5 {
 			break

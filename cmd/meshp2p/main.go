@@ -27,7 +27,7 @@ func commands() []command {
 		{"serve", "serve an OpenAI-compatible HTTP API through the swarm", runServe},
 		{"status", "show the models, shards and routes the swarm offers", runStatus},
 		{"tracker", "run a tracker: relay, DHT server and signed route oracle", runTracker},
-		{"shard", "inspect | split | synth | verify GGUF models and shards", runShard},
+		{"shard", "inspect | split | synth | verify | ls | rm: GGUF models, shards and the shard cache", runShard},
 		{"key", "show | swarm-gen: node identity and private-swarm keys", runKey},
 		{"testnet", "build a network-namespace NAT test network", runTestnet},
 		{"version", "print version, llama.cpp revision and CPU features", runVersion},

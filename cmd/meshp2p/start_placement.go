@@ -18,7 +18,7 @@ type placementFlags struct {
 }
 
 func (p *placementFlags) register(fs *flag.FlagSet) {
-	fs.StringVar(&p.memory, "memory", "", "without --layers: memory budget for this node's layers, KV cache and buffers, e.g. 6G or 512M (default: available RAM, or the cgroup's memory.max room, minus 10%: at least 512 MiB, at most a quarter)")
+	fs.StringVar(&p.memory, "memory", "", "without --layers: memory budget for this node's layers, KV cache and buffers, e.g. 6G or 512M (default: available RAM, or the room under the cgroup's memory limit (v2 memory.max, v1 memory.limit_in_bytes), minus 10%: at least 512 MiB, at most a quarter)")
 	fs.DurationVar(&p.interval, "rebalance-interval", node.DefaultRebalanceInterval, "without --layers: how often the node checks whether moving its layer window would help the swarm (±25% jitter)")
 }
 

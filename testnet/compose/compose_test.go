@@ -34,7 +34,9 @@ type genJSON struct {
 // generate from a client behind router 1 (tokens equal to --local, route
 // relay -> a -> b), require the a -> b seam (home 1 to home 2) to be hole
 // punched and the direct connection to arrive from router 1's WAN address,
-// scale two more nodes in (--scale node=2, NODE_LAYERS=2-4), run the fit
+// scale two self-placing nodes in (--scale node=2, no NODE_LAYERS: sized by
+// their containers' memory limit, then by --memory), stop a and b, let the
+// two close the gap and generate through their windows, run the fit
 // profile (a model bigger than one container's memory limit: OOM-killed
 // whole, equal to --local across three limited containers), then tear
 // everything down, with the host's iptables, forwarding, links, addresses
@@ -68,7 +70,7 @@ func TestComposeTestnet(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute) // a hang guard: 46 s on a quiet 2-core machine, 3.5 min under load 10-20
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute) // a hang guard: 75-87 s on this 2-core machine at load 5-6
 	defer cancel()
 	env := append(os.Environ(), "MESHP2P_BIN="+bin, "MESHP2P_MODELS="+models,
 		"MESHP2P_COMPOSE_STATE=/tmp/meshp2p-compose-test", "COMPOSE_PROJECT_NAME=meshp2ptest", "MESHP2P_IMAGE=meshp2p:composetest",
@@ -153,26 +155,114 @@ func TestComposeTestnet(t *testing.T) {
 	}
 	t.Logf("b's established TCP peers: %v", peers)
 
-	// --scale: two more nodes behind router 2 with NODE_LAYERS=2-4; the
-	// client's status lists three peers serving 2-4.
-	env = append(env, "NODE_LAYERS=2-4")
-	if _, err := sh(ctx, "scale", "2"); err != nil {
+	// --scale without NODE_LAYERS: two nodes behind router 2 start without
+	// --layers and place themselves (docs/placement.md). First with the
+	// default budget: the room under the container's mem_limit (NODE_MEM,
+	// 1g) less the reserve, not the host's MemAvailable. Then again (the
+	// containers are recreated) with --memory 75.9M: by the placement
+	// estimate (node.ModelSizing; mostly fixed buffers) stories260K's
+	// windows need 74.7 MiB for one middle layer, +0.67 per layer, +1.13
+	// with the output head, so 75.9M holds at most 2 layers and the only
+	// window with the last layer is 4-5 (75.81). a and b stop; the two must
+	// split the gap 2-5 between them (2-4 and 4-5), and a generation
+	// through them equals --local. The one test-only
+	// value: a 3 s rebalance interval (default 2 min).
+	idRelay := nodeInfo(t, sh, ctx, "relay").PeerID
+	var ids string
+	scaleIn := func(nodeArgs, budgetFrom string) map[string]bool {
+		env = append(env, "NODE_ARGS=--rebalance-interval 3s "+nodeArgs)
+		t1 := time.Now()
+		if _, err := sh(ctx, "scale", "2"); err != nil {
+			t.Fatal(err)
+		}
+		ids, err = sh(ctx, "compose", "--profile", "scale", "ps", "-q", "node")
+		if err != nil {
+			t.Fatal(err)
+		}
+		scaled := map[string]bool{}
+		for _, id := range strings.Fields(ids) {
+			in := nodeInfo(t, sh, ctx, "", id)
+			lg, err := exec.CommandContext(ctx, "docker", "logs", id).CombinedOutput()
+			if err != nil {
+				t.Fatalf("docker logs %s: %v", id, err)
+			}
+			placing, chose := logLine(string(lg), "placing layers"), logLine(string(lg), "placement: chose layers")
+			from := strings.TrimPrefix(logField(placing, "budget_from="), "\"")
+			if !strings.HasPrefix(from, budgetFrom) || chose == "" {
+				t.Fatalf("scaled node %s did not place itself within a budget from %s:\n%s", id, budgetFrom, lg)
+			}
+			t.Logf("scaled node %s: layers %d-%d; %s", in.PeerID, in.Start, in.End, strings.TrimSpace(placing))
+			scaled[in.PeerID] = true
+		}
+		if len(scaled) != 2 {
+			t.Fatalf("%d scaled nodes, want 2", len(scaled))
+		}
+		m := clientStatus(t, sh, ctx)
+		seen := 0
+		for _, s := range m.Shards {
+			if scaled[s.Peer] && !s.Planned {
+				seen++
+			}
+		}
+		if seen != 2 || !m.Routable {
+			t.Fatalf("status: %d of the 2 scaled nodes serving, routable %v: %+v", seen, m.Routable, m)
+		}
+		t.Logf("scaled in %v: status replicas per layer %v", time.Since(t1).Round(time.Millisecond), m.Replicas)
+		return scaled
+	}
+	scaleIn("", "cgroup")
+	scaled := scaleIn("--memory 75.9M", "--memory")
+
+	if _, err := sh(ctx, "compose", "stop", "-t", "10", "a", "b"); err != nil {
 		t.Fatal(err)
 	}
-	st, err := sh(ctx, "compose", "run", "--rm", "-T", "client", "status", "--wait", "20s")
+	t2 := time.Now()
+	var m statusJSON
+	for {
+		m = clientStatus(t, sh, ctx)
+		ok := m.Routable
+		for _, s := range m.Shards {
+			ok = ok && (s.Peer == idRelay || scaled[s.Peer]) && !s.Planned
+		}
+		if ok {
+			break
+		}
+		if ctx.Err() != nil || time.Since(t2) > 90*time.Second {
+			t.Fatalf("the scaled nodes did not close the gap a and b left: %+v", m)
+		}
+		time.Sleep(2 * time.Second)
+	}
+	var windows []string
+	for _, s := range m.Shards {
+		windows = append(windows, fmt.Sprintf("%d-%d", s.Start, s.End))
+	}
+	t.Logf("a and b stopped: routable again on %v within %v", windows, time.Since(t2).Round(time.Millisecond))
+	sout, err = sh(ctx, "compose", "run", "--rm", "-T", "client", "generate", "--model", "stories260K", "--prompt", prompt,
+		"--max-tokens", maxTok, "--json", "--reachability", "private", "--dht-mode", "client", "--wait", "45s")
 	if err != nil {
 		t.Fatal(err)
 	}
-	n := 0
-	for _, l := range strings.Split(st, "\n") {
-		if f := strings.Fields(l); len(f) > 2 && f[0] == "layers" && f[1] == "2-4" {
-			n++
+	got = genJSON{}
+	if err := json.Unmarshal([]byte(sout), &got); err != nil {
+		t.Fatalf("client output %q: %v", sout, err)
+	}
+	hops := 0
+	for _, h := range got.Route {
+		if scaled[h.Peer] {
+			hops++
 		}
 	}
-	if n != 3 {
-		t.Fatalf("status lists %d peers serving 2-4, want 3 (a + 2 scaled):\n%s", n, st)
+	if fmt.Sprint(got.Tokens) != fmt.Sprint(want.Tokens) || hops != 2 {
+		t.Fatalf("through the self-placed nodes: %v (route %+v)\nlocal %v", got.Tokens, got.Route, want.Tokens)
 	}
-	t.Logf("scaled: status lists a and 2 --scale nodes on layers 2-4")
+	t.Logf("%d tokens through route %+v (2 self-placed hops) equal --local", len(got.Tokens), got.Route)
+	for _, id := range strings.Fields(ids) {
+		if lg, err := exec.CommandContext(ctx, "docker", "logs", id).CombinedOutput(); err == nil {
+			if mv := logLine(string(lg), "placement: moving"); mv != "" {
+				t.Logf("scaled node moved: %s", strings.TrimSpace(mv))
+			}
+		}
+	}
 
 	fout, err := sh(ctx, "fit")
 	if err != nil {
@@ -205,4 +295,84 @@ func establishedPeers(t *testing.T, procNetTCP string) []string {
 		}
 	}
 	return out
+}
+
+type nodeJSON struct {
+	PeerID     string `json:"peer_id"`
+	Start, End int
+}
+
+type shJSON func(context.Context, ...string) (string, error)
+
+// nodeInfo is a container's /data/node.json: of service svc, or of the
+// container id when svc is "".
+func nodeInfo(t *testing.T, sh shJSON, ctx context.Context, svc string, id ...string) nodeJSON {
+	t.Helper()
+	var out []byte
+	var err error
+	if svc != "" {
+		var s string
+		s, err = sh(ctx, "compose", "exec", "-T", svc, "cat", "/data/node.json")
+		out = []byte(s)
+	} else {
+		out, err = exec.CommandContext(ctx, "docker", "exec", id[0], "cat", "/data/node.json").Output()
+	}
+	var in nodeJSON
+	if err == nil {
+		err = json.Unmarshal(out, &in)
+	}
+	if err != nil || in.PeerID == "" {
+		t.Fatalf("node.json of %s%v: %v (%q)", svc, id, err, out)
+	}
+	return in
+}
+
+type statusJSON struct {
+	Name     string `json:"name"`
+	Routable bool   `json:"routable"`
+	Shards   []struct {
+		Peer       string `json:"peer"`
+		Start, End int
+		Planned    bool `json:"planned"`
+	} `json:"shards"`
+	Replicas []int `json:"replicas"`
+}
+
+// clientStatus is `status --json` from a client behind router 1: the
+// stories260K model's entry.
+func clientStatus(t *testing.T, sh shJSON, ctx context.Context) statusJSON {
+	t.Helper()
+	out, err := sh(ctx, "compose", "run", "--rm", "-T", "client", "status", "--json", "--wait", "20s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ms []statusJSON
+	if err := json.Unmarshal([]byte(out), &ms); err != nil {
+		t.Fatalf("status --json %q: %v", out, err)
+	}
+	for _, m := range ms {
+		if m.Name == "stories260K" || len(ms) == 1 {
+			return m
+		}
+	}
+	t.Fatalf("status --json: no stories260K: %s", out)
+	return statusJSON{}
+}
+
+// logLine is the last line of a log holding sub ("" when none).
+func logLine(log, sub string) string {
+	var l string
+	for _, s := range strings.Split(log, "\n") {
+		if strings.Contains(s, sub) {
+			l = s
+		}
+	}
+	return l
+}
+
+// logField is what follows key in a log line, up to the next space.
+func logField(line, key string) string {
+	_, v, _ := strings.Cut(line, key)
+	v, _, _ = strings.Cut(v, " ")
+	return v
 }

@@ -7,8 +7,9 @@
 #   testnet.sh check    generate through the NATed nodes (client behind
 #                       router 1), compare with --local, require the home-to-
 #                       home seam (a -> b) to be hole-punched (path=direct)
-#   testnet.sh scale N  N nodes behind router 2 serving NODE_LAYERS (all
-#                       layers without it): docker-compose --scale node=N
+#   testnet.sh scale N  N nodes behind router 2 (docker-compose --scale
+#                       node=N): each chooses its own layers within its
+#                       mem_limit (NODE_MEM), or serves NODE_LAYERS
 #   testnet.sh fit      a model bigger than one container's memory limit:
 #                       OOM-killed whole in one limited container, served by
 #                       three limited containers, output equal to --local
@@ -198,7 +199,7 @@ cmd_down() {
 	rm -rf "$MESHP2P_STATE"
 }
 
-# scale N: N more nodes behind router 2 (layers NODE_LAYERS, or all).
+# scale N: N more nodes behind router 2 (self-placing, or NODE_LAYERS).
 cmd_scale() {
 	dc --profile scale up -d --scale node="${1:?usage: testnet.sh scale N}" node
 	wait_healthy node
