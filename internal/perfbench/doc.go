@@ -9,5 +9,8 @@
 // session.Origin) over go-libp2p's simulated network (mocknet), whose
 // links deliver every write exactly h after it was made. Inside
 // testing/synctest that time is virtual and exact (TestRingLatencyFloorExact);
-// with real llama.cpp shards it is real time.
+// with real llama.cpp shards it is real time. The floor-tcp section checks
+// the floor through real TCP instead: real nodes on 127.0.0.1, each behind
+// an internal/delayproxy. The sessions-small section runs the many-sessions
+// ring on the committed stories260K, whose compute is small against h.
 package perfbench

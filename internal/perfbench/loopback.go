@@ -3,12 +3,16 @@ package perfbench
 import (
 	"context"
 	"fmt"
+	"net"
 	"os"
 	"time"
 
+	"github.com/libp2p/go-libp2p/core/network"
 	"github.com/libp2p/go-libp2p/core/peer"
+	"github.com/multiformats/go-multiaddr"
 
 	"github.com/neuron-tai/meshp2p/engine"
+	"github.com/neuron-tai/meshp2p/internal/delayproxy"
 	"github.com/neuron-tai/meshp2p/node"
 	"github.com/neuron-tai/meshp2p/session"
 )
@@ -21,12 +25,28 @@ type Loopback struct {
 	FP     string
 	NLayer int
 	dirs   []string
+	// delayed: each node listens behind a delayproxy (see StartDelayed).
+	delay   time.Duration
+	proxies []*delayproxy.Proxy
 }
 
 // StartLoopback starts one node per shard file with ec and a client node,
 // and waits until the client sees the whole model.
 func StartLoopback(ctx context.Context, shards []string, ec engine.Config) (*Loopback, error) {
-	lb := &Loopback{}
+	return startLoopback(ctx, shards, ec, 0)
+}
+
+// StartDelayed is StartLoopback with a one-way delay h on every link:
+// each node (the client too) listens on a loopback port behind its own
+// delayproxy and announces only the proxy's address, so every connection
+// between two nodes crosses exactly one proxy (the dialled node's) and
+// pays h in each direction. CheckProxied tells whether it did.
+func StartDelayed(ctx context.Context, shards []string, ec engine.Config, h time.Duration) (*Loopback, error) {
+	return startLoopback(ctx, shards, ec, h)
+}
+
+func startLoopback(ctx context.Context, shards []string, ec engine.Config, h time.Duration) (*Loopback, error) {
+	lb := &Loopback{delay: h}
 	network := fmt.Sprintf("perf%d", os.Getpid())
 	var boot []peer.AddrInfo
 	cfg := func() (node.Config, error) {
@@ -37,6 +57,13 @@ func StartLoopback(ctx context.Context, shards []string, ec engine.Config) (*Loo
 		lb.dirs = append(lb.dirs, d)
 		pc := node.Preset(node.PresetTest)
 		pc.Network, pc.DataDir, pc.Bootstrap = network, d, boot
+		if h > 0 {
+			listen, announce, err := lb.proxied(ctx)
+			if err != nil {
+				return node.Config{}, err
+			}
+			pc.ListenAddrs, pc.AnnounceAddrs = []string{listen}, []string{announce}
+		}
 		return node.Config{P2P: pc, Engine: ec, Logger: quiet, Hop: session.HopConfig{Idle: time.Minute, OpenTimeout: 30 * time.Second,
 			MaxSessionKV: -1, MaxSessionsPerPeer: -1, MaxKVPerPeer: -1}}, nil
 	}
@@ -63,7 +90,7 @@ func StartLoopback(ctx context.Context, shards []string, ec engine.Config) (*Loo
 		return nil, err
 	}
 	pc := node.TestRelax(node.Preset(node.PresetClient))
-	pc.Network, pc.DataDir, pc.Bootstrap, pc.ListenAddrs = c.P2P.Network, c.P2P.DataDir, c.P2P.Bootstrap, c.P2P.ListenAddrs
+	pc.Network, pc.DataDir, pc.Bootstrap, pc.ListenAddrs, pc.AnnounceAddrs = c.P2P.Network, c.P2P.DataDir, c.P2P.Bootstrap, c.P2P.ListenAddrs, c.P2P.AnnounceAddrs
 	c.P2P = pc
 	cl, err := node.Start(ctx, c)
 	if err != nil {
@@ -94,7 +121,54 @@ func (lb *Loopback) Close() {
 	for _, n := range lb.Nodes {
 		_ = n.Close()
 	}
+	for _, p := range lb.proxies {
+		_ = p.Close()
+	}
 	for _, d := range lb.dirs {
 		_ = os.RemoveAll(d)
 	}
+}
+
+// proxied picks a free loopback port for a node, starts a delayproxy in
+// front of it and returns the node's listen and announce addresses.
+func (lb *Loopback) proxied(ctx context.Context) (listen, announce string, err error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", "", err
+	}
+	port := ln.Addr().(*net.TCPAddr).Port
+	_ = ln.Close() // the node takes it over (a tiny race, fine for a bench)
+	p, err := delayproxy.Start(context.WithoutCancel(ctx), "127.0.0.1:0", fmt.Sprintf("127.0.0.1:%d", port), lb.delay)
+	if err != nil {
+		return "", "", err
+	}
+	lb.proxies = append(lb.proxies, p)
+	return fmt.Sprintf("/ip4/127.0.0.1/tcp/%d", port), fmt.Sprintf("/ip4/127.0.0.1/tcp/%d", p.Addr().Port), nil
+}
+
+// CheckProxied reports an error unless every outbound connection of every
+// node (each connection is outbound on one side) goes to a proxy.
+func (lb *Loopback) CheckProxied() error {
+	ports := map[string]bool{}
+	for _, p := range lb.proxies {
+		ports[fmt.Sprint(p.Addr().Port)] = true
+	}
+	all := append([]*node.Node{lb.Client}, lb.Nodes...)
+	n := 0
+	for _, nd := range all {
+		for _, c := range nd.P2P().Host().Network().Conns() {
+			if c.Stat().Direction != network.DirOutbound {
+				continue
+			}
+			port, err := c.RemoteMultiaddr().ValueForProtocol(multiaddr.P_TCP)
+			if _, circErr := c.RemoteMultiaddr().ValueForProtocol(multiaddr.P_CIRCUIT); circErr == nil || err != nil || !ports[port] {
+				return fmt.Errorf("connection %s -> %s bypasses the delay proxies (or is relayed)", c.LocalMultiaddr(), c.RemoteMultiaddr())
+			}
+			n++
+		}
+	}
+	if n == 0 {
+		return fmt.Errorf("no connections between the nodes")
+	}
+	return nil
 }
