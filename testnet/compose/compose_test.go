@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/neuron-tai/meshp2p/internal/testbin"
+	"github.com/neuron-tai/meshp2p/status"
 )
 
 type genJSON struct {
@@ -200,7 +201,7 @@ func TestComposeTestnet(t *testing.T) {
 		m := clientStatus(t, sh, ctx)
 		seen := 0
 		for _, s := range m.Shards {
-			if scaled[s.Peer] && !s.Planned {
+			if scaled[s.Peer] && s.Live && !s.Planned {
 				seen++
 			}
 		}
@@ -217,12 +218,13 @@ func TestComposeTestnet(t *testing.T) {
 		t.Fatal(err)
 	}
 	t2 := time.Now()
-	var m statusJSON
+	var m status.Model
 	for {
 		m = clientStatus(t, sh, ctx)
 		ok := m.Routable
 		for _, s := range m.Shards {
-			ok = ok && (s.Peer == idRelay || scaled[s.Peer]) && !s.Planned
+			// a's and b's adverts linger until they expire, listed dead
+			ok = ok && (!s.Live || (s.Peer == idRelay || scaled[s.Peer]) && !s.Planned)
 		}
 		if ok {
 			break
@@ -234,6 +236,9 @@ func TestComposeTestnet(t *testing.T) {
 	}
 	var windows []string
 	for _, s := range m.Shards {
+		if !s.Live {
+			continue
+		}
 		windows = append(windows, fmt.Sprintf("%d-%d", s.Start, s.End))
 	}
 	t.Logf("a and b stopped: routable again on %v within %v", windows, time.Since(t2).Round(time.Millisecond))
@@ -327,36 +332,25 @@ func nodeInfo(t *testing.T, sh shJSON, ctx context.Context, svc string, id ...st
 	return in
 }
 
-type statusJSON struct {
-	Name     string `json:"name"`
-	Routable bool   `json:"routable"`
-	Shards   []struct {
-		Peer       string `json:"peer"`
-		Start, End int
-		Planned    bool `json:"planned"`
-	} `json:"shards"`
-	Replicas []int `json:"replicas"`
-}
-
-// clientStatus is `status --json` from a client behind router 1: the
-// stories260K model's entry.
-func clientStatus(t *testing.T, sh shJSON, ctx context.Context) statusJSON {
+// clientStatus is `status --json` from a client behind router 1 (the
+// status document, package status): the stories260K model's entry.
+func clientStatus(t *testing.T, sh shJSON, ctx context.Context) status.Model {
 	t.Helper()
 	out, err := sh(ctx, "compose", "run", "--rm", "-T", "client", "status", "--json", "--wait", "20s")
 	if err != nil {
 		t.Fatal(err)
 	}
-	var ms []statusJSON
-	if err := json.Unmarshal([]byte(out), &ms); err != nil {
+	var doc status.Document
+	if err := json.Unmarshal([]byte(out), &doc); err != nil {
 		t.Fatalf("status --json %q: %v", out, err)
 	}
-	for _, m := range ms {
-		if m.Name == "stories260K" || len(ms) == 1 {
+	for _, m := range doc.Models {
+		if m.Name == "stories260K" {
 			return m
 		}
 	}
 	t.Fatalf("status --json: no stories260K: %s", out)
-	return statusJSON{}
+	return status.Model{}
 }
 
 // logLine is the last line of a log holding sub ("" when none).
