@@ -15,6 +15,10 @@ if [ "$(id -u)" != 0 ]; then
 	exit 0
 fi
 export DEBIAN_FRONTEND=noninteractive
-apt-get update -qq
-apt-get install -y -qq --no-install-recommends chromium fonts-dejavu-core >/dev/null
-echo "browser-deps: installed $(chromium --version 2>/dev/null || echo chromium)"
+# A failed install must not fail `make deps`: the browser test then skips,
+# naming what is missing.
+if apt-get update -qq && apt-get install -y -qq --no-install-recommends chromium fonts-dejavu-core >/dev/null; then
+	echo "browser-deps: installed $(chromium --version 2>/dev/null || echo chromium)"
+else
+	echo "browser-deps: could not install chromium (apt-get failed); the browser test will skip" >&2
+fi
