@@ -327,6 +327,14 @@ func (f *Fetcher) one(ctx context.Context, p peer.ID, fp string, j *job) error {
 			part.close()
 		}
 	}()
+	if part.complete() {
+		done = true
+		if err := part.finish(); err != nil {
+			f.Progress.unskip(int64(j.t.Bytes))
+			return err
+		}
+		return nil
+	}
 	sctx, cancel := context.WithTimeout(ctx, RequestTimeout)
 	s, err := f.Host.NewStream(sctx, p, f.Host.ProtocolID(ProtoTensor, ProtoVersion))
 	cancel()

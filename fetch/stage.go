@@ -100,6 +100,12 @@ func (s *Stage) open(want gguf.Digest, size int64, resume bool) (*partial, error
 	return p, nil
 }
 
+// complete reports whether every byte is there (a previous attempt was
+// stopped after the last byte but before finish): nothing is left to ask
+// a source for, and asking for zero bytes is an error to an HTTP server
+// (416) and a wasted request to a peer.
+func (p *partial) complete() bool { return p.n == p.size }
+
 // Write appends tensor bytes; more than the tensor's size is an error.
 func (p *partial) Write(b []byte) (int, error) {
 	if p.n+int64(len(b)) > p.size {

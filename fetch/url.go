@@ -41,10 +41,12 @@ func (u *URL) FetchTensors(ctx context.Context, st *Stage, m *gguf.Manifest, ts 
 			return err
 		}
 		p.skip(part.n)
-		err = u.get(ctx, m.File.DataOffset+int64(t.Offset)+part.n, int64(t.Bytes)-part.n, progressWriter{part, p})
-		if err != nil {
-			part.close()
-			return err
+		if !part.complete() {
+			err = u.get(ctx, m.File.DataOffset+int64(t.Offset)+part.n, int64(t.Bytes)-part.n, progressWriter{part, p})
+			if err != nil {
+				part.close()
+				return err
+			}
 		}
 		if err := part.finish(); err != nil {
 			if errors.Is(err, ErrBadData) {

@@ -192,6 +192,43 @@ func TestFetchFromURL(t *testing.T) {
 		}
 	})
 
+	t.Run("stopped after a tensor's last byte", func(t *testing.T) {
+		// A process killed between a tensor's last byte and its rename
+		// leaves a complete "<hash>.part": the next fetch must finish it
+		// without asking the server for zero bytes (HTTP 416).
+		ts, _ := gguf.ShardSources(md.m.File, rg)
+		st := &Stage{Dir: t.TempDir()}
+		whole, err := os.ReadFile(md.path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		first := ts[0]
+		at := md.m.File.DataOffset + int64(first.Offset)
+		h := md.m.DataHash(first)
+		if err := os.WriteFile(st.path(h)+".part", whole[at:at+int64(first.Bytes)], 0o644); err != nil {
+			t.Fatal(err)
+		}
+		u := &URL{URL: srv.URL + "/m.gguf"}
+		if _, _, err := u.Header(ctx); err != nil {
+			t.Fatal(err)
+		}
+		srv.quiesce(t)
+		srv.sent.Store(0)
+		if err := u.FetchTensors(ctx, st, md.m, ts, nil); err != nil {
+			t.Fatalf("fetch after a complete partial tensor: %v", err)
+		}
+		for _, ti := range ts {
+			if !st.Have(md.m.DataHash(ti), int64(ti.Bytes)) {
+				t.Fatalf("%s not staged", ti.Name)
+			}
+		}
+		need, _ := uniqueBytes(md.m, ts)
+		srv.quiesce(t)
+		if got := srv.sent.Load(); got != need-int64(first.Bytes) {
+			t.Fatalf("served %d tensor bytes, want %d (all but the staged tensor's %d)", got, need-int64(first.Bytes), first.Bytes)
+		}
+	})
+
 	t.Run("cancelled and resumed", func(t *testing.T) {
 		// A fetch stopped halfway keeps what it verified and the partial
 		// tensor; the next one downloads only the missing bytes.
