@@ -231,7 +231,6 @@ func (n *Node) fetchPeers(ctx context.Context, fc *FetchConfig, rp *gguf.Range) 
 			name = s.ModelName
 		}
 	}
-	dir := filepath.Join(n.cfg.P2P.DataDir, "shards", fp[:16])
 	var m *gguf.Manifest
 	mp := manifestPath(n.cfg.P2P.DataDir, fp)
 	if cached, err := gguf.ReadManifestFile(mp, fp); err == nil {
@@ -257,26 +256,53 @@ func (n *Node) fetchPeers(ctx context.Context, fc *FetchConfig, rp *gguf.Range) 
 	if err := gguf.ValidateRanges([]gguf.Range{r}, nl); err != nil {
 		return "", fmt.Errorf("--layers %s: %w", r, err)
 	}
-	out := filepath.Join(dir, gguf.ShardName(safeName(name, fp), r))
-	if _, err := gguf.CheckShard(ctx, out, fp, r); err == nil {
-		n.log.Info("using cached fetched shard", "path", out)
-		return out, nil
-	}
-	ts, err := gguf.ShardSources(m.File, r)
+	pl, err := n.planFetch(ctx, m, safeName(name, fp), r, fc.Progress)
 	if err != nil {
 		return "", err
 	}
-	st := &fetch.Stage{Dir: filepath.Join(dir, "staging")}
-	p := fetch.NewProgress(distinctBytes(m, ts), fc.Progress)
-	n.log.Info("fetching layers from peers", "model", fp, "layers", r.String(), "tensors", len(ts), "bytes", p.Total, "sources", len(sources))
+	if pl.cached {
+		return pl.out, nil
+	}
+	n.log.Info("fetching layers from peers", "model", fp, "layers", r.String(), "tensors", len(pl.ts), "bytes", pl.p.Total, "sources", len(sources))
 	t0 := time.Now()
-	fe := &fetch.Fetcher{Host: n.host, Stage: st, Log: n.log, Progress: p}
-	if err := fe.Fetch(ctx, m, fp, ts, sources); err != nil {
+	fe := &fetch.Fetcher{Host: n.host, Stage: pl.st, Log: n.log, Progress: pl.p}
+	if err := fe.Fetch(ctx, m, fp, pl.ts, sources); err != nil {
 		return "", err
 	}
-	p.Finish()
-	n.log.Info("fetched", "bytes", p.Downloaded(), "took", time.Since(t0).Round(time.Millisecond), "MiB_per_s", fmt.Sprintf("%.1f", p.Rate()/(1<<20)))
-	return n.assemble(ctx, st, m, r, out)
+	pl.p.Finish()
+	n.log.Info("fetched", "bytes", pl.p.Downloaded(), "took", time.Since(t0).Round(time.Millisecond), "MiB_per_s", fmt.Sprintf("%.1f", pl.p.Rate()/(1<<20)))
+	return n.assemble(ctx, pl.st, m, r, pl.out)
+}
+
+// fetchPlan is a fetch of layers r of a verified manifest: the shard file
+// it writes, the tensors it needs, their staging directory and progress.
+// cached: out already holds a valid shard, nothing to fetch.
+type fetchPlan struct {
+	out    string
+	cached bool
+	ts     []*gguf.TensorInfo
+	st     *fetch.Stage
+	p      *fetch.Progress
+}
+
+// planFetch lays out the fetch of layers r of model m (named base) in the
+// model's shard cache directory, or finds the shard already there.
+func (n *Node) planFetch(ctx context.Context, m *gguf.Manifest, base string, r gguf.Range, progress func(done, total int64, rate float64, eta time.Duration)) (*fetchPlan, error) {
+	fp := m.Fingerprint()
+	dir := filepath.Join(n.cfg.P2P.DataDir, "shards", fp[:16])
+	pl := &fetchPlan{out: filepath.Join(dir, gguf.ShardName(base, r))}
+	if _, err := gguf.CheckShard(ctx, pl.out, fp, r); err == nil {
+		n.log.Info("using cached fetched shard", "path", pl.out)
+		pl.cached = true
+		return pl, nil
+	}
+	var err error
+	if pl.ts, err = gguf.ShardSources(m.File, r); err != nil {
+		return pl, err
+	}
+	pl.st = &fetch.Stage{Dir: filepath.Join(dir, "staging")}
+	pl.p = fetch.NewProgress(distinctBytes(m, pl.ts), progress)
+	return pl, nil
 }
 
 func (n *Node) assemble(ctx context.Context, st *fetch.Stage, m *gguf.Manifest, r gguf.Range, out string) (string, error) {
@@ -398,25 +424,20 @@ func (n *Node) fetchURL(ctx context.Context, fc *FetchConfig, rp *gguf.Range) (s
 		if m.File.Size != u.Size() {
 			return "", fmt.Errorf("fetch %s: the swarm's manifest of model %.16s is for a %d-byte file, the server's is %d bytes", fc.Model, fp, m.File.Size, u.Size())
 		}
-		dir := filepath.Join(n.cfg.P2P.DataDir, "shards", fp[:16])
-		out := filepath.Join(dir, gguf.ShardName(safeName(base, fp), r))
-		if _, err := gguf.CheckShard(ctx, out, fp, r); err == nil {
-			n.log.Info("using cached fetched shard", "path", out)
-			return out, nil
-		}
-		ts, err := gguf.ShardSources(m.File, r)
+		pl, err := n.planFetch(ctx, m, safeName(base, fp), r, fc.Progress)
 		if err != nil {
 			return "", err
 		}
-		st := &fetch.Stage{Dir: filepath.Join(dir, "staging")}
-		p := fetch.NewProgress(distinctBytes(m, ts), fc.Progress)
+		if pl.cached {
+			return pl.out, nil
+		}
 		n.log.Info("downloading only this node's tensors by HTTP range requests, verified against a peer's manifest",
-			"url", fc.Model, "model", fp, "layers", r.String(), "bytes", p.Total, "file_bytes", u.Size())
-		if err := u.FetchTensors(ctx, st, m, ts, p); err != nil {
+			"url", fc.Model, "model", fp, "layers", r.String(), "bytes", pl.p.Total, "file_bytes", u.Size())
+		if err := u.FetchTensors(ctx, pl.st, m, pl.ts, pl.p); err != nil {
 			return "", err
 		}
-		p.Finish()
-		return n.assemble(ctx, st, m, r, out)
+		pl.p.Finish()
+		return n.assemble(ctx, pl.st, m, r, pl.out)
 	}
 	// First node of this model: nobody can vouch for the file, so stream it
 	// once to compute the fingerprint, keeping only our tensors.
