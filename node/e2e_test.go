@@ -260,14 +260,16 @@ func TestKillMiddleNode(t *testing.T) {
 							killed.Store(m)
 							// Abrupt: the host goes away (no advert
 							// withdrawal, no goodbye), streams reset.
-							// Its neighbours drop their connections
-							// first, the head first, as a crash looks to
-							// them: closing the host alone closes its
-							// connections one by one, and the dying hop
-							// could still report its lost downstream
-							// (blaming the innocent tail) to the head.
+							// It drops its connections to its
+							// neighbours first, the head first, so that
+							// to them the close is the remote's, as a
+							// crash looks. (Closing the host alone
+							// closes its connections one by one; the
+							// dying hop may then report its own close,
+							// blaming itself: TestOriginMetricsFollowAReroute
+							// runs that.)
 							for _, n := range []*Node{head, tail} {
-								_ = n.P2P().Host().Network().ClosePeer(m.P2P().ID())
+								_ = m.P2P().Host().Network().ClosePeer(n.P2P().ID())
 							}
 							_ = m.P2P().Host().Close()
 							return

@@ -3,6 +3,7 @@ package session
 import (
 	"context"
 	"strconv"
+	"sync"
 	"testing"
 
 	"github.com/libp2p/go-libp2p/core/network"
@@ -58,3 +59,44 @@ func TestRouteAddrsBounded(t *testing.T) {
 }
 
 func itoa(i int) string { return strconv.Itoa(i) }
+
+// A hop that closes its own link to the next hop (its host shutting down
+// closes connections one at a time; its connection manager may trim one)
+// blames itself, not the next hop, so the origin re-routes around it and
+// keeps the next hop: here the tail is the only one serving its layers, so
+// blaming it would end the generation.
+func TestHopClosingItsOwnLinkBlamesItself(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		close func(mid, tail *fakeHop)
+	}{
+		{"connection to the next hop closed here", func(mid, tail *fakeHop) { _ = mid.host.Network().ClosePeer(tail.host.ID()) }},
+		{"whole host closed", func(mid, _ *fakeHop) { _ = mid.host.Close() }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			head, tail := startHop(t, 0, 2, nil), startHop(t, 4, fakeNLay, nil)
+			mid, spare := startHop(t, 2, 4, nil), startHop(t, 2, 4, nil)
+			o, _ := newOrigin(t, stagePlanner{[][]*fakeHop{{head}, {mid, spare}, {tail}}}, head, mid, spare, tail)
+			var once sync.Once
+			mid.eng.mu.Lock()
+			mid.eng.onStep = func(steps int) {
+				if steps >= 5 {
+					once.Do(func() { tc.close(mid, tail) })
+				}
+			}
+			mid.eng.mu.Unlock()
+			prompt := []int32{3, 1, 4}
+			const maxTok = 30
+			res, err := o.Generate(context.Background(), GenerateRequest{Fingerprint: fakeFP, NLayer: fakeNLay, Prompt: prompt, MaxTokens: maxTok})
+			if err != nil {
+				t.Fatalf("generation failed (the tail was blamed for the middle hop's own close?): %v", err)
+			}
+			if res.Reroutes != 1 || res.Route.Hops[1].Peer != spare.host.ID() || res.Route.Hops[2].Peer != tail.host.ID() {
+				t.Fatalf("reroutes %d, final route %v; want 1 re-route onto the spare middle, same tail (failures %v)", res.Reroutes, res.Route.Hops, res.Failures)
+			}
+			if want := reference(prompt, maxTok, 0); !equal(res.Tokens, want) {
+				t.Fatalf("tokens %v\nwant   %v", res.Tokens, want)
+			}
+		})
+	}
+}

@@ -25,7 +25,7 @@ func (hs *hopSession) connect(ctx context.Context) *hopError {
 		addAddrs(h.host, np, next.GetAddrs())
 		ds, err := h.host.NewStream(ctx, np, h.host.ProtocolID(ProtoSession, ProtoVersion))
 		if err != nil {
-			return codeErr(meshp2pb.ErrorCode_ERROR_CODE_NEXT_HOP_UNREACHABLE, fmt.Sprintf("open stream to next hop %s: %v", np, err), np)
+			return linkErr(fmt.Sprintf("open stream to next hop %s", np), err, np, h.host.ID())
 		}
 		h.host.Protect(np, RouteProtectTag)
 		fwd := cloneOpen(hs.open)
@@ -33,7 +33,7 @@ func (hs *hopSession) connect(ctx context.Context) *hopError {
 		w, r := frame.NewWriter(ds, h.cfg.Limits), streamReader(ds, h.cfg.Limits)
 		if err := w.WriteStream(&meshp2pb.StreamMessage{Kind: &meshp2pb.StreamMessage_Open{Open: fwd}}); err != nil {
 			_ = ds.Reset()
-			return codeErr(meshp2pb.ErrorCode_ERROR_CODE_NEXT_HOP_UNREACHABLE, fmt.Sprintf("send open to %s: %v", np, err), np)
+			return linkErr(fmt.Sprintf("send open to %s", np), err, np, h.host.ID())
 		}
 		if dl, ok := ctx.Deadline(); ok {
 			_ = ds.SetReadDeadline(dl)
@@ -42,7 +42,7 @@ func (hs *hopSession) connect(ctx context.Context) *hopError {
 		_ = ds.SetReadDeadline(time.Time{})
 		if err != nil {
 			_ = ds.Reset()
-			return codeErr(meshp2pb.ErrorCode_ERROR_CODE_NEXT_HOP_UNREACHABLE, fmt.Sprintf("admission at %s: %v", np, err), np)
+			return linkErr(fmt.Sprintf("admission at %s", np), err, np, h.host.ID())
 		}
 		acc := msg.GetAccept()
 		if acc == nil || !acc.GetOk() {
@@ -65,14 +65,14 @@ func (hs *hopSession) connect(ctx context.Context) *hopError {
 		addAddrs(h.host, head, hops[0].GetAddrs())
 		rs, err := h.host.NewStream(ctx, head, h.host.ProtocolID(ProtoRing, ProtoVersion))
 		if err != nil {
-			return codeErr(meshp2pb.ErrorCode_ERROR_CODE_NEXT_HOP_UNREACHABLE, fmt.Sprintf("open ring to head %s: %v", head, err), head)
+			return linkErr(fmt.Sprintf("open ring to head %s", head), err, head, h.host.ID())
 		}
 		hello := cloneOpen(hs.open)
 		hello.HopIndex = uint32(hs.idx)
 		hs.ringOut.Swap(rs)
 		if err := hs.ringOut.Send(&meshp2pb.StreamMessage{Kind: &meshp2pb.StreamMessage_Open{Open: hello}}, 0); err != nil {
 			_ = rs.Reset()
-			return codeErr(meshp2pb.ErrorCode_ERROR_CODE_NEXT_HOP_UNREACHABLE, fmt.Sprintf("ring hello to head: %v", err), head)
+			return linkErr("ring hello to head", err, head, h.host.ID())
 		}
 		path := pathOf(h.host, rs)
 		h.log.Info("ring to head open", "session", hs.key, "head", head, "path", path.String())

@@ -194,7 +194,7 @@ func (hs *hopSession) activation(a *meshp2pb.ActivationHeader, tensors [][]byte,
 	msg := &meshp2pb.StreamMessage{Kind: &meshp2pb.StreamMessage_Token{Token: tf}}
 	path, t1 := hs.seamPath(hs.ringOut), time.Now()
 	if err := hs.ringOut.Send(msg, WriteDeadline(hs.h.cfg.Idle)); err != nil {
-		return codeErr(meshp2pb.ErrorCode_ERROR_CODE_NEXT_HOP_UNREACHABLE, fmt.Sprintf("ring to head: %v", err), hs.route[0])
+		return linkErr("ring to head", err, hs.route[0], hs.h.host.ID())
 	}
 	d := time.Since(t1)
 	hs.h.cfg.Observer.SeamWrite(path, proto.Size(msg), d)
@@ -218,7 +218,7 @@ func (hs *hopSession) sendDown(a *meshp2pb.ActivationHeader, hidden []float32, u
 	// win over our own idle timeout, which could not.
 	path, t1 := hs.seamPath(hs.down), time.Now()
 	if err := hs.down.SendActivation(hdr, payload, WriteDeadline(hs.h.cfg.Idle)); err != nil {
-		return codeErr(meshp2pb.ErrorCode_ERROR_CODE_NEXT_HOP_UNREACHABLE, fmt.Sprintf("send to next hop: %v", err), hs.route[hs.idx+1])
+		return linkErr("send to next hop", err, hs.route[hs.idx+1], hs.h.host.ID())
 	}
 	d := time.Since(t1)
 	hs.h.cfg.Observer.SeamWrite(path, len(payload), d)
@@ -263,7 +263,7 @@ func (hs *hopSession) readRing(rs network.Stream) {
 			select {
 			case <-hs.done:
 			default:
-				hs.fail(codeErr(meshp2pb.ErrorCode_ERROR_CODE_NEXT_HOP_UNREACHABLE, fmt.Sprintf("lost ring from tail %s: %v", tail, err), tail))
+				hs.fail(linkErr(fmt.Sprintf("lost ring from tail %s", tail), err, tail, hs.h.host.ID()))
 			}
 			return
 		}

@@ -4,7 +4,9 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/libp2p/go-libp2p/core/network"
 	"github.com/libp2p/go-libp2p/core/peer"
+	"github.com/libp2p/go-libp2p/p2p/net/swarm"
 
 	"github.com/neuron-tai/meshp2p/proto/frame"
 	"github.com/neuron-tai/meshp2p/proto/meshp2pb"
@@ -27,6 +29,31 @@ func codeErr(code meshp2pb.ErrorCode, msg string, failed peer.ID) *hopError {
 		e.FailedPeerId = []byte(failed)
 	}
 	return &hopError{e}
+}
+
+// closedHere reports whether err comes from this host closing the link
+// itself: its own end of the connection closed (the host shutting down, or
+// its connection manager) or its swarm closed. The peer at the other end
+// is then not at fault.
+func closedHere(err error) bool {
+	var ce *network.ConnError
+	if errors.As(err, &ce) && !ce.Remote {
+		return true
+	}
+	return errors.Is(err, swarm.ErrSwarmClosed)
+}
+
+// linkErr reports losing the link to other (a later hop, or the head on
+// the ring) with err: NEXT_HOP_UNREACHABLE blaming other, unless this
+// host closed the link itself (see closedHere), when me is the one to
+// re-route around. A host that is shutting down closes its connections one
+// at a time; without this, the first one closed would get an innocent
+// neighbour excluded over a connection still open.
+func linkErr(msg string, err error, other, me peer.ID) *hopError {
+	if closedHere(err) {
+		return codeErr(meshp2pb.ErrorCode_ERROR_CODE_SHUTTING_DOWN, fmt.Sprintf("%s: %v (closed by this hop)", msg, err), me)
+	}
+	return codeErr(meshp2pb.ErrorCode_ERROR_CODE_NEXT_HOP_UNREACHABLE, fmt.Sprintf("%s: %v", msg, err), other)
 }
 
 // engineErr maps an engine failure on hop me to its wire code. Input the

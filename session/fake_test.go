@@ -399,14 +399,15 @@ func startHopOn(t testing.TB, h *testHost, start, end int, tweak func(*HopConfig
 }
 
 // kill ends the hop like a crashed process: every connection to it drops
-// and it sends nothing more. The others drop their connections to it
-// first (the origin first, as given): closing its own host instead would
-// close its connections one by one, and a hop that is only shutting down
-// may still report the first closed one over another.
+// and it sends nothing more. It drops its connections to the others first
+// (the origin first, as given), so that to them the close is the remote's,
+// as a crash looks; then its host closes. (The others closing their ends
+// would look to them like their own doing: a hop that closes its own link
+// blames itself, see TestHopClosingItsOwnLinkBlamesItself.)
 func (f *fakeHop) kill(others ...*testHost) {
 	for _, h := range others {
 		if h != f.host {
-			_ = h.Network().ClosePeer(f.host.ID())
+			_ = f.host.Network().ClosePeer(h.ID())
 			h.Peerstore().ClearAddrs(f.host.ID())
 		}
 	}

@@ -128,7 +128,10 @@ func TestCapacityRefusalIsNotBlame(t *testing.T) {
 	head.eng.nCtx = len(prompt) + maxTok + 1 + 16 // one session, not two
 	head.eng.onClose = func(k Key) {
 		if k.Epoch == 1 {
-			<-head.eng.refused
+			select { // bounded: a failed run must not hang its cleanup
+			case <-head.eng.refused:
+			case <-time.After(10 * time.Second):
+			}
 		}
 	}
 	head.eng.mu.Unlock()

@@ -110,7 +110,7 @@ func (hs *hopSession) watchDownstream(s network.Stream, r *frame.Reader) {
 	case err == nil:
 		hs.fail(codeErr(meshp2pb.ErrorCode_ERROR_CODE_UNEXPECTED_MESSAGE, "unexpected message from next hop", next))
 	default:
-		hs.fail(codeErr(meshp2pb.ErrorCode_ERROR_CODE_NEXT_HOP_UNREACHABLE, fmt.Sprintf("lost next hop %s: %v", next, err), next))
+		hs.fail(linkErr(fmt.Sprintf("lost next hop %s", next), err, next, hs.h.host.ID()))
 	}
 }
 
@@ -163,6 +163,9 @@ func (hs *hopSession) fromUpstream(err error) *hopError {
 			e.FailedPeerId = []byte(p)
 		}
 		return &hopError{e}
+	}
+	if closedHere(err) {
+		return linkErr("lost previous hop", err, hs.upstreamPeer(), hs.h.host.ID())
 	}
 	return asHopError(err, hs.upstreamPeer())
 }
