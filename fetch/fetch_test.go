@@ -19,6 +19,8 @@ import (
 	"github.com/libp2p/go-libp2p/core/protocol"
 
 	"github.com/neuron-tai/meshp2p/engine/gguf"
+	"github.com/neuron-tai/meshp2p/proto/frame"
+	"github.com/neuron-tai/meshp2p/proto/meshp2pb"
 )
 
 // testHost is a real libp2p host on loopback.
@@ -182,5 +184,107 @@ func TestFetchFromPeersRejectsCorruptPeer(t *testing.T) {
 	fe2 := &Fetcher{Host: me, Stage: &Stage{Dir: t.TempDir()}, Log: slog.New(slog.NewTextHandler(logs, nil))}
 	if err := fe2.Fetch(ctx, m, md.fp, ts, srcs[:1]); err == nil || !strings.Contains(err.Error(), "no peer could send") {
 		t.Fatalf("only a bad peer: %v", err)
+	}
+}
+
+// A source that sends slower than the minimum rate is given up for that
+// tensor (its bytes stay staged) and the tensor comes from another; a
+// peer that sends a byte just inside the idle timeout cannot hold a
+// fetch for ever.
+func TestFetchLeavesASlowPeer(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	md := synthModel(t, 64)
+	rg := gguf.Range{Start: 4, End: 8}
+	slow, good, me := newHost(t), newHost(t), newHost(t)
+	connect(t, me, slow)
+	connect(t, me, good)
+	whole := md.split(t, gguf.Range{Start: 0, End: 12})
+	// 512 bytes/s: a 32 KiB tensor would take a minute from it.
+	if err := NewServer(slow, 512, nil).Add(md.fp, whole, md.raw); err != nil {
+		t.Fatal(err)
+	}
+	if err := NewServer(good, 0, nil).Add(md.fp, whole, md.raw); err != nil {
+		t.Fatal(err)
+	}
+	ts, err := gguf.ShardSources(md.m.File, rg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	logs := &logBuf{}
+	st := &Stage{Dir: filepath.Join(t.TempDir(), "staging")}
+	fe := &Fetcher{Host: me, Stage: st, Log: slog.New(slog.NewTextHandler(logs, nil)), MinRate: 64 << 10, Grace: 200 * time.Millisecond}
+	if err := fe.Fetch(ctx, md.m, md.fp, ts, []Source{{slow.ID(), 0, 12}, {good.ID(), 0, 12}}); err != nil {
+		t.Fatalf("%v\n%s", err, logs)
+	}
+	for _, ti := range ts {
+		if !st.Have(md.m.DataHash(ti), int64(ti.Bytes)) {
+			t.Fatalf("%s not staged", ti.Name)
+		}
+	}
+	if !strings.Contains(logs.String(), "peer sends too slowly") {
+		t.Fatalf("the slow peer was never given up:\n%s", logs)
+	}
+}
+
+// A fetcher that stops reading is reset by the server once its budget at
+// the minimum rate is spent, so it frees its transfer slots (time the
+// server waits in its own upload limit does not count against it).
+func TestServerResetsASlowReader(t *testing.T) {
+	md := synthModel(t, 512) // tensors of 1 MiB and more: over the stream's window
+	srvHost, me := newHost(t), newHost(t)
+	connect(t, me, srvHost)
+	sv := NewServer(srvHost, 0, nil)
+	sv.MinRate, sv.Grace = 1<<20, 200*time.Millisecond
+	if err := sv.Add(md.fp, md.split(t, gguf.Range{Start: 0, End: 12}), md.raw); err != nil {
+		t.Fatal(err)
+	}
+	var big *gguf.TensorInfo
+	for i, ti := range md.m.File.Tensors {
+		if big == nil || ti.Bytes > big.Bytes {
+			big = &md.m.File.Tensors[i]
+		}
+	}
+	ctx := context.Background()
+	request := func() (network.Stream, *meshp2pb.TensorResponse) {
+		t.Helper()
+		s, err := me.NewStream(ctx, srvHost.ID(), me.ProtocolID(ProtoTensor, ProtoVersion))
+		if err != nil {
+			t.Fatal(err)
+		}
+		lim := frame.Limits{MaxHeader: headerLimit}
+		if err := frame.NewWriter(s, lim).WriteMessage(&meshp2pb.TensorRequest{ModelFingerprint: md.fp, Name: big.Name, Length: big.Bytes}); err != nil {
+			t.Fatal(err)
+		}
+		var resp meshp2pb.TensorResponse
+		if err := frame.NewReader(s, lim).ReadMessage(&resp); err != nil {
+			t.Fatal(err)
+		}
+		return s, &resp
+	}
+	// Two transfers that never read hold both of this peer's slots.
+	for range MaxTransfersPerPeer {
+		s, resp := request()
+		if resp.GetError() != nil {
+			t.Fatalf("refused: %v", resp.GetError())
+		}
+		defer s.Reset()
+	}
+	// Within its budget (0.2 s + size at 1 MiB/s) plus slack, the server
+	// resets them and serves this peer again.
+	deadline := time.Now().Add(10 * time.Second) // IdleTimeout alone would take 30 s
+	for {
+		s, resp := request()
+		_ = s.Reset()
+		if resp.GetError() == nil {
+			break
+		}
+		if frame.Code(frame.FromProto(resp.GetError())) != meshp2pb.ErrorCode_ERROR_CODE_NO_CAPACITY {
+			t.Fatalf("unexpected refusal: %v", resp.GetError())
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the stalled transfers still hold the slots")
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 }

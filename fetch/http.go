@@ -38,7 +38,11 @@ type URL struct {
 	// Backoff (default 250 ms) doubling up to 8 s between attempts.
 	Retries int
 	Backoff time.Duration
-	Log     *slog.Logger
+	// Idle bounds the wait for the answer's headers and then for each
+	// read of its body (0: IdleTimeout); a server that stalls longer is
+	// cut off and the request retried from where it stopped.
+	Idle time.Duration
+	Log  *slog.Logger
 
 	size      int64
 	validator string // ETag (strong) or Last-Modified of the first answer
@@ -125,7 +129,45 @@ type permanent struct{ error }
 
 func (p permanent) Unwrap() error { return p.error }
 
+// ErrStalled means an HTTP server sent nothing for the idle timeout.
+var ErrStalled = errors.New("server stalled")
+
+// idleBody is a response body whose every read that returns data pushes
+// the idle watchdog back.
+type idleBody struct {
+	r  io.Reader
+	wd *time.Timer
+	d  time.Duration
+}
+
+func (b idleBody) Read(p []byte) (int, error) {
+	n, err := b.r.Read(p)
+	if n > 0 {
+		b.wd.Reset(b.d)
+	}
+	return n, err
+}
+
 func (u *URL) once(ctx context.Context, off, n int64, w io.Writer) (int64, error) {
+	idle := u.Idle
+	if idle <= 0 {
+		idle = IdleTimeout
+	}
+	rctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	stalled := fmt.Errorf("%w: nothing for %s", ErrStalled, idle)
+	wd := time.AfterFunc(idle, func() { cancel(stalled) })
+	defer wd.Stop()
+	k, err := u.request(rctx, off, n, idleBody{wd: wd, d: idle}, w)
+	if err != nil && ctx.Err() == nil && errors.Is(context.Cause(rctx), ErrStalled) {
+		err = fmt.Errorf("fetch: %s: bytes from %d: %w", u.URL, off+k, stalled)
+	}
+	return k, err
+}
+
+// request is one range request; body wraps the answer's body (its r is
+// set here).
+func (u *URL) request(ctx context.Context, off, n int64, body idleBody, w io.Writer) (int64, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u.URL, nil)
 	if err != nil {
 		return 0, permanent{err}
@@ -173,7 +215,8 @@ func (u *URL) once(ctx context.Context, off, n int64, w io.Writer) (int64, error
 	if start != off || end > off+n-1 {
 		return 0, permanent{fmt.Errorf("fetch: %s: asked for bytes %d-%d, got %d-%d", u.URL, off, off+n-1, start, end)}
 	}
-	k, err := io.Copy(w, io.LimitReader(resp.Body, end-start+1))
+	body.r = resp.Body
+	k, err := io.Copy(w, io.LimitReader(body, end-start+1))
 	if err == nil && k < end-start+1 {
 		err = io.ErrUnexpectedEOF
 	}

@@ -99,7 +99,14 @@ type Fetcher struct {
 	Progress *Progress // may be nil
 	// Attempts bounds how often one tensor is tried (default 6).
 	Attempts int
+	// MinRate (bytes/s) and Grace override the package's (0: those): a
+	// source slower than MinRate after Grace is given up for that tensor.
+	MinRate int64
+	Grace   time.Duration
 }
+
+// ErrTooSlow means a source sent a tensor slower than the minimum rate.
+var ErrTooSlow = errors.New("peer sends too slowly")
 
 // ErrNoSource means no source could deliver a tensor.
 var ErrNoSource = errors.New("no peer could send the tensor")
@@ -361,7 +368,8 @@ func (f *Fetcher) one(ctx context.Context, p peer.ID, fp string, j *job) error {
 	if resp.GetLength() != want {
 		return fmt.Errorf("%w: peer announced %d bytes, asked %d", ErrBadData, resp.GetLength(), want)
 	}
-	if err := copyIdle(s, part, int64(want), f.Progress); err != nil {
+	budget := transferBudget(int64(want), f.MinRate, f.Grace)
+	if err := copyIdle(s, part, int64(want), time.Now().Add(budget), f.Progress); err != nil {
 		return err
 	}
 	done = true
@@ -372,11 +380,17 @@ func (f *Fetcher) one(ctx context.Context, p peer.ID, fp string, j *job) error {
 	return nil
 }
 
-// copyIdle copies n bytes from s to w, each read bounded by IdleTimeout.
-func copyIdle(s network.Stream, w io.Writer, n int64, p *Progress) error {
+// copyIdle copies n bytes from s to w, each read bounded by IdleTimeout,
+// and all of them by deadline (ErrTooSlow past it).
+func copyIdle(s network.Stream, w io.Writer, n int64, deadline time.Time, p *Progress) error {
 	buf := make([]byte, 256<<10)
+	total, t0 := n, time.Now()
 	for n > 0 {
-		_ = s.SetReadDeadline(time.Now().Add(IdleTimeout))
+		now := time.Now()
+		if !now.Before(deadline) {
+			return fmt.Errorf("%w: %d of %d bytes in %s", ErrTooSlow, total-n, total, now.Sub(t0).Round(time.Millisecond))
+		}
+		_ = s.SetReadDeadline(now.Add(min(IdleTimeout, deadline.Sub(now))))
 		k, err := s.Read(buf[:min(int64(len(buf)), n)])
 		if k > 0 {
 			if _, werr := w.Write(buf[:k]); werr != nil {
@@ -388,6 +402,9 @@ func copyIdle(s network.Stream, w io.Writer, n int64, p *Progress) error {
 		if err != nil && n > 0 {
 			if errors.Is(err, io.EOF) {
 				return fmt.Errorf("stream ended %d bytes short", n)
+			}
+			if !time.Now().Before(deadline) {
+				return fmt.Errorf("%w: %d of %d bytes in %s (%v)", ErrTooSlow, total-n, total, time.Since(t0).Round(time.Millisecond), err)
 			}
 			return err
 		}

@@ -40,6 +40,15 @@ const (
 	// IdleTimeout bounds each write (and, on the fetcher, each read) of
 	// tensor data: a stream that makes no progress for this long is reset.
 	IdleTimeout = 30 * time.Second
+	// MinRate is the slowest a tensor transfer may run, in bytes per
+	// second, after Grace: a fetcher gives up on a source slower than this
+	// (and asks another; the bytes it has stay staged), and a server resets
+	// a fetcher that reads slower (time spent in its own upload limits
+	// does not count). Without it, a peer that sends (or reads) one byte
+	// just inside IdleTimeout would hold a transfer slot for ever.
+	MinRate = 16 << 10
+	// Grace is the time a transfer has on top of its bytes at MinRate.
+	Grace = RequestTimeout
 	// headerLimit bounds request and response headers.
 	headerLimit = 4 << 10
 )
@@ -67,6 +76,22 @@ type Server struct {
 	total   int
 	Served  func(n int64) // if set, counts tensor bytes sent (tests, metrics)
 	chunkSz int
+	// MinRate and Grace override the package's (0: those); set before
+	// the first request.
+	MinRate int64
+	Grace   time.Duration
+}
+
+// transferBudget is how long a transfer of n bytes may take at minRate
+// (bytes/s; 0: MinRate) after grace (0: Grace).
+func transferBudget(n, minRate int64, grace time.Duration) time.Duration {
+	if minRate <= 0 {
+		minRate = MinRate
+	}
+	if grace <= 0 {
+		grace = Grace
+	}
+	return grace + time.Duration(float64(n)/float64(minRate)*float64(time.Second))
 }
 
 type served struct {
@@ -256,6 +281,10 @@ func (s *Server) handleTensor(st network.Stream) {
 	}
 	src := io.NewSectionReader(f, sp.off+int64(off), int64(n))
 	buf := make([]byte, s.chunkSz)
+	// blocked is the time spent writing, that is waiting for the fetcher
+	// to read; past its budget the fetcher is too slow and is reset.
+	var blocked time.Duration
+	budget := transferBudget(int64(n), s.MinRate, s.Grace)
 	for {
 		k, rerr := src.Read(buf)
 		if k > 0 {
@@ -267,8 +296,14 @@ func (s *Server) handleTensor(st network.Stream) {
 					}
 				}
 			}
-			_ = st.SetWriteDeadline(time.Now().Add(IdleTimeout))
-			if _, err := st.Write(buf[:k]); err != nil {
+			t0 := time.Now()
+			_ = st.SetWriteDeadline(t0.Add(min(IdleTimeout, budget-blocked)))
+			_, err := st.Write(buf[:k])
+			blocked += time.Since(t0)
+			if err != nil {
+				if blocked >= budget {
+					s.log.Info("fetching peer reads too slowly; reset", "peer", p, "tensor", req.GetName(), "bytes", n, "budget", budget.Round(time.Millisecond))
+				}
 				_ = st.Reset()
 				return
 			}

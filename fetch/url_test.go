@@ -25,6 +25,7 @@ type fileServer struct {
 	sent      atomic.Int64
 	noRange   atomic.Bool
 	cutOnce   atomic.Int64 // >0: cut the next ranged answer after this many bytes
+	stallOnce atomic.Int64 // >0: stall the next ranged answer after this many bytes (until the client goes)
 	throttle  atomic.Int64 // bytes per 10 ms, 0: none
 	mtime     atomic.Int64 // unix seconds
 	path      string
@@ -46,10 +47,20 @@ type countingWriter struct {
 	http.ResponseWriter
 	s     *fileServer
 	limit int64 // cut after this many body bytes (0: never)
+	stall int64 // stall after this many body bytes (0: never)
+	ctx   context.Context
 	n     int64
 }
 
 func (w *countingWriter) Write(b []byte) (int, error) {
+	if w.stall > 0 && w.n+int64(len(b)) > w.stall {
+		k, _ := w.ResponseWriter.Write(b[:w.stall-w.n])
+		w.n += int64(k)
+		w.s.sent.Add(int64(k))
+		w.ResponseWriter.(http.Flusher).Flush()
+		<-w.ctx.Done() // a live connection that sends nothing more
+		return k, w.ctx.Err()
+	}
 	if w.limit > 0 && w.n+int64(len(b)) > w.limit {
 		b = b[:w.limit-w.n]
 		k, _ := w.ResponseWriter.Write(b)
@@ -94,11 +105,13 @@ func newFileServer(t testing.TB, path string) *fileServer {
 			return
 		}
 		defer f.Close()
-		cw := &countingWriter{ResponseWriter: w, s: fs}
+		cw := &countingWriter{ResponseWriter: w, s: fs, ctx: r.Context()}
 		if fs.noRange.Load() {
 			r.Header.Del("Range")
 		} else if c := fs.cutOnce.Swap(0); c > 0 && r.Header.Get("Range") != "" {
 			cw.limit = c
+		} else if c := fs.stallOnce.Swap(0); c > 0 && r.Header.Get("Range") != "" {
+			cw.stall = c
 		}
 		http.ServeContent(cw, r, "m.gguf", time.Unix(fs.mtime.Load(), 0), f)
 	})
@@ -189,6 +202,32 @@ func TestFetchFromURL(t *testing.T) {
 			if !st.Have(md.m.DataHash(ti), int64(ti.Bytes)) {
 				t.Fatalf("%s not staged", ti.Name)
 			}
+		}
+	})
+
+	t.Run("server stalls mid-tensor", func(t *testing.T) {
+		// The connection stays up but no byte comes: the idle watchdog
+		// cuts the request and the retry resumes where it stopped.
+		logs := &logBuf{}
+		u := &URL{URL: srv.URL + "/m.gguf", Backoff: time.Millisecond, Idle: 300 * time.Millisecond, Log: slog.New(slog.NewTextHandler(logs, nil))}
+		if _, _, err := u.Header(ctx); err != nil {
+			t.Fatal(err)
+		}
+		ts, _ := gguf.ShardSources(md.m.File, rg)
+		st := &Stage{Dir: t.TempDir()}
+		srv.stallOnce.Store(int64(ts[0].Bytes / 2))
+		sctx, cancel := context.WithTimeout(ctx, 20*time.Second) // without the watchdog this would hang
+		defer cancel()
+		if err := u.FetchTensors(sctx, st, md.m, ts, nil); err != nil {
+			t.Fatal(err)
+		}
+		for _, ti := range ts {
+			if !st.Have(md.m.DataHash(ti), int64(ti.Bytes)) {
+				t.Fatalf("%s not staged", ti.Name)
+			}
+		}
+		if !strings.Contains(logs.String(), "server stalled: nothing for 300ms") {
+			t.Fatalf("the stall was not retried and logged:\n%s", logs)
 		}
 	})
 
