@@ -207,6 +207,38 @@ func TestAdmissionQuotas(t *testing.T) {
 	}
 }
 
+// A trusted origin (an API gateway carrying many users) is not held to
+// the per-origin quota, only to the shard's own slots; other origins are.
+func TestTrustedOriginSkipsQuota(t *testing.T) {
+	gw, other := newTestHost(t), newTestHost(t)
+	whole := startHop(t, 0, 6, func(c *HopConfig) { c.TrustedOrigins = map[peer.ID]bool{gw.ID(): true} }) // 4 slots
+	connectAll(gw, other, whole.host)
+	var held []network.Stream
+	defer func() {
+		for _, s := range held {
+			_ = s.Reset()
+		}
+		waitReleased(t, whole)
+	}()
+	for i := range 3 { // the quota would stop an origin at 2
+		s, m := rawOpen(t, gw, whole.host.ID(), openFor(whole, 1, 8))
+		held = append(held, s)
+		if !m.GetAccept().GetOk() {
+			t.Fatalf("trusted origin's session %d refused: %v", i+1, m)
+		}
+	}
+	s, m := rawOpen(t, other, whole.host.ID(), openFor(whole, 1, 8))
+	held = append(held, s)
+	if !m.GetAccept().GetOk() {
+		t.Fatalf("the last slot refused to another origin: %v", m)
+	}
+	s, m = rawOpen(t, gw, whole.host.ID(), openFor(whole, 1, 8))
+	held = append(held, s)
+	if m.GetAccept().GetOk() || m.GetAccept().GetError().GetCode() != meshp2pb.ErrorCode_ERROR_CODE_NO_CAPACITY {
+		t.Fatalf("a fifth session on 4 slots: %v", m)
+	}
+}
+
 // Item 4: an admitted session that never sends a frame is freed after
 // FirstFrame, long before the idle timeout, with a TIMEOUT report.
 func TestFirstFrameTimeout(t *testing.T) {

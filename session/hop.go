@@ -35,6 +35,11 @@ type HopConfig struct {
 	// (0: a DefaultPeerShareDivisor-th of the shard's slots and cells;
 	// negative: no quota).
 	MaxSessionsPerPeer, MaxKVPerPeer int
+	// TrustedOrigins are origin peers the head's per-origin quota does not
+	// apply to (an API gateway that carries many users' sessions); they
+	// are still bounded by the shard's slots, its KV cells and
+	// MaxSessionKV. Read-only after NewHopService.
+	TrustedOrigins map[peer.ID]bool
 	// Admit, if set, runs after the built-in checks (model, range, route
 	// shape, sender) and may refuse the session with an error to send back
 	// (e.g. a missing or invalid route ticket: TicketAdmission). idx is
