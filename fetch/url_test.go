@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -358,6 +359,78 @@ func TestFetchFromURL(t *testing.T) {
 		}
 	})
 
+	t.Run("first node's pass killed and resumed", func(t *testing.T) {
+		// The streaming pass stopped halfway: the next pass starts at the
+		// first tensor the journal lacks, not at the start of the file,
+		// and still yields the model's fingerprint and a correct shard.
+		st := &Stage{Dir: t.TempDir()}
+		cctx, ccancel := context.WithCancel(ctx)
+		defer ccancel()
+		var f *gguf.File
+		var hdr []byte
+		var data int64
+		srv.sent.Store(0)
+		stopAt := func(n int64) {
+			if data > 0 && n > headerChunk+data/2 {
+				ccancel()
+			}
+		}
+		srv.afterSent.Store(&stopAt)
+		srv.throttle.Store(64 << 10)
+		u := &URL{URL: srv.URL + "/m.gguf"}
+		f, hdr, err := u.Header(cctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		last := f.Tensors[len(f.Tensors)-1]
+		data = int64(last.Offset + last.Bytes)
+		ts, _ := gguf.ShardSources(f, rg)
+		keep := map[string]bool{}
+		for _, ti := range ts {
+			keep[ti.Name] = true
+		}
+		keepFn := func(ti *gguf.TensorInfo) bool { return keep[ti.Name] }
+		_, err = u.StreamAll(cctx, st, f, hdr, keepFn, nil)
+		srv.afterSent.Store(nil)
+		srv.throttle.Store(0)
+		srv.quiesce(t)
+		if !errors.Is(err, context.Canceled) {
+			t.Fatalf("killed pass: %v", err)
+		}
+		first := srv.sent.Load() - headerChunk
+
+		srv.sent.Store(0)
+		logs := &logBuf{}
+		u = &URL{URL: srv.URL + "/m.gguf", Log: slog.New(slog.NewTextHandler(logs, nil))}
+		f, hdr, err = u.Header(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		m, err := u.StreamAll(ctx, st, f, hdr, keepFn, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		srv.quiesce(t)
+		second := srv.sent.Load() - headerChunk
+		if m.Fingerprint() != md.fp {
+			t.Fatalf("resumed pass: fingerprint %s, want %s", m.Fingerprint(), md.fp)
+		}
+		if second >= data || first+second < data || !strings.Contains(logs.String(), "resuming the streaming pass") {
+			t.Fatalf("data section %d bytes: the killed pass read %d, the resumed one %d (want less than all, none skipped)\n%s", data, first, second, logs)
+		}
+		out := filepath.Join(t.TempDir(), "s.gguf")
+		if _, err := st.Assemble(ctx, m, rg, out); err != nil {
+			t.Fatal(err)
+		}
+		if got, _ := os.ReadFile(out); !bytes.Equal(got, want) {
+			t.Fatal("resumed first-node shard differs from shard split's")
+		}
+		if _, err := os.Stat(filepath.Join(st.Dir, journalName)); !os.IsNotExist(err) {
+			t.Fatalf("journal left after a finished pass: %v", err)
+		}
+		t.Logf("data section %d bytes: killed pass read %d, resumed pass %d (%.0f%% of it)", data, first, second, 100*float64(second)/float64(data))
+	})
+
 	t.Run("server ignores Range", func(t *testing.T) {
 		srv.noRange.Store(true)
 		defer srv.noRange.Store(false)
@@ -432,4 +505,41 @@ func (s *Stage) files(t testing.TB) []string {
 		out = append(out, e.Name())
 	}
 	return out
+}
+
+// The journal is trusted only for the file it names and only up to its
+// first line that is torn, out of order, or names a kept tensor no longer
+// staged.
+func TestStreamJournalLoad(t *testing.T) {
+	md := synthModel(t, 64)
+	f := md.m.File
+	st := &Stage{Dir: t.TempDir()}
+	line := func(i int) string { return fmt.Sprintf("%d %s\n", i, md.m.DataHash(&f.Tensors[i]).String()) }
+	const ident = "meshp2p-stream 1 100 \"etag\""
+	none := func(*gguf.TensorInfo) bool { return false }
+	for _, tc := range []struct {
+		name string
+		body string
+		keep func(*gguf.TensorInfo) bool
+		want int
+	}{
+		{"three tensors", ident + "\n" + line(0) + line(1) + line(2), none, 3},
+		{"torn last line", ident + "\n" + line(0) + line(1) + line(2)[:10], none, 2},
+		{"another file", "meshp2p-stream 1 100 \"other\"\n" + line(0), none, 0},
+		{"index gap", ident + "\n" + line(0) + line(2), none, 1},
+		{"kept tensor not staged", ident + "\n" + line(0) + line(1), func(ti *gguf.TensorInfo) bool { return ti.Name == f.Tensors[1].Name }, 1},
+		{"empty", "", none, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := filepath.Join(t.TempDir(), journalName)
+			if err := os.WriteFile(p, []byte(tc.body), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			j := &journal{path: p, ident: ident}
+			hashes := make([]gguf.Digest, len(f.Tensors))
+			if got := j.load(f, st, tc.keep, hashes); got != tc.want {
+				t.Fatalf("load = %d tensors, want %d", got, tc.want)
+			}
+		})
+	}
 }
