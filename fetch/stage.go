@@ -47,6 +47,24 @@ func (s *Stage) Partial(h gguf.Digest) int64 {
 // Remove deletes the staging directory (after the shard is written).
 func (s *Stage) Remove() error { return os.RemoveAll(s.Dir) }
 
+// Put stages tensor h of size bytes from r (a copy the caller already
+// holds, such as a shard file's), checked like a download: bytes that do
+// not hash to h are not staged (ErrBadData).
+func (s *Stage) Put(h gguf.Digest, size int64, r io.Reader) error {
+	if s.Have(h, size) {
+		return nil
+	}
+	p, err := s.open(h, size, false)
+	if err != nil {
+		return err
+	}
+	if _, err := io.CopyN(p, r, size); err != nil {
+		p.discard()
+		return err
+	}
+	return p.finish()
+}
+
 // partial is one tensor being written: appended to "<hex>.part", hashed as
 // it arrives, renamed to "<hex>" when complete and matching.
 type partial struct {

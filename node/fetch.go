@@ -157,10 +157,12 @@ func (n *Node) cachedShard(ctx context.Context, model string, r gguf.Range) stri
 
 // chooseFetchRange picks the window of a fetched model without --layers
 // with the placement code, from the header's sizes and the swarm now (fp
-// may be "" for the first node of a model: no other windows are known).
-// The window does not move later (the node holds only these layers).
+// may be "" for the first node of a model: no other windows are known),
+// and sets up the node's placement: once it serves the window it
+// rebalances like a node with the whole file, fetching the window it
+// moves to (fetchWindow).
 func (n *Node) chooseFetchRange(ctx context.Context, f *gguf.File, fp string) (gguf.Range, error) {
-	sz, _, err := fileSizing(f, n.cfg.Engine)
+	sz, in, err := fileSizing(f, n.cfg.Engine)
 	if err != nil {
 		return gguf.Range{}, err
 	}
@@ -185,9 +187,113 @@ func (n *Node) chooseFetchRange(ctx context.Context, f *gguf.File, fp string) (g
 	if !ok {
 		return gguf.Range{}, fmt.Errorf("memory budget %s (%s) holds no window of this model; pass a larger --memory or --layers", mib(budget), src)
 	}
+	n.placement = &placementState{cfg: *n.cfg.Placement, sizing: sz, budget: budget, rng: rng, nEmbd: in.NEmbd, arch: in.Architecture,
+		shardFor: n.fetchWindow}
 	r := gguf.Range{Start: c.Range.Start, End: c.Range.End}
-	n.log.Info("placement chose the layers to fetch (a fetched window does not move)", "range", r.String(), "why", choiceWhy(c), "budget", mib(budget))
+	n.log.Info("placement chose the layers to fetch (a move later fetches the new window)", "range", r.String(), "why", choiceWhy(c), "budget", mib(budget))
 	return r, nil
+}
+
+// fetchedModel is what a self-placing node that fetched its window needs
+// to fetch another: the verified manifest, the shard files' base name,
+// and the URL (nil: from peers).
+type fetchedModel struct {
+	m    *gguf.Manifest
+	base string
+	url  *fetch.URL
+}
+
+// recordFetched records where a self-placing node's model comes from (nothing
+// for a node given --layers).
+func (n *Node) recordFetched(fm *fetchedModel) {
+	if n.placement != nil {
+		n.placement.fetched = fm
+	}
+}
+
+// fetchWindow is placementState.shardFor of a self-placing node without
+// the model file: it fetches layers r like the start did (planFetch,
+// staging, verification against the manifest), from the peers that serve
+// them now or by range requests from the URL. The tensors of the window
+// it serves now are staged from its own shard, not downloaded again.
+func (n *Node) fetchWindow(ctx context.Context, r gguf.Range) (string, error) {
+	fm := n.placement.fetched
+	if fm == nil {
+		return "", errors.New("no manifest to fetch a window with")
+	}
+	fp := fm.m.Fingerprint()
+	pl, err := n.planFetch(ctx, fm.m, fm.base, r, nil)
+	if err != nil {
+		return "", err
+	}
+	if pl.cached {
+		return pl.out, nil
+	}
+	n.mu.Lock()
+	cur := n.shardPath
+	n.mu.Unlock()
+	reused := n.stageHeld(ctx, pl, fm.m, cur)
+	t0 := time.Now()
+	if fm.url != nil {
+		n.log.Info("placement: downloading the new window's tensors by HTTP range requests", "url", fm.url.URL, "layers", r.String(),
+			"bytes", pl.p.Total, "reused_from_current_window", reused)
+		err = fm.url.FetchTensors(ctx, pl.st, fm.m, pl.ts, pl.p)
+	} else {
+		var sources []fetch.Source
+		for _, s := range n.table.Shards(fp) {
+			// Not this node, nor a window still loading (no tensors yet).
+			if s.Peer == n.p2p.ID() || s.NLayer != n.nLayer || s.Capacity.GetMaxSessions() == 0 {
+				continue
+			}
+			sources = append(sources, fetch.Source{Peer: s.Peer, Start: s.Start, End: s.End})
+		}
+		n.log.Info("placement: fetching the new window's tensors from peers", "layers", r.String(), "tensors", len(pl.ts),
+			"bytes", pl.p.Total, "reused_from_current_window", reused, "sources", len(sources))
+		fe := &fetch.Fetcher{Host: n.host, Stage: pl.st, Log: n.log, Progress: pl.p}
+		err = fe.Fetch(ctx, fm.m, fp, pl.ts, sources)
+	}
+	if err != nil {
+		return "", fmt.Errorf("fetching layers %s: %w", r, err)
+	}
+	pl.p.Finish()
+	n.log.Info("fetched", "bytes", pl.p.Downloaded(), "took", time.Since(t0).Round(time.Millisecond))
+	return n.assemble(ctx, pl.st, fm.m, r, pl.out)
+}
+
+// stageHeld copies into pl's staging the tensors pl needs that the shard
+// at path (the window the node serves) holds, each checked against the
+// manifest like a download; it returns the bytes staged.
+func (n *Node) stageHeld(ctx context.Context, pl *fetchPlan, m *gguf.Manifest, path string) int64 {
+	if path == "" {
+		return 0
+	}
+	f, err := gguf.Open(path)
+	if err != nil {
+		return 0
+	}
+	defer f.Close()
+	names, _, err := gguf.ShardSourceNames(f)
+	if err != nil {
+		return 0
+	}
+	var staged int64
+	for _, t := range pl.ts {
+		name, ok := names[t.Name]
+		if !ok || ctx.Err() != nil {
+			continue
+		}
+		st, ok := f.Tensor(name)
+		h := m.DataHash(t)
+		if !ok || st.Bytes != t.Bytes || pl.st.Have(h, int64(t.Bytes)) {
+			continue
+		}
+		if err := pl.st.Put(h, int64(t.Bytes), f.TensorData(st)); err != nil {
+			n.log.Debug("tensor not reused from the current window", "tensor", t.Name, "err", err)
+			continue
+		}
+		staged += int64(t.Bytes)
+	}
+	return staged
 }
 
 func (n *Node) fetchPeers(ctx context.Context, fc *FetchConfig, rp *gguf.Range) (string, error) {
@@ -256,6 +362,7 @@ func (n *Node) fetchPeers(ctx context.Context, fc *FetchConfig, rp *gguf.Range) 
 	if err := gguf.ValidateRanges([]gguf.Range{r}, nl); err != nil {
 		return "", fmt.Errorf("--layers %s: %w", r, err)
 	}
+	n.recordFetched(&fetchedModel{m: m, base: safeName(name, fp)})
 	pl, err := n.planFetch(ctx, m, safeName(name, fp), r, fc.Progress)
 	if err != nil {
 		return "", err
@@ -424,6 +531,7 @@ func (n *Node) fetchURL(ctx context.Context, fc *FetchConfig, rp *gguf.Range) (s
 		if m.File.Size != u.Size() {
 			return "", fmt.Errorf("fetch %s: the swarm's manifest of model %.16s is for a %d-byte file, the server's is %d bytes", fc.Model, fp, m.File.Size, u.Size())
 		}
+		n.recordFetched(&fetchedModel{m: m, base: safeName(base, fp), url: u})
 		pl, err := n.planFetch(ctx, m, safeName(base, fp), r, fc.Progress)
 		if err != nil {
 			return "", err
@@ -463,6 +571,7 @@ func (n *Node) fetchURL(ctx context.Context, fc *FetchConfig, rp *gguf.Range) (s
 	if err := writeAtomic(manifestPath(n.cfg.P2P.DataDir, fp), m.Marshal()); err != nil {
 		return "", err
 	}
+	n.recordFetched(&fetchedModel{m: m, base: safeName(base, fp), url: u})
 	out := filepath.Join(n.cfg.P2P.DataDir, "shards", fp[:16], gguf.ShardName(safeName(base, fp), r))
 	return n.assemble(ctx, st, m, r, out)
 }

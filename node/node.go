@@ -27,6 +27,7 @@ import (
 	"github.com/neuron-tai/meshp2p/fetch"
 	"github.com/neuron-tai/meshp2p/metrics"
 	"github.com/neuron-tai/meshp2p/p2p"
+	"github.com/neuron-tai/meshp2p/placement"
 	"github.com/neuron-tai/meshp2p/proto/frame"
 	"github.com/neuron-tai/meshp2p/proto/meshp2pb"
 	"github.com/neuron-tai/meshp2p/route"
@@ -196,6 +197,17 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 		}
 		n.wg.Add(1)
 		go func() { defer n.wg.Done(); n.advertLoop(bg) }()
+		if ps := n.placement; ps != nil && ps.fetched != nil {
+			// A self-placing node that fetched its window (fetch.go)
+			// rebalances like one with the whole file; a move fetches
+			// the new window (fetchWindow).
+			if n.manifest == nil {
+				n.manifest = ps.fetched.m.Marshal()
+			}
+			ps.reb = placement.NewRebalancer(ps.sizing, ps.budget, ps.rng)
+			n.wg.Add(1)
+			go func() { defer n.wg.Done(); n.rebalanceLoop(bg) }()
+		}
 	} else if cfg.ModelPath != "" {
 		if err := n.startPlaced(ctx, bg); err != nil {
 			n.Close()

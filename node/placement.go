@@ -98,6 +98,12 @@ type placementState struct {
 	reb    *placement.Rebalancer
 	nEmbd  int
 	arch   string
+	// shardFor gets the shard file of a window: cut from the whole model
+	// file (cutShard), or fetched from peers or a URL (fetchWindow).
+	shardFor func(ctx context.Context, r gguf.Range) (string, error)
+	// fetched is where a node without the model file fetches windows
+	// from (nil for a node with the file).
+	fetched *fetchedModel
 }
 
 // modelShape is n_embd and the architecture for a planned window's advert
@@ -181,6 +187,7 @@ func (n *Node) startPlaced(ctx, bg context.Context) error {
 		return err
 	}
 	ps := &placementState{cfg: *cfg.Placement, sizing: sz, budget: cfg.Placement.Memory, nEmbd: in.NEmbd, arch: in.Architecture}
+	ps.shardFor = n.cutShard
 	src := "--memory"
 	if ps.budget <= 0 {
 		if ps.budget, src, err = placement.Budget(); err != nil {
@@ -267,14 +274,30 @@ func (ls *loadedShard) close() {
 	ls.model.Close()
 }
 
-// loadRange cuts (or finds cached) the shard for r, loads and calibrates it.
-func (n *Node) loadRange(ctx context.Context, r gguf.Range) (*loadedShard, error) {
+// cutShard cuts (or finds cached) the shard for r from the whole model
+// file.
+func (n *Node) cutShard(ctx context.Context, r gguf.Range) (string, error) {
 	path, fp, _, err := prepareShard(ctx, n.cfg.P2P.DataDir, n.cfg.ModelPath, r, n.cfg.SplitProgress, n.log)
 	if err != nil {
-		return nil, err
+		return "", err
 	}
 	if fp != n.fp {
-		return nil, fmt.Errorf("model file changed: fingerprint %.16s, serving %.16s", fp, n.fp)
+		return "", fmt.Errorf("model file changed: fingerprint %.16s, serving %.16s", fp, n.fp)
+	}
+	return path, nil
+}
+
+// loadRange gets the shard for r (placementState.shardFor: cut from the
+// whole file or fetched; cut for a node without placement), loads and
+// calibrates it.
+func (n *Node) loadRange(ctx context.Context, r gguf.Range) (*loadedShard, error) {
+	shardFor := n.cutShard
+	if ps := n.placement; ps != nil && ps.shardFor != nil {
+		shardFor = ps.shardFor
+	}
+	path, err := shardFor(ctx, r)
+	if err != nil {
+		return nil, err
 	}
 	ls := &loadedShard{path: path}
 	if ls.model, err = engine.LoadModel(ctx, path, engine.LoadOptions{NoMmap: n.cfg.NoMmap}); err != nil {
@@ -489,6 +512,7 @@ func (n *Node) move(ctx context.Context, to gguf.Range) error {
 	n.mu.Unlock()
 	n.hop.StopAdmitting(from.Start, from.End)
 	n.serveFetch(ctx, ls.path)
+	n.serveVocabOf(ctx, ls)
 	if err := n.publish(); err != nil {
 		n.log.Warn("advertise new window", "err", err)
 	}
@@ -504,6 +528,32 @@ func (n *Node) move(ctx context.Context, to gguf.Range) error {
 		n.log.Warn("write node info", "err", err)
 	}
 	return nil
+}
+
+// serveVocabOf starts serving the vocabulary of a fetched node that had
+// none (its first window was a middle one, which carries no tokenizer)
+// once it loads a window that has it. A node that serves one keeps it
+// whatever window it moves to.
+func (n *Node) serveVocabOf(ctx context.Context, ls *loadedShard) {
+	n.mu.Lock()
+	have := n.vocabPath != ""
+	n.mu.Unlock()
+	if have || !ls.model.Info().HasVocab {
+		return
+	}
+	vp := filepath.Join(n.cfg.P2P.DataDir, "shards", n.fp[:16], "vocab.gguf")
+	if err := writeVocab(ctx, ls.path, vp, n.fp); err != nil {
+		n.log.Warn("vocabulary not served", "err", err)
+		return
+	}
+	if err := n.vocab.add(n.fp, vp); err != nil {
+		n.log.Warn("vocabulary not served", "err", err)
+		return
+	}
+	n.mu.Lock()
+	n.vocabPath = vp
+	n.mu.Unlock()
+	n.log.Info("serving the vocabulary of the new window", "file", vp)
 }
 
 func (n *Node) calibrationPerLayer() float32 {

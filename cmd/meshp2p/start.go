@@ -23,7 +23,8 @@ them most (layers missing from every route first, then the slowest), and
 moves it when the swarm changes (docs/placement.md). On first start the model
 is fingerprinted and its shard file is cut into <data-dir>/shards (cached).
 Without a local file, only the layers' tensors are downloaded (the
-window from --layers, or chosen once as above): from peers that serve
+window from --layers, or chosen as above, and the next one when it
+moves): from peers that serve
 the model (--model NAME|FINGERPRINT), or
 from an http(s) URL of the GGUF file by range requests, verified against a
 peer's manifest of the model (docs/fetch.md); the shard is cached and the
