@@ -59,6 +59,8 @@ func runStart(ctx context.Context, stdout, stderr io.Writer, args []string) erro
 	idle := fs.Duration("idle-timeout", 60*time.Second, "free a session after this long without frames")
 	sessKV := fs.Int("max-session-kv", 0, "KV cells (tokens) one session may reserve here (0: half of --ctx, so one client cannot take the whole cache; -1: up to --ctx)")
 	peerQuota := fs.Int("max-sessions-per-client", 0, "sessions one client may hold at once when this node is the head (0: half of --max-sessions; -1: no quota)")
+	var trusted listFlag
+	fs.Var(&trusted, "trusted-client", "peer id of a client the per-client quota does not apply to, e.g. your API gateway (meshp2p serve), which carries many users' sessions (repeatable or comma-separated)")
 	directWait := fs.Duration("direct-wait", node.DirectWait, "how long a new seam to a peer reached through a relay waits for a hole punch (0: start on the relay; the seam moves to the direct connection once it appears)")
 	verbose := fs.Bool("v", false, "debug logging")
 	var lf logFormat
@@ -91,9 +93,14 @@ func runStart(ctx context.Context, stdout, stderr io.Writer, args []string) erro
 	if err != nil {
 		return err
 	}
+	trustedIDs, err := parsePeerIDs("--trusted-client", trusted)
+	if err != nil {
+		return err
+	}
 	prog := newProgress(stderr, "splitting")
 	cfg := node.Config{P2P: pc, ModelPath: *model, Layers: rng, ModelName: *name, Logger: log,
-		Engine: def, Hop: session.HopConfig{Idle: *idle, MaxSessionKV: *sessKV, MaxSessionsPerPeer: *peerQuota}, SplitProgress: prog.update, DirectWait: *directWait, NoMmap: !*mmap}
+		Engine: def, Hop: session.HopConfig{Idle: *idle, MaxSessionKV: *sessKV, MaxSessionsPerPeer: *peerQuota, TrustedOrigins: trustedIDs},
+		SplitProgress: prog.update, DirectWait: *directWait, NoMmap: !*mmap}
 	if rng == nil {
 		if cfg.Placement, err = plf.config(); err != nil {
 			return err

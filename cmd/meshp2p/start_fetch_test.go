@@ -36,6 +36,10 @@ func TestStartFetchUsage(t *testing.T) {
 	if !errors.Is(err, errUsage) {
 		t.Errorf("bad --upload-limit: %v", err)
 	}
+	err = runStart(context.Background(), &syncBuf{}, &syncBuf{}, []string{"--model", "m", "--layers", "0-1", "--trusted-client", "12D3KooWBoci9eUurB9rJA2Hqs3UF28uuL1375WBkgniEZoWkGUE,gateway"})
+	if !errors.Is(err, errUsage) || !strings.Contains(err.Error(), `--trusted-client "gateway": not a peer id`) {
+		t.Errorf("bad --trusted-client: %v", err)
+	}
 	for in, want := range map[string]int64{"5M": 5 << 20, "500K": 500 << 10, "1024": 1024, "1.5G": 3 << 29, "0": 0} {
 		if got, err := parseByteRate(in); err != nil || got != want {
 			t.Errorf("parseByteRate(%q) = %d, %v", in, got, err)

@@ -196,3 +196,19 @@ func (f *trackerFlags) applyOrigin(pc *p2p.Config) ([]peer.AddrInfo, error) {
 	pc.StaticRelays = mergePeers(pc.StaticRelays, trk)
 	return trk, nil
 }
+
+// parsePeerIDs decodes the peer ids of flag name (nil if none).
+func parsePeerIDs(name string, ids []string) (map[peer.ID]bool, error) {
+	if len(ids) == 0 {
+		return nil, nil
+	}
+	out := map[peer.ID]bool{}
+	for _, s := range ids {
+		id, err := peer.Decode(s)
+		if err != nil {
+			return nil, fmt.Errorf("%w: %s %q: not a peer id: %v", errUsage, name, s, err)
+		}
+		out[id] = true
+	}
+	return out, nil
+}
