@@ -190,6 +190,13 @@ func (n *Node) chooseFetchRange(ctx context.Context, f *gguf.File, fp string) (g
 	n.placement = &placementState{cfg: *n.cfg.Placement, sizing: sz, budget: budget, rng: rng, nEmbd: in.NEmbd, arch: in.Architecture,
 		shardFor: n.fetchWindow}
 	r := gguf.Range{Start: c.Range.Start, End: c.Range.End}
+	if fp != "" {
+		// Like a node with the file: announce the window (others
+		// starting now see it while this one fetches), pause, reconsider.
+		if r, err = n.announceChoice(ctx, n.placement, c); err != nil {
+			return r, err
+		}
+	}
 	n.log.Info("placement chose the layers to fetch (a move later fetches the new window)", "range", r.String(), "why", choiceWhy(c), "budget", mib(budget))
 	return r, nil
 }

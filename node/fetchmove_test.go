@@ -276,3 +276,65 @@ func onRoute(res session.Result, p peer.ID) bool {
 	}
 	return false
 }
+
+// A self-placing node that fetches its window announces it (a planned
+// window, no session slot) before the fetch, as a node with the file
+// does before it cuts: nodes starting meanwhile see the choice and
+// spread, instead of all fetching the same layers.
+func TestFetchedNodeAnnouncesItsWindow(t *testing.T) {
+	model := synthModel(t, "fannounce12", 12)
+	tn := newTestNet(t)
+	sz, err := ModelSizing(model, tn.config("").Engine)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The only source sends 256 KiB/s: the fetch takes seconds.
+	src := tn.shardWith(model, &gguf.Range{Start: 0, End: 12}, func(c *Config) { c.UploadLimit = 256 << 10 })
+	c := tn.client()
+	fp, _ := waitModel(t, c, "fannounce12")
+	type started struct {
+		n   *Node
+		err error
+	}
+	done := make(chan started, 1)
+	go func() {
+		cfg := tn.config(t.TempDir())
+		cfg.Fetch = &FetchConfig{Model: "fannounce12", Wait: 20 * time.Second}
+		cfg.Placement = &PlacementConfig{Memory: budgetFor(sz, 6), Interval: time.Hour, Seed: 7}
+		n, err := Start(context.Background(), cfg)
+		done <- started{n, err}
+	}()
+	var planned peer.ID
+	var st started
+	for st.n == nil && st.err == nil {
+		for _, s := range c.Table().Shards(fp) {
+			if s.Peer != src.P2P().ID() && s.Capacity.GetMaxSessions() == 0 && planned == "" {
+				planned = s.Peer
+				t.Logf("planned window %d-%d advertised while fetching", s.Start, s.End)
+			}
+		}
+		select {
+		case st = <-done:
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	if st.err != nil {
+		t.Fatal(st.err)
+	}
+	t.Cleanup(func() { st.n.Close() })
+	if planned != st.n.P2P().ID() {
+		t.Fatalf("no planned window of the fetching node was advertised before it loaded (saw %q)", planned)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for !advertised(c, fp, []*Node{st.n}) {
+		if time.Now().After(deadline) {
+			t.Fatal("the loaded window was never advertised")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	for _, s := range c.Table().Shards(fp) {
+		if s.Peer == st.n.P2P().ID() && s.Capacity.GetMaxSessions() == 0 {
+			t.Fatalf("the planned window is still advertised after the load: %+v", s)
+		}
+	}
+}

@@ -191,6 +191,7 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 				return nil, err
 			}
 		}
+		n.setLoading(nil) // a fetched window was advertised as planned while it came
 		if err := n.publish(); err != nil {
 			n.Close()
 			return nil, err

@@ -211,25 +211,9 @@ func (n *Node) startPlaced(ctx, bg context.Context) error {
 	if !ok {
 		return errors.New("placing layers: no window fits the budget")
 	}
-	r := gguf.Range{Start: first.Range.Start, End: first.Range.End}
-	n.log.Info("placement: announcing", "range", r.String(), "why", choiceWhy(first))
-	n.setLoading(&r)
-	if err := n.publish(); err != nil {
+	r, err := n.announceChoice(ctx, ps, first)
+	if err != nil {
 		return err
-	}
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-time.After(time.Duration(ps.rng.Int64N(int64(PlacementPause)))):
-	}
-	n.settle(ctx)
-	if again, ok := placement.Choose(n.view(ctx), sz, ps.budget, 0, &first.Range, ps.rng); ok && again.Range != first.Range {
-		r = gguf.Range{Start: again.Range.Start, End: again.Range.End}
-		n.log.Info("placement: reconsidered after the pause", "range", r.String(), "why", choiceWhy(again))
-		n.setLoading(&r)
-		if err := n.publish(); err != nil {
-			return err
-		}
 	}
 	ls, err := n.loadRange(ctx, r)
 	if err != nil {
@@ -259,6 +243,35 @@ func (n *Node) startPlaced(ctx, bg context.Context) error {
 	go func() { defer n.wg.Done(); n.advertLoop(bg) }()
 	go func() { defer n.wg.Done(); n.rebalanceLoop(bg) }()
 	return nil
+}
+
+// announceChoice advertises the window first chose as planned (no
+// session slot), waits a random part of PlacementPause, and reconsiders
+// it against the swarm then, so that nodes starting together see each
+// other's choices and spread; it returns the window to load (still
+// advertised as planned until it is).
+func (n *Node) announceChoice(ctx context.Context, ps *placementState, first placement.Choice) (gguf.Range, error) {
+	r := gguf.Range{Start: first.Range.Start, End: first.Range.End}
+	n.log.Info("placement: announcing", "range", r.String(), "why", choiceWhy(first))
+	n.setLoading(&r)
+	if err := n.publish(); err != nil {
+		return r, err
+	}
+	select {
+	case <-ctx.Done():
+		return r, ctx.Err()
+	case <-time.After(time.Duration(ps.rng.Int64N(int64(PlacementPause)))):
+	}
+	n.settle(ctx)
+	if again, ok := placement.Choose(n.view(ctx), ps.sizing, ps.budget, 0, &first.Range, ps.rng); ok && again.Range != first.Range {
+		r = gguf.Range{Start: again.Range.Start, End: again.Range.End}
+		n.log.Info("placement: reconsidered after the pause", "range", r.String(), "why", choiceWhy(again))
+		n.setLoading(&r)
+		if err := n.publish(); err != nil {
+			return r, err
+		}
+	}
+	return r, nil
 }
 
 // loadedShard is one loaded layer window.
