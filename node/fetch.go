@@ -201,6 +201,10 @@ func (n *Node) chooseFetchRange(ctx context.Context, f *gguf.File, fp string) (g
 	return r, nil
 }
 
+// MoveProgressInterval is how often a move's fetch logs its progress (a
+// move runs in the background: a log line, not a progress bar).
+const MoveProgressInterval = 10 * time.Second
+
 // fetchedModel is what a self-placing node that fetched its window needs
 // to fetch another: the verified manifest, the shard files' base name,
 // and the URL (nil: from peers).
@@ -229,13 +233,17 @@ func (n *Node) fetchWindow(ctx context.Context, r gguf.Range) (string, error) {
 		return "", errors.New("no manifest to fetch a window with")
 	}
 	fp := fm.m.Fingerprint()
-	pl, err := n.planFetch(ctx, fm.m, fm.base, r, nil)
+	pl, err := n.planFetch(ctx, fm.m, fm.base, r, func(done, total int64, rate float64, eta time.Duration) {
+		n.log.Info("placement: fetching the new window", "layers", r.String(), "done", mib(done), "of", mib(total),
+			"MiB_per_s", fmt.Sprintf("%.1f", rate/(1<<20)), "eta", eta.Round(time.Second))
+	})
 	if err != nil {
 		return "", err
 	}
 	if pl.cached {
 		return pl.out, nil
 	}
+	pl.p.Interval = MoveProgressInterval
 	n.mu.Lock()
 	cur := n.shardPath
 	n.mu.Unlock()
