@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"path/filepath"
 	"sync"
 	"time"
 
@@ -160,7 +161,11 @@ func runServe(ctx context.Context, stdout, stderr io.Writer, args []string) erro
 // a route session to itself, so the gateway is a client peer of its own,
 // in this process, bootstrapped to the node (and to the node's bootstrap
 // peers). It returns a stop function, or nil when --api is not set.
-func (f *apiFlags) startAPI(ctx context.Context, stdout io.Writer, log *slog.Logger, n *node.Node, hostCfg p2p.Config) (func(), error) {
+//
+// The gateway peer keeps its identity in gatewayDir (gatewayDataDir), so
+// its peer id is stable and the node can trust it (--trusted-client, set
+// by runStart); with trackers it plans routes by ticket, as serve does.
+func (f *apiFlags) startAPI(ctx context.Context, stdout io.Writer, log *slog.Logger, n *node.Node, hostCfg p2p.Config, gatewayDir string, trackers []peer.AddrInfo) (func(), error) {
 	if f.addr == "" {
 		return func() {}, nil
 	}
@@ -171,17 +176,17 @@ func (f *apiFlags) startAPI(ctx context.Context, stdout io.Writer, log *slog.Log
 	pc.PortMapping = false
 	pc.Bootstrap = mergePeers([]peer.AddrInfo{n.P2P().AddrInfo()}, hostCfg.Bootstrap)
 	pc.StaticRelays = hostCfg.StaticRelays
-	d, err := os.MkdirTemp("", "meshp2p-gateway-")
-	if err != nil {
-		return nil, err
-	}
-	pc.DataDir = d
+	pc.DataDir = gatewayDir
 	// The gateway peer shares the node's metrics and status recorder: the
 	// API server's /metrics and dashboard show the node and its origin.
 	c, err := node.Start(ctx, node.Config{P2P: pc, Logger: log.With("part", "api-gateway"), Metrics: f.metrics, Recorder: n.Recorder()})
 	if err != nil {
-		os.RemoveAll(d)
 		return nil, fmt.Errorf("--api: gateway peer: %w", err)
+	}
+	fmt.Fprintf(stdout, "api peer: %s (trusted here; pass it to other heads as --trusted-client)\n", c.P2P().ID())
+	var planner route.Planner
+	if len(trackers) > 0 {
+		planner = c.TrackerPlanner(trackers, false)
 	}
 	// Wait briefly for this node's own advert, so the API lists its model
 	// as soon as the swarm covers it.
@@ -190,12 +195,34 @@ func (f *apiFlags) startAPI(ctx context.Context, stdout io.Writer, log *slog.Log
 		time.Sleep(20 * time.Millisecond)
 	}
 	cancel()
-	stop, err := f.run(ctx, stdout, log, c, nil, dashboardMount(f.metrics, n, "node", log))
+	stop, err := f.run(ctx, stdout, log, c, planner, dashboardMount(f.metrics, n, "node", log))
 	if err != nil {
 		c.Close()
-		os.RemoveAll(d)
 		return nil, err
 	}
 	var once sync.Once
-	return func() { once.Do(func() { stop(); c.Close(); os.RemoveAll(d) }) }, nil
+	return func() { once.Do(func() { stop(); c.Close() }) }, nil
+}
+
+// gatewayDataDir is where a `start --api` node keeps its gateway peer's
+// identity.
+func gatewayDataDir(dataDir string) string { return filepath.Join(dataDir, "api-gateway") }
+
+// trustGateway creates (or reads) the identity of the gateway peer that
+// `start --api` runs in gatewayDir and adds its id to trusted: the node's
+// own API is not held to its per-client quota.
+func trustGateway(gatewayDir string, trusted map[peer.ID]bool) (map[peer.ID]bool, error) {
+	key, _, err := p2p.LoadOrCreateIdentity(gatewayDir)
+	if err != nil {
+		return nil, fmt.Errorf("--api: gateway identity: %w", err)
+	}
+	id, err := peer.IDFromPrivateKey(key)
+	if err != nil {
+		return nil, fmt.Errorf("--api: gateway identity: %w", err)
+	}
+	if trusted == nil {
+		trusted = map[peer.ID]bool{}
+	}
+	trusted[id] = true
+	return trusted, nil
 }

@@ -11,11 +11,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/libp2p/go-libp2p/core/peer"
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
 
 	"github.com/neuron-tai/meshp2p/internal/testbin"
 	"github.com/neuron-tai/meshp2p/internal/testmodels/chatmodel"
+	"github.com/neuron-tai/meshp2p/p2p"
 )
 
 // cliProc is a meshp2p process this test started (stopped by its PID).
@@ -43,7 +45,14 @@ func launch(t *testing.T, bin string, args ...string) *cliProc {
 // startCLI runs `meshp2p start` and waits for its node.json.
 func startCLI(t *testing.T, bin, dir string, args ...string) *cliProc {
 	t.Helper()
-	p := launch(t, bin, append([]string{"start", "--data-dir", dir}, args...)...)
+	return startCLIAs(t, bin, "start", dir, args...)
+}
+
+// startCLIAs runs `meshp2p <cmd>` (start or tracker) and waits for its
+// node.json.
+func startCLIAs(t *testing.T, bin, cmd, dir string, args ...string) *cliProc {
+	t.Helper()
+	p := launch(t, bin, append([]string{cmd, "--data-dir", dir}, args...)...)
 	var info struct {
 		PeerID string   `json:"peer_id"`
 		Addrs  []string `json:"addrs"`
@@ -230,5 +239,78 @@ func TestServeAPIAndHopKill(t *testing.T) {
 	}
 	if resp.Choices[0].Text != wantShort {
 		t.Fatalf("start --api: %q, local %q", resp.Choices[0].Text, wantShort)
+	}
+	// Its gateway peer's identity is kept in the node's data directory
+	// (a stable id other heads can trust) and printed.
+	key, created, err := p2p.LoadOrCreateIdentity(gatewayDataDir(filepath.Join(dir, "tail")))
+	if err != nil || created {
+		t.Fatalf("no gateway identity in the tail's data dir (created now: %v): %v", created, err)
+	}
+	id, _ := peer.IDFromPrivateKey(key)
+	if !strings.Contains(tail.out.String(), "api peer: "+id.String()) {
+		t.Fatalf("start --api did not print its gateway peer %s:\n%s", id, tail.out.String())
+	}
+}
+
+// The gateway of `start --api` gets one identity in the data directory,
+// the same on every start, and the node trusts it beside --trusted-client.
+func TestTrustGateway(t *testing.T) {
+	dir := gatewayDataDir(t.TempDir())
+	other, _ := peer.Decode("12D3KooWBoci9eUurB9rJA2Hqs3UF28uuL1375WBkgniEZoWkGUE")
+	a, err := trustGateway(dir, map[peer.ID]bool{other: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := trustGateway(dir, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(a) != 2 || !a[other] || len(b) != 1 {
+		t.Fatalf("trusted %v then %v", a, b)
+	}
+	for id := range b {
+		if !a[id] {
+			t.Fatalf("gateway id changed between starts: %v vs %v", a, b)
+		}
+	}
+}
+
+// `start --api` in a swarm whose hops admit only tracker-ticketed sessions
+// (--require-ticket): its gateway asks the tracker for the route, as
+// `serve --tracker` does, so the API works there too.
+func TestStartAPIInTicketedSwarm(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts three processes")
+	}
+	bin := testbin.CLI(t)
+	model := chatmodel.ChatStories(t)
+	dir := t.TempDir()
+	net := []string{"--network", "apiticket", "--listen", "/ip4/127.0.0.1/tcp/0"}
+	trk := startCLIAs(t, bin, "tracker", filepath.Join(dir, "trk"), append(net, "--reachability", "public")...)
+	hop := append([]string{"--model", model, "--threads", "1", "--tracker", trk.addr, "--require-ticket"}, net...)
+	startCLI(t, bin, filepath.Join(dir, "head"), append(hop, "--layers", "0-2")...)
+	tail := startCLI(t, bin, filepath.Join(dir, "tail"), append(hop, "--layers", "2-5", "--api", "127.0.0.1:0")...)
+	want, _ := localText(t, bin, "--model", model, "--prompt", "Once upon a time", "--max-tokens", "16")
+	tc := openai.NewClient(option.WithBaseURL(apiURL(t, tail)+"/"), option.WithMaxRetries(0))
+	var resp *openai.Completion
+	var err error
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+		resp, err = tc.Completions.New(context.Background(), openai.CompletionNewParams{Model: "stories-chat",
+			Prompt:    openai.CompletionNewParamsPromptUnion{OfString: openai.String("Once upon a time")},
+			MaxTokens: openai.Int(16), Temperature: openai.Float(0)})
+		if err == nil || time.Now().After(deadline) {
+			break
+		}
+	}
+	if err != nil {
+		t.Fatalf("start --api in a ticketed swarm: %v\ntail log:\n%s", err, tail.log.String())
+	}
+	if resp.Choices[0].Text != want {
+		t.Fatalf("start --api: %q, local %q", resp.Choices[0].Text, want)
+	}
+	for deadline := time.Now().Add(10 * time.Second); !strings.Contains(trk.log.String(), "route ticket issued"); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the tracker issued no ticket:\n%s", trk.log.String())
+		}
 	}
 }

@@ -97,6 +97,12 @@ func runStart(ctx context.Context, stdout, stderr io.Writer, args []string) erro
 	if err != nil {
 		return err
 	}
+	gwDir := gatewayDataDir(pc.DataDir)
+	if af.addr != "" {
+		if trustedIDs, err = trustGateway(gwDir, trustedIDs); err != nil {
+			return err
+		}
+	}
 	prog := newProgress(stderr, "splitting")
 	cfg := node.Config{P2P: pc, ModelPath: *model, Layers: rng, ModelName: *name, Logger: log,
 		Engine: def, Hop: session.HopConfig{Idle: *idle, MaxSessionKV: *sessKV, MaxSessionsPerPeer: *peerQuota, TrustedOrigins: trustedIDs},
@@ -138,7 +144,11 @@ func runStart(ctx context.Context, stdout, stderr io.Writer, args []string) erro
 	}
 	defer stopMetrics()
 	printPlacement(stdout, n)
-	stopAPI, err := af.startAPI(ctx, stdout, log, n, pc)
+	trackers, err := tf.addrInfos()
+	if err != nil {
+		return err
+	}
+	stopAPI, err := af.startAPI(ctx, stdout, log, n, pc, gwDir, trackers)
 	if err != nil {
 		return err
 	}
