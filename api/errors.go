@@ -55,6 +55,12 @@ func Unavailable(format string, args ...any) *Error {
 	return newError(http.StatusServiceUnavailable, "server_error", "model_unavailable", "", format, args...)
 }
 
+// SwarmFailed is a 503 for a generation the swarm could not finish (a
+// hop refused or failed it and no re-route helped); message says why.
+func SwarmFailed(format string, args ...any) *Error {
+	return newError(http.StatusServiceUnavailable, "server_error", "generation_failed", "", format, args...)
+}
+
 var (
 	errUnauthorized = newError(http.StatusUnauthorized, "invalid_request_error", "invalid_api_key", "",
 		"missing or incorrect API key: send Authorization: Bearer <key>")

@@ -276,6 +276,10 @@ func (g *Gateway) Generate(ctx context.Context, req *api.GenerateRequest, onText
 		// A hop refused the request itself (e.g. more KV cells than it
 		// gives one session).
 		return out, api.BadRequest("max_tokens", "model %s: %v", id, err)
+	case errors.Is(err, session.ErrGeneration) && frame.Code(err) != meshp2pb.ErrorCode_ERROR_CODE_UNSPECIFIED:
+		// The swarm refused or failed it (a hop's report, e.g. a missing
+		// route ticket), not this gateway: 503 with the report, not 500.
+		return out, api.SwarmFailed("model %s: %v", id, err)
 	}
 	return out, err
 }

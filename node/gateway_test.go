@@ -17,6 +17,7 @@ import (
 	"github.com/neuron-tai/meshp2p/api"
 	"github.com/neuron-tai/meshp2p/engine"
 	"github.com/neuron-tai/meshp2p/engine/gguf"
+	"github.com/neuron-tai/meshp2p/internal/testmodels"
 	"github.com/neuron-tai/meshp2p/internal/testmodels/chatmodel"
 	"github.com/neuron-tai/meshp2p/proto/meshp2pb"
 )
@@ -399,4 +400,24 @@ func meshp2pExt(t *testing.T, raw string) (ext struct {
 		return ext, false
 	}
 	return ext, json.Unmarshal(*v.M, &ext) == nil
+}
+
+// A generation the swarm refuses (here: a hop that admits only route
+// tickets, and a gateway that plans locally, without one) is a 503 that
+// says why, not a 500.
+func TestGatewaySwarmRefusalIs503(t *testing.T) {
+	model := testmodels.Path(t, "stories260K.gguf")
+	tn := newTestNet(t)
+	stranger := newTestNet(t).client() // a tracker id the hop trusts; it never signs anything here
+	tn.shardWith(model, &gguf.Range{Start: 0, End: 5}, requireTicket(tn, stranger.P2P().ID()))
+	c := tn.client()
+	waitModel(t, c, "stories260K")
+	g := NewGateway(c, GatewayConfig{})
+	defer g.Close()
+	_, err := g.Generate(context.Background(), &api.GenerateRequest{Model: "stories260K", Prompt: "Once upon a time", MaxTokens: 4}, func(string) bool { return true })
+	var ae *api.Error
+	if !errors.As(err, &ae) || ae.Status != 503 || ae.Code != "generation_failed" || !strings.Contains(ae.Message, "TICKET") {
+		t.Fatalf("want a 503 generation_failed naming the ticket refusal, got %v (%#v)", err, ae)
+	}
+	t.Logf("the client sees: %s", ae.Message)
 }
