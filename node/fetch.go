@@ -201,6 +201,20 @@ func (n *Node) chooseFetchRange(ctx context.Context, f *gguf.File, fp string) (g
 	return r, nil
 }
 
+// fetchSources are the shards of model fp (with nl layers) that can send
+// their tensors and the manifest now: loaded windows of other peers. A
+// planned window (announced, no session slot) holds no tensors yet: a
+// node fetching or cutting it would only answer "not served here".
+func (n *Node) fetchSources(fp string, nl int) []route.Shard {
+	var out []route.Shard
+	for _, s := range n.table.Shards(fp) {
+		if s.Peer != n.p2p.ID() && s.NLayer == nl && s.Capacity.GetMaxSessions() > 0 {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
 // MoveProgressInterval is how often a move's fetch logs its progress (a
 // move runs in the background: a log line, not a progress bar).
 const MoveProgressInterval = 10 * time.Second
@@ -255,11 +269,7 @@ func (n *Node) fetchWindow(ctx context.Context, r gguf.Range) (string, error) {
 		err = fm.url.FetchTensors(ctx, pl.st, fm.m, pl.ts, pl.p)
 	} else {
 		var sources []fetch.Source
-		for _, s := range n.table.Shards(fp) {
-			// Not this node, nor a window still loading (no tensors yet).
-			if s.Peer == n.p2p.ID() || s.NLayer != n.nLayer || s.Capacity.GetMaxSessions() == 0 {
-				continue
-			}
+		for _, s := range n.fetchSources(fp, n.nLayer) {
 			sources = append(sources, fetch.Source{Peer: s.Peer, Start: s.Start, End: s.End})
 		}
 		n.log.Info("placement: fetching the new window's tensors from peers", "layers", r.String(), "tensors", len(pl.ts),
@@ -342,10 +352,7 @@ func (n *Node) fetchPeers(ctx context.Context, fc *FetchConfig, rp *gguf.Range) 
 	name := n.cfg.ModelName
 	var sources []fetch.Source
 	var peers []peer.ID
-	for _, s := range n.table.Shards(fp) {
-		if s.NLayer != nl {
-			continue
-		}
+	for _, s := range n.fetchSources(fp, nl) {
 		sources = append(sources, fetch.Source{Peer: s.Peer, Start: s.Start, End: s.End})
 		peers = append(peers, s.Peer)
 		if name == "" {
