@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -39,26 +38,7 @@ func TestStartFromURLKilledAndResumed(t *testing.T) {
 	}
 	bin := testbin.CLI(t)
 	dir := t.TempDir()
-	spec := gguf.DefaultSpec("llama")
-	spec.Layers, spec.Embd, spec.FF, spec.Name = 12, 128, 256, "kill12"
-	model := filepath.Join(dir, "kill12.gguf")
-	if err := gguf.Synth(context.Background(), spec, model); err != nil {
-		t.Fatal(err)
-	}
-	m, err := gguf.BuildManifest(context.Background(), model, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	fp := m.Fingerprint()
-	ts, _ := gguf.ShardSources(m.File, gguf.Range{Start: 4, End: 8})
-	seen := map[gguf.Digest]bool{}
-	var need int64
-	for _, ti := range ts {
-		if h := m.DataHash(ti); !seen[h] {
-			seen[h] = true
-			need += int64(ti.Bytes)
-		}
-	}
+	model, fp, need := synthFetchModel(t, dir, "kill12", gguf.Range{Start: 4, End: 8})
 	srv := countingServer(t, model)
 	sent, throttle := &srv.sent, &srv.throttle
 	net := []string{"--network", "killtest", "--listen", "/ip4/127.0.0.1/tcp/0"}

@@ -47,6 +47,36 @@ func TestStartFetchUsage(t *testing.T) {
 	}
 }
 
+// synthFetchModel writes a synthesized 12-layer model name.gguf in dir
+// and returns its path, fingerprint and the bytes a fetch of layers r
+// downloads (its shard's tensors, equal data counted once: staging is by
+// hash).
+func synthFetchModel(t *testing.T, dir, name string, r gguf.Range) (model, fp string, need int64) {
+	t.Helper()
+	spec := gguf.DefaultSpec("llama")
+	spec.Layers, spec.Embd, spec.FF, spec.Name = 12, 128, 256, name
+	model = filepath.Join(dir, name+".gguf")
+	if err := gguf.Synth(context.Background(), spec, model); err != nil {
+		t.Fatal(err)
+	}
+	m, err := gguf.BuildManifest(context.Background(), model, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts, err := gguf.ShardSources(m.File, r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[gguf.Digest]bool{}
+	for _, ti := range ts {
+		if h := m.DataHash(ti); !seen[h] {
+			seen[h] = true
+			need += int64(ti.Bytes)
+		}
+	}
+	return model, m.Fingerprint(), need
+}
+
 // countSrv serves one file with range support (http.ServeContent) and
 // counts the body bytes sent; while throttle > 0 an answer sends at most
 // that many bytes per 10 ms.
@@ -115,26 +145,7 @@ func (c countW) Write(b []byte) (int, error) {
 // and from a fifth that serves corrupt bytes.
 func TestStartFetchFromURLAndPeers(t *testing.T) {
 	dir := t.TempDir()
-	spec := gguf.DefaultSpec("llama")
-	spec.Layers, spec.Embd, spec.FF, spec.Name = 12, 128, 256, "fetch12"
-	model := filepath.Join(dir, "fetch12.gguf")
-	if err := gguf.Synth(context.Background(), spec, model); err != nil {
-		t.Fatal(err)
-	}
-	m, err := gguf.BuildManifest(context.Background(), model, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	fp := m.Fingerprint()
-	ts, _ := gguf.ShardSources(m.File, gguf.Range{Start: 4, End: 8})
-	seen := map[gguf.Digest]bool{}
-	var need int64
-	for _, ti := range ts {
-		if h := m.DataHash(ti); !seen[h] {
-			seen[h] = true
-			need += int64(ti.Bytes)
-		}
-	}
+	model, fp, need := synthFetchModel(t, dir, "fetch12", gguf.Range{Start: 4, End: 8})
 	srv := countingServer(t, model)
 	sent := &srv.sent
 	net := []string{"--network", "fetchtest", "--listen", "/ip4/127.0.0.1/tcp/0"}
