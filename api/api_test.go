@@ -16,11 +16,13 @@ import (
 	"testing"
 	"time"
 	"unicode/utf8"
+
+	"github.com/neuron-tai/meshp2p/client"
 )
 
 // scripted is a Backend that plays back fixed token pieces: it stands in
 // for the swarm in the HTTP-level tests (the swarm itself is tested through
-// node.Gateway with the OpenAI SDK).
+// Swarm with the OpenAI SDK, in cmd/meshp2p's serve tests).
 type scripted struct {
 	pieces []string
 	err    error         // returned before any piece
@@ -33,7 +35,7 @@ func (b *scripted) Models(context.Context) ([]Model, error) {
 	return []Model{{ID: "tiny", Name: "tiny", Fingerprint: strings.Repeat("ab", 32), NLayer: 5, Created: 1700000000}}, nil
 }
 
-func (b *scripted) Generate(ctx context.Context, req *GenerateRequest, onText func(string) bool) (*GenerateResult, error) {
+func (b *scripted) Generate(ctx context.Context, req *GenerateRequest, onText func(string)) (*GenerateResult, error) {
 	b.seen.Store(req)
 	if b.err != nil {
 		return nil, b.err
@@ -49,12 +51,19 @@ func (b *scripted) Generate(ctx context.Context, req *GenerateRequest, onText fu
 	if req.OnRoute != nil {
 		req.OnRoute(RouteInfo{Model: "tiny", Fingerprint: strings.Repeat("ab", 32), Hops: []Hop{{Peer: "p1", Start: 0, End: 5}}})
 	}
-	n := 0
+	// The pieces go through the same text assembly the swarm backend
+	// uses (client.Text via client.Stream): UTF-8 and stop strings.
+	n, text := 0, client.NewText(req.Stops)
 	for _, p := range b.pieces {
 		n++
-		if onText(p) {
+		stop := text.Add(p)
+		onText(text.Next(false))
+		if stop {
 			break
 		}
+	}
+	if rest := text.Next(true); rest != "" {
+		onText(rest)
 	}
 	return &GenerateResult{Model: "tiny", Fingerprint: strings.Repeat("ab", 32), PromptTokens: 3, CompletionTokens: n, Length: req.MaxTokens > 0 && n >= req.MaxTokens}, nil
 }
@@ -279,35 +288,6 @@ func chunks0[T any](cs []T, c T) T {
 		return c
 	}
 	return cs[0]
-}
-
-func TestTextStream(t *testing.T) {
-	cases := []struct {
-		pieces  []string
-		stops   []string
-		emitted []string // what next(false) returns after each piece
-		final   string
-	}{
-		{[]string{"ab", "c"}, nil, []string{"ab", "c"}, "abc"},
-		{[]string{"he", "ll", "o"}, []string{"llo"}, []string{"he", "", ""}, "he"},
-		{[]string{"x<", "/", "s>y"}, []string{"</s>"}, []string{"x", "", ""}, "x"},
-		{[]string{"a<", "b"}, []string{"</s>"}, []string{"a", "<b"}, "a<b"},
-		{[]string{"\xe2", "\x82", "\xac!"}, nil, []string{"", "", "€!"}, "€!"},
-		{[]string{"ok", "STOP", "more"}, []string{"STOP", "OK"}, []string{"ok", "", ""}, "ok"},
-	}
-	for i, tc := range cases {
-		ts := textStream{stops: tc.stops}
-		for j, p := range tc.pieces {
-			ts.add(p)
-			if got := ts.next(false); got != tc.emitted[j] {
-				t.Fatalf("case %d piece %d: emitted %q, want %q", i, j, got, tc.emitted[j])
-			}
-		}
-		ts.next(true)
-		if ts.text() != tc.final {
-			t.Fatalf("case %d: text %q, want %q", i, ts.text(), tc.final)
-		}
-	}
 }
 
 func TestNonStreamAndCompletionStream(t *testing.T) {

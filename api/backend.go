@@ -3,23 +3,26 @@
 // any OpenAI client can talk to the swarm. It holds the HTTP side only:
 // request validation, text assembly (UTF-8 and stop strings across token
 // boundaries), SSE framing, auth, CORS and bounded concurrency. It has no
-// cgo and never imports the engine or the node (node.Gateway implements
-// Backend); see docs/api.md.
+// cgo and never imports the engine or the node: Swarm implements Backend
+// over a client.Client (the origin side, shared with `meshp2p generate`),
+// and OpenAI error objects are built only here; see docs/api.md.
 package api
 
 import "context"
 
-// Backend runs generations for the API. node.Gateway implements it over
-// the swarm.
+// Backend runs generations for the API. Swarm implements it over the
+// swarm.
 type Backend interface {
 	// Models lists every model that can be routed now.
 	Models(ctx context.Context) ([]Model, error)
-	// Generate runs req. It calls onText with the text of each generated
-	// token (raw bytes: a piece may end inside a UTF-8 character; nothing
-	// for end-of-generation tokens) and stops when onText returns true.
-	// Errors should be *Error (ModelNotFound, Unavailable, BadRequest)
-	// where the client can act on them.
-	Generate(ctx context.Context, req *GenerateRequest, onText func(piece string) (stop bool)) (*GenerateResult, error)
+	// Generate runs req. After every generated token it calls onText with
+	// the text that became final ("" when none did: never inside a UTF-8
+	// character, never a possible start of a stop string, never a stop
+	// string; client.Stream), and the rest before it returns. It ends the
+	// text at the first of req.Stops. Errors should be *Error
+	// (ModelNotFound, Unavailable, BadRequest) where the client can act on
+	// them.
+	Generate(ctx context.Context, req *GenerateRequest, onText func(delta string)) (*GenerateResult, error)
 }
 
 // Model is one model the backend can route.
@@ -50,6 +53,14 @@ type GenerateRequest struct {
 	PresencePenalty  float32
 	FrequencyPenalty float32
 	Seed             uint64
+	// Extensions (llama.cpp server's names): top_k (0: off), min_p (0:
+	// off), repeat_penalty (1: off, over the last 64 tokens).
+	TopK          int
+	MinP          float32
+	RepeatPenalty float32
+	// Stops end the text at the first of them (the stop string is not
+	// returned).
+	Stops []string
 	// OnRoute, if set, is called with each route the generation runs on:
 	// the first, then one per re-route.
 	OnRoute func(RouteInfo)

@@ -151,8 +151,9 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 // the route (the text it has not read yet is bounded by max_tokens).
 type run struct {
 	mu      sync.Mutex
-	text    textStream
-	pieces  int
+	text    strings.Builder // the final text so far (Backend.Generate's deltas)
+	sent    int             // bytes of text the stream has written
+	pieces  int             // tokens so far
 	info    RouteInfo
 	infoSeq int
 	notify  chan struct{}
@@ -180,7 +181,7 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, req *request, 
 	defer release()
 	ctx, cancel := context.WithCancel(r.Context())
 	defer cancel()
-	g := &run{text: textStream{stops: req.stops}, notify: make(chan struct{}, 1), done: make(chan struct{})}
+	g := &run{notify: make(chan struct{}, 1), done: make(chan struct{})}
 	req.gen.OnRoute = func(ri RouteInfo) {
 		g.mu.Lock()
 		g.info, g.infoSeq = ri, g.infoSeq+1
@@ -189,13 +190,12 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, req *request, 
 	}
 	go func() {
 		defer close(g.done)
-		res, err := s.cfg.Backend.Generate(ctx, &req.gen, func(piece string) bool {
+		res, err := s.cfg.Backend.Generate(ctx, &req.gen, func(delta string) {
 			g.mu.Lock()
 			g.pieces++
-			stop := g.text.add(piece)
+			g.text.WriteString(delta)
 			g.mu.Unlock()
 			g.signal()
-			return stop
 		})
 		g.mu.Lock()
 		g.res, g.err = res, err
@@ -240,7 +240,7 @@ func (s *Server) respond(w http.ResponseWriter, r *http.Request, g *run, chat bo
 	}
 	res := g.res
 	fill(&c, res)
-	text := g.text.text()
+	text := g.text.String()
 	fr := finish(res)
 	if chat {
 		c.Choices = []choice{{Message: &chatMessage{Role: "assistant", Content: text}, FinishReason: &fr}}
@@ -311,7 +311,8 @@ func (s *Server) stream(ctx context.Context, cancel context.CancelFunc, w http.R
 		}
 		g.mu.Lock()
 		pieces, info, seq := g.pieces, g.info, g.infoSeq
-		text := g.text.next(finished)
+		text := g.text.String()[g.sent:]
+		g.sent += len(text)
 		g.mu.Unlock()
 		if finished && g.err != nil {
 			e := asError(g.err)

@@ -20,6 +20,8 @@ const (
 	// DefaultCompletionMaxTokens is /v1/completions' max_tokens when none
 	// is given (OpenAI's default, 16).
 	DefaultCompletionMaxTokens = 16
+	// MaxTopK bounds the top_k extension (a vocabulary's size at most).
+	MaxTopK = 1 << 20
 )
 
 // request is a parsed chat or completion request.
@@ -27,7 +29,6 @@ type request struct {
 	gen          GenerateRequest
 	stream       bool
 	includeUsage bool
-	stops        []string
 }
 
 // fields is a request body, field by field; JSON null counts as absent.
@@ -67,6 +68,9 @@ var commonFields = map[string]acceptFn{
 	"frequency_penalty": func(f fields, n string, r *request) *Error { return f.float(n, &r.gen.FrequencyPenalty, -2, 2) },
 	"seed":              parseSeed,
 	"stop":              parseStop,
+	"top_k":             func(f fields, n string, r *request) *Error { return f.integer(n, &r.gen.TopK, 0, MaxTopK) },
+	"min_p":             func(f fields, n string, r *request) *Error { return f.float(n, &r.gen.MinP, 0, 1) },
+	"repeat_penalty":    func(f fields, n string, r *request) *Error { return f.float(n, &r.gen.RepeatPenalty, 0, 10) },
 	"n":                 only("n", "1", "one choice per request; send several requests for several answers"),
 	"user":              func(f fields, n string, r *request) *Error { var s string; return f.str(n, &s, false) },
 }
@@ -221,14 +225,14 @@ func parseSeed(f fields, n string, r *request) *Error {
 func parseStop(f fields, n string, r *request) *Error {
 	var one string
 	if json.Unmarshal(f[n], &one) == nil {
-		r.stops = []string{one}
-	} else if json.Unmarshal(f[n], &r.stops) != nil {
+		r.gen.Stops = []string{one}
+	} else if json.Unmarshal(f[n], &r.gen.Stops) != nil {
 		return BadRequest(n, "%q must be a string or an array of strings", n)
 	}
-	if len(r.stops) > MaxStops {
+	if len(r.gen.Stops) > MaxStops {
 		return BadRequest(n, "at most %d stop strings", MaxStops)
 	}
-	for _, s := range r.stops {
+	for _, s := range r.gen.Stops {
 		if s == "" || len(s) > MaxStopBytes {
 			return BadRequest(n, "stop strings must be 1 to %d bytes", MaxStopBytes)
 		}

@@ -24,7 +24,7 @@ func BenchmarkSwarmDecode(b *testing.B) {
 		tn.shard(model, r)
 	}
 	c := tn.client()
-	fp, nl, err := c.WaitForModel(ctx, "stories260K", 30*time.Second)
+	fp, nl, err := waitForModel(ctx, c, "stories260K", 30*time.Second)
 	if err != nil {
 		b.Fatal(err)
 	}

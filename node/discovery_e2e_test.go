@@ -39,7 +39,7 @@ func joinAndGenerate(t *testing.T, tn *testNet, model string) (time.Duration, *N
 	start := time.Now()
 	c := tn.client()
 	checkShipped(t, Config{P2P: clientPreset(tn.config(t.TempDir()).P2P)})
-	fp, nl, err := c.WaitForModel(context.Background(), model, 30*time.Second)
+	fp, nl, err := waitForModel(context.Background(), c, model, 30*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -84,7 +84,7 @@ func TestDiscoveryOnShippedDefaults(t *testing.T) {
 	start := time.Now()
 	tn.shardWith(late, nil, nil)
 	up := time.Since(start)
-	if _, _, err := c.WaitForModel(context.Background(), "latecomer", 30*time.Second); err != nil {
+	if _, _, err := waitForModel(context.Background(), c, "latecomer", 30*time.Second); err != nil {
 		t.Fatal(err)
 	}
 	seen := time.Since(start) - up
@@ -126,7 +126,7 @@ func TestDiscoveryTwentyNodes(t *testing.T) {
 		t.Fatalf("client knows %d adverts, want %d", got, nodes)
 	}
 	for _, m := range []string{"synth-a", "synth-b"} {
-		if _, _, err := c.WaitForModel(context.Background(), m, 5*time.Second); err != nil {
+		if _, _, err := waitForModel(context.Background(), c, m, 5*time.Second); err != nil {
 			t.Fatalf("%s: %v", m, err)
 		}
 	}

@@ -20,6 +20,7 @@ import (
 	"github.com/neuron-tai/meshp2p/proto/meshp2pb"
 	"github.com/neuron-tai/meshp2p/route"
 	"github.com/neuron-tai/meshp2p/session"
+	"github.com/neuron-tai/meshp2p/vocab"
 )
 
 // testNet is a swarm of in-process nodes on loopback.
@@ -116,7 +117,7 @@ func thinClientPrompt(t *testing.T, c *Node, fp, text string) []int32 {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	path, err := FetchVocab(ctx, c.Host(), holder, fp, t.TempDir())
+	path, err := vocab.Fetch(ctx, c.Host(), holder, fp, t.TempDir())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -146,7 +147,7 @@ func equalTokens(a, b []int32) bool {
 
 func waitModel(t *testing.T, c *Node, name string) (string, int) {
 	t.Helper()
-	fp, n, err := c.WaitForModel(context.Background(), name, 30*time.Second)
+	fp, n, err := waitForModel(context.Background(), c, name, 30*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -33,6 +33,7 @@ import (
 	"github.com/neuron-tai/meshp2p/route"
 	"github.com/neuron-tai/meshp2p/session"
 	"github.com/neuron-tai/meshp2p/status"
+	"github.com/neuron-tai/meshp2p/vocab"
 )
 
 // Config configures a Node.
@@ -93,7 +94,7 @@ type Node struct {
 	nLayer    int
 	shardPath string
 	vocabPath string
-	vocab     *vocabService
+	vocab     *vocab.Service
 	manifest  []byte // the model's manifest, when this node has it
 	fetchSrv  *fetch.Server
 	// calibration is the decode time per row measured at start, the
@@ -176,7 +177,7 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 	go func() { defer n.wg.Done(); route.Follow(bg, n.p2p.Discovery(), n.table) }()
 	n.wg.Add(1)
 	go func() { defer n.wg.Done(); n.logConnEvents(bg) }()
-	n.vocab = newVocabService(n.host, cfg.Hop.Limits, n.log)
+	n.vocab = vocab.NewService(n.host, cfg.Hop.Limits, n.log)
 	n.fetchSrv = fetch.NewServerLimits(n.host, cfg.UploadLimit, cfg.UploadLimitPerPeer, n.log)
 	if n.shard != nil {
 		if err := n.fetchSrv.Add(n.fp, n.shardPath, n.manifest); err != nil {
@@ -186,7 +187,7 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 		cfg.Hop.Fingerprint = n.fp
 		n.hop = session.NewHopService(n.host, shardEngine{n.model, n.shard}, cfg.Hop)
 		if n.vocabPath != "" {
-			if err := n.vocab.add(n.fp, n.vocabPath); err != nil {
+			if err := n.vocab.Add(n.fp, n.vocabPath); err != nil {
 				n.Close()
 				return nil, err
 			}
@@ -322,7 +323,7 @@ func (n *Node) ModelName() string {
 var shardSuffix = regexp.MustCompile(`^(.+)\.L\d+-\d+$`)
 
 // NameKey is the discovery key under which a model name is announced.
-func NameKey(name string) string { return "name:" + name }
+func NameKey(name string) string { return route.NameKey(name) }
 
 func (n *Node) advertBody() ([]byte, error) {
 	ca := &meshp2pb.CapabilityAdvert{
@@ -496,7 +497,7 @@ func (n *Node) Close() error {
 		n.hop.Close()
 	}
 	if n.vocab != nil {
-		n.vocab.close()
+		n.vocab.Close()
 	}
 	if n.fetchSrv != nil {
 		n.fetchSrv.Close()

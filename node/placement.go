@@ -229,7 +229,7 @@ func (n *Node) startPlaced(ctx, bg context.Context) error {
 	// vocabulary whatever window it is on.
 	vp := filepath.Join(cfg.P2P.DataDir, "shards", fp[:16], "vocab.gguf")
 	if err := writeVocab(ctx, cfg.ModelPath, vp, fp); err == nil {
-		if err := n.vocab.add(fp, vp); err == nil {
+		if err := n.vocab.Add(fp, vp); err == nil {
 			n.vocabPath = vp
 		}
 	} else {
@@ -559,7 +559,7 @@ func (n *Node) serveVocabOf(ctx context.Context, ls *loadedShard) {
 		n.log.Warn("vocabulary not served", "err", err)
 		return
 	}
-	if err := n.vocab.add(n.fp, vp); err != nil {
+	if err := n.vocab.Add(n.fp, vp); err != nil {
 		n.log.Warn("vocabulary not served", "err", err)
 		return
 	}

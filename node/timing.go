@@ -18,16 +18,4 @@ const (
 	// RediscoverPause separates the DHT lookups of an origin waiting for a
 	// replacement peer (its advert may be one republish away).
 	RediscoverPause = 2 * time.Second
-	// WaitLookupTimeout and WaitLookupInterval: how `generate` re-pulls
-	// adverts from connected peers and asks the DHT while it waits for
-	// peers covering the model (the pull on connect usually answers first;
-	// this covers peers that learnt of the model after we connected).
-	WaitLookupTimeout  = 5 * time.Second
-	WaitLookupInterval = 2 * time.Second
-	// WaitUnreachableCheck is how often WaitForModel checks whether every
-	// bootstrap peer refused us for a reason waiting will not fix.
-	WaitUnreachableCheck = 250 * time.Millisecond
-	// VocabTransferTimeout bounds one vocabulary transfer (a 10 MiB file
-	// over a relayed home connection).
-	VocabTransferTimeout = 60 * time.Second
 )

@@ -10,6 +10,7 @@ import (
 	"github.com/neuron-tai/meshp2p/engine/gguf"
 	"github.com/neuron-tai/meshp2p/internal/testmodels"
 	"github.com/neuron-tai/meshp2p/proto/frame"
+	"github.com/neuron-tai/meshp2p/vocab"
 )
 
 // One peer holds at most one vocabulary transfer at a time, so it cannot
@@ -22,7 +23,7 @@ func TestVocabOneTransferPerPeer(t *testing.T) {
 	hog, honest := tn.client(), tn.client()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	pid := hog.Host().ProtocolID(ProtoVocab, ProtoVocabVersion)
+	pid := hog.Host().ProtocolID(vocab.Proto, vocab.ProtoVersion)
 	// The hog opens a transfer and never sends its request: it holds a slot.
 	first, err := hog.ControlHost().NewStream(ctx, srv.P2P().ID(), pid)
 	if err != nil {
@@ -34,7 +35,7 @@ func TestVocabOneTransferPerPeer(t *testing.T) {
 	}
 	time.Sleep(200 * time.Millisecond)
 	// Its further streams are refused at once …
-	for range maxVocabTransfers {
+	for range vocab.MaxTransfers {
 		s, err := hog.ControlHost().NewStream(ctx, srv.P2P().ID(), pid)
 		if err != nil {
 			continue
@@ -48,7 +49,7 @@ func TestVocabOneTransferPerPeer(t *testing.T) {
 		s.Reset()
 	}
 	// … while another peer gets the vocabulary.
-	if _, err := FetchVocab(ctx, honest.ControlHost(), srv.P2P().ID(), fp, t.TempDir()); err != nil {
+	if _, err := vocab.Fetch(ctx, honest.ControlHost(), srv.P2P().ID(), fp, t.TempDir()); err != nil {
 		t.Fatalf("honest peer refused while one peer hogs the service: %v", err)
 	}
 }

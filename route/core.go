@@ -14,7 +14,7 @@ package route
 // model and lies inside it, its peer is not excluded, it has a free
 // session slot and room for the session's KV cells.
 func usable(s Shard, req Request) bool {
-	if req.Exclude[s.Peer] || s.NLayer != req.NLayer || s.Start < 0 || s.End > req.NLayer || s.End <= s.Start {
+	if !fits(s, req) {
 		return false
 	}
 	c := s.Capacity
@@ -26,6 +26,12 @@ func usable(s Shard, req Request) bool {
 	}
 	need := req.NeedKV
 	return need <= 0 || (c.GetFreeKvTokens() >= uint64(need) && (c.GetNCtx() == 0 || c.GetNCtx() >= uint32(need)))
+}
+
+// fits reports whether the shard belongs to the requested model, lies
+// inside it and its peer is not excluded (usable, load aside).
+func fits(s Shard, req Request) bool {
+	return !req.Exclude[s.Peer] && s.NLayer == req.NLayer && s.Start >= 0 && s.End <= req.NLayer && s.End > s.Start
 }
 
 // edge is one candidate hop in the search.

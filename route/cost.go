@@ -344,7 +344,7 @@ func (p *CostPlanner) PlanObjective(ctx context.Context, req Request, obj Object
 	}
 	path := shortest(byStart, req.MaxHops, limit)
 	if path == nil {
-		return nil, nil, noRoute(req, cands)
+		return nil, nil, noRoute(req, cands, shards)
 	}
 	p.seq++
 	est := &Estimate{Candidates: len(cands)}

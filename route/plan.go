@@ -19,6 +19,13 @@ import (
 var (
 	ErrUnknownModel = errors.New("route: unknown model")
 	ErrNoRoute      = errors.New("route: no route")
+	// ErrAmbiguousModel: a name or fingerprint prefix matches several
+	// models (errors.Is ErrUnknownModel too: it names none of them).
+	ErrAmbiguousModel = errors.New("route: ambiguous model")
+	// ErrRouteFull: every layer is served, but for some layers every
+	// peer serving them is full now (no free slot or KV room); a
+	// NoRouteError with Full set. Waiting may help; re-routing will not.
+	ErrRouteFull = errors.New("route: full")
 	// ErrLayerCount: a request's layer count is outside 1..gguf.MaxLayers
 	// (no model has that many layers; planners size their search by it).
 	ErrLayerCount = errors.New("route: layer count out of range")
@@ -34,6 +41,9 @@ type NoRouteError struct {
 	Excluded                 int
 	// MaxHops is set when every layer is served but no route fits in it.
 	MaxHops int
+	// Full is set when a route would exist if the peers that are full
+	// now had room (errors.Is ErrRouteFull).
+	Full bool
 }
 
 func (e *NoRouteError) Error() string {
@@ -44,10 +54,20 @@ func (e *NoRouteError) Error() string {
 	if e.MaxHops > 0 {
 		return fmt.Sprintf("route: no route for model %.12s within %d hops%s", e.Fingerprint, e.MaxHops, ex)
 	}
+	if e.Full {
+		ex += " (the peers serving them are full now)"
+	}
 	return fmt.Sprintf("route: no route for model %.12s: no peer serves layers %d-%d of %d%s", e.Fingerprint, e.MissingStart, e.MissingEnd, e.NLayer, ex)
 }
 
-func (e *NoRouteError) Unwrap() error { return ErrNoRoute }
+// Unwrap makes a NoRouteError match ErrNoRoute, and ErrRouteFull when
+// Full.
+func (e *NoRouteError) Unwrap() []error {
+	if e.Full {
+		return []error{ErrNoRoute, ErrRouteFull}
+	}
+	return []error{ErrNoRoute}
+}
 
 // Hop is one step of a route.
 type Hop struct {
@@ -152,7 +172,7 @@ func (p *LocalPlanner) Plan(ctx context.Context, req Request) (*Route, error) {
 	}
 	path := shortest(byStart, req.MaxHops, math.MaxInt64)
 	if path == nil {
-		return nil, noRoute(req, cands)
+		return nil, noRoute(req, cands, p.Table.Shards(req.Fingerprint))
 	}
 	out := make([]Hop, len(path))
 	for i, e := range path {
@@ -173,8 +193,26 @@ func edgeCost(s Shard) float64 {
 	return c
 }
 
-// noRoute reports the first layer range reachable boundaries cannot cross.
-func noRoute(req Request, cands []Shard) error {
+// noRoute reports the first layer range reachable boundaries cannot cross
+// over the usable shards cands; all (every shard of the model, full ones
+// included) tells whether capacity is what is missing.
+func noRoute(req Request, cands, all []Shard) error {
+	e := gap(req, cands)
+	if e.MaxHops == 0 {
+		var ignoringLoad []Shard
+		for _, s := range all {
+			if fits(s, req) {
+				ignoringLoad = append(ignoringLoad, s)
+			}
+		}
+		e.Full = gap(req, ignoringLoad).MissingStart == req.NLayer
+	}
+	return e
+}
+
+// gap is the NoRouteError for shards cands: the first range their
+// boundaries cannot cross, or MaxHops when they cover every layer.
+func gap(req Request, cands []Shard) *NoRouteError {
 	n := req.NLayer
 	reach := make([]bool, n+1)
 	reach[0] = true

@@ -210,7 +210,7 @@ func (t *Table) Resolve(nameOrFP string) (fp string, nLayer int, err error) {
 			return f, n, err
 		}
 	}
-	return "", 0, fmt.Errorf("%w: %q matches %d models; give the fingerprint", ErrUnknownModel, nameOrFP, len(fps))
+	return "", 0, fmt.Errorf("%w: %w: %q matches %d models; give the fingerprint", ErrUnknownModel, ErrAmbiguousModel, nameOrFP, len(fps))
 }
 
 // LayerCount is the layer count most peers advertise for fingerprint fp.
@@ -238,6 +238,10 @@ func (t *Table) LayerCount(fp string) (int, error) {
 	}
 	return best, nil
 }
+
+// NameKey is the discovery key (DHT provider record) under which peers
+// announce a model name; a model's fingerprint is its own key.
+func NameKey(name string) string { return "name:" + name }
 
 // Follow keeps t in step with d until ctx ends: it loads the current
 // adverts, then applies every added, updated or removed advert. Events come

@@ -47,10 +47,12 @@ type Origin struct {
 	RouteWait  time.Duration
 	Rediscover func(ctx context.Context, fingerprint string)
 	Changed    <-chan struct{}
-	// CapacityWait bounds how long a route refused with NO_CAPACITY is
-	// retried (DefaultCapacityWait; negative: not retried). A full hop is
-	// never excluded: the next plan avoids it when a replica exists, else
-	// the same route is tried again after a backoff.
+	// CapacityWait bounds how long a route refused with NO_CAPACITY, or
+	// planned with no route because every peer serving some layers is
+	// full (route.ErrRouteFull), is retried (DefaultCapacityWait;
+	// negative: not retried). A full hop is never excluded: the next plan
+	// avoids it when a replica exists, else the same route is tried again
+	// after a backoff.
 	CapacityWait time.Duration
 	// Failures, if set, is shared by the origins of a node or gateway:
 	// peers blamed for a failed generation are avoided by later plans
@@ -170,6 +172,19 @@ func (o *Origin) generate(ctx context.Context, req GenerateRequest, obs OriginOb
 			rt, err = o.awaitRoute(ctx, preq, err)
 		}
 		obs.RoutePlanned(time.Since(t0), err)
+		if errors.Is(err, route.ErrRouteFull) {
+			// Every peer serving some layer is full now: the planner skips
+			// peers whose advert shows no free slot or KV room, which a
+			// burst of sessions makes true for a moment (adverts follow
+			// within a few seconds). Wait as for a NO_CAPACITY refusal.
+			werr := full.wait(ctx, o.CapacityWait, "", err)
+			if werr == nil {
+				res.CapacityRetries++
+				log.Info("every peer serving some layers is full, waiting", "epoch", epoch+1, "err", err)
+				continue
+			}
+			err = werr
+		}
 		if err != nil {
 			if len(res.Failures) > 0 {
 				return res, fmt.Errorf("%w after %d reroutes (last failure: %s): %w", ErrGeneration, res.Reroutes, res.Failures[len(res.Failures)-1], err)

@@ -9,10 +9,14 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"strings"
 	"time"
 
+	"github.com/neuron-tai/meshp2p/client"
+	"github.com/neuron-tai/meshp2p/client/enginevocab"
 	"github.com/neuron-tai/meshp2p/engine"
+	"github.com/neuron-tai/meshp2p/engine/gguf"
 	"github.com/neuron-tai/meshp2p/node"
 	"github.com/neuron-tai/meshp2p/proto/frame"
 	"github.com/neuron-tai/meshp2p/proto/meshp2pb"
@@ -29,6 +33,11 @@ layer, fetches the model's vocabulary from a peer (verified against the
 fingerprint) unless --model is a local file, and streams text as it
 arrives. If a hop dies, the generation re-routes and continues; greedy
 output is identical to --local, which runs the whole model in-process.
+The HTTP API (serve) runs the same code (package client): given the same
+sampling flags it writes the same text. Only the defaults differ: here
+top-k 40, top-p 0.95, min-p 0.05, greedy, 64 tokens, seed 42; the API
+follows OpenAI's (temperature 1, top_p 1, no top-k/min-p, a random seed;
+docs/api.md).
 
 Flags:
 `
@@ -68,302 +77,309 @@ type routeHopJSON struct {
 }
 
 func runGenerate(ctx context.Context, stdout, stderr io.Writer, args []string) error {
-	fs := flag.NewFlagSet("generate", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() { fmt.Fprint(stderr, generateUsage); fs.PrintDefaults() }
-	var nf netFlags
-	nf.register(fs, node.PresetClient)
-	var tf trackerFlags
-	tf.registerOrigin(fs)
-	model := fs.String("model", "", "model name, fingerprint (or unique prefix of 16+ hex chars), or a local GGUF file")
-	prompt := fs.String("prompt", "", "prompt text (required)")
-	chat := fs.Bool("chat", false, "wrap the prompt as a user message with the model's chat template")
-	maxTokens := fs.Int("max-tokens", 64, "most tokens to generate")
-	temp := fs.Float64("temperature", 0, "sampling temperature (0: greedy)")
-	topK := fs.Int("top-k", 40, "top-k filter when sampling (0: off)")
-	topP := fs.Float64("top-p", 0.95, "top-p filter when sampling (1: off)")
-	minP := fs.Float64("min-p", 0.05, "min-p filter when sampling (0: off)")
-	rep := fs.Float64("repeat-penalty", 1, "repetition penalty (1: off)")
-	repLastN := fs.Int("repeat-last-n", engine.DefaultRepeatLastN, "tokens the repetition penalty looks back (-1: the whole context)")
-	seed := fs.Uint64("seed", 42, "sampling seed, 64 bits (same seed, same output)")
-	stop := fs.String("stop", "", "comma-separated stop strings")
-	local := fs.Bool("local", false, "run the whole --model FILE in-process (the reference for the swarm)")
-	mmap := fs.Bool("mmap", true, "with --local: map the model file (--mmap=false reads it into memory)")
-	asJSON := fs.Bool("json", false, "print one JSON object instead of streaming text")
-	wire := fs.String("wire-dtype", frame.WireDTypes()[0].Name, "activation dtype between hops: "+wireDTypeHelp())
-	wait := fs.Duration("wait", 30*time.Second, "how long to wait for peers covering the model")
-	verbose := fs.Bool("v", false, "debug logging")
-	var pf perfFlags
-	pf.register(fs)
-	if err := parseFlags(fs, args); err != nil {
-		return err
-	}
-	if err := pf.check(); err != nil {
-		return err
-	}
-	if *model == "" || *prompt == "" {
-		fs.Usage()
-		return fmt.Errorf("%w: --model and --prompt are required", errUsage)
-	}
-	wd, err := frame.ParseWireDType(*wire)
+	g, err := parseGenerate(stderr, args)
 	if err != nil {
-		return fmt.Errorf("%w: --wire-dtype: %w", errUsage, err)
+		return err
 	}
-	// The one sampling representation, from here to the tail (and to the
-	// in-process reference): the wire's SamplingParams.
-	smp := &meshp2pb.SamplingParams{Temperature: float32(*temp), TopK: int32(*topK), TopP: float32(*topP), MinP: float32(*minP),
-		RepeatPenalty: float32(*rep), RepeatLastN: int32(*repLastN), Seed: *seed}
-	stops := splitList(*stop)
-	log := newLoggerAt(stderr, *verbose, slog.LevelWarn)
 	out := &genResult{}
-	var vocab *engine.Model
-	var printer *streamPrinter
 	start := time.Now()
-
-	if *local {
-		m, err := engine.LoadModel(ctx, *model, engine.LoadOptions{NoMmap: !*mmap})
-		if err != nil {
-			return err
-		}
-		defer m.Close()
-		vocab = m
-		toks, err := promptTokens(m, *prompt, *chat)
-		if err != nil {
-			return err
-		}
-		ec := node.DefaultEngine()
-		ec.MaxSessions, ec.NCtx, ec.Logger, ec.Threads = 1, len(toks)+*maxTokens+16, log, *pf.threads
-		ec.NBatch = max(ec.NBatch, 2)
-		sh, err := engine.NewShard(ctx, m, ec)
-		if err != nil {
-			return err
-		}
-		defer sh.Close()
-		printer = newStreamPrinter(stdout, m, stops, !*asJSON)
-		res, err := engine.RunChain(ctx, []*engine.Shard{sh}, toks, engine.ChainOptions{Steps: *maxTokens - 1, Sampling: engine.SamplingFromProto(smp), Chunk: *pf.chunk,
-			Stop: func(t int32) bool { return printer.add(t) || m.IsEOG(t) }})
-		if err != nil {
-			return err
-		}
-		out.Tokens = res.Tokens
-		out.TTFTms = ms(res.Prefill)
-		if len(res.Tokens) > 1 {
-			out.MsPerToken = ms(res.Decode) / float64(len(res.Tokens)-1)
-		}
-		out.Stop = stopReason(m, res.Tokens, printer, *maxTokens)
-		out.Model = *model
+	var first time.Time // when the first token arrived
+	if g.local {
+		first, err = g.runLocal(ctx, stdout, out)
 	} else {
-		pc, err := nf.config(node.PresetClient)
-		if err != nil {
-			return err
-		}
-		explicitDir := false
-		fs.Visit(func(f *flag.Flag) { explicitDir = explicitDir || f.Name == "data-dir" })
-		if !explicitDir { // an ephemeral identity: never collide with a local node's
-			d, err := os.MkdirTemp("", "meshp2p-client-")
-			if err != nil {
-				return err
-			}
-			defer os.RemoveAll(d)
-			pc.DataDir = d
-		}
-		pc.Logger = log
-		trackers, err := tf.applyOrigin(&pc)
-		if err != nil {
-			return err
-		}
-		n, err := node.Start(ctx, node.Config{P2P: pc, Logger: log})
-		if err != nil {
-			return err
-		}
-		defer n.Close()
-		fp, nLayer, err := n.WaitForModel(ctx, *model, *wait)
-		if err != nil {
-			return err
-		}
-		out.Model = fp
-		vocab, err = loadVocab(ctx, n, *model, fp, pc.DataDir)
-		if err != nil {
-			return err
-		}
-		defer vocab.Close()
-		toks, err := promptTokens(vocab, *prompt, *chat)
-		if err != nil {
-			return err
-		}
-		printer = newStreamPrinter(stdout, vocab, stops, !*asJSON)
-		var planner route.Planner
-		if len(trackers) > 0 {
-			planner = n.TrackerPlanner(trackers, tf.requireTracker)
-		}
-		o := n.Origin(planner)
-		o.Chunk = *pf.chunk
-		res, err := o.Generate(ctx, session.GenerateRequest{Fingerprint: fp, NLayer: nLayer, Prompt: toks, MaxTokens: *maxTokens,
-			Sampling: smp, WireDType: wd, OnToken: printer.add})
-		if res != nil {
-			out.Tokens, out.Reroutes, out.Stop, out.Failures, out.Hops = res.Tokens, res.Reroutes, res.Stop, res.Failures, res.HopStats
-			out.TTFTms = ms(res.TTFT)
-			if len(res.Tokens) > 1 {
-				out.MsPerToken = (ms(res.Total) - ms(res.TTFT)) / float64(len(res.Tokens)-1)
-				out.NetworkMsPerToken = networkMs(out.MsPerToken, out.Hops)
-			}
-			if res.Route != nil {
-				for _, h := range res.Route.Hops {
-					out.Route = append(out.Route, routeHopJSON{Peer: h.Peer.String(), Start: h.Start, End: h.End, Reach: h.Reach.String()})
-				}
-			}
-		}
-		if err != nil {
-			printer.flush()
-			return err
-		}
+		first, err = g.runSwarm(ctx, stdout, out)
 	}
-	printer.flush()
-	out.Text = printer.text()
+	if err != nil {
+		return err
+	}
 	out.TotalMs = ms(time.Since(start))
-	if !printer.first.IsZero() {
-		out.FirstTokenMs = ms(printer.first.Sub(start))
+	if !first.IsZero() {
+		out.FirstTokenMs = ms(first.Sub(start))
 	}
-	if *asJSON {
+	if g.asJSON {
 		enc := json.NewEncoder(stdout)
 		enc.SetIndent("", "  ")
 		return enc.Encode(out)
 	}
 	fmt.Fprintln(stdout)
-	fmt.Fprintf(stderr, "%d tokens, stop=%s, TTFT %.1f ms, %.2f ms/token", len(out.Tokens), out.Stop, out.TTFTms, out.MsPerToken)
-	if len(out.Route) > 0 {
-		fmt.Fprintf(stderr, ", reroutes %d\nroute:\n", out.Reroutes)
-		for i, h := range out.Route {
-			line := fmt.Sprintf("  %s layers %d-%d (%s)", h.Peer, h.Start, h.End, h.Reach)
-			if i < len(out.Hops) {
-				line += fmt.Sprintf(": %.2f ms/token compute, prefill %.2f ms", out.Hops[i].MeanUs/1000, float64(out.Hops[i].PrefillUs)/1000)
-			}
-			fmt.Fprintln(stderr, line)
-		}
-		printHopBreakdown(stderr, out.Hops, out.NetworkMsPerToken)
-	} else {
-		fmt.Fprintln(stderr)
-	}
+	printSummary(stderr, out)
 	return nil
 }
 
-func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
-
-func promptTokens(m *engine.Model, prompt string, chat bool) ([]int32, error) {
-	if chat {
-		p, err := m.ApplyChatTemplate([]engine.ChatMessage{{Role: "user", Content: prompt}}, true)
-		if err != nil {
-			return nil, fmt.Errorf("--chat: %w", err)
-		}
-		return m.Tokenize(p, true, true)
-	}
-	return m.Tokenize(prompt, true, false)
+// genFlags are generate's parsed flags.
+type genFlags struct {
+	fs         *flag.FlagSet
+	nf         netFlags
+	tf         trackerFlags
+	pf         perfFlags
+	model      string
+	prompt     string
+	chat       bool
+	maxTokens  int
+	sampling   *meshp2pb.SamplingParams
+	stops      []string
+	local      bool
+	mmap       bool
+	asJSON     bool
+	wire       meshp2pb.DType
+	wait       time.Duration
+	log        *slog.Logger
+	explicitDD bool // --data-dir given
 }
 
-func stopReason(m *engine.Model, toks []int32, p *streamPrinter, max int) string {
-	switch {
-	case p.stopped:
-		return "stop"
-	case len(toks) > 0 && m.IsEOG(toks[len(toks)-1]):
-		return "eos"
-	case len(toks) >= max:
-		return "max_tokens"
+// parseGenerate parses and checks generate's flags.
+func parseGenerate(stderr io.Writer, args []string) (*genFlags, error) {
+	g := &genFlags{fs: flag.NewFlagSet("generate", flag.ContinueOnError)}
+	fs := g.fs
+	fs.SetOutput(stderr)
+	fs.Usage = func() { fmt.Fprint(stderr, generateUsage); fs.PrintDefaults() }
+	g.nf.register(fs, node.PresetClient)
+	g.tf.registerOrigin(fs)
+	fs.StringVar(&g.model, "model", "", "model name, fingerprint (or unique prefix of 16+ hex chars), or a local GGUF file")
+	fs.StringVar(&g.prompt, "prompt", "", "prompt text (required)")
+	fs.BoolVar(&g.chat, "chat", false, "wrap the prompt as a user message with the model's chat template")
+	fs.IntVar(&g.maxTokens, "max-tokens", defaultGenMaxTokens, "most tokens to generate")
+	temp := fs.Float64("temperature", 0, "sampling temperature (0: greedy)")
+	topK := fs.Int("top-k", defaultGenTopK, "top-k filter when sampling (0: off)")
+	topP := fs.Float64("top-p", defaultGenTopP, "top-p filter when sampling (1: off)")
+	minP := fs.Float64("min-p", defaultGenMinP, "min-p filter when sampling (0: off)")
+	rep := fs.Float64("repeat-penalty", 1, "repetition penalty (1: off)")
+	repLastN := fs.Int("repeat-last-n", engine.DefaultRepeatLastN, "tokens the penalties look back (-1: the whole context)")
+	freq := fs.Float64("frequency-penalty", 0, "OpenAI's frequency penalty over the last --repeat-last-n tokens (0: off)")
+	pres := fs.Float64("presence-penalty", 0, "OpenAI's presence penalty over the last --repeat-last-n tokens (0: off)")
+	seed := fs.Uint64("seed", defaultGenSeed, "sampling seed, 64 bits (same seed, same output)")
+	stop := fs.String("stop", "", "comma-separated stop strings")
+	fs.BoolVar(&g.local, "local", false, "run the whole --model FILE in-process (the reference for the swarm)")
+	fs.BoolVar(&g.mmap, "mmap", true, "with --local: map the model file (--mmap=false reads it into memory)")
+	fs.BoolVar(&g.asJSON, "json", false, "print one JSON object instead of streaming text")
+	wire := fs.String("wire-dtype", frame.WireDTypes()[0].Name, "activation dtype between hops: "+wireDTypeHelp())
+	fs.DurationVar(&g.wait, "wait", client.DefaultWait, "how long to wait for peers covering the model")
+	verbose := fs.Bool("v", false, "debug logging")
+	g.pf.register(fs)
+	if err := parseFlags(fs, args); err != nil {
+		return nil, err
 	}
-	return "stop"
-}
-
-// loadVocab uses a local model file's vocabulary when --model is one, else
-// fetches the vocabulary from a peer serving the model.
-func loadVocab(ctx context.Context, n *node.Node, model, fp, dir string) (*engine.Model, error) {
-	if st, err := os.Stat(model); err == nil && !st.IsDir() {
-		return engine.LoadModel(ctx, model, engine.LoadOptions{VocabOnly: true})
+	if err := g.pf.check(); err != nil {
+		return nil, err
 	}
-	var errs []error
-	for _, s := range n.Table().Shards(fp) {
-		if !s.HasVocab {
-			continue
-		}
-		fctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		path, err := node.FetchVocab(fctx, n.ControlHost(), s.Peer, fp, dir)
-		cancel()
-		if err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		return engine.LoadModel(ctx, path, engine.LoadOptions{VocabOnly: true})
+	if g.model == "" || g.prompt == "" {
+		fs.Usage()
+		return nil, fmt.Errorf("%w: --model and --prompt are required", errUsage)
 	}
-	if len(errs) == 0 {
-		return nil, fmt.Errorf("no peer serving model %.16s offers its vocabulary", fp)
-	}
-	return nil, errors.Join(errs...)
-}
-
-// streamPrinter turns tokens into text as they arrive and watches for stop
-// strings. Text is held back only while it could be the start of a stop
-// string.
-type streamPrinter struct {
-	w       io.Writer
-	m       *engine.Model
-	stops   []string
-	live    bool
-	buf     strings.Builder
-	printed int
-	stopped bool
-	toks    []int32
-	first   time.Time // when the first token arrived
-}
-
-func newStreamPrinter(w io.Writer, m *engine.Model, stops []string, live bool) *streamPrinter {
-	return &streamPrinter{w: w, m: m, stops: stops, live: live}
-}
-
-// add records a token; it returns true when a stop string appeared.
-func (p *streamPrinter) add(tok int32) bool {
-	if p.first.IsZero() {
-		p.first = time.Now()
-	}
-	p.toks = append(p.toks, tok)
-	if p.stopped || p.m.IsEOG(tok) {
-		return p.stopped
-	}
-	piece, err := p.m.TokenPiece(tok, false)
+	wd, err := frame.ParseWireDType(*wire)
 	if err != nil {
-		return false
+		return nil, fmt.Errorf("%w: --wire-dtype: %w", errUsage, err)
 	}
-	p.buf.WriteString(piece)
-	s := p.buf.String()
-	for _, st := range p.stops {
-		if i := strings.Index(s[max(0, p.printed-len(st)):], st); i >= 0 {
-			cut := max(0, p.printed-len(st)) + i
-			p.buf.Reset()
-			p.buf.WriteString(s[:cut])
-			p.stopped = true
-			p.flush()
-			return true
-		}
-	}
-	safe := len(s)
-	for _, st := range p.stops {
-		for k := min(len(st)-1, len(s)); k > 0; k-- {
-			if strings.HasSuffix(s, st[:k]) {
-				safe = min(safe, len(s)-k)
-				break
-			}
-		}
-	}
-	if p.live && safe > p.printed {
-		fmt.Fprint(p.w, s[p.printed:safe])
-		p.printed = safe
-	}
-	return false
+	g.wire = wd
+	// The one sampling representation, from here to the tail (and to the
+	// in-process reference): the wire's SamplingParams.
+	g.sampling = &meshp2pb.SamplingParams{Temperature: float32(*temp), TopK: int32(*topK), TopP: float32(*topP), MinP: float32(*minP),
+		RepeatPenalty: float32(*rep), RepeatLastN: int32(*repLastN), FrequencyPenalty: float32(*freq), PresencePenalty: float32(*pres),
+		Seed: *seed}
+	g.stops = splitList(*stop)
+	g.log = newLoggerAt(stderr, *verbose, slog.LevelWarn)
+	fs.Visit(func(f *flag.Flag) { g.explicitDD = g.explicitDD || f.Name == "data-dir" })
+	return g, nil
 }
 
-func (p *streamPrinter) flush() {
-	s := p.buf.String()
-	if p.live && len(s) > p.printed {
-		fmt.Fprint(p.w, s[p.printed:])
-		p.printed = len(s)
+// The CLI's sampling defaults (the API follows OpenAI's: docs/api.md).
+const (
+	defaultGenMaxTokens = 64
+	defaultGenTopK      = 40
+	defaultGenTopP      = 0.95
+	defaultGenMinP      = 0.05
+	defaultGenSeed      = 42
+)
+
+// promptOf is the prompt --prompt and --chat ask for.
+func (g *genFlags) promptOf() client.Prompt {
+	if g.chat {
+		return client.UserPrompt(g.prompt)
+	}
+	return client.Prompt{Text: g.prompt}
+}
+
+// textOut is where streamed text goes: stdout, unless --json prints it
+// once at the end.
+func (g *genFlags) textOut(stdout io.Writer) func(string) {
+	if g.asJSON {
+		return nil
+	}
+	return func(d string) {
+		if d != "" {
+			fmt.Fprint(stdout, d)
+		}
 	}
 }
 
-func (p *streamPrinter) text() string { return p.buf.String() }
+// runLocal runs the whole model file in-process: the reference the
+// swarm's greedy output must equal. Prompt and text go through the same
+// client code as the swarm's.
+func (g *genFlags) runLocal(ctx context.Context, stdout io.Writer, out *genResult) (time.Time, error) {
+	m, err := engine.LoadModel(ctx, g.model, engine.LoadOptions{NoMmap: !g.mmap})
+	if err != nil {
+		return time.Time{}, err
+	}
+	defer m.Close()
+	v := enginevocab.Vocab{Model: m}
+	toks, err := g.promptOf().Tokens(v)
+	if err != nil {
+		return time.Time{}, promptError(err)
+	}
+	ec := node.DefaultEngine()
+	ec.MaxSessions, ec.NCtx, ec.Logger, ec.Threads = 1, len(toks)+g.maxTokens+16, g.log, *g.pf.threads
+	ec.NBatch = max(ec.NBatch, 2)
+	sh, err := engine.NewShard(ctx, m, ec)
+	if err != nil {
+		return time.Time{}, err
+	}
+	defer sh.Close()
+	st := client.NewStream(v, g.stops, g.textOut(stdout))
+	res, err := engine.RunChain(ctx, []*engine.Shard{sh}, toks, engine.ChainOptions{Steps: g.maxTokens - 1,
+		Sampling: engine.SamplingFromProto(g.sampling), Chunk: *g.pf.chunk,
+		Stop: func(t int32) bool { return st.Token(t) || m.IsEOG(t) }})
+	st.End()
+	if err != nil {
+		return time.Time{}, err
+	}
+	out.Tokens = res.Tokens
+	out.TTFTms = ms(res.Prefill)
+	if len(res.Tokens) > 1 {
+		out.MsPerToken = ms(res.Decode) / float64(len(res.Tokens)-1)
+	}
+	out.Stop, out.Text, out.Model = st.Finish(g.maxTokens), st.Text(), g.model
+	return st.FirstToken(), nil
+}
+
+// runSwarm generates through the swarm from a client peer of its own.
+// A --model naming a local file is fingerprinted here and its vocabulary
+// used as is; the client never opens files.
+func (g *genFlags) runSwarm(ctx context.Context, stdout io.Writer, out *genResult) (time.Time, error) {
+	pc, err := g.nf.config(node.PresetClient)
+	if err != nil {
+		return time.Time{}, err
+	}
+	if !g.explicitDD { // an ephemeral identity: never collide with a local node's
+		d, err := os.MkdirTemp("", "meshp2p-client-")
+		if err != nil {
+			return time.Time{}, err
+		}
+		defer os.RemoveAll(d)
+		pc.DataDir = d
+	}
+	pc.Logger = g.log
+	trackers, err := g.tf.applyOrigin(&pc)
+	if err != nil {
+		return time.Time{}, err
+	}
+	n, err := node.Start(ctx, node.Config{P2P: pc, Logger: g.log})
+	if err != nil {
+		return time.Time{}, err
+	}
+	defer n.Close()
+	var planner route.Planner
+	if len(trackers) > 0 {
+		planner = n.TrackerPlanner(trackers, g.tf.requireTracker)
+	}
+	o := n.Origin(planner)
+	o.Chunk = *g.pf.chunk
+	c, err := newClient(n, o, pc.DataDir, g.log, false)
+	if err != nil {
+		return time.Time{}, err
+	}
+	defer c.Close()
+	model, err := g.localModel(ctx, c)
+	if err != nil {
+		return time.Time{}, err
+	}
+	var first time.Time
+	res, err := c.Generate(ctx, client.Request{Model: model, Wait: g.wait, Prompt: g.promptOf(), MaxTokens: g.maxTokens,
+		Sampling: g.sampling, Stops: g.stops, WireDType: g.wire, OnText: g.textOut(stdout)})
+	if res != nil {
+		first = res.FirstToken
+		fillSwarmResult(out, res)
+	}
+	return first, promptError(err)
+}
+
+// localModel is the model name to resolve: --model as given, or the
+// fingerprint of the local file it names, whose vocabulary is then used
+// instead of fetching one.
+func (g *genFlags) localModel(ctx context.Context, c *client.Client) (string, error) {
+	st, err := os.Stat(g.model)
+	if err != nil || !st.Mode().IsRegular() {
+		return g.model, nil
+	}
+	f, err := gguf.Open(g.model)
+	if err != nil {
+		return "", err
+	}
+	fp, err := gguf.Fingerprint(ctx, f)
+	f.Close()
+	if err != nil {
+		return "", err
+	}
+	v, err := enginevocab.Load(ctx, g.model)
+	if err != nil {
+		return "", err
+	}
+	c.AddVocab(fp, v)
+	return fp, nil
+}
+
+// newClient is the client over a client peer n (generate, serve).
+func newClient(n *node.Node, o *session.Origin, dataDir string, log *slog.Logger, warm bool) (*client.Client, error) {
+	return client.New(client.Config{Swarm: n.P2P(), Host: n.ControlHost(), Table: n.Table(), Origin: o,
+		LoadVocab: enginevocab.Load, VocabDir: filepath.Join(dataDir, "vocab"), Warm: warm, Logger: log})
+}
+
+// fillSwarmResult copies a swarm generation's report into out.
+func fillSwarmResult(out *genResult, res *client.Result) {
+	out.Model, out.Tokens, out.Stop, out.Text = res.Model.Fingerprint, res.Tokens, res.Finish, res.Text
+	s := res.Session
+	if s == nil {
+		return
+	}
+	out.Reroutes, out.Failures, out.Hops = s.Reroutes, s.Failures, s.HopStats
+	out.TTFTms = ms(s.TTFT)
+	if len(s.Tokens) > 1 {
+		out.MsPerToken = (ms(s.Total) - ms(s.TTFT)) / float64(len(s.Tokens)-1)
+		out.NetworkMsPerToken = networkMs(out.MsPerToken, out.Hops)
+	}
+	if s.Route != nil {
+		for _, h := range s.Route.Hops {
+			out.Route = append(out.Route, routeHopJSON{Peer: h.Peer.String(), Start: h.Start, End: h.End, Reach: h.Reach.String()})
+		}
+	}
+}
+
+// promptError names the flag at fault for the prompt's errors.
+func promptError(err error) error {
+	if err == nil {
+		return nil
+	}
+	if errors.Is(err, client.ErrNoChatTemplate) || errors.Is(err, client.ErrChatTemplate) {
+		return fmt.Errorf("--chat: %w", err)
+	}
+	return err
+}
+
+// printSummary is the report on stderr after the streamed text.
+func printSummary(stderr io.Writer, out *genResult) {
+	fmt.Fprintf(stderr, "%d tokens, stop=%s, TTFT %.1f ms, %.2f ms/token", len(out.Tokens), out.Stop, out.TTFTms, out.MsPerToken)
+	if len(out.Route) == 0 {
+		fmt.Fprintln(stderr)
+		return
+	}
+	fmt.Fprintf(stderr, ", reroutes %d\nroute:\n", out.Reroutes)
+	for i, h := range out.Route {
+		line := fmt.Sprintf("  %s layers %d-%d (%s)", h.Peer, h.Start, h.End, h.Reach)
+		if i < len(out.Hops) {
+			line += fmt.Sprintf(": %.2f ms/token compute, prefill %.2f ms", out.Hops[i].MeanUs/1000, float64(out.Hops[i].PrefillUs)/1000)
+		}
+		fmt.Fprintln(stderr, line)
+	}
+	printHopBreakdown(stderr, out.Hops, out.NetworkMsPerToken)
+}
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }

@@ -55,14 +55,14 @@ func (f *apiFlags) register(fs *flag.FlagSet, defAddr, what string) {
 	fs.StringVar(&f.cors, "cors-origin", "", "comma-separated origins browsers may call the API from (* for any); default: no CORS headers")
 	fs.IntVar(&f.maxActive, "api-max-active", api.DefaultMaxActive, "generations the API runs at once")
 	fs.IntVar(&f.maxQueue, "api-queue", api.DefaultMaxQueue, "generations waiting for a slot; beyond that: 429 with Retry-After (-1: no queue)")
-	fs.IntVar(&f.maxTokens, "api-max-tokens", node.DefaultGatewayMaxTokens, "a chat completion's max_tokens when the request gives none")
+	fs.IntVar(&f.maxTokens, "api-max-tokens", api.DefaultChatMaxTokens, "a chat completion's max_tokens when the request gives none")
 	fs.Int64Var(&f.maxBody, "api-max-body", api.DefaultMaxBody, "largest request body in bytes (413 beyond)")
 }
 
-// run serves the API for gateway node c until ctx ends (stop ends it
-// sooner). It prints the base URL once listening. Each mount may add
+// run serves the API for gateway node c (a client peer; its vocabularies
+// go under dataDir) until ctx ends (stop ends it sooner). It prints the base URL once listening. Each mount may add
 // handlers beside /v1/ (api.Server.Handle; outside the API key).
-func (f *apiFlags) run(ctx context.Context, stdout io.Writer, log *slog.Logger, c *node.Node, planner route.Planner, mounts ...func(*api.Server)) (stop func(), err error) {
+func (f *apiFlags) run(ctx context.Context, stdout io.Writer, log *slog.Logger, c *node.Node, dataDir string, planner route.Planner, mounts ...func(*api.Server)) (stop func(), err error) {
 	key := f.key
 	if key == "" {
 		key = os.Getenv("MESHP2P_API_KEY")
@@ -74,7 +74,12 @@ func (f *apiFlags) run(ctx context.Context, stdout io.Writer, log *slog.Logger, 
 	if tcp, ok := ln.Addr().(*net.TCPAddr); ok && !tcp.IP.IsLoopback() && key == "" {
 		log.Warn("the API listens beyond loopback without --api-key: anyone who reaches it can use the swarm", "addr", ln.Addr().String())
 	}
-	g := node.NewGateway(c, node.GatewayConfig{Planner: planner, MaxTokens: f.maxTokens, WireDType: frame.WireDTypes()[0].DType, Logger: log})
+	cl, err := newClient(c, c.Origin(planner), dataDir, log, true)
+	if err != nil {
+		ln.Close()
+		return nil, err
+	}
+	g := api.NewSwarm(cl, api.SwarmConfig{MaxTokens: f.maxTokens, WireDType: frame.WireDTypes()[0].DType})
 	srv := api.New(api.Config{Backend: g, APIKey: key, CORSOrigins: splitList(f.cors), MaxActive: f.maxActive, MaxQueue: f.maxQueue,
 		MaxBody: f.maxBody, Logger: log})
 	for _, m := range mounts {
@@ -89,7 +94,7 @@ func (f *apiFlags) run(ctx context.Context, stdout io.Writer, log *slog.Logger, 
 		if err := <-done; err != nil {
 			log.Warn("api server", "err", err)
 		}
-		g.Close()
+		cl.Close()
 	}, nil
 }
 
@@ -146,7 +151,7 @@ func runServe(ctx context.Context, stdout, stderr io.Writer, args []string) erro
 	if len(trackers) > 0 {
 		planner = n.TrackerPlanner(trackers, tf.requireTracker)
 	}
-	stop, err := af.run(ctx, stdout, log, n, planner, dashboardMount(m, n, "gateway", log))
+	stop, err := af.run(ctx, stdout, log, n, pc.DataDir, planner, dashboardMount(m, n, "gateway", log))
 	if err != nil {
 		return err
 	}
@@ -195,7 +200,7 @@ func (f *apiFlags) startAPI(ctx context.Context, stdout io.Writer, log *slog.Log
 		time.Sleep(20 * time.Millisecond)
 	}
 	cancel()
-	stop, err := f.run(ctx, stdout, log, c, planner, dashboardMount(f.metrics, n, "node", log))
+	stop, err := f.run(ctx, stdout, log, c, gatewayDir, planner, dashboardMount(f.metrics, n, "node", log))
 	if err != nil {
 		c.Close()
 		return nil, err

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
+	"github.com/neuron-tai/meshp2p/client"
 	"io"
 	"log/slog"
 	"os"
@@ -63,7 +64,14 @@ func runStatus(ctx context.Context, stdout, stderr io.Writer, args []string) err
 	}
 	defer n.Close()
 	if *model != "" {
-		_, _, _ = n.WaitForModel(ctx, *model, *wait)
+		// Wait for the model to be routable; the document says what is
+		// missing when it is not.
+		c, err := client.New(client.Config{Swarm: n.P2P(), Table: n.Table(), Logger: log})
+		if err != nil {
+			return err
+		}
+		_, _ = c.Resolve(ctx, *model, *wait)
+		c.Close()
 	} else if err := settleView(ctx, n, *wait); err != nil {
 		return err
 	}

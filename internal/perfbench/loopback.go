@@ -3,6 +3,7 @@ package perfbench
 import (
 	"context"
 	"fmt"
+	"github.com/neuron-tai/meshp2p/client"
 	"net"
 	"os"
 	"time"
@@ -98,7 +99,14 @@ func startLoopback(ctx context.Context, shards []string, ec engine.Config, h tim
 		return nil, err
 	}
 	lb.Client = cl
-	lb.FP, lb.NLayer, err = cl.WaitForModel(ctx, lb.Nodes[0].Fingerprint(), 60*time.Second)
+	rc, err := client.New(client.Config{Swarm: cl.P2P(), Table: cl.Table()})
+	if err != nil {
+		lb.Close()
+		return nil, err
+	}
+	m, err := rc.Resolve(ctx, lb.Nodes[0].Fingerprint(), 60*time.Second)
+	rc.Close()
+	lb.FP, lb.NLayer = m.Fingerprint, m.NLayer
 	if err != nil {
 		lb.Close()
 		return nil, err

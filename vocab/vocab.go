@@ -1,4 +1,9 @@
-package node
+// Package vocab is the vocabulary protocol: a node serves its model's
+// vocabulary-only GGUF file (Service) so that origins without weights can
+// tokenize, and an origin fetches one from a peer and verifies it against
+// the model fingerprint (Fetch). No cgo: the file is checked with
+// engine/gguf, loaded by the caller.
+package vocab
 
 import (
 	"context"
@@ -19,17 +24,23 @@ import (
 	"github.com/neuron-tai/meshp2p/session"
 )
 
-// ProtoVocab serves vocabulary-only GGUF files to origins without weights.
+// The protocol (/meshp2p/<net>/vocab/1.0.0) and its bounds.
 const (
-	ProtoVocab        = "vocab"
-	ProtoVocabVersion = "1.0.0"
+	Proto        = "vocab"
+	ProtoVersion = "1.0.0"
+	// MaxBytes bounds a vocabulary file on the wire (a 152k-token Qwen
+	// vocabulary with merges is about 10 MiB).
+	MaxBytes = 64 << 20
+	// TransferTimeout bounds one vocabulary transfer (a 10 MiB file over
+	// a relayed home connection), on both ends.
+	TransferTimeout = 60 * time.Second
+	// MaxTransfers bounds concurrent vocabulary downloads from one node.
+	MaxTransfers = 4
 )
 
-// MaxVocabBytes bounds a vocabulary file on the wire (a 152k-token Qwen
-// vocabulary with merges is about 10 MiB).
-const MaxVocabBytes = 64 << 20
-
-type vocabService struct {
+// Service serves the vocabularies of the models a node holds; one
+// transfer per peer at a time, MaxTransfers in all.
+type Service struct {
 	host   session.Host
 	lim    frame.Limits
 	log    *slog.Logger
@@ -39,24 +50,24 @@ type vocabService struct {
 	active map[peer.ID]bool  // peers with a transfer in progress (one each)
 }
 
-// maxVocabTransfers bounds concurrent vocabulary downloads from one node.
-const maxVocabTransfers = 4
-
-func newVocabService(h session.Host, lim frame.Limits, log *slog.Logger) *vocabService {
-	lim.MaxPayload = MaxVocabBytes
-	v := &vocabService{host: h, lim: lim, log: log, sem: make(chan struct{}, maxVocabTransfers), byFP: map[string][]byte{},
+// NewService registers the protocol handler on h. lim is the node's frame
+// limits (its payload bound is raised to MaxBytes).
+func NewService(h session.Host, lim frame.Limits, log *slog.Logger) *Service {
+	lim.MaxPayload = MaxBytes
+	v := &Service{host: h, lim: lim, log: log, sem: make(chan struct{}, MaxTransfers), byFP: map[string][]byte{},
 		active: map[peer.ID]bool{}}
-	h.SetStreamHandler(h.ProtocolID(ProtoVocab, ProtoVocabVersion), v.handle)
+	h.SetStreamHandler(h.ProtocolID(Proto, ProtoVersion), v.handle)
 	return v
 }
 
-func (v *vocabService) add(fp, path string) error {
+// Add serves the vocabulary file at path for model fp.
+func (v *Service) Add(fp, path string) error {
 	data, err := os.ReadFile(path)
 	if err != nil {
 		return err
 	}
-	if len(data) > MaxVocabBytes {
-		return fmt.Errorf("vocabulary %s is %d bytes, over the %d limit", path, len(data), MaxVocabBytes)
+	if len(data) > MaxBytes {
+		return fmt.Errorf("vocabulary %s is %d bytes, over the %d limit", path, len(data), MaxBytes)
 	}
 	v.mu.Lock()
 	v.byFP[fp] = data
@@ -64,14 +75,15 @@ func (v *vocabService) add(fp, path string) error {
 	return nil
 }
 
-func (v *vocabService) close() {
-	v.host.RemoveStreamHandler(v.host.ProtocolID(ProtoVocab, ProtoVocabVersion))
+// Close removes the protocol handler.
+func (v *Service) Close() {
+	v.host.RemoveStreamHandler(v.host.ProtocolID(Proto, ProtoVersion))
 }
 
-func (v *vocabService) handle(s network.Stream) {
+func (v *Service) handle(s network.Stream) {
 	defer s.Close()
 	// One peer may hold one transfer slot at a time, so a single peer
-	// cannot occupy all of them for VocabTransferTimeout.
+	// cannot occupy all of them for TransferTimeout.
 	p := s.Conn().RemotePeer()
 	v.mu.Lock()
 	busy := v.active[p]
@@ -95,7 +107,7 @@ func (v *vocabService) handle(s network.Stream) {
 		_ = s.Reset() // busy: the client tries another peer
 		return
 	}
-	_ = s.SetDeadline(time.Now().Add(VocabTransferTimeout))
+	_ = s.SetDeadline(time.Now().Add(TransferTimeout))
 	var req meshp2pb.VocabRequest
 	if err := frame.NewReader(s, v.lim).ReadMessage(&req); err != nil {
 		_ = s.Reset()
@@ -113,14 +125,19 @@ func (v *vocabService) handle(s network.Stream) {
 	_ = w.WriteBlob(&meshp2pb.VocabResponse{Size: uint64(len(data))}, data)
 }
 
-// FetchVocab downloads the vocabulary of model fp from peer p into dir and
-// verifies it against the fingerprint. It returns the file's path.
-func FetchVocab(ctx context.Context, h session.Host, p peer.ID, fp, dir string) (string, error) {
+// FileName is the name Fetch gives model fp's vocabulary in its dir.
+func FileName(fp string) string { return fp[:16] + ".vocab.gguf" }
+
+// Fetch downloads the vocabulary of model fp from peer p into dir and
+// verifies it against the fingerprint (gguf.CheckVocab). It returns the
+// file's path. The transfer ends with ctx; callers bound it with
+// TransferTimeout.
+func Fetch(ctx context.Context, h session.Host, p peer.ID, fp, dir string) (string, error) {
 	if !route.ValidFingerprint(fp) {
 		return "", fmt.Errorf("vocab: %q is not a model fingerprint", fp)
 	}
-	lim := frame.Limits{MaxPayload: MaxVocabBytes}
-	s, err := h.NewStream(ctx, p, h.ProtocolID(ProtoVocab, ProtoVocabVersion))
+	lim := frame.Limits{MaxPayload: MaxBytes}
+	s, err := h.NewStream(ctx, p, h.ProtocolID(Proto, ProtoVersion))
 	if err != nil {
 		return "", fmt.Errorf("vocab from %s: %w", p, err)
 	}
@@ -145,7 +162,7 @@ func FetchVocab(ctx context.Context, h session.Host, p peer.ID, fp, dir string) 
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return "", err
 	}
-	out := filepath.Join(dir, fp[:16]+".vocab.gguf")
+	out := filepath.Join(dir, FileName(fp))
 	tmp := out + ".tmp"
 	if err := os.WriteFile(tmp, data, 0o600); err != nil {
 		return "", err

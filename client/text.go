@@ -1,16 +1,17 @@
-package api
+package client
 
 import (
 	"strings"
 	"unicode/utf8"
 )
 
-// textStream assembles token pieces into the text a client sees. Text is
-// released only up to a point where it can no longer change: never inside
-// a UTF-8 character, never while its end could be the start of a stop
-// string. A stop string is found across token boundaries and is never
-// emitted; the text ends where it begins.
-type textStream struct {
+// Text assembles token pieces into the text a user sees. Text is released
+// only up to a point where it can no longer change: never inside a UTF-8
+// character, never while its end could be the start of a stop string. A
+// stop string is found across token boundaries and is never emitted; the
+// text ends where it begins. The zero value has no stop strings; a Text is
+// not safe for concurrent use.
+type Text struct {
 	stops    []string
 	buf      strings.Builder
 	released int // bytes handed out by next
@@ -18,8 +19,12 @@ type textStream struct {
 	stopped  bool
 }
 
-// add appends a token's piece; it reports whether a stop string appeared.
-func (t *textStream) add(piece string) bool {
+// NewText returns a Text that ends at the first of stops.
+func NewText(stops []string) *Text { return &Text{stops: stops} }
+
+// Add appends a token's piece; it reports whether a stop string appeared
+// (then and afterwards: nothing more is added).
+func (t *Text) Add(piece string) bool {
 	if t.stopped {
 		return true
 	}
@@ -41,9 +46,9 @@ func (t *textStream) add(piece string) bool {
 	return t.stopped
 }
 
-// next returns the text that became final since the last call. With end,
+// Next returns the text that became final since the last call. With end,
 // everything left is final (the generation is over).
-func (t *textStream) next(end bool) string {
+func (t *Text) Next(end bool) string {
 	s := t.buf.String()
 	safe := len(s)
 	if !end && !t.stopped {
@@ -74,5 +79,8 @@ func (t *textStream) next(end bool) string {
 	return out
 }
 
-// text is everything assembled so far.
-func (t *textStream) text() string { return t.buf.String() }
+// String is everything assembled so far (up to a stop string).
+func (t *Text) String() string { return t.buf.String() }
+
+// Stopped reports whether a stop string appeared.
+func (t *Text) Stopped() bool { return t.stopped }

@@ -1,9 +1,10 @@
-package node
+package api_test
 
 import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http/httptest"
 	"strings"
 	"sync"
@@ -11,15 +12,20 @@ import (
 	"testing"
 	"time"
 
+	"github.com/libp2p/go-libp2p/core/peer"
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
 
 	"github.com/neuron-tai/meshp2p/api"
+	"github.com/neuron-tai/meshp2p/client"
 	"github.com/neuron-tai/meshp2p/engine"
 	"github.com/neuron-tai/meshp2p/engine/gguf"
 	"github.com/neuron-tai/meshp2p/internal/testmodels"
 	"github.com/neuron-tai/meshp2p/internal/testmodels/chatmodel"
+	"github.com/neuron-tai/meshp2p/internal/testswarm"
+	"github.com/neuron-tai/meshp2p/node"
 	"github.com/neuron-tai/meshp2p/proto/meshp2pb"
+	"github.com/neuron-tai/meshp2p/session"
 )
 
 // reference is what `generate --local` prints for prompt: the whole model
@@ -90,23 +96,22 @@ func promptOf(t *testing.T, model string, chat bool, text string) []int32 {
 // streams sharing the route; a client that leaves frees every hop.
 func TestGatewayOpenAISDK(t *testing.T) {
 	model := chatmodel.ChatStories(t)
-	tn := newTestNet(t)
-	var hops []*Node
+	tn := testswarm.New(t)
+	var hops []*node.Node
 	for _, r := range gguf.EvenSplit(5, 3) {
-		hops = append(hops, tn.shardWith(model, &r, func(c *Config) { c.Engine.MaxSessions, c.Engine.NCtx = 8, 1024 }))
+		hops = append(hops, tn.Shard(model, &r, func(c *node.Config) { c.Engine.MaxSessions, c.Engine.NCtx = 8, 1024 }))
 	}
 	// A second model whose layers 2-4 nobody serves: known, not routable.
 	partial := synthModel(t, "partial", 4)
-	tn.shard(partial, gguf.Range{Start: 0, End: 2})
-	c := tn.client()
-	fp, _ := waitModel(t, c, "stories-chat")
+	tn.Shard(partial, &gguf.Range{Start: 0, End: 2}, nil)
+	c := tn.Client()
+	fp := waitModel(t, c, "stories-chat").Fingerprint
 	for deadline := time.Now().Add(20 * time.Second); len(c.Table().Shards("")) < 4; time.Sleep(20 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatal("the partial model's shard never reached the client")
 		}
 	}
-	g := NewGateway(c, GatewayConfig{})
-	defer g.Close()
+	g := api.NewSwarm(c, api.SwarmConfig{})
 	srv := httptest.NewServer(api.New(api.Config{Backend: g, APIKey: "test-key"}))
 	defer srv.Close()
 	client := openai.NewClient(option.WithBaseURL(srv.URL+"/v1/"), option.WithAPIKey("test-key"), option.WithMaxRetries(0))
@@ -407,17 +412,68 @@ func meshp2pExt(t *testing.T, raw string) (ext struct {
 // says why, not a 500.
 func TestGatewaySwarmRefusalIs503(t *testing.T) {
 	model := testmodels.Path(t, "stories260K.gguf")
-	tn := newTestNet(t)
-	stranger := newTestNet(t).client() // a tracker id the hop trusts; it never signs anything here
-	tn.shardWith(model, &gguf.Range{Start: 0, End: 5}, requireTicket(tn, stranger.P2P().ID()))
-	c := tn.client()
+	tn := testswarm.New(t)
+	stranger := testswarm.New(t).Peer() // a tracker id the hop trusts; it never signs anything here
+	tn.Shard(model, &gguf.Range{Start: 0, End: 5}, func(c *node.Config) {
+		c.Hop.Admit = session.TicketAdmission(session.TicketPolicy{Network: tn.Network, Trusted: []peer.ID{stranger.P2P().ID()}})
+	})
+	c := tn.Client()
 	waitModel(t, c, "stories260K")
-	g := NewGateway(c, GatewayConfig{})
-	defer g.Close()
-	_, err := g.Generate(context.Background(), &api.GenerateRequest{Model: "stories260K", Prompt: "Once upon a time", MaxTokens: 4}, func(string) bool { return true })
+	g := api.NewSwarm(c, api.SwarmConfig{})
+	_, err := g.Generate(context.Background(), &api.GenerateRequest{Model: "stories260K", Prompt: "Once upon a time", MaxTokens: 4}, func(string) {})
 	var ae *api.Error
 	if !errors.As(err, &ae) || ae.Status != 503 || ae.Code != "generation_failed" || !strings.Contains(ae.Message, "TICKET") {
 		t.Fatalf("want a 503 generation_failed naming the ticket refusal, got %v (%#v)", err, ae)
 	}
 	t.Logf("the client sees: %s", ae.Message)
+}
+
+// waitModel waits until the client can route model.
+func waitModel(t *testing.T, c *client.Client, model string) client.Model {
+	t.Helper()
+	m, err := c.Resolve(context.Background(), model, 30*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+// synthModel writes a small random-weight llama model of the given name.
+func synthModel(t *testing.T, name string, layers int) string {
+	t.Helper()
+	spec := gguf.DefaultSpec("llama")
+	spec.Layers, spec.Embd, spec.FF, spec.Name = layers, 64, 128, name
+	spec.Seed = uint64(len(name))
+	path := fmt.Sprintf("%s/%s.gguf", t.TempDir(), name)
+	if err := gguf.Synth(context.Background(), spec, path); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// localTokens runs the whole model in-process, greedy: the reference.
+func localTokens(t *testing.T, model string, prompt []int32, n int) []int32 {
+	t.Helper()
+	return localSampled(t, model, prompt, n, nil)
+}
+
+// localSampled runs the whole model in-process with sp (`generate
+// --local`).
+func localSampled(t *testing.T, model string, prompt []int32, n int, sp *meshp2pb.SamplingParams) []int32 {
+	t.Helper()
+	m, err := engine.LoadModel(context.Background(), model, engine.LoadOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	s, err := engine.NewShard(context.Background(), m, engine.Config{NCtx: max(256, len(prompt)+n+16), NBatch: 64, MaxSessions: 1, Threads: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	res, err := engine.RunChain(context.Background(), []*engine.Shard{s}, prompt, engine.ChainOptions{Steps: n - 1, Chunk: 128, Sampling: engine.SamplingFromProto(sp)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return res.Tokens
 }

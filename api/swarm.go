@@ -1,0 +1,145 @@
+package api
+
+import (
+	"context"
+	"errors"
+
+	"github.com/neuron-tai/meshp2p/client"
+	"github.com/neuron-tai/meshp2p/p2p"
+	"github.com/neuron-tai/meshp2p/proto/frame"
+	"github.com/neuron-tai/meshp2p/proto/meshp2pb"
+	"github.com/neuron-tai/meshp2p/route"
+	"github.com/neuron-tai/meshp2p/session"
+)
+
+// DefaultChatMaxTokens is a chat completion's length when the request
+// gives no max_tokens (`serve --api-max-tokens`).
+const DefaultChatMaxTokens = 512
+
+// SwarmConfig configures Swarm.
+type SwarmConfig struct {
+	// MaxTokens is the default max_tokens of chat requests (0:
+	// DefaultChatMaxTokens; completions default to
+	// DefaultCompletionMaxTokens, as OpenAI's).
+	MaxTokens int
+	// WireDType between hops (0: f32, bit-exact).
+	WireDType meshp2pb.DType
+}
+
+// Swarm is the Backend over the swarm: every request runs through a
+// client.Client (model resolution by name, fingerprint or prefix — never a
+// file —, vocabulary, chat template, text, re-routes), and its errors
+// become OpenAI error objects here, the only place that builds them.
+type Swarm struct {
+	c   *client.Client
+	cfg SwarmConfig
+}
+
+var _ Backend = (*Swarm)(nil)
+
+// NewSwarm returns the Backend over c.
+func NewSwarm(c *client.Client, cfg SwarmConfig) *Swarm {
+	if cfg.MaxTokens <= 0 {
+		cfg.MaxTokens = DefaultChatMaxTokens
+	}
+	return &Swarm{c: c, cfg: cfg}
+}
+
+// Models lists what the swarm can route.
+func (b *Swarm) Models(context.Context) ([]Model, error) {
+	ms := b.c.Models()
+	out := make([]Model, len(ms))
+	for i, m := range ms {
+		out[i] = Model{ID: m.ID, Name: m.Name, Fingerprint: m.Fingerprint, NLayer: m.NLayer, Created: m.Created}
+	}
+	return out, nil
+}
+
+// Generate runs one request through the swarm.
+func (b *Swarm) Generate(ctx context.Context, req *GenerateRequest, onText func(delta string)) (*GenerateResult, error) {
+	maxTok := req.MaxTokens
+	if maxTok <= 0 {
+		maxTok = b.cfg.MaxTokens
+	}
+	cr := client.Request{Model: req.Model, Wait: client.APIResolveWait, Prompt: client.Prompt{Text: req.Prompt},
+		MaxTokens: maxTok, Sampling: req.sampling(), Stops: req.Stops, WireDType: b.cfg.WireDType, OnText: onText}
+	if req.Messages != nil {
+		cr.Prompt.Messages = make([]client.Message, len(req.Messages))
+		for i, m := range req.Messages {
+			cr.Prompt.Messages[i] = client.Message{Role: m.Role, Content: m.Content}
+		}
+	}
+	if req.OnRoute != nil {
+		cr.OnRoute = func(m client.Model, rt *route.Route, reroutes int) {
+			req.OnRoute(RouteInfo{Model: m.ID, Fingerprint: m.Fingerprint, Hops: hops(rt), Reroutes: reroutes})
+		}
+	}
+	res, err := b.c.Generate(ctx, cr)
+	var out *GenerateResult
+	if res != nil {
+		out = &GenerateResult{Model: res.Model.ID, Fingerprint: res.Model.Fingerprint, PromptTokens: res.PromptTokens,
+			CompletionTokens: len(res.Tokens), Length: res.Finish == client.FinishLength}
+		if s := res.Session; s != nil {
+			out.Reroutes = s.Reroutes
+			if s.Route != nil {
+				out.Route = hops(s.Route)
+			}
+		}
+	}
+	if err != nil {
+		return out, swarmError(ctx, req.Model, err)
+	}
+	return out, nil
+}
+
+// sampling is the request's SamplingParams: OpenAI's fields plus the
+// llama.cpp-server extensions top_k, min_p and repeat_penalty.
+func (r *GenerateRequest) sampling() *meshp2pb.SamplingParams {
+	sp := &meshp2pb.SamplingParams{Temperature: r.Temperature, TopP: r.TopP, TopK: int32(r.TopK), MinP: r.MinP,
+		RepeatPenalty: r.RepeatPenalty, Seed: r.Seed, FrequencyPenalty: r.FrequencyPenalty, PresencePenalty: r.PresencePenalty}
+	if sp.FrequencyPenalty != 0 || sp.PresencePenalty != 0 {
+		sp.RepeatLastN = -1 // OpenAI's penalties count the whole completion
+	}
+	return sp
+}
+
+func hops(rt *route.Route) []Hop {
+	out := make([]Hop, len(rt.Hops))
+	for i, h := range rt.Hops {
+		out[i] = Hop{Peer: h.Peer.String(), Start: h.Start, End: h.End}
+	}
+	return out
+}
+
+// swarmError is the OpenAI error a client error becomes; errors of the
+// request's own context pass through (the client left).
+func swarmError(ctx context.Context, model string, err error) error {
+	var ce *client.ContextError
+	switch {
+	case ctx.Err() != nil:
+		return ctx.Err()
+	case errors.Is(err, route.ErrAmbiguousModel):
+		return BadRequest("model", "%v", err)
+	case errors.Is(err, client.ErrModelNotFound):
+		return ModelNotFound(model)
+	case errors.As(err, &ce):
+		return BadRequest("max_tokens", "%v", ce)
+	case errors.Is(err, client.ErrNoChatTemplate):
+		return BadRequest("messages", "model %s has no chat template in its GGUF file: use /v1/completions with a prompt", model)
+	case errors.Is(err, client.ErrChatTemplate), errors.Is(err, client.ErrEmptyPrompt):
+		return BadRequest("messages", "model %s: %v", model, err)
+	case errors.Is(err, client.ErrNoVocab), errors.Is(err, client.ErrTooManyModels), errors.Is(err, p2p.ErrNoPeers):
+		return Unavailable("model %s: %v", model, err)
+	case errors.Is(err, route.ErrNoRoute):
+		return Unavailable("model %s: %v", model, err)
+	case frame.Code(err) == meshp2pb.ErrorCode_ERROR_CODE_BAD_REQUEST:
+		// A hop refused the request itself (e.g. more KV cells than it
+		// gives one session).
+		return BadRequest("max_tokens", "model %s: %v", model, err)
+	case errors.Is(err, session.ErrGeneration) && frame.Code(err) != meshp2pb.ErrorCode_ERROR_CODE_UNSPECIFIED:
+		// The swarm refused or failed it (a hop's report, e.g. a missing
+		// route ticket), not this gateway: 503 with the report, not 500.
+		return SwarmFailed("model %s: %v", model, err)
+	}
+	return err
+}

@@ -1,0 +1,106 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/neuron-tai/meshp2p/p2p"
+	"github.com/neuron-tai/meshp2p/route"
+	"github.com/neuron-tai/meshp2p/session"
+)
+
+// Config is what a Client runs over: a client peer's pieces (node.Start
+// with the client preset gives them: P2P(), ControlHost(), Table(),
+// Origin(planner)).
+type Config struct {
+	// Swarm is the client's peer: discovery (adverts pulled from
+	// connected peers, DHT lookups) and why it reaches nobody.
+	Swarm *p2p.Node
+	// Host opens control streams (the vocabulary protocol): it must not
+	// wait for hole punches. Needed by Vocab and Generate.
+	Host session.Host
+	// Table is the capability table the Swarm's adverts feed.
+	Table *route.Table
+	// Origin runs route sessions (plans, re-routes, capacity waits).
+	// Needed by Generate.
+	Origin *session.Origin
+	// LoadVocab loads a vocabulary-only GGUF file. Needed by Vocab and
+	// Generate.
+	LoadVocab VocabLoader
+	// VocabDir is where fetched vocabularies are kept (and found again).
+	VocabDir string
+	// Warm, if set, re-pulls adverts from connected peers every
+	// WarmInterval on top of gossip (a long-lived gateway).
+	Warm   bool
+	Logger *slog.Logger
+}
+
+// Client is the origin side of the swarm for one peer. Close it before the
+// peer.
+type Client struct {
+	cfg Config
+	log *slog.Logger
+
+	mu      sync.Mutex
+	vocabs  map[string]*vocabEntry
+	created map[string]int64 // fingerprint → unix time first listed
+
+	ctx    context.Context // ends at Close
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+}
+
+// New returns a client over cfg.
+func New(cfg Config) (*Client, error) {
+	if cfg.Swarm == nil || cfg.Table == nil {
+		return nil, errors.New("client: Config needs Swarm and Table")
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	c := &Client{cfg: cfg, log: log, vocabs: map[string]*vocabEntry{}, created: map[string]int64{}}
+	c.ctx, c.cancel = context.WithCancel(context.Background())
+	if cfg.Warm {
+		c.wg.Add(1)
+		go func() { defer c.wg.Done(); c.warm(c.ctx) }()
+	}
+	return c, nil
+}
+
+// Close stops the client's background work and frees its vocabularies.
+func (c *Client) Close() {
+	c.cancel()
+	c.wg.Wait()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for fp, e := range c.vocabs {
+		if e.v != nil { // every fetch has ended (wg)
+			e.v.Close()
+		}
+		delete(c.vocabs, fp)
+	}
+}
+
+// Table is the capability table the client plans over.
+func (c *Client) Table() *route.Table { return c.cfg.Table }
+
+// warm keeps the capability table current beyond gossip: a periodic pull
+// of the adverts every connected peer holds.
+func (c *Client) warm(ctx context.Context) {
+	t := time.NewTicker(WarmInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			sctx, cancel := context.WithTimeout(ctx, LookupTimeout)
+			c.cfg.Swarm.Discovery().Sync(sctx)
+			cancel()
+		}
+	}
+}

@@ -1,0 +1,40 @@
+// Package enginevocab adapts the engine's model (llama.cpp, cgo) to
+// client.Vocab. It is the only link between the client and the engine:
+// the CLI and tests pass Load as client.Config.LoadVocab.
+package enginevocab
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/neuron-tai/meshp2p/client"
+	"github.com/neuron-tai/meshp2p/engine"
+)
+
+// Vocab is an engine model seen as a client.Vocab.
+type Vocab struct{ *engine.Model }
+
+var _ client.Vocab = Vocab{}
+
+// Load loads the vocabulary of the GGUF file at path (no weights).
+func Load(ctx context.Context, path string) (client.Vocab, error) {
+	m, err := engine.LoadModel(ctx, path, engine.LoadOptions{VocabOnly: true})
+	if err != nil {
+		return nil, err
+	}
+	return Vocab{m}, nil
+}
+
+// ApplyChatTemplate renders msgs with the model's chat template.
+func (v Vocab) ApplyChatTemplate(msgs []client.Message, addAssistant bool) (string, error) {
+	em := make([]engine.ChatMessage, len(msgs))
+	for i, m := range msgs {
+		em[i] = engine.ChatMessage{Role: m.Role, Content: m.Content}
+	}
+	s, err := v.Model.ApplyChatTemplate(em, addAssistant)
+	if errors.Is(err, engine.ErrNoChatTemplate) {
+		return "", fmt.Errorf("%w: %w", client.ErrNoChatTemplate, err)
+	}
+	return s, err
+}

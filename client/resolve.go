@@ -1,0 +1,204 @@
+package client
+
+import (
+	"context"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/neuron-tai/meshp2p/route"
+)
+
+// Model is one model the swarm serves.
+type Model struct {
+	// ID names the model to users: its network name, or its fingerprint
+	// when several models share the name (or it has none).
+	ID          string
+	Name        string
+	Fingerprint string
+	NLayer      int
+	// Created is when this client first listed it (unix seconds).
+	Created int64
+}
+
+// Models lists every model whose layers the known peers cover (live or
+// full), sorted by ID.
+func (c *Client) Models() []Model {
+	byFP := map[string][]route.Shard{}
+	for _, s := range c.cfg.Table.Shards("") {
+		byFP[s.Fingerprint] = append(byFP[s.Fingerprint], s)
+	}
+	names := map[string]int{}
+	var out []Model
+	for fp, ss := range byFP {
+		nl, err := c.cfg.Table.LayerCount(fp)
+		if err != nil || !covered(ss, nl) {
+			continue
+		}
+		out = append(out, Model{Name: ss[0].ModelName, Fingerprint: fp, NLayer: nl})
+		names[ss[0].ModelName]++
+	}
+	now := time.Now().Unix()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for i := range out {
+		m := &out[i]
+		m.ID = m.Name
+		if m.ID == "" || names[m.Name] > 1 {
+			m.ID = m.Fingerprint
+		}
+		if _, ok := c.created[m.Fingerprint]; !ok {
+			c.created[m.Fingerprint] = now
+		}
+		m.Created = c.created[m.Fingerprint]
+	}
+	slices.SortFunc(out, func(a, b Model) int { return strings.Compare(a.ID, b.ID) })
+	return out
+}
+
+// modelOf is the Model the client lists for fingerprint fp (its ID as
+// Models gives it), also for a model not covered now.
+func (c *Client) modelOf(fp string, nl int) Model {
+	for _, m := range c.Models() {
+		if m.Fingerprint == fp {
+			return m
+		}
+	}
+	m := Model{ID: fp, Fingerprint: fp, NLayer: nl}
+	for _, s := range c.cfg.Table.Shards(fp) {
+		if s.ModelName != "" {
+			m.ID, m.Name = s.ModelName, s.ModelName
+			break
+		}
+	}
+	return m
+}
+
+// Resolve finds the model a user names (network name, fingerprint, or a
+// unique fingerprint prefix of route.MinPrefix+ hex characters) and waits
+// up to wait for peers that cover every layer (peers full now count: the
+// origin waits for room). While it waits it re-pulls adverts from
+// connected peers and asks the DHT every WaitLookupInterval. Errors:
+// route.ErrAmbiguousModel at once; p2p.ErrNoPeers as soon as every
+// bootstrap peer refused us for a reason waiting will not fix; after the
+// wait ErrModelNotFound, or the *route.NoRouteError naming the layers
+// nobody serves.
+func (c *Client) Resolve(ctx context.Context, model string, wait time.Duration) (Model, error) {
+	ctx, cancel := context.WithTimeout(ctx, wait)
+	defer cancel()
+	sw, table := c.cfg.Swarm, c.cfg.Table
+	key := route.NameKey(model)
+	if len(model) == 64 && isHex(model) {
+		key = model
+	}
+	changed := table.Changed()
+	lookup := time.NewTimer(0)
+	defer lookup.Stop()
+	alone := time.NewTicker(WaitUnreachableCheck)
+	defer alone.Stop()
+	var looking atomic.Bool
+	var lastErr error
+	for {
+		m, err := c.routable(ctx, model)
+		if err == nil || errors.Is(err, route.ErrAmbiguousModel) {
+			return m, err
+		}
+		lastErr = err
+		select {
+		case <-ctx.Done():
+			return Model{}, c.waitFailed(ctx, wait, lastErr)
+		case <-alone.C:
+			if sw.Unreachable() {
+				return Model{}, sw.NoPeersError()
+			}
+		case <-changed:
+		case <-lookup.C:
+			if looking.CompareAndSwap(false, true) {
+				go func() {
+					defer looking.Store(false)
+					lctx, cancel := context.WithTimeout(ctx, WaitLookupTimeout)
+					defer cancel()
+					sw.Discovery().Sync(lctx)
+					_, _ = sw.Discovery().Lookup(lctx, key)
+				}()
+			}
+			lookup.Reset(WaitLookupInterval)
+		}
+	}
+}
+
+// routable resolves model in the table and checks that some route covers
+// every layer, full peers included.
+func (c *Client) routable(ctx context.Context, model string) (Model, error) {
+	fp, nl, err := c.cfg.Table.Resolve(model)
+	if err != nil {
+		return Model{}, err
+	}
+	_, err = (&route.LocalPlanner{Table: c.cfg.Table}).Plan(ctx, route.Request{Fingerprint: fp, NLayer: nl})
+	if err != nil && !errors.Is(err, route.ErrRouteFull) {
+		return Model{}, err
+	}
+	return c.modelOf(fp, nl), nil
+}
+
+// waitFailed is Resolve's error when the wait ended: the caller's own
+// context, no peers at all, an unknown model, or the layers nobody serves.
+func (c *Client) waitFailed(ctx context.Context, wait time.Duration, lastErr error) error {
+	if !errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		return ctx.Err()
+	}
+	sw := c.cfg.Swarm
+	if err := sw.NoPeersError(); err != nil {
+		return fmt.Errorf("after waiting %s: %w", wait, err)
+	}
+	seen := fmt.Sprintf("connected to %d peer(s), %d advert(s) seen", sw.PeerCount(), len(sw.Discovery().Adverts()))
+	if errors.Is(lastErr, route.ErrUnknownModel) {
+		return fmt.Errorf("%w after waiting %s (%s): %w", ErrModelNotFound, wait, seen, lastErr)
+	}
+	return fmt.Errorf("after waiting %s (%s): %w", wait, seen, lastErr)
+}
+
+// covered reports whether shards of one model chain from layer 0 to nl.
+func covered(ss []route.Shard, nl int) bool {
+	reach := map[int]bool{0: true}
+	for changed := true; changed; {
+		changed = false
+		for _, s := range ss {
+			if s.NLayer == nl && reach[s.Start] && !reach[s.End] {
+				reach[s.End], changed = true, true
+			}
+		}
+	}
+	return nl > 0 && reach[nl]
+}
+
+// contextLimit is the longest session (KV cells) any route over ss could
+// hold: per layer the largest advertised n_ctx of a shard covering it, the
+// least of those over the layers (0: unknown).
+func contextLimit(ss []route.Shard, nl int) int {
+	limit := 0
+	for l := 0; l < nl; l++ {
+		best := 0
+		for _, s := range ss {
+			if s.NLayer == nl && s.Start <= l && l < s.End {
+				best = max(best, int(s.Capacity.GetNCtx()))
+			}
+		}
+		if best == 0 {
+			return 0
+		}
+		if limit == 0 || best < limit {
+			limit = best
+		}
+	}
+	return limit
+}
+
+func isHex(s string) bool {
+	_, err := hex.DecodeString(s)
+	return err == nil
+}

@@ -1,0 +1,159 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"github.com/neuron-tai/meshp2p/engine/gguf"
+	"github.com/neuron-tai/meshp2p/route"
+	"github.com/neuron-tai/meshp2p/vocab"
+)
+
+// Vocab is the tokenizer of one model: what the client needs of the
+// engine (client/enginevocab adapts engine.Model).
+type Vocab interface {
+	// Tokenize turns text into token ids; addSpecial adds BOS (and EOS
+	// where the model wants it), parseSpecial reads special-token text as
+	// the special token.
+	Tokenize(text string, addSpecial, parseSpecial bool) ([]int32, error)
+	// TokenPiece is the text of one token (raw bytes: it may end inside
+	// a UTF-8 character).
+	TokenPiece(tok int32, special bool) (string, error)
+	// IsEOG reports an end-of-generation token.
+	IsEOG(tok int32) bool
+	// ApplyChatTemplate renders msgs with the model's chat template
+	// (ErrNoChatTemplate when the model has none).
+	ApplyChatTemplate(msgs []Message, addAssistant bool) (string, error)
+	Close()
+}
+
+// VocabLoader loads the vocabulary-only GGUF file at path.
+type VocabLoader func(ctx context.Context, path string) (Vocab, error)
+
+// vocabEntry is one model's vocabulary: loaded, being fetched (ready
+// open) or failed.
+type vocabEntry struct {
+	ready chan struct{}
+	v     Vocab
+	err   error
+}
+
+// AddVocab makes v the vocabulary of model fp (e.g. from a local model
+// file the caller opened), so Vocab fetches nothing; the client closes it.
+func (c *Client) AddVocab(fp string, v Vocab) {
+	e := &vocabEntry{ready: make(chan struct{}), v: v}
+	close(e.ready)
+	c.mu.Lock()
+	old := c.vocabs[fp]
+	c.vocabs[fp] = e
+	c.mu.Unlock()
+	if old != nil {
+		<-old.ready
+		if old.v != nil {
+			old.v.Close()
+		}
+	}
+}
+
+// Vocab returns model fp's vocabulary: the one added or fetched before,
+// else fetched once from a peer that advertises it and verified against
+// the fingerprint. Concurrent callers share one fetch; a failed fetch is
+// forgotten so a later call tries again.
+func (c *Client) Vocab(ctx context.Context, fp string) (Vocab, error) {
+	if c.cfg.Host == nil || c.cfg.LoadVocab == nil {
+		return nil, errors.New("client: Config needs Host and LoadVocab to fetch vocabularies")
+	}
+	c.mu.Lock()
+	e, ok := c.vocabs[fp]
+	if !ok {
+		if len(c.vocabs) >= MaxVocabs {
+			c.mu.Unlock()
+			return nil, fmt.Errorf("%w: the client holds the vocabularies of %d models, its limit", ErrTooManyModels, MaxVocabs)
+		}
+		e = &vocabEntry{ready: make(chan struct{})}
+		c.vocabs[fp] = e
+		c.wg.Add(1)
+		go func() { defer c.wg.Done(); c.fetchVocab(fp, e) }()
+	}
+	c.mu.Unlock()
+	select {
+	case <-e.ready:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	if e.err != nil {
+		return nil, e.err
+	}
+	return e.v, nil
+}
+
+// fetchVocab fills e: the verified file of an earlier fetch in VocabDir,
+// else a download from up to MaxVocabSources peers advertising it, each
+// bounded by vocab.TransferTimeout. It runs in the client's context (a
+// caller that leaves does not cancel a fetch others wait for).
+func (c *Client) fetchVocab(fp string, e *vocabEntry) {
+	defer close(e.ready)
+	e.v, e.err = c.loadVocab(fp)
+	if e.err == nil {
+		return
+	}
+	c.mu.Lock()
+	if c.vocabs[fp] == e {
+		delete(c.vocabs, fp)
+	}
+	c.mu.Unlock()
+}
+
+func (c *Client) loadVocab(fp string) (Vocab, error) {
+	ctx := c.ctx
+	if path := c.cachedVocab(ctx, fp); path != "" {
+		if v, err := c.cfg.LoadVocab(ctx, path); err == nil {
+			return v, nil
+		}
+	}
+	var errs []error
+	tried := 0
+	for _, s := range c.cfg.Table.Shards(fp) {
+		if !s.HasVocab || tried >= MaxVocabSources {
+			continue
+		}
+		tried++
+		fctx, cancel := context.WithTimeout(ctx, vocab.TransferTimeout)
+		path, err := vocab.Fetch(fctx, c.cfg.Host, s.Peer, fp, c.cfg.VocabDir)
+		cancel()
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		v, err := c.cfg.LoadVocab(ctx, path)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("vocab from %s: %w", s.Peer, err))
+			continue
+		}
+		return v, nil
+	}
+	if len(errs) == 0 {
+		return nil, fmt.Errorf("%w: no peer serving model %.16s offers its vocabulary", ErrNoVocab, fp)
+	}
+	return nil, fmt.Errorf("%w: no peer serving model %.16s could give its vocabulary: %w", ErrNoVocab, fp, errors.Join(errs...))
+}
+
+// cachedVocab is the path of a vocabulary fetched before into VocabDir,
+// if it is still there and still belongs to model fp ("" otherwise).
+func (c *Client) cachedVocab(ctx context.Context, fp string) string {
+	if c.cfg.VocabDir == "" || !route.ValidFingerprint(fp) {
+		return ""
+	}
+	path := filepath.Join(c.cfg.VocabDir, vocab.FileName(fp))
+	if st, err := os.Stat(path); err != nil || !st.Mode().IsRegular() {
+		return ""
+	}
+	if err := gguf.CheckVocab(ctx, path, fp); err != nil {
+		c.log.Warn("cached vocabulary does not match its model; fetching it again", "file", path, "err", err)
+		return ""
+	}
+	return path
+}
