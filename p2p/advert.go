@@ -11,7 +11,10 @@ import (
 	"github.com/libp2p/go-libp2p/core/peer"
 	"github.com/libp2p/go-libp2p/core/record"
 	"github.com/multiformats/go-multiaddr"
+	"golang.org/x/time/rate"
 	"google.golang.org/protobuf/encoding/protowire"
+
+	"github.com/neuron-tai/meshp2p/internal/peerlimit"
 )
 
 // Advert validation errors. The gossip validator rejects (and scores down
@@ -197,21 +200,23 @@ func maxEnvelopeSize(cfg DiscoveryConfig) int {
 // number accepted per peer (replay protection). Entries are dropped once
 // older than MaxAge + ClockSkew: any replay of an advert that old is stale.
 type advertChecker struct {
-	domain string
-	cfg    DiscoveryConfig
+	domain  string
+	cfg     DiscoveryConfig
+	authors *peerlimit.Limiter // adverts per author
 
 	mu      sync.Mutex
-	lastSeq map[peer.ID]seqSeen
+	lastSeq *peerlimit.Table[seqSeen] // least recently heard first
 }
 
 type seqSeen struct {
-	seq    uint64
-	at     time.Time
-	tokens float64 // rate-limit bucket after the last accepted advert
+	seq uint64
+	at  time.Time
 }
 
 func newAdvertChecker(network string, cfg DiscoveryConfig) *advertChecker {
-	return &advertChecker{domain: advertDomain(network), cfg: cfg, lastSeq: make(map[peer.ID]seqSeen)}
+	return &advertChecker{domain: advertDomain(network), cfg: cfg,
+		authors: peerlimit.NewLimiter(rate.Every(authorRefill), authorBurst, maxSeqState),
+		lastSeq: peerlimit.NewTable[seqSeen](maxSeqState)}
 }
 
 // open verifies the envelope and the record's fields, without the replay
@@ -287,23 +292,16 @@ func (c *advertChecker) accept(source peer.ID, data []byte, now time.Time) (*adv
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	last, ok := c.lastSeq[rec.Peer]
-	if ok && rec.Seq <= last.seq {
+	if last, ok := c.lastSeq.Peek(rec.Peer); ok && rec.Seq <= last.seq {
 		return nil, fmt.Errorf("%w: seq %d, already saw %d", ErrAdvertReplayed, rec.Seq, last.seq)
 	}
 	// Per-author rate limit: a burst, then one advert per authorRefill.
-	// Withdrawals always pass (they end the author's presence).
-	tokens := float64(authorBurst)
-	if ok {
-		tokens = min(authorBurst, last.tokens+float64(now.Sub(last.at))/float64(authorRefill))
-	}
-	if tokens < 1 && !rec.Withdrawn {
+	// Withdrawals always pass (they end the author's presence) and take a
+	// token if there is one.
+	if !c.authors.Allow(rec.Peer, now) && !rec.Withdrawn {
 		return nil, fmt.Errorf("%w: %s publishes faster than one advert per %v", ErrAdvertRateLimited, rec.Peer, authorRefill)
 	}
-	if !ok && len(c.lastSeq) >= maxSeqState {
-		c.evictOldestLocked()
-	}
-	c.lastSeq[rec.Peer] = seqSeen{seq: rec.Seq, at: now, tokens: max(tokens-1, 0)}
+	c.lastSeq.Put(rec.Peer, seqSeen{seq: rec.Seq, at: now})
 	return rec, nil
 }
 
@@ -314,29 +312,18 @@ const (
 	// every 2 s).
 	authorBurst  = 10
 	authorRefill = 2 * time.Second
-	// maxSeqState bounds the replay state (peers remembered); past it the
-	// least recently heard peer is forgotten.
+	// maxSeqState bounds the replay state and the per-author buckets
+	// (peers remembered); past it the least recently heard peer is
+	// forgotten.
 	maxSeqState = 2 * maxTableSize
 )
-
-// evictOldestLocked forgets the peer heard from least recently.
-func (c *advertChecker) evictOldestLocked() {
-	var oldest peer.ID
-	var at time.Time
-	for p, s := range c.lastSeq {
-		if oldest == "" || s.at.Before(at) {
-			oldest, at = p, s.at
-		}
-	}
-	delete(c.lastSeq, oldest)
-}
 
 // lastSeen is the highest seq gossip has accepted from p (adverts and
 // tombstones), if any is remembered.
 func (c *advertChecker) lastSeen(p peer.ID) (uint64, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	s, ok := c.lastSeq[p]
+	s, ok := c.lastSeq.Peek(p)
 	return s.seq, ok
 }
 
@@ -359,9 +346,5 @@ func (c *advertChecker) prune(now time.Time) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	horizon := c.cfg.MaxAge + c.cfg.ClockSkew
-	for p, s := range c.lastSeq {
-		if now.Sub(s.at) > horizon {
-			delete(c.lastSeq, p)
-		}
-	}
+	c.lastSeq.DeleteFunc(func(_ peer.ID, s seqSeen) bool { return now.Sub(s.at) > horizon })
 }
