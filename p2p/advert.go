@@ -102,83 +102,90 @@ func (r *advertRecord) MarshalRecord() ([]byte, error) {
 
 func (r *advertRecord) UnmarshalRecord(b []byte) error {
 	*r = advertRecord{domain: r.domain}
-	var issued, expires int64
-	var haveIssued, haveExpires bool
+	var ts advertTimes
 	for len(b) > 0 {
 		num, typ, n := protowire.ConsumeTag(b)
 		if n < 0 {
 			return protowire.ParseError(n)
 		}
-		b = b[n:]
-		switch {
-		case num == 1 && typ == protowire.BytesType:
-			v, n := protowire.ConsumeBytes(b)
-			if n < 0 {
-				return protowire.ParseError(n)
-			}
-			id, err := peer.IDFromBytes(v)
-			if err != nil {
-				return fmt.Errorf("peer id: %w", err)
-			}
-			r.Peer = id
-			b = b[n:]
-		case (num == 2 || num == 3 || num == 4 || num == 8) && typ == protowire.VarintType:
-			v, n := protowire.ConsumeVarint(b)
-			if n < 0 {
-				return protowire.ParseError(n)
-			}
-			switch num {
-			case 2:
-				r.Seq = v
-			case 3:
-				issued, haveIssued = int64(v), true
-			case 4:
-				expires, haveExpires = int64(v), true
-			case 8:
-				r.Withdrawn = v != 0
-			}
-			b = b[n:]
-		case num == 5 && typ == protowire.BytesType:
-			v, n := protowire.ConsumeBytes(b)
-			if n < 0 {
-				return protowire.ParseError(n)
-			}
-			r.Keys = append(r.Keys, string(v))
-			b = b[n:]
-		case num == 6 && typ == protowire.BytesType:
-			v, n := protowire.ConsumeBytes(b)
-			if n < 0 {
-				return protowire.ParseError(n)
-			}
-			r.Body = bytes.Clone(v)
-			b = b[n:]
-		case num == 7 && typ == protowire.BytesType:
-			v, n := protowire.ConsumeBytes(b)
-			if n < 0 {
-				return protowire.ParseError(n)
-			}
-			if len(v) > maxAdvertAddrLen {
-				return fmt.Errorf("address of %d bytes", len(v))
-			}
-			a, err := multiaddr.NewMultiaddrBytes(v)
-			if err != nil {
-				return fmt.Errorf("address: %w", err)
-			}
-			r.Addrs = append(r.Addrs, a)
-			b = b[n:]
-		default:
-			n := protowire.ConsumeFieldValue(num, typ, b)
-			if n < 0 {
-				return protowire.ParseError(n)
-			}
-			b = b[n:]
+		m, err := r.consumeField(num, typ, b[n:], &ts)
+		if err != nil {
+			return err
 		}
+		b = b[n+m:]
 	}
-	if r.Peer == "" || !haveIssued || !haveExpires || r.Seq == 0 {
+	if r.Peer == "" || !ts.haveIssued || !ts.haveExpires || r.Seq == 0 {
 		return errors.New("missing required field")
 	}
-	r.IssuedAt = time.UnixMilli(issued)
-	r.ExpiresAt = time.UnixMilli(expires)
+	r.IssuedAt = time.UnixMilli(ts.issued)
+	r.ExpiresAt = time.UnixMilli(ts.expires)
+	return nil
+}
+
+// advertTimes are the record's timestamps (Unix ms) while it is decoded.
+type advertTimes struct {
+	issued, expires         int64
+	haveIssued, haveExpires bool
+}
+
+// consumeField decodes the value of field num (of wire type typ) at the
+// start of b into r or ts, skipping unknown fields, and returns its length.
+func (r *advertRecord) consumeField(num protowire.Number, typ protowire.Type, b []byte, ts *advertTimes) (int, error) {
+	switch {
+	case typ == protowire.VarintType && (num == 2 || num == 3 || num == 4 || num == 8):
+		v, n := protowire.ConsumeVarint(b)
+		if n < 0 {
+			return 0, protowire.ParseError(n)
+		}
+		switch num {
+		case 2:
+			r.Seq = v
+		case 3:
+			ts.issued, ts.haveIssued = int64(v), true
+		case 4:
+			ts.expires, ts.haveExpires = int64(v), true
+		case 8:
+			r.Withdrawn = v != 0
+		}
+		return n, nil
+	case typ == protowire.BytesType && (num == 1 || num == 5 || num == 6 || num == 7):
+		v, n := protowire.ConsumeBytes(b)
+		if n < 0 {
+			return 0, protowire.ParseError(n)
+		}
+		return n, r.setBytesField(num, v)
+	default:
+		n := protowire.ConsumeFieldValue(num, typ, b)
+		if n < 0 {
+			return 0, protowire.ParseError(n)
+		}
+		return n, nil
+	}
+}
+
+// setBytesField sets the length-delimited field num (1, 5, 6 or 7) to v.
+func (r *advertRecord) setBytesField(num protowire.Number, v []byte) error {
+	switch num {
+	case 1:
+		id, err := peer.IDFromBytes(v)
+		if err != nil {
+			return fmt.Errorf("peer id: %w", err)
+		}
+		r.Peer = id
+	case 5:
+		r.Keys = append(r.Keys, string(v))
+	case 6:
+		r.Body = bytes.Clone(v)
+	case 7:
+		if len(v) > maxAdvertAddrLen {
+			return fmt.Errorf("address of %d bytes", len(v))
+		}
+		a, err := multiaddr.NewMultiaddrBytes(v)
+		if err != nil {
+			return fmt.Errorf("address: %w", err)
+		}
+		r.Addrs = append(r.Addrs, a)
+	}
 	return nil
 }
 
