@@ -244,55 +244,68 @@ func (s *Server) handleTensor(st network.Stream) {
 		return
 	}
 	w := frame.NewWriter(st, lim)
-	refuse := func(code meshp2pb.ErrorCode, format string, args ...any) {
-		_ = w.WriteMessage(&meshp2pb.TensorResponse{Error: errMsg(code, format, args...)})
-	}
+	refuse := func(e *meshp2pb.Error) { _ = w.WriteMessage(&meshp2pb.TensorResponse{Error: e}) }
 	plim, ok := s.acquire(p)
 	if !ok {
-		refuse(meshp2pb.ErrorCode_ERROR_CODE_NO_CAPACITY, "busy: at most %d transfers per peer, %d in all", MaxTransfersPerPeer, MaxTransfers)
+		refuse(errMsg(meshp2pb.ErrorCode_ERROR_CODE_NO_CAPACITY, "busy: at most %d transfers per peer, %d in all", MaxTransfersPerPeer, MaxTransfers))
 		return
 	}
 	defer s.release(p)
+	shard, sp, refusal := s.locate(&req)
+	if refusal != nil {
+		refuse(refusal)
+		return
+	}
+	f, err := os.Open(shard)
+	if err != nil {
+		refuse(errMsg(meshp2pb.ErrorCode_ERROR_CODE_INTERNAL, "open shard: %v", err))
+		return
+	}
+	defer f.Close()
+	if err := w.WriteMessage(&meshp2pb.TensorResponse{Length: uint64(sp.size)}); err != nil {
+		return
+	}
+	if !s.send(st, io.NewSectionReader(f, sp.off, sp.size), plim, req.GetName()) {
+		_ = st.Reset()
+	}
+}
+
+// locate finds the bytes req asks for: the shard file and their span in
+// it, or the refusal to answer with.
+func (s *Server) locate(req *meshp2pb.TensorRequest) (string, span, *meshp2pb.Error) {
 	s.mu.Lock()
 	sv := s.models[req.GetModelFingerprint()]
 	s.mu.Unlock()
 	if sv == nil {
-		refuse(meshp2pb.ErrorCode_ERROR_CODE_MODEL_MISMATCH, "model not served here")
-		return
+		return "", span{}, errMsg(meshp2pb.ErrorCode_ERROR_CODE_MODEL_MISMATCH, "model not served here")
 	}
 	sp, ok := sv.index[req.GetName()]
 	if !ok {
-		refuse(meshp2pb.ErrorCode_ERROR_CODE_RANGE_MISMATCH, "tensor %q not held here", req.GetName())
-		return
+		return "", span{}, errMsg(meshp2pb.ErrorCode_ERROR_CODE_RANGE_MISMATCH, "tensor %q not held here", req.GetName())
 	}
 	off, n := req.GetOffset(), req.GetLength()
 	if off > uint64(sp.size) || n > uint64(sp.size)-off {
-		refuse(meshp2pb.ErrorCode_ERROR_CODE_BAD_REQUEST, "bytes %d+%d outside tensor %q of %d bytes", off, n, req.GetName(), sp.size)
-		return
+		return "", span{}, errMsg(meshp2pb.ErrorCode_ERROR_CODE_BAD_REQUEST, "bytes %d+%d outside tensor %q of %d bytes", off, n, req.GetName(), sp.size)
 	}
-	f, err := os.Open(sv.shard)
-	if err != nil {
-		refuse(meshp2pb.ErrorCode_ERROR_CODE_INTERNAL, "open shard: %v", err)
-		return
-	}
-	defer f.Close()
-	if err := w.WriteMessage(&meshp2pb.TensorResponse{Length: n}); err != nil {
-		return
-	}
-	src := io.NewSectionReader(f, sp.off+int64(off), int64(n))
+	return sv.shard, span{sp.off + int64(off), int64(n)}, nil
+}
+
+// send copies src (the requested bytes of tensor name) to st within the
+// rate limits (plim: the peer's, nil for none) and the reader's time
+// budget, and reports whether all of it was sent.
+func (s *Server) send(st network.Stream, src *io.SectionReader, plim *rate.Limiter, name string) bool {
 	buf := make([]byte, s.chunkSz)
 	// blocked is the time spent writing, that is waiting for the fetcher
 	// to read; past its budget the fetcher is too slow and is reset.
 	var blocked time.Duration
-	budget := transferBudget(int64(n), s.MinRate, s.Grace)
+	budget := transferBudget(src.Size(), s.MinRate, s.Grace)
 	for {
 		k, rerr := src.Read(buf)
 		if k > 0 {
 			for _, l := range []*rate.Limiter{plim, s.limit} {
 				if l != nil {
 					if err := l.WaitN(context.Background(), k); err != nil {
-						_ = st.Reset()
-						return
+						return false
 					}
 				}
 			}
@@ -302,21 +315,20 @@ func (s *Server) handleTensor(st network.Stream) {
 			blocked += time.Since(t0)
 			if err != nil {
 				if blocked >= budget {
-					s.log.Info("fetching peer reads too slowly; reset", "peer", p, "tensor", req.GetName(), "bytes", n, "budget", budget.Round(time.Millisecond))
+					s.log.Info("fetching peer reads too slowly; reset", "peer", st.Conn().RemotePeer(), "tensor", name, "bytes", src.Size(),
+						"budget", budget.Round(time.Millisecond))
 				}
-				_ = st.Reset()
-				return
+				return false
 			}
 			if s.Served != nil {
 				s.Served(int64(k))
 			}
 		}
 		if rerr == io.EOF {
-			return
+			return true
 		}
 		if rerr != nil {
-			_ = st.Reset()
-			return
+			return false
 		}
 	}
 }

@@ -11,7 +11,10 @@ import (
 	"github.com/libp2p/go-libp2p/core/peer"
 	"github.com/libp2p/go-libp2p/core/record"
 	"github.com/multiformats/go-multiaddr"
+	"golang.org/x/time/rate"
 	"google.golang.org/protobuf/encoding/protowire"
+
+	"github.com/neuron-tai/meshp2p/internal/peerlimit"
 )
 
 // Advert validation errors. The gossip validator rejects (and scores down
@@ -99,83 +102,90 @@ func (r *advertRecord) MarshalRecord() ([]byte, error) {
 
 func (r *advertRecord) UnmarshalRecord(b []byte) error {
 	*r = advertRecord{domain: r.domain}
-	var issued, expires int64
-	var haveIssued, haveExpires bool
+	var ts advertTimes
 	for len(b) > 0 {
 		num, typ, n := protowire.ConsumeTag(b)
 		if n < 0 {
 			return protowire.ParseError(n)
 		}
-		b = b[n:]
-		switch {
-		case num == 1 && typ == protowire.BytesType:
-			v, n := protowire.ConsumeBytes(b)
-			if n < 0 {
-				return protowire.ParseError(n)
-			}
-			id, err := peer.IDFromBytes(v)
-			if err != nil {
-				return fmt.Errorf("peer id: %w", err)
-			}
-			r.Peer = id
-			b = b[n:]
-		case (num == 2 || num == 3 || num == 4 || num == 8) && typ == protowire.VarintType:
-			v, n := protowire.ConsumeVarint(b)
-			if n < 0 {
-				return protowire.ParseError(n)
-			}
-			switch num {
-			case 2:
-				r.Seq = v
-			case 3:
-				issued, haveIssued = int64(v), true
-			case 4:
-				expires, haveExpires = int64(v), true
-			case 8:
-				r.Withdrawn = v != 0
-			}
-			b = b[n:]
-		case num == 5 && typ == protowire.BytesType:
-			v, n := protowire.ConsumeBytes(b)
-			if n < 0 {
-				return protowire.ParseError(n)
-			}
-			r.Keys = append(r.Keys, string(v))
-			b = b[n:]
-		case num == 6 && typ == protowire.BytesType:
-			v, n := protowire.ConsumeBytes(b)
-			if n < 0 {
-				return protowire.ParseError(n)
-			}
-			r.Body = bytes.Clone(v)
-			b = b[n:]
-		case num == 7 && typ == protowire.BytesType:
-			v, n := protowire.ConsumeBytes(b)
-			if n < 0 {
-				return protowire.ParseError(n)
-			}
-			if len(v) > maxAdvertAddrLen {
-				return fmt.Errorf("address of %d bytes", len(v))
-			}
-			a, err := multiaddr.NewMultiaddrBytes(v)
-			if err != nil {
-				return fmt.Errorf("address: %w", err)
-			}
-			r.Addrs = append(r.Addrs, a)
-			b = b[n:]
-		default:
-			n := protowire.ConsumeFieldValue(num, typ, b)
-			if n < 0 {
-				return protowire.ParseError(n)
-			}
-			b = b[n:]
+		m, err := r.consumeField(num, typ, b[n:], &ts)
+		if err != nil {
+			return err
 		}
+		b = b[n+m:]
 	}
-	if r.Peer == "" || !haveIssued || !haveExpires || r.Seq == 0 {
+	if r.Peer == "" || !ts.haveIssued || !ts.haveExpires || r.Seq == 0 {
 		return errors.New("missing required field")
 	}
-	r.IssuedAt = time.UnixMilli(issued)
-	r.ExpiresAt = time.UnixMilli(expires)
+	r.IssuedAt = time.UnixMilli(ts.issued)
+	r.ExpiresAt = time.UnixMilli(ts.expires)
+	return nil
+}
+
+// advertTimes are the record's timestamps (Unix ms) while it is decoded.
+type advertTimes struct {
+	issued, expires         int64
+	haveIssued, haveExpires bool
+}
+
+// consumeField decodes the value of field num (of wire type typ) at the
+// start of b into r or ts, skipping unknown fields, and returns its length.
+func (r *advertRecord) consumeField(num protowire.Number, typ protowire.Type, b []byte, ts *advertTimes) (int, error) {
+	switch {
+	case typ == protowire.VarintType && (num == 2 || num == 3 || num == 4 || num == 8):
+		v, n := protowire.ConsumeVarint(b)
+		if n < 0 {
+			return 0, protowire.ParseError(n)
+		}
+		switch num {
+		case 2:
+			r.Seq = v
+		case 3:
+			ts.issued, ts.haveIssued = int64(v), true
+		case 4:
+			ts.expires, ts.haveExpires = int64(v), true
+		case 8:
+			r.Withdrawn = v != 0
+		}
+		return n, nil
+	case typ == protowire.BytesType && (num == 1 || num == 5 || num == 6 || num == 7):
+		v, n := protowire.ConsumeBytes(b)
+		if n < 0 {
+			return 0, protowire.ParseError(n)
+		}
+		return n, r.setBytesField(num, v)
+	default:
+		n := protowire.ConsumeFieldValue(num, typ, b)
+		if n < 0 {
+			return 0, protowire.ParseError(n)
+		}
+		return n, nil
+	}
+}
+
+// setBytesField sets the length-delimited field num (1, 5, 6 or 7) to v.
+func (r *advertRecord) setBytesField(num protowire.Number, v []byte) error {
+	switch num {
+	case 1:
+		id, err := peer.IDFromBytes(v)
+		if err != nil {
+			return fmt.Errorf("peer id: %w", err)
+		}
+		r.Peer = id
+	case 5:
+		r.Keys = append(r.Keys, string(v))
+	case 6:
+		r.Body = bytes.Clone(v)
+	case 7:
+		if len(v) > maxAdvertAddrLen {
+			return fmt.Errorf("address of %d bytes", len(v))
+		}
+		a, err := multiaddr.NewMultiaddrBytes(v)
+		if err != nil {
+			return fmt.Errorf("address: %w", err)
+		}
+		r.Addrs = append(r.Addrs, a)
+	}
 	return nil
 }
 
@@ -197,21 +207,23 @@ func maxEnvelopeSize(cfg DiscoveryConfig) int {
 // number accepted per peer (replay protection). Entries are dropped once
 // older than MaxAge + ClockSkew: any replay of an advert that old is stale.
 type advertChecker struct {
-	domain string
-	cfg    DiscoveryConfig
+	domain  string
+	cfg     DiscoveryConfig
+	authors *peerlimit.Limiter // adverts per author
 
 	mu      sync.Mutex
-	lastSeq map[peer.ID]seqSeen
+	lastSeq *peerlimit.Table[seqSeen] // least recently heard first
 }
 
 type seqSeen struct {
-	seq    uint64
-	at     time.Time
-	tokens float64 // rate-limit bucket after the last accepted advert
+	seq uint64
+	at  time.Time
 }
 
 func newAdvertChecker(network string, cfg DiscoveryConfig) *advertChecker {
-	return &advertChecker{domain: advertDomain(network), cfg: cfg, lastSeq: make(map[peer.ID]seqSeen)}
+	return &advertChecker{domain: advertDomain(network), cfg: cfg,
+		authors: peerlimit.NewLimiter(rate.Every(authorRefill), authorBurst, maxSeqState),
+		lastSeq: peerlimit.NewTable[seqSeen](maxSeqState)}
 }
 
 // open verifies the envelope and the record's fields, without the replay
@@ -287,23 +299,16 @@ func (c *advertChecker) accept(source peer.ID, data []byte, now time.Time) (*adv
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	last, ok := c.lastSeq[rec.Peer]
-	if ok && rec.Seq <= last.seq {
+	if last, ok := c.lastSeq.Peek(rec.Peer); ok && rec.Seq <= last.seq {
 		return nil, fmt.Errorf("%w: seq %d, already saw %d", ErrAdvertReplayed, rec.Seq, last.seq)
 	}
 	// Per-author rate limit: a burst, then one advert per authorRefill.
-	// Withdrawals always pass (they end the author's presence).
-	tokens := float64(authorBurst)
-	if ok {
-		tokens = min(authorBurst, last.tokens+float64(now.Sub(last.at))/float64(authorRefill))
-	}
-	if tokens < 1 && !rec.Withdrawn {
+	// Withdrawals always pass (they end the author's presence) and take a
+	// token if there is one.
+	if !c.authors.Allow(rec.Peer, now) && !rec.Withdrawn {
 		return nil, fmt.Errorf("%w: %s publishes faster than one advert per %v", ErrAdvertRateLimited, rec.Peer, authorRefill)
 	}
-	if !ok && len(c.lastSeq) >= maxSeqState {
-		c.evictOldestLocked()
-	}
-	c.lastSeq[rec.Peer] = seqSeen{seq: rec.Seq, at: now, tokens: max(tokens-1, 0)}
+	c.lastSeq.Put(rec.Peer, seqSeen{seq: rec.Seq, at: now})
 	return rec, nil
 }
 
@@ -314,29 +319,18 @@ const (
 	// every 2 s).
 	authorBurst  = 10
 	authorRefill = 2 * time.Second
-	// maxSeqState bounds the replay state (peers remembered); past it the
-	// least recently heard peer is forgotten.
+	// maxSeqState bounds the replay state and the per-author buckets
+	// (peers remembered); past it the least recently heard peer is
+	// forgotten.
 	maxSeqState = 2 * maxTableSize
 )
-
-// evictOldestLocked forgets the peer heard from least recently.
-func (c *advertChecker) evictOldestLocked() {
-	var oldest peer.ID
-	var at time.Time
-	for p, s := range c.lastSeq {
-		if oldest == "" || s.at.Before(at) {
-			oldest, at = p, s.at
-		}
-	}
-	delete(c.lastSeq, oldest)
-}
 
 // lastSeen is the highest seq gossip has accepted from p (adverts and
 // tombstones), if any is remembered.
 func (c *advertChecker) lastSeen(p peer.ID) (uint64, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	s, ok := c.lastSeq[p]
+	s, ok := c.lastSeq.Peek(p)
 	return s.seq, ok
 }
 
@@ -359,9 +353,5 @@ func (c *advertChecker) prune(now time.Time) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	horizon := c.cfg.MaxAge + c.cfg.ClockSkew
-	for p, s := range c.lastSeq {
-		if now.Sub(s.at) > horizon {
-			delete(c.lastSeq, p)
-		}
-	}
+	c.lastSeq.DeleteFunc(func(_ peer.ID, s seqSeen) bool { return now.Sub(s.at) > horizon })
 }

@@ -201,7 +201,7 @@ func TestReplayStateBounded(t *testing.T) {
 	now := time.Now()
 	c := newAdvertChecker("test", DefaultDiscoveryConfig())
 	for i := range maxSeqState {
-		c.lastSeq[peer.ID(fmt.Sprintf("fake-%d", i))] = seqSeen{seq: 1, at: now.Add(-time.Hour + time.Duration(i)*time.Millisecond)}
+		c.lastSeq.Put(peer.ID(fmt.Sprintf("fake-%d", i)), seqSeen{seq: 1, at: now.Add(-time.Hour + time.Duration(i)*time.Millisecond)})
 	}
 	s := newSigner(t)
 	env, err := sealAdvert(&advertRecord{domain: advertDomain("test"), Peer: s.id, Seq: 1, IssuedAt: now, ExpiresAt: now.Add(time.Minute)}, s.key)
@@ -211,10 +211,10 @@ func TestReplayStateBounded(t *testing.T) {
 	if _, err := c.accept(s.id, env, now); err != nil {
 		t.Fatal(err)
 	}
-	if len(c.lastSeq) != maxSeqState {
-		t.Fatalf("replay state holds %d peers, want the cap %d", len(c.lastSeq), maxSeqState)
+	if c.lastSeq.Len() != maxSeqState {
+		t.Fatalf("replay state holds %d peers, want the cap %d", c.lastSeq.Len(), maxSeqState)
 	}
-	if _, ok := c.lastSeq["fake-0"]; ok {
+	if _, ok := c.lastSeq.Peek("fake-0"); ok {
 		t.Fatal("the least recently heard peer was kept")
 	}
 }

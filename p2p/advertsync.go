@@ -15,6 +15,9 @@ import (
 	"github.com/libp2p/go-libp2p/core/peer"
 	"github.com/libp2p/go-libp2p/p2p/host/eventbus"
 	manet "github.com/multiformats/go-multiaddr/net"
+	"golang.org/x/time/rate"
+
+	"github.com/neuron-tai/meshp2p/internal/peerlimit"
 )
 
 // Advert sync: pull on connect.
@@ -34,9 +37,11 @@ import (
 //
 // Bounds: a batch holds at most syncMaxAdverts adverts and syncMaxBytes
 // bytes (both sides enforce them); each peer may pull from us syncBurst
-// times at once and then once per syncRefill (a token bucket per peer, at
-// most syncMaxBuckets tracked); we pull from one peer at most once per
-// syncRepull, and at most syncParallel pulls run at once.
+// times at once and then once per syncRefill (a token bucket per peer,
+// internal/peerlimit, at most syncMaxBuckets tracked: past it the least
+// recently seen peer is forgotten); we pull from one peer at most once per
+// syncRepull (the last syncMaxBuckets pulls are remembered), and at most
+// syncParallel pulls run at once.
 const (
 	syncMaxAdverts  = 512
 	syncMaxBytes    = 2 << 20
@@ -55,62 +60,24 @@ var ErrSyncRefused = errors.New("advert sync refused by peer")
 
 // syncState is the pull-on-connect bookkeeping of one Discovery.
 type syncState struct {
-	mu      sync.Mutex
-	buckets map[peer.ID]*tokenBucket // peers pulling from us
-	pulled  map[peer.ID]time.Time    // last pull from each peer
-	sem     chan struct{}
-}
+	serve *peerlimit.Limiter // pulls peers make from us
 
-type tokenBucket struct {
-	tokens float64
-	at     time.Time
+	mu     sync.Mutex
+	pulled *peerlimit.Table[time.Time] // last pull from each peer
+	sem    chan struct{}
 }
 
 func newSyncState() *syncState {
 	return &syncState{
-		buckets: make(map[peer.ID]*tokenBucket),
-		pulled:  make(map[peer.ID]time.Time),
-		sem:     make(chan struct{}, syncParallel),
+		serve:  peerlimit.NewLimiter(rate.Every(syncRefill), syncBurst, syncMaxBuckets),
+		pulled: peerlimit.NewTable[time.Time](syncMaxBuckets),
+		sem:    make(chan struct{}, syncParallel),
 	}
 }
 
 // allow takes one token from p's bucket.
 func (s *syncState) allow(p peer.ID, now time.Time) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	b := s.buckets[p]
-	if b == nil {
-		if len(s.buckets) >= syncMaxBuckets {
-			s.pruneLocked(now)
-			if len(s.buckets) >= syncMaxBuckets {
-				return false
-			}
-		}
-		b = &tokenBucket{tokens: syncBurst, at: now}
-		s.buckets[p] = b
-	}
-	b.tokens = min(syncBurst, b.tokens+float64(now.Sub(b.at))/float64(syncRefill))
-	b.at = now
-	if b.tokens < 1 {
-		return false
-	}
-	b.tokens--
-	return true
-}
-
-// pruneLocked forgets full buckets and old pull times.
-func (s *syncState) pruneLocked(now time.Time) {
-	full := time.Duration(syncBurst) * syncRefill
-	for p, b := range s.buckets {
-		if now.Sub(b.at) >= full {
-			delete(s.buckets, p)
-		}
-	}
-	for p, at := range s.pulled {
-		if now.Sub(at) >= syncRepull {
-			delete(s.pulled, p)
-		}
-	}
+	return s.serve.Allow(p, now)
 }
 
 // claim reports whether a pull from p may start now (none in the last
@@ -118,13 +85,10 @@ func (s *syncState) pruneLocked(now time.Time) {
 func (s *syncState) claim(p peer.ID, now time.Time) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if at, ok := s.pulled[p]; ok && now.Sub(at) < syncRepull {
+	if at, ok := s.pulled.Peek(p); ok && now.Sub(at) < syncRepull {
 		return false
 	}
-	if len(s.pulled) >= syncMaxBuckets {
-		s.pruneLocked(now)
-	}
-	s.pulled[p] = now
+	s.pulled.Put(p, now)
 	return true
 }
 

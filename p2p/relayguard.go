@@ -12,6 +12,8 @@ import (
 	"github.com/libp2p/go-libp2p/p2p/protocol/circuitv2/proto"
 	"github.com/libp2p/go-libp2p/p2p/protocol/identify"
 	"github.com/multiformats/go-multiaddr"
+
+	"github.com/neuron-tai/meshp2p/internal/peerlimit"
 )
 
 // Open relays. A relay in a swarm without a swarm key (Config.RelayService
@@ -35,7 +37,8 @@ const (
 	// open relay (private relays: defaultRelayMaxCircuits).
 	openRelayMaxCircuits = 16
 	// relayGuardMaxPeers bounds the peers whose usage is tracked; past it
-	// the one whose window started first is forgotten.
+	// the one whose window started first is forgotten (a peerlimit.Table
+	// ordered by window start).
 	relayGuardMaxPeers = 8192
 	// relayIdentifyWait bounds the member check's wait for identify to
 	// tell whether a peer speaks this swarm's protocols.
@@ -76,7 +79,7 @@ type relayGuard struct {
 	over chan peer.ID
 
 	mu    sync.Mutex
-	peers map[peer.ID]*relayUse
+	peers *peerlimit.Table[*relayUse] // put when a window starts: oldest window first
 }
 
 // relayUse is one peer's usage in its current window.
@@ -86,7 +89,8 @@ type relayUse struct {
 }
 
 func newRelayGuard(b RelayBudget) *relayGuard {
-	return &relayGuard{budget: b.withDefaults(), now: time.Now, over: make(chan peer.ID, 64), peers: map[peer.ID]*relayUse{}}
+	return &relayGuard{budget: b.withDefaults(), now: time.Now, over: make(chan peer.ID, 64),
+		peers: peerlimit.NewTable[*relayUse](relayGuardMaxPeers)}
 }
 
 // add counts n bytes relayed with p.
@@ -96,13 +100,10 @@ func (g *relayGuard) add(p peer.ID, n int64) {
 	}
 	now := g.now()
 	g.mu.Lock()
-	u := g.peers[p]
-	if u == nil || now.Sub(u.start) >= g.budget.Window {
-		if u == nil && len(g.peers) >= relayGuardMaxPeers {
-			g.forgetOldest()
-		}
+	u, ok := g.peers.Peek(p)
+	if !ok || now.Sub(u.start) >= g.budget.Window {
 		u = &relayUse{start: now}
-		g.peers[p] = u
+		g.peers.Put(p, u) // a full table forgets the oldest window
 	}
 	was := u.bytes
 	u.bytes += n
@@ -116,26 +117,13 @@ func (g *relayGuard) add(p peer.ID, n int64) {
 	}
 }
 
-// forgetOldest drops the peer whose window started first. Called with mu
-// held.
-func (g *relayGuard) forgetOldest() {
-	var first peer.ID
-	var at time.Time
-	for p, u := range g.peers {
-		if first == "" || u.start.Before(at) {
-			first, at = p, u.start
-		}
-	}
-	delete(g.peers, first)
-}
-
 // overBudget reports whether p used its budget in its current window.
 func (g *relayGuard) overBudget(p peer.ID) bool {
 	now := g.now()
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	u := g.peers[p]
-	return u != nil && now.Sub(u.start) < g.budget.Window && u.bytes >= g.budget.Bytes
+	u, ok := g.peers.Peek(p)
+	return ok && now.Sub(u.start) < g.budget.Window && u.bytes >= g.budget.Bytes
 }
 
 // overPeers prunes ended windows and lists the peers over budget.
@@ -144,10 +132,10 @@ func (g *relayGuard) overPeers() []peer.ID {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	var out []peer.ID
-	for p, u := range g.peers {
+	for p, u := range g.peers.All() {
 		switch {
 		case now.Sub(u.start) >= g.budget.Window:
-			delete(g.peers, p)
+			g.peers.Delete(p)
 		case u.bytes >= g.budget.Bytes:
 			out = append(out, p)
 		}
@@ -159,7 +147,7 @@ func (g *relayGuard) overPeers() []peer.ID {
 func (g *relayGuard) tracked() int {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	return len(g.peers)
+	return g.peers.Len()
 }
 
 // relayStreamProtocol reports whether pid carries circuits.

@@ -170,7 +170,7 @@ func TestRelayGuardAccounts(t *testing.T) {
 	if g.tracked() != relayGuardMaxPeers {
 		t.Fatalf("%d peers tracked, bound %d", g.tracked(), relayGuardMaxPeers)
 	}
-	if _, ok := g.peers[p]; ok {
+	if _, ok := g.peers.Peek(p); ok {
 		t.Fatal("the oldest window was not the one forgotten")
 	}
 }

@@ -41,6 +41,6 @@ const (
 	// a client never uses cannot fill a hop for everyone else.
 	MaxPendingPerClient = 2
 	// MaxTrackedClients bounds the per-client rate-limit state; beyond it
-	// idle (full) buckets are dropped first, then the least recently seen.
+	// the least recently seen client is forgotten (internal/peerlimit).
 	MaxTrackedClients = 4096
 )

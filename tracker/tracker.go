@@ -23,9 +23,11 @@ import (
 	"github.com/libp2p/go-libp2p/p2p/protocol/ping"
 	"github.com/multiformats/go-multiaddr"
 	manet "github.com/multiformats/go-multiaddr/net"
+	"golang.org/x/time/rate"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/neuron-tai/meshp2p/engine/gguf"
+	"github.com/neuron-tai/meshp2p/internal/peerlimit"
 	"github.com/neuron-tai/meshp2p/p2p"
 	"github.com/neuron-tai/meshp2p/proto/frame"
 	"github.com/neuron-tai/meshp2p/proto/meshp2pb"
@@ -74,7 +76,7 @@ type Tracker struct {
 	key     crypto.PrivKey
 	pid     protocol.ID
 
-	limiter *rateLimiter
+	limiter *peerlimit.Limiter // route requests per client
 
 	mu    sync.Mutex
 	views map[peer.ID]*peerView
@@ -126,7 +128,7 @@ func Start(ctx context.Context, cfg Config) (*Tracker, error) {
 		cfg.Cost.MaxPendingPerClient = MaxPendingPerClient
 	}
 	t := &Tracker{cfg: cfg, log: cfg.Logger.With("logger", "tracker"), table: route.NewTable(), views: map[peer.ID]*peerView{},
-		limiter: newRateLimiter(cfg.RequestsPerSecond, cfg.RequestBurst, MaxTrackedClients)}
+		limiter: peerlimit.NewLimiter(rate.Limit(cfg.RequestsPerSecond), cfg.RequestBurst, MaxTrackedClients)}
 	// Without a swarm key the relay serves members only, each within its
 	// budget (p2p.Node.RelayMember, p2p/relayguard.go); a member's advert
 	// must list a shard inside route.DecodeAdvert's bounds.
@@ -401,7 +403,7 @@ func (t *Tracker) answer(ctx context.Context, client peer.ID, req *meshp2pb.Rout
 	if int(nl) != adv {
 		return refuse(meshp2pb.ErrorCode_ERROR_CODE_MODEL_MISMATCH, "model %.16s has %d layers, request says %d", fp, adv, nl)
 	}
-	if ok, wait := t.limiter.allow(client, t.cfg.Now()); !ok {
+	if ok, wait := t.limiter.Take(client, t.cfg.Now()); !ok {
 		t.log.Debug("route request rate-limited", "client", client, "retry_after", wait)
 		r := refuse(meshp2pb.ErrorCode_ERROR_CODE_NO_CAPACITY, "rate limited: at most %d route requests at once, %.3g/s sustained, per client", t.cfg.RequestBurst, t.cfg.RequestsPerSecond)
 		r.Error.RetryAfterMs = uint64(max(wait.Milliseconds(), 1))
