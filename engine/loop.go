@@ -18,6 +18,10 @@ import (
 // first, then prefill chunks in arrival order, splitting the last one that
 // does not fit. Decode rows never exceed MaxSessions and NBatch is at least
 // twice that, so prefill always progresses (no starvation).
+//
+// The batch is filled here, not in a helper: parts does not escape loop, so
+// the compiler may back a small batch (one decode) with stack memory, which
+// a helper returning parts would turn into a heap allocation per token.
 func (s *Shard) loop() {
 	defer close(s.done)
 	// Every decode on one OS thread: ggml's calling thread is worker 0 of
@@ -27,27 +31,9 @@ func (s *Shard) loop() {
 	defer runtime.UnlockOSThread()
 	var decodes, prefills []*request
 	for {
-		if len(decodes) == 0 && len(prefills) == 0 {
-			select {
-			case r := <-s.reqs:
-				decodes, prefills = s.enqueue(r, decodes, prefills)
-			case <-s.quit:
-				return
-			}
-		}
-	drain:
-		for {
-			select {
-			case r := <-s.reqs:
-				decodes, prefills = s.enqueue(r, decodes, prefills)
-			case <-s.quit:
-				for _, r := range append(decodes, prefills...) {
-					r.done <- ErrClosed
-				}
-				return
-			default:
-				break drain
-			}
+		var open bool
+		if decodes, prefills, open = s.collect(decodes, prefills); !open {
+			return
 		}
 		if len(decodes) == 0 && len(prefills) == 0 {
 			continue
@@ -75,30 +61,69 @@ func (s *Shard) loop() {
 		}
 		prefills = keep
 		err := s.step(parts, n)
-		for _, p := range parts {
-			if err != nil {
-				if !p.r.failed {
-					p.r.done <- err
-					p.r.failed = true
-				}
-				continue
-			}
-			p.r.off += p.rows
-			if p.r.off == p.r.rows {
-				p.r.done <- nil
-			}
-		}
+		deliver(parts, err)
 		if err != nil {
 			// A failed request must not linger in the prefill queue.
-			keep := prefills[:0]
-			for _, r := range prefills {
-				if !r.failed {
-					keep = append(keep, r)
-				}
-			}
-			prefills = keep
+			prefills = dropFailed(prefills)
 		}
 	}
+}
+
+// collect waits for a request when both queues are empty, then takes every
+// queued request without blocking. It reports false when the shard is
+// closing; requests taken by then are answered ErrClosed.
+func (s *Shard) collect(decodes, prefills []*request) ([]*request, []*request, bool) {
+	if len(decodes) == 0 && len(prefills) == 0 {
+		select {
+		case r := <-s.reqs:
+			decodes, prefills = s.enqueue(r, decodes, prefills)
+		case <-s.quit:
+			return decodes, prefills, false
+		}
+	}
+	for {
+		select {
+		case r := <-s.reqs:
+			decodes, prefills = s.enqueue(r, decodes, prefills)
+		case <-s.quit:
+			for _, r := range append(decodes, prefills...) {
+				r.done <- ErrClosed
+			}
+			return decodes, prefills, false
+		default:
+			return decodes, prefills, true
+		}
+	}
+}
+
+// deliver answers the requests of a decoded batch: with err nil each part's
+// request advances past its rows and is answered nil once all are done;
+// otherwise each request is answered err once (and marked failed).
+func deliver(parts []part, err error) {
+	for _, p := range parts {
+		if err != nil {
+			if !p.r.failed {
+				p.r.done <- err
+				p.r.failed = true
+			}
+			continue
+		}
+		p.r.off += p.rows
+		if p.r.off == p.r.rows {
+			p.r.done <- nil
+		}
+	}
+}
+
+// dropFailed removes the failed requests from prefills, in place.
+func dropFailed(prefills []*request) []*request {
+	keep := prefills[:0]
+	for _, r := range prefills {
+		if !r.failed {
+			keep = append(keep, r)
+		}
+	}
+	return keep
 }
 
 func (s *Shard) enqueue(r *request, decodes, prefills []*request) ([]*request, []*request) {

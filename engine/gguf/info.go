@@ -145,117 +145,172 @@ const MaxExperts = 512
 // otherwise), alignment type, rope scaling type, tokenizer arrays of equal
 // length, and the tensors the architecture needs in every layer.
 func ValidateForLoad(f *File) error {
-	bad := func(format string, args ...any) error {
-		return fmt.Errorf("%w: "+format, append([]any{ErrNotLoadable}, args...)...)
+	c := &loadCheck{md: f.Metadata, arch: f.Architecture()}
+	if !loadableArchs[c.arch] {
+		return c.bad("unsupported architecture %q (supported: llama, qwen2, qwen3, qwen3moe)", c.arch)
 	}
-	md := f.Metadata
-	arch := f.Architecture()
-	if !loadableArchs[arch] {
-		return bad("unsupported architecture %q (supported: llama, qwen2, qwen3, qwen3moe)", arch)
-	}
-	p := arch + "."
-	u := func(key string) (uint64, bool, error) {
-		v, present := md.Get(p + key)
-		if !present {
-			return 0, false, nil
-		}
-		x, ok := asUint(v)
-		if !ok || x > 1<<31 {
-			return 0, true, bad("%s%s = %v is not a valid count (per-layer arrays are not supported)", p, key, v)
-		}
-		return x, true, nil
-	}
-	nLayer, ok, err := u("block_count")
+	c.p = c.arch + "."
+	nLayer, nEmbd, err := c.checkDims()
 	if err != nil {
 		return err
+	}
+	nExp, err := c.checkExperts()
+	if err != nil {
+		return err
+	}
+	if err := c.checkRopeAndAlignment(); err != nil {
+		return err
+	}
+	if err := c.checkTokenizer(); err != nil {
+		return err
+	}
+	return c.checkTensors(f, nLayer, nEmbd, nExp)
+}
+
+// loadCheck is the state ValidateForLoad's steps share: the metadata, the
+// architecture and its key prefix.
+type loadCheck struct {
+	md   Metadata
+	arch string
+	p    string // arch + "."
+}
+
+// bad returns an ErrNotLoadable error.
+func (c *loadCheck) bad(format string, args ...any) error {
+	return fmt.Errorf("%w: "+format, append([]any{ErrNotLoadable}, args...)...)
+}
+
+// count reads the count <arch>.key: present reports whether the key exists;
+// a present value that is not an unsigned integer <= 1<<31 is an error.
+func (c *loadCheck) count(key string) (v uint64, present bool, err error) {
+	x, present := c.md.Get(c.p + key)
+	if !present {
+		return 0, false, nil
+	}
+	v, ok := asUint(x)
+	if !ok || v > 1<<31 {
+		return 0, true, c.bad("%s%s = %v is not a valid count (per-layer arrays are not supported)", c.p, key, x)
+	}
+	return v, true, nil
+}
+
+// checkDims checks block_count, embedding_length, context_length, the head
+// counts and the per-head lengths; it returns block_count and
+// embedding_length.
+func (c *loadCheck) checkDims() (nLayer, nEmbd uint64, err error) {
+	nLayer, ok, err := c.count("block_count")
+	if err != nil {
+		return 0, 0, err
 	}
 	if !ok || nLayer == 0 || nLayer > MaxLayers {
-		return bad("block_count %d must be in 1..%d", nLayer, MaxLayers)
+		return 0, 0, c.bad("block_count %d must be in 1..%d", nLayer, MaxLayers)
 	}
-	nEmbd, _, err := u("embedding_length")
+	nEmbd, _, err = c.count("embedding_length")
 	if err != nil {
-		return err
+		return 0, 0, err
 	}
 	if nEmbd == 0 {
-		return bad("embedding_length missing or 0")
+		return 0, 0, c.bad("embedding_length missing or 0")
 	}
-	if c, _, err := u("context_length"); err != nil || c == 0 {
-		return bad("context_length missing or 0")
+	if n, _, err := c.count("context_length"); err != nil || n == 0 {
+		return 0, 0, c.bad("context_length missing or 0")
 	}
-	nHead, _, err := u("attention.head_count")
+	nHead, _, err := c.count("attention.head_count")
 	if err != nil {
-		return err
+		return 0, 0, err
 	}
 	if nHead == 0 {
-		return bad("attention.head_count missing or 0")
+		return 0, 0, c.bad("attention.head_count missing or 0")
 	}
-	nKV, hasKV, err := u("attention.head_count_kv")
+	nKV, hasKV, err := c.count("attention.head_count_kv")
 	if err != nil {
-		return err
+		return 0, 0, err
 	}
 	if hasKV && (nKV == 0 || nKV > nHead || nHead%nKV != 0) {
-		return bad("attention.head_count_kv %d must divide head_count %d", nKV, nHead)
+		return 0, 0, c.bad("attention.head_count_kv %d must divide head_count %d", nKV, nHead)
 	}
-	if _, hasKeyLen := md.Get(p + "attention.key_length"); !hasKeyLen && nEmbd%nHead != 0 {
-		return bad("embedding_length %d not divisible by head_count %d", nEmbd, nHead)
+	if _, hasKeyLen := c.md.Get(c.p + "attention.key_length"); !hasKeyLen && nEmbd%nHead != 0 {
+		return 0, 0, c.bad("embedding_length %d not divisible by head_count %d", nEmbd, nHead)
 	}
 	for _, k := range []string{"attention.key_length", "attention.value_length", "rope.dimension_count"} {
-		if v, present, err := u(k); err != nil {
-			return err
+		if v, present, err := c.count(k); err != nil {
+			return 0, 0, err
 		} else if present && v == 0 {
-			return bad("%s%s is 0", p, k)
+			return 0, 0, c.bad("%s%s is 0", c.p, k)
 		}
 	}
-	nExp, _, err := u("expert_count")
+	return nLayer, nEmbd, nil
+}
+
+// checkExperts checks expert_count and expert_used_count (and that expert
+// groups are absent); it returns expert_count.
+func (c *loadCheck) checkExperts() (nExp uint64, err error) {
+	nExp, _, err = c.count("expert_count")
 	if err != nil {
-		return err
+		return 0, err
 	}
-	nUsed, _, err := u("expert_used_count")
+	nUsed, _, err := c.count("expert_used_count")
 	if err != nil {
-		return err
+		return 0, err
 	}
 	if nExp > MaxExperts {
-		return bad("expert_count %d > %d", nExp, MaxExperts)
+		return 0, c.bad("expert_count %d > %d", nExp, MaxExperts)
 	}
 	if nExp > 0 && (nUsed == 0 || nUsed > nExp) {
-		return bad("expert_used_count %d must be in 1..expert_count %d", nUsed, nExp)
+		return 0, c.bad("expert_used_count %d must be in 1..expert_count %d", nUsed, nExp)
 	}
 	if nExp == 0 && nUsed != 0 {
-		return bad("expert_used_count %d without experts", nUsed)
+		return 0, c.bad("expert_used_count %d without experts", nUsed)
 	}
-	if arch == "qwen3moe" && nExp == 0 {
-		return bad("qwen3moe needs expert_count > 0")
+	if c.arch == "qwen3moe" && nExp == 0 {
+		return 0, c.bad("qwen3moe needs expert_count > 0")
 	}
 	for _, k := range []string{"expert_group_count", "expert_group_used_count"} {
-		if g, _, err := u(k); err != nil || g != 0 {
-			return bad("%s%s is not supported", p, k)
+		if g, _, err := c.count(k); err != nil || g != 0 {
+			return 0, c.bad("%s%s is not supported", c.p, k)
 		}
 	}
-	if v, ok := md.Get(p + "rope.scaling.type"); ok {
+	return nExp, nil
+}
+
+// checkRopeAndAlignment checks rope.scaling.type is one llama.cpp knows and
+// general.alignment is a uint32.
+func (c *loadCheck) checkRopeAndAlignment() error {
+	if v, ok := c.md.Get(c.p + "rope.scaling.type"); ok {
 		s, _ := v.(string)
 		switch s {
 		case "none", "linear", "yarn", "longrope":
 		default:
-			return bad("unknown rope.scaling.type %v", v)
+			return c.bad("unknown rope.scaling.type %v", v)
 		}
 	}
-	if v, ok := md.Get(KeyAlignment); ok {
+	if v, ok := c.md.Get(KeyAlignment); ok {
 		if _, isU32 := v.(uint32); !isU32 {
-			return bad("%s must be uint32", KeyAlignment)
+			return c.bad("%s must be uint32", KeyAlignment)
 		}
 	}
-	nTok, hasTok := md.ArrayLen("tokenizer.ggml.tokens")
-	for _, k := range []string{"tokenizer.ggml.scores", "tokenizer.ggml.token_type"} {
-		if l, ok := md.ArrayLen(k); ok && (!hasTok || l != nTok) {
-			return bad("%s has %d entries for %d tokens", k, l, nTok)
-		}
-	}
-	model, _ := md.String("tokenizer.ggml.model")
-	if model != "none" && !hasTok {
-		return bad("tokenizer.ggml.model %q without tokenizer.ggml.tokens", model)
-	}
+	return nil
+}
 
-	need := []string{tokenEmbd, outputNorm}
+// checkTokenizer checks the per-token arrays match tokenizer.ggml.tokens in
+// length and that a tokenizer model other than "none" has tokens.
+func (c *loadCheck) checkTokenizer() error {
+	nTok, hasTok := c.md.ArrayLen("tokenizer.ggml.tokens")
+	for _, k := range []string{"tokenizer.ggml.scores", "tokenizer.ggml.token_type"} {
+		if l, ok := c.md.ArrayLen(k); ok && (!hasTok || l != nTok) {
+			return c.bad("%s has %d entries for %d tokens", k, l, nTok)
+		}
+	}
+	model, _ := c.md.String("tokenizer.ggml.model")
+	if model != "none" && !hasTok {
+		return c.bad("tokenizer.ggml.model %q without tokenizer.ggml.tokens", model)
+	}
+	return nil
+}
+
+// loadLayerTensors returns the tensor names (after "blk.N.") the
+// architecture needs in every layer.
+func loadLayerTensors(arch string, nExp uint64) []string {
 	layer := []string{"attn_norm.weight", "attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_output.weight", "ffn_norm.weight"}
 	if nExp > 0 {
 		layer = append(layer, "ffn_gate_inp.weight", "ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight")
@@ -268,6 +323,14 @@ func ValidateForLoad(f *File) error {
 	case "qwen3", "qwen3moe":
 		layer = append(layer, "attn_q_norm.weight", "attn_k_norm.weight")
 	}
+	return layer
+}
+
+// checkTensors checks f has the global tensors and every layer's tensors
+// (loadLayerTensors), token_embd's shape, and no layer beyond block_count.
+func (c *loadCheck) checkTensors(f *File, nLayer, nEmbd, nExp uint64) error {
+	need := []string{tokenEmbd, outputNorm}
+	layer := loadLayerTensors(c.arch, nExp)
 	for i := 0; i < int(nLayer); i++ {
 		for _, s := range layer {
 			need = append(need, layerName(i, s))
@@ -275,17 +338,17 @@ func ValidateForLoad(f *File) error {
 	}
 	for _, name := range need {
 		if _, ok := f.Tensor(name); !ok {
-			return bad("tensor %q missing", name)
+			return c.bad("tensor %q missing", name)
 		}
 	}
 	if t, _ := f.Tensor(tokenEmbd); len(t.Shape) != 2 || t.Shape[0] != nEmbd {
-		return bad("%s shape %v, want {%d, n_vocab}", tokenEmbd, t.Shape, nEmbd)
+		return c.bad("%s shape %v, want {%d, n_vocab}", tokenEmbd, t.Shape, nEmbd)
 	}
 	for i := range f.Tensors {
 		if idx, _, isLayer, err := splitLayerName(f.Tensors[i].Name); err != nil {
-			return bad("%v", err)
+			return c.bad("%v", err)
 		} else if isLayer && idx >= int(nLayer) {
-			return bad("tensor %q beyond block_count %d", f.Tensors[i].Name, nLayer)
+			return c.bad("tensor %q beyond block_count %d", f.Tensors[i].Name, nLayer)
 		}
 	}
 	return nil

@@ -287,51 +287,88 @@ func (d *decoder) str(what string) (string, error) {
 	return string(b), nil
 }
 
+// file decodes a whole header: the counts, the metadata, then the tensor
+// infos, and checks the last tensor ends inside the file.
 func (d *decoder) file() (*File, error) {
+	version, nTensors, nKV, err := d.header()
+	if err != nil {
+		return nil, err
+	}
+	f := &File{Version: version, Size: d.fileSize, Alignment: DefaultAlignment}
+	if f.Metadata, err = d.metadata(nKV); err != nil {
+		return nil, err
+	}
+	if v, ok := f.Metadata.Get(KeyAlignment); ok {
+		a, isU32 := v.(uint32)
+		if !isU32 || a == 0 || a&(a-1) != 0 {
+			return nil, &FormatError{-1, fmt.Errorf("%w: %s must be a uint32 power of two, got %T %v", ErrInvalidMetadata, KeyAlignment, v, v)}
+		}
+		f.Alignment = uint64(a)
+	}
+	if f.Tensors, err = d.tensorInfos(nTensors, f.Alignment); err != nil {
+		return nil, err
+	}
+	f.HeaderSize = d.pos
+	f.DataOffset = int64(alignUp(uint64(d.pos), f.Alignment))
+	if len(f.Tensors) > 0 {
+		last := f.Tensors[len(f.Tensors)-1]
+		end := uint64(f.DataOffset) + last.Offset + last.Bytes
+		if end > uint64(d.fileSize) {
+			return nil, &FormatError{-1, fmt.Errorf("%w: tensor %q ends at byte %d, file has %d", ErrTruncated, last.Name, end, d.fileSize)}
+		}
+	}
+	return f, nil
+}
+
+// header decodes the magic, the version and the two counts, and checks the
+// counts against the bytes left (at their minimal encodings) before anything
+// is allocated for them.
+func (d *decoder) header() (version uint32, nTensors, nKV uint64, err error) {
 	var magic [4]byte
 	if err := d.read(magic[:], "magic"); err != nil {
-		return nil, err
+		return 0, 0, 0, err
 	}
 	if string(magic[:]) != Magic {
-		return nil, &FormatError{0, fmt.Errorf("%w: %q", ErrBadMagic, magic[:])}
+		return 0, 0, 0, &FormatError{0, fmt.Errorf("%w: %q", ErrBadMagic, magic[:])}
 	}
-	version, err := d.u32("version")
-	if err != nil {
-		return nil, err
+	if version, err = d.u32("version"); err != nil {
+		return 0, 0, 0, err
 	}
 	if version != 2 && version != 3 {
-		return nil, &FormatError{4, fmt.Errorf("%w: %d (want 2 or 3, little-endian)", ErrUnsupportedVersion, version)}
+		return 0, 0, 0, &FormatError{4, fmt.Errorf("%w: %d (want 2 or 3, little-endian)", ErrUnsupportedVersion, version)}
 	}
-	nTensors, err := d.u64("tensor count")
-	if err != nil {
-		return nil, err
+	if nTensors, err = d.u64("tensor count"); err != nil {
+		return 0, 0, 0, err
 	}
-	nKV, err := d.u64("metadata count")
-	if err != nil {
-		return nil, err
+	if nKV, err = d.u64("metadata count"); err != nil {
+		return 0, 0, 0, err
 	}
 	// Minimal encodings: a KV is at least key length (8) + type (4) + 1
 	// byte; a tensor info at least name length (8) + n_dims (4) + type (4)
 	// + offset (8).
 	if nKV > math.MaxUint64/13 {
-		return nil, d.fail(fmt.Errorf("%w: %d metadata pairs", ErrTooLarge, nKV))
+		return 0, 0, 0, d.fail(fmt.Errorf("%w: %d metadata pairs", ErrTooLarge, nKV))
 	}
 	if err := d.need(nKV*13, "%d metadata pairs", nKV); err != nil {
-		return nil, err
+		return 0, 0, 0, err
 	}
 	if nTensors > math.MaxUint64/24 {
-		return nil, d.fail(fmt.Errorf("%w: %d tensors", ErrTooLarge, nTensors))
+		return 0, 0, 0, d.fail(fmt.Errorf("%w: %d tensors", ErrTooLarge, nTensors))
 	}
 	if err := d.need(nTensors*24, "%d tensor infos", nTensors); err != nil {
-		return nil, err
+		return 0, 0, 0, err
 	}
 	// Both products are now below the file size, so the sum cannot overflow.
 	if err := d.need(nKV*13+nTensors*24, "%d metadata pairs and %d tensor infos", nKV, nTensors); err != nil {
-		return nil, err
+		return 0, 0, 0, err
 	}
+	return version, nTensors, nKV, nil
+}
 
-	f := &File{Version: version, Size: d.fileSize, Alignment: DefaultAlignment}
-	f.Metadata = make(Metadata, 0, nKV)
+// metadata decodes nKV key-value pairs (nKV checked by header); keys must be
+// unique.
+func (d *decoder) metadata(nKV uint64) (Metadata, error) {
+	md := make(Metadata, 0, nKV)
 	seen := make(map[string]struct{}, nKV)
 	for i := uint64(0); i < nKV; i++ {
 		kv, err := d.kv()
@@ -342,19 +379,18 @@ func (d *decoder) file() (*File, error) {
 			return nil, d.fail(fmt.Errorf("%w: duplicate key %q", ErrInvalidMetadata, kv.Key))
 		}
 		seen[kv.Key] = struct{}{}
-		f.Metadata = append(f.Metadata, kv)
+		md = append(md, kv)
 	}
-	if v, ok := f.Metadata.Get(KeyAlignment); ok {
-		a, isU32 := v.(uint32)
-		if !isU32 || a == 0 || a&(a-1) != 0 {
-			return nil, &FormatError{-1, fmt.Errorf("%w: %s must be a uint32 power of two, got %T %v", ErrInvalidMetadata, KeyAlignment, v, v)}
-		}
-		f.Alignment = uint64(a)
-	}
+	return md, nil
+}
 
-	f.Tensors = make([]TensorInfo, 0, nTensors)
+// tensorInfos decodes nTensors tensor infos (nTensors checked by header):
+// names must be unique, and each tensor must start exactly where the one
+// before ends, aligned to align (llama.cpp requires exact packing).
+func (d *decoder) tensorInfos(nTensors, align uint64) ([]TensorInfo, error) {
+	ts := make([]TensorInfo, 0, nTensors)
 	names := make(map[string]struct{}, nTensors)
-	var want uint64 // expected offset of the next tensor (llama.cpp requires exact packing)
+	var want uint64 // expected offset of the next tensor
 	for i := uint64(0); i < nTensors; i++ {
 		at := d.pos
 		t, err := d.tensorInfo()
@@ -368,19 +404,10 @@ func (d *decoder) file() (*File, error) {
 		if t.Offset != want {
 			return nil, &FormatError{at, fmt.Errorf("%w: tensor %q at data offset %d, expected %d", ErrInvalidTensor, t.Name, t.Offset, want)}
 		}
-		want = alignUp(t.Offset+t.Bytes, f.Alignment)
-		f.Tensors = append(f.Tensors, t)
+		want = alignUp(t.Offset+t.Bytes, align)
+		ts = append(ts, t)
 	}
-	f.HeaderSize = d.pos
-	f.DataOffset = int64(alignUp(uint64(d.pos), f.Alignment))
-	if len(f.Tensors) > 0 {
-		last := f.Tensors[len(f.Tensors)-1]
-		end := uint64(f.DataOffset) + last.Offset + last.Bytes
-		if end > uint64(d.fileSize) {
-			return nil, &FormatError{-1, fmt.Errorf("%w: tensor %q ends at byte %d, file has %d", ErrTruncated, last.Name, end, d.fileSize)}
-		}
-	}
-	return f, nil
+	return ts, nil
 }
 
 func alignUp(n, a uint64) uint64 { return (n + a - 1) / a * a }
@@ -523,13 +550,9 @@ func (d *decoder) scalar(typ ValueType, key string) (any, error) {
 // array reads n elements; the caller has checked n*minsize against the file.
 func (d *decoder) array(elem ValueType, n int, key string) (any, error) {
 	if elem == ValString {
-		out := make([]string, n)
-		for i := range out {
-			s, err := d.str(key)
-			if err != nil {
-				return nil, err
-			}
-			out[i] = s
+		out, err := d.stringArray(n, key)
+		if err != nil {
+			return nil, err
 		}
 		return out, nil
 	}
@@ -537,7 +560,6 @@ func (d *decoder) array(elem ValueType, n int, key string) (any, error) {
 	if err := d.read(raw, key); err != nil {
 		return nil, err
 	}
-	le := binary.LittleEndian
 	switch elem {
 	case ValUint8:
 		return raw, nil
@@ -556,54 +578,86 @@ func (d *decoder) array(elem ValueType, n int, key string) (any, error) {
 			out[i] = raw[i] == 1
 		}
 		return out, nil
+	case ValUint16, ValInt16, ValUint32, ValInt32, ValFloat32:
+		return decodeWords(elem, raw, n), nil
+	case ValUint64, ValInt64, ValFloat64:
+		return decodeLongs(elem, raw, n), nil
+	}
+	return nil, d.fail(fmt.Errorf("%w: key %q element type %d", ErrInvalidMetadata, key, elem))
+}
+
+// stringArray reads n strings.
+func (d *decoder) stringArray(n int, key string) ([]string, error) {
+	out := make([]string, n)
+	for i := range out {
+		s, err := d.str(key)
+		if err != nil {
+			return nil, err
+		}
+		out[i] = s
+	}
+	return out, nil
+}
+
+// decodeWords decodes n little-endian 16- or 32-bit elements of type elem
+// (one of ValUint16, ValInt16, ValUint32, ValInt32, ValFloat32) from raw,
+// which holds exactly n of them.
+func decodeWords(elem ValueType, raw []byte, n int) any {
+	le := binary.LittleEndian
+	switch elem {
 	case ValUint16:
 		out := make([]uint16, n)
 		for i := range out {
 			out[i] = le.Uint16(raw[2*i:])
 		}
-		return out, nil
+		return out
 	case ValInt16:
 		out := make([]int16, n)
 		for i := range out {
 			out[i] = int16(le.Uint16(raw[2*i:]))
 		}
-		return out, nil
+		return out
 	case ValUint32:
 		out := make([]uint32, n)
 		for i := range out {
 			out[i] = le.Uint32(raw[4*i:])
 		}
-		return out, nil
+		return out
 	case ValInt32:
 		out := make([]int32, n)
 		for i := range out {
 			out[i] = int32(le.Uint32(raw[4*i:]))
 		}
-		return out, nil
-	case ValFloat32:
-		out := make([]float32, n)
-		for i := range out {
-			out[i] = math.Float32frombits(le.Uint32(raw[4*i:]))
-		}
-		return out, nil
+		return out
+	}
+	out := make([]float32, n) // ValFloat32
+	for i := range out {
+		out[i] = math.Float32frombits(le.Uint32(raw[4*i:]))
+	}
+	return out
+}
+
+// decodeLongs decodes n little-endian 64-bit elements of type elem (one of
+// ValUint64, ValInt64, ValFloat64) from raw, which holds exactly n of them.
+func decodeLongs(elem ValueType, raw []byte, n int) any {
+	le := binary.LittleEndian
+	switch elem {
 	case ValUint64:
 		out := make([]uint64, n)
 		for i := range out {
 			out[i] = le.Uint64(raw[8*i:])
 		}
-		return out, nil
+		return out
 	case ValInt64:
 		out := make([]int64, n)
 		for i := range out {
 			out[i] = int64(le.Uint64(raw[8*i:]))
 		}
-		return out, nil
-	case ValFloat64:
-		out := make([]float64, n)
-		for i := range out {
-			out[i] = math.Float64frombits(le.Uint64(raw[8*i:]))
-		}
-		return out, nil
+		return out
 	}
-	return nil, d.fail(fmt.Errorf("%w: key %q element type %d", ErrInvalidMetadata, key, elem))
+	out := make([]float64, n) // ValFloat64
+	for i := range out {
+		out[i] = math.Float64frombits(le.Uint64(raw[8*i:]))
+	}
+	return out
 }

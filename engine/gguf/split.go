@@ -365,8 +365,20 @@ func planShard(f *File, dg *Digests, r Range, n int) (Metadata, []WriteTensor, e
 	if _, ok := f.Tensor(outputNorm); !ok {
 		return nil, nil, fmt.Errorf("gguf: %w: model has no %s", ErrInvalidTensor, outputNorm)
 	}
+	md := planShardMetadata(f.Metadata, dg, r, arch, role)
+	p := shardPlan{f: f, dg: dg, r: r, n: n, role: role, nEmbd: nEmbd}
+	ts, err := p.tensors()
+	if err != nil {
+		return nil, nil, err
+	}
+	return md, ts, nil
+}
 
-	md := f.Metadata.Clone()
+// planShardMetadata returns the shard's metadata: the model's without
+// meshp2p.* keys, block_count the range's length, no tokenizer in a middle
+// shard (model "none", vocab_size 1), then the proof material when dg is set.
+func planShardMetadata(src Metadata, dg *Digests, r Range, arch string, role Role) Metadata {
+	md := src.Clone()
 	md.DeletePrefix("meshp2p.")
 	md.Set(arch+".block_count", uint32(r.Len()))
 	if role == RoleMiddle {
@@ -377,58 +389,87 @@ func planShard(f *File, dg *Digests, r Range, n int) (Metadata, []WriteTensor, e
 	if dg != nil {
 		md = append(md, dg.shardMetadata(r)...)
 	}
+	return md
+}
 
-	src := func(t *TensorInfo, name string) WriteTensor {
-		var data io.ReaderAt = f.TensorData(t)
-		if dg != nil {
-			data = newHashing(f, t)
-		}
-		return WriteTensor{Name: name, Type: t.Type, Shape: t.Shape, Data: data}
+// shardPlan is what planShard's tensor steps share.
+type shardPlan struct {
+	f     *File
+	dg    *Digests // nil: validate only (data is not hashed)
+	r     Range
+	n     int // the model's block_count
+	role  Role
+	nEmbd uint64
+}
+
+// src returns t's data written under name, hashed on the way when p.dg is
+// set (for checkCopied).
+func (p *shardPlan) src(t *TensorInfo, name string) WriteTensor {
+	var data io.ReaderAt = p.f.TensorData(t)
+	if p.dg != nil {
+		data = newHashing(p.f, t)
 	}
-	outT, hasOutput := f.Tensor(output)
+	return WriteTensor{Name: name, Type: t.Type, Shape: t.Shape, Data: data}
+}
+
+// tensors returns the shard's tensors in the model's order: the layers of
+// p.r renumbered from 0, and the globals as global decides. A layer at or
+// beyond block_count is an error.
+func (p *shardPlan) tensors() ([]WriteTensor, error) {
+	outT, hasOutput := p.f.Tensor(output)
 	var ts []WriteTensor
-	for i := range f.Tensors {
-		t := &f.Tensors[i]
+	for i := range p.f.Tensors {
+		t := &p.f.Tensors[i]
 		idx, rest, isLayer, err := splitLayerName(t.Name)
 		if err != nil {
-			return nil, nil, err
+			return nil, err
 		}
 		if isLayer {
-			if idx >= n {
-				return nil, nil, fmt.Errorf("gguf: %w: tensor %q is beyond block_count %d", ErrInvalidTensor, t.Name, n)
+			if idx >= p.n {
+				return nil, fmt.Errorf("gguf: %w: tensor %q is beyond block_count %d", ErrInvalidTensor, t.Name, p.n)
 			}
-			if idx >= r.Start && idx < r.End {
-				ts = append(ts, src(t, layerName(idx-r.Start, rest)))
+			if idx >= p.r.Start && idx < p.r.End {
+				ts = append(ts, p.src(t, layerName(idx-p.r.Start, rest)))
 			}
 			continue
 		}
-		switch t.Name {
-		case tokenEmbd:
-			switch role {
-			case RoleWhole, RoleHead:
-				ts = append(ts, src(t, tokenEmbd))
-			case RoleMiddle:
-				ts = append(ts, standIn(tokenEmbd, nEmbd))
-			case RoleTail:
-				if hasOutput {
-					ts = append(ts, src(outT, tokenEmbd))
-				} else {
-					ts = append(ts, src(t, tokenEmbd))
-				}
-			}
-		case outputNorm:
-			if role == RoleMiddle {
-				ts = append(ts, standIn(outputNorm, nEmbd))
-			} else {
-				ts = append(ts, src(t, outputNorm))
-			}
-		case output:
-			if role == RoleWhole {
-				ts = append(ts, src(t, output))
-			}
-		default:
-			ts = append(ts, src(t, t.Name))
-		}
+		ts = p.global(ts, t, outT, hasOutput)
 	}
-	return md, ts, nil
+	return ts, nil
+}
+
+// global appends what the shard holds for the global tensor t: token_embd
+// in a whole or head shard, the 1-row stand-ins of token_embd and
+// output_norm in a middle shard, output (when the model has one, outT) as
+// token_embd in a tail shard, output only in a whole model, and every other
+// global as is.
+func (p *shardPlan) global(ts []WriteTensor, t, outT *TensorInfo, hasOutput bool) []WriteTensor {
+	switch t.Name {
+	case tokenEmbd:
+		switch p.role {
+		case RoleWhole, RoleHead:
+			ts = append(ts, p.src(t, tokenEmbd))
+		case RoleMiddle:
+			ts = append(ts, standIn(tokenEmbd, p.nEmbd))
+		case RoleTail:
+			if hasOutput {
+				ts = append(ts, p.src(outT, tokenEmbd))
+			} else {
+				ts = append(ts, p.src(t, tokenEmbd))
+			}
+		}
+	case outputNorm:
+		if p.role == RoleMiddle {
+			ts = append(ts, standIn(outputNorm, p.nEmbd))
+		} else {
+			ts = append(ts, p.src(t, outputNorm))
+		}
+	case output:
+		if p.role == RoleWhole {
+			ts = append(ts, p.src(t, output))
+		}
+	default:
+		ts = append(ts, p.src(t, t.Name))
+	}
+	return ts
 }

@@ -146,11 +146,16 @@ func Synth(ctx context.Context, spec Spec, out string) error {
 	return WriteFile(ctx, out, md, wts, spec.Progress)
 }
 
+// synthLayout returns the metadata (without tokenizer) and the tensors of
+// the model s describes, with a vocabulary of nVocab tokens.
 func synthLayout(s *Spec, nVocab int) (Metadata, []synthTensor) {
+	return synthMetadata(s), synthTensors(s, nVocab)
+}
+
+// synthMetadata returns the general.* and <arch>.* metadata of s.
+func synthMetadata(s *Spec) Metadata {
 	a := s.Arch
 	headDim := s.Embd / s.Heads
-	e, q, kv := uint64(s.Embd), uint64(headDim*s.Heads), uint64(headDim*s.KVHeads)
-	ff, nv := uint64(s.FF), uint64(nVocab)
 	fileType := uint32(0)
 	if s.Type == TypeF16 {
 		fileType = 1
@@ -186,55 +191,78 @@ func synthLayout(s *Spec, nVocab int) (Metadata, []synthTensor) {
 	if a == "qwen3moe" {
 		md = append(md, KV{a + ".expert_feed_forward_length", uint32(s.ExpertFF)})
 	}
+	return md
+}
 
-	const std = 0.02
-	mat := func(name string, shape ...uint64) synthTensor {
-		return synthTensor{name, s.Type, shape, initNormal, std}
-	}
-	vec := func(name string, init int, n uint64) synthTensor {
-		return synthTensor{name, TypeF32, []uint64{n}, init, std}
-	}
-	ts := []synthTensor{mat(tokenEmbd, e, nv)}
-	if a == "llama" {
-		ts = append(ts, vec("rope_freqs.weight", initRopeFreqs, uint64(headDim/2)))
+// synthStd is the standard deviation of normal-initialised weights.
+const synthStd = 0.02
+
+// synthMat is a weight matrix of s's type, normal-initialised.
+func synthMat(s *Spec, name string, shape ...uint64) synthTensor {
+	return synthTensor{name, s.Type, shape, initNormal, synthStd}
+}
+
+// synthVec is an F32 vector of n elements initialised by init.
+func synthVec(name string, init int, n uint64) synthTensor {
+	return synthTensor{name, TypeF32, []uint64{n}, init, synthStd}
+}
+
+// synthTensors returns the tensors of s in file order: token_embd,
+// rope_freqs (llama), every layer's (synthLayer), output_norm, and output
+// unless tied.
+func synthTensors(s *Spec, nVocab int) []synthTensor {
+	e, nv := uint64(s.Embd), uint64(nVocab)
+	ts := []synthTensor{synthMat(s, tokenEmbd, e, nv)}
+	if s.Arch == "llama" {
+		ts = append(ts, synthVec("rope_freqs.weight", initRopeFreqs, uint64(s.Embd/s.Heads/2)))
 	}
 	for i := 0; i < s.Layers; i++ {
-		l := func(n string) string { return layerName(i, n) }
-		ts = append(ts,
-			vec(l("attn_norm.weight"), initOnes, e),
-			mat(l("attn_q.weight"), e, q),
-			mat(l("attn_k.weight"), e, kv),
-			mat(l("attn_v.weight"), e, kv),
-			mat(l("attn_output.weight"), q, e),
-		)
-		switch a {
-		case "qwen2":
-			ts = append(ts, vec(l("attn_q.bias"), initNormal, q), vec(l("attn_k.bias"), initNormal, kv), vec(l("attn_v.bias"), initNormal, kv))
-		case "qwen3", "qwen3moe":
-			ts = append(ts, vec(l("attn_q_norm.weight"), initOnes, uint64(headDim)), vec(l("attn_k_norm.weight"), initOnes, uint64(headDim)))
-		}
-		ts = append(ts, vec(l("ffn_norm.weight"), initOnes, e))
-		if s.Experts > 0 {
-			x, eff := uint64(s.Experts), ff
-			if a == "qwen3moe" {
-				eff = uint64(s.ExpertFF)
-			}
-			gate := mat(l("ffn_gate_inp.weight"), e, x)
-			gate.std = 0.5 // spread the router logits so routing is exercised
-			ts = append(ts, gate,
-				mat(l("ffn_gate_exps.weight"), e, eff, x),
-				mat(l("ffn_down_exps.weight"), eff, e, x),
-				mat(l("ffn_up_exps.weight"), e, eff, x),
-			)
-		} else {
-			ts = append(ts, mat(l("ffn_gate.weight"), e, ff), mat(l("ffn_down.weight"), ff, e), mat(l("ffn_up.weight"), e, ff))
-		}
+		ts = synthLayer(ts, s, i)
 	}
-	ts = append(ts, vec(outputNorm, initOnes, e))
+	ts = append(ts, synthVec(outputNorm, initOnes, e))
 	if !s.Tied {
-		ts = append(ts, mat(output, e, nv))
+		ts = append(ts, synthMat(s, output, e, nv))
 	}
-	return md, ts
+	return ts
+}
+
+// synthLayer appends the tensors of layer i of s to ts: attention (with
+// qwen2's biases or qwen3's q/k norms), then a dense or expert feed-forward.
+func synthLayer(ts []synthTensor, s *Spec, i int) []synthTensor {
+	a := s.Arch
+	headDim := s.Embd / s.Heads
+	e, q, kv := uint64(s.Embd), uint64(headDim*s.Heads), uint64(headDim*s.KVHeads)
+	ff := uint64(s.FF)
+	l := func(n string) string { return layerName(i, n) }
+	mat := func(name string, shape ...uint64) synthTensor { return synthMat(s, name, shape...) }
+	ts = append(ts,
+		synthVec(l("attn_norm.weight"), initOnes, e),
+		mat(l("attn_q.weight"), e, q),
+		mat(l("attn_k.weight"), e, kv),
+		mat(l("attn_v.weight"), e, kv),
+		mat(l("attn_output.weight"), q, e),
+	)
+	switch a {
+	case "qwen2":
+		ts = append(ts, synthVec(l("attn_q.bias"), initNormal, q), synthVec(l("attn_k.bias"), initNormal, kv), synthVec(l("attn_v.bias"), initNormal, kv))
+	case "qwen3", "qwen3moe":
+		ts = append(ts, synthVec(l("attn_q_norm.weight"), initOnes, uint64(headDim)), synthVec(l("attn_k_norm.weight"), initOnes, uint64(headDim)))
+	}
+	ts = append(ts, synthVec(l("ffn_norm.weight"), initOnes, e))
+	if s.Experts <= 0 {
+		return append(ts, mat(l("ffn_gate.weight"), e, ff), mat(l("ffn_down.weight"), ff, e), mat(l("ffn_up.weight"), e, ff))
+	}
+	x, eff := uint64(s.Experts), ff
+	if a == "qwen3moe" {
+		eff = uint64(s.ExpertFF)
+	}
+	gate := mat(l("ffn_gate_inp.weight"), e, x)
+	gate.std = 0.5 // spread the router logits so routing is exercised
+	return append(ts, gate,
+		mat(l("ffn_gate_exps.weight"), e, eff, x),
+		mat(l("ffn_down_exps.weight"), eff, e, x),
+		mat(l("ffn_up_exps.weight"), e, eff, x),
+	)
 }
 
 // synthData generates a tensor's bytes on demand: element i is a pure

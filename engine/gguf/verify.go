@@ -85,71 +85,121 @@ func VerifyShardFile(ctx context.Context, f *File) (*ShardInfo, error) {
 	if err != nil {
 		return nil, err
 	}
-	mismatch := func(format string, args ...any) error {
-		return fmt.Errorf("%w: "+format, append([]any{ErrFingerprintMismatch}, args...)...)
-	}
 	dg, err := digestsFromMetadata(f.Metadata)
 	if err != nil {
 		return nil, err
 	}
-	if len(dg.Layers) != si.ParentNLayer {
-		return nil, mismatch("%d layer digests for %d layers", len(dg.Layers), si.ParentNLayer)
-	}
-	if dg.Fingerprint() != si.ParentFingerprint {
-		return nil, mismatch("stored digests hash to %s, not %s", dg.Fingerprint(), si.ParentFingerprint)
-	}
-	arch := f.Architecture()
-	r := si.Range
-	if got, err := f.NLayer(); err != nil || got != r.Len() {
-		return nil, mismatch("block_count %d for range %v", got, r)
-	}
-	h, err := hparamsDigest(f.Metadata)
-	if err != nil {
+	if err := verifyProof(si, dg); err != nil {
 		return nil, err
 	}
-	if h != dg.HParams {
-		return nil, mismatch("hyper-parameters differ from the parent's")
-	}
-	if si.Role == RoleMiddle {
-		for _, kv := range f.Metadata {
-			if strings.HasPrefix(kv.Key, "tokenizer.") && kv.Key != "tokenizer.ggml.model" {
-				return nil, mismatch("middle shard has tokenizer key %q", kv.Key)
-			}
-		}
-		if m, _ := f.Metadata.String("tokenizer.ggml.model"); m != "none" {
-			return nil, mismatch("middle shard has tokenizer model %q, want \"none\"", m)
-		}
-		if v, _ := f.Metadata.Uint(arch + ".vocab_size"); v != 1 {
-			return nil, mismatch("middle shard has vocab_size %d, want 1", v)
-		}
-	} else {
-		t, err := tokenizerDigest(f.Metadata)
-		if err != nil {
-			return nil, err
-		}
-		if t != dg.Tokenizer {
-			return nil, mismatch("tokenizer differs from the parent's")
-		}
-		if v, ok := f.Metadata.Get(arch + ".vocab_size"); ok {
-			nTok, hasTok := f.Metadata.ArrayLen("tokenizer.ggml.tokens")
-			if u, isU := asUint(v); !isU || !hasTok || u != uint64(nTok) {
-				return nil, mismatch("vocab_size %v does not match the tokenizer", v)
-			}
-		}
+	if err := verifyShardMetadata(f, si, dg); err != nil {
+		return nil, err
 	}
 	nEmbd, err := embdLength(f.Metadata)
 	if err != nil {
 		return nil, err
 	}
+	want, standIns, err := shardGlobals(ctx, si.Role, dg, nEmbd)
+	if err != nil {
+		return nil, err
+	}
+	layers, err := verifyShardTensors(ctx, f, si, dg, want, standIns)
+	if err != nil {
+		return nil, err
+	}
+	if err := verifyAccounted(want, standIns, layers, dg, si.Range); err != nil {
+		return nil, err
+	}
+	return si, nil
+}
 
-	// Which global digests this shard must hold, under which source name.
-	want := make(map[string]string) // shard tensor name -> parent tensor name
+// mismatch returns an ErrFingerprintMismatch error.
+func mismatch(format string, args ...any) error {
+	return fmt.Errorf("%w: "+format, append([]any{ErrFingerprintMismatch}, args...)...)
+}
+
+// verifyProof checks the stored proof material: one digest per parent layer,
+// hashing to the claimed parent fingerprint.
+func verifyProof(si *ShardInfo, dg *Digests) error {
+	if len(dg.Layers) != si.ParentNLayer {
+		return mismatch("%d layer digests for %d layers", len(dg.Layers), si.ParentNLayer)
+	}
+	if dg.Fingerprint() != si.ParentFingerprint {
+		return mismatch("stored digests hash to %s, not %s", dg.Fingerprint(), si.ParentFingerprint)
+	}
+	return nil
+}
+
+// verifyShardMetadata checks block_count against the range, the
+// hyper-parameters against the parent's, and the tokenizer: absent (with
+// vocab_size 1) in a middle shard, the parent's in the others.
+func verifyShardMetadata(f *File, si *ShardInfo, dg *Digests) error {
+	arch := f.Architecture()
+	r := si.Range
+	if got, err := f.NLayer(); err != nil || got != r.Len() {
+		return mismatch("block_count %d for range %v", got, r)
+	}
+	h, err := hparamsDigest(f.Metadata)
+	if err != nil {
+		return err
+	}
+	if h != dg.HParams {
+		return mismatch("hyper-parameters differ from the parent's")
+	}
+	if si.Role == RoleMiddle {
+		return verifyNoTokenizer(f.Metadata, arch)
+	}
+	return verifyTokenizer(f.Metadata, arch, dg)
+}
+
+// verifyNoTokenizer checks a middle shard carries no tokenizer: no
+// tokenizer.* key but tokenizer.ggml.model = "none", and vocab_size 1.
+func verifyNoTokenizer(md Metadata, arch string) error {
+	for _, kv := range md {
+		if strings.HasPrefix(kv.Key, "tokenizer.") && kv.Key != "tokenizer.ggml.model" {
+			return mismatch("middle shard has tokenizer key %q", kv.Key)
+		}
+	}
+	if m, _ := md.String("tokenizer.ggml.model"); m != "none" {
+		return mismatch("middle shard has tokenizer model %q, want \"none\"", m)
+	}
+	if v, _ := md.Uint(arch + ".vocab_size"); v != 1 {
+		return mismatch("middle shard has vocab_size %d, want 1", v)
+	}
+	return nil
+}
+
+// verifyTokenizer checks a head, tail or whole shard carries the parent's
+// tokenizer and a vocab_size, if any, equal to its token count.
+func verifyTokenizer(md Metadata, arch string, dg *Digests) error {
+	t, err := tokenizerDigest(md)
+	if err != nil {
+		return err
+	}
+	if t != dg.Tokenizer {
+		return mismatch("tokenizer differs from the parent's")
+	}
+	if v, ok := md.Get(arch + ".vocab_size"); ok {
+		nTok, hasTok := md.ArrayLen("tokenizer.ggml.tokens")
+		if u, isU := asUint(v); !isU || !hasTok || u != uint64(nTok) {
+			return mismatch("vocab_size %v does not match the tokenizer", v)
+		}
+	}
+	return nil
+}
+
+// shardGlobals returns which global digests a shard of role must hold:
+// want maps a shard tensor name to the parent tensor whose digest it must
+// match (the tail's token_embd is the parent's output when it has one), and
+// standIns the digests of a middle shard's exact 1-row stand-ins.
+func shardGlobals(ctx context.Context, role Role, dg *Digests, nEmbd uint64) (want map[string]string, standIns map[string]Digest, err error) {
+	want = make(map[string]string) // shard tensor name -> parent tensor name
 	for _, g := range dg.Globals {
 		want[g.Name] = g.Name
 	}
 	_, parentHasOutput := dg.Global(output)
-	standIns := map[string]Digest{}
-	switch si.Role {
+	standIns = map[string]Digest{}
+	switch role {
 	case RoleHead:
 		delete(want, output)
 	case RoleMiddle:
@@ -160,7 +210,7 @@ func VerifyShardFile(ctx context.Context, f *File) (*ShardInfo, error) {
 			st := standIn(name, nEmbd)
 			dh, err := hashData(ctx, st.Data, int64(4*nEmbd), make([]byte, 64<<10), nil)
 			if err != nil {
-				return nil, err
+				return nil, nil, err
 			}
 			standIns[name] = tensorDigest(name, st.Type, st.Shape, dh)
 		}
@@ -170,7 +220,15 @@ func VerifyShardFile(ctx context.Context, f *File) (*ShardInfo, error) {
 			want[tokenEmbd] = output
 		}
 	}
+	return want, standIns, nil
+}
 
+// verifyShardTensors streams every tensor of f once: each global tensor must
+// match its entry in want (deleted once seen) or standIns (likewise), and
+// every layer tensor is digested under its parent layer name; it returns
+// those digests per shard layer.
+func verifyShardTensors(ctx context.Context, f *File, si *ShardInfo, dg *Digests, want map[string]string, standIns map[string]Digest) ([][]Digest, error) {
+	r := si.Range
 	layers := make([][]Digest, r.Len())
 	buf := make([]byte, copyChunk)
 	for i := range f.Tensors {
@@ -207,16 +265,23 @@ func VerifyShardFile(ctx context.Context, f *File) (*ShardInfo, error) {
 		}
 		delete(want, t.Name)
 	}
+	return layers, nil
+}
+
+// verifyAccounted checks nothing the shard must hold is missing: no global
+// left in want or standIns, and every layer of r present and hashing to the
+// parent's layer digest.
+func verifyAccounted(want map[string]string, standIns map[string]Digest, layers [][]Digest, dg *Digests, r Range) error {
 	for name := range want {
-		return nil, mismatch("tensor %q is missing", name)
+		return mismatch("tensor %q is missing", name)
 	}
 	for name := range standIns {
-		return nil, mismatch("stand-in %q is missing", name)
+		return mismatch("stand-in %q is missing", name)
 	}
 	for j, l := range layers {
 		if len(l) == 0 || layerDigest(l) != dg.Layers[r.Start+j] {
-			return nil, mismatch("layer %d (parent layer %d) differs", j, r.Start+j)
+			return mismatch("layer %d (parent layer %d) differs", j, r.Start+j)
 		}
 	}
-	return si, nil
+	return nil
 }
