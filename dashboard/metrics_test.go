@@ -225,7 +225,7 @@ func TestTrackerMetrics(t *testing.T) {
 		"--wait", "30s", "--network", "trackermetrics", "--listen", "/ip4/127.0.0.1/tcp/0"); err != nil {
 		t.Fatal(err)
 	}
-	fams = waitValue(t, tr.metrics, "meshp2p_tracker_tickets_issued_total", nil, 1)
+	waitValue(t, tr.metrics, "meshp2p_tracker_tickets_issued_total", nil, 1)
 	_, body := scrape(t, tr.metrics)
 	problems, err := promlint.New(strings.NewReader(body)).Lint()
 	if err != nil {

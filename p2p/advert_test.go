@@ -133,23 +133,23 @@ func TestValidator(t *testing.T) {
 	// The gossip validator maps the errors to pubsub decisions.
 	d2 := &Discovery{checker: newAdvertChecker("test", cfg), log: testLogger()}
 	freshMsg := msg(alice.id, seal(good(alice, 100), alice))
-	if r := d2.validate(nil, alice.id, freshMsg); r != pubsub.ValidationAccept {
+	if r := d2.validate(t.Context(), alice.id, freshMsg); r != pubsub.ValidationAccept {
 		t.Fatalf("valid advert: %v, want accept", r)
 	}
 	if _, ok := freshMsg.ValidatorData.(*advertRecord); !ok {
 		t.Fatal("accepted message carries no decoded advert")
 	}
-	if r := d2.validate(nil, alice.id, msg(alice.id, seal(good(alice, 100), alice))); r != pubsub.ValidationIgnore {
+	if r := d2.validate(t.Context(), alice.id, msg(alice.id, seal(good(alice, 100), alice))); r != pubsub.ValidationIgnore {
 		t.Fatalf("replay: %v, want ignore", r)
 	}
-	if r := d2.validate(nil, alice.id, msg(mallory.id, seal(good(alice, 101), alice))); r != pubsub.ValidationReject {
+	if r := d2.validate(t.Context(), alice.id, msg(mallory.id, seal(good(alice, 101), alice))); r != pubsub.ValidationReject {
 		t.Fatalf("forged author: %v, want reject", r)
 	}
 	// A clock a minute fast makes adverts "stale": dropped, but not
 	// rejected (rejection would graylist an honest peer).
 	future := good(alice, 200)
 	future.IssuedAt, future.ExpiresAt = now.Add(cfg.ClockSkew+time.Minute), now.Add(time.Hour)
-	if r := d2.validate(nil, alice.id, msg(alice.id, seal(future, alice))); r != pubsub.ValidationIgnore {
+	if r := d2.validate(t.Context(), alice.id, msg(alice.id, seal(future, alice))); r != pubsub.ValidationIgnore {
 		t.Fatalf("advert from a fast clock: %v, want ignore", r)
 	}
 }

@@ -219,13 +219,13 @@ func TestJoinFailuresAreLoud(t *testing.T) {
 		}
 	}
 
-	gen := func(args ...string) (error, time.Duration) {
+	gen := func(args ...string) (time.Duration, error) {
 		start := time.Now()
 		err := runGenerate(context.Background(), &syncBuf{}, &syncBuf{}, append([]string{"--wait", "30s", "--bootstrap", boot, "--prompt", "Once", "--max-tokens", "2"}, args...))
-		return err, time.Since(start)
+		return time.Since(start), err
 	}
 	// An outsider client gives up early with the reason, not after --wait.
-	err, took := gen(append([]string{"--model", "stories260K", "--swarm-key", keyB}, net...)...)
+	took, err := gen(append([]string{"--model", "stories260K", "--swarm-key", keyB}, net...)...)
 	if !errors.Is(err, p2p.ErrNoPeers) || !strings.Contains(err.Error(), "different swarm key") {
 		t.Fatalf("outsider generate: %v", err)
 	}
@@ -234,7 +234,7 @@ func TestJoinFailuresAreLoud(t *testing.T) {
 		t.Fatalf("outsider status: %v", err)
 	}
 	// A member asking for a model nobody serves hears that it is connected.
-	err, _ = gen(append([]string{"--model", "no-such-model", "--swarm-key", keyA, "--wait", "2s"}, net...)...)
+	_, err = gen(append([]string{"--model", "no-such-model", "--swarm-key", keyA, "--wait", "2s"}, net...)...)
 	if err == nil || errors.Is(err, p2p.ErrNoPeers) || !strings.Contains(err.Error(), "connected to 1 peer") || !strings.Contains(err.Error(), "no-such-model") {
 		t.Fatalf("member asking for an unknown model: %v", err)
 	}
