@@ -95,13 +95,12 @@ func (c Config) relayResources(open bool) relay.Resources {
 	}
 	r := c.RelayResources.withDefaults()
 	res := relay.Resources{
-		ReservationTTL:         r.ReservationTTL,
-		MaxReservations:        r.MaxReservations,
-		MaxCircuits:            r.MaxCircuits,
-		BufferSize:             r.BufferSize,
-		MaxReservationsPerPeer: 1,
-		MaxReservationsPerIP:   r.MaxReservationsPerIP,
-		MaxReservationsPerASN:  4 * r.MaxReservationsPerIP,
+		ReservationTTL:        r.ReservationTTL,
+		MaxReservations:       r.MaxReservations,
+		MaxCircuits:           r.MaxCircuits,
+		BufferSize:            r.BufferSize,
+		MaxReservationsPerIP:  r.MaxReservationsPerIP,
+		MaxReservationsPerASN: 4 * r.MaxReservationsPerIP,
 	}
 	if len(c.TestMode.RelaxedCIDRs) > 0 {
 		// Every testnet home shares its router's IP.
