@@ -276,29 +276,8 @@ func finish(res *GenerateResult) string {
 // generation, which frees every hop.
 func (s *Server) stream(ctx context.Context, cancel context.CancelFunc, w http.ResponseWriter, g *run, req *request, chat bool, c completion) int {
 	c.Object = map[bool]string{true: "chat.completion.chunk", false: "text_completion"}[chat]
-	rc := http.NewResponseController(w)
+	e := &sseWriter{w: w, rc: http.NewResponseController(w), c: c, chat: chat}
 	started, sentSeq := false, 0
-	send := func(v any) bool {
-		b, err := json.Marshal(v)
-		if err != nil {
-			return false
-		}
-		_ = rc.SetWriteDeadline(time.Now().Add(30 * time.Second))
-		if _, err := w.Write(append(append([]byte("data: "), b...), '\n', '\n')); err != nil {
-			return false
-		}
-		return rc.Flush() == nil
-	}
-	chunk := func(text string, fr *string, ext *extension) completion {
-		k := c
-		k.Meshp2p = ext
-		if chat {
-			k.Choices = []choice{{Delta: &chatMessage{Content: text}, FinishReason: fr}}
-		} else {
-			k.Choices = []choice{{Text: &text, FinishReason: fr}}
-		}
-		return k
-	}
 	for {
 		var finished bool
 		select {
@@ -315,35 +294,13 @@ func (s *Server) stream(ctx context.Context, cancel context.CancelFunc, w http.R
 		g.sent += len(text)
 		g.mu.Unlock()
 		if finished && g.err != nil {
-			e := asError(g.err)
-			if ctx.Err() != nil {
-				return 0
-			}
-			if !started {
-				writeError(w, e)
-				return e.Status
-			}
-			send(map[string]*Error{"error": e})
-			return http.StatusOK
+			return e.fail(ctx, started, asError(g.err))
 		}
 		if !started && (pieces > 0 || finished) {
 			started = true
-			if info.Model != "" {
-				c.Model = info.Model
-			}
-			c.SystemFingerprint = info.Fingerprint
-			h := w.Header()
-			h.Set("Content-Type", "text/event-stream")
-			h.Set("Cache-Control", "no-cache")
-			h.Set("X-Accel-Buffering", "no")
-			w.WriteHeader(http.StatusOK)
-			if chat {
-				k := chunk("", nil, nil)
-				k.Choices[0].Delta.Role = "assistant"
-				if !send(k) {
-					cancel()
-					continue
-				}
+			if !e.start(info) {
+				cancel()
+				continue
 			}
 		}
 		if !started {
@@ -354,34 +311,106 @@ func (s *Server) stream(ctx context.Context, cancel context.CancelFunc, w http.R
 			if seq != sentSeq {
 				ext, sentSeq = &extension{Fingerprint: info.Fingerprint, Reroutes: info.Reroutes, Route: info.Hops}, seq
 			}
-			if !send(chunk(text, nil, ext)) {
+			if !e.send(e.chunk(text, nil, ext)) {
 				cancel()
 				continue
 			}
 		}
-		if !finished {
-			continue
+		if finished {
+			e.finish(g.res, req.includeUsage)
+			return http.StatusOK
 		}
-		res := g.res
-		fr := finish(res)
-		last := chunk("", &fr, &extension{Fingerprint: res.Fingerprint, Reroutes: res.Reroutes, Route: res.Route})
-		if chat {
-			last.Choices[0].Delta = &chatMessage{}
-		}
-		ok := send(last)
-		if ok && req.includeUsage {
-			u := c
-			u.Choices = []choice{}
-			u.Usage = &usage{res.PromptTokens, res.CompletionTokens, res.PromptTokens + res.CompletionTokens}
-			u.Meshp2p = last.Meshp2p
-			ok = send(u)
-		}
-		if ok {
-			_ = rc.SetWriteDeadline(time.Now().Add(30 * time.Second))
-			_, _ = w.Write([]byte("data: [DONE]\n\n"))
-			_ = rc.Flush()
-		}
-		return http.StatusOK
+	}
+}
+
+// sseWriter writes one completion's server-sent events.
+type sseWriter struct {
+	w    http.ResponseWriter
+	rc   *http.ResponseController
+	c    completion // id, object, created, model of every chunk
+	chat bool
+}
+
+// send writes one event; false when the client is gone.
+func (e *sseWriter) send(v any) bool {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return false
+	}
+	_ = e.rc.SetWriteDeadline(time.Now().Add(WriteTimeout))
+	if _, err := e.w.Write(append(append([]byte("data: "), b...), '\n', '\n')); err != nil {
+		return false
+	}
+	return e.rc.Flush() == nil
+}
+
+// chunk is a chunk carrying text (a delta for chat), a finish reason and
+// the meshp2p extension when set.
+func (e *sseWriter) chunk(text string, fr *string, ext *extension) completion {
+	k := e.c
+	k.Meshp2p = ext
+	if e.chat {
+		k.Choices = []choice{{Delta: &chatMessage{Content: text}, FinishReason: fr}}
+	} else {
+		k.Choices = []choice{{Text: &text, FinishReason: fr}}
+	}
+	return k
+}
+
+// start writes the headers and, for chat, the role chunk; false when the
+// client is gone.
+func (e *sseWriter) start(info RouteInfo) bool {
+	if info.Model != "" {
+		e.c.Model = info.Model
+	}
+	e.c.SystemFingerprint = info.Fingerprint
+	h := e.w.Header()
+	h.Set("Content-Type", "text/event-stream")
+	h.Set("Cache-Control", "no-cache")
+	h.Set("X-Accel-Buffering", "no")
+	e.w.WriteHeader(http.StatusOK)
+	if !e.chat {
+		return true
+	}
+	k := e.chunk("", nil, nil)
+	k.Choices[0].Delta.Role = "assistant"
+	return e.send(k)
+}
+
+// fail reports a failed generation: its status before the stream started,
+// an error event after (the status is already 200); 0 when the client left.
+func (e *sseWriter) fail(ctx context.Context, started bool, err *Error) int {
+	if ctx.Err() != nil {
+		return 0
+	}
+	if !started {
+		writeError(e.w, err)
+		return err.Status
+	}
+	e.send(map[string]*Error{"error": err})
+	return http.StatusOK
+}
+
+// finish writes the finish_reason chunk, the usage chunk when asked, and
+// data: [DONE].
+func (e *sseWriter) finish(res *GenerateResult, includeUsage bool) {
+	fr := finish(res)
+	last := e.chunk("", &fr, &extension{Fingerprint: res.Fingerprint, Reroutes: res.Reroutes, Route: res.Route})
+	if e.chat {
+		last.Choices[0].Delta = &chatMessage{}
+	}
+	ok := e.send(last)
+	if ok && includeUsage {
+		u := e.c
+		u.Choices = []choice{}
+		u.Usage = &usage{res.PromptTokens, res.CompletionTokens, res.PromptTokens + res.CompletionTokens}
+		u.Meshp2p = last.Meshp2p
+		ok = e.send(u)
+	}
+	if ok {
+		_ = e.rc.SetWriteDeadline(time.Now().Add(WriteTimeout))
+		_, _ = e.w.Write([]byte("data: [DONE]\n\n"))
+		_ = e.rc.Flush()
 	}
 }
 

@@ -11,19 +11,6 @@ import (
 	"strings"
 )
 
-// Request limits (docs/api.md).
-const (
-	MaxStops       = 4     // stop strings per request (OpenAI's limit)
-	MaxStopBytes   = 256   // bytes per stop string
-	MaxMessages    = 1024  // chat turns per request
-	MaxTokensLimit = 65536 // the largest max_tokens accepted
-	// DefaultCompletionMaxTokens is /v1/completions' max_tokens when none
-	// is given (OpenAI's default, 16).
-	DefaultCompletionMaxTokens = 16
-	// MaxTopK bounds the top_k extension (a vocabulary's size at most).
-	MaxTopK = 1 << 20
-)
-
 // request is a parsed chat or completion request.
 type request struct {
 	gen          GenerateRequest

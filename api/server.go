@@ -14,17 +14,6 @@ import (
 	"time"
 )
 
-// Defaults of Config.
-const (
-	DefaultMaxActive = 8       // generations running at once
-	DefaultMaxQueue  = 64      // generations waiting for a slot
-	DefaultMaxBody   = 1 << 20 // request body bytes
-	DefaultMaxConns  = 512     // open HTTP connections
-	// BodyReadTimeout bounds reading a request's body (the headers have
-	// 10 s), so a client trickling bytes cannot hold a connection.
-	BodyReadTimeout = 30 * time.Second
-)
-
 // Config configures a Server.
 type Config struct {
 	Backend Backend
@@ -109,11 +98,11 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // Serve serves on ln until ctx ends, then shuts down (in-flight
 // generations are cancelled).
 func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
-	hs := &http.Server{Handler: s, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute,
+	hs := &http.Server{Handler: s, ReadHeaderTimeout: HeaderReadTimeout, IdleTimeout: IdleTimeout,
 		MaxHeaderBytes: 64 << 10, ErrorLog: slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
 		BaseContext: func(net.Listener) context.Context { return ctx }}
 	stop := context.AfterFunc(ctx, func() {
-		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		sctx, cancel := context.WithTimeout(context.Background(), ShutdownTimeout)
 		defer cancel()
 		_ = hs.Shutdown(sctx)
 		_ = hs.Close() // connections still open after the grace period

@@ -12,10 +12,6 @@ import (
 	"github.com/neuron-tai/meshp2p/session"
 )
 
-// DefaultChatMaxTokens is a chat completion's length when the request
-// gives no max_tokens (`serve --api-max-tokens`).
-const DefaultChatMaxTokens = 512
-
 // SwarmConfig configures Swarm.
 type SwarmConfig struct {
 	// MaxTokens is the default max_tokens of chat requests (0:

@@ -148,14 +148,7 @@ func (o *Origin) generate(ctx context.Context, req GenerateRequest, obs OriginOb
 	if req.MaxTokens <= 0 {
 		req.MaxTokens = DefaultMaxTokens
 	}
-	maxRe := o.MaxReroutes
-	if maxRe == 0 {
-		maxRe = DefaultMaxReroutes
-	}
-	log := o.Logger
-	if log == nil {
-		log = slog.Default()
-	}
+	maxRe, log := o.maxReroutes(), o.logger()
 	var sid [16]byte
 	if _, err := rand.Read(sid[:]); err != nil {
 		return nil, err
@@ -166,24 +159,17 @@ func (o *Origin) generate(ctx context.Context, req GenerateRequest, obs OriginOb
 	start := time.Now()
 	for epoch := uint64(1); ; epoch++ {
 		preq := route.Request{Fingerprint: req.Fingerprint, NLayer: req.NLayer, Exclude: exclude, NeedKV: len(req.Prompt) + req.MaxTokens + 1, Epoch: epoch, SessionID: sid[:]}
-		t0 := time.Now()
-		rt, err := o.plan(ctx, &full, preq)
-		if errors.Is(err, route.ErrNoRoute) && len(res.Failures) > 0 {
-			rt, err = o.awaitRoute(ctx, preq, err)
-		}
-		obs.RoutePlanned(time.Since(t0), err)
+		rt, err := o.planEpoch(ctx, &full, preq, res, obs)
 		if errors.Is(err, route.ErrRouteFull) {
 			// Every peer serving some layer is full now: the planner skips
 			// peers whose advert shows no free slot or KV room, which a
 			// burst of sessions makes true for a moment (adverts follow
 			// within a few seconds). Wait as for a NO_CAPACITY refusal.
-			werr := full.wait(ctx, o.CapacityWait, "", err)
-			if werr == nil {
+			if err = full.wait(ctx, o.CapacityWait, "", err); err == nil {
 				res.CapacityRetries++
-				log.Info("every peer serving some layers is full, waiting", "epoch", epoch+1, "err", err)
+				log.Info("every peer serving some layers is full, waiting", "epoch", epoch+1)
 				continue
 			}
-			err = werr
 		}
 		if err != nil {
 			if len(res.Failures) > 0 {
@@ -229,6 +215,32 @@ func (o *Origin) generate(ctx context.Context, req GenerateRequest, obs OriginOb
 		res.failedAt = time.Now()
 		obs.Rerouted()
 	}
+}
+
+func (o *Origin) maxReroutes() int {
+	if o.MaxReroutes == 0 {
+		return DefaultMaxReroutes
+	}
+	return o.MaxReroutes
+}
+
+func (o *Origin) logger() *slog.Logger {
+	if o.Logger == nil {
+		return slog.Default()
+	}
+	return o.Logger
+}
+
+// planEpoch plans one epoch's route; after a failure, when no route is
+// known, it waits for a replacement peer (awaitRoute).
+func (o *Origin) planEpoch(ctx context.Context, full *capacityRetry, preq route.Request, res *Result, obs OriginObserver) (*route.Route, error) {
+	t0 := time.Now()
+	rt, err := o.plan(ctx, full, preq)
+	if errors.Is(err, route.ErrNoRoute) && len(res.Failures) > 0 {
+		rt, err = o.awaitRoute(ctx, preq, err)
+	}
+	obs.RoutePlanned(time.Since(t0), err)
+	return rt, err
 }
 
 // plan plans req, avoiding the peers the failure memory holds when a route

@@ -64,14 +64,7 @@ func runStatus(ctx context.Context, stdout, stderr io.Writer, args []string) err
 	}
 	defer n.Close()
 	if *model != "" {
-		// Wait for the model to be routable; the document says what is
-		// missing when it is not.
-		c, err := client.New(client.Config{Swarm: n.P2P(), Table: n.Table(), Logger: log})
-		if err != nil {
-			return err
-		}
-		_, _ = c.Resolve(ctx, *model, *wait)
-		c.Close()
+		waitRoutable(ctx, n, *model, *wait)
 	} else if err := settleView(ctx, n, *wait); err != nil {
 		return err
 	}
@@ -147,3 +140,15 @@ func settleView(ctx context.Context, n *node.Node, wait time.Duration) error {
 // statusQuiet is how long the advert table must stay unchanged before
 // status prints it.
 const statusQuiet = 500 * time.Millisecond
+
+// waitRoutable waits up to wait for model to be routable from client peer
+// n (client.Resolve); the status document says what is missing when it is
+// not.
+func waitRoutable(ctx context.Context, n *node.Node, model string, wait time.Duration) {
+	c, err := client.New(client.Config{Swarm: n.P2P(), Table: n.Table()})
+	if err != nil {
+		return
+	}
+	defer c.Close()
+	_, _ = c.Resolve(ctx, model, wait)
+}

@@ -1,0 +1,44 @@
+package api
+
+import "time"
+
+// Every default and bound of the API, each with its reason (docs/api.md
+// and docs/limits.md list them for users).
+
+// Defaults of Config.
+const (
+	DefaultMaxActive = 8       // generations running at once
+	DefaultMaxQueue  = 64      // generations waiting for a slot
+	DefaultMaxBody   = 1 << 20 // request body bytes
+	DefaultMaxConns  = 512     // open HTTP connections
+	// BodyReadTimeout bounds reading a request's body (the headers have
+	// HeaderReadTimeout), so a client trickling bytes cannot hold a
+	// connection.
+	BodyReadTimeout   = 30 * time.Second
+	HeaderReadTimeout = 10 * time.Second
+	// IdleTimeout closes a kept-alive connection nobody uses.
+	IdleTimeout = 2 * time.Minute
+	// ShutdownTimeout is how long Serve waits for requests in flight when
+	// its context ends.
+	ShutdownTimeout = 5 * time.Second
+	// WriteTimeout bounds each write of a response or SSE event: a client
+	// that stops reading is dropped and its generation cancelled, which
+	// frees every hop.
+	WriteTimeout = 30 * time.Second
+	// DefaultChatMaxTokens is a chat completion's length when the request
+	// gives no max_tokens (`serve --api-max-tokens`).
+	DefaultChatMaxTokens = 512
+)
+
+// Request limits (docs/api.md).
+const (
+	MaxStops       = 4     // stop strings per request (OpenAI's limit)
+	MaxStopBytes   = 256   // bytes per stop string
+	MaxMessages    = 1024  // chat turns per request
+	MaxTokensLimit = 65536 // the largest max_tokens accepted
+	// DefaultCompletionMaxTokens is /v1/completions' max_tokens when none
+	// is given (OpenAI's default, 16).
+	DefaultCompletionMaxTokens = 16
+	// MaxTopK bounds the top_k extension (a vocabulary's size at most).
+	MaxTopK = 1 << 20
+)
