@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"net/http/httptest"
 	"strings"
 	"sync"
@@ -22,6 +21,7 @@ import (
 	"github.com/neuron-tai/meshp2p/engine/gguf"
 	"github.com/neuron-tai/meshp2p/internal/testmodels"
 	"github.com/neuron-tai/meshp2p/internal/testmodels/chatmodel"
+	"github.com/neuron-tai/meshp2p/internal/testmodels/local"
 	"github.com/neuron-tai/meshp2p/internal/testswarm"
 	"github.com/neuron-tai/meshp2p/node"
 	"github.com/neuron-tai/meshp2p/proto/meshp2pb"
@@ -39,7 +39,7 @@ type reference struct {
 
 func localReference(t *testing.T, model string, prompt []int32, n int) reference {
 	t.Helper()
-	return referenceOf(t, model, localTokens(t, model, prompt, n))
+	return referenceOf(t, model, local.Tokens(t, model, prompt, n, nil))
 }
 
 func referenceOf(t *testing.T, model string, toks []int32) reference {
@@ -102,7 +102,7 @@ func TestGatewayOpenAISDK(t *testing.T) {
 		hops = append(hops, tn.Shard(model, &r, func(c *node.Config) { c.Engine.MaxSessions, c.Engine.NCtx = 8, 1024 }))
 	}
 	// A second model whose layers 2-4 nobody serves: known, not routable.
-	partial := synthModel(t, "partial", 4)
+	partial := testmodels.Synth(t, "partial", 4)
 	tn.Shard(partial, &gguf.Range{Start: 0, End: 2}, nil)
 	c := tn.Client()
 	fp := waitModel(t, c, "stories-chat").Fingerprint
@@ -228,7 +228,7 @@ func TestGatewayOpenAISDK(t *testing.T) {
 			{FrequencyPenalty: 1.5, TopP: 1, RepeatLastN: -1},
 			{PresencePenalty: 1.2, Temperature: 0.7, TopP: 1, Seed: 7, RepeatLastN: -1},
 		} {
-			want := referenceOf(t, model, localSampled(t, model, prompt, 32, sp))
+			want := referenceOf(t, model, local.Tokens(t, model, prompt, 32, sp))
 			p := compParams(32)
 			p.Temperature, p.TopP, p.Seed = openai.Float(float64(sp.Temperature)), openai.Float(float64(sp.TopP)), openai.Int(int64(sp.Seed))
 			p.FrequencyPenalty, p.PresencePenalty = openai.Float(float64(sp.FrequencyPenalty)), openai.Float(float64(sp.PresencePenalty))
@@ -436,44 +436,4 @@ func waitModel(t *testing.T, c *client.Client, model string) client.Model {
 		t.Fatal(err)
 	}
 	return m
-}
-
-// synthModel writes a small random-weight llama model of the given name.
-func synthModel(t *testing.T, name string, layers int) string {
-	t.Helper()
-	spec := gguf.DefaultSpec("llama")
-	spec.Layers, spec.Embd, spec.FF, spec.Name = layers, 64, 128, name
-	spec.Seed = uint64(len(name))
-	path := fmt.Sprintf("%s/%s.gguf", t.TempDir(), name)
-	if err := gguf.Synth(context.Background(), spec, path); err != nil {
-		t.Fatal(err)
-	}
-	return path
-}
-
-// localTokens runs the whole model in-process, greedy: the reference.
-func localTokens(t *testing.T, model string, prompt []int32, n int) []int32 {
-	t.Helper()
-	return localSampled(t, model, prompt, n, nil)
-}
-
-// localSampled runs the whole model in-process with sp (`generate
-// --local`).
-func localSampled(t *testing.T, model string, prompt []int32, n int, sp *meshp2pb.SamplingParams) []int32 {
-	t.Helper()
-	m, err := engine.LoadModel(context.Background(), model, engine.LoadOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer m.Close()
-	s, err := engine.NewShard(context.Background(), m, engine.Config{NCtx: max(256, len(prompt)+n+16), NBatch: 64, MaxSessions: 1, Threads: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
-	res, err := engine.RunChain(context.Background(), []*engine.Shard{s}, prompt, engine.ChainOptions{Steps: n - 1, Chunk: 128, Sampling: engine.SamplingFromProto(sp)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return res.Tokens
 }

@@ -2,7 +2,6 @@ package node
 
 import (
 	"context"
-	"fmt"
 	"testing"
 	"time"
 
@@ -134,13 +133,5 @@ func TestDiscoveryTwentyNodes(t *testing.T) {
 
 // synthModel writes a small random-weight llama model with the given name.
 func synthModel(t *testing.T, name string, layers int) string {
-	t.Helper()
-	spec := gguf.DefaultSpec("llama")
-	spec.Layers, spec.Embd, spec.FF, spec.Name = layers, 64, 128, name
-	spec.Seed = uint64(len(name))
-	path := fmt.Sprintf("%s/%s.gguf", t.TempDir(), name)
-	if err := gguf.Synth(context.Background(), spec, path); err != nil {
-		t.Fatal(err)
-	}
-	return path
+	return testmodels.Synth(t, name, layers)
 }

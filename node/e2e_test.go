@@ -15,6 +15,7 @@ import (
 	"github.com/neuron-tai/meshp2p/engine"
 	"github.com/neuron-tai/meshp2p/engine/gguf"
 	"github.com/neuron-tai/meshp2p/internal/testmodels"
+	"github.com/neuron-tai/meshp2p/internal/testmodels/local"
 	"github.com/neuron-tai/meshp2p/p2p"
 	"github.com/neuron-tai/meshp2p/proto/frame"
 	"github.com/neuron-tai/meshp2p/proto/meshp2pb"
@@ -429,21 +430,7 @@ func TestPreCutShards(t *testing.T) {
 // (engine.SamplingFromProto), as `generate --local` does.
 func localSampled(t *testing.T, model string, prompt []int32, n int, sp *meshp2pb.SamplingParams) []int32 {
 	t.Helper()
-	m, err := engine.LoadModel(context.Background(), model, engine.LoadOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer m.Close()
-	s, err := engine.NewShard(context.Background(), m, engine.Config{NCtx: max(256, len(prompt)+n+16), NBatch: 64, MaxSessions: 1, Threads: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
-	res, err := engine.RunChain(context.Background(), []*engine.Shard{s}, prompt, engine.ChainOptions{Steps: n - 1, Chunk: 128, Sampling: engine.SamplingFromProto(sp)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return res.Tokens
+	return local.Tokens(t, model, prompt, n, sp)
 }
 
 // Sampling at temperature 0.8 with a seed above 2^32 and repeat_last_n -1
