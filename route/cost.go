@@ -132,12 +132,6 @@ type CostModel struct {
 	MaxPendingPerClient int
 }
 
-// DefaultCostModel returns the default constants.
-func DefaultCostModel() CostModel {
-	return CostModel{DefaultMsPerLayer: 1, DefaultRTT: 20 * time.Millisecond, RelayRTTFactor: 2, RelayExtra: 10 * time.Millisecond,
-		LoadSlowdown: 1, MaxQueue: 8, PendingWindow: 5 * time.Second, Quantum: time.Millisecond, MaxPendingPerClient: 2}
-}
-
 func (m CostModel) withDefaults() CostModel {
 	d := DefaultCostModel()
 	if m.DefaultMsPerLayer <= 0 {
