@@ -158,14 +158,14 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 
 // swarmKey is the pre-shared key of a private swarm, from SwarmKey or
 // SwarmKeyPath (nil: a public swarm).
-func (cfg Config) swarmKey() (pnet.PSK, error) {
+func (c Config) swarmKey() (pnet.PSK, error) {
 	switch {
-	case len(cfg.SwarmKey) > 0 && cfg.SwarmKeyPath != "":
+	case len(c.SwarmKey) > 0 && c.SwarmKeyPath != "":
 		return nil, fmt.Errorf("%w: set SwarmKey or SwarmKeyPath, not both", ErrConfig)
-	case len(cfg.SwarmKey) > 0:
-		return DecodeSwarmKey(cfg.SwarmKey)
-	case cfg.SwarmKeyPath != "":
-		return ReadSwarmKey(cfg.SwarmKeyPath)
+	case len(c.SwarmKey) > 0:
+		return DecodeSwarmKey(c.SwarmKey)
+	case c.SwarmKeyPath != "":
+		return ReadSwarmKey(c.SwarmKeyPath)
 	}
 	return nil, nil
 }
