@@ -34,8 +34,9 @@ const headerChunk = 256 << 10
 type URL struct {
 	URL    string
 	Client *http.Client // default http.DefaultClient
-	// Retries per request after the first attempt (default 5), waiting
-	// Backoff (default 250 ms) doubling up to 8 s between attempts.
+	// Retries per request after the first attempt (0: DefaultURLRetries),
+	// waiting Backoff (0: DefaultURLBackoff) doubling up to maxURLBackoff
+	// between attempts.
 	Retries int
 	Backoff time.Duration
 	// Idle bounds the wait for the answer's headers and then for each
@@ -87,11 +88,11 @@ func (u *URL) get(ctx context.Context, off, n int64, w io.Writer) error {
 	}
 	retries := u.Retries
 	if retries <= 0 {
-		retries = 5
+		retries = DefaultURLRetries
 	}
 	wait := u.Backoff
 	if wait <= 0 {
-		wait = 250 * time.Millisecond
+		wait = DefaultURLBackoff
 	}
 	var done int64
 	var lastErr error
@@ -105,7 +106,7 @@ func (u *URL) get(ctx context.Context, off, n int64, w io.Writer) error {
 				return ctx.Err()
 			case <-time.After(wait):
 			}
-			wait = min(2*wait, 8*time.Second)
+			wait = min(2*wait, maxURLBackoff)
 		}
 		k, err := u.once(ctx, off+done, n-done, w)
 		done += k

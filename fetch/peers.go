@@ -97,7 +97,7 @@ type Fetcher struct {
 	Stage    *Stage
 	Log      *slog.Logger
 	Progress *Progress // may be nil
-	// Attempts bounds how often one tensor is tried (default 6).
+	// Attempts bounds how often one tensor is tried (0: DefaultAttempts).
 	Attempts int
 	// MinRate (bytes/s) and Grace override the package's (0: those): a
 	// source slower than MinRate after Grace is given up for that tensor.
@@ -119,10 +119,6 @@ type job struct {
 	busy     int // "busy" answers (not failures, up to maxBusy)
 }
 
-// maxBusy bounds the "busy" answers one tensor takes (20 ms apart) before
-// they count as a failed attempt.
-const maxBusy = 500
-
 // Fetch downloads every tensor in ts (of manifest m, model fp) that is not
 // staged yet.
 func (f *Fetcher) Fetch(ctx context.Context, m *gguf.Manifest, fp string, ts []*gguf.TensorInfo, sources []Source) error {
@@ -132,12 +128,42 @@ func (f *Fetcher) Fetch(ctx context.Context, m *gguf.Manifest, fp string, ts []*
 	}
 	attempts := f.Attempts
 	if attempts <= 0 {
-		attempts = 6
+		attempts = DefaultAttempts
 	}
-	nLayer := len(m.Digests.Layers)
+	queue := f.pending(m, ts)
+	if len(queue) == 0 {
+		return nil
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
 	_, untied := m.Digests.Global("output.weight")
+	r := &fetchRun{f: f, ctx: ctx, cancel: cancel, log: log, fp: fp, attempts: attempts,
+		sources: sources, nLayer: len(m.Digests.Layers), untied: untied,
+		queue: queue, active: map[peer.ID]int{}, dropped: map[peer.ID]bool{}}
+	r.cond = sync.NewCond(&r.mu)
+	stop := context.AfterFunc(ctx, func() { r.mu.Lock(); r.cond.Broadcast(); r.mu.Unlock() })
+	defer stop()
+	var wg sync.WaitGroup
+	for w := 0; w < MaxTransfers; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r.worker()
+		}()
+	}
+	wg.Wait()
+	if r.firstErr != nil {
+		return r.firstErr
+	}
+	return ctx.Err()
+}
+
+// pending is the queue of jobs for the tensors in ts not staged yet: one
+// per distinct data hash (tensors with equal data are fetched once); the
+// bytes of those already staged count as progress.
+func (f *Fetcher) pending(m *gguf.Manifest, ts []*gguf.TensorInfo) []*job {
 	var queue []*job
-	seen := map[gguf.Digest]bool{} // tensors with equal data are fetched once
+	seen := map[gguf.Digest]bool{}
 	for _, t := range ts {
 		h := m.DataHash(t)
 		if seen[h] {
@@ -150,154 +176,180 @@ func (f *Fetcher) Fetch(ctx context.Context, m *gguf.Manifest, fp string, ts []*
 		}
 		queue = append(queue, &job{t: t, hash: h, tried: map[peer.ID]bool{}})
 	}
-	if len(queue) == 0 {
-		return nil
-	}
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	var (
-		mu       sync.Mutex
-		cond     = sync.NewCond(&mu)
-		active   = map[peer.ID]int{}
-		dropped  = map[peer.ID]bool{}
-		running  int
-		firstErr error
-	)
-	stop := context.AfterFunc(ctx, func() { mu.Lock(); cond.Broadcast(); mu.Unlock() })
-	defer stop()
-	// candidates: sources that may hold t, by the role their range has.
-	holds := func(s Source, t *gguf.TensorInfo) bool {
-		if i, ok := layerIndex(t.Name); ok {
-			return i >= s.Start && i < s.End
-		}
-		head, tail := s.Start == 0, s.End == nLayer
-		switch t.Name {
-		case "token_embd.weight":
-			return head || (tail && !untied)
-		case "output.weight":
-			return tail
-		case "output_norm.weight":
-			return head || tail
-		}
-		return true
-	}
-	// next picks a job and a source for it (mu held), or reports why not.
-	next := func() (*job, peer.ID, bool) {
-		for i, j := range queue {
-			var best peer.ID
-			found, bestLoad := false, 0
-			for _, s := range sources {
-				if dropped[s.Peer] || j.tried[s.Peer] || active[s.Peer] >= MaxTransfersPerPeer || !holds(s, j.t) {
-					continue
-				}
-				if !found || active[s.Peer] < bestLoad {
-					best, found, bestLoad = s.Peer, true, active[s.Peer]
-				}
-			}
-			if found {
-				queue = append(queue[:i], queue[i+1:]...)
-				return j, best, true
-			}
-		}
-		return nil, "", false
-	}
-	// stuck: a job no source could ever take (all tried or dropped).
-	stuck := func() *job {
-		for _, j := range queue {
-			ok := false
-			for _, s := range sources {
-				if !dropped[s.Peer] && !j.tried[s.Peer] && holds(s, j.t) {
-					ok = true
-				}
-			}
-			if !ok {
-				return j
-			}
-		}
-		return nil
-	}
-	var wg sync.WaitGroup
-	for w := 0; w < MaxTransfers; w++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for {
-				mu.Lock()
-				var j *job
-				var p peer.ID
-				for {
-					if ctx.Err() != nil || firstErr != nil || (len(queue) == 0 && running == 0) {
-						mu.Unlock()
-						return
-					}
-					var ok bool
-					if j, p, ok = next(); ok {
-						break
-					}
-					if running == 0 {
-						if sj := stuck(); sj != nil {
-							firstErr = fmt.Errorf("fetch: tensor %q: %w (%d sources, %d dropped)", sj.t.Name, ErrNoSource, len(sources), len(dropped))
-							cancel() // stop the other transfers
-							cond.Broadcast()
-							mu.Unlock()
-							return
-						}
-					}
-					cond.Wait()
-				}
-				active[p]++
-				running++
-				mu.Unlock()
+	return queue
+}
 
-				err := f.one(ctx, p, fp, j)
-				busy := frame.Code(err) == meshp2pb.ErrorCode_ERROR_CODE_NO_CAPACITY && j.busy < maxBusy
-				if busy {
-					j.busy++
-					// The server has not yet released our previous
-					// stream (it does after its last write): not a
-					// failure; ask again shortly.
-					select {
-					case <-ctx.Done():
-					case <-time.After(20 * time.Millisecond):
-					}
-				}
+// fetchRun is the state one Fetch shares among its MaxTransfers workers.
+// The fields below mu are guarded by it; cond is signalled whenever a
+// transfer ends, the queue changes or ctx is done.
+type fetchRun struct {
+	f        *Fetcher
+	ctx      context.Context
+	cancel   context.CancelFunc
+	log      *slog.Logger
+	fp       string
+	attempts int
+	sources  []Source
+	nLayer   int  // the model's layers: which source ranges are head and tail
+	untied   bool // the model has its own output.weight
 
-				mu.Lock()
-				active[p]--
-				running--
-				switch {
-				case err == nil:
-				case busy:
-					log.Debug("peer busy; asking again", "peer", p, "tensor", j.t.Name)
-				case errors.Is(err, ErrBadData):
-					log.Warn("peer sent a tensor that does not match the manifest; dropping it for this fetch", "peer", p, "tensor", j.t.Name, "err", err)
-					dropped[p] = true
-				case ctx.Err() != nil:
-				default:
-					log.Info("tensor transfer failed; trying another peer", "peer", p, "tensor", j.t.Name, "err", err)
-				}
-				if busy {
-					queue = append(queue, j)
-				} else if err != nil && ctx.Err() == nil {
-					j.attempts++
-					j.tried[p] = true
-					if j.attempts >= attempts {
-						firstErr = fmt.Errorf("fetch: tensor %q failed %d times: %w", j.t.Name, j.attempts, err)
-						cancel()
-					} else {
-						queue = append(queue, j)
-					}
-				}
-				cond.Broadcast()
-				mu.Unlock()
+	mu       sync.Mutex
+	cond     *sync.Cond
+	queue    []*job
+	active   map[peer.ID]int // transfers in flight per source
+	dropped  map[peer.ID]bool
+	running  int
+	firstErr error
+}
+
+// holds reports whether source s may hold tensor t, by the role its range
+// has.
+func (r *fetchRun) holds(s Source, t *gguf.TensorInfo) bool {
+	if i, ok := layerIndex(t.Name); ok {
+		return i >= s.Start && i < s.End
+	}
+	head, tail := s.Start == 0, s.End == r.nLayer
+	switch t.Name {
+	case "token_embd.weight":
+		return head || (tail && !r.untied)
+	case "output.weight":
+		return tail
+	case "output_norm.weight":
+		return head || tail
+	}
+	return true
+}
+
+// nextLocked picks a job and the least loaded source for it and takes the
+// job off the queue (mu held), or reports that none can start now.
+func (r *fetchRun) nextLocked() (*job, peer.ID, bool) {
+	for i, j := range r.queue {
+		var best peer.ID
+		found, bestLoad := false, 0
+		for _, s := range r.sources {
+			if r.dropped[s.Peer] || j.tried[s.Peer] || r.active[s.Peer] >= MaxTransfersPerPeer || !r.holds(s, j.t) {
+				continue
 			}
-		}()
+			if !found || r.active[s.Peer] < bestLoad {
+				best, found, bestLoad = s.Peer, true, r.active[s.Peer]
+			}
+		}
+		if found {
+			r.queue = append(r.queue[:i], r.queue[i+1:]...)
+			return j, best, true
+		}
 	}
-	wg.Wait()
-	if firstErr != nil {
-		return firstErr
+	return nil, "", false
+}
+
+// stuckLocked returns a job no source could ever take (all tried or
+// dropped), if any (mu held).
+func (r *fetchRun) stuckLocked() *job {
+	for _, j := range r.queue {
+		ok := false
+		for _, s := range r.sources {
+			if !r.dropped[s.Peer] && !j.tried[s.Peer] && r.holds(s, j.t) {
+				ok = true
+			}
+		}
+		if !ok {
+			return j
+		}
 	}
-	return ctx.Err()
+	return nil
+}
+
+// worker runs transfers one after the other until the queue is done, the
+// fetch failed or ctx is done.
+func (r *fetchRun) worker() {
+	for {
+		j, p, ok := r.take()
+		if !ok {
+			return
+		}
+		busy, err := r.transfer(j, p)
+		r.settle(j, p, err, busy)
+	}
+}
+
+// take waits for a job and a source to send it, and counts the transfer
+// as running. It reports false when this worker should stop: ctx done, the
+// fetch failed, nothing left, or a job no source can ever take (which
+// fails the fetch).
+func (r *fetchRun) take() (*job, peer.ID, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for {
+		if r.ctx.Err() != nil || r.firstErr != nil || (len(r.queue) == 0 && r.running == 0) {
+			return nil, "", false
+		}
+		if j, p, ok := r.nextLocked(); ok {
+			r.active[p]++
+			r.running++
+			return j, p, true
+		}
+		if r.running == 0 {
+			if sj := r.stuckLocked(); sj != nil {
+				r.firstErr = fmt.Errorf("fetch: tensor %q: %w (%d sources, %d dropped)", sj.t.Name, ErrNoSource, len(r.sources), len(r.dropped))
+				r.cancel() // stop the other transfers
+				r.cond.Broadcast()
+				return nil, "", false
+			}
+		}
+		r.cond.Wait()
+	}
+}
+
+// transfer downloads job j from peer p (mu not held). busy: p answered
+// NO_CAPACITY and j may ask again (after a short pause, already waited).
+func (r *fetchRun) transfer(j *job, p peer.ID) (busy bool, err error) {
+	err = r.f.one(r.ctx, p, r.fp, j)
+	busy = frame.Code(err) == meshp2pb.ErrorCode_ERROR_CODE_NO_CAPACITY && j.busy < maxBusy
+	if busy {
+		j.busy++
+		// The server has not yet released our previous stream (it
+		// does after its last write): not a failure; ask again
+		// shortly.
+		select {
+		case <-r.ctx.Done():
+		case <-time.After(busyRetry):
+		}
+	}
+	return busy, err
+}
+
+// settle records the end of a transfer of j from p: a busy job goes back
+// on the queue, a failed one too until it has failed attempts times (then
+// the fetch fails), and a source that sent bad data is dropped.
+func (r *fetchRun) settle(j *job, p peer.ID, err error, busy bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.active[p]--
+	r.running--
+	switch {
+	case err == nil:
+	case busy:
+		r.log.Debug("peer busy; asking again", "peer", p, "tensor", j.t.Name)
+	case errors.Is(err, ErrBadData):
+		r.log.Warn("peer sent a tensor that does not match the manifest; dropping it for this fetch", "peer", p, "tensor", j.t.Name, "err", err)
+		r.dropped[p] = true
+	case r.ctx.Err() != nil:
+	default:
+		r.log.Info("tensor transfer failed; trying another peer", "peer", p, "tensor", j.t.Name, "err", err)
+	}
+	if busy {
+		r.queue = append(r.queue, j)
+	} else if err != nil && r.ctx.Err() == nil {
+		j.attempts++
+		j.tried[p] = true
+		if j.attempts >= r.attempts {
+			r.firstErr = fmt.Errorf("fetch: tensor %q failed %d times: %w", j.t.Name, j.attempts, err)
+			r.cancel()
+		} else {
+			r.queue = append(r.queue, j)
+		}
+	}
+	r.cond.Broadcast()
 }
 
 func layerIndex(name string) (int, bool) {

@@ -15,7 +15,7 @@ type Progress struct {
 	// over this run) and the time left at that rate; at most once per
 	// Interval, and once more from Finish.
 	Report   func(done, total int64, rate float64, eta time.Duration)
-	Interval time.Duration // default 1 s
+	Interval time.Duration // 0: DefaultProgressInterval
 
 	start      time.Time
 	done, down atomic.Int64
@@ -49,7 +49,7 @@ func (p *Progress) add(n int64) {
 	p.down.Add(n)
 	iv := p.Interval
 	if iv <= 0 {
-		iv = time.Second
+		iv = DefaultProgressInterval
 	}
 	p.mu.Lock()
 	due := time.Since(p.last) >= iv

@@ -92,7 +92,8 @@ type Config struct {
 	DHTMode string
 
 	// ConnLow and ConnHigh are the connection manager watermarks
-	// (defaults 64 and 128); ConnGrace defaults to 1 minute.
+	// (DefaultConnLow, DefaultConnHigh); ConnGrace defaults to
+	// DefaultConnGrace.
 	ConnLow, ConnHigh int
 	ConnGrace         time.Duration
 
@@ -172,23 +173,6 @@ func (t TestOptions) enabled() bool {
 	return len(t.PublicCIDRs) > 0 || len(t.RelaxedCIDRs) > 0 || t.ObservedAddrThreshold > 0
 }
 
-// DefaultListenAddrs is used when Config.ListenAddrs is empty.
-var DefaultListenAddrs = []string{"/ip4/0.0.0.0/tcp/0", "/ip4/0.0.0.0/udp/0/quic-v1"}
-
-// DefaultDiscoveryConfig returns the production advert settings.
-func DefaultDiscoveryConfig() DiscoveryConfig {
-	return DiscoveryConfig{
-		RepublishInterval: 2 * time.Minute,
-		AdvertTTL:         6 * time.Minute,
-		MaxAge:            6 * time.Minute,
-		ClockSkew:         30 * time.Second,
-		ProvideInterval:   time.Hour,
-		MaxBody:           16 << 10,
-		MaxKeys:           64,
-		MaxKeyLen:         256,
-	}
-}
-
 // ErrConfig marks an invalid Config.
 var ErrConfig = errors.New("invalid p2p config")
 
@@ -223,13 +207,13 @@ func (c Config) withDefaults() (Config, error) {
 		return c, fmt.Errorf("%w: DHTMode %q", ErrConfig, c.DHTMode)
 	}
 	if c.ConnLow <= 0 {
-		c.ConnLow = 64
+		c.ConnLow = DefaultConnLow
 	}
 	if c.ConnHigh <= c.ConnLow {
-		c.ConnHigh = max(128, 2*c.ConnLow)
+		c.ConnHigh = max(DefaultConnHigh, 2*c.ConnLow)
 	}
 	if c.ConnGrace <= 0 {
-		c.ConnGrace = time.Minute
+		c.ConnGrace = DefaultConnGrace
 	}
 	c.Discovery = c.Discovery.withDefaults()
 	if c.Logger == nil {

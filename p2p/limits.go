@@ -41,32 +41,6 @@ const (
 	relayServiceMemory = 256 << 20
 )
 
-// Relay service defaults. go-libp2p's defaults (128 KiB and 2 minutes per
-// circuit, 2 KiB copy buffer, 16 circuits per peer) cut an activation stream
-// after a few tokens; a 1 MB transfer through them was reset every
-// time. A meshp2p relay carries activations for members only (RelayACL,
-// swarm key), so it runs without go-libp2p's per-circuit data or time
-// limit; an open relay bounds each peer instead (relayguard.go).
-const (
-	defaultRelayMaxReservations      = 512
-	defaultRelayMaxCircuits          = 64        // per peer: one node can be a relayed hop in many pipelines
-	defaultRelayBufferSize           = 256 << 10 // per direction; 2 KiB default makes relaying syscall-bound
-	defaultRelayMaxReservationsPerIP = 16        // homes share one public IP (default 8)
-	defaultRelayReservationTTL       = time.Hour // go-libp2p default; clients refresh before expiry
-)
-
-// DefaultRelayResources returns the relay service sizing used when
-// Config.RelayResources fields are zero.
-func DefaultRelayResources() RelayResources {
-	return RelayResources{
-		MaxReservations:      defaultRelayMaxReservations,
-		MaxCircuits:          defaultRelayMaxCircuits,
-		BufferSize:           defaultRelayBufferSize,
-		MaxReservationsPerIP: defaultRelayMaxReservationsPerIP,
-		ReservationTTL:       defaultRelayReservationTTL,
-	}
-}
-
 func (r RelayResources) withDefaults() RelayResources {
 	d := DefaultRelayResources()
 	if r.MaxReservations <= 0 {

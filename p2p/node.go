@@ -110,43 +110,95 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 	if created {
 		log.Info("created node identity", "file", cfg.DataDir+string(os.PathSeparator)+IdentityFile)
 	}
-
-	var psk pnet.PSK
-	switch {
-	case len(cfg.SwarmKey) > 0 && cfg.SwarmKeyPath != "":
-		return nil, fmt.Errorf("%w: set SwarmKey or SwarmKeyPath, not both", ErrConfig)
-	case len(cfg.SwarmKey) > 0:
-		if psk, err = DecodeSwarmKey(cfg.SwarmKey); err != nil {
-			return nil, err
-		}
-	case cfg.SwarmKeyPath != "":
-		if psk, err = ReadSwarmKey(cfg.SwarmKeyPath); err != nil {
-			return nil, err
-		}
+	psk, err := cfg.swarmKey()
+	if err != nil {
+		return nil, err
 	}
 
 	n := &Node{cfg: cfg, log: log, tracker: newConnTracker(), boot: newBootState(cfg.Bootstrap),
 		provStores: [2]*quotaStore{newQuotaStore(), newQuotaStore()}}
 	if psk != nil {
-		n.pskFP = SwarmKeyFingerprint(psk)
-		kept, dropped := tcpOnly(cfg.ListenAddrs)
-		if len(kept) == 0 {
-			return nil, fmt.Errorf("%w: a private swarm (swarm key) is TCP-only and no TCP listen address is configured (got %v)", ErrConfig, cfg.ListenAddrs)
+		if cfg, err = n.privateSwarm(cfg, psk); err != nil {
+			return nil, err
 		}
-		cfg.ListenAddrs = kept
-		log.Warn("private swarm: pre-shared key active; QUIC is disabled (go-libp2p does not support QUIC with a PSK), TCP only",
-			"swarm_key_fingerprint", n.pskFP, "dropped_listen_addrs", dropped)
 	}
 	n.cfg = cfg
+	if err := n.startHost(key, psk); err != nil {
+		return nil, err
+	}
 
+	d, err := newDiscovery(n)
+	if err != nil {
+		n.closeHost()
+		return nil, err
+	}
+	n.disc = d
+
+	if cfg.RelayService {
+		if err := n.startRelayService(); err != nil {
+			n.Close()
+			return nil, err
+		}
+	}
+	if err := n.startRelayFinder(); err != nil {
+		n.Close()
+		return nil, err
+	}
+
+	if len(cfg.Bootstrap) > 0 {
+		n.wg.Add(1)
+		go n.bootstrapLoop()
+	}
+	log.Info("p2p host started", "peer_id", n.host.ID(), "user_agent", n.userAgent(), "addrs", n.host.Addrs(),
+		"private", psk != nil, "swarm_key_fingerprint", n.pskFP, "dht_mode", cfg.DHTMode,
+		"reachability", cfg.ForceReachability, "port_mapping", cfg.PortMapping,
+		"bootstrap", len(cfg.Bootstrap), "static_relays", len(cfg.StaticRelays))
+	return n, nil
+}
+
+// swarmKey is the pre-shared key of a private swarm, from SwarmKey or
+// SwarmKeyPath (nil: a public swarm).
+func (c Config) swarmKey() (pnet.PSK, error) {
+	switch {
+	case len(c.SwarmKey) > 0 && c.SwarmKeyPath != "":
+		return nil, fmt.Errorf("%w: set SwarmKey or SwarmKeyPath, not both", ErrConfig)
+	case len(c.SwarmKey) > 0:
+		return DecodeSwarmKey(c.SwarmKey)
+	case c.SwarmKeyPath != "":
+		return ReadSwarmKey(c.SwarmKeyPath)
+	}
+	return nil, nil
+}
+
+// privateSwarm records psk's fingerprint and returns cfg listening on its
+// TCP addresses only (go-libp2p has no QUIC with a PSK), or an error when
+// none is left.
+func (n *Node) privateSwarm(cfg Config, psk pnet.PSK) (Config, error) {
+	n.pskFP = SwarmKeyFingerprint(psk)
+	kept, dropped := tcpOnly(cfg.ListenAddrs)
+	if len(kept) == 0 {
+		return cfg, fmt.Errorf("%w: a private swarm (swarm key) is TCP-only and no TCP listen address is configured (got %v)", ErrConfig, cfg.ListenAddrs)
+	}
+	cfg.ListenAddrs = kept
+	n.log.Warn("private swarm: pre-shared key active; QUIC is disabled (go-libp2p does not support QUIC with a PSK), TCP only",
+		"swarm_key_fingerprint", n.pskFP, "dropped_listen_addrs", dropped)
+	return cfg, nil
+}
+
+// startHost creates the connection and resource managers, the open
+// relay's guard, and the libp2p host (n.cfg is final), then has the
+// connection tracker watch its network and protects bootstrap peers and
+// static relays. On error nothing is left running.
+func (n *Node) startHost(key crypto.PrivKey, psk pnet.PSK) error {
+	cfg := n.cfg
 	cm, err := connmgr.NewConnManager(cfg.ConnLow, cfg.ConnHigh, connmgr.WithGracePeriod(cfg.ConnGrace))
 	if err != nil {
-		return nil, fmt.Errorf("creating connection manager: %w", err)
+		return fmt.Errorf("creating connection manager: %w", err)
 	}
 	n.cm = cm
 	rm, err := newResourceManager(cfg)
 	if err != nil {
-		return nil, fmt.Errorf("creating resource manager: %w", err)
+		return fmt.Errorf("creating resource manager: %w", err)
 	}
 
 	n.relayACL = cfg.RelayACL
@@ -162,7 +214,7 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 	if err != nil {
 		n.cancel()
 		rm.Close()
-		return nil, err
+		return err
 	}
 	h, err := libp2p.New(opts...)
 	if err != nil {
@@ -170,7 +222,7 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 		if n.kad != nil {
 			n.kad.Close()
 		}
-		return nil, fmt.Errorf("creating libp2p host: %w", err)
+		return fmt.Errorf("creating libp2p host: %w", err)
 	}
 	n.host = h
 	netw := h.Network()
@@ -187,49 +239,33 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 		h.Peerstore().AddAddrs(ai.ID, ai.Addrs, peerstore.PermanentAddrTTL)
 		cm.Protect(ai.ID, tagRelay)
 	}
+	return nil
+}
 
-	d, err := newDiscovery(n)
+// startRelayService starts the circuit relay service (cfg.RelayService)
+// with its resources, ACL and, on an open relay, the guard's loop. The
+// caller closes n on error.
+func (n *Node) startRelayService() error {
+	cfg := n.cfg
+	res := cfg.relayResources(n.guard != nil)
+	r, err := relay.New(n.host, append(relayMetrics(cfg.Metrics), relay.WithResources(res), relay.WithACL(relayACL{n.relayAllow}))...)
 	if err != nil {
-		n.closeHost()
-		return nil, err
+		return fmt.Errorf("starting relay service: %w", err)
 	}
-	n.disc = d
-
-	if cfg.RelayService {
-		res := cfg.relayResources(n.guard != nil)
-		r, err := relay.New(h, append(relayMetrics(cfg.Metrics), relay.WithResources(res), relay.WithACL(relayACL{n.relayAllow}))...)
-		if err != nil {
-			n.Close()
-			return nil, fmt.Errorf("starting relay service: %w", err)
-		}
-		n.relay = r
-		lim := "unlimited"
-		if cfg.RelayLimit != nil {
-			lim = fmt.Sprintf("%v / %d bytes per direction", cfg.RelayLimit.Duration, cfg.RelayLimit.Data)
-		}
-		attrs := []any{"limit", lim, "buffer", res.BufferSize, "max_circuits_per_peer", res.MaxCircuits,
-			"max_reservations", res.MaxReservations, "acl", n.relayACL != nil}
-		if g := n.guard; g != nil {
-			attrs = append(attrs, "peer_bytes_per_window", g.budget.Bytes, "window", g.budget.Window, "max_circuit_duration", g.budget.CircuitDuration)
-			n.wg.Add(1)
-			go n.runRelayGuard()
-		}
-		log.Info("relay service on", attrs...)
+	n.relay = r
+	lim := "unlimited"
+	if cfg.RelayLimit != nil {
+		lim = fmt.Sprintf("%v / %d bytes per direction", cfg.RelayLimit.Duration, cfg.RelayLimit.Data)
 	}
-	if err := n.startRelayFinder(); err != nil {
-		n.Close()
-		return nil, err
-	}
-
-	if len(cfg.Bootstrap) > 0 {
+	attrs := []any{"limit", lim, "buffer", res.BufferSize, "max_circuits_per_peer", res.MaxCircuits,
+		"max_reservations", res.MaxReservations, "acl", n.relayACL != nil}
+	if g := n.guard; g != nil {
+		attrs = append(attrs, "peer_bytes_per_window", g.budget.Bytes, "window", g.budget.Window, "max_circuit_duration", g.budget.CircuitDuration)
 		n.wg.Add(1)
-		go n.bootstrapLoop()
+		go n.runRelayGuard()
 	}
-	log.Info("p2p host started", "peer_id", h.ID(), "user_agent", n.userAgent(), "addrs", h.Addrs(),
-		"private", psk != nil, "swarm_key_fingerprint", n.pskFP, "dht_mode", cfg.DHTMode,
-		"reachability", cfg.ForceReachability, "port_mapping", cfg.PortMapping,
-		"bootstrap", len(cfg.Bootstrap), "static_relays", len(cfg.StaticRelays))
-	return n, nil
+	n.log.Info("relay service on", attrs...)
+	return nil
 }
 
 func (n *Node) userAgent() string {

@@ -132,12 +132,6 @@ type CostModel struct {
 	MaxPendingPerClient int
 }
 
-// DefaultCostModel returns the default constants.
-func DefaultCostModel() CostModel {
-	return CostModel{DefaultMsPerLayer: 1, DefaultRTT: 20 * time.Millisecond, RelayRTTFactor: 2, RelayExtra: 10 * time.Millisecond,
-		LoadSlowdown: 1, MaxQueue: 8, PendingWindow: 5 * time.Second, Quantum: time.Millisecond, MaxPendingPerClient: 2}
-}
-
 func (m CostModel) withDefaults() CostModel {
 	d := DefaultCostModel()
 	if m.DefaultMsPerLayer <= 0 {
@@ -287,9 +281,26 @@ func (p *CostPlanner) PlanObjective(ctx context.Context, req Request, obj Object
 		p.last, p.pending = map[peer.ID]uint64{}, map[peer.ID][]pendingTicket{}
 	}
 	q := float64(m.Quantum) / float64(time.Millisecond)
+	byStart, cands := p.edgesLocked(shards, req, m, now, q)
+	tieReplicas(byStart, q)
+	limit := int64(math.MaxInt64)
+	if obj == ObjectiveThroughput {
+		limit = bottleneckLimit(byStart)
+	}
+	path := shortest(byStart, req.MaxHops, limit)
+	if path == nil {
+		return nil, nil, noRoute(req, cands, shards)
+	}
+	rt, est := p.issueLocked(path, req, now, len(cands))
+	return rt, est, nil
+}
+
+// edgesLocked prices every usable shard the cost model does not skip (p.mu
+// held): the edges of the planning graph by start layer, costs in quanta
+// of q ms, and the shards they come from.
+func (p *CostPlanner) edgesLocked(shards []Shard, req Request, m CostModel, now time.Time, q float64) ([][]edge, []Shard) {
 	byStart := make([][]edge, req.NLayer)
 	var cands []Shard
-	nEdges := 0
 	for _, s := range shards {
 		if !usable(s, req) {
 			continue
@@ -305,11 +316,15 @@ func (p *CostPlanner) PlanObjective(ctx context.Context, req Request, obj Object
 		cands = append(cands, s)
 		byStart[s.Start] = append(byStart[s.Start], edge{s: s, hc: hc, cost: int64(math.Round(hc.Total() / q)),
 			stage: int64(math.Round(hc.Stage / q)), rec: p.last[s.Peer]})
-		nEdges++
 	}
-	// Replicas of the same range whose estimates are within one quantum of
-	// the cheapest are ties, whichever side of a rounding boundary they
-	// fall on (rounding alone made 0.49 and 0.51 ms different forever).
+	return byStart, cands
+}
+
+// tieReplicas makes replicas of the same range whose estimates are within
+// one quantum (q ms) of the cheapest cost the same: they are ties,
+// whichever side of a rounding boundary they fall on (rounding alone made
+// 0.49 and 0.51 ms different forever).
+func tieReplicas(byStart [][]edge, q float64) {
 	for _, es := range byStart {
 		best := map[int]edge{}
 		for _, e := range es {
@@ -327,27 +342,35 @@ func (p *CostPlanner) PlanObjective(ctx context.Context, req Request, obj Object
 			}
 		}
 	}
-	limit := int64(math.MaxInt64)
-	if obj == ObjectiveThroughput && nEdges > 0 {
-		// Smallest bottleneck T with a route using only stages <= T.
-		var stages []int64
-		for _, es := range byStart {
-			for _, e := range es {
-				stages = append(stages, e.stage)
-			}
-		}
-		sort.Slice(stages, func(i, j int) bool { return stages[i] < stages[j] })
-		i := sort.Search(len(stages), func(i int) bool { return reachable(byStart, stages[i]) })
-		if i < len(stages) {
-			limit = stages[i]
+}
+
+// bottleneckLimit is the throughput objective's stage limit: the smallest
+// bottleneck T with a route using only stages <= T (math.MaxInt64 when
+// there is no edge or no route).
+func bottleneckLimit(byStart [][]edge) int64 {
+	var stages []int64
+	for _, es := range byStart {
+		for _, e := range es {
+			stages = append(stages, e.stage)
 		}
 	}
-	path := shortest(byStart, req.MaxHops, limit)
-	if path == nil {
-		return nil, nil, noRoute(req, cands, shards)
+	if len(stages) == 0 {
+		return math.MaxInt64
 	}
+	sort.Slice(stages, func(i, j int) bool { return stages[i] < stages[j] })
+	i := sort.Search(len(stages), func(i int) bool { return reachable(byStart, stages[i]) })
+	if i < len(stages) {
+		return stages[i]
+	}
+	return math.MaxInt64
+}
+
+// issueLocked turns path into the issued route and its estimate (of
+// candidates shards considered; p.mu held): each hop's peer moves to the back of the tie-break order and
+// counts the ticket as pending load.
+func (p *CostPlanner) issueLocked(path []edge, req Request, now time.Time, candidates int) (*Route, *Estimate) {
 	p.seq++
-	est := &Estimate{Candidates: len(cands)}
+	est := &Estimate{Candidates: candidates}
 	rt := &Route{Fingerprint: req.Fingerprint, NLayer: req.NLayer, Epoch: req.Epoch}
 	for _, e := range path {
 		reach := p2p.PathDirect
@@ -361,7 +384,7 @@ func (p *CostPlanner) PlanObjective(ctx context.Context, req Request, obj Object
 		p.last[e.s.Peer] = p.seq
 		p.pending[e.s.Peer] = append(p.pending[e.s.Peer], pendingTicket{at: now, client: req.Client})
 	}
-	return rt, est, nil
+	return rt, est
 }
 
 // pendingLocked prunes tickets older than the window and counts the rest,

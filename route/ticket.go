@@ -154,9 +154,6 @@ type VerifyOptions struct {
 	ClockSkew time.Duration
 }
 
-// DefaultClockSkew is tolerated around a ticket's validity window.
-const DefaultClockSkew = 30 * time.Second
-
 // VerifyTicket checks a signed ticket: size, structure, signature (over
 // TicketDomain || ticket bytes, by the key of tracker_peer_id), trust,
 // network, model, layer cover, epoch and validity window, in that order.

@@ -191,8 +191,3 @@ func (p *TrackerPlanner) Verify(st *meshp2pb.SignedRouteTicket, tracker peer.ID,
 	}
 	return rt, nil
 }
-
-// DefaultTrackerTimeout bounds one route request to a tracker: it answers
-// from memory, so a slow answer means an unreachable tracker (the planner
-// then asks the next one or falls back to local planning).
-const DefaultTrackerTimeout = 5 * time.Second

@@ -106,26 +106,16 @@ func readFirst(s io.Reader, lim frame.Limits) (*meshp2pb.StreamMessage, error) {
 }
 
 // handleSession serves one incoming session stream: admission, the rest of
-// the route, then the data plane until the session ends.
+// the route, then the data plane until the session ends. The checks run in
+// this order: the open itself (admit, checkSessionKV), then, with the
+// sender checked, the supersede of older epochs, the origin's quota and
+// the engine slot (reserve), the hop's state (register), and last the rest
+// of the route (serveAdmitted).
 func (h *HopService) handleSession(s network.Stream) {
 	lim := h.cfg.Limits
 	w := frame.NewWriter(s, lim)
-	_ = s.SetReadDeadline(time.Now().Add(h.cfg.OpenTimeout))
-	msg, err := readFirst(s, lim)
-	if err != nil {
-		h.log.Debug("session stream: bad open", "peer", s.Conn().RemotePeer(), "err", err)
-		// Say why, then close (a reset could drop the error in flight).
-		_ = w.WriteStream(&meshp2pb.StreamMessage{Kind: &meshp2pb.StreamMessage_Error{Error: frame.ToProto(err)}})
-		_ = s.Close()
-		return
-	}
-	// The reader does no read-ahead: the rest of the stream is read with
-	// the full limits.
-	r := newTimedReader(s, lim)
-	open := msg.GetOpen()
+	open, r := h.readOpen(s, w)
 	if open == nil {
-		_ = w.WriteStream(h.refusal(&meshp2pb.SessionOpen{}, codeErr(meshp2pb.ErrorCode_ERROR_CODE_UNEXPECTED_MESSAGE, "first message must be SessionOpen", "")))
-		_ = s.Close()
 		return
 	}
 	if open.GetResume() {
@@ -146,9 +136,55 @@ func (h *HopService) handleSession(s network.Stream) {
 		refuse(he)
 		return
 	}
-	key := keyOf(open.GetSessionId(), open.GetEpoch())
+	hs := h.newHopSession(s, open, se, idx, from)
+	// Only now, with the open admitted and its sender checked, may it end
+	// an older epoch of the same session (from the same origin).
+	h.supersede(hs.key, from, idx)
+	if he := h.reserve(hs); he != nil {
+		refuse(he)
+		return
+	}
+	if he := h.register(hs); he != nil {
+		refuse(he)
+		return
+	}
+	h.serveAdmitted(s, r, hs)
+}
+
+// readOpen reads the first message of session stream s within the open
+// timeout and returns it with the reader for the rest of the stream. When
+// that message is unreadable or not a SessionOpen it says why on w,
+// closes s and returns nil.
+func (h *HopService) readOpen(s network.Stream, w *frame.Writer) (*meshp2pb.SessionOpen, *timedReader) {
+	lim := h.cfg.Limits
+	_ = s.SetReadDeadline(time.Now().Add(h.cfg.OpenTimeout))
+	msg, err := readFirst(s, lim)
+	if err != nil {
+		h.log.Debug("session stream: bad open", "peer", s.Conn().RemotePeer(), "err", err)
+		// Say why, then close (a reset could drop the error in flight).
+		_ = w.WriteStream(&meshp2pb.StreamMessage{Kind: &meshp2pb.StreamMessage_Error{Error: frame.ToProto(err)}})
+		_ = s.Close()
+		return nil, nil
+	}
+	// The reader does no read-ahead: the rest of the stream is read with
+	// the full limits.
+	r := newTimedReader(s, lim)
+	open := msg.GetOpen()
+	if open == nil {
+		_ = w.WriteStream(h.refusal(&meshp2pb.SessionOpen{}, codeErr(meshp2pb.ErrorCode_ERROR_CODE_UNEXPECTED_MESSAGE, "first message must be SessionOpen", "")))
+		_ = s.Close()
+		return nil, nil
+	}
+	return open, r
+}
+
+// newHopSession is the state of the admitted open (hop idx of its route,
+// served by se, sent by from) whose upstream is s; it holds no engine slot
+// yet.
+func (h *HopService) newHopSession(s network.Stream, open *meshp2pb.SessionOpen, se *servedEngine, idx int, from peer.ID) *hopSession {
+	lim := h.cfg.Limits
 	n := len(open.GetRoute().GetHops())
-	hs := &hopSession{h: h, se: se, key: key, open: open, idx: idx, head: idx == 0, tail: idx == n-1, wire: open.GetWireDtype(), from: from,
+	hs := &hopSession{h: h, se: se, key: keyOf(open.GetSessionId(), open.GetEpoch()), open: open, idx: idx, head: idx == 0, tail: idx == n-1, wire: open.GetWireDtype(), from: from,
 		up: NewSeam(s, lim), down: NewSeam(nil, lim), ringOut: NewSeam(nil, lim), ringIn: NewSeam(nil, lim),
 		ring: make(chan network.Stream, 1), self: make(chan *meshp2pb.TokenFrame, 1), activity: make(chan struct{}, 1),
 		done: make(chan struct{}), released: make(chan struct{}), engFreed: make(chan struct{}),
@@ -157,49 +193,68 @@ func (h *HopService) handleSession(s network.Stream) {
 	for _, x := range open.GetRoute().GetHops() {
 		hs.route = append(hs.route, peer.ID(x.GetPeerId()))
 	}
-	// Only now, with the open admitted and its sender checked, may it end
-	// an older epoch of the same session (from the same origin).
-	h.supersede(key, from, idx)
+	return hs
+}
+
+// reserve counts hs against its origin's quota (on the head) and opens
+// its engine session (slot and KV cells), or refuses it with nothing
+// held.
+func (h *HopService) reserve(hs *hopSession) *hopError {
+	open := hs.open
 	if hs.head {
 		if he := h.takeQuota(hs, int(open.GetNCtxNeeded())); he != nil {
-			refuse(he)
-			return
+			return he
 		}
 	}
-	eng, err := se.eng.OpenSession(key, EngineParams{KVTokens: int(open.GetNCtxNeeded()), Sampling: open.GetSampling(), Generated: open.GetGenerated()})
+	eng, err := hs.se.eng.OpenSession(hs.key, EngineParams{KVTokens: int(open.GetNCtxNeeded()), Sampling: open.GetSampling(), Generated: open.GetGenerated()})
 	if err != nil {
 		h.giveQuota(hs)
 		code := meshp2pb.ErrorCode_ERROR_CODE_BAD_REQUEST
 		if errors.Is(err, ErrNoCapacity) {
 			code = meshp2pb.ErrorCode_ERROR_CODE_NO_CAPACITY
 		}
-		refuse(codeErr(code, err.Error(), h.host.ID()))
-		return
+		return codeErr(code, err.Error(), h.host.ID())
 	}
 	hs.eng = eng
+	return nil
+}
+
+// register makes hs one of the hop's active sessions and counts it in
+// h.wg (serveAdmitted's caller must call h.wg.Done), or, when the hop is
+// shutting down or the session is already open, frees its engine slot
+// (outside h.mu: lock order, doc.go) and refuses it.
+func (h *HopService) register(hs *hopSession) *hopError {
 	h.mu.Lock()
 	if h.closed {
 		h.mu.Unlock()
 		hs.closeEngine()
-		refuse(codeErr(meshp2pb.ErrorCode_ERROR_CODE_SHUTTING_DOWN, "hop shutting down", h.host.ID()))
-		return
+		return codeErr(meshp2pb.ErrorCode_ERROR_CODE_SHUTTING_DOWN, "hop shutting down", h.host.ID())
 	}
-	if old := h.active[key]; old != nil {
+	if old := h.active[hs.key]; old != nil {
 		h.mu.Unlock()
 		hs.closeEngine()
-		refuse(codeErr(meshp2pb.ErrorCode_ERROR_CODE_BAD_REQUEST, "session already open", ""))
-		return
+		return codeErr(meshp2pb.ErrorCode_ERROR_CODE_BAD_REQUEST, "session already open", "")
 	}
-	h.active[key] = hs
+	h.active[hs.key] = hs
 	h.wg.Add(1)
 	h.mu.Unlock()
+	return nil
+}
+
+// serveAdmitted runs a registered session to its end: the rest of the
+// route within the admission budget, the accept (or the refusal) on the
+// upstream s, then the data plane reading r. It releases the session and
+// the h.wg count register took.
+func (h *HopService) serveAdmitted(s network.Stream, r *timedReader, hs *hopSession) {
 	defer h.wg.Done()
 	defer hs.release()
 
+	open, idx := hs.open, hs.idx
+	n := len(open.GetRoute().GetHops())
 	// From here on a concurrent HopService.Close may report on the
 	// upstream too: every write goes through the seam.
 	ctx, cancel := context.WithTimeout(context.Background(), admissionBudget(h.cfg.OpenTimeout, idx, n))
-	he = hs.connect(ctx)
+	he := hs.connect(ctx)
 	cancel()
 	if he != nil {
 		h.cfg.Observer.SessionRefused(he.e.GetCode())
@@ -213,7 +268,7 @@ func (h *HopService) handleSession(s network.Stream) {
 	}
 	hs.admitted = true
 	h.cfg.Observer.SessionAdmitted(sessionInfo(open, idx))
-	h.log.Debug("session open", "session", key, "hop", idx, "of", n)
+	h.log.Debug("session open", "session", hs.key, "hop", idx, "of", n)
 	hs.run(r)
 }
 

@@ -106,6 +106,35 @@ const (
 	CapacityRetryMax = 2 * time.Second
 )
 
+// Defaults of the origin's failure memory, the hop's ranges and ticket
+// admission.
+const (
+	// DefaultFailureTTL is how long a peer blamed for a failed generation
+	// is avoided by later generations of the same node or gateway: long
+	// enough that a peer which fails every session (one that claims every
+	// layer and cannot serve them wins every plan on hop count) captures
+	// one generation, not each; short enough that a peer that crashed and
+	// came back is used again soon.
+	DefaultFailureTTL = 10 * time.Minute
+	// DefaultFailurePeers bounds the peers a FailureMemory holds (when
+	// full, the one whose avoidance ends first is forgotten): as the
+	// advert table, far above any real swarm.
+	DefaultFailurePeers = 4096
+	// MovedGrace is how long a hop answers opens for a range it moved away
+	// from with NO_CAPACITY (retried elsewhere, never held against it)
+	// rather than RANGE_MISMATCH (which blames it): an origin's table may
+	// still hold the old advert for a moment.
+	MovedGrace = time.Minute
+	// DefaultMaxTicketNonces bounds the nonces one hop remembers. Each
+	// entry lives until its ticket expires (TTL + clock skew, 2.5 min by
+	// default): 65536 is hundreds of admissions a second, far more than a
+	// hop's sessions, so only a flood of tickets (which the tracker
+	// rate-limits) fills it; then new tickets are refused (NO_CAPACITY,
+	// retryable) rather than old nonces forgotten, which would let them be
+	// replayed.
+	DefaultMaxTicketNonces = 1 << 16
+)
+
 // WriteDeadline is the deadline of a data write on a seam for a hop idle
 // timeout.
 func WriteDeadline(idle time.Duration) time.Duration { return idle / WriteDeadlineDivisor }

@@ -97,12 +97,6 @@ func (h *HopService) Drain(ctx context.Context, start, end int) int {
 	return ended
 }
 
-// MovedGrace is how long a hop answers opens for a range it moved away
-// from with NO_CAPACITY (retried elsewhere, never held against it) rather
-// than RANGE_MISMATCH (which blames it): an origin's table may still hold
-// the old advert for a moment.
-const MovedGrace = time.Minute
-
 // sessionsOn lists the sessions that run on layers [start, end).
 func (h *HopService) sessionsOn(start, end int) []*hopSession {
 	h.mu.Lock()

@@ -7,20 +7,6 @@ import (
 	"github.com/libp2p/go-libp2p/core/peer"
 )
 
-const (
-	// DefaultFailureTTL is how long a peer blamed for a failed generation
-	// is avoided by later generations of the same node or gateway: long
-	// enough that a peer which fails every session (one that claims every
-	// layer and cannot serve them wins every plan on hop count) captures
-	// one generation, not each; short enough that a peer that crashed and
-	// came back is used again soon.
-	DefaultFailureTTL = 10 * time.Minute
-	// DefaultFailurePeers bounds the peers a FailureMemory holds (when
-	// full, the one whose avoidance ends first is forgotten): as the
-	// advert table, far above any real swarm.
-	DefaultFailurePeers = 4096
-)
-
 // FailureMemory remembers peers blamed for failed generations, shared by
 // every Origin of a node or gateway, so a peer that made one generation
 // re-route is avoided by the next ones too instead of capturing each of

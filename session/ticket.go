@@ -25,14 +25,6 @@ type TicketPolicy struct {
 	MaxNonces int
 }
 
-// DefaultMaxTicketNonces bounds the nonces one hop remembers. Each entry
-// lives until its ticket expires (TTL + clock skew, 2.5 min by default):
-// 65536 is hundreds of admissions a second, far more than a hop's
-// sessions, so only a flood of tickets (which the tracker rate-limits)
-// fills it; then new tickets are refused (NO_CAPACITY, retryable) rather
-// than old nonces forgotten, which would let them be replayed.
-const DefaultMaxTicketNonces = 1 << 16
-
 // TicketAdmission returns a HopConfig.Admit hook that refuses sessions
 // whose ticket is missing (TICKET_INVALID), forged or tampered
 // (TICKET_INVALID), expired (TICKET_EXPIRED), signed by an untrusted

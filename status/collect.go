@@ -61,33 +61,24 @@ func (c *Collector) Document(ctx context.Context) *Document {
 	doc.Counters.SessionsActive = doc.Self.Sessions
 	shards := c.Table.Shards("")
 	live := c.probeAll(ctx, shards)
-	self := c.P2P.ID()
-	pathOf := func(p peer.ID) string { return c.P2P.ConnStatus(p).Path.String() }
+	doc.Models = c.models(own, shards, live)
+	doc.Peers = c.peers(shards, live)
+	c.routePaths(doc.Routes)
+	return doc
+}
 
-	models := map[string]*Model{}
+// models groups this node's own shards and the other peers' shards by
+// model, sorted by name and fingerprint, each with its coverage.
+func (c *Collector) models(own, shards []route.Shard, live map[peer.ID]probe) []Model {
+	self := c.P2P.ID()
+	byFP := map[string]*Model{}
 	add := func(s route.Shard, isSelf bool) {
-		m := models[s.Fingerprint]
+		m := byFP[s.Fingerprint]
 		if m == nil {
 			m = &Model{Fingerprint: s.Fingerprint, Name: s.ModelName, Arch: s.Arch, NLayer: s.NLayer}
-			models[s.Fingerprint] = m
+			byFP[s.Fingerprint] = m
 		}
-		sh := Shard{Peer: s.Peer.String(), Self: isSelf, Start: s.Start, End: s.End, Live: true, Path: "self",
-			MsPerLayer: s.DecodeMsPerLayer, HasVocab: s.HasVocab}
-		if !isSelf {
-			pr := live[s.Peer]
-			sh.Live, sh.Path, sh.RTTMs = pr.live, pathOf(s.Peer), ms(pr.rtt)
-		}
-		if cp := s.Capacity; cp != nil {
-			sh.FreeSessions, sh.MaxSessions, sh.FreeKV = cp.GetFreeSessions(), cp.GetMaxSessions(), cp.GetFreeKvTokens()
-			sh.Planned = !isSelf && sh.MaxSessions == 0
-			if sh.MaxSessions > 0 {
-				sh.Load = 1 - float64(sh.FreeSessions)/float64(sh.MaxSessions)
-			}
-		}
-		if s.DecodeMsPerLayer > 0 && s.End > s.Start {
-			sh.TokensPerSec = 1000 / (float64(s.DecodeMsPerLayer) * float64(s.End-s.Start))
-		}
-		m.Shards = append(m.Shards, sh)
+		m.Shards = append(m.Shards, c.shard(s, isSelf, live))
 	}
 	for _, s := range own {
 		add(s, true)
@@ -97,41 +88,78 @@ func (c *Collector) Document(ctx context.Context) *Document {
 			add(s, false)
 		}
 	}
-	for _, m := range models {
-		sort.Slice(m.Shards, func(i, j int) bool {
-			a, b := m.Shards[i], m.Shards[j]
-			if a.Start != b.Start {
-				return a.Start < b.Start
-			}
-			return a.Peer < b.Peer
-		})
-		m.Replicas, m.Runs, m.Gaps = Coverage(m.NLayer, m.Shards)
-		// Routable: live shards (this node's own included) cover every
-		// layer.
-		m.Routable = len(m.Gaps) == 0 && m.NLayer > 0
-		if !m.Routable {
-			m.Missing = gapText(m.Gaps)
-		}
-		doc.Models = append(doc.Models, *m)
+	models := []Model{}
+	for _, m := range byFP {
+		cover(m)
+		models = append(models, *m)
 	}
-	sort.Slice(doc.Models, func(i, j int) bool {
-		if doc.Models[i].Name != doc.Models[j].Name {
-			return doc.Models[i].Name < doc.Models[j].Name
+	sort.Slice(models, func(i, j int) bool {
+		if models[i].Name != models[j].Name {
+			return models[i].Name < models[j].Name
 		}
-		return doc.Models[i].Fingerprint < doc.Models[j].Fingerprint
+		return models[i].Fingerprint < models[j].Fingerprint
 	})
-	doc.Peers = c.peers(shards, live)
-	for i := range doc.Routes {
-		for j := range doc.Routes[i].Hops {
-			if id, err := peer.Decode(doc.Routes[i].Hops[j].Peer); err == nil && id != self {
-				doc.Routes[i].Hops[j].Path = pathOf(id)
+	return models
+}
+
+// shard is the status of advertised shard s: this node's own (isSelf) or
+// another peer's, with its probe result and path.
+func (c *Collector) shard(s route.Shard, isSelf bool, live map[peer.ID]probe) Shard {
+	sh := Shard{Peer: s.Peer.String(), Self: isSelf, Start: s.Start, End: s.End, Live: true, Path: "self",
+		MsPerLayer: s.DecodeMsPerLayer, HasVocab: s.HasVocab}
+	if !isSelf {
+		pr := live[s.Peer]
+		sh.Live, sh.Path, sh.RTTMs = pr.live, c.pathOf(s.Peer), ms(pr.rtt)
+	}
+	if cp := s.Capacity; cp != nil {
+		sh.FreeSessions, sh.MaxSessions, sh.FreeKV = cp.GetFreeSessions(), cp.GetMaxSessions(), cp.GetFreeKvTokens()
+		sh.Planned = !isSelf && sh.MaxSessions == 0
+		if sh.MaxSessions > 0 {
+			sh.Load = 1 - float64(sh.FreeSessions)/float64(sh.MaxSessions)
+		}
+	}
+	if s.DecodeMsPerLayer > 0 && s.End > s.Start {
+		sh.TokensPerSec = 1000 / (float64(s.DecodeMsPerLayer) * float64(s.End-s.Start))
+	}
+	return sh
+}
+
+// cover sorts m's shards by start and peer and fills in its coverage:
+// replicas, runs, gaps, and whether it is routable.
+func cover(m *Model) {
+	sort.Slice(m.Shards, func(i, j int) bool {
+		a, b := m.Shards[i], m.Shards[j]
+		if a.Start != b.Start {
+			return a.Start < b.Start
+		}
+		return a.Peer < b.Peer
+	})
+	m.Replicas, m.Runs, m.Gaps = Coverage(m.NLayer, m.Shards)
+	// Routable: live shards (this node's own included) cover every
+	// layer.
+	m.Routable = len(m.Gaps) == 0 && m.NLayer > 0
+	if !m.Routable {
+		m.Missing = gapText(m.Gaps)
+	}
+}
+
+// routePaths fills in the path to each hop of routes: "self" for this
+// node, else how this node reaches the hop's peer now.
+func (c *Collector) routePaths(routes []Route) {
+	self := c.P2P.ID()
+	for i := range routes {
+		for j := range routes[i].Hops {
+			if id, err := peer.Decode(routes[i].Hops[j].Peer); err == nil && id != self {
+				routes[i].Hops[j].Path = c.pathOf(id)
 			} else if err == nil {
-				doc.Routes[i].Hops[j].Path = "self"
+				routes[i].Hops[j].Path = "self"
 			}
 		}
 	}
-	return doc
 }
+
+// pathOf is the path of this node's connection to p now.
+func (c *Collector) pathOf(p peer.ID) string { return c.P2P.ConnStatus(p).Path.String() }
 
 // peers lists every peer that serves a shard or is connected.
 func (c *Collector) peers(shards []route.Shard, live map[peer.ID]probe) []Peer {

@@ -91,24 +91,10 @@ func (t *Topology) StartWith(ctx context.Context, node string, opts ProcOptions,
 	if err != nil {
 		return nil, err
 	}
-	t.mu.Lock()
-	if t.closed {
-		t.mu.Unlock()
-		return nil, ErrClosed
+	seq, logDir, err := t.nextProc()
+	if err != nil {
+		return nil, err
 	}
-	t.nproc++
-	seq := t.nproc
-	if t.logDir == "" {
-		dir, err := os.MkdirTemp("", "testnet-"+t.Prefix+"-")
-		if err != nil {
-			t.mu.Unlock()
-			return nil, fmt.Errorf("testnet: log dir: %w", err)
-		}
-		t.logDir, t.ownLog = dir, true
-	}
-	logDir := t.logDir
-	t.mu.Unlock()
-
 	label := opts.Name
 	if label == "" {
 		label = filepath.Base(cmd)
@@ -119,16 +105,9 @@ func (t *Topology) StartWith(ctx context.Context, node string, opts ProcOptions,
 		done:    make(chan struct{}),
 		changed: make(chan struct{}),
 	}
-	p.StdoutPath = filepath.Join(logDir, p.Name+".stdout")
-	p.StderrPath = filepath.Join(logDir, p.Name+".stderr")
-	stdout, err := os.Create(p.StdoutPath)
+	stdout, stderr, err := p.createLogs(logDir)
 	if err != nil {
-		return nil, fmt.Errorf("testnet: %w", err)
-	}
-	stderr, err := os.Create(p.StderrPath)
-	if err != nil {
-		stdout.Close()
-		return nil, fmt.Errorf("testnet: %w", err)
+		return nil, err
 	}
 
 	c := exec.Command("ip", append([]string{"netns", "exec", n.NetNS, cmd}, args...)...)
@@ -140,35 +119,12 @@ func (t *Topology) StartWith(ctx context.Context, node string, opts ProcOptions,
 	c.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	p.cmd = c
 
-	t.mu.Lock()
-	if t.closed {
-		t.mu.Unlock()
+	if err := t.launch(p, cmd); err != nil {
 		stdout.Close()
 		stderr.Close()
-		return nil, ErrClosed
+		return nil, err
 	}
-	if err := c.Start(); err != nil {
-		t.mu.Unlock()
-		stdout.Close()
-		stderr.Close()
-		return nil, fmt.Errorf("testnet: start %s in %s: %w", cmd, node, err)
-	}
-	p.PID = c.Process.Pid
-	t.procs = append(t.procs, p)
-	t.mu.Unlock()
-
-	go func() {
-		p.err = c.Wait()
-		stdout.Close()
-		stderr.Close()
-		p.mu.Lock()
-		if len(p.partial) > 0 {
-			p.addLine(p.partial)
-			p.partial = nil
-		}
-		p.mu.Unlock()
-		close(p.done)
-	}()
+	go p.reap(stdout, stderr)
 	go func() {
 		select {
 		case <-ctx.Done():
@@ -177,6 +133,74 @@ func (t *Topology) StartWith(ctx context.Context, node string, opts ProcOptions,
 		}
 	}()
 	return p, nil
+}
+
+// nextProc numbers a new process of the topology and returns the log dir
+// for its files, created on first use (ErrClosed after Close).
+func (t *Topology) nextProc() (seq int, logDir string, err error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed {
+		return 0, "", ErrClosed
+	}
+	t.nproc++
+	seq = t.nproc
+	if t.logDir == "" {
+		dir, err := os.MkdirTemp("", "testnet-"+t.Prefix+"-")
+		if err != nil {
+			return 0, "", fmt.Errorf("testnet: log dir: %w", err)
+		}
+		t.logDir, t.ownLog = dir, true
+	}
+	return seq, t.logDir, nil
+}
+
+// createLogs creates p's stdout and stderr files in logDir.
+func (p *Proc) createLogs(logDir string) (stdout, stderr *os.File, err error) {
+	p.StdoutPath = filepath.Join(logDir, p.Name+".stdout")
+	p.StderrPath = filepath.Join(logDir, p.Name+".stderr")
+	stdout, err = os.Create(p.StdoutPath)
+	if err != nil {
+		return nil, nil, fmt.Errorf("testnet: %w", err)
+	}
+	stderr, err = os.Create(p.StderrPath)
+	if err != nil {
+		stdout.Close()
+		return nil, nil, fmt.Errorf("testnet: %w", err)
+	}
+	return stdout, stderr, nil
+}
+
+// launch starts p's command (cmd in p.Node, for the error) and adds p to
+// the topology's processes, under t.mu so that Close either sees p or
+// keeps it from starting (ErrClosed).
+func (t *Topology) launch(p *Proc, cmd string) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed {
+		return ErrClosed
+	}
+	if err := p.cmd.Start(); err != nil {
+		return fmt.Errorf("testnet: start %s in %s: %w", cmd, p.Node, err)
+	}
+	p.PID = p.cmd.Process.Pid
+	t.procs = append(t.procs, p)
+	return nil
+}
+
+// reap waits for p's exit, closes its output files, keeps a last stdout
+// line that had no newline, and closes p.done.
+func (p *Proc) reap(stdout, stderr *os.File) {
+	p.err = p.cmd.Wait()
+	stdout.Close()
+	stderr.Close()
+	p.mu.Lock()
+	if len(p.partial) > 0 {
+		p.addLine(p.partial)
+		p.partial = nil
+	}
+	p.mu.Unlock()
+	close(p.done)
 }
 
 // Write receives the process's stdout (io.Writer for exec.Cmd).

@@ -256,69 +256,100 @@ func quantizeFile(ctx context.Context, in, out, typ string) error {
 func runShardSynth(ctx context.Context, stdout, stderr io.Writer, args []string) error {
 	fs := flag.NewFlagSet("shard synth", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	arch := fs.String("arch", "llama", "architecture: llama, qwen2, qwen3 or qwen3moe")
-	layers := fs.Int("layers", 0, "number of layers (default 6)")
-	embd := fs.Int("embd", 0, "embedding length (default 128)")
-	heads := fs.Int("heads", 0, "attention heads (default 4)")
-	kvHeads := fs.Int("kv-heads", 0, "key/value heads (default 2)")
-	ff := fs.Int("ff", 0, "feed-forward length; per expert for llama with experts (default 256)")
-	experts := fs.Int("experts", -1, "expert count (qwen3moe default 8; llama default 0 = dense)")
-	expertsUsed := fs.Int("experts-used", -1, "experts used per token (qwen3moe default 2)")
-	expertFF := fs.Int("expert-ff", -1, "expert feed-forward length, qwen3moe (default 64)")
-	ctxLen := fs.Int("ctx", 0, "context length (default 2048)")
-	tied := fs.Bool("tied", false, "tie the output to token_embd (default: qwen3 tied, others untied)")
-	vocabFrom := fs.String("vocab-from", "", "copy tokenizer.* from this GGUF (default: a built-in 372-token SPM vocabulary)")
-	typ := fs.String("type", "f32", "weight type: f32, f16, q8_0 or q4_k_m (quantized from f16 by llama.cpp)")
-	seed := fs.Uint64("seed", 1, "random seed (same seed and flags, same file)")
-	name := fs.String("name", "", "general.name")
-	out := fs.String("o", "", "output file (required)")
+	sf := registerSynthFlags(fs)
 	if _, err := parseInterspersed(fs, args, 0, "no positional arguments"); err != nil {
 		return err
 	}
-	if *out == "" {
+	if *sf.out == "" {
 		return fmt.Errorf("%w: -o FILE is required", errUsage)
 	}
-	spec := gguf.DefaultSpec(*arch)
+	spec, quant, err := sf.spec(fs)
+	if err != nil {
+		return err
+	}
+	return synthFile(ctx, stdout, stderr, spec, quant, *sf.out)
+}
+
+// synthFlags are the flags of "shard synth". The geometry flags default
+// to 0 or -1 (not set): the architecture's gguf.DefaultSpec applies then,
+// and the help text quotes it.
+type synthFlags struct {
+	arch, vocabFrom, typ, name, out *string
+	layers, embd, heads, kvHeads    *int
+	ff, experts, expertsUsed        *int
+	expertFF, ctxLen                *int
+	tied                            *bool
+	seed                            *uint64
+}
+
+// registerSynthFlags registers the flags of "shard synth" on fs.
+func registerSynthFlags(fs *flag.FlagSet) *synthFlags {
+	def, moe := gguf.DefaultSpec("llama"), gguf.DefaultSpec("qwen3moe")
+	return &synthFlags{
+		arch:        fs.String("arch", "llama", "architecture: llama, qwen2, qwen3 or qwen3moe"),
+		layers:      fs.Int("layers", 0, fmt.Sprintf("number of layers (default %d)", def.Layers)),
+		embd:        fs.Int("embd", 0, fmt.Sprintf("embedding length (default %d)", def.Embd)),
+		heads:       fs.Int("heads", 0, fmt.Sprintf("attention heads (default %d)", def.Heads)),
+		kvHeads:     fs.Int("kv-heads", 0, fmt.Sprintf("key/value heads (default %d)", def.KVHeads)),
+		ff:          fs.Int("ff", 0, fmt.Sprintf("feed-forward length; per expert for llama with experts (default %d)", def.FF)),
+		experts:     fs.Int("experts", -1, fmt.Sprintf("expert count (qwen3moe default %d; llama default %d = dense)", moe.Experts, def.Experts)),
+		expertsUsed: fs.Int("experts-used", -1, fmt.Sprintf("experts used per token (qwen3moe default %d)", moe.ExpertsUsed)),
+		expertFF:    fs.Int("expert-ff", -1, fmt.Sprintf("expert feed-forward length, qwen3moe (default %d)", moe.ExpertFF)),
+		ctxLen:      fs.Int("ctx", 0, fmt.Sprintf("context length (default %d)", def.ContextLength)),
+		tied:        fs.Bool("tied", false, "tie the output to token_embd (default: qwen3 tied, others untied)"),
+		vocabFrom:   fs.String("vocab-from", "", "copy tokenizer.* from this GGUF (default: a built-in 372-token SPM vocabulary)"),
+		typ:         fs.String("type", strings.ToLower(def.Type.String()), "weight type: f32, f16, q8_0 or q4_k_m (quantized from f16 by llama.cpp)"),
+		seed:        fs.Uint64("seed", def.Seed, "random seed (same seed and flags, same file)"),
+		name:        fs.String("name", "", "general.name"),
+		out:         fs.String("o", "", "output file (required)"),
+	}
+}
+
+// spec is the architecture's default spec with the flags set on fs
+// applied, validated, and the quantization to apply afterwards ("": none;
+// the spec is then f16).
+func (sf *synthFlags) spec(fs *flag.FlagSet) (gguf.Spec, string, error) {
+	spec := gguf.DefaultSpec(*sf.arch)
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
 	if set["layers"] {
-		spec.Layers = *layers
+		spec.Layers = *sf.layers
 	}
 	if set["embd"] {
-		spec.Embd = *embd
+		spec.Embd = *sf.embd
 	}
 	if set["heads"] {
-		spec.Heads = *heads
+		spec.Heads = *sf.heads
 	}
 	if set["kv-heads"] {
-		spec.KVHeads = *kvHeads
+		spec.KVHeads = *sf.kvHeads
 	} else if set["heads"] && spec.Heads%spec.KVHeads != 0 {
 		spec.KVHeads = spec.Heads
 	}
 	if set["ff"] {
-		spec.FF = *ff
+		spec.FF = *sf.ff
 	}
 	if set["experts"] {
-		spec.Experts = *experts
+		spec.Experts = *sf.experts
 		if !set["experts-used"] && spec.Experts > 0 && spec.ExpertsUsed == 0 {
 			spec.ExpertsUsed = min(2, spec.Experts)
 		}
 	}
 	if set["experts-used"] {
-		spec.ExpertsUsed = *expertsUsed
+		spec.ExpertsUsed = *sf.expertsUsed
 	}
 	if set["expert-ff"] {
-		spec.ExpertFF = *expertFF
+		spec.ExpertFF = *sf.expertFF
 	}
 	if set["ctx"] {
-		spec.ContextLength = *ctxLen
+		spec.ContextLength = *sf.ctxLen
 	}
 	if set["tied"] {
-		spec.Tied = *tied
+		spec.Tied = *sf.tied
 	}
-	spec.VocabFrom, spec.Seed, spec.Name = *vocabFrom, *seed, *name
+	spec.VocabFrom, spec.Seed, spec.Name = *sf.vocabFrom, *sf.seed, *sf.name
 	quant := ""
-	switch t := strings.ToLower(*typ); {
+	switch t := strings.ToLower(*sf.typ); {
 	case t == "f32":
 		spec.Type = gguf.TypeF32
 	case t == "f16":
@@ -326,15 +357,21 @@ func runShardSynth(ctx context.Context, stdout, stderr io.Writer, args []string)
 	case quantTypes[t]:
 		spec.Type, quant = gguf.TypeF16, t
 	default:
-		return fmt.Errorf("%w: --type %q (want f32, f16, q8_0 or q4_k_m)", errUsage, *typ)
+		return spec, "", fmt.Errorf("%w: --type %q (want f32, f16, q8_0 or q4_k_m)", errUsage, *sf.typ)
 	}
 	if err := spec.Validate(); err != nil {
-		return fmt.Errorf("%w: %v", errUsage, err)
+		return spec, "", fmt.Errorf("%w: %v", errUsage, err)
 	}
-	prog := newProgress(stderr, "synth "+filepath.Base(*out))
-	target := *out
+	return spec, quant, nil
+}
+
+// synthFile writes spec's random-weight model to out (through an f16
+// temporary file quantized to quant, if any) and prints its summary.
+func synthFile(ctx context.Context, stdout, stderr io.Writer, spec gguf.Spec, quant, out string) error {
+	prog := newProgress(stderr, "synth "+filepath.Base(out))
+	target := out
 	if quant != "" {
-		target = filepath.Join(filepath.Dir(*out), "."+filepath.Base(*out)+".f16.tmp")
+		target = filepath.Join(filepath.Dir(out), "."+filepath.Base(out)+".f16.tmp")
 		defer os.Remove(target)
 	}
 	spec.Progress = prog.update
@@ -344,15 +381,15 @@ func runShardSynth(ctx context.Context, stdout, stderr io.Writer, args []string)
 		return err
 	}
 	if quant != "" {
-		if err := quantizeFile(ctx, target, *out, quant); err != nil {
+		if err := quantizeFile(ctx, target, out, quant); err != nil {
 			return err
 		}
 	}
-	in, err := gguf.Inspect(ctx, *out, true)
+	in, err := gguf.Inspect(ctx, out, true)
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(stdout, "%s\t%s %d layers, %d embd, %s params\t%s\tmodel %s\n", *out, in.Architecture, in.NLayer, in.NEmbd, humanCount(in.Params), humanBytes(in.FileSize), in.Fingerprint)
+	fmt.Fprintf(stdout, "%s\t%s %d layers, %d embd, %s params\t%s\tmodel %s\n", out, in.Architecture, in.NLayer, in.NEmbd, humanCount(in.Params), humanBytes(in.FileSize), in.Fingerprint)
 	return nil
 }
 

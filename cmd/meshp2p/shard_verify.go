@@ -133,26 +133,9 @@ func printVerify(w io.Writer, r *verifyReport) {
 // prompt and greedy steps (flash attention off, f32 hidden states between
 // shards) and compares tokens and logits.
 func verifyParity(ctx context.Context, path string, ks []int, steps int, promptText string, threads int) (*verifyReport, error) {
-	f, err := gguf.Open(path)
+	n, fp, err := wholeModelInfo(ctx, path)
 	if err != nil {
 		return nil, err
-	}
-	if f.Metadata.Index(gguf.KeyParentFingerprint) >= 0 {
-		f.Close()
-		return nil, fmt.Errorf("%w: %s is a shard; verify the whole model it came from", errUsage, path)
-	}
-	err = gguf.ValidateForLoad(f)
-	var n int
-	if err == nil {
-		n, err = f.NLayer()
-	}
-	var fp string
-	if err == nil {
-		fp, err = gguf.Fingerprint(ctx, f)
-	}
-	f.Close()
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", path, err)
 	}
 	model, err := engine.LoadModel(ctx, path, engine.LoadOptions{})
 	if err != nil {
@@ -200,22 +183,58 @@ func verifyParity(ctx context.Context, path string, ks []int, steps int, promptT
 		if err != nil {
 			return nil, fmt.Errorf("%d-way split: %w", k, err)
 		}
-		s := verifySplit{K: len(ranges), Ranges: ranges, MaxAbsDiffStep: -1, TokensMatch: true, FirstMismatch: -1, Tokens: res.Tokens}
-		if len(res.Tokens) != len(ref.Tokens) || len(res.Logits) != len(ref.Logits) {
-			return nil, fmt.Errorf("%d-way split: %d steps, whole model %d", k, len(res.Tokens), len(ref.Tokens))
-		}
-		for i := range ref.Tokens {
-			if res.Tokens[i] != ref.Tokens[i] && s.TokensMatch {
-				s.TokensMatch, s.FirstMismatch = false, i
-			}
-			if d := engine.MaxAbsDiff(res.Logits[i], ref.Logits[i]); d > s.MaxAbsDiff || (d != 0 && s.MaxAbsDiffStep < 0) {
-				s.MaxAbsDiff, s.MaxAbsDiffStep = d, i
-			}
+		s, err := compareSplit(k, ranges, res, ref)
+		if err != nil {
+			return nil, err
 		}
 		rep.OK = rep.OK && s.TokensMatch && s.MaxAbsDiff == 0
 		rep.Splits = append(rep.Splits, s)
 	}
 	return rep, nil
+}
+
+// wholeModelInfo checks that path is a whole model llama.cpp can load and
+// returns its layer count and fingerprint.
+func wholeModelInfo(ctx context.Context, path string) (n int, fp string, err error) {
+	f, err := gguf.Open(path)
+	if err != nil {
+		return 0, "", err
+	}
+	if f.Metadata.Index(gguf.KeyParentFingerprint) >= 0 {
+		f.Close()
+		return 0, "", fmt.Errorf("%w: %s is a shard; verify the whole model it came from", errUsage, path)
+	}
+	err = gguf.ValidateForLoad(f)
+	if err == nil {
+		n, err = f.NLayer()
+	}
+	if err == nil {
+		fp, err = gguf.Fingerprint(ctx, f)
+	}
+	f.Close()
+	if err != nil {
+		return 0, "", fmt.Errorf("%s: %w", path, err)
+	}
+	return n, fp, nil
+}
+
+// compareSplit compares the chain of the k-way split into ranges (res)
+// with the whole model's run (ref), step by step: the first step whose
+// token differs, and the largest |logit difference| and its step.
+func compareSplit(k int, ranges []gguf.Range, res, ref *engine.ChainResult) (verifySplit, error) {
+	s := verifySplit{K: len(ranges), Ranges: ranges, MaxAbsDiffStep: -1, TokensMatch: true, FirstMismatch: -1, Tokens: res.Tokens}
+	if len(res.Tokens) != len(ref.Tokens) || len(res.Logits) != len(ref.Logits) {
+		return s, fmt.Errorf("%d-way split: %d steps, whole model %d", k, len(res.Tokens), len(ref.Tokens))
+	}
+	for i := range ref.Tokens {
+		if res.Tokens[i] != ref.Tokens[i] && s.TokensMatch {
+			s.TokensMatch, s.FirstMismatch = false, i
+		}
+		if d := engine.MaxAbsDiff(res.Logits[i], ref.Logits[i]); d > s.MaxAbsDiff || (d != 0 && s.MaxAbsDiffStep < 0) {
+			s.MaxAbsDiff, s.MaxAbsDiffStep = d, i
+		}
+	}
+	return s, nil
 }
 
 // runSplitChain writes the shards of ranges into a fresh directory under

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"strings"
-	"time"
 
 	"github.com/libp2p/go-libp2p/core/peer"
 
@@ -36,8 +35,8 @@ func runTracker(ctx context.Context, stdout, stderr io.Writer, args []string) er
 	fs.Usage = func() { fmt.Fprint(stderr, trackerUsage); fs.PrintDefaults() }
 	var nf netFlags
 	nf.register(fs, node.PresetRelay)
-	ttl := fs.Duration("ticket-ttl", 2*time.Minute, "how long an issued route ticket stays valid")
-	pingEvery := fs.Duration("ping-interval", 10*time.Second, "how often the tracker measures RTT to every node")
+	ttl := fs.Duration("ticket-ttl", tracker.DefaultTicketTTL, "how long an issued route ticket stays valid")
+	pingEvery := fs.Duration("ping-interval", tracker.DefaultPingInterval, "how often the tracker measures RTT to every node")
 	verbose := fs.Bool("v", false, "debug logging")
 	var lf logFormat
 	lf.register(fs)
