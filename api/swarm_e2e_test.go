@@ -22,6 +22,7 @@ import (
 	"github.com/neuron-tai/meshp2p/internal/testmodels"
 	"github.com/neuron-tai/meshp2p/internal/testmodels/chatmodel"
 	"github.com/neuron-tai/meshp2p/internal/testmodels/local"
+	"github.com/neuron-tai/meshp2p/internal/testmodels/synthmodel"
 	"github.com/neuron-tai/meshp2p/internal/testswarm"
 	"github.com/neuron-tai/meshp2p/node"
 	"github.com/neuron-tai/meshp2p/proto/meshp2pb"
@@ -102,7 +103,7 @@ func TestGatewayOpenAISDK(t *testing.T) {
 		hops = append(hops, tn.Shard(model, &r, func(c *node.Config) { c.Engine.MaxSessions, c.Engine.NCtx = 8, 1024 }))
 	}
 	// A second model whose layers 2-4 nobody serves: known, not routable.
-	partial := testmodels.Synth(t, "partial", 4)
+	partial := synthmodel.Llama(t, "partial", 4)
 	tn.Shard(partial, &gguf.Range{Start: 0, End: 2}, nil)
 	c := tn.Client()
 	fp := waitModel(t, c, "stories-chat").Fingerprint

@@ -2,13 +2,16 @@ package node
 
 import (
 	"net/netip"
-	"time"
 
 	"github.com/neuron-tai/meshp2p/engine"
 	"github.com/neuron-tai/meshp2p/p2p"
 )
 
-// Role presets. Every default the node uses lives in this file.
+// The node's defaults besides its timings: role presets, the network name,
+// the engine shape, sizes and counts. Every duration (and the ratios that
+// shape waits) is in timing.go.
+
+// Role presets.
 const (
 	PresetHome   = "home"   // a shard node on a home machine: NAT traversal on, UPnP on
 	PresetClient = "client" // an origin without weights: no port mapping, DHT client
@@ -18,11 +21,6 @@ const (
 	// discovery or reachability depend on: tests run what users run.
 	PresetTest = "test"
 )
-
-// DirectWait is how long a data-plane stream to a peer reached only through
-// a relay waits for a hole punch to give a direct connection (punches
-// measured 20–220 ms in the NAT testnet; a failed one is remembered).
-const DirectWait = 3 * time.Second
 
 // DefaultNetwork is the swarm name when none is given.
 const DefaultNetwork = "meshp2p"
@@ -64,7 +62,32 @@ func TestRelax(c p2p.Config) p2p.Config {
 	return c
 }
 
+// The shard context a node creates unless told otherwise (DefaultEngine;
+// start's --ctx, --batch and --max-sessions).
+const (
+	DefaultNCtx        = 4096 // KV cells shared by all sessions
+	DefaultNBatch      = 512  // most rows per llama_decode
+	DefaultMaxSessions = 8    // concurrent sessions a shard admits
+)
+
 // DefaultEngine is the shard context a node creates unless told otherwise.
 func DefaultEngine() engine.Config {
-	return engine.Config{NCtx: 4096, NBatch: 512, MaxSessions: 8}
+	return engine.Config{NCtx: DefaultNCtx, NBatch: DefaultNBatch, MaxSessions: DefaultMaxSessions}
 }
+
+// Sizes and counts.
+const (
+	// calibrationRows is how many single-row decodes measure a loaded
+	// shard's speed (the advertised speed until live traffic refines it).
+	calibrationRows = 8
+	// LivenessDials is how many liveness dials a placement check runs at
+	// once, and MaxLivenessDials how many one check makes at most.
+	LivenessDials    = 8
+	MaxLivenessDials = 64
+	// maxManifestPeers is how many peers a URL fetch asks for the file's
+	// manifest.
+	maxManifestPeers = 16
+	// rngStream is the second PCG word of placement's generator, mixed
+	// with the seed (the golden-ratio constant).
+	rngStream = 0x9e3779b97f4a7c15
+)

@@ -7,6 +7,7 @@ import (
 
 	"github.com/neuron-tai/meshp2p/engine/gguf"
 	"github.com/neuron-tai/meshp2p/internal/testmodels"
+	"github.com/neuron-tai/meshp2p/internal/testmodels/synthmodel"
 	"github.com/neuron-tai/meshp2p/p2p"
 	"github.com/neuron-tai/meshp2p/session"
 )
@@ -133,5 +134,5 @@ func TestDiscoveryTwentyNodes(t *testing.T) {
 
 // synthModel writes a small random-weight llama model with the given name.
 func synthModel(t *testing.T, name string, layers int) string {
-	return testmodels.Synth(t, name, layers)
+	return synthmodel.Llama(t, name, layers)
 }

@@ -6,7 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"math/rand/v2"
+	"log/slog"
 	"net/url"
 	"os"
 	"path"
@@ -19,7 +19,6 @@ import (
 
 	"github.com/neuron-tai/meshp2p/engine/gguf"
 	"github.com/neuron-tai/meshp2p/fetch"
-	"github.com/neuron-tai/meshp2p/placement"
 	"github.com/neuron-tai/meshp2p/route"
 )
 
@@ -36,15 +35,6 @@ type FetchConfig struct {
 	// Progress, if set, gets bytes in hand, total, rate and time left.
 	Progress func(done, total int64, rate float64, eta time.Duration)
 }
-
-// DefaultFetchWait is how long a fetch waits for peers that serve the model.
-const DefaultFetchWait = 60 * time.Second
-
-// urlManifestWait bounds how long a URL fetch looks for a peer with the
-// file's manifest before it concludes it is the model's first node; it
-// concludes so sooner once two advert pulls from connected peers showed
-// no candidate.
-const urlManifestWait = 20 * time.Second
 
 // IsURL reports whether model names an HTTP(S) URL.
 func IsURL(model string) bool {
@@ -89,31 +79,84 @@ func writeAtomic(p string, b []byte) error {
 	return os.Rename(tmp, p)
 }
 
-// fetchShard downloads the shard of n.cfg.Layers and returns its path. The
-// p2p host is up (peers are the sources and the manifest's holders).
-func (n *Node) fetchShard(ctx context.Context) (string, error) {
-	fc := n.cfg.Fetch
-	if n.cfg.Layers == nil && n.cfg.Placement == nil {
-		return "", errors.New("fetching a model needs a layer range (--layers A-B) or placement (--memory)")
+// shardFetcher downloads only a node's layers (docs/fetch.md): from the
+// peers that serve them or by range requests from a URL, verified against
+// the model's manifest, staged and assembled into a shard file. It needs
+// the network (swarm, the fetch protocols' host, the capability table) and
+// the data directory, nothing of the node's serving side; the window is
+// --layers or what choose (placement) picks.
+type shardFetcher struct {
+	cfg     FetchConfig
+	dataDir string
+	// name is --name, the shard files' base name (default: the name the
+	// model's peers advertise, or the URL's file name).
+	name string
+	// bootstrap: the node has bootstrap peers (a URL fetch asks them for
+	// the file's manifest).
+	bootstrap bool
+	host      fetch.Host
+	table     *route.Table
+	swarm     swarm
+	log       *slog.Logger
+	// choose picks the window of a model fetched without --layers from
+	// its header and fingerprint ("" for the model's first node); nil for
+	// a node given --layers.
+	choose func(ctx context.Context, f *gguf.File, fp string) (gguf.Range, error)
+}
+
+// fetchedModel is what a self-placing node that fetched its window needs
+// to fetch another: the verified manifest, the shard files' base name,
+// the model's layer count and the URL (nil: from peers).
+type fetchedModel struct {
+	m      *gguf.Manifest
+	base   string
+	nLayer int
+	url    *fetch.URL
+}
+
+// fetch downloads the shard of layers rp (nil: chosen) and returns its
+// path and where the model comes from (nil for a cached shard of
+// --layers). The p2p host is up (peers are the sources and the manifest's
+// holders).
+func (f *shardFetcher) fetch(ctx context.Context, rp *gguf.Range) (string, *fetchedModel, error) {
+	if rp == nil && f.choose == nil {
+		return "", nil, errors.New("fetching a model needs a layer range (--layers A-B) or placement (--memory)")
 	}
-	r := n.cfg.Layers
-	if fc.Wait <= 0 {
-		fc.Wait = DefaultFetchWait
+	if f.cfg.Wait <= 0 {
+		f.cfg.Wait = DefaultFetchWait
 	}
-	if IsURL(fc.Model) {
-		return n.fetchURL(ctx, fc, r)
+	if IsURL(f.cfg.Model) {
+		return f.fetchURL(ctx, rp)
 	}
-	return n.fetchPeers(ctx, fc, r)
+	return f.fetchPeers(ctx, rp)
+}
+
+// window is rp, or the window choose picks, checked against the model's
+// nl layers.
+func (f *shardFetcher) window(ctx context.Context, rp *gguf.Range, hf *gguf.File, fp string, nl int) (gguf.Range, error) {
+	var r gguf.Range
+	if rp != nil {
+		r = *rp
+	} else {
+		var err error
+		if r, err = f.choose(ctx, hf, fp); err != nil {
+			return r, err
+		}
+	}
+	if err := gguf.ValidateRanges([]gguf.Range{r}, nl); err != nil {
+		return r, fmt.Errorf("--layers %s: %w", r, err)
+	}
+	return r, nil
 }
 
 // waitPeers waits until pred holds for the table, re-pulling adverts and
-// asking the DHT for key every second. pred gets how many of those pulls
-// ran while connected to at least one peer.
-func (n *Node) waitPeers(ctx context.Context, wait time.Duration, key string, pred func(synced int) bool) bool {
+// asking the DHT for key every fetchPoll. pred gets how many of those
+// pulls ran while connected to at least one peer.
+func (f *shardFetcher) waitPeers(ctx context.Context, wait time.Duration, key string, pred func(synced int) bool) bool {
 	ctx, cancel := context.WithTimeout(ctx, wait)
 	defer cancel()
-	changed := n.table.Changed()
-	tick := time.NewTicker(time.Second)
+	changed := f.table.Changed()
+	tick := time.NewTicker(fetchPoll)
 	defer tick.Stop()
 	synced := 0
 	for {
@@ -125,25 +168,45 @@ func (n *Node) waitPeers(ctx context.Context, wait time.Duration, key string, pr
 			return false
 		case <-changed:
 		case <-tick.C:
-			lctx, c := context.WithTimeout(ctx, time.Second)
-			if n.p2p.PeerCount() > 0 {
-				n.p2p.Discovery().Sync(lctx)
+			lctx, c := context.WithTimeout(ctx, fetchPoll)
+			if f.swarm.PeerCount() > 0 {
+				f.swarm.Sync(lctx)
 				synced++
 			}
 			if key != "" {
-				_, _ = n.p2p.Discovery().Lookup(lctx, key)
+				f.swarm.Lookup(lctx, key)
 			}
 			c()
 		}
 	}
 }
 
+// settleTable pulls adverts from the connected peers once more and waits
+// until the table has not changed for settleTableQuiet (at most
+// settleTableMax), so a fetch starts with every source a pull batch named,
+// not the first one applied.
+func (f *shardFetcher) settleTable(ctx context.Context) {
+	ctx, cancel := context.WithTimeout(ctx, settleTableMax)
+	defer cancel()
+	changed := f.table.Changed()
+	f.swarm.Sync(ctx)
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-changed:
+		case <-time.After(settleTableQuiet):
+			return
+		}
+	}
+}
+
 // cachedShard finds a verified shard of layers r of model (a fingerprint or
 // a name) fetched earlier, so a restart needs no peer.
-func (n *Node) cachedShard(ctx context.Context, model string, r gguf.Range) string {
-	pat := filepath.Join(n.cfg.P2P.DataDir, "shards", "*", fmt.Sprintf("%s.L%d-%d.gguf", safeName(model, strings.Repeat("x", 16)), r.Start, r.End))
+func (f *shardFetcher) cachedShard(ctx context.Context, model string, r gguf.Range) string {
+	pat := filepath.Join(f.dataDir, "shards", "*", fmt.Sprintf("%s.L%d-%d.gguf", safeName(model, strings.Repeat("x", 16)), r.Start, r.End))
 	if route.ValidFingerprint(model) {
-		pat = filepath.Join(n.cfg.P2P.DataDir, "shards", model[:16], fmt.Sprintf("*.L%d-%d.gguf", r.Start, r.End))
+		pat = filepath.Join(f.dataDir, "shards", model[:16], fmt.Sprintf("*.L%d-%d.gguf", r.Start, r.End))
 	}
 	paths, _ := filepath.Glob(pat)
 	for _, p := range paths {
@@ -155,100 +218,34 @@ func (n *Node) cachedShard(ctx context.Context, model string, r gguf.Range) stri
 	return ""
 }
 
-// chooseFetchRange picks the window of a fetched model without --layers
-// with the placement code, from the header's sizes and the swarm now (fp
-// may be "" for the first node of a model: no other windows are known),
-// and sets up the node's placement: once it serves the window it
-// rebalances like a node with the whole file, fetching the window it
-// moves to (fetchWindow).
-func (n *Node) chooseFetchRange(ctx context.Context, f *gguf.File, fp string) (gguf.Range, error) {
-	sz, in, err := fileSizing(f, n.cfg.Engine)
-	if err != nil {
-		return gguf.Range{}, err
-	}
-	nl, err := f.NLayer()
-	if err != nil {
-		return gguf.Range{}, err
-	}
-	budget, src := n.cfg.Placement.Memory, "--memory"
-	if budget <= 0 {
-		if budget, src, err = placement.Budget(); err != nil {
-			return gguf.Range{}, err
-		}
-	}
-	seed := n.cfg.Placement.Seed
-	if seed == 0 {
-		seed = rand.Uint64()
-	}
-	rng := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
-	n.fp, n.nLayer = fp, nl
-	n.settle(ctx)
-	c, ok := placement.Choose(n.view(ctx), sz, budget, 0, nil, rng)
-	if !ok {
-		return gguf.Range{}, fmt.Errorf("memory budget %s (%s) holds no window of this model; pass a larger --memory or --layers", mib(budget), src)
-	}
-	n.placement = &placementState{cfg: *n.cfg.Placement, sizing: sz, budget: budget, rng: rng, nEmbd: in.NEmbd, arch: in.Architecture,
-		shardFor: n.fetchWindow}
-	r := gguf.Range{Start: c.Range.Start, End: c.Range.End}
-	if fp != "" {
-		// Like a node with the file: announce the window (others
-		// starting now see it while this one fetches), pause, reconsider.
-		if r, err = n.announceChoice(ctx, n.placement, c); err != nil {
-			return r, err
-		}
-	}
-	n.log.Info("placement chose the layers to fetch (a move later fetches the new window)", "range", r.String(), "why", choiceWhy(c), "budget", mib(budget))
-	return r, nil
-}
-
 // fetchSources are the shards of model fp (with nl layers) that can send
 // their tensors and the manifest now: loaded windows of other peers. A
 // planned window (announced, no session slot) holds no tensors yet: a
 // node fetching or cutting it would only answer "not served here".
-func (n *Node) fetchSources(fp string, nl int) []route.Shard {
+func (f *shardFetcher) fetchSources(fp string, nl int) []route.Shard {
 	var out []route.Shard
-	for _, s := range n.table.Shards(fp) {
-		if s.Peer != n.p2p.ID() && s.NLayer == nl && s.Capacity.GetMaxSessions() > 0 {
+	me := f.swarm.ID()
+	for _, s := range f.table.Shards(fp) {
+		if s.Peer != me && s.NLayer == nl && s.Capacity.GetMaxSessions() > 0 {
 			out = append(out, s)
 		}
 	}
 	return out
 }
 
-// MoveProgressInterval is how often a move's fetch logs its progress (a
-// move runs in the background: a log line, not a progress bar).
-const MoveProgressInterval = 10 * time.Second
-
-// fetchedModel is what a self-placing node that fetched its window needs
-// to fetch another: the verified manifest, the shard files' base name,
-// and the URL (nil: from peers).
-type fetchedModel struct {
-	m    *gguf.Manifest
-	base string
-	url  *fetch.URL
-}
-
-// recordFetched records where a self-placing node's model comes from (nothing
-// for a node given --layers).
-func (n *Node) recordFetched(fm *fetchedModel) {
-	if n.placement != nil {
-		n.placement.fetched = fm
-	}
-}
-
-// fetchWindow is placementState.shardFor of a self-placing node without
-// the model file: it fetches layers r like the start did (planFetch,
-// staging, verification against the manifest), from the peers that serve
-// them now or by range requests from the URL. The tensors of the window
-// it serves now are staged from its own shard, not downloaded again.
-func (n *Node) fetchWindow(ctx context.Context, r gguf.Range) (string, error) {
-	fm := n.placement.fetched
+// fetchWindow is the placement controller's shardFor of a self-placing
+// node without the model file: it fetches layers r of fm like the start
+// did (planFetch, staging, verification against the manifest), from the
+// peers that serve them now or by range requests from the URL. The
+// tensors of the window it serves now (the shard file held) are staged
+// from that file, not downloaded again.
+func (f *shardFetcher) fetchWindow(ctx context.Context, fm *fetchedModel, r gguf.Range, held string) (string, error) {
 	if fm == nil {
 		return "", errors.New("no manifest to fetch a window with")
 	}
 	fp := fm.m.Fingerprint()
-	pl, err := n.planFetch(ctx, fm.m, fm.base, r, func(done, total int64, rate float64, eta time.Duration) {
-		n.log.Info("placement: fetching the new window", "layers", r.String(), "done", mib(done), "of", mib(total),
+	pl, err := f.planFetch(ctx, fm.m, fm.base, r, func(done, total int64, rate float64, eta time.Duration) {
+		f.log.Info("placement: fetching the new window", "layers", r.String(), "done", mib(done), "of", mib(total),
 			"MiB_per_s", fmt.Sprintf("%.1f", rate/(1<<20)), "eta", eta.Round(time.Second))
 	})
 	if err != nil {
@@ -258,46 +255,40 @@ func (n *Node) fetchWindow(ctx context.Context, r gguf.Range) (string, error) {
 		return pl.out, nil
 	}
 	pl.p.Interval = MoveProgressInterval
-	n.mu.Lock()
-	cur := n.shardPath
-	n.mu.Unlock()
-	reused := n.stageHeld(ctx, pl, fm.m, cur)
+	reused := f.stageHeld(ctx, pl, fm.m, held)
 	t0 := time.Now()
 	if fm.url != nil {
-		n.log.Info("placement: downloading the new window's tensors by HTTP range requests", "url", fm.url.URL, "layers", r.String(),
+		f.log.Info("placement: downloading the new window's tensors by HTTP range requests", "url", fm.url.URL, "layers", r.String(),
 			"bytes", pl.p.Total, "reused_from_current_window", reused)
 		err = fm.url.FetchTensors(ctx, pl.st, fm.m, pl.ts, pl.p)
 	} else {
-		var sources []fetch.Source
-		for _, s := range n.fetchSources(fp, n.nLayer) {
-			sources = append(sources, fetch.Source{Peer: s.Peer, Start: s.Start, End: s.End})
-		}
-		n.log.Info("placement: fetching the new window's tensors from peers", "layers", r.String(), "tensors", len(pl.ts),
+		sources, _, _ := f.peerSources(fp, fm.nLayer)
+		f.log.Info("placement: fetching the new window's tensors from peers", "layers", r.String(), "tensors", len(pl.ts),
 			"bytes", pl.p.Total, "reused_from_current_window", reused, "sources", len(sources))
-		fe := &fetch.Fetcher{Host: n.host, Stage: pl.st, Log: n.log, Progress: pl.p}
+		fe := &fetch.Fetcher{Host: f.host, Stage: pl.st, Log: f.log, Progress: pl.p}
 		err = fe.Fetch(ctx, fm.m, fp, pl.ts, sources)
 	}
 	if err != nil {
 		return "", fmt.Errorf("fetching layers %s: %w", r, err)
 	}
 	pl.p.Finish()
-	n.log.Info("fetched", "bytes", pl.p.Downloaded(), "took", time.Since(t0).Round(time.Millisecond))
-	return n.assemble(ctx, pl.st, fm.m, r, pl.out)
+	f.log.Info("fetched", "bytes", pl.p.Downloaded(), "took", time.Since(t0).Round(time.Millisecond))
+	return f.assemble(ctx, pl.st, fm.m, r, pl.out)
 }
 
 // stageHeld copies into pl's staging the tensors pl needs that the shard
 // at path (the window the node serves) holds, each checked against the
 // manifest like a download; it returns the bytes staged.
-func (n *Node) stageHeld(ctx context.Context, pl *fetchPlan, m *gguf.Manifest, path string) int64 {
+func (f *shardFetcher) stageHeld(ctx context.Context, pl *fetchPlan, m *gguf.Manifest, path string) int64 {
 	if path == "" {
 		return 0
 	}
-	f, err := gguf.Open(path)
+	sf, err := gguf.Open(path)
 	if err != nil {
 		return 0
 	}
-	defer f.Close()
-	names, _, err := gguf.ShardSourceNames(f)
+	defer sf.Close()
+	names, _, err := gguf.ShardSourceNames(sf)
 	if err != nil {
 		return 0
 	}
@@ -307,13 +298,13 @@ func (n *Node) stageHeld(ctx context.Context, pl *fetchPlan, m *gguf.Manifest, p
 		if !ok || ctx.Err() != nil {
 			continue
 		}
-		st, ok := f.Tensor(name)
+		st, ok := sf.Tensor(name)
 		h := m.DataHash(t)
 		if !ok || st.Bytes != t.Bytes || pl.st.Have(h, int64(t.Bytes)) {
 			continue
 		}
-		if err := pl.st.Put(h, int64(t.Bytes), f.TensorData(st)); err != nil {
-			n.log.Debug("tensor not reused from the current window", "tensor", t.Name, "err", err)
+		if err := pl.st.Put(h, int64(t.Bytes), sf.TensorData(st)); err != nil {
+			f.log.Debug("tensor not reused from the current window", "tensor", t.Name, "err", err)
 			continue
 		}
 		staged += int64(t.Bytes)
@@ -321,86 +312,105 @@ func (n *Node) stageHeld(ctx context.Context, pl *fetchPlan, m *gguf.Manifest, p
 	return staged
 }
 
-func (n *Node) fetchPeers(ctx context.Context, fc *FetchConfig, rp *gguf.Range) (string, error) {
+// fetchPeers fetches from the peers that serve the model (a name or
+// fingerprint): resolve it in the table, get its manifest, pick the
+// window, download its tensors and assemble the shard.
+func (f *shardFetcher) fetchPeers(ctx context.Context, rp *gguf.Range) (string, *fetchedModel, error) {
 	if rp != nil {
-		if p := n.cachedShard(ctx, fc.Model, *rp); p != "" {
-			n.log.Info("using cached fetched shard", "path", p)
-			return p, nil
+		if p := f.cachedShard(ctx, f.cfg.Model, *rp); p != "" {
+			f.log.Info("using cached fetched shard", "path", p)
+			return p, nil, nil
 		}
 	}
-	key := NameKey(fc.Model)
-	if route.ValidFingerprint(fc.Model) {
-		key = fc.Model
+	fp, nl, err := f.resolve(ctx)
+	if err != nil {
+		return "", nil, err
 	}
-	var fp string
-	var nl int
+	f.settleTable(ctx)
+	sources, peers, name := f.peerSources(fp, nl)
+	m, err := f.peerManifest(ctx, fp, peers)
+	if err != nil {
+		return "", nil, err
+	}
+	r, err := f.window(ctx, rp, m.File, fp, nl)
+	if err != nil {
+		return "", nil, err
+	}
+	fm := &fetchedModel{m: m, base: safeName(name, fp), nLayer: nl}
+	pl, err := f.planFetch(ctx, m, fm.base, r, f.cfg.Progress)
+	if err != nil {
+		return "", nil, err
+	}
+	if pl.cached {
+		return pl.out, fm, nil
+	}
+	f.log.Info("fetching layers from peers", "model", fp, "layers", r.String(), "tensors", len(pl.ts), "bytes", pl.p.Total, "sources", len(sources))
+	t0 := time.Now()
+	fe := &fetch.Fetcher{Host: f.host, Stage: pl.st, Log: f.log, Progress: pl.p}
+	if err := fe.Fetch(ctx, m, fp, pl.ts, sources); err != nil {
+		return "", nil, err
+	}
+	pl.p.Finish()
+	f.log.Info("fetched", "bytes", pl.p.Downloaded(), "took", time.Since(t0).Round(time.Millisecond), "MiB_per_s", fmt.Sprintf("%.1f", pl.p.Rate()/(1<<20)))
+	path, err := f.assemble(ctx, pl.st, m, r, pl.out)
+	return path, fm, err
+}
+
+// resolve waits (up to the fetch's Wait) until the table resolves the
+// model to a fingerprint and layer count.
+func (f *shardFetcher) resolve(ctx context.Context) (fp string, nl int, err error) {
+	key := NameKey(f.cfg.Model)
+	if route.ValidFingerprint(f.cfg.Model) {
+		key = f.cfg.Model
+	}
 	var resolveErr error
-	ok := n.waitPeers(ctx, fc.Wait, key, func(int) bool {
-		fp, nl, resolveErr = n.table.Resolve(fc.Model)
+	ok := f.waitPeers(ctx, f.cfg.Wait, key, func(int) bool {
+		fp, nl, resolveErr = f.table.Resolve(f.cfg.Model)
 		return resolveErr == nil
 	})
-	if !ok {
-		if err := ctx.Err(); err != nil {
-			return "", err
-		}
-		if err := n.p2p.NoPeersError(); err != nil {
-			return "", fmt.Errorf("fetch %s: %w", fc.Model, err)
-		}
-		return "", fmt.Errorf("fetch %s: after %s: %w", fc.Model, fc.Wait, resolveErr)
+	if ok {
+		return fp, nl, nil
 	}
-	n.settleTable(ctx)
-	name := n.cfg.ModelName
+	if err := ctx.Err(); err != nil {
+		return "", 0, err
+	}
+	if err := f.swarm.NoPeersError(); err != nil {
+		return "", 0, fmt.Errorf("fetch %s: %w", f.cfg.Model, err)
+	}
+	return "", 0, fmt.Errorf("fetch %s: after %s: %w", f.cfg.Model, f.cfg.Wait, resolveErr)
+}
+
+// peerSources are the fetch sources of model fp, their peers, and the
+// shard files' name (--name, else the name the first source advertises).
+func (f *shardFetcher) peerSources(fp string, nl int) ([]fetch.Source, []peer.ID, string) {
+	name := f.name
 	var sources []fetch.Source
 	var peers []peer.ID
-	for _, s := range n.fetchSources(fp, nl) {
+	for _, s := range f.fetchSources(fp, nl) {
 		sources = append(sources, fetch.Source{Peer: s.Peer, Start: s.Start, End: s.End})
 		peers = append(peers, s.Peer)
 		if name == "" {
 			name = s.ModelName
 		}
 	}
-	var m *gguf.Manifest
-	mp := manifestPath(n.cfg.P2P.DataDir, fp)
+	return sources, peers, name
+}
+
+// peerManifest is the manifest of model fp: cached, or fetched from peers
+// (verified against fp) and cached.
+func (f *shardFetcher) peerManifest(ctx context.Context, fp string, peers []peer.ID) (*gguf.Manifest, error) {
+	mp := manifestPath(f.dataDir, fp)
 	if cached, err := gguf.ReadManifestFile(mp, fp); err == nil {
-		m = cached
-	} else {
-		var raw []byte
-		if m, raw, err = fetch.FetchManifest(ctx, n.host, peers, fp, nil, n.log); err != nil {
-			return "", err
-		}
-		if err := writeAtomic(mp, raw); err != nil {
-			return "", err
-		}
+		return cached, nil
 	}
-	var r gguf.Range
-	if rp != nil {
-		r = *rp
-	} else {
-		var err error
-		if r, err = n.chooseFetchRange(ctx, m.File, fp); err != nil {
-			return "", err
-		}
-	}
-	if err := gguf.ValidateRanges([]gguf.Range{r}, nl); err != nil {
-		return "", fmt.Errorf("--layers %s: %w", r, err)
-	}
-	n.recordFetched(&fetchedModel{m: m, base: safeName(name, fp)})
-	pl, err := n.planFetch(ctx, m, safeName(name, fp), r, fc.Progress)
+	m, raw, err := fetch.FetchManifest(ctx, f.host, peers, fp, nil, f.log)
 	if err != nil {
-		return "", err
+		return nil, err
 	}
-	if pl.cached {
-		return pl.out, nil
+	if err := writeAtomic(mp, raw); err != nil {
+		return nil, err
 	}
-	n.log.Info("fetching layers from peers", "model", fp, "layers", r.String(), "tensors", len(pl.ts), "bytes", pl.p.Total, "sources", len(sources))
-	t0 := time.Now()
-	fe := &fetch.Fetcher{Host: n.host, Stage: pl.st, Log: n.log, Progress: pl.p}
-	if err := fe.Fetch(ctx, m, fp, pl.ts, sources); err != nil {
-		return "", err
-	}
-	pl.p.Finish()
-	n.log.Info("fetched", "bytes", pl.p.Downloaded(), "took", time.Since(t0).Round(time.Millisecond), "MiB_per_s", fmt.Sprintf("%.1f", pl.p.Rate()/(1<<20)))
-	return n.assemble(ctx, pl.st, m, r, pl.out)
+	return m, nil
 }
 
 // fetchPlan is a fetch of layers r of a verified manifest: the shard file
@@ -416,12 +426,12 @@ type fetchPlan struct {
 
 // planFetch lays out the fetch of layers r of model m (named base) in the
 // model's shard cache directory, or finds the shard already there.
-func (n *Node) planFetch(ctx context.Context, m *gguf.Manifest, base string, r gguf.Range, progress func(done, total int64, rate float64, eta time.Duration)) (*fetchPlan, error) {
+func (f *shardFetcher) planFetch(ctx context.Context, m *gguf.Manifest, base string, r gguf.Range, progress func(done, total int64, rate float64, eta time.Duration)) (*fetchPlan, error) {
 	fp := m.Fingerprint()
-	dir := filepath.Join(n.cfg.P2P.DataDir, "shards", fp[:16])
+	dir := filepath.Join(f.dataDir, "shards", fp[:16])
 	pl := &fetchPlan{out: filepath.Join(dir, gguf.ShardName(base, r))}
 	if _, err := gguf.CheckShard(ctx, pl.out, fp, r); err == nil {
-		n.log.Info("using cached fetched shard", "path", pl.out)
+		f.log.Info("using cached fetched shard", "path", pl.out)
 		pl.cached = true
 		return pl, nil
 	}
@@ -434,7 +444,7 @@ func (n *Node) planFetch(ctx context.Context, m *gguf.Manifest, base string, r g
 	return pl, nil
 }
 
-func (n *Node) assemble(ctx context.Context, st *fetch.Stage, m *gguf.Manifest, r gguf.Range, out string) (string, error) {
+func (f *shardFetcher) assemble(ctx context.Context, st *fetch.Stage, m *gguf.Manifest, r gguf.Range, out string) (string, error) {
 	res, err := st.Assemble(ctx, m, r, out)
 	if err != nil {
 		if errors.Is(err, gguf.ErrSourceChanged) {
@@ -443,7 +453,7 @@ func (n *Node) assemble(ctx context.Context, st *fetch.Stage, m *gguf.Manifest, 
 		return "", err
 	}
 	_ = st.Remove()
-	n.log.Info("shard written from fetched tensors", "path", res.Path, "bytes", res.Size)
+	f.log.Info("shard written from fetched tensors", "path", res.Path, "bytes", res.Size)
 	return res.Path, nil
 }
 
@@ -473,170 +483,154 @@ func safeName(name, fp string) string {
 	return name
 }
 
-func (n *Node) fetchURL(ctx context.Context, fc *FetchConfig, rp *gguf.Range) (string, error) {
-	u := &fetch.URL{URL: fc.Model, Log: n.log}
-	f, hdr, err := u.Header(ctx)
+// fetchURL fetches from a web server by range requests: verified against
+// a peer's manifest of the file when one has it, else (the model's first
+// node) streaming the whole file once to compute the fingerprint.
+func (f *shardFetcher) fetchURL(ctx context.Context, rp *gguf.Range) (string, *fetchedModel, error) {
+	u := &fetch.URL{URL: f.cfg.Model, Log: f.log}
+	hf, hdr, err := u.Header(ctx)
 	if err != nil {
-		return "", err
+		return "", nil, err
 	}
-	nl, err := f.NLayer()
+	nl, err := hf.NLayer()
 	if err != nil {
-		return "", err
-	}
-	base := "model"
-	if pu, err := url.Parse(fc.Model); err == nil {
-		base = strings.TrimSuffix(path.Base(pu.Path), ".gguf")
-	}
-	if n.cfg.ModelName != "" {
-		base = n.cfg.ModelName
+		return "", nil, err
 	}
 	hh := sha256.Sum256(hdr)
-	// Does a peer have the manifest of this file? Ask every peer that
-	// serves a model with this layer count.
-	var m *gguf.Manifest
-	if len(n.cfg.P2P.Bootstrap) > 0 {
-		var peers []peer.ID
-		n.waitPeers(ctx, urlManifestWait, "", func(synced int) bool {
-			// Ask first the peers of the model most peers serve: a
-			// manifest is only as good as the header it matches, and a
-			// lone peer could offer one with wrong tensor hashes.
-			votes := map[string]map[peer.ID]bool{}
-			fpOf := map[peer.ID]string{}
-			for _, s := range n.table.Shards("") {
-				if s.NLayer != nl {
-					continue
-				}
-				if votes[s.Fingerprint] == nil {
-					votes[s.Fingerprint] = map[peer.ID]bool{}
-				}
-				votes[s.Fingerprint][s.Peer] = true
-				fpOf[s.Peer] = s.Fingerprint
-			}
-			peers = peers[:0]
-			for p := range fpOf {
-				peers = append(peers, p)
-			}
-			sort.Slice(peers, func(i, j int) bool {
-				vi, vj := len(votes[fpOf[peers[i]]]), len(votes[fpOf[peers[j]]])
-				return vi > vj || (vi == vj && peers[i] < peers[j])
-			})
-			peers = peers[:min(len(peers), 16)]
-			return len(peers) > 0 || synced >= 2
-		})
-		if len(peers) > 0 {
-			var raw []byte
-			if m, raw, err = fetch.FetchManifest(ctx, n.host, peers, "", hh[:], n.log); err == nil {
-				_ = writeAtomic(manifestPath(n.cfg.P2P.DataDir, m.Fingerprint()), raw)
-			} else {
-				n.log.Info("no peer has a manifest for this file", "err", err)
-				m = nil
-			}
-		}
+	m := f.urlManifest(ctx, nl, hh[:])
+	fp := ""
+	if m != nil {
+		fp = m.Fingerprint()
 	}
-	var r gguf.Range
-	if rp != nil {
-		r = *rp
-	} else {
-		fp := ""
-		if m != nil {
-			fp = m.Fingerprint()
-		}
-		if r, err = n.chooseFetchRange(ctx, f, fp); err != nil {
-			return "", err
-		}
-	}
-	if err := gguf.ValidateRanges([]gguf.Range{r}, nl); err != nil {
-		return "", fmt.Errorf("--layers %s: %w", r, err)
+	r, err := f.window(ctx, rp, hf, fp, nl)
+	if err != nil {
+		return "", nil, err
 	}
 	if m != nil {
-		fp := m.Fingerprint()
-		if m.File.Size != u.Size() {
-			return "", fmt.Errorf("fetch %s: the swarm's manifest of model %.16s is for a %d-byte file, the server's is %d bytes", fc.Model, fp, m.File.Size, u.Size())
-		}
-		n.recordFetched(&fetchedModel{m: m, base: safeName(base, fp), url: u})
-		pl, err := n.planFetch(ctx, m, safeName(base, fp), r, fc.Progress)
-		if err != nil {
-			return "", err
-		}
-		if pl.cached {
-			return pl.out, nil
-		}
-		n.log.Info("downloading only this node's tensors by HTTP range requests, verified against a peer's manifest",
-			"url", fc.Model, "model", fp, "layers", r.String(), "bytes", pl.p.Total, "file_bytes", u.Size())
-		if err := u.FetchTensors(ctx, pl.st, m, pl.ts, pl.p); err != nil {
-			return "", err
-		}
-		pl.p.Finish()
-		return n.assemble(ctx, pl.st, m, r, pl.out)
+		return f.fetchURLVerified(ctx, u, m, r, nl)
 	}
-	// First node of this model: nobody can vouch for the file, so stream it
-	// once to compute the fingerprint, keeping only our tensors.
-	ts, err := gguf.ShardSources(f, r)
+	return f.fetchURLFirst(ctx, u, hf, hdr, r, nl)
+}
+
+// urlBase is the shard files' base name of a URL fetch: --name, else the
+// URL's file name.
+func (f *shardFetcher) urlBase() string {
+	if f.name != "" {
+		return f.name
+	}
+	base := "model"
+	if pu, err := url.Parse(f.cfg.Model); err == nil {
+		base = strings.TrimSuffix(path.Base(pu.Path), ".gguf")
+	}
+	return base
+}
+
+// urlManifest asks the peers serving a model with nl layers for the
+// manifest of the file whose header hashes to headerHash (nil: none has
+// it, or the node has no bootstrap peers).
+func (f *shardFetcher) urlManifest(ctx context.Context, nl int, headerHash []byte) *gguf.Manifest {
+	if !f.bootstrap {
+		return nil
+	}
+	var peers []peer.ID
+	f.waitPeers(ctx, urlManifestWait, "", func(synced int) bool {
+		peers = f.manifestCandidates(nl)
+		return len(peers) > 0 || synced >= 2
+	})
+	if len(peers) == 0 {
+		return nil
+	}
+	m, raw, err := fetch.FetchManifest(ctx, f.host, peers, "", headerHash, f.log)
 	if err != nil {
-		return "", err
+		f.log.Info("no peer has a manifest for this file", "err", err)
+		return nil
+	}
+	_ = writeAtomic(manifestPath(f.dataDir, m.Fingerprint()), raw)
+	return m
+}
+
+// manifestCandidates are the peers (at most maxManifestPeers) to ask for
+// a URL's manifest: those serving a model with nl layers, first the peers
+// of the model most peers serve (a manifest is only as good as the header
+// it matches, and a lone peer could offer one with wrong tensor hashes).
+func (f *shardFetcher) manifestCandidates(nl int) []peer.ID {
+	votes := map[string]map[peer.ID]bool{}
+	fpOf := map[peer.ID]string{}
+	for _, s := range f.table.Shards("") {
+		if s.NLayer != nl {
+			continue
+		}
+		if votes[s.Fingerprint] == nil {
+			votes[s.Fingerprint] = map[peer.ID]bool{}
+		}
+		votes[s.Fingerprint][s.Peer] = true
+		fpOf[s.Peer] = s.Fingerprint
+	}
+	peers := make([]peer.ID, 0, len(fpOf))
+	for p := range fpOf {
+		peers = append(peers, p)
+	}
+	sort.Slice(peers, func(i, j int) bool {
+		vi, vj := len(votes[fpOf[peers[i]]]), len(votes[fpOf[peers[j]]])
+		return vi > vj || (vi == vj && peers[i] < peers[j])
+	})
+	return peers[:min(len(peers), maxManifestPeers)]
+}
+
+// fetchURLVerified downloads layers r's tensors by range requests,
+// verified against a peer's manifest m of the file.
+func (f *shardFetcher) fetchURLVerified(ctx context.Context, u *fetch.URL, m *gguf.Manifest, r gguf.Range, nl int) (string, *fetchedModel, error) {
+	fp := m.Fingerprint()
+	if m.File.Size != u.Size() {
+		return "", nil, fmt.Errorf("fetch %s: the swarm's manifest of model %.16s is for a %d-byte file, the server's is %d bytes", f.cfg.Model, fp, m.File.Size, u.Size())
+	}
+	fm := &fetchedModel{m: m, base: safeName(f.urlBase(), fp), nLayer: nl, url: u}
+	pl, err := f.planFetch(ctx, m, fm.base, r, f.cfg.Progress)
+	if err != nil {
+		return "", nil, err
+	}
+	if pl.cached {
+		return pl.out, fm, nil
+	}
+	f.log.Info("downloading only this node's tensors by HTTP range requests, verified against a peer's manifest",
+		"url", f.cfg.Model, "model", fp, "layers", r.String(), "bytes", pl.p.Total, "file_bytes", u.Size())
+	if err := u.FetchTensors(ctx, pl.st, m, pl.ts, pl.p); err != nil {
+		return "", nil, err
+	}
+	pl.p.Finish()
+	path, err := f.assemble(ctx, pl.st, m, r, pl.out)
+	return path, fm, err
+}
+
+// fetchURLFirst is the fetch of a model's first node: nobody can vouch
+// for the file, so it streams it once to compute the fingerprint, keeping
+// only layers r's tensors.
+func (f *shardFetcher) fetchURLFirst(ctx context.Context, u *fetch.URL, hf *gguf.File, hdr []byte, r gguf.Range, nl int) (string, *fetchedModel, error) {
+	ts, err := gguf.ShardSources(hf, r)
+	if err != nil {
+		return "", nil, err
 	}
 	keep := map[string]bool{}
 	for _, t := range ts {
 		keep[t.Name] = true
 	}
-	n.log.Warn("no peer has this model's manifest: this is its first node, so the whole file is streamed once to compute the fingerprint; only this node's layers are kept on disk",
-		"url", fc.Model, "layers", r.String(), "file_bytes", u.Size())
-	st := &fetch.Stage{Dir: filepath.Join(n.cfg.P2P.DataDir, "shards", "url-"+hex.EncodeToString(hh[:8]))}
-	p := fetch.NewProgress(u.Size()-f.DataOffset, fc.Progress)
-	m, err = u.StreamAll(ctx, st, f, hdr, func(t *gguf.TensorInfo) bool { return keep[t.Name] }, p)
+	f.log.Warn("no peer has this model's manifest: this is its first node, so the whole file is streamed once to compute the fingerprint; only this node's layers are kept on disk",
+		"url", f.cfg.Model, "layers", r.String(), "file_bytes", u.Size())
+	hh := sha256.Sum256(hdr)
+	st := &fetch.Stage{Dir: filepath.Join(f.dataDir, "shards", "url-"+hex.EncodeToString(hh[:8]))}
+	p := fetch.NewProgress(u.Size()-hf.DataOffset, f.cfg.Progress)
+	m, err := u.StreamAll(ctx, st, hf, hdr, func(t *gguf.TensorInfo) bool { return keep[t.Name] }, p)
 	if err != nil {
-		return "", err
+		return "", nil, err
 	}
 	p.Finish()
 	fp := m.Fingerprint()
-	n.log.Info("fingerprint of the streamed model", "fingerprint", fp)
-	if err := writeAtomic(manifestPath(n.cfg.P2P.DataDir, fp), m.Marshal()); err != nil {
-		return "", err
+	f.log.Info("fingerprint of the streamed model", "fingerprint", fp)
+	if err := writeAtomic(manifestPath(f.dataDir, fp), m.Marshal()); err != nil {
+		return "", nil, err
 	}
-	n.recordFetched(&fetchedModel{m: m, base: safeName(base, fp), url: u})
-	out := filepath.Join(n.cfg.P2P.DataDir, "shards", fp[:16], gguf.ShardName(safeName(base, fp), r))
-	return n.assemble(ctx, st, m, r, out)
-}
-
-// settleTable pulls adverts from the connected peers once more and waits
-// until the table has not changed for 250 ms (at most 2 s), so a fetch
-// starts with every source a pull batch named, not the first one applied.
-func (n *Node) settleTable(ctx context.Context) {
-	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-	defer cancel()
-	changed := n.table.Changed()
-	n.p2p.Discovery().Sync(ctx)
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-changed:
-		case <-time.After(250 * time.Millisecond):
-			return
-		}
-	}
-}
-
-// followTable feeds the capability table while the node fetches (before
-// Start's own follower runs); the returned func stops it.
-func (n *Node) followTable() func() {
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); route.Follow(ctx, n.p2p.Discovery(), n.table) }()
-	return func() { cancel(); <-done }
-}
-
-// serveFetch makes a self-placing node (which holds the whole file) serve
-// the manifest and its current window's tensors to fetchers.
-func (n *Node) serveFetch(ctx context.Context, shardPath string) {
-	if n.manifest == nil {
-		mb, err := ensureManifest(ctx, n.cfg.P2P.DataDir, n.cfg.ModelPath, n.fp)
-		if err != nil {
-			n.log.Warn("no manifest to serve to fetchers", "err", err)
-		}
-		n.manifest = mb
-	}
-	if err := n.fetchSrv.Add(n.fp, shardPath, n.manifest); err != nil {
-		n.log.Warn("tensors not served to fetchers", "err", err)
-	}
+	fm := &fetchedModel{m: m, base: safeName(f.urlBase(), fp), nLayer: nl, url: u}
+	out := filepath.Join(f.dataDir, "shards", fp[:16], gguf.ShardName(fm.base, r))
+	path, err := f.assemble(ctx, st, m, r, out)
+	return path, fm, err
 }

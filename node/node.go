@@ -26,8 +26,8 @@ import (
 	"github.com/neuron-tai/meshp2p/engine/gguf"
 	"github.com/neuron-tai/meshp2p/fetch"
 	"github.com/neuron-tai/meshp2p/metrics"
+	"github.com/neuron-tai/meshp2p/node/shardengine"
 	"github.com/neuron-tai/meshp2p/p2p"
-	"github.com/neuron-tai/meshp2p/placement"
 	"github.com/neuron-tai/meshp2p/proto/frame"
 	"github.com/neuron-tai/meshp2p/proto/meshp2pb"
 	"github.com/neuron-tai/meshp2p/route"
@@ -84,8 +84,9 @@ type Node struct {
 	host  *hostAdapter
 	table *route.Table
 
-	// mu guards model, shard, shardPath, calibration and the placement
-	// fields below: a move swaps the served window.
+	// mu guards model, shard, shardPath, calibration and vocabPath: a
+	// move swaps the served window (window.go). Lock order: mu before
+	// place.mu.
 	mu        sync.Mutex
 	model     *engine.Model
 	shard     *engine.Shard
@@ -101,12 +102,9 @@ type Node struct {
 	// advertised speed until live traffic refines it.
 	calibration time.Duration
 	recorder    *status.Recorder // totals and recent routes for the status document
-	// placement is nil for a node given --layers; loading is a window
-	// being loaded (advertised as planned), draining one being left.
-	placement         *placementState
-	loading, draining *gguf.Range
-	moves             int
-	lastWhy           string
+	// place controls the served window (placement.go): chosen and moved
+	// by automatic placement, or fixed (--layers). nil on a client.
+	place *placementController
 	// failures is shared by every origin of this node (session.FailureMemory).
 	failures *session.FailureMemory
 
@@ -117,6 +115,47 @@ type Node struct {
 // Start brings a node up: host, discovery, and (with a model) the shard,
 // its hop service and its advert.
 func Start(ctx context.Context, cfg Config) (*Node, error) {
+	cfg = withLoggers(cfg)
+	n := &Node{log: cfg.Logger, table: route.NewTable(), failures: session.NewFailureMemory(0, 0)}
+	n.cfg = n.observe(cfg)
+	if n.cfg.ModelPath == "" && n.cfg.Fetch != nil {
+		if err := n.fetchFirst(ctx); err != nil {
+			return nil, err
+		}
+	}
+	placing := n.cfg.places()
+	if n.cfg.ModelPath != "" && !placing {
+		if err := n.loadShard(ctx); err != nil {
+			n.closeEngine()
+			if n.p2p != nil {
+				_ = n.p2p.Close()
+			}
+			return nil, err
+		}
+	}
+	if err := n.startHost(ctx); err != nil {
+		n.closeEngine()
+		return nil, err
+	}
+	bg := n.startBackground()
+	var err error
+	switch {
+	case n.shard != nil:
+		err = n.serveLoaded(bg)
+	case placing:
+		err = n.startPlaced(ctx, bg)
+	}
+	if err != nil {
+		n.Close()
+		return nil, err
+	}
+	n.registerGauges()
+	return n, nil
+}
+
+// withLoggers gives every part of cfg a logger (slog.Default if none) and
+// an open relay its member test.
+func withLoggers(cfg Config) Config {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
@@ -132,174 +171,208 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 	if cfg.P2P.MemberAdvert == nil { // an open relay's members (--relay-service)
 		cfg.P2P.MemberAdvert = route.MemberAdvert
 	}
-	n := &Node{log: cfg.Logger, table: route.NewTable(), failures: session.NewFailureMemory(0, 0)}
-	cfg = n.observe(cfg)
-	n.cfg = cfg
+	return cfg
+}
+
+// fetchFirst downloads the node's shard before it serves (fetch.go,
+// docs/fetch.md): the network comes up first, peers being the sources. A
+// self-placing node (no Layers) chooses the window to fetch with its
+// placement controller, which later fetches each window it moves to.
+func (n *Node) fetchFirst(ctx context.Context) error {
 	var err error
-	if cfg.ModelPath == "" && cfg.Fetch != nil {
-		// Fetching needs the network first: peers are the sources.
-		if n.p2p, err = p2p.New(ctx, cfg.P2P); err != nil {
-			return nil, err
-		}
-		n.host = &hostAdapter{n: n.p2p, directWait: cfg.DirectWait}
-		stop := n.followTable()
-		path, err := n.fetchShard(ctx)
-		stop()
-		if err != nil {
-			_ = n.p2p.Close()
-			return nil, err
-		}
-		n.cfg.ModelPath, cfg.ModelPath = path, path
+	if n.p2p, err = p2p.New(ctx, n.cfg.P2P); err != nil {
+		return err
 	}
-	if !cfg.places() {
-		cfg.Placement = nil
-	}
-	if cfg.ModelPath != "" && cfg.Placement == nil {
-		if err := n.loadShard(ctx); err != nil {
-			n.closeEngine()
-			if n.p2p != nil {
-				_ = n.p2p.Close()
+	n.host = &hostAdapter{n: n.p2p, directWait: n.cfg.DirectWait}
+	f := &shardFetcher{cfg: *n.cfg.Fetch, dataDir: n.cfg.P2P.DataDir, name: n.cfg.ModelName, bootstrap: len(n.cfg.P2P.Bootstrap) > 0,
+		host: n.host, table: n.table, swarm: p2pSwarm{n.p2p}, log: n.log}
+	var pc *placementController
+	if n.cfg.Layers == nil && n.cfg.Placement != nil {
+		pc = newPlacementController(n, p2pSwarm{n.p2p}, n.log, n.cfg.Placement, f.bootstrap, nil)
+		n.place = pc // its planned window is advertised while it fetches
+		f.choose = func(ctx context.Context, hf *gguf.File, fp string) (gguf.Range, error) {
+			sz, in, err := fileSizing(hf, n.cfg.Engine)
+			if err != nil {
+				return gguf.Range{}, err
 			}
-			return nil, err
+			nl, err := hf.NLayer()
+			if err != nil {
+				return gguf.Range{}, err
+			}
+			n.fp, n.nLayer = fp, nl
+			return pc.chooseFetched(ctx, sz, in.NEmbd, in.Architecture, fp != "")
 		}
 	}
+	stop := n.followTable()
+	path, fm, err := f.fetch(ctx, n.cfg.Layers)
+	stop()
+	if err != nil {
+		_ = n.p2p.Close()
+		return err
+	}
+	n.cfg.ModelPath = path
+	if pc != nil && fm != nil {
+		pc.fetched = fm
+		pc.shardFor = func(ctx context.Context, r gguf.Range) (string, error) {
+			return f.fetchWindow(ctx, fm, r, n.servedPath())
+		}
+	}
+	return nil
+}
+
+// followTable feeds the capability table while the node fetches (before
+// Start's own follower runs); the returned func stops it.
+func (n *Node) followTable() func() {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); route.Follow(ctx, n.p2p.Discovery(), n.table) }()
+	return func() { cancel(); <-done }
+}
+
+// servedPath is the shard file of the window served now.
+func (n *Node) servedPath() string {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.shardPath
+}
+
+// startHost brings up the p2p host (unless a fetch did) and the data
+// plane's view of it.
+func (n *Node) startHost(ctx context.Context) error {
 	if n.p2p == nil {
-		if n.p2p, err = p2p.New(ctx, cfg.P2P); err != nil {
-			n.closeEngine()
-			return nil, err
+		var err error
+		if n.p2p, err = p2p.New(ctx, n.cfg.P2P); err != nil {
+			return err
 		}
 	}
-	n.host = &hostAdapter{n: n.p2p, directWait: cfg.DirectWait}
+	n.host = &hostAdapter{n: n.p2p, directWait: n.cfg.DirectWait}
 	n.table.Reach = func(p peer.ID) p2p.Path { return n.p2p.ConnStatus(p).Path }
+	return nil
+}
+
+// startBackground starts what runs for the node's lifetime whatever it
+// serves (the table's follower, the connection log, the vocabulary and
+// fetch servers) and returns the context that ends with Close.
+func (n *Node) startBackground() context.Context {
 	bg, cancel := context.WithCancel(context.Background())
 	n.cancel = cancel
 	n.wg.Add(1)
 	go func() { defer n.wg.Done(); route.Follow(bg, n.p2p.Discovery(), n.table) }()
 	n.wg.Add(1)
 	go func() { defer n.wg.Done(); n.logConnEvents(bg) }()
-	n.vocab = vocab.NewService(n.host, cfg.Hop.Limits, n.log)
-	n.fetchSrv = fetch.NewServerLimits(n.host, cfg.UploadLimit, cfg.UploadLimitPerPeer, n.log)
-	if n.shard != nil {
-		if err := n.fetchSrv.Add(n.fp, n.shardPath, n.manifest); err != nil {
-			n.Close()
-			return nil, err
-		}
-		cfg.Hop.Fingerprint = n.fp
-		n.hop = session.NewHopService(n.host, shardEngine{n.model, n.shard}, cfg.Hop)
-		if n.vocabPath != "" {
-			if err := n.vocab.Add(n.fp, n.vocabPath); err != nil {
-				n.Close()
-				return nil, err
-			}
-		}
-		n.setLoading(nil) // a fetched window was advertised as planned while it came
-		if err := n.publish(); err != nil {
-			n.Close()
-			return nil, err
-		}
-		n.wg.Add(1)
-		go func() { defer n.wg.Done(); n.advertLoop(bg) }()
-		if ps := n.placement; ps != nil && ps.fetched != nil {
-			// A self-placing node that fetched its window (fetch.go)
-			// rebalances like one with the whole file; a move fetches
-			// the new window (fetchWindow).
-			if n.manifest == nil {
-				n.manifest = ps.fetched.m.Marshal()
-			}
-			ps.reb = placement.NewRebalancer(ps.sizing, ps.budget, ps.rng)
-			n.wg.Add(1)
-			go func() { defer n.wg.Done(); n.rebalanceLoop(bg) }()
-		}
-	} else if cfg.ModelPath != "" {
-		if err := n.startPlaced(ctx, bg); err != nil {
-			n.Close()
-			return nil, err
-		}
-	}
-	n.registerGauges()
-	return n, nil
+	n.vocab = vocab.NewService(n.host, n.cfg.Hop.Limits, n.log)
+	n.fetchSrv = fetch.NewServerLimits(n.host, n.cfg.UploadLimit, n.cfg.UploadLimitPerPeer, n.log)
+	return bg
 }
 
-func (n *Node) loadShard(ctx context.Context) error {
-	cfg := n.cfg
-	dataDir := cfg.P2P.DataDir
-	if err := os.MkdirAll(dataDir, 0o700); err != nil {
+// serveLoaded serves the shard loadShard loaded (given --layers, a pre-cut
+// shard, or a fetched window): tensors to fetchers, the hop service, the
+// vocabulary, the advert; a self-placing node that fetched its window
+// rebalances like one with the whole file (a move fetches the new
+// window).
+func (n *Node) serveLoaded(bg context.Context) error {
+	if err := n.fetchSrv.Add(n.fp, n.shardPath, n.manifest); err != nil {
 		return err
 	}
-	f, err := gguf.Open(cfg.ModelPath)
-	if err != nil {
-		return err
-	}
-	nl, err := f.NLayer()
-	si, shardErr := gguf.ReadShardInfo(f.Metadata)
-	f.Close()
-	if err != nil {
-		return err
-	}
-	var path, fp string
-	if shardErr == nil {
-		// A pre-cut shard (meshp2p shard split): serve it as it is, after
-		// checking its proof, so a machine needs only its own layers.
-		if si, err = gguf.VerifyShard(ctx, cfg.ModelPath); err != nil {
-			return fmt.Errorf("%s: %w", cfg.ModelPath, err)
-		}
-		if cfg.Layers != nil && *cfg.Layers != si.Range {
-			return fmt.Errorf("%s holds layers %s, not --layers %s", cfg.ModelPath, si.Range, *cfg.Layers)
-		}
-		path, fp, nl = cfg.ModelPath, si.ParentFingerprint, si.ParentNLayer
-		n.log.Info("serving a pre-cut shard", "path", path, "range", si.Range.String(), "model", fp)
-		if m, err := gguf.ReadManifestFile(manifestPath(dataDir, fp), fp); err == nil {
-			n.manifest = m.Marshal()
-		}
-	} else {
-		r := gguf.Range{Start: 0, End: nl}
-		if cfg.Layers != nil {
-			r = *cfg.Layers
-		}
-		if path, fp, nl, err = prepareShard(ctx, dataDir, cfg.ModelPath, r, cfg.SplitProgress, n.log); err != nil {
+	n.cfg.Hop.Fingerprint = n.fp
+	n.hop = session.NewHopService(n.host, shardengine.Engine{Model: n.model, Shard: n.shard}, n.cfg.Hop)
+	if n.vocabPath != "" {
+		if err := n.vocab.Add(n.fp, n.vocabPath); err != nil {
 			return err
 		}
-		// Peers that fetch only their layers verify against this.
-		if n.manifest, err = ensureManifest(ctx, dataDir, cfg.ModelPath, fp); err != nil {
-			return fmt.Errorf("manifest: %w", err)
+	}
+	pc := n.place
+	if pc == nil {
+		pc = newPlacementController(n, p2pSwarm{n.p2p}, n.log, nil, len(n.cfg.P2P.Bootstrap) > 0, n.cutShard)
+		n.place = pc
+	}
+	pc.setLoading(nil) // a fetched window was advertised as planned while it came
+	if err := n.publish(); err != nil {
+		return err
+	}
+	n.wg.Add(1)
+	go func() { defer n.wg.Done(); n.advertLoop(bg) }()
+	if pc.auto && pc.fetched != nil {
+		if n.manifest == nil {
+			n.manifest = pc.fetched.m.Marshal()
 		}
+		pc.startRebalancing()
+		n.wg.Add(1)
+		go func() { defer n.wg.Done(); pc.run(bg) }()
+	}
+	return nil
+}
+
+// loadShard loads the shard of cfg.ModelPath: a pre-cut shard as it is,
+// else the Layers window cut from the whole model (cached); it also
+// prepares the model's vocabulary when the shard has one.
+func (n *Node) loadShard(ctx context.Context) error {
+	if err := os.MkdirAll(n.cfg.P2P.DataDir, 0o700); err != nil {
+		return err
+	}
+	path, fp, nl, err := n.shardFile(ctx)
+	if err != nil {
+		return err
 	}
 	n.fp, n.nLayer, n.shardPath = fp, nl, path
-	n.model, err = engine.LoadModel(ctx, path, engine.LoadOptions{NoMmap: cfg.NoMmap})
+	ls, err := n.loadWindow(ctx, path)
 	if err != nil {
 		return err
 	}
-	n.shard, err = engine.NewShard(ctx, n.model, cfg.Engine)
-	if err != nil {
-		return err
-	}
-	if n.calibration, err = n.shard.MeasureDecode(ctx, 8); err != nil {
-		return fmt.Errorf("measuring decode speed: %w", err)
-	}
-	n.log.Info("shard ready", "range", fmt.Sprintf("%d-%d", n.shard.Info().Start, n.shard.Info().End),
-		"decode_ms_per_token", float64(n.calibration.Microseconds())/1000)
+	n.model, n.shard, n.calibration = ls.model, ls.shard, ls.calibration
 	if n.model.Info().HasVocab {
-		vp := filepath.Join(dataDir, "shards", fp[:16], "vocab.gguf")
-		if err := os.MkdirAll(filepath.Dir(vp), 0o755); err != nil {
+		vp := n.vocabFile()
+		if err := writeVocab(ctx, path, vp, fp, n.log); err != nil {
 			return err
-		}
-		// A cached vocabulary is served to peers: check it belongs to this
-		// model (a truncated write or a file swapped in the data dir would
-		// otherwise be handed out); rewrite it when it does not.
-		if _, err := os.Stat(vp); err == nil {
-			if cerr := gguf.CheckVocab(ctx, vp, fp); cerr != nil {
-				n.log.Warn("cached vocabulary does not match the model; rewriting it", "file", vp, "err", cerr)
-				_ = os.Remove(vp)
-			}
-		}
-		if _, err := os.Stat(vp); err != nil {
-			if err := gguf.WriteVocab(ctx, path, vp); err != nil {
-				return fmt.Errorf("write vocabulary: %w", err)
-			}
 		}
 		n.vocabPath = vp
 	}
 	return nil
+}
+
+// shardFile is the shard to serve: cfg.ModelPath itself when it is a
+// pre-cut shard (its proof checked), else the Layers window split from
+// the whole model into the data dir (cached). It also reads or builds the
+// model's manifest, which peers fetching only their layers verify against.
+func (n *Node) shardFile(ctx context.Context) (path, fp string, nl int, err error) {
+	cfg := n.cfg
+	f, err := gguf.Open(cfg.ModelPath)
+	if err != nil {
+		return "", "", 0, err
+	}
+	nl, err = f.NLayer()
+	si, shardErr := gguf.ReadShardInfo(f.Metadata)
+	f.Close()
+	if err != nil {
+		return "", "", 0, err
+	}
+	if shardErr == nil {
+		// A pre-cut shard (meshp2p shard split): serve it as it is, after
+		// checking its proof, so a machine needs only its own layers.
+		if si, err = gguf.VerifyShard(ctx, cfg.ModelPath); err != nil {
+			return "", "", 0, fmt.Errorf("%s: %w", cfg.ModelPath, err)
+		}
+		if cfg.Layers != nil && *cfg.Layers != si.Range {
+			return "", "", 0, fmt.Errorf("%s holds layers %s, not --layers %s", cfg.ModelPath, si.Range, *cfg.Layers)
+		}
+		fp = si.ParentFingerprint
+		n.log.Info("serving a pre-cut shard", "path", cfg.ModelPath, "range", si.Range.String(), "model", fp)
+		if m, err := gguf.ReadManifestFile(manifestPath(cfg.P2P.DataDir, fp), fp); err == nil {
+			n.manifest = m.Marshal()
+		}
+		return cfg.ModelPath, fp, si.ParentNLayer, nil
+	}
+	r := gguf.Range{Start: 0, End: nl}
+	if cfg.Layers != nil {
+		r = *cfg.Layers
+	}
+	if path, fp, nl, err = prepareShard(ctx, cfg.P2P.DataDir, cfg.ModelPath, r, cfg.SplitProgress, n.log); err != nil {
+		return "", "", 0, err
+	}
+	if n.manifest, err = ensureManifest(ctx, cfg.P2P.DataDir, cfg.ModelPath, fp); err != nil {
+		return "", "", 0, fmt.Errorf("manifest: %w", err)
+	}
+	return path, fp, nl, nil
 }
 
 // ModelName is the advertised model name.
@@ -348,10 +421,15 @@ func (n *Node) advertBody() ([]byte, error) {
 		sa.DecodeMsPerLayer = &msl
 		ca.Shards = append(ca.Shards, sa)
 	}
-	if r := n.loading; r != nil {
+	if n.place == nil {
+		return proto.Marshal(ca)
+	}
+	if r, embd, arch := n.place.planned(); r != nil {
 		// A planned window: announced before it is loaded, with no session
 		// slot, so planners skip it and placement counts it.
-		embd, arch := n.modelShape()
+		if n.shard != nil {
+			embd, arch = n.shard.Info().NEmbd, n.shard.Info().Arch
+		}
 		sa := n.shardAdvert(r.Start, r.End, embd, arch)
 		sa.Capacity = &meshp2pb.ShardCapacity{}
 		ca.Shards = append(ca.Shards, sa)

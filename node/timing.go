@@ -2,10 +2,17 @@ package node
 
 import "time"
 
-// The node's timings besides the role presets (defaults.go), each with its
-// reason. The route-session protocol's timeouts live in session/defaults.go,
-// the tracker's in tracker/defaults.go.
+// Every duration the node waits, polls or bounds something by, and the
+// ratios that shape those waits (jitter, re-publish threshold), each with
+// its reason. The role presets and the node's other defaults (sizes,
+// counts, names) are in defaults.go. The route-session protocol's timeouts
+// live in session/defaults.go, the tracker's in tracker/defaults.go.
 const (
+	// DirectWait is how long a data-plane stream to a peer reached only
+	// through a relay waits for a hole punch to give a direct connection
+	// (punches measured 20–220 ms in the NAT testnet; a failed one is
+	// remembered).
+	DirectWait = 3 * time.Second
 	// AdvertCheckInterval is how often a node compares its free capacity
 	// and measured speed with what it last advertised.
 	AdvertCheckInterval = 2 * time.Second
@@ -18,4 +25,51 @@ const (
 	// RediscoverPause separates the DHT lookups of an origin waiting for a
 	// replacement peer (its advert may be one republish away).
 	RediscoverPause = 2 * time.Second
+)
+
+// Placement timings (placement.go, docs/placement.md).
+const (
+	// DefaultRebalanceInterval is how often a node checks its window.
+	DefaultRebalanceInterval = 2 * time.Minute
+	// RebalanceJitter spreads the checks of nodes started together.
+	RebalanceJitter = 0.25
+	// PlacementSettle is how long a starting node waits to connect and
+	// pull the swarm's adverts before choosing.
+	PlacementSettle = 3 * time.Second
+	// settlePoll is how often a settling node looks for a peer's advert.
+	settlePoll = 100 * time.Millisecond
+	// PlacementPause is the most a node waits between announcing its
+	// choice and reconsidering it (random in [0, PlacementPause)), so
+	// nodes starting together see each other's choices.
+	PlacementPause = 2 * time.Second
+	// DrainTimeout bounds how long a moving node lets sessions on its old
+	// window finish before ending them (their origins re-route).
+	DrainTimeout = 2 * time.Minute
+	// LivenessDial bounds the dial that checks a peer we hold no
+	// connection to before its adverts count (a crashed node's advert
+	// lives until its TTL).
+	LivenessDial = 2 * time.Second
+)
+
+// Fetch timings (fetch.go, docs/fetch.md).
+const (
+	// DefaultFetchWait is how long a fetch waits for peers that serve the
+	// model.
+	DefaultFetchWait = 60 * time.Second
+	// urlManifestWait bounds how long a URL fetch looks for a peer with
+	// the file's manifest before it concludes it is the model's first
+	// node; it concludes so sooner once two advert pulls from connected
+	// peers showed no candidate.
+	urlManifestWait = 20 * time.Second
+	// fetchPoll is how often a fetch waiting for peers re-pulls adverts
+	// and asks the DHT, and what bounds each of those rounds.
+	fetchPoll = time.Second
+	// settleTableMax bounds how long a fetch waits for the table to stop
+	// changing after a last pull; settleTableQuiet is how long unchanged
+	// counts as settled.
+	settleTableMax   = 2 * time.Second
+	settleTableQuiet = 250 * time.Millisecond
+	// MoveProgressInterval is how often a move's fetch logs its progress
+	// (a move runs in the background: a log line, not a progress bar).
+	MoveProgressInterval = 10 * time.Second
 )

@@ -31,20 +31,30 @@ type netFlags struct {
 	testPublic  string
 }
 
+// Defaults of the p2p flags that no package names: the test switches
+// (off) and the open relay's per-peer budget (0: p2p's default, 1 GiB/h).
+const (
+	// notGiven is the default of a string flag whose absence means "the
+	// role's, or the package's, default" (named in the flag's usage).
+	notGiven            = ""
+	defaultTestMode     = false
+	defaultRelayPeerMiB = 0
+)
+
 func (f *netFlags) register(fs *flag.FlagSet, preset string) {
 	fs.StringVar(&f.network, "network", node.DefaultNetwork, "swarm name; scopes every protocol ID, so swarms never mix")
-	fs.StringVar(&f.listen, "listen", "", "comma-separated listen multiaddrs (default TCP and QUIC on all IPv4 interfaces, random ports)")
-	fs.StringVar(&f.bootstrap, "bootstrap", "", "comma-separated bootstrap peers (multiaddrs ending in /p2p/<id>); there are no public defaults")
-	fs.StringVar(&f.relays, "relay", "", "comma-separated static relays (multiaddrs with /p2p/<id>); default: the bootstrap peers")
-	fs.StringVar(&f.swarmKey, "swarm-key", "", "private swarm key file (libp2p swarm.key; makes the node TCP-only)")
+	fs.StringVar(&f.listen, "listen", notGiven, "comma-separated listen multiaddrs (default TCP and QUIC on all IPv4 interfaces, random ports)")
+	fs.StringVar(&f.bootstrap, "bootstrap", notGiven, "comma-separated bootstrap peers (multiaddrs ending in /p2p/<id>); there are no public defaults")
+	fs.StringVar(&f.relays, "relay", notGiven, "comma-separated static relays (multiaddrs with /p2p/<id>); default: the bootstrap peers")
+	fs.StringVar(&f.swarmKey, "swarm-key", notGiven, "private swarm key file (libp2p swarm.key; makes the node TCP-only)")
 	fs.StringVar(&f.dataDir, "data-dir", defaultDataDir(), "data directory (identity, shard cache, node.json)")
-	fs.StringVar(&f.dhtMode, "dht-mode", "", "DHT mode: auto, server or client (default by role)")
-	fs.StringVar(&f.reach, "reachability", "", "force reachability: public or private (default: AutoNAT decides)")
+	fs.StringVar(&f.dhtMode, "dht-mode", notGiven, "DHT mode: auto, server or client (default by role)")
+	fs.StringVar(&f.reach, "reachability", notGiven, "force reachability: public or private (default: AutoNAT decides)")
 	fs.BoolVar(&f.portMapping, "port-mapping", preset == node.PresetHome, "map a port on the home router with UPnP/NAT-PMP")
-	fs.BoolVar(&f.test, "test-mode", false, "TEST ONLY: lift per-IP connection limits for 127.0.0.0/8 and turn UPnP/NAT-PMP off; changes nothing else (intervals, DHT mode and reachability stay as the role's preset)")
-	fs.StringVar(&f.testPublic, "test-public-cidrs", "", "TEST ONLY (with --test-mode): treat these CIDRs as public internet and lift per-IP limits for them, e.g. the netns test network's 203.0.113.0/24 (changes go-libp2p's address classification for the whole process)")
+	fs.BoolVar(&f.test, "test-mode", defaultTestMode, "TEST ONLY: lift per-IP connection limits for 127.0.0.0/8 and turn UPnP/NAT-PMP off; changes nothing else (intervals, DHT mode and reachability stay as the role's preset)")
+	fs.StringVar(&f.testPublic, "test-public-cidrs", notGiven, "TEST ONLY (with --test-mode): treat these CIDRs as public internet and lift per-IP limits for them, e.g. the netns test network's 203.0.113.0/24 (changes go-libp2p's address classification for the whole process)")
 	fs.BoolVar(&f.relay, "relay-service", preset == node.PresetRelay, "run a circuit relay v2 for swarm members (raised limits for activation traffic; without --swarm-key: members by advert or protocol, 16 circuits, 1 GiB/h and 1 h per circuit per peer)")
-	fs.Int64Var(&f.relayMiB, "relay-peer-mib", 0, "with --relay-service and no --swarm-key: MiB one peer may relay per hour, as source or destination (0: 1024)")
+	fs.Int64Var(&f.relayMiB, "relay-peer-mib", defaultRelayPeerMiB, "with --relay-service and no --swarm-key: MiB one peer may relay per hour, as source or destination (0: 1024)")
 }
 
 func parseAddrInfos(s string) ([]peer.AddrInfo, error) {

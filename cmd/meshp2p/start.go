@@ -35,120 +35,169 @@ Once ready, the node prints its peer id and addresses and writes them to
 Flags:
 `
 
+// Defaults of start's flags that neither node nor session names: what
+// the zero values of engine.Config and session.HopConfig mean, and the
+// two switches.
+const (
+	defaultThreads           = 0     // engine: all CPUs
+	defaultFlashAttn         = false // bit-exact across KV layouts
+	defaultMaxSessionKV      = 0     // session: half of --ctx
+	defaultSessionsPerClient = 0     // session: half of --max-sessions
+	defaultMmap              = true
+	defaultVerbose           = false
+)
+
+// startFlags are start's flags.
+type startFlags struct {
+	nf                    netFlags
+	tf                    trackerFlags
+	ff                    fetchFlags
+	plf                   placementFlags
+	lf                    logFormat
+	mf                    metricsFlag
+	af                    apiFlags
+	trusted               listFlag
+	model, layers, name   string
+	maxSess, nctx, nbatch int
+	threads               int
+	flash, verbose, mmap  bool
+	idle, directWait      time.Duration
+	sessKV, peerQuota     int
+}
+
+func (f *startFlags) register(fs *flag.FlagSet) {
+	f.nf.register(fs, node.PresetHome)
+	f.tf.registerHop(fs)
+	fs.StringVar(&f.model, "model", notGiven, "whole GGUF model file, shard file, http(s) URL of one, or a model name or fingerprint to fetch from peers (required)")
+	f.ff.register(fs)
+	fs.StringVar(&f.layers, "layers", notGiven, "layer range A-B to serve, half-open [A,B) (default: chosen from --memory and the swarm)")
+	f.plf.register(fs)
+	fs.StringVar(&f.name, "name", notGiven, "model name to advertise (default: file name)")
+	fs.IntVar(&f.maxSess, "max-sessions", node.DefaultMaxSessions, "concurrent sessions this shard admits")
+	fs.IntVar(&f.nctx, "ctx", node.DefaultNCtx, "KV cells shared by all sessions")
+	fs.IntVar(&f.nbatch, "batch", node.DefaultNBatch, "most rows per llama_decode")
+	fs.IntVar(&f.threads, "threads", defaultThreads, "compute threads (default: all CPUs)")
+	fs.BoolVar(&f.flash, "flash-attn", defaultFlashAttn, "flash attention (faster on long contexts; not bit-exact across KV layouts)")
+	fs.DurationVar(&f.idle, "idle-timeout", session.DefaultIdle, "free a session after this long without frames")
+	fs.IntVar(&f.sessKV, "max-session-kv", defaultMaxSessionKV, "KV cells (tokens) one session may reserve here (0: half of --ctx, so one client cannot take the whole cache; -1: up to --ctx)")
+	fs.IntVar(&f.peerQuota, "max-sessions-per-client", defaultSessionsPerClient, "sessions one client may hold at once when this node is the head (0: half of --max-sessions; -1: no quota)")
+	fs.Var(&f.trusted, "trusted-client", "peer id of a client the per-client quota does not apply to, e.g. your API gateway (meshp2p serve), which carries many users' sessions (repeatable or comma-separated)")
+	fs.DurationVar(&f.directWait, "direct-wait", node.DirectWait, "how long a new seam to a peer reached through a relay waits for a hole punch (0: start on the relay; the seam moves to the direct connection once it appears)")
+	fs.BoolVar(&f.verbose, "v", defaultVerbose, "debug logging")
+	f.lf.register(fs)
+	f.mf.register(fs)
+	fs.BoolVar(&f.mmap, "mmap", defaultMmap, "map the shard file; --mmap=false reads it into memory (containers with a memory limit: mapped page cache is not charged to the container)")
+	f.af.register(fs, notGiven, "also serve the OpenAI-compatible HTTP API on this host:port, e.g. 127.0.0.1:8080 (see meshp2p serve; default: off)")
+}
+
+// startRun is a parsed start: the node's configuration and what serves
+// next to it.
+type startRun struct {
+	cfg   node.Config
+	log   *slog.Logger
+	gwDir string
+	prog  *progress
+}
+
 func runStart(ctx context.Context, stdout, stderr io.Writer, args []string) error {
 	fs := flag.NewFlagSet("start", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.Usage = func() { fmt.Fprint(stderr, startUsage); fs.PrintDefaults() }
-	var nf netFlags
-	nf.register(fs, node.PresetHome)
-	var tf trackerFlags
-	tf.registerHop(fs)
-	model := fs.String("model", "", "whole GGUF model file, shard file, http(s) URL of one, or a model name or fingerprint to fetch from peers (required)")
-	var ff fetchFlags
-	ff.register(fs)
-	layers := fs.String("layers", "", "layer range A-B to serve, half-open [A,B) (default: chosen from --memory and the swarm)")
-	var plf placementFlags
-	plf.register(fs)
-	name := fs.String("name", "", "model name to advertise (default: file name)")
-	def := node.DefaultEngine()
-	maxSess := fs.Int("max-sessions", def.MaxSessions, "concurrent sessions this shard admits")
-	nctx := fs.Int("ctx", def.NCtx, "KV cells shared by all sessions")
-	nbatch := fs.Int("batch", def.NBatch, "most rows per llama_decode")
-	threads := fs.Int("threads", 0, "compute threads (default: all CPUs)")
-	flash := fs.Bool("flash-attn", false, "flash attention (faster on long contexts; not bit-exact across KV layouts)")
-	idle := fs.Duration("idle-timeout", 60*time.Second, "free a session after this long without frames")
-	sessKV := fs.Int("max-session-kv", 0, "KV cells (tokens) one session may reserve here (0: half of --ctx, so one client cannot take the whole cache; -1: up to --ctx)")
-	peerQuota := fs.Int("max-sessions-per-client", 0, "sessions one client may hold at once when this node is the head (0: half of --max-sessions; -1: no quota)")
-	var trusted listFlag
-	fs.Var(&trusted, "trusted-client", "peer id of a client the per-client quota does not apply to, e.g. your API gateway (meshp2p serve), which carries many users' sessions (repeatable or comma-separated)")
-	directWait := fs.Duration("direct-wait", node.DirectWait, "how long a new seam to a peer reached through a relay waits for a hole punch (0: start on the relay; the seam moves to the direct connection once it appears)")
-	verbose := fs.Bool("v", false, "debug logging")
-	var lf logFormat
-	lf.register(fs)
-	var mf metricsFlag
-	mf.register(fs)
-	mmap := fs.Bool("mmap", true, "map the shard file; --mmap=false reads it into memory (containers with a memory limit: mapped page cache is not charged to the container)")
-	var af apiFlags
-	af.register(fs, "", "also serve the OpenAI-compatible HTTP API on this host:port, e.g. 127.0.0.1:8080 (see meshp2p serve; default: off)")
+	var f startFlags
+	f.register(fs)
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
-	if *model == "" {
+	if f.model == "" {
 		fs.Usage()
 		return fmt.Errorf("%w: --model is required", errUsage)
 	}
-	pc, err := nf.config(node.PresetHome)
+	sr, err := f.config(stderr)
 	if err != nil {
 		return err
 	}
-	var rng *gguf.Range
-	if *layers != "" {
-		rs, err := gguf.ParseRanges(*layers)
-		if err != nil || len(rs) != 1 {
-			return fmt.Errorf("%w: --layers %q: want one range A-B", errUsage, *layers)
-		}
-		rng = &rs[0]
-	}
-	log, err := lf.logger(stderr, *verbose)
-	if err != nil {
-		return err
-	}
-	trustedIDs, err := parsePeerIDs("--trusted-client", trusted)
-	if err != nil {
-		return err
-	}
-	gwDir := gatewayDataDir(pc.DataDir)
-	if af.addr != "" {
-		if trustedIDs, err = trustGateway(gwDir, trustedIDs); err != nil {
-			return err
-		}
-	}
-	prog := newProgress(stderr, "splitting")
-	cfg := node.Config{P2P: pc, ModelPath: *model, Layers: rng, ModelName: *name, Logger: log,
-		Engine: def, Hop: session.HopConfig{Idle: *idle, MaxSessionKV: *sessKV, MaxSessionsPerPeer: *peerQuota, TrustedOrigins: trustedIDs},
-		SplitProgress: prog.update, DirectWait: *directWait, NoMmap: !*mmap}
-	if rng == nil {
-		if cfg.Placement, err = plf.config(); err != nil {
-			return err
-		}
-	}
-	if *directWait <= 0 {
-		cfg.DirectWait = -1 // do not wait
-	}
-	if err := tf.applyHop(&cfg.P2P, &cfg.Hop); err != nil {
-		return err
-	}
-	if err := ff.apply(&cfg, *model, rng, stderr); err != nil {
-		return err
-	}
-	cfg.Engine.MaxSessions, cfg.Engine.NCtx, cfg.Engine.NBatch, cfg.Engine.Threads, cfg.Engine.FlashAttn = *maxSess, *nctx, *nbatch, *threads, *flash
-	mf.always = af.addr != "" // the API server serves /metrics too
-	if cfg.Metrics, err = mf.metrics(); err != nil {
-		return err
-	}
-	af.metrics = cfg.Metrics
-	n, err := node.Start(ctx, cfg)
-	prog.finish()
+	n, err := node.Start(ctx, sr.cfg)
+	sr.prog.finish()
 	if err != nil {
 		return err
 	}
 	defer n.Close()
+	return f.serve(ctx, stdout, sr, n)
+}
+
+// config turns the flags into the node's configuration.
+func (f *startFlags) config(stderr io.Writer) (*startRun, error) {
+	pc, err := f.nf.config(node.PresetHome)
+	if err != nil {
+		return nil, err
+	}
+	var rng *gguf.Range
+	if f.layers != "" {
+		rs, err := gguf.ParseRanges(f.layers)
+		if err != nil || len(rs) != 1 {
+			return nil, fmt.Errorf("%w: --layers %q: want one range A-B", errUsage, f.layers)
+		}
+		rng = &rs[0]
+	}
+	sr := &startRun{gwDir: gatewayDataDir(pc.DataDir), prog: newProgress(stderr, "splitting")}
+	if sr.log, err = f.lf.logger(stderr, f.verbose); err != nil {
+		return nil, err
+	}
+	trustedIDs, err := parsePeerIDs("--trusted-client", f.trusted)
+	if err != nil {
+		return nil, err
+	}
+	if f.af.addr != "" {
+		if trustedIDs, err = trustGateway(sr.gwDir, trustedIDs); err != nil {
+			return nil, err
+		}
+	}
+	cfg := node.Config{P2P: pc, ModelPath: f.model, Layers: rng, ModelName: f.name, Logger: sr.log,
+		Engine: node.DefaultEngine(), Hop: session.HopConfig{Idle: f.idle, MaxSessionKV: f.sessKV, MaxSessionsPerPeer: f.peerQuota, TrustedOrigins: trustedIDs},
+		SplitProgress: sr.prog.update, DirectWait: f.directWait, NoMmap: !f.mmap}
+	if rng == nil {
+		if cfg.Placement, err = f.plf.config(); err != nil {
+			return nil, err
+		}
+	}
+	if f.directWait <= 0 {
+		cfg.DirectWait = -1 // do not wait
+	}
+	if err := f.tf.applyHop(&cfg.P2P, &cfg.Hop); err != nil {
+		return nil, err
+	}
+	if err := f.ff.apply(&cfg, f.model, rng, stderr); err != nil {
+		return nil, err
+	}
+	cfg.Engine.MaxSessions, cfg.Engine.NCtx, cfg.Engine.NBatch, cfg.Engine.Threads, cfg.Engine.FlashAttn = f.maxSess, f.nctx, f.nbatch, f.threads, f.flash
+	f.mf.always = f.af.addr != "" // the API server serves /metrics too
+	if cfg.Metrics, err = f.mf.metrics(); err != nil {
+		return nil, err
+	}
+	f.af.metrics = cfg.Metrics
+	sr.cfg = cfg
+	return sr, nil
+}
+
+// serve prints the started node, serves its metrics and API, writes
+// node.json and runs until ctx ends.
+func (f *startFlags) serve(ctx context.Context, stdout io.Writer, sr *startRun, n *node.Node) error {
 	info := n.Info()
 	fmt.Fprintf(stdout, "peer id:  %s\nmodel:    %s (%.16s…) layers %d-%d of %d\n", info.PeerID, info.Model, info.Fingerprint, info.Start, info.End, info.NLayer)
 	for _, a := range info.Addrs {
 		fmt.Fprintf(stdout, "address:  %s\n", a)
 	}
-	stopMetrics, err := mf.serve(stdout, log, func(ctx context.Context) *status.Document { return n.Status(ctx, "node") })
+	stopMetrics, err := f.mf.serve(stdout, sr.log, func(ctx context.Context) *status.Document { return n.Status(ctx, "node") })
 	if err != nil {
 		return err
 	}
 	defer stopMetrics()
 	printPlacement(stdout, n)
-	trackers, err := tf.addrInfos()
+	trackers, err := f.tf.addrInfos()
 	if err != nil {
 		return err
 	}
-	stopAPI, err := af.startAPI(ctx, stdout, log, n, pc, gwDir, trackers)
+	stopAPI, err := f.af.startAPI(ctx, stdout, sr.log, n, sr.cfg.P2P, sr.gwDir, trackers)
 	if err != nil {
 		return err
 	}
@@ -159,7 +208,7 @@ func runStart(ctx context.Context, stdout, stderr io.Writer, args []string) erro
 	}
 	fmt.Fprintf(stdout, "ready; node info in %s\n", p)
 	<-ctx.Done()
-	log.Info("shutting down: closing sessions, withdrawing advert")
+	sr.log.Info("shutting down: closing sessions, withdrawing advert")
 	stopMetrics()
 	stopAPI()
 	return n.Close()

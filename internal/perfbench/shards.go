@@ -4,6 +4,7 @@ import (
 	"context"
 
 	"github.com/neuron-tai/meshp2p/engine"
+	"github.com/neuron-tai/meshp2p/node/shardengine"
 	"github.com/neuron-tai/meshp2p/session"
 )
 
@@ -33,36 +34,7 @@ func (l *Loaded) Close() {
 	l.Model.Close()
 }
 
-// Engine is the shard as a hop's session.Engine (like node's wiring).
-func (l *Loaded) Engine() session.Engine { return shardEngine{l} }
-
-type shardEngine struct{ l *Loaded }
-
-func (e shardEngine) Info() session.ShardInfo {
-	i, c := e.l.Shard.Info(), e.l.Shard.Capacity()
-	return session.ShardInfo{Start: i.Start, End: i.End, ParentNLayer: i.ParentNLayer, NEmbd: i.NEmbd, NCtx: c.NCtx, MaxSessions: c.MaxSessions}
-}
-
-func (e shardEngine) IsEOG(tok int32) bool { return e.l.Model.IsEOG(tok) }
-
-func (e shardEngine) OpenSession(key session.Key, p session.EngineParams) (session.EngineSession, error) {
-	smp := engine.SamplingFromProto(p.Sampling)
-	smp.Generated = p.Generated
-	s, err := e.l.Shard.OpenSession(engine.SessionKey{ID: key.ID, Epoch: key.Epoch}, engine.SessionParams{KVTokens: p.KVTokens, Sampling: smp})
-	if err != nil {
-		return nil, err
-	}
-	return shardSession{s}, nil
-}
-
-type shardSession struct{ s *engine.Session }
-
-func (s shardSession) Forward(ctx context.Context, in session.Input) (session.Output, error) {
-	out, err := s.s.Forward(ctx, engine.Input{Pos: in.Pos, Tokens: in.Tokens, Hidden: in.Hidden, Sample: in.Sample})
-	if err != nil {
-		return session.Output{}, err
-	}
-	return session.Output{Hidden: out.Hidden, Token: out.Token}, nil
-}
-
-func (s shardSession) Close() { s.s.Close() }
+// Engine is the shard as a hop's session.Engine: the node's own adapter
+// (node/shardengine), so bench hops map engine errors to the same wire
+// codes as real ones.
+func (l *Loaded) Engine() session.Engine { return shardengine.Engine{Model: l.Model, Shard: l.Shard} }

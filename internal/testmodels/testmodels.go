@@ -5,12 +5,9 @@
 package testmodels
 
 import (
-	"context"
 	"os"
 	"path/filepath"
 	"testing"
-
-	"github.com/neuron-tai/meshp2p/engine/gguf"
 )
 
 // Dir returns the fixture directory and whether it exists.
@@ -53,18 +50,4 @@ func Path(t testing.TB, name string) string {
 	}
 	t.Skipf("test model %s not found (set MESHP2P_MODELS or provide ../shared/models next to the repository)", name)
 	return ""
-}
-
-// Synth writes a small random-weight llama model named name with the
-// given layer count (n_embd 64) into the test's temporary directory.
-func Synth(t testing.TB, name string, layers int) string {
-	t.Helper()
-	spec := gguf.DefaultSpec("llama")
-	spec.Layers, spec.Embd, spec.FF, spec.Name = layers, 64, 128, name
-	spec.Seed = uint64(len(name))
-	path := filepath.Join(t.TempDir(), name+".gguf")
-	if err := gguf.Synth(context.Background(), spec, path); err != nil {
-		t.Fatal(err)
-	}
-	return path
 }

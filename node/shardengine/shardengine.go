@@ -1,0 +1,75 @@
+// Package shardengine wires a llama.cpp shard into a hop (session.Engine),
+// marking the engine's errors the hop maps to wire codes. The node serves
+// through it and the performance bench (internal/perfbench) measures
+// through it, so both classify NO_CAPACITY and BAD_INPUT alike.
+package shardengine
+
+import (
+	"context"
+	"errors"
+
+	"github.com/neuron-tai/meshp2p/engine"
+	"github.com/neuron-tai/meshp2p/session"
+)
+
+// Engine is a loaded shard as a hop's session.Engine.
+type Engine struct {
+	Model *engine.Model
+	Shard *engine.Shard
+}
+
+var _ session.Engine = Engine{}
+
+// Info is the shard's range and capacity as the hop sees them.
+func (e Engine) Info() session.ShardInfo {
+	i, c := e.Shard.Info(), e.Shard.Capacity()
+	return session.ShardInfo{Start: i.Start, End: i.End, ParentNLayer: i.ParentNLayer, NEmbd: i.NEmbd, NCtx: c.NCtx, MaxSessions: c.MaxSessions}
+}
+
+// IsEOG reports whether tok ends a generation.
+func (e Engine) IsEOG(tok int32) bool { return e.Model.IsEOG(tok) }
+
+// OpenSession opens an engine session with the hop's sampling and KV
+// reservation; its errors match session.ErrNoCapacity / ErrBadInput where
+// the engine's do.
+func (e Engine) OpenSession(key session.Key, p session.EngineParams) (session.EngineSession, error) {
+	smp := engine.SamplingFromProto(p.Sampling)
+	smp.Generated = p.Generated
+	s, err := e.Shard.OpenSession(engine.SessionKey{ID: key.ID, Epoch: key.Epoch}, engine.SessionParams{KVTokens: p.KVTokens, Sampling: smp})
+	if err != nil {
+		return nil, Error(err)
+	}
+	return shardSession{s}, nil
+}
+
+type shardSession struct{ s *engine.Session }
+
+func (s shardSession) Forward(ctx context.Context, in session.Input) (session.Output, error) {
+	out, err := s.s.Forward(ctx, engine.Input{Pos: in.Pos, Tokens: in.Tokens, Hidden: in.Hidden, Sample: in.Sample})
+	if err != nil {
+		return session.Output{}, Error(err)
+	}
+	return session.Output{Hidden: out.Hidden, Token: out.Token}, nil
+}
+
+func (s shardSession) Close() { s.s.Close() }
+
+// Error marks the engine errors the hop maps to wire codes
+// (engine.ErrNoCapacity → session.ErrNoCapacity, engine.ErrBadInput →
+// session.ErrBadInput), keeping the engine's message and error chain.
+// Other errors pass unchanged.
+func Error(err error) error {
+	switch {
+	case errors.Is(err, engine.ErrNoCapacity):
+		return markedError{err, session.ErrNoCapacity}
+	case errors.Is(err, engine.ErrBadInput):
+		return markedError{err, session.ErrBadInput}
+	}
+	return err
+}
+
+// markedError is err that also matches mark with errors.Is.
+type markedError struct{ err, mark error }
+
+func (e markedError) Error() string   { return e.err.Error() }
+func (e markedError) Unwrap() []error { return []error{e.err, e.mark} }
