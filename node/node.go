@@ -341,7 +341,7 @@ func (n *Node) shardFile(ctx context.Context) (path, fp string, nl int, err erro
 		return "", "", 0, err
 	}
 	nl, err = f.NLayer()
-	si, shardErr := gguf.ReadShardInfo(f.Metadata)
+	_, shardErr := gguf.ReadShardInfo(f.Metadata)
 	f.Close()
 	if err != nil {
 		return "", "", 0, err
@@ -349,7 +349,8 @@ func (n *Node) shardFile(ctx context.Context) (path, fp string, nl int, err erro
 	if shardErr == nil {
 		// A pre-cut shard (meshp2p shard split): serve it as it is, after
 		// checking its proof, so a machine needs only its own layers.
-		if si, err = gguf.VerifyShard(ctx, cfg.ModelPath); err != nil {
+		si, err := gguf.VerifyShard(ctx, cfg.ModelPath)
+		if err != nil {
 			return "", "", 0, fmt.Errorf("%s: %w", cfg.ModelPath, err)
 		}
 		if cfg.Layers != nil && *cfg.Layers != si.Range {

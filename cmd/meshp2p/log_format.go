@@ -17,7 +17,7 @@ func (f *logFormat) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.format, "log-format", "text", "log format: text, or json (one JSON object per line, for log shippers; set GOLOG_LOG_FORMAT=json too for go-libp2p's own messages)")
 }
 
-// logger is newLogger in the chosen format.
+// logger logs at info (debug with verbose) in the chosen format.
 func (f *logFormat) logger(w io.Writer, verbose bool) (*slog.Logger, error) {
 	level := slog.LevelInfo
 	if verbose {

@@ -214,10 +214,6 @@ func (f *startFlags) serve(ctx context.Context, stdout io.Writer, sr *startRun, 
 	return n.Close()
 }
 
-func newLogger(w io.Writer, verbose bool) *slog.Logger {
-	return newLoggerAt(w, verbose, slog.LevelInfo)
-}
-
 // newLoggerAt logs at level, or debug with verbose. Interactive commands
 // (generate, status) log warnings only, so their output stays readable.
 func newLoggerAt(w io.Writer, verbose bool, level slog.Level) *slog.Logger {
