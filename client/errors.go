@@ -16,6 +16,9 @@ var (
 	ErrModelNotFound = errors.New("client: model not found")
 	// ErrNoVocab: no peer serving the model could give its vocabulary.
 	ErrNoVocab = errors.New("client: no vocabulary")
+	// ErrVocabHeld: AddVocab for a model whose vocabulary the client
+	// already holds or is fetching.
+	ErrVocabHeld = errors.New("client: vocabulary already held")
 	// ErrTooManyModels: the client holds MaxVocabs vocabularies already.
 	ErrTooManyModels = errors.New("client: too many models")
 	// ErrNoChatTemplate: the model's GGUF file has no chat template, so

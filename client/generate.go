@@ -15,9 +15,13 @@ import (
 type Request struct {
 	// Model is a network name, fingerprint or unique fingerprint prefix.
 	Model string
-	// Wait bounds how long Resolve waits for discovery (0: DefaultWait).
-	Wait   time.Duration
-	Prompt Prompt
+	// Wait bounds how long the model's discovery is waited for (0:
+	// DefaultWait). With WaitForRoute it also waits for a known model's
+	// missing layers (`generate`: nodes may still be starting, Resolve);
+	// without, those are reported at once (the API, Lookup).
+	Wait         time.Duration
+	WaitForRoute bool
+	Prompt       Prompt
 	// MaxTokens is the most tokens to generate (required, > 0).
 	MaxTokens int
 	// Sampling is the one sampling representation, from here to the tail
@@ -66,7 +70,7 @@ func (c *Client) Generate(ctx context.Context, req Request) (*Result, error) {
 	if wait <= 0 {
 		wait = DefaultWait
 	}
-	m, err := c.Resolve(ctx, req.Model, wait)
+	m, err := c.resolve(ctx, req.Model, wait, req.WaitForRoute)
 	if err != nil {
 		return nil, err
 	}

@@ -36,7 +36,7 @@ func (c *Client) Models() []Model {
 	var out []Model
 	for fp, ss := range byFP {
 		nl, err := c.cfg.Table.LayerCount(fp)
-		if err != nil || !covered(ss, nl) {
+		if err != nil || !c.cfg.Table.Covers(fp, nl) {
 			continue
 		}
 		out = append(out, Model{Name: ss[0].ModelName, Fingerprint: fp, NLayer: nl})
@@ -88,6 +88,21 @@ func (c *Client) modelOf(fp string, nl int) Model {
 // wait ErrModelNotFound, or the *route.NoRouteError naming the layers
 // nobody serves.
 func (c *Client) Resolve(ctx context.Context, model string, wait time.Duration) (Model, error) {
+	return c.resolve(ctx, model, wait, true)
+}
+
+// Lookup is Resolve for a server answering at once: it waits up to wait
+// only for a model it does not know; a known model whose layers are not
+// all served is reported at once (the *route.NoRouteError).
+func (c *Client) Lookup(ctx context.Context, model string, wait time.Duration) (Model, error) {
+	return c.resolve(ctx, model, wait, false)
+}
+
+func (c *Client) resolve(ctx context.Context, model string, wait time.Duration, untilRoutable bool) (Model, error) {
+	m, err := c.routable(ctx, model)
+	if err == nil || errors.Is(err, route.ErrAmbiguousModel) || (!untilRoutable && !errors.Is(err, route.ErrUnknownModel)) {
+		return m, err
+	}
 	ctx, cancel := context.WithTimeout(ctx, wait)
 	defer cancel()
 	sw, table := c.cfg.Swarm, c.cfg.Table
@@ -95,19 +110,14 @@ func (c *Client) Resolve(ctx context.Context, model string, wait time.Duration) 
 	if len(model) == 64 && isHex(model) {
 		key = model
 	}
-	changed := table.Changed()
+	changed := table.Changed(ctx)
 	lookup := time.NewTimer(0)
 	defer lookup.Stop()
 	alone := time.NewTicker(WaitUnreachableCheck)
 	defer alone.Stop()
 	var looking atomic.Bool
-	var lastErr error
+	lastErr := err
 	for {
-		m, err := c.routable(ctx, model)
-		if err == nil || errors.Is(err, route.ErrAmbiguousModel) {
-			return m, err
-		}
-		lastErr = err
 		select {
 		case <-ctx.Done():
 			return Model{}, c.waitFailed(ctx, wait, lastErr)
@@ -128,6 +138,11 @@ func (c *Client) Resolve(ctx context.Context, model string, wait time.Duration) 
 			}
 			lookup.Reset(WaitLookupInterval)
 		}
+		m, err := c.routable(ctx, model)
+		if err == nil || errors.Is(err, route.ErrAmbiguousModel) || (!untilRoutable && !errors.Is(err, route.ErrUnknownModel)) {
+			return m, err
+		}
+		lastErr = err
 	}
 }
 
@@ -160,20 +175,6 @@ func (c *Client) waitFailed(ctx context.Context, wait time.Duration, lastErr err
 		return fmt.Errorf("%w after waiting %s (%s): %w", ErrModelNotFound, wait, seen, lastErr)
 	}
 	return fmt.Errorf("after waiting %s (%s): %w", wait, seen, lastErr)
-}
-
-// covered reports whether shards of one model chain from layer 0 to nl.
-func covered(ss []route.Shard, nl int) bool {
-	reach := map[int]bool{0: true}
-	for changed := true; changed; {
-		changed = false
-		for _, s := range ss {
-			if s.NLayer == nl && reach[s.Start] && !reach[s.End] {
-				reach[s.End], changed = true, true
-			}
-		}
-	}
-	return nl > 0 && reach[nl]
 }
 
 // contextLimit is the longest session (KV cells) any route over ss could

@@ -43,19 +43,22 @@ type vocabEntry struct {
 
 // AddVocab makes v the vocabulary of model fp (e.g. from a local model
 // file the caller opened), so Vocab fetches nothing; the client closes it.
-func (c *Client) AddVocab(fp string, v Vocab) {
+// A model whose vocabulary the client already holds or is fetching keeps
+// it (callers may be using it): AddVocab then returns ErrVocabHeld and v
+// stays the caller's. The MaxVocabs bound applies.
+func (c *Client) AddVocab(fp string, v Vocab) error {
 	e := &vocabEntry{ready: make(chan struct{}), v: v}
 	close(e.ready)
 	c.mu.Lock()
-	old := c.vocabs[fp]
-	c.vocabs[fp] = e
-	c.mu.Unlock()
-	if old != nil {
-		<-old.ready
-		if old.v != nil {
-			old.v.Close()
-		}
+	defer c.mu.Unlock()
+	if _, ok := c.vocabs[fp]; ok {
+		return fmt.Errorf("%w: model %.16s", ErrVocabHeld, fp)
 	}
+	if len(c.vocabs) >= MaxVocabs {
+		return fmt.Errorf("%w: the client holds the vocabularies of %d models, its limit", ErrTooManyModels, MaxVocabs)
+	}
+	c.vocabs[fp] = e
+	return nil
 }
 
 // Vocab returns model fp's vocabulary: the one added or fetched before,

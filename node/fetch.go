@@ -155,7 +155,7 @@ func (f *shardFetcher) window(ctx context.Context, rp *gguf.Range, hf *gguf.File
 func (f *shardFetcher) waitPeers(ctx context.Context, wait time.Duration, key string, pred func(synced int) bool) bool {
 	ctx, cancel := context.WithTimeout(ctx, wait)
 	defer cancel()
-	changed := f.table.Changed()
+	changed := f.table.Changed(ctx)
 	tick := time.NewTicker(fetchPoll)
 	defer tick.Stop()
 	synced := 0
@@ -188,7 +188,7 @@ func (f *shardFetcher) waitPeers(ctx context.Context, wait time.Duration, key st
 func (f *shardFetcher) settleTable(ctx context.Context) {
 	ctx, cancel := context.WithTimeout(ctx, settleTableMax)
 	defer cancel()
-	changed := f.table.Changed()
+	changed := f.table.Changed(ctx)
 	f.swarm.Sync(ctx)
 	for {
 		select {

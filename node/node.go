@@ -512,7 +512,7 @@ func (n *Node) Origin(planner route.Planner) *session.Origin {
 	// it opens at once on any connection, relayed included, instead of
 	// waiting for a hole punch as activation seams do.
 	return &session.Origin{Dialer: n.ControlHost(), Planner: planner, Protocol: n.host.ProtocolID(session.ProtoSession, session.ProtoVersion),
-		Limits: n.cfg.Hop.Limits, Logger: n.log, Failures: n.failures, Observer: n.originObserver(),
+		Limits: n.cfg.Hop.Limits, Logger: n.log, Failures: n.failures, Observer: n.originObserver(), Covered: n.table.Covers,
 		Rediscover: func(ctx context.Context, fp string) {
 			// A replacement may be known to a peer but not to us yet:
 			// re-pull adverts from connected peers and ask the DHT.

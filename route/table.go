@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -148,13 +149,43 @@ func (t *Table) Set(p peer.ID, shards []Shard) {
 }
 
 // Changed returns a channel that receives after every table change
-// (coalesced: one pending notification at most).
-func (t *Table) Changed() <-chan struct{} {
+// (coalesced: one pending notification at most) until ctx ends, when the
+// subscription is dropped.
+func (t *Table) Changed(ctx context.Context) <-chan struct{} {
 	c := make(chan struct{}, 1)
 	t.mu.Lock()
 	t.subs = append(t.subs, c)
 	t.mu.Unlock()
+	context.AfterFunc(ctx, func() {
+		t.mu.Lock()
+		defer t.mu.Unlock()
+		t.subs = slices.DeleteFunc(t.subs, func(s chan struct{}) bool { return s == c })
+	})
 	return c
+}
+
+// Covers reports whether the shards of model fp with nl layers chain from
+// layer 0 to nl, load aside (peers that are full now count).
+func (t *Table) Covers(fp string, nl int) bool {
+	reach := make([]bool, nl+1)
+	if nl <= 0 {
+		return false
+	}
+	reach[0] = true
+	ss := t.Shards(fp) // ordered by start layer
+	for _, s := range ss {
+		if s.NLayer == nl && s.Start >= 0 && s.End <= nl && s.Start < s.End && reach[s.Start] {
+			reach[s.End] = true
+		}
+	}
+	return reach[nl]
+}
+
+// subscribers is how many Changed subscriptions are live (tests).
+func (t *Table) subscribers() int {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	return len(t.subs)
 }
 
 // Shards lists current offers for a model fingerprint (all models when fp

@@ -54,6 +54,12 @@ type Origin struct {
 	// avoids it when a replica exists, else the same route is tried again
 	// after a backoff.
 	CapacityWait time.Duration
+	// Covered, if set, reports whether the known peers cover every layer
+	// of a model, load aside (route.Table.Covers). A plan that finds no
+	// route while they do, before any failure, is waited out like a full
+	// route: a planner that cannot say "full" (a tracker's refusal) gets
+	// the same wait as the local planner's route.ErrRouteFull.
+	Covered func(fingerprint string, nLayer int) bool
 	// Failures, if set, is shared by the origins of a node or gateway:
 	// peers blamed for a failed generation are avoided by later plans
 	// (soft: still planned when no other route exists).
@@ -160,7 +166,7 @@ func (o *Origin) generate(ctx context.Context, req GenerateRequest, obs OriginOb
 	for epoch := uint64(1); ; epoch++ {
 		preq := route.Request{Fingerprint: req.Fingerprint, NLayer: req.NLayer, Exclude: exclude, NeedKV: len(req.Prompt) + req.MaxTokens + 1, Epoch: epoch, SessionID: sid[:]}
 		rt, err := o.planEpoch(ctx, &full, preq, res, obs)
-		if errors.Is(err, route.ErrRouteFull) {
+		if o.routeFull(err, req, len(res.Failures)) {
 			// Every peer serving some layer is full now: the planner skips
 			// peers whose advert shows no free slot or KV room, which a
 			// burst of sessions makes true for a moment (adverts follow
@@ -236,11 +242,22 @@ func (o *Origin) logger() *slog.Logger {
 func (o *Origin) planEpoch(ctx context.Context, full *capacityRetry, preq route.Request, res *Result, obs OriginObserver) (*route.Route, error) {
 	t0 := time.Now()
 	rt, err := o.plan(ctx, full, preq)
-	if errors.Is(err, route.ErrNoRoute) && len(res.Failures) > 0 {
+	if errors.Is(err, route.ErrNoRoute) && !errors.Is(err, route.ErrRouteFull) && len(res.Failures) > 0 {
 		rt, err = o.awaitRoute(ctx, preq, err)
 	}
 	obs.RoutePlanned(time.Since(t0), err)
 	return rt, err
+}
+
+// routeFull reports a plan error that waiting for room may fix: every
+// peer serving some layers is full now (route.ErrRouteFull), or, for a
+// planner that cannot tell, no route while Covered says the known peers
+// serve every layer and nothing has failed yet.
+func (o *Origin) routeFull(err error, req GenerateRequest, failures int) bool {
+	if errors.Is(err, route.ErrRouteFull) {
+		return true
+	}
+	return failures == 0 && errors.Is(err, route.ErrNoRoute) && o.Covered != nil && o.Covered(req.Fingerprint, req.NLayer)
 }
 
 // plan plans req, avoiding the peers the failure memory holds when a route
@@ -486,6 +503,9 @@ func (o *Origin) awaitRoute(ctx context.Context, req route.Request, err error) (
 		rt, perr := o.Planner.Plan(ctx, req)
 		if perr == nil {
 			return rt, nil
+		}
+		if errors.Is(perr, route.ErrRouteFull) {
+			return nil, perr // a replacement exists, but is full: the capacity wait's
 		}
 		err = perr
 	}

@@ -16,11 +16,14 @@ type fullFor struct {
 	route.Planner
 	n     int32
 	calls atomic.Int32
+	// opaque: the refusal does not say "full" (a tracker's); the origin
+	// learns it from Covered.
+	opaque bool
 }
 
 func (p *fullFor) Plan(ctx context.Context, req route.Request) (*route.Route, error) {
 	if p.calls.Add(1) <= p.n {
-		return nil, &route.NoRouteError{Fingerprint: req.Fingerprint, NLayer: req.NLayer, MissingStart: 2, MissingEnd: 4, Full: true}
+		return nil, &route.NoRouteError{Fingerprint: req.Fingerprint, NLayer: req.NLayer, MissingStart: 2, MissingEnd: 4, Full: !p.opaque}
 	}
 	return p.Planner.Plan(ctx, req)
 }
@@ -38,14 +41,18 @@ func TestOriginWaitsOutFullRoutes(t *testing.T) {
 		wantErr  error
 		retries  int
 		minCalls int32
+		opaque   bool
+		covered  func(string, int) bool
 	}{
-		{"full twice, then room", 2, 0, nil, 2, 3},
-		{"full for longer than the wait", 1 << 20, 600 * time.Millisecond, route.ErrRouteFull, 0, 2},
+		{"full twice, then room", 2, 0, nil, 2, 3, false, nil},
+		{"full for longer than the wait", 1 << 20, 600 * time.Millisecond, route.ErrRouteFull, 0, 2, false, nil},
+		{"a refusal that cannot say full, layers covered", 2, 0, nil, 2, 3, true, func(string, int) bool { return true }},
+		{"a refusal that cannot say full, layers not covered", 2, 0, route.ErrNoRoute, 0, 1, true, func(string, int) bool { return false }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			pl := &fullFor{Planner: stagePlanner{stages}, n: tc.full}
+			pl := &fullFor{Planner: stagePlanner{stages}, n: tc.full, opaque: tc.opaque}
 			o, _ := newOrigin(t, pl, hops...)
-			o.CapacityWait = tc.wait
+			o.CapacityWait, o.Covered = tc.wait, tc.covered
 			res, err := o.Generate(context.Background(), GenerateRequest{Fingerprint: fakeFP, NLayer: fakeNLay, Prompt: []int32{5, 6}, MaxTokens: 4})
 			if !errors.Is(err, tc.wantErr) || (tc.wantErr == nil && err != nil) {
 				t.Fatalf("err %v, want %v", err, tc.wantErr)

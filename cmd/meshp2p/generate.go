@@ -293,7 +293,7 @@ func (g *genFlags) runSwarm(ctx context.Context, stdout io.Writer, out *genResul
 		return time.Time{}, err
 	}
 	var first time.Time
-	res, err := c.Generate(ctx, client.Request{Model: model, Wait: g.wait, Prompt: g.promptOf(), MaxTokens: g.maxTokens,
+	res, err := c.Generate(ctx, client.Request{Model: model, Wait: g.wait, WaitForRoute: true, Prompt: g.promptOf(), MaxTokens: g.maxTokens,
 		Sampling: g.sampling, Stops: g.stops, WireDType: g.wire, OnText: g.textOut(stdout)})
 	if res != nil {
 		first = res.FirstToken
@@ -323,7 +323,10 @@ func (g *genFlags) localModel(ctx context.Context, c *client.Client) (string, er
 	if err != nil {
 		return "", err
 	}
-	c.AddVocab(fp, v)
+	if err := c.AddVocab(fp, v); err != nil {
+		v.Close()
+		return "", err
+	}
 	return fp, nil
 }
 
