@@ -2,7 +2,9 @@
 // tests outside package node (the API's and the client's end-to-end
 // tests): shard nodes on the test preset, client peers on the client
 // preset, as `start` and `generate` run them, and a client.Client over a
-// client peer.
+// client peer. Its own tests are the API's end-to-end tests over a real
+// swarm (api_e2e_test.go): here, not in api/, so that fuzzing api (make
+// fuzz) does not build llama.cpp with fuzz instrumentation.
 package testswarm
 
 import (

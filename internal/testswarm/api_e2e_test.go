@@ -1,4 +1,4 @@
-package api_test
+package testswarm_test
 
 import (
 	"context"
