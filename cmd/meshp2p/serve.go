@@ -107,7 +107,7 @@ func runServe(ctx context.Context, stdout, stderr io.Writer, args []string) erro
 	var tf trackerFlags
 	tf.registerOrigin(fs)
 	var af apiFlags
-	af.register(fs, "127.0.0.1:8080", "HTTP address of the OpenAI-compatible API (host:port; loopback by default)")
+	af.register(fs, defaultAPIAddr, "HTTP address of the OpenAI-compatible API (host:port; loopback by default)")
 	verbose := fs.Bool("v", false, "debug logging")
 	var lf logFormat
 	lf.register(fs)
@@ -231,3 +231,7 @@ func trustGateway(gatewayDir string, trusted map[peer.ID]bool) (map[peer.ID]bool
 	trusted[id] = true
 	return trusted, nil
 }
+
+// defaultAPIAddr is serve's --api: loopback, so nothing is exposed unless
+// asked for.
+const defaultAPIAddr = "127.0.0.1:8080"

@@ -64,8 +64,8 @@ func parseSplits(s string) ([]int, error) {
 func runShardVerify(ctx context.Context, stdout, stderr io.Writer, args []string) error {
 	fs := flag.NewFlagSet("shard verify", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	splitsFlag := fs.String("splits", "2,3", "comma-separated shard counts: each is an even split (clamped to the layer count)")
-	tokens := fs.Int("tokens", 16, "greedy decode steps after the prompt")
+	splitsFlag := fs.String("splits", defaultVerifySplits, "comma-separated shard counts: each is an even split (clamped to the layer count)")
+	tokens := fs.Int("tokens", defaultVerifyTokens, "greedy decode steps after the prompt")
 	prompt := fs.String("prompt", "Once upon a time", "prompt text (tokenized by the model)")
 	asJSON := fs.Bool("json", false, "print the report as JSON")
 	threads := fs.Int("threads", 0, "compute threads (default: number of CPUs)")
@@ -279,3 +279,9 @@ func runSplitChain(ctx context.Context, path, fp string, ranges []gguf.Range, tm
 	}
 	return engine.RunChain(ctx, shards, prompt, opts)
 }
+
+// shard verify's defaults: a two- and a three-way split, 16 greedy steps.
+const (
+	defaultVerifySplits = "2,3"
+	defaultVerifyTokens = 16
+)

@@ -35,7 +35,7 @@ func runStatus(ctx context.Context, stdout, stderr io.Writer, args []string) err
 	var nf netFlags
 	nf.register(fs, node.PresetClient)
 	model := fs.String("model", "", "also look this model up in the DHT (name or fingerprint)")
-	wait := fs.Duration("wait", 5*time.Second, "the most to wait for the swarm's view (it is pulled from the first peer reached, usually in well under a second)")
+	wait := fs.Duration("wait", defaultStatusWait, "the most to wait for the swarm's view (it is pulled from the first peer reached, usually in well under a second)")
 	asJSON := fs.Bool("json", false, "print the status document as JSON (the same document GET /api/status serves)")
 	watch := fs.Duration("watch", 0, "refresh every this long until interrupted (e.g. 2s; 0: print once)")
 	verbose := fs.Bool("v", false, "debug logging")
@@ -140,6 +140,10 @@ func settleView(ctx context.Context, n *node.Node, wait time.Duration) error {
 // statusQuiet is how long the advert table must stay unchanged before
 // status prints it.
 const statusQuiet = 500 * time.Millisecond
+
+// defaultStatusWait is status's --wait: the swarm's view is pulled from the
+// first peer reached, usually in well under a second.
+const defaultStatusWait = 5 * time.Second
 
 // waitRoutable waits up to wait for model to be routable from client peer
 // n (client.Resolve); the status document says what is missing when it is

@@ -92,8 +92,8 @@ type specFlags struct {
 }
 
 func (f *specFlags) register(fs *flag.FlagSet) {
-	fs.IntVar(&f.homes, "homes", 2, "number of home routers (NATs)")
-	fs.IntVar(&f.hosts, "hosts", 1, "hosts behind each home router")
+	fs.IntVar(&f.homes, "homes", defaultTestnetHomes, "number of home routers (NATs)")
+	fs.IntVar(&f.hosts, "hosts", defaultTestnetHosts, "hosts behind each home router")
 	fs.StringVar(&f.nat, "nat", string(testnet.PortPreserving), "NAT kind of every home: port-preserving or symmetric")
 	fs.BoolVar(&f.open, "open-firewall", false, "no router firewall (hole punching then fails)")
 }
@@ -331,3 +331,9 @@ func printTopology(w io.Writer, topo *testnet.Topology, present []string) {
 	fmt.Fprintf(w, "                      or: ip netns exec %s-%s COMMAND [ARGS...]\n", topo.Prefix, first)
 	fmt.Fprintf(w, "Hosts reach public nodes directly; nothing reaches a host from outside its LAN unless it dialled out first.\n")
 }
+
+// testnet up's defaults: two homes behind their own NAT, one host each.
+const (
+	defaultTestnetHomes = 2
+	defaultTestnetHosts = 1
+)
