@@ -99,8 +99,12 @@ func (c *Client) Lookup(ctx context.Context, model string, wait time.Duration) (
 }
 
 func (c *Client) resolve(ctx context.Context, model string, wait time.Duration, untilRoutable bool) (Model, error) {
+	// final: an answer waiting will not change.
+	final := func(err error) bool {
+		return err == nil || errors.Is(err, route.ErrAmbiguousModel) || (!untilRoutable && !errors.Is(err, route.ErrUnknownModel))
+	}
 	m, err := c.routable(ctx, model)
-	if err == nil || errors.Is(err, route.ErrAmbiguousModel) || (!untilRoutable && !errors.Is(err, route.ErrUnknownModel)) {
+	if final(err) {
 		return m, err
 	}
 	ctx, cancel := context.WithTimeout(ctx, wait)
@@ -139,7 +143,7 @@ func (c *Client) resolve(ctx context.Context, model string, wait time.Duration, 
 			lookup.Reset(WaitLookupInterval)
 		}
 		m, err := c.routable(ctx, model)
-		if err == nil || errors.Is(err, route.ErrAmbiguousModel) || (!untilRoutable && !errors.Is(err, route.ErrUnknownModel)) {
+		if final(err) {
 			return m, err
 		}
 		lastErr = err
