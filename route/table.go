@@ -159,7 +159,9 @@ func (t *Table) Changed(ctx context.Context) <-chan struct{} {
 	context.AfterFunc(ctx, func() {
 		t.mu.Lock()
 		defer t.mu.Unlock()
-		t.subs = slices.DeleteFunc(t.subs, func(s chan struct{}) bool { return s == c })
+		// A new slice: Set notifies from a copy of the slice header taken
+		// under the lock, so the array it reads must never change.
+		t.subs = slices.DeleteFunc(slices.Clone(t.subs), func(s chan struct{}) bool { return s == c })
 	})
 	return c
 }
