@@ -128,12 +128,6 @@ func TestIdleStreamsHoldNoSlot(t *testing.T) {
 		idle = append(idle, open(ctx, t, h, srv, []byte{0}), open(ctx, t, h, srv, req[:len(req)/2]))
 	}
 	time.Sleep(300 * time.Millisecond) // every handler is waiting for its request
-	// A complete request that is not valid is answered without a slot.
-	bad := open(ctx, t, newTestHost(t), srv, request(t, "not-a-fingerprint"))
-	var resp meshp2pb.VocabResponse
-	if err := frame.NewReader(bad, frame.Limits{}).ReadMessage(&resp); err != nil || resp.GetError().GetCode() != meshp2pb.ErrorCode_ERROR_CODE_BAD_REQUEST {
-		t.Fatalf("invalid request: %v, %v", resp.GetError(), err)
-	}
 	t0 := time.Now()
 	got, err := Fetch(ctx, newTestHost(t).knows(srv), srv.ID(), fp, t.TempDir())
 	if err != nil {
@@ -146,6 +140,12 @@ func TestIdleStreamsHoldNoSlot(t *testing.T) {
 	}
 	if err := gguf.CheckVocab(ctx, got, fp); err != nil {
 		t.Fatal(err)
+	}
+	// A complete request that is not valid is answered without a slot.
+	bad := open(ctx, t, newTestHost(t), srv, request(t, "not-a-fingerprint"))
+	var resp meshp2pb.VocabResponse
+	if err := frame.NewReader(bad, frame.Limits{}).ReadMessage(&resp); err != nil || resp.GetError().GetCode() != meshp2pb.ErrorCode_ERROR_CODE_BAD_REQUEST {
+		t.Fatalf("invalid request: %v, %v", resp.GetError(), err)
 	}
 	// The idle streams end once RequestTimeout has passed.
 	for _, s := range idle {
