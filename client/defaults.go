@@ -23,8 +23,9 @@ const (
 	// WaitUnreachableCheck is how often Resolve checks whether every
 	// bootstrap peer refused us for a reason waiting will not fix.
 	WaitUnreachableCheck = 250 * time.Millisecond
-	// MaxVocabSources bounds the peers one vocabulary fetch tries (each
-	// for up to vocab.TransferTimeout) before it gives up.
+	// MaxVocabSources bounds the peers one vocabulary fetch asks (the
+	// next when one fails or after vocab.HedgeDelay, each transfer for up
+	// to vocab.TransferTimeout) before it gives up.
 	MaxVocabSources = 4
 	// MaxVocabs bounds the vocabularies a client keeps loaded (one per
 	// model; a gateway serving many models).

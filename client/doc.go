@@ -7,9 +7,11 @@
 //     adverts pulled from connected peers, DHT lookups) until some route
 //     covers every layer. Never a file: a local model file is the CLI's
 //     business (it fingerprints the file and seeds the vocabulary, AddVocab).
-//   - Vocab: one fetch of a model's vocabulary from a peer that advertises
-//     it (vocab.Fetch, verified against the fingerprint), bounded by
-//     vocab.TransferTimeout per source, cached per fingerprint.
+//   - Vocab: one fetch of a model's vocabulary from the peers that
+//     advertise it (vocab.FetchFirst: hedged, the next peer asked when one
+//     fails or after vocab.HedgeDelay, each copy verified against the
+//     fingerprint and bounded by vocab.TransferTimeout and vocab.MinRate),
+//     cached per fingerprint.
 //   - Prompt: plain text, or chat messages through the model's own chat
 //     template.
 //   - Text: token pieces to final text (UTF-8 held back, stop strings

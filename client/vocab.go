@@ -6,6 +6,9 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
+
+	"github.com/libp2p/go-libp2p/core/peer"
 
 	"github.com/neuron-tai/meshp2p/engine/gguf"
 	"github.com/neuron-tai/meshp2p/route"
@@ -94,8 +97,9 @@ func (c *Client) Vocab(ctx context.Context, fp string) (Vocab, error) {
 }
 
 // fetchVocab fills e: the verified file of an earlier fetch in VocabDir,
-// else a download from up to MaxVocabSources peers advertising it, each
-// bounded by vocab.TransferTimeout. It runs in the client's context (a
+// else the first verified download from up to MaxVocabSources peers
+// advertising it (vocab.FetchFirst: the next peer is asked when one fails
+// or after vocab.HedgeDelay, so a stalling peer costs seconds). It runs in the client's context (a
 // caller that leaves does not cancel a fetch others wait for).
 func (c *Client) fetchVocab(fp string, e *vocabEntry) {
 	defer close(e.ready)
@@ -117,31 +121,25 @@ func (c *Client) loadVocab(fp string) (Vocab, error) {
 			return v, nil
 		}
 	}
-	var errs []error
-	tried := 0
+	var peers []peer.ID
 	for _, s := range c.cfg.Table.Shards(fp) {
-		if !s.HasVocab || tried >= MaxVocabSources {
-			continue
+		if s.HasVocab && len(peers) < MaxVocabSources && !slices.Contains(peers, s.Peer) {
+			peers = append(peers, s.Peer)
 		}
-		tried++
-		fctx, cancel := context.WithTimeout(ctx, vocab.TransferTimeout)
-		path, err := vocab.Fetch(fctx, c.cfg.Host, s.Peer, fp, c.cfg.VocabDir)
-		cancel()
-		if err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		v, err := c.cfg.LoadVocab(ctx, path)
-		if err != nil {
-			errs = append(errs, fmt.Errorf("vocab from %s: %w", s.Peer, err))
-			continue
-		}
-		return v, nil
 	}
-	if len(errs) == 0 {
+	if len(peers) == 0 {
 		return nil, fmt.Errorf("%w: no peer serving model %.16s offers its vocabulary", ErrNoVocab, fp)
 	}
-	return nil, fmt.Errorf("%w: no peer serving model %.16s could give its vocabulary: %w", ErrNoVocab, fp, errors.Join(errs...))
+	var v Vocab
+	_, err := vocab.FetchFirst(ctx, c.cfg.Host, peers, fp, c.cfg.VocabDir, func(path string) error {
+		var err error
+		v, err = c.cfg.LoadVocab(ctx, path)
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("%w: no peer serving model %.16s could give its vocabulary: %w", ErrNoVocab, fp, err)
+	}
+	return v, nil
 }
 
 // cachedVocab is the path of a vocabulary fetched before into VocabDir,

@@ -1,56 +1,71 @@
 package node
 
 import (
+	"bytes"
 	"context"
 	"os"
 	"path/filepath"
 	"testing"
 	"time"
 
+	"github.com/neuron-tai/meshp2p/client"
+	"github.com/neuron-tai/meshp2p/client/enginevocab"
 	"github.com/neuron-tai/meshp2p/engine/gguf"
 	"github.com/neuron-tai/meshp2p/internal/testmodels"
 	"github.com/neuron-tai/meshp2p/proto/frame"
+	"github.com/neuron-tai/meshp2p/proto/meshp2pb"
 	"github.com/neuron-tai/meshp2p/vocab"
 )
 
-// One peer holds at most one vocabulary transfer at a time, so it cannot
-// occupy every slot; other peers are still served.
-func TestVocabOneTransferPerPeer(t *testing.T) {
+// Issue 21, attack 5: four identities each holding idle vocabulary
+// streams to a node (nothing sent, or half a request) take no transfer
+// slot, so a thin client still gets the vocabulary at once.
+func TestVocabStarvationFourIdentities(t *testing.T) {
 	model := testmodels.Path(t, "stories260K.gguf")
 	tn := newTestNet(t)
 	srv := tn.shardWith(model, nil, nil)
 	fp := srv.Fingerprint()
-	hog, honest := tn.client(), tn.client()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	pid := hog.Host().ProtocolID(vocab.Proto, vocab.ProtoVersion)
-	// The hog opens a transfer and never sends its request: it holds a slot.
-	first, err := hog.ControlHost().NewStream(ctx, srv.P2P().ID(), pid)
+	var req bytes.Buffer
+	if err := frame.NewWriter(&req, frame.Limits{}).WriteMessage(&meshp2pb.VocabRequest{ModelFingerprint: fp}); err != nil {
+		t.Fatal(err)
+	}
+	for range 4 {
+		hog := tn.client()
+		pid := hog.Host().ProtocolID(vocab.Proto, vocab.ProtoVersion)
+		for _, b := range [][]byte{{0}, req.Bytes()[:req.Len()/2]} {
+			s, err := hog.ControlHost().NewStream(ctx, srv.P2P().ID(), pid)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer s.Reset()
+			if _, err := s.Write(b); err != nil { // the stream reaches the handler
+				t.Fatal(err)
+			}
+		}
+	}
+	time.Sleep(200 * time.Millisecond)
+	c := tn.client()
+	waitModel(t, c, "stories260K")
+	cl, err := client.New(client.Config{Swarm: c.P2P(), Host: c.ControlHost(), Table: c.Table(),
+		LoadVocab: enginevocab.Load, VocabDir: t.TempDir(), Logger: c.log})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer first.Reset()
-	if _, err := first.Write([]byte{0}); err != nil { // the stream reaches the handler
-		t.Fatal(err)
+	defer cl.Close()
+	t0 := time.Now()
+	v, err := cl.Vocab(ctx, fp)
+	if err != nil {
+		t.Fatalf("thin client refused while four identities hold idle vocabulary streams: %v", err)
 	}
-	time.Sleep(200 * time.Millisecond)
-	// Its further streams are refused at once …
-	for range vocab.MaxTransfers {
-		s, err := hog.ControlHost().NewStream(ctx, srv.P2P().ID(), pid)
-		if err != nil {
-			continue
-		}
-		_ = frame.NewWriter(s, frame.Limits{}).WriteMessage(nil)
-		buf := make([]byte, 1)
-		_ = s.SetReadDeadline(time.Now().Add(5 * time.Second))
-		if _, err := s.Read(buf); err == nil {
-			t.Fatal("a second concurrent transfer to the same peer was served")
-		}
-		s.Reset()
+	took := time.Since(t0)
+	t.Logf("vocabulary fetched in %s", took)
+	if took >= vocab.RequestTimeout {
+		t.Fatalf("the fetch took %s: it waited for the idle streams", took)
 	}
-	// … while another peer gets the vocabulary.
-	if _, err := vocab.Fetch(ctx, honest.ControlHost(), srv.P2P().ID(), fp, t.TempDir()); err != nil {
-		t.Fatalf("honest peer refused while one peer hogs the service: %v", err)
+	if toks, err := v.Tokenize("Once upon a time", true, false); err != nil || len(toks) < 2 {
+		t.Fatalf("tokens %v, %v", toks, err)
 	}
 }
 
