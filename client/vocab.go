@@ -119,7 +119,7 @@ func (c *Client) loadVocab(fp string) (Vocab, error) {
 	}
 	var errs []error
 	tried := 0
-	for _, s := range c.cfg.Table.Shards(fp) {
+	for _, s := range c.vocabSources(fp) {
 		if !s.HasVocab || tried >= MaxVocabSources {
 			continue
 		}
