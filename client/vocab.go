@@ -122,8 +122,8 @@ func (c *Client) loadVocab(fp string) (Vocab, error) {
 		}
 	}
 	var peers []peer.ID
-	for _, s := range c.cfg.Table.Shards(fp) {
-		if s.HasVocab && len(peers) < MaxVocabSources && !slices.Contains(peers, s.Peer) {
+	for _, s := range c.vocabSources(fp) {
+		if len(peers) < MaxVocabSources && !slices.Contains(peers, s.Peer) {
 			peers = append(peers, s.Peer)
 		}
 	}

@@ -74,6 +74,10 @@ type Config struct {
 	// status document (shared by `start --api`'s gateway peer and its
 	// node); nil: a recorder of its own.
 	Recorder *status.Recorder
+	// Failures, if set, is the memory of blamed peers this node's origins
+	// share (a CLI client restores it from, and saves it to, its failure
+	// file: internal/failfile); nil: one of the node's own.
+	Failures *session.FailureMemory
 }
 
 // Node is a running meshp2p node.
@@ -116,7 +120,10 @@ type Node struct {
 // its hop service and its advert.
 func Start(ctx context.Context, cfg Config) (*Node, error) {
 	cfg = withLoggers(cfg)
-	n := &Node{log: cfg.Logger, table: route.NewTable(), failures: session.NewFailureMemory(0, 0)}
+	n := &Node{log: cfg.Logger, table: route.NewTable(), failures: cfg.Failures}
+	if n.failures == nil {
+		n.failures = session.NewFailureMemory(0, 0)
+	}
 	n.cfg = n.observe(cfg)
 	if n.cfg.ModelPath == "" && n.cfg.Fetch != nil {
 		if err := n.fetchFirst(ctx); err != nil {

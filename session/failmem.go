@@ -1,6 +1,8 @@
 package session
 
 import (
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -55,6 +57,82 @@ func (m *FailureMemory) Blame(p peer.ID) {
 		delete(m.until, first)
 	}
 	m.until[p] = now.Add(m.ttl)
+}
+
+// FailureEntry is one remembered peer and when its avoidance ends: what
+// Snapshot returns and Restore takes, so a short-lived client can keep
+// its memory between runs (the file lives outside this package, which
+// does no file I/O: cmd/meshp2p's failure file).
+type FailureEntry struct {
+	Peer  peer.ID
+	Until time.Time
+}
+
+// Snapshot returns the peers avoided now with the end of their avoidance,
+// the latest-ending first.
+func (m *FailureMemory) Snapshot() []FailureEntry {
+	if m == nil {
+		return nil
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.expire(m.now())
+	out := make([]FailureEntry, 0, len(m.until))
+	for p, t := range m.until {
+		out = append(out, FailureEntry{Peer: p, Until: t})
+	}
+	sortFailures(out)
+	return out
+}
+
+// Restore merges entries (e.g. a Snapshot saved by an earlier run) into
+// the memory: an entry already ended is dropped, one ending beyond the
+// TTL from now (a clock set back, a hand-edited file) ends at the TTL,
+// and a peer held both ways keeps the later end. The max bound holds: the
+// entries whose avoidance ends first go.
+func (m *FailureMemory) Restore(entries []FailureEntry) {
+	if m == nil || len(entries) == 0 {
+		return
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	now := m.now()
+	m.expire(now)
+	limit := now.Add(m.ttl)
+	for _, e := range entries {
+		if e.Peer == "" || !now.Before(e.Until) {
+			continue
+		}
+		t := e.Until
+		if t.After(limit) {
+			t = limit
+		}
+		if old, ok := m.until[e.Peer]; !ok || t.After(old) {
+			m.until[e.Peer] = t
+		}
+	}
+	if len(m.until) <= m.max {
+		return
+	}
+	all := make([]FailureEntry, 0, len(m.until))
+	for p, t := range m.until {
+		all = append(all, FailureEntry{Peer: p, Until: t})
+	}
+	sortFailures(all)
+	for _, e := range all[m.max:] {
+		delete(m.until, e.Peer)
+	}
+}
+
+// sortFailures orders entries latest-ending first (ties by peer), the
+// order in which the bound keeps them.
+func sortFailures(entries []FailureEntry) {
+	slices.SortFunc(entries, func(a, b FailureEntry) int {
+		if c := b.Until.Compare(a.Until); c != 0 {
+			return c
+		}
+		return strings.Compare(string(a.Peer), string(b.Peer))
+	})
 }
 
 // Avoided reports whether p is being avoided now.

@@ -99,3 +99,58 @@ func TestFailureMemoryBounds(t *testing.T) {
 		t.Fatalf("the only route through a remembered peer: %v, %+v", err, res)
 	}
 }
+
+// Snapshot and Restore carry a memory between runs: ended entries are
+// dropped, a peer held both ways keeps the later end, an end beyond the
+// TTL is cut to it, and the bound keeps the latest-ending peers.
+func TestFailureMemorySnapshotRestore(t *testing.T) {
+	now := time.Unix(1000, 0)
+	m := NewFailureMemory(time.Minute, 3)
+	m.now = func() time.Time { return now }
+	m.Blame("a")
+	now = now.Add(10 * time.Second)
+	m.Blame("b")
+	snap := m.Snapshot()
+	if len(snap) != 2 || snap[0].Peer != "b" || !snap[0].Until.Equal(now.Add(time.Minute)) || snap[1].Peer != "a" {
+		t.Fatalf("snapshot %v: want b then a, ending a minute after their blame", snap)
+	}
+
+	r := NewFailureMemory(time.Minute, 3)
+	r.now = m.now
+	r.Blame("a") // later than the snapshot's a
+	r.Restore(append(snap,
+		FailureEntry{Peer: "gone", Until: now.Add(-time.Second)},     // ended
+		FailureEntry{Peer: "future", Until: now.Add(24 * time.Hour)}, // beyond the TTL
+		FailureEntry{Peer: "", Until: now.Add(time.Second)},          // no peer
+	))
+	got := map[peer.ID]time.Time{}
+	for _, e := range r.Snapshot() {
+		got[e.Peer] = e.Until
+	}
+	want := map[peer.ID]time.Time{"a": now.Add(time.Minute), "b": now.Add(time.Minute), "future": now.Add(time.Minute)}
+	if len(got) != len(want) {
+		t.Fatalf("restored %v, want %v", got, want)
+	}
+	for p, u := range want {
+		if !got[p].Equal(u) {
+			t.Fatalf("restored %v, want %v", got, want)
+		}
+	}
+
+	// The bound: 3 peers, the ones ending last.
+	b := NewFailureMemory(time.Minute, 3)
+	b.now = m.now
+	var many []FailureEntry
+	for i := range 5 {
+		many = append(many, FailureEntry{Peer: peer.ID(fmt.Sprintf("p%d", i)), Until: now.Add(time.Duration(i+1) * time.Second)})
+	}
+	b.Restore(many)
+	if b.Len() != 3 || b.Avoided("p0") || b.Avoided("p1") || !b.Avoided("p2") || !b.Avoided("p4") {
+		t.Fatalf("bounded restore holds %v", b.Snapshot())
+	}
+	var nilMem *FailureMemory
+	nilMem.Restore(many)
+	if nilMem.Snapshot() != nil {
+		t.Fatal("a nil memory remembers")
+	}
+}

@@ -17,6 +17,7 @@ import (
 	"github.com/neuron-tai/meshp2p/client/enginevocab"
 	"github.com/neuron-tai/meshp2p/engine"
 	"github.com/neuron-tai/meshp2p/engine/gguf"
+	"github.com/neuron-tai/meshp2p/internal/failfile"
 	"github.com/neuron-tai/meshp2p/node"
 	"github.com/neuron-tai/meshp2p/proto/frame"
 	"github.com/neuron-tai/meshp2p/proto/meshp2pb"
@@ -272,7 +273,9 @@ func (g *genFlags) runSwarm(ctx context.Context, stdout io.Writer, out *genResul
 	if err != nil {
 		return time.Time{}, err
 	}
-	n, err := node.Start(ctx, node.Config{P2P: pc, Logger: g.log})
+	failures, saveFailures := g.failureMemory(pc.DataDir)
+	defer saveFailures() // on errors too: a failed run is the one that learned most
+	n, err := node.Start(ctx, node.Config{P2P: pc, Logger: g.log, Failures: failures})
 	if err != nil {
 		return time.Time{}, err
 	}
@@ -300,6 +303,32 @@ func (g *genFlags) runSwarm(ctx context.Context, stdout io.Writer, out *genResul
 		fillSwarmResult(out, res)
 	}
 	return first, promptError(err)
+}
+
+// failureMemory is the client's memory of peers blamed for failed
+// generations, restored from its failure file, and save, which merges it
+// back into the file (internal/failfile): so a peer that made one run wait
+// out the token or vocabulary timeout is avoided by the next runs until
+// its avoidance ends. The file is <data dir>/failures.json with
+// --data-dir, else <user cache dir>/meshp2p/<network>/failures.json (a run
+// without --data-dir has a temporary data dir). Without either the memory
+// lasts one run.
+func (g *genFlags) failureMemory(dataDir string) (m *session.FailureMemory, save func()) {
+	m = session.NewFailureMemory(0, 0)
+	path := filepath.Join(dataDir, failfile.FileName)
+	if !g.explicitDD {
+		var err error
+		if path, err = failfile.CachePath(g.nf.network); err != nil {
+			g.log.Warn("the failure memory lasts this run only: no cache directory", "err", err)
+			return m, func() {}
+		}
+	}
+	failfile.Load(path, m, g.log)
+	return m, func() {
+		if err := failfile.Save(path, m, g.log); err != nil {
+			g.log.Warn("could not save the failure memory", "file", path, "err", err)
+		}
+	}
 }
 
 // localModel is the model name to resolve: --model as given, or the
