@@ -35,7 +35,11 @@ func (c *Client) Models() []Model {
 	names := map[string]int{}
 	var out []Model
 	for fp, ss := range byFP {
-		nl, err := c.cfg.Table.LayerCount(fp)
+		nl := c.heldLayers(fp) // verified, else the peers' vote (listing only)
+		var err error
+		if nl == 0 {
+			nl, err = c.cfg.Table.LayerCount(fp)
+		}
 		if err != nil || !c.cfg.Table.Covers(fp, nl) {
 			continue
 		}
@@ -65,6 +69,7 @@ func (c *Client) Models() []Model {
 func (c *Client) modelOf(fp string, nl int) Model {
 	for _, m := range c.Models() {
 		if m.Fingerprint == fp {
+			m.NLayer = nl
 			return m
 		}
 	}
@@ -150,10 +155,15 @@ func (c *Client) resolve(ctx context.Context, model string, wait time.Duration, 
 	}
 }
 
-// routable resolves model in the table and checks that some route covers
-// every layer, full peers included.
+// routable resolves model in the table to a fingerprint, takes its layer
+// count from the verified vocabulary (layerCount), and checks that some
+// route covers every layer with shards of that count, full peers included.
 func (c *Client) routable(ctx context.Context, model string) (Model, error) {
-	fp, nl, err := c.cfg.Table.Resolve(model)
+	fp, err := c.cfg.Table.Fingerprint(model)
+	if err != nil {
+		return Model{}, err
+	}
+	nl, err := c.layerCount(ctx, fp)
 	if err != nil {
 		return Model{}, err
 	}
@@ -162,6 +172,21 @@ func (c *Client) routable(ctx context.Context, model string) (Model, error) {
 		return Model{}, err
 	}
 	return c.modelOf(fp, nl), nil
+}
+
+// layerCount is model fp's layer count: the one its verified vocabulary
+// gives (fetched once, Vocab), which the fingerprint binds, so no advert
+// can change it. A client that cannot fetch vocabularies (a Config without
+// Host, e.g. the status command) falls back to the peers' vote.
+func (c *Client) layerCount(ctx context.Context, fp string) (int, error) {
+	if !c.canFetchVocab() {
+		if nl := c.heldLayers(fp); nl > 0 {
+			return nl, nil
+		}
+		return c.cfg.Table.LayerCount(fp)
+	}
+	_, nl, err := c.vocabOf(ctx, fp)
+	return nl, err
 }
 
 // waitFailed is Resolve's error when the wait ended: the caller's own

@@ -41,16 +41,23 @@ type VocabLoader func(ctx context.Context, path string) (Vocab, error)
 type vocabEntry struct {
 	ready chan struct{}
 	v     Vocab
-	err   error
+	// nLayer is the model's layer count as the verified vocabulary file
+	// (or the caller's whole model file) gives it: the count to plan with.
+	nLayer int
+	err    error
 }
 
-// AddVocab makes v the vocabulary of model fp (e.g. from a local model
-// file the caller opened), so Vocab fetches nothing; the client closes it.
+// AddVocab makes v the vocabulary of model fp with nLayer layers (e.g.
+// from a local model file the caller opened and fingerprinted: the
+// digests' layer count), so Vocab fetches nothing; the client closes it.
 // A model whose vocabulary the client already holds or is fetching keeps
 // it (callers may be using it): AddVocab then returns ErrVocabHeld and v
 // stays the caller's. The MaxVocabs bound applies.
-func (c *Client) AddVocab(fp string, v Vocab) error {
-	e := &vocabEntry{ready: make(chan struct{}), v: v}
+func (c *Client) AddVocab(fp string, nLayer int, v Vocab) error {
+	if nLayer <= 0 || nLayer > gguf.MaxLayers {
+		return fmt.Errorf("client: model %.16s: layer count %d out of range", fp, nLayer)
+	}
+	e := &vocabEntry{ready: make(chan struct{}), v: v, nLayer: nLayer}
 	close(e.ready)
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -69,15 +76,25 @@ func (c *Client) AddVocab(fp string, v Vocab) error {
 // the fingerprint. Concurrent callers share one fetch; a failed fetch is
 // forgotten so a later call tries again.
 func (c *Client) Vocab(ctx context.Context, fp string) (Vocab, error) {
-	if c.cfg.Host == nil || c.cfg.LoadVocab == nil {
-		return nil, errors.New("client: Config needs Host and LoadVocab to fetch vocabularies")
+	v, _, err := c.vocabOf(ctx, fp)
+	return v, err
+}
+
+// canFetchVocab reports whether the client can fetch vocabularies (and so
+// verify layer counts).
+func (c *Client) canFetchVocab() bool { return c.cfg.Host != nil && c.cfg.LoadVocab != nil }
+
+// vocabOf is Vocab and the model's verified layer count.
+func (c *Client) vocabOf(ctx context.Context, fp string) (Vocab, int, error) {
+	if !c.canFetchVocab() {
+		return nil, 0, errors.New("client: Config needs Host and LoadVocab to fetch vocabularies")
 	}
 	c.mu.Lock()
 	e, ok := c.vocabs[fp]
 	if !ok {
 		if len(c.vocabs) >= MaxVocabs {
 			c.mu.Unlock()
-			return nil, fmt.Errorf("%w: the client holds the vocabularies of %d models, its limit", ErrTooManyModels, MaxVocabs)
+			return nil, 0, fmt.Errorf("%w: the client holds the vocabularies of %d models, its limit", ErrTooManyModels, MaxVocabs)
 		}
 		e = &vocabEntry{ready: make(chan struct{})}
 		c.vocabs[fp] = e
@@ -88,12 +105,31 @@ func (c *Client) Vocab(ctx context.Context, fp string) (Vocab, error) {
 	select {
 	case <-e.ready:
 	case <-ctx.Done():
-		return nil, ctx.Err()
+		return nil, 0, ctx.Err()
 	}
 	if e.err != nil {
-		return nil, e.err
+		return nil, 0, e.err
 	}
-	return e.v, nil
+	return e.v, e.nLayer, nil
+}
+
+// heldLayers is the verified layer count of model fp if the client holds
+// its vocabulary (0 otherwise); it fetches nothing.
+func (c *Client) heldLayers(fp string) int {
+	c.mu.Lock()
+	e, ok := c.vocabs[fp]
+	c.mu.Unlock()
+	if !ok {
+		return 0
+	}
+	select {
+	case <-e.ready:
+		if e.err == nil {
+			return e.nLayer
+		}
+	default:
+	}
+	return 0
 }
 
 // fetchVocab fills e: the verified file of an earlier fetch in VocabDir,
@@ -103,7 +139,7 @@ func (c *Client) Vocab(ctx context.Context, fp string) (Vocab, error) {
 // caller that leaves does not cancel a fetch others wait for).
 func (c *Client) fetchVocab(fp string, e *vocabEntry) {
 	defer close(e.ready)
-	e.v, e.err = c.loadVocab(fp)
+	e.v, e.nLayer, e.err = c.loadVocab(fp)
 	if e.err == nil {
 		return
 	}
@@ -114,11 +150,11 @@ func (c *Client) fetchVocab(fp string, e *vocabEntry) {
 	c.mu.Unlock()
 }
 
-func (c *Client) loadVocab(fp string) (Vocab, error) {
+func (c *Client) loadVocab(fp string) (Vocab, int, error) {
 	ctx := c.ctx
-	if path := c.cachedVocab(ctx, fp); path != "" {
+	if path, nl := c.cachedVocab(ctx, fp); path != "" {
 		if v, err := c.cfg.LoadVocab(ctx, path); err == nil {
-			return v, nil
+			return v, nl, nil
 		}
 	}
 	var peers []peer.ID
@@ -128,33 +164,42 @@ func (c *Client) loadVocab(fp string) (Vocab, error) {
 		}
 	}
 	if len(peers) == 0 {
-		return nil, fmt.Errorf("%w: no peer serving model %.16s offers its vocabulary", ErrNoVocab, fp)
+		return nil, 0, fmt.Errorf("%w: no peer serving model %.16s offers its vocabulary", ErrNoVocab, fp)
 	}
 	var v Vocab
+	var nl int
 	_, err := vocab.FetchFirst(ctx, c.cfg.Host, peers, fp, c.cfg.VocabDir, func(path string) error {
-		var err error
+		// The file was verified against fp; its digests give the layer
+		// count fp binds.
+		n, err := gguf.CheckVocabLayers(ctx, path, fp)
+		if err != nil {
+			return err
+		}
 		v, err = c.cfg.LoadVocab(ctx, path)
+		nl = n
 		return err
 	})
 	if err != nil {
-		return nil, fmt.Errorf("%w: no peer serving model %.16s could give its vocabulary: %w", ErrNoVocab, fp, err)
+		return nil, 0, fmt.Errorf("%w: no peer serving model %.16s could give its vocabulary: %w", ErrNoVocab, fp, err)
 	}
-	return v, nil
+	return v, nl, nil
 }
 
 // cachedVocab is the path of a vocabulary fetched before into VocabDir,
-// if it is still there and still belongs to model fp ("" otherwise).
-func (c *Client) cachedVocab(ctx context.Context, fp string) string {
+// if it is still there and still belongs to model fp ("" otherwise), and
+// the layer count it verifies.
+func (c *Client) cachedVocab(ctx context.Context, fp string) (string, int) {
 	if c.cfg.VocabDir == "" || !route.ValidFingerprint(fp) {
-		return ""
+		return "", 0
 	}
 	path := filepath.Join(c.cfg.VocabDir, vocab.FileName(fp))
 	if st, err := os.Stat(path); err != nil || !st.Mode().IsRegular() {
-		return ""
+		return "", 0
 	}
-	if err := gguf.CheckVocab(ctx, path, fp); err != nil {
+	nl, err := gguf.CheckVocabLayers(ctx, path, fp)
+	if err != nil {
 		c.log.Warn("cached vocabulary does not match its model; fetching it again", "file", path, "err", err)
-		return ""
+		return "", 0
 	}
-	return path
+	return path, nl
 }

@@ -224,10 +224,11 @@ func (t *Table) Shards(fp string) []Shard {
 // MinPrefix is the shortest fingerprint prefix Resolve accepts.
 const MinPrefix = 16
 
-// Resolve finds the fingerprint of a model given by fingerprint, unique
-// fingerprint prefix (at least MinPrefix hex characters) or model name, and
-// its layer count (LayerCount).
-func (t *Table) Resolve(nameOrFP string) (fp string, nLayer int, err error) {
+// Fingerprint finds the fingerprint of a model given by fingerprint,
+// unique fingerprint prefix (at least MinPrefix hex characters) or model
+// name. It looks at no layer count: what peers claim about that cannot
+// make a model unresolvable.
+func (t *Table) Fingerprint(nameOrFP string) (string, error) {
 	fps := map[string]bool{}
 	for _, s := range t.Shards("") {
 		if s.Fingerprint == nameOrFP || s.ModelName == nameOrFP || (len(nameOrFP) >= MinPrefix && strings.HasPrefix(s.Fingerprint, nameOrFP)) {
@@ -236,23 +237,45 @@ func (t *Table) Resolve(nameOrFP string) (fp string, nLayer int, err error) {
 	}
 	switch len(fps) {
 	case 0:
-		return "", 0, fmt.Errorf("%w: no peer serves a model named %q", ErrUnknownModel, nameOrFP)
+		return "", fmt.Errorf("%w: no peer serves a model named %q", ErrUnknownModel, nameOrFP)
 	case 1:
 		for f := range fps {
-			n, err := t.LayerCount(f)
-			return f, n, err
+			return f, nil
 		}
 	}
-	return "", 0, fmt.Errorf("%w: %w: %q matches %d models; give the fingerprint", ErrUnknownModel, ErrAmbiguousModel, nameOrFP, len(fps))
+	return "", fmt.Errorf("%w: %w: %q matches %d models; give the fingerprint", ErrUnknownModel, ErrAmbiguousModel, nameOrFP, len(fps))
 }
 
-// LayerCount is the layer count most peers advertise for fingerprint fp.
-// The fingerprint binds it, so honest peers agree; shards that disagree are
-// left out by the planners, which match NLayer exactly. A tie is refused.
+// Resolve is Fingerprint and the layer count peers vote for (LayerCount).
+// The vote is only a fallback for callers that cannot verify the count:
+// the fingerprint binds it, and the verified value comes from the model's
+// vocabulary file or manifest (gguf.CheckVocabLayers), never from adverts.
+func (t *Table) Resolve(nameOrFP string) (fp string, nLayer int, err error) {
+	fp, err = t.Fingerprint(nameOrFP)
+	if err != nil {
+		return "", 0, err
+	}
+	n, err := t.LayerCount(fp)
+	return fp, n, err
+}
+
+// LayerCount is the layer count most peers advertise for fingerprint fp,
+// each peer counted once per count it claims however many shards it lists
+// (one advert cannot outweigh others). It is a vote, for callers that
+// cannot verify the count (listing, the status command): the fingerprint
+// binds it, and shards that disagree with the verified count are left out
+// by the planners, which match NLayer exactly. A tie is refused.
 func (t *Table) LayerCount(fp string) (int, error) {
-	votes := map[int]int{} // n_layer → peers
+	peers := map[int]map[peer.ID]bool{} // n_layer → peers claiming it
 	for _, s := range t.Shards(fp) {
-		votes[s.NLayer]++
+		if peers[s.NLayer] == nil {
+			peers[s.NLayer] = map[peer.ID]bool{}
+		}
+		peers[s.NLayer][s.Peer] = true
+	}
+	votes := make(map[int]int, len(peers))
+	for n, ps := range peers {
+		votes[n] = len(ps)
 	}
 	best, bestN, tie := 0, 0, false
 	for n, c := range votes {

@@ -101,3 +101,28 @@ func TestTableExpiryAndResync(t *testing.T) {
 		t.Fatalf("after resync: %+v, want only the missed peer", got)
 	}
 }
+
+// One advert listing many shards that claim another layer count is one
+// peer's vote, not one vote per shard; and naming the model never depends
+// on the vote (a tie still resolves the fingerprint).
+func TestLayerCountOnePeerOneVote(t *testing.T) {
+	fp := strings.Repeat("ab", 32)
+	tb := NewTable()
+	tb.Set("a", []Shard{{Peer: "a", Fingerprint: fp, ModelName: "m", NLayer: 8, Start: 0, End: 8}})
+	tb.Set("b", []Shard{{Peer: "b", Fingerprint: fp, ModelName: "m", NLayer: 8, Start: 0, End: 4}})
+	var lies []Shard
+	for i := 0; i < 120; i++ {
+		lies = append(lies, Shard{Peer: "liar", Fingerprint: fp, ModelName: "m", NLayer: 7, Start: i % 7, End: i%7 + 1})
+	}
+	tb.Set("liar", lies)
+	if nl, err := tb.LayerCount(fp); err != nil || nl != 8 {
+		t.Fatalf("LayerCount = %d, %v; want the two honest peers' 8 over one advert's 120 shards", nl, err)
+	}
+	tb.Set("liar2", []Shard{{Peer: "liar2", Fingerprint: fp, ModelName: "m", NLayer: 7, Start: 0, End: 1}})
+	if _, err := tb.LayerCount(fp); !errors.Is(err, ErrUnknownModel) {
+		t.Fatalf("tie counted: %v", err)
+	}
+	if got, err := tb.Fingerprint("m"); err != nil || got != fp {
+		t.Fatalf("Fingerprint(m) = %q, %v during a layer-count tie; want %s", got, err, fp)
+	}
+}

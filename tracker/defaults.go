@@ -43,4 +43,18 @@ const (
 	// MaxTrackedClients bounds the per-client rate-limit state; beyond it
 	// the least recently seen client is forgotten (internal/peerlimit).
 	MaxTrackedClients = 4096
+	// MaxVerifiedModels bounds the models whose verified layer count the
+	// tracker keeps (the least recently used goes).
+	MaxVerifiedModels = 256
+	// MaxVocabSources is how many peers advertising a model's vocabulary
+	// the tracker asks (hedged, vocab.FetchFirst) to verify its layer count.
+	MaxVocabSources = 4
+	// VerifyWait is how long a route request waits for a layer-count
+	// verification under way (below route.DefaultTrackerTimeout); after
+	// it the request is refused with a retry hint and the verification
+	// goes on.
+	VerifyWait = 4 * time.Second
+	// VerifyRetryAfter is the retry hint of a request refused while its
+	// model's layer count is being verified.
+	VerifyRetryAfter = time.Second
 )

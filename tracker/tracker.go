@@ -62,6 +62,9 @@ type Config struct {
 	RequestsPerSecond float64
 	// Now defaults to time.Now (rate limits, pending load, ticket times).
 	Now func() time.Time
+	// VerifyLayers, if set, replaces fetching and verifying a model's
+	// vocabulary to learn its layer count (tests without models).
+	VerifyLayers func(ctx context.Context, fp string) (int, error)
 }
 
 // Tracker is the optional route oracle: an ordinary swarm peer that keeps
@@ -81,7 +84,10 @@ type Tracker struct {
 	mu    sync.Mutex
 	views map[peer.ID]*peerView
 
+	layers layerCounts // verified layer counts per fingerprint
+
 	issued atomic.Uint64
+	bg     context.Context // ends at Close
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 }
@@ -128,6 +134,7 @@ func Start(ctx context.Context, cfg Config) (*Tracker, error) {
 		cfg.Cost.MaxPendingPerClient = MaxPendingPerClient
 	}
 	t := &Tracker{cfg: cfg, log: cfg.Logger.With("logger", "tracker"), table: route.NewTable(), views: map[peer.ID]*peerView{},
+		layers:  layerCounts{m: map[string]*layerEntry{}},
 		limiter: peerlimit.NewLimiter(rate.Limit(cfg.RequestsPerSecond), cfg.RequestBurst, MaxTrackedClients)}
 	// Without a swarm key the relay serves members only, each within its
 	// budget (p2p.Node.RelayMember, p2p/relayguard.go); a member's advert
@@ -161,7 +168,7 @@ func Start(ctx context.Context, cfg Config) (*Tracker, error) {
 		return nil, err
 	}
 	bg, cancel := context.WithCancel(context.Background())
-	t.cancel = cancel
+	t.bg, t.cancel = bg, cancel
 	t.wg.Add(2)
 	go func() { defer t.wg.Done(); route.Follow(bg, t.p2p.Discovery(), t.table) }()
 	go func() { defer t.wg.Done(); t.pingLoop(bg) }()
@@ -396,18 +403,27 @@ func (t *Tracker) answer(ctx context.Context, client peer.ID, req *meshp2pb.Rout
 	if nl == 0 || nl > gguf.MaxLayers {
 		return refuse(meshp2pb.ErrorCode_ERROR_CODE_BAD_REQUEST, "n_layer %d not in 1..%d", nl, gguf.MaxLayers)
 	}
-	adv, err := t.table.LayerCount(fp)
-	if err != nil {
-		return refuse(meshp2pb.ErrorCode_ERROR_CODE_MODEL_MISMATCH, "%v", err)
-	}
-	if int(nl) != adv {
-		return refuse(meshp2pb.ErrorCode_ERROR_CODE_MODEL_MISMATCH, "model %.16s has %d layers, request says %d", fp, adv, nl)
-	}
 	if ok, wait := t.limiter.Take(client, t.cfg.Now()); !ok {
 		t.log.Debug("route request rate-limited", "client", client, "retry_after", wait)
 		r := refuse(meshp2pb.ErrorCode_ERROR_CODE_NO_CAPACITY, "rate limited: at most %d route requests at once, %.3g/s sustained, per client", t.cfg.RequestBurst, t.cfg.RequestsPerSecond)
 		r.Error.RetryAfterMs = uint64(max(wait.Milliseconds(), 1))
 		return r
+	}
+	// The layer count the fingerprint binds, from the model's verified
+	// vocabulary (layers.go), never a vote over adverts.
+	if len(t.table.Shards(fp)) == 0 {
+		return refuse(meshp2pb.ErrorCode_ERROR_CODE_MODEL_MISMATCH, "%v", fmt.Errorf("%w: no peer advertises model %.16s", route.ErrUnknownModel, fp))
+	}
+	want, err := t.layerCount(ctx, fp)
+	switch {
+	case errors.Is(err, errVerifying):
+		r := refuse(meshp2pb.ErrorCode_ERROR_CODE_NO_CAPACITY, "%v", err)
+		r.Error.RetryAfterMs = uint64(VerifyRetryAfter.Milliseconds())
+		return r
+	case err != nil:
+		return refuse(meshp2pb.ErrorCode_ERROR_CODE_MODEL_MISMATCH, "%v", err)
+	case int(nl) != want:
+		return refuse(meshp2pb.ErrorCode_ERROR_CODE_MODEL_MISMATCH, "model %.16s has %d layers, request says %d", fp, want, nl)
 	}
 	rq := route.Request{Fingerprint: fp, NLayer: int(nl), MaxHops: int(req.GetMaxHops()), NeedKV: int(req.GetNeedKv()),
 		Epoch: max(req.GetEpoch(), 1), Exclude: map[peer.ID]bool{}, SessionID: req.GetSessionId(), Client: client}

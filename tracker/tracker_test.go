@@ -49,7 +49,10 @@ func newSwarm(t *testing.T, tweak func(*Config)) *swarm {
 	sw := &swarm{t: t, network: "trtest-" + hex.EncodeToString(b)}
 	pc := testP2P(t, sw.network, nil)
 	pc.RelayService, pc.ForceReachability = true, p2p.ReachabilityPublic
-	cfg := Config{P2P: pc, PingInterval: time.Hour, Logger: quiet}
+	// The shards here are adverts without a model: the layer count the
+	// fingerprint binds is testNLayer (real vocabularies: testswarm).
+	cfg := Config{P2P: pc, PingInterval: time.Hour, Logger: quiet,
+		VerifyLayers: func(context.Context, string) (int, error) { return testNLayer, nil }}
 	if tweak != nil {
 		tweak(&cfg)
 	}
@@ -174,6 +177,20 @@ func TestTrackerRouteRequestLayerCount(t *testing.T) {
 	runtime.ReadMemStats(&after)
 	if n := after.TotalAlloc - before.TotalAlloc; n > 16<<20 {
 		t.Errorf("refusing n_layer 2^22 allocated %d MiB (%s)", n>>20, resp.GetError().GetCode())
+	}
+}
+
+// Without a vocabulary to prove a model's layer count the tracker refuses
+// with MODEL_MISMATCH saying so; it never falls back to a vote over
+// adverts (here: no peer advertises a vocabulary).
+func TestTrackerRefusesUnverifiedLayerCount(t *testing.T) {
+	sw := newSwarm(t, func(c *Config) { c.VerifyLayers = nil })
+	fp := testFP('a')
+	sw.shard(fp, 0, testNLayer, 4)
+	sw.waitShards(fp, 1)
+	resp := sw.ask(sw.node(), &meshp2pb.RouteRequest{ModelFingerprint: fp, NLayer: testNLayer, Epoch: 1})
+	if e := resp.GetError(); e.GetCode() != meshp2pb.ErrorCode_ERROR_CODE_MODEL_MISMATCH || !strings.Contains(e.GetMessage(), "vocabulary") {
+		t.Fatalf("got %s (%q), ticket %v; want MODEL_MISMATCH naming the missing vocabulary", e.GetCode(), e.GetMessage(), resp.GetTicket() != nil)
 	}
 }
 

@@ -343,16 +343,17 @@ func (g *genFlags) localModel(ctx context.Context, c *client.Client) (string, er
 	if err != nil {
 		return "", err
 	}
-	fp, err := gguf.Fingerprint(ctx, f)
+	dg, err := gguf.ComputeDigests(ctx, f, nil)
 	f.Close()
 	if err != nil {
 		return "", err
 	}
+	fp := dg.Fingerprint()
 	v, err := enginevocab.Load(ctx, g.model)
 	if err != nil {
 		return "", err
 	}
-	if err := c.AddVocab(fp, v); err != nil {
+	if err := c.AddVocab(fp, len(dg.Layers), v); err != nil {
 		v.Close()
 		return "", err
 	}

@@ -195,33 +195,41 @@ func ReadVocabFingerprint(md Metadata) (string, error) {
 // digests (ErrFingerprintMismatch otherwise), the file holds no tensors, and
 // the fingerprint is fp (ErrWrongModel).
 func CheckVocab(ctx context.Context, path, fp string) error {
+	_, err := CheckVocabLayers(ctx, path, fp)
+	return err
+}
+
+// CheckVocabLayers is CheckVocab that also returns the model's layer
+// count as the verified digests give it (one per-layer digest each, and
+// the digests hash to fp): the layer count fp binds, never a peer's claim.
+func CheckVocabLayers(ctx context.Context, path, fp string) (int, error) {
 	if err := ctx.Err(); err != nil {
-		return err
+		return 0, err
 	}
 	f, err := Open(path)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	defer f.Close()
 	claimed, err := ReadVocabFingerprint(f.Metadata)
 	if err != nil {
-		return fmt.Errorf("gguf: %s: %w", path, err)
+		return 0, fmt.Errorf("gguf: %s: %w", path, err)
 	}
 	dg, err := digestsFromMetadata(f.Metadata)
 	if err != nil {
-		return fmt.Errorf("gguf: %s: %w", path, err)
+		return 0, fmt.Errorf("gguf: %s: %w", path, err)
 	}
 	if len(f.Tensors) != 0 {
-		return fmt.Errorf("gguf: %s: %w: a vocabulary file holds %d tensors", path, ErrFingerprintMismatch, len(f.Tensors))
+		return 0, fmt.Errorf("gguf: %s: %w: a vocabulary file holds %d tensors", path, ErrFingerprintMismatch, len(f.Tensors))
 	}
 	if err := checkVocabProof(f.Metadata, dg, claimed); err != nil {
-		return fmt.Errorf("gguf: %s: %w", path, err)
+		return 0, fmt.Errorf("gguf: %s: %w", path, err)
 	}
 	if err := ValidateVocabForLoad(f); err != nil {
-		return fmt.Errorf("gguf: %s: %w", path, err)
+		return 0, fmt.Errorf("gguf: %s: %w", path, err)
 	}
 	if claimed != strings.ToLower(fp) {
-		return fmt.Errorf("gguf: %s: %w: it is from %s, want %s", path, ErrWrongModel, claimed, fp)
+		return 0, fmt.Errorf("gguf: %s: %w: it is from %s, want %s", path, ErrWrongModel, claimed, fp)
 	}
-	return nil
+	return len(dg.Layers), nil
 }
