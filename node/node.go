@@ -16,10 +16,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/libp2p/go-libp2p/core/network"
 	"github.com/libp2p/go-libp2p/core/peer"
-	"github.com/libp2p/go-libp2p/core/peerstore"
-	"github.com/libp2p/go-libp2p/core/protocol"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/neuron-tai/meshp2p/engine"
@@ -85,7 +82,7 @@ type Node struct {
 	cfg   Config
 	log   *slog.Logger
 	p2p   *p2p.Node
-	host  *hostAdapter
+	host  *p2p.StreamHost
 	table *route.Table
 
 	// mu guards model, shard, shardPath, calibration and vocabPath: a
@@ -190,7 +187,7 @@ func (n *Node) fetchFirst(ctx context.Context) error {
 	if n.p2p, err = p2p.New(ctx, n.cfg.P2P); err != nil {
 		return err
 	}
-	n.host = &hostAdapter{n: n.p2p, directWait: n.cfg.DirectWait}
+	n.host = n.streamHost()
 	f := &shardFetcher{cfg: *n.cfg.Fetch, dataDir: n.cfg.P2P.DataDir, name: n.cfg.ModelName, bootstrap: len(n.cfg.P2P.Bootstrap) > 0,
 		host: n.host, table: n.table, swarm: p2pSwarm{n.p2p}, log: n.log}
 	var pc *placementController
@@ -252,7 +249,7 @@ func (n *Node) startHost(ctx context.Context) error {
 			return err
 		}
 	}
-	n.host = &hostAdapter{n: n.p2p, directWait: n.cfg.DirectWait}
+	n.host = n.streamHost()
 	n.table.Reach = func(p peer.ID) p2p.Path { return n.p2p.ConnStatus(p).Path }
 	return nil
 }
@@ -610,34 +607,15 @@ func (n *Node) closeEngine() {
 	}
 }
 
-// hostAdapter gives the data plane the few host calls it needs.
-type hostAdapter struct {
-	n *p2p.Node
-	// directWait overrides DirectWait (negative: do not wait).
-	directWait time.Duration
-}
-
-func (h *hostAdapter) ID() peer.ID                           { return h.n.ID() }
-func (h *hostAdapter) ProtocolID(name, v string) protocol.ID { return h.n.ProtocolID(name, v) }
-func (h *hostAdapter) Peerstore() peerstore.Peerstore        { return h.n.Host().Peerstore() }
-func (h *hostAdapter) Protect(p peer.ID, tag string)         { h.n.Protect(p, tag) }
-func (h *hostAdapter) Unprotect(p peer.ID, tag string) bool  { return h.n.Unprotect(p, tag) }
-func (h *hostAdapter) RemoveStreamHandler(pid protocol.ID)   { h.n.Host().RemoveStreamHandler(pid) }
-func (h *hostAdapter) SetStreamHandler(pid protocol.ID, f network.StreamHandler) {
-	h.n.Host().SetStreamHandler(pid, f)
-}
-func (h *hostAdapter) SubscribeConn(ctx context.Context) <-chan p2p.ConnEvent {
-	return h.n.SubscribeConn(ctx)
-}
-func (h *hostAdapter) PathTo(p peer.ID) p2p.Path { return h.n.ConnStatus(p).Path }
-func (h *hostAdapter) NewStream(ctx context.Context, p peer.ID, pids ...protocol.ID) (network.Stream, error) {
-	// Data-plane streams live long: start them on the direct connection
-	// when a hole punch is about to provide one.
-	wait := h.directWait
+// streamHost is the data plane's view of the node's host: its streams
+// wait up to DirectWait (cfg.DirectWait when set; negative: do not wait)
+// for a hole punch.
+func (n *Node) streamHost() *p2p.StreamHost {
+	wait := n.cfg.DirectWait
 	if wait == 0 {
 		wait = DirectWait
 	}
-	return h.n.NewStreamPreferDirect(ctx, p, max(wait, 0), pids...)
+	return &p2p.StreamHost{N: n.p2p, Wait: wait}
 }
 
 // Host returns the data-plane view of the host (streams, protocol IDs).
@@ -648,7 +626,7 @@ func (n *Node) Host() session.Host { return n.host }
 // ControlHost is Host for small, latency-bound exchanges (the origin's
 // session stream, vocabulary and advert fetches): its streams open at once
 // on the best connection there is, a relayed one included.
-func (n *Node) ControlHost() session.Host { return &hostAdapter{n: n.p2p, directWait: -1} }
+func (n *Node) ControlHost() session.Host { return &p2p.StreamHost{N: n.p2p} }
 
 // logConnEvents makes NAT traversal observable in the node's log: hole
 // punches and their outcome, and a peer's path moving between relayed and

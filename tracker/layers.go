@@ -9,10 +9,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/libp2p/go-libp2p/core/network"
 	"github.com/libp2p/go-libp2p/core/peer"
-	"github.com/libp2p/go-libp2p/core/peerstore"
-	"github.com/libp2p/go-libp2p/core/protocol"
 
 	"github.com/neuron-tai/meshp2p/engine/gguf"
 	"github.com/neuron-tai/meshp2p/p2p"
@@ -127,7 +124,7 @@ func (t *Tracker) verifyLayers(ctx context.Context, fp string) (int, error) {
 	}
 	defer os.RemoveAll(dir)
 	var n int
-	_, err = vocab.FetchFirst(ctx, &controlHost{t.p2p}, peers, fp, dir, func(path string) error {
+	_, err = vocab.FetchFirst(ctx, &p2p.StreamHost{N: t.p2p}, peers, fp, dir, func(path string) error {
 		var err error
 		n, err = gguf.CheckVocabLayers(ctx, path, fp)
 		return err
@@ -137,25 +134,4 @@ func (t *Tracker) verifyLayers(ctx context.Context, fp string) (int, error) {
 	}
 	t.log.Info("model layer count verified", "model", fp[:16], "n_layer", n)
 	return n, nil
-}
-
-// controlHost is the tracker's p2p host as vocab.FetchFirst needs it
-// (session.Host): streams open at once on the best connection.
-type controlHost struct{ n *p2p.Node }
-
-func (h *controlHost) ID() peer.ID                           { return h.n.ID() }
-func (h *controlHost) ProtocolID(name, v string) protocol.ID { return h.n.ProtocolID(name, v) }
-func (h *controlHost) Peerstore() peerstore.Peerstore        { return h.n.Host().Peerstore() }
-func (h *controlHost) Protect(p peer.ID, tag string)         { h.n.Protect(p, tag) }
-func (h *controlHost) Unprotect(p peer.ID, tag string) bool  { return h.n.Unprotect(p, tag) }
-func (h *controlHost) RemoveStreamHandler(pid protocol.ID)   { h.n.Host().RemoveStreamHandler(pid) }
-func (h *controlHost) SetStreamHandler(pid protocol.ID, f network.StreamHandler) {
-	h.n.Host().SetStreamHandler(pid, f)
-}
-func (h *controlHost) SubscribeConn(ctx context.Context) <-chan p2p.ConnEvent {
-	return h.n.SubscribeConn(ctx)
-}
-func (h *controlHost) PathTo(p peer.ID) p2p.Path { return h.n.ConnStatus(p).Path }
-func (h *controlHost) NewStream(ctx context.Context, p peer.ID, pids ...protocol.ID) (network.Stream, error) {
-	return h.n.NewStreamPreferDirect(ctx, p, 0, pids...)
 }
