@@ -168,13 +168,10 @@ func (c *Client) loadVocab(fp string) (Vocab, int, error) {
 	}
 	var v Vocab
 	var nl int
-	_, err := vocab.FetchFirst(ctx, c.cfg.Host, peers, fp, c.cfg.VocabDir, func(path string) error {
-		// The file was verified against fp; its digests give the layer
-		// count fp binds.
-		n, err := gguf.CheckVocabLayers(ctx, path, fp)
-		if err != nil {
-			return err
-		}
+	_, err := vocab.FetchFirst(ctx, c.cfg.Host, peers, fp, c.cfg.VocabDir, func(path string, n int) error {
+		// The file was verified against fp; n is the layer count its
+		// digests prove.
+		var err error
 		v, err = c.cfg.LoadVocab(ctx, path)
 		nl = n
 		return err

@@ -11,7 +11,6 @@ import (
 
 	"github.com/libp2p/go-libp2p/core/peer"
 
-	"github.com/neuron-tai/meshp2p/engine/gguf"
 	"github.com/neuron-tai/meshp2p/p2p"
 	"github.com/neuron-tai/meshp2p/route"
 	"github.com/neuron-tai/meshp2p/vocab"
@@ -124,10 +123,9 @@ func (t *Tracker) verifyLayers(ctx context.Context, fp string) (int, error) {
 	}
 	defer os.RemoveAll(dir)
 	var n int
-	_, err = vocab.FetchFirst(ctx, &p2p.StreamHost{N: t.p2p}, peers, fp, dir, func(path string) error {
-		var err error
-		n, err = gguf.CheckVocabLayers(ctx, path, fp)
-		return err
+	_, err = vocab.FetchFirst(ctx, &p2p.StreamHost{N: t.p2p}, peers, fp, dir, func(_ string, nl int) error {
+		n = nl // verified by FetchFirst (gguf.CheckVocabLayers)
+		return nil
 	})
 	if err != nil {
 		return 0, fmt.Errorf("%w: no peer serving model %.16s gave a vocabulary that proves it: %w", ErrLayersUnverified, fp, err)

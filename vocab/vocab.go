@@ -247,7 +247,7 @@ func FileName(fp string) string { return fp[:16] + ".vocab.gguf" }
 // file's path. The transfer ends with ctx, at TransferTimeout, or when the
 // peer sends slower than MinRate (after Grace).
 func Fetch(ctx context.Context, h session.Host, p peer.ID, fp, dir string) (string, error) {
-	tmp, err := download(ctx, h, p, fp, dir)
+	tmp, _, err := download(ctx, h, p, fp, dir)
 	if err != nil {
 		return "", err
 	}
@@ -260,8 +260,24 @@ func Fetch(ctx context.Context, h session.Host, p peer.ID, fp, dir string) (stri
 }
 
 // download fetches and verifies model fp's vocabulary from p into a new
-// temporary file in dir and returns its path.
-func download(ctx context.Context, h session.Host, p peer.ID, fp, dir string) (string, error) {
+// temporary file in dir and returns its path and the layer count its
+// verified digests prove (gguf.CheckVocabLayers).
+func download(ctx context.Context, h session.Host, p peer.ID, fp, dir string) (string, int, error) {
+	tmp, err := transfer(ctx, h, p, fp, dir)
+	if err != nil {
+		return "", 0, err
+	}
+	nl, err := gguf.CheckVocabLayers(ctx, tmp, fp)
+	if err != nil {
+		_ = os.Remove(tmp)
+		return "", 0, fmt.Errorf("vocab from %s does not belong to model %.16s: %w", p, fp, err)
+	}
+	return tmp, nl, nil
+}
+
+// transfer reads model fp's vocabulary from p into a new temporary file in
+// dir (not yet verified) and returns its path.
+func transfer(ctx context.Context, h session.Host, p peer.ID, fp, dir string) (string, error) {
 	if !route.ValidFingerprint(fp) {
 		return "", fmt.Errorf("vocab: %q is not a model fingerprint", fp)
 	}
@@ -311,12 +327,6 @@ func download(ctx context.Context, h session.Host, p peer.ID, fp, dir string) (s
 	if cerr := f.Close(); err == nil {
 		err = cerr
 	}
-	if err == nil {
-		err = gguf.CheckVocab(ctx, tmp, fp)
-		if err != nil {
-			err = fmt.Errorf("vocab from %s does not belong to model %.16s: %w", p, fp, err)
-		}
-	}
 	if err != nil {
 		_ = os.Remove(tmp)
 		return "", err
@@ -329,10 +339,11 @@ func download(ctx context.Context, h session.Host, p peer.ID, fp, dir string) (s
 // gives it). It asks peers[0], then the next peer whenever a transfer has
 // failed or HedgeDelay has passed since the last one started, so a peer that stalls costs HedgeDelay,
 // not TransferTimeout. A verified file is installed and handed to accept
-// (if not nil: the caller loads it; one call at a time); the first one
+// with the layer count it proves (if not nil: the caller loads it; one
+// call at a time); the first one
 // accept takes wins and the other transfers are cancelled. Each transfer
 // is bounded as in Fetch; the error joins every peer's.
-func FetchFirst(ctx context.Context, h session.Host, peers []peer.ID, fp, dir string, accept func(path string) error) (string, error) {
+func FetchFirst(ctx context.Context, h session.Host, peers []peer.ID, fp, dir string, accept func(path string, nLayer int) error) (string, error) {
 	if len(peers) == 0 {
 		return "", errors.New("vocab: no peer to ask")
 	}
@@ -352,7 +363,7 @@ func FetchFirst(ctx context.Context, h session.Host, peers []peer.ID, fp, dir st
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			tmp, err := download(ctx, h, p, fp, dir)
+			tmp, nl, err := download(ctx, h, p, fp, dir)
 			if err != nil {
 				results <- err
 				return
@@ -370,7 +381,7 @@ func FetchFirst(ctx context.Context, h session.Host, peers []peer.ID, fp, dir st
 				return
 			}
 			if accept != nil {
-				if err := accept(out); err != nil {
+				if err := accept(out, nl); err != nil {
 					results <- fmt.Errorf("vocab from %s: %w", p, err)
 					return
 				}

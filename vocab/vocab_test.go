@@ -225,7 +225,7 @@ func TestFetchFirstStallingPeer(t *testing.T) {
 	dir := t.TempDir()
 	var accepted []string
 	t0 := time.Now()
-	got, err := FetchFirst(ctx, cl, []peer.ID{staller.ID(), honest.ID()}, fp, dir, func(p string) error {
+	got, err := FetchFirst(ctx, cl, []peer.ID{staller.ID(), honest.ID()}, fp, dir, func(p string, _ int) error {
 		accepted = append(accepted, p)
 		return gguf.CheckVocab(ctx, p, fp)
 	})
@@ -262,7 +262,7 @@ func TestFetchFirstAcceptRejects(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), TransferTimeout)
 	defer cancel()
 	calls := 0
-	_, err := FetchFirst(ctx, cl, []peer.ID{a.ID(), b.ID()}, fp, t.TempDir(), func(string) error {
+	_, err := FetchFirst(ctx, cl, []peer.ID{a.ID(), b.ID()}, fp, t.TempDir(), func(string, int) error {
 		calls++
 		if calls == 1 {
 			return errors.New("cannot load")
@@ -273,7 +273,7 @@ func TestFetchFirstAcceptRejects(t *testing.T) {
 		t.Fatalf("err %v after %d loads", err, calls)
 	}
 	// Every peer failing is an error naming each.
-	_, err = FetchFirst(ctx, cl, []peer.ID{a.ID(), b.ID()}, fp, t.TempDir(), func(string) error { return errors.New("cannot load") })
+	_, err = FetchFirst(ctx, cl, []peer.ID{a.ID(), b.ID()}, fp, t.TempDir(), func(string, int) error { return errors.New("cannot load") })
 	if err == nil || !bytes.Contains([]byte(err.Error()), []byte(a.ID().String())) || !bytes.Contains([]byte(err.Error()), []byte(b.ID().String())) {
 		t.Fatalf("err %v", err)
 	}
