@@ -2,7 +2,6 @@ package client
 
 import (
 	"context"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"slices"
@@ -116,7 +115,7 @@ func (c *Client) resolve(ctx context.Context, model string, wait time.Duration, 
 	defer cancel()
 	sw, table := c.cfg.Swarm, c.cfg.Table
 	key := route.NameKey(model)
-	if len(model) == 64 && isHex(model) {
+	if route.ValidFingerprint(model) { // a fingerprint is its own key
 		key = model
 	}
 	changed := table.Changed(ctx)
@@ -226,9 +225,4 @@ func contextLimit(ss []route.Shard, nl int) int {
 		}
 	}
 	return limit
-}
-
-func isHex(s string) bool {
-	_, err := hex.DecodeString(s)
-	return err == nil
 }
