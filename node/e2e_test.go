@@ -354,6 +354,7 @@ func TestHopRefusesMismatch(t *testing.T) {
 	pr := &meshp2pb.Route{ModelFingerprint: fp, NLayer: uint32(nl), Epoch: 1, Hops: []*meshp2pb.RouteHop{
 		{PeerId: []byte(a.P2P().ID()), Start: 0, End: 3}, {PeerId: []byte(b.P2P().ID()), Start: 3, End: 5}}}
 	open := &meshp2pb.SessionOpen{SessionId: make([]byte, 16), Epoch: 1, ModelFingerprint: fp, Route: pr, HopIndex: 1, NCtxNeeded: 16}
+	signOpen(t, c, open)
 	if err := frame.NewWriter(s, frame.Limits{}).WriteStream(&meshp2pb.StreamMessage{Kind: &meshp2pb.StreamMessage_Open{Open: open}}); err != nil {
 		t.Fatal(err)
 	}

@@ -106,6 +106,7 @@ func TestIdleSessionFreed(t *testing.T) {
 	_, _ = rand.Read(sid)
 	open := &meshp2pb.SessionOpen{SessionId: sid, Epoch: 1, ModelFingerprint: fp, NCtxNeeded: 64,
 		Route: &meshp2pb.Route{ModelFingerprint: fp, NLayer: uint32(nl), Epoch: 1, Hops: []*meshp2pb.RouteHop{{PeerId: []byte(whole.P2P().ID()), Start: 0, End: uint32(nl)}}}}
+	signOpen(t, c, open)
 	w, r := frame.NewWriter(s, frame.Limits{}), frame.NewReader(s, frame.Limits{})
 	if err := w.WriteStream(&meshp2pb.StreamMessage{Kind: &meshp2pb.StreamMessage_Open{Open: open}}); err != nil {
 		t.Fatal(err)
@@ -322,6 +323,7 @@ func TestNewEpochSupersedesOld(t *testing.T) {
 		}
 		o := &meshp2pb.SessionOpen{SessionId: sid, Epoch: epoch, ModelFingerprint: fp, NCtxNeeded: 400,
 			Route: &meshp2pb.Route{ModelFingerprint: fp, NLayer: uint32(nl), Epoch: epoch, Hops: []*meshp2pb.RouteHop{{PeerId: []byte(whole.P2P().ID()), Start: 0, End: uint32(nl)}}}}
+		signOpen(t, c, o)
 		if err := frame.NewWriter(s, frame.Limits{}).WriteStream(&meshp2pb.StreamMessage{Kind: &meshp2pb.StreamMessage_Open{Open: o}}); err != nil {
 			t.Fatal(err)
 		}
@@ -355,5 +357,13 @@ func TestNewEpochSupersedesOld(t *testing.T) {
 	}
 	if n := whole.Hop().Sessions(); n != 1 {
 		t.Fatalf("sessions on the hop 5 s after STALE_EPOCH: %d, want 1", n)
+	}
+}
+
+// signOpen signs open as origin n (session.SignOpen with n's key).
+func signOpen(t testing.TB, n *Node, open *meshp2pb.SessionOpen) {
+	t.Helper()
+	if err := session.SignOpen(open, n.Host().Peerstore().PrivKey(n.P2P().ID()), time.Now()); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -515,7 +515,7 @@ func (n *Node) Origin(planner route.Planner) *session.Origin {
 	// The origin's stream carries token ids one way and tokens the other:
 	// it opens at once on any connection, relayed included, instead of
 	// waiting for a hole punch as activation seams do.
-	return &session.Origin{Dialer: n.ControlHost(), Planner: planner, Protocol: n.host.ProtocolID(session.ProtoSession, session.ProtoVersion),
+	return &session.Origin{Dialer: n.ControlHost(), Key: n.host.Peerstore().PrivKey(n.host.ID()), Planner: planner, Protocol: n.host.ProtocolID(session.ProtoSession, session.ProtoVersion),
 		Limits: n.cfg.Hop.Limits, Logger: n.log, Failures: n.failures, Observer: n.originObserver(), Covered: n.table.Covers,
 		Rediscover: func(ctx context.Context, fp string) {
 			// A replacement may be known to a peer but not to us yet:

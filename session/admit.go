@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"slices"
 	"time"
 
 	"github.com/libp2p/go-libp2p/core/network"
@@ -16,59 +15,66 @@ import (
 )
 
 // admit checks that the open names this hop with exactly this model and
-// range, in a route that covers the model, sent by the right peer.
-func (h *HopService) admit(open *meshp2pb.SessionOpen, from peer.ID) (int, *servedEngine, *hopError) {
+// range, in a route that covers the model, sent by the right peer and
+// signed by its origin, which it returns.
+func (h *HopService) admit(open *meshp2pb.SessionOpen, from peer.ID) (int, *servedEngine, peer.ID, *hopError) {
 	me := h.host.ID()
 	rt := open.GetRoute()
 	idx := int(open.GetHopIndex())
 	switch {
 	case len(open.GetSessionId()) != frame.SessionIDLen:
-		return 0, nil, codeErr(meshp2pb.ErrorCode_ERROR_CODE_BAD_REQUEST, "session id must be 16 bytes", "")
+		return 0, nil, "", codeErr(meshp2pb.ErrorCode_ERROR_CODE_BAD_REQUEST, "session id must be 16 bytes", "")
 	case rt == nil || idx >= len(rt.GetHops()):
-		return 0, nil, codeErr(meshp2pb.ErrorCode_ERROR_CODE_BAD_REQUEST, "hop index outside the route", "")
+		return 0, nil, "", codeErr(meshp2pb.ErrorCode_ERROR_CODE_BAD_REQUEST, "hop index outside the route", "")
 	case open.GetModelFingerprint() != h.cfg.Fingerprint || rt.GetModelFingerprint() != h.cfg.Fingerprint:
-		return 0, nil, codeErr(meshp2pb.ErrorCode_ERROR_CODE_MODEL_MISMATCH, fmt.Sprintf("this hop serves model %.16s, not %.16s", h.cfg.Fingerprint, open.GetModelFingerprint()), me)
+		return 0, nil, "", codeErr(meshp2pb.ErrorCode_ERROR_CODE_MODEL_MISMATCH, fmt.Sprintf("this hop serves model %.16s, not %.16s", h.cfg.Fingerprint, open.GetModelFingerprint()), me)
 	case int(rt.GetNLayer()) != h.info.ParentNLayer:
-		return 0, nil, codeErr(meshp2pb.ErrorCode_ERROR_CODE_MODEL_MISMATCH, fmt.Sprintf("model has %d layers, route says %d", h.info.ParentNLayer, rt.GetNLayer()), me)
+		return 0, nil, "", codeErr(meshp2pb.ErrorCode_ERROR_CODE_MODEL_MISMATCH, fmt.Sprintf("model has %d layers, route says %d", h.info.ParentNLayer, rt.GetNLayer()), me)
 	case open.GetEpoch() != rt.GetEpoch():
-		return 0, nil, codeErr(meshp2pb.ErrorCode_ERROR_CODE_BAD_REQUEST, "session epoch differs from route epoch", "")
+		return 0, nil, "", codeErr(meshp2pb.ErrorCode_ERROR_CODE_BAD_REQUEST, "session epoch differs from route epoch", "")
 	case !frame.WireDTypeSupported(open.GetWireDtype()):
-		return 0, nil, codeErr(meshp2pb.ErrorCode_ERROR_CODE_UNSUPPORTED_DTYPE, "wire dtype must be one of "+frame.WireDTypeNames(), me)
+		return 0, nil, "", codeErr(meshp2pb.ErrorCode_ERROR_CODE_UNSUPPORTED_DTYPE, "wire dtype must be one of "+frame.WireDTypeNames(), me)
 	}
 	hop := rt.GetHops()[idx]
 	if peer.ID(hop.GetPeerId()) != me {
-		return 0, nil, codeErr(meshp2pb.ErrorCode_ERROR_CODE_BAD_REQUEST, "route hop names another peer", "")
+		return 0, nil, "", codeErr(meshp2pb.ErrorCode_ERROR_CODE_BAD_REQUEST, "route hop names another peer", "")
 	}
 	// Only the previous hop of the route may extend a session to us: a
 	// stranger cannot splice itself into someone's route.
 	if idx > 0 && peer.ID(rt.GetHops()[idx-1].GetPeerId()) != from {
-		return 0, nil, codeErr(meshp2pb.ErrorCode_ERROR_CODE_BAD_REQUEST, "session open must come from the previous hop of the route", "")
+		return 0, nil, "", codeErr(meshp2pb.ErrorCode_ERROR_CODE_BAD_REQUEST, "session open must come from the previous hop of the route", "")
 	}
 	se, he := h.engineFor(int(hop.GetStart()), int(hop.GetEnd()))
 	if he != nil {
-		return 0, nil, he
+		return 0, nil, "", he
 	}
 	// The route must be a contiguous cover, or some hop would run the
 	// wrong layers on the hidden states it receives.
 	at := uint32(0)
 	for _, x := range rt.GetHops() {
 		if x.GetStart() != at || x.GetEnd() <= x.GetStart() {
-			return 0, nil, codeErr(meshp2pb.ErrorCode_ERROR_CODE_BAD_REQUEST, "route hops do not join end to start", "")
+			return 0, nil, "", codeErr(meshp2pb.ErrorCode_ERROR_CODE_BAD_REQUEST, "route hops do not join end to start", "")
 		}
 		at = x.GetEnd()
 	}
 	if at != rt.GetNLayer() {
-		return 0, nil, codeErr(meshp2pb.ErrorCode_ERROR_CODE_BAD_REQUEST, "route does not cover all layers", "")
+		return 0, nil, "", codeErr(meshp2pb.ErrorCode_ERROR_CODE_BAD_REQUEST, "route does not cover all layers", "")
+	}
+	// Who asked for this session, proven by its signature: what it may
+	// hold here is counted against that origin, whoever forwards it.
+	origin, err := h.guard.check(open, idx, from)
+	if err != nil {
+		return 0, nil, "", codeErr(meshp2pb.ErrorCode_ERROR_CODE_ORIGIN_UNAUTHENTICATED, err.Error(), "")
 	}
 	if h.cfg.Admit != nil {
 		if e := h.cfg.Admit(open, idx, from); e != nil {
 			if len(e.GetFailedPeerId()) == 0 && frame.Retryable(e.GetCode()) {
 				e.FailedPeerId = []byte(me)
 			}
-			return 0, nil, &hopError{e}
+			return 0, nil, "", &hopError{e}
 		}
 	}
-	return idx, se, nil
+	return idx, se, origin, nil
 }
 
 // refusal is the SessionAccept{ok: false} that answers open with he.
@@ -107,10 +113,11 @@ func readFirst(s io.Reader, lim frame.Limits) (*meshp2pb.StreamMessage, error) {
 
 // handleSession serves one incoming session stream: admission, the rest of
 // the route, then the data plane until the session ends. The checks run in
-// this order: the open itself (admit, checkSessionKV), then, with the
-// sender checked, the supersede of older epochs, the origin's quota and
-// the engine slot (reserve), the hop's state (register), and last the rest
-// of the route (serveAdmitted).
+// this order: the open itself, its sender and its origin's signature
+// (admit, checkSessionKV), that it is no replay (guard.use), then the
+// supersede of the origin's older epochs, the origin's silence backoff,
+// quota and the engine slot (reserve), the hop's state (register), and
+// last the rest of the route (serveAdmitted).
 func (h *HopService) handleSession(s network.Stream) {
 	lim := h.cfg.Limits
 	w := frame.NewWriter(s, lim)
@@ -128,18 +135,21 @@ func (h *HopService) handleSession(s network.Stream) {
 		_ = s.Close()
 	}
 	from := s.Conn().RemotePeer()
-	idx, se, he := h.admit(open, from)
+	idx, se, origin, he := h.admit(open, from)
 	if he == nil {
 		he = h.checkSessionKV(open, se.info)
+	}
+	if he == nil {
+		he = h.useOpen(open)
 	}
 	if he != nil {
 		refuse(he)
 		return
 	}
-	hs := h.newHopSession(s, open, se, idx, from)
-	// Only now, with the open admitted and its sender checked, may it end
+	hs := h.newHopSession(s, open, se, idx, from, origin)
+	// Only now, with the open admitted and its origin proven, may it end
 	// an older epoch of the same session (from the same origin).
-	h.supersede(hs.key, from, idx)
+	h.supersede(hs.key, idx)
 	if he := h.reserve(hs); he != nil {
 		refuse(he)
 		return
@@ -178,13 +188,27 @@ func (h *HopService) readOpen(s network.Stream, w *frame.Writer) (*meshp2pb.Sess
 	return open, r
 }
 
+// useOpen records open as admitted here, or refuses a replay of an open
+// this hop admitted before (and, with its memory full of fresh opens, any
+// new one: NO_CAPACITY).
+func (h *HopService) useOpen(open *meshp2pb.SessionOpen) *hopError {
+	err := h.guard.use(keyOf(open), time.UnixMilli(open.GetIssuedAtMs()))
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, errOpenMemoryFull):
+		return codeErr(meshp2pb.ErrorCode_ERROR_CODE_NO_CAPACITY, err.Error(), h.host.ID())
+	}
+	return codeErr(meshp2pb.ErrorCode_ERROR_CODE_ORIGIN_UNAUTHENTICATED, err.Error(), "")
+}
+
 // newHopSession is the state of the admitted open (hop idx of its route,
-// served by se, sent by from) whose upstream is s; it holds no engine slot
-// yet.
-func (h *HopService) newHopSession(s network.Stream, open *meshp2pb.SessionOpen, se *servedEngine, idx int, from peer.ID) *hopSession {
+// served by se, sent by from, signed by origin) whose upstream is s; it
+// holds no engine slot yet.
+func (h *HopService) newHopSession(s network.Stream, open *meshp2pb.SessionOpen, se *servedEngine, idx int, from, origin peer.ID) *hopSession {
 	lim := h.cfg.Limits
 	n := len(open.GetRoute().GetHops())
-	hs := &hopSession{h: h, se: se, key: keyOf(open.GetSessionId(), open.GetEpoch()), open: open, idx: idx, head: idx == 0, tail: idx == n-1, wire: open.GetWireDtype(), from: from,
+	hs := &hopSession{h: h, se: se, key: keyOf(open), open: open, idx: idx, head: idx == 0, tail: idx == n-1, wire: open.GetWireDtype(), from: from, origin: origin,
 		up: NewSeam(s, lim), down: NewSeam(nil, lim), ringOut: NewSeam(nil, lim), ringIn: NewSeam(nil, lim),
 		ring: make(chan network.Stream, 1), self: make(chan *meshp2pb.TokenFrame, 1), activity: make(chan struct{}, 1),
 		done: make(chan struct{}), released: make(chan struct{}), engFreed: make(chan struct{}),
@@ -196,15 +220,16 @@ func (h *HopService) newHopSession(s network.Stream, open *meshp2pb.SessionOpen,
 	return hs
 }
 
-// reserve counts hs against its origin's quota (on the head) and opens
-// its engine session (slot and KV cells), or refuses it with nothing
+// reserve counts hs against its origin's silence backoff and quota and
+// opens its engine session (slot and KV cells), or refuses it with nothing
 // held.
 func (h *HopService) reserve(hs *hopSession) *hopError {
 	open := hs.open
-	if hs.head {
-		if he := h.takeQuota(hs, int(open.GetNCtxNeeded())); he != nil {
-			return he
-		}
+	if he := h.checkSilence(hs); he != nil {
+		return he
+	}
+	if he := h.takeQuota(hs, int(open.GetNCtxNeeded())); he != nil {
+		return he
 	}
 	eng, err := hs.se.eng.OpenSession(hs.key, EngineParams{KVTokens: int(open.GetNCtxNeeded()), Sampling: open.GetSampling(), Generated: open.GetGenerated()})
 	if err != nil {
@@ -266,7 +291,7 @@ func (h *HopService) serveAdmitted(s network.Stream, r *timedReader, hs *hopSess
 	if err := hs.up.Send(acceptance(open), 0); err != nil {
 		return
 	}
-	hs.admitted = true
+	hs.admitted, hs.admittedAt = true, time.Now()
 	h.cfg.Observer.SessionAdmitted(sessionInfo(open, idx))
 	h.log.Debug("session open", "session", hs.key, "hop", idx, "of", n)
 	hs.run(r)
@@ -295,7 +320,38 @@ func (h *HopService) checkSessionKV(open *meshp2pb.SessionOpen, info ShardInfo) 
 	return nil
 }
 
-// peerQuota is what one origin peer may hold on this head (0: unlimited).
+// checkSilence refuses a session whose origin is backing off here because
+// its earlier sessions held slots and sent nothing (NO_CAPACITY with the
+// time left: an honest origin that tripped it once waits, then retries).
+func (h *HopService) checkSilence(hs *hopSession) *hopError {
+	if h.cfg.TrustedOrigins[hs.origin] {
+		return nil
+	}
+	d := h.silence.blocked(hs.origin)
+	if d <= 0 {
+		return nil
+	}
+	he := codeErr(meshp2pb.ErrorCode_ERROR_CODE_NO_CAPACITY, fmt.Sprintf("origin %s left sessions here silent; refused for %s more", hs.origin, d.Round(time.Millisecond)), h.host.ID())
+	he.e.RetryAfterMs = uint64(d.Milliseconds())
+	return he
+}
+
+// noteSilence ends hs's account with its origin's silence memory: a strike
+// when it reserved this hop and its upstream sent nothing, for its whole
+// first-frame wait (timedOut) or for at least half of it before closing;
+// one strike back when frames came.
+func (h *HopService) noteSilence(hs *hopSession, timedOut bool) {
+	switch {
+	case h.cfg.TrustedOrigins[hs.origin] || !hs.admitted:
+	case hs.heard.Load():
+		h.silence.heard(hs.origin)
+	case timedOut || time.Since(hs.admittedAt) >= h.firstFrame(hs.idx)/2:
+		d := h.silence.strike(hs.origin)
+		h.log.Info("origin left a session silent; refusing its sessions for a while", "origin", hs.origin, "session", hs.key, "hop", hs.idx, "for", d)
+	}
+}
+
+// peerQuota is what one origin may hold on this hop (0: unlimited).
 func (h *HopService) peerQuota(info ShardInfo) peerUse {
 	q := peerUse{sessions: h.cfg.MaxSessionsPerPeer, kv: h.cfg.MaxKVPerPeer}
 	if q.sessions == 0 && info.MaxSessions > 0 {
@@ -307,24 +363,26 @@ func (h *HopService) peerQuota(info ShardInfo) peerUse {
 	return peerUse{sessions: max(0, q.sessions), kv: max(0, q.kv)}
 }
 
-// takeQuota counts a new session on the head against its origin's quota,
-// or refuses it (NO_CAPACITY: the origin's own sessions must end first).
+// takeQuota counts a new session against its origin's quota, or refuses
+// it (NO_CAPACITY: the origin's own sessions must end first). The origin
+// is the one that signed the open, at every position: an honest hop that
+// forwards many origins' sessions is never throttled for them.
 func (h *HopService) takeQuota(hs *hopSession, kv int) *hopError {
-	if h.cfg.TrustedOrigins[hs.from] {
+	if h.cfg.TrustedOrigins[hs.origin] {
 		return nil // counted nowhere: giveQuota has nothing to return
 	}
 	q := h.peerQuota(hs.se.info)
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	u := h.perPeer[hs.from]
+	u := h.perPeer[hs.origin]
 	switch {
 	case q.sessions > 0 && u.sessions+1 > q.sessions:
-		return codeErr(meshp2pb.ErrorCode_ERROR_CODE_NO_CAPACITY, fmt.Sprintf("origin %s already holds %d sessions here (quota %d)", hs.from, u.sessions, q.sessions), h.host.ID())
+		return codeErr(meshp2pb.ErrorCode_ERROR_CODE_NO_CAPACITY, fmt.Sprintf("origin %s already holds %d sessions here (quota %d)", hs.origin, u.sessions, q.sessions), h.host.ID())
 	case q.kv > 0 && u.kv+kv > q.kv:
-		return codeErr(meshp2pb.ErrorCode_ERROR_CODE_NO_CAPACITY, fmt.Sprintf("origin %s holds %d KV cells here, %d more exceed its quota of %d", hs.from, u.kv, kv, q.kv), h.host.ID())
+		return codeErr(meshp2pb.ErrorCode_ERROR_CODE_NO_CAPACITY, fmt.Sprintf("origin %s holds %d KV cells here, %d more exceed its quota of %d", hs.origin, u.kv, kv, q.kv), h.host.ID())
 	}
 	hs.quota = peerUse{sessions: 1, kv: kv}
-	h.perPeer[hs.from] = peerUse{sessions: u.sessions + 1, kv: u.kv + kv}
+	h.perPeer[hs.origin] = peerUse{sessions: u.sessions + 1, kv: u.kv + kv}
 	return nil
 }
 
@@ -335,15 +393,15 @@ func (h *HopService) giveQuota(hs *hopSession) {
 	if hs.quota == (peerUse{}) {
 		return
 	}
-	u := h.perPeer[hs.from]
+	u := h.perPeer[hs.origin]
 	u.sessions -= hs.quota.sessions
 	u.kv -= hs.quota.kv
 	hs.quota = peerUse{}
 	if u == (peerUse{}) {
-		delete(h.perPeer, hs.from)
+		delete(h.perPeer, hs.origin)
 		return
 	}
-	h.perPeer[hs.from] = u
+	h.perPeer[hs.origin] = u
 }
 
 // closeEngine frees the session's engine slot and KV cells and its quota,
@@ -358,32 +416,23 @@ func (hs *hopSession) closeEngine() {
 	})
 }
 
-// supersededBy reports whether an open of a newer epoch of this session,
-// received from peer from, may end this epoch: only the party that could
-// end it anyway. On the head that is the origin that opened it; on a later
-// hop, a peer upstream of this hop in this epoch's route (it could drop
-// our seam at any time). A stranger who learnt the session id cannot; nor
-// can a replacement upstream hop that was not on this epoch's route: there
-// the old epoch ends when its upstream goes away, and until then a
-// capacity refusal makes the origin wait (DefaultCapacityWait).
-func (hs *hopSession) supersededBy(from peer.ID) bool {
-	if hs.idx == 0 {
-		return from == hs.from
-	}
-	return slices.Contains(hs.route[:hs.idx], from)
-}
-
 // supersede ends older epochs of a session that is being re-opened (the
-// origin re-routed) by the same origin, and frees their KV cells before
-// the new epoch's admission: the old epoch is dead either way, and its
-// reservation must not make the new one fail for lack of capacity. The
-// wait is bounded (an engine that frees late makes the new epoch's
-// admission refuse with NO_CAPACITY, which the origin retries).
-func (h *HopService) supersede(key Key, from peer.ID, idx int) {
+// origin re-routed), and frees their KV cells before the new epoch's
+// admission: the old epoch is dead either way, and its reservation must
+// not make the new one fail for lack of capacity. The wait is bounded (an
+// engine that frees late makes the new epoch's admission refuse with
+// NO_CAPACITY, which the origin retries).
+//
+// Only the origin that opened a session may end it so: key's origin signed
+// the new epoch (admit), and keys of other origins never match, whoever
+// forwards the open — a replacement upstream hop carrying the origin's new
+// epoch ends the old one at once, while a stranger who learnt the session
+// id (a hop once on its route) opens a session of its own instead.
+func (h *HopService) supersede(key Key, idx int) {
 	h.mu.Lock()
 	var old []*hopSession
 	for k, hs := range h.active {
-		if k.ID == key.ID && k.Epoch < key.Epoch && hs.supersededBy(from) {
+		if k.Origin == key.Origin && k.ID == key.ID && k.Epoch < key.Epoch {
 			old = append(old, hs)
 		}
 	}

@@ -95,7 +95,7 @@ func (h *HopService) handleRing(s network.Stream) {
 	}
 	_ = s.SetReadDeadline(time.Time{})
 	open := msg.GetOpen()
-	hs := h.lookup(keyOf(open.GetSessionId(), open.GetEpoch()))
+	hs := h.lookup(keyOf(open))
 	// Only the tail of the route this head admitted may close the ring.
 	if hs == nil || !hs.head || hs.tail || int(open.GetHopIndex()) != len(hs.route)-1 || s.Conn().RemotePeer() != hs.route[len(hs.route)-1] {
 		_ = s.Reset()

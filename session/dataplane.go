@@ -51,6 +51,7 @@ func (hs *hopSession) run(r *timedReader) {
 	for {
 		select {
 		case err := <-upstream:
+			hs.h.noteSilence(hs, false)
 			if err != nil {
 				hs.fail(hs.fromUpstream(err))
 			} else {
@@ -58,6 +59,9 @@ func (hs *hopSession) run(r *timedReader) {
 			}
 			return
 		case <-hs.done:
+			if hs.heard.Load() { // else it ended downstream: not the origin's doing
+				hs.h.noteSilence(hs, false)
+			}
 			hs.unblock()
 			hs.up.Close()
 			<-upstream
@@ -72,6 +76,7 @@ func (hs *hopSession) run(r *timedReader) {
 			what := "session idle"
 			if first {
 				what = "no frame since admission"
+				hs.h.noteSilence(hs, true)
 			}
 			hs.fail(codeErr(meshp2pb.ErrorCode_ERROR_CODE_TIMEOUT, fmt.Sprintf("%s for %s", what, wait), hs.upstreamPeer()))
 			hs.unblock()

@@ -36,11 +36,31 @@ const (
 	// fraction (1/2) of a shard's KV cells, so a single open cannot take a
 	// whole hop (HopConfig.MaxSessionKV overrides it).
 	DefaultSessionKVDivisor = 2
-	// DefaultPeerShareDivisor: at the head, one origin peer may hold at
-	// most this fraction (1/2, at least one session) of the shard's
-	// session slots and of its KV cells at once, so one client cannot
-	// starve the others (HopConfig.MaxSessionsPerPeer / MaxKVPerPeer).
+	// DefaultPeerShareDivisor: at every position of a route, one origin
+	// (authenticated by its signature on the open) may hold at most this
+	// fraction (1/2, at least one session) of the shard's session slots and
+	// of its KV cells at once, so one client cannot starve the others
+	// (HopConfig.MaxSessionsPerPeer / MaxKVPerPeer).
 	DefaultPeerShareDivisor = 2
+	// DefaultSilenceBackoff is how long a hop refuses an origin's new
+	// sessions after one of them reserved a slot and sent nothing (its
+	// first-frame timeout fired, or it was closed unstarted after half of
+	// it); each further silent session doubles it, up to
+	// DefaultSilenceBackoffMax, and each session that sent frames takes one
+	// doubling back. Squatting a hop with sessions that never start then
+	// holds it for one first-frame timeout per identity and a shrinking
+	// share of the time after (docs/limits.md).
+	DefaultSilenceBackoff    = 10 * time.Second
+	DefaultSilenceBackoffMax = 10 * time.Minute
+	// OpenMaxAge is how old a signed SessionOpen may be (plus
+	// route.DefaultClockSkew) when a hop admits it: far more than a
+	// route's admission takes, short enough that the hop can remember
+	// every open it admitted until then and refuse a replay.
+	OpenMaxAge = 2 * time.Minute
+	// DefaultMaxOpenMemory bounds the fresh opens one hop remembers against
+	// replay (as DefaultMaxTicketNonces: full means a flood, and new opens
+	// are refused with NO_CAPACITY rather than old ones forgotten).
+	DefaultMaxOpenMemory = 1 << 16
 	// FirstFrameMaxPayload is the payload limit of the first frame of a
 	// session or ring stream (SessionOpen, ring hello): none is allowed;
 	// 1 is the smallest limit frame.Limits expresses (0 means the

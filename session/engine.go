@@ -2,8 +2,11 @@ package session
 
 import (
 	"context"
+	"crypto/sha256"
 	"errors"
 	"fmt"
+
+	"github.com/libp2p/go-libp2p/core/peer"
 
 	"github.com/neuron-tai/meshp2p/proto/meshp2pb"
 )
@@ -47,19 +50,36 @@ func (i ShardInfo) IsHead() bool { return i.Start == 0 }
 // IsTail reports whether the shard samples tokens.
 func (i ShardInfo) IsTail() bool { return i.End == i.ParentNLayer }
 
-// Key identifies a route session on a hop: the same session id gets a new
-// epoch after a re-route, and both epochs may briefly coexist.
+// Key identifies a route session on a hop: the origin that signed it, the
+// session id it chose, and the epoch (the same session id gets a new epoch
+// after a re-route, and both epochs may briefly coexist). Two origins that
+// pick the same id are two sessions: a stranger who learnt an id cannot
+// collide with it.
 type Key struct {
-	ID    [16]byte
-	Epoch uint64
+	Origin peer.ID
+	ID     [16]byte
+	Epoch  uint64
 }
 
 func (k Key) String() string { return fmt.Sprintf("%x/%d", k.ID[:4], k.Epoch) }
 
-func keyOf(id []byte, epoch uint64) Key {
-	var k Key
-	copy(k.ID[:], id)
-	k.Epoch = epoch
+// Local is a 16-byte id unique to (origin, session id): what an engine that
+// knows nothing of origins keys the session by.
+func (k Key) Local() [16]byte {
+	h := sha256.New()
+	h.Write([]byte(k.Origin))
+	h.Write(k.ID[:])
+	var id [16]byte
+	copy(id[:], h.Sum(nil))
+	return id
+}
+
+// keyOf is the key of open (its origin as the open claims it: admission
+// checks the signature; lookups check the sender against the admitted
+// session's route).
+func keyOf(open *meshp2pb.SessionOpen) Key {
+	k := Key{Origin: peer.ID(open.GetOriginPeerId()), Epoch: open.GetEpoch()}
+	copy(k.ID[:], open.GetSessionId())
 	return k
 }
 

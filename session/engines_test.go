@@ -66,7 +66,7 @@ func TestHopMovesRangeGracefully(t *testing.T) {
 	z := startHop(t, 0, 3, nil)
 	connectAll(c, z.host, a.host)
 	moved := route.Hop{Peer: a.host.ID(), Start: 3, End: 6, Addrs: a.host.Addrs()}
-	o2 := &Origin{Dialer: c, Planner: fixedRoute{[]route.Hop{z.hop(), moved}}, Protocol: o.Protocol, RouteWait: -1, Logger: quiet}
+	o2 := &Origin{Dialer: c, Key: c.key(), Planner: fixedRoute{[]route.Hop{z.hop(), moved}}, Protocol: o.Protocol, RouteWait: -1, Logger: quiet}
 	newEng.mu.Lock()
 	newEng.onStep = func(int) { time.Sleep(20 * time.Millisecond) } // slow: the drain runs out first
 	newEng.mu.Unlock()

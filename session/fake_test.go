@@ -9,12 +9,14 @@ import (
 	"time"
 
 	"github.com/libp2p/go-libp2p"
+	"github.com/libp2p/go-libp2p/core/crypto"
 	"github.com/libp2p/go-libp2p/core/host"
 	"github.com/libp2p/go-libp2p/core/network"
 	"github.com/libp2p/go-libp2p/core/peer"
 	"github.com/libp2p/go-libp2p/core/protocol"
 
 	"github.com/neuron-tai/meshp2p/p2p"
+	"github.com/neuron-tai/meshp2p/proto/meshp2pb"
 	"github.com/neuron-tai/meshp2p/route"
 )
 
@@ -470,7 +472,7 @@ func newOrigin(t testing.TB, pl route.Planner, hops ...*fakeHop) (*Origin, *test
 		hosts = append(hosts, h.host)
 	}
 	connectAll(hosts...)
-	return &Origin{Dialer: c, Planner: pl, Protocol: c.ProtocolID(ProtoSession, ProtoVersion), RouteWait: -1, Logger: quiet}, c
+	return &Origin{Dialer: c, Key: c.key(), Planner: pl, Protocol: c.ProtocolID(ProtoSession, ProtoVersion), RouteWait: -1, Logger: quiet}, c
 }
 
 // waitReleased waits until no hop holds a session or an engine slot.
@@ -485,4 +487,16 @@ func waitReleased(t testing.TB, hops ...*fakeHop) {
 			time.Sleep(10 * time.Millisecond)
 		}
 	}
+}
+
+// key is the host's libp2p key (an origin signs its opens with it).
+func (h *testHost) key() crypto.PrivKey { return h.Peerstore().PrivKey(h.ID()) }
+
+// signedBy signs open as origin c (SignOpen) and returns it.
+func signedBy(t testing.TB, c *testHost, open *meshp2pb.SessionOpen) *meshp2pb.SessionOpen {
+	t.Helper()
+	if err := SignOpen(open, c.key(), time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	return open
 }

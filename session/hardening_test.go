@@ -59,9 +59,11 @@ func acceptRing(c *testHost) {
 	})
 }
 
-// Item 3: a SessionOpen that reuses a live session's id with a huge epoch
-// must not end the live epoch unless it comes from the live epoch's
-// origin (head) or from a peer upstream of this hop in the live epoch.
+// Item 3 (and issue 21, attack 4): a SessionOpen that reuses a live
+// session's id with a newer epoch ends the live epoch only when the same
+// origin signed it — whoever forwards it. A stranger who learnt the id
+// opens a session of its own; one that copies the origin's id but cannot
+// sign for it is refused.
 func TestSupersedeOnlyBySameOrigin(t *testing.T) {
 	whole := startHop(t, 0, 6, nil)
 	tail := startHop(t, 2, 6, nil)
@@ -69,12 +71,24 @@ func TestSupersedeOnlyBySameOrigin(t *testing.T) {
 	connectAll(c, stranger, whole.host, tail.host)
 	acceptRing(c)
 	acceptRing(stranger)
-	// tailOpen is a route [from 0-2, tail 2-6] arriving at the tail.
-	tailOpen := func(from *testHost, sid []byte, epoch uint64) *meshp2pb.SessionOpen {
+	// tailOpen is a route [prev 0-2, tail 2-6] arriving at the tail.
+	tailOpen := func(prev *testHost, sid []byte, epoch uint64) *meshp2pb.SessionOpen {
 		return &meshp2pb.SessionOpen{SessionId: sid, Epoch: epoch, ModelFingerprint: fakeFP, NCtxNeeded: 64, HopIndex: 1,
 			Route: &meshp2pb.Route{ModelFingerprint: fakeFP, NLayer: fakeNLay, Epoch: epoch, Hops: []*meshp2pb.RouteHop{
-				{PeerId: []byte(from.ID()), Start: 0, End: 2}, {PeerId: []byte(tail.host.ID()), Start: 2, End: 6}}}}
+				{PeerId: []byte(prev.ID()), Start: 0, End: 2}, {PeerId: []byte(tail.host.ID()), Start: 2, End: 6}}}}
 	}
+	headOpen := func(sid []byte, e uint64) *meshp2pb.SessionOpen {
+		o := openFor(whole, e, 64)
+		o.SessionId = sid
+		return o
+	}
+	// forged claims c's origin with the sender's own signature.
+	forged := func(from *testHost, o *meshp2pb.SessionOpen) *meshp2pb.SessionOpen {
+		signedBy(t, from, o)
+		o.OriginPeerId = []byte(c.ID())
+		return o
+	}
+	const anyCode = meshp2pb.ErrorCode(-1)
 	for _, tc := range []struct {
 		name      string
 		hop       *fakeHop
@@ -83,35 +97,87 @@ func TestSupersedeOnlyBySameOrigin(t *testing.T) {
 		reopen    func(sid []byte, epoch uint64) *meshp2pb.SessionOpen
 		epoch     uint64
 		supersede bool
+		code      meshp2pb.ErrorCode // of the reply to the re-open (anyCode: not checked)
 	}{
-		{"head: stranger", whole, func(sid []byte) *meshp2pb.SessionOpen { o := openFor(whole, 1, 64); o.SessionId = sid; return o }, stranger,
-			func(sid []byte, e uint64) *meshp2pb.SessionOpen {
-				o := openFor(whole, e, 64)
-				o.SessionId = sid
-				return o
-			}, math.MaxUint64, false},
-		{"head: same origin", whole, func(sid []byte) *meshp2pb.SessionOpen { o := openFor(whole, 1, 64); o.SessionId = sid; return o }, c,
-			func(sid []byte, e uint64) *meshp2pb.SessionOpen {
-				o := openFor(whole, e, 64)
-				o.SessionId = sid
-				return o
-			}, 2, true},
+		{"head: stranger", whole, func(sid []byte) *meshp2pb.SessionOpen { return headOpen(sid, 1) }, stranger,
+			headOpen, math.MaxUint64, false, anyCode},
+		{"head: same origin", whole, func(sid []byte) *meshp2pb.SessionOpen { return headOpen(sid, 1) }, c,
+			headOpen, 2, true, anyCode},
+		{"head: stranger forges the origin", whole, func(sid []byte) *meshp2pb.SessionOpen { return headOpen(sid, 1) }, stranger,
+			func(sid []byte, e uint64) *meshp2pb.SessionOpen { return forged(stranger, headOpen(sid, e)) }, 2, false,
+			meshp2pb.ErrorCode_ERROR_CODE_ORIGIN_UNAUTHENTICATED},
 		{"later hop: stranger names itself the previous hop", tail, func(sid []byte) *meshp2pb.SessionOpen { return tailOpen(c, sid, 1) }, stranger,
-			func(sid []byte, e uint64) *meshp2pb.SessionOpen { return tailOpen(stranger, sid, e) }, math.MaxUint64, false},
+			func(sid []byte, e uint64) *meshp2pb.SessionOpen { return tailOpen(stranger, sid, e) }, math.MaxUint64, false, anyCode},
+		{"later hop: stranger forges the origin", tail, func(sid []byte) *meshp2pb.SessionOpen { return tailOpen(c, sid, 1) }, stranger,
+			func(sid []byte, e uint64) *meshp2pb.SessionOpen { return forged(stranger, tailOpen(stranger, sid, e)) }, 2, false,
+			meshp2pb.ErrorCode_ERROR_CODE_ORIGIN_UNAUTHENTICATED},
 		{"later hop: the live epoch's previous hop", tail, func(sid []byte) *meshp2pb.SessionOpen { return tailOpen(c, sid, 1) }, c,
-			func(sid []byte, e uint64) *meshp2pb.SessionOpen { return tailOpen(c, sid, e) }, 2, true},
+			func(sid []byte, e uint64) *meshp2pb.SessionOpen { return tailOpen(c, sid, e) }, 2, true, anyCode},
+		{"later hop: a new previous hop carries the origin's epoch", tail, func(sid []byte) *meshp2pb.SessionOpen { return tailOpen(c, sid, 1) }, stranger,
+			func(sid []byte, e uint64) *meshp2pb.SessionOpen { return signedBy(t, c, tailOpen(stranger, sid, e)) }, 2, true, anyCode},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			sid := newSID()
 			if _, m := rawOpen(t, c, tc.hop.host.ID(), tc.live(sid)); !m.GetAccept().GetOk() {
 				t.Fatalf("live epoch refused: %v", m)
 			}
-			live := keyOf(sid, 1)
+			live := keyFor(c, sid, 1)
 			_, m := rawOpen(t, tc.from, tc.hop.host.ID(), tc.reopen(sid, tc.epoch))
 			if got := ended(tc.hop, live); got != tc.supersede {
 				t.Fatalf("live epoch ended: %v, want %v (reply to the re-open: %v)", got, tc.supersede, m)
 			}
+			if tc.code != anyCode && m.GetAccept().GetError().GetCode() != tc.code {
+				t.Fatalf("reply to the re-open: %v, want %s", m, tc.code)
+			}
 		})
+	}
+}
+
+// keyFor is the key of origin c's session sid at epoch on a hop.
+func keyFor(c *testHost, sid []byte, epoch uint64) Key {
+	k := Key{Origin: c.ID(), Epoch: epoch}
+	copy(k.ID[:], sid)
+	return k
+}
+
+// Issue 21, attack 4: a peer once on a session's route knows its id. It
+// opens a newer epoch of that id at an honest upstream hop, which admits
+// it as the stranger's own session and forwards it: before origin
+// signatures the downstream hop took the honest upstream for the
+// session's and ended the live epoch, and the origin's own next epoch then
+// collided with the stranger's. Now neither happens.
+func TestHijackThroughHonestHop(t *testing.T) {
+	up, down := startHop(t, 0, 2, nil), startHop(t, 2, 6, nil)
+	c, thief := newTestHost(t), newTestHost(t)
+	connectAll(c, thief, up.host, down.host)
+	routeOf := func(sid []byte, e uint64) *meshp2pb.SessionOpen {
+		return &meshp2pb.SessionOpen{SessionId: sid, Epoch: e, ModelFingerprint: fakeFP, NCtxNeeded: 64,
+			Route: &meshp2pb.Route{ModelFingerprint: fakeFP, NLayer: fakeNLay, Epoch: e, Hops: []*meshp2pb.RouteHop{
+				{PeerId: []byte(up.host.ID()), Start: 0, End: 2}, {PeerId: []byte(down.host.ID()), Start: 2, End: 6}}}}
+	}
+	sid := newSID()
+	if _, m := rawOpen(t, c, up.host.ID(), routeOf(sid, 1)); !m.GetAccept().GetOk() {
+		t.Fatalf("honest session refused: %v", m)
+	}
+	live := keyFor(c, sid, 1)
+	_, m := rawOpen(t, thief, up.host.ID(), routeOf(sid, 2))
+	if !m.GetAccept().GetOk() {
+		t.Fatalf("the thief's open is an ordinary session of its own and should be admitted: %v", m)
+	}
+	for _, h := range []*fakeHop{up, down} {
+		if ended(h, live) {
+			t.Fatalf("the thief's epoch 2 ended the honest epoch 1 at %s", h.host.ID())
+		}
+	}
+	// The origin's own re-route to epoch 2 does not collide with the
+	// thief's epoch 2, and does end its epoch 1.
+	if _, m := rawOpen(t, c, up.host.ID(), routeOf(sid, 2)); !m.GetAccept().GetOk() {
+		t.Fatalf("the origin's own epoch 2 refused: %v", m)
+	}
+	for _, h := range []*fakeHop{up, down} {
+		if !ended(h, live) {
+			t.Fatalf("the origin's epoch 2 did not supersede its epoch 1 at %s", h.host.ID())
+		}
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/libp2p/go-libp2p/core/network"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/neuron-tai/meshp2p/proto/frame"
 	"github.com/neuron-tai/meshp2p/proto/meshp2pb"
+	"github.com/neuron-tai/meshp2p/route"
 )
 
 // HopConfig configures a HopService.
@@ -30,15 +32,19 @@ type HopConfig struct {
 	// (0: the shard's KV cells / DefaultSessionKVDivisor; negative: no cap
 	// but the engine's own).
 	MaxSessionKV int
-	// MaxSessionsPerPeer and MaxKVPerPeer are the head's quota per origin
-	// peer: sessions and KV cells one origin may hold here at once
-	// (0: a DefaultPeerShareDivisor-th of the shard's slots and cells;
-	// negative: no quota).
+	// MaxSessionsPerPeer and MaxKVPerPeer are the quota per origin, at
+	// any position of the route: sessions and KV cells one origin may hold
+	// here at once (0: a DefaultPeerShareDivisor-th of the shard's slots
+	// and cells; negative: no quota).
 	MaxSessionsPerPeer, MaxKVPerPeer int
-	// TrustedOrigins are origin peers the head's per-origin quota does not
-	// apply to (an API gateway that carries many users' sessions); they
-	// are still bounded by the shard's slots, its KV cells and
-	// MaxSessionKV. Read-only after NewHopService.
+	// SilenceBackoff is how long an origin's new sessions are refused
+	// after one of them held a slot here and sent nothing, doubling per
+	// such session (DefaultSilenceBackoff, up to DefaultSilenceBackoffMax).
+	SilenceBackoff time.Duration
+	// TrustedOrigins are origins the per-origin quota and the silence
+	// backoff do not apply to (an API gateway that carries many users'
+	// sessions); they are still bounded by the shard's slots, its KV cells
+	// and MaxSessionKV. Read-only after NewHopService.
 	TrustedOrigins map[peer.ID]bool
 	// Admit, if set, runs after the built-in checks (model, range, route
 	// shape, sender) and may refuse the session with an error to send back
@@ -68,8 +74,11 @@ type HopService struct {
 	moved   map[[2]int]time.Time // ranges drained away, when (MovedGrace)
 	closed  bool
 	active  map[Key]*hopSession
-	perPeer map[peer.ID]peerUse // head: what each origin peer holds here (quota)
+	perPeer map[peer.ID]peerUse // what each origin holds here (quota)
 	wg      sync.WaitGroup
+
+	guard   *originGuard   // origin signatures, freshness, replays
+	silence *silenceMemory // origins whose sessions sent nothing
 }
 
 // NewHopService registers the session and ring protocols on host.
@@ -86,9 +95,14 @@ func NewHopService(host Host, eng Engine, cfg HopConfig) *HopService {
 	if cfg.Observer == nil {
 		cfg.Observer = nopHop{}
 	}
+	if cfg.SilenceBackoff <= 0 {
+		cfg.SilenceBackoff = DefaultSilenceBackoff
+	}
 	info := eng.Info()
 	h := &HopService{host: host, info: info, cfg: cfg, engines: []*servedEngine{{eng: eng, info: info, admitting: true}},
-		log: cfg.Logger.With("range", fmt.Sprintf("%d-%d", info.Start, info.End)), active: map[Key]*hopSession{}, perPeer: map[peer.ID]peerUse{}}
+		log: cfg.Logger.With("range", fmt.Sprintf("%d-%d", info.Start, info.End)), active: map[Key]*hopSession{}, perPeer: map[peer.ID]peerUse{},
+		guard:   newOriginGuard(OpenMaxAge, route.DefaultClockSkew, DefaultMaxOpenMemory, nil),
+		silence: newSilenceMemory(cfg.SilenceBackoff, max(cfg.SilenceBackoff, DefaultSilenceBackoffMax), DefaultFailurePeers, nil)}
 	h.speed.layers = max(1, info.End-info.Start)
 	host.SetStreamHandler(host.ProtocolID(ProtoSession, ProtoVersion), h.handleSession)
 	host.SetStreamHandler(host.ProtocolID(ProtoRing, ProtoVersion), h.handleRing)
@@ -140,9 +154,16 @@ type hopSession struct {
 	wire  meshp2pb.DType
 	route []peer.ID
 	from  peer.ID // the peer that opened this epoch here (the origin on the head)
-	// quota is what this epoch counts against its origin's per-peer quota
-	// (head only; zero elsewhere), given back by closeEngine.
+	// origin signed the open (checked at admission): quotas, the silence
+	// backoff and supersede key on it.
+	origin peer.ID
+	// quota is what this epoch counts against its origin's quota, given
+	// back by closeEngine.
 	quota peerUse
+	// heard is set by the first frame from upstream; admittedAt is when
+	// the route accepted the session (silence strikes).
+	heard      atomic.Bool
+	admittedAt time.Time
 	// engOnce closes the engine session once (supersede frees a dead
 	// epoch's cells before the new epoch's admission; release too);
 	// engFreed is closed when its cells are free.
@@ -186,7 +207,7 @@ func (h *HopService) firstFrame(idx int) time.Duration {
 	return min(d*time.Duration(idx+1), h.cfg.Idle)
 }
 
-// peerUse is what one origin peer holds on a head: sessions and KV cells.
+// peerUse is what one origin holds on a hop: sessions and KV cells.
 type peerUse struct{ sessions, kv int }
 
 func (hs *hopSession) upstreamPeer() peer.ID {
@@ -197,6 +218,7 @@ func (hs *hopSession) upstreamPeer() peer.ID {
 }
 
 func (hs *hopSession) touch() {
+	hs.heard.Store(true)
 	select {
 	case hs.activity <- struct{}{}:
 	default:

@@ -25,7 +25,7 @@ import (
 // resume attaches a replacement seam stream from the previous hop to an
 // open session.
 func (h *HopService) resume(s network.Stream, w *frame.Writer, open *meshp2pb.SessionOpen) {
-	hs := h.lookup(keyOf(open.GetSessionId(), open.GetEpoch()))
+	hs := h.lookup(keyOf(open))
 	if hs == nil || hs.head || int(open.GetHopIndex()) != hs.idx || s.Conn().RemotePeer() != hs.route[hs.idx-1] {
 		_ = w.WriteStream(h.refusal(open, codeErr(meshp2pb.ErrorCode_ERROR_CODE_SESSION_UNKNOWN, "no such session to resume from that peer", "")))
 		_ = s.Close()

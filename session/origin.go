@@ -9,6 +9,7 @@ import (
 	"maps"
 	"time"
 
+	"github.com/libp2p/go-libp2p/core/crypto"
 	"github.com/libp2p/go-libp2p/core/network"
 	"github.com/libp2p/go-libp2p/core/peer"
 	"github.com/libp2p/go-libp2p/core/protocol"
@@ -26,7 +27,11 @@ type Dialer interface {
 // Origin is the client side of the route-session protocol: it runs
 // generations along routes and re-routes around failed hops.
 type Origin struct {
-	Dialer   Dialer
+	Dialer Dialer
+	// Key is the origin's libp2p key, the key of the peer Dialer dials
+	// from: it signs every epoch's SessionOpen (SignOpen), and hops admit
+	// no unsigned open. Required.
+	Key      crypto.PrivKey
 	Planner  route.Planner
 	Protocol protocol.ID // the session protocol ID of this swarm
 	Limits   frame.Limits
@@ -150,6 +155,9 @@ func (o *Origin) observer() OriginObserver {
 func (o *Origin) generate(ctx context.Context, req GenerateRequest, obs OriginObserver) (*Result, error) {
 	if len(req.Prompt) == 0 {
 		return nil, fmt.Errorf("%w: empty prompt", ErrGeneration)
+	}
+	if o.Key == nil {
+		return nil, fmt.Errorf("%w: the origin has no key to sign its session opens with", ErrGeneration)
 	}
 	if req.MaxTokens <= 0 {
 		req.MaxTokens = DefaultMaxTokens
@@ -305,6 +313,9 @@ func (o *Origin) run(ctx context.Context, sid [16]byte, rt *route.Route, req Gen
 	defer stop()
 	e := &epochRun{s: s, w: frame.NewWriter(s, o.Limits), r: streamReader(s, o.Limits), sid: sid, rt: rt, head: head}
 	open, input := o.sessionOpen(sid, rt, req, res.Tokens)
+	if err := SignOpen(open, o.Key, time.Now()); err != nil {
+		return "", fmt.Errorf("%w: %w", ErrGeneration, err)
+	}
 	// Longer than a hop's idle timeout (the ladder in defaults.go), so a
 	// stalled hop is reported by its neighbour, which can name it, before
 	// we give up and can only blame the head. The first token also waits

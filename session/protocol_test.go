@@ -70,9 +70,13 @@ func equal(a, b []int32) bool {
 	return true
 }
 
-// rawOpen sends one SessionOpen from c to p and returns the reply.
+// rawOpen sends one SessionOpen from c to p and returns the reply. An
+// unsigned open is signed by c first (c is its origin).
 func rawOpen(t *testing.T, c *testHost, p peer.ID, open *meshp2pb.SessionOpen) (network.Stream, *meshp2pb.StreamMessage) {
 	t.Helper()
+	if len(open.GetOriginSignature()) == 0 {
+		signedBy(t, c, open)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	s, err := c.NewStream(ctx, p, c.ProtocolID(ProtoSession, ProtoVersion))

@@ -83,7 +83,7 @@ func NewRing(fingerprint string, engines []session.Engine, h time.Duration) (*Ri
 		return nil, err
 	}
 	mo := mockHost{oh}
-	r.Origin = &session.Origin{Dialer: mo, Planner: fixedPlanner{hops}, Protocol: mo.ProtocolID(session.ProtoSession, session.ProtoVersion),
+	r.Origin = &session.Origin{Dialer: mo, Key: oh.Peerstore().PrivKey(oh.ID()), Planner: fixedPlanner{hops}, Protocol: mo.ProtocolID(session.ProtoSession, session.ProtoVersion),
 		MaxReroutes: -1, RouteWait: -1, CapacityWait: -1, TokenTimeout: 2 * time.Minute, Logger: quiet}
 	return r, nil
 }

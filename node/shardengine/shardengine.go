@@ -35,7 +35,7 @@ func (e Engine) IsEOG(tok int32) bool { return e.Model.IsEOG(tok) }
 func (e Engine) OpenSession(key session.Key, p session.EngineParams) (session.EngineSession, error) {
 	smp := engine.SamplingFromProto(p.Sampling)
 	smp.Generated = p.Generated
-	s, err := e.Shard.OpenSession(engine.SessionKey{ID: key.ID, Epoch: key.Epoch}, engine.SessionParams{KVTokens: p.KVTokens, Sampling: smp})
+	s, err := e.Shard.OpenSession(engine.SessionKey{ID: key.Local(), Epoch: key.Epoch}, engine.SessionParams{KVTokens: p.KVTokens, Sampling: smp})
 	if err != nil {
 		return nil, Error(err)
 	}

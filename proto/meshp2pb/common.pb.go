@@ -85,29 +85,30 @@ func (DType) EnumDescriptor() ([]byte, []int) {
 type ErrorCode int32
 
 const (
-	ErrorCode_ERROR_CODE_UNSPECIFIED          ErrorCode = 0
-	ErrorCode_ERROR_CODE_BAD_REQUEST          ErrorCode = 1  // semantically invalid request (well-formed frame)
-	ErrorCode_ERROR_CODE_FRAME_TOO_LARGE      ErrorCode = 2  // header/payload/tensor count/rows over the receiver's limits
-	ErrorCode_ERROR_CODE_CHECKSUM_MISMATCH    ErrorCode = 3  // tensor bytes do not match TensorInfo.crc32c
-	ErrorCode_ERROR_CODE_MODEL_MISMATCH       ErrorCode = 4  // model fingerprint not served here
-	ErrorCode_ERROR_CODE_RANGE_MISMATCH       ErrorCode = 5  // hop's layer range differs from the route's
-	ErrorCode_ERROR_CODE_NO_CAPACITY          ErrorCode = 6  // no free session slot / KV budget (see retry_after_ms)
-	ErrorCode_ERROR_CODE_SESSION_UNKNOWN      ErrorCode = 7  // (session, epoch) not open here (expired or never opened)
-	ErrorCode_ERROR_CODE_STALE_EPOCH          ErrorCode = 8  // a newer epoch of this session exists
-	ErrorCode_ERROR_CODE_INTERNAL             ErrorCode = 9  // bug or engine failure on the reporting peer
-	ErrorCode_ERROR_CODE_CANCELLED            ErrorCode = 10 // session cancelled by the origin
-	ErrorCode_ERROR_CODE_TIMEOUT              ErrorCode = 11 // a deadline expired (idle session, slow successor)
-	ErrorCode_ERROR_CODE_TICKET_INVALID       ErrorCode = 12 // route ticket malformed or signature invalid
-	ErrorCode_ERROR_CODE_TICKET_EXPIRED       ErrorCode = 13 // route ticket outside [issued_at, expires_at]
-	ErrorCode_ERROR_CODE_TICKET_UNTRUSTED     ErrorCode = 14 // ticket signed by a tracker this peer does not trust
-	ErrorCode_ERROR_CODE_NOT_IN_TICKET        ErrorCode = 15 // this peer / range / successor is not in the ticket
-	ErrorCode_ERROR_CODE_MALFORMED            ErrorCode = 16 // frame could not be parsed or violates the frame rules
-	ErrorCode_ERROR_CODE_UNSUPPORTED_DTYPE    ErrorCode = 17 // requested wire dtype not supported by this hop
-	ErrorCode_ERROR_CODE_UNSUPPORTED_VERSION  ErrorCode = 18 // unsupported bundle schema / protocol feature
-	ErrorCode_ERROR_CODE_CONTEXT_FULL         ErrorCode = 19 // position would exceed the session's n_ctx
-	ErrorCode_ERROR_CODE_SHUTTING_DOWN        ErrorCode = 20 // peer is draining; re-route without it
-	ErrorCode_ERROR_CODE_UNEXPECTED_MESSAGE   ErrorCode = 21 // message not valid in the stream's current state
-	ErrorCode_ERROR_CODE_NEXT_HOP_UNREACHABLE ErrorCode = 22 // could not open / lost the stream to the successor
+	ErrorCode_ERROR_CODE_UNSPECIFIED            ErrorCode = 0
+	ErrorCode_ERROR_CODE_BAD_REQUEST            ErrorCode = 1  // semantically invalid request (well-formed frame)
+	ErrorCode_ERROR_CODE_FRAME_TOO_LARGE        ErrorCode = 2  // header/payload/tensor count/rows over the receiver's limits
+	ErrorCode_ERROR_CODE_CHECKSUM_MISMATCH      ErrorCode = 3  // tensor bytes do not match TensorInfo.crc32c
+	ErrorCode_ERROR_CODE_MODEL_MISMATCH         ErrorCode = 4  // model fingerprint not served here
+	ErrorCode_ERROR_CODE_RANGE_MISMATCH         ErrorCode = 5  // hop's layer range differs from the route's
+	ErrorCode_ERROR_CODE_NO_CAPACITY            ErrorCode = 6  // no free session slot / KV budget (see retry_after_ms)
+	ErrorCode_ERROR_CODE_SESSION_UNKNOWN        ErrorCode = 7  // (session, epoch) not open here (expired or never opened)
+	ErrorCode_ERROR_CODE_STALE_EPOCH            ErrorCode = 8  // a newer epoch of this session exists
+	ErrorCode_ERROR_CODE_INTERNAL               ErrorCode = 9  // bug or engine failure on the reporting peer
+	ErrorCode_ERROR_CODE_CANCELLED              ErrorCode = 10 // session cancelled by the origin
+	ErrorCode_ERROR_CODE_TIMEOUT                ErrorCode = 11 // a deadline expired (idle session, slow successor)
+	ErrorCode_ERROR_CODE_TICKET_INVALID         ErrorCode = 12 // route ticket malformed or signature invalid
+	ErrorCode_ERROR_CODE_TICKET_EXPIRED         ErrorCode = 13 // route ticket outside [issued_at, expires_at]
+	ErrorCode_ERROR_CODE_TICKET_UNTRUSTED       ErrorCode = 14 // ticket signed by a tracker this peer does not trust
+	ErrorCode_ERROR_CODE_NOT_IN_TICKET          ErrorCode = 15 // this peer / range / successor is not in the ticket
+	ErrorCode_ERROR_CODE_MALFORMED              ErrorCode = 16 // frame could not be parsed or violates the frame rules
+	ErrorCode_ERROR_CODE_UNSUPPORTED_DTYPE      ErrorCode = 17 // requested wire dtype not supported by this hop
+	ErrorCode_ERROR_CODE_UNSUPPORTED_VERSION    ErrorCode = 18 // unsupported bundle schema / protocol feature
+	ErrorCode_ERROR_CODE_CONTEXT_FULL           ErrorCode = 19 // position would exceed the session's n_ctx
+	ErrorCode_ERROR_CODE_SHUTTING_DOWN          ErrorCode = 20 // peer is draining; re-route without it
+	ErrorCode_ERROR_CODE_UNEXPECTED_MESSAGE     ErrorCode = 21 // message not valid in the stream's current state
+	ErrorCode_ERROR_CODE_NEXT_HOP_UNREACHABLE   ErrorCode = 22 // could not open / lost the stream to the successor
+	ErrorCode_ERROR_CODE_ORIGIN_UNAUTHENTICATED ErrorCode = 23 // session open not signed by its origin, stale, replayed, or the head's sender is not the origin
 )
 
 // Enum value maps for ErrorCode.
@@ -136,31 +137,33 @@ var (
 		20: "ERROR_CODE_SHUTTING_DOWN",
 		21: "ERROR_CODE_UNEXPECTED_MESSAGE",
 		22: "ERROR_CODE_NEXT_HOP_UNREACHABLE",
+		23: "ERROR_CODE_ORIGIN_UNAUTHENTICATED",
 	}
 	ErrorCode_value = map[string]int32{
-		"ERROR_CODE_UNSPECIFIED":          0,
-		"ERROR_CODE_BAD_REQUEST":          1,
-		"ERROR_CODE_FRAME_TOO_LARGE":      2,
-		"ERROR_CODE_CHECKSUM_MISMATCH":    3,
-		"ERROR_CODE_MODEL_MISMATCH":       4,
-		"ERROR_CODE_RANGE_MISMATCH":       5,
-		"ERROR_CODE_NO_CAPACITY":          6,
-		"ERROR_CODE_SESSION_UNKNOWN":      7,
-		"ERROR_CODE_STALE_EPOCH":          8,
-		"ERROR_CODE_INTERNAL":             9,
-		"ERROR_CODE_CANCELLED":            10,
-		"ERROR_CODE_TIMEOUT":              11,
-		"ERROR_CODE_TICKET_INVALID":       12,
-		"ERROR_CODE_TICKET_EXPIRED":       13,
-		"ERROR_CODE_TICKET_UNTRUSTED":     14,
-		"ERROR_CODE_NOT_IN_TICKET":        15,
-		"ERROR_CODE_MALFORMED":            16,
-		"ERROR_CODE_UNSUPPORTED_DTYPE":    17,
-		"ERROR_CODE_UNSUPPORTED_VERSION":  18,
-		"ERROR_CODE_CONTEXT_FULL":         19,
-		"ERROR_CODE_SHUTTING_DOWN":        20,
-		"ERROR_CODE_UNEXPECTED_MESSAGE":   21,
-		"ERROR_CODE_NEXT_HOP_UNREACHABLE": 22,
+		"ERROR_CODE_UNSPECIFIED":            0,
+		"ERROR_CODE_BAD_REQUEST":            1,
+		"ERROR_CODE_FRAME_TOO_LARGE":        2,
+		"ERROR_CODE_CHECKSUM_MISMATCH":      3,
+		"ERROR_CODE_MODEL_MISMATCH":         4,
+		"ERROR_CODE_RANGE_MISMATCH":         5,
+		"ERROR_CODE_NO_CAPACITY":            6,
+		"ERROR_CODE_SESSION_UNKNOWN":        7,
+		"ERROR_CODE_STALE_EPOCH":            8,
+		"ERROR_CODE_INTERNAL":               9,
+		"ERROR_CODE_CANCELLED":              10,
+		"ERROR_CODE_TIMEOUT":                11,
+		"ERROR_CODE_TICKET_INVALID":         12,
+		"ERROR_CODE_TICKET_EXPIRED":         13,
+		"ERROR_CODE_TICKET_UNTRUSTED":       14,
+		"ERROR_CODE_NOT_IN_TICKET":          15,
+		"ERROR_CODE_MALFORMED":              16,
+		"ERROR_CODE_UNSUPPORTED_DTYPE":      17,
+		"ERROR_CODE_UNSUPPORTED_VERSION":    18,
+		"ERROR_CODE_CONTEXT_FULL":           19,
+		"ERROR_CODE_SHUTTING_DOWN":          20,
+		"ERROR_CODE_UNEXPECTED_MESSAGE":     21,
+		"ERROR_CODE_NEXT_HOP_UNREACHABLE":   22,
+		"ERROR_CODE_ORIGIN_UNAUTHENTICATED": 23,
 	}
 )
 
@@ -304,7 +307,7 @@ const file_meshp2p_v1_common_proto_rawDesc = "" +
 	"\x05DType\x12\r\n" +
 	"\tDTYPE_F32\x10\x00\x12\r\n" +
 	"\tDTYPE_F16\x10\x01\x12\r\n" +
-	"\tDTYPE_I32\x10\x02*\xc6\x05\n" +
+	"\tDTYPE_I32\x10\x02*\xed\x05\n" +
 	"\tErrorCode\x12\x1a\n" +
 	"\x16ERROR_CODE_UNSPECIFIED\x10\x00\x12\x1a\n" +
 	"\x16ERROR_CODE_BAD_REQUEST\x10\x01\x12\x1e\n" +
@@ -329,7 +332,8 @@ const file_meshp2p_v1_common_proto_rawDesc = "" +
 	"\x17ERROR_CODE_CONTEXT_FULL\x10\x13\x12\x1c\n" +
 	"\x18ERROR_CODE_SHUTTING_DOWN\x10\x14\x12!\n" +
 	"\x1dERROR_CODE_UNEXPECTED_MESSAGE\x10\x15\x12#\n" +
-	"\x1fERROR_CODE_NEXT_HOP_UNREACHABLE\x10\x16B.Z,github.com/neuron-tai/meshp2p/proto/meshp2pbb\x06proto3"
+	"\x1fERROR_CODE_NEXT_HOP_UNREACHABLE\x10\x16\x12%\n" +
+	"!ERROR_CODE_ORIGIN_UNAUTHENTICATED\x10\x17B.Z,github.com/neuron-tai/meshp2p/proto/meshp2pbb\x06proto3"
 
 var (
 	file_meshp2p_v1_common_proto_rawDescOnce sync.Once

@@ -26,8 +26,13 @@ const (
 // SessionOpen travels along the route: the origin sends it to hops[0] with
 // hop_index 0; each hop admits it, opens a stream to hops[hop_index+1] and
 // forwards it with hop_index + 1. The tail (last hop) learns the head from
-// route.hops[0] (decode tokens go straight to the head: ring) and the origin
-// from origin_peer_id (side stream for generated tokens).
+// route.hops[0] (decode tokens go straight to the head: ring).
+//
+// The origin signs every epoch (origin_signature): a hop admits an open only
+// when the signature verifies against origin_peer_id, and on the head only
+// from that peer. Per-origin quotas, silent-session backoff and the
+// supersede of an older epoch all key on this authenticated origin, at every
+// position of the route (session/originauth.go has the signed bytes).
 type SessionOpen struct {
 	state            protoimpl.MessageState `protogen:"open.v1"`
 	SessionId        []byte                 `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`                        // exactly 16 random bytes, chosen by the origin
@@ -39,7 +44,7 @@ type SessionOpen struct {
 	MaxTokens        uint32                 `protobuf:"varint,7,opt,name=max_tokens,json=maxTokens,proto3" json:"max_tokens,omitempty"`                       // tail stops after this many generated tokens; 0 = until n_ctx
 	WireDtype        DType                  `protobuf:"varint,8,opt,name=wire_dtype,json=wireDtype,proto3,enum=meshp2p.v1.DType" json:"wire_dtype,omitempty"` // activation dtype on every seam of this session (default F32)
 	NCtxNeeded       uint32                 `protobuf:"varint,9,opt,name=n_ctx_needed,json=nCtxNeeded,proto3" json:"n_ctx_needed,omitempty"`                  // KV cells this session may use (prompt + max generated)
-	OriginPeerId     []byte                 `protobuf:"bytes,11,opt,name=origin_peer_id,json=originPeerId,proto3" json:"origin_peer_id,omitempty"`            // binary libp2p peer ID of the origin
+	OriginPeerId     []byte                 `protobuf:"bytes,11,opt,name=origin_peer_id,json=originPeerId,proto3" json:"origin_peer_id,omitempty"`            // binary libp2p peer ID of the origin (signed, required)
 	OriginAddrs      []string               `protobuf:"bytes,12,rep,name=origin_addrs,json=originAddrs,proto3" json:"origin_addrs,omitempty"`
 	Ticket           *SignedRouteTicket     `protobuf:"bytes,13,opt,name=ticket,proto3" json:"ticket,omitempty"`                                       // present when the route came from a tracker
 	IdleTimeoutMs    uint32                 `protobuf:"varint,15,opt,name=idle_timeout_ms,json=idleTimeoutMs,proto3" json:"idle_timeout_ms,omitempty"` // hops free the session after this long without frames; 0 = hop default
@@ -52,7 +57,19 @@ type SessionOpen struct {
 	// session, e.g. to move it from a relayed to a direct connection after a
 	// hole punch. The receiver attaches it and keeps reading the old stream
 	// until it ends; the sender writes only to the new one from then on.
-	Resume        bool `protobuf:"varint,17,opt,name=resume,proto3" json:"resume,omitempty"`
+	Resume bool `protobuf:"varint,17,opt,name=resume,proto3" json:"resume,omitempty"`
+	// The origin's signature (its libp2p key, the key of origin_peer_id) over
+	// session_id, epoch, model_fingerprint, the route's n_layer and hops
+	// (peer, start, end), n_ctx_needed, max_tokens and issued_at_ms.
+	OriginSignature []byte `protobuf:"bytes,18,opt,name=origin_signature,json=originSignature,proto3" json:"origin_signature,omitempty"`
+	// The origin's public key (libp2p protobuf encoding), only when
+	// origin_peer_id does not embed it (e.g. RSA keys).
+	OriginPublicKey []byte `protobuf:"bytes,19,opt,name=origin_public_key,json=originPublicKey,proto3" json:"origin_public_key,omitempty"`
+	// When the origin signed this open (Unix ms): hops refuse opens older
+	// than session.OpenMaxAge (plus clock skew), and admit each (origin,
+	// session, epoch) once while it is fresh, so a hop that saw an open
+	// cannot replay it later.
+	IssuedAtMs    int64 `protobuf:"varint,20,opt,name=issued_at_ms,json=issuedAtMs,proto3" json:"issued_at_ms,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -190,6 +207,27 @@ func (x *SessionOpen) GetResume() bool {
 		return x.Resume
 	}
 	return false
+}
+
+func (x *SessionOpen) GetOriginSignature() []byte {
+	if x != nil {
+		return x.OriginSignature
+	}
+	return nil
+}
+
+func (x *SessionOpen) GetOriginPublicKey() []byte {
+	if x != nil {
+		return x.OriginPublicKey
+	}
+	return nil
+}
+
+func (x *SessionOpen) GetIssuedAtMs() int64 {
+	if x != nil {
+		return x.IssuedAtMs
+	}
+	return 0
 }
 
 // SamplingParams mirror the llama.cpp sampler chain. Zero values mean
@@ -602,7 +640,7 @@ var File_meshp2p_v1_session_proto protoreflect.FileDescriptor
 const file_meshp2p_v1_session_proto_rawDesc = "" +
 	"\n" +
 	"\x18meshp2p/v1/session.proto\x12\n" +
-	"meshp2p.v1\x1a\x17meshp2p/v1/common.proto\x1a\x16meshp2p/v1/route.proto\"\xe3\x04\n" +
+	"meshp2p.v1\x1a\x17meshp2p/v1/common.proto\x1a\x16meshp2p/v1/route.proto\"\xdc\x05\n" +
 	"\vSessionOpen\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\fR\tsessionId\x12\x14\n" +
@@ -622,7 +660,11 @@ const file_meshp2p_v1_session_proto_rawDesc = "" +
 	"\x06ticket\x18\r \x01(\v2\x1d.meshp2p.v1.SignedRouteTicketR\x06ticket\x12&\n" +
 	"\x0fidle_timeout_ms\x18\x0f \x01(\rR\ridleTimeoutMs\x12\x1c\n" +
 	"\tgenerated\x18\x10 \x03(\x05R\tgenerated\x12\x16\n" +
-	"\x06resume\x18\x11 \x01(\bR\x06resumeJ\x04\b\n" +
+	"\x06resume\x18\x11 \x01(\bR\x06resume\x12)\n" +
+	"\x10origin_signature\x18\x12 \x01(\fR\x0foriginSignature\x12*\n" +
+	"\x11origin_public_key\x18\x13 \x01(\fR\x0foriginPublicKey\x12 \n" +
+	"\fissued_at_ms\x18\x14 \x01(\x03R\n" +
+	"issuedAtMsJ\x04\b\n" +
 	"\x10\vJ\x04\b\x0e\x10\x0fR\bmax_rowsR\rbundle_schema\"\xa8\x02\n" +
 	"\x0eSamplingParams\x12 \n" +
 	"\vtemperature\x18\x01 \x01(\x02R\vtemperature\x12\x13\n" +
