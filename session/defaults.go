@@ -117,8 +117,10 @@ const (
 	// never excluded, only avoided for one plan when a replica exists). It
 	// covers a dead epoch whose cells a loaded hop frees late, and a
 	// later hop that keeps the old epoch until it notices its upstream is
-	// gone.
-	DefaultCapacityWait = 30 * time.Second
+	// gone, and outlasts one round of squatting at any position: silent
+	// sessions hold a hop's slots for at most its first-frame wait (≤
+	// DefaultIdle, 60 s) before their origins back off (DefaultSilenceBackoff).
+	DefaultCapacityWait = 75 * time.Second
 	// CapacityRetryMin and CapacityRetryMax bound the backoff between
 	// capacity retries (doubling from the first to the second); a
 	// refusal's retry_after_ms is honoured within them.

@@ -122,7 +122,6 @@ func TestSquattersBackOff(t *testing.T) {
 				stages, all = [][]*fakeHop{{head}, {target}}, []*fakeHop{head, target}
 			}
 			o, c := newOrigin(t, stagePlanner{stages}, all...)
-			o.CapacityWait = 30 * time.Second
 			ctx, cancel := context.WithCancel(context.Background())
 			var wg sync.WaitGroup
 			var sq []*squatter
