@@ -30,9 +30,11 @@ var (
 	ErrNoTicket = errors.New("route: no valid ticket from any tracker")
 	// ErrTrackerRefused: a tracker answered with an error (e.g. no route).
 	ErrTrackerRefused = errors.New("route: tracker refused")
-	// ErrTrackerBusy: the tracker rate-limited this client (NO_CAPACITY
-	// with retry_after_ms); ask again after that long, or plan locally.
-	ErrTrackerBusy = errors.New("route: tracker rate-limited this client")
+	// ErrTrackerBusy: the tracker asked this client to come back later
+	// (NO_CAPACITY with retry_after_ms): it rate-limited the client, or it
+	// is still verifying the model's layer count; the wrapped error says
+	// which. Ask again after that long, or plan locally.
+	ErrTrackerBusy = errors.New("route: tracker busy, retry later")
 )
 
 // TrackerHost is what the tracker planner needs from the p2p host.
