@@ -34,6 +34,9 @@ type Server struct {
 	// Planned: announced, not loaded yet (counts as if served, so that
 	// nodes starting together spread).
 	Planned bool
+	// Budget is the memory the peer advertises for placement (0: it
+	// serves fixed layers and never moves); heal plans use it.
+	Budget int64
 }
 
 // View is the swarm for one model, as one node sees it.

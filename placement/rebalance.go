@@ -17,6 +17,11 @@ const (
 	// than Margin, seen on ConfirmChecks checks in a row, and the node's
 	// last move is more than Cooldown checks ago.
 	ReasonThroughput Reason = "throughput"
+	// ReasonHeal: the model has no route, no single move closes the gap,
+	// and the heal plan (Heal: several nodes move together) that every
+	// node computes from the same view gives this node a new window, the
+	// same on two checks in a row.
+	ReasonHeal Reason = "heal"
 )
 
 // Decision is the outcome of one rebalance check.
@@ -26,6 +31,13 @@ type Decision struct {
 	Reason Reason
 	// Why is a one-line explanation for the log (also when not moving).
 	Why string
+	// Recheck: check again soon (HealRecheck), not after the period:
+	// the model has no route (a heal plan waits for its confirmation, a
+	// planned window for its load).
+	Recheck bool
+	// Plan is the heal plan this check computed (nil: none needed or
+	// none possible; Why says which).
+	Plan *HealPlan
 }
 
 // Rebalancer is one node's rebalancing state: the hysteresis (a streak of
@@ -39,6 +51,7 @@ type Rebalancer struct {
 	gapChecks int     // checks in a row that saw a deficit
 	since     int     // checks since the last move (the start counts as one)
 	cands     []Range // Candidates(Sizing, Budget), computed once
+	heal      string  // the heal plan the last check computed ("": none)
 }
 
 // NewRebalancer starts the state of a node that just chose its window.
@@ -51,6 +64,16 @@ func NewRebalancer(sz Sizing, budget int64, rng *rand.Rand) *Rebalancer {
 // Never proposes a window that leaves a layer in no window that is in one
 // now, or that lengthens the deficit.
 func (b *Rebalancer) Check(view View, me string, cur Range, ms float64) Decision {
+	d := b.check(view, me, cur, ms)
+	if view.Without(me).graph().with(cur, ms).Deficit > 0 {
+		// Without a route, nothing waits for the period: plans confirm,
+		// windows load and gaps close check by check.
+		d.Recheck = true
+	}
+	return d
+}
+
+func (b *Rebalancer) check(view View, me string, cur Range, ms float64) Decision {
 	b.since++
 	others := view.Without(me)
 	if ms <= 0 {
@@ -67,6 +90,15 @@ func (b *Rebalancer) Check(view View, me string, cur Range, ms float64) Decision
 	}
 	ch, ok := choose(others, b.cands, ms, &before, &cur, b.rng)
 	stay := func(why string) Decision { b.streak = 0; return Decision{To: cur, Why: why} }
+	if before.Deficit > 0 && (!ok || ch.Deficit > 0) {
+		// No single move closes the gap: plan several together, if the
+		// live nodes can hold a route at all (else narrow it below).
+		if d, planned := b.healCheck(view, me, cur); planned {
+			return d
+		}
+	} else {
+		b.heal = ""
+	}
 	if !ok || ch.Range == cur {
 		return stay("current window is the best")
 	}
@@ -124,4 +156,37 @@ func safe(v View, cur, to Range, ms float64) bool {
 		}
 	}
 	return true
+}
+
+// healCheck is a check of a node (me, serving cur) in a view with no
+// route that no single move fixes: compute the heal plan, and move when
+// it gives this node a new window and the previous check computed the
+// same plan (views that differ for a moment must not move nodes apart).
+func (b *Rebalancer) healCheck(view View, me string, cur Range) (Decision, bool) {
+	b.streak = 0
+	seen := map[string]bool{me: true}
+	members := []Member{{Peer: me, Range: cur, Budget: b.Budget}}
+	for _, s := range view.Servers {
+		if !seen[s.Peer] {
+			seen[s.Peer] = true
+			members = append(members, Member{Peer: s.Peer, Range: s.Range, Budget: s.Budget})
+		}
+	}
+	plan, err := Heal(b.Sizing, members)
+	if err != nil {
+		b.heal = ""
+		return Decision{}, false
+	}
+	key := plan.String()
+	confirmed := key == b.heal
+	b.heal = key
+	to, moving := plan.Moves[me]
+	switch {
+	case !moving:
+		return Decision{To: cur, Plan: &plan, Recheck: !confirmed, Why: fmt.Sprintf("no route; heal plan %s leaves this node on %s", key, cur)}, true
+	case !confirmed:
+		return Decision{To: cur, Plan: &plan, Recheck: true, Why: fmt.Sprintf("no route; heal plan %s moves this node %s → %s once the next check agrees", key, cur, to)}, true
+	}
+	b.heal, b.since = "", 0
+	return Decision{Move: true, To: to, Reason: ReasonHeal, Plan: &plan, Why: fmt.Sprintf("no route; heal plan %s (confirmed) moves this node %s → %s", key, cur, to)}, true
 }
