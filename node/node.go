@@ -447,7 +447,7 @@ func (n *Node) shardAdvert(start, end, nEmbd int, arch string) *meshp2pb.ShardAd
 		ModelFingerprint: n.fp, ModelName: n.ModelName(), NLayer: uint32(n.nLayer),
 		Start: uint32(start), End: uint32(end), WireDtypes: frame.WireDTypeList(),
 		HasVocab: n.vocabPath != "", NEmbd: uint32(nEmbd), Arch: arch,
-		Runtime: "llama.cpp@" + engine.LlamaCommit,
+		Runtime: "llama.cpp@" + engine.LlamaCommit, PlacementBudget: uint64(max(0, n.place.advertisedBudget())),
 	}
 }
 

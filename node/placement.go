@@ -14,6 +14,7 @@ import (
 	"github.com/multiformats/go-multiaddr"
 
 	"github.com/neuron-tai/meshp2p/engine/gguf"
+	"github.com/neuron-tai/meshp2p/p2p"
 	"github.com/neuron-tai/meshp2p/placement"
 	"github.com/neuron-tai/meshp2p/route"
 )
@@ -42,6 +43,9 @@ type PlacementStatus struct {
 	Moving, Loading *gguf.Range
 	Moves           int
 	LastWhy         string
+	// Plan is the heal plan of the last check, while the model has no
+	// route and several nodes must move ("": none).
+	Plan string
 }
 
 // places reports whether the node chooses its own window: Placement set,
@@ -81,6 +85,11 @@ type windowHost interface {
 	// retireWindow lets the sessions on old (layers from) finish, ending
 	// them after DrainTimeout, closes it and returns how many it ended.
 	retireWindow(ctx context.Context, old *loadedShard, from gguf.Range) int
+	// releaseWindow stops serving the window served now and closes it
+	// (draining its sessions as retireWindow), before a new one loads: the
+	// node serves nothing until swapWindow. ok is false when none is
+	// served.
+	releaseWindow(ctx context.Context) (from gguf.Range, ended int, ok bool)
 	// publish re-publishes the advert (with the planned window, if any).
 	publish() error
 	// windowMoved records a finished move (node.json).
@@ -130,6 +139,7 @@ type placementController struct {
 	loading, draining *gguf.Range
 	moves             int
 	lastWhy           string
+	plan              string // the heal plan of the last check ("": none)
 }
 
 // newPlacementController returns the controller of a node's window; cfg
@@ -276,11 +286,20 @@ func (c *placementController) planned() (r *gguf.Range, nEmbd int, arch string) 
 func (c *placementController) status() PlacementStatus {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	st := PlacementStatus{Auto: c.auto, Moves: c.moves, LastWhy: c.lastWhy, Loading: c.loading, Moving: c.draining}
+	st := PlacementStatus{Auto: c.auto, Moves: c.moves, LastWhy: c.lastWhy, Plan: c.plan, Loading: c.loading, Moving: c.draining}
 	if c.auto {
 		st.Budget = c.budget
 	}
 	return st
+}
+
+// advertisedBudget is the budget the node advertises for heal plans (0:
+// no automatic placement; nil controller too).
+func (c *placementController) advertisedBudget() int64 {
+	if c == nil || !c.auto {
+		return 0
+	}
+	return c.budget
 }
 
 // interval is the period of the placement checks (0 without automatic
@@ -295,54 +314,111 @@ func (c *placementController) interval() time.Duration {
 	return DefaultRebalanceInterval
 }
 
-// run checks the window every jittered interval and moves it when the
-// rebalancer says so, until ctx ends.
+// run checks the window every jittered interval, LossCheckDelay after
+// losing a peer, and every HealRecheck while the model has no route, and
+// moves it when the rebalancer says so, until ctx ends.
 func (c *placementController) run(ctx context.Context) {
 	iv := c.interval()
+	events := c.swarm.SubscribeConn(ctx)
+	next := c.jittered(iv)
 	for {
-		d := time.Duration(float64(iv) * (1 - RebalanceJitter + 2*RebalanceJitter*c.rng.Float64()))
+		timer := time.NewTimer(next)
 		select {
 		case <-ctx.Done():
+			timer.Stop()
 			return
-		case <-time.After(d):
+		case ev := <-events:
+			timer.Stop()
+			if ev.Kind != p2p.Disconnected {
+				next = max(0, next) // keep waiting (approximately) as before
+				continue
+			}
+			// A peer went away: if it served layers, a check soon sees
+			// whether the model still has a route.
+			wait := LossCheckDelay + time.Duration(c.rng.Int64N(int64(LossCheckJitter)))
+			if wait < next {
+				c.log.Debug("placement: peer lost; checking soon", "peer", ev.Peer, "in", wait)
+				next = wait
+			}
+			continue
+		case <-timer.C:
 		}
-		c.check(ctx)
+		next = c.jittered(iv)
+		if c.check(ctx) {
+			next = HealRecheck
+		}
 	}
 }
 
+// jittered is iv spread by ±RebalanceJitter.
+func (c *placementController) jittered(iv time.Duration) time.Duration {
+	return time.Duration(float64(iv) * (1 - RebalanceJitter + 2*RebalanceJitter*c.rng.Float64()))
+}
+
 // check is one placement check: stay, or move where the rebalancer says.
-func (c *placementController) check(ctx context.Context) {
+// It reports whether to check again soon (HealRecheck: no route).
+func (c *placementController) check(ctx context.Context) (recheck bool) {
 	cur, ms, _ := c.node.servedWindow()
 	dec := c.reb.Check(c.view(ctx), c.swarm.ID().String(), placement.Range{Start: cur.Start, End: cur.End}, ms)
 	c.mu.Lock()
 	c.lastWhy = dec.Why
+	c.plan = ""
+	if dec.Plan != nil {
+		c.plan = dec.Plan.String()
+	}
 	c.mu.Unlock()
 	if !dec.Move {
-		c.log.Debug("placement check: staying", "range", cur.String(), "why", dec.Why)
-		return
+		if dec.Plan != nil || dec.Recheck {
+			c.log.Info("placement: model has no route", "range", cur.String(), "why", dec.Why)
+		} else {
+			c.log.Debug("placement check: staying", "range", cur.String(), "why", dec.Why)
+		}
+		return dec.Recheck
 	}
-	c.log.Info("placement: moving", "from", cur.String(), "to", dec.To.String(), "reason", string(dec.Reason), "why", dec.Why)
-	if err := c.move(ctx, gguf.Range{Start: dec.To.Start, End: dec.To.End}); err != nil {
+	to := gguf.Range{Start: dec.To.Start, End: dec.To.End}
+	both := c.sizing.Need(placement.Range{Start: cur.Start, End: cur.End}) + c.sizing.Need(dec.To)
+	releaseFirst := both > c.budget
+	if releaseFirst && dec.Reason == placement.ReasonThroughput {
+		// A throughput move while routes exist must not drop the old
+		// window before the new one serves, nor hold both beyond the
+		// budget.
+		c.log.Info("placement: not moving: holding both windows during the move exceeds the budget", "from", cur.String(), "to", to.String(),
+			"both", mib(both), "budget", mib(c.budget))
+		return dec.Recheck
+	}
+	c.log.Info("placement: moving", "from", cur.String(), "to", to.String(), "reason", string(dec.Reason), "why", dec.Why, "release_first", releaseFirst)
+	if err := c.move(ctx, to, releaseFirst); err != nil {
 		c.log.Warn("placement: move failed; staying", "to", dec.To.String(), "err", err)
 	}
+	return true // look again soon: the move changed the swarm
 }
 
 // move is graceful: announce and load the new window, add it to the hop,
 // advertise it, stop admitting on the old window, let its sessions finish
 // (or end them after DrainTimeout so their origins re-route), release it.
-func (c *placementController) move(ctx context.Context, to gguf.Range) error {
+// With releaseFirst (both windows do not fit the budget, and the model has
+// no route, so the old window serves nothing) the old window is released
+// before the new one loads.
+func (c *placementController) move(ctx context.Context, to gguf.Range, releaseFirst bool) error {
 	c.setLoading(&to)
 	if err := c.node.publish(); err != nil {
 		c.log.Warn("advertise planned window", "err", err)
+	}
+	var released *gguf.Range
+	if releaseFirst {
+		if r, ended, ok := c.node.releaseWindow(ctx); ok {
+			released = &r
+			c.log.Info("placement: released the old window first (both do not fit the budget)", "from", r.String(), "sessions_ended_by_drain", ended)
+		}
 	}
 	ls, err := c.load(ctx, to)
 	if err != nil {
 		c.abandon()
 		return err
 	}
-	var from gguf.Range
+	var from *gguf.Range
 	old, err := c.node.swapWindow(ctx, ls, func(f *gguf.Range) {
-		from = *f
+		from = f
 		c.mu.Lock()
 		c.loading, c.draining = nil, f
 		c.moves++
@@ -356,13 +432,26 @@ func (c *placementController) move(ctx context.Context, to gguf.Range) error {
 	if err := c.node.publish(); err != nil {
 		c.log.Warn("advertise new window", "err", err)
 	}
-	ended := c.node.retireWindow(ctx, old, from)
+	ended := 0
+	if old != nil && from != nil {
+		ended = c.node.retireWindow(ctx, old, *from)
+	}
+	if from == nil {
+		from = released
+	}
 	c.mu.Lock()
 	c.draining = nil
 	c.mu.Unlock()
-	c.log.Info("placement: moved", "from", from.String(), "to", to.String(), "sessions_ended_by_drain", ended)
+	c.log.Info("placement: moved", "from", rangeString(from), "to", to.String(), "sessions_ended_by_drain", ended)
 	c.node.windowMoved()
 	return nil
+}
+
+func rangeString(r *gguf.Range) string {
+	if r == nil {
+		return "none"
+	}
+	return r.String()
 }
 
 // abandon withdraws the planned window of a failed move.
@@ -412,7 +501,8 @@ func (c *placementController) view(ctx context.Context) placement.View {
 			continue
 		}
 		v.Servers = append(v.Servers, placement.Server{Peer: s.Peer.String(), Range: placement.Range{Start: s.Start, End: s.End},
-			MsPerLayer: float64(s.DecodeMsPerLayer), Relayed: relayedOnly(s.Addrs), Planned: s.Capacity.GetMaxSessions() == 0})
+			MsPerLayer: float64(s.DecodeMsPerLayer), Relayed: relayedOnly(s.Addrs), Planned: s.Capacity.GetMaxSessions() == 0,
+			Budget: s.PlacementBudget})
 	}
 	return v
 }

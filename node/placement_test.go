@@ -284,7 +284,7 @@ func TestMoveDuringGeneration(t *testing.T) {
 			case <-time.After(time.Millisecond):
 			}
 		}
-		moved <- b.place.move(context.Background(), gguf.Range{Start: 3, End: 9})
+		moved <- b.place.move(context.Background(), gguf.Range{Start: 3, End: 9}, false)
 	}()
 	res, err := c.Origin(nil).Generate(context.Background(), session.GenerateRequest{Fingerprint: fp, NLayer: nl, Prompt: prompt, MaxTokens: maxTok})
 	if err == nil {

@@ -28,6 +28,8 @@ type swarm interface {
 	// NoPeersError is nil while connected to any peer, else why not
 	// (wrapping p2p.ErrNoPeers).
 	NoPeersError() error
+	// SubscribeConn reports connectivity changes until ctx ends.
+	SubscribeConn(ctx context.Context) <-chan p2p.ConnEvent
 }
 
 // p2pSwarm is swarm over the node's p2p host.
@@ -39,6 +41,9 @@ func (s p2pSwarm) Connected(p peer.ID) bool { return s.n.ConnStatus(p).Path != p
 func (s p2pSwarm) Adverts() []p2p.Advert    { return s.n.Discovery().Adverts() }
 func (s p2pSwarm) Sync(ctx context.Context) { s.n.Discovery().Sync(ctx) }
 func (s p2pSwarm) NoPeersError() error      { return s.n.NoPeersError() }
+func (s p2pSwarm) SubscribeConn(ctx context.Context) <-chan p2p.ConnEvent {
+	return s.n.SubscribeConn(ctx)
+}
 func (s p2pSwarm) Lookup(ctx context.Context, key string) {
 	_, _ = s.n.Discovery().Lookup(ctx, key)
 }

@@ -49,6 +49,16 @@ const (
 	// connection to before its adverts count (a crashed node's advert
 	// lives until its TTL).
 	LivenessDial = 2 * time.Second
+	// LossCheckDelay is how soon after losing its connection to a peer a
+	// self-placing node checks its window (plus up to LossCheckJitter, so
+	// nodes that saw the same crash do not check in the same instant): a
+	// crash is healed in seconds, not at the next period.
+	LossCheckDelay  = 2 * time.Second
+	LossCheckJitter = 2 * time.Second
+	// HealRecheck is how soon a node checks again while the model has no
+	// route (a heal plan waits for a second check that agrees; a planned
+	// window for its load).
+	HealRecheck = 5 * time.Second
 )
 
 // Fetch timings (fetch.go, docs/fetch.md).

@@ -124,6 +124,23 @@ func (n *Node) retireWindow(ctx context.Context, old *loadedShard, from gguf.Ran
 	return ended
 }
 
+// releaseWindow implements windowHost.
+func (n *Node) releaseWindow(ctx context.Context) (gguf.Range, int, bool) {
+	n.mu.Lock()
+	if n.shard == nil || n.hop == nil {
+		n.mu.Unlock()
+		return gguf.Range{}, 0, false
+	}
+	old := &loadedShard{model: n.model, shard: n.shard, path: n.shardPath, calibration: n.calibration}
+	from := gguf.Range{Start: n.shard.Info().Start, End: n.shard.Info().End}
+	n.model, n.shard, n.shardPath, n.calibration = nil, nil, "", 0
+	n.mu.Unlock()
+	if err := n.publish(); err != nil {
+		n.log.Warn("advertise without the released window", "err", err)
+	}
+	return from, n.retireWindow(ctx, old, from), true
+}
+
 // windowMoved implements windowHost: node.json names the new window.
 func (n *Node) windowMoved() {
 	if _, err := n.WriteInfo(); err != nil {

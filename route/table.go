@@ -40,6 +40,9 @@ type Shard struct {
 	ExpiresAt   time.Time
 	// DecodeMsPerLayer is the advertised measured cost (0: unknown).
 	DecodeMsPerLayer float32
+	// PlacementBudget is the memory a self-placing node advertises (0: it
+	// serves fixed layers).
+	PlacementBudget int64
 }
 
 // Table is the origin's view of who serves what, fed by discovery.
@@ -75,6 +78,7 @@ func DecodeAdvert(a p2p.Advert) ([]Shard, error) {
 			NLayer: int(s.GetNLayer()), NEmbd: int(s.GetNEmbd()), Start: int(s.GetStart()), End: int(s.GetEnd()),
 			HasVocab: s.GetHasVocab(), WireDTypes: s.GetWireDtypes(), Capacity: s.GetCapacity(),
 			Addrs: a.Addrs, Reach: a.Reach, ExpiresAt: a.ExpiresAt, DecodeMsPerLayer: s.GetDecodeMsPerLayer(),
+			PlacementBudget: int64(min(s.GetPlacementBudget(), math.MaxInt64)),
 		})
 	}
 	return out, nil

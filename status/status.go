@@ -58,6 +58,9 @@ type Placement struct {
 	Draining   *Window `json:"draining,omitempty"`
 	Moves      int     `json:"moves"`
 	LastReason string  `json:"last_reason,omitempty"`
+	// HealPlan is the multi-node plan the last check computed while the
+	// model has no route ("": none; docs/placement.md).
+	HealPlan string `json:"heal_plan,omitempty"`
 }
 
 // Window is a layer range [Start, End).

@@ -58,6 +58,9 @@ func WriteText(w io.Writer, d *Document) error {
 		if p.LastReason != "" {
 			fmt.Fprintf(&b, "; last: %s", p.LastReason)
 		}
+		if p.HealPlan != "" {
+			fmt.Fprintf(&b, "; heal plan: %s", p.HealPlan)
+		}
 		b.WriteString("\n")
 	}
 	for i, r := range d.Routes {

@@ -26,7 +26,7 @@ function replicaClass(n) {
   return n <= 0 ? "gap" : n === 1 ? "r1" : n === 2 ? "r2" : "r3";
 }
 
-function drawModel(m) {
+function drawModel(m, self) {
   const card = el("div", { class: "model", "data-fingerprint": m.fingerprint });
   card.append(el("div", { class: "model-head" },
     el("span", { class: "model-name", text: m.name || m.fingerprint.slice(0, 16) }),
@@ -44,6 +44,11 @@ function drawModel(m) {
     el("span", {}, el("i", { style: { background: "var(--r2)" } }), "2"),
     el("span", {}, el("i", { style: { background: "var(--r3)" } }), "3+"));
   if (!m.routable && m.missing) legend.append(el("span", { class: "error", text: m.missing }));
+  const pl = self && self.fingerprint === m.fingerprint ? self.placement : null;
+  if (!m.routable && pl && pl.last_reason) {
+    // What this node's placement is doing about it (docs/placement.md).
+    legend.append(el("span", { class: "muted placement-why", text: "placement: " + pl.last_reason }));
+  }
   card.append(legend);
   const list = el("div", { class: "shards" });
   for (const s of m.shards || []) {
@@ -115,7 +120,7 @@ function draw(doc) {
   const ml = $("model-list");
   ml.replaceChildren();
   if (!(doc.models || []).length) ml.append(el("p", { class: "muted", text: "no model seen yet" }));
-  for (const m of doc.models || []) ml.append(drawModel(m));
+  for (const m of doc.models || []) ml.append(drawModel(m, s));
   drawNodes(doc);
   drawRoutes(doc);
   document.body.dataset.updated = doc.time;

@@ -263,8 +263,12 @@ type ShardAdvert struct {
 	NEmbd             uint32                 `protobuf:"varint,11,opt,name=n_embd,json=nEmbd,proto3" json:"n_embd,omitempty"`                                               // hidden size (activation row width)
 	Arch              string                 `protobuf:"bytes,12,opt,name=arch,proto3" json:"arch,omitempty"`                                                               // GGUF general.architecture, e.g. "llama"
 	Runtime           string                 `protobuf:"bytes,13,opt,name=runtime,proto3" json:"runtime,omitempty"`                                                         // execution runtime + pin, e.g. "llama.cpp@ec98e2002"
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// The memory budget (bytes) of a node that places its own layers; 0: the
+	// node serves fixed layers and never moves. Every self-placing node plans
+	// heals from the budgets its peers advertise (placement.Heal).
+	PlacementBudget uint64 `protobuf:"varint,15,opt,name=placement_budget,json=placementBudget,proto3" json:"placement_budget,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *ShardAdvert) Reset() {
@@ -386,6 +390,13 @@ func (x *ShardAdvert) GetRuntime() string {
 		return x.Runtime
 	}
 	return ""
+}
+
+func (x *ShardAdvert) GetPlacementBudget() uint64 {
+	if x != nil {
+		return x.PlacementBudget
+	}
+	return 0
 }
 
 type ShardCapacity struct {
@@ -545,7 +556,7 @@ const file_meshp2p_v1_capability_proto_rawDesc = "" +
 	"\x06shards\x18\b \x03(\v2\x17.meshp2p.v1.ShardAdvertR\x06shards\x12\x14\n" +
 	"\x05addrs\x18\t \x03(\tR\x05addrs\x12<\n" +
 	"\freachability\x18\n" +
-	" \x01(\x0e2\x18.meshp2p.v1.ReachabilityR\freachability\"\x97\x04\n" +
+	" \x01(\x0e2\x18.meshp2p.v1.ReachabilityR\freachability\"\xc2\x04\n" +
 	"\vShardAdvert\x12+\n" +
 	"\x11model_fingerprint\x18\x01 \x01(\tR\x10modelFingerprint\x12\x1d\n" +
 	"\n" +
@@ -562,7 +573,8 @@ const file_meshp2p_v1_capability_proto_rawDesc = "" +
 	" \x01(\bR\bhasVocab\x12\x15\n" +
 	"\x06n_embd\x18\v \x01(\rR\x05nEmbd\x12\x12\n" +
 	"\x04arch\x18\f \x01(\tR\x04arch\x12\x18\n" +
-	"\aruntime\x18\r \x01(\tR\aruntimeB\x16\n" +
+	"\aruntime\x18\r \x01(\tR\aruntime\x12)\n" +
+	"\x10placement_budget\x18\x0f \x01(\x04R\x0fplacementBudgetB\x16\n" +
 	"\x14_decode_ms_per_layerB\x17\n" +
 	"\x15_prefill_ms_per_layerJ\x04\b\x0e\x10\x0fR\rbundle_schema\"\xab\x01\n" +
 	"\rShardCapacity\x12#\n" +
