@@ -320,7 +320,9 @@ func (c *placementController) interval() time.Duration {
 func (c *placementController) run(ctx context.Context) {
 	iv := c.interval()
 	events := c.swarm.SubscribeConn(ctx)
-	next := c.jittered(iv)
+	// The first check comes soon: a node that starts (or restarts) into a
+	// swarm with no route helps at once, not after a period.
+	next := HealRecheck
 	for {
 		timer := time.NewTimer(next)
 		select {

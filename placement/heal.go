@@ -73,7 +73,7 @@ func Heal(sz Sizing, members []Member) (HealPlan, error) {
 			total += sz.MaxWindow(n/2, m.Budget)
 		}
 	}
-	return HealPlan{}, fmt.Errorf("placement: the %d live self-placing nodes cannot hold a route of %d layers together (about %d layers fit their budgets), nor with the fixed windows", movable, n, total)
+	return HealPlan{}, fmt.Errorf("no heal plan: the %d live self-placing nodes (of %d seen) cannot hold a route of %d layers together (about %d layers fit their budgets), nor with the fixed windows", movable, len(ms), n, total)
 }
 
 // keepChain is the empty plan when the members' windows already chain.

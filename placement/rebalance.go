@@ -90,16 +90,25 @@ func (b *Rebalancer) check(view View, me string, cur Range, ms float64) Decision
 	}
 	ch, ok := choose(others, b.cands, ms, &before, &cur, b.rng)
 	stay := func(why string) Decision { b.streak = 0; return Decision{To: cur, Why: why} }
+	var healErr error
 	if before.Deficit > 0 && (!ok || ch.Deficit > 0) {
 		// No single move closes the gap: plan several together, if the
 		// live nodes can hold a route at all (else narrow it below).
-		if d, planned := b.healCheck(view, me, cur); planned {
+		var d Decision
+		if d, healErr = b.healCheck(view, me, cur); healErr == nil {
 			return d
 		}
 	} else {
 		b.heal = ""
 	}
 	if !ok || ch.Range == cur {
+		if before.Deficit > 0 {
+			why := fmt.Sprintf("no route: %d layers missing from the best one, and no move of this node (%s) closes more of it", before.Deficit, cur)
+			if healErr != nil {
+				why += "; " + healErr.Error()
+			}
+			return stay(why)
+		}
 		return stay("current window is the best")
 	}
 	// Planned windows count for where to go, but not for what may be left:
@@ -162,7 +171,7 @@ func safe(v View, cur, to Range, ms float64) bool {
 // route that no single move fixes: compute the heal plan, and move when
 // it gives this node a new window and the previous check computed the
 // same plan (views that differ for a moment must not move nodes apart).
-func (b *Rebalancer) healCheck(view View, me string, cur Range) (Decision, bool) {
+func (b *Rebalancer) healCheck(view View, me string, cur Range) (Decision, error) {
 	b.streak = 0
 	seen := map[string]bool{me: true}
 	members := []Member{{Peer: me, Range: cur, Budget: b.Budget}}
@@ -175,7 +184,7 @@ func (b *Rebalancer) healCheck(view View, me string, cur Range) (Decision, bool)
 	plan, err := Heal(b.Sizing, members)
 	if err != nil {
 		b.heal = ""
-		return Decision{}, false
+		return Decision{}, err
 	}
 	key := plan.String()
 	confirmed := key == b.heal
@@ -183,10 +192,10 @@ func (b *Rebalancer) healCheck(view View, me string, cur Range) (Decision, bool)
 	to, moving := plan.Moves[me]
 	switch {
 	case !moving:
-		return Decision{To: cur, Plan: &plan, Recheck: !confirmed, Why: fmt.Sprintf("no route; heal plan %s leaves this node on %s", key, cur)}, true
+		return Decision{To: cur, Plan: &plan, Recheck: !confirmed, Why: fmt.Sprintf("no route; heal plan %s leaves this node on %s", key, cur)}, nil
 	case !confirmed:
-		return Decision{To: cur, Plan: &plan, Recheck: true, Why: fmt.Sprintf("no route; heal plan %s moves this node %s → %s once the next check agrees", key, cur, to)}, true
+		return Decision{To: cur, Plan: &plan, Recheck: true, Why: fmt.Sprintf("no route; heal plan %s moves this node %s → %s once the next check agrees", key, cur, to)}, nil
 	}
 	b.heal, b.since = "", 0
-	return Decision{Move: true, To: to, Reason: ReasonHeal, Plan: &plan, Why: fmt.Sprintf("no route; heal plan %s (confirmed) moves this node %s → %s", key, cur, to)}, true
+	return Decision{Move: true, To: to, Reason: ReasonHeal, Plan: &plan, Why: fmt.Sprintf("no route; heal plan %s (confirmed) moves this node %s → %s", key, cur, to)}, nil
 }
