@@ -468,14 +468,14 @@ func (n *Node) publish() error {
 func (n *Node) advertLoop(ctx context.Context) {
 	t := time.NewTicker(AdvertCheckInterval)
 	defer t.Stop()
-	last := n.Shard().Capacity()
+	last := n.capacity()
 	lastSpeed := n.hop.DecodeMsPerLayer()
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-			c, sp := n.Shard().Capacity(), n.hop.DecodeMsPerLayer()
+			c, sp := n.capacity(), n.hop.DecodeMsPerLayer()
 			// Re-publish on capacity changes, or when the measured speed
 			// moved by more than a quarter (the tracker's cost model).
 			if c != last || math.Abs(float64(sp-lastSpeed)) > AdvertSpeedChange*float64(max(lastSpeed, 1e-6)) {

@@ -47,19 +47,13 @@ func (n *Node) registerGauges() {
 	if hop == nil {
 		return
 	}
-	capacity := func() engine.Capacity {
-		if sh := n.Shard(); sh != nil {
-			return sh.Capacity()
-		}
-		return engine.Capacity{}
-	}
 	m.Gauge("sessions_active", "Route sessions open on this hop.", func() float64 { return float64(hop.Sessions()) })
-	m.Gauge("kv_cells", "KV cache cells of this node's shard.", func() float64 { return float64(capacity().NCtx) })
+	m.Gauge("kv_cells", "KV cache cells of this node's shard.", func() float64 { return float64(n.capacity().NCtx) })
 	m.Gauge("kv_cells_used", "KV cache cells reserved by open sessions.", func() float64 {
-		c := capacity()
+		c := n.capacity()
 		return float64(c.NCtx - c.FreeKV)
 	})
-	m.Gauge("session_slots", "Session slots of this node's shard (--max-sessions).", func() float64 { return float64(capacity().MaxSessions) })
+	m.Gauge("session_slots", "Session slots of this node's shard (--max-sessions).", func() float64 { return float64(n.capacity().MaxSessions) })
 	m.Gauge("decode_seconds_per_layer", "Measured single-row compute time per layer, as advertised.", func() float64 {
 		if v := hop.DecodeMsPerLayer(); v > 0 {
 			return float64(v) / 1000

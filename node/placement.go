@@ -87,9 +87,9 @@ type windowHost interface {
 	retireWindow(ctx context.Context, old *loadedShard, from gguf.Range) int
 	// releaseWindow stops serving the window served now and closes it
 	// (draining its sessions as retireWindow), before a new one loads: the
-	// node serves nothing until swapWindow. ok is false when none is
-	// served.
-	releaseWindow(ctx context.Context) (from gguf.Range, ended int, ok bool)
+	// node serves nothing until swapWindow. It returns the window and its
+	// shard file; ok is false when none is served.
+	releaseWindow(ctx context.Context) (from gguf.Range, path string, ended int, ok bool)
 	// publish re-publishes the advert (with the planned window, if any).
 	publish() error
 	// windowMoved records a finished move (node.json).
@@ -406,14 +406,30 @@ func (c *placementController) move(ctx context.Context, to gguf.Range, releaseFi
 	if err := c.node.publish(); err != nil {
 		c.log.Warn("advertise planned window", "err", err)
 	}
+	// Get the new window's file first (cut or fetched: disk, not memory):
+	// a move that cannot get it leaves the node where it is.
+	path, err := c.shardFor(ctx, to)
+	if err != nil {
+		c.abandon()
+		return err
+	}
 	var released *gguf.Range
+	var oldPath string
 	if releaseFirst {
-		if r, ended, ok := c.node.releaseWindow(ctx); ok {
-			released = &r
+		if r, p, ended, ok := c.node.releaseWindow(ctx); ok {
+			released, oldPath = &r, p
 			c.log.Info("placement: released the old window first (both do not fit the budget)", "from", r.String(), "sessions_ended_by_drain", ended)
 		}
 	}
-	ls, err := c.load(ctx, to)
+	ls, err := c.node.loadWindow(ctx, path)
+	if err != nil && released != nil {
+		// Serve the old window again rather than nothing.
+		if back, berr := c.node.loadWindow(ctx, oldPath); berr == nil {
+			if _, serr := c.node.swapWindow(ctx, back, func(*gguf.Range) {}); serr != nil {
+				back.close()
+			}
+		}
+	}
 	if err != nil {
 		c.abandon()
 		return err

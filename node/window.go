@@ -125,11 +125,11 @@ func (n *Node) retireWindow(ctx context.Context, old *loadedShard, from gguf.Ran
 }
 
 // releaseWindow implements windowHost.
-func (n *Node) releaseWindow(ctx context.Context) (gguf.Range, int, bool) {
+func (n *Node) releaseWindow(ctx context.Context) (gguf.Range, string, int, bool) {
 	n.mu.Lock()
 	if n.shard == nil || n.hop == nil {
 		n.mu.Unlock()
-		return gguf.Range{}, 0, false
+		return gguf.Range{}, "", 0, false
 	}
 	old := &loadedShard{model: n.model, shard: n.shard, path: n.shardPath, calibration: n.calibration}
 	from := gguf.Range{Start: n.shard.Info().Start, End: n.shard.Info().End}
@@ -138,7 +138,16 @@ func (n *Node) releaseWindow(ctx context.Context) (gguf.Range, int, bool) {
 	if err := n.publish(); err != nil {
 		n.log.Warn("advertise without the released window", "err", err)
 	}
-	return from, n.retireWindow(ctx, old, from), true
+	return from, old.path, n.retireWindow(ctx, old, from), true
+}
+
+// capacity is the served shard's capacity (zero while none is served: a
+// client, or a move that released its old window before loading the new).
+func (n *Node) capacity() engine.Capacity {
+	if sh := n.Shard(); sh != nil {
+		return sh.Capacity()
+	}
+	return engine.Capacity{}
 }
 
 // windowMoved implements windowHost: node.json names the new window.
