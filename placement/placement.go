@@ -277,6 +277,13 @@ next:
 			continue
 		}
 		cmp := compareSorted(sc.Deficit, sorted, bestSc.Deficit, bestSorted)
+		if keep == nil && sc.Deficit == bestSc.Deficit && nearTie(sorted[0], bestSorted[0]) && r.Len() != best[0].Len() {
+			// Choosing a first window: a weakest layer within Margin is a
+			// tie, and the longer window wins, so nodes that could hold
+			// five layers do not settle on one-layer fragments that leave
+			// no slack for a crash (issue 22).
+			cmp = r.Len() - best[0].Len()
+		}
 		if cmp == 0 {
 			cmp = r.Len() - best[0].Len()
 		}
@@ -310,4 +317,9 @@ func addServer(c []float64, s Server, defMs float64) {
 	for l := max(0, s.Range.Start); l < min(len(c), s.Range.End); l++ {
 		c[l] += t
 	}
+}
+
+// nearTie: two weakest-layer throughputs within Margin of each other.
+func nearTie(a, b float64) bool {
+	return math.Abs(a-b) <= Margin*math.Max(a, b)
 }
