@@ -305,3 +305,30 @@ func chatPanel(t *testing.T, ctx context.Context) {
 		t.Fatalf("requests %v", got)
 	}
 }
+
+// Issue 22: a self-placing node whose budget holds part of a model, alone
+// in its swarm: the model is not routable, and the dashboard says what
+// placement is doing about it (here: why no plan can make a route).
+func TestDashboardShowsPlacementWhy(t *testing.T) {
+	exe := chromium(t)
+	bin := cli(t)
+	model := filepath.Join(t.TempDir(), "why.gguf")
+	if _, err := run(t, bin, "shard", "synth", "--layers", "12", "--embd", "64", "--ff", "128", "--name", "why", "-o", model); err != nil {
+		t.Fatal(err)
+	}
+	a := startProc(t, bin, append([]string{"start", "--model", model, "--memory", "10M", "--ctx", "512", "--batch", "64", "--metrics", "127.0.0.1:0"},
+		netArgs("whytest", dataDir(t, "a"))...)...)
+	ctx := browser(t, exe)
+	if err := chromedp.Do(ctx, chromedp.Navigate("http://"+a.metrics+"/")); err != nil {
+		t.Fatal(err)
+	}
+	took := evalUntil(t, ctx, `document.querySelector('.model .badge.bad') !== null &&
+		!!document.querySelector('.model .placement-why') &&
+		document.querySelector('.model .placement-why').textContent.includes('no heal plan')`, 30*time.Second)
+	why, err := chromedp.Run(ctx, chromedp.Evaluate[string](`document.querySelector('.model .placement-why').textContent`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("shown %v after load: %s", took.Round(time.Millisecond), why)
+	screenshot(t, ctx, "dashboard-placement-why.png")
+}
