@@ -322,33 +322,37 @@ func (c *placementController) run(ctx context.Context) {
 	events := c.swarm.SubscribeConn(ctx)
 	// The first check comes soon: a node that starts (or restarts) into a
 	// swarm with no route helps at once, not after a period.
-	next := HealRecheck
+	due := time.Now().Add(HealRecheck)
+	timer := time.NewTimer(HealRecheck)
+	defer timer.Stop()
 	for {
-		timer := time.NewTimer(next)
 		select {
 		case <-ctx.Done():
-			timer.Stop()
 			return
-		case ev := <-events:
-			timer.Stop()
-			if ev.Kind != p2p.Disconnected {
-				next = max(0, next) // keep waiting (approximately) as before
+		case ev, ok := <-events:
+			if !ok {
+				events = nil // no more events; the timer still runs
 				continue
+			}
+			if ev.Kind != p2p.Disconnected {
+				continue // the check stays due when it was
 			}
 			// A peer went away: if it served layers, a check soon sees
 			// whether the model still has a route.
-			wait := LossCheckDelay + time.Duration(c.rng.Int64N(int64(LossCheckJitter)))
-			if wait < next {
-				c.log.Debug("placement: peer lost; checking soon", "peer", ev.Peer, "in", wait)
-				next = wait
+			if soon := time.Now().Add(LossCheckDelay + time.Duration(c.rng.Int64N(int64(LossCheckJitter)))); soon.Before(due) {
+				c.log.Debug("placement: peer lost; checking soon", "peer", ev.Peer, "in", time.Until(soon).Round(time.Millisecond))
+				due = soon
+				timer.Reset(time.Until(due))
 			}
 			continue
 		case <-timer.C:
 		}
-		next = c.jittered(iv)
+		next := c.jittered(iv)
 		if c.check(ctx) {
 			next = HealRecheck
 		}
+		due = time.Now().Add(next)
+		timer.Reset(next)
 	}
 }
 
