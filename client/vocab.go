@@ -175,6 +175,13 @@ func (c *Client) loadVocab(fp string) (Vocab, int, error) {
 		v, err = c.cfg.LoadVocab(ctx, path)
 		nl = n
 		return err
+	}, func(p peer.ID, err error) {
+		// A peer that advertises the vocabulary and fails to give it is
+		// asked last next time (and, for generate, in later runs).
+		if c.cfg.Origin != nil && c.cfg.Origin.Failures != nil {
+			c.log.Info("vocabulary source failed; avoiding it for a while", "peer", p, "err", err)
+			c.cfg.Origin.Failures.Blame(p)
+		}
 	})
 	if err != nil {
 		return nil, 0, fmt.Errorf("%w: no peer serving model %.16s could give its vocabulary: %w", ErrNoVocab, fp, err)

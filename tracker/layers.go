@@ -126,7 +126,7 @@ func (t *Tracker) verifyLayers(ctx context.Context, fp string) (int, error) {
 	_, err = vocab.FetchFirst(ctx, &p2p.StreamHost{N: t.p2p}, peers, fp, dir, func(_ string, nl int) error {
 		n = nl // verified by FetchFirst (gguf.CheckVocabLayers)
 		return nil
-	})
+	}, nil)
 	if err != nil {
 		return 0, fmt.Errorf("%w: no peer serving model %.16s gave a vocabulary that proves it: %w", ErrLayersUnverified, fp, err)
 	}

@@ -342,8 +342,11 @@ func transfer(ctx context.Context, h session.Host, p peer.ID, fp, dir string) (s
 // with the layer count it proves (if not nil: the caller loads it; one
 // call at a time); the first one
 // accept takes wins and the other transfers are cancelled. Each transfer
-// is bounded as in Fetch; the error joins every peer's.
-func FetchFirst(ctx context.Context, h session.Host, peers []peer.ID, fp, dir string, accept func(path string, nLayer int) error) (string, error) {
+// is bounded as in Fetch; the error joins every peer's. failed, if set,
+// hears of each peer whose own transfer failed (refused, reset, stalled
+// past its deadlines, or a file that does not verify), not of those
+// cancelled because another won: a caller remembers them (failure memory).
+func FetchFirst(ctx context.Context, h session.Host, peers []peer.ID, fp, dir string, accept func(path string, nLayer int) error, failed func(peer.ID, error)) (string, error) {
 	if len(peers) == 0 {
 		return "", errors.New("vocab: no peer to ask")
 	}
@@ -365,6 +368,9 @@ func FetchFirst(ctx context.Context, h session.Host, peers []peer.ID, fp, dir st
 			defer wg.Done()
 			tmp, nl, err := download(ctx, h, p, fp, dir)
 			if err != nil {
+				if failed != nil && ctx.Err() == nil {
+					failed(p, err)
+				}
 				results <- err
 				return
 			}

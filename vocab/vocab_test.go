@@ -225,10 +225,11 @@ func TestFetchFirstStallingPeer(t *testing.T) {
 	dir := t.TempDir()
 	var accepted []string
 	t0 := time.Now()
+	var blamed []peer.ID
 	got, err := FetchFirst(ctx, cl, []peer.ID{staller.ID(), honest.ID()}, fp, dir, func(p string, _ int) error {
 		accepted = append(accepted, p)
 		return gguf.CheckVocab(ctx, p, fp)
-	})
+	}, func(p peer.ID, _ error) { blamed = append(blamed, p) })
 	took := time.Since(t0)
 	t.Logf("fetch with a stalling first peer took %s", took)
 	if err != nil {
@@ -239,6 +240,9 @@ func TestFetchFirstStallingPeer(t *testing.T) {
 	}
 	if got != filepath.Join(dir, FileName(fp)) || len(accepted) != 1 || accepted[0] != got {
 		t.Fatalf("path %s, accepted %v", got, accepted)
+	}
+	if len(blamed) != 0 {
+		t.Fatalf("a transfer cancelled because another won was reported as failed: %v", blamed)
 	}
 	// The staller's stream was given up when the honest copy won, and
 	// no temporary file is left.
@@ -268,13 +272,36 @@ func TestFetchFirstAcceptRejects(t *testing.T) {
 			return errors.New("cannot load")
 		}
 		return nil
-	})
+	}, func(p peer.ID, err error) { t.Errorf("%s reported as failed for the caller's own load error: %v", p, err) })
 	if err != nil || calls != 2 {
 		t.Fatalf("err %v after %d loads", err, calls)
 	}
 	// Every peer failing is an error naming each.
-	_, err = FetchFirst(ctx, cl, []peer.ID{a.ID(), b.ID()}, fp, t.TempDir(), func(string, int) error { return errors.New("cannot load") })
+	_, err = FetchFirst(ctx, cl, []peer.ID{a.ID(), b.ID()}, fp, t.TempDir(), func(string, int) error { return errors.New("cannot load") }, nil)
 	if err == nil || !bytes.Contains([]byte(err.Error()), []byte(a.ID().String())) || !bytes.Contains([]byte(err.Error()), []byte(b.ID().String())) {
 		t.Fatalf("err %v", err)
+	}
+}
+
+// A peer whose own transfer fails (here: it resets the stream) is
+// reported to the caller, which remembers it; the peer that gave the file
+// is not.
+func TestFetchFirstReportsFailedPeers(t *testing.T) {
+	path, fp := testVocab(t)
+	honest, _ := server(t, fp, path)
+	refuser := newTestHost(t)
+	refuser.SetStreamHandler(refuser.ProtocolID(Proto, ProtoVersion), func(s network.Stream) { _ = s.Reset() })
+	cl := newTestHost(t).knows(honest, refuser)
+	ctx, cancel := context.WithTimeout(context.Background(), TransferTimeout)
+	defer cancel()
+	var blamed []peer.ID
+	if _, err := FetchFirst(ctx, cl, []peer.ID{refuser.ID(), honest.ID()}, fp, t.TempDir(), nil, func(p peer.ID, err error) {
+		blamed = append(blamed, p)
+		t.Logf("reported %s: %v", p, err)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if len(blamed) != 1 || blamed[0] != refuser.ID() {
+		t.Fatalf("reported %v, want only the refuser %s", blamed, refuser.ID())
 	}
 }
