@@ -173,12 +173,18 @@ func safe(v View, cur, to Range, ms float64) bool {
 // same plan (views that differ for a moment must not move nodes apart).
 func (b *Rebalancer) healCheck(view View, me string, cur Range) (Decision, error) {
 	b.streak = 0
-	seen := map[string]bool{me: true}
+	// One member per peer: where it is going (a planned window) rather
+	// than the window it is leaving.
+	at := map[string]int{me: 0}
 	members := []Member{{Peer: me, Range: cur, Budget: b.Budget}}
 	for _, s := range view.Servers {
-		if !seen[s.Peer] {
-			seen[s.Peer] = true
+		i, ok := at[s.Peer]
+		switch {
+		case !ok:
+			at[s.Peer] = len(members)
 			members = append(members, Member{Peer: s.Peer, Range: s.Range, Budget: s.Budget})
+		case s.Planned && s.Peer != me:
+			members[i].Range = s.Range
 		}
 	}
 	plan, err := Heal(b.Sizing, members)

@@ -113,11 +113,11 @@ func readFirst(s io.Reader, lim frame.Limits) (*meshp2pb.StreamMessage, error) {
 
 // handleSession serves one incoming session stream: admission, the rest of
 // the route, then the data plane until the session ends. The checks run in
-// this order: the open itself, its sender and its origin's signature
-// (admit, checkSessionKV), that it is no replay (guard.use), then the
-// supersede of the origin's older epochs, the origin's silence backoff,
-// quota and the engine slot (reserve), the hop's state (register), and
-// last the rest of the route (serveAdmitted).
+// this order: the open itself, its sender, its origin's signature and that
+// it is no replay (admit, checkSessionKV), then the supersede of the
+// origin's older epochs, the origin's silence backoff, quota and the
+// engine slot (reserve), the replay memory (useOpen), the hop's state
+// (register), and last the rest of the route (serveAdmitted).
 func (h *HopService) handleSession(s network.Stream) {
 	lim := h.cfg.Limits
 	w := frame.NewWriter(s, lim)
@@ -139,9 +139,6 @@ func (h *HopService) handleSession(s network.Stream) {
 	if he == nil {
 		he = h.checkSessionKV(open, se.info)
 	}
-	if he == nil {
-		he = h.useOpen(open)
-	}
 	if he != nil {
 		refuse(he)
 		return
@@ -151,6 +148,13 @@ func (h *HopService) handleSession(s network.Stream) {
 	// an older epoch of the same session (from the same origin).
 	h.supersede(hs.key, idx)
 	if he := h.reserve(hs); he != nil {
+		refuse(he)
+		return
+	}
+	// Remembered against replay only once it holds something here: opens
+	// refused above cost the hop no memory.
+	if he := h.useOpen(hs); he != nil {
+		hs.closeEngine()
 		refuse(he)
 		return
 	}
@@ -188,11 +192,11 @@ func (h *HopService) readOpen(s network.Stream, w *frame.Writer) (*meshp2pb.Sess
 	return open, r
 }
 
-// useOpen records open as admitted here, or refuses a replay of an open
-// this hop admitted before (and, with its memory full of fresh opens, any
-// new one: NO_CAPACITY).
-func (h *HopService) useOpen(open *meshp2pb.SessionOpen) *hopError {
-	err := h.guard.use(keyOf(open), time.UnixMilli(open.GetIssuedAtMs()))
+// useOpen records hs's open as admitted here, or refuses a replay of an
+// open this hop admitted before (and, with its memory full of fresh opens
+// or of this origin's, any new one: NO_CAPACITY).
+func (h *HopService) useOpen(hs *hopSession) *hopError {
+	err := h.guard.use(hs.key, time.UnixMilli(hs.open.GetIssuedAtMs()), !h.cfg.TrustedOrigins[hs.origin])
 	switch {
 	case err == nil:
 		return nil
@@ -339,12 +343,16 @@ func (h *HopService) checkSilence(hs *hopSession) *hopError {
 // noteSilence ends hs's account with its origin's silence memory: a strike
 // when it reserved this hop and its upstream sent nothing, for its whole
 // first-frame wait (timedOut) or for at least half of it before closing;
-// one strike back when frames came.
+// one strike back when frames came. Only where the upstream is the origin
+// itself (the head, or an origin that names itself the previous hop): an
+// honest origin must not pay for a hop before this one that hangs.
 func (h *HopService) noteSilence(hs *hopSession, timedOut bool) {
 	switch {
 	case h.cfg.TrustedOrigins[hs.origin] || !hs.admitted:
 	case hs.heard.Load():
 		h.silence.heard(hs.origin)
+	case hs.from != hs.origin:
+		h.log.Debug("previous hop sent nothing; not counted against the origin", "session", hs.key, "hop", hs.idx, "from", hs.from)
 	case timedOut || time.Since(hs.admittedAt) >= h.firstFrame(hs.idx)/2:
 		d := h.silence.strike(hs.origin)
 		h.log.Info("origin left a session silent; refusing its sessions for a while", "origin", hs.origin, "session", hs.key, "hop", hs.idx, "for", d)

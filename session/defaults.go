@@ -61,6 +61,12 @@ const (
 	// replay (as DefaultMaxTicketNonces: full means a flood, and new opens
 	// are refused with NO_CAPACITY rather than old ones forgotten).
 	DefaultMaxOpenMemory = 1 << 16
+	// DefaultMaxOpensPerOrigin bounds the fresh opens one origin (not a
+	// trusted one) may have admitted on a hop: about 27 a second over
+	// OpenMaxAge plus skew, far above one client's sessions, so filling
+	// DefaultMaxOpenMemory takes 16 identities that each complete that many
+	// admissions.
+	DefaultMaxOpensPerOrigin = 1 << 12
 	// FirstFrameMaxPayload is the payload limit of the first frame of a
 	// session or ring stream (SessionOpen, ring hello): none is allowed;
 	// 1 is the smallest limit frame.Limits expresses (0 means the

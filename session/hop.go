@@ -101,7 +101,7 @@ func NewHopService(host Host, eng Engine, cfg HopConfig) *HopService {
 	info := eng.Info()
 	h := &HopService{host: host, info: info, cfg: cfg, engines: []*servedEngine{{eng: eng, info: info, admitting: true}},
 		log: cfg.Logger.With("range", fmt.Sprintf("%d-%d", info.Start, info.End)), active: map[Key]*hopSession{}, perPeer: map[peer.ID]peerUse{},
-		guard:   newOriginGuard(OpenMaxAge, route.DefaultClockSkew, DefaultMaxOpenMemory, nil),
+		guard:   newOriginGuard(OpenMaxAge, route.DefaultClockSkew, DefaultMaxOpenMemory, DefaultMaxOpensPerOrigin, nil),
 		silence: newSilenceMemory(cfg.SilenceBackoff, max(cfg.SilenceBackoff, DefaultSilenceBackoffMax), DefaultFailurePeers, nil)}
 	h.speed.layers = max(1, info.End-info.Start)
 	host.SetStreamHandler(host.ProtocolID(ProtoSession, ProtoVersion), h.handleSession)

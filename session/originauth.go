@@ -109,30 +109,35 @@ func VerifyOpenOrigin(open *meshp2pb.SessionOpen) (peer.ID, error) {
 
 // originGuard is a hop's check of who opens sessions: the signature, that
 // the open is fresh (OpenMaxAge plus clock skew), and that each signed
-// (origin, session, epoch) is admitted once while fresh. Its memory is
-// bounded: when full of live entries it refuses new opens (NO_CAPACITY,
-// retryable) rather than forget one, which would let it be replayed.
+// (origin, session, epoch) is admitted once while fresh. Only admitted
+// opens are remembered, and at most perOrigin fresh ones per origin, so
+// one identity cannot fill the memory; when it is full of live entries it
+// refuses new opens (NO_CAPACITY, retryable) rather than forget one, which
+// would let it be replayed.
 type originGuard struct {
-	maxAge, skew time.Duration
-	max          int
-	now          func() time.Time
+	maxAge, skew   time.Duration
+	max, perOrigin int
+	now            func() time.Time
 
-	mu   sync.Mutex
-	seen map[Key]time.Time // admitted opens, until they are too old to replay
+	mu     sync.Mutex
+	seen   map[Key]time.Time // admitted opens, until they are too old to replay
+	counts map[peer.ID]int   // entries of seen per origin
 }
 
-// errOpenMemoryFull: the hop remembers DefaultMaxOpenMemory fresh opens.
+// errOpenMemoryFull: the hop remembers DefaultMaxOpenMemory fresh opens, or
+// the origin DefaultMaxOpensPerOrigin.
 var errOpenMemoryFull = errors.New("too many fresh session opens remembered")
 
-func newOriginGuard(maxAge, skew time.Duration, max int, now func() time.Time) *originGuard {
+func newOriginGuard(maxAge, skew time.Duration, max, perOrigin int, now func() time.Time) *originGuard {
 	if now == nil {
 		now = time.Now
 	}
-	return &originGuard{maxAge: maxAge, skew: skew, max: max, now: now, seen: map[Key]time.Time{}}
+	return &originGuard{maxAge: maxAge, skew: skew, max: max, perOrigin: perOrigin, now: now, seen: map[Key]time.Time{}, counts: map[peer.ID]int{}}
 }
 
-// check verifies open's origin and freshness; from is the stream's sender
-// and idx this hop's position (the head admits only its origin).
+// check verifies open's origin and freshness, and that this hop has not
+// admitted it before; from is the stream's sender and idx this hop's
+// position (the head admits only its origin).
 func (g *originGuard) check(open *meshp2pb.SessionOpen, idx int, from peer.ID) (peer.ID, error) {
 	origin, err := VerifyOpenOrigin(open)
 	if err != nil {
@@ -148,28 +153,48 @@ func (g *originGuard) check(open *meshp2pb.SessionOpen, idx int, from peer.ID) (
 	case now.Sub(issued) > g.maxAge+g.skew:
 		return "", fmt.Errorf("%w: open issued %s ago, more than %s (a replay, or the origin's clock is off)", ErrOriginAuth, now.Sub(issued).Round(time.Second), g.maxAge+g.skew)
 	}
+	key := keyOf(open)
+	g.mu.Lock()
+	until, ok := g.seen[key]
+	g.mu.Unlock()
+	if ok && now.Before(until) {
+		return "", fmt.Errorf("%w: session %s was already opened here (replayed open)", ErrOriginAuth, key)
+	}
 	return origin, nil
 }
 
-// use records that key's open (issued at issued) was admitted; a second
-// admission of the same key while the open is fresh is a replay.
-func (g *originGuard) use(key Key, issued time.Time) error {
+// use records that key's open (issued at issued) was admitted: a second
+// admission of the same key while the open is fresh is a replay. capped
+// says whether the per-origin bound applies (not to trusted origins).
+func (g *originGuard) use(key Key, issued time.Time, capped bool) error {
 	now := g.now()
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if until, ok := g.seen[key]; ok && now.Before(until) {
 		return fmt.Errorf("%w: session %s was already opened here (replayed open)", ErrOriginAuth, key)
 	}
-	if len(g.seen) >= g.max {
+	full := func() bool { return len(g.seen) >= g.max || (capped && g.counts[key.Origin] >= g.perOrigin) }
+	if full() {
 		for k, until := range g.seen {
 			if !now.Before(until) {
-				delete(g.seen, k)
+				g.forget(k)
 			}
 		}
-		if len(g.seen) >= g.max {
+		if full() {
 			return errOpenMemoryFull
 		}
 	}
+	if _, ok := g.seen[key]; !ok {
+		g.counts[key.Origin]++
+	}
 	g.seen[key] = issued.Add(g.maxAge + 2*g.skew)
 	return nil
+}
+
+// forget drops k (g.mu held).
+func (g *originGuard) forget(k Key) {
+	delete(g.seen, k)
+	if g.counts[k.Origin]--; g.counts[k.Origin] <= 0 {
+		delete(g.counts, k.Origin)
+	}
 }

@@ -112,23 +112,32 @@ func TestSignedFields(t *testing.T) {
 // and refuses new opens rather than forget fresh ones when full.
 func TestOriginGuardMemory(t *testing.T) {
 	now := time.Unix(1e9, 0)
-	g := newOriginGuard(time.Minute, time.Second, 2, func() time.Time { return now })
-	k := func(e uint64) Key { return Key{Origin: "o", Epoch: e} }
-	if err := g.use(k(1), now); err != nil {
+	g := newOriginGuard(time.Minute, time.Second, 3, 2, func() time.Time { return now })
+	k := func(o peer.ID, e uint64) Key { return Key{Origin: o, Epoch: e} }
+	if err := g.use(k("o", 1), now, true); err != nil {
 		t.Fatal(err)
 	}
-	if err := g.use(k(1), now); !errors.Is(err, ErrOriginAuth) {
+	if err := g.use(k("o", 1), now, true); !errors.Is(err, ErrOriginAuth) {
 		t.Fatalf("replay admitted: %v", err)
 	}
-	if err := g.use(k(2), now); err != nil {
+	if err := g.use(k("o", 2), now, true); err != nil {
 		t.Fatal(err)
 	}
-	if err := g.use(k(3), now); !errors.Is(err, errOpenMemoryFull) {
+	if err := g.use(k("o", 3), now, true); !errors.Is(err, errOpenMemoryFull) {
+		t.Fatalf("one origin over its share: %v", err)
+	}
+	if err := g.use(k("t", 1), now, false); err != nil { // another origin still gets in
+		t.Fatal(err)
+	}
+	if err := g.use(k("p", 1), now, true); !errors.Is(err, errOpenMemoryFull) {
 		t.Fatalf("full memory: %v", err)
 	}
 	now = now.Add(time.Minute + 3*time.Second) // every entry stale
-	if err := g.use(k(3), now); err != nil {
+	if err := g.use(k("o", 3), now, true); err != nil {
 		t.Fatalf("stale entries not dropped: %v", err)
+	}
+	if g.counts["o"] != 1 || len(g.counts) != 1 {
+		t.Fatalf("per-origin counts after the sweep: %v", g.counts)
 	}
 }
 

@@ -56,8 +56,8 @@ func (s *silenceMemory) strike(origin peer.ID) time.Duration {
 	if now.Sub(e.until) > s.max { // clean for max: a fresh start
 		e.strikes = 0
 	}
-	e.strikes++
-	d := s.base << min(e.strikes-1, 30)
+	e.strikes = max(0, e.strikes) + 1
+	d := s.base << min(max(0, e.strikes-1), 30)
 	if d > s.max || d <= 0 {
 		d = s.max
 	}
@@ -77,7 +77,7 @@ func (s *silenceMemory) heard(origin peer.ID) {
 	if !ok {
 		return
 	}
-	if e.strikes--; e.strikes <= 0 && !s.now().Before(e.until) {
+	if e.strikes = max(0, e.strikes-1); e.strikes == 0 && !s.now().Before(e.until) {
 		delete(s.m, origin)
 		return
 	}

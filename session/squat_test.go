@@ -195,6 +195,21 @@ func TestSilenceMemoryBacksOff(t *testing.T) {
 	if got := m.strike(a); got != 8*time.Second {
 		t.Fatalf("after one good session the next strike backs off %s, want 8s (one doubling back)", got)
 	}
+	// Many good sessions during a backoff never take the count below
+	// zero (a negative shift would panic the hop).
+	for range 10 {
+		m.heard(b)
+		m.heard(a)
+	}
+	if got := m.strike(a); got != time.Second {
+		t.Fatalf("after many good sessions the next strike backs off %s, want 1s", got)
+	}
+	now = now.Add(time.Second)
+	m.strike(a)
+	m.heard(a)
+	if got := m.strike(a); got != 2*time.Second {
+		t.Fatalf("after one good session the next strike backs off %s, want 8s (one doubling back)", got)
+	}
 	now = now.Add(30 * time.Second) // clean for more than max: forgotten
 	if got := m.strike(a); got != time.Second {
 		t.Fatalf("after a clean spell the backoff restarts at %s, want 1s", got)
