@@ -117,3 +117,34 @@ func TestHealRandom(t *testing.T) {
 		}
 	}
 }
+
+// A peer that a heal plan moves but that never takes its window (it
+// cannot get the layers) is planned around after HealStuckChecks checks,
+// and the plan moves others instead.
+func TestHealPlansAroundStuckPeer(t *testing.T) {
+	sz := uniformSizing(12)
+	// Layers 4-10 are missing. This node (0-4, room for 4) cannot close
+	// the gap alone; the plan moves x (10-12, room for 8) to 4-12. x never
+	// moves, so the plan turns to c (a replica of 0-4 with room for 6):
+	// c → 4-10.
+	view := View{NLayer: 12, Servers: []Server{
+		{Peer: "x", Range: Range{10, 12}, Budget: layers(sz, 8) + 60},
+		{Peer: "c", Range: Range{0, 4}, Budget: layers(sz, 6)},
+	}}
+	b := NewRebalancer(sz, layers(sz, 4)+50, rand.New(rand.NewPCG(1, 1)))
+	var first, last string
+	for i := range HealStuckChecks + 2 {
+		d := b.Check(view, "me", Range{0, 4}, 1)
+		if d.Plan == nil {
+			t.Fatalf("check %d: no plan: %s", i, d.Why)
+		}
+		if i == 0 {
+			first = d.Plan.String()
+		}
+		last = d.Plan.String()
+	}
+	if first == last {
+		t.Fatalf("the plan %s still moves the peer that never moved", last)
+	}
+	t.Logf("plan %s, then around the stuck peer: %s", first, last)
+}

@@ -66,6 +66,13 @@ const (
 	// which a node makes a move that only narrows a gap; one that closes
 	// it is made at once.
 	GapPatience = 2
+	// HealStuckChecks: a peer a heal plan has moved for this many checks
+	// in a row without it taking its window (it cannot get the layers, or
+	// advertises more memory than it has) is planned around, as a fixed
+	// window, for HealStuckFor checks (at the 5 s recheck: 30 s, then 2
+	// min), so one node that cannot move does not hold a heal forever.
+	HealStuckChecks = 6
+	HealStuckFor    = 24
 )
 
 // throughput is the tokens per second a server adds to each layer of its

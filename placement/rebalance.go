@@ -52,6 +52,10 @@ type Rebalancer struct {
 	since     int     // checks since the last move (the start counts as one)
 	cands     []Range // Candidates(Sizing, Budget), computed once
 	heal      string  // the heal plan the last check computed ("": none)
+	// late counts, per peer, the checks in a row whose heal plan gave it
+	// a window it has not taken; stuck holds the peers that ran past
+	// HealStuckChecks (checks left before they count as movable again).
+	late, stuck map[string]int
 }
 
 // NewRebalancer starts the state of a node that just chose its window.
@@ -187,7 +191,16 @@ func (b *Rebalancer) healCheck(view View, me string, cur Range) (Decision, error
 			members[i].Range = s.Range
 		}
 	}
+	b.ageStuck()
+	for i, m := range members {
+		if b.stuck[m.Peer] > 0 && m.Peer != me {
+			members[i].Budget = 0 // planned around: it did not take what it was given
+		}
+	}
 	plan, err := Heal(b.Sizing, members)
+	if err == nil {
+		b.noteLate(plan, members, me)
+	}
 	if err != nil {
 		b.heal = ""
 		return Decision{}, err
@@ -204,4 +217,34 @@ func (b *Rebalancer) healCheck(view View, me string, cur Range) (Decision, error
 	}
 	b.heal, b.since = "", 0
 	return Decision{Move: true, To: to, Reason: ReasonHeal, Plan: &plan, Why: fmt.Sprintf("no route; heal plan %s (confirmed) moves this node %s → %s", key, cur, to)}, nil
+}
+
+// noteLate counts, for every other peer the plan moves, one more check it
+// has not taken its window; peers past HealStuckChecks are planned around
+// (as fixed windows) for HealStuckFor checks. Every node sees the same
+// peers not moving, so their plans change together.
+func (b *Rebalancer) noteLate(plan HealPlan, members []Member, me string) {
+	if b.late == nil {
+		b.late, b.stuck = map[string]int{}, map[string]int{}
+	}
+	for _, m := range members {
+		to, moving := plan.Moves[m.Peer]
+		if m.Peer == me || !moving || m.Range == to {
+			delete(b.late, m.Peer)
+			continue
+		}
+		if b.late[m.Peer]++; b.late[m.Peer] >= HealStuckChecks {
+			delete(b.late, m.Peer)
+			b.stuck[m.Peer] = HealStuckFor
+		}
+	}
+}
+
+// ageStuck counts one check off every stuck peer's exclusion.
+func (b *Rebalancer) ageStuck() {
+	for p := range b.stuck {
+		if b.stuck[p]--; b.stuck[p] <= 0 {
+			delete(b.stuck, p)
+		}
+	}
 }
