@@ -272,7 +272,9 @@ func TestFetchFirstAcceptRejects(t *testing.T) {
 			return errors.New("cannot load")
 		}
 		return nil
-	}, func(p peer.ID, err error) { t.Errorf("%s reported as failed for the caller's own load error: %v", p, err) })
+	}, func(p peer.ID, err error) {
+		t.Errorf("%s reported as failed for the caller's own load error: %v", p, err)
+	})
 	if err != nil || calls != 2 {
 		t.Fatalf("err %v after %d loads", err, calls)
 	}
