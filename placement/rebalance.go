@@ -69,7 +69,7 @@ func NewRebalancer(sz Sizing, budget int64, rng *rand.Rand) *Rebalancer {
 // now, or that lengthens the deficit.
 func (b *Rebalancer) Check(view View, me string, cur Range, ms float64) Decision {
 	d := b.check(view, me, cur, ms)
-	if view.Without(me).graph().with(cur, ms).Deficit > 0 {
+	if b.gapChecks > 0 { // this check saw no route
 		// Without a route, nothing waits for the period: plans confirm,
 		// windows load and gaps close check by check.
 		d.Recheck = true
@@ -211,9 +211,9 @@ func (b *Rebalancer) healCheck(view View, me string, cur Range) (Decision, error
 	to, moving := plan.Moves[me]
 	switch {
 	case !moving:
-		return Decision{To: cur, Plan: &plan, Recheck: !confirmed, Why: fmt.Sprintf("no route; heal plan %s leaves this node on %s", key, cur)}, nil
+		return Decision{To: cur, Plan: &plan, Why: fmt.Sprintf("no route; heal plan %s leaves this node on %s", key, cur)}, nil
 	case !confirmed:
-		return Decision{To: cur, Plan: &plan, Recheck: true, Why: fmt.Sprintf("no route; heal plan %s moves this node %s → %s once the next check agrees", key, cur, to)}, nil
+		return Decision{To: cur, Plan: &plan, Why: fmt.Sprintf("no route; heal plan %s moves this node %s → %s once the next check agrees", key, cur, to)}, nil
 	}
 	b.heal, b.since = "", 0
 	return Decision{Move: true, To: to, Reason: ReasonHeal, Plan: &plan, Why: fmt.Sprintf("no route; heal plan %s (confirmed) moves this node %s → %s", key, cur, to)}, nil
