@@ -20,7 +20,13 @@ CGO_ARCH   := $(shell GOTOOLCHAIN=local go env GOARCH)
 ifeq ($(CGO_ARCH),amd64)
 NOAMX      ?= -mno-amx-tile -mno-amx-int8 -mno-amx-bf16
 endif
-CGO_FLAGS  := $(strip -O3 -march=$(SIMD) $(NOAMX))
+# -UGGML_USE_LLAMAFILE: batch invariance (docs/architecture.md). The ollama
+# module's cgo directive defines GGML_USE_LLAMAFILE in CPPFLAGS; CGO_CFLAGS
+# come later on the compiler's command line, so this undefines it and every
+# matrix product takes ggml's vec_dot path, whatever its row count. The
+# engine refuses to start without it (engine.ErrNotInvariant).
+INVARIANT  := -UGGML_USE_LLAMAFILE
+CGO_FLAGS  := $(strip -O3 -march=$(SIMD) $(NOAMX) $(INVARIANT))
 export CGO_CFLAGS   := $(CGO_FLAGS)
 export CGO_CXXFLAGS := $(CGO_FLAGS)
 export CGO_ENABLED  := 1
@@ -75,7 +81,7 @@ build: $(GENERATED)
 # link fails. Its own flag string, so its own cached llama.cpp build (~4 min
 # on 2 cores the first time, seconds afterwards). Skipped off x86-64.
 AMX_SIMD   ?= sapphirerapids
-AMX_FLAGS  := $(strip -O3 -march=$(AMX_SIMD) $(NOAMX))
+AMX_FLAGS  := $(strip -O3 -march=$(AMX_SIMD) $(NOAMX) $(INVARIANT))
 build-check-amx: $(GENERATED)
 ifeq ($(CGO_ARCH),amd64)
 	@echo "link check: ./cmd/meshp2p with '$(AMX_FLAGS)' (first time compiles llama.cpp again: ~4 min on 2 cores)"

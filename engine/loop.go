@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"math"
 	"runtime"
+	"slices"
 	"unsafe"
 )
 
@@ -128,9 +129,12 @@ func dropFailed(prefills []*request) []*request {
 
 func (s *Shard) enqueue(r *request, decodes, prefills []*request) ([]*request, []*request) {
 	if r.free {
-		mem := C.llama_get_memory(s.lctx)
-		C.llama_memory_seq_rm(mem, C.llama_seq_id(r.sess.seq), -1, -1)
+		s.release(r.sess.seq)
 		r.done <- nil
+		return decodes, prefills
+	}
+	if err := s.kv.lost[r.sess.seq]; err != nil {
+		r.done <- err
 		return decodes, prefills
 	}
 	if r.rows == 1 {
@@ -162,7 +166,7 @@ func (s *Shard) step(parts []part, n int) error {
 		for i := 0; i < p.rows; i++ {
 			row := p.from + i
 			out := C.int8_t(1) // non-tail: every row is an output, or l_out drops rows
-			if info.IsTail() {
+			if info.IsTail() && !p.r.in.AllLogits {
 				out = 0
 				if last && i == p.rows-1 && (p.r.in.Sample || p.r.in.Logits) {
 					out = 1
@@ -181,8 +185,18 @@ func (s *Shard) step(parts []part, n int) error {
 	if s.capture != nil {
 		s.capture.n, s.capture.fired, s.capture.err = 0, 0, 0
 	}
+	if err := s.makeRoom(n); err != nil {
+		return err
+	}
 	if rc := C.llama_decode(s.lctx, *b); rc != 0 {
+		// llama.cpp removes a failed ubatch's positions again, which can
+		// leave holes: compact before the next decode.
+		s.kv.dirty = true
 		return fmt.Errorf("%w: rc=%d (%d rows)", ErrDecode, int(rc), n)
+	}
+	s.kv.used += n
+	for _, p := range parts {
+		s.kv.live[p.r.sess.seq] += p.rows
 	}
 	if s.capture != nil {
 		if err := s.checkCapture(n); err != nil {
@@ -195,6 +209,15 @@ func (s *Shard) step(parts []part, n int) error {
 		return nil
 	}
 	for _, p := range parts {
+		if p.r.in.AllLogits {
+			for i := 0; i < p.rows; i++ {
+				lp := C.llama_get_logits_ith(s.lctx, C.int32_t(p.at+i))
+				if lp == nil {
+					return fmt.Errorf("%w: no logits for row %d", ErrDecode, p.at+i)
+				}
+				p.r.out.Logits = append(p.r.out.Logits, unsafe.Slice((*float32)(unsafe.Pointer(lp)), info.NVocab)...)
+			}
+		}
 		if p.from+p.rows != p.r.rows || !(p.r.in.Sample || p.r.in.Logits) {
 			continue
 		}
@@ -203,7 +226,7 @@ func (s *Shard) step(parts []part, n int) error {
 			return fmt.Errorf("%w: no logits for row %d", ErrDecode, p.at+p.rows-1)
 		}
 		logits := unsafe.Slice((*float32)(unsafe.Pointer(lp)), info.NVocab)
-		if p.r.in.Logits {
+		if p.r.in.Logits && !p.r.in.AllLogits {
 			p.r.out.Logits = append([]float32(nil), logits...)
 		}
 		if p.r.in.Sample {
@@ -231,36 +254,22 @@ func (s *Shard) checkCapture(n int) error {
 }
 
 // selfTest checks the llama.cpp conventions the engine relies on (tensor
-// name l_out-<il>, all rows captured in batch order) on a scratch sequence.
-// It runs before the loop starts, so it owns the context.
+// name l_out-<il>, all rows captured in batch order) and batch invariance
+// (invariance.go) on scratch sequences. It runs before the loop starts, so
+// it owns the context, and leaves the cache empty.
 func (s *Shard) selfTest() error {
+	defer s.clearKV()
+	if !s.cfg.Baseline {
+		if err := checkInvariantBuild(); err != nil {
+			return err
+		}
+	}
 	const rows = 3
-	sess := &Session{shard: s, seq: s.scratch, kv: rows}
-	r := &request{sess: sess, rows: rows, done: make(chan error, 1)}
-	if s.info.IsHead() {
-		r.in.Tokens = make([]int32, rows)
-		for i := range r.in.Tokens {
-			r.in.Tokens[i] = int32(i % s.info.NVocab)
-		}
-	} else {
-		r.in.Hidden = make([]float32, rows*s.info.NEmbd)
-		for i := range r.in.Hidden {
-			r.in.Hidden[i] = float32(math.Sin(float64(i))) * 0.1
-		}
+	batched, err := s.probe([][]probeRow{{{s.scratch, 0}, {s.scratch, 1}, {s.scratch, 2}}})
+	if err != nil {
+		return err
 	}
-	if s.info.IsTail() {
-		r.in.Logits = true
-	} else {
-		r.out.Hidden = make([]float32, rows*s.info.NEmbd)
-	}
-	defer C.llama_memory_seq_rm(C.llama_get_memory(s.lctx), C.llama_seq_id(s.scratch), -1, -1)
-	if err := s.step([]part{{r: r, rows: rows}}, rows); err != nil {
-		return fmt.Errorf("%w: %v", ErrSelfTest, err)
-	}
-	vals := r.out.Hidden
-	if s.info.IsTail() {
-		vals = r.out.Logits
-	}
+	vals := batched[s.scratch]
 	if len(vals) == 0 {
 		return fmt.Errorf("%w: no output", ErrSelfTest)
 	}
@@ -269,20 +278,88 @@ func (s *Shard) selfTest() error {
 			return fmt.Errorf("%w: non-finite output", ErrSelfTest)
 		}
 	}
-	if !s.info.IsTail() {
-		// Rows must differ (they had different inputs): a capture that
-		// returned one row three times would pass the size check.
-		ne := s.info.NEmbd
-		same := true
-		for j := 0; j < ne; j++ {
-			if vals[j] != vals[ne+j] {
-				same = false
-				break
-			}
-		}
-		if same {
-			return fmt.Errorf("%w: captured rows are identical", ErrSelfTest)
-		}
+	// Rows must differ (they had different inputs): a capture that
+	// returned one row three times would pass the size check.
+	w := len(vals) / rows
+	if slices.Equal(vals[:w], vals[w:2*w]) {
+		return fmt.Errorf("%w: output rows are identical", ErrSelfTest)
+	}
+	if s.cfg.Baseline {
+		return nil
+	}
+	// The same rows one at a time and next to another sequence's rows
+	// (interleaved cells, a 1-row and a 2-row batch): bitwise the same.
+	s.clearKV()
+	mixed, err := s.probe([][]probeRow{
+		{{s.grave, 0}},
+		{{s.scratch, 0}},
+		{{s.grave, 1}, {s.scratch, 1}},
+		{{s.scratch, 2}, {s.grave, 2}},
+	})
+	if err != nil {
+		return err
+	}
+	if i := firstDiff(vals, mixed[s.scratch]); i >= 0 {
+		return fmt.Errorf("%w: row %d of 3 differs between one 3-row batch and single or mixed batches (value %d: %g vs %g); "+
+			"this build or CPU does not compute every row the same way (kernel class %s)",
+			ErrNotInvariant, i/w, i, vals[i], mixed[s.scratch][i], KernelClass())
 	}
 	return nil
+}
+
+// probeRow is one self-test row: sequence id and position (the input is a
+// function of the position and the sequence).
+type probeRow struct{ seq, pos int }
+
+// probe decodes batches of probe rows and returns each sequence's output
+// rows in position order: hidden states, or every row's logits on the tail.
+func (s *Shard) probe(batches [][]probeRow) (map[int][]float32, error) {
+	out := map[int][]float32{}
+	for _, rows := range batches {
+		var parts []part
+		for i, pr := range rows {
+			sess := &Session{shard: s, seq: pr.seq, kv: 1 << 20}
+			r := &request{sess: sess, rows: 1, done: make(chan error, 1)}
+			r.in.Pos = pr.pos
+			if s.info.IsHead() {
+				r.in.Tokens = []int32{int32((pr.pos + 7*pr.seq) % s.info.NVocab)}
+			} else {
+				r.in.Hidden = make([]float32, s.info.NEmbd)
+				for j := range r.in.Hidden {
+					r.in.Hidden[j] = float32(math.Sin(float64(j+pr.pos*s.info.NEmbd+pr.seq*31))) * 0.1
+				}
+			}
+			if s.info.IsTail() {
+				r.in.AllLogits = true
+			} else {
+				r.out.Hidden = make([]float32, s.info.NEmbd)
+			}
+			parts = append(parts, part{r: r, rows: 1, at: i})
+		}
+		if err := s.step(parts, len(parts)); err != nil {
+			return nil, fmt.Errorf("%w: %v", ErrSelfTest, err)
+		}
+		for _, p := range parts {
+			v := p.r.out.Hidden
+			if s.info.IsTail() {
+				v = p.r.out.Logits
+			}
+			out[p.r.sess.seq] = append(out[p.r.sess.seq], v...)
+		}
+	}
+	return out, nil
+}
+
+// firstDiff is the first index where a and b differ bitwise (NaN-safe), -1
+// when equal.
+func firstDiff(a, b []float32) int {
+	if len(a) != len(b) {
+		return min(len(a), len(b))
+	}
+	for i := range a {
+		if math.Float32bits(a[i]) != math.Float32bits(b[i]) {
+			return i
+		}
+	}
+	return -1
 }

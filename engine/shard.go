@@ -49,11 +49,13 @@ type Config struct {
 	MaxSessions int
 	// Threads for compute (default: number of CPUs).
 	Threads int
-	// FlashAttn enables flash attention. Off by default: with it on, a
-	// session placed into KV cells freed by another differs by ~1e-3 from a
-	// run alone (measured on stories260K); off, results are bit-exact.
-	FlashAttn bool
-	Logger    *slog.Logger
+	Logger *slog.Logger
+	// Baseline runs the engine as it was before batch invariance (issue
+	// 23): attention without flash attention, freed KV cells reused in
+	// place, and builds with llamafile's sgemm accepted. A session's logits
+	// then depend on what else is batched with it. For benchmark baselines
+	// only (make bench); meshp2p never sets it.
+	Baseline bool
 	// DisposableThreads makes ggml create and join its worker threads on
 	// every decode, as it does without a thread pool (A/B measurements
 	// only; the default is one persistent pool per shard).
@@ -118,6 +120,8 @@ type Shard struct {
 	cands   []C.llama_token_data      // sampling scratch, owned by the loop
 	nCtx    int
 	scratch int // sequence id reserved for the self-test
+	grave   int // sequence id that holds freed cells until compaction
+	kv      kvState
 
 	reqs chan *request
 	quit chan struct{}
@@ -145,20 +149,27 @@ func NewShard(ctx context.Context, model *Model, cfg Config) (*Shard, error) {
 	s := &Shard{
 		model: model, info: info, cfg: cfg, log: cfg.Logger.With("shard", fmt.Sprintf("%d-%d", info.Start, info.End)),
 		reqs: make(chan *request, 4*cfg.MaxSessions), quit: make(chan struct{}), done: make(chan struct{}),
-		sessions: map[SessionKey]*Session{}, scratch: cfg.MaxSessions,
+		sessions: map[SessionKey]*Session{}, scratch: cfg.MaxSessions, grave: cfg.MaxSessions + 1,
+		kv: kvState{live: map[int]int{}},
 	}
 	p := C.llama_context_default_params()
 	p.n_ctx = C.uint32_t(cfg.NCtx)
 	p.n_batch = C.uint32_t(cfg.NBatch)
 	p.n_ubatch = C.uint32_t(cfg.NBatch) // one ubatch per decode: captured rows stay in batch order
-	p.n_seq_max = C.uint32_t(cfg.MaxSessions + 1)
+	p.n_seq_max = C.uint32_t(cfg.MaxSessions + 2) // + scratch + grave
 	p.n_threads = C.int32_t(cfg.Threads)
 	p.n_threads_batch = C.int32_t(cfg.Threads)
 	p.kv_unified = true // split_simple: rows come back in batch order
 	p.no_perf = true
-	p.flash_attn_type = C.LLAMA_FLASH_ATTN_TYPE_DISABLED
-	if cfg.FlashAttn {
-		p.flash_attn_type = C.LLAMA_FLASH_ATTN_TYPE_ENABLED
+	// Flash attention visits a row's KV cells one by one in cell order and
+	// skips masked ones, so a session's attention depends only on the order
+	// of its own cells, which the loop keeps equal to position order
+	// (kvState). Without it, softmax and KQV reduce over every cell in SIMD
+	// lanes, and other sessions' cells shift which lanes a session's values
+	// fall in.
+	p.flash_attn_type = C.LLAMA_FLASH_ATTN_TYPE_ENABLED
+	if cfg.Baseline {
+		p.flash_attn_type = C.LLAMA_FLASH_ATTN_TYPE_DISABLED
 	}
 	if !info.IsTail() {
 		s.capture = (*C.mp_capture)(C.calloc(1, C.size_t(unsafe.Sizeof(C.mp_capture{}))))
@@ -344,13 +355,17 @@ type Input struct {
 	Sample bool
 	// Logits asks the tail for a copy of the last row's logits.
 	Logits bool
+	// AllLogits asks the tail for every row's logits (rows × n_vocab in
+	// Output.Logits, row-major); it implies Logits. Verification of several
+	// proposed tokens at once needs them (and the invariance tests).
+	AllLogits bool
 }
 
 // Output is the result of a Forward.
 type Output struct {
 	Hidden []float32 // non-tail: rows × n_embd
 	Token  int32     // tail with Sample
-	Logits []float32 // tail with Logits
+	Logits []float32 // tail with Logits: n_vocab; with AllLogits: rows × n_vocab
 }
 
 // Forward runs the shard's layers on in and blocks until done. Rows of all
@@ -429,7 +444,7 @@ func (x *Session) validate(in Input) (int, error) {
 	if x.nextPos+rows > x.kv {
 		return 0, fmt.Errorf("%w: %d rows at position %d exceed the session's %d reserved KV cells", ErrNoCapacity, rows, x.nextPos, x.kv)
 	}
-	if (in.Sample || in.Logits) && !info.IsTail() {
+	if (in.Sample || in.Logits || in.AllLogits) && !info.IsTail() {
 		return 0, fmt.Errorf("%w: only the tail shard samples", ErrBadInput)
 	}
 	return rows, nil

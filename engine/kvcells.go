@@ -1,0 +1,154 @@
+package engine
+
+/*
+#include <stdlib.h>
+#include "mp.h"
+*/
+import "C"
+
+import (
+	"fmt"
+	"slices"
+	"time"
+	"unsafe"
+)
+
+// kvState is the loop's view of the unified KV cache. The invariant it
+// keeps: occupied cells are exactly [0, used) and llama.cpp's search head is
+// at used, so every new row lands above every cell in use and each
+// session's cells stay in position order. Flash attention visits a row's
+// cells in cell order and skips other sessions' (masked) ones, so with that
+// order a session's attention is computed the same way whatever else shares
+// the cache: batch invariance (docs/architecture.md, "Batch invariance").
+//
+// Freed cells would be holes that llama.cpp fills next, below cells of
+// sessions still running. So a closed session's cells are handed to the
+// grave sequence instead (still occupied, masked for everyone), and when a
+// decode does not fit above used, compact saves every live sequence
+// (llama_state_seq_get_data), clears the cache and restores them one after
+// another into contiguous cells: same bytes, same order, no holes.
+type kvState struct {
+	used        int         // cells occupied: live sessions' plus the grave's
+	live        map[int]int // sequence id -> cells it holds
+	lost        map[int]error
+	dirty       bool // a failed decode may have left holes: compact first
+	compactions int
+}
+
+// makeRoom ensures n rows fit above used, compacting when they do not.
+func (s *Shard) makeRoom(n int) error {
+	if s.cfg.Baseline {
+		return nil
+	}
+	if !s.kv.dirty && s.kv.used+n <= s.nCtx {
+		return nil
+	}
+	if len(s.kv.live) == 0 {
+		s.clearKV()
+	} else if err := s.compact(); err != nil {
+		return err
+	}
+	if s.kv.used+n > s.nCtx {
+		return fmt.Errorf("%w: %d rows do not fit: live sessions hold %d of %d KV cells", ErrNoCapacity, n, s.kv.used, s.nCtx)
+	}
+	return nil
+}
+
+// release frees a closed session's sequence: its cells go to the grave, or
+// the whole cache is cleared when no session is left (no copy needed).
+func (s *Shard) release(seq int) {
+	mem := C.llama_get_memory(s.lctx)
+	delete(s.kv.lost, seq)
+	if s.cfg.Baseline {
+		C.llama_memory_seq_rm(mem, C.llama_seq_id(seq), -1, -1)
+		return
+	}
+	cells := s.kv.live[seq]
+	delete(s.kv.live, seq)
+	if len(s.kv.live) == 0 {
+		s.clearKV()
+		return
+	}
+	if cells > 0 {
+		C.llama_memory_seq_cp(mem, C.llama_seq_id(seq), C.llama_seq_id(s.grave), -1, -1)
+		C.llama_memory_seq_rm(mem, C.llama_seq_id(seq), -1, -1)
+	}
+}
+
+// clearKV empties the cache (metadata only: stale bytes in free cells are
+// never read, flash attention skips masked cells).
+func (s *Shard) clearKV() {
+	C.llama_memory_clear(C.llama_get_memory(s.lctx), C.bool(false))
+	s.kv.used, s.kv.dirty = 0, false
+	clear(s.kv.live)
+}
+
+// cellsOf is how many cells llama.cpp holds for seq (positions are
+// consecutive from the session's start).
+func (s *Shard) cellsOf(seq int) int {
+	mem := C.llama_get_memory(s.lctx)
+	hi := int(C.llama_memory_seq_pos_max(mem, C.llama_seq_id(seq)))
+	if hi < 0 {
+		return 0
+	}
+	return hi - int(C.llama_memory_seq_pos_min(mem, C.llama_seq_id(seq))) + 1
+}
+
+// compact rewrites the cache as the live sessions' cells, contiguous and
+// in sequence-id order, and drops the grave. It holds a copy of every live
+// session's KV in memory while it runs.
+func (s *Shard) compact() error {
+	start := time.Now()
+	type saved struct {
+		seq int
+		buf unsafe.Pointer
+		n   C.size_t
+	}
+	var all []saved
+	defer func() {
+		for _, v := range all {
+			C.free(v.buf)
+		}
+	}()
+	seqs := make([]int, 0, len(s.kv.live))
+	for seq := range s.kv.live {
+		seqs = append(seqs, seq)
+	}
+	slices.Sort(seqs)
+	bytes := 0
+	for _, seq := range seqs {
+		if s.cellsOf(seq) == 0 {
+			continue
+		}
+		n := C.llama_state_seq_get_size(s.lctx, C.llama_seq_id(seq))
+		buf := C.malloc(n)
+		if buf == nil {
+			return fmt.Errorf("%w: compacting the KV cache: cannot allocate %d bytes", ErrNoCapacity, int(n))
+		}
+		all = append(all, saved{seq, buf, n})
+		if got := C.llama_state_seq_get_data(s.lctx, (*C.uint8_t)(buf), n, C.llama_seq_id(seq)); got != n {
+			return fmt.Errorf("%w: saving sequence %d for compaction: %d of %d bytes", ErrDecode, seq, int(got), int(n))
+		}
+		bytes += int(n)
+	}
+	s.clearKV()
+	for _, v := range all {
+		if rd := C.llama_state_seq_set_data(s.lctx, (*C.uint8_t)(v.buf), v.n, C.llama_seq_id(v.seq)); rd == 0 {
+			// Cannot happen with the cells just freed; the session is
+			// gone if it does, and says so on its next request.
+			C.llama_memory_seq_rm(C.llama_get_memory(s.lctx), C.llama_seq_id(v.seq), -1, -1)
+			if s.kv.lost == nil {
+				s.kv.lost = map[int]error{}
+			}
+			s.kv.lost[v.seq] = fmt.Errorf("%w: KV of sequence %d could not be restored after compaction", ErrDecode, v.seq)
+			s.kv.dirty = true
+			continue
+		}
+		c := s.cellsOf(v.seq)
+		s.kv.live[v.seq] = c
+		s.kv.used += c
+	}
+	s.kv.compactions++
+	s.log.Debug("KV cache compacted", "sessions", len(all), "cells", s.kv.used, "bytes", bytes, "took", time.Since(start))
+	return nil
+}
