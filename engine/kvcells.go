@@ -9,6 +9,7 @@ import "C"
 import (
 	"fmt"
 	"slices"
+	"sync/atomic"
 	"time"
 	"unsafe"
 )
@@ -31,8 +32,8 @@ type kvState struct {
 	used        int         // cells occupied: live sessions' plus the grave's
 	live        map[int]int // sequence id -> cells it holds
 	lost        map[int]error
-	dirty       bool // a failed decode may have left holes: compact first
-	compactions int
+	dirty       bool         // a failed decode may have left holes: compact first
+	compactions atomic.Int64 // read by tests while the loop runs
 }
 
 // makeRoom ensures n rows fit above used, compacting when they do not.
@@ -148,7 +149,7 @@ func (s *Shard) compact() error {
 		s.kv.live[v.seq] = c
 		s.kv.used += c
 	}
-	s.kv.compactions++
+	s.kv.compactions.Add(1)
 	s.log.Debug("KV cache compacted", "sessions", len(all), "cells", s.kv.used, "bytes", bytes, "took", time.Since(start))
 	return nil
 }

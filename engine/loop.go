@@ -128,6 +128,12 @@ func dropFailed(prefills []*request) []*request {
 }
 
 func (s *Shard) enqueue(r *request, decodes, prefills []*request) ([]*request, []*request) {
+	for _, g := range r.group {
+		decodes, prefills = s.enqueue(g, decodes, prefills)
+	}
+	if r.group != nil {
+		return decodes, prefills
+	}
 	if r.free {
 		s.release(r.sess.seq)
 		r.done <- nil

@@ -22,6 +22,8 @@ const (
 	QuantF16   QuantType = "f16"
 	QuantQ8_0  QuantType = "q8_0"
 	QuantQ4_KM QuantType = "q4_k_m"
+	QuantQ4_0  QuantType = "q4_0"
+	QuantQ6_K  QuantType = "q6_k"
 )
 
 func (q QuantType) ftype() (C.enum_llama_ftype, error) {
@@ -32,8 +34,12 @@ func (q QuantType) ftype() (C.enum_llama_ftype, error) {
 		return C.LLAMA_FTYPE_MOSTLY_Q8_0, nil
 	case QuantQ4_KM:
 		return C.LLAMA_FTYPE_MOSTLY_Q4_K_M, nil
+	case QuantQ4_0:
+		return C.LLAMA_FTYPE_MOSTLY_Q4_0, nil
+	case QuantQ6_K:
+		return C.LLAMA_FTYPE_MOSTLY_Q6_K, nil
 	}
-	return 0, fmt.Errorf("%w: unknown quantization %q (want f16, q8_0 or q4_k_m)", ErrBadInput, q)
+	return 0, fmt.Errorf("%w: unknown quantization %q (want f16, q8_0, q4_0, q6_k or q4_k_m)", ErrBadInput, q)
 }
 
 // Quantize writes a quantized copy of the whole model in to out with

@@ -8,12 +8,14 @@ package engine
 import "C"
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
 	"math"
 	"runtime"
+	"slices"
 	"sync"
 	"unsafe"
 )
@@ -49,7 +51,7 @@ type Config struct {
 	MaxSessions int
 	// Threads for compute (default: number of CPUs).
 	Threads int
-	Logger *slog.Logger
+	Logger  *slog.Logger
 	// Baseline runs the engine as it was before batch invariance (issue
 	// 23): attention without flash attention, freed KV cells reused in
 	// place, and builds with llamafile's sgemm accepted. A session's logits
@@ -155,7 +157,7 @@ func NewShard(ctx context.Context, model *Model, cfg Config) (*Shard, error) {
 	p := C.llama_context_default_params()
 	p.n_ctx = C.uint32_t(cfg.NCtx)
 	p.n_batch = C.uint32_t(cfg.NBatch)
-	p.n_ubatch = C.uint32_t(cfg.NBatch) // one ubatch per decode: captured rows stay in batch order
+	p.n_ubatch = C.uint32_t(cfg.NBatch)           // one ubatch per decode: captured rows stay in batch order
 	p.n_seq_max = C.uint32_t(cfg.MaxSessions + 2) // + scratch + grave
 	p.n_threads = C.int32_t(cfg.Threads)
 	p.n_threads_batch = C.int32_t(cfg.Threads)
@@ -371,42 +373,80 @@ type Output struct {
 // Forward runs the shard's layers on in and blocks until done. Rows of all
 // sessions are batched together by the shard's loop.
 func (x *Session) Forward(ctx context.Context, in Input) (*Output, error) {
-	x.mu.Lock()
-	defer x.mu.Unlock()
-	if x.closed {
-		return nil, ErrSessionClosed
-	}
-	if x.broken != nil {
-		return nil, x.broken
-	}
-	rows, err := x.validate(in)
+	outs, err := forwardMany(ctx, []*Session{x}, []Input{in})
 	if err != nil {
 		return nil, err
 	}
-	r := &request{sess: x, in: in, rows: rows, done: make(chan error, 1)}
-	if !x.shard.info.IsTail() {
-		r.out.Hidden = make([]float32, rows*x.shard.info.NEmbd)
+	return outs[0], nil
+}
+
+// forwardMany is Forward for several sessions of one shard at once: the
+// loop takes all their requests in the same iteration, so they share a
+// batch when they fit in one (tests use it to choose what is batched with
+// what). It fails with the first error; every session whose rows ran
+// advances.
+func forwardMany(ctx context.Context, xs []*Session, ins []Input) ([]*Output, error) {
+	sh := xs[0].shard
+	for i, x := range xs {
+		if slices.Contains(xs[:i], x) {
+			return nil, fmt.Errorf("%w: session %s twice in one batch", ErrBadInput, x.key)
+		}
+	}
+	reqs := make([]*request, len(xs))
+	for i, x := range xs {
+		x.mu.Lock()
+		defer x.mu.Unlock()
+		switch {
+		case x.shard != sh:
+			return nil, fmt.Errorf("%w: sessions of different shards", ErrBadInput)
+		case x.closed:
+			return nil, ErrSessionClosed
+		case x.broken != nil:
+			return nil, x.broken
+		}
+		rows, err := x.validate(ins[i])
+		if err != nil {
+			return nil, err
+		}
+		reqs[i] = &request{sess: x, in: ins[i], rows: rows, done: make(chan error, 1)}
+		if !sh.info.IsTail() {
+			reqs[i].out.Hidden = make([]float32, rows*sh.info.NEmbd)
+		}
+	}
+	first := reqs[0]
+	if len(reqs) > 1 {
+		first = &request{group: reqs}
 	}
 	select {
-	case x.shard.reqs <- r:
+	case sh.reqs <- first:
 	case <-ctx.Done():
 		return nil, ctx.Err()
-	case <-x.shard.quit:
+	case <-sh.quit:
 		return nil, ErrClosed
 	}
-	// Once queued, the request runs to completion (its rows enter the KV
+	// Once queued, a request runs to completion (its rows enter the KV
 	// cache); waiting for it keeps the session consistent.
-	select {
-	case err = <-r.done:
-	case <-x.shard.done:
-		err = ErrClosed
+	var firstErr error
+	outs := make([]*Output, len(reqs))
+	for i, r := range reqs {
+		var err error
+		select {
+		case err = <-r.done:
+		case <-sh.done:
+			err = ErrClosed
+		}
+		if err != nil {
+			xs[i].broken = err
+			firstErr = cmp.Or(firstErr, err)
+			continue
+		}
+		xs[i].nextPos += r.rows
+		outs[i] = &r.out
 	}
-	if err != nil {
-		x.broken = err
-		return nil, err
+	if firstErr != nil {
+		return nil, firstErr
 	}
-	x.nextPos += rows
-	return &r.out, nil
+	return outs, nil
 }
 
 func (x *Session) validate(in Input) (int, error) {
@@ -480,13 +520,14 @@ func (x *Session) Close() {
 }
 
 type request struct {
-	sess *Session
-	in   Input
-	rows int
-	off  int // rows already decoded
-	free bool
-	out  Output
-	done chan error // receives exactly one result
+	group []*request // several sessions' requests taken together (forwardMany)
+	sess  *Session
+	in    Input
+	rows  int
+	off   int // rows already decoded
+	free  bool
+	out   Output
+	done  chan error // receives exactly one result
 	// failed is set by the loop once it has sent an error on done, so a
 	// request split across decodes is answered once.
 	failed bool

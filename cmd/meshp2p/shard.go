@@ -233,10 +233,10 @@ func runShardSplit(ctx context.Context, stdout, stderr io.Writer, args []string)
 
 // quantTypes are the quantizations synth can produce through the engine
 // (engine.Quantize; gguf.CheckQuantizable knows their geometry rules).
-var quantTypes = map[string]bool{string(engine.QuantQ8_0): true, string(engine.QuantQ4_KM): true}
+var quantTypes = map[string]bool{string(engine.QuantQ8_0): true, string(engine.QuantQ4_0): true, string(engine.QuantQ6_K): true, string(engine.QuantQ4_KM): true}
 
 // quantizeFile quantizes the whole-model GGUF at in into out with llama.cpp
-// (engine.Quantize: typ "q8_0", "q4_k_m" or "f16"), writing out atomically.
+// (engine.Quantize: typ "q8_0", "q4_0", "q6_k", "q4_k_m" or "f16"), writing out atomically.
 // A geometry or file the quantizer cannot take (plain Q8_0 needs rows that
 // are multiples of 32, shards, already-quantized tensors, metadata that
 // would abort llama.cpp) gets a clear error before any quantization work.
@@ -298,7 +298,7 @@ func registerSynthFlags(fs *flag.FlagSet) *synthFlags {
 		ctxLen:      fs.Int("ctx", 0, fmt.Sprintf("context length (default %d)", def.ContextLength)),
 		tied:        fs.Bool("tied", false, "tie the output to token_embd (default: qwen3 tied, others untied)"),
 		vocabFrom:   fs.String("vocab-from", "", "copy tokenizer.* from this GGUF (default: a built-in 372-token SPM vocabulary)"),
-		typ:         fs.String("type", strings.ToLower(def.Type.String()), "weight type: f32, f16, q8_0 or q4_k_m (quantized from f16 by llama.cpp)"),
+		typ:         fs.String("type", strings.ToLower(def.Type.String()), "weight type: f32, f16, q8_0, q4_0, q6_k or q4_k_m (quantized from f16 by llama.cpp)"),
 		seed:        fs.Uint64("seed", def.Seed, "random seed (same seed and flags, same file)"),
 		name:        fs.String("name", "", "general.name"),
 		out:         fs.String("o", "", "output file (required)"),
@@ -357,7 +357,7 @@ func (sf *synthFlags) spec(fs *flag.FlagSet) (gguf.Spec, string, error) {
 	case quantTypes[t]:
 		spec.Type, quant = gguf.TypeF16, t
 	default:
-		return spec, "", fmt.Errorf("%w: --type %q (want f32, f16, q8_0 or q4_k_m)", errUsage, *sf.typ)
+		return spec, "", fmt.Errorf("%w: --type %q (want f32, f16, q8_0, q4_0, q6_k or q4_k_m)", errUsage, *sf.typ)
 	}
 	if err := spec.Validate(); err != nil {
 		return spec, "", fmt.Errorf("%w: %v", errUsage, err)

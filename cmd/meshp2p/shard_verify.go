@@ -40,7 +40,7 @@ type verifyReport struct {
 	Prompt       string        `json:"prompt"`
 	PromptTokens []int32       `json:"prompt_tokens"`
 	Steps        int           `json:"steps"` // logit rows compared: 1 after the prompt + --tokens
-	FlashAttn    bool          `json:"flash_attn"`
+	KernelClass  string        `json:"kernel_class"` // engine.KernelClass of this build
 	WholeTokens  []int32       `json:"whole_tokens"`
 	Splits       []verifySplit `json:"splits"`
 	OK           bool          `json:"ok"`
@@ -111,7 +111,7 @@ func runShardVerify(ctx context.Context, stdout, stderr io.Writer, args []string
 func printVerify(w io.Writer, r *verifyReport) {
 	fmt.Fprintf(w, "model         %s (%d layers)\n", r.Model, r.NLayer)
 	fmt.Fprintf(w, "fingerprint   %s\n", r.Fingerprint)
-	fmt.Fprintf(w, "prompt        %q (%d tokens), %d greedy steps, flash attention off\n", r.Prompt, len(r.PromptTokens), r.Steps-1)
+	fmt.Fprintf(w, "prompt        %q (%d tokens), %d greedy steps\nkernel class  %s\n", r.Prompt, len(r.PromptTokens), r.Steps-1, r.KernelClass)
 	for _, s := range r.Splits {
 		rs := make([]string, len(s.Ranges))
 		for i, x := range s.Ranges {
@@ -130,7 +130,7 @@ func printVerify(w io.Writer, r *verifyReport) {
 }
 
 // verifyParity runs the whole model and each even split's chain on the same
-// prompt and greedy steps (flash attention off, f32 hidden states between
+// prompt and greedy steps (f32 hidden states between
 // shards) and compares tokens and logits.
 func verifyParity(ctx context.Context, path string, ks []int, steps int, promptText string, threads int) (*verifyReport, error) {
 	n, fp, err := wholeModelInfo(ctx, path)
@@ -166,7 +166,7 @@ func verifyParity(ctx context.Context, path string, ks []int, steps int, promptT
 		return nil, fmt.Errorf("whole model: %w", err)
 	}
 	rep := &verifyReport{Model: path, Fingerprint: fp, NLayer: n, Prompt: promptText, PromptTokens: prompt,
-		Steps: len(ref.Tokens), WholeTokens: ref.Tokens, OK: true}
+		Steps: len(ref.Tokens), KernelClass: engine.KernelClass(), WholeTokens: ref.Tokens, OK: true}
 	tmp, err := os.MkdirTemp("", "meshp2p-verify-*")
 	if err != nil {
 		return nil, err

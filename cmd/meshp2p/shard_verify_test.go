@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/neuron-tai/meshp2p/engine"
 	"github.com/neuron-tai/meshp2p/internal/testmodels"
 )
 
@@ -52,7 +53,7 @@ func TestShardVerifyStories(t *testing.T) {
 	before, _ := filepath.Glob(filepath.Join(os.TempDir(), "meshp2p-verify-*"))
 	rep := runVerifyJSON(t, "--splits", "2,3", "--tokens", "8", model)
 	checkReport(t, rep, []int{2, 3}, 8)
-	if rep.NLayer != 5 || rep.Prompt != "Once upon a time" || rep.FlashAttn {
+	if rep.NLayer != 5 || rep.Prompt != "Once upon a time" || rep.KernelClass != engine.KernelClass() {
 		t.Errorf("report %+v", rep)
 	}
 	// Text form, a custom prompt, clamping to one shard per layer.

@@ -40,7 +40,6 @@ Flags:
 // two switches.
 const (
 	defaultThreads           = 0     // engine: all CPUs
-	defaultFlashAttn         = false // bit-exact across KV layouts
 	defaultMaxSessionKV      = 0     // session: half of --ctx
 	defaultSessionsPerClient = 0     // session: half of --max-sessions
 	defaultMmap              = true
@@ -60,7 +59,7 @@ type startFlags struct {
 	model, layers, name   string
 	maxSess, nctx, nbatch int
 	threads               int
-	flash, verbose, mmap  bool
+	verbose, mmap         bool
 	idle, directWait      time.Duration
 	sessKV, peerQuota     int
 }
@@ -77,7 +76,6 @@ func (f *startFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&f.nctx, "ctx", node.DefaultNCtx, "KV cells shared by all sessions")
 	fs.IntVar(&f.nbatch, "batch", node.DefaultNBatch, "most rows per llama_decode")
 	fs.IntVar(&f.threads, "threads", defaultThreads, "compute threads (default: all CPUs)")
-	fs.BoolVar(&f.flash, "flash-attn", defaultFlashAttn, "flash attention (faster on long contexts; not bit-exact across KV layouts)")
 	fs.DurationVar(&f.idle, "idle-timeout", session.DefaultIdle, "free a session after this long without frames")
 	fs.IntVar(&f.sessKV, "max-session-kv", defaultMaxSessionKV, "KV cells (tokens) one session may reserve here (0: half of --ctx, so one client cannot take the whole cache; -1: up to --ctx)")
 	fs.IntVar(&f.peerQuota, "max-sessions-per-client", defaultSessionsPerClient, "sessions one client (the origin that signed them) may hold at once on this node, at any position of a route (0: half of --max-sessions; -1: no quota)")
@@ -169,7 +167,7 @@ func (f *startFlags) config(stderr io.Writer) (*startRun, error) {
 	if err := f.ff.apply(&cfg, f.model, rng, stderr); err != nil {
 		return nil, err
 	}
-	cfg.Engine.MaxSessions, cfg.Engine.NCtx, cfg.Engine.NBatch, cfg.Engine.Threads, cfg.Engine.FlashAttn = f.maxSess, f.nctx, f.nbatch, f.threads, f.flash
+	cfg.Engine.MaxSessions, cfg.Engine.NCtx, cfg.Engine.NBatch, cfg.Engine.Threads = f.maxSess, f.nctx, f.nbatch, f.threads
 	f.mf.always = f.af.addr != "" // the API server serves /metrics too
 	if cfg.Metrics, err = f.mf.metrics(); err != nil {
 		return nil, err

@@ -1,0 +1,266 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+	"testing"
+
+	"github.com/neuron-tai/meshp2p/engine/gguf"
+)
+
+// The batch-invariance gate (issue 23): for every weight type the project
+// produces and three architectures, a session's middle-shard activations
+// and every row's logits are bitwise the same however its tokens are
+// batched: (a) K-row batches against K single steps, (b) alone against
+// batched with 1, 3 and 7 other sessions at other positions (and among the
+// cells of sessions that closed, through a compaction), (c) a prompt
+// prefilled in chunks of 1, 7, 64 or at once, then 16 greedy steps. Each
+// check runs a 3-shard chain, so (d), the middle shard's output rows, is
+// compared in every case alongside the tail's logits.
+var invarianceModels = []parityModel{
+	{name: "llama_f32", spec: smallSpec("llama", gguf.TypeF32)},
+	{name: "llama_f16", spec: smallSpec("llama", gguf.TypeF16)},
+	{name: "llama_q8_0", spec: smallSpec("llama", gguf.TypeF16), quant: QuantQ8_0, wantTypes: []string{"Q8_0"}},
+	{name: "llama_q4_0", spec: smallSpec("llama", gguf.TypeF16), quant: QuantQ4_0, wantTypes: []string{"Q4_0"}},
+	{name: "llama_q6_k", spec: smallSpec("llama", gguf.TypeF16), quant: QuantQ6_K, wantTypes: []string{"Q6_K"}},
+	{name: "llama_q4_k_m", spec: smallSpec("llama", gguf.TypeF16), quant: QuantQ4_KM, wantTypes: []string{"Q4_K", "Q6_K"}},
+	{name: "qwen3_f32", spec: smallSpec("qwen3", gguf.TypeF32)},
+	{name: "qwen3_f16", spec: smallSpec("qwen3", gguf.TypeF16)},
+	{name: "qwen3_q8_0", spec: smallSpec("qwen3", gguf.TypeF16), quant: QuantQ8_0, wantTypes: []string{"Q8_0"}},
+	{name: "qwen3_q4_0", spec: smallSpec("qwen3", gguf.TypeF16), quant: QuantQ4_0, wantTypes: []string{"Q4_0"}},
+	{name: "qwen3_q6_k", spec: smallSpec("qwen3", gguf.TypeF16), quant: QuantQ6_K, wantTypes: []string{"Q6_K"}},
+	{name: "qwen3_q4_k_m", spec: smallSpec("qwen3", gguf.TypeF16), quant: QuantQ4_KM, wantTypes: []string{"Q4_K", "Q6_K"}},
+	{name: "qwen3moe_f16", spec: smallSpec("qwen3moe", gguf.TypeF16)},
+	{name: "qwen3moe_q4_k_m", spec: smallSpec("qwen3moe", gguf.TypeF16), quant: QuantQ4_KM, wantTypes: []string{"Q4_K", "Q6_K"}},
+}
+
+// invTrace is what one session's rows produced: the middle shard's output
+// row and the tail's logits, per position.
+type invTrace struct {
+	mid, logits [][]float32
+}
+
+const (
+	invPrompt = 20
+	invSteps  = 16
+)
+
+func invPromptTokens(nVocab, salt int) []int32 {
+	p := make([]int32, invPrompt)
+	p[0] = 1
+	for i := 1; i < len(p); i++ {
+		p[i] = int32((i*37 + salt*101 + 250) % nVocab)
+	}
+	return p
+}
+
+// invSession is one session open on every shard of a chain.
+type invSession struct {
+	ss  []*Session
+	pos int
+}
+
+func openInv(t *testing.T, chain []*Shard, id byte, kv int) *invSession {
+	t.Helper()
+	x := &invSession{}
+	for _, s := range chain {
+		sess, err := s.OpenSession(SessionKey{ID: [16]byte{id}, Epoch: 1}, SessionParams{KVTokens: kv})
+		if err != nil {
+			t.Fatal(err)
+		}
+		x.ss = append(x.ss, sess)
+	}
+	return x
+}
+
+func (x *invSession) close() {
+	for _, s := range x.ss {
+		s.Close()
+	}
+}
+
+// invStep runs one batch per shard: sessions xs[i] feed toks[i] (several
+// rows each), every session's rows in the same forwardMany call. It returns
+// each session's middle rows and logits rows.
+func invStep(t *testing.T, xs []*invSession, toks [][]int32) []invTrace {
+	t.Helper()
+	ctx := context.Background()
+	n := len(xs[0].ss)
+	ins := make([]Input, len(xs))
+	for i, x := range xs {
+		ins[i] = Input{Pos: x.pos, Tokens: toks[i]}
+	}
+	res := make([]invTrace, len(xs))
+	for h := 0; h < n; h++ {
+		ss := make([]*Session, len(xs))
+		for i, x := range xs {
+			ss[i] = x.ss[h]
+			if h == n-1 {
+				ins[i].AllLogits = true
+			}
+		}
+		outs, err := forwardMany(ctx, ss, ins)
+		if err != nil {
+			t.Fatalf("shard %d: %v", h, err)
+		}
+		ne := ss[0].shard.info.NEmbd
+		nv := ss[0].shard.info.NVocab
+		for i, o := range outs {
+			rows := len(toks[i])
+			if h == n-1 {
+				for r := 0; r < rows; r++ {
+					res[i].logits = append(res[i].logits, o.Logits[r*nv:(r+1)*nv])
+				}
+				continue
+			}
+			if h == n/2 {
+				for r := 0; r < rows; r++ {
+					res[i].mid = append(res[i].mid, o.Hidden[r*ne:(r+1)*ne])
+				}
+			}
+			ins[i] = Input{Pos: xs[i].pos, Hidden: o.Hidden}
+		}
+	}
+	for i, x := range xs {
+		x.pos += len(toks[i])
+	}
+	return res
+}
+
+func (tr *invTrace) add(o invTrace) {
+	tr.mid = append(tr.mid, o.mid...)
+	tr.logits = append(tr.logits, o.logits...)
+}
+
+// sameTrace fails unless got's rows [from, len(got)) equal want's bitwise.
+func sameTrace(t *testing.T, what string, got, want invTrace) {
+	t.Helper()
+	if len(got.mid) != len(want.mid) || len(got.logits) != len(want.logits) {
+		t.Fatalf("%s: %d middle / %d logit rows, want %d / %d", what, len(got.mid), len(got.logits), len(want.mid), len(want.logits))
+	}
+	for p := range want.mid {
+		if i := firstDiff(got.mid[p], want.mid[p]); i >= 0 {
+			t.Fatalf("%s: middle shard output at position %d differs (element %d: %g vs %g)", what, p, i, got.mid[p][i], want.mid[p][i])
+		}
+		if i := firstDiff(got.logits[p], want.logits[p]); i >= 0 {
+			t.Fatalf("%s: logits at position %d differ (token %d: %g vs %g, max |Δ| %g)", what, p, i, got.logits[p][i], want.logits[p][i], MaxAbsDiff(got.logits[p], want.logits[p]))
+		}
+	}
+}
+
+// prefillThenGreedy feeds prompt in chunks of c, then invSteps greedy
+// single steps; the returned tokens are prompt + generated.
+func prefillThenGreedy(t *testing.T, x *invSession, prompt []int32, c int) (invTrace, []int32) {
+	t.Helper()
+	var tr invTrace
+	for i := 0; i < len(prompt); i += c {
+		tr.add(invStep(t, []*invSession{x}, [][]int32{prompt[i:min(i+c, len(prompt))]})[0])
+	}
+	toks := append([]int32(nil), prompt...)
+	for s := 0; s < invSteps; s++ {
+		next := argmax(tr.logits[len(tr.logits)-1])
+		toks = append(toks, next)
+		tr.add(invStep(t, []*invSession{x}, [][]int32{{next}})[0])
+	}
+	return tr, toks
+}
+
+func TestBatchInvariance(t *testing.T) {
+	dir := t.TempDir()
+	for _, m := range invarianceModels {
+		t.Run(m.name, func(t *testing.T) {
+			path := makeParityModel(t, m, dir)
+			cfg := Config{NCtx: 512, NBatch: 128, MaxSessions: 8, Threads: 2}
+			chain := loadShards(t, path, 3, cfg)
+			nv := chain[0].info.NVocab
+			const kv = 64 // 8 sessions × 64 cells = NCtx
+			id := byte(0)
+			open := func() *invSession { id++; return openInv(t, chain, id, kv) }
+
+			// Reference: the prompt one token at a time, then greedy.
+			x := open()
+			ref, toks := prefillThenGreedy(t, x, invPromptTokens(nv, 0), 1)
+			x.close()
+
+			// (c) prompt in chunks of 7, 64 (at once), then greedy.
+			for _, c := range []int{7, 64} {
+				x := open()
+				got, gtoks := prefillThenGreedy(t, x, invPromptTokens(nv, 0), c)
+				x.close()
+				if fmt.Sprint(gtoks) != fmt.Sprint(toks) {
+					t.Fatalf("prefill in chunks of %d: greedy tokens %v, one at a time %v", c, gtoks[invPrompt:], toks[invPrompt:])
+				}
+				sameTrace(t, fmt.Sprintf("prefill in chunks of %d", c), got, ref)
+			}
+
+			// (a) the whole sequence in K-row batches.
+			for _, k := range []int{2, 3, 4, 5, 8, 16} {
+				x := open()
+				var got invTrace
+				for i := 0; i < len(toks); i += k {
+					got.add(invStep(t, []*invSession{x}, [][]int32{toks[i:min(i+k, len(toks))]})[0])
+				}
+				x.close()
+				sameTrace(t, fmt.Sprintf("%d-row batches", k), got, ref)
+			}
+
+			// (b) one token at a time, batched with m others at other
+			// positions (some feeding 2 rows at once). With 7 others, half
+			// of them close midway and new ones take their place, so the
+			// target runs among cells left by closed sessions and through
+			// a compaction.
+			for _, m := range []int{1, 3, 7} {
+				before := compactions(chain)
+				others := make([]*invSession, m)
+				for j := range others {
+					others[j] = open()
+					p := invPromptTokens(nv, j+1)[:3+5*j%invPrompt]
+					invStep(t, []*invSession{others[j]}, [][]int32{p})
+				}
+				x := open()
+				var got invTrace
+				for p := range toks {
+					if m == 7 && p == len(toks)/2 {
+						for j := 0; j < m; j += 2 {
+							others[j].close()
+							others[j] = open()
+							invStep(t, []*invSession{others[j]}, [][]int32{invPromptTokens(nv, 9+j)})
+						}
+					}
+					xs := []*invSession{x}
+					in := [][]int32{{toks[p]}}
+					for j, o := range others {
+						if o.pos+2 > kv {
+							continue
+						}
+						r := 1 + (p+j)%2
+						xs = append(xs, o)
+						in = append(in, invPromptTokens(nv, j+3)[o.pos%invPrompt:][:min(r, invPrompt-o.pos%invPrompt)])
+					}
+					got.add(invStep(t, xs, in)[0])
+				}
+				x.close()
+				for _, o := range others {
+					o.close()
+				}
+				sameTrace(t, fmt.Sprintf("batched with %d others", m), got, ref)
+				if m == 7 && compactions(chain) == before {
+					t.Fatalf("with 7 others and churn no shard compacted its KV cache (%d cells): the test no longer covers compaction", chain[0].nCtx)
+				}
+			}
+			for _, s := range chain {
+				if c := s.Capacity(); c.FreeSessions != cfg.MaxSessions || c.FreeKV != c.NCtx {
+					t.Fatalf("capacity not returned: %+v", c)
+				}
+			}
+		})
+	}
+}
+
+func compactions(chain []*Shard) int64 {
+	var n int64
+	for _, s := range chain {
+		n += s.kv.compactions.Load()
+	}
+	return n
+}
