@@ -39,7 +39,7 @@ type verifyReport struct {
 	NLayer       int           `json:"n_layer"`
 	Prompt       string        `json:"prompt"`
 	PromptTokens []int32       `json:"prompt_tokens"`
-	Steps        int           `json:"steps"` // logit rows compared: 1 after the prompt + --tokens
+	Steps        int           `json:"steps"`        // logit rows compared: 1 after the prompt + --tokens
 	KernelClass  string        `json:"kernel_class"` // engine.KernelClass of this build
 	WholeTokens  []int32       `json:"whole_tokens"`
 	Splits       []verifySplit `json:"splits"`

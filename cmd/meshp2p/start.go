@@ -39,9 +39,9 @@ Flags:
 // the zero values of engine.Config and session.HopConfig mean, and the
 // two switches.
 const (
-	defaultThreads           = 0     // engine: all CPUs
-	defaultMaxSessionKV      = 0     // session: half of --ctx
-	defaultSessionsPerClient = 0     // session: half of --max-sessions
+	defaultThreads           = 0 // engine: all CPUs
+	defaultMaxSessionKV      = 0 // session: half of --ctx
+	defaultSessionsPerClient = 0 // session: half of --max-sessions
 	defaultMmap              = true
 	defaultVerbose           = false
 )
