@@ -448,6 +448,7 @@ func (n *Node) shardAdvert(start, end, nEmbd int, arch string) *meshp2pb.ShardAd
 		Start: uint32(start), End: uint32(end), WireDtypes: frame.WireDTypeList(),
 		HasVocab: n.vocabPath != "", NEmbd: uint32(nEmbd), Arch: arch,
 		Runtime: "llama.cpp@" + engine.LlamaCommit, PlacementBudget: uint64(max(0, n.place.advertisedBudget())),
+		KernelClass: engine.KernelClass(),
 	}
 }
 

@@ -43,6 +43,10 @@ type Shard struct {
 	// PlacementBudget is the memory a self-placing node advertises (0: it
 	// serves fixed layers).
 	PlacementBudget int64
+	// KernelClass is the shard's engine kernel class (engine.KernelClass;
+	// empty from older nodes): hops of one class compute bitwise the same
+	// rows for the same input.
+	KernelClass string
 }
 
 // Table is the origin's view of who serves what, fed by discovery.
@@ -79,6 +83,7 @@ func DecodeAdvert(a p2p.Advert) ([]Shard, error) {
 			HasVocab: s.GetHasVocab(), WireDTypes: s.GetWireDtypes(), Capacity: s.GetCapacity(),
 			Addrs: a.Addrs, Reach: a.Reach, ExpiresAt: a.ExpiresAt, DecodeMsPerLayer: s.GetDecodeMsPerLayer(),
 			PlacementBudget: int64(min(s.GetPlacementBudget(), math.MaxInt64)),
+			KernelClass:     s.GetKernelClass(),
 		})
 	}
 	return out, nil
@@ -88,6 +93,8 @@ func DecodeAdvert(a p2p.Advert) ([]Shard, error) {
 const (
 	// MaxEmbd bounds n_embd (the largest public models use 16384).
 	MaxEmbd = 1 << 16
+	// MaxKernelClass bounds the kernel class string (engine.KernelClass).
+	MaxKernelClass = 256
 	// MaxAdvertSessions bounds max_sessions per shard.
 	MaxAdvertSessions = 1 << 12
 	// MaxAdvertMsPerLayer bounds the advertised decode cost (a minute per
@@ -130,6 +137,8 @@ func checkShard(s *meshp2pb.ShardAdvert) error {
 		return bad("sessions %d free of %d", c.GetFreeSessions(), c.GetMaxSessions())
 	case math.IsNaN(ms) || math.IsInf(ms, 0) || ms < 0 || ms > MaxAdvertMsPerLayer:
 		return bad("decode speed %v ms/layer", ms)
+	case len(s.GetKernelClass()) > MaxKernelClass:
+		return bad("kernel class of %d bytes (at most %d)", len(s.GetKernelClass()), MaxKernelClass)
 	}
 	return nil
 }

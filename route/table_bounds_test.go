@@ -44,6 +44,8 @@ func TestDecodeAdvertBounds(t *testing.T) {
 		{"infinite speed", ms(float32(math.Inf(1))), false},
 		{"unknown speed (0)", ms(0), true},
 		{"short fingerprint", func(s *meshp2pb.ShardAdvert) { s.ModelFingerprint = fp[:16] }, false},
+		{"kernel class", func(s *meshp2pb.ShardAdvert) { s.KernelClass = "cpu/amd64/avx2+fma/llama.cpp@ec98e2002/fa" }, true},
+		{"kernel class of 257 bytes", func(s *meshp2pb.ShardAdvert) { s.KernelClass = strings.Repeat("k", MaxKernelClass+1) }, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s := good()
@@ -60,6 +62,9 @@ func TestDecodeAdvertBounds(t *testing.T) {
 			}
 			if err != nil || len(shards) != want {
 				t.Fatalf("DecodeAdvert kept %d shards (%v), want %d (the bad one dropped, the rest kept)", len(shards), err, want)
+			}
+			if tc.ok && shards[0].KernelClass != s.GetKernelClass() {
+				t.Fatalf("kernel class %q decoded as %q", s.GetKernelClass(), shards[0].KernelClass)
 			}
 		})
 	}

@@ -267,8 +267,15 @@ type ShardAdvert struct {
 	// node serves fixed layers and never moves. Every self-placing node plans
 	// heals from the budgets its peers advertise (placement.Heal).
 	PlacementBudget uint64 `protobuf:"varint,15,opt,name=placement_budget,json=placementBudget,proto3" json:"placement_budget,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// The engine's kernel class (engine.KernelClass: backend, ISA and SIMD
+	// features, build flags, llama.cpp revision, attention kernel). Two
+	// shards of one class compute bitwise the same rows for the same input
+	// however they are batched; across classes only to rounding. Work that
+	// compares hops byte for byte compares only within a class. At most 256
+	// bytes; empty from nodes older than batch invariance.
+	KernelClass   string `protobuf:"bytes,16,opt,name=kernel_class,json=kernelClass,proto3" json:"kernel_class,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ShardAdvert) Reset() {
@@ -397,6 +404,13 @@ func (x *ShardAdvert) GetPlacementBudget() uint64 {
 		return x.PlacementBudget
 	}
 	return 0
+}
+
+func (x *ShardAdvert) GetKernelClass() string {
+	if x != nil {
+		return x.KernelClass
+	}
+	return ""
 }
 
 type ShardCapacity struct {
@@ -556,7 +570,7 @@ const file_meshp2p_v1_capability_proto_rawDesc = "" +
 	"\x06shards\x18\b \x03(\v2\x17.meshp2p.v1.ShardAdvertR\x06shards\x12\x14\n" +
 	"\x05addrs\x18\t \x03(\tR\x05addrs\x12<\n" +
 	"\freachability\x18\n" +
-	" \x01(\x0e2\x18.meshp2p.v1.ReachabilityR\freachability\"\xc2\x04\n" +
+	" \x01(\x0e2\x18.meshp2p.v1.ReachabilityR\freachability\"\xe5\x04\n" +
 	"\vShardAdvert\x12+\n" +
 	"\x11model_fingerprint\x18\x01 \x01(\tR\x10modelFingerprint\x12\x1d\n" +
 	"\n" +
@@ -574,7 +588,8 @@ const file_meshp2p_v1_capability_proto_rawDesc = "" +
 	"\x06n_embd\x18\v \x01(\rR\x05nEmbd\x12\x12\n" +
 	"\x04arch\x18\f \x01(\tR\x04arch\x12\x18\n" +
 	"\aruntime\x18\r \x01(\tR\aruntime\x12)\n" +
-	"\x10placement_budget\x18\x0f \x01(\x04R\x0fplacementBudgetB\x16\n" +
+	"\x10placement_budget\x18\x0f \x01(\x04R\x0fplacementBudget\x12!\n" +
+	"\fkernel_class\x18\x10 \x01(\tR\vkernelClassB\x16\n" +
 	"\x14_decode_ms_per_layerB\x17\n" +
 	"\x15_prefill_ms_per_layerJ\x04\b\x0e\x10\x0fR\rbundle_schema\"\xab\x01\n" +
 	"\rShardCapacity\x12#\n" +
