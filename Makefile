@@ -160,8 +160,12 @@ fmt:
 # the same run (internal/perfbench; docs/performance.md). It synthesizes a
 # 154M-parameter model into the user cache (~300 MB, once). Knobs:
 # MESHP2P_BENCH_ONLY, _ROUNDS, _TOKENS, _THREADS (see bench_test.go).
+# The invariance section compares against today's engine, a second build of
+# llama.cpp without $(INVARIANT) (its own cached compile: ~4 min the first time).
+BASELINE_FLAGS := $(strip -O3 -march=$(SIMD) $(NOAMX))
 bench: $(GENERATED)
-	go test -run '^$$' -bench '^BenchmarkPerf$$' -benchtime 1x -timeout 60m ./internal/perfbench
+	CGO_CFLAGS='$(BASELINE_FLAGS)' CGO_CXXFLAGS='$(BASELINE_FLAGS)' go test -c -o bin/perfbench-baseline.test ./internal/perfbench
+	MESHP2P_BENCH_BASELINE=$(abspath bin/perfbench-baseline.test) go test -run '^$$' -bench '^BenchmarkPerf$$' -benchtime 1x -timeout 60m ./internal/perfbench
 
 # The per-package micro benchmarks (engine chains, swarm decode, planning, framing).
 bench-micro: $(GENERATED)

@@ -18,7 +18,8 @@ import (
 
 // Knobs (environment), so single runs stay short on a shared machine:
 //
-//	MESHP2P_BENCH_ONLY     comma list of sections (fixedcost,slack,loopback,floor,floor-tcp,sessions,sessions-small,prefill); default all
+//	MESHP2P_BENCH_ONLY     comma list of sections (fixedcost,slack,loopback,floor,floor-tcp,sessions,sessions-small,prefill,invariance); default all
+//	MESHP2P_BENCH_BASELINE the invariance section's baseline test binary (make bench builds it)
 //	MESHP2P_BENCH_ROUNDS   interleaved A/B rounds per figure (default 3; medians are reported)
 //	MESHP2P_BENCH_TOKENS   tokens per generation (default 16)
 //	MESHP2P_BENCH_THREADS  threads of every shard and of the whole model (default 1)
@@ -77,6 +78,9 @@ func BenchmarkPerf(b *testing.B) {
 		}
 		if section("slack") {
 			slack(b, &t, rounds)
+		}
+		if section("invariance") {
+			invariance(b, &t, rounds)
 		}
 		var lb *Loopback
 		if section("loopback") || section("prefill") {
