@@ -17,6 +17,9 @@ import (
 // depending on what is batched with it, so the shard refuses to serve.
 var ErrNotInvariant = errors.New("engine: not batch-invariant")
 
+// CheckInvariantBuild returns ErrNotInvariant for builds NewShard refuses.
+func CheckInvariantBuild() error { return checkInvariantBuild() }
+
 // checkInvariantBuild refuses builds that compiled ggml-cpu with
 // llamafile's sgemm: it takes products of 2+ rows and leaves 1-row ones to
 // vec_dot, which accumulates in another order (F32/F16 weights, Q8_0/Q4_0

@@ -46,7 +46,7 @@ func loadShards(t testing.TB, path string, k int, cfg Config) []*Shard {
 var parityCfg = Config{NCtx: 256, NBatch: 64, MaxSessions: 4, Threads: 2}
 
 // checkParity runs whole vs 2 vs 3 shards and demands identical tokens and
-// max logit difference 0 (flash attention off, the engine default).
+// max logit difference 0.
 func checkParity(t *testing.T, path string, prompt []int32, steps int) {
 	t.Helper()
 	ctx := context.Background()
@@ -175,8 +175,7 @@ func makeParityModel(t *testing.T, m parityModel, dir string) string {
 	return path
 }
 
-// Whole model vs even 2- and 3-shard chains, flash attention off (the
-// engine default): identical greedy tokens and logits bit-identical (max
+// Whole model vs even 2- and 3-shard chains: identical greedy tokens and logits bit-identical (max
 // |Δlogit| exactly 0) on every architecture and weight type. MoE note:
 // on SIMD builds llama.cpp's MoE path is not bit-reproducible across batch
 // shapes (measured before this package existed: feeding a prompt in chunks of 5 instead of 16

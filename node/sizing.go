@@ -39,7 +39,7 @@ func fileSizing(f *gguf.File, ec engine.Config) (placement.Sizing, *gguf.Info, e
 		ts[i] = placement.Tensor{Name: t.Name, Bytes: int64(t.Bytes)}
 	}
 	ec = withEngineDefaults(ec)
-	sz, err := placement.FromTensors(g, ts, placement.EngineShape{NCtx: ec.NCtx, NBatch: ec.NBatch, FlashAttn: !ec.Baseline})
+	sz, err := placement.FromTensors(g, ts, placement.EngineShape{NCtx: ec.NCtx, NBatch: ec.NBatch, FlashAttn: !ec.Baseline, Compacts: !ec.Baseline})
 	return sz, in, err
 }
 

@@ -31,6 +31,13 @@ func TestSizingNeedAndWindows(t *testing.T) {
 			t.Errorf("Need(%s) = %d, want %d", c.r, got, c.want)
 		}
 	}
+	// The batch-invariant engine's compaction copies up to the whole
+	// cache once: KV counts twice.
+	e.Compacts = true
+	if c, _ := FromTensors(g, ts, e); c.Need(Range{1, 3}) != sz.Need(Range{1, 3})+2*kv {
+		t.Errorf("with compaction Need(1-3) = %d, want %d", c.Need(Range{1, 3}), sz.Need(Range{1, 3})+2*kv)
+	}
+	e.Compacts = false
 	if got := sz.MaxWindow(1, fixed+300+2*kv); got != 2 {
 		t.Errorf("MaxWindow = %d, want 2", got)
 	}

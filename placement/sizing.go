@@ -22,6 +22,10 @@ type Sizing struct {
 	// KVBytesPerLayer is one layer's KV cache for the cells the engine
 	// allocates (--ctx).
 	KVBytesPerLayer int64
+	// KVScratchBytesPerLayer is the peak copy of live sessions' KV the
+	// batch-invariant engine holds while it compacts its cache (engine
+	// kvState): at most the whole cache, once.
+	KVScratchBytesPerLayer int64
 	// FixedBytes is the per-shard compute buffers and runtime overhead
 	// (an estimate; ComputeEstimate).
 	FixedBytes int64
@@ -36,7 +40,7 @@ func (s Sizing) Need(r Range) int64 {
 	}
 	n := s.FixedBytes
 	for l := r.Start; l < r.End && l < len(s.LayerBytes); l++ {
-		n += s.LayerBytes[l] + s.KVBytesPerLayer
+		n += s.LayerBytes[l] + s.KVBytesPerLayer + s.KVScratchBytesPerLayer
 	}
 	if r.Start == 0 {
 		n += s.HeadBytes
@@ -81,6 +85,9 @@ type EngineShape struct {
 	KVElemBytes int
 	// FlashAttn: no n_head × n_ctx score matrix.
 	FlashAttn bool
+	// Compacts: the engine compacts its KV cache through a copy of the
+	// live sessions' cells (the batch-invariant engine does).
+	Compacts bool
 }
 
 // RuntimeOverhead is the fixed cost of a loaded shard besides its tensors
@@ -127,6 +134,9 @@ func FromTensors(g Geometry, tensors []Tensor, e EngineShape) (Sizing, error) {
 		e.KVElemBytes = 2
 	}
 	s.KVBytesPerLayer = int64(e.NCtx) * int64(g.KVWidth) * int64(e.KVElemBytes)
+	if e.Compacts {
+		s.KVScratchBytesPerLayer = s.KVBytesPerLayer
+	}
 	s.FixedBytes, s.TailFixedBytes = ComputeEstimate(g, e)
 	return s, nil
 }

@@ -21,6 +21,11 @@ func runVersion(ctx context.Context, stdout, stderr io.Writer, args []string) er
 	fmt.Fprintf(stdout, "simd: -march=%s\n", buildSIMD)
 	fmt.Fprintf(stdout, "amx: %s\n", amxLine(engine.HasAMXInt8(), buildNoAMX))
 	fmt.Fprintf(stdout, "cpu features: %s\n", engine.SystemInfo())
+	inv := "batch-invariant"
+	if err := engine.CheckInvariantBuild(); err != nil {
+		inv = "NOT batch-invariant: shards refuse to start (" + err.Error() + ")"
+	}
+	fmt.Fprintf(stdout, "kernel class: %s (%s)\n", engine.KernelClass(), inv)
 	return nil
 }
 
