@@ -64,16 +64,15 @@ func (s *Shard) release(seq int) {
 		C.llama_memory_seq_rm(mem, C.llama_seq_id(seq), -1, -1)
 		return
 	}
-	cells := s.kv.live[seq]
 	delete(s.kv.live, seq)
 	if len(s.kv.live) == 0 {
 		s.clearKV()
 		return
 	}
-	if cells > 0 {
-		C.llama_memory_seq_cp(mem, C.llama_seq_id(seq), C.llama_seq_id(s.grave), -1, -1)
-		C.llama_memory_seq_rm(mem, C.llama_seq_id(seq), -1, -1)
-	}
+	// Always, even when the loop counted no cells: a failed decode may have
+	// left some, and the next session in this slot must start empty.
+	C.llama_memory_seq_cp(mem, C.llama_seq_id(seq), C.llama_seq_id(s.grave), -1, -1)
+	C.llama_memory_seq_rm(mem, C.llama_seq_id(seq), -1, -1)
 }
 
 // clearKV empties the cache (metadata only: stale bytes in free cells are
