@@ -117,6 +117,10 @@ type Shard struct {
 	// layers (0: unknown).
 	TokensPerSec float64 `json:"tokens_per_sec,omitempty"`
 	HasVocab     bool    `json:"has_vocab"`
+	// KernelClass is the shard's engine kernel class (engine.KernelClass;
+	// empty from older nodes): shards of one class compute bitwise the
+	// same rows, across classes only to rounding.
+	KernelClass string `json:"kernel_class,omitempty"`
 }
 
 // Peer is one peer this node knows, from adverts or connections.

@@ -51,14 +51,15 @@ func TestWriteTextAndRecorder(t *testing.T) {
 	}
 	rep, runs, gaps := Coverage(5, []Shard{{Start: 0, End: 3, Live: true}})
 	d := &Document{Time: time.Now(), Models: []Model{{Name: "m", NLayer: 5, Replicas: rep, Runs: runs, Gaps: gaps, Missing: gapText(gaps),
-		Shards: []Shard{{Peer: "p", Start: 0, End: 3, Live: true, Path: "direct"}, {Peer: "q", Start: 3, End: 5, Path: "none"}}}}, Routes: rs,
+		Shards: []Shard{{Peer: "p", Start: 0, End: 3, Live: true, Path: "direct", KernelClass: "cpu/a"}, {Peer: "q", Start: 3, End: 5, Path: "none", KernelClass: "cpu/b"}}}}, Routes: rs,
 		Self: Self{Placement: &Placement{BudgetBytes: 3 << 20, Start: 0, End: 3, Draining: &Window{Start: 0, End: 3}, Loading: &Window{Start: 3, End: 5}, Moves: 1, LastReason: "gap"}}}
 	var b strings.Builder
 	if err := WriteText(&b, d); err != nil {
 		t.Fatal(err)
 	}
 	for _, want := range []string{"NOT routable: no live shard serves layers 3-5", "coverage  111..", "layers   0-3", "DEAD", "(re-route)",
-		"placement: automatic, budget 3 MiB, serving layers 0-3, 1 move(s), loading 3-5, draining 0-3; last: gap"} {
+		"placement: automatic, budget 3 MiB, serving layers 0-3, 1 move(s), loading 3-5, draining 0-3; last: gap",
+		"kernel classes: 2 (hops of different classes agree only to rounding"} {
 		if !strings.Contains(b.String(), want) {
 			t.Errorf("text lacks %q:\n%s", want, b.String())
 		}

@@ -23,6 +23,15 @@ func WriteText(w io.Writer, d *Document) error {
 		}
 		fmt.Fprintf(&b, "%s (%s, %d layers) %s… — %s\n", m.Name, m.Arch, m.NLayer, fp, state)
 		fmt.Fprintf(&b, "  coverage  %s\n", bar(m.Replicas))
+		classes := map[string]bool{}
+		for _, s := range m.Shards {
+			if s.KernelClass != "" {
+				classes[s.KernelClass] = true
+			}
+		}
+		if len(classes) > 1 {
+			fmt.Fprintf(&b, "  kernel classes: %d (hops of different classes agree only to rounding; see kernel_class in --json)\n", len(classes))
+		}
 		for _, s := range m.Shards {
 			if s.Planned {
 				fmt.Fprintf(&b, "  layers %3d-%-3d %s  %s  planned: loading (placement)\n", s.Start, s.End, s.Peer, s.Path)

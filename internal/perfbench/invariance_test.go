@@ -24,7 +24,8 @@ import (
 // old flags (make bench builds it: MESHP2P_BENCH_BASELINE names it; the
 // section is skipped without it). Rounds alternate the two binaries.
 //
-// Figures, per model (the 154M F16 model and its Q4_K_M quantization):
+// Figures, per model (the 154M F16 model and its Q8_0 and Q4_K_M
+// quantizations):
 // single-session decode, a 512-token prefill, 8 sessions decoding at once,
 // and a 16-row verify step (16 rows with every row's logits, after a
 // 128-token context: what speculative decoding's verifier runs).
@@ -47,7 +48,7 @@ func invariance(b *testing.B, t *Table, rounds int) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	models := []string{"f16", "q4_k_m"}
+	models := []string{"f16", "q8_0", "q4_k_m"}
 	run := func(bin string, baseline bool, model string) map[string]float64 {
 		cmd := exec.Command(bin, "-test.run", "^TestInvarianceChild$", "-test.count", "1")
 		cmd.Env = append(os.Environ(), "MESHP2P_INV_CHILD="+model)
