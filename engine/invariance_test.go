@@ -2,10 +2,12 @@ package engine
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"testing"
 
 	"github.com/neuron-tai/meshp2p/engine/gguf"
+	"github.com/neuron-tai/meshp2p/internal/testmodels"
 )
 
 // The batch-invariance gate (issue 23): for every weight type the project
@@ -263,4 +265,91 @@ func compactions(chain []*Shard) int64 {
 		n += s.kv.compactions.Load()
 	}
 	return n
+}
+
+func (x *invSession) truncate(t *testing.T, pos int) {
+	t.Helper()
+	for _, s := range x.ss {
+		if err := s.Truncate(context.Background(), pos); err != nil {
+			t.Fatal(err)
+		}
+	}
+	x.pos = pos
+}
+
+// Rows decoded after a truncation (a rejected speculative window) compute
+// bitwise what they compute without the rejected rows, for the truncated
+// session and for another one whose rows come next: the dropped cells go to
+// the grave, so the cache keeps no holes for the other session's rows to
+// fall into below its own cells (with plain seq_rm they would). Both
+// sessions follow the reference tokens; truncating past a session's
+// position is refused.
+func TestTruncateKeepsInvariance(t *testing.T) {
+	dir := t.TempDir()
+	models := map[string]func() string{
+		"stories260K": func() string { return testmodels.Path(t, "stories260K.gguf") },
+		"llama_f16":   func() string { return makeParityModel(t, invarianceModels[1], dir) },
+		"qwen3_q8_0":  func() string { return makeParityModel(t, invarianceModels[8], dir) },
+	}
+	for _, name := range []string{"stories260K", "llama_f16", "qwen3_q8_0"} {
+		t.Run(name, func(t *testing.T) {
+			chain := loadShards(t, models[name](), 3, Config{NCtx: 512, NBatch: 128, MaxSessions: 8, Threads: 2})
+			nv := chain[0].info.NVocab
+			id := byte(0)
+			open := func() *invSession { id++; return openInv(t, chain, id, 128) }
+			// Reference: 80 tokens one at a time (prompt, then greedy).
+			x := open()
+			toks := invPromptTokens(nv, 0)
+			var ref invTrace
+			for p := 0; p < 80; p++ {
+				if p >= len(toks) {
+					toks = append(toks, argmax(ref.logits[p-1]))
+				}
+				ref.add(invStep(t, []*invSession{x}, [][]int32{{toks[p]}})[0])
+			}
+			x.close()
+
+			y, other := open(), open()
+			var gy, gother invTrace
+			const cut, window, after = 12, 24, 16
+			for p := 0; p < cut; p++ {
+				tr := invStep(t, []*invSession{y, other}, [][]int32{{toks[p]}, {toks[p]}})
+				gy.add(tr[0])
+				gother.add(tr[1])
+			}
+			next := cut // the other session's next position
+			for range 2 {
+				// A rejected window next to the other session's next row;
+				// then the other session alone for a few rows, into
+				// whatever the truncation left.
+				bad := make([]int32, window)
+				for i := range bad {
+					bad[i] = (toks[cut] + 1 + int32(i)) % int32(nv)
+				}
+				// Two rows, so the loop places them after the window (a
+				// single row would go first, below the window's cells).
+				gother.add(invStep(t, []*invSession{y, other}, [][]int32{bad, toks[next : next+2]})[1])
+				next += 2
+				y.truncate(t, cut)
+				for range after {
+					gother.add(invStep(t, []*invSession{other}, [][]int32{{toks[next]}})[0])
+					next++
+				}
+			}
+			if err := y.ss[0].Truncate(context.Background(), cut+1); !errors.Is(err, ErrBadInput) {
+				t.Fatalf("truncate past the session's position: %v, want ErrBadInput", err)
+			}
+			gy.add(invStep(t, []*invSession{y}, [][]int32{toks[cut:]})[0])
+			gother.add(invStep(t, []*invSession{other}, [][]int32{toks[next:]})[0])
+			sameTrace(t, "the truncated session", gy, ref)
+			sameTrace(t, "the session next to it", gother, ref)
+			y.close()
+			other.close()
+			for _, s := range chain {
+				if c := s.Capacity(); c.FreeSessions != 8 || c.FreeKV != c.NCtx {
+					t.Fatalf("capacity not returned: %+v", c)
+				}
+			}
+		})
+	}
 }

@@ -75,6 +75,19 @@ func (s *Shard) release(seq int) {
 	C.llama_memory_seq_rm(mem, C.llama_seq_id(seq), -1, -1)
 }
 
+// trim drops seq's cells from position pos on: into the grave, so no hole
+// opens below cells still in use.
+func (s *Shard) trim(seq, pos int) {
+	mem := C.llama_get_memory(s.lctx)
+	if !s.cfg.Baseline {
+		C.llama_memory_seq_cp(mem, C.llama_seq_id(seq), C.llama_seq_id(s.grave), C.llama_pos(pos), -1)
+	}
+	C.llama_memory_seq_rm(mem, C.llama_seq_id(seq), C.llama_pos(pos), -1)
+	if _, ok := s.kv.live[seq]; ok {
+		s.kv.live[seq] = min(s.kv.live[seq], pos)
+	}
+}
+
 // clearKV empties the cache (metadata only: stale bytes in free cells are
 // never read, flash attention skips masked cells).
 func (s *Shard) clearKV() {

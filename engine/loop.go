@@ -139,6 +139,11 @@ func (s *Shard) enqueue(r *request, decodes, prefills []*request) ([]*request, [
 		r.done <- nil
 		return decodes, prefills
 	}
+	if r.trimTo {
+		s.trim(r.sess.seq, r.trim)
+		r.done <- nil
+		return decodes, prefills
+	}
 	if err := s.kv.lost[r.sess.seq]; err != nil {
 		r.done <- err
 		return decodes, prefills

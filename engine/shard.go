@@ -105,6 +105,8 @@ type Capacity struct {
 	FreeSessions int
 	NCtx         int // KV cells in total
 	FreeKV       int // KV cells not reserved by open sessions
+	// Compactions counts the KV cache compactions so far (kvState).
+	Compactions int64
 }
 
 // Shard runs one model file's layers for many sessions. One goroutine owns
@@ -228,7 +230,8 @@ func (s *Shard) Config() Config { return s.cfg }
 func (s *Shard) Capacity() Capacity {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return Capacity{MaxSessions: s.cfg.MaxSessions, FreeSessions: len(s.freeSeq), NCtx: s.nCtx, FreeKV: s.nCtx - s.reserved}
+	return Capacity{MaxSessions: s.cfg.MaxSessions, FreeSessions: len(s.freeSeq), NCtx: s.nCtx, FreeKV: s.nCtx - s.reserved,
+		Compactions: s.kv.compactions.Load()}
 }
 
 // Close stops the loop, fails pending requests and frees the context.
@@ -490,6 +493,48 @@ func (x *Session) validate(in Input) (int, error) {
 	return rows, nil
 }
 
+// Truncate drops the session's rows from position pos on (0 ≤ pos ≤
+// NextPos), e.g. rejected speculative rows; the next Forward starts at
+// pos. The dropped cells go to the shard's grave sequence, so the cache
+// keeps no holes and rows decoded after the cut compute bitwise what they
+// would have without the dropped ones. Only the KV cache is rolled back:
+// a tail's sampler state (penalty history) is not.
+func (x *Session) Truncate(ctx context.Context, pos int) error {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	switch {
+	case x.closed:
+		return ErrSessionClosed
+	case x.broken != nil:
+		return x.broken
+	case pos < 0 || pos > x.nextPos:
+		return fmt.Errorf("%w: truncate to position %d, session is at %d", ErrBadInput, pos, x.nextPos)
+	case pos == x.nextPos:
+		return nil
+	}
+	s := x.shard
+	r := &request{sess: x, trim: pos, trimTo: true, done: make(chan error, 1)}
+	select {
+	case s.reqs <- r:
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-s.quit:
+		return ErrClosed
+	}
+	var err error
+	select {
+	case err = <-r.done:
+	case <-s.done:
+		err = ErrClosed
+	}
+	if err != nil {
+		x.broken = err
+		return err
+	}
+	x.nextPos = pos
+	return nil
+}
+
 // Close frees the session's KV cells and slot. It is safe to call twice.
 func (x *Session) Close() {
 	x.mu.Lock()
@@ -526,8 +571,11 @@ type request struct {
 	rows  int
 	off   int // rows already decoded
 	free  bool
+	trim  int // with trimTo: drop the session's rows from position trim on
 	out   Output
 	done  chan error // receives exactly one result
+	// trimTo marks a Truncate request.
+	trimTo bool
 	// failed is set by the loop once it has sent an error on done, so a
 	// request split across decodes is answered once.
 	failed bool

@@ -53,6 +53,8 @@ func (n *Node) registerGauges() {
 		c := n.capacity()
 		return float64(c.NCtx - c.FreeKV)
 	})
+	m.Counter("kv_compactions_total", "KV cache compactions of this node's shard (batch invariance; restarts from 0 when the node loads another window).",
+		func() float64 { return float64(n.capacity().Compactions) })
 	m.Gauge("session_slots", "Session slots of this node's shard (--max-sessions).", func() float64 { return float64(n.capacity().MaxSessions) })
 	m.Gauge("decode_seconds_per_layer", "Measured single-row compute time per layer, as advertised.", func() float64 {
 		if v := hop.DecodeMsPerLayer(); v > 0 {
