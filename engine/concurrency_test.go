@@ -2,11 +2,23 @@ package engine
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"testing"
 
 	"github.com/neuron-tai/meshp2p/internal/testmodels"
 )
+
+// requireReturned fails unless every shard has all its session slots and
+// KV cells free again.
+func requireReturned(t *testing.T, shards []*Shard, when string) {
+	t.Helper()
+	for _, s := range shards {
+		if c := s.Capacity(); c.FreeSessions != c.MaxSessions || c.FreeKV != c.NCtx {
+			t.Fatalf("%s: slots or cells not returned: %+v", when, c)
+		}
+	}
+}
 
 // Sessions batched together in one context must produce what each produces
 // alone, and a freed session's cells must be reusable.
@@ -65,11 +77,7 @@ func TestConcurrentSessionsMatchAlone(t *testing.T) {
 				maxDiff = max(maxDiff, d)
 			}
 		}
-		for _, s := range shards {
-			if c := s.Capacity(); c.FreeSessions != cfg.MaxSessions || c.FreeKV != c.NCtx {
-				t.Fatalf("round %d: capacity not returned: %+v", round, c)
-			}
-		}
+		requireReturned(t, shards, fmt.Sprintf("round %d", round))
 	}
 }
 
@@ -115,11 +123,7 @@ func TestFreedCellsReusedExactly(t *testing.T) {
 		for _, x := range hold {
 			x.Close()
 		}
-		for _, s := range shards {
-			if c := s.Capacity(); c.FreeSessions != 2 || c.FreeKV != c.NCtx {
-				t.Fatalf("round %d: slots or cells not returned: %+v", round, c)
-			}
-		}
+		requireReturned(t, shards, fmt.Sprintf("round %d", round))
 		// Every cell is free again: a new session reuses cells the others
 		// held, and must be exact.
 		freed, err := RunChain(ctx, shards, prompt, ChainOptions{Steps: 8, Logits: true, Key: SessionKey{ID: [16]byte{byte(round), 1}}})

@@ -250,11 +250,7 @@ func TestBatchInvariance(t *testing.T) {
 					t.Fatalf("with 7 others and churn no shard compacted its KV cache (%d cells): the test no longer covers compaction", chain[0].nCtx)
 				}
 			}
-			for _, s := range chain {
-				if c := s.Capacity(); c.FreeSessions != cfg.MaxSessions || c.FreeKV != c.NCtx {
-					t.Fatalf("capacity not returned: %+v", c)
-				}
-			}
+			requireReturned(t, chain, "after all sessions closed")
 		})
 	}
 }
@@ -345,11 +341,7 @@ func TestTruncateKeepsInvariance(t *testing.T) {
 			sameTrace(t, "the session next to it", gother, ref)
 			y.close()
 			other.close()
-			for _, s := range chain {
-				if c := s.Capacity(); c.FreeSessions != 8 || c.FreeKV != c.NCtx {
-					t.Fatalf("capacity not returned: %+v", c)
-				}
-			}
+			requireReturned(t, chain, "after all sessions closed")
 		})
 	}
 }

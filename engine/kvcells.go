@@ -150,9 +150,6 @@ func (s *Shard) compact() error {
 			// Cannot happen with the cells just freed; the session is
 			// gone if it does, and says so on its next request.
 			C.llama_memory_seq_rm(C.llama_get_memory(s.lctx), C.llama_seq_id(v.seq), -1, -1)
-			if s.kv.lost == nil {
-				s.kv.lost = map[int]error{}
-			}
 			s.kv.lost[v.seq] = fmt.Errorf("%w: KV of sequence %d could not be restored after compaction", ErrDecode, v.seq)
 			s.kv.dirty = true
 			continue

@@ -154,7 +154,7 @@ func NewShard(ctx context.Context, model *Model, cfg Config) (*Shard, error) {
 		model: model, info: info, cfg: cfg, log: cfg.Logger.With("shard", fmt.Sprintf("%d-%d", info.Start, info.End)),
 		reqs: make(chan *request, 4*cfg.MaxSessions), quit: make(chan struct{}), done: make(chan struct{}),
 		sessions: map[SessionKey]*Session{}, scratch: cfg.MaxSessions, grave: cfg.MaxSessions + 1,
-		kv: kvState{live: map[int]int{}},
+		kv: kvState{live: map[int]int{}, lost: map[int]error{}},
 	}
 	p := C.llama_context_default_params()
 	p.n_ctx = C.uint32_t(cfg.NCtx)
@@ -420,25 +420,15 @@ func forwardMany(ctx context.Context, xs []*Session, ins []Input) ([]*Output, er
 	if len(reqs) > 1 {
 		first = &request{group: reqs}
 	}
-	select {
-	case sh.reqs <- first:
-	case <-ctx.Done():
-		return nil, ctx.Err()
-	case <-sh.quit:
-		return nil, ErrClosed
+	if err := sh.send(ctx, first); err != nil {
+		return nil, err
 	}
 	// Once queued, a request runs to completion (its rows enter the KV
 	// cache); waiting for it keeps the session consistent.
 	var firstErr error
 	outs := make([]*Output, len(reqs))
 	for i, r := range reqs {
-		var err error
-		select {
-		case err = <-r.done:
-		case <-sh.done:
-			err = ErrClosed
-		}
-		if err != nil {
+		if err := sh.wait(r); err != nil {
 			xs[i].broken = err
 			firstErr = cmp.Or(firstErr, err)
 			continue
@@ -514,25 +504,37 @@ func (x *Session) Truncate(ctx context.Context, pos int) error {
 	}
 	s := x.shard
 	r := &request{sess: x, trim: pos, trimTo: true, done: make(chan error, 1)}
-	select {
-	case s.reqs <- r:
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-s.quit:
-		return ErrClosed
+	if err := s.send(ctx, r); err != nil {
+		return err
 	}
-	var err error
-	select {
-	case err = <-r.done:
-	case <-s.done:
-		err = ErrClosed
-	}
-	if err != nil {
+	if err := s.wait(r); err != nil {
 		x.broken = err
 		return err
 	}
 	x.nextPos = pos
 	return nil
+}
+
+// send queues r for the loop.
+func (s *Shard) send(ctx context.Context, r *request) error {
+	select {
+	case s.reqs <- r:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-s.quit:
+		return ErrClosed
+	}
+}
+
+// wait is a queued request's answer (ErrClosed once the loop has ended).
+func (s *Shard) wait(r *request) error {
+	select {
+	case err := <-r.done:
+		return err
+	case <-s.done:
+		return ErrClosed
+	}
 }
 
 // Close frees the session's KV cells and slot. It is safe to call twice.
@@ -546,13 +548,8 @@ func (x *Session) Close() {
 	x.mu.Unlock()
 	s := x.shard
 	r := &request{sess: x, free: true, done: make(chan error, 1)}
-	select {
-	case s.reqs <- r:
-		select {
-		case <-r.done:
-		case <-s.done:
-		}
-	case <-s.quit:
+	if s.send(context.Background(), r) == nil {
+		_ = s.wait(r)
 	}
 	if x.smp != nil {
 		x.smp.free()

@@ -239,12 +239,7 @@ func slack(b *testing.B, t *Table, rounds int) {
 		b.Fatal(err)
 	}
 	run := func(slackNs string) float64 {
-		cmd := exec.Command(exe, "-test.run", "^TestPerfChild$", "-test.count", "1")
-		cmd.Env = append(os.Environ(), "MESHP2P_PERF_CHILD=1", "MESHP2P_TIMER_SLACK_NS="+slackNs)
-		out, err := cmd.CombinedOutput()
-		if err != nil {
-			b.Fatalf("child: %v\n%s", err, out)
-		}
+		out := child(b, exe, "TestPerfChild", "MESHP2P_PERF_CHILD=1", "MESHP2P_TIMER_SLACK_NS="+slackNs)
 		for _, line := range strings.Split(string(out), "\n") {
 			if v, ok := strings.CutPrefix(line, "PERFCHILD ms/token "); ok {
 				f, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
@@ -268,6 +263,19 @@ func slack(b *testing.B, t *Table, rounds int) {
 	}
 	t.Add(Row{Name: "in-process 3 shards, 2 thr, slack 50 µs", Value: median(def), Unit: "ms/token"})
 	t.Add(Row{Name: "in-process 3 shards, 2 thr, slack 1 ms", Value: median(one), Unit: "ms/token", Baseline: median(def), BaseName: "slack 50 µs (kernel default)"})
+}
+
+// child runs test (a Test function of a perfbench test binary bin) in a
+// child process with env added, and returns its output; it fails b if the
+// child fails.
+func child(b *testing.B, bin, test string, env ...string) []byte {
+	cmd := exec.Command(bin, "-test.run", "^"+test+"$", "-test.count", "1")
+	cmd.Env = append(os.Environ(), env...)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		b.Fatalf("child %s %s: %v\n%s", bin, test, err, out)
+	}
+	return out
 }
 
 // TestPerfChild is the slack section's child process (skipped otherwise).

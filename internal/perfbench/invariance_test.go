@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -50,15 +49,11 @@ func invariance(b *testing.B, t *Table, rounds int) {
 	}
 	models := []string{"f16", "q8_0", "q4_k_m"}
 	run := func(bin string, baseline bool, model string) map[string]float64 {
-		cmd := exec.Command(bin, "-test.run", "^TestInvarianceChild$", "-test.count", "1")
-		cmd.Env = append(os.Environ(), "MESHP2P_INV_CHILD="+model)
+		env := []string{"MESHP2P_INV_CHILD=" + model}
 		if baseline {
-			cmd.Env = append(cmd.Env, "MESHP2P_INV_BASELINE=1")
+			env = append(env, "MESHP2P_INV_BASELINE=1")
 		}
-		out, err := cmd.CombinedOutput()
-		if err != nil {
-			b.Fatalf("child %s: %v\n%s", bin, err, out)
-		}
+		out := child(b, bin, "TestInvarianceChild", env...)
 		got := map[string]float64{}
 		for _, line := range strings.Split(string(out), "\n") {
 			f := strings.Fields(line)
