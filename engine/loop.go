@@ -177,7 +177,7 @@ func (s *Shard) step(parts []part, n int) error {
 		for i := 0; i < p.rows; i++ {
 			row := p.from + i
 			out := C.int8_t(1) // non-tail: every row is an output, or l_out drops rows
-			if info.IsTail() && !p.r.in.AllLogits {
+			if info.IsTail() && !p.r.in.AllLogits && !p.r.in.Verify {
 				out = 0
 				if last && i == p.rows-1 && (p.r.in.Sample || p.r.in.Logits) {
 					out = 1
@@ -220,6 +220,12 @@ func (s *Shard) step(parts []part, n int) error {
 		return nil
 	}
 	for _, p := range parts {
+		if p.r.in.Verify {
+			if err := s.verify(p); err != nil {
+				return err
+			}
+			continue
+		}
 		if p.r.in.AllLogits {
 			for i := 0; i < p.rows; i++ {
 				lp := C.llama_get_logits_ith(s.lctx, C.int32_t(p.at+i))
@@ -243,6 +249,24 @@ func (s *Shard) step(parts []part, n int) error {
 		if p.r.in.Sample {
 			p.r.out.Token = p.r.sess.smp.sample(s.cands, logits)
 		}
+	}
+	return nil
+}
+
+// verify samples the targets of a Verify part's rows in order until one
+// differs from the proposed token (see Input.Verify).
+func (s *Shard) verify(p part) error {
+	r := p.r
+	for i := 0; i < p.rows && !r.stopped; i++ {
+		row := p.from + i
+		lp := C.llama_get_logits_ith(s.lctx, C.int32_t(p.at+i))
+		if lp == nil {
+			return fmt.Errorf("%w: no logits for row %d", ErrDecode, p.at+i)
+		}
+		tok := r.sess.smp.sample(s.cands, unsafe.Slice((*float32)(unsafe.Pointer(lp)), s.info.NVocab))
+		r.out.Tokens = append(r.out.Tokens, tok)
+		r.out.Token = tok
+		r.stopped = row >= len(r.in.Draft) || tok != r.in.Draft[row]
 	}
 	return nil
 }

@@ -364,6 +364,16 @@ type Input struct {
 	// Output.Logits, row-major); it implies Logits. Verification of several
 	// proposed tokens at once needs them (and the invariance tests).
 	AllLogits bool
+	// Verify asks the tail to check proposed tokens (speculative
+	// decoding): it samples a target after each row in order, exactly as
+	// one-row steps would (the sampler advances once per target), and
+	// stops after the first target that differs from Draft[row] or after
+	// the last row Draft covers. Draft holds the token proposed to follow
+	// each row: rows-1 entries (the last row's target is a bonus) or rows
+	// (the last one proposes what follows the window). Rows after the stop
+	// stay in the KV cache; the caller truncates them.
+	Verify bool
+	Draft  []int32
 }
 
 // Output is the result of a Forward.
@@ -371,6 +381,10 @@ type Output struct {
 	Hidden []float32 // non-tail: rows × n_embd
 	Token  int32     // tail with Sample
 	Logits []float32 // tail with Logits: n_vocab; with AllLogits: rows × n_vocab
+	// Tokens are the targets of a Verify: Draft's accepted prefix, then
+	// the first target that differs (a correction) or the bonus after the
+	// last row. Its last entry is also in Token.
+	Tokens []int32
 }
 
 // Forward runs the shard's layers on in and blocks until done. Rows of all
@@ -477,8 +491,18 @@ func (x *Session) validate(in Input) (int, error) {
 	if x.nextPos+rows > x.kv {
 		return 0, fmt.Errorf("%w: %d rows at position %d exceed the session's %d reserved KV cells", ErrNoCapacity, rows, x.nextPos, x.kv)
 	}
-	if (in.Sample || in.Logits || in.AllLogits) && !info.IsTail() {
+	if (in.Sample || in.Logits || in.AllLogits || in.Verify) && !info.IsTail() {
 		return 0, fmt.Errorf("%w: only the tail shard samples", ErrBadInput)
+	}
+	if in.Verify {
+		if in.Sample || in.Logits || in.AllLogits {
+			return 0, fmt.Errorf("%w: verify samples every row itself (no Sample or Logits with it)", ErrBadInput)
+		}
+		if len(in.Draft) != rows-1 && len(in.Draft) != rows {
+			return 0, fmt.Errorf("%w: %d proposed tokens for %d rows (want %d or %d)", ErrBadInput, len(in.Draft), rows, rows-1, rows)
+		}
+	} else if in.Draft != nil {
+		return 0, fmt.Errorf("%w: proposed tokens without verify", ErrBadInput)
 	}
 	return rows, nil
 }
@@ -573,6 +597,9 @@ type request struct {
 	done  chan error // receives exactly one result
 	// trimTo marks a Truncate request.
 	trimTo bool
+	// stopped is set once a Verify request's target differed from the
+	// proposed token: later rows are decoded but not sampled.
+	stopped bool
 	// failed is set by the loop once it has sent an error on done, so a
 	// request split across decodes is answered once.
 	failed bool
