@@ -35,6 +35,9 @@ func (h *HopService) admit(open *meshp2pb.SessionOpen, from peer.ID) (int, *serv
 	case !frame.WireDTypeSupported(open.GetWireDtype()):
 		return 0, nil, "", codeErr(meshp2pb.ErrorCode_ERROR_CODE_UNSUPPORTED_DTYPE, "wire dtype must be one of "+frame.WireDTypeNames(), me)
 	}
+	if err := checkSpeculation(open.GetSpeculation()); err != nil {
+		return 0, nil, "", codeErr(meshp2pb.ErrorCode_ERROR_CODE_BAD_REQUEST, err.Error(), "")
+	}
 	hop := rt.GetHops()[idx]
 	if peer.ID(hop.GetPeerId()) != me {
 		return 0, nil, "", codeErr(meshp2pb.ErrorCode_ERROR_CODE_BAD_REQUEST, "route hop names another peer", "")
@@ -214,12 +217,15 @@ func (h *HopService) newHopSession(s network.Stream, open *meshp2pb.SessionOpen,
 	n := len(open.GetRoute().GetHops())
 	hs := &hopSession{h: h, se: se, key: keyOf(open), open: open, idx: idx, head: idx == 0, tail: idx == n-1, wire: open.GetWireDtype(), from: from, origin: origin,
 		up: NewSeam(s, lim), down: NewSeam(nil, lim), ringOut: NewSeam(nil, lim), ringIn: NewSeam(nil, lim),
-		ring: make(chan network.Stream, 1), self: make(chan *meshp2pb.TokenFrame, 1), activity: make(chan struct{}, 1),
+		ring: make(chan network.Stream, 1), self: make(chan *meshp2pb.StreamMessage, 1), activity: make(chan struct{}, 1),
 		done: make(chan struct{}), released: make(chan struct{}), engFreed: make(chan struct{}),
 		resumeUp: make(chan network.Stream, 1), resumeRing: make(chan network.Stream, 1),
 		maxTokens: int(open.GetMaxTokens())}
 	for _, x := range open.GetRoute().GetHops() {
 		hs.route = append(hs.route, peer.ID(x.GetPeerId()))
+	}
+	if hs.head && speculative(open) {
+		hs.sp = newSpecHead(open, hs.tail)
 	}
 	return hs
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"time"
 
 	"github.com/libp2p/go-libp2p/core/network"
@@ -117,6 +118,9 @@ func (hs *hopSession) readUpstream(r *timedReader) error {
 		hs.touch()
 		switch k := msg.GetKind().(type) {
 		case *meshp2pb.StreamMessage_Activation:
+			if hs.head && k.Activation.GetVerify() {
+				return codeErr(meshp2pb.ErrorCode_ERROR_CODE_BAD_REQUEST, "verification windows start at the head, not the origin", hs.upstreamPeer())
+			}
 			if err := hs.activation(k.Activation, tensors, hs.upstreamPeer(), r.timing()); err != nil {
 				return err
 			}
@@ -142,6 +146,13 @@ func (hs *hopSession) activation(a *meshp2pb.ActivationHeader, tensors [][]byte,
 	}
 	nEmbd := hs.h.info.NEmbd
 	in := Input{Pos: int(a.GetPosStart())}
+	if a.GetVerify() {
+		if err := checkWindow(a, speculative(hs.open), hs.spec.gen); err != nil {
+			return codeErr(meshp2pb.ErrorCode_ERROR_CODE_BAD_REQUEST, err.Error(), from)
+		}
+	} else if len(a.GetLookahead()) != 0 || a.GetSpecGen() != 0 {
+		return codeErr(meshp2pb.ErrorCode_ERROR_CODE_BAD_REQUEST, "speculation fields on a frame that is not a verification window", from)
+	}
 	if hs.head {
 		if len(a.GetTokens()) != int(a.GetNRows()) || len(tensors) != 0 {
 			return codeErr(meshp2pb.ErrorCode_ERROR_CODE_BAD_REQUEST, "head expects token ids only", from)
@@ -167,6 +178,16 @@ func (hs *hopSession) activation(a *meshp2pb.ActivationHeader, tensors [][]byte,
 	if hs.tail {
 		in.Sample = last
 	}
+	if a.GetVerify() {
+		if skip, err := hs.windowGen(a, from); skip || err != nil {
+			return err
+		}
+		if hs.tail {
+			in.Sample, in.Verify, in.Draft = false, true, append(slices.Clone(a.GetTokens()[1:]), a.GetLookahead()...)
+		}
+	} else if hs.sp != nil && a.GetIsPrefill() {
+		hs.sp.history(a.GetTokens())
+	}
 	t0 := time.Now()
 	out, err := hs.eng.Forward(context.Background(), in)
 	if err != nil {
@@ -184,19 +205,26 @@ func (hs *hopSession) activation(a *meshp2pb.ActivationHeader, tensors [][]byte,
 	if !hs.tail {
 		return hs.sendDown(a, out.Hidden, us, timing, own)
 	}
+	if in.Verify {
+		return hs.sendResult(a, out.Tokens, us, timing)
+	}
 	if !in.Sample {
 		return nil
 	}
 	tf := &meshp2pb.TokenFrame{SessionId: a.GetSessionId(), Epoch: a.GetEpoch(), Step: a.GetStep(), Token: out.Token,
 		Position: a.GetPosStart() + a.GetNRows(), Eos: hs.se.eng.IsEOG(out.Token), HopUs: append(a.GetHopUs(), us), HopTiming: timing}
+	return hs.sendRing(&meshp2pb.StreamMessage{Kind: &meshp2pb.StreamMessage_Token{Token: tf}})
+}
+
+// sendRing (tail) sends a token or a window's result to the head.
+func (hs *hopSession) sendRing(msg *meshp2pb.StreamMessage) error {
 	if hs.head {
-		select { // to selfRing, which is waiting (it sent the previous token)
-		case hs.self <- tf:
+		select { // to selfRing, which is waiting (it sent the previous step)
+		case hs.self <- msg:
 		case <-hs.done:
 		}
 		return nil
 	}
-	msg := &meshp2pb.StreamMessage{Kind: &meshp2pb.StreamMessage_Token{Token: tf}}
 	path, t1 := hs.seamPath(hs.ringOut), time.Now()
 	if err := hs.ringOut.Send(msg, WriteDeadline(hs.h.cfg.Idle)); err != nil {
 		return linkErr("ring to head", err, hs.route[0], hs.h.host.ID())
@@ -218,6 +246,9 @@ func (hs *hopSession) sendDown(a *meshp2pb.ActivationHeader, hidden []float32, u
 	hdr := &meshp2pb.ActivationHeader{SessionId: a.GetSessionId(), Epoch: a.GetEpoch(), Step: a.GetStep(), PosStart: a.GetPosStart(),
 		NRows: uint32(rows), IsPrefill: a.GetIsPrefill(), LastChunk: a.GetLastChunk(), HopUs: append(a.GetHopUs(), us), HopTiming: timing,
 		Tensors: []*meshp2pb.TensorInfo{{Name: BundleTensor, Dtype: dt, Shape: []int64{int64(rows), int64(nEmbd)}}}}
+	if a.GetVerify() {
+		hdr.Verify, hdr.SpecGen, hdr.Tokens, hdr.Lookahead = true, a.GetSpecGen(), a.GetTokens(), a.GetLookahead()
+	}
 	// A next hop that stops reading must not wedge us: the write deadline
 	// (WriteDeadline) makes this specific error, which names the next hop,
 	// win over our own idle timeout, which could not.
@@ -279,6 +310,11 @@ func (hs *hopSession) readRing(rs network.Stream) {
 				hs.fail(asHopError(err, ""))
 				return
 			}
+		case *meshp2pb.StreamMessage_WindowResult:
+			if err := hs.windowResult(k.WindowResult, tail); err != nil {
+				hs.fail(asHopError(err, ""))
+				return
+			}
 		case *meshp2pb.StreamMessage_Error:
 			hs.fail(hs.fromDownstream(k.Error, tail, true))
 			return
@@ -294,15 +330,12 @@ func (hs *hopSession) readRing(rs network.Stream) {
 // back into the route as the next decode step (rt: how it reached us).
 func (hs *hopSession) token(tf *meshp2pb.TokenFrame, from peer.ID, rt readTiming) error {
 	hs.touch()
-	t0 := time.Now()
-	if err := hs.up.Send(&meshp2pb.StreamMessage{Kind: &meshp2pb.StreamMessage_Token{Token: tf}}, hs.h.cfg.Idle); err != nil {
-		return codeErr(meshp2pb.ErrorCode_ERROR_CODE_CANCELLED, "origin gone", "")
+	if done, err := hs.relay(tf); done || err != nil {
+		return err
 	}
-	hs.clock.up.Store(int64(usOf(time.Since(t0))))
-	hs.h.cfg.Observer.TokenServed()
-	hs.produced++
-	if tf.GetEos() || (hs.maxTokens > 0 && hs.produced >= hs.maxTokens) {
-		return nil // the origin closes the session
+	if hs.sp != nil {
+		hs.sp.begin(tf.GetToken(), int(tf.GetPosition()), tf.GetStep())
+		return hs.sendWindows()
 	}
 	a := &meshp2pb.ActivationHeader{SessionId: tf.GetSessionId(), Epoch: tf.GetEpoch(), Step: tf.GetStep() + 1,
 		PosStart: tf.GetPosition(), NRows: 1, LastChunk: true, Tokens: []int32{tf.GetToken()}}
@@ -316,11 +349,122 @@ func (hs *hopSession) selfRing() {
 		select {
 		case <-hs.done:
 			return
-		case tf := <-hs.self:
-			if err := hs.token(tf, "", readTiming{}); err != nil {
+		case msg := <-hs.self:
+			var err error
+			if wr := msg.GetWindowResult(); wr != nil {
+				err = hs.windowResult(wr, "")
+			} else {
+				err = hs.token(msg.GetToken(), "", readTiming{})
+			}
+			if err != nil {
 				hs.fail(asHopError(err, ""))
 				return
 			}
 		}
 	}
+}
+
+// relay (head) passes a token to the origin and reports whether the
+// session is done (end of generation or max_tokens: the origin closes it).
+func (hs *hopSession) relay(tf *meshp2pb.TokenFrame) (bool, error) {
+	t0 := time.Now()
+	if err := hs.up.Send(&meshp2pb.StreamMessage{Kind: &meshp2pb.StreamMessage_Token{Token: tf}}, hs.h.cfg.Idle); err != nil {
+		return true, codeErr(meshp2pb.ErrorCode_ERROR_CODE_CANCELLED, "origin gone", "")
+	}
+	hs.clock.up.Store(int64(usOf(time.Since(t0))))
+	hs.h.cfg.Observer.TokenServed()
+	hs.produced++
+	return tf.GetEos() || (hs.maxTokens > 0 && hs.produced >= hs.maxTokens), nil
+}
+
+// windowGen applies a verification window's generation on this hop: a
+// new one drops the session's rows from the window's first position on
+// (the rejected rows); on the tail, a window of a rejected generation is
+// skipped (skip).
+func (hs *hopSession) windowGen(a *meshp2pb.ActivationHeader, from peer.ID) (skip bool, err error) {
+	if g := a.GetSpecGen(); g > hs.spec.gen {
+		hs.spec.gen, hs.spec.rejected = g, false
+		if err := hs.eng.Truncate(context.Background(), int(a.GetPosStart())); err != nil {
+			return false, engineErr(err, from, hs.h.host.ID())
+		}
+	}
+	return hs.tail && hs.spec.rejected, nil
+}
+
+// sendResult (tail) answers a verification window with its targets: up to
+// and including the first end-of-generation token.
+func (hs *hopSession) sendResult(a *meshp2pb.ActivationHeader, toks []int32, us uint32, timing []*meshp2pb.HopTiming) error {
+	draft := len(a.GetTokens()) - 1 + len(a.GetLookahead())
+	n := len(toks)
+	if n == 0 {
+		return codeErr(meshp2pb.ErrorCode_ERROR_CODE_INTERNAL, "verification sampled nothing", hs.h.host.ID())
+	}
+	// A target that differs from its proposal rejects the rest of this
+	// generation's windows.
+	hs.spec.rejected = n <= draft && toks[n-1] != proposalAt(a, n-1)
+	eos := false
+	for i, t := range toks {
+		if hs.se.eng.IsEOG(t) {
+			toks, eos = toks[:i+1], true
+			break
+		}
+	}
+	wr := &meshp2pb.WindowResult{SessionId: a.GetSessionId(), Epoch: a.GetEpoch(), Step: a.GetStep(), SpecGen: a.GetSpecGen(),
+		Position: a.GetPosStart() + 1, Tokens: toks, Eos: eos, HopUs: append(a.GetHopUs(), us), HopTiming: timing}
+	return hs.sendRing(&meshp2pb.StreamMessage{Kind: &meshp2pb.StreamMessage_WindowResult{WindowResult: wr}})
+}
+
+// proposalAt is the token a window proposes after its row i.
+func proposalAt(a *meshp2pb.ActivationHeader, i int) int32 {
+	if i+1 < len(a.GetTokens()) {
+		return a.GetTokens()[i+1]
+	}
+	return a.GetLookahead()[0]
+}
+
+// windowResult (head) passes a window's committed tokens to the origin
+// and sends the next windows; from sent it (the tail; "" on a one-hop
+// route), and is blamed for a result that does not fit what was sent.
+func (hs *hopSession) windowResult(wr *meshp2pb.WindowResult, from peer.ID) error {
+	hs.touch()
+	if !bytes.Equal(wr.GetSessionId(), hs.open.GetSessionId()) || wr.GetEpoch() != hs.key.Epoch {
+		return codeErr(meshp2pb.ErrorCode_ERROR_CODE_SESSION_UNKNOWN, "window result for another session or epoch", from)
+	}
+	if hs.sp == nil {
+		return codeErr(meshp2pb.ErrorCode_ERROR_CODE_UNEXPECTED_MESSAGE, "window result in a session without speculation", from)
+	}
+	toks, err := hs.sp.result(wr)
+	if err != nil {
+		return codeErr(meshp2pb.ErrorCode_ERROR_CODE_BAD_REQUEST, err.Error(), from)
+	}
+	if toks == nil {
+		return nil // a rejected generation's
+	}
+	stats := hs.sp.snapshot()
+	for i, t := range toks {
+		tf := &meshp2pb.TokenFrame{SessionId: wr.GetSessionId(), Epoch: wr.GetEpoch(), Step: wr.GetStep(), Token: t,
+			Position: wr.GetPosition() + uint32(i), Eos: wr.GetEos() && i == len(toks)-1, Spec: stats}
+		if i == 0 { // the window's times, once
+			tf.HopUs, tf.HopTiming = wr.GetHopUs(), wr.GetHopTiming()
+		}
+		if done, err := hs.relay(tf); done || err != nil {
+			return err
+		}
+	}
+	return hs.sendWindows()
+}
+
+// sendWindows (head) sends the windows the proposer has room for through
+// this hop's own layers.
+func (hs *hopSession) sendWindows() error {
+	room := int(hs.open.GetNCtxNeeded()) - 1 - hs.sp.lastCommittedPos()
+	if hs.maxTokens > 0 {
+		room = min(room, hs.maxTokens-hs.produced)
+	}
+	for _, a := range hs.sp.windows(hs.open.GetSessionId(), hs.key.Epoch, room) {
+		if err := hs.activation(a, nil, "", readTiming{}); err != nil {
+			return err
+		}
+	}
+	return nil
 }

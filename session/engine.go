@@ -29,6 +29,9 @@ type EngineSession interface {
 	// Forward runs the shard's layers on in and blocks until done. Errors
 	// wrap ErrNoCapacity (context full) or ErrBadInput where they apply.
 	Forward(ctx context.Context, in Input) (Output, error)
+	// Truncate drops the session's rows from position pos on (rejected
+	// speculative rows); the next Forward starts at pos.
+	Truncate(ctx context.Context, pos int) error
 	// Close frees the session's slot and KV cells.
 	Close()
 }
@@ -101,12 +104,19 @@ type Input struct {
 	Tokens []int32
 	Hidden []float32
 	Sample bool // the tail samples a token after the last row
+	// Verify (tail, speculative windows): sample a target after each row
+	// in order, as one-row steps would, and stop after the first that
+	// differs from Draft[row] or after the last row Draft covers. Draft
+	// has rows-1 entries (the last row's target is a bonus) or rows.
+	Verify bool
+	Draft  []int32
 }
 
 // Output is the result of a Forward.
 type Output struct {
 	Hidden []float32 // non-tail: rows × n_embd
 	Token  int32     // tail with Sample
+	Tokens []int32   // tail with Verify: the targets, in order (see Input.Verify)
 }
 
 // Errors an Engine wraps so that the hop can map them to wire codes.

@@ -35,7 +35,19 @@ const (
 	fakeFP    = "fake-model-fingerprint"
 )
 
+// cyclicSeed marks a seed whose low byte L makes the fake's output a
+// cycle of period L (1..L), broken at every 17th position: text a
+// proposer can copy, with rejections.
+const cyclicSeed = 1 << 62
+
 func nextToken(tok int32, pos int, seed uint64) int32 {
+	if seed&cyclicSeed != 0 {
+		l := int32(seed & 0xff)
+		if pos%17 == 0 {
+			return (tok+3)%l + 1
+		}
+		return tok%l + 1
+	}
 	return int32((int(tok)*7+pos*3+int(seed%13))%(fakeVocab-1)) + 1 // never 0: 0 is the EOG token
 }
 
@@ -60,6 +72,10 @@ type fakeEngine struct {
 	// onStep, if set, runs after every single-row (decode) step with the
 	// number of such steps so far (tests kill a hop mid-generation).
 	onStep func(steps int)
+	// onForward, if set, runs after every Forward with the number of
+	// Forwards so far (speculative windows are several rows).
+	onForward func(n int)
+	forwards  int
 	// onClose, if set, runs when a session starts closing, before its
 	// cells are freed (tests hold a dead epoch's cells).
 	onClose func(Key)
@@ -162,9 +178,14 @@ func (s *fakeSession) Forward(ctx context.Context, in Input) (Output, error) {
 		s.e.steps++
 		steps = s.e.steps
 	}
+	s.e.forwards++
+	forwards, onForward := s.e.forwards, s.e.onForward
 	s.e.mu.Unlock()
 	if steps > 0 && onStep != nil {
 		onStep(steps)
+	}
+	if onForward != nil {
+		onForward(forwards)
 	}
 	var out Output
 	for i := range rows {
@@ -175,12 +196,34 @@ func (s *fakeSession) Forward(ctx context.Context, in Input) (Output, error) {
 			last := rows[len(rows)-1]
 			out.Token = nextToken(int32(last[0]), int(last[1]), s.seed)
 		}
+		if in.Verify {
+			if len(in.Draft) != len(rows)-1 && len(in.Draft) != len(rows) {
+				return Output{}, fmt.Errorf("%w: %d proposals for %d rows", ErrBadInput, len(in.Draft), len(rows))
+			}
+			for i, r := range rows {
+				out.Token = nextToken(int32(r[0]), int(r[1]), s.seed)
+				out.Tokens = append(out.Tokens, out.Token)
+				if i >= len(in.Draft) || out.Token != in.Draft[i] {
+					break
+				}
+			}
+		}
 		return out, nil
 	}
 	for _, r := range rows {
 		out.Hidden = append(out.Hidden, r[:]...)
 	}
 	return out, nil
+}
+
+func (s *fakeSession) Truncate(_ context.Context, pos int) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if pos < 0 || pos > s.nextPos {
+		return fmt.Errorf("%w: truncate to %d, session at %d", ErrBadInput, pos, s.nextPos)
+	}
+	s.nextPos = pos
+	return nil
 }
 
 func (s *fakeSession) Close() {

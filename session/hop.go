@@ -183,7 +183,12 @@ type hopSession struct {
 	// self carries sampled tokens back to the decode loop when this hop is
 	// head and tail at once (a one-hop route): no recursion, and the
 	// upstream reader stays free to see SessionClose.
-	self chan *meshp2pb.TokenFrame
+	self chan *meshp2pb.StreamMessage
+
+	// sp is the head's proposer of a speculative session (nil: none);
+	// spec what every hop keeps of its windows.
+	sp   *specHead
+	spec specHop
 
 	maxTokens int
 	produced  int      // head: tokens passed to the origin; only the ring reader touches it

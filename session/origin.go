@@ -82,6 +82,9 @@ type GenerateRequest struct {
 	MaxTokens   int
 	Sampling    *meshp2pb.SamplingParams
 	WireDType   meshp2pb.DType
+	// Speculation asks the head to propose tokens and verify them in
+	// windows (nil: off). The output is the same either way.
+	Speculation *meshp2pb.Speculation
 	// OnToken sees each token as it arrives; returning true stops the
 	// generation (stop string found).
 	OnToken func(tok int32) bool
@@ -125,6 +128,8 @@ type Result struct {
 	// CapacityRetries counts opens refused with NO_CAPACITY and retried
 	// (not failures, not reroutes).
 	CapacityRetries int
+	// Spec counts speculation over all epochs (zero when off).
+	Spec SpecStats
 
 	failedAt time.Time // the last re-route's failure, until tokens flow again
 }
@@ -345,7 +350,7 @@ func (o *Origin) sessionOpen(sid [16]byte, rt *route.Route, req GenerateRequest,
 	remaining := req.MaxTokens - len(generated)
 	input := append(append([]int32(nil), req.Prompt...), generated...)
 	return &meshp2pb.SessionOpen{SessionId: sid[:], Epoch: rt.Epoch, ModelFingerprint: rt.Fingerprint, Route: route.WireRoute(rt),
-		Sampling: req.Sampling, MaxTokens: uint32(remaining), WireDtype: req.WireDType,
+		Sampling: req.Sampling, MaxTokens: uint32(remaining), WireDtype: req.WireDType, Speculation: req.Speculation,
 		NCtxNeeded: uint32(len(input) + remaining + 1), Generated: generated, Ticket: rt.Ticket}, input
 }
 
@@ -400,6 +405,7 @@ func (e *epochRun) collect(req GenerateRequest, res *Result, nGenerated int, sta
 	counts := 0
 	timings := timingSums{hops: make([][7]uint64, len(e.rt.Hops))}
 	var prefillUs []uint32
+	specBase := res.Spec // the earlier epochs' counts
 	for len(res.Tokens) < req.MaxTokens {
 		if res.TTFT > 0 || len(res.Tokens) > nGenerated {
 			_ = e.s.SetReadDeadline(time.Now().Add(e.tokenTimeout))
@@ -433,6 +439,7 @@ func (e *epochRun) collect(req GenerateRequest, res *Result, nGenerated int, sta
 				timings.add(tf.GetHopTiming())
 			}
 			res.Tokens = append(res.Tokens, tf.GetToken())
+			res.Spec.add(specBase, tf.GetSpec())
 			obs.TokenReceived()
 			stopNow := req.OnToken != nil && req.OnToken(tf.GetToken())
 			switch {
@@ -575,4 +582,42 @@ func (c *capacityRetry) wait(ctx context.Context, limit time.Duration, full peer
 	case <-t.C:
 		return nil
 	}
+}
+
+// SpecStats count a generation's speculation: verification windows,
+// proposed tokens verified and of them accepted, and the proposals per
+// window (K) and windows in flight (W) the head chose last.
+type SpecStats struct {
+	Windows  int `json:"windows"`
+	Proposed int `json:"proposed"`
+	Accepted int `json:"accepted"`
+	K        int `json:"k"`
+	W        int `json:"w"`
+}
+
+// AcceptedPerWindow is the mean number of proposals a window had
+// accepted (0 without windows).
+func (s SpecStats) AcceptedPerWindow() float64 {
+	if s.Windows == 0 {
+		return 0
+	}
+	return float64(s.Accepted) / float64(s.Windows)
+}
+
+// AcceptanceRate is accepted over proposed (0 when nothing was proposed).
+func (s SpecStats) AcceptanceRate() float64 {
+	if s.Proposed == 0 {
+		return 0
+	}
+	return float64(s.Accepted) / float64(s.Proposed)
+}
+
+// add sets s to base plus the head's counts for this epoch (ps: nil
+// leaves s as it is).
+func (s *SpecStats) add(base SpecStats, ps *meshp2pb.SpecStats) {
+	if ps == nil {
+		return
+	}
+	*s = SpecStats{Windows: base.Windows + int(ps.GetWindows()), Proposed: base.Proposed + int(ps.GetProposed()),
+		Accepted: base.Accepted + int(ps.GetAccepted()), K: int(ps.GetK()), W: int(ps.GetW())}
 }

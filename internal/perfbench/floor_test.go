@@ -32,7 +32,8 @@ func (e *sleepEngine) OpenSession(session.Key, session.EngineParams) (session.En
 
 type sleepSession struct{ e *sleepEngine }
 
-func (s *sleepSession) Close() {}
+func (s *sleepSession) Close()                              {}
+func (s *sleepSession) Truncate(context.Context, int) error { return nil }
 func (s *sleepSession) Forward(_ context.Context, in session.Input) (session.Output, error) {
 	s.e.cpu <- struct{}{}
 	defer func() { <-s.e.cpu }()

@@ -45,11 +45,15 @@ func (e Engine) OpenSession(key session.Key, p session.EngineParams) (session.En
 type shardSession struct{ s *engine.Session }
 
 func (s shardSession) Forward(ctx context.Context, in session.Input) (session.Output, error) {
-	out, err := s.s.Forward(ctx, engine.Input{Pos: in.Pos, Tokens: in.Tokens, Hidden: in.Hidden, Sample: in.Sample})
+	out, err := s.s.Forward(ctx, engine.Input{Pos: in.Pos, Tokens: in.Tokens, Hidden: in.Hidden, Sample: in.Sample, Verify: in.Verify, Draft: in.Draft})
 	if err != nil {
 		return session.Output{}, Error(err)
 	}
-	return session.Output{Hidden: out.Hidden, Token: out.Token}, nil
+	return session.Output{Hidden: out.Hidden, Token: out.Token, Tokens: out.Tokens}, nil
+}
+
+func (s shardSession) Truncate(ctx context.Context, pos int) error {
+	return Error(s.s.Truncate(ctx, pos))
 }
 
 func (s shardSession) Close() { s.s.Close() }

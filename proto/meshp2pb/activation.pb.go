@@ -49,7 +49,20 @@ type ActivationHeader struct {
 	// each hop appends its own before sending on.
 	HopUs []uint32 `protobuf:"varint,10,rep,packed,name=hop_us,json=hopUs,proto3" json:"hop_us,omitempty"`
 	// Where each hop's time went, in route order, next to hop_us.
-	HopTiming     []*HopTiming `protobuf:"bytes,11,rep,name=hop_timing,json=hopTiming,proto3" json:"hop_timing,omitempty"`
+	HopTiming []*HopTiming `protobuf:"bytes,11,rep,name=hop_timing,json=hopTiming,proto3" json:"hop_timing,omitempty"`
+	// Speculative sessions (SessionOpen.speculation), decode frames only.
+	// verify marks a verification window: `tokens` are its rows (forwarded
+	// by every hop), and the tail checks each row's target against the
+	// token that follows it — the next row's, then `lookahead` after the
+	// last row — and answers with a WindowResult on the ring.
+	Verify bool `protobuf:"varint,12,opt,name=verify,proto3" json:"verify,omitempty"`
+	// spec_gen counts the rejections so far: the head raises it after each
+	// one and a hop that sees it rise first drops the session's KV rows
+	// from pos_start on (the rejected rows). It never falls.
+	SpecGen uint64 `protobuf:"varint,13,opt,name=spec_gen,json=specGen,proto3" json:"spec_gen,omitempty"`
+	// The proposed token after the last row (0 or 1 entries): the first row
+	// of the next window already in flight behind this one.
+	Lookahead     []int32 `protobuf:"varint,14,rep,packed,name=lookahead,proto3" json:"lookahead,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -161,6 +174,27 @@ func (x *ActivationHeader) GetHopTiming() []*HopTiming {
 	return nil
 }
 
+func (x *ActivationHeader) GetVerify() bool {
+	if x != nil {
+		return x.Verify
+	}
+	return false
+}
+
+func (x *ActivationHeader) GetSpecGen() uint64 {
+	if x != nil {
+		return x.SpecGen
+	}
+	return 0
+}
+
+func (x *ActivationHeader) GetLookahead() []int32 {
+	if x != nil {
+		return x.Lookahead
+	}
+	return nil
+}
+
 type TensorInfo struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"` // unique within the bundle, e.g. "l_out"
@@ -250,7 +284,10 @@ type TokenFrame struct {
 	// hop_us of the activation frame this token came from, plus the tail\'s.
 	HopUs []uint32 `protobuf:"varint,7,rep,packed,name=hop_us,json=hopUs,proto3" json:"hop_us,omitempty"`
 	// hop_timing of that activation frame, plus the tail's.
-	HopTiming     []*HopTiming `protobuf:"bytes,8,rep,name=hop_timing,json=hopTiming,proto3" json:"hop_timing,omitempty"`
+	HopTiming []*HopTiming `protobuf:"bytes,8,rep,name=hop_timing,json=hopTiming,proto3" json:"hop_timing,omitempty"`
+	// Speculative sessions: the head's counts for this epoch so far (on
+	// tokens the head passes to the origin).
+	Spec          *SpecStats `protobuf:"bytes,9,opt,name=spec,proto3" json:"spec,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -341,12 +378,209 @@ func (x *TokenFrame) GetHopTiming() []*HopTiming {
 	return nil
 }
 
+func (x *TokenFrame) GetSpec() *SpecStats {
+	if x != nil {
+		return x.Spec
+	}
+	return nil
+}
+
+// WindowResult answers a verification window (tail -> head, on the ring):
+// the window's targets in order — the proposals it accepted, then the first
+// target that differs (a correction) or, when no proposal followed the last
+// row, the target after it (a bonus). Rows after a correction were
+// rejected; the tail drops the rest of that generation's windows.
+type WindowResult struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	SessionId     []byte                 `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	Epoch         uint64                 `protobuf:"varint,2,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	Step          uint64                 `protobuf:"varint,3,opt,name=step,proto3" json:"step,omitempty"`                       // step of the window
+	SpecGen       uint64                 `protobuf:"varint,4,opt,name=spec_gen,json=specGen,proto3" json:"spec_gen,omitempty"`  // spec_gen of the window
+	Position      uint32                 `protobuf:"varint,5,opt,name=position,proto3" json:"position,omitempty"`               // position tokens[0] occupies when fed back (the window's pos_start + 1)
+	Tokens        []int32                `protobuf:"varint,6,rep,packed,name=tokens,proto3" json:"tokens,omitempty"`            // 1 .. rows + 1 targets
+	Eos           bool                   `protobuf:"varint,7,opt,name=eos,proto3" json:"eos,omitempty"`                         // the last token ends the generation
+	HopUs         []uint32               `protobuf:"varint,8,rep,packed,name=hop_us,json=hopUs,proto3" json:"hop_us,omitempty"` // as TokenFrame
+	HopTiming     []*HopTiming           `protobuf:"bytes,9,rep,name=hop_timing,json=hopTiming,proto3" json:"hop_timing,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WindowResult) Reset() {
+	*x = WindowResult{}
+	mi := &file_meshp2p_v1_activation_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WindowResult) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WindowResult) ProtoMessage() {}
+
+func (x *WindowResult) ProtoReflect() protoreflect.Message {
+	mi := &file_meshp2p_v1_activation_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WindowResult.ProtoReflect.Descriptor instead.
+func (*WindowResult) Descriptor() ([]byte, []int) {
+	return file_meshp2p_v1_activation_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *WindowResult) GetSessionId() []byte {
+	if x != nil {
+		return x.SessionId
+	}
+	return nil
+}
+
+func (x *WindowResult) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+func (x *WindowResult) GetStep() uint64 {
+	if x != nil {
+		return x.Step
+	}
+	return 0
+}
+
+func (x *WindowResult) GetSpecGen() uint64 {
+	if x != nil {
+		return x.SpecGen
+	}
+	return 0
+}
+
+func (x *WindowResult) GetPosition() uint32 {
+	if x != nil {
+		return x.Position
+	}
+	return 0
+}
+
+func (x *WindowResult) GetTokens() []int32 {
+	if x != nil {
+		return x.Tokens
+	}
+	return nil
+}
+
+func (x *WindowResult) GetEos() bool {
+	if x != nil {
+		return x.Eos
+	}
+	return false
+}
+
+func (x *WindowResult) GetHopUs() []uint32 {
+	if x != nil {
+		return x.HopUs
+	}
+	return nil
+}
+
+func (x *WindowResult) GetHopTiming() []*HopTiming {
+	if x != nil {
+		return x.HopTiming
+	}
+	return nil
+}
+
+// SpecStats are a speculative session's counts on the head.
+type SpecStats struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Windows       uint32                 `protobuf:"varint,1,opt,name=windows,proto3" json:"windows,omitempty"`   // verification windows answered
+	Proposed      uint32                 `protobuf:"varint,2,opt,name=proposed,proto3" json:"proposed,omitempty"` // proposed tokens verified
+	Accepted      uint32                 `protobuf:"varint,3,opt,name=accepted,proto3" json:"accepted,omitempty"` // of them, accepted
+	K             uint32                 `protobuf:"varint,4,opt,name=k,proto3" json:"k,omitempty"`               // proposals per window now
+	W             uint32                 `protobuf:"varint,5,opt,name=w,proto3" json:"w,omitempty"`               // windows in flight now (at most)
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SpecStats) Reset() {
+	*x = SpecStats{}
+	mi := &file_meshp2p_v1_activation_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SpecStats) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SpecStats) ProtoMessage() {}
+
+func (x *SpecStats) ProtoReflect() protoreflect.Message {
+	mi := &file_meshp2p_v1_activation_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SpecStats.ProtoReflect.Descriptor instead.
+func (*SpecStats) Descriptor() ([]byte, []int) {
+	return file_meshp2p_v1_activation_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *SpecStats) GetWindows() uint32 {
+	if x != nil {
+		return x.Windows
+	}
+	return 0
+}
+
+func (x *SpecStats) GetProposed() uint32 {
+	if x != nil {
+		return x.Proposed
+	}
+	return 0
+}
+
+func (x *SpecStats) GetAccepted() uint32 {
+	if x != nil {
+		return x.Accepted
+	}
+	return 0
+}
+
+func (x *SpecStats) GetK() uint32 {
+	if x != nil {
+		return x.K
+	}
+	return 0
+}
+
+func (x *SpecStats) GetW() uint32 {
+	if x != nil {
+		return x.W
+	}
+	return 0
+}
+
 var File_meshp2p_v1_activation_proto protoreflect.FileDescriptor
 
 const file_meshp2p_v1_activation_proto_rawDesc = "" +
 	"\n" +
 	"\x1bmeshp2p/v1/activation.proto\x12\n" +
-	"meshp2p.v1\x1a\x17meshp2p/v1/common.proto\x1a\x17meshp2p/v1/timing.proto\"\xe4\x02\n" +
+	"meshp2p.v1\x1a\x17meshp2p/v1/common.proto\x1a\x17meshp2p/v1/timing.proto\"\xb5\x03\n" +
 	"\x10ActivationHeader\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\fR\tsessionId\x12\x14\n" +
@@ -363,7 +597,10 @@ const file_meshp2p_v1_activation_proto_rawDesc = "" +
 	"\x06hop_us\x18\n" +
 	" \x03(\rR\x05hopUs\x124\n" +
 	"\n" +
-	"hop_timing\x18\v \x03(\v2\x15.meshp2p.v1.HopTimingR\thopTiming\"\x98\x01\n" +
+	"hop_timing\x18\v \x03(\v2\x15.meshp2p.v1.HopTimingR\thopTiming\x12\x16\n" +
+	"\x06verify\x18\f \x01(\bR\x06verify\x12\x19\n" +
+	"\bspec_gen\x18\r \x01(\x04R\aspecGen\x12\x1c\n" +
+	"\tlookahead\x18\x0e \x03(\x05R\tlookahead\"\x98\x01\n" +
 	"\n" +
 	"TensorInfo\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12'\n" +
@@ -371,7 +608,7 @@ const file_meshp2p_v1_activation_proto_rawDesc = "" +
 	"\x05shape\x18\x03 \x03(\x03R\x05shape\x12\x1f\n" +
 	"\vbyte_length\x18\x04 \x01(\x04R\n" +
 	"byteLength\x12\x16\n" +
-	"\x06crc32c\x18\x05 \x01(\aR\x06crc32c\"\xe6\x01\n" +
+	"\x06crc32c\x18\x05 \x01(\aR\x06crc32c\"\x91\x02\n" +
 	"\n" +
 	"TokenFrame\x12\x1d\n" +
 	"\n" +
@@ -383,7 +620,26 @@ const file_meshp2p_v1_activation_proto_rawDesc = "" +
 	"\x03eos\x18\x06 \x01(\bR\x03eos\x12\x15\n" +
 	"\x06hop_us\x18\a \x03(\rR\x05hopUs\x124\n" +
 	"\n" +
-	"hop_timing\x18\b \x03(\v2\x15.meshp2p.v1.HopTimingR\thopTimingB.Z,github.com/neuron-tai/meshp2p/proto/meshp2pbb\x06proto3"
+	"hop_timing\x18\b \x03(\v2\x15.meshp2p.v1.HopTimingR\thopTiming\x12)\n" +
+	"\x04spec\x18\t \x01(\v2\x15.meshp2p.v1.SpecStatsR\x04spec\"\x85\x02\n" +
+	"\fWindowResult\x12\x1d\n" +
+	"\n" +
+	"session_id\x18\x01 \x01(\fR\tsessionId\x12\x14\n" +
+	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12\x12\n" +
+	"\x04step\x18\x03 \x01(\x04R\x04step\x12\x19\n" +
+	"\bspec_gen\x18\x04 \x01(\x04R\aspecGen\x12\x1a\n" +
+	"\bposition\x18\x05 \x01(\rR\bposition\x12\x16\n" +
+	"\x06tokens\x18\x06 \x03(\x05R\x06tokens\x12\x10\n" +
+	"\x03eos\x18\a \x01(\bR\x03eos\x12\x15\n" +
+	"\x06hop_us\x18\b \x03(\rR\x05hopUs\x124\n" +
+	"\n" +
+	"hop_timing\x18\t \x03(\v2\x15.meshp2p.v1.HopTimingR\thopTiming\"y\n" +
+	"\tSpecStats\x12\x18\n" +
+	"\awindows\x18\x01 \x01(\rR\awindows\x12\x1a\n" +
+	"\bproposed\x18\x02 \x01(\rR\bproposed\x12\x1a\n" +
+	"\baccepted\x18\x03 \x01(\rR\baccepted\x12\f\n" +
+	"\x01k\x18\x04 \x01(\rR\x01k\x12\f\n" +
+	"\x01w\x18\x05 \x01(\rR\x01wB.Z,github.com/neuron-tai/meshp2p/proto/meshp2pbb\x06proto3"
 
 var (
 	file_meshp2p_v1_activation_proto_rawDescOnce sync.Once
@@ -397,24 +653,28 @@ func file_meshp2p_v1_activation_proto_rawDescGZIP() []byte {
 	return file_meshp2p_v1_activation_proto_rawDescData
 }
 
-var file_meshp2p_v1_activation_proto_msgTypes = make([]protoimpl.MessageInfo, 3)
+var file_meshp2p_v1_activation_proto_msgTypes = make([]protoimpl.MessageInfo, 5)
 var file_meshp2p_v1_activation_proto_goTypes = []any{
 	(*ActivationHeader)(nil), // 0: meshp2p.v1.ActivationHeader
 	(*TensorInfo)(nil),       // 1: meshp2p.v1.TensorInfo
 	(*TokenFrame)(nil),       // 2: meshp2p.v1.TokenFrame
-	(*HopTiming)(nil),        // 3: meshp2p.v1.HopTiming
-	(DType)(0),               // 4: meshp2p.v1.DType
+	(*WindowResult)(nil),     // 3: meshp2p.v1.WindowResult
+	(*SpecStats)(nil),        // 4: meshp2p.v1.SpecStats
+	(*HopTiming)(nil),        // 5: meshp2p.v1.HopTiming
+	(DType)(0),               // 6: meshp2p.v1.DType
 }
 var file_meshp2p_v1_activation_proto_depIdxs = []int32{
 	1, // 0: meshp2p.v1.ActivationHeader.tensors:type_name -> meshp2p.v1.TensorInfo
-	3, // 1: meshp2p.v1.ActivationHeader.hop_timing:type_name -> meshp2p.v1.HopTiming
-	4, // 2: meshp2p.v1.TensorInfo.dtype:type_name -> meshp2p.v1.DType
-	3, // 3: meshp2p.v1.TokenFrame.hop_timing:type_name -> meshp2p.v1.HopTiming
-	4, // [4:4] is the sub-list for method output_type
-	4, // [4:4] is the sub-list for method input_type
-	4, // [4:4] is the sub-list for extension type_name
-	4, // [4:4] is the sub-list for extension extendee
-	0, // [0:4] is the sub-list for field type_name
+	5, // 1: meshp2p.v1.ActivationHeader.hop_timing:type_name -> meshp2p.v1.HopTiming
+	6, // 2: meshp2p.v1.TensorInfo.dtype:type_name -> meshp2p.v1.DType
+	5, // 3: meshp2p.v1.TokenFrame.hop_timing:type_name -> meshp2p.v1.HopTiming
+	4, // 4: meshp2p.v1.TokenFrame.spec:type_name -> meshp2p.v1.SpecStats
+	5, // 5: meshp2p.v1.WindowResult.hop_timing:type_name -> meshp2p.v1.HopTiming
+	6, // [6:6] is the sub-list for method output_type
+	6, // [6:6] is the sub-list for method input_type
+	6, // [6:6] is the sub-list for extension type_name
+	6, // [6:6] is the sub-list for extension extendee
+	0, // [0:6] is the sub-list for field type_name
 }
 
 func init() { file_meshp2p_v1_activation_proto_init() }
@@ -430,7 +690,7 @@ func file_meshp2p_v1_activation_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_meshp2p_v1_activation_proto_rawDesc), len(file_meshp2p_v1_activation_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   3,
+			NumMessages:   5,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

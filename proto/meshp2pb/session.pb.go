@@ -23,6 +23,55 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+type SpecMode int32
+
+const (
+	SpecMode_SPEC_MODE_OFF   SpecMode = 0 // one row per decode step
+	SpecMode_SPEC_MODE_AUTO  SpecMode = 1 // n-gram proposals while they pay (measured), else one row
+	SpecMode_SPEC_MODE_NGRAM SpecMode = 2 // n-gram proposals whenever the proposer has some
+)
+
+// Enum value maps for SpecMode.
+var (
+	SpecMode_name = map[int32]string{
+		0: "SPEC_MODE_OFF",
+		1: "SPEC_MODE_AUTO",
+		2: "SPEC_MODE_NGRAM",
+	}
+	SpecMode_value = map[string]int32{
+		"SPEC_MODE_OFF":   0,
+		"SPEC_MODE_AUTO":  1,
+		"SPEC_MODE_NGRAM": 2,
+	}
+)
+
+func (x SpecMode) Enum() *SpecMode {
+	p := new(SpecMode)
+	*p = x
+	return p
+}
+
+func (x SpecMode) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (SpecMode) Descriptor() protoreflect.EnumDescriptor {
+	return file_meshp2p_v1_session_proto_enumTypes[0].Descriptor()
+}
+
+func (SpecMode) Type() protoreflect.EnumType {
+	return &file_meshp2p_v1_session_proto_enumTypes[0]
+}
+
+func (x SpecMode) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use SpecMode.Descriptor instead.
+func (SpecMode) EnumDescriptor() ([]byte, []int) {
+	return file_meshp2p_v1_session_proto_rawDescGZIP(), []int{0}
+}
+
 // SessionOpen travels along the route: the origin sends it to hops[0] with
 // hop_index 0; each hop admits it, opens a stream to hops[hop_index+1] and
 // forwards it with hop_index + 1. The tail (last hop) learns the head from
@@ -69,7 +118,11 @@ type SessionOpen struct {
 	// than session.OpenMaxAge (plus clock skew), and admit each (origin,
 	// session, epoch) once while it is fresh, so a hop that saw an open
 	// cannot replay it later.
-	IssuedAtMs    int64 `protobuf:"varint,20,opt,name=issued_at_ms,json=issuedAtMs,proto3" json:"issued_at_ms,omitempty"`
+	IssuedAtMs int64 `protobuf:"varint,20,opt,name=issued_at_ms,json=issuedAtMs,proto3" json:"issued_at_ms,omitempty"`
+	// Speculative decoding (the head proposes, the tail verifies windows of
+	// several rows); absent: off. Not signed: only the head reads it, and the
+	// head has it straight from the origin.
+	Speculation   *Speculation `protobuf:"bytes,21,opt,name=speculation,proto3" json:"speculation,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -230,6 +283,73 @@ func (x *SessionOpen) GetIssuedAtMs() int64 {
 	return 0
 }
 
+func (x *SessionOpen) GetSpeculation() *Speculation {
+	if x != nil {
+		return x.Speculation
+	}
+	return nil
+}
+
+type Speculation struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Mode          SpecMode               `protobuf:"varint,1,opt,name=mode,proto3,enum=meshp2p.v1.SpecMode" json:"mode,omitempty"`
+	MaxDraft      uint32                 `protobuf:"varint,2,opt,name=max_draft,json=maxDraft,proto3" json:"max_draft,omitempty"`       // proposals per window, at most (0: the head's default; capped by every hop)
+	MaxWindows    uint32                 `protobuf:"varint,3,opt,name=max_windows,json=maxWindows,proto3" json:"max_windows,omitempty"` // windows in flight, at most (0: the head's default; capped)
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Speculation) Reset() {
+	*x = Speculation{}
+	mi := &file_meshp2p_v1_session_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Speculation) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Speculation) ProtoMessage() {}
+
+func (x *Speculation) ProtoReflect() protoreflect.Message {
+	mi := &file_meshp2p_v1_session_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Speculation.ProtoReflect.Descriptor instead.
+func (*Speculation) Descriptor() ([]byte, []int) {
+	return file_meshp2p_v1_session_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *Speculation) GetMode() SpecMode {
+	if x != nil {
+		return x.Mode
+	}
+	return SpecMode_SPEC_MODE_OFF
+}
+
+func (x *Speculation) GetMaxDraft() uint32 {
+	if x != nil {
+		return x.MaxDraft
+	}
+	return 0
+}
+
+func (x *Speculation) GetMaxWindows() uint32 {
+	if x != nil {
+		return x.MaxWindows
+	}
+	return 0
+}
+
 // SamplingParams mirror the llama.cpp sampler chain. Zero values mean
 // "disabled" except where noted; the origin always fills every field.
 type SamplingParams struct {
@@ -249,7 +369,7 @@ type SamplingParams struct {
 
 func (x *SamplingParams) Reset() {
 	*x = SamplingParams{}
-	mi := &file_meshp2p_v1_session_proto_msgTypes[1]
+	mi := &file_meshp2p_v1_session_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -261,7 +381,7 @@ func (x *SamplingParams) String() string {
 func (*SamplingParams) ProtoMessage() {}
 
 func (x *SamplingParams) ProtoReflect() protoreflect.Message {
-	mi := &file_meshp2p_v1_session_proto_msgTypes[1]
+	mi := &file_meshp2p_v1_session_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -274,7 +394,7 @@ func (x *SamplingParams) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SamplingParams.ProtoReflect.Descriptor instead.
 func (*SamplingParams) Descriptor() ([]byte, []int) {
-	return file_meshp2p_v1_session_proto_rawDescGZIP(), []int{1}
+	return file_meshp2p_v1_session_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *SamplingParams) GetTemperature() float32 {
@@ -355,7 +475,7 @@ type SessionAccept struct {
 
 func (x *SessionAccept) Reset() {
 	*x = SessionAccept{}
-	mi := &file_meshp2p_v1_session_proto_msgTypes[2]
+	mi := &file_meshp2p_v1_session_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -367,7 +487,7 @@ func (x *SessionAccept) String() string {
 func (*SessionAccept) ProtoMessage() {}
 
 func (x *SessionAccept) ProtoReflect() protoreflect.Message {
-	mi := &file_meshp2p_v1_session_proto_msgTypes[2]
+	mi := &file_meshp2p_v1_session_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -380,7 +500,7 @@ func (x *SessionAccept) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SessionAccept.ProtoReflect.Descriptor instead.
 func (*SessionAccept) Descriptor() ([]byte, []int) {
-	return file_meshp2p_v1_session_proto_rawDescGZIP(), []int{2}
+	return file_meshp2p_v1_session_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *SessionAccept) GetSessionId() []byte {
@@ -424,7 +544,7 @@ type SessionClose struct {
 
 func (x *SessionClose) Reset() {
 	*x = SessionClose{}
-	mi := &file_meshp2p_v1_session_proto_msgTypes[3]
+	mi := &file_meshp2p_v1_session_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -436,7 +556,7 @@ func (x *SessionClose) String() string {
 func (*SessionClose) ProtoMessage() {}
 
 func (x *SessionClose) ProtoReflect() protoreflect.Message {
-	mi := &file_meshp2p_v1_session_proto_msgTypes[3]
+	mi := &file_meshp2p_v1_session_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -449,7 +569,7 @@ func (x *SessionClose) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SessionClose.ProtoReflect.Descriptor instead.
 func (*SessionClose) Descriptor() ([]byte, []int) {
-	return file_meshp2p_v1_session_proto_rawDescGZIP(), []int{3}
+	return file_meshp2p_v1_session_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *SessionClose) GetSessionId() []byte {
@@ -486,7 +606,7 @@ type SessionCancel struct {
 
 func (x *SessionCancel) Reset() {
 	*x = SessionCancel{}
-	mi := &file_meshp2p_v1_session_proto_msgTypes[4]
+	mi := &file_meshp2p_v1_session_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -498,7 +618,7 @@ func (x *SessionCancel) String() string {
 func (*SessionCancel) ProtoMessage() {}
 
 func (x *SessionCancel) ProtoReflect() protoreflect.Message {
-	mi := &file_meshp2p_v1_session_proto_msgTypes[4]
+	mi := &file_meshp2p_v1_session_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -511,7 +631,7 @@ func (x *SessionCancel) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SessionCancel.ProtoReflect.Descriptor instead.
 func (*SessionCancel) Descriptor() ([]byte, []int) {
-	return file_meshp2p_v1_session_proto_rawDescGZIP(), []int{4}
+	return file_meshp2p_v1_session_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *SessionCancel) GetSessionId() []byte {
@@ -547,7 +667,7 @@ type VocabRequest struct {
 
 func (x *VocabRequest) Reset() {
 	*x = VocabRequest{}
-	mi := &file_meshp2p_v1_session_proto_msgTypes[5]
+	mi := &file_meshp2p_v1_session_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -559,7 +679,7 @@ func (x *VocabRequest) String() string {
 func (*VocabRequest) ProtoMessage() {}
 
 func (x *VocabRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meshp2p_v1_session_proto_msgTypes[5]
+	mi := &file_meshp2p_v1_session_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -572,7 +692,7 @@ func (x *VocabRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VocabRequest.ProtoReflect.Descriptor instead.
 func (*VocabRequest) Descriptor() ([]byte, []int) {
-	return file_meshp2p_v1_session_proto_rawDescGZIP(), []int{5}
+	return file_meshp2p_v1_session_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *VocabRequest) GetModelFingerprint() string {
@@ -593,7 +713,7 @@ type VocabResponse struct {
 
 func (x *VocabResponse) Reset() {
 	*x = VocabResponse{}
-	mi := &file_meshp2p_v1_session_proto_msgTypes[6]
+	mi := &file_meshp2p_v1_session_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -605,7 +725,7 @@ func (x *VocabResponse) String() string {
 func (*VocabResponse) ProtoMessage() {}
 
 func (x *VocabResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meshp2p_v1_session_proto_msgTypes[6]
+	mi := &file_meshp2p_v1_session_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -618,7 +738,7 @@ func (x *VocabResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VocabResponse.ProtoReflect.Descriptor instead.
 func (*VocabResponse) Descriptor() ([]byte, []int) {
-	return file_meshp2p_v1_session_proto_rawDescGZIP(), []int{6}
+	return file_meshp2p_v1_session_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *VocabResponse) GetError() *Error {
@@ -640,7 +760,7 @@ var File_meshp2p_v1_session_proto protoreflect.FileDescriptor
 const file_meshp2p_v1_session_proto_rawDesc = "" +
 	"\n" +
 	"\x18meshp2p/v1/session.proto\x12\n" +
-	"meshp2p.v1\x1a\x17meshp2p/v1/common.proto\x1a\x16meshp2p/v1/route.proto\"\xdc\x05\n" +
+	"meshp2p.v1\x1a\x17meshp2p/v1/common.proto\x1a\x16meshp2p/v1/route.proto\"\x97\x06\n" +
 	"\vSessionOpen\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\fR\tsessionId\x12\x14\n" +
@@ -664,8 +784,14 @@ const file_meshp2p_v1_session_proto_rawDesc = "" +
 	"\x10origin_signature\x18\x12 \x01(\fR\x0foriginSignature\x12*\n" +
 	"\x11origin_public_key\x18\x13 \x01(\fR\x0foriginPublicKey\x12 \n" +
 	"\fissued_at_ms\x18\x14 \x01(\x03R\n" +
-	"issuedAtMsJ\x04\b\n" +
-	"\x10\vJ\x04\b\x0e\x10\x0fR\bmax_rowsR\rbundle_schema\"\xa8\x02\n" +
+	"issuedAtMs\x129\n" +
+	"\vspeculation\x18\x15 \x01(\v2\x17.meshp2p.v1.SpeculationR\vspeculationJ\x04\b\n" +
+	"\x10\vJ\x04\b\x0e\x10\x0fR\bmax_rowsR\rbundle_schema\"u\n" +
+	"\vSpeculation\x12(\n" +
+	"\x04mode\x18\x01 \x01(\x0e2\x14.meshp2p.v1.SpecModeR\x04mode\x12\x1b\n" +
+	"\tmax_draft\x18\x02 \x01(\rR\bmaxDraft\x12\x1f\n" +
+	"\vmax_windows\x18\x03 \x01(\rR\n" +
+	"maxWindows\"\xa8\x02\n" +
 	"\x0eSamplingParams\x12 \n" +
 	"\vtemperature\x18\x01 \x01(\x02R\vtemperature\x12\x13\n" +
 	"\x05top_k\x18\x02 \x01(\x05R\x04topK\x12\x13\n" +
@@ -696,7 +822,11 @@ const file_meshp2p_v1_session_proto_rawDesc = "" +
 	"\x11model_fingerprint\x18\x01 \x01(\tR\x10modelFingerprint\"L\n" +
 	"\rVocabResponse\x12'\n" +
 	"\x05error\x18\x01 \x01(\v2\x11.meshp2p.v1.ErrorR\x05error\x12\x12\n" +
-	"\x04size\x18\x02 \x01(\x04R\x04sizeB.Z,github.com/neuron-tai/meshp2p/proto/meshp2pbb\x06proto3"
+	"\x04size\x18\x02 \x01(\x04R\x04size*F\n" +
+	"\bSpecMode\x12\x11\n" +
+	"\rSPEC_MODE_OFF\x10\x00\x12\x12\n" +
+	"\x0eSPEC_MODE_AUTO\x10\x01\x12\x13\n" +
+	"\x0fSPEC_MODE_NGRAM\x10\x02B.Z,github.com/neuron-tai/meshp2p/proto/meshp2pbb\x06proto3"
 
 var (
 	file_meshp2p_v1_session_proto_rawDescOnce sync.Once
@@ -710,32 +840,37 @@ func file_meshp2p_v1_session_proto_rawDescGZIP() []byte {
 	return file_meshp2p_v1_session_proto_rawDescData
 }
 
-var file_meshp2p_v1_session_proto_msgTypes = make([]protoimpl.MessageInfo, 7)
+var file_meshp2p_v1_session_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
+var file_meshp2p_v1_session_proto_msgTypes = make([]protoimpl.MessageInfo, 8)
 var file_meshp2p_v1_session_proto_goTypes = []any{
-	(*SessionOpen)(nil),       // 0: meshp2p.v1.SessionOpen
-	(*SamplingParams)(nil),    // 1: meshp2p.v1.SamplingParams
-	(*SessionAccept)(nil),     // 2: meshp2p.v1.SessionAccept
-	(*SessionClose)(nil),      // 3: meshp2p.v1.SessionClose
-	(*SessionCancel)(nil),     // 4: meshp2p.v1.SessionCancel
-	(*VocabRequest)(nil),      // 5: meshp2p.v1.VocabRequest
-	(*VocabResponse)(nil),     // 6: meshp2p.v1.VocabResponse
-	(*Route)(nil),             // 7: meshp2p.v1.Route
-	(DType)(0),                // 8: meshp2p.v1.DType
-	(*SignedRouteTicket)(nil), // 9: meshp2p.v1.SignedRouteTicket
-	(*Error)(nil),             // 10: meshp2p.v1.Error
+	(SpecMode)(0),             // 0: meshp2p.v1.SpecMode
+	(*SessionOpen)(nil),       // 1: meshp2p.v1.SessionOpen
+	(*Speculation)(nil),       // 2: meshp2p.v1.Speculation
+	(*SamplingParams)(nil),    // 3: meshp2p.v1.SamplingParams
+	(*SessionAccept)(nil),     // 4: meshp2p.v1.SessionAccept
+	(*SessionClose)(nil),      // 5: meshp2p.v1.SessionClose
+	(*SessionCancel)(nil),     // 6: meshp2p.v1.SessionCancel
+	(*VocabRequest)(nil),      // 7: meshp2p.v1.VocabRequest
+	(*VocabResponse)(nil),     // 8: meshp2p.v1.VocabResponse
+	(*Route)(nil),             // 9: meshp2p.v1.Route
+	(DType)(0),                // 10: meshp2p.v1.DType
+	(*SignedRouteTicket)(nil), // 11: meshp2p.v1.SignedRouteTicket
+	(*Error)(nil),             // 12: meshp2p.v1.Error
 }
 var file_meshp2p_v1_session_proto_depIdxs = []int32{
-	7,  // 0: meshp2p.v1.SessionOpen.route:type_name -> meshp2p.v1.Route
-	1,  // 1: meshp2p.v1.SessionOpen.sampling:type_name -> meshp2p.v1.SamplingParams
-	8,  // 2: meshp2p.v1.SessionOpen.wire_dtype:type_name -> meshp2p.v1.DType
-	9,  // 3: meshp2p.v1.SessionOpen.ticket:type_name -> meshp2p.v1.SignedRouteTicket
-	10, // 4: meshp2p.v1.SessionAccept.error:type_name -> meshp2p.v1.Error
-	10, // 5: meshp2p.v1.VocabResponse.error:type_name -> meshp2p.v1.Error
-	6,  // [6:6] is the sub-list for method output_type
-	6,  // [6:6] is the sub-list for method input_type
-	6,  // [6:6] is the sub-list for extension type_name
-	6,  // [6:6] is the sub-list for extension extendee
-	0,  // [0:6] is the sub-list for field type_name
+	9,  // 0: meshp2p.v1.SessionOpen.route:type_name -> meshp2p.v1.Route
+	3,  // 1: meshp2p.v1.SessionOpen.sampling:type_name -> meshp2p.v1.SamplingParams
+	10, // 2: meshp2p.v1.SessionOpen.wire_dtype:type_name -> meshp2p.v1.DType
+	11, // 3: meshp2p.v1.SessionOpen.ticket:type_name -> meshp2p.v1.SignedRouteTicket
+	2,  // 4: meshp2p.v1.SessionOpen.speculation:type_name -> meshp2p.v1.Speculation
+	0,  // 5: meshp2p.v1.Speculation.mode:type_name -> meshp2p.v1.SpecMode
+	12, // 6: meshp2p.v1.SessionAccept.error:type_name -> meshp2p.v1.Error
+	12, // 7: meshp2p.v1.VocabResponse.error:type_name -> meshp2p.v1.Error
+	8,  // [8:8] is the sub-list for method output_type
+	8,  // [8:8] is the sub-list for method input_type
+	8,  // [8:8] is the sub-list for extension type_name
+	8,  // [8:8] is the sub-list for extension extendee
+	0,  // [0:8] is the sub-list for field type_name
 }
 
 func init() { file_meshp2p_v1_session_proto_init() }
@@ -750,13 +885,14 @@ func file_meshp2p_v1_session_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_meshp2p_v1_session_proto_rawDesc), len(file_meshp2p_v1_session_proto_rawDesc)),
-			NumEnums:      0,
-			NumMessages:   7,
+			NumEnums:      1,
+			NumMessages:   8,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
 		GoTypes:           file_meshp2p_v1_session_proto_goTypes,
 		DependencyIndexes: file_meshp2p_v1_session_proto_depIdxs,
+		EnumInfos:         file_meshp2p_v1_session_proto_enumTypes,
 		MessageInfos:      file_meshp2p_v1_session_proto_msgTypes,
 	}.Build()
 	File_meshp2p_v1_session_proto = out.File

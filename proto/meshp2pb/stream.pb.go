@@ -39,6 +39,7 @@ type StreamMessage struct {
 	//	*StreamMessage_Activation
 	//	*StreamMessage_Token
 	//	*StreamMessage_Error
+	//	*StreamMessage_WindowResult
 	Kind          isStreamMessage_Kind `protobuf_oneof:"kind"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -144,6 +145,15 @@ func (x *StreamMessage) GetError() *Error {
 	return nil
 }
 
+func (x *StreamMessage) GetWindowResult() *WindowResult {
+	if x != nil {
+		if x, ok := x.Kind.(*StreamMessage_WindowResult); ok {
+			return x.WindowResult
+		}
+	}
+	return nil
+}
+
 type isStreamMessage_Kind interface {
 	isStreamMessage_Kind()
 }
@@ -176,6 +186,10 @@ type StreamMessage_Error struct {
 	Error *Error `protobuf:"bytes,7,opt,name=error,proto3,oneof"`
 }
 
+type StreamMessage_WindowResult struct {
+	WindowResult *WindowResult `protobuf:"bytes,8,opt,name=window_result,json=windowResult,proto3,oneof"`
+}
+
 func (*StreamMessage_Open) isStreamMessage_Kind() {}
 
 func (*StreamMessage_Accept) isStreamMessage_Kind() {}
@@ -190,12 +204,14 @@ func (*StreamMessage_Token) isStreamMessage_Kind() {}
 
 func (*StreamMessage_Error) isStreamMessage_Kind() {}
 
+func (*StreamMessage_WindowResult) isStreamMessage_Kind() {}
+
 var File_meshp2p_v1_stream_proto protoreflect.FileDescriptor
 
 const file_meshp2p_v1_stream_proto_rawDesc = "" +
 	"\n" +
 	"\x17meshp2p/v1/stream.proto\x12\n" +
-	"meshp2p.v1\x1a\x1bmeshp2p/v1/activation.proto\x1a\x17meshp2p/v1/common.proto\x1a\x18meshp2p/v1/session.proto\"\xfd\x02\n" +
+	"meshp2p.v1\x1a\x1bmeshp2p/v1/activation.proto\x1a\x17meshp2p/v1/common.proto\x1a\x18meshp2p/v1/session.proto\"\xbe\x03\n" +
 	"\rStreamMessage\x12-\n" +
 	"\x04open\x18\x01 \x01(\v2\x17.meshp2p.v1.SessionOpenH\x00R\x04open\x123\n" +
 	"\x06accept\x18\x02 \x01(\v2\x19.meshp2p.v1.SessionAcceptH\x00R\x06accept\x120\n" +
@@ -205,7 +221,8 @@ const file_meshp2p_v1_stream_proto_rawDesc = "" +
 	"activation\x18\x05 \x01(\v2\x1c.meshp2p.v1.ActivationHeaderH\x00R\n" +
 	"activation\x12.\n" +
 	"\x05token\x18\x06 \x01(\v2\x16.meshp2p.v1.TokenFrameH\x00R\x05token\x12)\n" +
-	"\x05error\x18\a \x01(\v2\x11.meshp2p.v1.ErrorH\x00R\x05errorB\x06\n" +
+	"\x05error\x18\a \x01(\v2\x11.meshp2p.v1.ErrorH\x00R\x05error\x12?\n" +
+	"\rwindow_result\x18\b \x01(\v2\x18.meshp2p.v1.WindowResultH\x00R\fwindowResultB\x06\n" +
 	"\x04kindB.Z,github.com/neuron-tai/meshp2p/proto/meshp2pbb\x06proto3"
 
 var (
@@ -230,6 +247,7 @@ var file_meshp2p_v1_stream_proto_goTypes = []any{
 	(*ActivationHeader)(nil), // 5: meshp2p.v1.ActivationHeader
 	(*TokenFrame)(nil),       // 6: meshp2p.v1.TokenFrame
 	(*Error)(nil),            // 7: meshp2p.v1.Error
+	(*WindowResult)(nil),     // 8: meshp2p.v1.WindowResult
 }
 var file_meshp2p_v1_stream_proto_depIdxs = []int32{
 	1, // 0: meshp2p.v1.StreamMessage.open:type_name -> meshp2p.v1.SessionOpen
@@ -239,11 +257,12 @@ var file_meshp2p_v1_stream_proto_depIdxs = []int32{
 	5, // 4: meshp2p.v1.StreamMessage.activation:type_name -> meshp2p.v1.ActivationHeader
 	6, // 5: meshp2p.v1.StreamMessage.token:type_name -> meshp2p.v1.TokenFrame
 	7, // 6: meshp2p.v1.StreamMessage.error:type_name -> meshp2p.v1.Error
-	7, // [7:7] is the sub-list for method output_type
-	7, // [7:7] is the sub-list for method input_type
-	7, // [7:7] is the sub-list for extension type_name
-	7, // [7:7] is the sub-list for extension extendee
-	0, // [0:7] is the sub-list for field type_name
+	8, // 7: meshp2p.v1.StreamMessage.window_result:type_name -> meshp2p.v1.WindowResult
+	8, // [8:8] is the sub-list for method output_type
+	8, // [8:8] is the sub-list for method input_type
+	8, // [8:8] is the sub-list for extension type_name
+	8, // [8:8] is the sub-list for extension extendee
+	0, // [0:8] is the sub-list for field type_name
 }
 
 func init() { file_meshp2p_v1_stream_proto_init() }
@@ -262,6 +281,7 @@ func file_meshp2p_v1_stream_proto_init() {
 		(*StreamMessage_Activation)(nil),
 		(*StreamMessage_Token)(nil),
 		(*StreamMessage_Error)(nil),
+		(*StreamMessage_WindowResult)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{

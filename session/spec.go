@@ -1,0 +1,315 @@
+package session
+
+import (
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/neuron-tai/meshp2p/proto/meshp2pb"
+	"github.com/neuron-tai/meshp2p/spec"
+)
+
+// Speculative decoding on the ring (SessionOpen.speculation). The head is
+// the proposer: accepted tokens reach it first (the tail sends them there),
+// so proposing there adds no hop, and the origin stays off the per-token
+// path. Per window the path is the plain step's: the head decodes the
+// window's rows, each hop decodes them for the session in one call, the
+// tail samples a target after each row in order and returns them (the
+// accepted prefix and a correction or bonus) straight to the head, which
+// passes the tokens to the origin and sends the next windows. Several
+// windows may be in flight: each one after the first starts with the
+// previous one's last proposal (its lookahead). After a rejection the head
+// raises spec_gen: every hop drops the session's rows from the next
+// window's first position on, and the tail drops the windows of the
+// rejected generation still in flight.
+//
+// Exactness: the tail samples each committed position once and in order
+// (Input.Verify), so penalties and the seeded draw see exactly the tokens
+// plain decoding would; rows after a rejection are never sampled. Nothing
+// else holds per-row state.
+
+// Caps on speculation, enforced by every hop: proposals per window (a
+// window has at most MaxSpecDraft+1 rows) and windows in flight.
+const (
+	MaxSpecDraft   = 16
+	MaxSpecWindows = 4
+	// DefaultSpecDraft / DefaultSpecWindows: what the head allows itself
+	// when the open gives no smaller bound; Adaptive chooses below them.
+	DefaultSpecDraft   = 8
+	DefaultSpecWindows = 4
+	// The n-gram sizes the head matches (spec.NGram).
+	specNGramMin, specNGramMax = 2, 5
+)
+
+// checkSpeculation checks an open's speculation parameters (every hop).
+func checkSpeculation(sp *meshp2pb.Speculation) error {
+	if sp == nil {
+		return nil
+	}
+	switch sp.GetMode() {
+	case meshp2pb.SpecMode_SPEC_MODE_OFF, meshp2pb.SpecMode_SPEC_MODE_AUTO, meshp2pb.SpecMode_SPEC_MODE_NGRAM:
+	default:
+		return fmt.Errorf("unknown speculation mode %d", int32(sp.GetMode()))
+	}
+	if sp.GetMaxDraft() > MaxSpecDraft {
+		return fmt.Errorf("speculation max_draft %d over the cap of %d", sp.GetMaxDraft(), MaxSpecDraft)
+	}
+	if sp.GetMaxWindows() > MaxSpecWindows {
+		return fmt.Errorf("speculation max_windows %d over the cap of %d", sp.GetMaxWindows(), MaxSpecWindows)
+	}
+	return nil
+}
+
+// speculative reports whether an open asks for speculation.
+func speculative(open *meshp2pb.SessionOpen) bool {
+	return open.GetSpeculation().GetMode() != meshp2pb.SpecMode_SPEC_MODE_OFF
+}
+
+// checkWindow checks a verification window against the session (spec: it
+// negotiated speculation) and the hop's generation gen. It returns what is
+// wrong, for a BAD_REQUEST blaming the sender.
+func checkWindow(a *meshp2pb.ActivationHeader, spec bool, gen uint64) error {
+	switch {
+	case !spec:
+		return fmt.Errorf("verification window in a session without speculation")
+	case a.GetIsPrefill():
+		return fmt.Errorf("verification window marked prefill")
+	case a.GetNRows() > MaxSpecDraft+1:
+		return fmt.Errorf("verification window of %d rows over the cap of %d", a.GetNRows(), MaxSpecDraft+1)
+	case len(a.GetTokens()) != int(a.GetNRows()):
+		return fmt.Errorf("verification window of %d rows carries %d tokens", a.GetNRows(), len(a.GetTokens()))
+	case len(a.GetLookahead()) > 1:
+		return fmt.Errorf("verification window with %d lookahead tokens (at most 1)", len(a.GetLookahead()))
+	case a.GetSpecGen() < gen:
+		return fmt.Errorf("verification window of speculation generation %d after %d", a.GetSpecGen(), gen)
+	}
+	return nil
+}
+
+// specHop is what every hop keeps of a speculative session: the
+// generation it saw last, and (tail) whether that generation was rejected.
+// Only the goroutine that runs the session's windows touches it.
+type specHop struct {
+	gen      uint64
+	rejected bool
+}
+
+// specHead is the head's proposer and window bookkeeping for one
+// speculative session (one epoch). The chain is last followed by pending:
+// the last committed token (its row not yet decoded) and the proposals
+// sent after it, oldest first; sent of the chain's tokens went out as
+// rows (the next window starts at chain[sent]).
+type specHead struct {
+	mu       sync.Mutex
+	ng       *spec.NGram
+	ad       spec.Adaptive
+	oneHop   bool
+	gen      uint64
+	last     int32
+	lastPos  int
+	pending  []int32
+	sent     int
+	inflight []specWindow
+	shadow   []int32 // proposals made but not sent: checked against what is committed (acceptance while off)
+	step     uint64
+	stats    meshp2pb.SpecStats
+}
+
+// specWindow is a window in flight.
+type specWindow struct {
+	rows, drafts int
+	at           time.Time
+}
+
+func newSpecHead(open *meshp2pb.SessionOpen, oneHop bool) *specHead {
+	sp := open.GetSpeculation()
+	ng, err := spec.NewNGram(specNGramMin, specNGramMax)
+	if err != nil {
+		panic(err) // constant parameters
+	}
+	k, w := int(sp.GetMaxDraft()), int(sp.GetMaxWindows())
+	if k == 0 {
+		k = DefaultSpecDraft
+	}
+	if w == 0 {
+		w = DefaultSpecWindows
+	}
+	if oneHop {
+		w = 1 // no ring to hide
+	}
+	return &specHead{ng: ng, oneHop: oneHop, ad: spec.Adaptive{MaxK: min(k, MaxSpecDraft), MaxW: min(w, MaxSpecWindows), Always: sp.GetMode() == meshp2pb.SpecMode_SPEC_MODE_NGRAM}}
+}
+
+// history adds prompt (or re-prefilled) tokens the head decoded.
+func (sp *specHead) history(toks []int32) {
+	sp.mu.Lock()
+	defer sp.mu.Unlock()
+	sp.ng.Append(toks...)
+}
+
+// begin starts the first chain from the prefill's token tok, fed at pos.
+func (sp *specHead) begin(tok int32, pos int, step uint64) {
+	sp.mu.Lock()
+	defer sp.mu.Unlock()
+	sp.commit([]int32{tok})
+	sp.last, sp.lastPos, sp.step = tok, pos, step
+}
+
+// commit adds committed tokens to the history and checks the shadow
+// proposals against them.
+func (sp *specHead) commit(toks []int32) {
+	sp.ng.Append(toks...)
+	for _, t := range toks {
+		if len(sp.shadow) == 0 {
+			break
+		}
+		if sp.shadow[0] == t {
+			sp.ad.ObserveAcceptance(1, 1)
+			sp.shadow = sp.shadow[1:]
+			continue
+		}
+		sp.ad.ObserveAcceptance(0, 1)
+		sp.shadow = nil
+	}
+}
+
+// propose returns up to n proposals that continue the chain (after the
+// pending ones), or none.
+func (sp *specHead) propose(n int) []int32 {
+	d, _ := sp.ng.Propose(len(sp.pending) + n)
+	if len(d) <= len(sp.pending) || !slices.Equal(d[:len(sp.pending)], sp.pending) {
+		return nil
+	}
+	return d[len(sp.pending):]
+}
+
+// windows returns the windows to send now; room is how many more tokens
+// the session may produce (max_tokens and its KV cells).
+func (sp *specHead) windows(sid []byte, epoch uint64, room int) []*meshp2pb.ActivationHeader {
+	sp.mu.Lock()
+	defer sp.mu.Unlock()
+	var out []*meshp2pb.ActivationHeader
+	for {
+		k, w := sp.ad.Choose()
+		sp.stats.K, sp.stats.W = uint32(k), uint32(w)
+		n := len(sp.inflight)
+		if n >= w || (n > 0 && sp.sent == len(sp.pending)+1) {
+			return out // the window in flight ends the chain (no lookahead)
+		}
+		first := sp.last
+		if sp.sent > 0 {
+			first = sp.pending[sp.sent-1]
+		}
+		// A window of d proposals commits at most d+1 tokens.
+		free := room - len(sp.pending) - 1
+		if free < 0 {
+			return out
+		}
+		var drafts []int32
+		if k > 0 && free > 0 {
+			drafts = sp.propose(min(k, free) + 1)
+		} else if n == 0 && len(sp.shadow) == 0 {
+			sp.shadow = sp.propose(max(1, sp.ad.MaxK))
+		}
+		rows := []int32{first}
+		var look []int32
+		switch {
+		case len(drafts) > k && k > 0 && n+1 < w:
+			// Another window follows at once: the last proposal rides as
+			// this one's lookahead and is the next one's first row.
+			rows = append(rows, drafts[:k-1]...)
+			look = drafts[k-1 : k]
+			sp.pending = append(sp.pending, drafts[:k]...)
+		default:
+			drafts = drafts[:min(len(drafts), k, free)]
+			rows = append(rows, drafts...)
+			sp.pending = append(sp.pending, drafts...)
+		}
+		sp.step++
+		a := &meshp2pb.ActivationHeader{SessionId: sid, Epoch: epoch, Step: sp.step, PosStart: uint32(sp.lastPos + sp.sent),
+			NRows: uint32(len(rows)), LastChunk: true, Tokens: rows, Verify: true, SpecGen: sp.gen, Lookahead: look}
+		sp.sent += len(rows)
+		sp.inflight = append(sp.inflight, specWindow{rows: len(rows), drafts: len(rows) - 1 + len(look), at: time.Now()})
+		out = append(out, a)
+		if len(look) == 0 {
+			return out
+		}
+	}
+}
+
+// result takes the tail's answer to the oldest window in flight and
+// returns the tokens it commits (nil for a stale generation's), or what is
+// wrong with it (blame the tail).
+func (sp *specHead) result(wr *meshp2pb.WindowResult) ([]int32, error) {
+	sp.mu.Lock()
+	defer sp.mu.Unlock()
+	switch {
+	case wr.GetSpecGen() < sp.gen:
+		return nil, nil
+	case wr.GetSpecGen() > sp.gen || len(sp.inflight) == 0:
+		return nil, fmt.Errorf("window result of generation %d, none in flight (generation %d)", wr.GetSpecGen(), sp.gen)
+	}
+	w := sp.inflight[0]
+	toks := wr.GetTokens()
+	n := len(toks)
+	switch {
+	case n < 1 || n > w.drafts+1:
+		return nil, fmt.Errorf("window result of %d tokens for %d proposals", n, w.drafts)
+	case int(wr.GetPosition()) != sp.lastPos+1:
+		return nil, fmt.Errorf("window result at position %d, want %d", wr.GetPosition(), sp.lastPos+1)
+	case !slices.Equal(toks[:n-1], sp.pending[:n-1]):
+		return nil, fmt.Errorf("window result accepts tokens that were not proposed")
+	}
+	sp.inflight = sp.inflight[1:]
+	var compute time.Duration
+	for _, us := range wr.GetHopUs() {
+		compute += time.Duration(us) * time.Microsecond
+	}
+	sp.ad.ObserveWindow(w.rows, time.Since(w.at), compute)
+	accepted, verified := n-1, n
+	switch {
+	case n <= w.drafts && toks[n-1] == sp.pending[n-1]:
+		// Every proposal accepted, the lookahead too: the next window
+		// in flight goes on from it.
+		if n != w.drafts {
+			return nil, fmt.Errorf("window result stops at an accepted proposal (%d of %d)", n, w.drafts)
+		}
+		accepted = n
+		sp.pending = sp.pending[n:]
+		sp.sent -= n
+	case n == w.drafts+1:
+		// Every proposal accepted and a bonus: the window ended its chain.
+		if len(sp.inflight) != 0 || len(sp.pending) != n-1 {
+			return nil, fmt.Errorf("window result with a bonus token while windows are in flight")
+		}
+		verified = n - 1
+		sp.pending, sp.sent = sp.pending[:0], 0
+	default:
+		// A correction: the rest of the chain is rejected.
+		sp.gen++
+		sp.pending, sp.sent, sp.inflight = sp.pending[:0], 0, sp.inflight[:0]
+	}
+	sp.ad.ObserveAcceptance(accepted, verified)
+	sp.stats.Windows++
+	sp.stats.Proposed += uint32(verified)
+	sp.stats.Accepted += uint32(accepted)
+	sp.commit(toks)
+	sp.last, sp.lastPos = toks[n-1], sp.lastPos+n
+	return toks, nil
+}
+
+// lastCommittedPos is the position the last committed token is fed at.
+func (sp *specHead) lastCommittedPos() int {
+	sp.mu.Lock()
+	defer sp.mu.Unlock()
+	return sp.lastPos
+}
+
+// snapshot is the session's counts so far.
+func (sp *specHead) snapshot() *meshp2pb.SpecStats {
+	sp.mu.Lock()
+	defer sp.mu.Unlock()
+	s := &meshp2pb.SpecStats{Windows: sp.stats.Windows, Proposed: sp.stats.Proposed, Accepted: sp.stats.Accepted, K: sp.stats.K, W: sp.stats.W}
+	return s
+}

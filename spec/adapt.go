@@ -1,0 +1,127 @@
+package spec
+
+import (
+	"math"
+	"time"
+)
+
+// Adaptive chooses how many proposals a verification window carries (K)
+// and how many windows may be in flight (W) from what the session
+// measures: the acceptance rate of the proposer (also of proposals it made
+// but did not send, so a switched-off session keeps learning), the time a
+// one-row window takes around the ring, and what each extra row adds to
+// it (the hops' compute). A window of K proposals commits on average
+// E(K) = (1-α^(K+1))/(1-α) tokens for the price of 1 + m·K one-row
+// windows (m: an extra row's cost relative to a one-row window); K is the
+// one that maximises E(K)/(1+m·K), and 0 (one row, no proposal: plain
+// decoding) when no K beats plain by Margin. A further window in flight
+// pays when the ones ahead of it are likely all accepted (α^(K·j) ≥ ½)
+// and the ring time covers its compute. Not safe for concurrent use.
+type Adaptive struct {
+	MaxK, MaxW int
+	// Always keeps K ≥ 1 (the "ngram" mode): proposals are sent whenever
+	// there are some, paying or not.
+	Always bool
+
+	acc, tot float64 // decayed counts: proposals accepted / verified
+	t1       float64 // seconds: a one-row window around the ring
+	row      float64 // seconds: what one more row adds (summed over hops)
+	c1       float64 // seconds: a one-row window's compute, summed over hops
+	nT, nC   int
+}
+
+// Margin is the least predicted gain over plain decoding that turns
+// proposals on (the model's error and the proposer's own cost).
+const Margin = 1.05
+
+// decay weighs recent windows over old ones (about the last 1/(1-decay)
+// proposals).
+const decay = 0.97
+
+// ObserveAcceptance adds verified proposals: accepted of verified (the
+// first rejected one counts; the ones after it were never verified).
+func (a *Adaptive) ObserveAcceptance(accepted, verified int) {
+	if verified <= 0 {
+		return
+	}
+	f := math.Pow(decay, float64(verified))
+	a.acc = a.acc*f + float64(accepted)
+	a.tot = a.tot*f + float64(verified)
+}
+
+// Rate is the running acceptance rate (½ before any observation).
+func (a *Adaptive) Rate() float64 {
+	return (a.acc + 1) / (a.tot + 2)
+}
+
+// ObserveWindow adds one answered window of rows rows: round is the time
+// from sending it to its result, compute the hops' compute for it.
+func (a *Adaptive) ObserveWindow(rows int, round, compute time.Duration) {
+	if rows < 1 || round <= 0 {
+		return
+	}
+	ewma := func(v *float64, n *int, x float64) {
+		if *n == 0 {
+			*v = x
+		} else {
+			*v += 0.2 * (x - *v)
+		}
+		*n++
+	}
+	c := compute.Seconds()
+	if rows == 1 {
+		ewma(&a.c1, &a.nC, c)
+	} else if a.nC > 0 {
+		extra := max(0, (c-a.c1)/float64(rows-1))
+		if a.row == 0 {
+			a.row = extra
+		} else {
+			a.row += 0.2 * (extra - a.row)
+		}
+	}
+	one := round.Seconds() - float64(rows-1)*a.row
+	if one > 0 {
+		ewma(&a.t1, &a.nT, one)
+	}
+}
+
+// Gain is the predicted speed of K proposals per window against plain
+// decoding, at the running acceptance rate and costs.
+func (a *Adaptive) Gain(k int) float64 {
+	if k <= 0 {
+		return 1
+	}
+	alpha := a.Rate()
+	e := float64(k + 1)
+	if alpha < 1 {
+		e = (1 - math.Pow(alpha, float64(k+1))) / (1 - alpha)
+	}
+	m := 0.05 // before any measurement: rows are cheap next to the ring
+	if a.t1 > 0 && a.nC > 0 {
+		m = a.row / a.t1
+	}
+	return e / (1 + m*float64(k))
+}
+
+// Choose returns K (0: plain) and W (≥ 1).
+func (a *Adaptive) Choose() (k, w int) {
+	best, bestK := 1.0, 0
+	for k := 1; k <= a.MaxK; k++ {
+		if g := a.Gain(k); g > best {
+			best, bestK = g, k
+		}
+	}
+	if best < Margin && !a.Always {
+		return 0, 1
+	}
+	if bestK == 0 {
+		bestK = min(1, a.MaxK)
+	}
+	w = 1
+	alpha := a.Rate()
+	window := a.c1 + float64(bestK)*a.row
+	for w < a.MaxW && math.Pow(alpha, float64(bestK*w)) >= 0.5 && a.t1 > float64(w+1)*window {
+		w++
+	}
+	return bestK, w
+}
