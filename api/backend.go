@@ -92,4 +92,19 @@ type GenerateResult struct {
 	Length   bool
 	Reroutes int
 	Route    []Hop
+	// Speculation is what speculative decoding did (nil: it was off).
+	Speculation *SpecInfo
+}
+
+// SpecInfo counts a generation's speculative decoding: verification
+// windows, proposals verified and accepted, their mean per window, and the
+// K (proposals per window) and W (windows in flight) the head chose last.
+type SpecInfo struct {
+	Mode              string  `json:"mode"`
+	Windows           int     `json:"windows"`
+	Proposed          int     `json:"proposed"`
+	Accepted          int     `json:"accepted"`
+	AcceptedPerWindow float64 `json:"accepted_per_window"`
+	K                 int     `json:"k"`
+	W                 int     `json:"w"`
 }

@@ -28,6 +28,20 @@ type extension struct {
 	Fingerprint string `json:"fingerprint,omitempty"`
 	Reroutes    int    `json:"reroutes"`
 	Route       []Hop  `json:"route,omitempty"`
+	// Speculation (on the final chunk and non-streamed responses): the
+	// mean proposals accepted per verification window and their counts.
+	AcceptedPerWindow *float64  `json:"accepted_per_window,omitempty"`
+	Speculation       *SpecInfo `json:"speculation,omitempty"`
+}
+
+// final is the extension of a finished generation.
+func final(res *GenerateResult) *extension {
+	ext := &extension{Fingerprint: res.Fingerprint, Reroutes: res.Reroutes, Route: res.Route}
+	if sp := res.Speculation; sp != nil {
+		apw := sp.AcceptedPerWindow
+		ext.AcceptedPerWindow, ext.Speculation = &apw, sp
+	}
+	return ext
 }
 
 type chatMessage struct {
@@ -258,7 +272,7 @@ func fill(c *completion, res *GenerateResult) {
 		c.Model = res.Model
 	}
 	c.SystemFingerprint = res.Fingerprint
-	c.Meshp2p = &extension{Fingerprint: res.Fingerprint, Reroutes: res.Reroutes, Route: res.Route}
+	c.Meshp2p = final(res)
 }
 
 func finish(res *GenerateResult) string {
@@ -395,7 +409,7 @@ func (e *sseWriter) fail(ctx context.Context, started bool, err *Error) int {
 // data: [DONE].
 func (e *sseWriter) finish(res *GenerateResult, includeUsage bool) {
 	fr := finish(res)
-	last := e.chunk("", &fr, &extension{Fingerprint: res.Fingerprint, Reroutes: res.Reroutes, Route: res.Route})
+	last := e.chunk("", &fr, final(res))
 	if e.chat {
 		last.Choices[0].Delta = &chatMessage{}
 	}

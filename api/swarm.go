@@ -20,6 +20,9 @@ type SwarmConfig struct {
 	MaxTokens int
 	// WireDType between hops (0: f32, bit-exact).
 	WireDType meshp2pb.DType
+	// Speculation for every request (client.ParseSpeculation; nil: off).
+	// The output is the same either way.
+	Speculation *meshp2pb.Speculation
 }
 
 // Swarm is the Backend over the swarm: every request runs through a
@@ -58,7 +61,7 @@ func (b *Swarm) Generate(ctx context.Context, req *GenerateRequest, onText func(
 		maxTok = b.cfg.MaxTokens
 	}
 	cr := client.Request{Model: req.Model, Wait: client.APIResolveWait, Prompt: client.Prompt{Text: req.Prompt},
-		MaxTokens: maxTok, Sampling: req.sampling(), Stops: req.Stops, WireDType: b.cfg.WireDType, OnText: onText}
+		MaxTokens: maxTok, Sampling: req.sampling(), Stops: req.Stops, WireDType: b.cfg.WireDType, Speculation: b.cfg.Speculation, OnText: onText}
 	if req.Messages != nil {
 		cr.Prompt.Messages = make([]client.Message, len(req.Messages))
 		for i, m := range req.Messages {
@@ -79,6 +82,11 @@ func (b *Swarm) Generate(ctx context.Context, req *GenerateRequest, onText func(
 			out.Reroutes = s.Reroutes
 			if s.Route != nil {
 				out.Route = hops(s.Route)
+			}
+			if b.cfg.Speculation != nil {
+				sp := s.Spec
+				out.Speculation = &SpecInfo{Mode: client.SpecModeName(b.cfg.Speculation), Windows: sp.Windows, Proposed: sp.Proposed,
+					Accepted: sp.Accepted, AcceptedPerWindow: sp.AcceptedPerWindow(), K: sp.K, W: sp.W}
 			}
 		}
 	}

@@ -30,6 +30,10 @@ type Request struct {
 	// Stops end the text at the first of them (never emitted).
 	Stops     []string
 	WireDType meshp2pb.DType
+	// Speculation asks the route's head to propose tokens and verify them
+	// several per pass (ParseSpeculation; nil: off). The tokens are the
+	// same either way.
+	Speculation *meshp2pb.Speculation
 	// OnText gets the text that became final after every token ("" when
 	// nothing did) and the rest at the end: concatenated, it is
 	// Result.Text. Called from one goroutine.
@@ -87,7 +91,7 @@ func (c *Client) Generate(ctx context.Context, req Request) (*Result, error) {
 	}
 	st := NewStream(v, req.Stops, req.OnText)
 	sreq := session.GenerateRequest{Fingerprint: m.Fingerprint, NLayer: m.NLayer, Prompt: prompt, MaxTokens: req.MaxTokens,
-		Sampling: req.Sampling, WireDType: req.WireDType, OnToken: st.Token}
+		Sampling: req.Sampling, WireDType: req.WireDType, Speculation: req.Speculation, OnToken: st.Token}
 	if req.OnRoute != nil {
 		sreq.OnRoute = func(rt *route.Route, reroutes int) { req.OnRoute(m, rt, reroutes) }
 	}

@@ -68,6 +68,22 @@ type genResult struct {
 	NetworkMsPerToken float64  `json:"network_ms_per_token"`
 	Failures          []string `json:"failures,omitempty"`
 	Model             string   `json:"model"`
+	// Speculation is what speculative decoding did (swarm runs).
+	Speculation *specJSON `json:"speculation,omitempty"`
+}
+
+// specJSON reports speculation: the mode asked for, verification windows,
+// proposals verified and accepted, and the K (proposals per window) and W
+// (windows in flight) the head chose last.
+type specJSON struct {
+	Mode              string  `json:"mode"`
+	Windows           int     `json:"windows"`
+	Proposed          int     `json:"proposed"`
+	Accepted          int     `json:"accepted"`
+	AcceptanceRate    float64 `json:"acceptance_rate"`
+	AcceptedPerWindow float64 `json:"accepted_per_window"`
+	K                 int     `json:"k"`
+	W                 int     `json:"w"`
 }
 
 type routeHopJSON struct {
@@ -123,6 +139,7 @@ type genFlags struct {
 	mmap       bool
 	asJSON     bool
 	wire       meshp2pb.DType
+	spec       *meshp2pb.Speculation // --speculative (nil: off)
 	wait       time.Duration
 	log        *slog.Logger
 	explicitDD bool // --data-dir given
@@ -154,6 +171,7 @@ func parseGenerate(stderr io.Writer, args []string) (*genFlags, error) {
 	fs.BoolVar(&g.mmap, "mmap", true, "with --local: map the model file (--mmap=false reads it into memory)")
 	fs.BoolVar(&g.asJSON, "json", false, "print one JSON object instead of streaming text")
 	wire := fs.String("wire-dtype", frame.WireDTypes()[0].Name, "activation dtype between hops: "+wireDTypeHelp())
+	specMode := fs.String("speculative", client.SpecAuto, "speculative decoding: "+client.SpecModes()+" (the head proposes tokens by n-gram lookup and the tail verifies several per pass; auto only while it pays; the output is the same)")
 	fs.DurationVar(&g.wait, "wait", client.DefaultWait, "how long to wait for peers covering the model")
 	verbose := fs.Bool("v", false, "debug logging")
 	g.pf.register(fs)
@@ -172,6 +190,9 @@ func parseGenerate(stderr io.Writer, args []string) (*genFlags, error) {
 		return nil, fmt.Errorf("%w: --wire-dtype: %w", errUsage, err)
 	}
 	g.wire = wd
+	if g.spec, err = client.ParseSpeculation(*specMode); err != nil {
+		return nil, fmt.Errorf("%w: --speculative: %w", errUsage, err)
+	}
 	// The one sampling representation, from here to the tail (and to the
 	// in-process reference): the wire's SamplingParams.
 	g.sampling = &meshp2pb.SamplingParams{Temperature: float32(*temp), TopK: int32(*topK), TopP: float32(*topP), MinP: float32(*minP),
@@ -297,10 +318,10 @@ func (g *genFlags) runSwarm(ctx context.Context, stdout io.Writer, out *genResul
 	}
 	var first time.Time
 	res, err := c.Generate(ctx, client.Request{Model: model, Wait: g.wait, WaitForRoute: true, Prompt: g.promptOf(), MaxTokens: g.maxTokens,
-		Sampling: g.sampling, Stops: g.stops, WireDType: g.wire, OnText: g.textOut(stdout)})
+		Sampling: g.sampling, Stops: g.stops, WireDType: g.wire, Speculation: g.spec, OnText: g.textOut(stdout)})
 	if res != nil {
 		first = res.FirstToken
-		fillSwarmResult(out, res)
+		fillSwarmResult(out, res, client.SpecModeName(g.spec))
 	}
 	return first, promptError(err)
 }
@@ -367,13 +388,18 @@ func newClient(n *node.Node, o *session.Origin, dataDir string, log *slog.Logger
 }
 
 // fillSwarmResult copies a swarm generation's report into out.
-func fillSwarmResult(out *genResult, res *client.Result) {
+func fillSwarmResult(out *genResult, res *client.Result, mode string) {
 	out.Model, out.Tokens, out.Stop, out.Text = res.Model.Fingerprint, res.Tokens, res.Finish, res.Text
 	s := res.Session
 	if s == nil {
 		return
 	}
 	out.Reroutes, out.Failures, out.Hops = s.Reroutes, s.Failures, s.HopStats
+	if mode != client.SpecOff {
+		sp := s.Spec
+		out.Speculation = &specJSON{Mode: mode, Windows: sp.Windows, Proposed: sp.Proposed, Accepted: sp.Accepted,
+			AcceptanceRate: sp.AcceptanceRate(), AcceptedPerWindow: sp.AcceptedPerWindow(), K: sp.K, W: sp.W}
+	}
 	out.TTFTms = ms(s.TTFT)
 	if len(s.Tokens) > 1 {
 		out.MsPerToken = (ms(s.Total) - ms(s.TTFT)) / float64(len(s.Tokens)-1)
@@ -404,11 +430,20 @@ func printSummary(stderr io.Writer, out *genResult) {
 		fmt.Fprintln(stderr)
 		return
 	}
-	fmt.Fprintf(stderr, ", reroutes %d\nroute:\n", out.Reroutes)
+	fmt.Fprintf(stderr, ", reroutes %d\n", out.Reroutes)
+	perWhat := "token"
+	if sp := out.Speculation; sp != nil {
+		if sp.Windows > 0 && sp.Proposed > 0 {
+			perWhat = "window"
+		}
+		fmt.Fprintf(stderr, "speculation %s: %d windows, %d proposed, %d accepted (%.0f%%), %.2f accepted/window, K %d W %d\n",
+			sp.Mode, sp.Windows, sp.Proposed, sp.Accepted, 100*sp.AcceptanceRate, sp.AcceptedPerWindow, sp.K, sp.W)
+	}
+	fmt.Fprintln(stderr, "route:")
 	for i, h := range out.Route {
 		line := fmt.Sprintf("  %s layers %d-%d (%s)", h.Peer, h.Start, h.End, h.Reach)
 		if i < len(out.Hops) {
-			line += fmt.Sprintf(": %.2f ms/token compute, prefill %.2f ms", out.Hops[i].MeanUs/1000, float64(out.Hops[i].PrefillUs)/1000)
+			line += fmt.Sprintf(": %.2f ms/%s compute, prefill %.2f ms", out.Hops[i].MeanUs/1000, perWhat, float64(out.Hops[i].PrefillUs)/1000)
 		}
 		fmt.Fprintln(stderr, line)
 	}

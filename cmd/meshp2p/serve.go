@@ -15,6 +15,7 @@ import (
 	"github.com/libp2p/go-libp2p/core/peer"
 
 	"github.com/neuron-tai/meshp2p/api"
+	"github.com/neuron-tai/meshp2p/client"
 	"github.com/neuron-tai/meshp2p/metrics"
 	"github.com/neuron-tai/meshp2p/node"
 	"github.com/neuron-tai/meshp2p/p2p"
@@ -44,6 +45,7 @@ type apiFlags struct {
 	maxQueue  int
 	maxTokens int
 	maxBody   int64
+	spec      string // --speculative
 	// metrics is the process's registry (start --api: the node's); the API
 	// server serves it at /metrics with the status document and dashboard.
 	metrics *metrics.Metrics
@@ -57,6 +59,7 @@ func (f *apiFlags) register(fs *flag.FlagSet, defAddr, what string) {
 	fs.IntVar(&f.maxQueue, "api-queue", api.DefaultMaxQueue, "generations waiting for a slot; beyond that: 429 with Retry-After (-1: no queue)")
 	fs.IntVar(&f.maxTokens, "api-max-tokens", api.DefaultChatMaxTokens, "a chat completion's max_tokens when the request gives none")
 	fs.Int64Var(&f.maxBody, "api-max-body", api.DefaultMaxBody, "largest request body in bytes (413 beyond)")
+	fs.StringVar(&f.spec, "speculative", client.SpecAuto, "speculative decoding for API requests: "+client.SpecModes()+" (same output; auto only while it pays)")
 }
 
 // run serves the API for gateway node c (a client peer; its vocabularies
@@ -66,6 +69,10 @@ func (f *apiFlags) run(ctx context.Context, stdout io.Writer, log *slog.Logger, 
 	key := f.key
 	if key == "" {
 		key = os.Getenv("MESHP2P_API_KEY")
+	}
+	spec, err := client.ParseSpeculation(f.spec)
+	if err != nil {
+		return nil, fmt.Errorf("%w: --speculative: %w", errUsage, err)
 	}
 	ln, err := net.Listen("tcp", f.addr)
 	if err != nil {
@@ -79,7 +86,7 @@ func (f *apiFlags) run(ctx context.Context, stdout io.Writer, log *slog.Logger, 
 		ln.Close()
 		return nil, err
 	}
-	g := api.NewSwarm(cl, api.SwarmConfig{MaxTokens: f.maxTokens, WireDType: frame.WireDTypes()[0].DType})
+	g := api.NewSwarm(cl, api.SwarmConfig{MaxTokens: f.maxTokens, WireDType: frame.WireDTypes()[0].DType, Speculation: spec})
 	srv := api.New(api.Config{Backend: g, APIKey: key, CORSOrigins: splitList(f.cors), MaxActive: f.maxActive, MaxQueue: f.maxQueue,
 		MaxBody: f.maxBody, Logger: log})
 	for _, m := range mounts {
