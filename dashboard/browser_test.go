@@ -219,6 +219,13 @@ func TestDashboardChatThroughAPI(t *testing.T) {
 	t.Logf("reply through the API: %q", reply)
 	screenshot(t, ctx, "dashboard-api-chat.png")
 	fams := waitValue(t, a.api, "meshp2p_generations_total", map[string]string{"result": "ok"}, 1)
+	// Speculation is on by default (auto): the head answered windows, none
+	// is left in flight, and the dashboard counts them.
+	waitValue(t, a.api, "meshp2p_spec_windows_in_flight", nil, 0)
+	if w := value(fams, "meshp2p_spec_windows_total", nil); w < 1 {
+		t.Errorf("meshp2p_spec_windows_total = %v after a generation with speculation auto", w)
+	}
+	evalUntil(t, ctx, `/ in [1-9][0-9]* windows$/.test(document.getElementById('accept').title)`, 10*time.Second)
 	for _, name := range []string{"meshp2p_ttft_seconds", "meshp2p_route_plan_seconds", "meshp2p_generated_tokens_total", "meshp2p_sessions_admitted_total", "libp2p_rcmgr_streams"} {
 		if fams[name] == nil {
 			t.Errorf("API server /metrics lacks %s", name)

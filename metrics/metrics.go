@@ -37,6 +37,10 @@ type Metrics struct {
 	rows       *prometheus.CounterVec
 	compute    *prometheus.HistogramVec
 	served     prometheus.Counter
+	proposed   prometheus.Counter
+	accepted   prometheus.Counter
+	windows    prometheus.Counter
+	inFlight   prometheus.Gauge
 	seamWrite  *prometheus.HistogramVec
 	seamBytes  *prometheus.CounterVec
 	planned    *prometheus.HistogramVec
@@ -69,6 +73,10 @@ func New() *Metrics {
 	m.rows = f.counterVec("hop_rows_total", "Rows this hop's engine computed (decode: one per generated token).", "kind")
 	m.compute = f.histogramVec("hop_compute_seconds", "Engine compute time of one frame on this hop.", fastBuckets, "kind")
 	m.served = f.counter("tokens_served_total", "Tokens this node, as the head of a route, passed to origins.")
+	m.windows = f.counter("spec_windows_total", "Speculative verification windows answered, as the head of a route.")
+	m.proposed = f.counter("spec_proposed_total", "Proposed tokens verified by speculative windows, as the head of a route.")
+	m.accepted = f.counter("spec_accepted_total", "Proposed tokens the tail accepted, as the head of a route (accepted / proposed: the acceptance rate).")
+	m.inFlight = f.gauge("spec_windows_in_flight", "Speculative verification windows in flight, as the head of a route.")
 	m.seamWrite = f.histogramVec("seam_write_seconds", "Time to write one frame to the next hop or over the ring to the head.", fastBuckets, "path")
 	m.seamBytes = f.counterVec("seam_sent_bytes_total", "Bytes written to next hops and rings (activation payloads, token frames), by path.", "path")
 	m.planned = f.histogramVec("route_plan_seconds", "Time the origin's planner took to answer, by result.", slowBuckets, "result")
@@ -108,6 +116,12 @@ func (f factory) counterVec(name, help string, labels ...string) *prometheus.Cou
 	c := prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: Namespace, Name: name, Help: help}, labels)
 	f.r.MustRegister(c)
 	return c
+}
+
+func (f factory) gauge(name, help string) prometheus.Gauge {
+	g := prometheus.NewGauge(prometheus.GaugeOpts{Namespace: Namespace, Name: name, Help: help})
+	f.r.MustRegister(g)
+	return g
 }
 
 func (f factory) histogram(name, help string, b []float64) prometheus.Histogram {
@@ -208,6 +222,14 @@ func (m *Metrics) Computed(prefill bool, rows int, d time.Duration) {
 	m.compute.WithLabelValues(k).Observe(d.Seconds())
 }
 func (m *Metrics) TokenServed() { m.served.Inc() }
+
+func (m *Metrics) Verified(proposed, accepted int) {
+	m.windows.Inc()
+	m.proposed.Add(float64(proposed))
+	m.accepted.Add(float64(accepted))
+}
+
+func (m *Metrics) WindowsInFlight(delta int) { m.inFlight.Add(float64(delta)) }
 func (m *Metrics) SeamWrite(p p2p.Path, bytes int, d time.Duration) {
 	if p != p2p.PathDirect && p != p2p.PathRelayed {
 		return

@@ -433,6 +433,7 @@ func (hs *hopSession) windowResult(wr *meshp2pb.WindowResult, from peer.ID) erro
 	if hs.sp == nil {
 		return codeErr(meshp2pb.ErrorCode_ERROR_CODE_UNEXPECTED_MESSAGE, "window result in a session without speculation", from)
 	}
+	before, prev := hs.sp.inFlight(), hs.sp.snapshot()
 	toks, err := hs.sp.result(wr)
 	if err != nil {
 		return codeErr(meshp2pb.ErrorCode_ERROR_CODE_BAD_REQUEST, err.Error(), from)
@@ -441,6 +442,9 @@ func (hs *hopSession) windowResult(wr *meshp2pb.WindowResult, from peer.ID) erro
 		return nil // a rejected generation's
 	}
 	stats := hs.sp.snapshot()
+	obs := hs.h.cfg.Observer
+	obs.WindowsInFlight(hs.sp.inFlight() - before)
+	obs.Verified(int(stats.GetProposed()-prev.GetProposed()), int(stats.GetAccepted()-prev.GetAccepted()))
 	for i, t := range toks {
 		tf := &meshp2pb.TokenFrame{SessionId: wr.GetSessionId(), Epoch: wr.GetEpoch(), Step: wr.GetStep(), Token: t,
 			Position: wr.GetPosition() + uint32(i), Eos: wr.GetEos() && i == len(toks)-1, Spec: stats}
@@ -461,7 +465,9 @@ func (hs *hopSession) sendWindows() error {
 	if hs.maxTokens > 0 {
 		room = min(room, hs.maxTokens-hs.produced)
 	}
-	for _, a := range hs.sp.windows(hs.open.GetSessionId(), hs.key.Epoch, room) {
+	ws := hs.sp.windows(hs.open.GetSessionId(), hs.key.Epoch, room)
+	hs.h.cfg.Observer.WindowsInFlight(len(ws))
+	for _, a := range ws {
 		if err := hs.activation(a, nil, "", readTiming{}); err != nil {
 			return err
 		}

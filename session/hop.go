@@ -55,6 +55,10 @@ type HopConfig struct {
 	// Observer sees admissions, refusals, compute and seam writes
 	// (metrics, the status page); nil: none.
 	Observer HopObserver
+	// Proposer, if set, makes the proposer of each speculative session
+	// this hop heads (nil: n-gram lookup, spec.NGram). Benchmarks script
+	// one of known acceptance.
+	Proposer func() Proposer
 }
 
 // HopService serves one engine shard to route sessions: it registers the

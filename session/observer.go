@@ -31,6 +31,12 @@ type HopObserver interface {
 	Computed(prefill bool, rows int, d time.Duration)
 	// TokenServed: the head passed a sampled token to the origin.
 	TokenServed()
+	// Verified: the head got a verification window's result: proposed
+	// tokens verified, of them accepted (speculative sessions).
+	Verified(proposed, accepted int)
+	// WindowsInFlight: the head's verification windows in flight changed
+	// by delta (sent: +, answered or dropped: −).
+	WindowsInFlight(delta int)
 	// SeamWrite: a frame of bytes (payload bytes for activations) went to
 	// the next hop or over the ring in d, on a direct or relayed stream.
 	SeamWrite(path p2p.Path, bytes int, d time.Duration)
@@ -88,6 +94,8 @@ func (nopHop) SessionRefused(meshp2pb.ErrorCode)      {}
 func (nopHop) SessionEnded(meshp2pb.ErrorCode)        {}
 func (nopHop) Computed(bool, int, time.Duration)      {}
 func (nopHop) TokenServed()                           {}
+func (nopHop) Verified(int, int)                      {}
+func (nopHop) WindowsInFlight(int)                    {}
 func (nopHop) SeamWrite(p2p.Path, int, time.Duration) {}
 func (nopOrigin) RoutePlanned(time.Duration, error)   {}
 func (nopOrigin) TokenReceived()                      {}
@@ -152,6 +160,16 @@ func (o HopObservers) Computed(prefill bool, rows int, d time.Duration) {
 func (o HopObservers) TokenServed() {
 	for _, x := range o {
 		x.TokenServed()
+	}
+}
+func (o HopObservers) Verified(proposed, accepted int) {
+	for _, x := range o {
+		x.Verified(proposed, accepted)
+	}
+}
+func (o HopObservers) WindowsInFlight(delta int) {
+	for _, x := range o {
+		x.WindowsInFlight(delta)
 	}
 }
 func (o HopObservers) SeamWrite(p p2p.Path, bytes int, d time.Duration) {

@@ -47,7 +47,9 @@ func (r *recObs) Computed(prefill bool, rows int, _ time.Duration) {
 		r.decode += rows
 	}
 }
-func (r *recObs) TokenServed() { defer r.lock()(); r.served++ }
+func (r *recObs) TokenServed()                    { defer r.lock()(); r.served++ }
+func (r *recObs) Verified(proposed, accepted int) {}
+func (r *recObs) WindowsInFlight(int)             {}
 func (r *recObs) SeamWrite(p p2p.Path, _ int, _ time.Duration) {
 	defer r.lock()()
 	if r.writes == nil {

@@ -87,6 +87,17 @@ func checkWindow(a *meshp2pb.ActivationHeader, spec bool, gen uint64) error {
 	return nil
 }
 
+// Proposer guesses the tokens the tail will choose next (the head's, one
+// per speculative session). spec.NGram is the default; a benchmark may
+// script one of known acceptance (HopConfig.Proposer).
+type Proposer interface {
+	// Append adds committed tokens: the prompt, then each accepted one.
+	Append(toks ...int32)
+	// Propose returns up to k tokens that would follow the history (nil:
+	// no guess) and how sure it is (ignored here).
+	Propose(k int) ([]int32, int)
+}
+
 // specHop is what every hop keeps of a speculative session: the
 // generation it saw last, and (tail) whether that generation was rejected.
 // Only the goroutine that runs the session's windows touches it.
@@ -102,7 +113,7 @@ type specHop struct {
 // rows (the next window starts at chain[sent]).
 type specHead struct {
 	mu       sync.Mutex
-	ng       *spec.NGram
+	ng       Proposer
 	ad       spec.Adaptive
 	oneHop   bool
 	gen      uint64
@@ -122,11 +133,19 @@ type specWindow struct {
 	at           time.Time
 }
 
-func newSpecHead(open *meshp2pb.SessionOpen, oneHop bool) *specHead {
+// newSpecHead is the head's state for a speculative open; proposer makes
+// its proposer (nil: an n-gram one).
+func newSpecHead(open *meshp2pb.SessionOpen, oneHop bool, proposer func() Proposer) *specHead {
 	sp := open.GetSpeculation()
-	ng, err := spec.NewNGram(specNGramMin, specNGramMax)
-	if err != nil {
-		panic(err) // constant parameters
+	var ng Proposer
+	if proposer != nil {
+		ng = proposer()
+	} else {
+		g, err := spec.NewNGram(specNGramMin, specNGramMax)
+		if err != nil {
+			panic(err) // constant parameters
+		}
+		ng = g
 	}
 	k, w := int(sp.GetMaxDraft()), int(sp.GetMaxWindows())
 	if k == 0 {
@@ -238,9 +257,17 @@ func (sp *specHead) windows(sid []byte, epoch uint64, room int) []*meshp2pb.Acti
 	}
 }
 
+// inFlight is the number of windows in flight.
+func (sp *specHead) inFlight() int {
+	sp.mu.Lock()
+	defer sp.mu.Unlock()
+	return len(sp.inflight)
+}
+
 // result takes the tail's answer to the oldest window in flight and
-// returns the tokens it commits (nil for a stale generation's), or what is
-// wrong with it (blame the tail).
+// returns the tokens it commits (nil for a stale generation's) with the
+// proposals it verified and accepted, or what is wrong with it (blame the
+// tail).
 func (sp *specHead) result(wr *meshp2pb.WindowResult) ([]int32, error) {
 	sp.mu.Lock()
 	defer sp.mu.Unlock()

@@ -230,7 +230,7 @@ func FuzzWindowResult(f *testing.F) {
 	f.Add(good, []byte{})
 	f.Fuzz(func(t *testing.T, b1, b2 []byte) {
 		open := &meshp2pb.SessionOpen{Speculation: &meshp2pb.Speculation{Mode: meshp2pb.SpecMode_SPEC_MODE_NGRAM, MaxDraft: 3, MaxWindows: 3}}
-		sp := newSpecHead(open, false)
+		sp := newSpecHead(open, false, nil)
 		sp.history([]int32{1, 2, 3, 1, 2, 3, 1, 2})
 		sp.begin(3, 8, 1)
 		sent := sp.windows(nil, 1, 100)

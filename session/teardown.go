@@ -62,6 +62,9 @@ func (hs *hopSession) release() {
 	if hs.admitted { // before it leaves the active map: Sessions() == 0 implies it is counted
 		h.cfg.Observer.SessionEnded(errCode(hs.err))
 	}
+	if hs.sp != nil {
+		h.cfg.Observer.WindowsInFlight(-hs.sp.inFlight())
+	}
 	h.mu.Lock()
 	delete(h.active, hs.key)
 	h.mu.Unlock()

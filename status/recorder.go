@@ -18,6 +18,7 @@ const MaxRoutes = 20
 // zero value is ready.
 type Recorder struct {
 	admitted, refused, served, rows, reroutes, gens, received atomic.Uint64
+	windows, proposed, accepted                               atomic.Uint64
 
 	mu     sync.Mutex
 	routes []Route // ring, oldest first, at most MaxRoutes
@@ -58,7 +59,13 @@ func (r *Recorder) Computed(prefill bool, rows int, _ time.Duration) {
 		r.rows.Add(uint64(rows))
 	}
 }
-func (r *Recorder) TokenServed()                           { r.served.Add(1) }
+func (r *Recorder) TokenServed()        { r.served.Add(1) }
+func (r *Recorder) WindowsInFlight(int) {}
+func (r *Recorder) Verified(proposed, accepted int) {
+	r.windows.Add(1)
+	r.proposed.Add(uint64(proposed))
+	r.accepted.Add(uint64(accepted))
+}
 func (r *Recorder) SeamWrite(p2p.Path, int, time.Duration) {}
 func (r *Recorder) RoutePlanned(time.Duration, error)      {}
 func (r *Recorder) FirstToken(time.Duration)               {}
@@ -70,7 +77,8 @@ func (r *Recorder) GenerationDone(int, error)              { r.gens.Add(1) }
 // Counters returns the running totals (SessionsActive is the caller's).
 func (r *Recorder) Counters() Counters {
 	return Counters{SessionsAdmitted: r.admitted.Load(), SessionsRefused: r.refused.Load(), TokensServed: r.served.Load(),
-		DecodeRows: r.rows.Load(), Reroutes: r.reroutes.Load(), Generations: r.gens.Load(), TokensReceived: r.received.Load()}
+		DecodeRows: r.rows.Load(), Reroutes: r.reroutes.Load(), Generations: r.gens.Load(), TokensReceived: r.received.Load(),
+		SpecWindows: r.windows.Load(), SpecProposed: r.proposed.Load(), SpecAccepted: r.accepted.Load()}
 }
 
 // Routes returns the recent routes, newest first.

@@ -163,6 +163,11 @@ type Counters struct {
 	Reroutes         uint64 `json:"reroutes"`        // sessions re-opened here with epoch > 1, or re-routes by this origin
 	Generations      uint64 `json:"generations"`     // as origin
 	TokensReceived   uint64 `json:"tokens_received"` // as origin, as they arrive
+	// Speculative decoding as the head of routes: verification windows
+	// answered, proposed tokens verified, and of them accepted.
+	SpecWindows  uint64 `json:"spec_windows"`
+	SpecProposed uint64 `json:"spec_proposed"`
+	SpecAccepted uint64 `json:"spec_accepted"`
 }
 
 // Coverage computes per-layer replica counts, runs and gaps of nLayer

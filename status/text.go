@@ -52,6 +52,13 @@ func WriteText(w io.Writer, d *Document) error {
 	c := d.Counters
 	fmt.Fprintf(&b, "this node %s (%s): %d sessions active, %d admitted, %d refused, %d tokens served, %d re-routes\n",
 		short(d.Self.PeerID), d.Self.Role, c.SessionsActive, c.SessionsAdmitted, c.SessionsRefused, c.TokensServed, c.Reroutes)
+	if c.SpecWindows > 0 {
+		rate := 0.0
+		if c.SpecProposed > 0 {
+			rate = 100 * float64(c.SpecAccepted) / float64(c.SpecProposed)
+		}
+		fmt.Fprintf(&b, "  speculation: %d windows, %d of %d proposed tokens accepted (%.0f%%)\n", c.SpecWindows, c.SpecAccepted, c.SpecProposed, rate)
+	}
 	if p := d.Self.Placement; p != nil {
 		b.WriteString("  placement:")
 		if p.BudgetBytes > 0 {

@@ -117,6 +117,9 @@ function draw(doc) {
   $("active").textContent = String(c.sessions_active || 0);
   $("npeers").textContent = String((doc.peers || []).filter((p) => p.live).length);
   $("reroutes").textContent = String(c.reroutes || 0);
+  const proposed = c.spec_proposed || 0;
+  $("accept").textContent = proposed ? `${Math.round((100 * (c.spec_accepted || 0)) / proposed)}%` : "–";
+  $("accept").title = `${c.spec_accepted || 0} of ${proposed} proposed tokens in ${c.spec_windows || 0} windows`;
   const ml = $("model-list");
   ml.replaceChildren();
   if (!(doc.models || []).length) ml.append(el("p", { class: "muted", text: "no model seen yet" }));

@@ -18,12 +18,13 @@ import (
 
 // Knobs (environment), so single runs stay short on a shared machine:
 //
-//	MESHP2P_BENCH_ONLY     comma list of sections (fixedcost,slack,loopback,floor,floor-tcp,sessions,sessions-small,prefill,invariance); default all
+//	MESHP2P_BENCH_ONLY     comma list of sections (fixedcost,slack,loopback,floor,floor-tcp,sessions,sessions-small,prefill,invariance,speculation); default all
 //	MESHP2P_BENCH_BASELINE the invariance section's baseline test binary (make bench builds it)
 //	MESHP2P_BENCH_ROUNDS   interleaved A/B rounds per figure (default 3; medians are reported)
 //	MESHP2P_BENCH_TOKENS   tokens per generation (default 16)
 //	MESHP2P_BENCH_THREADS  threads of every shard and of the whole model (default 1)
 //	MESHP2P_BENCH_SMALL_TOKENS tokens per generation on stories260K (default 32)
+//	MESHP2P_BENCH_SPEC_TOKENS  the speculation section's long stories260K continuation (default 300)
 func envInt(name string, def int) int {
 	if v, err := strconv.Atoi(os.Getenv(name)); err == nil && v > 0 {
 		return v
@@ -106,6 +107,9 @@ func BenchmarkPerf(b *testing.B) {
 		}
 		if section("sessions") {
 			sessions(b, &t, "154M", shards, threads, rounds, tokens)
+		}
+		if section("speculation") {
+			speculation(b, &t, threads, rounds)
 		}
 		if section("sessions-small") {
 			small, err := SmallFiles(ctx, 3)

@@ -16,6 +16,7 @@ import (
 type sleepEngine struct {
 	info    session.ShardInfo
 	compute time.Duration
+	perRow  time.Duration // added per row after the first (verification windows)
 	// cpu holds one token: one Forward at a time on a shard, like one
 	// CPU (a channel, not a mutex: synctest advances time only while
 	// every goroutine is durably blocked, which a mutex wait is not).
@@ -37,14 +38,25 @@ func (s *sleepSession) Truncate(context.Context, int) error { return nil }
 func (s *sleepSession) Forward(_ context.Context, in session.Input) (session.Output, error) {
 	s.e.cpu <- struct{}{}
 	defer func() { <-s.e.cpu }()
-	time.Sleep(s.e.compute)
 	rows := in.Hidden
 	if s.e.info.IsHead() {
 		for i, t := range in.Tokens {
 			rows = append(rows, float32(t), float32(in.Pos+i))
 		}
 	}
+	time.Sleep(s.e.compute + time.Duration(len(rows)/sleepEmbd-1)*s.e.perRow)
 	if s.e.info.IsTail() {
+		if in.Verify {
+			var out session.Output
+			for i := 0; i < len(rows); i += sleepEmbd {
+				out.Token = int32(rows[i]) + 1
+				out.Tokens = append(out.Tokens, out.Token)
+				if r := i / sleepEmbd; r >= len(in.Draft) || in.Draft[r] != out.Token {
+					break
+				}
+			}
+			return out, nil
+		}
 		return session.Output{Token: int32(rows[len(rows)-2]) + 1}, nil
 	}
 	return session.Output{Hidden: rows}, nil

@@ -27,14 +27,22 @@ type Loopback struct {
 	NLayer int
 	dirs   []string
 	// delayed: each node listens behind a delayproxy (see StartDelayed).
-	delay   time.Duration
+	link    delayproxy.Link
 	proxies []*delayproxy.Proxy
+}
+
+// LoopbackOptions shape a loopback swarm: the link every connection
+// crosses (zero: none, plain loopback) and a change to each node's hop
+// configuration.
+type LoopbackOptions struct {
+	Link delayproxy.Link
+	Hop  func(*session.HopConfig)
 }
 
 // StartLoopback starts one node per shard file with ec and a client node,
 // and waits until the client sees the whole model.
 func StartLoopback(ctx context.Context, shards []string, ec engine.Config) (*Loopback, error) {
-	return startLoopback(ctx, shards, ec, 0)
+	return StartWith(ctx, shards, ec, LoopbackOptions{})
 }
 
 // StartDelayed is StartLoopback with a one-way delay h on every link:
@@ -43,11 +51,17 @@ func StartLoopback(ctx context.Context, shards []string, ec engine.Config) (*Loo
 // between two nodes crosses exactly one proxy (the dialled node's) and
 // pays h in each direction. CheckProxied tells whether it did.
 func StartDelayed(ctx context.Context, shards []string, ec engine.Config, h time.Duration) (*Loopback, error) {
-	return startLoopback(ctx, shards, ec, h)
+	return StartWith(ctx, shards, ec, LoopbackOptions{Link: delayproxy.Ideal(h)})
 }
 
-func startLoopback(ctx context.Context, shards []string, ec engine.Config, h time.Duration) (*Loopback, error) {
-	lb := &Loopback{delay: h}
+// StartWith is StartLoopback with options: with a link, every node
+// listens behind a delayproxy of that profile, as StartDelayed's.
+func StartWith(ctx context.Context, shards []string, ec engine.Config, opt LoopbackOptions) (*Loopback, error) {
+	if err := opt.Link.Validate(); err != nil {
+		return nil, err
+	}
+	lb := &Loopback{link: opt.Link}
+	proxied := opt.Link != (delayproxy.Link{})
 	network := fmt.Sprintf("perf%d", os.Getpid())
 	var boot []peer.AddrInfo
 	cfg := func() (node.Config, error) {
@@ -58,15 +72,18 @@ func startLoopback(ctx context.Context, shards []string, ec engine.Config, h tim
 		lb.dirs = append(lb.dirs, d)
 		pc := node.Preset(node.PresetTest)
 		pc.Network, pc.DataDir, pc.Bootstrap = network, d, boot
-		if h > 0 {
+		if proxied {
 			listen, announce, err := lb.proxied(ctx)
 			if err != nil {
 				return node.Config{}, err
 			}
 			pc.ListenAddrs, pc.AnnounceAddrs = []string{listen}, []string{announce}
 		}
-		return node.Config{P2P: pc, Engine: ec, Logger: quiet, Hop: session.HopConfig{Idle: time.Minute, OpenTimeout: 30 * time.Second,
-			MaxSessionKV: -1, MaxSessionsPerPeer: -1, MaxKVPerPeer: -1}}, nil
+		hc := session.HopConfig{Idle: time.Minute, OpenTimeout: 30 * time.Second, MaxSessionKV: -1, MaxSessionsPerPeer: -1, MaxKVPerPeer: -1}
+		if opt.Hop != nil {
+			opt.Hop(&hc)
+		}
+		return node.Config{P2P: pc, Engine: ec, Logger: quiet, Hop: hc}, nil
 	}
 	for _, s := range shards {
 		c, err := cfg()
@@ -116,9 +133,30 @@ func startLoopback(ctx context.Context, shards []string, ec engine.Config, h tim
 
 // Generate runs one greedy generation through the swarm.
 func (lb *Loopback) Generate(ctx context.Context, prompt []int32, n, chunk int) (*session.Result, error) {
+	return lb.GenerateReq(ctx, session.GenerateRequest{Prompt: prompt, MaxTokens: n}, chunk)
+}
+
+// GenerateReq runs req (its model filled in) through the swarm.
+func (lb *Loopback) GenerateReq(ctx context.Context, req session.GenerateRequest, chunk int) (*session.Result, error) {
 	o := lb.Client.Origin(nil)
 	o.Chunk = chunk
-	return o.Generate(ctx, session.GenerateRequest{Fingerprint: lb.FP, NLayer: lb.NLayer, Prompt: prompt, MaxTokens: n})
+	req.Fingerprint, req.NLayer = lb.FP, lb.NLayer
+	return o.Generate(ctx, req)
+}
+
+// ProxyStats sums the delay proxies' counters (bytes, stalls).
+func (lb *Loopback) ProxyStats() delayproxy.Stats {
+	var sum delayproxy.Stats
+	for _, p := range lb.proxies {
+		st := p.Stats()
+		sum.Conns += st.Conns
+		sum.UploadBytes += st.UploadBytes
+		sum.DownloadBytes += st.DownloadBytes
+		sum.UploadStalls += st.UploadStalls
+		sum.DownloadStalls += st.DownloadStalls
+		sum.Stalled += st.Stalled
+	}
+	return sum
 }
 
 // Close stops every node and removes their directories.
@@ -146,7 +184,7 @@ func (lb *Loopback) proxied(ctx context.Context) (listen, announce string, err e
 	}
 	port := ln.Addr().(*net.TCPAddr).Port
 	_ = ln.Close() // the node takes it over (a tiny race, fine for a bench)
-	p, err := delayproxy.Start(context.WithoutCancel(ctx), "127.0.0.1:0", fmt.Sprintf("127.0.0.1:%d", port), lb.delay)
+	p, err := delayproxy.StartLink(context.WithoutCancel(ctx), "127.0.0.1:0", fmt.Sprintf("127.0.0.1:%d", port), lb.link)
 	if err != nil {
 		return "", "", err
 	}

@@ -52,6 +52,11 @@ type Ring struct {
 // and links every pair of peers, the origin included, with one-way delay
 // h. Close it when done.
 func NewRing(fingerprint string, engines []session.Engine, h time.Duration) (*Ring, error) {
+	return NewRingWith(fingerprint, engines, h, nil)
+}
+
+// NewRingWith is NewRing with a change to every hop's configuration.
+func NewRingWith(fingerprint string, engines []session.Engine, h time.Duration, tweak func(*session.HopConfig)) (*Ring, error) {
 	mn := mocknet.New()
 	mn.SetLinkDefaults(mocknet.LinkOptions{Latency: h})
 	r := &Ring{net: mn}
@@ -63,8 +68,12 @@ func NewRing(fingerprint string, engines []session.Engine, h time.Duration) (*Ri
 			return nil, err
 		}
 		mh := mockHost{hh}
-		svc := session.NewHopService(mh, e, session.HopConfig{Fingerprint: fingerprint, Idle: time.Minute, OpenTimeout: 30 * time.Second,
-			MaxSessionKV: -1, MaxSessionsPerPeer: -1, MaxKVPerPeer: -1, Logger: quiet})
+		hc := session.HopConfig{Fingerprint: fingerprint, Idle: time.Minute, OpenTimeout: 30 * time.Second,
+			MaxSessionKV: -1, MaxSessionsPerPeer: -1, MaxKVPerPeer: -1, Logger: quiet}
+		if tweak != nil {
+			tweak(&hc)
+		}
+		svc := session.NewHopService(mh, e, hc)
 		r.Hops = append(r.Hops, svc)
 		info := e.Info()
 		hops = append(hops, route.Hop{Peer: hh.ID(), Start: info.Start, End: info.End, Addrs: hh.Addrs(), Reach: p2p.PathDirect})
