@@ -39,7 +39,7 @@ const (
 	DefaultSpecDraft   = 8
 	DefaultSpecWindows = 4
 	// The n-gram sizes the head matches (spec.NGram).
-	specNGramMin, specNGramMax = 2, 5
+	specNGramMin, specNGramMax = 1, 5
 )
 
 // checkSpeculation checks an open's speculation parameters (every hop).
@@ -123,6 +123,7 @@ type specHead struct {
 	sent     int
 	inflight []specWindow
 	shadow   []int32 // proposals made but not sent: checked against what is committed (acceptance while off)
+	shadowN  int     // their match length
 	step     uint64
 	stats    meshp2pb.SpecStats
 }
@@ -130,6 +131,7 @@ type specHead struct {
 // specWindow is a window in flight.
 type specWindow struct {
 	rows, drafts int
+	match        int // the proposer's match length (acceptance per length)
 	at           time.Time
 }
 
@@ -184,23 +186,23 @@ func (sp *specHead) commit(toks []int32) {
 			break
 		}
 		if sp.shadow[0] == t {
-			sp.ad.ObserveAcceptance(1, 1)
+			sp.ad.ObserveAcceptance(sp.shadowN, 1, 1)
 			sp.shadow = sp.shadow[1:]
 			continue
 		}
-		sp.ad.ObserveAcceptance(0, 1)
+		sp.ad.ObserveAcceptance(sp.shadowN, 0, 1)
 		sp.shadow = nil
 	}
 }
 
 // propose returns up to n proposals that continue the chain (after the
-// pending ones), or none.
-func (sp *specHead) propose(n int) []int32 {
-	d, _ := sp.ng.Propose(len(sp.pending) + n)
+// pending ones) and the proposer's match length, or none.
+func (sp *specHead) propose(n int) ([]int32, int) {
+	d, match := sp.ng.Propose(len(sp.pending) + n)
 	if len(d) <= len(sp.pending) || !slices.Equal(d[:len(sp.pending)], sp.pending) {
-		return nil
+		return nil, 0
 	}
-	return d[len(sp.pending):]
+	return d[len(sp.pending):], match
 }
 
 // windows returns the windows to send now; room is how many more tokens
@@ -210,26 +212,32 @@ func (sp *specHead) windows(sid []byte, epoch uint64, room int) []*meshp2pb.Acti
 	defer sp.mu.Unlock()
 	var out []*meshp2pb.ActivationHeader
 	for {
-		k, w := sp.ad.Choose()
-		sp.stats.K, sp.stats.W = uint32(k), uint32(w)
 		n := len(sp.inflight)
-		if n >= w || (n > 0 && sp.sent == len(sp.pending)+1) {
+		if n > 0 && sp.sent == len(sp.pending)+1 {
 			return out // the window in flight ends the chain (no lookahead)
-		}
-		first := sp.last
-		if sp.sent > 0 {
-			first = sp.pending[sp.sent-1]
 		}
 		// A window of d proposals commits at most d+1 tokens.
 		free := room - len(sp.pending) - 1
 		if free < 0 {
 			return out
 		}
-		var drafts []int32
-		if k > 0 && free > 0 {
-			drafts = sp.propose(min(k, free) + 1)
-		} else if n == 0 && len(sp.shadow) == 0 {
-			sp.shadow = sp.propose(max(1, sp.ad.MaxK))
+		drafts, match := sp.propose(min(sp.ad.MaxK, free) + 1)
+		k, w := sp.ad.Choose(match)
+		sp.stats.K, sp.stats.W = uint32(k), uint32(w)
+		if n >= w {
+			return out
+		}
+		if k == 0 || free == 0 {
+			// Not sent: while nothing is in flight the proposals still
+			// teach the acceptance rate (checked against what commits).
+			if n == 0 && len(sp.shadow) == 0 && len(drafts) > 0 {
+				sp.shadow, sp.shadowN = drafts, match
+			}
+			drafts = nil
+		}
+		first := sp.last
+		if sp.sent > 0 {
+			first = sp.pending[sp.sent-1]
 		}
 		rows := []int32{first}
 		var look []int32
@@ -249,7 +257,7 @@ func (sp *specHead) windows(sid []byte, epoch uint64, room int) []*meshp2pb.Acti
 		a := &meshp2pb.ActivationHeader{SessionId: sid, Epoch: epoch, Step: sp.step, PosStart: uint32(sp.lastPos + sp.sent),
 			NRows: uint32(len(rows)), LastChunk: true, Tokens: rows, Verify: true, SpecGen: sp.gen, Lookahead: look}
 		sp.sent += len(rows)
-		sp.inflight = append(sp.inflight, specWindow{rows: len(rows), drafts: len(rows) - 1 + len(look), at: time.Now()})
+		sp.inflight = append(sp.inflight, specWindow{rows: len(rows), drafts: len(rows) - 1 + len(look), match: match, at: time.Now()})
 		out = append(out, a)
 		if len(look) == 0 {
 			return out
@@ -317,7 +325,7 @@ func (sp *specHead) result(wr *meshp2pb.WindowResult) ([]int32, error) {
 		sp.gen++
 		sp.pending, sp.sent, sp.inflight = sp.pending[:0], 0, sp.inflight[:0]
 	}
-	sp.ad.ObserveAcceptance(accepted, verified)
+	sp.ad.ObserveAcceptance(w.match, accepted, verified)
 	sp.stats.Windows++
 	sp.stats.Proposed += uint32(verified)
 	sp.stats.Accepted += uint32(accepted)

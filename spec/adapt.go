@@ -24,10 +24,13 @@ type Adaptive struct {
 	Always bool
 
 	acc, tot float64 // decayed counts: proposals accepted / verified
-	t1       float64 // seconds: a one-row window around the ring
-	row      float64 // seconds: what one more row adds (summed over hops)
-	c1       float64 // seconds: a one-row window's compute, summed over hops
-	nT, nC   int
+	// byN are the same per match length of the proposer (NGram's n):
+	// a long match is a better guess than a short one.
+	byN    [MaxN + 1]struct{ acc, tot float64 }
+	t1     float64 // seconds: a one-row window around the ring
+	row    float64 // seconds: what one more row adds (summed over hops)
+	c1     float64 // seconds: a one-row window's compute, summed over hops
+	nT, nC int
 }
 
 // Margin is the least predicted gain over plain decoding that turns
@@ -38,20 +41,33 @@ const Margin = 1.05
 // proposals).
 const decay = 0.97
 
-// ObserveAcceptance adds verified proposals: accepted of verified (the
-// first rejected one counts; the ones after it were never verified).
-func (a *Adaptive) ObserveAcceptance(accepted, verified int) {
+// ObserveAcceptance adds verified proposals of a match of n tokens (0:
+// unknown): accepted of verified (the first rejected one counts; the
+// ones after it were never verified).
+func (a *Adaptive) ObserveAcceptance(n, accepted, verified int) {
 	if verified <= 0 {
 		return
 	}
 	f := math.Pow(decay, float64(verified))
 	a.acc = a.acc*f + float64(accepted)
 	a.tot = a.tot*f + float64(verified)
+	if n > 0 && n <= MaxN {
+		b := &a.byN[n]
+		b.acc = b.acc*f + float64(accepted)
+		b.tot = b.tot*f + float64(verified)
+	}
 }
 
-// Rate is the running acceptance rate (½ before any observation).
-func (a *Adaptive) Rate() float64 {
-	return (a.acc + 1) / (a.tot + 2)
+// Rate is the running acceptance rate of proposals from matches of n
+// tokens (0: all): its own counts, pulled towards the overall rate while
+// they are few (½ before any observation).
+func (a *Adaptive) Rate(n int) float64 {
+	all := (a.acc + 1) / (a.tot + 2)
+	if n <= 0 || n > MaxN {
+		return all
+	}
+	b := a.byN[n]
+	return (b.acc + 2*all) / (b.tot + 2)
 }
 
 // ObserveWindow adds one answered window of rows rows: round is the time
@@ -86,12 +102,13 @@ func (a *Adaptive) ObserveWindow(rows int, round, compute time.Duration) {
 }
 
 // Gain is the predicted speed of K proposals per window against plain
-// decoding, at the running acceptance rate and costs.
-func (a *Adaptive) Gain(k int) float64 {
+// decoding, at the running acceptance rate of matches of n tokens and the
+// measured costs.
+func (a *Adaptive) Gain(n, k int) float64 {
 	if k <= 0 {
 		return 1
 	}
-	alpha := a.Rate()
+	alpha := a.Rate(n)
 	e := float64(k + 1)
 	if alpha < 1 {
 		e = (1 - math.Pow(alpha, float64(k+1))) / (1 - alpha)
@@ -103,11 +120,12 @@ func (a *Adaptive) Gain(k int) float64 {
 	return e / (1 + m*float64(k))
 }
 
-// Choose returns K (0: plain) and W (≥ 1).
-func (a *Adaptive) Choose() (k, w int) {
+// Choose returns K (0: plain) and W (≥ 1) for proposals from a match of
+// n tokens (0: unknown).
+func (a *Adaptive) Choose(n int) (k, w int) {
 	best, bestK := 1.0, 0
 	for k := 1; k <= a.MaxK; k++ {
-		if g := a.Gain(k); g > best {
+		if g := a.Gain(n, k); g > best {
 			best, bestK = g, k
 		}
 	}
@@ -118,7 +136,7 @@ func (a *Adaptive) Choose() (k, w int) {
 		bestK = min(1, a.MaxK)
 	}
 	w = 1
-	alpha := a.Rate()
+	alpha := a.Rate(n)
 	window := a.c1 + float64(bestK)*a.row
 	for w < a.MaxW && math.Pow(alpha, float64(bestK*w)) >= 0.5 && a.t1 > float64(w+1)*window {
 		w++

@@ -10,7 +10,12 @@
 // nothing on novel text, where it costs nothing.
 //
 // Append only committed tokens (never drafts): Truncate is for rollbacks
-// and walks the whole index. Not wired into sessions yet (issue 24).
+// and walks the whole index. The route's head runs one per speculative
+// session (session/spec.go).
+//
+// Adaptive decides how many proposals a window carries and how many
+// windows go in flight, from measured acceptance (per match length) and
+// costs, and turns proposals off where they do not pay.
 package spec
 
 import (

@@ -25,6 +25,7 @@ import (
 //	MESHP2P_BENCH_THREADS  threads of every shard and of the whole model (default 1)
 //	MESHP2P_BENCH_SMALL_TOKENS tokens per generation on stories260K (default 32)
 //	MESHP2P_BENCH_SPEC_TOKENS  the speculation section's long stories260K continuation (default 300)
+//	MESHP2P_BENCH_SPEC_ONLY    the speculation section's rows whose name contains this (no curve)
 func envInt(name string, def int) int {
 	if v, err := strconv.Atoi(os.Getenv(name)); err == nil && v > 0 {
 		return v

@@ -198,7 +198,11 @@ func speculation(b *testing.B, t *Table, threads, rounds int) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	for _, p := range parseCurve(child(b, exe, "TestSpecCurveChild", "MESHP2P_SPEC_CHILD=1")) {
+	curve := parseCurve(child(b, exe, "TestSpecCurveChild", "MESHP2P_SPEC_CHILD=1"))
+	if os.Getenv("MESHP2P_BENCH_SPEC_ONLY") != "" {
+		curve = nil
+	}
+	for _, p := range curve {
 		goal := ""
 		if p.alpha >= 0.8 {
 			goal = ">= 2.5"
@@ -251,8 +255,12 @@ func speculation(b *testing.B, t *Table, threads, rounds int) {
 			{name: "260K scripted α=0.8, 128", prompt: story, n: 128, alpha: 0.8},
 		}},
 	}
+	only := os.Getenv("MESHP2P_BENCH_SPEC_ONLY") // a substring of the rows to run
 	for _, l := range links {
 		for _, w := range l.work {
+			if only != "" && !strings.Contains(w.name+", "+l.name, only) {
+				continue
+			}
 			var script func() session.Proposer
 			if w.alpha > 0 {
 				pl := len(w.prompt)
@@ -276,6 +284,9 @@ func speculation(b *testing.B, t *Table, threads, rounds int) {
 	}
 	// Random weights (the 154M model): no structure to copy; speculation
 	// must switch itself off.
+	if only != "" && !strings.Contains("154M random weights", only) {
+		return
+	}
 	_, shards, err := Files(ctx, 3)
 	if err != nil {
 		b.Fatal(err)

@@ -1,0 +1,71 @@
+package spec
+
+import (
+	"testing"
+	"time"
+)
+
+func TestAdaptiveChoose(t *testing.T) {
+	ms := time.Millisecond
+	for _, tc := range []struct {
+		name    string
+		always  bool
+		observe func(a *Adaptive)
+		n       int
+		wantK   func(k int) bool
+		wantW   func(w int) bool
+	}{
+		{"no measurement: try", false, func(*Adaptive) {}, 0, func(k int) bool { return k > 0 }, func(w int) bool { return w == 1 }},
+		{"nothing accepted: off", false, func(a *Adaptive) { a.ObserveAcceptance(0, 0, 200) }, 0,
+			func(k int) bool { return k == 0 }, func(w int) bool { return w == 1 }},
+		{"nothing accepted, ngram mode: still one", true, func(a *Adaptive) { a.ObserveAcceptance(0, 0, 200) }, 0,
+			func(k int) bool { return k == 1 }, func(w int) bool { return w == 1 }},
+		{"all accepted, cheap rows, long ring: all in", false, func(a *Adaptive) {
+			a.ObserveAcceptance(3, 300, 300)
+			for range 10 {
+				a.ObserveWindow(1, 60*ms, 3*ms)
+				a.ObserveWindow(9, 61*ms, 4*ms)
+			}
+		}, 3, func(k int) bool { return k == 8 }, func(w int) bool { return w == 4 }},
+		{"half accepted, rows as dear as the ring: off", false, func(a *Adaptive) {
+			a.ObserveAcceptance(2, 100, 200)
+			for range 10 {
+				a.ObserveWindow(1, 20*ms, 10*ms)
+				a.ObserveWindow(3, 60*ms, 50*ms)
+			}
+		}, 2, func(k int) bool { return k == 0 }, func(w int) bool { return w == 1 }},
+		{"long matches good, short ones bad: per length", false, func(a *Adaptive) {
+			a.ObserveAcceptance(4, 190, 200)
+			a.ObserveAcceptance(1, 0, 400)
+			for range 10 {
+				a.ObserveWindow(1, 60*ms, 3*ms)
+				a.ObserveWindow(5, 62*ms, 6*ms)
+			}
+		}, 1, func(k int) bool { return k == 0 }, func(w int) bool { return w == 1 }},
+		{"long matches good: on", false, func(a *Adaptive) {
+			a.ObserveAcceptance(4, 190, 200)
+			a.ObserveAcceptance(1, 0, 400)
+			for range 10 {
+				a.ObserveWindow(1, 60*ms, 3*ms)
+				a.ObserveWindow(5, 62*ms, 6*ms)
+			}
+		}, 4, func(k int) bool { return k >= 4 }, func(w int) bool { return w >= 1 }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			a := &Adaptive{MaxK: 8, MaxW: 4, Always: tc.always}
+			tc.observe(a)
+			k, w := a.Choose(tc.n)
+			if !tc.wantK(k) || !tc.wantW(w) {
+				t.Fatalf("Choose(%d) = K %d W %d (rate %.2f, gain(1) %.2f)", tc.n, k, w, a.Rate(tc.n), a.Gain(tc.n, 1))
+			}
+			if k > a.MaxK || w > a.MaxW || w < 1 || k < 0 {
+				t.Fatalf("K %d W %d outside the bounds", k, w)
+			}
+			for k := 1; k <= a.MaxK; k++ {
+				if g := a.Gain(tc.n, k); g > float64(k+1) || g < 0 {
+					t.Fatalf("Gain(%d) = %v: more than the %d tokens a window can commit", k, g, k+1)
+				}
+			}
+		})
+	}
+}
