@@ -30,6 +30,10 @@ func TestMetricsLintAndLabels(t *testing.T) {
 	m.Computed(true, 7, time.Millisecond)
 	m.Computed(false, 1, time.Millisecond)
 	m.TokenServed()
+	m.WindowsInFlight(3)
+	m.Verified(4, 3)
+	m.Verified(2, 0)
+	m.WindowsInFlight(-2)
 	m.SeamWrite(p2p.PathDirect, 256, time.Microsecond)
 	m.SeamWrite(p2p.PathRelayed, 512, time.Microsecond)
 	m.SeamWrite(p2p.PathNone, 1, time.Microsecond) // no path label for "none"
@@ -68,6 +72,10 @@ func TestMetricsLintAndLabels(t *testing.T) {
 		`meshp2p_seam_sent_bytes_total{path="relayed"} 512`,
 		`meshp2p_route_plan_seconds_count{result="no_route"} 1`,
 		`meshp2p_generated_tokens_total 12`,
+		`meshp2p_spec_windows_total 2`,
+		`meshp2p_spec_proposed_total 6`,
+		`meshp2p_spec_accepted_total 3`,
+		`meshp2p_spec_windows_in_flight 1`,
 		`meshp2p_kv_cells 4096`,
 		`meshp2p_tracker_tickets_issued_total 3`,
 		`meshp2p_peers{path="relayed"} 1`,
