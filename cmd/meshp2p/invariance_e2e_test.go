@@ -28,7 +28,7 @@ type invSwarm struct {
 	base                  string
 }
 
-func startInvSwarm(t *testing.T, typ string) *invSwarm {
+func startInvSwarm(t *testing.T, typ string, serveArgs ...string) *invSwarm {
 	t.Helper()
 	bin := testbin.CLI(t)
 	dir := t.TempDir()
@@ -42,7 +42,7 @@ func startInvSwarm(t *testing.T, typ string) *invSwarm {
 	s.boot = []string{"--bootstrap", head.addr}
 	s.mids = []*cliProc{s.node(t, "midA", "2-4"), s.node(t, "midB", "2-4")}
 	s.node(t, "tail", "4-6")
-	s.serve = launch(t, bin, append([]string{"serve", "--api", "127.0.0.1:0"}, append(s.net, s.boot...)...)...)
+	s.serve = launch(t, bin, append(append([]string{"serve", "--api", "127.0.0.1:0"}, serveArgs...), append(s.net, s.boot...)...)...)
 	s.base = apiURL(t, s.serve)
 	return s
 }
@@ -162,14 +162,18 @@ func TestSwarmConcurrentGreedyEqualsLocal(t *testing.T) {
 // prefilling the context in batches, which batch invariance makes bitwise
 // what the token-by-token decode had, so the text always equals --local.
 // After each kill the node is started again, so the next trial has a
-// replica to fail over to.
+// replica to fail over to. The gateway speculates (f16: --speculative
+// ngram, so windows are in flight when the hop dies; q8_0: the default
+// auto): the re-route re-prefills only committed tokens.
 func TestFailoverAtManyPositionsEqualsLocal(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts five processes and restarts them")
 	}
-	for _, typ := range []string{"f16", "q8_0"} {
+	for _, tc := range []struct{ typ, spec string }{{"f16", "ngram"}, {"q8_0", "auto"}} {
+		typ := tc.typ
 		t.Run(typ, func(t *testing.T) {
-			s := startInvSwarm(t, typ)
+			s := startInvSwarm(t, typ, "--speculative", tc.spec)
+			accepted := 0
 			const n, prompt = 256, "Once upon a time"
 			want, wantN := s.local(t, prompt, n)
 			if wantN < n {
@@ -197,6 +201,9 @@ func TestFailoverAtManyPositionsEqualsLocal(t *testing.T) {
 					}
 					if e := chunkExt(ch.RawJSON()); e != nil && len(e.Route) > 0 {
 						route = e
+						if e.Speculation != nil {
+							accepted += e.Speculation.Accepted
+						}
 					}
 					if killed != nil || route == nil || len(text) < at {
 						continue
@@ -239,6 +246,10 @@ func TestFailoverAtManyPositionsEqualsLocal(t *testing.T) {
 				s.mids[i] = s.node(t, name, "2-4")
 				s.waitListed(t, s.mids[i].peerID)
 				t.Logf("kill after %d of %d characters: text equals --local; %s restarted", at, len(want), name)
+			}
+			t.Logf("--speculative %s: %d proposals accepted over the trials", tc.spec, accepted)
+			if tc.spec == "ngram" && accepted == 0 {
+				t.Errorf("--speculative ngram: no proposal accepted in any trial: the kills never met a speculative window")
 			}
 		})
 	}

@@ -100,8 +100,11 @@ func localText(t *testing.T, bin string, args ...string) (string, int) {
 }
 
 type apiExt struct {
-	Reroutes int `json:"reroutes"`
-	Route    []struct {
+	Reroutes    int `json:"reroutes"`
+	Speculation *struct {
+		Windows, Proposed, Accepted int
+	} `json:"speculation"`
+	Route []struct {
 		Peer  string `json:"peer"`
 		Start int    `json:"start"`
 	} `json:"route"`
