@@ -101,6 +101,7 @@ type GenerateResult struct {
 // K (proposals per window) and W (windows in flight) the head chose last.
 type SpecInfo struct {
 	Mode              string  `json:"mode"`
+	Proposer          string  `json:"proposer"`
 	Windows           int     `json:"windows"`
 	Proposed          int     `json:"proposed"`
 	Accepted          int     `json:"accepted"`

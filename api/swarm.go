@@ -85,7 +85,7 @@ func (b *Swarm) Generate(ctx context.Context, req *GenerateRequest, onText func(
 			}
 			if b.cfg.Speculation != nil {
 				sp := s.Spec
-				out.Speculation = &SpecInfo{Mode: client.SpecModeName(b.cfg.Speculation), Windows: sp.Windows, Proposed: sp.Proposed,
+				out.Speculation = &SpecInfo{Mode: client.SpecModeName(b.cfg.Speculation), Proposer: sp.Proposer, Windows: sp.Windows, Proposed: sp.Proposed,
 					Accepted: sp.Accepted, AcceptedPerWindow: sp.AcceptedPerWindow(), K: sp.K, W: sp.W}
 			}
 		}

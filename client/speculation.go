@@ -19,7 +19,8 @@ const (
 	// SpecNGram proposes whenever the n-gram proposer has tokens, paying
 	// or not.
 	SpecNGram = "ngram"
-	// SpecDraft would propose with a small draft model; not built yet.
+	// SpecDraft proposes with the route head's draft model (`start
+	// --draft`), by n-gram where the head has none, while it pays.
 	SpecDraft = "draft"
 )
 
@@ -41,7 +42,7 @@ func ParseSpeculation(mode string) (*meshp2pb.Speculation, error) {
 	case SpecNGram:
 		return &meshp2pb.Speculation{Mode: meshp2pb.SpecMode_SPEC_MODE_NGRAM}, nil
 	case SpecDraft:
-		return nil, fmt.Errorf("%w %q: draft-model proposals are not available yet; use %s or %s", ErrSpecMode, mode, SpecAuto, SpecNGram)
+		return &meshp2pb.Speculation{Mode: meshp2pb.SpecMode_SPEC_MODE_DRAFT}, nil
 	}
 	return nil, fmt.Errorf("%w %q: want one of %s", ErrSpecMode, mode, SpecModes())
 }
@@ -53,6 +54,8 @@ func SpecModeName(s *meshp2pb.Speculation) string {
 		return SpecAuto
 	case meshp2pb.SpecMode_SPEC_MODE_NGRAM:
 		return SpecNGram
+	case meshp2pb.SpecMode_SPEC_MODE_DRAFT:
+		return SpecDraft
 	}
 	return SpecOff
 }

@@ -67,6 +67,10 @@ type Config struct {
 	Poll int
 }
 
+// WithDefaults is c with every zero field at its default (what NewShard
+// runs with), or why c is invalid.
+func (c Config) WithDefaults() (Config, error) { return c.withDefaults() }
+
 func (c Config) withDefaults() (Config, error) {
 	if c.NCtx == 0 {
 		c.NCtx = 4096

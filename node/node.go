@@ -46,6 +46,11 @@ type Config struct {
 	Engine    engine.Config
 	NoMmap    bool // read the weights instead of mapping them (engine.LoadOptions.NoMmap)
 	Hop       session.HopConfig
+	// DraftPath, if set, is a small whole model with the model's
+	// vocabulary that proposes tokens for the speculative sessions this
+	// node heads and that ask for a draft (--speculative draft); checked
+	// against the model's vocabulary at start (shardengine.ErrDraftVocab).
+	DraftPath string
 	// DirectWait bounds how long a data-plane stream to a relayed peer
 	// waits for a hole punch before starting on the relay (0: DirectWait;
 	// negative: do not wait; the stream then moves once one succeeds).
@@ -108,6 +113,8 @@ type Node struct {
 	place *placementController
 	// failures is shared by every origin of this node (session.FailureMemory).
 	failures *session.FailureMemory
+	// draft proposes for speculative sessions that ask for it (DraftPath).
+	draft *shardengine.Draft
 
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
@@ -126,6 +133,12 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 		if err := n.fetchFirst(ctx); err != nil {
 			return nil, err
 		}
+	}
+	if err := n.loadDraft(ctx); err != nil {
+		if n.p2p != nil {
+			_ = n.p2p.Close()
+		}
+		return nil, err
 	}
 	placing := n.cfg.places()
 	if n.cfg.ModelPath != "" && !placing {
@@ -595,9 +608,40 @@ func (n *Node) Close() error {
 	return errors.Join(errs...)
 }
 
+// loadDraft loads the draft model (cfg.DraftPath) once its vocabulary is
+// known to be the model's, and makes it the hop's proposer factory.
+func (n *Node) loadDraft(ctx context.Context) error {
+	p := n.cfg.DraftPath
+	if p == "" {
+		return nil
+	}
+	if n.cfg.ModelPath == "" {
+		return fmt.Errorf("--draft %s: the node serves no model to draft for", p)
+	}
+	if err := shardengine.CheckDraftVocab(p, n.cfg.ModelPath); err != nil {
+		return fmt.Errorf("--draft: %w", err)
+	}
+	ec, err := n.cfg.Engine.WithDefaults()
+	if err != nil {
+		return err
+	}
+	d, err := shardengine.LoadDraft(ctx, p, ec.MaxSessions, ec.NCtx, ec.Threads, n.log)
+	if err != nil {
+		return fmt.Errorf("--draft: %w", err)
+	}
+	n.draft = d
+	n.cfg.Hop.Proposer = d.Proposer
+	n.log.Info("draft model loaded", "path", p, "layers", d.Model.Info().NLayer)
+	return nil
+}
+
 func (n *Node) closeEngine() {
 	n.mu.Lock()
 	defer n.mu.Unlock()
+	if n.draft != nil {
+		n.draft.Close()
+		n.draft = nil
+	}
 	if n.shard != nil {
 		n.shard.Close()
 		n.shard = nil

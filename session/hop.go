@@ -56,9 +56,10 @@ type HopConfig struct {
 	// (metrics, the status page); nil: none.
 	Observer HopObserver
 	// Proposer, if set, makes the proposer of each speculative session
-	// this hop heads (nil: n-gram lookup, spec.NGram). Benchmarks script
-	// one of known acceptance.
-	Proposer func() Proposer
+	// this hop heads (nil, or when it gives none: n-gram lookup,
+	// spec.NGram): a node's draft model (--draft), or a benchmark's
+	// script of known acceptance.
+	Proposer ProposerFactory
 }
 
 // HopService serves one engine shard to route sessions: it registers the

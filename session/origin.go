@@ -593,6 +593,9 @@ type SpecStats struct {
 	Accepted int `json:"accepted"`
 	K        int `json:"k"`
 	W        int `json:"w"`
+	// Proposer is what proposed on the last epoch's head: "ngram" or
+	// "draft".
+	Proposer string `json:"proposer"`
 }
 
 // AcceptedPerWindow is the mean number of proposals a window had
@@ -619,5 +622,5 @@ func (s *SpecStats) add(base SpecStats, ps *meshp2pb.SpecStats) {
 		return
 	}
 	*s = SpecStats{Windows: base.Windows + int(ps.GetWindows()), Proposed: base.Proposed + int(ps.GetProposed()),
-		Accepted: base.Accepted + int(ps.GetAccepted()), K: int(ps.GetK()), W: int(ps.GetW())}
+		Accepted: base.Accepted + int(ps.GetAccepted()), K: int(ps.GetK()), W: int(ps.GetW()), Proposer: ps.GetProposer()}
 }

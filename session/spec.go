@@ -2,6 +2,7 @@ package session
 
 import (
 	"fmt"
+	"io"
 	"slices"
 	"sync"
 	"time"
@@ -48,7 +49,7 @@ func checkSpeculation(sp *meshp2pb.Speculation) error {
 		return nil
 	}
 	switch sp.GetMode() {
-	case meshp2pb.SpecMode_SPEC_MODE_OFF, meshp2pb.SpecMode_SPEC_MODE_AUTO, meshp2pb.SpecMode_SPEC_MODE_NGRAM:
+	case meshp2pb.SpecMode_SPEC_MODE_OFF, meshp2pb.SpecMode_SPEC_MODE_AUTO, meshp2pb.SpecMode_SPEC_MODE_NGRAM, meshp2pb.SpecMode_SPEC_MODE_DRAFT:
 	default:
 		return fmt.Errorf("unknown speculation mode %d", int32(sp.GetMode()))
 	}
@@ -88,15 +89,23 @@ func checkWindow(a *meshp2pb.ActivationHeader, spec bool, gen uint64) error {
 }
 
 // Proposer guesses the tokens the tail will choose next (the head's, one
-// per speculative session). spec.NGram is the default; a benchmark may
-// script one of known acceptance (HopConfig.Proposer).
+// per speculative session). spec.NGram is the default; a node with a
+// draft model gives one that runs it (HopConfig.Proposer), a benchmark
+// one of known acceptance. A Proposer that is also an io.Closer is closed
+// when its session ends.
 type Proposer interface {
 	// Append adds committed tokens: the prompt, then each accepted one.
 	Append(toks ...int32)
 	// Propose returns up to k tokens that would follow the history (nil:
-	// no guess) and how sure it is (ignored here).
+	// no guess) and the length of the match they come from (0: none;
+	// acceptance is tracked per length).
 	Propose(k int) ([]int32, int)
 }
+
+// ProposerFactory makes the proposer of a speculative session this hop
+// heads: mode is what the origin asked for, kv the KV cells the session
+// reserved. nil: the n-gram proposer; name says what it is ("draft").
+type ProposerFactory func(mode meshp2pb.SpecMode, kv int) (p Proposer, name string)
 
 // specHop is what every hop keeps of a speculative session: the
 // generation it saw last, and (tail) whether that generation was rejected.
@@ -135,14 +144,18 @@ type specWindow struct {
 	at           time.Time
 }
 
-// newSpecHead is the head's state for a speculative open; proposer makes
-// its proposer (nil: an n-gram one).
-func newSpecHead(open *meshp2pb.SessionOpen, oneHop bool, proposer func() Proposer) *specHead {
+// newSpecHead is the head's state for a speculative open; factory makes
+// its proposer (nil, or a nil proposer: an n-gram one).
+func newSpecHead(open *meshp2pb.SessionOpen, oneHop bool, factory ProposerFactory) *specHead {
 	sp := open.GetSpeculation()
 	var ng Proposer
-	if proposer != nil {
-		ng = proposer()
-	} else {
+	name := "ngram"
+	if factory != nil {
+		if p, n := factory(sp.GetMode(), int(open.GetNCtxNeeded())); p != nil {
+			ng, name = p, n
+		}
+	}
+	if ng == nil {
 		g, err := spec.NewNGram(specNGramMin, specNGramMax)
 		if err != nil {
 			panic(err) // constant parameters
@@ -159,7 +172,7 @@ func newSpecHead(open *meshp2pb.SessionOpen, oneHop bool, proposer func() Propos
 	if oneHop {
 		w = 1 // no ring to hide
 	}
-	return &specHead{ng: ng, oneHop: oneHop, ad: spec.Adaptive{MaxK: min(k, MaxSpecDraft), MaxW: min(w, MaxSpecWindows), Always: sp.GetMode() == meshp2pb.SpecMode_SPEC_MODE_NGRAM}}
+	return &specHead{ng: ng, oneHop: oneHop, stats: meshp2pb.SpecStats{Proposer: name}, ad: spec.Adaptive{MaxK: min(k, MaxSpecDraft), MaxW: min(w, MaxSpecWindows), Always: sp.GetMode() == meshp2pb.SpecMode_SPEC_MODE_NGRAM}}
 }
 
 // history adds prompt (or re-prefilled) tokens the head decoded.
@@ -345,6 +358,15 @@ func (sp *specHead) lastCommittedPos() int {
 func (sp *specHead) snapshot() *meshp2pb.SpecStats {
 	sp.mu.Lock()
 	defer sp.mu.Unlock()
-	s := &meshp2pb.SpecStats{Windows: sp.stats.Windows, Proposed: sp.stats.Proposed, Accepted: sp.stats.Accepted, K: sp.stats.K, W: sp.stats.W}
-	return s
+	return &meshp2pb.SpecStats{Windows: sp.stats.Windows, Proposed: sp.stats.Proposed, Accepted: sp.stats.Accepted, K: sp.stats.K, W: sp.stats.W,
+		Proposer: sp.stats.Proposer}
+}
+
+// close frees the proposer's resources (a draft model's session).
+func (sp *specHead) close() {
+	sp.mu.Lock()
+	defer sp.mu.Unlock()
+	if c, ok := sp.ng.(io.Closer); ok {
+		_ = c.Close()
+	}
 }

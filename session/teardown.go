@@ -64,6 +64,7 @@ func (hs *hopSession) release() {
 	}
 	if hs.sp != nil {
 		h.cfg.Observer.WindowsInFlight(-hs.sp.inFlight())
+		hs.sp.close()
 	}
 	h.mu.Lock()
 	delete(h.active, hs.key)

@@ -77,6 +77,7 @@ type genResult struct {
 // (windows in flight) the head chose last.
 type specJSON struct {
 	Mode              string  `json:"mode"`
+	Proposer          string  `json:"proposer"` // what proposed: ngram, or the head's draft model
 	Windows           int     `json:"windows"`
 	Proposed          int     `json:"proposed"`
 	Accepted          int     `json:"accepted"`
@@ -171,7 +172,7 @@ func parseGenerate(stderr io.Writer, args []string) (*genFlags, error) {
 	fs.BoolVar(&g.mmap, "mmap", true, "with --local: map the model file (--mmap=false reads it into memory)")
 	fs.BoolVar(&g.asJSON, "json", false, "print one JSON object instead of streaming text")
 	wire := fs.String("wire-dtype", frame.WireDTypes()[0].Name, "activation dtype between hops: "+wireDTypeHelp())
-	specMode := fs.String("speculative", client.SpecAuto, "speculative decoding: "+client.SpecModes()+" (the head proposes tokens by n-gram lookup and the tail verifies several per pass; auto only while it pays; the output is the same)")
+	specMode := fs.String("speculative", client.SpecAuto, "speculative decoding: "+client.SpecModes()+" (the head proposes tokens, by n-gram lookup or with its --draft model, and the tail verifies several per pass; auto only while it pays; the output is the same)")
 	fs.DurationVar(&g.wait, "wait", client.DefaultWait, "how long to wait for peers covering the model")
 	verbose := fs.Bool("v", false, "debug logging")
 	g.pf.register(fs)
@@ -397,7 +398,7 @@ func fillSwarmResult(out *genResult, res *client.Result, mode string) {
 	out.Reroutes, out.Failures, out.Hops = s.Reroutes, s.Failures, s.HopStats
 	if mode != client.SpecOff {
 		sp := s.Spec
-		out.Speculation = &specJSON{Mode: mode, Windows: sp.Windows, Proposed: sp.Proposed, Accepted: sp.Accepted,
+		out.Speculation = &specJSON{Mode: mode, Proposer: sp.Proposer, Windows: sp.Windows, Proposed: sp.Proposed, Accepted: sp.Accepted,
 			AcceptanceRate: sp.AcceptanceRate(), AcceptedPerWindow: sp.AcceptedPerWindow(), K: sp.K, W: sp.W}
 	}
 	out.TTFTms = ms(s.TTFT)
@@ -436,8 +437,8 @@ func printSummary(stderr io.Writer, out *genResult) {
 		if sp.Windows > 0 && sp.Proposed > 0 {
 			perWhat = "window"
 		}
-		fmt.Fprintf(stderr, "speculation %s: %d windows, %d proposed, %d accepted (%.0f%%), %.2f accepted/window, K %d W %d\n",
-			sp.Mode, sp.Windows, sp.Proposed, sp.Accepted, 100*sp.AcceptanceRate, sp.AcceptedPerWindow, sp.K, sp.W)
+		fmt.Fprintf(stderr, "speculation %s (proposer %s): %d windows, %d proposed, %d accepted (%.0f%%), %.2f accepted/window, K %d W %d\n",
+			sp.Mode, sp.Proposer, sp.Windows, sp.Proposed, sp.Accepted, 100*sp.AcceptanceRate, sp.AcceptedPerWindow, sp.K, sp.W)
 	}
 	fmt.Fprintln(stderr, "route:")
 	for i, h := range out.Route {

@@ -20,8 +20,10 @@ import (
 const shardUsage = `Usage:
   meshp2p shard inspect [--json] [--no-fingerprint] FILE
         summarise a GGUF model or shard (architecture, geometry, fingerprint)
-  meshp2p shard split (--ranges 0-3,3-6 | --even K) [-o DIR] [--json] FILE
-        write one shard GGUF per half-open layer range [a,b) as DIR/<base>.L<a>-<b>.gguf
+  meshp2p shard split (--ranges 0-3,3-6 | --even K | --first K) [-o DIR] [--json] FILE
+        write one shard GGUF per half-open layer range [a,b) as DIR/<base>.L<a>-<b>.gguf;
+        --first K: the model cut to its first K layers as DIR/<base>.first<K>.gguf, a whole
+        model with the same vocabulary (a self-draft for start --draft)
   meshp2p shard synth [--arch llama|qwen2|qwen3|qwen3moe] [geometry flags] -o FILE
         write a random-weight model (see 'meshp2p shard synth --help')
   meshp2p shard verify [--splits 2,3] [--tokens N] [--prompt TEXT] [--json] FILE
@@ -187,6 +189,7 @@ func runShardSplit(ctx context.Context, stdout, stderr io.Writer, args []string)
 	fs.SetOutput(stderr)
 	rangesFlag := fs.String("ranges", "", "comma-separated half-open layer ranges, e.g. 0-3,3-6")
 	even := fs.Int("even", 0, "split into K even ranges instead of --ranges")
+	first := fs.Int("first", 0, "instead: write the model cut to its first K layers, a standalone model with the same vocabulary (a self-draft for start --draft)")
 	outDir := fs.String("o", ".", "output directory")
 	asJSON := fs.Bool("json", false, "print the results as JSON")
 	pos, err := parseInterspersed(fs, args, 1, "one source GGUF file")
@@ -196,6 +199,23 @@ func runShardSplit(ctx context.Context, stdout, stderr io.Writer, args []string)
 	src := pos[0]
 	var ranges []gguf.Range
 	switch {
+	case *first != 0 && (*rangesFlag != "" || *even != 0):
+		return fmt.Errorf("%w: use --first alone, without --ranges or --even", errUsage)
+	case *first != 0:
+		res, err := gguf.Truncate(ctx, src, *first, filepath.Join(*outDir, gguf.TruncateName(src, *first)))
+		if errors.Is(err, gguf.ErrBadRange) {
+			return fmt.Errorf("%w: --first: %v", errUsage, err)
+		}
+		if err != nil {
+			return err
+		}
+		if *asJSON {
+			enc := json.NewEncoder(stdout)
+			enc.SetIndent("", "  ")
+			return enc.Encode(res)
+		}
+		fmt.Fprintf(stdout, "%s\tfirst %d layers (a whole model)\t%s\tmodel %s\n", res.Path, res.Range.End, humanBytes(res.Size), res.Fingerprint)
+		return nil
 	case *rangesFlag != "" && *even != 0:
 		return fmt.Errorf("%w: use --ranges or --even, not both", errUsage)
 	case *rangesFlag != "":

@@ -57,6 +57,7 @@ type startFlags struct {
 	af                    apiFlags
 	trusted               listFlag
 	model, layers, name   string
+	draft                 string
 	maxSess, nctx, nbatch int
 	threads               int
 	verbose, mmap         bool
@@ -72,6 +73,7 @@ func (f *startFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.layers, "layers", notGiven, "layer range A-B to serve, half-open [A,B) (default: chosen from --memory and the swarm)")
 	f.plf.register(fs)
 	fs.StringVar(&f.name, "name", notGiven, "model name to advertise (default: file name)")
+	fs.StringVar(&f.draft, "draft", "", "a small whole GGUF model with the model's vocabulary that proposes tokens for speculative sessions this node heads and that ask for it (--speculative draft); e.g. the model cut to its first layers: shard split --first K")
 	fs.IntVar(&f.maxSess, "max-sessions", node.DefaultMaxSessions, "concurrent sessions this shard admits")
 	fs.IntVar(&f.nctx, "ctx", node.DefaultNCtx, "KV cells shared by all sessions")
 	fs.IntVar(&f.nbatch, "batch", node.DefaultNBatch, "most rows per llama_decode")
@@ -152,7 +154,7 @@ func (f *startFlags) config(stderr io.Writer) (*startRun, error) {
 	}
 	cfg := node.Config{P2P: pc, ModelPath: f.model, Layers: rng, ModelName: f.name, Logger: sr.log,
 		Engine: node.DefaultEngine(), Hop: session.HopConfig{Idle: f.idle, MaxSessionKV: f.sessKV, MaxSessionsPerPeer: f.peerQuota, TrustedOrigins: trustedIDs},
-		SplitProgress: sr.prog.update, DirectWait: f.directWait, NoMmap: !f.mmap}
+		SplitProgress: sr.prog.update, DirectWait: f.directWait, NoMmap: !f.mmap, DraftPath: f.draft}
 	if rng == nil {
 		if cfg.Placement, err = f.plf.config(); err != nil {
 			return nil, err

@@ -37,6 +37,8 @@ type Loopback struct {
 type LoopbackOptions struct {
 	Link delayproxy.Link
 	Hop  func(*session.HopConfig)
+	// HeadDraft, if set, is the head node's draft model (node.Config.DraftPath).
+	HeadDraft string
 }
 
 // StartLoopback starts one node per shard file with ec and a client node,
@@ -92,6 +94,9 @@ func StartWith(ctx context.Context, shards []string, ec engine.Config, opt Loopb
 			return nil, err
 		}
 		c.ModelPath = s
+		if len(lb.Nodes) == 0 {
+			c.DraftPath = opt.HeadDraft
+		}
 		n, err := node.Start(ctx, c)
 		if err != nil {
 			lb.Close()

@@ -3,12 +3,14 @@ package perfbench
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/binary"
 	"fmt"
 	"hash/fnv"
 	"math"
 	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -17,6 +19,7 @@ import (
 	"time"
 
 	"github.com/neuron-tai/meshp2p/engine"
+	"github.com/neuron-tai/meshp2p/engine/gguf"
 	"github.com/neuron-tai/meshp2p/internal/delayproxy"
 	"github.com/neuron-tai/meshp2p/proto/meshp2pb"
 	"github.com/neuron-tai/meshp2p/session"
@@ -101,8 +104,8 @@ func specCurve(t *testing.T, h time.Duration, n int) []curvePoint {
 				e.(*sleepEngine).perRow = c / 8
 			}
 			r, err := NewRingWith("sleep", engines, h, func(hc *session.HopConfig) {
-				hc.Proposer = func() session.Proposer {
-					return &scripted{next: func(_ int, prev int32) int32 { return prev + 1 }, wrong: func(t int32) int32 { return t + 7 }, alpha: alpha, seed: 3}
+				hc.Proposer = func(meshp2pb.SpecMode, int) (session.Proposer, string) {
+					return &scripted{next: func(_ int, prev int32) int32 { return prev + 1 }, wrong: func(t int32) int32 { return t + 7 }, alpha: alpha, seed: 3}, "scripted"
 				}
 			})
 			if err != nil {
@@ -188,6 +191,9 @@ type specWork struct {
 	goal   string
 	// script: a scripted proposer of this acceptance (0: the n-gram one).
 	alpha float64
+	// sampling (nil: greedy) and the speculation mode (0: auto).
+	sampling *meshp2pb.SamplingParams
+	mode     meshp2pb.SpecMode
 }
 
 // speculation: the curve (virtual time, child process), then real nodes
@@ -248,6 +254,7 @@ func speculation(b *testing.B, t *Table, threads, rounds int) {
 			{name: "260K copy-heavy 128", prompt: copyPrompt, n: 128},
 			{name: "260K scripted α=0.8, 128", prompt: story, n: 128, alpha: 0.8, goal: ">= 2.5"},
 			{name: "260K scripted α=0.95, 128", prompt: story, n: 128, alpha: 0.95},
+			{name: "260K self-draft (first 4 layers), 128", prompt: story, n: 128, mode: meshp2pb.SpecMode_SPEC_MODE_DRAFT},
 		}},
 		{"h=50ms", delayproxy.Ideal(50 * time.Millisecond), []specWork{{name: "260K first 128", prompt: story, n: 128}}},
 		{"broadband h=20ms", delayproxy.Broadband(20 * time.Millisecond), []specWork{
@@ -261,20 +268,29 @@ func speculation(b *testing.B, t *Table, threads, rounds int) {
 			if only != "" && !strings.Contains(w.name+", "+l.name, only) {
 				continue
 			}
-			var script func() session.Proposer
+			var script session.ProposerFactory
 			if w.alpha > 0 {
 				pl := len(w.prompt)
-				script = func() session.Proposer {
+				script = func(meshp2pb.SpecMode, int) (session.Proposer, string) {
 					return &scripted{alpha: w.alpha, seed: 11, wrong: func(t int32) int32 { return (t + 1) % nVocab },
 						next: func(pos int, prev int32) int32 {
 							if i := pos - pl; i >= 0 && i < len(ref.Tokens) {
 								return ref.Tokens[i]
 							}
 							return prev
-						}}
+						}}, "scripted"
 				}
 			}
-			lb, err := StartWith(ctx, small, engineCfg(threads), LoopbackOptions{Link: l.link, Hop: func(hc *session.HopConfig) { hc.Proposer = script }})
+			opt := LoopbackOptions{Link: l.link, Hop: func(hc *session.HopConfig) { hc.Proposer = script }}
+			if w.mode == meshp2pb.SpecMode_SPEC_MODE_DRAFT {
+				dir := b.TempDir()
+				res, err := gguf.Truncate(ctx, smallWhole, 4, filepath.Join(dir, gguf.TruncateName(smallWhole, 4)))
+				if err != nil {
+					b.Fatal(err)
+				}
+				opt.HeadDraft = res.Path
+			}
+			lb, err := StartWith(ctx, small, engineCfg(threads), opt)
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -296,6 +312,10 @@ func speculation(b *testing.B, t *Table, threads, rounds int) {
 		b.Fatal(err)
 	}
 	specRow(b, t, lb, "h=20ms", specWork{name: "154M random weights 32", prompt: prompt(16), n: 32, goal: ">= 0.97"}, max(rounds, 5))
+	// Sampled at temperature 1 from random weights: next to no token
+	// repeats its context, so proposals must stay off.
+	specRow(b, t, lb, "h=20ms", specWork{name: "154M random weights t=1.0, 32", prompt: prompt(16), n: 32, goal: ">= 0.97",
+		sampling: &meshp2pb.SamplingParams{Temperature: 1, Seed: 17}}, max(rounds, 5))
 	lb.Close()
 }
 
@@ -309,9 +329,9 @@ func specRow(b *testing.B, t *Table, lb *Loopback, link string, w specWork, roun
 		for j := range 2 {
 			var sp *meshp2pb.Speculation
 			if alternate(r, j, 2) == 1 {
-				sp = &meshp2pb.Speculation{Mode: meshp2pb.SpecMode_SPEC_MODE_AUTO}
+				sp = &meshp2pb.Speculation{Mode: cmp.Or(w.mode, meshp2pb.SpecMode_SPEC_MODE_AUTO)}
 			}
-			res, err := lb.GenerateReq(ctx, session.GenerateRequest{Prompt: w.prompt, MaxTokens: w.n, Speculation: sp}, session.DefaultChunk)
+			res, err := lb.GenerateReq(ctx, session.GenerateRequest{Prompt: w.prompt, MaxTokens: w.n, Speculation: sp, Sampling: w.sampling}, session.DefaultChunk)
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -335,7 +355,7 @@ func specRow(b *testing.B, t *Table, lb *Loopback, link string, w specWork, roun
 		hop += h.MeanUs / 1000 / float64(len(last.HopStats))
 	}
 	sp := last.Spec
-	t.Add(Row{Name: fmt.Sprintf("  accepted %d/%d (%.0f%%), %d windows, K %d W %d", sp.Accepted, sp.Proposed, 100*sp.AcceptanceRate(), sp.Windows, sp.K, sp.W),
+	t.Add(Row{Name: fmt.Sprintf("  %s: accepted %d/%d (%.0f%%), %d windows, K %d W %d", sp.Proposer, sp.Accepted, sp.Proposed, 100*sp.AcceptanceRate(), sp.Windows, sp.K, sp.W),
 		Value: hop, Unit: "ms/hop/win"})
 	t.Add(Row{Name: "  speculative / plain, paired", Value: pairedRatio(plain, spec), Unit: "x", Goal: w.goal})
 }

@@ -506,6 +506,7 @@ type SpecStats struct {
 	Accepted      uint32                 `protobuf:"varint,3,opt,name=accepted,proto3" json:"accepted,omitempty"` // of them, accepted
 	K             uint32                 `protobuf:"varint,4,opt,name=k,proto3" json:"k,omitempty"`               // proposals per window now
 	W             uint32                 `protobuf:"varint,5,opt,name=w,proto3" json:"w,omitempty"`               // windows in flight now (at most)
+	Proposer      string                 `protobuf:"bytes,6,opt,name=proposer,proto3" json:"proposer,omitempty"`  // "ngram" or "draft": what proposed
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -575,6 +576,13 @@ func (x *SpecStats) GetW() uint32 {
 	return 0
 }
 
+func (x *SpecStats) GetProposer() string {
+	if x != nil {
+		return x.Proposer
+	}
+	return ""
+}
+
 var File_meshp2p_v1_activation_proto protoreflect.FileDescriptor
 
 const file_meshp2p_v1_activation_proto_rawDesc = "" +
@@ -633,13 +641,14 @@ const file_meshp2p_v1_activation_proto_rawDesc = "" +
 	"\x03eos\x18\a \x01(\bR\x03eos\x12\x15\n" +
 	"\x06hop_us\x18\b \x03(\rR\x05hopUs\x124\n" +
 	"\n" +
-	"hop_timing\x18\t \x03(\v2\x15.meshp2p.v1.HopTimingR\thopTiming\"y\n" +
+	"hop_timing\x18\t \x03(\v2\x15.meshp2p.v1.HopTimingR\thopTiming\"\x95\x01\n" +
 	"\tSpecStats\x12\x18\n" +
 	"\awindows\x18\x01 \x01(\rR\awindows\x12\x1a\n" +
 	"\bproposed\x18\x02 \x01(\rR\bproposed\x12\x1a\n" +
 	"\baccepted\x18\x03 \x01(\rR\baccepted\x12\f\n" +
 	"\x01k\x18\x04 \x01(\rR\x01k\x12\f\n" +
-	"\x01w\x18\x05 \x01(\rR\x01wB.Z,github.com/neuron-tai/meshp2p/proto/meshp2pbb\x06proto3"
+	"\x01w\x18\x05 \x01(\rR\x01w\x12\x1a\n" +
+	"\bproposer\x18\x06 \x01(\tR\bproposerB.Z,github.com/neuron-tai/meshp2p/proto/meshp2pbb\x06proto3"
 
 var (
 	file_meshp2p_v1_activation_proto_rawDescOnce sync.Once

@@ -29,6 +29,7 @@ const (
 	SpecMode_SPEC_MODE_OFF   SpecMode = 0 // one row per decode step
 	SpecMode_SPEC_MODE_AUTO  SpecMode = 1 // n-gram proposals while they pay (measured), else one row
 	SpecMode_SPEC_MODE_NGRAM SpecMode = 2 // n-gram proposals whenever the proposer has some
+	SpecMode_SPEC_MODE_DRAFT SpecMode = 3 // a draft model's proposals (the head's --draft; n-gram where it has none), while they pay
 )
 
 // Enum value maps for SpecMode.
@@ -37,11 +38,13 @@ var (
 		0: "SPEC_MODE_OFF",
 		1: "SPEC_MODE_AUTO",
 		2: "SPEC_MODE_NGRAM",
+		3: "SPEC_MODE_DRAFT",
 	}
 	SpecMode_value = map[string]int32{
 		"SPEC_MODE_OFF":   0,
 		"SPEC_MODE_AUTO":  1,
 		"SPEC_MODE_NGRAM": 2,
+		"SPEC_MODE_DRAFT": 3,
 	}
 )
 
@@ -822,11 +825,12 @@ const file_meshp2p_v1_session_proto_rawDesc = "" +
 	"\x11model_fingerprint\x18\x01 \x01(\tR\x10modelFingerprint\"L\n" +
 	"\rVocabResponse\x12'\n" +
 	"\x05error\x18\x01 \x01(\v2\x11.meshp2p.v1.ErrorR\x05error\x12\x12\n" +
-	"\x04size\x18\x02 \x01(\x04R\x04size*F\n" +
+	"\x04size\x18\x02 \x01(\x04R\x04size*[\n" +
 	"\bSpecMode\x12\x11\n" +
 	"\rSPEC_MODE_OFF\x10\x00\x12\x12\n" +
 	"\x0eSPEC_MODE_AUTO\x10\x01\x12\x13\n" +
-	"\x0fSPEC_MODE_NGRAM\x10\x02B.Z,github.com/neuron-tai/meshp2p/proto/meshp2pbb\x06proto3"
+	"\x0fSPEC_MODE_NGRAM\x10\x02\x12\x13\n" +
+	"\x0fSPEC_MODE_DRAFT\x10\x03B.Z,github.com/neuron-tai/meshp2p/proto/meshp2pbb\x06proto3"
 
 var (
 	file_meshp2p_v1_session_proto_rawDescOnce sync.Once
