@@ -225,7 +225,7 @@ func (h *HopService) newHopSession(s network.Stream, open *meshp2pb.SessionOpen,
 		hs.route = append(hs.route, peer.ID(x.GetPeerId()))
 	}
 	if hs.head && speculative(open) {
-		hs.sp = newSpecHead(open, hs.tail, h.cfg.Proposer)
+		hs.sp = newSpecHead(open, hs.tail, h.cfg.Proposer, h.cfg.Observer.WindowsInFlight)
 	}
 	return hs
 }

@@ -334,8 +334,10 @@ func (hs *hopSession) token(tf *meshp2pb.TokenFrame, from peer.ID, rt readTiming
 		return err
 	}
 	if hs.sp != nil {
-		hs.sp.begin(tf.GetToken(), int(tf.GetPosition()), tf.GetStep())
-		return hs.sendWindows()
+		if !hs.sp.begin(tf.GetToken(), int(tf.GetPosition()), tf.GetStep()) {
+			return codeErr(meshp2pb.ErrorCode_ERROR_CODE_UNEXPECTED_MESSAGE, "token frame in a speculative session that is verifying windows", from)
+		}
+		return hs.sendWindows(from)
 	}
 	a := &meshp2pb.ActivationHeader{SessionId: tf.GetSessionId(), Epoch: tf.GetEpoch(), Step: tf.GetStep() + 1,
 		PosStart: tf.GetPosition(), NRows: 1, LastChunk: true, Tokens: []int32{tf.GetToken()}}
@@ -433,18 +435,16 @@ func (hs *hopSession) windowResult(wr *meshp2pb.WindowResult, from peer.ID) erro
 	if hs.sp == nil {
 		return codeErr(meshp2pb.ErrorCode_ERROR_CODE_UNEXPECTED_MESSAGE, "window result in a session without speculation", from)
 	}
-	before, prev := hs.sp.inFlight(), hs.sp.snapshot()
+	prev := hs.sp.snapshot()
 	toks, err := hs.sp.result(wr)
 	if err != nil {
 		return codeErr(meshp2pb.ErrorCode_ERROR_CODE_BAD_REQUEST, err.Error(), from)
 	}
 	if toks == nil {
-		return nil // a rejected generation's
+		return nil // a rejected generation's, or the session ended
 	}
 	stats := hs.sp.snapshot()
-	obs := hs.h.cfg.Observer
-	obs.WindowsInFlight(hs.sp.inFlight() - before)
-	obs.Verified(int(stats.GetProposed()-prev.GetProposed()), int(stats.GetAccepted()-prev.GetAccepted()))
+	hs.h.cfg.Observer.Verified(int(stats.GetProposed()-prev.GetProposed()), int(stats.GetAccepted()-prev.GetAccepted()))
 	for i, t := range toks {
 		tf := &meshp2pb.TokenFrame{SessionId: wr.GetSessionId(), Epoch: wr.GetEpoch(), Step: wr.GetStep(), Token: t,
 			Position: wr.GetPosition() + uint32(i), Eos: wr.GetEos() && i == len(toks)-1, Spec: stats}
@@ -452,23 +452,28 @@ func (hs *hopSession) windowResult(wr *meshp2pb.WindowResult, from peer.ID) erro
 			tf.HopUs, tf.HopTiming = wr.GetHopUs(), wr.GetHopTiming()
 		}
 		if done, err := hs.relay(tf); done || err != nil {
+			hs.sp.finish() // the origin closes the session
 			return err
 		}
 	}
-	return hs.sendWindows()
+	return hs.sendWindows(from)
 }
 
 // sendWindows (head) sends the windows the proposer has room for through
-// this hop's own layers.
-func (hs *hopSession) sendWindows() error {
+// this hop's own layers. Their tokens come from the tail's results (from:
+// the tail; "" on a one-hop route), which are blamed for one the engine
+// refuses.
+func (hs *hopSession) sendWindows(from peer.ID) error {
 	room := int(hs.open.GetNCtxNeeded()) - 1 - hs.sp.lastCommittedPos()
 	if hs.maxTokens > 0 {
 		room = min(room, hs.maxTokens-hs.produced)
 	}
 	ws := hs.sp.windows(hs.open.GetSessionId(), hs.key.Epoch, room)
-	hs.h.cfg.Observer.WindowsInFlight(len(ws))
+	if len(ws) == 0 && hs.sp.stalled() {
+		return codeErr(meshp2pb.ErrorCode_ERROR_CODE_CONTEXT_FULL, "the session's KV cells are spent", "")
+	}
 	for _, a := range ws {
-		if err := hs.activation(a, nil, "", readTiming{}); err != nil {
+		if err := hs.activation(a, nil, from, readTiming{}); err != nil {
 			return err
 		}
 	}

@@ -119,12 +119,21 @@ type specHop struct {
 // speculative session (one epoch). The chain is last followed by pending:
 // the last committed token (its row not yet decoded) and the proposals
 // sent after it, oldest first; sent of the chain's tokens went out as
-// rows (the next window starts at chain[sent]).
+// rows (the next window starts at chain[sent]). Every method takes mu; the
+// in-flight observer is called under it, so the gauge never drifts.
 type specHead struct {
 	mu       sync.Mutex
+	factory  ProposerFactory
+	mode     meshp2pb.SpecMode
+	kv       int
+	prompt   []int32 // prefilled tokens, until the proposer exists
 	ng       Proposer
 	ad       spec.Adaptive
 	oneHop   bool
+	inflObs  func(delta int) // windows in flight changed (HopObserver.WindowsInFlight)
+	begun    bool            // the first token came: the proposer exists
+	finished bool            // the generation ended (end of generation, max_tokens)
+	closed   bool            // the session was released
 	gen      uint64
 	last     int32
 	lastPos  int
@@ -140,28 +149,17 @@ type specHead struct {
 // specWindow is a window in flight.
 type specWindow struct {
 	rows, drafts int
-	match        int // the proposer's match length (acceptance per length)
+	look         bool // its last proposal rode as the lookahead
+	match        int  // the proposer's match length (acceptance per length)
 	at           time.Time
 }
 
 // newSpecHead is the head's state for a speculative open; factory makes
-// its proposer (nil, or a nil proposer: an n-gram one).
-func newSpecHead(open *meshp2pb.SessionOpen, oneHop bool, factory ProposerFactory) *specHead {
+// its proposer when the first token comes (nil, or a nil proposer: an
+// n-gram one), so a refused or silent open holds no proposer; inflObs sees
+// the windows in flight change.
+func newSpecHead(open *meshp2pb.SessionOpen, oneHop bool, factory ProposerFactory, inflObs func(int)) *specHead {
 	sp := open.GetSpeculation()
-	var ng Proposer
-	name := "ngram"
-	if factory != nil {
-		if p, n := factory(sp.GetMode(), int(open.GetNCtxNeeded())); p != nil {
-			ng, name = p, n
-		}
-	}
-	if ng == nil {
-		g, err := spec.NewNGram(specNGramMin, specNGramMax)
-		if err != nil {
-			panic(err) // constant parameters
-		}
-		ng = g
-	}
 	k, w := int(sp.GetMaxDraft()), int(sp.GetMaxWindows())
 	if k == 0 {
 		k = DefaultSpecDraft
@@ -172,22 +170,48 @@ func newSpecHead(open *meshp2pb.SessionOpen, oneHop bool, factory ProposerFactor
 	if oneHop {
 		w = 1 // no ring to hide
 	}
-	return &specHead{ng: ng, oneHop: oneHop, stats: meshp2pb.SpecStats{Proposer: name}, ad: spec.Adaptive{MaxK: min(k, MaxSpecDraft), MaxW: min(w, MaxSpecWindows), Always: sp.GetMode() == meshp2pb.SpecMode_SPEC_MODE_NGRAM}}
+	return &specHead{factory: factory, mode: sp.GetMode(), kv: int(open.GetNCtxNeeded()), oneHop: oneHop, inflObs: inflObs,
+		ad: spec.Adaptive{MaxK: min(k, MaxSpecDraft), MaxW: min(w, MaxSpecWindows), Always: sp.GetMode() == meshp2pb.SpecMode_SPEC_MODE_NGRAM}}
 }
 
 // history adds prompt (or re-prefilled) tokens the head decoded.
 func (sp *specHead) history(toks []int32) {
 	sp.mu.Lock()
 	defer sp.mu.Unlock()
-	sp.ng.Append(toks...)
+	if !sp.begun {
+		sp.prompt = append(sp.prompt, toks...)
+	}
 }
 
-// begin starts the first chain from the prefill's token tok, fed at pos.
-func (sp *specHead) begin(tok int32, pos int, step uint64) {
+// begin starts the first chain from the prefill's token tok, fed at pos:
+// the proposer is made and learns the prompt. It reports false when the
+// session had begun (a second prefill token: the tail's fault).
+func (sp *specHead) begin(tok int32, pos int, step uint64) bool {
 	sp.mu.Lock()
 	defer sp.mu.Unlock()
+	if sp.begun || sp.closed {
+		return false
+	}
+	sp.begun = true
+	name := "ngram"
+	if sp.factory != nil {
+		if p, n := sp.factory(sp.mode, sp.kv); p != nil {
+			sp.ng, name = p, n
+		}
+	}
+	if sp.ng == nil {
+		g, err := spec.NewNGram(specNGramMin, specNGramMax)
+		if err != nil {
+			panic(err) // constant parameters
+		}
+		sp.ng = g
+	}
+	sp.stats.Proposer = name
+	sp.ng.Append(sp.prompt...)
+	sp.prompt = nil
 	sp.commit([]int32{tok})
 	sp.last, sp.lastPos, sp.step = tok, pos, step
+	return true
 }
 
 // commit adds committed tokens to the history and checks the shadow
@@ -218,13 +242,22 @@ func (sp *specHead) propose(n int) ([]int32, int) {
 	return d[len(sp.pending):], match
 }
 
-// windows returns the windows to send now; room is how many more tokens
-// the session may produce (max_tokens and its KV cells).
+// setInflight records the windows in flight and tells the observer.
+func (sp *specHead) setInflight(ws []specWindow) {
+	if d := len(ws) - len(sp.inflight); d != 0 && sp.inflObs != nil {
+		sp.inflObs(d)
+	}
+	sp.inflight = ws
+}
+
+// windows returns the windows to send now (none once the session ended);
+// room is how many more tokens the session may produce (max_tokens and
+// its KV cells).
 func (sp *specHead) windows(sid []byte, epoch uint64, room int) []*meshp2pb.ActivationHeader {
 	sp.mu.Lock()
 	defer sp.mu.Unlock()
 	var out []*meshp2pb.ActivationHeader
-	for {
+	for sp.begun && !sp.finished && !sp.closed {
 		n := len(sp.inflight)
 		if n > 0 && sp.sent == len(sp.pending)+1 {
 			return out // the window in flight ends the chain (no lookahead)
@@ -234,13 +267,18 @@ func (sp *specHead) windows(sid []byte, epoch uint64, room int) []*meshp2pb.Acti
 		if free < 0 {
 			return out
 		}
-		drafts, match := sp.propose(min(sp.ad.MaxK, free) + 1)
+		// Ask for a little more than the last K (a draft model's
+		// proposals cost a decode each), one more to see whether another
+		// window could follow.
+		want := min(sp.ad.MaxK, int(sp.stats.K)+2, free)
+		drafts, match := sp.propose(want + 1)
 		k, w := sp.ad.Choose(match)
+		k = min(k, want)
 		sp.stats.K, sp.stats.W = uint32(k), uint32(w)
 		if n >= w {
 			return out
 		}
-		if k == 0 || free == 0 {
+		if k == 0 {
 			// Not sent: while nothing is in flight the proposals still
 			// teach the acceptance rate (checked against what commits).
 			if n == 0 && len(sp.shadow) == 0 && len(drafts) > 0 {
@@ -262,7 +300,7 @@ func (sp *specHead) windows(sid []byte, epoch uint64, room int) []*meshp2pb.Acti
 			look = drafts[k-1 : k]
 			sp.pending = append(sp.pending, drafts[:k]...)
 		default:
-			drafts = drafts[:min(len(drafts), k, free)]
+			drafts = drafts[:min(len(drafts), k)]
 			rows = append(rows, drafts...)
 			sp.pending = append(sp.pending, drafts...)
 		}
@@ -270,12 +308,13 @@ func (sp *specHead) windows(sid []byte, epoch uint64, room int) []*meshp2pb.Acti
 		a := &meshp2pb.ActivationHeader{SessionId: sid, Epoch: epoch, Step: sp.step, PosStart: uint32(sp.lastPos + sp.sent),
 			NRows: uint32(len(rows)), LastChunk: true, Tokens: rows, Verify: true, SpecGen: sp.gen, Lookahead: look}
 		sp.sent += len(rows)
-		sp.inflight = append(sp.inflight, specWindow{rows: len(rows), drafts: len(rows) - 1 + len(look), match: match, at: time.Now()})
+		sp.setInflight(append(sp.inflight, specWindow{rows: len(rows), drafts: len(rows) - 1 + len(look), look: len(look) > 0, match: match, at: time.Now()}))
 		out = append(out, a)
 		if len(look) == 0 {
 			return out
 		}
 	}
+	return out
 }
 
 // inFlight is the number of windows in flight.
@@ -286,14 +325,14 @@ func (sp *specHead) inFlight() int {
 }
 
 // result takes the tail's answer to the oldest window in flight and
-// returns the tokens it commits (nil for a stale generation's) with the
-// proposals it verified and accepted, or what is wrong with it (blame the
-// tail).
+// returns the tokens it commits (nil for a rejected generation's, or once
+// the session ended), or what is wrong with it (blame the tail). Nothing
+// changes unless the result is valid.
 func (sp *specHead) result(wr *meshp2pb.WindowResult) ([]int32, error) {
 	sp.mu.Lock()
 	defer sp.mu.Unlock()
 	switch {
-	case wr.GetSpecGen() < sp.gen:
+	case sp.finished || sp.closed || wr.GetSpecGen() < sp.gen:
 		return nil, nil
 	case wr.GetSpecGen() > sp.gen || len(sp.inflight) == 0:
 		return nil, fmt.Errorf("window result of generation %d, none in flight (generation %d)", wr.GetSpecGen(), sp.gen)
@@ -309,34 +348,59 @@ func (sp *specHead) result(wr *meshp2pb.WindowResult) ([]int32, error) {
 	case !slices.Equal(toks[:n-1], sp.pending[:n-1]):
 		return nil, fmt.Errorf("window result accepts tokens that were not proposed")
 	}
-	sp.inflight = sp.inflight[1:]
+	lastAccepted := n <= w.drafts && toks[n-1] == sp.pending[n-1]
+	accepted, verified := n-1, min(n, w.drafts)
+	if lastAccepted {
+		accepted = n
+	}
+	const (
+		allAccepted = iota
+		bonus
+		correction
+		ended
+	)
+	var kind int
+	switch {
+	case wr.GetEos():
+		// The tail stops at an end-of-generation token, accepted or not.
+		kind = ended
+	case lastAccepted:
+		// Every proposal accepted, the lookahead too: the next window in
+		// flight goes on from it. Only a lookahead window ends so.
+		if !w.look || n != w.drafts {
+			return nil, fmt.Errorf("window result stops at an accepted proposal (%d of %d)", n, w.drafts)
+		}
+		kind = allAccepted
+	case n == w.drafts+1:
+		// Every proposal accepted and a bonus: only the last window of
+		// a chain (no lookahead) has one.
+		if w.look || len(sp.inflight) != 1 || len(sp.pending) != n-1 {
+			return nil, fmt.Errorf("window result with a bonus token where none can follow")
+		}
+		kind = bonus
+	default:
+		kind = correction
+	}
 	var compute time.Duration
 	for _, us := range wr.GetHopUs() {
 		compute += time.Duration(us) * time.Microsecond
 	}
 	sp.ad.ObserveWindow(w.rows, time.Since(w.at), compute)
-	accepted, verified := n-1, n
-	switch {
-	case n <= w.drafts && toks[n-1] == sp.pending[n-1]:
-		// Every proposal accepted, the lookahead too: the next window
-		// in flight goes on from it.
-		if n != w.drafts {
-			return nil, fmt.Errorf("window result stops at an accepted proposal (%d of %d)", n, w.drafts)
-		}
-		accepted = n
-		sp.pending = sp.pending[n:]
-		sp.sent -= n
-	case n == w.drafts+1:
-		// Every proposal accepted and a bonus: the window ended its chain.
-		if len(sp.inflight) != 0 || len(sp.pending) != n-1 {
-			return nil, fmt.Errorf("window result with a bonus token while windows are in flight")
-		}
-		verified = n - 1
+	switch kind {
+	case allAccepted:
+		sp.pending, sp.sent = sp.pending[n:], sp.sent-n
+		sp.setInflight(sp.inflight[1:])
+	case bonus:
 		sp.pending, sp.sent = sp.pending[:0], 0
-	default:
-		// A correction: the rest of the chain is rejected.
+		sp.setInflight(sp.inflight[:0])
+	case correction:
+		// The rest of the chain is rejected.
 		sp.gen++
-		sp.pending, sp.sent, sp.inflight = sp.pending[:0], 0, sp.inflight[:0]
+		sp.pending, sp.sent = sp.pending[:0], 0
+		sp.setInflight(sp.inflight[:0])
+	case ended:
+		sp.finished = true
+		sp.setInflight(sp.inflight[:0])
 	}
 	sp.ad.ObserveAcceptance(w.match, accepted, verified)
 	sp.stats.Windows++
@@ -345,6 +409,23 @@ func (sp *specHead) result(wr *meshp2pb.WindowResult) ([]int32, error) {
 	sp.commit(toks)
 	sp.last, sp.lastPos = toks[n-1], sp.lastPos+n
 	return toks, nil
+}
+
+// stalled reports a running session with nothing in flight (windows
+// returned none: its KV cells are spent).
+func (sp *specHead) stalled() bool {
+	sp.mu.Lock()
+	defer sp.mu.Unlock()
+	return sp.begun && !sp.finished && !sp.closed && len(sp.inflight) == 0
+}
+
+// finish marks the generation ended (the origin closes the session): no
+// more windows, later results are dropped.
+func (sp *specHead) finish() {
+	sp.mu.Lock()
+	defer sp.mu.Unlock()
+	sp.finished = true
+	sp.setInflight(sp.inflight[:0])
 }
 
 // lastCommittedPos is the position the last committed token is fed at.
@@ -362,10 +443,17 @@ func (sp *specHead) snapshot() *meshp2pb.SpecStats {
 		Proposer: sp.stats.Proposer}
 }
 
-// close frees the proposer's resources (a draft model's session).
+// close ends the session's speculation when it is released: no more
+// windows, the in-flight count back to 0, the proposer's resources (a
+// draft model's session) freed.
 func (sp *specHead) close() {
 	sp.mu.Lock()
 	defer sp.mu.Unlock()
+	if sp.closed {
+		return
+	}
+	sp.closed = true
+	sp.setInflight(nil)
 	if c, ok := sp.ng.(io.Closer); ok {
 		_ = c.Close()
 	}

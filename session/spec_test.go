@@ -5,6 +5,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/libp2p/go-libp2p/core/peer"
 	"google.golang.org/protobuf/proto"
@@ -230,7 +231,7 @@ func FuzzWindowResult(f *testing.F) {
 	f.Add(good, []byte{})
 	f.Fuzz(func(t *testing.T, b1, b2 []byte) {
 		open := &meshp2pb.SessionOpen{Speculation: &meshp2pb.Speculation{Mode: meshp2pb.SpecMode_SPEC_MODE_NGRAM, MaxDraft: 3, MaxWindows: 3}}
-		sp := newSpecHead(open, false, nil)
+		sp := newSpecHead(open, false, nil, nil)
 		sp.history([]int32{1, 2, 3, 1, 2, 3, 1, 2})
 		sp.begin(3, 8, 1)
 		sent := sp.windows(nil, 1, 100)
@@ -255,6 +256,147 @@ func FuzzWindowResult(f *testing.F) {
 				t.Fatalf("sent %d of a chain of %d", sp.sent, len(sp.pending)+1)
 			}
 			sp.windows(nil, 1, 100)
+		}
+	})
+}
+
+// fixedProposer proposes the tokens after its history's length in want
+// (the "true" continuation).
+type fixedProposer struct {
+	want []int32
+	n    int
+}
+
+func (p *fixedProposer) Append(toks ...int32) { p.n += len(toks) }
+func (p *fixedProposer) Propose(k int) ([]int32, int) {
+	if p.n >= len(p.want) {
+		return nil, 0
+	}
+	return p.want[p.n:min(len(p.want), p.n+k)], 3
+}
+
+// The head's bookkeeping refuses results no honest tail sends, and takes
+// every one it does (an end of generation at an accepted proposal too);
+// the in-flight count it reports always returns to 0.
+func TestSpecHeadResults(t *testing.T) {
+	want := make([]int32, 64)
+	for i := range want {
+		want[i] = int32(10 + i)
+	}
+	// head returns a head whose proposer knows want (a history of 2
+	// prompt tokens, then 10 committed at position 2), with W windows.
+	head := func(w uint32) (*specHead, *int) {
+		var gauge int
+		open := &meshp2pb.SessionOpen{NCtxNeeded: 64, Speculation: &meshp2pb.Speculation{Mode: meshp2pb.SpecMode_SPEC_MODE_NGRAM, MaxDraft: 3, MaxWindows: w}}
+		sp := newSpecHead(open, false, func(meshp2pb.SpecMode, int) (Proposer, string) {
+			return &fixedProposer{want: append([]int32{1, 2}, want...)}, "fixed"
+		}, func(d int) { gauge += d })
+		sp.history([]int32{1, 2})
+		if !sp.begin(10, 2, 1) || sp.begin(10, 2, 1) {
+			t.Fatal("begin: the first must succeed, a second fail")
+		}
+		// Teach it that proposals are good and rows cheap against the
+		// ring, so K grows to its cap and windows go in flight together.
+		sp.ad.ObserveAcceptance(3, 100, 100)
+		for range 5 {
+			sp.ad.ObserveWindow(1, 60*time.Millisecond, time.Millisecond)
+			sp.ad.ObserveWindow(4, 61*time.Millisecond, 2*time.Millisecond)
+		}
+		sp.stats.K = 3
+		return sp, &gauge
+	}
+	t.Run("a window without lookahead fully accepted but no bonus", func(t *testing.T) {
+		sp, _ := head(1)
+		ws := sp.windows(nil, 1, 50)
+		if len(ws) != 1 || len(ws[0].GetLookahead()) != 0 {
+			t.Fatalf("windows %v", ws)
+		}
+		d := int(ws[0].GetNRows()) - 1
+		if _, err := sp.result(&meshp2pb.WindowResult{Position: 3, Tokens: want[1 : 1+d]}); err == nil {
+			t.Fatal("accepted a result without the bonus its window must have")
+		}
+		sp.windows(nil, 1, 50) // must not panic
+	})
+	t.Run("a bonus after a lookahead", func(t *testing.T) {
+		sp, _ := head(3)
+		ws := sp.windows(nil, 1, 50)
+		if len(ws) < 2 || len(ws[0].GetLookahead()) != 1 {
+			t.Fatalf("want a chain of windows, got %v", ws)
+		}
+		d := int(ws[0].GetNRows())
+		if _, err := sp.result(&meshp2pb.WindowResult{Position: 3, Tokens: want[1 : 1+d+1]}); err == nil {
+			t.Fatal("accepted a bonus after a lookahead")
+		}
+	})
+	t.Run("end of generation at an accepted proposal", func(t *testing.T) {
+		sp, gauge := head(3)
+		ws := sp.windows(nil, 1, 50)
+		if *gauge != len(ws) {
+			t.Fatalf("gauge %d, %d windows sent", *gauge, len(ws))
+		}
+		toks, err := sp.result(&meshp2pb.WindowResult{Position: 3, Tokens: want[1:3], Eos: true})
+		if err != nil || len(toks) != 2 {
+			t.Fatalf("%v %v", toks, err)
+		}
+		if *gauge != 0 || sp.windows(nil, 1, 50) != nil {
+			t.Fatalf("after the end: gauge %d, windows still sent", *gauge)
+		}
+		if toks, err := sp.result(&meshp2pb.WindowResult{Position: 5, Tokens: want[3:4]}); toks != nil || err != nil {
+			t.Fatalf("a result after the end: %v %v", toks, err)
+		}
+	})
+	t.Run("close returns the gauge", func(t *testing.T) {
+		sp, gauge := head(3)
+		sp.windows(nil, 1, 50)
+		sp.close()
+		if *gauge != 0 || sp.windows(nil, 1, 50) != nil {
+			t.Fatalf("after close: gauge %d", *gauge)
+		}
+	})
+	t.Run("honest results", func(t *testing.T) {
+		sp, gauge := head(3)
+		var got []int32
+		for len(got) < 12 {
+			ws := sp.windows(nil, 1, 50)
+			if len(ws) == 0 && sp.inFlight() == 0 {
+				t.Fatal("stalled")
+			}
+			for _, a := range ws {
+				// The honest tail: accept while the proposal is want's,
+				// correct the 7th token once.
+				rows, look := a.GetTokens(), a.GetLookahead()
+				var toks []int32
+				for i := range rows {
+					pos := int(a.GetPosStart()) + i - 2 // index into want of the row
+					target := want[pos+1]
+					if pos+1 == 7 && len(got)+len(toks) < 8 && a.GetSpecGen() == 0 {
+						target = 99
+					}
+					toks = append(toks, target)
+					var prop int32 = -1
+					if i+1 < len(rows) {
+						prop = rows[i+1]
+					} else if len(look) > 0 {
+						prop = look[0]
+					}
+					if prop != target {
+						break
+					}
+				}
+				c, err := sp.result(&meshp2pb.WindowResult{SpecGen: a.GetSpecGen(), Position: a.GetPosStart() + 1, Tokens: toks})
+				if err != nil {
+					t.Fatalf("honest result %v refused: %v", toks, err)
+				}
+				got = append(got, c...)
+			}
+		}
+		if *gauge != sp.inFlight() {
+			t.Fatalf("gauge %d, %d in flight", *gauge, sp.inFlight())
+		}
+		for i, tok := range got {
+			if exp := want[i+1]; (i == 6 && tok != 99) || (i != 6 && tok != exp) {
+				t.Fatalf("committed %v: token %d is %d", got, i, tok)
+			}
 		}
 	})
 }

@@ -63,8 +63,7 @@ func (hs *hopSession) release() {
 		h.cfg.Observer.SessionEnded(errCode(hs.err))
 	}
 	if hs.sp != nil {
-		h.cfg.Observer.WindowsInFlight(-hs.sp.inFlight())
-		hs.sp.close()
+		hs.sp.close() // the in-flight gauge back by what was in flight
 	}
 	h.mu.Lock()
 	delete(h.active, hs.key)
