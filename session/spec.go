@@ -102,6 +102,11 @@ type Proposer interface {
 	Propose(k int) ([]int32, int)
 }
 
+// costly is implemented by proposers whose proposals cost work (a draft
+// model decodes one per token): the head then asks for little more than
+// it will send.
+type costly interface{ Costly() bool }
+
 // ProposerFactory makes the proposer of a speculative session this hop
 // heads: mode is what the origin asked for, kv the KV cells the session
 // reserved. nil: the n-gram proposer; name says what it is ("draft").
@@ -267,10 +272,13 @@ func (sp *specHead) windows(sid []byte, epoch uint64, room int) []*meshp2pb.Acti
 		if free < 0 {
 			return out
 		}
-		// Ask for a little more than the last K (a draft model's
-		// proposals cost a decode each), one more to see whether another
-		// window could follow.
-		want := min(sp.ad.MaxK, int(sp.stats.K)+2, free)
+		// Ask for up to K (a costly proposer, a draft model: a little
+		// more than the last K), one more to see whether another window
+		// could follow.
+		want := min(sp.ad.MaxK, free)
+		if c, ok := sp.ng.(costly); ok && c.Costly() {
+			want = min(want, 2*int(sp.stats.K)+2)
+		}
 		drafts, match := sp.propose(want + 1)
 		k, w := sp.ad.Choose(match)
 		k = min(k, want)

@@ -37,6 +37,12 @@ type Adaptive struct {
 // proposals on (the model's error and the proposer's own cost).
 const Margin = 1.05
 
+// MinEvidence is how many proposals must have been checked (sent, or
+// only compared with what was committed) before proposals are sent: a
+// session starts off and looks first, so text nothing repeats in costs
+// nothing.
+const MinEvidence = 4
+
 // decay weighs recent windows over old ones (about the last 1/(1-decay)
 // proposals).
 const decay = 0.97
@@ -123,6 +129,9 @@ func (a *Adaptive) Gain(n, k int) float64 {
 // Choose returns K (0: plain) and W (≥ 1) for proposals from a match of
 // n tokens (0: unknown).
 func (a *Adaptive) Choose(n int) (k, w int) {
+	if !a.Always && a.tot < MinEvidence {
+		return 0, 1
+	}
 	best, bestK := 1.0, 0
 	for k := 1; k <= a.MaxK; k++ {
 		if g := a.Gain(n, k); g > best {

@@ -15,7 +15,9 @@ func TestAdaptiveChoose(t *testing.T) {
 		wantK   func(k int) bool
 		wantW   func(w int) bool
 	}{
-		{"no measurement: try", false, func(*Adaptive) {}, 0, func(k int) bool { return k > 0 }, func(w int) bool { return w == 1 }},
+		{"no measurement: look first", false, func(*Adaptive) {}, 0, func(k int) bool { return k == 0 }, func(w int) bool { return w == 1 }},
+		{"no measurement, ngram mode: try", true, func(*Adaptive) {}, 0, func(k int) bool { return k > 0 }, func(w int) bool { return w == 1 }},
+		{"a few good proposals seen: try", false, func(a *Adaptive) { a.ObserveAcceptance(2, 4, 5) }, 2, func(k int) bool { return k > 0 }, func(w int) bool { return w == 1 }},
 		{"nothing accepted: off", false, func(a *Adaptive) { a.ObserveAcceptance(0, 0, 200) }, 0,
 			func(k int) bool { return k == 0 }, func(w int) bool { return w == 1 }},
 		{"nothing accepted, ngram mode: still one", true, func(a *Adaptive) { a.ObserveAcceptance(0, 0, 200) }, 0,

@@ -117,6 +117,9 @@ type draftProposer struct {
 
 func (p *draftProposer) Append(toks ...int32) { p.hist = append(p.hist, toks...) }
 
+// Costly: every proposal is a decode of the draft model.
+func (p *draftProposer) Costly() bool { return true }
+
 // Propose returns up to k of the draft's greedy continuation of the
 // committed tokens. Proposals made before that are still a prefix of what
 // was committed since are kept (their rows stay in the draft's cache).
