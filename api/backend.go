@@ -98,7 +98,7 @@ type GenerateResult struct {
 
 // SpecInfo counts a generation's speculative decoding: verification
 // windows, proposals verified and accepted, their mean per window, and the
-// K (proposals per window) and W (windows in flight) the head chose last.
+// most proposals one window carried (K) and windows in flight at once (W).
 type SpecInfo struct {
 	Mode              string  `json:"mode"`
 	Proposer          string  `json:"proposer"`

@@ -585,8 +585,9 @@ func (c *capacityRetry) wait(ctx context.Context, limit time.Duration, full peer
 }
 
 // SpecStats count a generation's speculation: verification windows,
-// proposed tokens verified and of them accepted, and the proposals per
-// window (K) and windows in flight (W) the head chose last.
+// proposed tokens verified and of them accepted, and the most proposals
+// one window carried (K) and windows in flight at once (W) on the last
+// epoch's head.
 type SpecStats struct {
 	Windows  int `json:"windows"`
 	Proposed int `json:"proposed"`

@@ -148,6 +148,7 @@ type specHead struct {
 	shadow   []int32 // proposals made but not sent: checked against what is committed (acceptance while off)
 	shadowN  int     // their match length
 	step     uint64
+	lastK    int // the K chosen last
 	stats    meshp2pb.SpecStats
 }
 
@@ -277,12 +278,12 @@ func (sp *specHead) windows(sid []byte, epoch uint64, room int) []*meshp2pb.Acti
 		// could follow.
 		want := min(sp.ad.MaxK, free)
 		if c, ok := sp.ng.(costly); ok && c.Costly() {
-			want = min(want, 2*int(sp.stats.K)+2)
+			want = min(want, 2*sp.lastK+2)
 		}
 		drafts, match := sp.propose(want + 1)
 		k, w := sp.ad.Choose(match)
 		k = min(k, want)
-		sp.stats.K, sp.stats.W = uint32(k), uint32(w)
+		sp.lastK = k
 		if n >= w {
 			return out
 		}
@@ -317,6 +318,8 @@ func (sp *specHead) windows(sid []byte, epoch uint64, room int) []*meshp2pb.Acti
 			NRows: uint32(len(rows)), LastChunk: true, Tokens: rows, Verify: true, SpecGen: sp.gen, Lookahead: look}
 		sp.sent += len(rows)
 		sp.setInflight(append(sp.inflight, specWindow{rows: len(rows), drafts: len(rows) - 1 + len(look), look: len(look) > 0, match: match, at: time.Now()}))
+		sp.stats.K = max(sp.stats.K, uint32(len(rows)-1+len(look)))
+		sp.stats.W = max(sp.stats.W, uint32(len(sp.inflight)))
 		out = append(out, a)
 		if len(look) == 0 {
 			return out

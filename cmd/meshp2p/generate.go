@@ -73,8 +73,8 @@ type genResult struct {
 }
 
 // specJSON reports speculation: the mode asked for, verification windows,
-// proposals verified and accepted, and the K (proposals per window) and W
-// (windows in flight) the head chose last.
+// proposals verified and accepted, and the most proposals one window
+// carried (K) and windows in flight at once (W).
 type specJSON struct {
 	Mode              string  `json:"mode"`
 	Proposer          string  `json:"proposer"` // what proposed: ngram, or the head's draft model
