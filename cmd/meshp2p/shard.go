@@ -101,9 +101,7 @@ func runShardInspect(ctx context.Context, stdout, stderr io.Writer, args []strin
 		return err
 	}
 	if *asJSON {
-		enc := json.NewEncoder(stdout)
-		enc.SetIndent("", "  ")
-		return enc.Encode(in)
+		return writeIndented(stdout, in)
 	}
 	printInfo(stdout, pos[0], in)
 	return nil
@@ -202,20 +200,7 @@ func runShardSplit(ctx context.Context, stdout, stderr io.Writer, args []string)
 	case *first != 0 && (*rangesFlag != "" || *even != 0):
 		return fmt.Errorf("%w: use --first alone, without --ranges or --even", errUsage)
 	case *first != 0:
-		res, err := gguf.Truncate(ctx, src, *first, filepath.Join(*outDir, gguf.TruncateName(src, *first)))
-		if errors.Is(err, gguf.ErrBadRange) {
-			return fmt.Errorf("%w: --first: %v", errUsage, err)
-		}
-		if err != nil {
-			return err
-		}
-		if *asJSON {
-			enc := json.NewEncoder(stdout)
-			enc.SetIndent("", "  ")
-			return enc.Encode(res)
-		}
-		fmt.Fprintf(stdout, "%s\tfirst %d layers (a whole model)\t%s\tmodel %s\n", res.Path, res.Range.End, humanBytes(res.Size), res.Fingerprint)
-		return nil
+		return shardFirst(ctx, stdout, src, *first, *outDir, *asJSON)
 	case *rangesFlag != "" && *even != 0:
 		return fmt.Errorf("%w: use --ranges or --even, not both", errUsage)
 	case *rangesFlag != "":
@@ -241,14 +226,35 @@ func runShardSplit(ctx context.Context, stdout, stderr io.Writer, args []string)
 		return err
 	}
 	if *asJSON {
-		enc := json.NewEncoder(stdout)
-		enc.SetIndent("", "  ")
-		return enc.Encode(res)
+		return writeIndented(stdout, res)
 	}
 	for _, r := range res {
 		fmt.Fprintf(stdout, "%s\tlayers %v (%s)\t%s\tmodel %s\n", r.Path, r.Range, r.Role, humanBytes(r.Size), r.Fingerprint)
 	}
 	return nil
+}
+
+// shardFirst writes src cut to its first k layers (split --first).
+func shardFirst(ctx context.Context, stdout io.Writer, src string, k int, outDir string, asJSON bool) error {
+	res, err := gguf.Truncate(ctx, src, k, filepath.Join(outDir, gguf.TruncateName(src, k)))
+	if errors.Is(err, gguf.ErrBadRange) {
+		return fmt.Errorf("%w: --first: %v", errUsage, err)
+	}
+	if err != nil {
+		return err
+	}
+	if asJSON {
+		return writeIndented(stdout, res)
+	}
+	fmt.Fprintf(stdout, "%s\tfirst %d layers (a whole model)\t%s\tmodel %s\n", res.Path, res.Range.End, humanBytes(res.Size), res.Fingerprint)
+	return nil
+}
+
+// writeIndented writes v as indented JSON (the --json outputs).
+func writeIndented(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
 }
 
 // quantTypes are the quantizations synth can produce through the engine

@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/neuron-tai/meshp2p/engine/gguf"
+	"github.com/neuron-tai/meshp2p/internal/testmodels"
 )
 
 func runShardArgs(t *testing.T, args ...string) (string, string, error) {
@@ -115,5 +116,25 @@ func TestShardCLIUsage(t *testing.T) {
 	}
 	if _, _, err := runShardArgs(t, "--help"); err != nil {
 		t.Errorf("--help: %v", err)
+	}
+}
+
+// shard split --first K writes the model cut to its first K layers, a
+// whole model that loads; bad K and mixed flags are usage errors.
+func TestShardSplitFirst(t *testing.T) {
+	model := testmodels.Path(t, "stories260K.gguf")
+	dir := t.TempDir()
+	out, _, err := runShardArgs(t, "split", "--first", "3", "-o", dir, model)
+	if err != nil || !strings.Contains(out, "stories260K.first3.gguf") {
+		t.Fatalf("split --first 3: %v\n%s", err, out)
+	}
+	info, _, err := runShardArgs(t, "inspect", filepath.Join(dir, "stories260K.first3.gguf"))
+	if err != nil || !strings.Contains(info, "layers        3") || !strings.Contains(info, "separate output.weight") {
+		t.Fatalf("inspect: %v\n%s", err, info)
+	}
+	for _, args := range [][]string{{"--first", "5"}, {"--first", "-1"}, {"--first", "2", "--even", "2"}} {
+		if _, _, err := runShardArgs(t, append(append([]string{"split"}, args...), "-o", dir, model)...); !errors.Is(err, errUsage) {
+			t.Errorf("split %v: %v, want a usage error", args, err)
+		}
 	}
 }
