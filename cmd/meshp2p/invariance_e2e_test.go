@@ -164,18 +164,24 @@ func TestSwarmConcurrentGreedyEqualsLocal(t *testing.T) {
 // After each kill the node is started again, so the next trial has a
 // replica to fail over to. The gateway speculates (f16: --speculative
 // ngram, so windows are in flight when the hop dies; q8_0: the default
-// auto): the re-route re-prefills only committed tokens.
+// auto, sampled at temperature 0.8 with a seed: the same seed gives the
+// same text across re-routes): the re-route re-prefills only committed
+// tokens.
 func TestFailoverAtManyPositionsEqualsLocal(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts five processes and restarts them")
 	}
-	for _, tc := range []struct{ typ, spec string }{{"f16", "ngram"}, {"q8_0", "auto"}} {
+	for _, tc := range []struct {
+		typ, spec string
+		temp      float64
+	}{{"f16", "ngram", 0}, {"q8_0", "auto", 0.8}} {
 		typ := tc.typ
 		t.Run(typ, func(t *testing.T) {
 			s := startInvSwarm(t, typ, "--speculative", tc.spec)
 			accepted := 0
 			const n, prompt = 256, "Once upon a time"
-			want, wantN := s.local(t, prompt, n)
+			want, wantN := localText(t, s.bin, "--model", s.model, "--prompt", prompt, "--max-tokens", fmt.Sprint(n), "--temperature", fmt.Sprint(tc.temp),
+				"--top-k", "0", "--top-p", "1", "--min-p", "0", "--seed", "11")
 			if wantN < n {
 				t.Fatalf("reference stopped after %d tokens", wantN)
 			}
@@ -190,7 +196,7 @@ func TestFailoverAtManyPositionsEqualsLocal(t *testing.T) {
 				at := max(1, int(frac*float64(len(want))))
 				st := c.Completions.NewStreaming(ctx, openai.CompletionNewParams{Model: openai.CompletionNewParamsModel(s.name),
 					Prompt:    openai.CompletionNewParamsPromptUnion{OfString: openai.String(prompt)},
-					MaxTokens: openai.Int(n), Temperature: openai.Float(0)})
+					MaxTokens: openai.Int(n), Temperature: openai.Float(tc.temp), Seed: openai.Int(11)})
 				var text string
 				var killed *cliProc
 				var route *apiExt // the latest route the gateway reported
