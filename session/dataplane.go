@@ -311,7 +311,7 @@ func (hs *hopSession) readRing(rs network.Stream) {
 				return
 			}
 		case *meshp2pb.StreamMessage_WindowResult:
-			if err := hs.windowResult(k.WindowResult, tail); err != nil {
+			if err := hs.windowResult(k.WindowResult, tail, r.timing()); err != nil {
 				hs.fail(asHopError(err, ""))
 				return
 			}
@@ -337,7 +337,7 @@ func (hs *hopSession) token(tf *meshp2pb.TokenFrame, from peer.ID, rt readTiming
 		if !hs.sp.begin(tf.GetToken(), int(tf.GetPosition()), tf.GetStep()) {
 			return codeErr(meshp2pb.ErrorCode_ERROR_CODE_UNEXPECTED_MESSAGE, "token frame in a speculative session that is verifying windows", from)
 		}
-		return hs.sendWindows(from)
+		return hs.sendWindows(from, rt)
 	}
 	a := &meshp2pb.ActivationHeader{SessionId: tf.GetSessionId(), Epoch: tf.GetEpoch(), Step: tf.GetStep() + 1,
 		PosStart: tf.GetPosition(), NRows: 1, LastChunk: true, Tokens: []int32{tf.GetToken()}}
@@ -354,7 +354,7 @@ func (hs *hopSession) selfRing() {
 		case msg := <-hs.self:
 			var err error
 			if wr := msg.GetWindowResult(); wr != nil {
-				err = hs.windowResult(wr, "")
+				err = hs.windowResult(wr, "", readTiming{})
 			} else {
 				err = hs.token(msg.GetToken(), "", readTiming{})
 			}
@@ -427,7 +427,7 @@ func proposalAt(a *meshp2pb.ActivationHeader, i int) int32 {
 // windowResult (head) passes a window's committed tokens to the origin
 // and sends the next windows; from sent it (the tail; "" on a one-hop
 // route), and is blamed for a result that does not fit what was sent.
-func (hs *hopSession) windowResult(wr *meshp2pb.WindowResult, from peer.ID) error {
+func (hs *hopSession) windowResult(wr *meshp2pb.WindowResult, from peer.ID, rt readTiming) error {
 	hs.touch()
 	if !bytes.Equal(wr.GetSessionId(), hs.open.GetSessionId()) || wr.GetEpoch() != hs.key.Epoch {
 		return codeErr(meshp2pb.ErrorCode_ERROR_CODE_SESSION_UNKNOWN, "window result for another session or epoch", from)
@@ -456,14 +456,15 @@ func (hs *hopSession) windowResult(wr *meshp2pb.WindowResult, from peer.ID) erro
 			return err
 		}
 	}
-	return hs.sendWindows(from)
+	return hs.sendWindows(from, rt)
 }
 
 // sendWindows (head) sends the windows the proposer has room for through
 // this hop's own layers. Their tokens come from the tail's results (from:
 // the tail; "" on a one-hop route), which are blamed for one the engine
-// refuses.
-func (hs *hopSession) sendWindows(from peer.ID) error {
+// refuses; rt is how the result that let them go reached us (the first
+// window's HopTiming).
+func (hs *hopSession) sendWindows(from peer.ID, rt readTiming) error {
 	room := int(hs.open.GetNCtxNeeded()) - 1 - hs.sp.lastCommittedPos()
 	if hs.maxTokens > 0 {
 		room = min(room, hs.maxTokens-hs.produced)
@@ -473,9 +474,10 @@ func (hs *hopSession) sendWindows(from peer.ID) error {
 		return codeErr(meshp2pb.ErrorCode_ERROR_CODE_CONTEXT_FULL, "the session's KV cells are spent", "")
 	}
 	for _, a := range ws {
-		if err := hs.activation(a, nil, from, readTiming{}); err != nil {
+		if err := hs.activation(a, nil, from, rt); err != nil {
 			return err
 		}
+		rt = readTiming{}
 	}
 	return nil
 }
