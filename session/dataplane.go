@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"slices"
 	"time"
 
@@ -435,19 +436,18 @@ func (hs *hopSession) windowResult(wr *meshp2pb.WindowResult, from peer.ID, rt r
 	if hs.sp == nil {
 		return codeErr(meshp2pb.ErrorCode_ERROR_CODE_UNEXPECTED_MESSAGE, "window result in a session without speculation", from)
 	}
-	prev := hs.sp.snapshot()
-	toks, err := hs.sp.result(wr)
+	res, err := hs.sp.result(wr)
 	if err != nil {
 		return codeErr(meshp2pb.ErrorCode_ERROR_CODE_BAD_REQUEST, err.Error(), from)
 	}
+	toks := res.toks
 	if toks == nil {
 		return nil // a rejected generation's, or the session ended
 	}
-	stats := hs.sp.snapshot()
-	hs.h.cfg.Observer.Verified(int(stats.GetProposed()-prev.GetProposed()), int(stats.GetAccepted()-prev.GetAccepted()))
+	hs.h.cfg.Observer.Verified(res.verified, res.accepted)
 	for i, t := range toks {
 		tf := &meshp2pb.TokenFrame{SessionId: wr.GetSessionId(), Epoch: wr.GetEpoch(), Step: wr.GetStep(), Token: t,
-			Position: wr.GetPosition() + uint32(i), Eos: wr.GetEos() && i == len(toks)-1, Spec: stats}
+			Position: wr.GetPosition() + uint32(i), Eos: wr.GetEos() && i == len(toks)-1, Spec: res.stats}
 		if i == 0 { // the window's times, once
 			tf.HopUs, tf.HopTiming = wr.GetHopUs(), wr.GetHopTiming()
 		}
@@ -465,11 +465,11 @@ func (hs *hopSession) windowResult(wr *meshp2pb.WindowResult, from peer.ID, rt r
 // refuses; rt is how the result that let them go reached us (the first
 // window's HopTiming).
 func (hs *hopSession) sendWindows(from peer.ID, rt readTiming) error {
-	room := int(hs.open.GetNCtxNeeded()) - 1 - hs.sp.lastCommittedPos()
+	tokens := math.MaxInt
 	if hs.maxTokens > 0 {
-		room = min(room, hs.maxTokens-hs.produced)
+		tokens = hs.maxTokens - hs.produced
 	}
-	ws := hs.sp.windows(hs.open.GetSessionId(), hs.key.Epoch, room)
+	ws := hs.sp.windows(hs.open.GetSessionId(), hs.key.Epoch, int(hs.open.GetNCtxNeeded()), tokens)
 	if len(ws) == 0 && hs.sp.stalled() {
 		return codeErr(meshp2pb.ErrorCode_ERROR_CODE_CONTEXT_FULL, "the session's KV cells are spent", "")
 	}

@@ -256,12 +256,13 @@ func (sp *specHead) setInflight(ws []specWindow) {
 	sp.inflight = ws
 }
 
-// windows returns the windows to send now (none once the session ended);
-// room is how many more tokens the session may produce (max_tokens and
-// its KV cells).
-func (sp *specHead) windows(sid []byte, epoch uint64, room int) []*meshp2pb.ActivationHeader {
+// windows returns the windows to send now (none once the session ended).
+// The session may produce at most tokens more tokens (max_tokens) and
+// feed rows below position kv (its KV cells).
+func (sp *specHead) windows(sid []byte, epoch uint64, kv, tokens int) []*meshp2pb.ActivationHeader {
 	sp.mu.Lock()
 	defer sp.mu.Unlock()
+	room := min(kv-1-sp.lastPos, tokens)
 	var out []*meshp2pb.ActivationHeader
 	for sp.begun && !sp.finished && !sp.closed {
 		n := len(sp.inflight)
@@ -328,36 +329,37 @@ func (sp *specHead) windows(sid []byte, epoch uint64, room int) []*meshp2pb.Acti
 	return out
 }
 
-// inFlight is the number of windows in flight.
-func (sp *specHead) inFlight() int {
-	sp.mu.Lock()
-	defer sp.mu.Unlock()
-	return len(sp.inflight)
+// specResult is what a window's result commits: its tokens, the
+// proposals it verified and accepted, and the session's counts after it.
+type specResult struct {
+	toks               []int32
+	verified, accepted int
+	stats              *meshp2pb.SpecStats
 }
 
 // result takes the tail's answer to the oldest window in flight and
-// returns the tokens it commits (nil for a rejected generation's, or once
+// returns what it commits (no tokens for a rejected generation's, or once
 // the session ended), or what is wrong with it (blame the tail). Nothing
 // changes unless the result is valid.
-func (sp *specHead) result(wr *meshp2pb.WindowResult) ([]int32, error) {
+func (sp *specHead) result(wr *meshp2pb.WindowResult) (specResult, error) {
 	sp.mu.Lock()
 	defer sp.mu.Unlock()
 	switch {
 	case sp.finished || sp.closed || wr.GetSpecGen() < sp.gen:
-		return nil, nil
+		return specResult{}, nil
 	case wr.GetSpecGen() > sp.gen || len(sp.inflight) == 0:
-		return nil, fmt.Errorf("window result of generation %d, none in flight (generation %d)", wr.GetSpecGen(), sp.gen)
+		return specResult{}, fmt.Errorf("window result of generation %d, none in flight (generation %d)", wr.GetSpecGen(), sp.gen)
 	}
 	w := sp.inflight[0]
 	toks := wr.GetTokens()
 	n := len(toks)
 	switch {
 	case n < 1 || n > w.drafts+1:
-		return nil, fmt.Errorf("window result of %d tokens for %d proposals", n, w.drafts)
+		return specResult{}, fmt.Errorf("window result of %d tokens for %d proposals", n, w.drafts)
 	case int(wr.GetPosition()) != sp.lastPos+1:
-		return nil, fmt.Errorf("window result at position %d, want %d", wr.GetPosition(), sp.lastPos+1)
+		return specResult{}, fmt.Errorf("window result at position %d, want %d", wr.GetPosition(), sp.lastPos+1)
 	case !slices.Equal(toks[:n-1], sp.pending[:n-1]):
-		return nil, fmt.Errorf("window result accepts tokens that were not proposed")
+		return specResult{}, fmt.Errorf("window result accepts tokens that were not proposed")
 	}
 	lastAccepted := n <= w.drafts && toks[n-1] == sp.pending[n-1]
 	accepted, verified := n-1, min(n, w.drafts)
@@ -379,14 +381,14 @@ func (sp *specHead) result(wr *meshp2pb.WindowResult) ([]int32, error) {
 		// Every proposal accepted, the lookahead too: the next window in
 		// flight goes on from it. Only a lookahead window ends so.
 		if !w.look || n != w.drafts {
-			return nil, fmt.Errorf("window result stops at an accepted proposal (%d of %d)", n, w.drafts)
+			return specResult{}, fmt.Errorf("window result stops at an accepted proposal (%d of %d)", n, w.drafts)
 		}
 		kind = allAccepted
 	case n == w.drafts+1:
 		// Every proposal accepted and a bonus: only the last window of
 		// a chain (no lookahead) has one.
 		if w.look || len(sp.inflight) != 1 || len(sp.pending) != n-1 {
-			return nil, fmt.Errorf("window result with a bonus token where none can follow")
+			return specResult{}, fmt.Errorf("window result with a bonus token where none can follow")
 		}
 		kind = bonus
 	default:
@@ -419,7 +421,7 @@ func (sp *specHead) result(wr *meshp2pb.WindowResult) ([]int32, error) {
 	sp.stats.Accepted += uint32(accepted)
 	sp.commit(toks)
 	sp.last, sp.lastPos = toks[n-1], sp.lastPos+n
-	return toks, nil
+	return specResult{toks: toks, verified: verified, accepted: accepted, stats: sp.snapshotLocked()}, nil
 }
 
 // stalled reports a running session with nothing in flight (windows
@@ -439,17 +441,8 @@ func (sp *specHead) finish() {
 	sp.setInflight(sp.inflight[:0])
 }
 
-// lastCommittedPos is the position the last committed token is fed at.
-func (sp *specHead) lastCommittedPos() int {
-	sp.mu.Lock()
-	defer sp.mu.Unlock()
-	return sp.lastPos
-}
-
-// snapshot is the session's counts so far.
-func (sp *specHead) snapshot() *meshp2pb.SpecStats {
-	sp.mu.Lock()
-	defer sp.mu.Unlock()
+// snapshotLocked is the session's counts so far (sp.mu held).
+func (sp *specHead) snapshotLocked() *meshp2pb.SpecStats {
 	return &meshp2pb.SpecStats{Windows: sp.stats.Windows, Proposed: sp.stats.Proposed, Accepted: sp.stats.Accepted, K: sp.stats.K, W: sp.stats.W,
 		Proposer: sp.stats.Proposer}
 }

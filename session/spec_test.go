@@ -2,6 +2,7 @@ package session
 
 import (
 	"context"
+	"math"
 	"strings"
 	"sync"
 	"testing"
@@ -234,7 +235,7 @@ func FuzzWindowResult(f *testing.F) {
 		sp := newSpecHead(open, false, nil, nil)
 		sp.history([]int32{1, 2, 3, 1, 2, 3, 1, 2})
 		sp.begin(3, 8, 1)
-		sent := sp.windows(nil, 1, 100)
+		sent := sp.windows(nil, 1, math.MaxInt, 100)
 		if len(sent) == 0 {
 			t.Fatal("no window sent on a repeating history")
 		}
@@ -244,7 +245,8 @@ func FuzzWindowResult(f *testing.F) {
 				return
 			}
 			before := append([]int32{sp.last}, sp.pending...)
-			toks, err := sp.result(&wr)
+			res, err := sp.result(&wr)
+			toks := res.toks
 			if err != nil || toks == nil {
 				continue
 			}
@@ -255,7 +257,7 @@ func FuzzWindowResult(f *testing.F) {
 			if sp.sent > len(sp.pending)+1 || sp.sent < 0 {
 				t.Fatalf("sent %d of a chain of %d", sp.sent, len(sp.pending)+1)
 			}
-			sp.windows(nil, 1, 100)
+			sp.windows(nil, 1, math.MaxInt, 100)
 		}
 	})
 }
@@ -307,7 +309,7 @@ func TestSpecHeadResults(t *testing.T) {
 	}
 	t.Run("a window without lookahead fully accepted but no bonus", func(t *testing.T) {
 		sp, _ := head(1)
-		ws := sp.windows(nil, 1, 50)
+		ws := sp.windows(nil, 1, math.MaxInt, 50)
 		if len(ws) != 1 || len(ws[0].GetLookahead()) != 0 {
 			t.Fatalf("windows %v", ws)
 		}
@@ -315,11 +317,11 @@ func TestSpecHeadResults(t *testing.T) {
 		if _, err := sp.result(&meshp2pb.WindowResult{Position: 3, Tokens: want[1 : 1+d]}); err == nil {
 			t.Fatal("accepted a result without the bonus its window must have")
 		}
-		sp.windows(nil, 1, 50) // must not panic
+		sp.windows(nil, 1, math.MaxInt, 50) // must not panic
 	})
 	t.Run("a bonus after a lookahead", func(t *testing.T) {
 		sp, _ := head(3)
-		ws := sp.windows(nil, 1, 50)
+		ws := sp.windows(nil, 1, math.MaxInt, 50)
 		if len(ws) < 2 || len(ws[0].GetLookahead()) != 1 {
 			t.Fatalf("want a chain of windows, got %v", ws)
 		}
@@ -330,26 +332,27 @@ func TestSpecHeadResults(t *testing.T) {
 	})
 	t.Run("end of generation at an accepted proposal", func(t *testing.T) {
 		sp, gauge := head(3)
-		ws := sp.windows(nil, 1, 50)
+		ws := sp.windows(nil, 1, math.MaxInt, 50)
 		if *gauge != len(ws) {
 			t.Fatalf("gauge %d, %d windows sent", *gauge, len(ws))
 		}
-		toks, err := sp.result(&meshp2pb.WindowResult{Position: 3, Tokens: want[1:3], Eos: true})
+		res, err := sp.result(&meshp2pb.WindowResult{Position: 3, Tokens: want[1:3], Eos: true})
+		toks := res.toks
 		if err != nil || len(toks) != 2 {
 			t.Fatalf("%v %v", toks, err)
 		}
-		if *gauge != 0 || sp.windows(nil, 1, 50) != nil {
+		if *gauge != 0 || sp.windows(nil, 1, math.MaxInt, 50) != nil {
 			t.Fatalf("after the end: gauge %d, windows still sent", *gauge)
 		}
-		if toks, err := sp.result(&meshp2pb.WindowResult{Position: 5, Tokens: want[3:4]}); toks != nil || err != nil {
+		if res, err := sp.result(&meshp2pb.WindowResult{Position: 5, Tokens: want[3:4]}); res.toks != nil || err != nil {
 			t.Fatalf("a result after the end: %v %v", toks, err)
 		}
 	})
 	t.Run("close returns the gauge", func(t *testing.T) {
 		sp, gauge := head(3)
-		sp.windows(nil, 1, 50)
+		sp.windows(nil, 1, math.MaxInt, 50)
 		sp.close()
-		if *gauge != 0 || sp.windows(nil, 1, 50) != nil {
+		if *gauge != 0 || sp.windows(nil, 1, math.MaxInt, 50) != nil {
 			t.Fatalf("after close: gauge %d", *gauge)
 		}
 	})
@@ -357,8 +360,8 @@ func TestSpecHeadResults(t *testing.T) {
 		sp, gauge := head(3)
 		var got []int32
 		for len(got) < 12 {
-			ws := sp.windows(nil, 1, 50)
-			if len(ws) == 0 && sp.inFlight() == 0 {
+			ws := sp.windows(nil, 1, math.MaxInt, 50)
+			if len(ws) == 0 && len(sp.inflight) == 0 {
 				t.Fatal("stalled")
 			}
 			for _, a := range ws {
@@ -387,11 +390,11 @@ func TestSpecHeadResults(t *testing.T) {
 				if err != nil {
 					t.Fatalf("honest result %v refused: %v", toks, err)
 				}
-				got = append(got, c...)
+				got = append(got, c.toks...)
 			}
 		}
-		if *gauge != sp.inFlight() {
-			t.Fatalf("gauge %d, %d in flight", *gauge, sp.inFlight())
+		if *gauge != len(sp.inflight) {
+			t.Fatalf("gauge %d, %d in flight", *gauge, len(sp.inflight))
 		}
 		for i, tok := range got {
 			if exp := want[i+1]; (i == 6 && tok != 99) || (i != 6 && tok != exp) {
