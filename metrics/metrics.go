@@ -49,6 +49,7 @@ type Metrics struct {
 	recovery   prometheus.Histogram
 	gens       *prometheus.CounterVec
 	genTokens  prometheus.Counter
+	audits     *prometheus.CounterVec
 	gaugeNames map[string]bool
 	mu         sync.Mutex // guards gaugeNames
 }
@@ -85,6 +86,7 @@ func New() *Metrics {
 	m.recovery = f.histogram("reroute_recovery_seconds", "Time from the failure behind a re-route until tokens flow again.", slowBuckets)
 	m.gens = f.counterVec("generations_total", "Generations this origin ran, by result.", "result")
 	m.genTokens = f.counter("generated_tokens_total", "Tokens this origin's generations received (counted as they arrive).")
+	m.audits = f.counterVec("audits_total", "Audits of finished generations this origin ran, by outcome (passed, failed: a hop convicted, inconclusive, skipped).", "outcome")
 	for _, k := range []string{"prefill", "decode"} {
 		m.rows.WithLabelValues(k)
 		m.compute.WithLabelValues(k)
@@ -262,6 +264,7 @@ func (m *Metrics) GenerationDone(tokens int, err error) {
 	}
 	m.gens.WithLabelValues(r).Inc()
 }
+func (m *Metrics) Audited(r session.AuditReport) { m.audits.WithLabelValues(string(r.Outcome)).Inc() }
 
 // Counter registers a counter read from fn at every scrape (a total kept
 // elsewhere). A second one of the same name is ignored (false).

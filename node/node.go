@@ -13,6 +13,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"sync"
 	"time"
 
@@ -80,6 +81,14 @@ type Config struct {
 	// share (a CLI client restores it from, and saves it to, its failure
 	// file: internal/failfile); nil: one of the node's own.
 	Failures *session.FailureMemory
+	// AuditRate is the share of this node's origins' generations they
+	// audit (docs/trust.md; 0: no audits, and sessions ask hops for no
+	// transcripts). AuditModels are whole model files the origins may
+	// replay hops with, besides ModelPath and the node's own window.
+	// OnAudit, if set, sees every audit's report (proofs to save).
+	AuditRate   float64
+	AuditModels []string
+	OnAudit     func(session.AuditReport)
 }
 
 // Node is a running meshp2p node.
@@ -115,6 +124,10 @@ type Node struct {
 	failures *session.FailureMemory
 	// draft proposes for speculative sessions that ask for it (DraftPath).
 	draft *shardengine.Draft
+	// auditor audits this node's origins' generations; auditEngines are
+	// the layers it can replay (audit.go).
+	auditor      *session.Auditor
+	auditEngines *AuditEngines
 
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
@@ -167,8 +180,34 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 		return nil, err
 	}
 	n.registerGauges()
+	n.startAuditor()
 	return n, nil
 }
+
+// startAuditor sets up the audits of this node's origins.
+func (n *Node) startAuditor() {
+	models := slices.Clone(n.cfg.AuditModels)
+	if n.cfg.ModelPath != "" {
+		models = append(models, n.cfg.ModelPath)
+	}
+	n.auditEngines = &AuditEngines{Models: models, DataDir: n.cfg.P2P.DataDir, Threads: n.cfg.Engine.Threads, Logger: n.log,
+		Served: func() (session.Engine, string) {
+			n.mu.Lock()
+			defer n.mu.Unlock()
+			if n.shard == nil {
+				return nil, ""
+			}
+			return shardengine.Engine{Model: n.model, Shard: n.shard}, n.fp
+		}}
+	n.auditor = &session.Auditor{Rate: n.cfg.AuditRate, Engines: n.auditEngines, OnReport: n.cfg.OnAudit,
+		Protocol: n.host.ProtocolID(session.ProtoAudit, session.ProtoVersion)}
+}
+
+// AuditEngines are the layers this node can replay (proof checks).
+func (n *Node) AuditEngines() *AuditEngines { return n.auditEngines }
+
+// WaitAudits blocks until the audits this node's origins started ended.
+func (n *Node) WaitAudits() { n.auditor.Wait() }
 
 // withLoggers gives every part of cfg a logger (slog.Default if none) and
 // an open relay its member test.
@@ -181,6 +220,9 @@ func withLoggers(cfg Config) Config {
 	}
 	if cfg.Hop.Logger == nil {
 		cfg.Hop.Logger = cfg.Logger
+	}
+	if cfg.Hop.KernelClass == "" {
+		cfg.Hop.KernelClass = engine.KernelClass()
 	}
 	if cfg.Engine.Logger == nil {
 		cfg.Engine.Logger = cfg.Logger
@@ -530,7 +572,7 @@ func (n *Node) Origin(planner route.Planner) *session.Origin {
 	// it opens at once on any connection, relayed included, instead of
 	// waiting for a hole punch as activation seams do.
 	return &session.Origin{Dialer: n.ControlHost(), Key: n.host.Peerstore().PrivKey(n.host.ID()), Planner: planner, Protocol: n.host.ProtocolID(session.ProtoSession, session.ProtoVersion),
-		Limits: n.cfg.Hop.Limits, Logger: n.log, Failures: n.failures, Observer: n.originObserver(), Covered: n.table.Covers,
+		Limits: n.cfg.Hop.Limits, Logger: n.log, Failures: n.failures, Observer: n.originObserver(), Covered: n.table.Covers, Audit: n.auditor,
 		Rediscover: func(ctx context.Context, fp string) {
 			// A replacement may be known to a peer but not to us yet:
 			// re-pull adverts from connected peers and ask the DHT.
@@ -604,6 +646,10 @@ func (n *Node) Close() error {
 		errs = append(errs, n.p2p.Close())
 	}
 	n.wg.Wait()
+	n.auditor.Wait()
+	if n.auditEngines != nil {
+		n.auditEngines.Close()
+	}
 	n.closeEngine()
 	return errors.Join(errs...)
 }

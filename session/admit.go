@@ -227,6 +227,9 @@ func (h *HopService) newHopSession(s network.Stream, open *meshp2pb.SessionOpen,
 	if hs.head && speculative(open) {
 		hs.sp = newSpecHead(open, hs.tail, h.cfg.Proposer, h.cfg.Observer.WindowsInFlight)
 	}
+	if open.GetTranscripts() {
+		h.startTranscripts(hs)
+	}
 	return hs
 }
 

@@ -122,10 +122,27 @@ func (hs *hopSession) readUpstream(r *timedReader) error {
 			if hs.head && k.Activation.GetVerify() {
 				return codeErr(meshp2pb.ErrorCode_ERROR_CODE_BAD_REQUEST, "verification windows start at the head, not the origin", hs.upstreamPeer())
 			}
+			if !hs.head {
+				if err := hs.received(msg, tensors, hs.upstreamPeer()); err != nil {
+					return err
+				}
+			}
 			if err := hs.activation(k.Activation, tensors, hs.upstreamPeer(), r.timing()); err != nil {
 				return err
 			}
-		case *meshp2pb.StreamMessage_Close, *meshp2pb.StreamMessage_Cancel:
+		case *meshp2pb.StreamMessage_Transcript:
+			if hs.head {
+				return codeErr(meshp2pb.ErrorCode_ERROR_CODE_UNEXPECTED_MESSAGE, "transcripts come from hops, not the origin", "")
+			}
+			if err := hs.statement(k.Transcript, hs.upstreamPeer()); err != nil {
+				return err
+			}
+		case *meshp2pb.StreamMessage_Close:
+			if err := hs.closeTranscripts(k.Close); err != nil {
+				hs.h.log.Debug("clean close", "session", hs.key, "err", err)
+			}
+			return nil
+		case *meshp2pb.StreamMessage_Cancel:
 			return nil
 		case *meshp2pb.StreamMessage_Error:
 			// Errors travel upstream; one from upstream blames its sender
@@ -141,7 +158,27 @@ func (hs *hopSession) readUpstream(r *timedReader) error {
 // from sent the frame (the previous hop, the tail for the head's decode
 // steps, "" for the origin or this hop itself): a frame the hop or its
 // engine rejects is blamed on it. rt is how the frame reached this hop.
+// With transcripts, the frame and what it made are digested, and every
+// TranscriptWindow frames a signed statement follows them.
 func (hs *hopSession) activation(a *meshp2pb.ActivationHeader, tensors [][]byte, from peer.ID, rt readTiming) error {
+	if hs.tr == nil {
+		return hs.compute(a, tensors, from, rt)
+	}
+	if hs.head {
+		hs.trMu.Lock()
+		defer hs.trMu.Unlock()
+	}
+	if !hs.transcribeInput(a, tensors) {
+		return nil // the head is closing: nothing more goes down
+	}
+	if err := hs.compute(a, tensors, from, rt); err != nil {
+		return err
+	}
+	return hs.inputDone()
+}
+
+// compute is activation without transcripts.
+func (hs *hopSession) compute(a *meshp2pb.ActivationHeader, tensors [][]byte, from peer.ID, rt readTiming) error {
 	if !bytes.Equal(a.GetSessionId(), hs.open.GetSessionId()) || a.GetEpoch() != hs.key.Epoch {
 		return codeErr(meshp2pb.ErrorCode_ERROR_CODE_SESSION_UNKNOWN, "activation for another session or epoch", from)
 	}
@@ -212,13 +249,22 @@ func (hs *hopSession) activation(a *meshp2pb.ActivationHeader, tensors [][]byte,
 	if !in.Sample {
 		return nil
 	}
-	tf := &meshp2pb.TokenFrame{SessionId: a.GetSessionId(), Epoch: a.GetEpoch(), Step: a.GetStep(), Token: out.Token,
-		Position: a.GetPosStart() + a.GetNRows(), Eos: hs.se.eng.IsEOG(out.Token), HopUs: append(a.GetHopUs(), us), HopTiming: timing}
+	tf := tokenFrame(a, out.Token, hs.se.eng.IsEOG(out.Token))
+	tf.HopUs, tf.HopTiming = append(a.GetHopUs(), us), timing
 	return hs.sendRing(&meshp2pb.StreamMessage{Kind: &meshp2pb.StreamMessage_Token{Token: tf}})
+}
+
+// tokenFrame is the tail's answer to a frame it sampled after.
+func tokenFrame(a *meshp2pb.ActivationHeader, tok int32, eos bool) *meshp2pb.TokenFrame {
+	return &meshp2pb.TokenFrame{SessionId: a.GetSessionId(), Epoch: a.GetEpoch(), Step: a.GetStep(), Token: tok,
+		Position: a.GetPosStart() + a.GetNRows(), Eos: eos}
 }
 
 // sendRing (tail) sends a token or a window's result to the head.
 func (hs *hopSession) sendRing(msg *meshp2pb.StreamMessage) error {
+	if hs.tr != nil {
+		hs.tr.ring(msg)
+	}
 	if hs.head {
 		select { // to selfRing, which is waiting (it sent the previous step)
 		case hs.self <- msg:
@@ -239,16 +285,12 @@ func (hs *hopSession) sendRing(msg *meshp2pb.StreamMessage) error {
 // sendDown writes hidden states to the next hop in the session's wire
 // dtype; timing (whose last entry, own, is this hop's) goes with them.
 func (hs *hopSession) sendDown(a *meshp2pb.ActivationHeader, hidden []float32, us uint32, timing []*meshp2pb.HopTiming, own *meshp2pb.HopTiming) error {
-	nEmbd := hs.h.info.NEmbd
 	t0 := time.Now()
-	payload, dt := frame.EncodeWire(hs.wire, hidden)
+	hdr, payload := downFrame(a, hidden, hs.wire, hs.h.info.NEmbd)
 	own.EncodeUs = usOf(time.Since(t0))
-	rows := len(hidden) / nEmbd
-	hdr := &meshp2pb.ActivationHeader{SessionId: a.GetSessionId(), Epoch: a.GetEpoch(), Step: a.GetStep(), PosStart: a.GetPosStart(),
-		NRows: uint32(rows), IsPrefill: a.GetIsPrefill(), LastChunk: a.GetLastChunk(), HopUs: append(a.GetHopUs(), us), HopTiming: timing,
-		Tensors: []*meshp2pb.TensorInfo{{Name: BundleTensor, Dtype: dt, Shape: []int64{int64(rows), int64(nEmbd)}}}}
-	if a.GetVerify() {
-		hdr.Verify, hdr.SpecGen, hdr.Tokens, hdr.Lookahead = true, a.GetSpecGen(), a.GetTokens(), a.GetLookahead()
+	hdr.HopUs, hdr.HopTiming = append(a.GetHopUs(), us), timing
+	if err := hs.transcribeSent(hdr, payload); err != nil {
+		return hs.asTranscriptErr(err)
 	}
 	// A next hop that stops reading must not wedge us: the write deadline
 	// (WriteDeadline) makes this specific error, which names the next hop,
@@ -261,6 +303,21 @@ func (hs *hopSession) sendDown(a *meshp2pb.ActivationHeader, hidden []float32, u
 	hs.h.cfg.Observer.SeamWrite(path, len(payload), d)
 	hs.clock.write.Store(int64(usOf(d)))
 	return nil
+}
+
+// downFrame is the frame a hop sends on for input a, whose rows gave
+// hidden: in the session's wire dtype, with a's tokens on prefill and a
+// verification window's fields.
+func downFrame(a *meshp2pb.ActivationHeader, hidden []float32, wire meshp2pb.DType, nEmbd int) (*meshp2pb.ActivationHeader, []byte) {
+	payload, dt := frame.EncodeWire(wire, hidden)
+	rows := len(hidden) / nEmbd
+	hdr := &meshp2pb.ActivationHeader{SessionId: a.GetSessionId(), Epoch: a.GetEpoch(), Step: a.GetStep(), PosStart: a.GetPosStart(),
+		NRows: uint32(rows), IsPrefill: a.GetIsPrefill(), LastChunk: a.GetLastChunk(),
+		Tensors: []*meshp2pb.TensorInfo{{Name: BundleTensor, Dtype: dt, Shape: []int64{int64(rows), int64(nEmbd)}}}}
+	if a.GetVerify() {
+		hdr.Verify, hdr.SpecGen, hdr.Tokens, hdr.Lookahead = true, a.GetSpecGen(), a.GetTokens(), a.GetLookahead()
+	}
+	return hdr, payload
 }
 
 // seamPath is how the seam's current stream runs (direct or relayed).
@@ -305,7 +362,18 @@ func (hs *hopSession) readRing(rs network.Stream) {
 			return
 		}
 		hs.touch()
+		if msg.GetToken() != nil || msg.GetWindowResult() != nil {
+			if err := hs.received(msg, nil, tail); err != nil {
+				hs.fail(asHopError(err, ""))
+				return
+			}
+		}
 		switch k := msg.GetKind().(type) {
+		case *meshp2pb.StreamMessage_Transcript:
+			if err := hs.statement(k.Transcript, tail); err != nil {
+				hs.fail(asHopError(err, ""))
+				return
+			}
 		case *meshp2pb.StreamMessage_Token:
 			if err := hs.token(k.Token, tail, r.timing()); err != nil {
 				hs.fail(asHopError(err, ""))
@@ -331,6 +399,9 @@ func (hs *hopSession) readRing(rs network.Stream) {
 // back into the route as the next decode step (rt: how it reached us).
 func (hs *hopSession) token(tf *meshp2pb.TokenFrame, from peer.ID, rt readTiming) error {
 	hs.touch()
+	if hs.closing.Load() {
+		return nil // the origin closed the session: digested, not relayed
+	}
 	if done, err := hs.relay(tf); done || err != nil {
 		return err
 	}
@@ -394,27 +465,35 @@ func (hs *hopSession) windowGen(a *meshp2pb.ActivationHeader, from peer.ID) (ski
 	return hs.tail && hs.spec.rejected, nil
 }
 
-// sendResult (tail) answers a verification window with its targets: up to
-// and including the first end-of-generation token.
+// sendResult (tail) answers a verification window with its targets.
 func (hs *hopSession) sendResult(a *meshp2pb.ActivationHeader, toks []int32, us uint32, timing []*meshp2pb.HopTiming) error {
-	draft := len(a.GetTokens()) - 1 + len(a.GetLookahead())
-	n := len(toks)
-	if n == 0 {
+	if len(toks) == 0 {
 		return codeErr(meshp2pb.ErrorCode_ERROR_CODE_INTERNAL, "verification sampled nothing", hs.h.host.ID())
 	}
+	wr, rejected := windowAnswer(a, toks, hs.se.eng.IsEOG)
 	// A target that differs from its proposal rejects the rest of this
 	// generation's windows.
-	hs.spec.rejected = n <= draft && toks[n-1] != proposalAt(a, n-1)
+	hs.spec.rejected = rejected
+	wr.HopUs, wr.HopTiming = append(a.GetHopUs(), us), timing
+	return hs.sendRing(&meshp2pb.StreamMessage{Kind: &meshp2pb.StreamMessage_WindowResult{WindowResult: wr}})
+}
+
+// windowAnswer is the tail's result of window a whose targets are toks
+// (at least one): up to and including the first end-of-generation token;
+// rejected when a target differs from its proposal.
+func windowAnswer(a *meshp2pb.ActivationHeader, toks []int32, isEOG func(int32) bool) (*meshp2pb.WindowResult, bool) {
+	draft := len(a.GetTokens()) - 1 + len(a.GetLookahead())
+	n := len(toks)
+	rejected := n <= draft && toks[n-1] != proposalAt(a, n-1)
 	eos := false
 	for i, t := range toks {
-		if hs.se.eng.IsEOG(t) {
+		if isEOG(t) {
 			toks, eos = toks[:i+1], true
 			break
 		}
 	}
-	wr := &meshp2pb.WindowResult{SessionId: a.GetSessionId(), Epoch: a.GetEpoch(), Step: a.GetStep(), SpecGen: a.GetSpecGen(),
-		Position: a.GetPosStart() + 1, Tokens: toks, Eos: eos, HopUs: append(a.GetHopUs(), us), HopTiming: timing}
-	return hs.sendRing(&meshp2pb.StreamMessage{Kind: &meshp2pb.StreamMessage_WindowResult{WindowResult: wr}})
+	return &meshp2pb.WindowResult{SessionId: a.GetSessionId(), Epoch: a.GetEpoch(), Step: a.GetStep(), SpecGen: a.GetSpecGen(),
+		Position: a.GetPosStart() + 1, Tokens: toks, Eos: eos}, rejected
 }
 
 // proposalAt is the token a window proposes after its row i.
@@ -430,6 +509,9 @@ func proposalAt(a *meshp2pb.ActivationHeader, i int) int32 {
 // route), and is blamed for a result that does not fit what was sent.
 func (hs *hopSession) windowResult(wr *meshp2pb.WindowResult, from peer.ID, rt readTiming) error {
 	hs.touch()
+	if hs.closing.Load() {
+		return nil
+	}
 	if !bytes.Equal(wr.GetSessionId(), hs.open.GetSessionId()) || wr.GetEpoch() != hs.key.Epoch {
 		return codeErr(meshp2pb.ErrorCode_ERROR_CODE_SESSION_UNKNOWN, "window result for another session or epoch", from)
 	}

@@ -22,6 +22,57 @@ type FailureMemory struct {
 
 	mu    sync.Mutex
 	until map[peer.ID]time.Time
+	// convicts are peers an audit proved wrong (Convict): never routed
+	// through again by this memory's origins (hard, unlike until).
+	convicts map[peer.ID]bool
+}
+
+// DefaultMaxConvicts bounds the convicted peers one memory holds (the
+// oldest conviction is forgotten first beyond it).
+const DefaultMaxConvicts = 1024
+
+// Convict records that an audit proved p returned wrong activations: the
+// origins sharing this memory never route through p again.
+func (m *FailureMemory) Convict(p peer.ID) {
+	if m == nil || p == "" {
+		return
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.convicts == nil {
+		m.convicts = map[peer.ID]bool{}
+	}
+	if len(m.convicts) >= DefaultMaxConvicts {
+		for q := range m.convicts { // any: the bound is a memory bound, not a policy
+			delete(m.convicts, q)
+			break
+		}
+	}
+	m.convicts[p] = true
+}
+
+// Convicted reports whether an audit convicted p.
+func (m *FailureMemory) Convicted(p peer.ID) bool {
+	if m == nil {
+		return false
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.convicts[p]
+}
+
+// convicted is a fresh exclusion set holding the convicted peers.
+func (m *FailureMemory) convicted() map[peer.ID]bool {
+	out := map[peer.ID]bool{}
+	if m == nil {
+		return out
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for p := range m.convicts {
+		out[p] = true
+	}
+	return out
 }
 
 // NewFailureMemory returns a memory that avoids a blamed peer for ttl

@@ -81,7 +81,10 @@ type fakeEngine struct {
 	onClose func(Key)
 	// broken, if set, is what every Forward fails with (a peer that
 	// cannot compute the layers it claims).
-	broken      error
+	broken error
+	// tamper, if set, may change every Forward's output (with the
+	// number of Forwards so far): a hop that returns wrong activations.
+	tamper      func(forwards int, out *Output)
 	refused     chan struct{} // closed at the first capacity refusal
 	refusedOnce sync.Once
 	sessions    map[Key]*fakeSession
@@ -208,10 +211,22 @@ func (s *fakeSession) Forward(ctx context.Context, in Input) (Output, error) {
 				}
 			}
 		}
+		s.e.mu.Lock()
+		tamper := s.e.tamper
+		s.e.mu.Unlock()
+		if tamper != nil {
+			tamper(forwards, &out)
+		}
 		return out, nil
 	}
 	for _, r := range rows {
 		out.Hidden = append(out.Hidden, r[:]...)
+	}
+	s.e.mu.Lock()
+	tamper := s.e.tamper
+	s.e.mu.Unlock()
+	if tamper != nil {
+		tamper(forwards, &out)
 	}
 	return out, nil
 }

@@ -60,6 +60,15 @@ type HopConfig struct {
 	// spec.NGram): a node's draft model (--draft), or a benchmark's
 	// script of known acceptance.
 	Proposer ProposerFactory
+	// KernelClass is the engine's kernel class (engine.KernelClass), named
+	// in this hop's signed transcripts so an auditor knows whether its
+	// replay must match exactly.
+	KernelClass string
+	// AuditKeepBytes bounds what this hop keeps for audits, all sessions
+	// together (DefaultAuditKeepBytes); AuditHold is how long it keeps a
+	// session's records after it ended (DefaultAuditHold).
+	AuditKeepBytes int64
+	AuditHold      time.Duration
 }
 
 // HopService serves one engine shard to route sessions: it registers the
@@ -84,6 +93,7 @@ type HopService struct {
 
 	guard   *originGuard   // origin signatures, freshness, replays
 	silence *silenceMemory // origins whose sessions sent nothing
+	audits  *auditStore    // what sessions asking for transcripts kept here
 }
 
 // NewHopService registers the session and ring protocols on host.
@@ -103,14 +113,22 @@ func NewHopService(host Host, eng Engine, cfg HopConfig) *HopService {
 	if cfg.SilenceBackoff <= 0 {
 		cfg.SilenceBackoff = DefaultSilenceBackoff
 	}
+	if cfg.AuditKeepBytes <= 0 {
+		cfg.AuditKeepBytes = DefaultAuditKeepBytes
+	}
+	if cfg.AuditHold <= 0 {
+		cfg.AuditHold = DefaultAuditHold
+	}
 	info := eng.Info()
 	h := &HopService{host: host, info: info, cfg: cfg, engines: []*servedEngine{{eng: eng, info: info, admitting: true}},
 		log: cfg.Logger.With("range", fmt.Sprintf("%d-%d", info.Start, info.End)), active: map[Key]*hopSession{}, perPeer: map[peer.ID]peerUse{},
 		guard:   newOriginGuard(OpenMaxAge, route.DefaultClockSkew, DefaultMaxOpenMemory, DefaultMaxOpensPerOrigin, nil),
-		silence: newSilenceMemory(cfg.SilenceBackoff, max(cfg.SilenceBackoff, DefaultSilenceBackoffMax), DefaultFailurePeers, nil)}
+		silence: newSilenceMemory(cfg.SilenceBackoff, max(cfg.SilenceBackoff, DefaultSilenceBackoffMax), DefaultFailurePeers, nil),
+		audits:  newAuditStore(cfg.AuditKeepBytes, cfg.AuditHold)}
 	h.speed.layers = max(1, info.End-info.Start)
 	host.SetStreamHandler(host.ProtocolID(ProtoSession, ProtoVersion), h.handleSession)
 	host.SetStreamHandler(host.ProtocolID(ProtoRing, ProtoVersion), h.handleRing)
+	host.SetStreamHandler(host.ProtocolID(ProtoAudit, ProtoVersion), h.handleAudit)
 	return h
 }
 
@@ -132,6 +150,7 @@ func (h *HopService) lookup(key Key) *hopSession {
 func (h *HopService) Close() {
 	h.host.RemoveStreamHandler(h.host.ProtocolID(ProtoSession, ProtoVersion))
 	h.host.RemoveStreamHandler(h.host.ProtocolID(ProtoRing, ProtoVersion))
+	h.host.RemoveStreamHandler(h.host.ProtocolID(ProtoAudit, ProtoVersion))
 	h.mu.Lock()
 	h.closed = true
 	var all []*hopSession
@@ -194,6 +213,19 @@ type hopSession struct {
 	// spec what every hop keeps of its windows.
 	sp   *specHead
 	spec specHop
+
+	// tr signs this hop's transcripts and chk checks the statements of the
+	// hop before it (the head: the tail's); kept is what this hop keeps
+	// for an audit. All nil when the session asks for no transcripts.
+	// trMu orders the head's input frames (prefill from the origin, steps
+	// from the ring) against the final statement at a clean close, after
+	// which closing drops what the ring still brings.
+	tr        *transcriber
+	chk       *checker
+	kept      *kept
+	trMu      sync.Mutex
+	closing   atomic.Bool
+	tailFinal chan struct{} // head: closed when the tail's final statement arrived
 
 	maxTokens int
 	produced  int      // head: tokens passed to the origin; only the ring reader touches it

@@ -18,6 +18,7 @@ import (
 const (
 	ProtoSession = "session" // upstream → downstream seam of one route session
 	ProtoRing    = "ring"    // tail → head: sampled tokens close the ring
+	ProtoAudit   = "audit"   // origin → hop: what a hop kept of a session (auditstore.go)
 	ProtoVersion = "1.0.0"
 )
 

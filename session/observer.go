@@ -60,6 +60,8 @@ type OriginObserver interface {
 	Recovered(d time.Duration)
 	// GenerationDone: a generation ended (err nil: it finished).
 	GenerationDone(tokens int, err error)
+	// Audited: an audit of a finished generation ended (audit.go).
+	Audited(AuditReport)
 }
 
 // SessionInfo describes an admitted session on one hop.
@@ -103,6 +105,7 @@ func (nopOrigin) FirstToken(time.Duration)            {}
 func (nopOrigin) Rerouted()                           {}
 func (nopOrigin) Recovered(time.Duration)             {}
 func (nopOrigin) GenerationDone(int, error)           {}
+func (nopOrigin) Audited(AuditReport)                 {}
 func (nopOrigin) Routed(SessionInfo)                  {}
 
 type nopOrigin struct{}
@@ -214,5 +217,10 @@ func (o OriginObservers) Recovered(d time.Duration) {
 func (o OriginObservers) GenerationDone(tokens int, err error) {
 	for _, x := range o {
 		x.GenerationDone(tokens, err)
+	}
+}
+func (o OriginObservers) Audited(r AuditReport) {
+	for _, x := range o {
+		x.Audited(r)
 	}
 }

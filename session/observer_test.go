@@ -64,6 +64,7 @@ func (r *recObs) Routed(si SessionInfo)             { defer r.lock()(); r.routed
 func (r *recObs) Rerouted()                         { defer r.lock()(); r.reroutes++ }
 func (r *recObs) Recovered(time.Duration)           { defer r.lock()(); r.recover++ }
 func (r *recObs) GenerationDone(n int, _ error)     { defer r.lock()(); r.done = append(r.done, n) }
+func (r *recObs) Audited(AuditReport)               {}
 
 // The observers see a generation with a re-route: the origin plans twice,
 // re-routes once and recovers once; the spare hop is admitted at epoch 2;

@@ -72,6 +72,10 @@ type Origin struct {
 	// Observer sees route planning, first tokens, re-routes and recovery
 	// (metrics); nil: none.
 	Observer OriginObserver
+	// Audit, if set with a rate above 0, makes sessions keep signed
+	// transcripts and audits that share of generations (audit.go); a hop
+	// an audit convicts is avoided through Failures.
+	Audit *Auditor
 }
 
 // GenerateRequest is one generation.
@@ -132,6 +136,10 @@ type Result struct {
 	Spec SpecStats
 
 	failedAt time.Time // the last re-route's failure, until tokens flow again
+	// lastOpen is the final epoch's open and prompt the request's prompt:
+	// what an audit needs.
+	lastOpen *meshp2pb.SessionOpen
+	prompt   []int32
 }
 
 // ErrGeneration wraps failures that ended a generation.
@@ -172,8 +180,8 @@ func (o *Origin) generate(ctx context.Context, req GenerateRequest, obs OriginOb
 	if _, err := rand.Read(sid[:]); err != nil {
 		return nil, err
 	}
-	res := &Result{}
-	exclude := map[peer.ID]bool{}
+	res := &Result{prompt: req.Prompt}
+	exclude := o.Failures.convicted() // never routed through again
 	var full capacityRetry
 	start := time.Now()
 	for epoch := uint64(1); ; epoch++ {
@@ -207,6 +215,7 @@ func (o *Origin) generate(ctx context.Context, req GenerateRequest, obs OriginOb
 		failed = blameOnRoute(rt, failed)
 		if err == nil {
 			res.Total = time.Since(start)
+			o.maybeAudit(res)
 			return res, nil
 		}
 		if ctx.Err() != nil {
@@ -318,9 +327,11 @@ func (o *Origin) run(ctx context.Context, sid [16]byte, rt *route.Route, req Gen
 	defer stop()
 	e := &epochRun{s: s, w: frame.NewWriter(s, o.Limits), r: streamReader(s, o.Limits), sid: sid, rt: rt, head: head}
 	open, input := o.sessionOpen(sid, rt, req, res.Tokens)
+	open.Transcripts = o.Audit.on()
 	if err := SignOpen(open, o.Key, time.Now()); err != nil {
 		return "", fmt.Errorf("%w: %w", ErrGeneration, err)
 	}
+	res.lastOpen = open
 	// Longer than a hop's idle timeout (the ladder in defaults.go), so a
 	// stalled hop is reported by its neighbour, which can name it, before
 	// we give up and can only blame the head. The first token also waits

@@ -9,6 +9,7 @@ import (
 
 	"github.com/libp2p/go-libp2p/core/crypto"
 	"github.com/libp2p/go-libp2p/core/peer"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/neuron-tai/meshp2p/proto/meshp2pb"
 )
@@ -53,7 +54,13 @@ func originPayload(open *meshp2pb.SessionOpen) []byte {
 	}
 	b = binary.AppendUvarint(b, uint64(open.GetNCtxNeeded()))
 	b = binary.AppendUvarint(b, uint64(open.GetMaxTokens()))
-	return binary.AppendVarint(b, open.GetIssuedAtMs())
+	b = binary.AppendVarint(b, open.GetIssuedAtMs())
+	// What the tail samples with and whether hops keep transcripts: a hop
+	// that relays the open must not change them (an audit replays the
+	// tail with the origin's sampling).
+	tail, _ := proto.MarshalOptions{Deterministic: true}.Marshal(&meshp2pb.SessionOpen{Sampling: open.GetSampling(),
+		Generated: open.GetGenerated(), Speculation: open.GetSpeculation(), WireDtype: open.GetWireDtype(), Transcripts: open.GetTranscripts()})
+	return field(tail)
 }
 
 // SignOpen makes open the origin's: it sets origin_peer_id to key's peer,

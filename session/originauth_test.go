@@ -49,8 +49,8 @@ func TestSignOpenKeyTypes(t *testing.T) {
 			if want, _ := peer.IDFromPrivateKey(key); err != nil || id != want {
 				t.Fatalf("verify: %s, %v; want %s", id, err, want)
 			}
-			// Non-signed fields may change on the way (hop_index, sampling).
-			open.HopIndex, open.Sampling = 1, &meshp2pb.SamplingParams{Temperature: 0.5}
+			// Non-signed fields may change on the way (hop_index).
+			open.HopIndex = 1
 			if _, err := VerifyOpenOrigin(open); err != nil {
 				t.Fatalf("unsigned fields changed: %v", err)
 			}
@@ -86,6 +86,12 @@ func TestSignedFields(t *testing.T) {
 		{"n_ctx_needed", func(o *meshp2pb.SessionOpen) { o.NCtxNeeded++ }},
 		{"max_tokens", func(o *meshp2pb.SessionOpen) { o.MaxTokens++ }},
 		{"issued_at", func(o *meshp2pb.SessionOpen) { o.IssuedAtMs++ }},
+		// What the tail samples with and what an audit replays.
+		{"sampling", func(o *meshp2pb.SessionOpen) { o.Sampling = &meshp2pb.SamplingParams{Temperature: 0.5} }},
+		{"generated", func(o *meshp2pb.SessionOpen) { o.Generated = append(o.Generated, 7) }},
+		{"speculation", func(o *meshp2pb.SessionOpen) { o.Speculation = &meshp2pb.Speculation{Mode: meshp2pb.SpecMode_SPEC_MODE_NGRAM} }},
+		{"wire dtype", func(o *meshp2pb.SessionOpen) { o.WireDtype = meshp2pb.DType_DTYPE_F16 }},
+		{"transcripts", func(o *meshp2pb.SessionOpen) { o.Transcripts = !o.Transcripts }},
 		{"origin", func(o *meshp2pb.SessionOpen) {
 			k, _, _ := crypto.GenerateEd25519Key(rand.Reader)
 			id, _ := peer.IDFromPrivateKey(k)

@@ -65,6 +65,9 @@ func (hs *hopSession) release() {
 	if hs.sp != nil {
 		hs.sp.close() // the in-flight gauge back by what was in flight
 	}
+	if hs.kept != nil {
+		h.audits.end(hs.kept) // complete: an audit fetch may read it
+	}
 	h.mu.Lock()
 	delete(h.active, hs.key)
 	h.mu.Unlock()
@@ -103,6 +106,9 @@ func (hs *hopSession) watchDownstream(s network.Stream, r *frame.Reader) {
 	case <-hs.done:
 		return // we are closing it ourselves
 	default:
+	}
+	if hs.closing.Load() && err != nil {
+		return // a clean close went down the route: the next hop ended with it
 	}
 	if !hs.down.Is(s) && err != nil {
 		return // the seam moved to another stream; this one just ended

@@ -19,6 +19,7 @@ const MaxRoutes = 20
 type Recorder struct {
 	admitted, refused, served, rows, reroutes, gens, received atomic.Uint64
 	windows, proposed, accepted                               atomic.Uint64
+	auditsPassed, auditsFailed, auditsInconclusive            atomic.Uint64
 
 	mu     sync.Mutex
 	routes []Route // ring, oldest first, at most MaxRoutes
@@ -73,12 +74,23 @@ func (r *Recorder) TokenReceived()                         { r.received.Add(1) }
 func (r *Recorder) Rerouted()                              { r.reroutes.Add(1) }
 func (r *Recorder) Recovered(time.Duration)                {}
 func (r *Recorder) GenerationDone(int, error)              { r.gens.Add(1) }
+func (r *Recorder) Audited(rep session.AuditReport) {
+	switch rep.Outcome {
+	case session.AuditPassed:
+		r.auditsPassed.Add(1)
+	case session.AuditFailed:
+		r.auditsFailed.Add(1)
+	case session.AuditInconclusive:
+		r.auditsInconclusive.Add(1)
+	}
+}
 
 // Counters returns the running totals (SessionsActive is the caller's).
 func (r *Recorder) Counters() Counters {
 	return Counters{SessionsAdmitted: r.admitted.Load(), SessionsRefused: r.refused.Load(), TokensServed: r.served.Load(),
 		DecodeRows: r.rows.Load(), Reroutes: r.reroutes.Load(), Generations: r.gens.Load(), TokensReceived: r.received.Load(),
-		SpecWindows: r.windows.Load(), SpecProposed: r.proposed.Load(), SpecAccepted: r.accepted.Load()}
+		SpecWindows: r.windows.Load(), SpecProposed: r.proposed.Load(), SpecAccepted: r.accepted.Load(),
+		AuditsPassed: r.auditsPassed.Load(), AuditsFailed: r.auditsFailed.Load(), AuditsInconclusive: r.auditsInconclusive.Load()}
 }
 
 // Routes returns the recent routes, newest first.

@@ -168,6 +168,11 @@ type Counters struct {
 	SpecWindows  uint64 `json:"spec_windows"`
 	SpecProposed uint64 `json:"spec_proposed"`
 	SpecAccepted uint64 `json:"spec_accepted"`
+	// Audits this node ran as an origin (docs/trust.md), by outcome:
+	// failed ones convicted a hop.
+	AuditsPassed       uint64 `json:"audits_passed"`
+	AuditsFailed       uint64 `json:"audits_failed"`
+	AuditsInconclusive uint64 `json:"audits_inconclusive"`
 }
 
 // Coverage computes per-layer replica counts, runs and gaps of nLayer

@@ -59,6 +59,9 @@ func WriteText(w io.Writer, d *Document) error {
 		}
 		fmt.Fprintf(&b, "  speculation: %d windows, %d of %d proposed tokens accepted (%.0f%%)\n", c.SpecWindows, c.SpecAccepted, c.SpecProposed, rate)
 	}
+	if n := c.AuditsPassed + c.AuditsFailed + c.AuditsInconclusive; n > 0 {
+		fmt.Fprintf(&b, "  audits: %d run, %d passed, %d failed (hop convicted), %d inconclusive\n", n, c.AuditsPassed, c.AuditsFailed, c.AuditsInconclusive)
+	}
 	if p := d.Self.Placement; p != nil {
 		b.WriteString("  placement:")
 		if p.BudgetBytes > 0 {

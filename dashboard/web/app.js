@@ -120,6 +120,9 @@ function draw(doc) {
   const proposed = c.spec_proposed || 0;
   $("accept").textContent = proposed ? `${Math.round((100 * (c.spec_accepted || 0)) / proposed)}%` : "–";
   $("accept").title = `${c.spec_accepted || 0} of ${proposed} proposed tokens in ${c.spec_windows || 0} windows`;
+  const audits = (c.audits_passed || 0) + (c.audits_failed || 0) + (c.audits_inconclusive || 0);
+  $("audits").textContent = audits ? `${c.audits_passed || 0}/${c.audits_failed || 0}/${c.audits_inconclusive || 0}` : "–";
+  $("audits").title = `${audits} audits: ${c.audits_passed || 0} passed, ${c.audits_failed || 0} failed (hop convicted), ${c.audits_inconclusive || 0} inconclusive`;
   const ml = $("model-list");
   ml.replaceChildren();
   if (!(doc.models || []).length) ml.append(el("p", { class: "muted", text: "no model seen yet" }));

@@ -504,8 +504,8 @@ type SpecStats struct {
 	Windows       uint32                 `protobuf:"varint,1,opt,name=windows,proto3" json:"windows,omitempty"`   // verification windows answered
 	Proposed      uint32                 `protobuf:"varint,2,opt,name=proposed,proto3" json:"proposed,omitempty"` // proposed tokens verified
 	Accepted      uint32                 `protobuf:"varint,3,opt,name=accepted,proto3" json:"accepted,omitempty"` // of them, accepted
-	K             uint32                 `protobuf:"varint,4,opt,name=k,proto3" json:"k,omitempty"`               // proposals per window now
-	W             uint32                 `protobuf:"varint,5,opt,name=w,proto3" json:"w,omitempty"`               // windows in flight now (at most)
+	K             uint32                 `protobuf:"varint,4,opt,name=k,proto3" json:"k,omitempty"`               // the most proposals a window carried
+	W             uint32                 `protobuf:"varint,5,opt,name=w,proto3" json:"w,omitempty"`               // the most windows in flight at once
 	Proposer      string                 `protobuf:"bytes,6,opt,name=proposer,proto3" json:"proposer,omitempty"`  // "ngram" or "draft": what proposed
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache

@@ -125,7 +125,12 @@ type SessionOpen struct {
 	// Speculative decoding (the head proposes, the tail verifies windows of
 	// several rows); absent: off. Not signed: only the head reads it, and the
 	// head has it straight from the origin.
-	Speculation   *Speculation `protobuf:"bytes,21,opt,name=speculation,proto3" json:"speculation,omitempty"`
+	Speculation *Speculation `protobuf:"bytes,21,opt,name=speculation,proto3" json:"speculation,omitempty"`
+	// The origin may audit this session (docs/trust.md): every hop signs
+	// transcripts of what it received and sent (meshp2p.v1.Transcript) and
+	// keeps what it sent for an audit. False (`--audit-rate 0`): no
+	// transcripts, nothing kept.
+	Transcripts   bool `protobuf:"varint,22,opt,name=transcripts,proto3" json:"transcripts,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -291,6 +296,13 @@ func (x *SessionOpen) GetSpeculation() *Speculation {
 		return x.Speculation
 	}
 	return nil
+}
+
+func (x *SessionOpen) GetTranscripts() bool {
+	if x != nil {
+		return x.Transcripts
+	}
+	return false
 }
 
 type Speculation struct {
@@ -763,7 +775,7 @@ var File_meshp2p_v1_session_proto protoreflect.FileDescriptor
 const file_meshp2p_v1_session_proto_rawDesc = "" +
 	"\n" +
 	"\x18meshp2p/v1/session.proto\x12\n" +
-	"meshp2p.v1\x1a\x17meshp2p/v1/common.proto\x1a\x16meshp2p/v1/route.proto\"\x97\x06\n" +
+	"meshp2p.v1\x1a\x17meshp2p/v1/common.proto\x1a\x16meshp2p/v1/route.proto\"\xb9\x06\n" +
 	"\vSessionOpen\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\fR\tsessionId\x12\x14\n" +
@@ -788,7 +800,8 @@ const file_meshp2p_v1_session_proto_rawDesc = "" +
 	"\x11origin_public_key\x18\x13 \x01(\fR\x0foriginPublicKey\x12 \n" +
 	"\fissued_at_ms\x18\x14 \x01(\x03R\n" +
 	"issuedAtMs\x129\n" +
-	"\vspeculation\x18\x15 \x01(\v2\x17.meshp2p.v1.SpeculationR\vspeculationJ\x04\b\n" +
+	"\vspeculation\x18\x15 \x01(\v2\x17.meshp2p.v1.SpeculationR\vspeculation\x12 \n" +
+	"\vtranscripts\x18\x16 \x01(\bR\vtranscriptsJ\x04\b\n" +
 	"\x10\vJ\x04\b\x0e\x10\x0fR\bmax_rowsR\rbundle_schema\"u\n" +
 	"\vSpeculation\x12(\n" +
 	"\x04mode\x18\x01 \x01(\x0e2\x14.meshp2p.v1.SpecModeR\x04mode\x12\x1b\n" +

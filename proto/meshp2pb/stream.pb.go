@@ -40,6 +40,9 @@ type StreamMessage struct {
 	//	*StreamMessage_Token
 	//	*StreamMessage_Error
 	//	*StreamMessage_WindowResult
+	//	*StreamMessage_Transcript
+	//	*StreamMessage_AuditFetch
+	//	*StreamMessage_AuditRecords
 	Kind          isStreamMessage_Kind `protobuf_oneof:"kind"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -154,6 +157,33 @@ func (x *StreamMessage) GetWindowResult() *WindowResult {
 	return nil
 }
 
+func (x *StreamMessage) GetTranscript() *SignedTranscript {
+	if x != nil {
+		if x, ok := x.Kind.(*StreamMessage_Transcript); ok {
+			return x.Transcript
+		}
+	}
+	return nil
+}
+
+func (x *StreamMessage) GetAuditFetch() *AuditFetch {
+	if x != nil {
+		if x, ok := x.Kind.(*StreamMessage_AuditFetch); ok {
+			return x.AuditFetch
+		}
+	}
+	return nil
+}
+
+func (x *StreamMessage) GetAuditRecords() *AuditRecords {
+	if x != nil {
+		if x, ok := x.Kind.(*StreamMessage_AuditRecords); ok {
+			return x.AuditRecords
+		}
+	}
+	return nil
+}
+
 type isStreamMessage_Kind interface {
 	isStreamMessage_Kind()
 }
@@ -190,6 +220,18 @@ type StreamMessage_WindowResult struct {
 	WindowResult *WindowResult `protobuf:"bytes,8,opt,name=window_result,json=windowResult,proto3,oneof"`
 }
 
+type StreamMessage_Transcript struct {
+	Transcript *SignedTranscript `protobuf:"bytes,9,opt,name=transcript,proto3,oneof"` // a hop's statement: downstream to the next hop, the tail's on the ring
+}
+
+type StreamMessage_AuditFetch struct {
+	AuditFetch *AuditFetch `protobuf:"bytes,10,opt,name=audit_fetch,json=auditFetch,proto3,oneof"`
+}
+
+type StreamMessage_AuditRecords struct {
+	AuditRecords *AuditRecords `protobuf:"bytes,11,opt,name=audit_records,json=auditRecords,proto3,oneof"`
+}
+
 func (*StreamMessage_Open) isStreamMessage_Kind() {}
 
 func (*StreamMessage_Accept) isStreamMessage_Kind() {}
@@ -206,12 +248,18 @@ func (*StreamMessage_Error) isStreamMessage_Kind() {}
 
 func (*StreamMessage_WindowResult) isStreamMessage_Kind() {}
 
+func (*StreamMessage_Transcript) isStreamMessage_Kind() {}
+
+func (*StreamMessage_AuditFetch) isStreamMessage_Kind() {}
+
+func (*StreamMessage_AuditRecords) isStreamMessage_Kind() {}
+
 var File_meshp2p_v1_stream_proto protoreflect.FileDescriptor
 
 const file_meshp2p_v1_stream_proto_rawDesc = "" +
 	"\n" +
 	"\x17meshp2p/v1/stream.proto\x12\n" +
-	"meshp2p.v1\x1a\x1bmeshp2p/v1/activation.proto\x1a\x17meshp2p/v1/common.proto\x1a\x18meshp2p/v1/session.proto\"\xbe\x03\n" +
+	"meshp2p.v1\x1a\x1bmeshp2p/v1/activation.proto\x1a\x16meshp2p/v1/audit.proto\x1a\x17meshp2p/v1/common.proto\x1a\x18meshp2p/v1/session.proto\"\xfa\x04\n" +
 	"\rStreamMessage\x12-\n" +
 	"\x04open\x18\x01 \x01(\v2\x17.meshp2p.v1.SessionOpenH\x00R\x04open\x123\n" +
 	"\x06accept\x18\x02 \x01(\v2\x19.meshp2p.v1.SessionAcceptH\x00R\x06accept\x120\n" +
@@ -222,7 +270,14 @@ const file_meshp2p_v1_stream_proto_rawDesc = "" +
 	"activation\x12.\n" +
 	"\x05token\x18\x06 \x01(\v2\x16.meshp2p.v1.TokenFrameH\x00R\x05token\x12)\n" +
 	"\x05error\x18\a \x01(\v2\x11.meshp2p.v1.ErrorH\x00R\x05error\x12?\n" +
-	"\rwindow_result\x18\b \x01(\v2\x18.meshp2p.v1.WindowResultH\x00R\fwindowResultB\x06\n" +
+	"\rwindow_result\x18\b \x01(\v2\x18.meshp2p.v1.WindowResultH\x00R\fwindowResult\x12>\n" +
+	"\n" +
+	"transcript\x18\t \x01(\v2\x1c.meshp2p.v1.SignedTranscriptH\x00R\n" +
+	"transcript\x129\n" +
+	"\vaudit_fetch\x18\n" +
+	" \x01(\v2\x16.meshp2p.v1.AuditFetchH\x00R\n" +
+	"auditFetch\x12?\n" +
+	"\raudit_records\x18\v \x01(\v2\x18.meshp2p.v1.AuditRecordsH\x00R\fauditRecordsB\x06\n" +
 	"\x04kindB.Z,github.com/neuron-tai/meshp2p/proto/meshp2pbb\x06proto3"
 
 var (
@@ -248,21 +303,27 @@ var file_meshp2p_v1_stream_proto_goTypes = []any{
 	(*TokenFrame)(nil),       // 6: meshp2p.v1.TokenFrame
 	(*Error)(nil),            // 7: meshp2p.v1.Error
 	(*WindowResult)(nil),     // 8: meshp2p.v1.WindowResult
+	(*SignedTranscript)(nil), // 9: meshp2p.v1.SignedTranscript
+	(*AuditFetch)(nil),       // 10: meshp2p.v1.AuditFetch
+	(*AuditRecords)(nil),     // 11: meshp2p.v1.AuditRecords
 }
 var file_meshp2p_v1_stream_proto_depIdxs = []int32{
-	1, // 0: meshp2p.v1.StreamMessage.open:type_name -> meshp2p.v1.SessionOpen
-	2, // 1: meshp2p.v1.StreamMessage.accept:type_name -> meshp2p.v1.SessionAccept
-	3, // 2: meshp2p.v1.StreamMessage.close:type_name -> meshp2p.v1.SessionClose
-	4, // 3: meshp2p.v1.StreamMessage.cancel:type_name -> meshp2p.v1.SessionCancel
-	5, // 4: meshp2p.v1.StreamMessage.activation:type_name -> meshp2p.v1.ActivationHeader
-	6, // 5: meshp2p.v1.StreamMessage.token:type_name -> meshp2p.v1.TokenFrame
-	7, // 6: meshp2p.v1.StreamMessage.error:type_name -> meshp2p.v1.Error
-	8, // 7: meshp2p.v1.StreamMessage.window_result:type_name -> meshp2p.v1.WindowResult
-	8, // [8:8] is the sub-list for method output_type
-	8, // [8:8] is the sub-list for method input_type
-	8, // [8:8] is the sub-list for extension type_name
-	8, // [8:8] is the sub-list for extension extendee
-	0, // [0:8] is the sub-list for field type_name
+	1,  // 0: meshp2p.v1.StreamMessage.open:type_name -> meshp2p.v1.SessionOpen
+	2,  // 1: meshp2p.v1.StreamMessage.accept:type_name -> meshp2p.v1.SessionAccept
+	3,  // 2: meshp2p.v1.StreamMessage.close:type_name -> meshp2p.v1.SessionClose
+	4,  // 3: meshp2p.v1.StreamMessage.cancel:type_name -> meshp2p.v1.SessionCancel
+	5,  // 4: meshp2p.v1.StreamMessage.activation:type_name -> meshp2p.v1.ActivationHeader
+	6,  // 5: meshp2p.v1.StreamMessage.token:type_name -> meshp2p.v1.TokenFrame
+	7,  // 6: meshp2p.v1.StreamMessage.error:type_name -> meshp2p.v1.Error
+	8,  // 7: meshp2p.v1.StreamMessage.window_result:type_name -> meshp2p.v1.WindowResult
+	9,  // 8: meshp2p.v1.StreamMessage.transcript:type_name -> meshp2p.v1.SignedTranscript
+	10, // 9: meshp2p.v1.StreamMessage.audit_fetch:type_name -> meshp2p.v1.AuditFetch
+	11, // 10: meshp2p.v1.StreamMessage.audit_records:type_name -> meshp2p.v1.AuditRecords
+	11, // [11:11] is the sub-list for method output_type
+	11, // [11:11] is the sub-list for method input_type
+	11, // [11:11] is the sub-list for extension type_name
+	11, // [11:11] is the sub-list for extension extendee
+	0,  // [0:11] is the sub-list for field type_name
 }
 
 func init() { file_meshp2p_v1_stream_proto_init() }
@@ -271,6 +332,7 @@ func file_meshp2p_v1_stream_proto_init() {
 		return
 	}
 	file_meshp2p_v1_activation_proto_init()
+	file_meshp2p_v1_audit_proto_init()
 	file_meshp2p_v1_common_proto_init()
 	file_meshp2p_v1_session_proto_init()
 	file_meshp2p_v1_stream_proto_msgTypes[0].OneofWrappers = []any{
@@ -282,6 +344,9 @@ func file_meshp2p_v1_stream_proto_init() {
 		(*StreamMessage_Token)(nil),
 		(*StreamMessage_Error)(nil),
 		(*StreamMessage_WindowResult)(nil),
+		(*StreamMessage_Transcript)(nil),
+		(*StreamMessage_AuditFetch)(nil),
+		(*StreamMessage_AuditRecords)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{

@@ -1,0 +1,153 @@
+package node
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sync"
+
+	"github.com/neuron-tai/meshp2p/engine"
+	"github.com/neuron-tai/meshp2p/engine/gguf"
+	"github.com/neuron-tai/meshp2p/node/shardengine"
+	"github.com/neuron-tai/meshp2p/session"
+)
+
+// AuditEngines are the layers a process can replay for audits and proof
+// checks: whole model files it holds (each window split once into
+// DataDir, then loaded on demand and kept, at most maxAuditShards), and
+// a node's own served window. It implements session.AuditEngines.
+type AuditEngines struct {
+	// Models are whole GGUF models (fingerprinted once, cached in DataDir).
+	Models []string
+	// DataDir holds the fingerprint cache and the split windows.
+	DataDir string
+	Threads int
+	Logger  *slog.Logger
+	// Served, if set, gives the node's own window (nil when none): used
+	// when it is exactly the layers asked for.
+	Served func() (session.Engine, string)
+
+	mu     sync.Mutex
+	loaded []*auditShard // most recently used last
+}
+
+// maxAuditShards bounds the windows an auditor keeps loaded.
+const maxAuditShards = 2
+
+// auditNCtx is the KV cells of an audit shard: the longest session it
+// can replay.
+const auditNCtx = 8192
+
+type auditShard struct {
+	fp         string
+	start, end int
+	model      *engine.Model
+	shard      *engine.Shard
+	mu         sync.Mutex // one replay at a time
+}
+
+var _ session.AuditEngines = (*AuditEngines)(nil)
+
+// Engine returns an engine for layers [start, end) of model fp.
+func (a *AuditEngines) Engine(ctx context.Context, fp string, start, end int) (session.Engine, string, func(), error) {
+	if a.Served != nil {
+		if e, sfp := a.Served(); e != nil && sfp == fp && e.Info().Start == start && e.Info().End == end {
+			return e, engine.KernelClass(), func() {}, nil
+		}
+	}
+	a.mu.Lock()
+	for i, s := range a.loaded {
+		if s.fp == fp && s.start == start && s.end == end {
+			a.loaded = append(append(a.loaded[:i:i], a.loaded[i+1:]...), s)
+			a.mu.Unlock()
+			s.mu.Lock()
+			return shardengine.Engine{Model: s.model, Shard: s.shard}, engine.KernelClass(), s.mu.Unlock, nil
+		}
+	}
+	a.mu.Unlock()
+	path, err := a.modelFor(ctx, fp)
+	if err != nil {
+		return nil, "", nil, err
+	}
+	s, err := a.load(ctx, path, fp, start, end)
+	if err != nil {
+		return nil, "", nil, err
+	}
+	s.mu.Lock()
+	return shardengine.Engine{Model: s.model, Shard: s.shard}, engine.KernelClass(), s.mu.Unlock, nil
+}
+
+// modelFor is the whole model file with fingerprint fp.
+func (a *AuditEngines) modelFor(ctx context.Context, fp string) (string, error) {
+	log := a.logger()
+	for _, m := range a.Models {
+		got, _, err := modelFingerprint(ctx, a.DataDir, m, log)
+		if err != nil {
+			log.Debug("audit model not usable", "path", m, "err", err)
+			continue
+		}
+		if got == fp {
+			return m, nil
+		}
+	}
+	return "", fmt.Errorf("%w: no whole model with fingerprint %.16s here (give one with --model)", session.ErrNoAuditor, fp)
+}
+
+func (a *AuditEngines) logger() *slog.Logger {
+	if a.Logger == nil {
+		return slog.Default()
+	}
+	return a.Logger
+}
+
+// load splits and loads one window, evicting the least recently used.
+func (a *AuditEngines) load(ctx context.Context, path, fp string, start, end int) (*auditShard, error) {
+	if err := os.MkdirAll(a.DataDir, 0o755); err != nil {
+		return nil, err
+	}
+	shardPath, _, _, err := prepareShard(ctx, a.DataDir, path, gguf.Range{Start: start, End: end}, nil, a.logger())
+	if err != nil {
+		return nil, fmt.Errorf("audit window %d-%d of %s: %w", start, end, filepath.Base(path), err)
+	}
+	m, err := engine.LoadModel(ctx, shardPath, engine.LoadOptions{})
+	if err != nil {
+		return nil, err
+	}
+	sh, err := engine.NewShard(ctx, m, engine.Config{NCtx: auditNCtx, NBatch: 512, MaxSessions: 1, Threads: a.Threads, Logger: a.logger()})
+	if err != nil {
+		m.Close()
+		return nil, err
+	}
+	s := &auditShard{fp: fp, start: start, end: end, model: m, shard: sh}
+	a.mu.Lock()
+	a.loaded = append(a.loaded, s)
+	var evict []*auditShard
+	for len(a.loaded) > maxAuditShards {
+		evict, a.loaded = append(evict, a.loaded[0]), a.loaded[1:]
+	}
+	a.mu.Unlock()
+	for _, e := range evict {
+		e.close()
+	}
+	return s, nil
+}
+
+func (s *auditShard) close() {
+	s.mu.Lock() // after its replay
+	defer s.mu.Unlock()
+	_ = s.shard.Close()
+	s.model.Close()
+}
+
+// Close frees the loaded windows.
+func (a *AuditEngines) Close() {
+	a.mu.Lock()
+	all := a.loaded
+	a.loaded = nil
+	a.mu.Unlock()
+	for _, s := range all {
+		s.close()
+	}
+}

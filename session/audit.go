@@ -1,0 +1,523 @@
+package session
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/libp2p/go-libp2p/core/peer"
+	"github.com/libp2p/go-libp2p/core/protocol"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/neuron-tai/meshp2p/proto/frame"
+	"github.com/neuron-tai/meshp2p/proto/meshp2pb"
+)
+
+// Spot-check audits (docs/trust.md). After a generation the origin draws
+// whether to audit it (Auditor.Rate); the draw stays in the origin until
+// the session has ended, so no hop can know whether it is watched while it
+// computes. An audit picks one hop of the final epoch uniformly, fetches
+// its signed statements from the hop after it (which checked them against
+// the bytes it got), its input frames from the hop before it (the head's
+// own inputs from the head), and replays its layers on them (Judge). A
+// window whose output differs is a fraud proof: it verifies offline
+// (`meshp2p proof verify`), and the origin avoids the hop from then on.
+
+// DefaultAuditRate is the share of generations an origin audits.
+const DefaultAuditRate = 0.05
+
+// AuditEngines gives an auditor the layers it replays.
+type AuditEngines interface {
+	// Engine returns an engine serving exactly layers [start, end) of the
+	// model with fingerprint fp, its kernel class (engine.KernelClass),
+	// and a release to call when done; an error wrapping ErrNoAuditor
+	// when it holds no such layers.
+	Engine(ctx context.Context, fp string, start, end int) (Engine, string, func(), error)
+}
+
+// ErrNoAuditor: nothing here can replay the hop's layers.
+var ErrNoAuditor = errors.New("no auditor for these layers")
+
+// ErrProof: a proof that does not convict (malformed, unsigned, its inputs
+// not what the hop signed, or its replay agrees with the hop).
+var ErrProof = errors.New("proof does not verify")
+
+// AuditOutcome is how an audit ended.
+type AuditOutcome string
+
+const (
+	AuditPassed       AuditOutcome = "passed"       // every window's replay matched
+	AuditFailed       AuditOutcome = "failed"       // a window did not: a verified proof convicts the hop
+	AuditInconclusive AuditOutcome = "inconclusive" // records missing or contradictory: nobody convicted
+	AuditSkipped      AuditOutcome = "skipped"      // no auditor for the layers, or audits busy
+)
+
+// AuditReport is one audit's result.
+type AuditReport struct {
+	Peer       peer.ID
+	Hop        int
+	Start, End int
+	Epoch      uint64
+	Outcome    AuditOutcome
+	Reason     string
+	Windows    int           // windows replayed
+	Frames     int           // input frames replayed
+	InputBytes int64         // bytes of recorded inputs fetched
+	Replay     time.Duration // the replay's compute
+	Exact      bool          // compared exactly (same kernel class)
+	Proof      *meshp2pb.Proof
+}
+
+// Auditor runs an origin's audits, one at a time in the background.
+type Auditor struct {
+	// Rate is the probability that a generation is audited (0: never; the
+	// sessions then ask for no transcripts either).
+	Rate    float64
+	Engines AuditEngines
+	// Protocol is the swarm's audit protocol ID (ProtoAudit).
+	Protocol protocol.ID
+	// OnReport sees every audit's report (proofs to save; tests).
+	OnReport func(AuditReport)
+	// Draw returns a uniform number in [0, 1) (nil: math/rand/v2).
+	Draw func() float64
+
+	mu      sync.Mutex
+	running int
+	wg      sync.WaitGroup
+}
+
+// maxAuditsQueued bounds the audits running or waiting at once: more are
+// skipped (counted), never queued without bound.
+const maxAuditsQueued = 2
+
+// on reports whether sessions should ask for transcripts.
+func (a *Auditor) on() bool { return a != nil && a.Rate > 0 }
+
+func (a *Auditor) draw() float64 {
+	if a.Draw != nil {
+		return a.Draw()
+	}
+	return rand.Float64()
+}
+
+// Wait blocks until the audits started so far have ended.
+func (a *Auditor) Wait() {
+	if a != nil {
+		a.wg.Wait()
+	}
+}
+
+// maybeAudit draws whether the finished generation is audited and, if so,
+// audits one hop of its final epoch in the background.
+func (o *Origin) maybeAudit(res *Result) {
+	a := o.Audit
+	if !a.on() || res.lastOpen == nil || a.draw() >= a.Rate {
+		return
+	}
+	open, known := res.lastOpen, slices.Concat(res.prompt, res.Tokens)
+	hop := int(a.draw() * float64(len(open.GetRoute().GetHops())))
+	a.mu.Lock()
+	if a.running >= maxAuditsQueued {
+		a.mu.Unlock()
+		o.reportAudit(AuditReport{Hop: hop, Epoch: open.GetEpoch(), Outcome: AuditSkipped, Reason: "audits busy"})
+		return
+	}
+	a.running++
+	a.wg.Add(1)
+	a.mu.Unlock()
+	go func() {
+		defer a.wg.Done()
+		ctx, cancel := context.WithTimeout(context.Background(), DefaultAuditTimeout)
+		rep := o.audit(ctx, open, hop, known)
+		cancel()
+		a.mu.Lock()
+		a.running--
+		a.mu.Unlock()
+		o.reportAudit(rep)
+	}()
+}
+
+// DefaultAuditTimeout bounds one audit (fetches and replay).
+const DefaultAuditTimeout = 5 * time.Minute
+
+func (o *Origin) reportAudit(rep AuditReport) {
+	log := o.logger()
+	switch rep.Outcome {
+	case AuditFailed:
+		o.Failures.Convict(rep.Peer)
+		log.Warn("audit failed: hop convicted, avoided from now on", "peer", rep.Peer, "hop", rep.Hop, "layers", fmt.Sprintf("%d-%d", rep.Start, rep.End), "reason", rep.Reason)
+	case AuditInconclusive:
+		log.Info("audit inconclusive", "peer", rep.Peer, "hop", rep.Hop, "reason", rep.Reason)
+	default:
+		log.Debug("audit", "outcome", rep.Outcome, "peer", rep.Peer, "hop", rep.Hop, "windows", rep.Windows, "reason", rep.Reason)
+	}
+	o.observer().Audited(rep)
+	if o.Audit.OnReport != nil {
+		o.Audit.OnReport(rep)
+	}
+}
+
+// audit audits hop of the epoch open began; known is the prompt and every
+// token generated (the head's committed inputs).
+func (o *Origin) audit(ctx context.Context, open *meshp2pb.SessionOpen, hop int, known []int32) AuditReport {
+	hops := open.GetRoute().GetHops()
+	target := peer.ID(hops[hop].GetPeerId())
+	rep := AuditReport{Peer: target, Hop: hop, Start: int(hops[hop].GetStart()), End: int(hops[hop].GetEnd()), Epoch: open.GetEpoch()}
+	inconclusive := func(format string, args ...any) AuditReport {
+		rep.Outcome, rep.Reason = AuditInconclusive, fmt.Sprintf(format, args...)
+		return rep
+	}
+	n := len(hops)
+	holder := hop + 1 // checked the hop's statements
+	switch {
+	case n == 1:
+		holder = 0 // a one-hop route keeps its own: nobody else saw its output
+	case hop == n-1:
+		holder = 0 // the tail's went to the head
+	}
+	recs, _, err := o.fetch(ctx, peer.ID(hops[holder].GetPeerId()), open, meshp2pb.AuditPart_AUDIT_PART_STATEMENTS)
+	if err != nil {
+		return inconclusive("statements from hop %d: %v", holder, err)
+	}
+	source, part := hop-1, meshp2pb.AuditPart_AUDIT_PART_SENT
+	if hop == 0 {
+		source, part = 0, meshp2pb.AuditPart_AUDIT_PART_INPUTS
+	}
+	inRecs, frames, err := o.fetch(ctx, peer.ID(hops[source].GetPeerId()), open, part)
+	if err != nil {
+		return inconclusive("inputs from hop %d: %v", source, err)
+	}
+	for _, f := range frames {
+		rep.InputBytes += int64(len(f.GetPayload()))
+	}
+	sts := recs.GetStatements()
+	if len(sts) == 0 {
+		return inconclusive("hop %d holds no statements of hop %d", holder, hop)
+	}
+	if last, err := OpenTranscript(sts[len(sts)-1]); err != nil || !last.GetFinal() {
+		return inconclusive("hop %d holds no final statement of hop %d (%d statements)", holder, hop, len(sts))
+	}
+	p := &meshp2pb.Proof{Version: 1, Open: open, HopIndex: uint32(hop), NEmbd: uint32(o.Audit.nEmbd(frames)), Statements: sts, Inputs: frames}
+	if hop == 0 {
+		if err := checkHeadInputs(frames, known); err != nil {
+			return inconclusive("%v", err)
+		}
+	}
+	v, err := Judge(ctx, p, o.Audit.Engines)
+	rep.Windows, rep.Frames, rep.Replay, rep.Exact = v.Windows, v.Frames, v.Replay, v.Exact
+	switch {
+	case errors.Is(err, ErrNoAuditor):
+		rep.Outcome, rep.Reason = AuditSkipped, err.Error()
+		return rep
+	case err != nil:
+		return inconclusive("%v", err)
+	case !v.Convicted && inRecs.GetTruncated() && v.Windows < len(p.Statements):
+		return inconclusive("only %d of %d windows recorded (the record bound)", v.Windows, len(p.Statements))
+	case !v.Convicted:
+		rep.Outcome = AuditPassed
+		return rep
+	}
+	rep.Outcome, rep.Reason, rep.Proof = AuditFailed, v.Reason, v.Proof
+	return rep
+}
+
+// nEmbd is the row width of the recorded inputs (0 for the head's).
+func (a *Auditor) nEmbd(frames []*meshp2pb.RecordedFrame) int {
+	for _, f := range frames {
+		if t := f.GetHeader().GetTensors(); len(t) == 1 && len(t[0].GetShape()) == 2 {
+			return int(t[0].GetShape()[1])
+		}
+	}
+	return 0
+}
+
+// checkHeadInputs checks that the head's committed inputs are the prompt
+// and the generated tokens: a head cannot make a replay agree by
+// claiming it was fed other tokens. Rows a window proposed past its first
+// are proposals (rejected ones never reach the output).
+func checkHeadInputs(frames []*meshp2pb.RecordedFrame, known []int32) error {
+	for i, f := range frames {
+		a := f.GetHeader()
+		if a.GetVerify() {
+			continue // proposals (a window's first row too, when it follows a window still in flight)
+		}
+		for j, t := range a.GetTokens() {
+			pos := int(a.GetPosStart()) + j
+			if pos < len(known) && known[pos] != t {
+				return fmt.Errorf("head input frame %d: token %d at position %d, the session's is %d", i, t, pos, known[pos])
+			}
+		}
+	}
+	return nil
+}
+
+// fetch asks hop p for part of what it kept of open's epoch.
+func (o *Origin) fetch(ctx context.Context, p peer.ID, open *meshp2pb.SessionOpen, part meshp2pb.AuditPart) (*meshp2pb.AuditRecords, []*meshp2pb.RecordedFrame, error) {
+	s, err := o.Dialer.NewStream(ctx, p, o.Audit.Protocol)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer s.Close()
+	if d, ok := ctx.Deadline(); ok {
+		_ = s.SetDeadline(d)
+	}
+	w := frame.NewWriter(s, o.Limits)
+	if err := w.WriteStream(&meshp2pb.StreamMessage{Kind: &meshp2pb.StreamMessage_AuditFetch{AuditFetch: &meshp2pb.AuditFetch{
+		SessionId: open.GetSessionId(), Epoch: open.GetEpoch(), Part: part}}}); err != nil {
+		return nil, nil, err
+	}
+	r := streamReader(s, o.Limits)
+	msg, _, err := r.ReadStream()
+	if err != nil {
+		return nil, nil, err
+	}
+	rec := msg.GetAuditRecords()
+	switch {
+	case rec == nil:
+		return nil, nil, fmt.Errorf("%s answered an audit fetch with something else", p)
+	case rec.GetError() != nil:
+		return nil, nil, frame.FromProto(rec.GetError())
+	case rec.GetFrames() > uint32(open.GetNCtxNeeded())*2+2*TranscriptWindow:
+		return nil, nil, fmt.Errorf("%s announces %d frames for a session of %d positions", p, rec.GetFrames(), open.GetNCtxNeeded())
+	case len(rec.GetStatements()) > int(open.GetNCtxNeeded())*2/TranscriptWindow+4:
+		return nil, nil, fmt.Errorf("%s sent %d statements for a session of %d positions", p, len(rec.GetStatements()), open.GetNCtxNeeded())
+	}
+	frames := make([]*meshp2pb.RecordedFrame, 0, rec.GetFrames())
+	for range rec.GetFrames() {
+		m, tensors, err := r.ReadStream()
+		if err != nil {
+			return nil, nil, fmt.Errorf("record from %s: %w", p, err)
+		}
+		a := m.GetActivation()
+		if a == nil {
+			return nil, nil, fmt.Errorf("record from %s: not an activation frame", p)
+		}
+		f := &meshp2pb.RecordedFrame{Header: a}
+		if len(tensors) == 1 {
+			f.Payload = slices.Clone(tensors[0]) // the reader reuses its buffer
+		}
+		frames = append(frames, f)
+	}
+	return rec, frames, nil
+}
+
+// Verdict is what judging a proof found.
+type Verdict struct {
+	Convicted bool
+	Reason    string
+	Window    int  // the first window that differed
+	Windows   int  // windows replayed
+	Frames    int  // input frames replayed
+	Exact     bool // compared exactly (the statement's kernel class is the replay's)
+	Class     string
+	Replay    time.Duration
+	Proof     *meshp2pb.Proof // trimmed to the failing window, with the replay's result
+}
+
+// Judge replays a proof's (or an audit's) hop on its recorded inputs and
+// convicts it if a window's output differs from what it signed: exactly
+// when the statement names the replay's kernel class, else beyond
+// SketchTolerance (the tail across classes is never convicted: its output
+// is sampled tokens, with no tolerance to apply). It errors (ErrProof)
+// when the proof itself does not hold: the open not signed by its origin,
+// statements not signed by the hop or not in order, inputs that are not
+// what the hop signed it received.
+func Judge(ctx context.Context, p *meshp2pb.Proof, engines AuditEngines) (Verdict, error) {
+	var v Verdict
+	sts, err := checkProofShape(p)
+	if err != nil {
+		return v, err
+	}
+	open, hop := p.GetOpen(), int(p.GetHopIndex())
+	h := open.GetRoute().GetHops()[hop]
+	// Windows whose inputs are all here, and whose inputs are what the
+	// hop signed it received.
+	var windows []uint32
+	at := 0
+	for i, st := range sts {
+		n := int(st.GetFrames())
+		if at+n > len(p.GetInputs()) {
+			break
+		}
+		if !bytes.Equal(InputDigest(p.GetInputs()[at:at+n]), st.GetInDigest()) {
+			return v, fmt.Errorf("%w: window %d: the inputs are not what hop %d signed it received %s", ErrProof, i, hop, debugDigests(p))
+		}
+		if n > 0 {
+			windows = append(windows, uint32(n))
+		}
+		at += n
+	}
+	if len(windows) == 0 {
+		return v, nil // nothing to replay (no output either)
+	}
+	eng, class, release, err := engines.Engine(ctx, open.GetModelFingerprint(), int(h.GetStart()), int(h.GetEnd()))
+	if err != nil {
+		return v, err
+	}
+	defer release()
+	v.Class = class
+	t0 := time.Now()
+	got, err := RunReplay(ctx, eng, Replay{Open: open, Hop: hop, NEmbd: int(p.GetNEmbd()), Frames: p.GetInputs(), Windows: windows})
+	v.Replay = time.Since(t0)
+	if err != nil {
+		return v, err
+	}
+	tail := hop == len(open.GetRoute().GetHops())-1
+	wi := 0
+	for i, st := range sts {
+		if st.GetFrames() == 0 {
+			continue
+		}
+		if wi >= len(got) {
+			break
+		}
+		r := got[wi]
+		wi++
+		v.Windows++
+		v.Frames += int(st.GetFrames())
+		v.Exact = st.GetKernelClass() == class
+		var reason string
+		switch {
+		case v.Exact:
+			if !bytes.Equal(r.OutDigest, st.GetOutDigest()) {
+				reason = fmt.Sprintf("window %d (frames %d-%d): the replay's output digest differs from the one hop %d signed (exact comparison, kernel class %s)",
+					i, st.GetFirstFrame(), st.GetFirstFrame()+st.GetFrames()-1, hop, class)
+			}
+		case tail:
+			// no tolerance rule for sampled tokens: never convicted across classes
+		default:
+			reason = SketchTolerance.Compare(st.GetSketch(), r.Last)
+			if reason != "" {
+				reason = fmt.Sprintf("window %d: %s (kernel class %s against the hop's %s)", i, reason, class, st.GetKernelClass())
+			}
+		}
+		if reason == "" {
+			continue
+		}
+		v.Convicted, v.Reason, v.Window = true, reason, i
+		trimmed := proto.Clone(p).(*meshp2pb.Proof)
+		trimmed.Statements = p.GetStatements()[:i+1]
+		end := 0
+		for _, s := range sts[:i+1] {
+			end += int(s.GetFrames())
+		}
+		trimmed.Inputs = p.GetInputs()[:end]
+		trimmed.Window, trimmed.ReplayOutDigest, trimmed.ReplaySketch, trimmed.ReplayTokens = uint32(i), r.OutDigest, r.Sketch, r.Tokens
+		trimmed.AuditorKernelClass, trimmed.Reason, trimmed.MadeAtMs = class, reason, time.Now().UnixMilli()
+		v.Proof = trimmed
+		return v, nil
+	}
+	return v, nil
+}
+
+// checkProofShape checks everything about a proof but the replay: the
+// origin's signature on the open, the hop's on every statement, and that
+// the statements are the hop's windows of that epoch in order.
+func checkProofShape(p *meshp2pb.Proof) ([]*meshp2pb.Transcript, error) {
+	open := p.GetOpen()
+	if open == nil || p.GetVersion() != 1 {
+		return nil, fmt.Errorf("%w: no open, or version %d (want 1)", ErrProof, p.GetVersion())
+	}
+	if _, err := VerifyOpenOrigin(open); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrProof, err)
+	}
+	hops := open.GetRoute().GetHops()
+	hop := int(p.GetHopIndex())
+	if hop >= len(hops) {
+		return nil, fmt.Errorf("%w: hop %d of a %d-hop route", ErrProof, hop, len(hops))
+	}
+	if hop > 0 && p.GetNEmbd() == 0 {
+		return nil, fmt.Errorf("%w: n_embd missing", ErrProof)
+	}
+	want := peer.ID(hops[hop].GetPeerId())
+	var out []*meshp2pb.Transcript
+	var frames uint32
+	for i, s := range p.GetStatements() {
+		st, err := OpenTranscript(s)
+		if err != nil {
+			return nil, fmt.Errorf("%w: statement %d: %w", ErrProof, i, err)
+		}
+		switch {
+		case peer.ID(st.GetPeerId()) != want || int(st.GetHopIndex()) != hop:
+			return nil, fmt.Errorf("%w: statement %d is %s's as hop %d, not %s's as hop %d", ErrProof, i, peer.ID(st.GetPeerId()), st.GetHopIndex(), want, hop)
+		case !bytes.Equal(st.GetSessionId(), open.GetSessionId()) || st.GetEpoch() != open.GetEpoch() || !bytes.Equal(st.GetOriginPeerId(), open.GetOriginPeerId()):
+			return nil, fmt.Errorf("%w: statement %d is of another session", ErrProof, i)
+		case st.GetWindow() != uint32(i) || st.GetFirstFrame() != frames:
+			return nil, fmt.Errorf("%w: statement %d is window %d from frame %d, want window %d from frame %d", ErrProof, i, st.GetWindow(), st.GetFirstFrame(), i, frames)
+		case st.GetModelFingerprint() != open.GetModelFingerprint() || st.GetStart() != hops[hop].GetStart() || st.GetEnd() != hops[hop].GetEnd():
+			return nil, fmt.Errorf("%w: statement %d is of another model or layers", ErrProof, i)
+		}
+		frames += st.GetFrames()
+		out = append(out, st)
+	}
+	return out, nil
+}
+
+// Tolerance is the rule that compares a hop's sketch with a replay on
+// another kernel class (docs/trust.md: how it was measured).
+type Tolerance struct {
+	// Abs and Rel bound |replay - signed| at each signed index: Abs +
+	// Rel·|signed| (Abs in units of the row's largest signed magnitude).
+	Abs, Rel float64
+	// MinOverlap is how many of the signed top-k indices must be among
+	// the replay's own top-k.
+	MinOverlap int
+}
+
+// SketchTolerance is the cross-class rule (see docs/trust.md for the
+// measurement between builds of different SIMD levels).
+var SketchTolerance = Tolerance{Abs: 0.01, Rel: 0.02, MinOverlap: SketchK - 2}
+
+// Compare returns why the replay's rows do not fit the signed sketch ("":
+// they do).
+func (t Tolerance) Compare(signed []*meshp2pb.SketchRow, replay [][]float32) string {
+	if len(signed) != len(replay) {
+		return fmt.Sprintf("%d sketch rows signed for %d activations replayed", len(signed), len(replay))
+	}
+	for i, s := range signed {
+		row := replay[i]
+		var scale float64
+		for _, v := range s.GetValue() {
+			scale = max(scale, math.Abs(float64(v)))
+		}
+		for j, idx := range s.GetIndex() {
+			if int(idx) >= len(row) {
+				return fmt.Sprintf("row %d: index %d outside the row", i, idx)
+			}
+			v, r := float64(s.GetValue()[j]), float64(row[idx])
+			if d := math.Abs(r - v); !(d <= t.Abs*scale+t.Rel*math.Abs(v)) {
+				return fmt.Sprintf("row %d: value at %d is %g signed, %g replayed (over the tolerance)", i, idx, v, r)
+			}
+		}
+		own := SketchRow(row, len(s.GetIndex()))
+		overlap := 0
+		for _, idx := range s.GetIndex() {
+			if slices.Contains(own.GetIndex(), idx) {
+				overlap++
+			}
+		}
+		if overlap < min(t.MinOverlap, len(s.GetIndex())) {
+			return fmt.Sprintf("row %d: %d of the signed top-%d indices are among the replay's", i, overlap, len(s.GetIndex()))
+		}
+	}
+	return ""
+}
+
+func debugDigests(p *meshp2pb.Proof) string {
+	s := fmt.Sprintf("%d inputs:", len(p.GetInputs()))
+	for _, f := range p.GetInputs() {
+		a := f.GetHeader()
+		s += fmt.Sprintf(" [step %d pos %d rows %d v %v g %d tok %v la %v pl %d]", a.GetStep(), a.GetPosStart(), a.GetNRows(), a.GetVerify(), a.GetSpecGen(), a.GetTokens(), a.GetLookahead(), len(f.GetPayload()))
+	}
+	for _, s2 := range p.GetStatements() {
+		st, _ := OpenTranscript(s2)
+		s += fmt.Sprintf(" {w %d first %d frames %d}", st.GetWindow(), st.GetFirstFrame(), st.GetFrames())
+	}
+	return s
+}

@@ -1,0 +1,252 @@
+package session
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+
+	"github.com/libp2p/go-libp2p/core/peer"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/neuron-tai/meshp2p/proto/meshp2pb"
+)
+
+// fakeEngines replays with fresh fake engines: the honest computation of
+// any layers.
+type fakeEngines struct{ class string }
+
+func (f fakeEngines) Engine(_ context.Context, fp string, start, end int) (Engine, string, func(), error) {
+	if fp != fakeFP {
+		return nil, "", nil, ErrNoAuditor
+	}
+	return newFakeEngine(start, end), f.class, func() {}, nil
+}
+
+// auditLog collects an auditor's reports.
+type auditLog struct {
+	mu   sync.Mutex
+	reps []AuditReport
+}
+
+func (l *auditLog) add(r AuditReport) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.reps = append(l.reps, r)
+}
+
+func (l *auditLog) all() []AuditReport {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append([]AuditReport(nil), l.reps...)
+}
+
+// auditing makes o audit every generation, the hop picked by pick (a
+// route index), replaying on kernel class "fake".
+func auditing(o *Origin, c *testHost, hop func() int, n func() int) *auditLog {
+	l := &auditLog{}
+	first := true
+	o.Audit = &Auditor{Rate: 1, Engines: fakeEngines{"fake"}, Protocol: c.ProtocolID(ProtoAudit, ProtoVersion), OnReport: l.add,
+		Draw: func() float64 {
+			// maybeAudit draws twice: audit or not (0 < Rate), then the hop.
+			first = !first
+			if !first {
+				return 0
+			}
+			return (float64(hop()) + 0.5) / float64(n())
+		}}
+	o.Failures = NewFailureMemory(0, 0)
+	return l
+}
+
+func TestAuditHonestHopsPass(t *testing.T) {
+	routes := [][][2]int{{{0, 6}}, {{0, 3}, {3, 6}}, {{0, 2}, {2, 4}, {4, 6}}}
+	for _, spec := range []bool{false, true} {
+		for _, ranges := range routes {
+			name := itoa(len(ranges)) + "hops"
+			if spec {
+				name += "/spec"
+			}
+			t.Run(name, func(t *testing.T) {
+				var hops []*fakeHop
+				var stages [][]*fakeHop
+				for _, r := range ranges {
+					h := startHop(t, r[0], r[1], func(c *HopConfig) { c.KernelClass = "fake" })
+					hops = append(hops, h)
+					stages = append(stages, []*fakeHop{h})
+				}
+				o, c := newOrigin(t, stagePlanner{stages}, hops...)
+				target := 0
+				l := auditing(o, c, func() int { return target }, func() int { return len(ranges) })
+				prompt := []int32{1, 2, 3, 4, 5, 1, 2, 3}
+				req := GenerateRequest{Fingerprint: fakeFP, NLayer: fakeNLay, Prompt: prompt, MaxTokens: 70, Sampling: &meshp2pb.SamplingParams{Seed: cyclicSeed | 5}}
+				if spec {
+					req.Speculation = &meshp2pb.Speculation{Mode: meshp2pb.SpecMode_SPEC_MODE_NGRAM, MaxDraft: 4, MaxWindows: 2}
+				}
+				for target = range ranges {
+					res, err := o.Generate(context.Background(), req)
+					if err != nil {
+						t.Fatal(err)
+					}
+					if want := reference(prompt, 70, cyclicSeed|5); !equal(res.Tokens, want) {
+						t.Fatalf("tokens %v, want %v", res.Tokens, want)
+					}
+					o.Audit.Wait()
+				}
+				reps := l.all()
+				if len(reps) != len(ranges) {
+					t.Fatalf("%d audits, want %d", len(reps), len(ranges))
+				}
+				for i, r := range reps {
+					if r.Outcome != AuditPassed || r.Hop != i || r.Windows == 0 || !r.Exact || r.Peer != hops[i].host.ID() {
+						t.Fatalf("audit %d: %+v", i, r)
+					}
+					t.Logf("hop %d: %d windows, %d frames, %d input bytes", r.Hop, r.Windows, r.Frames, r.InputBytes)
+				}
+				waitReleased(t, hops...)
+			})
+		}
+	}
+}
+
+func TestAuditCatchesWrongActivations(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		target int
+		spec   bool
+	}{{"head", 0, false}, {"middle", 1, false}, {"tail", 2, false}, {"middle_spec", 1, true}, {"tail_spec", 2, true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			ranges := [][2]int{{0, 2}, {2, 4}, {4, 6}}
+			var hops []*fakeHop
+			var stages [][]*fakeHop
+			for _, r := range ranges {
+				h := startHop(t, r[0], r[1], func(c *HopConfig) { c.KernelClass = "fake" })
+				spare := startHop(t, r[0], r[1], func(c *HopConfig) { c.KernelClass = "fake" })
+				hops = append(hops, h, spare)
+				stages = append(stages, []*fakeHop{h, spare})
+			}
+			bad := stages[tc.target][0]
+			bad.eng.tamper = func(n int, out *Output) {
+				if n%7 != 3 {
+					return
+				}
+				if len(out.Hidden) > 0 {
+					out.Hidden[len(out.Hidden)-1] += 1e-3 // a small error in one step
+				} else if len(out.Tokens) > 0 {
+					out.Tokens[len(out.Tokens)-1] = 3 // a wrong target
+				} else if out.Token != 0 {
+					out.Token = 3 // a wrong sample
+				}
+			}
+			o, c := newOrigin(t, stagePlanner{stages}, hops...)
+			l := auditing(o, c, func() int { return tc.target }, func() int { return 3 })
+			req := GenerateRequest{Fingerprint: fakeFP, NLayer: fakeNLay, Prompt: []int32{1, 2, 3, 4}, MaxTokens: 40, Sampling: &meshp2pb.SamplingParams{Seed: cyclicSeed | 5}}
+			if tc.spec {
+				req.Speculation = &meshp2pb.Speculation{Mode: meshp2pb.SpecMode_SPEC_MODE_NGRAM, MaxDraft: 4, MaxWindows: 2}
+			}
+			res, err := o.Generate(context.Background(), req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			o.Audit.Wait()
+			reps := l.all()
+			if len(reps) != 1 || reps[0].Outcome != AuditFailed || reps[0].Peer != bad.host.ID() || reps[0].Proof == nil {
+				t.Fatalf("reports %+v", reps)
+			}
+			t.Logf("convicted: %s", reps[0].Reason)
+			if !o.Failures.Convicted(bad.host.ID()) {
+				t.Fatal("the convicted hop is not avoided")
+			}
+			// The proof verifies on its own, survives a round trip, and
+			// breaks when its evidence is changed.
+			b, err := proto.Marshal(reps[0].Proof)
+			if err != nil {
+				t.Fatal(err)
+			}
+			p := &meshp2pb.Proof{}
+			if err := proto.Unmarshal(b, p); err != nil {
+				t.Fatal(err)
+			}
+			v, err := Judge(context.Background(), p, fakeEngines{"fake"})
+			if err != nil || !v.Convicted {
+				t.Fatalf("proof: %+v, %v", v, err)
+			}
+			if v, err := Judge(context.Background(), p, fakeEngines{"other-class"}); err != nil || v.Exact {
+				t.Fatalf("cross-class judge: %+v, %v", v, err)
+			}
+			forged := proto.Clone(p).(*meshp2pb.Proof)
+			forged.Inputs[len(forged.Inputs)-1].Header.PosStart++
+			if _, err := Judge(context.Background(), forged, fakeEngines{"fake"}); !errors.Is(err, ErrProof) {
+				t.Fatalf("changed inputs: %v", err)
+			}
+			forged = proto.Clone(p).(*meshp2pb.Proof)
+			forged.Statements[0].Signature[3] ^= 1
+			if _, err := Judge(context.Background(), forged, fakeEngines{"fake"}); !errors.Is(err, ErrProof) {
+				t.Fatalf("changed signature: %v", err)
+			}
+			forged = proto.Clone(p).(*meshp2pb.Proof)
+			forged.Open.Sampling.Seed++
+			if _, err := Judge(context.Background(), forged, fakeEngines{"fake"}); !errors.Is(err, ErrProof) {
+				t.Fatalf("changed open: %v", err)
+			}
+			// The next generation avoids the convicted hop.
+			res, err = o.Generate(context.Background(), req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, h := range res.Route.Hops {
+				if h.Peer == bad.host.ID() {
+					t.Fatalf("route %v goes through the convicted %s", res.Route.Hops, bad.host.ID())
+				}
+			}
+			o.Audit.Wait()
+			if reps := l.all(); len(reps) != 2 || reps[1].Outcome != AuditPassed {
+				t.Fatalf("second audit %+v", reps)
+			}
+		})
+	}
+}
+
+// A hop cannot sign a statement other than what it sent: the next hop
+// refuses it, blaming it.
+func TestForgedStatementRefused(t *testing.T) {
+	h1 := startHop(t, 0, 3, nil)
+	h2 := startHop(t, 3, 6, nil)
+	o, c := newOrigin(t, stagePlanner{[][]*fakeHop{{h1}, {h2}}}, h1, h2)
+	_ = auditing(o, c, func() int { return 0 }, func() int { return 2 })
+	hs := &hopSession{h: h1.svc, se: h1.svc.engines[0], open: &meshp2pb.SessionOpen{SessionId: make([]byte, 16), ModelFingerprint: fakeFP,
+		Route: &meshp2pb.Route{Hops: []*meshp2pb.RouteHop{{PeerId: []byte(h1.host.ID()), Start: 0, End: 3}, {PeerId: []byte(h2.host.ID()), Start: 3, End: 6}}}},
+		idx: 0, origin: c.ID(), key: Key{Origin: c.ID(), Epoch: 1}}
+	tr := newTranscriber(hs, h1.host.key(), "fake")
+	a, payload := downFrame(&meshp2pb.ActivationHeader{SessionId: make([]byte, 16), Epoch: 1, NRows: 1, LastChunk: true}, []float32{1, 2, 3, 4}, 0, 4)
+	tr.input(a, nil)
+	if err := tr.sent(a, payload, 4); err != nil {
+		t.Fatal(err)
+	}
+	st, err := tr.statement(true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	recv := &hopSession{h: h2.svc, open: hs.open, idx: 1, origin: c.ID(), key: hs.key}
+	for _, tc := range []struct {
+		name string
+		got  []float32
+		ok   bool
+	}{{"same", []float32{1, 2, 3, 4}, true}, {"other", []float32{1, 2, 3, 5}, false}} {
+		ck := &checker{}
+		b, _ := downFrame(a, tc.got, 0, 4)
+		_, pl := downFrame(a, tc.got, 0, 4)
+		if err := ck.activation(b, pl, 4); err != nil {
+			t.Fatal(err)
+		}
+		err := ck.check(st, recv, h1.host.ID(), 0)
+		if (err == nil) != tc.ok || (err != nil && !errors.Is(err, ErrTranscript)) {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+	}
+	// Signed by someone else than the hop it names.
+	ck := &checker{}
+	if err := ck.check(st, recv, peer.ID("someone"), 0); !errors.Is(err, ErrTranscript) {
+		t.Fatalf("wrong signer: %v", err)
+	}
+}

@@ -1,0 +1,226 @@
+package session
+
+import (
+	"sync"
+	"time"
+
+	"github.com/libp2p/go-libp2p/core/network"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/neuron-tai/meshp2p/proto/frame"
+	"github.com/neuron-tai/meshp2p/proto/meshp2pb"
+)
+
+// What a hop keeps for audits (docs/trust.md): for each session that asks
+// for transcripts, the activation frames it sent its next hop (the next
+// hop's inputs), on the head also its own input frames (token ids), and
+// the statements of the hop before it (the head: the tail's) it checked.
+// Bounded per session by n_ctx_needed × n_embd × 4 bytes of payload (the
+// session's committed rows in f32; rows of rejected speculative windows
+// count too, and what goes over is not kept: AuditRecords.truncated), by
+// DefaultAuditKeepBytes per hop, and in time by DefaultAuditHold after the
+// session ends.
+
+const (
+	// DefaultAuditHold is how long a hop keeps a session's records after it
+	// ended: the origin fetches them right after the generation.
+	DefaultAuditHold = 2 * time.Minute
+	// DefaultAuditKeepBytes bounds the records a hop keeps, all sessions
+	// together; ended sessions' go first, then new frames are not kept.
+	DefaultAuditKeepBytes = 256 << 20
+	// auditEndWait bounds how long a fetch waits for its session to end
+	// here (a clean close reaches the last hops a moment after the origin).
+	auditEndWait = 3 * time.Second
+)
+
+// kept is one (session, epoch)'s records on this hop.
+type kept struct {
+	mu         sync.Mutex
+	hop        int
+	limit      int64 // payload bytes this session may keep
+	bytes      int64
+	sent       []*meshp2pb.RecordedFrame
+	inputs     []*meshp2pb.RecordedFrame
+	statements []*meshp2pb.SignedTranscript
+	truncated  bool
+	ended      chan struct{}
+	endedAt    time.Time
+}
+
+// auditStore holds every session's kept records on one hop.
+type auditStore struct {
+	mu    sync.Mutex
+	m     map[Key]*kept
+	total int64 // payload bytes kept
+	max   int64
+	hold  time.Duration
+	now   func() time.Time
+}
+
+func newAuditStore(max int64, hold time.Duration) *auditStore {
+	return &auditStore{m: map[Key]*kept{}, max: max, hold: hold, now: time.Now}
+}
+
+// open starts keeping a session's records (limit: its payload bound).
+func (s *auditStore) open(key Key, hop int, limit int64) *kept {
+	k := &kept{hop: hop, limit: limit, ended: make(chan struct{})}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.expire()
+	if old := s.m[key]; old != nil {
+		s.total -= old.bytes
+	}
+	s.m[key] = k
+	return k
+}
+
+// record keeps one frame (sent, or the head's input) if the bounds allow.
+func (s *auditStore) record(k *kept, input bool, a *meshp2pb.ActivationHeader, payload []byte, overhead int) {
+	n := int64(len(payload) + overhead)
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.truncated || k.bytes+n > k.limit || !s.reserve(n) {
+		k.truncated = true
+		return
+	}
+	k.bytes += n
+	rf := &meshp2pb.RecordedFrame{Header: recordHeader(a), Payload: payload}
+	if input {
+		k.inputs = append(k.inputs, rf)
+	} else {
+		k.sent = append(k.sent, rf)
+	}
+}
+
+// recordHeader is the header an audit needs (no timings).
+func recordHeader(a *meshp2pb.ActivationHeader) *meshp2pb.ActivationHeader {
+	c := proto.Clone(a).(*meshp2pb.ActivationHeader)
+	c.HopUs, c.HopTiming = nil, nil
+	return c
+}
+
+// reserve takes n bytes of the hop's budget, dropping ended sessions'
+// records (oldest first) to make room.
+func (s *auditStore) reserve(n int64) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for s.total+n > s.max {
+		var oldest Key
+		var at time.Time
+		for key, k := range s.m {
+			if !k.endedAt.IsZero() && (at.IsZero() || k.endedAt.Before(at)) {
+				oldest, at = key, k.endedAt
+			}
+		}
+		if at.IsZero() {
+			return false
+		}
+		s.drop(oldest)
+	}
+	s.total += n
+	return true
+}
+
+func (k *kept) keep(st *meshp2pb.SignedTranscript) {
+	k.mu.Lock()
+	k.statements = append(k.statements, st)
+	k.mu.Unlock()
+}
+
+// end marks a session's records complete; they expire after hold.
+func (s *auditStore) end(k *kept) {
+	s.mu.Lock()
+	k.endedAt = s.now()
+	s.mu.Unlock()
+	close(k.ended)
+}
+
+func (s *auditStore) drop(key Key) {
+	if k := s.m[key]; k != nil {
+		s.total -= k.bytes
+		delete(s.m, key)
+	}
+}
+
+// expire drops records held longer than hold (s.mu held).
+func (s *auditStore) expire() {
+	now := s.now()
+	for key, k := range s.m {
+		if !k.endedAt.IsZero() && now.Sub(k.endedAt) > s.hold {
+			s.drop(key)
+		}
+	}
+}
+
+func (s *auditStore) get(key Key) *kept {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.expire()
+	return s.m[key]
+}
+
+// handleAudit answers an AuditFetch: only the session's origin may read
+// its records.
+func (h *HopService) handleAudit(st network.Stream) {
+	defer st.Close()
+	lim := h.cfg.Limits
+	_ = st.SetDeadline(time.Now().Add(h.cfg.OpenTimeout + auditEndWait))
+	w := frame.NewWriter(st, lim)
+	msg, _, err := streamReader(st, lim).ReadStream()
+	req := msg.GetAuditFetch()
+	refuse := func(code meshp2pb.ErrorCode, what string) {
+		e := &meshp2pb.Error{Code: code, Message: what, PeerId: []byte(h.host.ID())}
+		_ = w.WriteStream(&meshp2pb.StreamMessage{Kind: &meshp2pb.StreamMessage_AuditRecords{AuditRecords: &meshp2pb.AuditRecords{Error: e}}})
+	}
+	switch {
+	case err != nil:
+		refuse(frame.Code(err), err.Error())
+		return
+	case req == nil || len(req.GetSessionId()) != 16:
+		refuse(meshp2pb.ErrorCode_ERROR_CODE_BAD_REQUEST, "expected an audit fetch with a 16-byte session id")
+		return
+	}
+	key := Key{Origin: st.Conn().RemotePeer(), Epoch: req.GetEpoch()}
+	copy(key.ID[:], req.GetSessionId())
+	k := h.audits.get(key) // keyed by origin: nobody else finds it
+	if k == nil {
+		refuse(meshp2pb.ErrorCode_ERROR_CODE_SESSION_UNKNOWN, "no records of this session here (never kept, expired, or not your session)")
+		return
+	}
+	select {
+	case <-k.ended:
+	case <-time.After(auditEndWait):
+		refuse(meshp2pb.ErrorCode_ERROR_CODE_TIMEOUT, "the session has not ended here")
+		return
+	}
+	k.mu.Lock()
+	rec := &meshp2pb.AuditRecords{HopIndex: uint32(k.hop), Truncated: k.truncated}
+	var frames []*meshp2pb.RecordedFrame
+	switch req.GetPart() {
+	case meshp2pb.AuditPart_AUDIT_PART_SENT:
+		frames = k.sent
+	case meshp2pb.AuditPart_AUDIT_PART_INPUTS:
+		frames = k.inputs
+	case meshp2pb.AuditPart_AUDIT_PART_STATEMENTS:
+		rec.Statements = k.statements
+	default:
+		k.mu.Unlock()
+		refuse(meshp2pb.ErrorCode_ERROR_CODE_BAD_REQUEST, "unknown audit part")
+		return
+	}
+	k.mu.Unlock()
+	rec.Frames = uint32(len(frames))
+	if w.WriteStream(&meshp2pb.StreamMessage{Kind: &meshp2pb.StreamMessage_AuditRecords{AuditRecords: rec}}) != nil {
+		return
+	}
+	for _, f := range frames {
+		var payload [][]byte
+		if len(f.GetHeader().GetTensors()) > 0 {
+			payload = [][]byte{f.GetPayload()}
+		}
+		hdr := proto.Clone(f.GetHeader()).(*meshp2pb.ActivationHeader) // the writer sets lengths and checksums
+		if w.WriteStream(&meshp2pb.StreamMessage{Kind: &meshp2pb.StreamMessage_Activation{Activation: hdr}}, payload...) != nil {
+			return
+		}
+	}
+}

@@ -1,0 +1,183 @@
+package session
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/libp2p/go-libp2p/core/peer"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/neuron-tai/meshp2p/proto/meshp2pb"
+)
+
+// TranscriptCloseWait bounds how long the head, at a clean close, waits
+// for the tail's final statement (one ring round after the close went
+// down the route).
+const TranscriptCloseWait = 2 * time.Second
+
+// recordOverhead is what one kept frame's header counts against the
+// session's bound besides its payload.
+const recordOverhead = 256
+
+// startTranscripts sets hs up to sign, check and keep transcripts.
+func (h *HopService) startTranscripts(hs *hopSession) {
+	key := h.host.Peerstore().PrivKey(h.host.ID())
+	if key == nil {
+		h.log.Warn("no private key in the peerstore: this hop signs no transcripts", "session", hs.key)
+		return
+	}
+	hs.tr = newTranscriber(hs, key, h.cfg.KernelClass)
+	if !hs.head || !hs.tail {
+		hs.chk = &checker{}
+	}
+	nCtx := int64(hs.open.GetNCtxNeeded())
+	hs.kept = h.audits.open(hs.key, hs.idx, nCtx*(int64(h.info.NEmbd)*4+2*recordOverhead))
+	hs.tailFinal = make(chan struct{})
+}
+
+// transcribeInput digests an input frame (the head also keeps it: its
+// inputs are its own to show an auditor). It reports false when the head
+// is closing and the frame is to be dropped.
+func (hs *hopSession) transcribeInput(a *meshp2pb.ActivationHeader, tensors [][]byte) bool {
+	if hs.tr == nil {
+		return true
+	}
+	if hs.closing.Load() {
+		return false
+	}
+	var payload []byte
+	if len(tensors) == 1 {
+		payload = tensors[0]
+	}
+	hs.tr.input(a, payload)
+	if hs.head {
+		hs.h.audits.record(hs.kept, true, a, nil, recordOverhead)
+	}
+	return true
+}
+
+// transcribeSent digests (and keeps) an activation sent to the next hop.
+func (hs *hopSession) transcribeSent(a *meshp2pb.ActivationHeader, payload []byte) error {
+	if hs.tr == nil {
+		return nil
+	}
+	hs.h.audits.record(hs.kept, false, a, payload, recordOverhead)
+	return hs.tr.sent(a, payload, hs.h.info.NEmbd)
+}
+
+// inputDone ends one input frame: a full window's statement goes where
+// this hop's output went.
+func (hs *hopSession) inputDone() error {
+	if hs.tr == nil {
+		return nil
+	}
+	st, err := hs.tr.done()
+	if err != nil || st == nil {
+		return hs.asTranscriptErr(err)
+	}
+	return hs.sendStatement(st)
+}
+
+func (hs *hopSession) asTranscriptErr(err error) error {
+	if err == nil {
+		return nil
+	}
+	return codeErr(meshp2pb.ErrorCode_ERROR_CODE_INTERNAL, err.Error(), hs.h.host.ID())
+}
+
+// sendStatement sends a signed statement to the next hop (the tail: to
+// the head over the ring; a one-hop route keeps its own).
+func (hs *hopSession) sendStatement(st *meshp2pb.SignedTranscript) error {
+	msg := &meshp2pb.StreamMessage{Kind: &meshp2pb.StreamMessage_Transcript{Transcript: st}}
+	switch {
+	case hs.head && hs.tail:
+		hs.kept.keep(st)
+		return nil
+	case hs.tail:
+		if err := hs.ringOut.Send(msg, WriteDeadline(hs.h.cfg.Idle)); err != nil {
+			return linkErr("ring to head", err, hs.route[0], hs.h.host.ID())
+		}
+		return nil
+	}
+	if err := hs.down.Send(msg, WriteDeadline(hs.h.cfg.Idle)); err != nil {
+		return linkErr("send to next hop", err, hs.route[hs.idx+1], hs.h.host.ID())
+	}
+	return nil
+}
+
+// received digests a frame from the previous hop (the head: from the
+// tail) for the check of its next statement.
+func (hs *hopSession) received(msg *meshp2pb.StreamMessage, tensors [][]byte, from peer.ID) error {
+	if hs.chk == nil {
+		return nil
+	}
+	if a := msg.GetActivation(); a != nil {
+		var payload []byte
+		if len(tensors) == 1 {
+			payload = tensors[0]
+		}
+		if err := hs.chk.activation(a, payload, hs.h.info.NEmbd); err != nil {
+			return codeErr(meshp2pb.ErrorCode_ERROR_CODE_BAD_REQUEST, err.Error(), from)
+		}
+		return nil
+	}
+	hs.chk.ring(msg)
+	return nil
+}
+
+// statement checks and keeps a statement of the hop before this one (the
+// head: the tail's); one that does not match what arrived fails the
+// session, blaming its sender.
+func (hs *hopSession) statement(st *meshp2pb.SignedTranscript, from peer.ID) error {
+	if hs.chk == nil {
+		return codeErr(meshp2pb.ErrorCode_ERROR_CODE_UNEXPECTED_MESSAGE, "transcript in a session without transcripts", from)
+	}
+	idx := hs.idx - 1
+	if hs.head {
+		idx = len(hs.route) - 1
+	}
+	if err := hs.chk.check(st, hs, from, idx); err != nil {
+		return codeErr(meshp2pb.ErrorCode_ERROR_CODE_BAD_REQUEST, err.Error(), from)
+	}
+	hs.kept.keep(st)
+	if hs.head && hs.chk.final {
+		close(hs.tailFinal)
+	}
+	return nil
+}
+
+// closeTranscripts runs at a clean close from upstream: this hop's final
+// statement goes where its output went, and the close goes on down the
+// route so every hop does the same; the head then waits (bounded) for
+// the tail's final statement on the ring.
+func (hs *hopSession) closeTranscripts(c *meshp2pb.SessionClose) error {
+	if hs.tr == nil {
+		return nil
+	}
+	if hs.head {
+		hs.trMu.Lock()
+		hs.closing.Store(true)
+	}
+	st, err := hs.tr.statement(true)
+	if err == nil {
+		err = hs.sendStatement(st)
+	}
+	if err == nil && !hs.tail {
+		err = hs.down.Send(&meshp2pb.StreamMessage{Kind: &meshp2pb.StreamMessage_Close{Close: proto.Clone(c).(*meshp2pb.SessionClose)}}, WriteDeadline(hs.h.cfg.Idle))
+	}
+	if hs.head {
+		hs.trMu.Unlock()
+	}
+	if err != nil {
+		return fmt.Errorf("final transcript: %w", err)
+	}
+	if hs.head && !hs.tail {
+		select {
+		case <-hs.tailFinal:
+		case <-hs.done:
+		case <-time.After(TranscriptCloseWait):
+			hs.h.log.Debug("no final statement from the tail", "session", hs.key)
+		}
+	}
+	return nil
+}
