@@ -346,7 +346,7 @@ func Judge(ctx context.Context, p *meshp2pb.Proof, engines AuditEngines) (Verdic
 			break
 		}
 		if !bytes.Equal(InputDigest(p.GetInputs()[at:at+n]), st.GetInDigest()) {
-			return v, fmt.Errorf("%w: window %d: the inputs are not what hop %d signed it received %s", ErrProof, i, hop, debugDigests(p))
+			return v, fmt.Errorf("%w: window %d: the inputs are not what hop %d signed it received", ErrProof, i, hop)
 		}
 		if n > 0 {
 			windows = append(windows, uint32(n))
@@ -470,9 +470,12 @@ type Tolerance struct {
 	MinOverlap int
 }
 
-// SketchTolerance is the cross-class rule (see docs/trust.md for the
-// measurement between builds of different SIMD levels).
-var SketchTolerance = Tolerance{Abs: 0.01, Rel: 0.02, MinOverlap: SketchK - 2}
+// SketchTolerance is the cross-class rule, measured between builds of
+// three SIMD levels (docs/trust.md): honest differences at the signed
+// indices stayed under 0.016 of the row's largest magnitude (quantized
+// weights; 7e-4 for F32/F16), and overlap never fell below 7 of 8; a
+// skipped layer or a changed token moved them by 0.21 or more.
+var SketchTolerance = Tolerance{Abs: 0.05, MinOverlap: SketchK - 2}
 
 // Compare returns why the replay's rows do not fit the signed sketch ("":
 // they do).
@@ -507,17 +510,4 @@ func (t Tolerance) Compare(signed []*meshp2pb.SketchRow, replay [][]float32) str
 		}
 	}
 	return ""
-}
-
-func debugDigests(p *meshp2pb.Proof) string {
-	s := fmt.Sprintf("%d inputs:", len(p.GetInputs()))
-	for _, f := range p.GetInputs() {
-		a := f.GetHeader()
-		s += fmt.Sprintf(" [step %d pos %d rows %d v %v g %d tok %v la %v pl %d]", a.GetStep(), a.GetPosStart(), a.GetNRows(), a.GetVerify(), a.GetSpecGen(), a.GetTokens(), a.GetLookahead(), len(f.GetPayload()))
-	}
-	for _, s2 := range p.GetStatements() {
-		st, _ := OpenTranscript(s2)
-		s += fmt.Sprintf(" {w %d first %d frames %d}", st.GetWindow(), st.GetFirstFrame(), st.GetFrames())
-	}
-	return s
 }

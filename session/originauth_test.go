@@ -89,7 +89,9 @@ func TestSignedFields(t *testing.T) {
 		// What the tail samples with and what an audit replays.
 		{"sampling", func(o *meshp2pb.SessionOpen) { o.Sampling = &meshp2pb.SamplingParams{Temperature: 0.5} }},
 		{"generated", func(o *meshp2pb.SessionOpen) { o.Generated = append(o.Generated, 7) }},
-		{"speculation", func(o *meshp2pb.SessionOpen) { o.Speculation = &meshp2pb.Speculation{Mode: meshp2pb.SpecMode_SPEC_MODE_NGRAM} }},
+		{"speculation", func(o *meshp2pb.SessionOpen) {
+			o.Speculation = &meshp2pb.Speculation{Mode: meshp2pb.SpecMode_SPEC_MODE_NGRAM}
+		}},
 		{"wire dtype", func(o *meshp2pb.SessionOpen) { o.WireDtype = meshp2pb.DType_DTYPE_F16 }},
 		{"transcripts", func(o *meshp2pb.SessionOpen) { o.Transcripts = !o.Transcripts }},
 		{"origin", func(o *meshp2pb.SessionOpen) {

@@ -168,11 +168,6 @@ func InputDigest(frames []*meshp2pb.RecordedFrame) []byte {
 	h := sha256.New()
 	for _, f := range frames {
 		digestActivation(h, f.GetHeader(), f.GetPayload())
-		if dbgOn {
-			h2 := sha256.New()
-			digestActivation(h2, f.GetHeader(), f.GetPayload())
-			fmt.Printf("REC step %d %x\n", f.GetHeader().GetStep(), h2.Sum(nil)[:4])
-		}
 	}
 	return h.Sum(nil)
 }

@@ -205,11 +205,6 @@ func newTranscriber(hs *hopSession, key crypto.PrivKey, kernelClass string) *tra
 
 // input digests one input frame.
 func (t *transcriber) input(a *meshp2pb.ActivationHeader, payload []byte) {
-	if dbgOn {
-		h := sha256.New()
-		digestActivation(h, a, payload)
-		fmt.Printf("IN hop %d step %d %x\n", t.base.GetHopIndex(), a.GetStep(), h.Sum(nil)[:4])
-	}
 	digestActivation(t.in.add(), a, payload)
 }
 
@@ -383,5 +378,3 @@ func (c *checker) check(s *meshp2pb.SignedTranscript, hs *hopSession, want peer.
 	c.held = append(c.held, s)
 	return nil
 }
-
-var dbgOn = false
