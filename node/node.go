@@ -89,6 +89,17 @@ type Config struct {
 	AuditRate   float64
 	AuditModels []string
 	OnAudit     func(session.AuditReport)
+	// WrapEngine, if set, wraps the engine the hop serves through. For
+	// tests only: hostile hops (wrong activations) that audits must catch.
+	WrapEngine func(session.Engine) session.Engine
+}
+
+// hopEngine is what the hop serves through: e, wrapped by WrapEngine.
+func (cfg *Config) hopEngine(e session.Engine) session.Engine {
+	if cfg.WrapEngine != nil {
+		return cfg.WrapEngine(e)
+	}
+	return e
 }
 
 // Node is a running meshp2p node.
@@ -334,7 +345,7 @@ func (n *Node) serveLoaded(bg context.Context) error {
 		return err
 	}
 	n.cfg.Hop.Fingerprint = n.fp
-	n.hop = session.NewHopService(n.host, shardengine.Engine{Model: n.model, Shard: n.shard}, n.cfg.Hop)
+	n.hop = session.NewHopService(n.host, n.cfg.hopEngine(shardengine.Engine{Model: n.model, Shard: n.shard}), n.cfg.Hop)
 	if n.vocabPath != "" {
 		if err := n.vocab.Add(n.fp, n.vocabPath); err != nil {
 			return err

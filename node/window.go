@@ -104,7 +104,7 @@ func (n *Node) swapWindow(ctx context.Context, ls *loadedShard, commit func(from
 	n.mu.Unlock()
 	if first {
 		n.cfg.Hop.Fingerprint = n.fp
-		n.hop = session.NewHopService(n.host, ls.engine(), n.cfg.Hop)
+		n.hop = session.NewHopService(n.host, n.cfg.hopEngine(ls.engine()), n.cfg.Hop)
 	} else if from != nil {
 		n.hop.StopAdmitting(from.Start, from.End)
 	}

@@ -70,6 +70,20 @@ type genResult struct {
 	Model             string   `json:"model"`
 	// Speculation is what speculative decoding did (swarm runs).
 	Speculation *specJSON `json:"speculation,omitempty"`
+	// Audit is the spot-check of this generation, when --audit-rate drew it.
+	Audit *auditJSON `json:"audit,omitempty"`
+}
+
+// auditJSON reports an audit: which hop, the outcome and why.
+type auditJSON struct {
+	Hop      int     `json:"hop"`
+	Peer     string  `json:"peer"`
+	Layers   [2]int  `json:"layers"`
+	Outcome  string  `json:"outcome"`
+	Reason   string  `json:"reason,omitempty"`
+	Windows  int     `json:"windows"`
+	Exact    bool    `json:"exact"`
+	ReplayMs float64 `json:"replay_ms"`
 }
 
 // specJSON reports speculation: the mode asked for, verification windows,
@@ -130,6 +144,7 @@ type genFlags struct {
 	nf         netFlags
 	tf         trackerFlags
 	pf         perfFlags
+	af         auditFlags
 	model      string
 	prompt     string
 	chat       bool
@@ -176,10 +191,14 @@ func parseGenerate(stderr io.Writer, args []string) (*genFlags, error) {
 	fs.DurationVar(&g.wait, "wait", client.DefaultWait, "how long to wait for peers covering the model")
 	verbose := fs.Bool("v", false, "debug logging")
 	g.pf.register(fs)
+	g.af.register(fs)
 	if err := parseFlags(fs, args); err != nil {
 		return nil, err
 	}
 	if err := g.pf.check(); err != nil {
+		return nil, err
+	}
+	if err := g.af.check(); err != nil {
 		return nil, err
 	}
 	if g.model == "" || g.prompt == "" {
@@ -297,11 +316,18 @@ func (g *genFlags) runSwarm(ctx context.Context, stdout io.Writer, out *genResul
 	}
 	failures, saveFailures := g.failureMemory(pc.DataDir)
 	defer saveFailures() // on errors too: a failed run is the one that learned most
-	n, err := node.Start(ctx, node.Config{P2P: pc, Logger: g.log, Failures: failures})
+	ncfg := node.Config{P2P: pc, Logger: g.log, Failures: failures}
+	var models []string
+	if st, err := os.Stat(g.model); err == nil && st.Mode().IsRegular() {
+		models = []string{g.model} // the origin replays audited hops with it
+	}
+	g.af.apply(&ncfg, proofBase(g.nf.network, pc.DataDir, g.explicitDD), models, g.log, func(r session.AuditReport) { out.Audit = auditOf(r) })
+	n, err := node.Start(ctx, ncfg)
 	if err != nil {
 		return time.Time{}, err
 	}
 	defer n.Close()
+	defer n.WaitAudits() // before the summary: the audit's outcome is part of it
 	var planner route.Planner
 	if len(trackers) > 0 {
 		planner = n.TrackerPlanner(trackers, g.tf.requireTracker)
@@ -440,6 +466,16 @@ func printSummary(stderr io.Writer, out *genResult) {
 		fmt.Fprintf(stderr, "speculation %s (proposer %s): %d windows, %d proposed, %d accepted (%.0f%%), %.2f accepted/window, K %d W %d\n",
 			sp.Mode, sp.Proposer, sp.Windows, sp.Proposed, sp.Accepted, 100*sp.AcceptanceRate, sp.AcceptedPerWindow, sp.K, sp.W)
 	}
+	if a := out.Audit; a != nil {
+		fmt.Fprintf(stderr, "audit: hop %d (%s, layers %d-%d) %s", a.Hop, a.Peer, a.Layers[0], a.Layers[1], a.Outcome)
+		if a.Windows > 0 {
+			fmt.Fprintf(stderr, ", %d windows replayed in %.0f ms (exact %v)", a.Windows, a.ReplayMs, a.Exact)
+		}
+		if a.Reason != "" {
+			fmt.Fprintf(stderr, ": %s", a.Reason)
+		}
+		fmt.Fprintln(stderr)
+	}
 	fmt.Fprintln(stderr, "route:")
 	for i, h := range out.Route {
 		line := fmt.Sprintf("  %s layers %d-%d (%s)", h.Peer, h.Start, h.End, h.Reach)
@@ -452,3 +488,8 @@ func printSummary(stderr io.Writer, out *genResult) {
 }
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
+func auditOf(r session.AuditReport) *auditJSON {
+	return &auditJSON{Hop: r.Hop, Peer: r.Peer.String(), Layers: [2]int{r.Start, r.End}, Outcome: string(r.Outcome), Reason: r.Reason,
+		Windows: r.Windows, Exact: r.Exact, ReplayMs: ms(r.Replay)}
+}

@@ -29,6 +29,7 @@ func commands() []command {
 		{"tracker", "run a tracker: relay, DHT server and signed route oracle", runTracker},
 		{"shard", "inspect | split | synth | verify | ls | rm: GGUF models, shards and the shard cache", runShard},
 		{"key", "show | swarm-gen: node identity and private-swarm keys", runKey},
+		{"proof", "verify: check a fraud proof offline by replaying the hop's layers", runProof},
 		{"testnet", "build a network-namespace NAT test network", runTestnet},
 		{"version", "print version, llama.cpp revision and CPU features", runVersion},
 	}

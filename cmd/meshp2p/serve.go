@@ -16,6 +16,7 @@ import (
 
 	"github.com/neuron-tai/meshp2p/api"
 	"github.com/neuron-tai/meshp2p/client"
+	"github.com/neuron-tai/meshp2p/internal/failfile"
 	"github.com/neuron-tai/meshp2p/metrics"
 	"github.com/neuron-tai/meshp2p/node"
 	"github.com/neuron-tai/meshp2p/p2p"
@@ -46,6 +47,10 @@ type apiFlags struct {
 	maxTokens int
 	maxBody   int64
 	spec      string // --speculative
+	audit     auditFlags
+	// models are whole model files the gateway may replay audited hops
+	// with (start --api: the node's --model).
+	models []string
 	// metrics is the process's registry (start --api: the node's); the API
 	// server serves it at /metrics with the status document and dashboard.
 	metrics *metrics.Metrics
@@ -60,6 +65,7 @@ func (f *apiFlags) register(fs *flag.FlagSet, defAddr, what string) {
 	fs.IntVar(&f.maxTokens, "api-max-tokens", api.DefaultChatMaxTokens, "a chat completion's max_tokens when the request gives none")
 	fs.Int64Var(&f.maxBody, "api-max-body", api.DefaultMaxBody, "largest request body in bytes (413 beyond)")
 	fs.StringVar(&f.spec, "speculative", client.SpecAuto, "speculative decoding for API requests: "+client.SpecModes()+" (same output; auto only while it pays)")
+	f.audit.register(fs)
 }
 
 // run serves the API for gateway node c (a client peer; its vocabularies
@@ -121,6 +127,9 @@ func runServe(ctx context.Context, stdout, stderr io.Writer, args []string) erro
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
+	if err := af.audit.check(); err != nil {
+		return err
+	}
 	pc, err := nf.config(node.PresetClient)
 	if err != nil {
 		return err
@@ -149,7 +158,9 @@ func runServe(ctx context.Context, stdout, stderr io.Writer, args []string) erro
 		return err
 	}
 	m := metrics.New()
-	n, err := node.Start(ctx, node.Config{P2P: pc, Logger: log, Metrics: m})
+	ncfg := node.Config{P2P: pc, Logger: log, Metrics: m}
+	af.audit.apply(&ncfg, proofBase(nf.network, pc.DataDir, explicitDir), nil, log, nil)
+	n, err := node.Start(ctx, ncfg)
 	if err != nil {
 		return err
 	}
@@ -191,7 +202,9 @@ func (f *apiFlags) startAPI(ctx context.Context, stdout io.Writer, log *slog.Log
 	pc.DataDir = gatewayDir
 	// The gateway peer shares the node's metrics and status recorder: the
 	// API server's /metrics and dashboard show the node and its origin.
-	c, err := node.Start(ctx, node.Config{P2P: pc, Logger: log.With("part", "api-gateway"), Metrics: f.metrics, Recorder: n.Recorder()})
+	gcfg := node.Config{P2P: pc, Logger: log.With("part", "api-gateway"), Metrics: f.metrics, Recorder: n.Recorder()}
+	f.audit.apply(&gcfg, gatewayDir, f.models, log, nil)
+	c, err := node.Start(ctx, gcfg)
 	if err != nil {
 		return nil, fmt.Errorf("--api: gateway peer: %w", err)
 	}
@@ -242,3 +255,14 @@ func trustGateway(gatewayDir string, trusted map[peer.ID]bool) (map[peer.ID]bool
 // defaultAPIAddr is serve's --api: loopback, so nothing is exposed unless
 // asked for.
 const defaultAPIAddr = "127.0.0.1:8080"
+
+// proofBase is the directory proofs go under: the data dir, or the user's
+// cache directory when the data dir is temporary.
+func proofBase(network, dataDir string, explicit bool) string {
+	if !explicit {
+		if p, err := failfile.CachePath(network); err == nil {
+			return filepath.Dir(p)
+		}
+	}
+	return dataDir
+}

@@ -175,6 +175,9 @@ func (f *startFlags) config(stderr io.Writer) (*startRun, error) {
 		return nil, err
 	}
 	f.af.metrics = cfg.Metrics
+	if f.model != "" {
+		f.af.models = []string{f.model} // the gateway audits hops with the node's model file
+	}
 	sr.cfg = cfg
 	return sr, nil
 }

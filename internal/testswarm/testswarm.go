@@ -71,12 +71,18 @@ func (tn *Net) Shard(model string, r *gguf.Range, tweak func(*node.Config)) *nod
 
 // Peer starts a node without weights on the client preset, as `generate`
 // and `serve` do.
-func (tn *Net) Peer() *node.Node {
+func (tn *Net) Peer() *node.Node { return tn.PeerWith(nil) }
+
+// PeerWith is Peer after tweak (e.g. audits: node.Config.AuditRate).
+func (tn *Net) PeerWith(tweak func(*node.Config)) *node.Node {
 	tn.t.Helper()
 	cfg := tn.config(tn.t.TempDir())
 	pc := node.TestRelax(node.Preset(node.PresetClient))
 	pc.Network, pc.DataDir, pc.Bootstrap, pc.ListenAddrs = cfg.P2P.Network, cfg.P2P.DataDir, cfg.P2P.Bootstrap, cfg.P2P.ListenAddrs
 	cfg.P2P = pc
+	if tweak != nil {
+		tweak(&cfg)
+	}
 	n, err := node.Start(context.Background(), cfg)
 	if err != nil {
 		tn.t.Fatal(err)
@@ -86,9 +92,11 @@ func (tn *Net) Peer() *node.Node {
 }
 
 // Client is a client.Client over a new client peer, as `serve` builds it.
-func (tn *Net) Client() *client.Client {
+func (tn *Net) Client() *client.Client { return tn.ClientOn(tn.Peer()) }
+
+// ClientOn is a client.Client over client peer n.
+func (tn *Net) ClientOn(n *node.Node) *client.Client {
 	tn.t.Helper()
-	n := tn.Peer()
 	c, err := client.New(client.Config{Swarm: n.P2P(), Host: n.ControlHost(), Table: n.Table(), Origin: n.Origin(nil),
 		LoadVocab: enginevocab.Load, VocabDir: filepath.Join(tn.t.TempDir(), "vocab")})
 	if err != nil {
