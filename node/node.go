@@ -201,7 +201,10 @@ func (n *Node) startAuditor() {
 	if n.cfg.ModelPath != "" {
 		models = append(models, n.cfg.ModelPath)
 	}
-	n.auditEngines = &AuditEngines{Models: models, DataDir: n.cfg.P2P.DataDir, Threads: n.cfg.Engine.Threads, Logger: n.log,
+	// One thread unless the node's engine says otherwise: an audit is one
+	// hop's steps, and an origin's replays must not spin a thread pool
+	// against the hops' (8 generate processes on 2 cores slowed to a crawl).
+	n.auditEngines = &AuditEngines{Models: models, DataDir: n.cfg.P2P.DataDir, Threads: max(1, n.cfg.Engine.Threads), Logger: n.log,
 		Served: func() (session.Engine, string) {
 			n.mu.Lock()
 			defer n.mu.Unlock()

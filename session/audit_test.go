@@ -3,6 +3,8 @@ package session
 import (
 	"context"
 	"errors"
+	"math"
+	"math/rand/v2"
 	"sync"
 	"testing"
 
@@ -248,5 +250,58 @@ func TestForgedStatementRefused(t *testing.T) {
 	ck := &checker{}
 	if err := ck.check(st, recv, peer.ID("someone"), 0); !errors.Is(err, ErrTranscript) {
 		t.Fatalf("wrong signer: %v", err)
+	}
+}
+
+// The catch rate follows P = p·q/k per generation (p the audit rate, q the
+// share of generations the hop corrupts, k the hops): over many trials
+// the generations until the catch average 1/P (geometric; the draws are
+// seeded, so the test is deterministic).
+func TestAuditCatchRateMatchesFormula(t *testing.T) {
+	const p, k, trials = 0.5, 3, 60
+	ranges := [][2]int{{0, 2}, {2, 4}, {4, 6}}
+	var hops []*fakeHop
+	var stages [][]*fakeHop
+	for _, r := range ranges {
+		h := startHop(t, r[0], r[1], func(c *HopConfig) { c.KernelClass = "fake" })
+		hops = append(hops, h)
+		stages = append(stages, []*fakeHop{h})
+	}
+	bad := hops[1]
+	bad.eng.tamper = func(_ int, out *Output) { // q = 1: every generation
+		if len(out.Hidden) > 0 {
+			out.Hidden[0] += 1e-3
+		}
+	}
+	o, c := newOrigin(t, stagePlanner{stages}, hops...)
+	rng := rand.New(rand.NewPCG(1, 2))
+	l := &auditLog{}
+	o.Audit = &Auditor{Rate: p, Engines: fakeEngines{"fake"}, Protocol: c.ProtocolID(ProtoAudit, ProtoVersion), OnReport: l.add, Draw: rng.Float64}
+	req := GenerateRequest{Fingerprint: fakeFP, NLayer: fakeNLay, Prompt: []int32{1, 2, 3}, MaxTokens: 4}
+	total := 0
+	for range trials {
+		o.Failures = NewFailureMemory(0, 0) // a fresh origin's memory per trial
+		n := 0
+		for n = 1; n <= 200; n++ {
+			if _, err := o.Generate(context.Background(), req); err != nil {
+				t.Fatal(err)
+			}
+			o.Audit.Wait()
+			if o.Failures.Convicted(bad.host.ID()) {
+				break
+			}
+		}
+		total += n
+	}
+	P := p * 1.0 / k
+	mean, sd := float64(total)/trials, math.Sqrt((1-P)/(P*P)/trials)
+	t.Logf("P = %.3f: mean generations to the catch %.2f over %d trials, expected %.2f ± %.2f", P, mean, trials, 1/P, sd)
+	if math.Abs(mean-1/P) > 3*sd {
+		t.Fatalf("mean %.2f generations to the catch, the formula says %.2f ± %.2f (3σ)", mean, 1/P, 3*sd)
+	}
+	for _, r := range l.all() {
+		if r.Outcome == AuditFailed && r.Peer != bad.host.ID() {
+			t.Fatalf("an honest hop convicted: %+v", r)
+		}
 	}
 }

@@ -79,6 +79,12 @@ type genJSON struct {
 		Peer       string `json:"peer"`
 		Start, End int
 	} `json:"route"`
+	Audit *struct {
+		Hop     int    `json:"hop"`
+		Peer    string `json:"peer"`
+		Outcome string `json:"outcome"`
+		Reason  string `json:"reason"`
+	} `json:"audit"`
 }
 
 // Report is what the soak prints and, with MESHP2P_SOAK_REPORT, writes.
@@ -98,6 +104,12 @@ type Report struct {
 	LostDetails   []*Gen   `json:"lost_details,omitempty"`
 	Mismatched    []*Gen   `json:"mismatch_details,omitempty"`
 	Notes         []string `json:"notes,omitempty"`
+	// Audits counts the clients' audits by outcome (every client audits
+	// every generation: --audit-rate 1); every node is honest, so a
+	// failed audit is a false accusation.
+	Audits           map[string]int `json:"audits"`
+	FalseAccusations []*Gen         `json:"false_accusations,omitempty"`
+	Speculative      int            `json:"speculative_generations"`
 }
 
 // Kill is one SIGKILL and the restart that followed.
@@ -161,6 +173,9 @@ type Gen struct {
 	Got         []int32  `json:"got,omitempty"`
 	Want        []int32  `json:"want,omitempty"`
 	KillsDuring []string `json:"kills_during,omitempty"`
+	Speculative bool     `json:"speculative,omitempty"`
+	Audit       string   `json:"audit,omitempty"` // outcome
+	AuditReason string   `json:"audit_reason,omitempty"`
 }
 
 type shardNode struct {
@@ -315,6 +330,12 @@ func TestChurnSoak(t *testing.T) {
 	}
 	if rep.Mismatches != 0 {
 		t.Errorf("%d generations differ from --local (want 0); see mismatch_details above", rep.Mismatches)
+	}
+	if n := len(rep.FalseAccusations); n != 0 {
+		t.Errorf("%d audits convicted an honest hop (want 0)", n)
+	}
+	if rep.Audits["passed"] == 0 {
+		t.Errorf("no audit passed: the soak checked no hop")
 	}
 	if dur >= time.Minute {
 		if len(rep.Kills) == 0 {
@@ -645,14 +666,21 @@ func (s *soak) killer(ctx context.Context, rng *rand.Rand, deadline time.Time) {
 func (s *soak) generate(ctx context.Context, client int, c combo, want []int32) *Gen {
 	s.mu.Lock()
 	boot := s.bootstrap(nil)
-	g := &Gen{Client: client, Prompt: c.Prompt, N: c.N, StartS: time.Since(s.t0).Seconds()}
+	// Odd clients speculate (n-gram windows); every client audits every
+	// generation, replaying one hop with the model file.
+	g := &Gen{Client: client, Prompt: c.Prompt, N: c.N, StartS: time.Since(s.t0).Seconds(), Speculative: client%2 == 1}
 	s.mu.Unlock()
 	dir := filepath.Join(s.work, fmt.Sprintf("client%d", client))
 	gctx, cancel := context.WithTimeout(ctx, genTimeout)
 	defer cancel()
+	spec := "auto"
+	if g.Speculative {
+		spec = "ngram"
+	}
 	cmd := exec.CommandContext(gctx, s.bin, "generate", "--network", s.network, "--bootstrap", strings.Join(boot, ","),
 		"--listen", "/ip4/127.0.0.1/tcp/0", "--port-mapping=false", "--data-dir", dir,
-		"--model", modelName, "--prompt", c.Prompt, "--max-tokens", strconv.Itoa(c.N), "--json", "--wait", "30s")
+		"--model", modelName, "--prompt", c.Prompt, "--max-tokens", strconv.Itoa(c.N), "--json", "--wait", "30s",
+		"--speculative", spec, "--audit-rate", "1", "--audit-model", s.model)
 	cmd.WaitDelay = 5 * time.Second
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
@@ -689,6 +717,15 @@ func (s *soak) generate(ctx context.Context, client int, c combo, want []int32) 
 		return g
 	}
 	g.Reroutes, g.Failures = res.Reroutes, res.Failures
+	if a := res.Audit; a != nil {
+		g.Audit, g.AuditReason = a.Outcome, a.Reason
+		if a.Outcome == "inconclusive" && client >= 0 {
+			s.t.Logf("t=%5.1fs audit inconclusive (client %d): hop %d %s: %s; kills during %v", g.EndS, client, a.Hop, s.nameOf(a.Peer), a.Reason, g.KillsDuring)
+		}
+		if a.Outcome == "failed" && client >= 0 {
+			s.t.Logf("t=%5.1fs FALSE ACCUSATION (client %d): hop %d %s: %s", g.EndS, client, a.Hop, s.nameOf(a.Peer), a.Reason)
+		}
+	}
 	for _, h := range res.Route {
 		g.Route = append(g.Route, fmt.Sprintf("%d-%d@%s", h.Start, h.End, s.nameOf(h.Peer)))
 	}
@@ -779,6 +816,18 @@ func (s *soak) report(seed uint64, dur, wall time.Duration) *Report {
 			r.Mismatched = append(r.Mismatched, g)
 		}
 		r.Completed++
+		if r.Audits == nil {
+			r.Audits = map[string]int{}
+		}
+		if g.Audit != "" {
+			r.Audits[g.Audit]++
+		}
+		if g.Audit == "failed" {
+			r.FalseAccusations = append(r.FalseAccusations, g)
+		}
+		if g.Speculative {
+			r.Speculative++
+		}
 		r.TokensChecked += g.N
 		r.Reroutes += g.Reroutes
 		if g.Reroutes > 0 {
@@ -794,6 +843,7 @@ func (s *soak) logReport(r *Report) {
 	t.Logf("=== churn soak report (seed %d, duration %s, churn wall time %.0f s)", r.Seed, r.Duration, r.WallS)
 	t.Logf("generations: %d completed, %d lost, %d differ from --local; %d re-routes in %d generations; slowest %.1f s",
 		r.Completed, r.Lost, r.Mismatches, r.Reroutes, r.Rerouted, r.MaxGenS)
+	t.Logf("audits (every generation, one hop replayed): %v; %d false accusations; %d generations speculated (ngram)", r.Audits, len(r.FalseAccusations), r.Speculative)
 	t.Logf("kills: %d", len(r.Kills))
 	for _, k := range r.Kills {
 		t.Logf("  t=%6.1fs %s (%s) pid %d -> pid %d at t=%.1fs port %d (same: %v); %d generations re-routed, %d of them equal --local %s",

@@ -18,7 +18,7 @@ import (
 
 // Knobs (environment), so single runs stay short on a shared machine:
 //
-//	MESHP2P_BENCH_ONLY     comma list of sections (fixedcost,slack,loopback,floor,floor-tcp,sessions,sessions-small,prefill,invariance,speculation); default all
+//	MESHP2P_BENCH_ONLY     comma list of sections (fixedcost,slack,loopback,audit,floor,floor-tcp,sessions,sessions-small,prefill,invariance,speculation); default all
 //	MESHP2P_BENCH_BASELINE the invariance section's baseline test binary (make bench builds it)
 //	MESHP2P_BENCH_ROUNDS   interleaved A/B rounds per figure (default 3; medians are reported)
 //	MESHP2P_BENCH_TOKENS   tokens per generation (default 16)
@@ -68,7 +68,7 @@ func BenchmarkPerf(b *testing.B) {
 	var whole string
 	var shards []string
 	var err error
-	if slices.ContainsFunc([]string{"fixedcost", "slack", "loopback", "prefill", "floor", "floor-tcp", "sessions"}, section) {
+	if slices.ContainsFunc([]string{"fixedcost", "slack", "loopback", "audit", "prefill", "floor", "floor-tcp", "sessions"}, section) {
 		if whole, shards, err = Files(ctx, 3); err != nil { // the 154M model, synthesized once
 			b.Fatal(err)
 		}
@@ -85,7 +85,7 @@ func BenchmarkPerf(b *testing.B) {
 			invariance(b, &t, rounds)
 		}
 		var lb *Loopback
-		if section("loopback") || section("prefill") {
+		if section("loopback") || section("prefill") || section("audit") {
 			lb, err = StartLoopback(ctx, shards, engineCfg(threads))
 			if err != nil {
 				b.Fatal(err)
@@ -93,6 +93,9 @@ func BenchmarkPerf(b *testing.B) {
 		}
 		if section("loopback") {
 			loopback(b, &t, lb, whole, threads, rounds, tokens)
+		}
+		if section("audit") {
+			audit(b, &t, lb, whole, threads, rounds, tokens)
 		}
 		if section("prefill") {
 			prefill(b, &t, lb, whole, threads, max(1, rounds-1))

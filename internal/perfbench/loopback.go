@@ -29,6 +29,9 @@ type Loopback struct {
 	// delayed: each node listens behind a delayproxy (see StartDelayed).
 	link    delayproxy.Link
 	proxies []*delayproxy.Proxy
+	// Audit is the generations' auditor (nil: none; sessions then ask for
+	// no transcripts).
+	Audit *session.Auditor
 }
 
 // LoopbackOptions shape a loopback swarm: the link every connection
@@ -144,7 +147,7 @@ func (lb *Loopback) Generate(ctx context.Context, prompt []int32, n, chunk int) 
 // GenerateReq runs req (its model filled in) through the swarm.
 func (lb *Loopback) GenerateReq(ctx context.Context, req session.GenerateRequest, chunk int) (*session.Result, error) {
 	o := lb.Client.Origin(nil)
-	o.Chunk = chunk
+	o.Chunk, o.Audit = chunk, lb.Audit
 	req.Fingerprint, req.NLayer = lb.FP, lb.NLayer
 	return o.Generate(ctx, req)
 }

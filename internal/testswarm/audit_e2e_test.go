@@ -4,21 +4,27 @@ import (
 	"context"
 	"math"
 	"math/rand/v2"
+	"os"
+	"os/exec"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/libp2p/go-libp2p/core/peer"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/neuron-tai/meshp2p/client"
 	"github.com/neuron-tai/meshp2p/engine"
 	"github.com/neuron-tai/meshp2p/engine/gguf"
+	"github.com/neuron-tai/meshp2p/internal/testbin"
 	"github.com/neuron-tai/meshp2p/internal/testmodels"
 	"github.com/neuron-tai/meshp2p/internal/testswarm"
 	"github.com/neuron-tai/meshp2p/node"
 	"github.com/neuron-tai/meshp2p/node/shardengine"
+	"github.com/neuron-tai/meshp2p/proto/meshp2pb"
 	"github.com/neuron-tai/meshp2p/session"
 )
 
@@ -194,6 +200,33 @@ func TestAuditsCatchHostileHops(t *testing.T) {
 				t.Fatalf("the proof does not verify: %+v, %v", v, err)
 			}
 			t.Logf("proof: %s", v.Reason)
+			// The CLI checks the saved proof offline; a proof whose
+			// evidence was changed does not convict.
+			b, err := proto.Marshal(proofRep.Proof)
+			if err != nil {
+				t.Fatal(err)
+			}
+			file := filepath.Join(t.TempDir(), "hop.proof")
+			if err := os.WriteFile(file, b, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			out, err := exec.Command(testbin.CLI(t), "proof", "verify", file, "--model", model).CombinedOutput()
+			if err != nil || !strings.Contains(string(out), "verdict:  convicted") {
+				t.Fatalf("proof verify: %v\n%s", err, out)
+			}
+			forged := proto.Clone(proofRep.Proof).(*meshp2pb.Proof)
+			forged.Inputs[0].Payload[0] ^= 1
+			if b, err = proto.Marshal(forged); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(file, b, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			if out, err := exec.Command(testbin.CLI(t), "proof", "verify", file, "--model", model).CombinedOutput(); err == nil {
+				t.Fatalf("a forged proof verified:\n%s", out)
+			} else {
+				t.Logf("forged proof refused: %s", strings.TrimSpace(string(out)))
+			}
 			// An honest replica; later generations avoid the convicted hop.
 			replica := tn.Shard(model, &mid, nil)
 			waitShard(t, c, replica.P2P().ID())
