@@ -19,6 +19,23 @@ const TranscriptCloseWait = 2 * time.Second
 // session's bound besides its payload.
 const recordOverhead = 256
 
+// recordBound is what one session may keep on a hop: n_ctx_needed ×
+// (n_embd × 4 + 2 × recordOverhead) bytes (f32 rows of every position,
+// and headers); a speculative session's windows also carry rows that
+// are rejected and sent again, up to its max_draft (DefaultSpecDraft when
+// 0) per window, so it may keep 1 + max_draft times that.
+func recordBound(open *meshp2pb.SessionOpen, nEmbd int) int64 {
+	b := int64(open.GetNCtxNeeded()) * (int64(nEmbd)*4 + 2*recordOverhead)
+	if speculative(open) {
+		k := int64(open.GetSpeculation().GetMaxDraft())
+		if k == 0 || k > MaxSpecDraft {
+			k = min(DefaultSpecDraft, MaxSpecDraft)
+		}
+		b *= 1 + k
+	}
+	return b
+}
+
 // startTranscripts sets hs up to sign, check and keep transcripts.
 func (h *HopService) startTranscripts(hs *hopSession) {
 	key := h.host.Peerstore().PrivKey(h.host.ID())
@@ -30,8 +47,7 @@ func (h *HopService) startTranscripts(hs *hopSession) {
 	if !hs.head || !hs.tail {
 		hs.chk = &checker{}
 	}
-	nCtx := int64(hs.open.GetNCtxNeeded())
-	hs.kept = h.audits.open(hs.key, hs.idx, nCtx*(int64(h.info.NEmbd)*4+2*recordOverhead))
+	hs.kept = h.audits.open(hs.key, hs.idx, recordBound(hs.open, h.info.NEmbd))
 	hs.tailFinal = make(chan struct{})
 }
 
@@ -176,7 +192,7 @@ func (hs *hopSession) closeTranscripts(c *meshp2pb.SessionClose) error {
 		case <-hs.tailFinal:
 		case <-hs.done:
 		case <-time.After(TranscriptCloseWait):
-			hs.h.log.Debug("no final statement from the tail", "session", hs.key)
+			hs.h.log.Info("no final statement from the tail: its last window cannot be audited", "session", hs.key, "tail", hs.route[len(hs.route)-1])
 		}
 	}
 	return nil
