@@ -217,14 +217,28 @@ func (o *Origin) audit(ctx context.Context, open *meshp2pb.SessionOpen, hop int,
 		return rep
 	case err != nil:
 		return inconclusive("%v", err)
-	case !v.Convicted && inRecs.GetTruncated() && v.Windows < len(p.Statements):
-		return inconclusive("only %d of %d windows recorded (the record bound)", v.Windows, len(p.Statements))
+	case !v.Convicted && v.Windows < nonEmpty(sts):
+		if inRecs.GetTruncated() {
+			return inconclusive("only %d of %d windows recorded (the record bound)", v.Windows, nonEmpty(sts))
+		}
+		return inconclusive("hop %d sent inputs for %d of %d windows", source, v.Windows, nonEmpty(sts))
 	case !v.Convicted:
 		rep.Outcome = AuditPassed
 		return rep
 	}
 	rep.Outcome, rep.Reason, rep.Proof = AuditFailed, v.Reason, v.Proof
 	return rep
+}
+
+// nonEmpty counts the statements that cover frames.
+func nonEmpty(sts []*meshp2pb.SignedTranscript) int {
+	n := 0
+	for _, s := range sts {
+		if st, err := OpenTranscript(s); err == nil && st.GetFrames() > 0 {
+			n++
+		}
+	}
+	return n
 }
 
 // nEmbd is the row width of the recorded inputs (0 for the head's).
@@ -283,9 +297,9 @@ func (o *Origin) fetch(ctx context.Context, p peer.ID, open *meshp2pb.SessionOpe
 		return nil, nil, fmt.Errorf("%s answered an audit fetch with something else", p)
 	case rec.GetError() != nil:
 		return nil, nil, frame.FromProto(rec.GetError())
-	case rec.GetFrames() > uint32(open.GetNCtxNeeded())*2+2*TranscriptWindow:
+	case rec.GetFrames() > maxFrames(open):
 		return nil, nil, fmt.Errorf("%s announces %d frames for a session of %d positions", p, rec.GetFrames(), open.GetNCtxNeeded())
-	case len(rec.GetStatements()) > int(open.GetNCtxNeeded())*2/TranscriptWindow+4:
+	case len(rec.GetStatements()) > int(maxFrames(open))/TranscriptWindow+2:
 		return nil, nil, fmt.Errorf("%s sent %d statements for a session of %d positions", p, len(rec.GetStatements()), open.GetNCtxNeeded())
 	}
 	frames := make([]*meshp2pb.RecordedFrame, 0, rec.GetFrames())
@@ -305,6 +319,17 @@ func (o *Origin) fetch(ctx context.Context, p peer.ID, open *meshp2pb.SessionOpe
 		frames = append(frames, f)
 	}
 	return rec, frames, nil
+}
+
+// maxFrames bounds the frames one hop can have seen in an epoch of open:
+// one per position, and with speculation up to MaxSpecWindows windows in
+// flight per committed token (the stale ones of a rejected generation).
+func maxFrames(open *meshp2pb.SessionOpen) uint32 {
+	n := open.GetNCtxNeeded() + 1
+	if speculative(open) {
+		n *= MaxSpecWindows + 1
+	}
+	return n
 }
 
 // Verdict is what judging a proof found.
