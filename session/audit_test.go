@@ -305,3 +305,50 @@ func TestAuditCatchRateMatchesFormula(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkTranscriptFrame is what transcripts add to one decode frame on
+// one hop, for a 4096-wide model on the f32 wire: the input and output
+// digests, the sketch, the kept copy, and a 32nd of a signature and of
+// the next hop's check (its digest and sketch of the same bytes, and a
+// 32nd of a verification).
+func BenchmarkTranscriptFrame(b *testing.B) {
+	const nEmbd = 4096
+	h := startHop(b, 0, 3, nil)
+	c := newTestHost(b)
+	open := &meshp2pb.SessionOpen{SessionId: make([]byte, 16), ModelFingerprint: fakeFP, NCtxNeeded: 1 << 20,
+		Route: &meshp2pb.Route{Hops: []*meshp2pb.RouteHop{{PeerId: []byte(h.host.ID()), Start: 0, End: 3}, {PeerId: []byte(c.ID()), Start: 3, End: 6}}}}
+	hs := &hopSession{h: h.svc, se: h.svc.engines[0], open: open, origin: c.ID(), key: Key{Origin: c.ID(), Epoch: 1}}
+	tr := newTranscriber(hs, h.host.key(), "fake")
+	recv := &hopSession{h: h.svc, open: open, idx: 1, origin: c.ID(), key: hs.key}
+	ck := &checker{}
+	kept := h.svc.audits.open(hs.key, 0, 1<<40)
+	hidden := make([]float32, nEmbd)
+	for i := range hidden {
+		hidden[i] = float32(math.Sin(float64(i)))
+	}
+	in, inPayload := downFrame(&meshp2pb.ActivationHeader{SessionId: open.SessionId, Epoch: 1, NRows: 1, LastChunk: true}, hidden, 0, nEmbd)
+	b.SetBytes(int64(len(inPayload)))
+	b.ResetTimer()
+	for i := range b.N {
+		in.Step = uint64(i)
+		tr.input(in, inPayload)
+		out, payload := downFrame(in, hidden, 0, nEmbd)
+		h.svc.audits.record(kept, false, out, payload, recordOverhead)
+		if err := tr.sent(out, payload, nEmbd); err != nil {
+			b.Fatal(err)
+		}
+		if err := ck.activation(out, payload, nEmbd); err != nil {
+			b.Fatal(err)
+		}
+		st, err := tr.done()
+		if err != nil {
+			b.Fatal(err)
+		}
+		if st != nil {
+			if err := ck.check(st, recv, h.host.ID(), 0); err != nil {
+				b.Fatal(err)
+			}
+			kept.sent = kept.sent[:0] // the bench measures the copy, not the bound
+		}
+	}
+}

@@ -2,14 +2,12 @@ package session
 
 import (
 	"bytes"
-	"cmp"
 	"crypto/sha256"
 	"encoding/binary"
 	"errors"
 	"fmt"
 	"hash"
 	"math"
-	"slices"
 
 	"github.com/libp2p/go-libp2p/core/crypto"
 	"github.com/libp2p/go-libp2p/core/peer"
@@ -132,31 +130,27 @@ func sketchOf(dt meshp2pb.DType, payload []byte, rows, nEmbd int) (*meshp2pb.Ske
 // SketchRow is the k entries of row with the largest magnitude, by
 // decreasing magnitude (ties: lower index first); NaN counts as largest.
 func SketchRow(row []float32, k int) *meshp2pb.SketchRow {
-	k = min(k, len(row))
-	idx := make([]uint32, 0, k+1)
-	mag := func(i uint32) float64 {
-		v := math.Abs(float64(row[i]))
-		if math.IsNaN(v) {
-			return math.Inf(1)
+	k = max(0, min(k, len(row)))
+	idx := make([]uint32, 0, k)
+	mags := make([]float32, 0, k)
+	for i, v := range row {
+		m := math.Float32frombits(math.Float32bits(v) &^ (1 << 31)) // |v|
+		if m != m {                                                 // NaN
+			m = float32(math.Inf(1))
 		}
-		return v
-	}
-	less := func(a, b uint32) int { // a before b
-		if c := cmp.Compare(mag(b), mag(a)); c != 0 {
-			return c
+		if len(idx) == k && (k == 0 || m <= mags[k-1]) {
+			continue // not larger than the smallest kept (ties: the lower index stays)
 		}
-		return cmp.Compare(a, b)
-	}
-	for i := range row {
-		j := uint32(i)
-		if len(idx) == k && less(j, idx[k-1]) >= 0 {
-			continue
+		at := len(idx)
+		for at > 0 && m > mags[at-1] {
+			at--
 		}
-		at, _ := slices.BinarySearchFunc(idx, j, less)
-		idx = slices.Insert(idx, at, j)
-		if len(idx) > k {
-			idx = idx[:k]
+		if len(idx) < k {
+			idx, mags = append(idx, 0), append(mags, 0)
 		}
+		copy(idx[at+1:], idx[at:len(idx)-1])
+		copy(mags[at+1:], mags[at:len(mags)-1])
+		idx[at], mags[at] = uint32(i), m
 	}
 	s := &meshp2pb.SketchRow{Index: idx, Value: make([]float32, len(idx))}
 	for i, j := range idx {
