@@ -95,9 +95,9 @@ type Config struct {
 }
 
 // hopEngine is what the hop serves through: e, wrapped by WrapEngine.
-func (cfg *Config) hopEngine(e session.Engine) session.Engine {
-	if cfg.WrapEngine != nil {
-		return cfg.WrapEngine(e)
+func (c *Config) hopEngine(e session.Engine) session.Engine {
+	if c.WrapEngine != nil {
+		return c.WrapEngine(e)
 	}
 	return e
 }

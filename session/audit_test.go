@@ -146,8 +146,7 @@ func TestAuditCatchesWrongActivations(t *testing.T) {
 			if tc.spec {
 				req.Speculation = &meshp2pb.Speculation{Mode: meshp2pb.SpecMode_SPEC_MODE_NGRAM, MaxDraft: 4, MaxWindows: 2}
 			}
-			res, err := o.Generate(context.Background(), req)
-			if err != nil {
+			if _, err := o.Generate(context.Background(), req); err != nil {
 				t.Fatal(err)
 			}
 			o.Audit.Wait()
@@ -192,7 +191,7 @@ func TestAuditCatchesWrongActivations(t *testing.T) {
 				t.Fatalf("changed open: %v", err)
 			}
 			// The next generation avoids the convicted hop.
-			res, err = o.Generate(context.Background(), req)
+			res, err := o.Generate(context.Background(), req)
 			if err != nil {
 				t.Fatal(err)
 			}

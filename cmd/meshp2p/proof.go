@@ -14,8 +14,8 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/neuron-tai/meshp2p/node"
-	"github.com/neuron-tai/meshp2p/session"
 	"github.com/neuron-tai/meshp2p/proto/meshp2pb"
+	"github.com/neuron-tai/meshp2p/session"
 )
 
 // maxProofBytes bounds a proof file (its inputs are at most one session's
