@@ -61,6 +61,19 @@ func auditing(o *Origin, c *testHost, hop func() int, n func() int) *auditLog {
 	return l
 }
 
+// auditedHops starts one hop per range, of kernel class "fake" (the
+// class fakeEngines replays on), each its own stage.
+func auditedHops(t *testing.T, ranges [][2]int) ([]*fakeHop, [][]*fakeHop) {
+	var hops []*fakeHop
+	var stages [][]*fakeHop
+	for _, r := range ranges {
+		h := startHop(t, r[0], r[1], func(c *HopConfig) { c.KernelClass = "fake" })
+		hops = append(hops, h)
+		stages = append(stages, []*fakeHop{h})
+	}
+	return hops, stages
+}
+
 func TestAuditHonestHopsPass(t *testing.T) {
 	routes := [][][2]int{{{0, 6}}, {{0, 3}, {3, 6}}, {{0, 2}, {2, 4}, {4, 6}}}
 	for _, spec := range []bool{false, true} {
@@ -70,13 +83,7 @@ func TestAuditHonestHopsPass(t *testing.T) {
 				name += "/spec"
 			}
 			t.Run(name, func(t *testing.T) {
-				var hops []*fakeHop
-				var stages [][]*fakeHop
-				for _, r := range ranges {
-					h := startHop(t, r[0], r[1], func(c *HopConfig) { c.KernelClass = "fake" })
-					hops = append(hops, h)
-					stages = append(stages, []*fakeHop{h})
-				}
+				hops, stages := auditedHops(t, ranges)
 				o, c := newOrigin(t, stagePlanner{stages}, hops...)
 				target := 0
 				l := auditing(o, c, func() int { return target }, func() int { return len(ranges) })
@@ -258,14 +265,7 @@ func TestForgedStatementRefused(t *testing.T) {
 // seeded, so the test is deterministic).
 func TestAuditCatchRateMatchesFormula(t *testing.T) {
 	const p, k, trials = 0.5, 3, 60
-	ranges := [][2]int{{0, 2}, {2, 4}, {4, 6}}
-	var hops []*fakeHop
-	var stages [][]*fakeHop
-	for _, r := range ranges {
-		h := startHop(t, r[0], r[1], func(c *HopConfig) { c.KernelClass = "fake" })
-		hops = append(hops, h)
-		stages = append(stages, []*fakeHop{h})
-	}
+	hops, stages := auditedHops(t, [][2]int{{0, 2}, {2, 4}, {4, 6}})
 	bad := hops[1]
 	bad.eng.tamper = func(_ int, out *Output) { // q = 1: every generation
 		if len(out.Hidden) > 0 {
