@@ -9,6 +9,7 @@ import (
 	"github.com/libp2p/go-libp2p/core/protocol"
 
 	"github.com/neuron-tai/meshp2p/p2p"
+	"github.com/neuron-tai/meshp2p/proto/meshp2pb"
 	"github.com/neuron-tai/meshp2p/route"
 )
 
@@ -30,4 +31,14 @@ func (n *Node) TrackerPlanner(trackers []peer.AddrInfo, require bool) *route.Tra
 	return &route.TrackerPlanner{Host: trackerHost{n.p2p}, Trackers: trackers, Protocol: n.p2p.ProtocolID(route.ProtoRoute, route.ProtoRouteVersion),
 		Network: n.cfg.P2P.Network, Self: n.p2p.ID(), Table: n.table, Fallback: &route.LocalPlanner{Table: n.table}, Require: require,
 		Limits: n.cfg.Hop.Limits, Logger: n.log}
+}
+
+// SubmitProof sends a fraud proof to tracker t (docs/trust.md) and returns
+// its verdict.
+func (n *Node) SubmitProof(ctx context.Context, t peer.AddrInfo, p *meshp2pb.Proof) (*meshp2pb.ProofVerdict, error) {
+	h := trackerHost{n.p2p}
+	if len(t.Addrs) > 0 {
+		h.AddAddrs(t)
+	}
+	return route.SubmitProof(ctx, h, n.p2p.ProtocolID(route.ProtoProof, route.ProtoProofVersion), t.ID, p, n.cfg.Hop.Limits)
 }

@@ -86,6 +86,9 @@ type Route struct {
 	// Ticket is the tracker's signature over this route, when a tracker
 	// planned it; the origin sends it with the session open.
 	Ticket *meshp2pb.SignedRouteTicket
+	// Audit is the tracker's audit assignment for this route (checked
+	// against the ticket's commitment; nil: none, the origin draws).
+	Audit *meshp2pb.AuditAssignment
 }
 
 // Request asks a planner for a route.

@@ -142,7 +142,22 @@ func (p *TrackerPlanner) Ask(ctx context.Context, ai peer.AddrInfo, req Request)
 		}
 		return nil, fmt.Errorf("%w: %w", ErrTrackerRefused, frame.FromProto(e))
 	}
-	return p.Verify(resp.GetTicket(), ai.ID, req)
+	rt, err := p.Verify(resp.GetTicket(), ai.ID, req)
+	if err != nil {
+		return nil, err
+	}
+	if a := resp.GetAudit(); a != nil {
+		t, err := VerifyTicket(resp.GetTicket(), VerifyOptions{Trusted: []peer.ID{ai.ID}, Network: p.Network, Fingerprint: req.Fingerprint,
+			NLayer: req.NLayer, Epoch: max(req.Epoch, 1), Now: p.Now})
+		if err != nil {
+			return nil, err
+		}
+		if err := CheckAuditAssignment(t, a); err != nil {
+			return nil, err
+		}
+		rt.Audit = a
+	}
+	return rt, nil
 }
 
 // Verify checks a ticket from tracker for req and returns its route.

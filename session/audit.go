@@ -114,14 +114,28 @@ func (a *Auditor) Wait() {
 }
 
 // maybeAudit draws whether the finished generation is audited and, if so,
-// audits one hop of its final epoch in the background.
+// audits one hop of its final epoch in the background. A route from a
+// tracker that assigns audits carries the tracker's draw instead
+// (route.Route.Audit, checked against the ticket's commitment).
 func (o *Origin) maybeAudit(res *Result) {
 	a := o.Audit
-	if !a.on() || res.lastOpen == nil || a.draw() >= a.Rate {
+	if !a.on() || res.lastOpen == nil {
 		return
 	}
 	open, known := res.lastOpen, slices.Concat(res.prompt, res.Tokens)
-	hop := int(a.draw() * float64(len(open.GetRoute().GetHops())))
+	n := len(open.GetRoute().GetHops())
+	var hop int
+	if as := res.Route.Audit; as != nil { // the tracker's draw, committed to in the ticket
+		if !as.GetAudit() || int(as.GetHop()) >= n {
+			return
+		}
+		hop = int(as.GetHop())
+	} else {
+		if a.draw() >= a.Rate {
+			return
+		}
+		hop = min(int(a.draw()*float64(n)), n-1)
+	}
 	a.mu.Lock()
 	if a.running >= maxAuditsQueued {
 		a.mu.Unlock()
@@ -302,7 +316,8 @@ func (o *Origin) fetch(ctx context.Context, p peer.ID, open *meshp2pb.SessionOpe
 	case len(rec.GetStatements()) > int(maxFrames(open))/TranscriptWindow+2:
 		return nil, nil, fmt.Errorf("%s sent %d statements for a session of %d positions", p, len(rec.GetStatements()), open.GetNCtxNeeded())
 	}
-	frames := make([]*meshp2pb.RecordedFrame, 0, rec.GetFrames())
+	frames := make([]*meshp2pb.RecordedFrame, 0, min(rec.GetFrames(), 4096))
+	var total int64
 	for range rec.GetFrames() {
 		m, tensors, err := r.ReadStream()
 		if err != nil {
@@ -314,6 +329,9 @@ func (o *Origin) fetch(ctx context.Context, p peer.ID, open *meshp2pb.SessionOpe
 		}
 		f := &meshp2pb.RecordedFrame{Header: a}
 		if len(tensors) == 1 {
+			if total += int64(len(tensors[0])); total > DefaultAuditKeepBytes {
+				return nil, nil, fmt.Errorf("record from %s: over %d bytes (more than a hop keeps)", p, DefaultAuditKeepBytes)
+			}
 			f.Payload = slices.Clone(tensors[0]) // the reader reuses its buffer
 		}
 		frames = append(frames, f)
@@ -477,6 +495,10 @@ func checkProofShape(p *meshp2pb.Proof) ([]*meshp2pb.Transcript, error) {
 			return nil, fmt.Errorf("%w: statement %d is window %d from frame %d, want window %d from frame %d", ErrProof, i, st.GetWindow(), st.GetFirstFrame(), i, frames)
 		case st.GetModelFingerprint() != open.GetModelFingerprint() || st.GetStart() != hops[hop].GetStart() || st.GetEnd() != hops[hop].GetEnd():
 			return nil, fmt.Errorf("%w: statement %d is of another model or layers", ErrProof, i)
+		case !bytes.Equal(st.GetOpenDigest(), OpenDigest(open)):
+			// The origin could re-sign the session with other sampling or
+			// wire dtype: the replay must run under the open the hop ran.
+			return nil, fmt.Errorf("%w: statement %d was signed under another open than the proof's", ErrProof, i)
 		}
 		frames += st.GetFrames()
 		out = append(out, st)
@@ -512,13 +534,21 @@ func (t Tolerance) Compare(signed []*meshp2pb.SketchRow, replay [][]float32) str
 		row := replay[i]
 		var scale float64
 		for _, v := range s.GetValue() {
-			scale = max(scale, math.Abs(float64(v)))
+			if a := math.Abs(float64(v)); !math.IsInf(a, 0) && !math.IsNaN(a) {
+				scale = max(scale, a)
+			}
 		}
 		for j, idx := range s.GetIndex() {
 			if int(idx) >= len(row) {
 				return fmt.Sprintf("row %d: index %d outside the row", i, idx)
 			}
+			if j >= len(s.GetValue()) {
+				return fmt.Sprintf("row %d: %d indices, %d values", i, len(s.GetIndex()), len(s.GetValue()))
+			}
 			v, r := float64(s.GetValue()[j]), float64(row[idx])
+			if v == r || (math.IsNaN(v) && math.IsNaN(r)) {
+				continue // equal, infinities and NaN included
+			}
 			if d := math.Abs(r - v); !(d <= t.Abs*scale+t.Rel*math.Abs(v)) {
 				return fmt.Sprintf("row %d: value at %d is %g signed, %g replayed (over the tolerance)", i, idx, v, r)
 			}

@@ -7,11 +7,13 @@ import (
 	"math/rand/v2"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/libp2p/go-libp2p/core/peer"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/neuron-tai/meshp2p/proto/meshp2pb"
+	"github.com/neuron-tai/meshp2p/route"
 )
 
 // fakeEngines replays with fresh fake engines: the honest computation of
@@ -197,6 +199,22 @@ func TestAuditCatchesWrongActivations(t *testing.T) {
 			if _, err := Judge(context.Background(), forged, fakeEngines{"fake"}); !errors.Is(err, ErrProof) {
 				t.Fatalf("changed open: %v", err)
 			}
+			// Not even the origin can re-sign the session with another
+			// sampling or wire dtype: the statements name the open they
+			// ran under.
+			for _, change := range []func(o *meshp2pb.SessionOpen){
+				func(o *meshp2pb.SessionOpen) { o.Sampling.Seed++ },
+				func(o *meshp2pb.SessionOpen) { o.WireDtype = meshp2pb.DType_DTYPE_F16 },
+			} {
+				forged = proto.Clone(p).(*meshp2pb.Proof)
+				change(forged.Open)
+				if err := SignOpen(forged.Open, c.key(), time.Now()); err != nil {
+					t.Fatal(err)
+				}
+				if _, err := Judge(context.Background(), forged, fakeEngines{"fake"}); !errors.Is(err, ErrProof) {
+					t.Fatalf("an open re-signed by the origin: %v", err)
+				}
+			}
 			// The next generation avoids the convicted hop.
 			res, err := o.Generate(context.Background(), req)
 			if err != nil {
@@ -348,6 +366,45 @@ func BenchmarkTranscriptFrame(b *testing.B) {
 				b.Fatal(err)
 			}
 			kept.sent = kept.sent[:0] // the bench measures the copy, not the bound
+		}
+	}
+}
+
+// assignedPlanner is a tracker stand-in: its routes carry an audit
+// assignment.
+type assignedPlanner struct {
+	stagePlanner
+	a *meshp2pb.AuditAssignment
+}
+
+func (p assignedPlanner) Plan(ctx context.Context, req route.Request) (*route.Route, error) {
+	rt, err := p.stagePlanner.Plan(ctx, req)
+	if err == nil {
+		rt.Audit = p.a
+	}
+	return rt, err
+}
+
+// A route's audit assignment (a tracker's draw) decides instead of the
+// origin's own draw: which hop, and whether at all.
+func TestAuditFollowsTheTrackersAssignment(t *testing.T) {
+	hops, stages := auditedHops(t, [][2]int{{0, 2}, {2, 4}, {4, 6}})
+	for _, tc := range []struct {
+		a    *meshp2pb.AuditAssignment
+		want int // hop audited, -1: none
+	}{{&meshp2pb.AuditAssignment{Audit: true, Hop: 2}, 2}, {&meshp2pb.AuditAssignment{Audit: false, Hop: 1}, -1}, {&meshp2pb.AuditAssignment{Audit: true, Hop: 1}, 1}} {
+		o, c := newOrigin(t, assignedPlanner{stagePlanner{stages}, tc.a}, hops...)
+		l := auditing(o, c, func() int { return 0 }, func() int { return 3 }) // its own draw would audit hop 0
+		if _, err := o.Generate(context.Background(), GenerateRequest{Fingerprint: fakeFP, NLayer: fakeNLay, Prompt: []int32{1, 2}, MaxTokens: 5}); err != nil {
+			t.Fatal(err)
+		}
+		o.Audit.Wait()
+		reps := l.all()
+		switch {
+		case tc.want < 0 && len(reps) != 0:
+			t.Fatalf("assignment %v: audited %+v", tc.a, reps)
+		case tc.want >= 0 && (len(reps) != 1 || reps[0].Hop != tc.want || reps[0].Outcome != AuditPassed):
+			t.Fatalf("assignment %v: reports %+v", tc.a, reps)
 		}
 	}
 }

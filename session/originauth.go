@@ -1,6 +1,7 @@
 package session
 
 import (
+	"crypto/sha256"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -61,6 +62,13 @@ func originPayload(open *meshp2pb.SessionOpen) []byte {
 	tail, _ := proto.MarshalOptions{Deterministic: true}.Marshal(&meshp2pb.SessionOpen{Sampling: open.GetSampling(),
 		Generated: open.GetGenerated(), Speculation: open.GetSpeculation(), WireDtype: open.GetWireDtype(), Transcripts: open.GetTranscripts()})
 	return field(tail)
+}
+
+// OpenDigest is the SHA-256 of what the origin signs of open: a hop's
+// transcripts name the open they ran under (audit.go).
+func OpenDigest(open *meshp2pb.SessionOpen) []byte {
+	d := sha256.Sum256(originPayload(open))
+	return d[:]
 }
 
 // SignOpen makes open the origin's: it sets origin_peer_id to key's peer,

@@ -194,7 +194,7 @@ type transcriber struct {
 func newTranscriber(hs *hopSession, key crypto.PrivKey, kernelClass string) *transcriber {
 	return &transcriber{key: key, base: &meshp2pb.Transcript{SessionId: hs.open.GetSessionId(), OriginPeerId: []byte(hs.origin),
 		Epoch: hs.key.Epoch, HopIndex: uint32(hs.idx), PeerId: []byte(hs.h.host.ID()), ModelFingerprint: hs.open.GetModelFingerprint(),
-		Start: uint32(hs.se.info.Start), End: uint32(hs.se.info.End), KernelClass: kernelClass}}
+		Start: uint32(hs.se.info.Start), End: uint32(hs.se.info.End), KernelClass: kernelClass, OpenDigest: OpenDigest(hs.open)}}
 }
 
 // input digests one input frame.
@@ -350,6 +350,8 @@ func (c *checker) check(s *meshp2pb.SignedTranscript, hs *hopSession, want peer.
 		return fmt.Errorf("%w: window %d from frame %d, want %d from %d", ErrTranscript, st.GetWindow(), st.GetFirstFrame(), c.next, c.frames)
 	case st.GetModelFingerprint() != hs.open.GetModelFingerprint():
 		return fmt.Errorf("%w: model %s", ErrTranscript, st.GetModelFingerprint())
+	case !bytes.Equal(st.GetOpenDigest(), OpenDigest(hs.open)):
+		return fmt.Errorf("%w: signed under another open of the session", ErrTranscript)
 	}
 	if h := hs.open.GetRoute().GetHops()[idx]; st.GetStart() != h.GetStart() || st.GetEnd() != h.GetEnd() {
 		return fmt.Errorf("%w: layers %d-%d, the route has %d-%d", ErrTranscript, st.GetStart(), st.GetEnd(), h.GetStart(), h.GetEnd())

@@ -65,6 +65,11 @@ type Config struct {
 	// VerifyLayers, if set, replaces fetching and verifying a model's
 	// vocabulary to learn its layer count (tests without models).
 	VerifyLayers func(ctx context.Context, fp string) (int, error)
+	// AuditRate, above 0, makes every ticket carry an audit assignment
+	// drawn with that probability (proofs.go). Judge, if set, checks the
+	// fraud proofs clients submit; without it none are accepted.
+	AuditRate float64
+	Judge     Judge
 }
 
 // Tracker is the optional route oracle: an ordinary swarm peer that keeps
@@ -81,8 +86,9 @@ type Tracker struct {
 
 	limiter *peerlimit.Limiter // route requests per client
 
-	mu    sync.Mutex
-	views map[peer.ID]*peerView
+	mu        sync.Mutex
+	views     map[peer.ID]*peerView
+	convicted map[peer.ID]Conviction // peers a verified proof convicted (proofs.go)
 
 	layers layerCounts // verified layer counts per fingerprint
 
@@ -133,7 +139,7 @@ func Start(ctx context.Context, cfg Config) (*Tracker, error) {
 	if cfg.Cost.MaxPendingPerClient <= 0 {
 		cfg.Cost.MaxPendingPerClient = MaxPendingPerClient
 	}
-	t := &Tracker{cfg: cfg, log: cfg.Logger.With("logger", "tracker"), table: route.NewTable(), views: map[peer.ID]*peerView{},
+	t := &Tracker{cfg: cfg, log: cfg.Logger.With("logger", "tracker"), table: route.NewTable(), views: map[peer.ID]*peerView{}, convicted: map[peer.ID]Conviction{},
 		layers:  layerCounts{m: map[string]*layerEntry{}},
 		limiter: peerlimit.NewLimiter(rate.Limit(cfg.RequestsPerSecond), cfg.RequestBurst, MaxTrackedClients)}
 	// Without a swarm key the relay serves members only, each within its
@@ -157,6 +163,7 @@ func Start(ctx context.Context, cfg Config) (*Tracker, error) {
 	t.planner = &route.CostPlanner{Table: t.table, Stats: t.stats, Model: cfg.Cost, Now: cfg.Now}
 	t.pid = t.p2p.ProtocolID(route.ProtoRoute, route.ProtoRouteVersion)
 	h.SetStreamHandler(t.pid, t.handle)
+	h.SetStreamHandler(t.p2p.ProtocolID(route.ProtoProof, route.ProtoProofVersion), t.handleProof)
 	body, err := proto.Marshal(&meshp2pb.CapabilityAdvert{PeerId: []byte(h.ID()), Network: cfg.P2P.Network,
 		Roles: []meshp2pb.Role{meshp2pb.Role_ROLE_TRACKER, meshp2pb.Role_ROLE_RELAY}, Version: cfg.P2P.Version,
 		Reachability: meshp2pb.Reachability_REACHABILITY_PUBLIC})
@@ -432,6 +439,9 @@ func (t *Tracker) answer(ctx context.Context, client peer.ID, req *meshp2pb.Rout
 			rq.Exclude[id] = true
 		}
 	}
+	for _, c := range t.Convicted() { // no tickets through a peer a verified proof convicted
+		rq.Exclude[c.Peer] = true
+	}
 	obj := route.ObjectiveLatency
 	if req.GetObjective() == meshp2pb.RouteObjective_ROUTE_OBJECTIVE_THROUGHPUT {
 		obj = route.ObjectiveThroughput
@@ -455,6 +465,10 @@ func (t *Tracker) answer(ctx context.Context, client peer.ID, req *meshp2pb.Rout
 	tk := &meshp2pb.RouteTicket{Network: t.cfg.P2P.Network, Route: route.WireRoute(rt), ClientPeerId: []byte(client), Nonce: nonce,
 		IssuedAtMs: now.UnixMilli(), ExpiresAtMs: now.Add(t.cfg.TicketTTL).UnixMilli(), TrackerPeerId: []byte(t.p2p.ID()),
 		SessionId: req.GetSessionId(), NCtxNeeded: req.GetNeedKv()}
+	audit, err := t.assignAudit(tk)
+	if err != nil {
+		return refuse(meshp2pb.ErrorCode_ERROR_CODE_INTERNAL, "audit assignment: %v", err)
+	}
 	st, err := route.SignTicket(t.key, tk)
 	if err != nil {
 		return refuse(meshp2pb.ErrorCode_ERROR_CODE_INTERNAL, "sign: %v", err)
@@ -466,7 +480,7 @@ func (t *Tracker) answer(ctx context.Context, client peer.ID, req *meshp2pb.Rout
 	}
 	t.log.Info("route ticket issued", "client", client, "model", fp[:min(16, len(fp))], "epoch", rq.Epoch, "objective", obj,
 		"excluded", len(rq.Exclude), "hops", hops, "est_ms_per_token", fmt.Sprintf("%.2f", est.PerTokenMs), "candidates", est.Candidates)
-	return &meshp2pb.RouteResponse{Ticket: st}
+	return &meshp2pb.RouteResponse{Ticket: st, Audit: audit}
 }
 
 func shortID(p peer.ID) string {

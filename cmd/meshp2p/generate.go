@@ -321,11 +321,12 @@ func (g *genFlags) runSwarm(ctx context.Context, stdout io.Writer, out *genResul
 	if st, err := os.Stat(g.model); err == nil && st.Mode().IsRegular() {
 		models = []string{g.model} // the origin replays audited hops with it
 	}
-	g.af.apply(&ncfg, proofBase(g.nf.network, pc.DataDir, g.explicitDD), models, g.log, func(r session.AuditReport) { out.Audit = auditOf(r) })
+	bind := g.af.apply(&ncfg, proofBase(g.nf.network, pc.DataDir, g.explicitDD), models, trackers, g.log, func(r session.AuditReport) { out.Audit = auditOf(r) })
 	n, err := node.Start(ctx, ncfg)
 	if err != nil {
 		return time.Time{}, err
 	}
+	bind(n)
 	defer n.Close()
 	defer n.WaitAudits() // before the summary: the audit's outcome is part of it
 	var planner route.Planner

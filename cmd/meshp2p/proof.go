@@ -9,13 +9,17 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"sync/atomic"
 	"time"
 
+	"github.com/libp2p/go-libp2p/core/peer"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/neuron-tai/meshp2p/node"
+	"github.com/neuron-tai/meshp2p/proto/frame"
 	"github.com/neuron-tai/meshp2p/proto/meshp2pb"
 	"github.com/neuron-tai/meshp2p/session"
+	"github.com/neuron-tai/meshp2p/tracker"
 )
 
 // maxProofBytes bounds a proof file (its inputs are at most one session's
@@ -43,14 +47,17 @@ func (f *auditFlags) check() error {
 }
 
 // apply sets cfg's audits: the rate, the model files auditors may replay
-// with, and where proofs go (dataDir/proofs unless --proof-dir). report,
-// if set, also sees every report.
-func (f *auditFlags) apply(cfg *node.Config, dataDir string, models []string, log *slog.Logger, report func(session.AuditReport)) {
+// with, where proofs go (dataDir/proofs unless --proof-dir) and the
+// trackers they are submitted to. report, if set, also sees every report.
+// Bind the started node with the function it returns (proofs are
+// submitted through it).
+func (f *auditFlags) apply(cfg *node.Config, dataDir string, models []string, trackers []peer.AddrInfo, log *slog.Logger, report func(session.AuditReport)) (bind func(*node.Node)) {
 	cfg.AuditRate, cfg.AuditModels = f.rate, append(models, splitList(f.models)...)
 	dir := f.proofDir
 	if dir == "" {
 		dir = filepath.Join(dataDir, "proofs")
 	}
+	var bound atomic.Pointer[node.Node]
 	cfg.OnAudit = func(r session.AuditReport) {
 		if r.Proof != nil {
 			if path, err := writeProof(dir, r); err != nil {
@@ -58,11 +65,15 @@ func (f *auditFlags) apply(cfg *node.Config, dataDir string, models []string, lo
 			} else {
 				log.Warn("fraud proof saved: check it with `meshp2p proof verify`", "peer", r.Peer, "file", path)
 			}
+			if n := bound.Load(); n != nil && len(trackers) > 0 {
+				submitProof(n, trackers, r.Proof, log)
+			}
 		}
 		if report != nil {
 			report(r)
 		}
 	}
+	return bound.Store
 }
 
 // writeProof writes r's proof as DIR/<time>-<peer>.proof.
@@ -165,4 +176,34 @@ func readProof(path string) (*meshp2pb.Proof, error) {
 		return nil, errors.New(path + ": not a proof (no session)")
 	}
 	return p, nil
+}
+
+// judgeWith is a tracker's proof check: session.Judge over eng.
+func judgeWith(eng session.AuditEngines) tracker.Judge {
+	return func(ctx context.Context, p *meshp2pb.Proof) (bool, peer.ID, string, error) {
+		v, err := session.Judge(ctx, p, eng)
+		if err != nil || !v.Convicted {
+			return false, "", v.Reason, err
+		}
+		h := p.GetOpen().GetRoute().GetHops()[p.GetHopIndex()]
+		return true, peer.ID(h.GetPeerId()), v.Reason, nil
+	}
+}
+
+// submitProof sends a proof to every tracker (each replays it before it
+// believes it) and logs their verdicts.
+func submitProof(n *node.Node, trackers []peer.AddrInfo, p *meshp2pb.Proof, log *slog.Logger) {
+	for _, t := range trackers {
+		ctx, cancel := context.WithTimeout(context.Background(), tracker.ProofTimeout)
+		v, err := n.SubmitProof(ctx, t, p)
+		cancel()
+		switch {
+		case err != nil:
+			log.Warn("could not submit the fraud proof to the tracker", "tracker", t.ID, "err", err)
+		case v.GetError() != nil:
+			log.Warn("the tracker did not check the fraud proof", "tracker", t.ID, "err", frame.FromProto(v.GetError()))
+		default:
+			log.Info("fraud proof submitted", "tracker", t.ID, "convicted", v.GetConvicted(), "reason", v.GetReason())
+		}
+	}
 }

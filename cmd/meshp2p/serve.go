@@ -159,11 +159,12 @@ func runServe(ctx context.Context, stdout, stderr io.Writer, args []string) erro
 	}
 	m := metrics.New()
 	ncfg := node.Config{P2P: pc, Logger: log, Metrics: m}
-	af.audit.apply(&ncfg, proofBase(nf.network, pc.DataDir, explicitDir), nil, log, nil)
+	bind := af.audit.apply(&ncfg, proofBase(nf.network, pc.DataDir, explicitDir), nil, trackers, log, nil)
 	n, err := node.Start(ctx, ncfg)
 	if err != nil {
 		return err
 	}
+	bind(n)
 	defer n.Close()
 	var planner route.Planner
 	if len(trackers) > 0 {
@@ -203,11 +204,12 @@ func (f *apiFlags) startAPI(ctx context.Context, stdout io.Writer, log *slog.Log
 	// The gateway peer shares the node's metrics and status recorder: the
 	// API server's /metrics and dashboard show the node and its origin.
 	gcfg := node.Config{P2P: pc, Logger: log.With("part", "api-gateway"), Metrics: f.metrics, Recorder: n.Recorder()}
-	f.audit.apply(&gcfg, gatewayDir, f.models, log, nil)
+	bind := f.audit.apply(&gcfg, gatewayDir, f.models, trackers, log, nil)
 	c, err := node.Start(ctx, gcfg)
 	if err != nil {
 		return nil, fmt.Errorf("--api: gateway peer: %w", err)
 	}
+	bind(c)
 	fmt.Fprintf(stdout, "api peer: %s (trusted here; pass it to other heads as --trusted-client)\n", c.P2P().ID())
 	var planner route.Planner
 	if len(trackers) > 0 {

@@ -37,6 +37,8 @@ func runTracker(ctx context.Context, stdout, stderr io.Writer, args []string) er
 	nf.register(fs, node.PresetRelay)
 	ttl := fs.Duration("ticket-ttl", tracker.DefaultTicketTTL, "how long an issued route ticket stays valid")
 	pingEvery := fs.Duration("ping-interval", tracker.DefaultPingInterval, "how often the tracker measures RTT to every node")
+	auditRate := fs.Float64("audit-rate", 0, "share of tickets that assign their client an audit of one hop (committed to in the ticket, opened only to the client; 0: clients draw their own; docs/trust.md)")
+	auditModels := fs.String("audit-model", "", "comma-separated whole GGUF models this tracker replays submitted fraud proofs with; a verified proof makes it refuse tickets through the convicted peer (empty: it accepts no proofs)")
 	verbose := fs.Bool("v", false, "debug logging")
 	var lf logFormat
 	lf.register(fs)
@@ -44,6 +46,9 @@ func runTracker(ctx context.Context, stdout, stderr io.Writer, args []string) er
 	mf.register(fs)
 	if err := parseFlags(fs, args); err != nil {
 		return err
+	}
+	if *auditRate < 0 || *auditRate > 1 {
+		return fmt.Errorf("%w: --audit-rate %g: want 0..1", errUsage, *auditRate)
 	}
 	pc, err := nf.config(node.PresetRelay)
 	if err != nil {
@@ -61,7 +66,13 @@ func runTracker(ctx context.Context, stdout, stderr io.Writer, args []string) er
 	if m != nil {
 		pc.Metrics = m.Registry
 	}
-	tr, err := tracker.Start(ctx, tracker.Config{P2P: pc, TicketTTL: *ttl, PingInterval: *pingEvery, Logger: log})
+	tcfg := tracker.Config{P2P: pc, TicketTTL: *ttl, PingInterval: *pingEvery, Logger: log, AuditRate: *auditRate}
+	if models := splitList(*auditModels); len(models) > 0 {
+		eng := &node.AuditEngines{Models: models, DataDir: pc.DataDir, Threads: 1, Logger: log}
+		defer eng.Close()
+		tcfg.Judge = judgeWith(eng)
+	}
+	tr, err := tracker.Start(ctx, tcfg)
 	if err != nil {
 		return err
 	}

@@ -102,8 +102,13 @@ type Transcript struct {
 	OutDigest        []byte                 `protobuf:"bytes,14,opt,name=out_digest,json=outDigest,proto3" json:"out_digest,omitempty"`      // 32 bytes: frames sent (activations, or the tail's tokens and results)
 	Sketch           []*SketchRow           `protobuf:"bytes,15,rep,name=sketch,proto3" json:"sketch,omitempty"`                             // per activation sent: the top-k of its last row (not on the tail)
 	Final            bool                   `protobuf:"varint,16,opt,name=final,proto3" json:"final,omitempty"`                              // the last window of a cleanly closed session
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// SHA-256 of the origin-signed part of the SessionOpen this hop admitted
+	// (session.OpenDigest): a proof must replay with that open, so nobody
+	// can re-sign the session with other sampling or wire dtype and make an
+	// honest hop's statements look wrong.
+	OpenDigest    []byte `protobuf:"bytes,17,opt,name=open_digest,json=openDigest,proto3" json:"open_digest,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Transcript) Reset() {
@@ -246,6 +251,13 @@ func (x *Transcript) GetFinal() bool {
 		return x.Final
 	}
 	return false
+}
+
+func (x *Transcript) GetOpenDigest() []byte {
+	if x != nil {
+		return x.OpenDigest
+	}
+	return nil
 }
 
 // SketchRow is the sketch_k entries of largest magnitude of one hidden-state
@@ -716,7 +728,7 @@ var File_meshp2p_v1_audit_proto protoreflect.FileDescriptor
 const file_meshp2p_v1_audit_proto_rawDesc = "" +
 	"\n" +
 	"\x16meshp2p/v1/audit.proto\x12\n" +
-	"meshp2p.v1\x1a\x1bmeshp2p/v1/activation.proto\x1a\x17meshp2p/v1/common.proto\x1a\x18meshp2p/v1/session.proto\"\xe7\x03\n" +
+	"meshp2p.v1\x1a\x1bmeshp2p/v1/activation.proto\x1a\x17meshp2p/v1/common.proto\x1a\x18meshp2p/v1/session.proto\"\x88\x04\n" +
 	"\n" +
 	"Transcript\x12\x1d\n" +
 	"\n" +
@@ -738,7 +750,9 @@ const file_meshp2p_v1_audit_proto_rawDesc = "" +
 	"\n" +
 	"out_digest\x18\x0e \x01(\fR\toutDigest\x12-\n" +
 	"\x06sketch\x18\x0f \x03(\v2\x15.meshp2p.v1.SketchRowR\x06sketch\x12\x14\n" +
-	"\x05final\x18\x10 \x01(\bR\x05final\"7\n" +
+	"\x05final\x18\x10 \x01(\bR\x05final\x12\x1f\n" +
+	"\vopen_digest\x18\x11 \x01(\fR\n" +
+	"openDigest\"7\n" +
 	"\tSketchRow\x12\x14\n" +
 	"\x05index\x18\x01 \x03(\rR\x05index\x12\x14\n" +
 	"\x05value\x18\x02 \x03(\x02R\x05value\"o\n" +

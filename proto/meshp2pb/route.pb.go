@@ -176,8 +176,13 @@ type RouteTicket struct {
 	TrackerPeerId []byte                 `protobuf:"bytes,7,opt,name=tracker_peer_id,json=trackerPeerId,proto3" json:"tracker_peer_id,omitempty"` // signer
 	SessionId     []byte                 `protobuf:"bytes,8,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`               // 16 bytes when bound: hops admit only this session (empty: first use binds it)
 	NCtxNeeded    uint32                 `protobuf:"varint,9,opt,name=n_ctx_needed,json=nCtxNeeded,proto3" json:"n_ctx_needed,omitempty"`         // KV cells the route was planned for; hops refuse a SessionOpen asking more (0: unbound)
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	// SHA-256 of "meshp2p/audit-assignment/v1\0" || the AuditAssignment the
+	// tracker gave the client (tracker.proto): every hop sees the ticket,
+	// only the client the opening, so no hop learns whether it is audited
+	// (docs/trust.md). Empty: the tracker assigns no audits.
+	AuditCommitment []byte `protobuf:"bytes,10,opt,name=audit_commitment,json=auditCommitment,proto3" json:"audit_commitment,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *RouteTicket) Reset() {
@@ -273,6 +278,13 @@ func (x *RouteTicket) GetNCtxNeeded() uint32 {
 	return 0
 }
 
+func (x *RouteTicket) GetAuditCommitment() []byte {
+	if x != nil {
+		return x.AuditCommitment
+	}
+	return nil
+}
+
 // SignedRouteTicket carries the exact bytes that were signed. signature is
 // the tracker's libp2p key signature over "meshp2p/route-ticket/v1\x00" || ticket.
 type SignedRouteTicket struct {
@@ -350,7 +362,7 @@ const file_meshp2p_v1_route_proto_rawDesc = "" +
 	"\apeer_id\x18\x01 \x01(\fR\x06peerId\x12\x14\n" +
 	"\x05start\x18\x02 \x01(\rR\x05start\x12\x10\n" +
 	"\x03end\x18\x03 \x01(\rR\x03end\x12\x14\n" +
-	"\x05addrs\x18\x04 \x03(\tR\x05addrs\"\xbb\x02\n" +
+	"\x05addrs\x18\x04 \x03(\tR\x05addrs\"\xe6\x02\n" +
 	"\vRouteTicket\x12\x18\n" +
 	"\anetwork\x18\x01 \x01(\tR\anetwork\x12'\n" +
 	"\x05route\x18\x02 \x01(\v2\x11.meshp2p.v1.RouteR\x05route\x12$\n" +
@@ -363,7 +375,9 @@ const file_meshp2p_v1_route_proto_rawDesc = "" +
 	"\n" +
 	"session_id\x18\b \x01(\fR\tsessionId\x12 \n" +
 	"\fn_ctx_needed\x18\t \x01(\rR\n" +
-	"nCtxNeeded\"h\n" +
+	"nCtxNeeded\x12)\n" +
+	"\x10audit_commitment\x18\n" +
+	" \x01(\fR\x0fauditCommitment\"h\n" +
 	"\x11SignedRouteTicket\x12\x16\n" +
 	"\x06ticket\x18\x01 \x01(\fR\x06ticket\x12\x1c\n" +
 	"\tsignature\x18\x02 \x01(\fR\tsignature\x12\x1d\n" +

@@ -175,6 +175,7 @@ type RouteResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Ticket        *SignedRouteTicket     `protobuf:"bytes,1,opt,name=ticket,proto3" json:"ticket,omitempty"` // set on success
 	Error         *Error                 `protobuf:"bytes,2,opt,name=error,proto3" json:"error,omitempty"`   // set on failure (e.g. BAD_REQUEST, NO_CAPACITY when no route exists)
+	Audit         *AuditAssignment       `protobuf:"bytes,3,opt,name=audit,proto3" json:"audit,omitempty"`   // the opening of the ticket's audit_commitment (only the client sees it)
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -223,6 +224,192 @@ func (x *RouteResponse) GetError() *Error {
 	return nil
 }
 
+func (x *RouteResponse) GetAudit() *AuditAssignment {
+	if x != nil {
+		return x.Audit
+	}
+	return nil
+}
+
+// AuditAssignment is the tracker's audit draw for one ticket: whether the
+// client audits the generation and which hop (docs/trust.md).
+type AuditAssignment struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Audit         bool                   `protobuf:"varint,1,opt,name=audit,proto3" json:"audit,omitempty"`
+	Hop           uint32                 `protobuf:"varint,2,opt,name=hop,proto3" json:"hop,omitempty"`  // index into the ticket's route
+	Salt          []byte                 `protobuf:"bytes,3,opt,name=salt,proto3" json:"salt,omitempty"` // 16 random bytes: the commitment reveals nothing
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AuditAssignment) Reset() {
+	*x = AuditAssignment{}
+	mi := &file_meshp2p_v1_tracker_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AuditAssignment) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AuditAssignment) ProtoMessage() {}
+
+func (x *AuditAssignment) ProtoReflect() protoreflect.Message {
+	mi := &file_meshp2p_v1_tracker_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AuditAssignment.ProtoReflect.Descriptor instead.
+func (*AuditAssignment) Descriptor() ([]byte, []int) {
+	return file_meshp2p_v1_tracker_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *AuditAssignment) GetAudit() bool {
+	if x != nil {
+		return x.Audit
+	}
+	return false
+}
+
+func (x *AuditAssignment) GetHop() uint32 {
+	if x != nil {
+		return x.Hop
+	}
+	return 0
+}
+
+func (x *AuditAssignment) GetSalt() []byte {
+	if x != nil {
+		return x.Salt
+	}
+	return nil
+}
+
+// Fraud proofs to a tracker: /meshp2p/<network>/proof/1.0.0, one
+// ProofSubmission (a header) and the serialized meshp2p.v1.Proof as its
+// blob, answered by one ProofVerdict. The tracker replays the proof
+// (session.Judge) before it believes it; a verified one makes it refuse
+// tickets through the convicted peer.
+type ProofSubmission struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Size          uint64                 `protobuf:"varint,1,opt,name=size,proto3" json:"size,omitempty"` // bytes of the proof blob
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ProofSubmission) Reset() {
+	*x = ProofSubmission{}
+	mi := &file_meshp2p_v1_tracker_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ProofSubmission) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ProofSubmission) ProtoMessage() {}
+
+func (x *ProofSubmission) ProtoReflect() protoreflect.Message {
+	mi := &file_meshp2p_v1_tracker_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ProofSubmission.ProtoReflect.Descriptor instead.
+func (*ProofSubmission) Descriptor() ([]byte, []int) {
+	return file_meshp2p_v1_tracker_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *ProofSubmission) GetSize() uint64 {
+	if x != nil {
+		return x.Size
+	}
+	return 0
+}
+
+type ProofVerdict struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Error         *Error                 `protobuf:"bytes,1,opt,name=error,proto3" json:"error,omitempty"` // the proof could not be checked (no model to replay with, malformed)
+	Convicted     bool                   `protobuf:"varint,2,opt,name=convicted,proto3" json:"convicted,omitempty"`
+	PeerId        []byte                 `protobuf:"bytes,3,opt,name=peer_id,json=peerId,proto3" json:"peer_id,omitempty"` // the convicted peer
+	Reason        string                 `protobuf:"bytes,4,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ProofVerdict) Reset() {
+	*x = ProofVerdict{}
+	mi := &file_meshp2p_v1_tracker_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ProofVerdict) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ProofVerdict) ProtoMessage() {}
+
+func (x *ProofVerdict) ProtoReflect() protoreflect.Message {
+	mi := &file_meshp2p_v1_tracker_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ProofVerdict.ProtoReflect.Descriptor instead.
+func (*ProofVerdict) Descriptor() ([]byte, []int) {
+	return file_meshp2p_v1_tracker_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *ProofVerdict) GetError() *Error {
+	if x != nil {
+		return x.Error
+	}
+	return nil
+}
+
+func (x *ProofVerdict) GetConvicted() bool {
+	if x != nil {
+		return x.Convicted
+	}
+	return false
+}
+
+func (x *ProofVerdict) GetPeerId() []byte {
+	if x != nil {
+		return x.PeerId
+	}
+	return nil
+}
+
+func (x *ProofVerdict) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
 var File_meshp2p_v1_tracker_proto protoreflect.FileDescriptor
 
 const file_meshp2p_v1_tracker_proto_rawDesc = "" +
@@ -238,10 +425,22 @@ const file_meshp2p_v1_tracker_proto_rawDesc = "" +
 	"\x05epoch\x18\x06 \x01(\x04R\x05epoch\x12\x17\n" +
 	"\aneed_kv\x18\a \x01(\rR\x06needKv\x12\x1d\n" +
 	"\n" +
-	"session_id\x18\b \x01(\fR\tsessionId\"o\n" +
+	"session_id\x18\b \x01(\fR\tsessionId\"\xa2\x01\n" +
 	"\rRouteResponse\x125\n" +
 	"\x06ticket\x18\x01 \x01(\v2\x1d.meshp2p.v1.SignedRouteTicketR\x06ticket\x12'\n" +
-	"\x05error\x18\x02 \x01(\v2\x11.meshp2p.v1.ErrorR\x05error*M\n" +
+	"\x05error\x18\x02 \x01(\v2\x11.meshp2p.v1.ErrorR\x05error\x121\n" +
+	"\x05audit\x18\x03 \x01(\v2\x1b.meshp2p.v1.AuditAssignmentR\x05audit\"M\n" +
+	"\x0fAuditAssignment\x12\x14\n" +
+	"\x05audit\x18\x01 \x01(\bR\x05audit\x12\x10\n" +
+	"\x03hop\x18\x02 \x01(\rR\x03hop\x12\x12\n" +
+	"\x04salt\x18\x03 \x01(\fR\x04salt\"%\n" +
+	"\x0fProofSubmission\x12\x12\n" +
+	"\x04size\x18\x01 \x01(\x04R\x04size\"\x86\x01\n" +
+	"\fProofVerdict\x12'\n" +
+	"\x05error\x18\x01 \x01(\v2\x11.meshp2p.v1.ErrorR\x05error\x12\x1c\n" +
+	"\tconvicted\x18\x02 \x01(\bR\tconvicted\x12\x17\n" +
+	"\apeer_id\x18\x03 \x01(\fR\x06peerId\x12\x16\n" +
+	"\x06reason\x18\x04 \x01(\tR\x06reason*M\n" +
 	"\x0eRouteObjective\x12\x1b\n" +
 	"\x17ROUTE_OBJECTIVE_LATENCY\x10\x00\x12\x1e\n" +
 	"\x1aROUTE_OBJECTIVE_THROUGHPUT\x10\x01B.Z,github.com/neuron-tai/meshp2p/proto/meshp2pbb\x06proto3"
@@ -259,23 +458,28 @@ func file_meshp2p_v1_tracker_proto_rawDescGZIP() []byte {
 }
 
 var file_meshp2p_v1_tracker_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_meshp2p_v1_tracker_proto_msgTypes = make([]protoimpl.MessageInfo, 2)
+var file_meshp2p_v1_tracker_proto_msgTypes = make([]protoimpl.MessageInfo, 5)
 var file_meshp2p_v1_tracker_proto_goTypes = []any{
 	(RouteObjective)(0),       // 0: meshp2p.v1.RouteObjective
 	(*RouteRequest)(nil),      // 1: meshp2p.v1.RouteRequest
 	(*RouteResponse)(nil),     // 2: meshp2p.v1.RouteResponse
-	(*SignedRouteTicket)(nil), // 3: meshp2p.v1.SignedRouteTicket
-	(*Error)(nil),             // 4: meshp2p.v1.Error
+	(*AuditAssignment)(nil),   // 3: meshp2p.v1.AuditAssignment
+	(*ProofSubmission)(nil),   // 4: meshp2p.v1.ProofSubmission
+	(*ProofVerdict)(nil),      // 5: meshp2p.v1.ProofVerdict
+	(*SignedRouteTicket)(nil), // 6: meshp2p.v1.SignedRouteTicket
+	(*Error)(nil),             // 7: meshp2p.v1.Error
 }
 var file_meshp2p_v1_tracker_proto_depIdxs = []int32{
 	0, // 0: meshp2p.v1.RouteRequest.objective:type_name -> meshp2p.v1.RouteObjective
-	3, // 1: meshp2p.v1.RouteResponse.ticket:type_name -> meshp2p.v1.SignedRouteTicket
-	4, // 2: meshp2p.v1.RouteResponse.error:type_name -> meshp2p.v1.Error
-	3, // [3:3] is the sub-list for method output_type
-	3, // [3:3] is the sub-list for method input_type
-	3, // [3:3] is the sub-list for extension type_name
-	3, // [3:3] is the sub-list for extension extendee
-	0, // [0:3] is the sub-list for field type_name
+	6, // 1: meshp2p.v1.RouteResponse.ticket:type_name -> meshp2p.v1.SignedRouteTicket
+	7, // 2: meshp2p.v1.RouteResponse.error:type_name -> meshp2p.v1.Error
+	3, // 3: meshp2p.v1.RouteResponse.audit:type_name -> meshp2p.v1.AuditAssignment
+	7, // 4: meshp2p.v1.ProofVerdict.error:type_name -> meshp2p.v1.Error
+	5, // [5:5] is the sub-list for method output_type
+	5, // [5:5] is the sub-list for method input_type
+	5, // [5:5] is the sub-list for extension type_name
+	5, // [5:5] is the sub-list for extension extendee
+	0, // [0:5] is the sub-list for field type_name
 }
 
 func init() { file_meshp2p_v1_tracker_proto_init() }
@@ -291,7 +495,7 @@ func file_meshp2p_v1_tracker_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_meshp2p_v1_tracker_proto_rawDesc), len(file_meshp2p_v1_tracker_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   2,
+			NumMessages:   5,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
