@@ -194,7 +194,9 @@ func TestDashboardChatThroughAPI(t *testing.T) {
 	exe := chromium(t)
 	bin := cli(t)
 	model := testmodels.Path(t, "stories260K.gguf")
-	a := startProc(t, bin, append([]string{"start", "--model", model, "--layers", "0-3", "--api", "127.0.0.1:0"}, netArgs("chattest", dataDir(t, "a"))...)...)
+	// --audit-rate 1: the gateway audits the chat's generation with the
+	// node's model file (docs/trust.md), and the dashboard counts it.
+	a := startProc(t, bin, append([]string{"start", "--model", model, "--layers", "0-3", "--api", "127.0.0.1:0", "--audit-rate", "1"}, netArgs("chattest", dataDir(t, "a"))...)...)
 	startProc(t, bin, append([]string{"start", "--model", model, "--layers", "3-5", "--bootstrap", a.addr}, netArgs("chattest", dataDir(t, "b"))...)...)
 	if a.api == "" {
 		t.Fatalf("no api address printed:\n%s", a.logs.String())
@@ -226,6 +228,8 @@ func TestDashboardChatThroughAPI(t *testing.T) {
 		t.Errorf("meshp2p_spec_windows_total = %v after a generation with speculation auto", w)
 	}
 	evalUntil(t, ctx, `/ in [1-9][0-9]* windows$/.test(document.getElementById('accept').title)`, 10*time.Second)
+	waitValue(t, a.api, "meshp2p_audits_total", map[string]string{"outcome": "passed"}, 1)
+	evalUntil(t, ctx, `document.getElementById('audits').textContent === '1/0/0'`, 10*time.Second)
 	for _, name := range []string{"meshp2p_ttft_seconds", "meshp2p_route_plan_seconds", "meshp2p_generated_tokens_total", "meshp2p_sessions_admitted_total", "libp2p_rcmgr_streams"} {
 		if fams[name] == nil {
 			t.Errorf("API server /metrics lacks %s", name)
