@@ -45,7 +45,18 @@ type auditShard struct {
 	start, end int
 	model      *engine.Model
 	shard      *engine.Shard
-	mu         sync.Mutex // one replay at a time
+	mu         sync.Mutex // one replay at a time; guards closed
+	closed     bool
+}
+
+// take locks s for one replay; false if it was evicted and closed meanwhile.
+func (s *auditShard) take() bool {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return false
+	}
+	return true
 }
 
 var _ session.AuditEngines = (*AuditEngines)(nil)
@@ -62,7 +73,9 @@ func (a *AuditEngines) Engine(ctx context.Context, fp string, start, end int) (s
 		if s.fp == fp && s.start == start && s.end == end {
 			a.loaded = append(append(a.loaded[:i:i], a.loaded[i+1:]...), s)
 			a.mu.Unlock()
-			s.mu.Lock()
+			if !s.take() { // evicted between the two locks: load it again
+				return a.Engine(ctx, fp, start, end)
+			}
 			return shardengine.Engine{Model: s.model, Shard: s.shard}, engine.KernelClass(), s.mu.Unlock, nil
 		}
 	}
@@ -75,7 +88,9 @@ func (a *AuditEngines) Engine(ctx context.Context, fp string, start, end int) (s
 	if err != nil {
 		return nil, "", nil, err
 	}
-	s.mu.Lock()
+	if !s.take() {
+		return a.Engine(ctx, fp, start, end)
+	}
 	return shardengine.Engine{Model: s.model, Shard: s.shard}, engine.KernelClass(), s.mu.Unlock, nil
 }
 
@@ -137,6 +152,10 @@ func (a *AuditEngines) load(ctx context.Context, path, fp string, start, end int
 func (s *auditShard) close() {
 	s.mu.Lock() // after its replay
 	defer s.mu.Unlock()
+	if s.closed {
+		return
+	}
+	s.closed = true
 	_ = s.shard.Close()
 	s.model.Close()
 }

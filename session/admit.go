@@ -165,6 +165,9 @@ func (h *HopService) handleSession(s network.Stream) {
 		refuse(he)
 		return
 	}
+	if open.GetTranscripts() { // only now: a refused open keeps nothing here
+		h.startTranscripts(hs)
+	}
 	h.serveAdmitted(s, r, hs)
 }
 
@@ -226,9 +229,6 @@ func (h *HopService) newHopSession(s network.Stream, open *meshp2pb.SessionOpen,
 	}
 	if hs.head && speculative(open) {
 		hs.sp = newSpecHead(open, hs.tail, h.cfg.Proposer, h.cfg.Observer.WindowsInFlight)
-	}
-	if open.GetTranscripts() {
-		h.startTranscripts(hs)
 	}
 	return hs
 }

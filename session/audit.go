@@ -231,6 +231,8 @@ func (o *Origin) audit(ctx context.Context, open *meshp2pb.SessionOpen, hop int,
 		return rep
 	case err != nil:
 		return inconclusive("%v", err)
+	case v.Inconclusive != "":
+		return inconclusive("%s", v.Inconclusive)
 	case !v.Convicted && v.Windows < nonEmpty(sts):
 		if inRecs.GetTruncated() {
 			return inconclusive("only %d of %d windows recorded (the record bound)", v.Windows, nonEmpty(sts))
@@ -313,8 +315,23 @@ func (o *Origin) fetch(ctx context.Context, p peer.ID, open *meshp2pb.SessionOpe
 		return nil, nil, frame.FromProto(rec.GetError())
 	case rec.GetFrames() > maxFrames(open):
 		return nil, nil, fmt.Errorf("%s announces %d frames for a session of %d positions", p, rec.GetFrames(), open.GetNCtxNeeded())
-	case len(rec.GetStatements()) > int(maxFrames(open))/TranscriptWindow+2:
-		return nil, nil, fmt.Errorf("%s sent %d statements for a session of %d positions", p, len(rec.GetStatements()), open.GetNCtxNeeded())
+	case part == meshp2pb.AuditPart_AUDIT_PART_STATEMENTS && rec.GetFrames() > maxFrames(open)/TranscriptWindow+2:
+		return nil, nil, fmt.Errorf("%s announces %d statements for a session of %d positions", p, rec.GetFrames(), open.GetNCtxNeeded())
+	case len(rec.GetStatements()) > 0:
+		return nil, nil, fmt.Errorf("%s sent statements in the header (they come one per message)", p)
+	}
+	if part == meshp2pb.AuditPart_AUDIT_PART_STATEMENTS {
+		for range rec.GetFrames() {
+			m, _, err := r.ReadStream()
+			if err != nil {
+				return nil, nil, fmt.Errorf("statement from %s: %w", p, err)
+			}
+			if m.GetTranscript() == nil {
+				return nil, nil, fmt.Errorf("statement from %s: not a transcript", p)
+			}
+			rec.Statements = append(rec.Statements, m.GetTranscript())
+		}
+		return rec, nil, nil
 	}
 	frames := make([]*meshp2pb.RecordedFrame, 0, min(rec.GetFrames(), 4096))
 	var total int64
@@ -361,6 +378,9 @@ type Verdict struct {
 	Class     string
 	Replay    time.Duration
 	Proof     *meshp2pb.Proof // trimmed to the failing window, with the replay's result
+	// Inconclusive says why nothing could be compared (neither convicted
+	// nor passed): the tail across kernel classes.
+	Inconclusive string
 }
 
 // Judge replays a proof's (or an audit's) hop on its recorded inputs and
@@ -433,7 +453,10 @@ func Judge(ctx context.Context, p *meshp2pb.Proof, engines AuditEngines) (Verdic
 					i, st.GetFirstFrame(), st.GetFirstFrame()+st.GetFrames()-1, hop, class)
 			}
 		case tail:
-			// no tolerance rule for sampled tokens: never convicted across classes
+			// No tolerance rule for sampled tokens: never convicted across
+			// classes, and not passed either.
+			v.Inconclusive = fmt.Sprintf("the tail's output (sampled tokens) cannot be compared across kernel classes (the hop names %s, the replay ran on %s)", st.GetKernelClass(), class)
+			return v, nil
 		default:
 			reason = SketchTolerance.Compare(st.GetSketch(), r.Last)
 			if reason != "" {
@@ -553,15 +576,36 @@ func (t Tolerance) Compare(signed []*meshp2pb.SketchRow, replay [][]float32) str
 				return fmt.Sprintf("row %d: value at %d is %g signed, %g replayed (over the tolerance)", i, idx, v, r)
 			}
 		}
+		// Ranks below the largest values shuffle across builds when many
+		// values are close: a signed index counts as missing only if the
+		// replay's value there is clearly below the replay's k-th largest,
+		// and no unsigned value may clearly beat the smallest signed one.
+		if len(s.GetIndex()) < min(SketchK, len(row)) {
+			return fmt.Sprintf("row %d: %d sketch entries signed for a row of %d values (an honest hop signs %d)", i, len(s.GetIndex()), len(row), min(SketchK, len(row)))
+		}
+		if len(row) == 0 {
+			continue
+		}
 		own := SketchRow(row, len(s.GetIndex()))
-		overlap := 0
+		tol := t.Abs * scale
+		kth := math.Abs(float64(own.GetValue()[len(own.GetValue())-1]))
+		missing := 0
 		for _, idx := range s.GetIndex() {
-			if slices.Contains(own.GetIndex(), idx) {
-				overlap++
+			if r := math.Abs(float64(row[idx])); r < kth-tol {
+				missing++
 			}
 		}
-		if overlap < min(t.MinOverlap, len(s.GetIndex())) {
-			return fmt.Sprintf("row %d: %d of the signed top-%d indices are among the replay's", i, overlap, len(s.GetIndex()))
+		if len(s.GetIndex())-missing < min(t.MinOverlap, len(s.GetIndex())) {
+			return fmt.Sprintf("row %d: %d of the signed top-%d entries are clearly below the replay's top %d", i, missing, len(s.GetIndex()), len(s.GetIndex()))
+		}
+		least := math.Inf(1)
+		for _, v := range s.GetValue() {
+			least = min(least, math.Abs(float64(v)))
+		}
+		for j, idx := range own.GetIndex() {
+			if !slices.Contains(s.GetIndex(), idx) && math.Abs(float64(own.GetValue()[j])) > least+tol {
+				return fmt.Sprintf("row %d: the replay's value at %d (%g) clearly beats every signed one (smallest %g)", i, idx, own.GetValue()[j], least)
+			}
 		}
 	}
 	return ""

@@ -277,6 +277,13 @@ func expectAcquitted(t *testing.T, name string, p *meshp2pb.Proof) {
 		if err != nil || v.Convicted || v.Proof != nil {
 			t.Fatalf("%s (%s): %+v, %v", name, class, v, err)
 		}
+		tail := int(rt.GetHopIndex()) == len(rt.GetOpen().GetRoute().GetHops())-1
+		if tail && class != "fake" && windows > 0 { // sampled tokens: inconclusive across classes, never passed
+			if v.Inconclusive == "" {
+				t.Fatalf("%s (%s): the tail across classes is not inconclusive: %+v", name, class, v)
+			}
+			continue
+		}
 		if v.Windows != windows || v.Frames != frames || v.Exact != (class == "fake") {
 			t.Fatalf("%s (%s): %d windows of %d frames (exact %v), want %d of %d", name, class, v.Windows, v.Frames, v.Exact, windows, frames)
 		}
@@ -848,7 +855,7 @@ func auditExchange(t *testing.T, from *testHost, to peer.ID, send func(s network
 		if err != nil {
 			break
 		}
-		if m.GetActivation() == nil {
+		if m.GetActivation() == nil && m.GetTranscript() == nil {
 			t.Fatalf("after the records: %v", m)
 		}
 		n++
@@ -893,6 +900,9 @@ func TestAuditFetchRefusals(t *testing.T) {
 		rec := m.GetAuditRecords()
 		if err != nil || rec == nil || rec.GetError() != nil || int(rec.GetFrames()) != n {
 			t.Fatalf("origin fetch of %s: %v, %v (%d frames followed)", part, m, err, n)
+		}
+		if part == meshp2pb.AuditPart_AUDIT_PART_STATEMENTS { // one message each
+			return n, 0
 		}
 		return len(rec.GetStatements()), n
 	}
@@ -968,7 +978,7 @@ func TestAuditFetchRefusals(t *testing.T) {
 		good, _ := proto.Marshal(fetchMsg(sid, epoch, meshp2pb.AuditPart_AUDIT_PART_STATEMENTS))
 		withPayload := binary.BigEndian.AppendUint32(binary.BigEndian.AppendUint32(nil, uint32(len(good))), 4)
 		withPayload = append(append(withPayload, good...), 1, 2, 3, 4)
-		refused("a fetch with a payload", c, h, raw(withPayload), meshp2pb.ErrorCode_ERROR_CODE_MALFORMED)
+		refused("a fetch with a payload", c, h, raw(withPayload), meshp2pb.ErrorCode_ERROR_CODE_FRAME_TOO_LARGE) // read with the first-frame limits
 		rng := mrand.New(mrand.NewPCG(7, uint64(len(h.host.ID()))))
 		for range 8 {
 			b := make([]byte, rng.IntN(64))

@@ -2,6 +2,7 @@ package session
 
 import (
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/libp2p/go-libp2p/core/network"
@@ -31,14 +32,18 @@ const (
 	// auditEndWait bounds how long a fetch waits for its session to end
 	// here (a clean close reaches the last hops a moment after the origin).
 	auditEndWait = 3 * time.Second
+	// auditTransferBase and auditMinRate (bytes/s) bound sending one
+	// fetch's records: a reader slower than that is cut off.
+	auditTransferBase = 30 * time.Second
+	auditMinRate      = 64 << 10
 )
 
 // kept is one (session, epoch)'s records on this hop.
 type kept struct {
 	mu         sync.Mutex
 	hop        int
-	limit      int64 // payload bytes this session may keep
-	bytes      int64
+	limit      int64        // payload bytes this session may keep
+	bytes      atomic.Int64 // kept (read by drop under the store's lock only)
 	sent       []*meshp2pb.RecordedFrame
 	inputs     []*meshp2pb.RecordedFrame
 	statements []*meshp2pb.SignedTranscript
@@ -68,7 +73,7 @@ func (s *auditStore) open(key Key, hop int, limit int64) *kept {
 	defer s.mu.Unlock()
 	s.expire()
 	if old := s.m[key]; old != nil {
-		s.total -= old.bytes
+		s.total -= old.bytes.Load()
 	}
 	s.m[key] = k
 	return k
@@ -77,13 +82,18 @@ func (s *auditStore) open(key Key, hop int, limit int64) *kept {
 // record keeps one frame (sent, or the head's input) if the bounds allow.
 func (s *auditStore) record(k *kept, input bool, a *meshp2pb.ActivationHeader, payload []byte, overhead int) {
 	n := int64(len(payload) + overhead)
+	select {
+	case <-k.ended: // a frame the head's ring still brought during teardown
+		return
+	default:
+	}
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	if k.truncated || k.bytes+n > k.limit || !s.reserve(n) {
+	if k.truncated || k.bytes.Load()+n > k.limit || !s.reserve(n) {
 		k.truncated = true
 		return
 	}
-	k.bytes += n
+	k.bytes.Add(n)
 	rf := &meshp2pb.RecordedFrame{Header: recordHeader(a), Payload: payload}
 	if input {
 		k.inputs = append(k.inputs, rf)
@@ -137,7 +147,7 @@ func (s *auditStore) end(k *kept) {
 
 func (s *auditStore) drop(key Key) {
 	if k := s.m[key]; k != nil {
-		s.total -= k.bytes
+		s.total -= k.bytes.Load()
 		delete(s.m, key)
 	}
 }
@@ -166,7 +176,7 @@ func (h *HopService) handleAudit(st network.Stream) {
 	lim := h.cfg.Limits
 	_ = st.SetDeadline(time.Now().Add(h.cfg.OpenTimeout + auditEndWait))
 	w := frame.NewWriter(st, lim)
-	msg, _, err := streamReader(st, lim).ReadStream()
+	msg, err := readFirst(st, lim) // a request is small: nothing large is read from a stranger
 	req := msg.GetAuditFetch()
 	refuse := func(code meshp2pb.ErrorCode, what string) {
 		e := &meshp2pb.Error{Code: code, Message: what, PeerId: []byte(h.host.ID())}
@@ -196,22 +206,37 @@ func (h *HopService) handleAudit(st network.Stream) {
 	k.mu.Lock()
 	rec := &meshp2pb.AuditRecords{HopIndex: uint32(k.hop), Truncated: k.truncated}
 	var frames []*meshp2pb.RecordedFrame
+	var statements []*meshp2pb.SignedTranscript
 	switch req.GetPart() {
 	case meshp2pb.AuditPart_AUDIT_PART_SENT:
 		frames = k.sent
+		rec.Frames = uint32(len(frames))
 	case meshp2pb.AuditPart_AUDIT_PART_INPUTS:
 		frames = k.inputs
+		rec.Frames = uint32(len(frames))
 	case meshp2pb.AuditPart_AUDIT_PART_STATEMENTS:
-		rec.Statements = k.statements
+		statements = k.statements
+		rec.Frames = uint32(len(statements))
 	default:
 		k.mu.Unlock()
 		refuse(meshp2pb.ErrorCode_ERROR_CODE_BAD_REQUEST, "unknown audit part")
 		return
 	}
 	k.mu.Unlock()
-	rec.Frames = uint32(len(frames))
+	// The transfer may take its bytes at auditMinRate, not the request's
+	// short deadline: records of a long session are many megabytes.
+	var size int64
+	for _, f := range frames {
+		size += int64(len(f.GetPayload()) + recordOverhead)
+	}
+	_ = st.SetDeadline(time.Now().Add(auditTransferBase + time.Duration(size/auditMinRate)*time.Second))
 	if w.WriteStream(&meshp2pb.StreamMessage{Kind: &meshp2pb.StreamMessage_AuditRecords{AuditRecords: rec}}) != nil {
 		return
+	}
+	for _, st := range statements { // one per message: a long session's do not fit one header
+		if w.WriteStream(&meshp2pb.StreamMessage{Kind: &meshp2pb.StreamMessage_Transcript{Transcript: st}}) != nil {
+			return
+		}
 	}
 	for _, f := range frames {
 		var payload [][]byte

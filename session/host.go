@@ -19,7 +19,10 @@ const (
 	ProtoSession = "session" // upstream → downstream seam of one route session
 	ProtoRing    = "ring"    // tail → head: sampled tokens close the ring
 	ProtoAudit   = "audit"   // origin → hop: what a hop kept of a session (auditstore.go)
-	ProtoVersion = "1.0.0"
+	// ProtoVersion 1.1.0: the origin's signature covers sampling,
+	// generated, speculation, wire dtype and transcripts (originauth.go);
+	// 1.0.0 peers could not check it, so they do not share protocols.
+	ProtoVersion = "1.1.0"
 )
 
 // Host is what the route-session protocol needs from the p2p layer.

@@ -107,8 +107,13 @@ func (hs *hopSession) watchDownstream(s network.Stream, r *frame.Reader) {
 		return // we are closing it ourselves
 	default:
 	}
-	if hs.closing.Load() && err != nil {
-		return // a clean close went down the route: the next hop ended with it
+	if hs.closing.Load() {
+		// A clean close went down the route: the next hop ended with it,
+		// and what it reports now cannot change a finished generation.
+		if err == nil && msg.GetError() != nil {
+			hs.h.log.Debug("report from the next hop after a clean close", "session", hs.key, "err", frame.FromProto(msg.GetError()))
+		}
+		return
 	}
 	if !hs.down.Is(s) && err != nil {
 		return // the seam moved to another stream; this one just ended

@@ -38,17 +38,17 @@ func recordBound(open *meshp2pb.SessionOpen, nEmbd int) int64 {
 
 // startTranscripts sets hs up to sign, check and keep transcripts.
 func (h *HopService) startTranscripts(hs *hopSession) {
+	if !hs.head || !hs.tail {
+		hs.chk = &checker{}
+	}
+	hs.kept = h.audits.open(hs.key, hs.idx, recordBound(hs.open, h.info.NEmbd))
+	hs.tailFinal = make(chan struct{})
 	key := h.host.Peerstore().PrivKey(h.host.ID())
 	if key == nil {
 		h.log.Warn("no private key in the peerstore: this hop signs no transcripts", "session", hs.key)
 		return
 	}
 	hs.tr = newTranscriber(hs, key, h.cfg.KernelClass)
-	if !hs.head || !hs.tail {
-		hs.chk = &checker{}
-	}
-	hs.kept = h.audits.open(hs.key, hs.idx, recordBound(hs.open, h.info.NEmbd))
-	hs.tailFinal = make(chan struct{})
 }
 
 // transcribeInput digests an input frame (the head also keeps it: its
@@ -167,16 +167,21 @@ func (hs *hopSession) statement(st *meshp2pb.SignedTranscript, from peer.ID) err
 // route so every hop does the same; the head then waits (bounded) for
 // the tail's final statement on the ring.
 func (hs *hopSession) closeTranscripts(c *meshp2pb.SessionClose) error {
-	if hs.tr == nil {
-		return nil
+	if hs.kept == nil {
+		return nil // no transcripts: the route ends as the streams close
 	}
 	if hs.head {
 		hs.trMu.Lock()
-		hs.closing.Store(true)
 	}
-	st, err := hs.tr.statement(true)
-	if err == nil {
-		err = hs.sendStatement(st)
+	// From here the next hop ending its stream, or reporting, is part of
+	// the close (watchDownstream), not a failure.
+	hs.closing.Store(true)
+	var err error
+	if hs.tr != nil {
+		var st *meshp2pb.SignedTranscript
+		if st, err = hs.tr.statement(true); err == nil {
+			err = hs.sendStatement(st)
+		}
 	}
 	if err == nil && !hs.tail {
 		err = hs.down.Send(&meshp2pb.StreamMessage{Kind: &meshp2pb.StreamMessage_Close{Close: proto.Clone(c).(*meshp2pb.SessionClose)}}, WriteDeadline(hs.h.cfg.Idle))

@@ -440,15 +440,16 @@ func (x *AuditFetch) GetPart() AuditPart {
 	return AuditPart_AUDIT_PART_UNSPECIFIED
 }
 
-// AuditRecords answers an AuditFetch; `frames` activation frames (header
-// and payload, exactly as sent or received) follow it on the stream.
+// AuditRecords answers an AuditFetch; `frames` messages follow it on the
+// stream: activation frames (header and payload, exactly as sent or
+// received), or for AUDIT_PART_STATEMENTS one `transcript` message each.
 type AuditRecords struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Error         *Error                 `protobuf:"bytes,1,opt,name=error,proto3" json:"error,omitempty"`
 	HopIndex      uint32                 `protobuf:"varint,2,opt,name=hop_index,json=hopIndex,proto3" json:"hop_index,omitempty"`
 	Frames        uint32                 `protobuf:"varint,3,opt,name=frames,proto3" json:"frames,omitempty"`
-	Statements    []*SignedTranscript    `protobuf:"bytes,4,rep,name=statements,proto3" json:"statements,omitempty"`
-	Truncated     bool                   `protobuf:"varint,5,opt,name=truncated,proto3" json:"truncated,omitempty"` // the record bound was reached: frames is a prefix
+	Statements    []*SignedTranscript    `protobuf:"bytes,4,rep,name=statements,proto3" json:"statements,omitempty"` // unused on the wire (one header could not hold a long session's); the origin fills it
+	Truncated     bool                   `protobuf:"varint,5,opt,name=truncated,proto3" json:"truncated,omitempty"`  // the record bound was reached: frames is a prefix
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
