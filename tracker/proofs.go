@@ -51,13 +51,6 @@ func (t *Tracker) Convicted() []Conviction {
 	return out
 }
 
-func (t *Tracker) isConvicted(p peer.ID) bool {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	_, ok := t.convicted[p]
-	return ok
-}
-
 // assignAudit draws the audit of one ticket (nil when the tracker assigns
 // none) and commits to it in tk.
 func (t *Tracker) assignAudit(tk *meshp2pb.RouteTicket) (*meshp2pb.AuditAssignment, error) {
