@@ -106,7 +106,7 @@ lint: $(GENERATED) $(STATICCHECK)
 test: deps build build-check-amx vet
 	go test -count=1 -timeout $(TEST_TIMEOUT) ./...
 	$(MAKE) test-docker
-	$(MAKE) soak SOAK_DURATION=3m
+	$(MAKE) soak SOAK_DURATION=4m
 	$(MAKE) fuzz FUZZTIME=$(FUZZTIME)
 
 test-short: $(GENERATED)
@@ -121,11 +121,13 @@ soak: $(GENERATED)
 	MESHP2P_SOAK_DURATION=$(SOAK_DURATION) go test -run TestChurnSoak -timeout 35m -v -count=1 ./soak
 
 # Runs every fuzz target briefly (CI: FUZZTIME execs each) or longer: make fuzz FUZZTIME=5m
+# -fuzzminimizetime 1s: some inputs are signed and verified (transcripts,
+# proofs), and minimizing each new one for the default 60 s stalls a run.
 fuzz: $(GENERATED)
 	@for pkg in $$(go list ./...); do \
 	  for f in $$(go test -list '^Fuzz' $$pkg 2>/dev/null | grep '^Fuzz'); do \
 	    echo "fuzz $$pkg $$f ($(FUZZTIME))"; \
-	    go test -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZTIME) $$pkg || exit 1; \
+	    go test -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZTIME) -fuzzminimizetime 1s $$pkg || exit 1; \
 	  done; \
 	done
 
