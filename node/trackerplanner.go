@@ -28,6 +28,11 @@ func (h trackerHost) AddAddrs(ai peer.AddrInfo) {
 // verified against this node's table, falling back to local planning
 // unless require is set.
 func (n *Node) TrackerPlanner(trackers []peer.AddrInfo, require bool) *route.TrackerPlanner {
+	// The trackers' published convictions drop those peers from this
+	// node's table too (local planning, model listings; docs/trust.md).
+	for _, t := range trackers {
+		n.table.TrustConvictions(t.ID)
+	}
 	return &route.TrackerPlanner{Host: trackerHost{n.p2p}, Trackers: trackers, Protocol: n.p2p.ProtocolID(route.ProtoRoute, route.ProtoRouteVersion),
 		Network: n.cfg.P2P.Network, Self: n.p2p.ID(), Table: n.table, Fallback: &route.LocalPlanner{Table: n.table}, Require: require,
 		Limits: n.cfg.Hop.Limits, Logger: n.log}

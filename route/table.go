@@ -58,6 +58,68 @@ type Table struct {
 	mu     sync.RWMutex
 	byPeer map[peer.ID][]Shard
 	subs   []chan struct{}
+	// trusted are the trackers whose published convictions this table
+	// honours; convicted what each published (shards of those peers are
+	// left out).
+	trusted   map[peer.ID]bool
+	convicted map[peer.ID]map[peer.ID]bool
+}
+
+// MaxPublishedConvictions bounds the convictions one tracker advert
+// carries (and a table reads from one).
+const MaxPublishedConvictions = 256
+
+// TrustConvictions makes the table drop the shards of peers the given
+// trackers published as convicted (their adverts' `convicted`).
+func (t *Table) TrustConvictions(trackers ...peer.ID) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.trusted == nil {
+		t.trusted, t.convicted = map[peer.ID]bool{}, map[peer.ID]map[peer.ID]bool{}
+	}
+	for _, p := range trackers {
+		t.trusted[p] = true
+	}
+}
+
+// Convicted reports whether a trusted tracker published p as convicted.
+func (t *Table) Convicted(p peer.ID) bool {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	return t.convictedLocked(p)
+}
+
+func (t *Table) convictedLocked(p peer.ID) bool {
+	for _, set := range t.convicted {
+		if set[p] {
+			return true
+		}
+	}
+	return false
+}
+
+// noteConvictions reads a trusted tracker's published convictions from
+// its advert.
+func (t *Table) noteConvictions(a p2p.Advert) {
+	t.mu.RLock()
+	trusted := t.trusted[a.Peer]
+	t.mu.RUnlock()
+	if !trusted {
+		return
+	}
+	var ca meshp2pb.CapabilityAdvert
+	if err := proto.Unmarshal(a.Body, &ca); err != nil {
+		return
+	}
+	set := map[peer.ID]bool{}
+	for _, c := range ca.GetConvicted()[:min(len(ca.GetConvicted()), MaxPublishedConvictions)] {
+		if id, err := peer.IDFromBytes(c.GetPeerId()); err == nil {
+			set[id] = true
+		}
+	}
+	t.mu.Lock()
+	t.convicted[a.Peer] = set
+	t.mu.Unlock()
 }
 
 // NewTable returns an empty table.
@@ -210,7 +272,10 @@ func (t *Table) Shards(fp string) []Shard {
 	now := time.Now()
 	t.mu.RLock()
 	var out []Shard
-	for _, ss := range t.byPeer {
+	for p, ss := range t.byPeer {
+		if t.convictedLocked(p) {
+			continue // a trusted tracker verified a fraud proof against it
+		}
 		for _, s := range ss {
 			if (fp == "" || s.Fingerprint == fp) && (s.ExpiresAt.IsZero() || s.ExpiresAt.After(now)) {
 				out = append(out, s)
@@ -336,6 +401,7 @@ func Follow(ctx context.Context, d *p2p.Discovery, t *Table) {
 				t.Set(ev.Advert.Peer, nil)
 				continue
 			}
+			t.noteConvictions(ev.Advert)
 			if ss, err := DecodeAdvert(ev.Advert); err == nil {
 				t.Set(ev.Advert.Peer, ss)
 			}
@@ -351,6 +417,7 @@ func (t *Table) resync(ads []p2p.Advert) {
 	keep := make(map[peer.ID]bool, len(ads))
 	for _, a := range ads {
 		keep[a.Peer] = true
+		t.noteConvictions(a)
 		if ss, err := DecodeAdvert(a); err == nil {
 			t.Set(a.Peer, ss)
 		}

@@ -2,8 +2,10 @@ package tracker
 
 import (
 	"context"
+	"crypto/sha256"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"time"
 
 	"github.com/libp2p/go-libp2p/core/network"
@@ -38,6 +40,27 @@ type Conviction struct {
 	Peer   peer.ID   `json:"peer"`
 	Reason string    `json:"reason"`
 	At     time.Time `json:"at"`
+	Proof  []byte    `json:"proof_sha256"` // SHA-256 of the proof's bytes
+}
+
+// publish (re)sets the tracker's signed advert: its roles and the newest
+// convictions (route.MaxPublishedConvictions), which nodes that trust it
+// honour (route.Table.TrustConvictions).
+func (t *Tracker) publish() error {
+	cs := t.Convicted()
+	slices.SortFunc(cs, func(a, b Conviction) int { return a.At.Compare(b.At) })
+	cs = cs[max(0, len(cs)-route.MaxPublishedConvictions):]
+	ad := &meshp2pb.CapabilityAdvert{PeerId: []byte(t.p2p.ID()), Network: t.cfg.P2P.Network,
+		Roles: []meshp2pb.Role{meshp2pb.Role_ROLE_TRACKER, meshp2pb.Role_ROLE_RELAY}, Version: t.cfg.P2P.Version,
+		Reachability: meshp2pb.Reachability_REACHABILITY_PUBLIC}
+	for _, c := range cs {
+		ad.Convicted = append(ad.Convicted, &meshp2pb.Conviction{PeerId: []byte(c.Peer), ProofSha256: c.Proof, AtMs: c.At.UnixMilli()})
+	}
+	body, err := proto.Marshal(ad)
+	if err != nil {
+		return err
+	}
+	return t.p2p.Discovery().SetLocalAdvert([]string{Key}, body)
 }
 
 // Convicted lists the peers this tracker refuses tickets through.
@@ -107,8 +130,12 @@ func (t *Tracker) handleProof(s network.Stream) {
 			break
 		}
 	}
-	t.convicted[who] = Conviction{Peer: who, Reason: reason, At: t.cfg.Now()}
+	sum := sha256.Sum256(b)
+	t.convicted[who] = Conviction{Peer: who, Reason: reason, At: t.cfg.Now(), Proof: sum[:]}
 	t.mu.Unlock()
+	if err := t.publish(); err != nil {
+		t.log.Warn("could not publish the conviction", "peer", who, "err", err)
+	}
 	t.log.Warn("fraud proof verified: no tickets through this peer from now on", "peer", who, "from", s.Conn().RemotePeer(), "reason", reason)
 	answer(&meshp2pb.ProofVerdict{Convicted: true, PeerId: []byte(who), Reason: reason})
 }

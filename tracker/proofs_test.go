@@ -82,6 +82,25 @@ func TestTrackerRefusesConvictedPeers(t *testing.T) {
 	sw.waitShards(fp, 3)
 	bad = tail.ID()
 	c := sw.node()
+	// A node that trusts the tracker follows its published convictions.
+	table := route.NewTable()
+	table.TrustConvictions(sw.tr.ID())
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go route.Follow(ctx, c.Discovery(), table)
+	listed := func() bool {
+		for _, s := range table.Shards(fp) {
+			if s.Peer == bad {
+				return true
+			}
+		}
+		return false
+	}
+	for deadline := time.Now().Add(20 * time.Second); !listed(); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the node never listed the tail")
+		}
+	}
 	submit := func(reason string) *meshp2pb.ProofVerdict {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
@@ -99,6 +118,14 @@ func TestTrackerRefusesConvictedPeers(t *testing.T) {
 	}
 	if v := submit("convicts"); !v.GetConvicted() || peer.ID(v.GetPeerId()) != bad {
 		t.Fatalf("verdict %v", v)
+	}
+	for deadline := time.Now().Add(20 * time.Second); listed(); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the node still lists the convicted peer the tracker published")
+		}
+	}
+	if !table.Convicted(bad) || table.Convicted(spare.ID()) {
+		t.Fatal("convictions in the table")
 	}
 	for range 20 {
 		resp := sw.ask(c, &meshp2pb.RouteRequest{ModelFingerprint: fp, NLayer: testNLayer, Epoch: 1})

@@ -24,7 +24,6 @@ import (
 	"github.com/multiformats/go-multiaddr"
 	manet "github.com/multiformats/go-multiaddr/net"
 	"golang.org/x/time/rate"
-	"google.golang.org/protobuf/proto"
 
 	"github.com/neuron-tai/meshp2p/engine/gguf"
 	"github.com/neuron-tai/meshp2p/internal/peerlimit"
@@ -164,13 +163,7 @@ func Start(ctx context.Context, cfg Config) (*Tracker, error) {
 	t.pid = t.p2p.ProtocolID(route.ProtoRoute, route.ProtoRouteVersion)
 	h.SetStreamHandler(t.pid, t.handle)
 	h.SetStreamHandler(t.p2p.ProtocolID(route.ProtoProof, route.ProtoProofVersion), t.handleProof)
-	body, err := proto.Marshal(&meshp2pb.CapabilityAdvert{PeerId: []byte(h.ID()), Network: cfg.P2P.Network,
-		Roles: []meshp2pb.Role{meshp2pb.Role_ROLE_TRACKER, meshp2pb.Role_ROLE_RELAY}, Version: cfg.P2P.Version,
-		Reachability: meshp2pb.Reachability_REACHABILITY_PUBLIC})
-	if err == nil {
-		err = t.p2p.Discovery().SetLocalAdvert([]string{Key}, body)
-	}
-	if err != nil {
+	if err := t.publish(); err != nil {
 		t.p2p.Close()
 		return nil, err
 	}

@@ -132,17 +132,22 @@ func (Reachability) EnumDescriptor() ([]byte, []int) {
 }
 
 type CapabilityAdvert struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	PeerId        []byte                 `protobuf:"bytes,1,opt,name=peer_id,json=peerId,proto3" json:"peer_id,omitempty"` // binary libp2p peer ID (peer.ID's bytes) of the advertiser
-	Network       string                 `protobuf:"bytes,2,opt,name=network,proto3" json:"network,omitempty"`             // mesh network name, as in the protocol IDs
-	Roles         []Role                 `protobuf:"varint,3,rep,packed,name=roles,proto3,enum=meshp2p.v1.Role" json:"roles,omitempty"`
-	Version       string                 `protobuf:"bytes,4,opt,name=version,proto3" json:"version,omitempty"`                               // meshp2p software version (semver, e.g. "0.1.0")
-	Seq           uint64                 `protobuf:"varint,5,opt,name=seq,proto3" json:"seq,omitempty"`                                      // strictly increasing per peer; receivers keep the highest
-	IssuedAtMs    int64                  `protobuf:"varint,6,opt,name=issued_at_ms,json=issuedAtMs,proto3" json:"issued_at_ms,omitempty"`    // unix milliseconds
-	ExpiresAtMs   int64                  `protobuf:"varint,7,opt,name=expires_at_ms,json=expiresAtMs,proto3" json:"expires_at_ms,omitempty"` // unix milliseconds; drop the advert after this
-	Shards        []*ShardAdvert         `protobuf:"bytes,8,rep,name=shards,proto3" json:"shards,omitempty"`
-	Addrs         []string               `protobuf:"bytes,9,rep,name=addrs,proto3" json:"addrs,omitempty"` // multiaddrs the peer listens on (hint; the peerstore wins)
-	Reachability  Reachability           `protobuf:"varint,10,opt,name=reachability,proto3,enum=meshp2p.v1.Reachability" json:"reachability,omitempty"`
+	state        protoimpl.MessageState `protogen:"open.v1"`
+	PeerId       []byte                 `protobuf:"bytes,1,opt,name=peer_id,json=peerId,proto3" json:"peer_id,omitempty"` // binary libp2p peer ID (peer.ID's bytes) of the advertiser
+	Network      string                 `protobuf:"bytes,2,opt,name=network,proto3" json:"network,omitempty"`             // mesh network name, as in the protocol IDs
+	Roles        []Role                 `protobuf:"varint,3,rep,packed,name=roles,proto3,enum=meshp2p.v1.Role" json:"roles,omitempty"`
+	Version      string                 `protobuf:"bytes,4,opt,name=version,proto3" json:"version,omitempty"`                               // meshp2p software version (semver, e.g. "0.1.0")
+	Seq          uint64                 `protobuf:"varint,5,opt,name=seq,proto3" json:"seq,omitempty"`                                      // strictly increasing per peer; receivers keep the highest
+	IssuedAtMs   int64                  `protobuf:"varint,6,opt,name=issued_at_ms,json=issuedAtMs,proto3" json:"issued_at_ms,omitempty"`    // unix milliseconds
+	ExpiresAtMs  int64                  `protobuf:"varint,7,opt,name=expires_at_ms,json=expiresAtMs,proto3" json:"expires_at_ms,omitempty"` // unix milliseconds; drop the advert after this
+	Shards       []*ShardAdvert         `protobuf:"bytes,8,rep,name=shards,proto3" json:"shards,omitempty"`
+	Addrs        []string               `protobuf:"bytes,9,rep,name=addrs,proto3" json:"addrs,omitempty"` // multiaddrs the peer listens on (hint; the peerstore wins)
+	Reachability Reachability           `protobuf:"varint,10,opt,name=reachability,proto3,enum=meshp2p.v1.Reachability" json:"reachability,omitempty"`
+	// A tracker's published convictions (docs/trust.md): peers whose fraud
+	// proof it replayed and verified. Nodes that trust the tracker (their
+	// --tracker) drop those peers' shards from their tables. At most
+	// route.MaxPublishedConvictions, newest last.
+	Convicted     []*Conviction `protobuf:"bytes,11,rep,name=convicted,proto3" json:"convicted,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -247,6 +252,73 @@ func (x *CapabilityAdvert) GetReachability() Reachability {
 	return Reachability_REACHABILITY_UNKNOWN
 }
 
+func (x *CapabilityAdvert) GetConvicted() []*Conviction {
+	if x != nil {
+		return x.Convicted
+	}
+	return nil
+}
+
+type Conviction struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	PeerId        []byte                 `protobuf:"bytes,1,opt,name=peer_id,json=peerId,proto3" json:"peer_id,omitempty"`                // the convicted peer
+	ProofSha256   []byte                 `protobuf:"bytes,2,opt,name=proof_sha256,json=proofSha256,proto3" json:"proof_sha256,omitempty"` // SHA-256 of the verified proof's bytes
+	AtMs          int64                  `protobuf:"varint,3,opt,name=at_ms,json=atMs,proto3" json:"at_ms,omitempty"`                     // unix milliseconds
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Conviction) Reset() {
+	*x = Conviction{}
+	mi := &file_meshp2p_v1_capability_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Conviction) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Conviction) ProtoMessage() {}
+
+func (x *Conviction) ProtoReflect() protoreflect.Message {
+	mi := &file_meshp2p_v1_capability_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Conviction.ProtoReflect.Descriptor instead.
+func (*Conviction) Descriptor() ([]byte, []int) {
+	return file_meshp2p_v1_capability_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *Conviction) GetPeerId() []byte {
+	if x != nil {
+		return x.PeerId
+	}
+	return nil
+}
+
+func (x *Conviction) GetProofSha256() []byte {
+	if x != nil {
+		return x.ProofSha256
+	}
+	return nil
+}
+
+func (x *Conviction) GetAtMs() int64 {
+	if x != nil {
+		return x.AtMs
+	}
+	return 0
+}
+
 // ShardAdvert describes one loaded layer range of one model.
 type ShardAdvert struct {
 	state             protoimpl.MessageState `protogen:"open.v1"`
@@ -280,7 +352,7 @@ type ShardAdvert struct {
 
 func (x *ShardAdvert) Reset() {
 	*x = ShardAdvert{}
-	mi := &file_meshp2p_v1_capability_proto_msgTypes[1]
+	mi := &file_meshp2p_v1_capability_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -292,7 +364,7 @@ func (x *ShardAdvert) String() string {
 func (*ShardAdvert) ProtoMessage() {}
 
 func (x *ShardAdvert) ProtoReflect() protoreflect.Message {
-	mi := &file_meshp2p_v1_capability_proto_msgTypes[1]
+	mi := &file_meshp2p_v1_capability_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -305,7 +377,7 @@ func (x *ShardAdvert) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShardAdvert.ProtoReflect.Descriptor instead.
 func (*ShardAdvert) Descriptor() ([]byte, []int) {
-	return file_meshp2p_v1_capability_proto_rawDescGZIP(), []int{1}
+	return file_meshp2p_v1_capability_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *ShardAdvert) GetModelFingerprint() string {
@@ -426,7 +498,7 @@ type ShardCapacity struct {
 
 func (x *ShardCapacity) Reset() {
 	*x = ShardCapacity{}
-	mi := &file_meshp2p_v1_capability_proto_msgTypes[2]
+	mi := &file_meshp2p_v1_capability_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -438,7 +510,7 @@ func (x *ShardCapacity) String() string {
 func (*ShardCapacity) ProtoMessage() {}
 
 func (x *ShardCapacity) ProtoReflect() protoreflect.Message {
-	mi := &file_meshp2p_v1_capability_proto_msgTypes[2]
+	mi := &file_meshp2p_v1_capability_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -451,7 +523,7 @@ func (x *ShardCapacity) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShardCapacity.ProtoReflect.Descriptor instead.
 func (*ShardCapacity) Descriptor() ([]byte, []int) {
-	return file_meshp2p_v1_capability_proto_rawDescGZIP(), []int{2}
+	return file_meshp2p_v1_capability_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *ShardCapacity) GetFreeSessions() uint32 {
@@ -503,7 +575,7 @@ type SignedCapabilityAdvert struct {
 
 func (x *SignedCapabilityAdvert) Reset() {
 	*x = SignedCapabilityAdvert{}
-	mi := &file_meshp2p_v1_capability_proto_msgTypes[3]
+	mi := &file_meshp2p_v1_capability_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -515,7 +587,7 @@ func (x *SignedCapabilityAdvert) String() string {
 func (*SignedCapabilityAdvert) ProtoMessage() {}
 
 func (x *SignedCapabilityAdvert) ProtoReflect() protoreflect.Message {
-	mi := &file_meshp2p_v1_capability_proto_msgTypes[3]
+	mi := &file_meshp2p_v1_capability_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -528,7 +600,7 @@ func (x *SignedCapabilityAdvert) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SignedCapabilityAdvert.ProtoReflect.Descriptor instead.
 func (*SignedCapabilityAdvert) Descriptor() ([]byte, []int) {
-	return file_meshp2p_v1_capability_proto_rawDescGZIP(), []int{3}
+	return file_meshp2p_v1_capability_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *SignedCapabilityAdvert) GetAdvert() []byte {
@@ -557,7 +629,7 @@ var File_meshp2p_v1_capability_proto protoreflect.FileDescriptor
 const file_meshp2p_v1_capability_proto_rawDesc = "" +
 	"\n" +
 	"\x1bmeshp2p/v1/capability.proto\x12\n" +
-	"meshp2p.v1\x1a\x17meshp2p/v1/common.proto\"\xe4\x02\n" +
+	"meshp2p.v1\x1a\x17meshp2p/v1/common.proto\"\x9a\x03\n" +
 	"\x10CapabilityAdvert\x12\x17\n" +
 	"\apeer_id\x18\x01 \x01(\fR\x06peerId\x12\x18\n" +
 	"\anetwork\x18\x02 \x01(\tR\anetwork\x12&\n" +
@@ -570,7 +642,13 @@ const file_meshp2p_v1_capability_proto_rawDesc = "" +
 	"\x06shards\x18\b \x03(\v2\x17.meshp2p.v1.ShardAdvertR\x06shards\x12\x14\n" +
 	"\x05addrs\x18\t \x03(\tR\x05addrs\x12<\n" +
 	"\freachability\x18\n" +
-	" \x01(\x0e2\x18.meshp2p.v1.ReachabilityR\freachability\"\xe5\x04\n" +
+	" \x01(\x0e2\x18.meshp2p.v1.ReachabilityR\freachability\x124\n" +
+	"\tconvicted\x18\v \x03(\v2\x16.meshp2p.v1.ConvictionR\tconvicted\"]\n" +
+	"\n" +
+	"Conviction\x12\x17\n" +
+	"\apeer_id\x18\x01 \x01(\fR\x06peerId\x12!\n" +
+	"\fproof_sha256\x18\x02 \x01(\fR\vproofSha256\x12\x13\n" +
+	"\x05at_ms\x18\x03 \x01(\x03R\x04atMs\"\xe5\x04\n" +
 	"\vShardAdvert\x12+\n" +
 	"\x11model_fingerprint\x18\x01 \x01(\tR\x10modelFingerprint\x12\x1d\n" +
 	"\n" +
@@ -629,27 +707,29 @@ func file_meshp2p_v1_capability_proto_rawDescGZIP() []byte {
 }
 
 var file_meshp2p_v1_capability_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_meshp2p_v1_capability_proto_msgTypes = make([]protoimpl.MessageInfo, 4)
+var file_meshp2p_v1_capability_proto_msgTypes = make([]protoimpl.MessageInfo, 5)
 var file_meshp2p_v1_capability_proto_goTypes = []any{
 	(Role)(0),                      // 0: meshp2p.v1.Role
 	(Reachability)(0),              // 1: meshp2p.v1.Reachability
 	(*CapabilityAdvert)(nil),       // 2: meshp2p.v1.CapabilityAdvert
-	(*ShardAdvert)(nil),            // 3: meshp2p.v1.ShardAdvert
-	(*ShardCapacity)(nil),          // 4: meshp2p.v1.ShardCapacity
-	(*SignedCapabilityAdvert)(nil), // 5: meshp2p.v1.SignedCapabilityAdvert
-	(DType)(0),                     // 6: meshp2p.v1.DType
+	(*Conviction)(nil),             // 3: meshp2p.v1.Conviction
+	(*ShardAdvert)(nil),            // 4: meshp2p.v1.ShardAdvert
+	(*ShardCapacity)(nil),          // 5: meshp2p.v1.ShardCapacity
+	(*SignedCapabilityAdvert)(nil), // 6: meshp2p.v1.SignedCapabilityAdvert
+	(DType)(0),                     // 7: meshp2p.v1.DType
 }
 var file_meshp2p_v1_capability_proto_depIdxs = []int32{
 	0, // 0: meshp2p.v1.CapabilityAdvert.roles:type_name -> meshp2p.v1.Role
-	3, // 1: meshp2p.v1.CapabilityAdvert.shards:type_name -> meshp2p.v1.ShardAdvert
+	4, // 1: meshp2p.v1.CapabilityAdvert.shards:type_name -> meshp2p.v1.ShardAdvert
 	1, // 2: meshp2p.v1.CapabilityAdvert.reachability:type_name -> meshp2p.v1.Reachability
-	6, // 3: meshp2p.v1.ShardAdvert.wire_dtypes:type_name -> meshp2p.v1.DType
-	4, // 4: meshp2p.v1.ShardAdvert.capacity:type_name -> meshp2p.v1.ShardCapacity
-	5, // [5:5] is the sub-list for method output_type
-	5, // [5:5] is the sub-list for method input_type
-	5, // [5:5] is the sub-list for extension type_name
-	5, // [5:5] is the sub-list for extension extendee
-	0, // [0:5] is the sub-list for field type_name
+	3, // 3: meshp2p.v1.CapabilityAdvert.convicted:type_name -> meshp2p.v1.Conviction
+	7, // 4: meshp2p.v1.ShardAdvert.wire_dtypes:type_name -> meshp2p.v1.DType
+	5, // 5: meshp2p.v1.ShardAdvert.capacity:type_name -> meshp2p.v1.ShardCapacity
+	6, // [6:6] is the sub-list for method output_type
+	6, // [6:6] is the sub-list for method input_type
+	6, // [6:6] is the sub-list for extension type_name
+	6, // [6:6] is the sub-list for extension extendee
+	0, // [0:6] is the sub-list for field type_name
 }
 
 func init() { file_meshp2p_v1_capability_proto_init() }
@@ -658,14 +738,14 @@ func file_meshp2p_v1_capability_proto_init() {
 		return
 	}
 	file_meshp2p_v1_common_proto_init()
-	file_meshp2p_v1_capability_proto_msgTypes[1].OneofWrappers = []any{}
+	file_meshp2p_v1_capability_proto_msgTypes[2].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_meshp2p_v1_capability_proto_rawDesc), len(file_meshp2p_v1_capability_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   4,
+			NumMessages:   5,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
