@@ -47,7 +47,7 @@ func (hs *hopSession) run(r *timedReader) {
 	// Until the first frame the idle timer is the first-frame timeout: an
 	// open that reserved cells along the route and sends nothing is freed
 	// soon.
-	wait, first := hs.h.firstFrame(hs.idx), true
+	wait, first, extended := hs.h.firstFrame(hs.idx), true, 0
 	idle := time.NewTimer(wait)
 	defer idle.Stop()
 	for {
@@ -69,10 +69,20 @@ func (hs *hopSession) run(r *timedReader) {
 			<-upstream
 			return
 		case <-hs.activity:
-			first = false
+			first, extended = false, 0
 			wait = hs.h.cfg.Idle
 			idle.Reset(wait)
 		case <-idle.C:
+			if hs.busy.Load() > 0 && extended < MaxBusyIdles {
+				// This hop is still computing or sending what arrived (a
+				// prefill chunk on a loaded machine can take longer than
+				// the idle timeout): nobody upstream is idle. A stuck next
+				// hop fails the send by its write deadline; a stuck engine
+				// ends the session after MaxBusyIdles idle periods.
+				extended++
+				idle.Reset(wait)
+				continue
+			}
 			// Nothing arrived for too long: blame the hop that should have
 			// sent it (the origin for the head: nothing to re-route).
 			what := "session idle"
@@ -161,6 +171,8 @@ func (hs *hopSession) readUpstream(r *timedReader) error {
 // With transcripts, the frame and what it made are digested, and every
 // TranscriptWindow frames a signed statement follows them.
 func (hs *hopSession) activation(a *meshp2pb.ActivationHeader, tensors [][]byte, from peer.ID, rt readTiming) error {
+	hs.busy.Add(1)
+	defer hs.busy.Add(-1)
 	if hs.tr == nil {
 		return hs.compute(a, tensors, from, rt)
 	}

@@ -25,6 +25,10 @@ const (
 	// chunk's compute), so a next hop that stops reading is named by this
 	// specific error before our own idle timeout fires.
 	WriteDeadlineDivisor = 2
+	// MaxBusyIdles is how many idle periods in a row a hop's idle timer
+	// waits while the hop itself is still computing or sending a frame,
+	// before it gives the session up (an engine that never returns).
+	MaxBusyIdles = 8
 	// DefaultFirstFrame is how long an admitted session may wait for its
 	// first frame: the origin sends its prefill right after the accept, so
 	// an open that reserves a route's KV cells and sends nothing is freed

@@ -117,6 +117,10 @@ func TestSupersedeOnlyBySameOrigin(t *testing.T) {
 			func(sid []byte, e uint64) *meshp2pb.SessionOpen { return signedBy(t, c, tailOpen(stranger, sid, e)) }, 2, true, anyCode},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			// The previous case's streams were reset at its end; the hops
+			// release those sessions asynchronously, and until then they
+			// count against c's quota (2 sessions here).
+			waitReleased(t, whole, tail)
 			sid := newSID()
 			if _, m := rawOpen(t, c, tc.hop.host.ID(), tc.live(sid)); !m.GetAccept().GetOk() {
 				t.Fatalf("live epoch refused: %v", m)

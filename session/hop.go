@@ -232,6 +232,7 @@ type hopSession struct {
 	admitted  bool     // the route accepted it (set before run; read by release)
 	clock     hopClock // the previous frame's write times (HopTiming)
 	activity  chan struct{}
+	busy      atomic.Int32 // frames being computed and sent: the idle timer waits for them
 
 	once     sync.Once
 	done     chan struct{} // closed when the session fails or ends
