@@ -624,13 +624,27 @@ func (n *Node) NewStreamPreferDirect(ctx context.Context, p peer.ID, wait time.D
 	if st := n.ConnStatus(p); st.Path == PathRelayed && st.HolePunch.Failures == 0 && wait > 0 && !n.cfg.DisableHolePunching {
 		wctx, cancel := context.WithTimeout(ctx, wait)
 		events := n.SubscribeConn(wctx)
-		// Re-check after subscribing: the punch may have finished meanwhile.
-		for n.ConnStatus(p).Path == PathRelayed && n.ConnStatus(p).HolePunch.Failures == 0 {
-			ev, ok := <-events
-			if !ok {
-				break // waited long enough: use the relay
+		// While the punch runs, dial the peer's own addresses directly: a
+		// peer on the same LAN (or one that is reachable after all) needs
+		// no punch, and the relayed connection alone would make us wait
+		// the whole DirectWait (the LAN swarm test's first token missed
+		// its bound by that).
+		direct := make(chan struct{}, 1)
+		go func() {
+			if n.host.Network().DialPeer(network.WithForceDirectDial(wctx, "meshp2p: direct beside the relay"), p); n.ConnStatus(p).Path == PathDirect {
+				direct <- struct{}{}
 			}
-			_ = ev
+		}()
+		// Re-check after subscribing: the punch may have finished meanwhile.
+	wait:
+		for n.ConnStatus(p).Path == PathRelayed && n.ConnStatus(p).HolePunch.Failures == 0 {
+			select {
+			case _, ok := <-events:
+				if !ok {
+					break wait // waited long enough: use the relay
+				}
+			case <-direct:
+			}
 		}
 		cancel()
 	}
