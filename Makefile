@@ -106,7 +106,7 @@ lint: $(GENERATED) $(STATICCHECK)
 test: deps build build-check-amx vet
 	go test -count=1 -timeout $(TEST_TIMEOUT) ./...
 	$(MAKE) test-docker
-	$(MAKE) soak SOAK_DURATION=4m
+	$(MAKE) soak SOAK_DURATION=5m
 	$(MAKE) fuzz FUZZTIME=$(FUZZTIME)
 
 test-short: $(GENERATED)

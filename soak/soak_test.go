@@ -5,9 +5,12 @@
 // start it. Every generation must finish and equal the whole model run
 // in-process (--local); each node process's RSS, thread count and
 // go_goroutines (scraped from its --metrics) are reported after warm-up and
-// before its kill or teardown, and growth beyond 3x fails the soak.
+// before its kill or teardown, and growth beyond 3x fails the soak. Every
+// generation is audited (--audit-rate 1: one hop replayed from the model
+// file) and half the clients speculate: every node is honest, so a failed
+// audit (a false accusation) fails the soak.
 //
-//	MESHP2P_SOAK_DURATION=3m go test -run TestChurnSoak ./soak   (make test, after the other packages)
+//	MESHP2P_SOAK_DURATION=5m go test -run TestChurnSoak ./soak   (make test, after the other packages)
 //	MESHP2P_SOAK_DURATION=25m go test -run TestChurnSoak -timeout 35m -v -count=1 ./soak   (make soak)
 //
 // Environment: MESHP2P_SOAK_DURATION (required; unset: skipped, so plain
@@ -226,7 +229,7 @@ func TestChurnSoak(t *testing.T) {
 		// 2-core machine next to the netns NAT tests starve both. `make
 		// test` runs the 3-minute version after the other packages, `make
 		// soak` the 25-minute one.
-		t.Skip("churn soak: set MESHP2P_SOAK_DURATION (make test runs 3m after the other tests; make soak runs 25m)")
+		t.Skip("churn soak: set MESHP2P_SOAK_DURATION (make test runs 5m after the other tests; make soak runs 25m)")
 	}
 	if v != "" {
 		if dur, err = time.ParseDuration(v); err != nil || dur <= 0 {
