@@ -217,7 +217,7 @@ func (o *Origin) audit(ctx context.Context, open *meshp2pb.SessionOpen, hop int,
 	if last, err := OpenTranscript(sts[len(sts)-1]); err != nil || !last.GetFinal() {
 		return inconclusive("hop %d holds no final statement of hop %d (%d statements)", holder, hop, len(sts))
 	}
-	p := &meshp2pb.Proof{Version: 1, Open: open, HopIndex: uint32(hop), NEmbd: uint32(o.Audit.nEmbd(frames)), Statements: sts, Inputs: frames}
+	p := &meshp2pb.Proof{Version: 1, Open: open, HopIndex: uint32(hop), NEmbd: uint32(nEmbd(frames)), Statements: sts, Inputs: frames}
 	if hop == 0 {
 		if err := checkHeadInputs(frames, known); err != nil {
 			return inconclusive("%v", err)
@@ -233,11 +233,11 @@ func (o *Origin) audit(ctx context.Context, open *meshp2pb.SessionOpen, hop int,
 		return inconclusive("%v", err)
 	case v.Inconclusive != "":
 		return inconclusive("%s", v.Inconclusive)
-	case !v.Convicted && v.Windows < nonEmpty(sts):
+	case !v.Convicted && v.Windows < v.Signed:
 		if inRecs.GetTruncated() {
-			return inconclusive("only %d of %d windows recorded (the record bound)", v.Windows, nonEmpty(sts))
+			return inconclusive("only %d of %d windows recorded (the record bound)", v.Windows, v.Signed)
 		}
-		return inconclusive("hop %d sent inputs for %d of %d windows", source, v.Windows, nonEmpty(sts))
+		return inconclusive("hop %d sent inputs for %d of %d windows", source, v.Windows, v.Signed)
 	case !v.Convicted:
 		rep.Outcome = AuditPassed
 		return rep
@@ -246,19 +246,8 @@ func (o *Origin) audit(ctx context.Context, open *meshp2pb.SessionOpen, hop int,
 	return rep
 }
 
-// nonEmpty counts the statements that cover frames.
-func nonEmpty(sts []*meshp2pb.SignedTranscript) int {
-	n := 0
-	for _, s := range sts {
-		if st, err := OpenTranscript(s); err == nil && st.GetFrames() > 0 {
-			n++
-		}
-	}
-	return n
-}
-
 // nEmbd is the row width of the recorded inputs (0 for the head's).
-func (a *Auditor) nEmbd(frames []*meshp2pb.RecordedFrame) int {
+func nEmbd(frames []*meshp2pb.RecordedFrame) int {
 	for _, f := range frames {
 		if t := f.GetHeader().GetTensors(); len(t) == 1 && len(t[0].GetShape()) == 2 {
 			return int(t[0].GetShape()[1])
@@ -373,6 +362,7 @@ type Verdict struct {
 	Reason    string
 	Window    int  // the first window that differed
 	Windows   int  // windows replayed
+	Signed    int  // windows the hop signed that cover frames (all to replay)
 	Frames    int  // input frames replayed
 	Exact     bool // compared exactly (the statement's kernel class is the replay's)
 	Class     string
@@ -403,6 +393,11 @@ func Judge(ctx context.Context, p *meshp2pb.Proof, engines AuditEngines) (Verdic
 	// hop signed it received.
 	var windows []uint32
 	at := 0
+	for _, st := range sts {
+		if st.GetFrames() > 0 {
+			v.Signed++
+		}
+	}
 	for i, st := range sts {
 		n := int(st.GetFrames())
 		if at+n > len(p.GetInputs()) {

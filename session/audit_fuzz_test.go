@@ -240,7 +240,7 @@ func fetchProofs(t *testing.T, o *Origin, res *Result) []*meshp2pb.Proof {
 		if inRecs.GetTruncated() || len(recs.GetStatements()) == 0 || len(frames) == 0 {
 			t.Fatalf("hop %d: %d statements, %d frames (truncated %v)", hop, len(recs.GetStatements()), len(frames), inRecs.GetTruncated())
 		}
-		out = append(out, &meshp2pb.Proof{Version: 1, Open: open, HopIndex: uint32(hop), NEmbd: uint32(o.Audit.nEmbd(frames)),
+		out = append(out, &meshp2pb.Proof{Version: 1, Open: open, HopIndex: uint32(hop), NEmbd: uint32(nEmbd(frames)),
 			Statements: recs.GetStatements(), Inputs: frames})
 	}
 	return out
