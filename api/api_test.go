@@ -27,6 +27,9 @@ type scripted struct {
 	pieces []string
 	err    error         // returned before any piece
 	block  chan struct{} // if set, Generate waits on it (or ctx) before playing
+	// calls, if set, are played after the pieces as tool calls (each
+	// call's arguments in two fragments), and the result reports them.
+	calls  []ToolCall
 	seen   atomic.Pointer[GenerateRequest]
 	ctxErr atomic.Value
 }
@@ -35,7 +38,18 @@ func (b *scripted) Models(context.Context) ([]Model, error) {
 	return []Model{{ID: "tiny", Name: "tiny", Fingerprint: strings.Repeat("ab", 32), NLayer: 5, Created: 1700000000}}, nil
 }
 
-func (b *scripted) Generate(ctx context.Context, req *GenerateRequest, onText func(string)) (*GenerateResult, error) {
+func (b *scripted) Generate(ctx context.Context, req *GenerateRequest, onDelta func(Delta)) (*GenerateResult, error) {
+	onText := func(s string, piece string) {
+		d := Delta{Text: s}
+		if req.Logprobs {
+			lp := TokenLogprob{Token: piece, Logprob: -0.5, Bytes: []byte(piece)}
+			for i := range req.TopLogprobs {
+				lp.Top = append(lp.Top, TopLogprob{Token: fmt.Sprint("alt", i), Logprob: -float32(i + 1), Bytes: []byte(fmt.Sprint("alt", i))})
+			}
+			d.Logprobs = []TokenLogprob{lp}
+		}
+		onDelta(d)
+	}
 	b.seen.Store(req)
 	if b.err != nil {
 		return nil, b.err
@@ -57,15 +71,22 @@ func (b *scripted) Generate(ctx context.Context, req *GenerateRequest, onText fu
 	for _, p := range b.pieces {
 		n++
 		stop := text.Add(p)
-		onText(text.Next(false))
+		onText(text.Next(false), p)
 		if stop {
 			break
 		}
 	}
 	if rest := text.Next(true); rest != "" {
-		onText(rest)
+		onDelta(Delta{Text: rest})
 	}
-	return &GenerateResult{Model: "tiny", Fingerprint: strings.Repeat("ab", 32), PromptTokens: 3, CompletionTokens: n, Length: req.MaxTokens > 0 && n >= req.MaxTokens}, nil
+	for i, c := range b.calls {
+		half := len(c.Arguments) / 2
+		onDelta(Delta{ToolCalls: []ToolCallDelta{{Index: i, ID: c.ID, Name: c.Name, Arguments: c.Arguments[:half]}}})
+		onDelta(Delta{ToolCalls: []ToolCallDelta{{Index: i, Arguments: c.Arguments[half:]}}})
+		n++
+	}
+	return &GenerateResult{Model: "tiny", Fingerprint: strings.Repeat("ab", 32), PromptTokens: 3, CompletionTokens: n,
+		Length: req.MaxTokens > 0 && n >= req.MaxTokens && len(b.calls) == 0, ToolCalls: b.calls}, nil
 }
 
 func post(t *testing.T, h http.Handler, path, body string, hdr ...string) *httptest.ResponseRecorder {
@@ -181,7 +202,7 @@ func TestAcceptedFields(t *testing.T) {
 		t.Fatalf("status %d: %s", w.Code, w.Body.String())
 	}
 	got := b.seen.Load()
-	want := []Message{{"system", "be brief"}, {"user", "a\nb"}, {"assistant", "c"}}
+	want := []Message{{Role: "system", Content: "be brief"}, {Role: "user", Content: "a\nb"}, {Role: "assistant", Content: "c"}}
 	if fmt.Sprint(got.Messages) != fmt.Sprint(want) || got.MaxTokens != 7 || got.Temperature != 0.5 || got.TopP != 0.9 ||
 		got.Seed != ^uint64(0) || got.PresencePenalty != 0.5 || got.FrequencyPenalty != -0.5 {
 		t.Fatalf("backend saw %+v", got)
@@ -305,7 +326,7 @@ func TestNonStreamAndCompletionStream(t *testing.T) {
 	if err := json.Unmarshal(w.Body.Bytes(), &c); err != nil || w.Code != 200 {
 		t.Fatalf("%d %s", w.Code, w.Body.String())
 	}
-	if c.Object != "chat.completion" || c.Choices[0].Message.Content != "Once upon" || c.Choices[0].Message.Role != "assistant" ||
+	if c.Object != "chat.completion" || deref(c.Choices[0].Message.Content) != "Once upon" || c.Choices[0].Message.Role != "assistant" ||
 		c.Choices[0].FinishReason != "length" || c.Usage.TotalTokens != 5 || w.Header().Get("X-Meshp2p-Reroutes") != "0" {
 		t.Fatalf("response %+v", c)
 	}
@@ -555,4 +576,11 @@ func TestMaxConns(t *testing.T) {
 		t.Fatalf("after the first connection closed: %v", err)
 	}
 	resp.Body.Close()
+}
+
+func deref(s *string) string {
+	if s == nil {
+		return ""
+	}
+	return *s
 }

@@ -8,21 +8,26 @@
 // and OpenAI error objects are built only here; see docs/api.md.
 package api
 
-import "context"
+import (
+	"context"
+	"encoding/json"
+)
 
 // Backend runs generations for the API. Swarm implements it over the
 // swarm.
 type Backend interface {
 	// Models lists every model that can be routed now.
 	Models(ctx context.Context) ([]Model, error)
-	// Generate runs req. After every generated token it calls onText with
-	// the text that became final ("" when none did: never inside a UTF-8
-	// character, never a possible start of a stop string, never a stop
-	// string; client.Stream), and the rest before it returns. It ends the
-	// text at the first of req.Stops. Errors should be *Error
-	// (ModelNotFound, Unavailable, BadRequest) where the client can act on
-	// them.
-	Generate(ctx context.Context, req *GenerateRequest, onText func(delta string)) (*GenerateResult, error)
+	// Generate runs req. After every generated token it calls onDelta
+	// with what became final: text ("" when none did: never inside a
+	// UTF-8 character, never a possible start of a stop string, never a
+	// stop string; client.Stream), tool-call fragments (when req.Tools
+	// are in play, text that turned out to be a tool call is reported as
+	// ToolCalls, never as Text) and the token's log-probabilities (with
+	// req.Logprobs); the rest before it returns. It ends the text at the
+	// first of req.Stops. Errors should be *Error (ModelNotFound,
+	// Unavailable, BadRequest) where the client can act on them.
+	Generate(ctx context.Context, req *GenerateRequest, onDelta func(Delta)) (*GenerateResult, error)
 }
 
 // Model is one model the backend can route.
@@ -34,11 +39,101 @@ type Model struct {
 	Created     int64 // unix seconds; stable for the backend's life
 }
 
-// Message is one chat turn after validation (roles system, user,
-// assistant; text content).
+// Message is one chat turn after validation: roles system, user,
+// assistant (text content and/or ToolCalls) and tool (the result of the
+// call ToolCallID, as Content).
 type Message struct {
-	Role    string
-	Content string
+	Role       string
+	Content    string
+	ToolCalls  []ToolCall // assistant: the calls it made
+	ToolCallID string     // tool: the call this result answers
+	Name       string     // tool: the function's name, when the client gave it
+}
+
+// ToolCall is one function call: its id, the function's name and its
+// arguments as JSON text (an object).
+type ToolCall struct {
+	ID        string
+	Name      string
+	Arguments string
+}
+
+// Tool is a function the model may call; Parameters is its JSON schema
+// (an object schema; nil: any object).
+type Tool struct {
+	Name        string
+	Description string
+	Parameters  json.RawMessage
+	// Strict asks for the arguments to be constrained by Parameters even
+	// when the call is not forced (it always is with ToolChoice required
+	// or a named function).
+	Strict bool
+}
+
+// Tool choice modes (ToolChoice.Mode).
+const (
+	ToolAuto     = "auto"     // the model decides (the default with tools)
+	ToolNone     = "none"     // no calls: tools only inform the prompt
+	ToolRequired = "required" // at least one call, grammar-constrained
+	ToolFunction = "function" // a call of ToolChoice.Name, grammar-constrained
+)
+
+// ToolChoice says whether and which tools the model must call.
+type ToolChoice struct {
+	Mode string // ToolAuto ("" counts as auto), ToolNone, ToolRequired, ToolFunction
+	Name string // ToolFunction: the function
+}
+
+// Response formats (ResponseFormat.Type).
+const (
+	FormatText       = "text"        // free text (the default)
+	FormatJSONObject = "json_object" // any JSON object, grammar-constrained
+	FormatJSONSchema = "json_schema" // JSON valid against Schema, grammar-constrained
+)
+
+// ResponseFormat constrains the output text.
+type ResponseFormat struct {
+	Type   string // FormatText ("" counts as text), FormatJSONObject, FormatJSONSchema
+	Name   string
+	Schema json.RawMessage // FormatJSONSchema
+	Strict bool
+}
+
+// Delta is what became final after one token (Backend.Generate).
+type Delta struct {
+	Text      string
+	ToolCalls []ToolCallDelta
+	// Logprobs are the log-probabilities of the tokens generated since
+	// the last delta (with GenerateRequest.Logprobs).
+	Logprobs []TokenLogprob
+}
+
+// ToolCallDelta is a fragment of the tool call Index: its first fragment
+// carries ID and Name, the following ones pieces of Arguments (JSON text;
+// concatenated, the call's whole arguments), as OpenAI streams them.
+type ToolCallDelta struct {
+	Index     int
+	ID        string
+	Name      string
+	Arguments string
+}
+
+// TokenLogprob is one generated token's log-probability and, with
+// GenerateRequest.TopLogprobs > 0, the most likely alternatives, all
+// computed at the tail from the logits that chose the token (before any
+// sampling filter, so they do not depend on temperature or top-p).
+type TokenLogprob struct {
+	Token   string  // the token's text (may be part of a UTF-8 character)
+	Logprob float32 // natural log
+	Bytes   []byte
+	Top     []TopLogprob // most likely first
+}
+
+// TopLogprob is one alternative to a generated token.
+type TopLogprob struct {
+	Token   string
+	Logprob float32
+	Bytes   []byte
 }
 
 // GenerateRequest is a validated generation.
@@ -61,6 +156,18 @@ type GenerateRequest struct {
 	// Stops end the text at the first of them (the stop string is not
 	// returned).
 	Stops []string
+	// Tools the model may call, and whether it must (Tools empty: no
+	// tool calls). ParallelToolCalls lets it make several calls in one
+	// turn.
+	Tools             []Tool
+	ToolChoice        ToolChoice
+	ParallelToolCalls bool
+	// Format constrains the text (JSON object, JSON schema) by a grammar.
+	Format ResponseFormat
+	// Logprobs asks for each token's log-probability, TopLogprobs (0 to
+	// MaxTopLogprobs) for that many alternatives per token.
+	Logprobs    bool
+	TopLogprobs int
 	// OnRoute, if set, is called with each route the generation runs on:
 	// the first, then one per re-route.
 	OnRoute func(RouteInfo)
@@ -89,9 +196,12 @@ type GenerateResult struct {
 	CompletionTokens int
 	// Length is true when the generation stopped at MaxTokens (else it
 	// ended on an end-of-generation token or a stop string).
-	Length   bool
-	Reroutes int
-	Route    []Hop
+	Length bool
+	// ToolCalls are the calls the model made (its whole text was calls,
+	// or ended in them: finish_reason tool_calls).
+	ToolCalls []ToolCall
+	Reroutes  int
+	Route     []Hop
 	// Speculation is what speculative decoding did (nil: it was off).
 	Speculation *SpecInfo
 }

@@ -42,3 +42,17 @@ const (
 	// MaxTopK bounds the top_k extension (a vocabulary's size at most).
 	MaxTopK = 1 << 20
 )
+
+// Limits of tools, schemas and log-probabilities (docs/api.md,
+// docs/limits.md). A grammar's size is bounded again where it is compiled
+// (session.MaxGrammarBytes) and its cost per token at the tail.
+const (
+	MaxTools          = 128      // functions per request
+	MaxToolNameBytes  = 64       // OpenAI's: [a-zA-Z0-9_-]{1,64}
+	MaxSchemaBytes    = 64 << 10 // one JSON schema (tool parameters or response_format), as JSON
+	MaxToolsBytes     = 256 << 10
+	MaxTopLogprobs    = 20 // OpenAI's bound for top_logprobs
+	MaxToolCallsTurn  = 16 // calls parsed out of one assistant turn
+	MaxSchemaDepth    = 32 // nesting of a JSON schema
+	MaxToolCallIDSize = 128
+)

@@ -5,11 +5,9 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
-	"errors"
 	"net/http"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 )
 
@@ -44,9 +42,54 @@ func final(res *GenerateResult) *extension {
 	return ext
 }
 
+// chatMessage is a response message (Content null when it only calls
+// tools) or a chunk's delta (Content omitted when it carries none).
 type chatMessage struct {
-	Role    string `json:"role,omitempty"`
-	Content string `json:"content"`
+	Role      string     `json:"role,omitempty"`
+	Content   *string    `json:"content"`
+	ToolCalls []toolCall `json:"tool_calls,omitempty"`
+}
+
+// MarshalJSON omits a delta's absent content, keeps a message's null.
+func (m *chatMessage) MarshalJSON() ([]byte, error) {
+	type plain chatMessage
+	if m.Content == nil && m.Role == "" {
+		return json.Marshal(struct {
+			ToolCalls []toolCall `json:"tool_calls,omitempty"`
+		}{m.ToolCalls})
+	}
+	return json.Marshal((*plain)(m))
+}
+
+type toolCall struct {
+	Index    *int         `json:"index,omitempty"` // stream deltas only
+	ID       string       `json:"id,omitempty"`
+	Type     string       `json:"type,omitempty"`
+	Function toolFunction `json:"function"`
+}
+
+type toolFunction struct {
+	Name      string `json:"name,omitempty"`
+	Arguments string `json:"arguments"`
+}
+
+func toolCallsOut(calls []ToolCall) []toolCall {
+	out := make([]toolCall, len(calls))
+	for i, c := range calls {
+		out[i] = toolCall{ID: c.ID, Type: "function", Function: toolFunction{Name: c.Name, Arguments: c.Arguments}}
+	}
+	return out
+}
+
+func toolCallDeltasOut(ds []ToolCallDelta) []toolCall {
+	out := make([]toolCall, len(ds))
+	for i, d := range ds {
+		out[i] = toolCall{Index: &d.Index, ID: d.ID, Function: toolFunction{Name: d.Name, Arguments: d.Arguments}}
+		if d.ID != "" {
+			out[i].Type = "function"
+		}
+	}
+	return out
 }
 
 type choice struct {
@@ -160,61 +203,15 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	_ = json.NewEncoder(w).Encode(v)
 }
 
-// run is one generation in flight: the backend runs in its own goroutine
-// and the handler writes what it produced, so a slow client never stalls
-// the route (the text it has not read yet is bounded by max_tokens).
-type run struct {
-	mu      sync.Mutex
-	text    strings.Builder // the final text so far (Backend.Generate's deltas)
-	sent    int             // bytes of text the stream has written
-	pieces  int             // tokens so far
-	info    RouteInfo
-	infoSeq int
-	notify  chan struct{}
-	done    chan struct{}
-	res     *GenerateResult
-	err     error
-}
-
-func (g *run) signal() {
-	select {
-	case g.notify <- struct{}{}:
-	default:
-	}
-}
-
 func (s *Server) generate(w http.ResponseWriter, r *http.Request, req *request, chat bool) {
-	start := time.Now()
-	release, err := s.limit.acquire(r.Context())
-	if err != nil {
-		if e := (*Error)(nil); errors.As(err, &e) {
-			writeError(w, e)
-		}
+	release, ok := s.admit(w, r, writeError)
+	if !ok {
 		return
 	}
 	defer release()
 	ctx, cancel := context.WithCancel(r.Context())
 	defer cancel()
-	g := &run{notify: make(chan struct{}, 1), done: make(chan struct{})}
-	req.gen.OnRoute = func(ri RouteInfo) {
-		g.mu.Lock()
-		g.info, g.infoSeq = ri, g.infoSeq+1
-		g.mu.Unlock()
-		g.signal()
-	}
-	go func() {
-		defer close(g.done)
-		res, err := s.cfg.Backend.Generate(ctx, &req.gen, func(delta string) {
-			g.mu.Lock()
-			g.pieces++
-			g.text.WriteString(delta)
-			g.mu.Unlock()
-			g.signal()
-		})
-		g.mu.Lock()
-		g.res, g.err = res, err
-		g.mu.Unlock()
-	}()
+	g := s.startRun(ctx, &req.gen)
 	id, object := "cmpl-"+randomID(), "text_completion"
 	if chat {
 		id, object = "chatcmpl-"+randomID(), "chat.completion"
@@ -224,43 +221,40 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, req *request, 
 	if req.stream {
 		status = s.stream(ctx, cancel, w, g, req, chat, base)
 	} else {
-		<-g.done
-		status = s.respond(w, r, g, chat, base)
+		status = s.respond(w, r, g, req, chat, base)
 	}
-	<-g.done
-	attrs := []any{"path", r.URL.Path, "model", req.gen.Model, "stream", req.stream, "status", status, "ms", time.Since(start).Milliseconds()}
-	if g.res != nil {
-		attrs = append(attrs, "completion_tokens", g.res.CompletionTokens, "reroutes", g.res.Reroutes)
-		if g.res.Reroutes > 0 {
-			s.log.Warn("api generation re-routed around failed hops", attrs...)
-			return
-		}
-	}
-	if g.err != nil && status != 0 {
-		attrs = append(attrs, "err", g.err)
-	}
-	s.log.Info("api request", attrs...)
+	s.logRun(r, req.gen.Model, req.stream, status, g)
 }
 
 // respond writes a whole (non-streamed) completion.
-func (s *Server) respond(w http.ResponseWriter, r *http.Request, g *run, chat bool, c completion) int {
-	if g.err != nil {
+func (s *Server) respond(w http.ResponseWriter, r *http.Request, g *run, req *request, chat bool, c completion) int {
+	u := g.wait()
+	if u.Err != nil {
 		if r.Context().Err() != nil {
 			return 0 // the client left
 		}
-		e := asError(g.err)
+		e := asError(u.Err)
 		writeError(w, e)
 		return e.Status
 	}
-	res := g.res
+	res := u.Res
 	fill(&c, res)
-	text := g.text.String()
 	fr := finish(res)
+	ch := choice{FinishReason: &fr}
 	if chat {
-		c.Choices = []choice{{Message: &chatMessage{Role: "assistant", Content: text}, FinishReason: &fr}}
+		msg := &chatMessage{Role: "assistant", Content: &u.Text}
+		if len(res.ToolCalls) > 0 {
+			msg.ToolCalls = toolCallsOut(res.ToolCalls)
+			if u.Text == "" {
+				msg.Content = nil
+			}
+		}
+		ch.Message = msg
 	} else {
-		c.Choices = []choice{{Text: &text, FinishReason: &fr}}
+		ch.Text = &u.Text
 	}
+	ch.Logprobs = logprobsOut(req, chat, u.Logprobs, 0)
+	c.Choices = []choice{ch}
 	c.Usage = &usage{res.PromptTokens, res.CompletionTokens, res.PromptTokens + res.CompletionTokens}
 	w.Header().Set("X-Meshp2p-Reroutes", strconv.Itoa(res.Reroutes))
 	writeJSON(w, http.StatusOK, c)
@@ -276,6 +270,9 @@ func fill(c *completion, res *GenerateResult) {
 }
 
 func finish(res *GenerateResult) string {
+	if len(res.ToolCalls) > 0 {
+		return "tool_calls"
+	}
 	if res.Length {
 		return "length"
 	}
@@ -291,28 +288,18 @@ func finish(res *GenerateResult) string {
 func (s *Server) stream(ctx context.Context, cancel context.CancelFunc, w http.ResponseWriter, g *run, req *request, chat bool, c completion) int {
 	c.Object = map[bool]string{true: "chat.completion.chunk", false: "text_completion"}[chat]
 	e := &sseWriter{w: w, rc: http.NewResponseController(w), c: c, chat: chat}
-	started, sentSeq := false, 0
+	started, offset := false, 0
 	for {
-		var finished bool
-		select {
-		case <-g.notify:
-		case <-g.done:
-			finished = true
-		case <-ctx.Done():
-			<-g.done
+		u, ok := g.next(ctx)
+		if !ok {
 			return 0
 		}
-		g.mu.Lock()
-		pieces, info, seq := g.pieces, g.info, g.infoSeq
-		text := g.text.String()[g.sent:]
-		g.sent += len(text)
-		g.mu.Unlock()
-		if finished && g.err != nil {
-			return e.fail(ctx, started, asError(g.err))
+		if u.Done && u.Err != nil {
+			return e.fail(ctx, started, asError(u.Err))
 		}
-		if !started && (pieces > 0 || finished) {
+		if !started && (u.Tokens > 0 || u.Done) {
 			started = true
-			if !e.start(info) {
+			if !e.start(u.Route) {
 				cancel()
 				continue
 			}
@@ -320,18 +307,27 @@ func (s *Server) stream(ctx context.Context, cancel context.CancelFunc, w http.R
 		if !started {
 			continue
 		}
-		if text != "" || (seq != sentSeq && !finished) {
+		if u.Text != "" || len(u.ToolCalls) > 0 || len(u.Logprobs) > 0 || (u.Rerouted && !u.Done) {
 			var ext *extension
-			if seq != sentSeq {
-				ext, sentSeq = &extension{Fingerprint: info.Fingerprint, Reroutes: info.Reroutes, Route: info.Hops}, seq
+			if u.Rerouted {
+				ext = &extension{Fingerprint: u.Route.Fingerprint, Reroutes: u.Route.Reroutes, Route: u.Route.Hops}
 			}
-			if !e.send(e.chunk(text, nil, ext)) {
+			k := e.chunk(u.Text, nil, ext)
+			if chat && len(u.ToolCalls) > 0 {
+				k.Choices[0].Delta.ToolCalls = toolCallDeltasOut(u.ToolCalls)
+				if u.Text == "" {
+					k.Choices[0].Delta.Content = nil
+				}
+			}
+			k.Choices[0].Logprobs = logprobsOut(req, chat, u.Logprobs, offset)
+			offset += len(u.Text)
+			if !e.send(k) {
 				cancel()
 				continue
 			}
 		}
-		if finished {
-			e.finish(g.res, req.includeUsage)
+		if u.Done {
+			e.finish(u.Res, req.includeUsage)
 			return http.StatusOK
 		}
 	}
@@ -364,7 +360,7 @@ func (e *sseWriter) chunk(text string, fr *string, ext *extension) completion {
 	k := e.c
 	k.Meshp2p = ext
 	if e.chat {
-		k.Choices = []choice{{Delta: &chatMessage{Content: text}, FinishReason: fr}}
+		k.Choices = []choice{{Delta: &chatMessage{Content: &text}, FinishReason: fr}}
 	} else {
 		k.Choices = []choice{{Text: &text, FinishReason: fr}}
 	}

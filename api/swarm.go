@@ -55,7 +55,8 @@ func (b *Swarm) Models(context.Context) ([]Model, error) {
 }
 
 // Generate runs one request through the swarm.
-func (b *Swarm) Generate(ctx context.Context, req *GenerateRequest, onText func(delta string)) (*GenerateResult, error) {
+func (b *Swarm) Generate(ctx context.Context, req *GenerateRequest, onDelta func(Delta)) (*GenerateResult, error) {
+	onText := func(s string) { onDelta(Delta{Text: s}) }
 	maxTok := req.MaxTokens
 	if maxTok <= 0 {
 		maxTok = b.cfg.MaxTokens
