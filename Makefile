@@ -60,11 +60,13 @@ all: build
 
 deps:
 	go mod download
+	sh scripts/build-deps.sh
 	sh testnet/deps.sh
 	sh scripts/browser-deps.sh
 	sh testnet/docker/dockerd.sh install
 
 $(GENERATED): go.mod go.sum internal/gencgo/main.go
+	sh scripts/build-deps.sh
 	go mod download github.com/ollama/ollama
 	go generate ./engine
 

@@ -111,7 +111,9 @@ func deliver(parts []part, err error) {
 		}
 		p.r.off += p.rows
 		if p.r.off == p.r.rows {
-			p.r.done <- nil
+			// nil, or the request's own sampling error (its grammar): the
+			// batch's other requests are not affected.
+			p.r.done <- p.r.serr
 		}
 	}
 }
@@ -247,7 +249,7 @@ func (s *Shard) step(parts []part, n int) error {
 			p.r.out.Logits = append([]float32(nil), logits...)
 		}
 		if p.r.in.Sample {
-			p.r.out.Token = p.r.sess.smp.sample(s.cands, logits)
+			p.r.out.Token, p.r.out.Logprob, p.r.serr = p.r.sess.smp.sample(s.cands, logits)
 		}
 	}
 	return nil
@@ -263,7 +265,11 @@ func (s *Shard) verify(p part) error {
 		if lp == nil {
 			return fmt.Errorf("%w: no logits for row %d", ErrDecode, p.at+i)
 		}
-		tok := r.sess.smp.sample(s.cands, unsafe.Slice((*float32)(unsafe.Pointer(lp)), s.info.NVocab))
+		tok, _, err := r.sess.smp.sample(s.cands, unsafe.Slice((*float32)(unsafe.Pointer(lp)), s.info.NVocab))
+		if err != nil {
+			r.serr, r.stopped = err, true
+			break
+		}
 		r.out.Tokens = append(r.out.Tokens, tok)
 		r.out.Token = tok
 		r.stopped = row >= len(r.in.Draft) || tok != r.in.Draft[row]

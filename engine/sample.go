@@ -30,8 +30,34 @@ type Sampling struct {
 	PresencePenalty  float32
 	Seed             uint64
 	// Generated are tokens this session already produced (after a reroute):
-	// they feed the repetition penalty and offset the draw counter.
+	// they feed the repetition penalty, rebuild the grammar's state and
+	// offset the draw counter.
 	Generated []int32
+	// Grammar (GBNF, root rule "root"; "": none) constrains every token:
+	// those it forbids are never drawn, end-of-generation only where it
+	// may end (grammar.go bounds its size and cost).
+	Grammar string
+	// Logprobs asks for each sampled token's log-probability and
+	// TopLogprobs (at most MaxTopLogprobs) alternatives, from the raw
+	// logits that chose it (before penalties, grammar and filters).
+	Logprobs    bool
+	TopLogprobs int
+}
+
+// MaxTopLogprobs bounds Sampling.TopLogprobs.
+const MaxTopLogprobs = 20
+
+// TokenLogprob is a sampled token's log-probability (natural log, under
+// the model's raw distribution) and the most likely tokens at its step.
+type TokenLogprob struct {
+	Logprob float32
+	Top     []TokenProb // most likely first
+}
+
+// TokenProb is one token and its log-probability.
+type TokenProb struct {
+	Token   int32
+	Logprob float32
 }
 
 func (p Sampling) validate() error {
@@ -52,6 +78,10 @@ func (p Sampling) validate() error {
 		return fmt.Errorf("%w: presence_penalty %v outside [-2,2]", ErrBadInput, p.PresencePenalty)
 	case p.RepeatLastN < -1 || p.RepeatLastN > 1<<16:
 		return fmt.Errorf("%w: repeat_last_n %d", ErrBadInput, p.RepeatLastN)
+	case p.TopLogprobs < 0 || p.TopLogprobs > MaxTopLogprobs:
+		return fmt.Errorf("%w: top_logprobs %d outside [0,%d]", ErrBadInput, p.TopLogprobs, MaxTopLogprobs)
+	case len(p.Grammar) > MaxGrammarBytes:
+		return fmt.Errorf("%w: grammar of %d bytes, more than the %d allowed", ErrBadInput, len(p.Grammar), MaxGrammarBytes)
 	}
 	return nil
 }
@@ -59,6 +89,7 @@ func (p Sampling) validate() error {
 type sampler struct {
 	p     Sampling
 	chain *C.struct_llama_sampler // nil when no filter is active
+	gram  *grammar                // nil without a grammar
 	step  uint64
 }
 
@@ -107,11 +138,26 @@ func newSampler(m *Model, p Sampling, nCtx int) (*sampler, error) {
 	}
 	if n == 0 {
 		C.llama_sampler_free(chain)
-		return smp, nil
+	} else {
+		smp.chain = chain
+		for _, t := range p.Generated {
+			C.llama_sampler_accept(chain, C.llama_token(t))
+		}
 	}
-	smp.chain = chain
-	for _, t := range p.Generated {
-		C.llama_sampler_accept(chain, C.llama_token(t))
+	if p.Grammar != "" {
+		g, err := newGrammar(m, p.Grammar)
+		if err != nil {
+			smp.free()
+			return nil, err
+		}
+		smp.gram = g
+		// A re-routed session's grammar is where its tokens so far left it.
+		for i, t := range p.Generated {
+			if err := g.accept(t); err != nil {
+				smp.free()
+				return nil, fmt.Errorf("replaying generated token %d of %d: %w", i, len(p.Generated), err)
+			}
+		}
 	}
 	return smp, nil
 }
@@ -121,38 +167,102 @@ func (smp *sampler) free() {
 		C.llama_sampler_free(smp.chain)
 		smp.chain = nil
 	}
+	smp.gram.free()
+	smp.gram = nil
 }
 
-// sample picks a token from logits; cands is scratch of n_vocab entries.
-func (smp *sampler) sample(cands []C.llama_token_data, logits []float32) int32 {
+// sample picks a token from logits (and its log-probabilities when
+// asked); cands is scratch of n_vocab entries. An error (ErrGrammar) fails
+// the session: its grammar allows no token or costs too much.
+func (smp *sampler) sample(cands []C.llama_token_data, logits []float32) (int32, *TokenLogprob, error) {
 	step := smp.step
 	smp.step++
-	if smp.chain == nil {
-		return argmax(logits)
-	}
-	for i, l := range logits {
-		cands[i] = C.llama_token_data{id: C.llama_token(i), logit: C.float(l), p: 0}
-	}
-	arr := C.llama_token_data_array{data: &cands[0], size: C.size_t(len(logits)), selected: -1, sorted: false}
-	C.llama_sampler_apply(smp.chain, &arr)
-	view := cands[:arr.size]
-	if arr.data != &cands[0] {
-		view = unsafeTokenData(arr.data, int(arr.size))
-	}
 	var tok int32
-	if smp.p.Temperature <= 0 {
-		best := 0
+	if smp.chain == nil && smp.gram == nil {
+		tok = argmax(logits)
+	} else {
+		for i, l := range logits {
+			cands[i] = C.llama_token_data{id: C.llama_token(i), logit: C.float(l), p: 0}
+		}
+		arr := C.llama_token_data_array{data: &cands[0], size: C.size_t(len(logits)), selected: -1, sorted: false}
+		if smp.gram != nil {
+			if err := smp.gram.apply(&arr); err != nil {
+				return 0, nil, err
+			}
+		}
+		if smp.chain != nil {
+			C.llama_sampler_apply(smp.chain, &arr)
+		}
+		view := cands[:arr.size]
+		if arr.data != &cands[0] {
+			view = unsafeTokenData(arr.data, int(arr.size))
+		}
+		best := -1
 		for i := range view {
-			if view[i].logit > view[best].logit {
+			if !math.IsInf(float64(view[i].logit), -1) && (best < 0 || view[i].logit > view[best].logit) {
 				best = i
 			}
 		}
-		tok = int32(view[best].id)
-	} else {
-		tok = draw(view, rand01(smp.p.Seed, step))
+		if best < 0 {
+			return 0, nil, fmt.Errorf("%w: no token is allowed at step %d", ErrGrammar, step)
+		}
+		if smp.p.Temperature <= 0 {
+			tok = int32(view[best].id)
+		} else {
+			tok = draw(view, rand01(smp.p.Seed, step))
+		}
+		if smp.chain != nil {
+			C.llama_sampler_accept(smp.chain, C.llama_token(tok))
+		}
+		if smp.gram != nil {
+			if err := smp.gram.accept(tok); err != nil {
+				return 0, nil, err
+			}
+		}
 	}
-	C.llama_sampler_accept(smp.chain, C.llama_token(tok))
-	return tok
+	if !smp.p.Logprobs {
+		return tok, nil, nil
+	}
+	return tok, logprobOf(logits, tok, smp.p.TopLogprobs), nil
+}
+
+// logprobOf is tok's log-probability under softmax(logits) and the top
+// most likely tokens (ties: the lower id first).
+func logprobOf(logits []float32, tok int32, top int) *TokenLogprob {
+	maxL := math.Inf(-1)
+	for _, l := range logits {
+		maxL = math.Max(maxL, float64(l))
+	}
+	sum := 0.0
+	for _, l := range logits {
+		sum += math.Exp(float64(l) - maxL)
+	}
+	norm := maxL + math.Log(sum)
+	out := &TokenLogprob{Logprob: float32(float64(logits[tok]) - norm)}
+	if top <= 0 {
+		return out
+	}
+	best := make([]TokenProb, 0, top+1)
+	for i, l := range logits {
+		if len(best) == top && l <= best[top-1].Logprob {
+			continue
+		}
+		j := len(best)
+		best = append(best, TokenProb{})
+		for j > 0 && best[j-1].Logprob < l {
+			best[j] = best[j-1]
+			j--
+		}
+		best[j] = TokenProb{Token: int32(i), Logprob: l}
+		if len(best) > top {
+			best = best[:top]
+		}
+	}
+	for i := range best {
+		best[i].Logprob = float32(float64(best[i].Logprob) - norm)
+	}
+	out.Top = best
+	return out
 }
 
 func argmax(v []float32) int32 {

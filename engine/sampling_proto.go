@@ -13,5 +13,6 @@ func SamplingFromProto(sp *meshp2pb.SamplingParams) Sampling {
 	}
 	return Sampling{Temperature: sp.GetTemperature(), TopK: sp.GetTopK(), TopP: sp.GetTopP(), MinP: sp.GetMinP(),
 		RepeatPenalty: sp.GetRepeatPenalty(), RepeatLastN: sp.GetRepeatLastN(), Seed: sp.GetSeed(),
-		FrequencyPenalty: sp.GetFrequencyPenalty(), PresencePenalty: sp.GetPresencePenalty()}
+		FrequencyPenalty: sp.GetFrequencyPenalty(), PresencePenalty: sp.GetPresencePenalty(),
+		Grammar: sp.GetGrammar(), Logprobs: sp.GetLogprobs(), TopLogprobs: int(min(sp.GetTopLogprobs(), MaxTopLogprobs+1))}
 }

@@ -389,6 +389,9 @@ type Output struct {
 	// the first target that differs (a correction) or the bonus after the
 	// last row. Its last entry is also in Token.
 	Tokens []int32
+	// Logprob is Token's log-probability (tail with Sample, when the
+	// session's Sampling asks for log-probabilities).
+	Logprob *TokenLogprob
 }
 
 // Forward runs the shard's layers on in and blocks until done. Rows of all
@@ -607,4 +610,7 @@ type request struct {
 	// failed is set by the loop once it has sent an error on done, so a
 	// request split across decodes is answered once.
 	failed bool
+	// serr is the request's own sampling error (ErrGrammar), answered
+	// when its rows are done.
+	serr error
 }

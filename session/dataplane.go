@@ -262,7 +262,7 @@ func (hs *hopSession) compute(a *meshp2pb.ActivationHeader, tensors [][]byte, fr
 		return nil
 	}
 	tf := tokenFrame(a, out.Token, hs.se.eng.IsEOG(out.Token))
-	tf.HopUs, tf.HopTiming = append(a.GetHopUs(), us), timing
+	tf.HopUs, tf.HopTiming, tf.Logprobs = append(a.GetHopUs(), us), timing, out.Logprobs
 	return hs.sendRing(&meshp2pb.StreamMessage{Kind: &meshp2pb.StreamMessage_Token{Token: tf}})
 }
 

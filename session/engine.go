@@ -117,6 +117,9 @@ type Output struct {
 	Hidden []float32 // non-tail: rows × n_embd
 	Token  int32     // tail with Sample
 	Tokens []int32   // tail with Verify: the targets, in order (see Input.Verify)
+	// Logprobs of Token (tail with Sample, when the session's sampling
+	// asks for them).
+	Logprobs *meshp2pb.TokenLogprobs
 }
 
 // Errors an Engine wraps so that the hop can map them to wire codes.

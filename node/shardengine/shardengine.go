@@ -9,6 +9,7 @@ import (
 	"errors"
 
 	"github.com/neuron-tai/meshp2p/engine"
+	"github.com/neuron-tai/meshp2p/proto/meshp2pb"
 	"github.com/neuron-tai/meshp2p/session"
 )
 
@@ -49,7 +50,15 @@ func (s shardSession) Forward(ctx context.Context, in session.Input) (session.Ou
 	if err != nil {
 		return session.Output{}, Error(err)
 	}
-	return session.Output{Hidden: out.Hidden, Token: out.Token, Tokens: out.Tokens}, nil
+	o := session.Output{Hidden: out.Hidden, Token: out.Token, Tokens: out.Tokens}
+	if lp := out.Logprob; lp != nil {
+		o.Logprobs = &meshp2pb.TokenLogprobs{Logprob: lp.Logprob}
+		for _, t := range lp.Top {
+			o.Logprobs.TopTokens = append(o.Logprobs.TopTokens, t.Token)
+			o.Logprobs.TopLogprobs = append(o.Logprobs.TopLogprobs, t.Logprob)
+		}
+	}
+	return o, nil
 }
 
 func (s shardSession) Truncate(ctx context.Context, pos int) error {
@@ -66,7 +75,9 @@ func Error(err error) error {
 	switch {
 	case errors.Is(err, engine.ErrNoCapacity):
 		return markedError{err, session.ErrNoCapacity}
-	case errors.Is(err, engine.ErrBadInput):
+	case errors.Is(err, engine.ErrBadInput), errors.Is(err, engine.ErrGrammar):
+		// A grammar that does not compile, allows no token or costs too
+		// much is the request's fault: re-routing would not help.
 		return markedError{err, session.ErrBadInput}
 	}
 	return err

@@ -287,7 +287,10 @@ type TokenFrame struct {
 	HopTiming []*HopTiming `protobuf:"bytes,8,rep,name=hop_timing,json=hopTiming,proto3" json:"hop_timing,omitempty"`
 	// Speculative sessions: the head's counts for this epoch so far (on
 	// tokens the head passes to the origin).
-	Spec          *SpecStats `protobuf:"bytes,9,opt,name=spec,proto3" json:"spec,omitempty"`
+	Spec *SpecStats `protobuf:"bytes,9,opt,name=spec,proto3" json:"spec,omitempty"`
+	// The token's log-probabilities when SamplingParams.logprobs asked for
+	// them (the tail computes them from the logits that chose the token).
+	Logprobs      *TokenLogprobs `protobuf:"bytes,10,opt,name=logprobs,proto3" json:"logprobs,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -385,6 +388,76 @@ func (x *TokenFrame) GetSpec() *SpecStats {
 	return nil
 }
 
+func (x *TokenFrame) GetLogprobs() *TokenLogprobs {
+	if x != nil {
+		return x.Logprobs
+	}
+	return nil
+}
+
+// TokenLogprobs is a sampled token's natural-log probability under the
+// model's raw distribution and its most likely alternatives (at most 20,
+// most likely first).
+type TokenLogprobs struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Logprob       float32                `protobuf:"fixed32,1,opt,name=logprob,proto3" json:"logprob,omitempty"`
+	TopTokens     []int32                `protobuf:"varint,2,rep,packed,name=top_tokens,json=topTokens,proto3" json:"top_tokens,omitempty"`
+	TopLogprobs   []float32              `protobuf:"fixed32,3,rep,packed,name=top_logprobs,json=topLogprobs,proto3" json:"top_logprobs,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TokenLogprobs) Reset() {
+	*x = TokenLogprobs{}
+	mi := &file_meshp2p_v1_activation_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TokenLogprobs) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TokenLogprobs) ProtoMessage() {}
+
+func (x *TokenLogprobs) ProtoReflect() protoreflect.Message {
+	mi := &file_meshp2p_v1_activation_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TokenLogprobs.ProtoReflect.Descriptor instead.
+func (*TokenLogprobs) Descriptor() ([]byte, []int) {
+	return file_meshp2p_v1_activation_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *TokenLogprobs) GetLogprob() float32 {
+	if x != nil {
+		return x.Logprob
+	}
+	return 0
+}
+
+func (x *TokenLogprobs) GetTopTokens() []int32 {
+	if x != nil {
+		return x.TopTokens
+	}
+	return nil
+}
+
+func (x *TokenLogprobs) GetTopLogprobs() []float32 {
+	if x != nil {
+		return x.TopLogprobs
+	}
+	return nil
+}
+
 // WindowResult answers a verification window (tail -> head, on the ring):
 // the window's targets in order — the proposals it accepted, then the first
 // target that differs (a correction) or, when no proposal followed the last
@@ -407,7 +480,7 @@ type WindowResult struct {
 
 func (x *WindowResult) Reset() {
 	*x = WindowResult{}
-	mi := &file_meshp2p_v1_activation_proto_msgTypes[3]
+	mi := &file_meshp2p_v1_activation_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -419,7 +492,7 @@ func (x *WindowResult) String() string {
 func (*WindowResult) ProtoMessage() {}
 
 func (x *WindowResult) ProtoReflect() protoreflect.Message {
-	mi := &file_meshp2p_v1_activation_proto_msgTypes[3]
+	mi := &file_meshp2p_v1_activation_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -432,7 +505,7 @@ func (x *WindowResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WindowResult.ProtoReflect.Descriptor instead.
 func (*WindowResult) Descriptor() ([]byte, []int) {
-	return file_meshp2p_v1_activation_proto_rawDescGZIP(), []int{3}
+	return file_meshp2p_v1_activation_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *WindowResult) GetSessionId() []byte {
@@ -513,7 +586,7 @@ type SpecStats struct {
 
 func (x *SpecStats) Reset() {
 	*x = SpecStats{}
-	mi := &file_meshp2p_v1_activation_proto_msgTypes[4]
+	mi := &file_meshp2p_v1_activation_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -525,7 +598,7 @@ func (x *SpecStats) String() string {
 func (*SpecStats) ProtoMessage() {}
 
 func (x *SpecStats) ProtoReflect() protoreflect.Message {
-	mi := &file_meshp2p_v1_activation_proto_msgTypes[4]
+	mi := &file_meshp2p_v1_activation_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -538,7 +611,7 @@ func (x *SpecStats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SpecStats.ProtoReflect.Descriptor instead.
 func (*SpecStats) Descriptor() ([]byte, []int) {
-	return file_meshp2p_v1_activation_proto_rawDescGZIP(), []int{4}
+	return file_meshp2p_v1_activation_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *SpecStats) GetWindows() uint32 {
@@ -616,7 +689,7 @@ const file_meshp2p_v1_activation_proto_rawDesc = "" +
 	"\x05shape\x18\x03 \x03(\x03R\x05shape\x12\x1f\n" +
 	"\vbyte_length\x18\x04 \x01(\x04R\n" +
 	"byteLength\x12\x16\n" +
-	"\x06crc32c\x18\x05 \x01(\aR\x06crc32c\"\x91\x02\n" +
+	"\x06crc32c\x18\x05 \x01(\aR\x06crc32c\"\xc8\x02\n" +
 	"\n" +
 	"TokenFrame\x12\x1d\n" +
 	"\n" +
@@ -629,7 +702,14 @@ const file_meshp2p_v1_activation_proto_rawDesc = "" +
 	"\x06hop_us\x18\a \x03(\rR\x05hopUs\x124\n" +
 	"\n" +
 	"hop_timing\x18\b \x03(\v2\x15.meshp2p.v1.HopTimingR\thopTiming\x12)\n" +
-	"\x04spec\x18\t \x01(\v2\x15.meshp2p.v1.SpecStatsR\x04spec\"\x85\x02\n" +
+	"\x04spec\x18\t \x01(\v2\x15.meshp2p.v1.SpecStatsR\x04spec\x125\n" +
+	"\blogprobs\x18\n" +
+	" \x01(\v2\x19.meshp2p.v1.TokenLogprobsR\blogprobs\"k\n" +
+	"\rTokenLogprobs\x12\x18\n" +
+	"\alogprob\x18\x01 \x01(\x02R\alogprob\x12\x1d\n" +
+	"\n" +
+	"top_tokens\x18\x02 \x03(\x05R\ttopTokens\x12!\n" +
+	"\ftop_logprobs\x18\x03 \x03(\x02R\vtopLogprobs\"\x85\x02\n" +
 	"\fWindowResult\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\fR\tsessionId\x12\x14\n" +
@@ -662,28 +742,30 @@ func file_meshp2p_v1_activation_proto_rawDescGZIP() []byte {
 	return file_meshp2p_v1_activation_proto_rawDescData
 }
 
-var file_meshp2p_v1_activation_proto_msgTypes = make([]protoimpl.MessageInfo, 5)
+var file_meshp2p_v1_activation_proto_msgTypes = make([]protoimpl.MessageInfo, 6)
 var file_meshp2p_v1_activation_proto_goTypes = []any{
 	(*ActivationHeader)(nil), // 0: meshp2p.v1.ActivationHeader
 	(*TensorInfo)(nil),       // 1: meshp2p.v1.TensorInfo
 	(*TokenFrame)(nil),       // 2: meshp2p.v1.TokenFrame
-	(*WindowResult)(nil),     // 3: meshp2p.v1.WindowResult
-	(*SpecStats)(nil),        // 4: meshp2p.v1.SpecStats
-	(*HopTiming)(nil),        // 5: meshp2p.v1.HopTiming
-	(DType)(0),               // 6: meshp2p.v1.DType
+	(*TokenLogprobs)(nil),    // 3: meshp2p.v1.TokenLogprobs
+	(*WindowResult)(nil),     // 4: meshp2p.v1.WindowResult
+	(*SpecStats)(nil),        // 5: meshp2p.v1.SpecStats
+	(*HopTiming)(nil),        // 6: meshp2p.v1.HopTiming
+	(DType)(0),               // 7: meshp2p.v1.DType
 }
 var file_meshp2p_v1_activation_proto_depIdxs = []int32{
 	1, // 0: meshp2p.v1.ActivationHeader.tensors:type_name -> meshp2p.v1.TensorInfo
-	5, // 1: meshp2p.v1.ActivationHeader.hop_timing:type_name -> meshp2p.v1.HopTiming
-	6, // 2: meshp2p.v1.TensorInfo.dtype:type_name -> meshp2p.v1.DType
-	5, // 3: meshp2p.v1.TokenFrame.hop_timing:type_name -> meshp2p.v1.HopTiming
-	4, // 4: meshp2p.v1.TokenFrame.spec:type_name -> meshp2p.v1.SpecStats
-	5, // 5: meshp2p.v1.WindowResult.hop_timing:type_name -> meshp2p.v1.HopTiming
-	6, // [6:6] is the sub-list for method output_type
-	6, // [6:6] is the sub-list for method input_type
-	6, // [6:6] is the sub-list for extension type_name
-	6, // [6:6] is the sub-list for extension extendee
-	0, // [0:6] is the sub-list for field type_name
+	6, // 1: meshp2p.v1.ActivationHeader.hop_timing:type_name -> meshp2p.v1.HopTiming
+	7, // 2: meshp2p.v1.TensorInfo.dtype:type_name -> meshp2p.v1.DType
+	6, // 3: meshp2p.v1.TokenFrame.hop_timing:type_name -> meshp2p.v1.HopTiming
+	5, // 4: meshp2p.v1.TokenFrame.spec:type_name -> meshp2p.v1.SpecStats
+	3, // 5: meshp2p.v1.TokenFrame.logprobs:type_name -> meshp2p.v1.TokenLogprobs
+	6, // 6: meshp2p.v1.WindowResult.hop_timing:type_name -> meshp2p.v1.HopTiming
+	7, // [7:7] is the sub-list for method output_type
+	7, // [7:7] is the sub-list for method input_type
+	7, // [7:7] is the sub-list for extension type_name
+	7, // [7:7] is the sub-list for extension extendee
+	0, // [0:7] is the sub-list for field type_name
 }
 
 func init() { file_meshp2p_v1_activation_proto_init() }
@@ -699,7 +781,7 @@ func file_meshp2p_v1_activation_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_meshp2p_v1_activation_proto_rawDesc), len(file_meshp2p_v1_activation_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   5,
+			NumMessages:   6,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -378,8 +378,19 @@ type SamplingParams struct {
 	Seed             uint64                 `protobuf:"varint,7,opt,name=seed,proto3" json:"seed,omitempty"`                                                  // RNG seed for the dist sampler (64 bits; varint-compatible with the old uint32)
 	FrequencyPenalty float32                `protobuf:"fixed32,8,opt,name=frequency_penalty,json=frequencyPenalty,proto3" json:"frequency_penalty,omitempty"` // 0: disabled
 	PresencePenalty  float32                `protobuf:"fixed32,9,opt,name=presence_penalty,json=presencePenalty,proto3" json:"presence_penalty,omitempty"`    // 0: disabled
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// grammar (GBNF, root rule "root"; empty: none) constrains every sampled
+	// token at the tail; its state is rebuilt from the tokens generated so
+	// far when a re-route reopens the tail. At most 32 KiB
+	// (engine.MaxGrammarBytes); its cost per token is bounded at the tail
+	// (engine.MaxGrammarStacks). Signed with the rest of SessionOpen.
+	Grammar string `protobuf:"bytes,10,opt,name=grammar,proto3" json:"grammar,omitempty"`
+	// logprobs asks the tail for each sampled token's log-probability (raw
+	// logits, before any filter) and top_logprobs (0..20) alternatives, sent
+	// back in TokenFrame.logprobs.
+	Logprobs      bool   `protobuf:"varint,11,opt,name=logprobs,proto3" json:"logprobs,omitempty"`
+	TopLogprobs   uint32 `protobuf:"varint,12,opt,name=top_logprobs,json=topLogprobs,proto3" json:"top_logprobs,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *SamplingParams) Reset() {
@@ -471,6 +482,27 @@ func (x *SamplingParams) GetFrequencyPenalty() float32 {
 func (x *SamplingParams) GetPresencePenalty() float32 {
 	if x != nil {
 		return x.PresencePenalty
+	}
+	return 0
+}
+
+func (x *SamplingParams) GetGrammar() string {
+	if x != nil {
+		return x.Grammar
+	}
+	return ""
+}
+
+func (x *SamplingParams) GetLogprobs() bool {
+	if x != nil {
+		return x.Logprobs
+	}
+	return false
+}
+
+func (x *SamplingParams) GetTopLogprobs() uint32 {
+	if x != nil {
+		return x.TopLogprobs
 	}
 	return 0
 }
@@ -807,7 +839,7 @@ const file_meshp2p_v1_session_proto_rawDesc = "" +
 	"\x04mode\x18\x01 \x01(\x0e2\x14.meshp2p.v1.SpecModeR\x04mode\x12\x1b\n" +
 	"\tmax_draft\x18\x02 \x01(\rR\bmaxDraft\x12\x1f\n" +
 	"\vmax_windows\x18\x03 \x01(\rR\n" +
-	"maxWindows\"\xa8\x02\n" +
+	"maxWindows\"\x81\x03\n" +
 	"\x0eSamplingParams\x12 \n" +
 	"\vtemperature\x18\x01 \x01(\x02R\vtemperature\x12\x13\n" +
 	"\x05top_k\x18\x02 \x01(\x05R\x04topK\x12\x13\n" +
@@ -817,7 +849,11 @@ const file_meshp2p_v1_session_proto_rawDesc = "" +
 	"\rrepeat_last_n\x18\x06 \x01(\x05R\vrepeatLastN\x12\x12\n" +
 	"\x04seed\x18\a \x01(\x04R\x04seed\x12+\n" +
 	"\x11frequency_penalty\x18\b \x01(\x02R\x10frequencyPenalty\x12)\n" +
-	"\x10presence_penalty\x18\t \x01(\x02R\x0fpresencePenalty\"}\n" +
+	"\x10presence_penalty\x18\t \x01(\x02R\x0fpresencePenalty\x12\x18\n" +
+	"\agrammar\x18\n" +
+	" \x01(\tR\agrammar\x12\x1a\n" +
+	"\blogprobs\x18\v \x01(\bR\blogprobs\x12!\n" +
+	"\ftop_logprobs\x18\f \x01(\rR\vtopLogprobs\"}\n" +
 	"\rSessionAccept\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\fR\tsessionId\x12\x14\n" +

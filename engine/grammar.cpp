@@ -1,0 +1,146 @@
+// Grammar-constrained sampling and JSON-schema conversion through
+// llama.cpp's own code in the pinned ollama module (no sources copied):
+// llama-grammar.h from llama/llama.cpp/src (compiled by the module's src
+// package) and llama/llama.cpp/common/json-schema-to-grammar.cpp, compiled
+// here as part of this unit (the module's common package cannot build
+// from the module zip: it lacks vendor/nlohmann, which Debian's
+// nlohmann-json3-dev provides; its common.cpp is not needed).
+#include "grammar.h"
+
+#include <cmath>
+#include <cstring>
+#include <exception>
+#include <string>
+
+#include <vector>
+
+#include "llama-grammar.h"
+#include "json-schema-to-grammar.cpp" // the module's converter (common/)
+
+// The three string helpers of common.cpp the converter calls (declared in
+// its common.h); common.cpp itself is not compiled.
+std::string string_join(const std::vector<std::string> &values, const std::string &sep) {
+	std::string out;
+	for (size_t i = 0; i < values.size(); i++) {
+		if (i > 0) {
+			out += sep;
+		}
+		out += values[i];
+	}
+	return out;
+}
+
+std::vector<std::string> string_split(const std::string &str, const std::string &delim) {
+	std::vector<std::string> parts;
+	size_t start = 0;
+	for (;;) {
+		size_t at = delim.empty() ? std::string::npos : str.find(delim, start);
+		if (at == std::string::npos) {
+			parts.push_back(str.substr(start));
+			return parts;
+		}
+		parts.push_back(str.substr(start, at - start));
+		start = at + delim.size();
+	}
+}
+
+std::string string_repeat(const std::string &str, size_t n) {
+	std::string out;
+	out.reserve(str.size() * n);
+	for (size_t i = 0; i < n; i++) {
+		out += str;
+	}
+	return out;
+}
+
+struct mp_grammar {
+	llama_grammar *g;
+	const llama_vocab *vocab;
+};
+
+static void fill(char *err, size_t errlen, const std::string &msg) {
+	if (errlen == 0) {
+		return;
+	}
+	size_t n = msg.size() < errlen - 1 ? msg.size() : errlen - 1;
+	memcpy(err, msg.data(), n);
+	err[n] = 0;
+}
+
+extern "C" mp_grammar *mp_grammar_new(const struct llama_vocab *vocab, const char *src, char *err, size_t errlen) {
+	try {
+		llama_grammar *g = llama_grammar_init_impl(vocab, nullptr, src, "root", false, nullptr, 0, nullptr, 0);
+		if (g == nullptr) {
+			fill(err, errlen, "the grammar does not compile (a parse error, an undefined rule, left recursion or no rule \"root\")");
+			return nullptr;
+		}
+		return new mp_grammar{g, vocab};
+	} catch (const std::exception &e) {
+		fill(err, errlen, e.what());
+	} catch (...) {
+		fill(err, errlen, "unknown error");
+	}
+	return nullptr;
+}
+
+extern "C" void mp_grammar_free(mp_grammar *g) {
+	if (g != nullptr) {
+		llama_grammar_free_impl(g->g);
+		delete g;
+	}
+}
+
+extern "C" size_t mp_grammar_stacks(const mp_grammar *g) {
+	return g->g->stacks.size();
+}
+
+extern "C" int mp_grammar_apply(mp_grammar *g, llama_token_data_array *cur, char *err, size_t errlen) {
+	try {
+		llama_grammar_apply_impl(*g->g, cur);
+		return 0;
+	} catch (const std::exception &e) {
+		fill(err, errlen, e.what());
+	} catch (...) {
+		fill(err, errlen, "unknown error");
+	}
+	return -1;
+}
+
+extern "C" int mp_grammar_accept(mp_grammar *g, llama_token tok, char *err, size_t errlen) {
+	try {
+		// Check first: llama.cpp aborts on an end-of-generation token the
+		// grammar cannot end at, and throws on a token it cannot accept.
+		llama_token_data one = {tok, 0.0f, 0.0f};
+		llama_token_data_array arr = {&one, 1, -1, false};
+		llama_grammar_apply_impl(*g->g, &arr);
+		if (std::isinf(one.logit)) {
+			return 1;
+		}
+		llama_grammar_accept_impl(*g->g, tok);
+		return 0;
+	} catch (const std::exception &e) {
+		fill(err, errlen, e.what());
+	} catch (...) {
+		fill(err, errlen, "unknown error");
+	}
+	return -1;
+}
+
+extern "C" char *mp_schema_to_grammar(const char *schema, char *err, size_t errlen) {
+	try {
+		auto js = nlohmann::ordered_json::parse(schema);
+		std::string out = json_schema_to_grammar(js, true);
+		char *res = (char *)malloc(out.size() + 1);
+		if (res == nullptr) {
+			fill(err, errlen, "out of memory");
+			return nullptr;
+		}
+		memcpy(res, out.c_str(), out.size() + 1);
+		return res;
+	} catch (const std::exception &e) {
+		fill(err, errlen, e.what());
+	} catch (...) {
+		fill(err, errlen, "unknown error");
+	}
+	return nullptr;
+}

@@ -1,0 +1,260 @@
+package engine
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"math"
+	"strings"
+	"testing"
+
+	"github.com/santhosh-tekuri/jsonschema/v6"
+
+	"github.com/neuron-tai/meshp2p/internal/testmodels"
+)
+
+// generate runs prompt on a whole-model shard with smp until an
+// end-of-generation token or max tokens; it returns the text, whether it
+// ended on EOG, and each token's log-probabilities.
+func generate(t *testing.T, m *Model, s *Shard, key byte, prompt string, smp Sampling, max int) (string, bool, []*TokenLogprob, error) {
+	t.Helper()
+	toks, err := m.Tokenize(prompt, true, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sess, err := s.OpenSession(SessionKey{ID: [16]byte{key}}, SessionParams{KVTokens: len(toks) + max + 1, Sampling: smp})
+	if err != nil {
+		return "", false, nil, err
+	}
+	defer sess.Close()
+	var sb strings.Builder
+	var lps []*TokenLogprob
+	in := Input{Pos: 0, Tokens: toks, Sample: true}
+	for i := 0; i < max; i++ {
+		out, err := sess.Forward(context.Background(), in)
+		if err != nil {
+			return sb.String(), false, lps, err
+		}
+		lps = append(lps, out.Logprob)
+		if m.IsEOG(out.Token) {
+			return sb.String(), true, lps, nil
+		}
+		p, err := m.TokenPiece(out.Token, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sb.WriteString(p)
+		in = Input{Pos: in.Pos + len(in.Tokens), Tokens: []int32{out.Token}, Sample: true}
+	}
+	return sb.String(), false, lps, nil
+}
+
+// Output constrained by a JSON schema's grammar parses and validates
+// against the schema, greedy and sampled, on a model that knows nothing of
+// JSON (stories260K writes children's stories).
+func TestSchemaGrammarOutputValidates(t *testing.T) {
+	m, s := loadWhole(t, testmodels.Path(t, "stories260K.gguf"))
+	schemas := []struct{ name, schema string }{
+		{"enum and bounded string", `{"type":"object","properties":{"name":{"type":"string","maxLength":8},"mood":{"enum":["happy","sad","calm"]}},"required":["name","mood"],"additionalProperties":false}`},
+		{"nested object and array", `{"type":"object","properties":{"owner":{"type":"object","properties":{"age":{"type":"integer","minimum":0,"maximum":120},"pets":{"type":"array","items":{"type":"string","maxLength":5},"maxItems":3}},"required":["age","pets"],"additionalProperties":false}},"required":["owner"],"additionalProperties":false}`},
+		{"booleans numbers const", `{"type":"object","properties":{"ok":{"type":"boolean"},"score":{"type":"number"},"kind":{"const":"story"}},"required":["ok","score","kind"],"additionalProperties":false}`},
+		{"anyOf", `{"anyOf":[{"type":"object","properties":{"a":{"type":"integer"}},"required":["a"],"additionalProperties":false},{"type":"object","properties":{"b":{"type":"boolean"}},"required":["b"],"additionalProperties":false}]}`},
+		{"array of objects", `{"type":"array","items":{"type":"object","properties":{"id":{"type":"integer"},"tag":{"enum":["x","y"]}},"required":["id","tag"],"additionalProperties":false},"minItems":1,"maxItems":2}`},
+		{"pattern", `{"type":"object","properties":{"code":{"type":"string","pattern":"^[a-z]{2,4}-[0-9]{2}$"}},"required":["code"],"additionalProperties":false}`},
+		{"optional fields", `{"type":"object","properties":{"title":{"type":"string","maxLength":6},"year":{"type":"integer","minimum":1900,"maximum":2100},"tags":{"type":"array","items":{"enum":["a","b"]},"maxItems":2}},"required":["title"],"additionalProperties":false}`},
+		{"string formats", `{"type":"object","properties":{"day":{"type":"string","format":"date"}},"required":["day"],"additionalProperties":false}`},
+	}
+	for i, sc := range schemas {
+		t.Run(sc.name, func(t *testing.T) {
+			g, err := SchemaToGrammar([]byte(sc.schema))
+			if err != nil {
+				t.Fatal(err)
+			}
+			c := jsonschema.NewCompiler()
+			doc, err := jsonschema.UnmarshalJSON(strings.NewReader(sc.schema))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := c.AddResource("s.json", doc); err != nil {
+				t.Fatal(err)
+			}
+			val, err := c.Compile("s.json")
+			if err != nil {
+				t.Fatal(err)
+			}
+			for j, smp := range []Sampling{{}, {Temperature: 1, Seed: 7}, {Temperature: 1.5, TopK: 40, Seed: uint64(100 + i)}} {
+				smp.Grammar = g
+				text, eog, _, err := generate(t, m, s, byte(10*i+j), "Once upon a time", smp, 300)
+				if err != nil {
+					t.Fatalf("sampling %+v: %v", smp, err)
+				}
+				if !eog {
+					t.Fatalf("sampling %d: no end within 300 tokens: %q", j, text)
+				}
+				var v any
+				if err := json.Unmarshal([]byte(text), &v); err != nil {
+					t.Fatalf("sampling %d: output %q is not JSON: %v", j, text, err)
+				}
+				inst, _ := jsonschema.UnmarshalJSON(strings.NewReader(text))
+				if err := val.Validate(inst); err != nil {
+					t.Fatalf("sampling %d: output %q does not validate: %v", j, text, err)
+				}
+				t.Logf("sampling %d: %s", j, text)
+			}
+		})
+	}
+}
+
+// Bad grammars and schemas fail with ErrGrammar and a message naming the
+// problem; a session refuses a grammar that does not compile.
+func TestGrammarErrors(t *testing.T) {
+	m, s := loadWhole(t, testmodels.Path(t, "stories260K.gguf"))
+	for _, tc := range []struct{ name, schema, want string }{
+		{"not json", `{"type":`, "parse"},
+		{"dangling ref", `{"type":"object","properties":{"a":{"$ref":"#/definitions/missing"}}}`, "missing"},
+		{"unknown type", `{"type":"widget"}`, "widget"},
+		{"unanchored pattern", `{"type":"string","pattern":"[a-z]+"}`, "Pattern must start with '^'"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := SchemaToGrammar([]byte(tc.schema))
+			if !errors.Is(err, ErrGrammar) || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("err %v, want ErrGrammar naming %q", err, tc.want)
+			}
+		})
+	}
+	if _, err := SchemaToGrammar([]byte(`{"description":"` + strings.Repeat("x", MaxSchemaBytes) + `"}`)); !errors.Is(err, ErrGrammar) {
+		t.Fatalf("oversize schema: %v", err)
+	}
+	for _, g := range []string{`root ::= "a" undefined`, `root ::= root "a"`, `root ::= (`, `other ::= "x"`} {
+		if err := m.CheckGrammar(g); !errors.Is(err, ErrGrammar) {
+			t.Fatalf("grammar %q: %v, want ErrGrammar", g, err)
+		}
+		if _, err := s.OpenSession(SessionKey{ID: [16]byte{99}}, SessionParams{KVTokens: 16, Sampling: Sampling{Grammar: g}}); !errors.Is(err, ErrGrammar) {
+			t.Fatalf("session with grammar %q: %v", g, err)
+		}
+	}
+	if err := m.CheckGrammar(`root ::= "a"+`); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A re-opened session (a re-route) rebuilds the grammar's state from the
+// tokens generated so far and goes on exactly as the first one would;
+// tokens the grammar forbids are refused.
+func TestGrammarStateRebuiltFromGenerated(t *testing.T) {
+	m, s := loadWhole(t, testmodels.Path(t, "stories260K.gguf"))
+	g, err := SchemaToGrammar([]byte(`{"type":"object","properties":{"n":{"type":"string","maxLength":12},"k":{"enum":["p","q"]}},"required":["n","k"],"additionalProperties":false}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	smp := Sampling{Temperature: 1, Seed: 3, Grammar: g}
+	prompt, _ := m.Tokenize("Once upon a time", true, false)
+	// The whole run.
+	var all []int32
+	{
+		sess, err := s.OpenSession(SessionKey{ID: [16]byte{1}}, SessionParams{KVTokens: 200, Sampling: smp})
+		if err != nil {
+			t.Fatal(err)
+		}
+		in := Input{Tokens: prompt, Sample: true}
+		for len(all) < 100 {
+			out, err := sess.Forward(context.Background(), in)
+			if err != nil {
+				t.Fatal(err)
+			}
+			all = append(all, out.Token)
+			if m.IsEOG(out.Token) {
+				break
+			}
+			in = Input{Pos: in.Pos + len(in.Tokens), Tokens: []int32{out.Token}, Sample: true}
+		}
+		sess.Close()
+	}
+	if !m.IsEOG(all[len(all)-1]) || len(all) < 6 {
+		t.Fatalf("run %v", all)
+	}
+	// Cut after k tokens, re-open with Generated and the prefix re-fed.
+	k := len(all) / 2
+	re := smp
+	re.Generated = append([]int32(nil), all[:k]...)
+	sess, err := s.OpenSession(SessionKey{ID: [16]byte{2}}, SessionParams{KVTokens: 200, Sampling: re})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sess.Close()
+	in := Input{Tokens: append(append([]int32(nil), prompt...), all[:k-1]...), Sample: false}
+	if _, err := sess.Forward(context.Background(), in); err != nil {
+		t.Fatal(err)
+	}
+	in = Input{Pos: len(prompt) + k - 1, Tokens: []int32{all[k-1]}, Sample: true}
+	for i := k; i < len(all); i++ {
+		out, err := sess.Forward(context.Background(), in)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if out.Token != all[i] {
+			t.Fatalf("token %d after the re-open: %d, want %d", i, out.Token, all[i])
+		}
+		in = Input{Pos: in.Pos + 1, Tokens: []int32{out.Token}, Sample: true}
+	}
+	// A history the grammar forbids is refused at open.
+	bad := smp
+	bad.Generated = []int32{m.BOS(), m.BOS()}
+	if _, err := s.OpenSession(SessionKey{ID: [16]byte{3}}, SessionParams{KVTokens: 16, Sampling: bad}); !errors.Is(err, ErrGrammar) {
+		t.Fatalf("forbidden history: %v", err)
+	}
+}
+
+// Log-probabilities are log-softmax of the logits that chose the token:
+// checked against the tail's logits for the same step, top-k sorted.
+func TestLogprobsMatchLogits(t *testing.T) {
+	m, s := loadWhole(t, testmodels.Path(t, "stories260K.gguf"))
+	prompt, _ := m.Tokenize("Once upon a time", true, false)
+	sess, err := s.OpenSession(SessionKey{ID: [16]byte{1}}, SessionParams{KVTokens: 64, Sampling: Sampling{Temperature: 0.8, Seed: 5, Logprobs: true, TopLogprobs: 5}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sess.Close()
+	out, err := sess.Forward(context.Background(), Input{Tokens: prompt, Sample: true, Logits: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lp := out.Logprob
+	if lp == nil || len(lp.Top) != 5 {
+		t.Fatalf("logprob %+v", lp)
+	}
+	maxL := math.Inf(-1)
+	for _, l := range out.Logits {
+		maxL = math.Max(maxL, float64(l))
+	}
+	sum := 0.0
+	for _, l := range out.Logits {
+		sum += math.Exp(float64(l) - maxL)
+	}
+	want := func(tok int32) float64 { return float64(out.Logits[tok]) - maxL - math.Log(sum) }
+	if d := math.Abs(float64(lp.Logprob) - want(out.Token)); d > 1e-4 {
+		t.Fatalf("logprob %v, want %v", lp.Logprob, want(out.Token))
+	}
+	for i, a := range lp.Top {
+		if math.Abs(float64(a.Logprob)-want(a.Token)) > 1e-4 || (i > 0 && a.Logprob > lp.Top[i-1].Logprob) {
+			t.Fatalf("top %d: %+v", i, lp.Top)
+		}
+	}
+	for tok, l := range out.Logits {
+		if float64(l)-maxL-math.Log(sum) > float64(lp.Top[4].Logprob)+1e-6 && !containsTok(lp.Top, int32(tok)) {
+			t.Fatalf("token %d (logit %v) is more likely than the listed top 5 %+v", tok, l, lp.Top)
+		}
+	}
+	if _, err := s.OpenSession(SessionKey{ID: [16]byte{2}}, SessionParams{KVTokens: 8, Sampling: Sampling{TopLogprobs: 21}}); !errors.Is(err, ErrBadInput) {
+		t.Fatalf("top_logprobs 21: %v", err)
+	}
+}
+
+func containsTok(ps []TokenProb, tok int32) bool {
+	for _, p := range ps {
+		if p.Token == tok {
+			return true
+		}
+	}
+	return false
+}
