@@ -67,8 +67,117 @@ static void fill(char *err, size_t errlen, const std::string &msg) {
 	err[n] = 0;
 }
 
+// alternatives splits a parsed rule into its alternatives.
+static std::vector<std::vector<llama_grammar_element>> alternatives(const llama_grammar_rule &rule) {
+	std::vector<std::vector<llama_grammar_element>> alts(1);
+	for (const auto &e : rule) {
+		if (e.type == LLAMA_GRETYPE_END) {
+			break;
+		}
+		if (e.type == LLAMA_GRETYPE_ALT) {
+			alts.emplace_back();
+			continue;
+		}
+		alts.back().push_back(e);
+	}
+	return alts;
+}
+
+// recursesWithoutInput reports whether a rule can reach itself without
+// consuming input: through its leftmost rule references, and past every
+// reference that can match the empty string. llama.cpp's own check misses
+// a rule that is nullable only through other rules (e.g. ("a"* "a"*)*),
+// and such a grammar recurses without end when it is initialised (a stack
+// overflow: the process dies). Nullability is computed as a fixpoint over
+// all rules first.
+static bool recursesWithoutInput(const llama_grammar_rules &rules, std::string &why) {
+	size_t n = rules.size();
+	std::vector<std::vector<std::vector<llama_grammar_element>>> alts(n);
+	for (size_t i = 0; i < n; i++) {
+		alts[i] = alternatives(rules[i]);
+	}
+	std::vector<bool> nullable(n, false);
+	for (bool changed = true; changed;) {
+		changed = false;
+		for (size_t i = 0; i < n; i++) {
+			if (nullable[i]) {
+				continue;
+			}
+			for (const auto &alt : alts[i]) {
+				bool all = true;
+				for (const auto &e : alt) {
+					if (e.type != LLAMA_GRETYPE_RULE_REF || e.value >= n || !nullable[e.value]) {
+						all = false;
+						break;
+					}
+				}
+				if (all) {
+					nullable[i] = changed = true;
+					break;
+				}
+			}
+		}
+	}
+	// Edges: i → j when j can be reached from i's start consuming nothing.
+	std::vector<std::vector<size_t>> next(n);
+	for (size_t i = 0; i < n; i++) {
+		for (const auto &alt : alts[i]) {
+			for (const auto &e : alt) {
+				if (e.type != LLAMA_GRETYPE_RULE_REF || e.value >= n) {
+					break;
+				}
+				next[i].push_back(e.value);
+				if (!nullable[e.value]) {
+					break;
+				}
+			}
+		}
+	}
+	// Iterative DFS for a cycle (0 new, 1 on the path, 2 done).
+	std::vector<int> state(n, 0);
+	for (size_t start = 0; start < n; start++) {
+		if (state[start] != 0) {
+			continue;
+		}
+		std::vector<std::pair<size_t, size_t>> path = {{start, 0}};
+		state[start] = 1;
+		while (!path.empty()) {
+			auto &top = path.back();
+			if (top.second == next[top.first].size()) {
+				state[top.first] = 2;
+				path.pop_back();
+				continue;
+			}
+			size_t j = next[top.first][top.second++];
+			if (state[j] == 1) {
+				why = "rule " + std::to_string(j) + " can reach itself without consuming input (left recursion, possibly through rules that can match nothing, such as a repetition of something that can be empty)";
+				return true;
+			}
+			if (state[j] == 0) {
+				state[j] = 1;
+				path.push_back({j, 0});
+			}
+		}
+	}
+	return false;
+}
+
 extern "C" mp_grammar *mp_grammar_new(const struct llama_vocab *vocab, const char *src, char *err, size_t errlen) {
 	try {
+		llama_grammar_parser parser(vocab);
+		if (!parser.parse(src) || parser.rules.empty()) {
+			fill(err, errlen, "the grammar does not parse (GBNF syntax, or an undefined rule)");
+			return nullptr;
+		}
+		if (parser.symbol_ids.find("root") == parser.symbol_ids.end()) {
+			fill(err, errlen, "the grammar has no rule \"root\"");
+			return nullptr;
+		}
+		std::string why;
+		if (recursesWithoutInput(parser.rules, why)) {
+			fill(err, errlen, why);
+			return nullptr;
+		}
 		llama_grammar *g = llama_grammar_init_impl(vocab, nullptr, src, "root", false, nullptr, 0, nullptr, 0);
 		if (g == nullptr) {
 			fill(err, errlen, "the grammar does not compile (a parse error, an undefined rule, left recursion or no rule \"root\")");

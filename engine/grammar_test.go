@@ -258,3 +258,54 @@ func containsTok(ps []TokenProb, tok int32) bool {
 	}
 	return false
 }
+
+// A grammar's cost per token is bounded: grammars that would recurse
+// without end in llama.cpp (a crash of the whole process) are refused at
+// compile time, and an ambiguous grammar whose parse stacks keep growing
+// fails the session with ErrGrammar once they pass MaxGrammarStacks.
+func TestGrammarCostBounded(t *testing.T) {
+	m, s := loadWhole(t, testmodels.Path(t, "stories260K.gguf"))
+	for _, g := range []string{
+		`root ::= ("a"* "a"*)* "b"`,
+		"root ::= (x)* \"b\"\nx ::= y\ny ::= \"a\"?",
+		"root ::= x* \"b\"\nx ::= \"a\"? \"a\"? \"a\"?",
+		"root ::= x\nx ::= y \"a\"\ny ::= z\nz ::= x | \"b\"",
+	} {
+		if err := m.CheckGrammar(g); !errors.Is(err, ErrGrammar) || !strings.Contains(err.Error(), "without consuming input") {
+			t.Fatalf("grammar %q: %v, want a refusal", g, err)
+		}
+	}
+	// The same through a JSON schema whose pattern nests repetitions.
+	g, err := SchemaToGrammar([]byte(`{"type":"string","pattern":"^(a*)*$"}`))
+	if err == nil {
+		err = m.CheckGrammar(g)
+	}
+	if !errors.Is(err, ErrGrammar) {
+		t.Fatalf("pattern ^(a*)*$: %v", err)
+	}
+	var a int32 = -1
+	for i := 0; i < m.Info().NVocab; i++ {
+		if p, _ := m.TokenPiece(int32(i), false); p == "a" {
+			a = int32(i)
+		}
+	}
+	gr, err := newGrammar(m, "root ::= e\ne ::= \"a\" e | \"a\" e e | \"a\" e e e | \"b\"")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer gr.free()
+	steps := 0
+	for ; steps < 10000; steps++ {
+		if err = gr.applyAll(m.Info().NVocab); err != nil {
+			break
+		}
+		if err = gr.accept(a); err != nil {
+			break
+		}
+	}
+	if !errors.Is(err, ErrGrammar) || !strings.Contains(err.Error(), "parse stacks") {
+		t.Fatalf("after %d steps: %v", steps, err)
+	}
+	t.Logf("refused after %d tokens: %v", steps, err)
+	_ = s
+}

@@ -280,6 +280,16 @@ type ChatMessage struct {
 	Content string `json:"content"`
 }
 
+// ChatTemplate is the model's chat template source (Jinja, as the GGUF's
+// tokenizer.chat_template holds it; "" when it has none).
+func (m *Model) ChatTemplate() string {
+	tmpl := C.llama_model_chat_template(m.ptr, nil)
+	if tmpl == nil {
+		return ""
+	}
+	return C.GoString(tmpl)
+}
+
 // ApplyChatTemplate renders messages with the model's own chat template
 // (llama_chat_apply_template), adding the assistant prefix when addAssistant.
 func (m *Model) ApplyChatTemplate(msgs []ChatMessage, addAssistant bool) (string, error) {

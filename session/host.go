@@ -19,10 +19,12 @@ const (
 	ProtoSession = "session" // upstream → downstream seam of one route session
 	ProtoRing    = "ring"    // tail → head: sampled tokens close the ring
 	ProtoAudit   = "audit"   // origin → hop: what a hop kept of a session (auditstore.go)
-	// ProtoVersion 1.1.0: the origin's signature covers sampling,
-	// generated, speculation, wire dtype and transcripts (originauth.go);
-	// 1.0.0 peers could not check it, so they do not share protocols.
-	ProtoVersion = "1.1.0"
+	// ProtoVersion 1.2.0: SamplingParams carries a grammar and asks for
+	// log-probabilities (TokenFrame.logprobs); a 1.1.0 tail would ignore
+	// both and write unconstrained text, so they do not share protocols.
+	// 1.1.0: the origin's signature covers sampling, generated,
+	// speculation, wire dtype and transcripts (originauth.go).
+	ProtoVersion = "1.2.0"
 )
 
 // Host is what the route-session protocol needs from the p2p layer.

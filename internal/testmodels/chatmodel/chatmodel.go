@@ -17,6 +17,15 @@ import (
 // directory, for tests of chat templating (the OpenAI-compatible API).
 func ChatStories(t testing.TB) string {
 	t.Helper()
+	return WithTemplate(t, "stories-chat", "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+}
+
+// WithTemplate writes stories260K with tmpl as its chat template, as
+// name.gguf in a temporary directory (e.g. a published tool-calling
+// template, for the agent API's tests: the model does not know it, but
+// grammar-forced calls and round trips go through it).
+func WithTemplate(t testing.TB, name, tmpl string) string {
+	t.Helper()
 	ctx := context.Background()
 	f, err := gguf.Open(testmodels.Path(t, "stories260K.gguf"))
 	if err != nil {
@@ -24,13 +33,13 @@ func ChatStories(t testing.TB) string {
 	}
 	defer f.Close()
 	md := f.Metadata.Clone()
-	md.Set("tokenizer.chat_template", "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+	md.Set("tokenizer.chat_template", tmpl)
 	var tensors []gguf.WriteTensor
 	for i := range f.Tensors {
 		ti := &f.Tensors[i]
 		tensors = append(tensors, gguf.WriteTensor{Name: ti.Name, Type: ti.Type, Shape: ti.Shape, Data: f.TensorData(ti)})
 	}
-	out := filepath.Join(t.TempDir(), "stories-chat.gguf")
+	out := filepath.Join(t.TempDir(), name+".gguf")
 	if err := gguf.WriteFile(ctx, out, md, tensors, nil); err != nil {
 		t.Fatal(err)
 	}
