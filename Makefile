@@ -63,6 +63,7 @@ deps:
 	sh scripts/build-deps.sh
 	sh testnet/deps.sh
 	sh scripts/browser-deps.sh
+	sh scripts/node-deps.sh
 	sh testnet/docker/dockerd.sh install
 
 $(GENERATED): go.mod go.sum internal/gencgo/main.go

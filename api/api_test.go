@@ -86,7 +86,7 @@ func (b *scripted) Generate(ctx context.Context, req *GenerateRequest, onDelta f
 		n++
 	}
 	return &GenerateResult{Model: "tiny", Fingerprint: strings.Repeat("ab", 32), PromptTokens: 3, CompletionTokens: n,
-		Length: req.MaxTokens > 0 && n >= req.MaxTokens && len(b.calls) == 0, ToolCalls: b.calls}, nil
+		Length: req.MaxTokens > 0 && n >= req.MaxTokens && len(b.calls) == 0, ToolCalls: b.calls, Stop: text.Stop()}, nil
 }
 
 func post(t *testing.T, h http.Handler, path, body string, hdr ...string) *httptest.ResponseRecorder {
@@ -129,14 +129,25 @@ func TestValidation(t *testing.T) {
 		name, path, body, param string
 	}{
 		{"n", "/v1/chat/completions", chat(`,"n":2`), "n"},
-		{"tools", "/v1/chat/completions", chat(`,"tools":[{"type":"function","function":{"name":"f"}}]`), "tools"},
-		{"tool_choice", "/v1/chat/completions", chat(`,"tool_choice":"auto"`), "tool_choice"},
+		{"tool type", "/v1/chat/completions", chat(`,"tools":[{"type":"web_search"}]`), "tools[0].type"},
+		{"tool name", "/v1/chat/completions", chat(`,"tools":[{"type":"function","function":{"name":"no spaces"}}]`), "tools[0].function.name"},
+		{"tool twice", "/v1/chat/completions", chat(`,"tools":[{"type":"function","function":{"name":"f"}},{"type":"function","function":{"name":"f"}}]`), "tools[1].function.name"},
+		{"tool field", "/v1/chat/completions", chat(`,"tools":[{"type":"function","function":{"name":"f","x":1}}]`), "tools[0].function.x"},
+		{"tool params not object", "/v1/chat/completions", chat(`,"tools":[{"type":"function","function":{"name":"f","parameters":{"type":"string"}}}]`), "tools[0].function.parameters"},
+		{"tool params too deep", "/v1/chat/completions", chat(`,"tools":[{"type":"function","function":{"name":"f","parameters":` + strings.Repeat(`{"a":`, 40) + `1` + strings.Repeat(`}`, 40) + `}}]`), "tools[0].function.parameters"},
+		{"tool_choice unknown", "/v1/chat/completions", chat(`,"tool_choice":"sometimes"`), "tool_choice"},
+		{"tool_choice required without tools", "/v1/chat/completions", chat(`,"tool_choice":"required"`), "tool_choice"},
+		{"tool_choice names a missing tool", "/v1/chat/completions", chat(`,"tools":[{"type":"function","function":{"name":"f"}}],"tool_choice":{"type":"function","function":{"name":"g"}}`), "tool_choice"},
 		{"functions", "/v1/chat/completions", chat(`,"functions":[]`), "functions"},
-		{"logprobs", "/v1/chat/completions", chat(`,"logprobs":true`), "logprobs"},
-		{"top_logprobs", "/v1/chat/completions", chat(`,"top_logprobs":2`), "top_logprobs"},
+		{"top_logprobs range", "/v1/chat/completions", chat(`,"logprobs":true,"top_logprobs":21`), "top_logprobs"},
+		{"top_logprobs without logprobs", "/v1/chat/completions", chat(`,"top_logprobs":2`), "top_logprobs"},
 		{"logit_bias", "/v1/chat/completions", chat(`,"logit_bias":{"1":5}`), "logit_bias"},
-		{"response_format", "/v1/chat/completions", chat(`,"response_format":{"type":"json_object"}`), "response_format"},
-		{"parallel_tool_calls", "/v1/chat/completions", chat(`,"parallel_tool_calls":false`), "parallel_tool_calls"},
+		{"response_format type", "/v1/chat/completions", chat(`,"response_format":{"type":"yaml"}`), "response_format.type"},
+		{"response_format schema name", "/v1/chat/completions", chat(`,"response_format":{"type":"json_schema","json_schema":{"schema":{}}}`), "response_format.json_schema.name"},
+		{"response_format schema field", "/v1/chat/completions", chat(`,"response_format":{"type":"json_schema","json_schema":{"name":"a","x":1}}`), "response_format.json_schema.x"},
+		{"response_format schema not object", "/v1/chat/completions", chat(`,"response_format":{"type":"json_schema","json_schema":{"name":"a","schema":[1]}}`), "response_format"},
+		{"response_format with forced tools", "/v1/chat/completions", chat(`,"response_format":{"type":"json_object"},"tools":[{"type":"function","function":{"name":"f"}}],"tool_choice":"required"`), "response_format"},
+		{"parallel_tool_calls type", "/v1/chat/completions", chat(`,"parallel_tool_calls":"yes"`), "parallel_tool_calls"},
 		{"audio", "/v1/chat/completions", chat(`,"modalities":["audio"]`), "modalities"},
 		{"unknown", "/v1/chat/completions", chat(`,"frobnicate":1`), "frobnicate"},
 		{"temperature range", "/v1/chat/completions", chat(`,"temperature":2.5`), "temperature"},
@@ -156,17 +167,19 @@ func TestValidation(t *testing.T) {
 		{"no model", "/v1/chat/completions", `{` + msgs + `}`, "model"},
 		{"no messages", "/v1/chat/completions", `{"model":"tiny"}`, "messages"},
 		{"empty messages", "/v1/chat/completions", `{"model":"tiny","messages":[]}`, "messages"},
-		{"tool role", "/v1/chat/completions", `{"model":"tiny","messages":[{"role":"tool","content":"x"}]}`, "messages[0].role"},
+		{"tool message without id", "/v1/chat/completions", `{"model":"tiny","messages":[{"role":"tool","content":"x"}]}`, "messages[0].tool_call_id"},
+		{"function role", "/v1/chat/completions", `{"model":"tiny","messages":[{"role":"function","content":"x"}]}`, "messages[0].role"},
 		{"no role", "/v1/chat/completions", `{"model":"tiny","messages":[{"content":"x"}]}`, "messages[0].role"},
 		{"image part", "/v1/chat/completions", `{"model":"tiny","messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"x"}}]}]}`, "messages[0].content[0].type"},
-		{"message name", "/v1/chat/completions", `{"model":"tiny","messages":[{"role":"user","content":"x","name":"bob"}]}`, "messages[0].name"},
-		{"tool calls", "/v1/chat/completions", `{"model":"tiny","messages":[{"role":"user","content":"x"},{"role":"assistant","tool_calls":[]}]}`, "messages[1].tool_calls"},
+		{"message audio", "/v1/chat/completions", `{"model":"tiny","messages":[{"role":"user","content":"x","audio":{}}]}`, "messages[0].audio"},
+		{"tool calls on a user turn", "/v1/chat/completions", `{"model":"tiny","messages":[{"role":"user","content":"x","tool_calls":[{"id":"a","type":"function","function":{"name":"f","arguments":"{}"}}]}]}`, "messages[0].tool_calls"},
+		{"tool call arguments not JSON", "/v1/chat/completions", `{"model":"tiny","messages":[{"role":"user","content":"x"},{"role":"assistant","tool_calls":[{"id":"a","type":"function","function":{"name":"f","arguments":"{nope"}}]}]}`, "messages[1].tool_calls[0].function.arguments"},
 		{"prompt tokens", "/v1/completions", `{"model":"tiny","prompt":[1,2,3]}`, "prompt"},
 		{"prompt list", "/v1/completions", `{"model":"tiny","prompt":["a","b"]}`, "prompt"},
 		{"echo", "/v1/completions", comp(`,"echo":true`), "echo"},
 		{"best_of", "/v1/completions", comp(`,"best_of":3`), "best_of"},
 		{"suffix", "/v1/completions", comp(`,"suffix":"end"`), "suffix"},
-		{"completion logprobs", "/v1/completions", comp(`,"logprobs":2`), "logprobs"},
+		{"completion logprobs", "/v1/completions", comp(`,"logprobs":21`), "logprobs"},
 		{"completion n", "/v1/completions", comp(`,"n":3`), "n"},
 		{"no prompt", "/v1/completions", `{"model":"tiny"}`, "prompt"},
 	}

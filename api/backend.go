@@ -1,6 +1,7 @@
-// Package api serves an OpenAI-compatible HTTP API (chat completions,
-// completions, models) in front of a Backend that runs generations, so
-// any OpenAI client can talk to the swarm. It holds the HTTP side only:
+// Package api serves the swarm over HTTP in the shapes clients speak —
+// OpenAI chat completions, completions, models and Responses, Anthropic
+// Messages, Ollama's /api/ — in front of one Backend that runs
+// generations, so any of those clients can talk to the swarm. It holds the HTTP side only:
 // request validation, text assembly (UTF-8 and stop strings across token
 // boundaries), SSE framing, auth, CORS and bounded concurrency. It has no
 // cgo and never imports the engine or the node: Swarm implements Backend
@@ -197,6 +198,8 @@ type GenerateResult struct {
 	// Length is true when the generation stopped at MaxTokens (else it
 	// ended on an end-of-generation token or a stop string).
 	Length bool
+	// Stop is the stop string that ended the text ("" when none did).
+	Stop string
 	// ToolCalls are the calls the model made (its whole text was calls,
 	// or ended in them: finish_reason tool_calls).
 	ToolCalls []ToolCall

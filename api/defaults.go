@@ -56,3 +56,9 @@ const (
 	MaxSchemaDepth    = 32 // nesting of a JSON schema
 	MaxToolCallIDSize = 128
 )
+
+// DefaultOllamaVersion is what GET /api/version reports by default
+// (Config.OllamaVersion): the Ollama release whose API the /api/
+// endpoints follow (github.com/ollama/ollama in go.mod). Ollama clients
+// compare it to enable features (tools, structured outputs).
+const DefaultOllamaVersion = "0.17.4"

@@ -269,12 +269,14 @@ func fill(c *completion, res *GenerateResult) {
 	c.Meshp2p = final(res)
 }
 
+// finish is OpenAI's finish_reason: length when max_tokens cut the turn
+// (also inside a call), tool_calls when it made calls, else stop.
 func finish(res *GenerateResult) string {
-	if len(res.ToolCalls) > 0 {
-		return "tool_calls"
-	}
-	if res.Length {
+	switch {
+	case res.Length:
 		return "length"
+	case len(res.ToolCalls) > 0:
+		return "tool_calls"
 	}
 	return "stop"
 }

@@ -65,15 +65,22 @@ var commonFields = map[string]acceptFn{
 var chatFields = merge(commonFields, map[string]acceptFn{
 	"messages":              parseMessages,
 	"max_completion_tokens": func(f fields, n string, r *request) *Error { return f.integer(n, &r.gen.MaxTokens, 1, MaxTokensLimit) },
-	"logprobs":              only("logprobs", "false", "log probabilities are not reported"),
-	"response_format":       parseResponseFormat,
+	"logprobs":              func(f fields, n string, r *request) *Error { return f.boolean(n, &r.gen.Logprobs) },
+	"top_logprobs": func(f fields, n string, r *request) *Error {
+		return f.integer(n, &r.gen.TopLogprobs, 0, MaxTopLogprobs)
+	},
+	"response_format":     parseResponseFormat,
+	"tools":               parseTools,
+	"tool_choice":         parseToolChoice,
+	"parallel_tool_calls": func(f fields, n string, r *request) *Error { return f.boolean(n, &r.gen.ParallelToolCalls) },
 })
 
 var completionFields = merge(commonFields, map[string]acceptFn{
-	"prompt":  parsePrompt,
-	"echo":    only("echo", "false", "the prompt is not echoed"),
-	"best_of": only("best_of", "1", "one candidate per request"),
-	"suffix":  only("suffix", `""`, "insertion (suffix) is not supported"),
+	"prompt":   parsePrompt,
+	"logprobs": parseCompletionLogprobs,
+	"echo":     only("echo", "false", "the prompt is not echoed"),
+	"best_of":  only("best_of", "1", "one candidate per request"),
+	"suffix":   only("suffix", `""`, "insertion (suffix) is not supported"),
 })
 
 func merge(a, b map[string]acceptFn) map[string]acceptFn {
@@ -89,8 +96,11 @@ func merge(a, b map[string]acceptFn) map[string]acceptFn {
 
 // parseChat validates a /v1/chat/completions body.
 func parseChat(body []byte) (*request, *Error) {
-	r, err := parseWith(body, chatFields, "messages")
+	r, err := parseWith(body, chatFields, "messages", true)
 	if err != nil {
+		return nil, err
+	}
+	if err := checkGen(&r.gen, openAINames); err != nil {
 		return nil, err
 	}
 	return r, nil
@@ -98,7 +108,7 @@ func parseChat(body []byte) (*request, *Error) {
 
 // parseCompletion validates a /v1/completions body.
 func parseCompletion(body []byte) (*request, *Error) {
-	r, err := parseWith(body, completionFields, "prompt")
+	r, err := parseWith(body, completionFields, "prompt", false)
 	if err != nil {
 		return nil, err
 	}
@@ -108,7 +118,7 @@ func parseCompletion(body []byte) (*request, *Error) {
 	return r, nil
 }
 
-func parseWith(body []byte, accept map[string]acceptFn, required string) (*request, *Error) {
+func parseWith(body []byte, accept map[string]acceptFn, required string, chat bool) (*request, *Error) {
 	f, err := parseFields(body)
 	if err != nil {
 		return nil, err
@@ -125,7 +135,8 @@ func parseWith(body []byte, accept map[string]acceptFn, required string) (*reque
 			return nil, unsupported(k, "this gateway does not implement it (docs/api.md lists the supported fields)")
 		}
 	}
-	r := &request{gen: GenerateRequest{Temperature: 1, TopP: 1}}
+	// OpenAI's defaults: parallel tool calls on.
+	r := &request{gen: GenerateRequest{Temperature: 1, TopP: 1, ParallelToolCalls: chat}}
 	for _, k := range []string{"model", required} {
 		if _, ok := f[k]; !ok {
 			return nil, BadRequest(k, "missing required field %q", k)
@@ -246,13 +257,151 @@ func parseStreamOptions(f fields, n string, r *request) *Error {
 	return nil
 }
 
+// parseResponseFormat accepts {"type": "text"}, {"type": "json_object"}
+// and {"type": "json_schema", "json_schema": {name, schema, strict,
+// description}}.
 func parseResponseFormat(f fields, n string, r *request) *Error {
-	var rf struct {
-		Type string `json:"type"`
+	var rf map[string]json.RawMessage
+	if json.Unmarshal(f[n], &rf) != nil {
+		return BadRequest(n, "%q must be an object", n)
 	}
-	if json.Unmarshal(f[n], &rf) != nil || rf.Type != "text" {
-		return unsupported(n, `only {"type": "text"} is supported: no JSON mode or schemas`)
+	var typ string
+	if json.Unmarshal(rf["type"], &typ) != nil {
+		return BadRequest(n+".type", "response_format needs a type (text, json_object, json_schema)")
 	}
+	allowed := map[string]bool{"type": true}
+	switch typ {
+	case FormatText, FormatJSONObject:
+	case FormatJSONSchema:
+		allowed["json_schema"] = true
+		var js map[string]json.RawMessage
+		if json.Unmarshal(rf["json_schema"], &js) != nil {
+			return BadRequest(n+".json_schema", "json_schema must be an object with name and schema")
+		}
+		for k, v := range js {
+			switch k {
+			case "name":
+				if json.Unmarshal(v, &r.gen.Format.Name) != nil || !toolName.MatchString(r.gen.Format.Name) {
+					return BadRequest(n+".json_schema.name", "name must be 1 to %d characters of a-z, A-Z, 0-9, _ and -", MaxToolNameBytes)
+				}
+			case "schema":
+				r.gen.Format.Schema = append(json.RawMessage(nil), v...)
+			case "strict":
+				if json.Unmarshal(v, &r.gen.Format.Strict) != nil {
+					return BadRequest(n+".json_schema.strict", "strict must be true or false")
+				}
+			case "description":
+				var d string
+				if json.Unmarshal(v, &d) != nil {
+					return BadRequest(n+".json_schema.description", "description must be a string")
+				}
+			default:
+				return unsupported(n+".json_schema."+k, "json_schema carries name, description, schema and strict")
+			}
+		}
+		if r.gen.Format.Name == "" {
+			return BadRequest(n+".json_schema.name", "json_schema needs a name")
+		}
+		if r.gen.Format.Schema == nil {
+			// OpenAI's default when no schema is given: any JSON object.
+			r.gen.Format.Schema = json.RawMessage(`{"type":"object"}`)
+		}
+	default:
+		return BadRequest(n+".type", "unknown response_format type %q (text, json_object, json_schema)", typ)
+	}
+	for k := range rf {
+		if !allowed[k] {
+			return unsupported(n+"."+k, fmt.Sprintf("a %s response_format carries no %s", typ, k))
+		}
+	}
+	r.gen.Format.Type = typ
+	return nil
+}
+
+// parseTools accepts [{"type": "function", "function": {name,
+// description, parameters, strict}}].
+func parseTools(f fields, n string, r *request) *Error {
+	var raw []map[string]json.RawMessage
+	if json.Unmarshal(f[n], &raw) != nil {
+		return BadRequest(n, "%q must be an array of tool objects", n)
+	}
+	if len(raw) > MaxTools {
+		return BadRequest(n, "at most %d tools per request, got %d", MaxTools, len(raw))
+	}
+	for i, t := range raw {
+		p := fmt.Sprintf("%s[%d]", n, i)
+		var typ string
+		if json.Unmarshal(t["type"], &typ) != nil || typ != "function" {
+			return unsupported(p+".type", `only tools of type "function" are supported`)
+		}
+		var fn map[string]json.RawMessage
+		if json.Unmarshal(t["function"], &fn) != nil {
+			return BadRequest(p+".function", "a function tool needs a function object")
+		}
+		for k := range t {
+			if k != "type" && k != "function" {
+				return unsupported(p+"."+k, "tools carry type and function")
+			}
+		}
+		tool := Tool{}
+		for k, v := range fn {
+			if string(v) == "null" {
+				continue
+			}
+			var err error
+			switch k {
+			case "name":
+				err = json.Unmarshal(v, &tool.Name)
+			case "description":
+				err = json.Unmarshal(v, &tool.Description)
+			case "parameters":
+				tool.Parameters = append(json.RawMessage(nil), v...)
+			case "strict":
+				err = json.Unmarshal(v, &tool.Strict)
+			default:
+				return unsupported(p+".function."+k, "functions carry name, description, parameters and strict")
+			}
+			if err != nil {
+				return BadRequest(p+".function."+k, "function %s has the wrong type", k)
+			}
+		}
+		r.gen.Tools = append(r.gen.Tools, tool)
+	}
+	return nil
+}
+
+// parseToolChoice accepts "auto", "none", "required" and {"type":
+// "function", "function": {"name": …}}.
+func parseToolChoice(f fields, n string, r *request) *Error {
+	var mode string
+	if json.Unmarshal(f[n], &mode) == nil {
+		switch mode {
+		case ToolAuto, ToolNone, ToolRequired:
+			r.gen.ToolChoice = ToolChoice{Mode: mode}
+			return nil
+		}
+		return BadRequest(n, "tool_choice must be auto, none, required or a function object, got %q", mode)
+	}
+	var obj struct {
+		Type     string `json:"type"`
+		Function struct {
+			Name string `json:"name"`
+		} `json:"function"`
+	}
+	if json.Unmarshal(f[n], &obj) != nil || obj.Type != "function" || obj.Function.Name == "" {
+		return BadRequest(n, `tool_choice must be auto, none, required or {"type": "function", "function": {"name": …}}`)
+	}
+	r.gen.ToolChoice = ToolChoice{Mode: ToolFunction, Name: obj.Function.Name}
+	return nil
+}
+
+// parseCompletionLogprobs is /v1/completions' logprobs: an integer, the
+// alternatives per token (0: only the token's own).
+func parseCompletionLogprobs(f fields, n string, r *request) *Error {
+	if e := f.integer(n, &r.gen.TopLogprobs, 0, MaxTopLogprobs); e != nil {
+		return e
+	}
+	r.gen.Logprobs = true
 	return nil
 }
 
@@ -314,18 +463,39 @@ func parseMessages(f fields, n string, r *request) *Error {
 				if json.Unmarshal(v, &s) != nil || s != "" {
 					return unsupported(p+".refusal", "refusals are not supported")
 				}
+			case "tool_calls":
+				calls, err := messageToolCalls(v, p+".tool_calls")
+				if err != nil {
+					return err
+				}
+				msg.ToolCalls = calls
+			case "tool_call_id":
+				if json.Unmarshal(v, &msg.ToolCallID) != nil {
+					return BadRequest(p+".tool_call_id", "tool_call_id must be a string")
+				}
+			case "name":
+				if json.Unmarshal(v, &msg.Name) != nil {
+					return BadRequest(p+".name", "name must be a string")
+				}
 			default:
-				return unsupported(p+"."+k, "messages carry role and content only (no tools, names or audio)")
+				return unsupported(p+"."+k, "messages carry role, content, name, tool_calls and tool_call_id (no audio)")
 			}
 		}
 		switch msg.Role {
 		case "system", "user", "assistant":
+		case "tool":
+			if msg.ToolCallID == "" {
+				return BadRequest(p+".tool_call_id", "a tool message needs the tool_call_id it answers")
+			}
 		case "developer":
 			msg.Role = "system"
 		case "":
 			return BadRequest(p+".role", "missing role")
 		default:
 			return unsupported(p+".role", fmt.Sprintf("role %q is not supported (system, developer, user, assistant)", msg.Role))
+		}
+		if len(msg.ToolCalls) > 0 && msg.Role != "assistant" {
+			return BadRequest(p+".tool_calls", "only assistant messages carry tool_calls")
 		}
 		if _, ok := m["content"]; !ok && msg.Role != "assistant" {
 			return BadRequest(p+".content", "missing content")
@@ -365,4 +535,33 @@ func messageContent(v json.RawMessage, p string) (string, *Error) {
 		texts = append(texts, text)
 	}
 	return strings.Join(texts, "\n"), nil
+}
+
+// messageToolCalls parses an assistant message's tool_calls.
+func messageToolCalls(v json.RawMessage, p string) ([]ToolCall, *Error) {
+	var raw []struct {
+		ID       string `json:"id"`
+		Type     string `json:"type"`
+		Function struct {
+			Name      string `json:"name"`
+			Arguments string `json:"arguments"`
+		} `json:"function"`
+	}
+	if json.Unmarshal(v, &raw) != nil {
+		return nil, BadRequest(p, `tool_calls must be an array of {"id", "type": "function", "function": {"name", "arguments"}}`)
+	}
+	if len(raw) > MaxToolCallsTurn {
+		return nil, BadRequest(p, "at most %d tool calls per message", MaxToolCallsTurn)
+	}
+	out := make([]ToolCall, len(raw))
+	for i, c := range raw {
+		if c.Type != "" && c.Type != "function" {
+			return nil, unsupported(fmt.Sprintf("%s[%d].type", p, i), `only "function" tool calls are supported`)
+		}
+		out[i] = ToolCall{ID: c.ID, Name: c.Function.Name, Arguments: c.Function.Arguments}
+		if strings.TrimSpace(out[i].Arguments) == "" {
+			out[i].Arguments = "{}"
+		}
+	}
+	return out, nil
 }

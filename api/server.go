@@ -17,8 +17,9 @@ import (
 // Config configures a Server.
 type Config struct {
 	Backend Backend
-	// APIKey, if set, is required as "Authorization: Bearer <key>" on
-	// every /v1/ request (compared in constant time).
+	// APIKey, if set, is required on every model endpoint of every API
+	// shape (compared in constant time; the table at Server lists the
+	// paths and headers).
 	APIKey string
 	// CORSOrigins lists the origins browsers may call from ("*": any);
 	// empty: no CORS headers at all.
@@ -32,11 +33,29 @@ type Config struct {
 	// MaxConns bounds open connections (0: DefaultMaxConns); further
 	// ones wait in the kernel's accept queue.
 	MaxConns int
-	Logger   *slog.Logger
+	// OllamaVersion is what GET /api/version reports (""
+	// DefaultOllamaVersion): Ollama clients compare it to enable features.
+	OllamaVersion string
+	Logger        *slog.Logger
 }
 
 // Server is the HTTP API. It is an http.Handler; Handle mounts extra
-// handlers (status pages, metrics) beside /v1/, outside the API key.
+// handlers (status pages, metrics) beside the API, outside the API key.
+//
+// The paths the API owns, and what Config.APIKey requires on each (the
+// key is compared as SHA-256 digests, in constant time; a missing or
+// wrong key gets a 401 in the path's own error shape):
+//
+//	path                                  key in                                        401 body
+//	/v1/messages, /v1/messages/…          x-api-key: KEY or Authorization: Bearer KEY   Anthropic's error object
+//	/v1/… (chat/completions, completions,
+//	  models, responses, unknown paths)   Authorization: Bearer KEY                     OpenAI's error object
+//	/api/chat, /api/generate, /api/tags,
+//	  /api/show, Ollama's model-management
+//	  paths (pull, push, create, copy,
+//	  delete, embed, embeddings: 501)     Authorization: Bearer KEY                     Ollama's {"error": …}
+//	/api/version                          none (it reveals a version string only)       –
+//	anything mounted with Handle          none (Handle refuses the paths above)         –
 type Server struct {
 	cfg     Config
 	log     *slog.Logger
@@ -64,6 +83,9 @@ func New(cfg Config) *Server {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
+	if cfg.OllamaVersion == "" {
+		cfg.OllamaVersion = DefaultOllamaVersion
+	}
 	s := &Server{cfg: cfg, log: cfg.Logger, mux: http.NewServeMux(), v1: http.NewServeMux(),
 		limit: newLimiter(cfg.MaxActive, cfg.MaxQueue), keyHash: sha256.Sum256([]byte(cfg.APIKey))}
 	s.v1.HandleFunc("POST /v1/chat/completions", s.chat)
@@ -74,15 +96,59 @@ func New(cfg Config) *Server {
 		writeError(w, newError(http.StatusNotFound, "invalid_request_error", "unknown_url", "",
 			"unknown endpoint %s %s (docs/api.md lists the endpoints)", r.Method, r.URL.Path))
 	})
-	s.mux.Handle("/v1/", s.auth(s.v1))
+	s.v1.HandleFunc("POST /v1/responses", s.responses)
+	s.mux.Handle("/v1/", s.auth(s.v1, writeError, false))
+	// Anthropic's Messages API: its own error shape, and x-api-key.
+	s.mux.Handle("/v1/messages", s.auth(http.HandlerFunc(s.anthropicMessages), writeAnthropicError, true))
+	s.mux.Handle("/v1/messages/", s.auth(http.HandlerFunc(s.anthropicNotFound), writeAnthropicError, true))
+	// Ollama's API: exact paths, so that other /api/… paths (the node's
+	// /api/status) stay mountable.
+	for path, h := range map[string]http.HandlerFunc{"/api/chat": s.ollamaChat, "/api/generate": s.ollamaGenerate,
+		"/api/tags": s.ollamaTags, "/api/show": s.ollamaShow} {
+		s.mux.Handle(path, s.auth(h, writeOllamaError, false))
+	}
+	for _, path := range ollamaUnsupportedPaths {
+		s.mux.Handle(path, s.auth(http.HandlerFunc(s.ollamaUnsupported), writeOllamaError, false))
+	}
+	s.mux.HandleFunc("/api/version", s.ollamaVersion)
 	return s
 }
 
+// ollamaUnsupportedPaths are Ollama's model-management endpoints, answered
+// with a 501 in Ollama's error shape.
+var ollamaUnsupportedPaths = []string{"/api/pull", "/api/push", "/api/create", "/api/copy", "/api/delete",
+	"/api/embed", "/api/embeddings"}
+
+// apiOwned reports whether path (a ServeMux pattern's path) is one the
+// API serves (the table at Server).
+func apiOwned(path string) bool {
+	if path == "/v1" || strings.HasPrefix(path, "/v1/") {
+		return true
+	}
+	switch strings.TrimSuffix(path, "/") {
+	case "/api/chat", "/api/generate", "/api/tags", "/api/show", "/api/version":
+		return true
+	}
+	for _, p := range ollamaUnsupportedPaths {
+		if strings.TrimSuffix(path, "/") == p {
+			return true
+		}
+	}
+	return false
+}
+
 // Handle mounts h at pattern (http.ServeMux syntax) beside the API. Such
-// handlers are not behind the API key; patterns under /v1/ are refused.
+// handlers are not behind the API key; patterns for the API's own paths
+// (/v1/…, Ollama's /api/chat, /api/generate, /api/tags, /api/show,
+// /api/version and model-management paths) are refused. Other /api/…
+// paths (e.g. /api/status) and "/" may be mounted.
 func (s *Server) Handle(pattern string, h http.Handler) {
-	if p := pattern[strings.IndexByte(pattern, ' ')+1:]; strings.HasPrefix(p, "/v1/") || p == "/v1" {
-		panic("api: Handle: /v1/ belongs to the API")
+	p := pattern[strings.IndexByte(pattern, ' ')+1:]
+	if i := strings.IndexByte(p, '/'); i > 0 {
+		p = p[i:] // after a host
+	}
+	if apiOwned(p) {
+		panic("api: Handle: " + p + " belongs to the API")
 	}
 	s.mux.Handle(pattern, h)
 }
@@ -115,22 +181,40 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	return err
 }
 
-// auth requires the API key when one is set. The comparison is between
-// SHA-256 digests, in constant time, so neither the key's bytes nor its
-// length leak through timing.
-func (s *Server) auth(next http.Handler) http.Handler {
+// auth requires the API key when one is set, as "Authorization: Bearer
+// <key>" or, with xAPIKey (Anthropic's header), "x-api-key: <key>";
+// write answers a missing or wrong key in the path's error shape. The
+// comparison is between SHA-256 digests, in constant time, so neither the
+// key's bytes nor its length leak through timing.
+func (s *Server) auth(next http.Handler, write func(http.ResponseWriter, *Error), xAPIKey bool) http.Handler {
 	if s.cfg.APIKey == "" {
 		return next
 	}
+	unauthorized := errUnauthorized
+	if xAPIKey {
+		unauthorized = errUnauthorizedAnthropic
+	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-		h := sha256.Sum256([]byte(got))
-		if subtle.ConstantTimeCompare(h[:], s.keyHash[:]) != 1 || !ok {
-			writeError(w, errUnauthorized)
+		bearer, isBearer := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+		ok := s.keyMatches(bearer, isBearer)
+		if xAPIKey {
+			k := r.Header.Get("X-Api-Key")
+			okKey := s.keyMatches(k, k != "")
+			ok = ok || okKey
+		}
+		if !ok {
+			write(w, unauthorized)
 			return
 		}
 		next.ServeHTTP(w, r)
 	})
+}
+
+// keyMatches reports whether got (present: the header carried it) is the
+// API key, comparing digests in constant time.
+func (s *Server) keyMatches(got string, present bool) bool {
+	h := sha256.Sum256([]byte(got))
+	return subtle.ConstantTimeCompare(h[:], s.keyHash[:]) == 1 && present
 }
 
 // cors adds the CORS headers for an allowed origin and answers preflight
@@ -154,12 +238,36 @@ func (s *Server) cors(w http.ResponseWriter, r *http.Request) bool {
 	h.Add("Vary", "Origin")
 	if r.Method == http.MethodOptions && r.Header.Get("Access-Control-Request-Method") != "" {
 		h.Set("Access-Control-Allow-Methods", "GET, POST, OPTIONS")
-		h.Set("Access-Control-Allow-Headers", "Authorization, Content-Type")
+		h.Set("Access-Control-Allow-Headers", corsHeaders(r.Header.Get("Access-Control-Request-Headers")))
+		h.Add("Vary", "Access-Control-Request-Headers")
 		h.Set("Access-Control-Max-Age", "600")
 		w.WriteHeader(http.StatusNoContent)
 		return true
 	}
 	return false
+}
+
+// corsAllowed are the request headers browsers may send: the API key's
+// (Authorization, Anthropic's x-api-key) and the headers the Anthropic
+// SDK sends (anthropic-version, anthropic-beta, and in a browser
+// anthropic-dangerous-direct-browser-access).
+const corsAllowed = "Authorization, Content-Type, X-Api-Key, Anthropic-Version, Anthropic-Beta, Anthropic-Dangerous-Direct-Browser-Access"
+
+// corsHeaders is Access-Control-Allow-Headers for a preflight that asks
+// for requested: corsAllowed, plus the X-Stainless-* headers the OpenAI
+// and Anthropic SDKs add (their platform and retry reports) when asked for
+// (16 at most).
+func corsHeaders(requested string) string {
+	out, n := corsAllowed, 0
+	for _, h := range strings.Split(requested, ",") {
+		h = strings.ToLower(strings.TrimSpace(h))
+		if rest, ok := strings.CutPrefix(h, "x-stainless-"); ok && rest != "" && n < 16 &&
+			strings.Trim(rest, "abcdefghijklmnopqrstuvwxyz0123456789-") == "" {
+			out += ", " + h
+			n++
+		}
+	}
+	return out
 }
 
 // readBody reads a bounded body (413 beyond MaxBody).

@@ -62,11 +62,40 @@ func (b *Swarm) Generate(ctx context.Context, req *GenerateRequest, onDelta func
 		maxTok = b.cfg.MaxTokens
 	}
 	cr := client.Request{Model: req.Model, Wait: client.APIResolveWait, Prompt: client.Prompt{Text: req.Prompt},
-		MaxTokens: maxTok, Sampling: req.sampling(), Stops: req.Stops, WireDType: b.cfg.WireDType, Speculation: b.cfg.Speculation, OnText: onText}
+		MaxTokens: maxTok, Sampling: req.sampling(), Stops: req.Stops, WireDType: b.cfg.WireDType, Speculation: b.cfg.Speculation, OnText: onText,
+		Logprobs: req.Logprobs, TopLogprobs: req.TopLogprobs}
 	if req.Messages != nil {
 		cr.Prompt.Messages = make([]client.Message, len(req.Messages))
 		for i, m := range req.Messages {
-			cr.Prompt.Messages[i] = client.Message{Role: m.Role, Content: m.Content}
+			cm := client.Message{Role: m.Role, Content: m.Content, ToolCallID: m.ToolCallID, Name: m.Name}
+			for _, c := range m.ToolCalls {
+				cm.ToolCalls = append(cm.ToolCalls, client.ToolCall(c))
+			}
+			cr.Prompt.Messages[i] = cm
+		}
+	}
+	if len(req.Tools) > 0 {
+		tools := make([]client.Tool, len(req.Tools))
+		for i, t := range req.Tools {
+			tools[i] = client.Tool{Name: t.Name, Description: t.Description, Parameters: t.Parameters}
+		}
+		cr.Prompt.Tools = tools
+		cr.Tools = client.Tools{List: tools, Choice: req.ToolChoice.Mode, Function: req.ToolChoice.Name, Parallel: req.ParallelToolCalls}
+		cr.OnToolCall = func(d client.ToolCallDelta) { onDelta(Delta{ToolCalls: []ToolCallDelta{ToolCallDelta(d)}}) }
+	}
+	switch req.Format.Type {
+	case FormatJSONObject:
+		cr.Format = client.Format{JSONObject: true}
+	case FormatJSONSchema:
+		cr.Format = client.Format{Schema: req.Format.Schema}
+	}
+	if req.Logprobs {
+		cr.OnLogprob = func(lp client.TokenLogprob) {
+			out := TokenLogprob{Token: lp.Token, Logprob: lp.Logprob, Bytes: lp.Bytes}
+			for _, a := range lp.Top {
+				out.Top = append(out.Top, TopLogprob(a))
+			}
+			onDelta(Delta{Logprobs: []TokenLogprob{out}})
 		}
 	}
 	if req.OnRoute != nil {
@@ -78,7 +107,10 @@ func (b *Swarm) Generate(ctx context.Context, req *GenerateRequest, onDelta func
 	var out *GenerateResult
 	if res != nil {
 		out = &GenerateResult{Model: res.Model.ID, Fingerprint: res.Model.Fingerprint, PromptTokens: res.PromptTokens,
-			CompletionTokens: len(res.Tokens), Length: res.Finish == client.FinishLength}
+			CompletionTokens: len(res.Tokens), Length: res.Finish == client.FinishLength, Stop: res.Stop}
+		for _, c := range res.ToolCalls {
+			out.ToolCalls = append(out.ToolCalls, ToolCall(c))
+		}
 		if s := res.Session; s != nil {
 			out.Reroutes = s.Reroutes
 			if s.Route != nil {
@@ -92,7 +124,7 @@ func (b *Swarm) Generate(ctx context.Context, req *GenerateRequest, onDelta func
 		}
 	}
 	if err != nil {
-		return out, swarmError(ctx, req.Model, err)
+		return out, swarmError(ctx, req, err)
 	}
 	return out, nil
 }
@@ -118,7 +150,8 @@ func hops(rt *route.Route) []Hop {
 
 // swarmError is the OpenAI error a client error becomes; errors of the
 // request's own context pass through (the client left).
-func swarmError(ctx context.Context, model string, err error) error {
+func swarmError(ctx context.Context, req *GenerateRequest, err error) error {
+	model := req.Model
 	var ce *client.ContextError
 	switch {
 	case ctx.Err() != nil:
@@ -133,6 +166,11 @@ func swarmError(ctx context.Context, model string, err error) error {
 		return BadRequest("messages", "model %s has no chat template in its GGUF file: use /v1/completions with a prompt", model)
 	case errors.Is(err, client.ErrChatTemplate), errors.Is(err, client.ErrEmptyPrompt):
 		return BadRequest("messages", "model %s: %v", model, err)
+	case errors.Is(err, client.ErrGrammar):
+		// The converter or the grammar compiler names what it refused.
+		return BadRequest(grammarParam(req), "model %s: %v", model, err)
+	case errors.Is(err, client.ErrNoGrammar):
+		return BadRequest(grammarParam(req), "%v", err)
 	case errors.Is(err, client.ErrNoVocab), errors.Is(err, client.ErrTooManyModels), errors.Is(err, p2p.ErrNoPeers):
 		return Unavailable("model %s: %v", model, err)
 	case errors.Is(err, route.ErrNoRoute):
@@ -147,4 +185,12 @@ func swarmError(ctx context.Context, model string, err error) error {
 		return SwarmFailed("model %s: %v", model, err)
 	}
 	return err
+}
+
+// grammarParam is the field a grammar error blames.
+func grammarParam(req *GenerateRequest) string {
+	if len(req.Tools) > 0 && req.ToolChoice.Mode != ToolNone && req.Format.Type == "" {
+		return "tools"
+	}
+	return "response_format"
 }

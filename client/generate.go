@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"time"
 
+	"google.golang.org/protobuf/proto"
+
 	"github.com/neuron-tai/meshp2p/proto/meshp2pb"
 	"github.com/neuron-tai/meshp2p/route"
 	"github.com/neuron-tai/meshp2p/session"
@@ -41,6 +43,18 @@ type Request struct {
 	// OnRoute sees each route the generation runs on: the first, then one
 	// per re-route or capacity retry, with the re-routes so far.
 	OnRoute func(m Model, rt *route.Route, reroutes int)
+	// Tools the model may call (Prompt.Tools are rendered; these decide
+	// parsing and forcing). While they are active, text that is a call
+	// goes to OnToolCall, never to OnText; Result.ToolCalls has them all.
+	Tools      Tools
+	OnToolCall func(ToolCallDelta)
+	// Format constrains the text to JSON by a grammar the tail enforces.
+	Format Format
+	// Logprobs asks the tail for each token's log-probability and
+	// TopLogprobs alternatives; OnLogprob gets them in token order.
+	Logprobs    bool
+	TopLogprobs int
+	OnLogprob   func(TokenLogprob)
 }
 
 // Result is what a generation produced.
@@ -52,10 +66,14 @@ type Result struct {
 	// included; tokens after a stop string's start included).
 	Tokens []int32
 	Finish string // FinishStop, FinishEOS, FinishLength
+	// Stop is the stop string that ended the text (Finish FinishStop).
+	Stop string
 	// Session is the route session's report: route, re-routes and their
 	// failures, hop timings, TTFT.
 	Session    *session.Result
 	FirstToken time.Time
+	// ToolCalls are the calls parsed from the text (Request.Tools).
+	ToolCalls []ToolCall
 }
 
 // Generate runs req through the swarm: resolves the model, gets its
@@ -82,23 +100,52 @@ func (c *Client) Generate(ctx context.Context, req Request) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
-	prompt, err := req.Prompt.Tokens(v)
+	prompt, format, err := req.Prompt.render(ctx, v)
 	if err != nil {
 		return nil, err
 	}
 	if limit := contextLimit(c.cfg.Table.Shards(m.Fingerprint), m.NLayer); limit > 0 && len(prompt)+req.MaxTokens+1 > limit {
 		return nil, &ContextError{Model: m.ID, PromptTokens: len(prompt), MaxTokens: req.MaxTokens, Limit: limit}
 	}
-	st := NewStream(v, req.Stops, req.OnText)
+	// The grammar is built and compiled here, with the vocabulary, so a
+	// bad one is refused before any hop is touched.
+	grammar, err := grammarFor(v, req.Tools, req.Format, format)
+	if err != nil {
+		return nil, err
+	}
+	sampling := req.Sampling
+	spec := req.Speculation
+	if grammar != "" || req.Logprobs {
+		sampling = proto.Clone(orGreedy(sampling)).(*meshp2pb.SamplingParams)
+		sampling.Grammar, sampling.Logprobs, sampling.TopLogprobs = grammar, req.Logprobs, uint32(max(req.TopLogprobs, 0))
+		// Windows of proposals carry no log-probabilities, and a grammar
+		// would have to be rolled back over rejected ones: both run
+		// token by token.
+		spec = nil
+	}
+	onText := req.OnText
+	var calls *callSplitter
+	if req.Tools.active() {
+		calls = newCallSplitter(format, req.Tools.List, orNop(onText), req.OnToolCall)
+		onText = calls.write
+	}
+	st := NewStream(v, req.Stops, onText)
 	sreq := session.GenerateRequest{Fingerprint: m.Fingerprint, NLayer: m.NLayer, Prompt: prompt, MaxTokens: req.MaxTokens,
-		Sampling: req.Sampling, WireDType: req.WireDType, Speculation: req.Speculation, OnToken: st.Token}
+		Sampling: sampling, WireDType: req.WireDType, Speculation: spec, OnToken: st.Token}
+	if req.OnLogprob != nil && req.Logprobs {
+		sreq.OnLogprobs = func(tok int32, lp *meshp2pb.TokenLogprobs) { req.OnLogprob(tokenLogprob(v, tok, lp)) }
+	}
 	if req.OnRoute != nil {
 		sreq.OnRoute = func(rt *route.Route, reroutes int) { req.OnRoute(m, rt, reroutes) }
 	}
 	sres, err := c.cfg.Origin.Generate(ctx, sreq)
 	st.End()
 	out := &Result{Model: m, Text: st.Text(), PromptTokens: len(prompt), Tokens: st.Tokens(), Finish: st.Finish(req.MaxTokens),
-		Session: sres, FirstToken: st.FirstToken()}
+		Session: sres, FirstToken: st.FirstToken(), Stop: st.Stop()}
+	if calls != nil {
+		calls.close()
+		out.ToolCalls = calls.calls
+	}
 	if sres != nil && sres.Reroutes > 0 {
 		c.log.Warn("generation re-routed", "model", m.ID, "reroutes", sres.Reroutes, "failures", sres.Failures)
 	}
@@ -106,4 +153,41 @@ func (c *Client) Generate(ctx context.Context, req Request) (*Result, error) {
 		err = ctx.Err()
 	}
 	return out, err
+}
+
+// MaxTopLogprobs bounds the alternatives reported per token (a tail may
+// send no more; more are dropped).
+const MaxTopLogprobs = 20
+
+func orGreedy(sp *meshp2pb.SamplingParams) *meshp2pb.SamplingParams {
+	if sp == nil {
+		return &meshp2pb.SamplingParams{}
+	}
+	return sp
+}
+
+func orNop(f func(string)) func(string) {
+	if f == nil {
+		return func(string) {}
+	}
+	return f
+}
+
+// tokenLogprob gives a token's log-probabilities their text.
+func tokenLogprob(v Vocab, tok int32, lp *meshp2pb.TokenLogprobs) TokenLogprob {
+	piece := func(t int32) string {
+		s, _ := v.TokenPiece(t, true)
+		return s
+	}
+	out := TokenLogprob{Token: piece(tok), Logprob: lp.GetLogprob()}
+	out.Bytes = []byte(out.Token)
+	tl := lp.GetTopLogprobs()
+	for i, t := range lp.GetTopTokens() {
+		if i >= len(tl) || i >= MaxTopLogprobs {
+			break
+		}
+		s := piece(t)
+		out.Top = append(out.Top, TopLogprob{Token: s, Bytes: []byte(s), Logprob: tl[i]})
+	}
+	return out
 }

@@ -1,14 +1,21 @@
 package client
 
 import (
+	"context"
 	"errors"
 	"fmt"
+
+	"github.com/neuron-tai/meshp2p/toolcall"
 )
 
-// Message is one chat turn.
+// Message is one chat turn: system, user, assistant (Content and/or
+// ToolCalls) or tool (the result of the call ToolCallID, in Content).
 type Message struct {
-	Role    string // system, user, assistant
-	Content string
+	Role       string
+	Content    string
+	ToolCalls  []ToolCall
+	ToolCallID string
+	Name       string
 }
 
 // Prompt is what a generation starts from: plain text (tokenized as is,
@@ -18,6 +25,10 @@ type Message struct {
 type Prompt struct {
 	Text     string
 	Messages []Message
+	// Tools are shown to the model through its chat template (rendered by
+	// chattmpl, the Jinja renderer, whenever tools, tool calls or tool
+	// results are in the chat).
+	Tools []Tool
 }
 
 // UserPrompt is text as the single user message of a chat (`generate
@@ -29,26 +40,43 @@ func UserPrompt(text string) Prompt {
 // Tokens renders and tokenizes p with v. Errors: ErrNoChatTemplate,
 // ErrChatTemplate, ErrEmptyPrompt.
 func (p Prompt) Tokens(v Vocab) ([]int32, error) {
+	toks, _, err := p.render(context.Background(), v)
+	return toks, err
+}
+
+// render is Tokens, also telling the tool-call syntax the rendering
+// expects (toolcall.Generic when no tools are in play).
+func (p Prompt) render(ctx context.Context, v Vocab) ([]int32, toolcall.Format, error) {
 	var toks []int32
 	var err error
+	f := toolcall.Generic
 	if p.Messages == nil {
 		toks, err = v.Tokenize(p.Text, true, false)
+	} else if p.needsJinja() {
+		var text string
+		var addBOS bool
+		text, f, addBOS, err = renderTools(ctx, v, p)
+		if err != nil {
+			return nil, f, err
+		}
+		// A BOS the template wrote is parsed as the special token.
+		toks, err = v.Tokenize(text, addBOS, true)
 	} else {
 		var text string
 		text, err = v.ApplyChatTemplate(p.Messages, true)
 		switch {
 		case errors.Is(err, ErrNoChatTemplate):
-			return nil, err
+			return nil, f, err
 		case err != nil:
-			return nil, fmt.Errorf("%w: %w", ErrChatTemplate, err)
+			return nil, f, fmt.Errorf("%w: %w", ErrChatTemplate, err)
 		}
 		toks, err = v.Tokenize(text, true, true)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("tokenize the prompt: %w", err)
+		return nil, f, fmt.Errorf("tokenize the prompt: %w", err)
 	}
 	if len(toks) == 0 {
-		return nil, ErrEmptyPrompt
+		return nil, f, ErrEmptyPrompt
 	}
-	return toks, nil
+	return toks, f, nil
 }

@@ -61,6 +61,9 @@ func (s *Stream) End() {
 // Text is the generation's text (up to a stop string).
 func (s *Stream) Text() string { return s.text.String() }
 
+// Stop is the stop string that ended the text ("" when none did).
+func (s *Stream) Stop() string { return s.text.Stop() }
+
 // Tokens are the tokens recorded.
 func (s *Stream) Tokens() []int32 { return s.toks }
 

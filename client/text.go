@@ -17,6 +17,7 @@ type Text struct {
 	released int // bytes handed out by next
 	scanned  int // bytes already searched for complete stop strings
 	stopped  bool
+	stopStr  string // the stop string that ended the text
 }
 
 // NewText returns a Text that ends at the first of stops.
@@ -34,7 +35,7 @@ func (t *Text) Add(piece string) bool {
 	for _, st := range t.stops {
 		from := max(0, t.scanned-len(st)+1)
 		if i := strings.Index(s[from:], st); i >= 0 && (cut < 0 || from+i < cut) {
-			cut = from + i
+			cut, t.stopStr = from+i, st
 		}
 	}
 	t.scanned = len(s)
@@ -84,3 +85,12 @@ func (t *Text) String() string { return t.buf.String() }
 
 // Stopped reports whether a stop string appeared.
 func (t *Text) Stopped() bool { return t.stopped }
+
+// Stop is the stop string that ended the text ("" when none did; the
+// first in the text, the earlier-listed on a tie at one position).
+func (t *Text) Stop() string {
+	if !t.stopped {
+		return ""
+	}
+	return t.stopStr
+}

@@ -11,13 +11,15 @@ func TestTextStream(t *testing.T) {
 		stops   []string
 		emitted []string // what next(false) returns after each piece
 		final   string
+		stop    string // the stop string that ended it
 	}{
-		{[]string{"ab", "c"}, nil, []string{"ab", "c"}, "abc"},
-		{[]string{"he", "ll", "o"}, []string{"llo"}, []string{"he", "", ""}, "he"},
-		{[]string{"x<", "/", "s>y"}, []string{"</s>"}, []string{"x", "", ""}, "x"},
-		{[]string{"a<", "b"}, []string{"</s>"}, []string{"a", "<b"}, "a<b"},
-		{[]string{"\xe2", "\x82", "\xac!"}, nil, []string{"", "", "€!"}, "€!"},
-		{[]string{"ok", "STOP", "more"}, []string{"STOP", "OK"}, []string{"ok", "", ""}, "ok"},
+		{[]string{"ab", "c"}, nil, []string{"ab", "c"}, "abc", ""},
+		{[]string{"he", "ll", "o"}, []string{"llo"}, []string{"he", "", ""}, "he", "llo"},
+		{[]string{"x<", "/", "s>y"}, []string{"</s>"}, []string{"x", "", ""}, "x", "</s>"},
+		{[]string{"a<", "b"}, []string{"</s>"}, []string{"a", "<b"}, "a<b", ""},
+		{[]string{"\xe2", "\x82", "\xac!"}, nil, []string{"", "", "€!"}, "€!", ""},
+		{[]string{"ok", "STOP", "more"}, []string{"STOP", "OK"}, []string{"ok", "", ""}, "ok", "STOP"},
+		{[]string{"aXYb"}, []string{"YB", "XY", "X"}, []string{"a"}, "a", "XY"},
 	}
 	for i, tc := range cases {
 		ts := NewText(tc.stops)
@@ -28,8 +30,8 @@ func TestTextStream(t *testing.T) {
 			}
 		}
 		ts.Next(true)
-		if ts.String() != tc.final {
-			t.Fatalf("case %d: text %q, want %q", i, ts.String(), tc.final)
+		if ts.String() != tc.final || ts.Stop() != tc.stop {
+			t.Fatalf("case %d: text %q stop %q, want %q and %q", i, ts.String(), ts.Stop(), tc.final, tc.stop)
 		}
 	}
 }

@@ -92,6 +92,10 @@ type GenerateRequest struct {
 	// OnToken sees each token as it arrives; returning true stops the
 	// generation (stop string found).
 	OnToken func(tok int32) bool
+	// OnLogprobs, if set, sees each token's log-probabilities (nil when
+	// the tail sent none) just before OnToken (Sampling.logprobs asks the
+	// tail for them; speculative windows carry none).
+	OnLogprobs func(tok int32, lp *meshp2pb.TokenLogprobs)
 	// OnRoute, if set, sees each epoch's route before it is opened (the
 	// first, then one per re-route or capacity retry) and the re-routes so
 	// far.
@@ -452,6 +456,9 @@ func (e *epochRun) collect(req GenerateRequest, res *Result, nGenerated int, sta
 			res.Tokens = append(res.Tokens, tf.GetToken())
 			res.Spec.add(specBase, tf.GetSpec())
 			obs.TokenReceived()
+			if req.OnLogprobs != nil {
+				req.OnLogprobs(tf.GetToken(), tf.GetLogprobs())
+			}
 			stopNow := req.OnToken != nil && req.OnToken(tf.GetToken())
 			switch {
 			case tf.GetEos():

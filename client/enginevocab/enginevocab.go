@@ -15,7 +15,21 @@ import (
 // Vocab is an engine model seen as a client.Vocab.
 type Vocab struct{ *engine.Model }
 
-var _ client.Vocab = Vocab{}
+var (
+	_ client.Vocab        = Vocab{}
+	_ client.GrammarVocab = Vocab{}
+)
+
+// SchemaToGrammar converts a JSON schema to GBNF (llama.cpp's converter).
+func (Vocab) SchemaToGrammar(schema []byte) (string, error) { return engine.SchemaToGrammar(schema) }
+
+// TemplateSource is the model's Jinja chat template and its BOS and EOS
+// tokens' text.
+func (v Vocab) TemplateSource() (src, bos, eos string) {
+	bos, _ = v.TokenPiece(v.BOS(), true)
+	eos, _ = v.TokenPiece(v.EOS(), true)
+	return v.ChatTemplate(), bos, eos
+}
 
 // Load loads the vocabulary of the GGUF file at path (no weights).
 func Load(ctx context.Context, path string) (client.Vocab, error) {
@@ -30,7 +44,7 @@ func Load(ctx context.Context, path string) (client.Vocab, error) {
 func (v Vocab) ApplyChatTemplate(msgs []client.Message, addAssistant bool) (string, error) {
 	em := make([]engine.ChatMessage, len(msgs))
 	for i, m := range msgs {
-		em[i] = engine.ChatMessage{Role: m.Role, Content: m.Content}
+		em[i] = engine.ChatMessage{Role: m.Role, Content: m.Content} // tools go through client's Jinja renderer
 	}
 	s, err := v.Model.ApplyChatTemplate(em, addAssistant)
 	if errors.Is(err, engine.ErrNoChatTemplate) {

@@ -421,7 +421,7 @@ func TestGatewaySwarmRefusalIs503(t *testing.T) {
 	c := tn.Client()
 	waitModel(t, c, "stories260K")
 	g := api.NewSwarm(c, api.SwarmConfig{})
-	_, err := g.Generate(context.Background(), &api.GenerateRequest{Model: "stories260K", Prompt: "Once upon a time", MaxTokens: 4}, func(string) {})
+	_, err := g.Generate(context.Background(), &api.GenerateRequest{Model: "stories260K", Prompt: "Once upon a time", MaxTokens: 4}, func(api.Delta) {})
 	var ae *api.Error
 	if !errors.As(err, &ae) || ae.Status != 503 || ae.Code != "generation_failed" || !strings.Contains(ae.Message, "TICKET") {
 		t.Fatalf("want a 503 generation_failed naming the ticket refusal, got %v (%#v)", err, ae)
