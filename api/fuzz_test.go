@@ -11,6 +11,9 @@ func FuzzParseRequest(f *testing.F) {
 	f.Add([]byte(`{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"hi"}]}],"stop":["a","b"],"max_tokens":5,"seed":-3}`))
 	f.Add([]byte(`{"model":"m","prompt":["x"],"stream":true,"stream_options":{"include_usage":true},"temperature":0}`))
 	f.Add([]byte(`{"model":"m","messages":[{"role":"assistant","refusal":null}],"n":1,"logprobs":false}`))
+	f.Add([]byte(`{"model":"m","messages":[{"role":"user","content":"w?"},{"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function","function":{"name":"f","arguments":"{\"a\":1}"}}]},{"role":"tool","tool_call_id":"c1","content":"ok"}],"tools":[{"type":"function","function":{"name":"f","description":"d","parameters":{"type":"object","properties":{"a":{"type":"integer"}}},"strict":true}}],"tool_choice":{"type":"function","function":{"name":"f"}},"parallel_tool_calls":false}`))
+	f.Add([]byte(`{"model":"m","messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_schema","json_schema":{"name":"s","schema":{"type":"object","properties":{"b":{"enum":[1,2]}}},"strict":true}},"logprobs":true,"top_logprobs":20}`))
+	f.Add([]byte(`{"model":"m","prompt":"x","logprobs":5}`))
 	f.Fuzz(func(t *testing.T, body []byte) {
 		for _, parse := range []func([]byte) (*request, *Error){parseChat, parseCompletion} {
 			r, e := parse(body)
@@ -30,9 +33,23 @@ func FuzzParseRequest(f *testing.F) {
 				t.Fatalf("accepted out of bounds: %+v stops %q", g, g.Stops)
 			}
 			for _, m := range g.Messages {
-				if m.Role != "system" && m.Role != "user" && m.Role != "assistant" {
+				if m.Role != "system" && m.Role != "user" && m.Role != "assistant" && m.Role != "tool" {
 					t.Fatalf("role %q accepted", m.Role)
 				}
+				if len(m.ToolCalls) > MaxToolCallsTurn || (m.Role == "tool" && m.ToolCallID == "") {
+					t.Fatalf("message accepted out of bounds: %+v", m)
+				}
+			}
+			if len(g.Tools) > MaxTools || g.TopLogprobs < 0 || g.TopLogprobs > MaxTopLogprobs || len(g.Format.Schema) > MaxSchemaBytes {
+				t.Fatalf("accepted out of bounds: %+v", g)
+			}
+			for _, tl := range g.Tools {
+				if !toolName.MatchString(tl.Name) || len(tl.Parameters) > MaxSchemaBytes {
+					t.Fatalf("tool accepted out of bounds: %+v", tl)
+				}
+			}
+			if (g.ToolChoice.Mode == ToolRequired || g.ToolChoice.Mode == ToolFunction) && len(g.Tools) == 0 {
+				t.Fatalf("a forced call without tools accepted: %+v", g)
 			}
 		}
 	})

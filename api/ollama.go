@@ -48,7 +48,9 @@ func parseOllama(body []byte, chat bool) (*ollamaRequest, *Error) {
 	}
 	names := []string{"model", "format", "options", "stream", "keep_alive", "think", "logprobs", "top_logprobs"}
 	if chat {
-		names = append(names, "messages", "tools")
+		// tool_choice is meshp2p's extension (Ollama has none): OpenAI's
+		// values, so a client can force a call as on /v1/chat/completions.
+		names = append(names, "messages", "tools", "tool_choice")
 	} else {
 		names = append(names, "prompt", "system", "raw", "images", "context", "suffix", "template")
 	}
@@ -116,6 +118,13 @@ func parseOllama(body []byte, chat bool) (*ollamaRequest, *Error) {
 			if e := parseOllamaTools(o, g); e != nil {
 				return nil, e
 			}
+		}
+		if o.has("tool_choice") {
+			tmp := &request{}
+			if e := parseToolChoice(fields{"tool_choice": o.raw("tool_choice")}, "tool_choice", tmp); e != nil {
+				return nil, e
+			}
+			g.ToolChoice = tmp.gen.ToolChoice
 		}
 	} else if e := parseOllamaPrompt(o, r); e != nil {
 		return nil, e
@@ -646,9 +655,16 @@ func (o *ollamaStream) start(u update) bool {
 	return true
 }
 
-// flushCall writes the call assembled so far.
+// flushCall writes the call assembled so far, whole, as Ollama streams
+// calls. A call whose arguments never became a JSON object was abandoned
+// (cut off by num_predict, or broken): its text arrives as content, so it
+// is dropped here.
 func (o *ollamaStream) flushCall() bool {
 	if o.call == nil {
+		return true
+	}
+	if !isJSONObject(o.call.Arguments) {
+		o.call = nil
 		return true
 	}
 	c := o.req.chunk(o.model, "", nil)
@@ -802,4 +818,10 @@ func (s *Server) ollamaUnsupported(w http.ResponseWriter, r *http.Request) {
 func writeOllamaError(w http.ResponseWriter, e *Error) {
 	errorHeaders(w, e)
 	writeJSON(w, e.Status, map[string]string{"error": messageNaming(e)})
+}
+
+// isJSONObject reports whether s is one JSON object.
+func isJSONObject(s string) bool {
+	var m map[string]json.RawMessage
+	return json.Unmarshal([]byte(s), &m) == nil && m != nil
 }

@@ -15,9 +15,10 @@ import (
 
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
-	"github.com/openai/openai-go/v3/packages/param"
+	"github.com/openai/openai-go/v3/responses"
 	"github.com/santhosh-tekuri/jsonschema/v6"
 
+	"github.com/neuron-tai/meshp2p/internal/sdktest"
 	"github.com/neuron-tai/meshp2p/internal/testbin"
 	"github.com/neuron-tai/meshp2p/internal/testmodels/chatmodel"
 )
@@ -245,14 +246,82 @@ func validates(t *testing.T, v *jsonschema.Schema, text string) {
 	}
 }
 
-// The OpenAI SDK (openai-go) against the swarm: grammar-forced tool calls
-// (named and required, streamed and not: the same calls), a tool round
-// trip, json_schema output that validates, and log-probabilities.
-func TestAgentAPIOpenAI(t *testing.T) {
+// The official clients against one loopback swarm: openai-go on chat
+// completions and Responses, @anthropic-ai/sdk and ollama from npm.
+func TestAgentAPIs(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts five processes")
 	}
 	s := newAgentSwarm(t)
+	t.Run("openai chat", func(t *testing.T) { agentOpenAIChat(t, s) })
+	t.Run("openai responses", func(t *testing.T) { agentResponses(t, s) })
+	for _, script := range []string{sdktest.Anthropic, sdktest.Ollama} {
+		t.Run(script, func(t *testing.T) { agentSDK(t, s, script) })
+	}
+}
+
+// agentSDK runs one of the npm SDK scripts (api/testdata/sdk) against the
+// swarm; each asserts content and exits non-zero when an assertion fails.
+func agentSDK(t *testing.T, s *agentSwarm, script string) {
+	if err := sdktest.Available(); err != nil {
+		t.Skip(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	sum, err := sdktest.Run(ctx, script, map[string]string{sdktest.EnvBaseURL: s.root(), sdktest.EnvAPIKey: agentKey,
+		sdktest.EnvModel: "stories-tools", sdktest.EnvMaxTokens: "24"})
+	if err != nil {
+		t.Fatalf("%s: %v\ngateway log:\n%s", script, err, s.serve.log.String())
+	}
+	b, _ := json.Marshal(sum)
+	t.Logf("%s: %s", script, b)
+}
+
+// agentResponses: a Responses round trip through openai-go: a forced
+// function call, its output sent back as input items, the final text.
+func agentResponses(t *testing.T, s *agentSwarm) {
+	c := s.openai()
+	ctx := context.Background()
+	params := responses.ResponseNewParams{Model: "stories-tools", Temperature: openai.Float(0), MaxOutputTokens: openai.Int(120),
+		Input: responses.ResponseNewParamsInputUnion{OfString: openai.String("What is the weather in Paris?")},
+		Tools: []responses.ToolUnionParam{responses.ToolParamOfFunction("get_weather", weatherTool.OfFunction.Function.Parameters, true)},
+		ToolChoice: responses.ResponseNewParamsToolChoiceUnion{OfFunctionTool: &responses.ToolChoiceFunctionParam{Name: "get_weather"}}}
+	first, err := c.Responses.New(ctx, params)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var call *responses.ResponseOutputItemUnion
+	for i := range first.Output {
+		if first.Output[i].Type == "function_call" {
+			call = &first.Output[i]
+		}
+	}
+	if call == nil || call.Name != "get_weather" || call.CallID == "" || first.Status != "completed" {
+		t.Fatalf("first: %s", first.RawJSON())
+	}
+	validates(t, validator(t, weatherTool.OfFunction.Function.Parameters), call.Arguments.OfString)
+	params.ToolChoice = responses.ResponseNewParamsToolChoiceUnion{OfToolChoiceMode: openai.Opt(responses.ToolChoiceOptionsNone)}
+	params.MaxOutputTokens = openai.Int(30)
+	params.Input = responses.ResponseNewParamsInputUnion{OfInputItemList: responses.ResponseInputParam{
+		responses.ResponseInputItemParamOfMessage("What is the weather in Paris?", responses.EasyInputMessageRoleUser),
+		responses.ResponseInputItemParamOfFunctionCall(call.Arguments.OfString, call.CallID, call.Name),
+		{OfFunctionCallOutput: &responses.ResponseInputItemFunctionCallOutputParam{CallID: openai.String(call.CallID),
+			Output: responses.ResponseInputItemFunctionCallOutputOutputUnionParam{OfString: openai.String("18 degrees and sunny")}}},
+	}}
+	final, err := c.Responses.New(ctx, params)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if final.OutputText() == "" || final.Usage.InputTokens <= first.Usage.InputTokens {
+		t.Fatalf("final: %s (first had %d input tokens)", final.RawJSON(), first.Usage.InputTokens)
+	}
+	t.Logf("responses round trip: %s(%s) → %q", call.Name, call.Arguments.OfString, final.OutputText())
+}
+
+// agentOpenAIChat: openai-go on chat completions: grammar-forced tool
+// calls (named and required, streamed and not: the same calls), a tool
+// round trip, json_schema output that validates, and log-probabilities.
+func agentOpenAIChat(t *testing.T, s *agentSwarm) {
 	c := s.openai()
 	ctx := context.Background()
 	user := []openai.ChatCompletionMessageParamUnion{openai.UserMessage("What is the weather in Paris?")}
@@ -410,8 +479,6 @@ func asAPIError(err error, target **openai.Error) bool {
 	}
 	return ok
 }
-
-var _ = param.Opt[int]{}
 
 // Each API shape's stream completes unchanged when the middle hop it runs
 // through is SIGKILLed after the first event: OpenAI chat, Anthropic

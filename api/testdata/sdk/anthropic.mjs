@@ -30,7 +30,7 @@ const question = { role: 'user', content: 'Say hello in five words.' };
 const tools = [{
   name: 'get_weather',
   description: 'The current weather in a city',
-  input_schema: { type: 'object', properties: { city: { type: 'string' } }, required: ['city'] },
+  input_schema: { type: 'object', properties: { city: { type: 'string', maxLength: 10 } }, required: ['city'] },
 }];
 const ask = { role: 'user', content: 'What is the weather in Paris?' };
 
@@ -48,8 +48,8 @@ try {
   check(streamed.length > 0 && textOf(final) === streamed, `stream: ${streamed} vs ${JSON.stringify(final)}`);
   summary.stream = { text: streamed, stop_reason: final.stop_reason, usage: final.usage };
 
-  const first = await client.messages.create({ model, max_tokens: 64, tools,
-    tool_choice: { type: 'tool', name: 'get_weather' }, messages: [ask] });
+  const first = await client.messages.create({ model, max_tokens: 200, tools,
+    tool_choice: { type: 'tool', name: 'get_weather', disable_parallel_tool_use: true }, messages: [ask] });
   const use = first.content.find((b) => b.type === 'tool_use');
   check(first.stop_reason === 'tool_use' && use && use.name === 'get_weather', `tool call: ${JSON.stringify(first)}`);
   check(typeof use.input === 'object' && use.input !== null && !Array.isArray(use.input), `tool input: ${JSON.stringify(use.input)}`);
@@ -60,7 +60,7 @@ try {
   summary.tools = { tool_use: { id: use.id, name: use.name, input: use.input }, stop_reason: first.stop_reason,
     answer: textOf(second), answer_stop_reason: second.stop_reason };
 
-  const ts = client.messages.stream({ model, max_tokens: 64, tools, tool_choice: { type: 'tool', name: 'get_weather' }, messages: [ask] });
+  const ts = client.messages.stream({ model, max_tokens: 200, tools, tool_choice: { type: 'tool', name: 'get_weather', disable_parallel_tool_use: true }, messages: [ask] });
   let partial = '';
   ts.on('inputJson', (delta) => { partial += delta; });
   const tfinal = await ts.finalMessage();

@@ -6,9 +6,10 @@
 // the headers option.
 // Environment: MESHP2P_BASE_URL (the server's root), MESHP2P_API_KEY (may
 // be empty), MESHP2P_MODEL, MESHP2P_MAX_TOKENS (num_predict, default 32),
-// MESHP2P_TOOLS_OPTIONAL=1 (Ollama has no tool_choice: a real model may
-// answer in text; then the tool checks are skipped and summary.tools says
-// so). Prints one JSON summary line; exits 1 when an assertion fails. Run
+// MESHP2P_TOOLS_OPTIONAL=1 (skip the tool checks when the model answers
+// in text; the tool requests send meshp2p's tool_choice extension
+// "required", so a call is forced by a grammar even on a model that knows
+// nothing of tools). Prints one JSON summary line; exits 1 when an assertion fails. Run
 // by api/sdk_test.go through internal/sdktest.
 import { Ollama } from 'ollama';
 
@@ -30,7 +31,7 @@ const tools = [{
   function: {
     name: 'get_weather',
     description: 'The current weather in a city',
-    parameters: { type: 'object', properties: { city: { type: 'string' } }, required: ['city'] },
+    parameters: { type: 'object', properties: { city: { type: 'string', maxLength: 10 } }, required: ['city'] },
   },
 }];
 const ask = { role: 'user', content: 'What is the weather in Paris? Use the get_weather tool.' };
@@ -73,7 +74,8 @@ try {
   summary.show = { capabilities: show.capabilities, model_info: show.model_info };
   summary.version = (await ollama.version()).version;
 
-  const tc = await ollama.chat({ model, messages: [ask], tools, options: { ...options, num_predict: 64 } });
+  // tool_choice is meshp2p's extension (Ollama has none): force a call.
+  const tc = await ollama.chat({ model, messages: [ask], tools, tool_choice: 'required', options: { ...options, num_predict: 200 } });
   const calls = tc.message.tool_calls ?? [];
   if (calls.length === 0 && process.env.MESHP2P_TOOLS_OPTIONAL === '1') {
     summary.tools = { skipped: `no tool call: ${tc.message.content}` };
@@ -90,7 +92,7 @@ try {
   summary.tools.answer = answer.message.content;
 
   const streamed = [];
-  for await (const part of await ollama.chat({ model, messages: [ask], tools, options: { ...options, num_predict: 64 }, stream: true })) {
+  for await (const part of await ollama.chat({ model, messages: [ask], tools, tool_choice: 'required', options: { ...options, num_predict: 200 }, stream: true })) {
     for (const c of part.message.tool_calls ?? []) {
       check(typeof c.function.arguments === 'object', `streamed call arrives whole: ${JSON.stringify(c)}`);
       streamed.push(c.function);
