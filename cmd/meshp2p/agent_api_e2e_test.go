@@ -516,6 +516,45 @@ func TestAgentAPIsSurviveHopKill(t *testing.T) {
 				}
 				return out, fmt.Errorf("no [DONE]")
 			}},
+		// A grammar-forced call: the tail's grammar state is rebuilt from
+		// the tokens so far on the replacement route.
+		{"openai forced tool calls", "/v1/chat/completions",
+			`{"model":"stories-tools","stream":true,"temperature":0,"max_tokens":300,"tool_choice":"required","messages":[{"role":"user","content":"` + prompt + `"}],
+			  "tools":[{"type":"function","function":{"name":"tell","parameters":{"type":"object","properties":{"story":{"type":"string"},"moral":{"enum":["be kind","share"]}},"required":["story","moral"],"additionalProperties":false}}}]}`, nil,
+			func(ev [][2]string) (string, error) {
+				out, done := "", false
+				for _, e := range ev {
+					if e[1] == "[DONE]" {
+						done = true
+						continue
+					}
+					var k struct {
+						Choices []struct {
+							Delta struct {
+								Content   string
+								ToolCalls []struct {
+									Index    int
+									Function struct{ Name, Arguments string }
+								} `json:"tool_calls"`
+							}
+						}
+						Error any
+					}
+					if err := json.Unmarshal([]byte(e[1]), &k); err != nil || k.Error != nil {
+						return out, fmt.Errorf("event %s: %v", e[1], err)
+					}
+					for _, c := range k.Choices {
+						out += c.Delta.Content
+						for _, tc := range c.Delta.ToolCalls {
+							out += fmt.Sprintf("[%d %s]%s", tc.Index, tc.Function.Name, tc.Function.Arguments)
+						}
+					}
+				}
+				if !done || !strings.Contains(out, "[0 tell]") {
+					return out, fmt.Errorf("no [DONE] or no call")
+				}
+				return out, nil
+			}},
 		{"anthropic messages", "/v1/messages",
 			`{"model":"stories-tools","stream":true,"temperature":0,"max_tokens":300,"messages":[{"role":"user","content":"` + prompt + `"}]}`,
 			[]string{"x-api-key", agentKey, "anthropic-version", "2023-06-01"},

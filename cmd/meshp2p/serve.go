@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"time"
 
@@ -16,6 +17,7 @@ import (
 
 	"github.com/neuron-tai/meshp2p/api"
 	"github.com/neuron-tai/meshp2p/client"
+	"github.com/neuron-tai/meshp2p/engine"
 	"github.com/neuron-tai/meshp2p/internal/failfile"
 	"github.com/neuron-tai/meshp2p/metrics"
 	"github.com/neuron-tai/meshp2p/node"
@@ -26,13 +28,21 @@ import (
 
 const serveUsage = `Usage: meshp2p serve --bootstrap ADDR [--api 127.0.0.1:8080] [flags]
 
-Serves an OpenAI-compatible HTTP API (POST /v1/chat/completions,
-POST /v1/completions, GET /v1/models) through the swarm: a long-lived
-client peer that holds no weights, keeps its capability table warm and runs
-each request as a route session, re-routing around hops that die
-(docs/api.md). Point any OpenAI client at http://ADDR/v1. The API listens on
-loopback unless --api names another address; --api-key (or
-$MESHP2P_API_KEY) requires "Authorization: Bearer KEY".
+Serves the swarm over HTTP in the shapes agents, editors and SDKs speak
+(docs/api.md), all through one backend: a long-lived client peer that holds
+no weights, keeps its capability table warm and runs each request as a
+route session, re-routing around hops that die.
+
+  OpenAI     http://ADDR/v1      chat/completions (tools, response_format,
+                                 logprobs), completions, models, responses
+  Anthropic  http://ADDR         POST /v1/messages (Claude Code:
+                                 ANTHROPIC_BASE_URL=http://ADDR)
+  Ollama     http://ADDR         /api/chat, /api/generate, /api/tags,
+                                 /api/show, /api/version
+
+The API listens on loopback unless --api names another address; --api-key
+(or $MESHP2P_API_KEY) then protects every model endpoint: "Authorization:
+Bearer KEY" (Anthropic's "x-api-key: KEY" too).
 
 Flags:
 `
@@ -58,7 +68,7 @@ type apiFlags struct {
 
 func (f *apiFlags) register(fs *flag.FlagSet, defAddr, what string) {
 	fs.StringVar(&f.addr, "api", defAddr, what)
-	fs.StringVar(&f.key, "api-key", "", "require Authorization: Bearer KEY on /v1/ (default: $MESHP2P_API_KEY; empty: no key)")
+	fs.StringVar(&f.key, "api-key", "", "require Authorization: Bearer KEY (or x-api-key: KEY on /v1/messages) on every model endpoint (default: $MESHP2P_API_KEY; empty: no key)")
 	fs.StringVar(&f.cors, "cors-origin", "", "comma-separated origins browsers may call the API from (* for any); default: no CORS headers")
 	fs.IntVar(&f.maxActive, "api-max-active", api.DefaultMaxActive, "generations the API runs at once")
 	fs.IntVar(&f.maxQueue, "api-queue", api.DefaultMaxQueue, "generations waiting for a slot; beyond that: 429 with Retry-After (-1: no queue)")
@@ -94,7 +104,7 @@ func (f *apiFlags) run(ctx context.Context, stdout io.Writer, log *slog.Logger, 
 	}
 	g := api.NewSwarm(cl, api.SwarmConfig{MaxTokens: f.maxTokens, WireDType: frame.WireDTypes()[0].DType, Speculation: spec})
 	srv := api.New(api.Config{Backend: g, APIKey: key, CORSOrigins: splitList(f.cors), MaxActive: f.maxActive, MaxQueue: f.maxQueue,
-		MaxBody: f.maxBody, Logger: log})
+		MaxBody: f.maxBody, Logger: log, OllamaVersion: strings.TrimPrefix(engine.OllamaVersion, "v")})
 	for _, m := range mounts {
 		m(srv)
 	}
@@ -102,6 +112,7 @@ func (f *apiFlags) run(ctx context.Context, stdout io.Writer, log *slog.Logger, 
 	done := make(chan error, 1)
 	go func() { done <- srv.Serve(sctx, ln) }()
 	fmt.Fprintf(stdout, "api:      http://%s/v1\n", ln.Addr())
+	fmt.Fprintf(stdout, "anthropic and ollama: http://%s\n", ln.Addr())
 	return func() {
 		cancel()
 		if err := <-done; err != nil {
