@@ -318,7 +318,7 @@ func callGrammar(gv GrammarVocab, tools Tools, f toolcall.Format) (string, error
 	if len(alts) == 0 {
 		return "", fmt.Errorf("no tool named %q", tools.Function)
 	}
-	var schema any = alts[0]
+	schema := alts[0]
 	if len(alts) > 1 {
 		schema = map[string]any{"anyOf": alts}
 	}
@@ -414,12 +414,10 @@ func (s *callSplitter) write(text string) {
 func (s *callSplitter) emit(content string, ds []toolcall.Delta) {
 	s.onText(content)
 	for _, d := range ds {
-		id, ok := s.ids[d.Index]
 		out := ToolCallDelta{Index: d.Index, Name: d.Name, Arguments: d.Arguments}
-		if !ok {
-			id = newCallID()
-			s.ids[d.Index] = id
-			out.ID = id
+		if _, ok := s.ids[d.Index]; !ok {
+			out.ID = newCallID()
+			s.ids[d.Index] = out.ID
 		}
 		s.onCall(out)
 	}

@@ -45,7 +45,6 @@ type agentSwarm struct {
 type midProc struct {
 	p       *cliProc
 	metrics string // http://host:port
-	args    []string
 }
 
 const agentKey = "agent-key"
@@ -283,8 +282,8 @@ func agentResponses(t *testing.T, s *agentSwarm) {
 	c := s.openai()
 	ctx := context.Background()
 	params := responses.ResponseNewParams{Model: "stories-tools", Temperature: openai.Float(0), MaxOutputTokens: openai.Int(120),
-		Input: responses.ResponseNewParamsInputUnion{OfString: openai.String("What is the weather in Paris?")},
-		Tools: []responses.ToolUnionParam{responses.ToolParamOfFunction("get_weather", weatherTool.OfFunction.Function.Parameters, true)},
+		Input:      responses.ResponseNewParamsInputUnion{OfString: openai.String("What is the weather in Paris?")},
+		Tools:      []responses.ToolUnionParam{responses.ToolParamOfFunction("get_weather", weatherTool.OfFunction.Function.Parameters, true)},
 		ToolChoice: responses.ResponseNewParamsToolChoiceUnion{OfFunctionTool: &responses.ToolChoiceFunctionParam{Name: "get_weather"}}}
 	first, err := c.Responses.New(ctx, params)
 	if err != nil {
