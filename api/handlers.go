@@ -127,27 +127,15 @@ type modelExtension struct {
 }
 
 func (s *Server) chat(w http.ResponseWriter, r *http.Request) {
-	body, e := s.readBody(w, r)
-	if e == nil {
-		var req *request
-		if req, e = parseChat(body); e == nil {
-			s.generate(w, r, req, true)
-			return
-		}
+	if req, ok := readRequest(s, w, r, writeError, parseChat); ok {
+		s.generate(w, r, req, true)
 	}
-	writeError(w, e)
 }
 
 func (s *Server) completions(w http.ResponseWriter, r *http.Request) {
-	body, e := s.readBody(w, r)
-	if e == nil {
-		var req *request
-		if req, e = parseCompletion(body); e == nil {
-			s.generate(w, r, req, false)
-			return
-		}
+	if req, ok := readRequest(s, w, r, writeError, parseCompletion); ok {
+		s.generate(w, r, req, false)
 	}
-	writeError(w, e)
 }
 
 func (s *Server) models(w http.ResponseWriter, r *http.Request) {
@@ -169,11 +157,21 @@ func (s *Server) models(w http.ResponseWriter, r *http.Request) {
 // model answers GET /v1/models/{id}: the id as listed, the fingerprint or
 // a unique fingerprint prefix of MinPrefix+ hex characters.
 func (s *Server) model(w http.ResponseWriter, r *http.Request) {
-	id := r.PathValue("id")
+	m, e := s.findModel(r, r.PathValue("id"))
+	if e != nil {
+		writeError(w, e)
+		return
+	}
+	writeJSON(w, http.StatusOK, toModelObject(m))
+}
+
+// findModel finds the model id names (GET /v1/models/{id}, Ollama's
+// /api/show and load requests): its listed id, its fingerprint or a unique
+// fingerprint prefix of MinPrefix+ hex characters.
+func (s *Server) findModel(r *http.Request, id string) (Model, *Error) {
 	ms, err := s.cfg.Backend.Models(r.Context())
 	if err != nil {
-		writeError(w, asError(err))
-		return
+		return Model{}, asError(err)
 	}
 	var found []Model
 	for _, m := range ms {
@@ -182,10 +180,9 @@ func (s *Server) model(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	if len(found) != 1 {
-		writeError(w, ModelNotFound(id))
-		return
+		return Model{}, ModelNotFound(id)
 	}
-	writeJSON(w, http.StatusOK, toModelObject(found[0]))
+	return found[0], nil
 }
 
 func toModelObject(m Model) modelObject {
@@ -291,11 +288,15 @@ func (s *Server) stream(ctx context.Context, cancel context.CancelFunc, w http.R
 	c.Object = map[bool]string{true: "chat.completion.chunk", false: "text_completion"}[chat]
 	e := &sseWriter{w: w, rc: http.NewResponseController(w), c: c, chat: chat}
 	started, offset := false, 0
+	// routeNew: the route changed since a chunk last carried it (the first
+	// route too); the next chunk carries it.
+	routeNew := false
 	for {
 		u, ok := g.next(ctx)
 		if !ok {
 			return 0
 		}
+		routeNew = routeNew || u.Rerouted
 		if u.Done && u.Err != nil {
 			return e.fail(ctx, started, asError(u.Err))
 		}
@@ -309,10 +310,11 @@ func (s *Server) stream(ctx context.Context, cancel context.CancelFunc, w http.R
 		if !started {
 			continue
 		}
-		if u.Text != "" || len(u.ToolCalls) > 0 || len(u.Logprobs) > 0 || (u.Rerouted && !u.Done) {
+		if u.Text != "" || len(u.ToolCalls) > 0 || len(u.Logprobs) > 0 || (routeNew && !u.Done) {
 			var ext *extension
-			if u.Rerouted {
+			if routeNew {
 				ext = &extension{Fingerprint: u.Route.Fingerprint, Reroutes: u.Route.Reroutes, Route: u.Route.Hops}
+				routeNew = false
 			}
 			k := e.chunk(u.Text, nil, ext)
 			if chat && len(u.ToolCalls) > 0 {
