@@ -53,6 +53,23 @@ func namedEvents(t *testing.T, body io.Reader) []namedEvent {
 	return out
 }
 
+// postEvents posts body to path of a server over h and reads its stream
+// of named server-sent events (status 200, text/event-stream).
+func postEvents(t *testing.T, h http.Handler, path, body string) []namedEvent {
+	t.Helper()
+	srv := httptest.NewServer(h)
+	defer srv.Close()
+	resp, err := http.Post(srv.URL+path, "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != 200 || resp.Header.Get("Content-Type") != "text/event-stream" {
+		t.Fatalf("status %d %q", resp.StatusCode, resp.Header.Get("Content-Type"))
+	}
+	return namedEvents(t, resp.Body)
+}
+
 func eventNames(evs []namedEvent) []string {
 	out := make([]string, len(evs))
 	for i, e := range evs {
@@ -144,6 +161,26 @@ func lateFailure(t *testing.T, path, body string) (int, string) {
 	return resp.StatusCode, string(append(got, rest...))
 }
 
+// backendErrors posts body (a format of its "stream" value, false and
+// true) to path of a server whose backend fails with each of a few
+// errors, checking the status each maps to; decode checks the error body.
+func backendErrors(t *testing.T, path, body string, decode func(*testing.T, *httptest.ResponseRecorder)) {
+	t.Helper()
+	for _, c := range []struct {
+		err    error
+		status int
+	}{{ModelNotFound("nope"), 404}, {Unavailable("no peer serves layers 2-4 of 5"), 503}, {errors.New("boom"), 500}} {
+		for _, stream := range []string{"false", "true"} {
+			s := New(Config{Backend: &scripted{err: c.err}})
+			w := post(t, s, path, fmt.Sprintf(body, stream))
+			if w.Code != c.status {
+				t.Fatalf("%v stream=%s: %d", c.err, stream, w.Code)
+			}
+			decode(t, w)
+		}
+	}
+}
+
 var weatherCalls = []ToolCall{{ID: "toolu_1", Name: "get_weather", Arguments: `{"city":"Paris"}`},
 	{ID: "toolu_2", Name: "get_time", Arguments: `{"tz":"CET"}`}}
 
@@ -190,18 +227,8 @@ func TestAnthropicMessages(t *testing.T) {
 
 func TestAnthropicStream(t *testing.T) {
 	b := &scripted{pieces: []string{"caf", "\xc3", "\xa9", " ok"}}
-	srv := httptest.NewServer(New(Config{Backend: b}))
-	defer srv.Close()
-	resp, err := http.Post(srv.URL+"/v1/messages", "application/json",
-		strings.NewReader(`{"model":"tiny","max_tokens":20,"stream":true,"messages":[{"role":"user","content":"hi"}]}`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != 200 || resp.Header.Get("Content-Type") != "text/event-stream" {
-		t.Fatalf("status %d %q", resp.StatusCode, resp.Header.Get("Content-Type"))
-	}
-	evs := namedEvents(t, resp.Body)
+	evs := postEvents(t, New(Config{Backend: b}), "/v1/messages",
+		`{"model":"tiny","max_tokens":20,"stream":true,"messages":[{"role":"user","content":"hi"}]}`)
 	names := eventNames(evs)
 	if len(names) < 7 || strings.Join(names[:4], ",") != "message_start,ping,content_block_start,content_block_delta" ||
 		strings.Join(names[len(names)-3:], ",") != "content_block_stop,message_delta,message_stop" {

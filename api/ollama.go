@@ -2,6 +2,7 @@ package api
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -42,10 +43,6 @@ const (
 
 // parseOllama validates an /api/chat (chat) or /api/generate body.
 func parseOllama(body []byte, chat bool) (*ollamaRequest, *Error) {
-	o, e := bodyObject(body)
-	if e != nil {
-		return nil, e
-	}
 	names := []string{"model", "format", "options", "stream", "keep_alive", "think", "logprobs", "top_logprobs"}
 	if chat {
 		// tool_choice is meshp2p's extension (Ollama has none): OpenAI's
@@ -54,22 +51,18 @@ func parseOllama(body []byte, chat bool) (*ollamaRequest, *Error) {
 	} else {
 		names = append(names, "prompt", "system", "raw", "images", "context", "suffix", "template")
 	}
-	if e := o.known(whyUnknown, names...); e != nil {
+	o, e := bodyObject(body, names...)
+	if e != nil {
 		return nil, e
 	}
-	if !o.has("model") {
-		return nil, BadRequest("model", "missing required field %q", "model")
+	if e := o.need("model"); e != nil {
+		return nil, e
 	}
 	r := &ollamaRequest{chat: chat, stream: true, gen: GenerateRequest{Temperature: ollamaTemperature, TopK: ollamaTopK,
 		TopP: ollamaTopP, RepeatPenalty: ollamaRepeatPenalty, Seed: randomSeed(), ParallelToolCalls: true}}
 	g := &r.gen
-	if e := o.str("model", &g.Model, true); e != nil {
+	if e := cmp.Or(o.str("model", &g.Model, true), o.optBool("stream", &r.stream)); e != nil {
 		return nil, e
-	}
-	if o.has("stream") {
-		if e := o.boolean("stream", &r.stream); e != nil {
-			return nil, e
-		}
 	}
 	if o.has("keep_alive") {
 		var d any
@@ -86,46 +79,20 @@ func parseOllama(body []byte, chat bool) (*ollamaRequest, *Error) {
 			return nil, unsupported("think", "only false is supported: no separate thinking output")
 		}
 	}
-	if o.has("logprobs") {
-		if e := o.boolean("logprobs", &g.Logprobs); e != nil {
-			return nil, e
-		}
+	if e := cmp.Or(o.optBool("logprobs", &g.Logprobs), o.optInt("top_logprobs", &g.TopLogprobs, 0, MaxTopLogprobs)); e != nil {
+		return nil, e
 	}
-	if o.has("top_logprobs") {
-		if e := o.integer("top_logprobs", &g.TopLogprobs, 0, MaxTopLogprobs); e != nil {
-			return nil, e
-		}
-	}
-	if o.has("format") {
-		if e := parseOllamaFormat(o, g); e != nil {
-			return nil, e
-		}
-	}
-	if o.has("options") {
-		if e := parseOllamaOptions(o, g); e != nil {
-			return nil, e
-		}
+	if e := parseAll(o, g, parseOllamaFormat, parseOllamaOptions); e != nil {
+		return nil, e
 	}
 	if chat {
-		if !o.has("messages") {
-			return nil, BadRequest("messages", "missing required field %q", "messages")
+		if e := o.need("messages"); e != nil {
+			return nil, e
 		}
-		if e := parseOllamaMessages(o, g); e != nil {
+		if e := parseAll(o, g, parseOllamaMessages, parseOllamaTools, parseOllamaToolChoice); e != nil {
 			return nil, e
 		}
 		r.load = len(g.Messages) == 0
-		if o.has("tools") {
-			if e := parseOllamaTools(o, g); e != nil {
-				return nil, e
-			}
-		}
-		if o.has("tool_choice") {
-			tmp := &request{}
-			if e := parseToolChoice(fields{"tool_choice": o.raw("tool_choice")}, "tool_choice", tmp); e != nil {
-				return nil, e
-			}
-			g.ToolChoice = tmp.gen.ToolChoice
-		}
 	} else if e := parseOllamaPrompt(o, r); e != nil {
 		return nil, e
 	}
@@ -133,6 +100,19 @@ func parseOllama(body []byte, chat bool) (*ollamaRequest, *Error) {
 		return nil, e
 	}
 	return r, nil
+}
+
+// parseOllamaToolChoice maps tool_choice as /v1/chat/completions does.
+func parseOllamaToolChoice(o jobj, g *GenerateRequest) *Error {
+	if !o.has("tool_choice") {
+		return nil
+	}
+	tmp := &request{}
+	if e := parseToolChoice(fields{"tool_choice": o.raw("tool_choice")}, "tool_choice", tmp); e != nil {
+		return e
+	}
+	g.ToolChoice = tmp.gen.ToolChoice
+	return nil
 }
 
 // parseOllamaPrompt maps /api/generate's prompt: rendered as a user turn
@@ -150,20 +130,8 @@ func parseOllamaPrompt(o jobj, r *ollamaRequest) *Error {
 	}
 	var prompt, system string
 	var raw bool
-	if o.has("prompt") {
-		if e := o.str("prompt", &prompt, false); e != nil {
-			return e
-		}
-	}
-	if o.has("system") {
-		if e := o.str("system", &system, false); e != nil {
-			return e
-		}
-	}
-	if o.has("raw") {
-		if e := o.boolean("raw", &raw); e != nil {
-			return e
-		}
+	if e := cmp.Or(o.optStr("prompt", &prompt, false), o.optStr("system", &system, false), o.optBool("raw", &raw)); e != nil {
+		return e
 	}
 	r.load = prompt == ""
 	switch {
@@ -172,25 +140,19 @@ func parseOllamaPrompt(o jobj, r *ollamaRequest) *Error {
 	case raw:
 		r.gen.Prompt = prompt
 	default:
-		if system != "" {
-			r.gen.Messages = append(r.gen.Messages, Message{Role: "system", Content: system})
-		}
+		appendSystem(&r.gen, system)
 		r.gen.Messages = append(r.gen.Messages, Message{Role: "user", Content: prompt})
 	}
 	return nil
 }
 
-// jsonEqual reports whether raw is the JSON value want.
-func jsonEqual(raw json.RawMessage, want string) bool {
-	var b bytes.Buffer
-	return json.Compact(&b, raw) == nil && b.String() == want
-}
-
 // parseOllamaFormat maps format: "json" (any JSON object) or a JSON
 // schema; "" is none.
 func parseOllamaFormat(o jobj, g *GenerateRequest) *Error {
-	var s string
-	if json.Unmarshal(o.raw("format"), &s) == nil {
+	if !o.has("format") {
+		return nil
+	}
+	if s, ok := o.strValue("format"); ok {
 		switch s {
 		case "":
 		case "json":
@@ -211,8 +173,8 @@ func parseOllamaFormat(o jobj, g *GenerateRequest) *Error {
 // parseOllamaOptions maps the sampling options the backend implements;
 // the rest (num_ctx, num_gpu, mirostat, …) are refused, naming them.
 func parseOllamaOptions(o jobj, g *GenerateRequest) *Error {
-	op, e := subObject(o.raw("options"), "options")
-	if e != nil {
+	op, found, e := o.optObject("options")
+	if !found {
 		return e
 	}
 	if e := op.known("this option is not implemented by the gateway (docs/api.md lists the supported options)",
@@ -220,25 +182,12 @@ func parseOllamaOptions(o jobj, g *GenerateRequest) *Error {
 		"presence_penalty", "frequency_penalty"); e != nil {
 		return e
 	}
-	for _, c := range []struct {
-		name   string
-		dst    *float32
-		lo, hi float64
-	}{
-		{"temperature", &g.Temperature, 0, 2}, {"top_p", &g.TopP, 0, 1}, {"min_p", &g.MinP, 0, 1},
-		{"repeat_penalty", &g.RepeatPenalty, 0, 10}, {"presence_penalty", &g.PresencePenalty, -2, 2},
-		{"frequency_penalty", &g.FrequencyPenalty, -2, 2},
-	} {
-		if op.has(c.name) {
-			if e := op.float(c.name, c.dst, c.lo, c.hi); e != nil {
-				return e
-			}
-		}
-	}
-	if op.has("top_k") {
-		if e := op.integer("top_k", &g.TopK, 0, MaxTopK); e != nil {
-			return e
-		}
+	// cmp.Or: the first error, the options taken in this order.
+	if e := cmp.Or(op.optFloat("temperature", &g.Temperature, 0, 2), op.optFloat("top_p", &g.TopP, 0, 1),
+		op.optFloat("min_p", &g.MinP, 0, 1), op.optFloat("repeat_penalty", &g.RepeatPenalty, 0, 10),
+		op.optFloat("presence_penalty", &g.PresencePenalty, -2, 2), op.optFloat("frequency_penalty", &g.FrequencyPenalty, -2, 2),
+		op.optInt("top_k", &g.TopK, 0, MaxTopK)); e != nil {
+		return e
 	}
 	if op.has("seed") {
 		// -1 (Ollama's default): random.
@@ -268,67 +217,46 @@ func parseOllamaOptions(o jobj, g *GenerateRequest) *Error {
 		}
 		g.MaxTokens = max(n, 0)
 	}
-	if op.has("stop") {
-		if e := op.stops("stop", &g.Stops, true); e != nil {
-			return e
-		}
-	}
-	return nil
+	return op.optStops("stop", &g.Stops, true)
 }
 
 func parseOllamaMessages(o jobj, g *GenerateRequest) *Error {
-	items, e := o.array("messages", 0, MaxMessages)
-	if e != nil {
-		return e
-	}
-	for i, raw := range items {
-		p := fmt.Sprintf("messages[%d]", i)
-		m, e := subObject(raw, p)
-		if e != nil {
-			return e
-		}
+	return o.objects("messages", 0, MaxMessages, func(m jobj) *Error {
 		if e := m.known("messages carry role, content, tool_calls, tool_name and tool_call_id (no images)",
 			"role", "content", "images", "tool_calls", "tool_name", "tool_call_id", "thinking"); e != nil {
 			return e
 		}
 		msg := Message{}
-		if !m.has("role") {
-			return BadRequest(p+".role", "missing role")
-		}
-		if e := m.str("role", &msg.Role, true); e != nil {
+		if e := m.needStr("role", &msg.Role, true); e != nil {
 			return e
 		}
 		msg.Role = strings.ToLower(msg.Role)
 		switch msg.Role {
 		case "system", "user", "assistant", "tool":
 		default:
-			return unsupported(p+".role", fmt.Sprintf("role %q is not supported (system, user, assistant, tool)", msg.Role))
+			return unsupported(m.k("role"), fmt.Sprintf("role %q is not supported (system, user, assistant, tool)", msg.Role))
 		}
-		if m.has("content") {
-			if e := m.str("content", &msg.Content, false); e != nil {
-				return e
-			}
+		if e := m.optStr("content", &msg.Content, false); e != nil {
+			return e
 		}
 		if m.has("images") && !jsonEqual(m.raw("images"), "[]") {
-			return unsupported(p+".images", "images are not supported")
+			return unsupported(m.k("images"), "images are not supported")
 		}
 		if m.has("thinking") && !jsonEqual(m.raw("thinking"), `""`) {
-			return unsupported(p+".thinking", "thinking output is not supported (only an empty string)")
+			return unsupported(m.k("thinking"), "thinking output is not supported (only an empty string)")
 		}
 		if m.has("tool_calls") {
 			if msg.Role != "assistant" {
-				return BadRequest(p+".tool_calls", "tool_calls belong in assistant messages")
+				return BadRequest(m.k("tool_calls"), "tool_calls belong in assistant messages")
 			}
-			calls, e := m.array("tool_calls", 0, MaxTools)
-			if e != nil {
-				return e
-			}
-			for j, c := range calls {
-				tc, e := parseOllamaToolCall(c, fmt.Sprintf("%s.tool_calls[%d]", p, j))
-				if e != nil {
-					return e
+			if e := m.objects("tool_calls", 0, MaxTools, func(co jobj) *Error {
+				tc, e := parseOllamaToolCall(co)
+				if e == nil {
+					msg.ToolCalls = append(msg.ToolCalls, tc)
 				}
-				msg.ToolCalls = append(msg.ToolCalls, tc)
+				return e
+			}); e != nil {
+				return e
 			}
 		}
 		for _, k := range []string{"tool_name", "tool_call_id"} {
@@ -336,10 +264,8 @@ func parseOllamaMessages(o jobj, g *GenerateRequest) *Error {
 				return BadRequest(m.k(k), "%s belongs in tool messages", k)
 			}
 		}
-		if m.has("tool_name") {
-			if e := m.str("tool_name", &msg.Name, false); e != nil {
-				return e
-			}
+		if e := m.optStr("tool_name", &msg.Name, false); e != nil {
+			return e
 		}
 		if m.has("tool_call_id") {
 			if e := m.toolCallID("tool_call_id", &msg.ToolCallID); e != nil {
@@ -347,18 +273,14 @@ func parseOllamaMessages(o jobj, g *GenerateRequest) *Error {
 			}
 		}
 		g.Messages = append(g.Messages, msg)
-	}
-	return nil
+		return nil
+	})
 }
 
-// parseOllamaToolCall parses an assistant's call: {function: {name,
+// parseOllamaToolCall parses an assistant's call, co: {function: {name,
 // arguments (an object; a string holding one is accepted too), index}, id}.
-func parseOllamaToolCall(raw json.RawMessage, p string) (ToolCall, *Error) {
+func parseOllamaToolCall(co jobj) (ToolCall, *Error) {
 	var c ToolCall
-	co, e := subObject(raw, p)
-	if e != nil {
-		return c, e
-	}
 	if e := co.known("tool calls carry function, id and type", "function", "id", "type"); e != nil {
 		return c, e
 	}
@@ -370,27 +292,19 @@ func parseOllamaToolCall(raw json.RawMessage, p string) (ToolCall, *Error) {
 			return c, e
 		}
 	}
-	if !co.has("function") {
-		return c, BadRequest(co.k("function"), "missing function")
-	}
-	f, e := subObject(co.raw("function"), co.k("function"))
+	f, e := functionObject(co, "functions carry name, arguments and index", "name", "arguments", "index")
 	if e != nil {
 		return c, e
 	}
-	if e := f.known("functions carry name, arguments and index", "name", "arguments", "index"); e != nil {
+	if e := f.need("name"); e != nil {
 		return c, e
-	}
-	if !f.has("name") {
-		return c, BadRequest(f.k("name"), "missing name")
 	}
 	if e := f.funcName("name", &c.Name); e != nil {
 		return c, e
 	}
-	if f.has("index") {
-		var i int
-		if e := f.integer("index", &i, 0, MaxTools); e != nil {
-			return c, e
-		}
+	var i int
+	if e := f.optInt("index", &i, 0, MaxTools); e != nil {
+		return c, e
 	}
 	c.Arguments = "{}"
 	if f.has("arguments") {
@@ -406,51 +320,33 @@ func parseOllamaToolCall(raw json.RawMessage, p string) (ToolCall, *Error) {
 	return c, nil
 }
 
-func parseOllamaTools(o jobj, g *GenerateRequest) *Error {
-	items, e := o.array("tools", 0, MaxTools)
-	if e != nil {
-		return e
+// functionObject is the function object of a tool or a call, o, which
+// carries the fields keys only (why refuses others).
+func functionObject(o jobj, why string, keys ...string) (jobj, *Error) {
+	if e := o.need("function"); e != nil {
+		return jobj{}, e
 	}
-	for i, raw := range items {
-		p := fmt.Sprintf("tools[%d]", i)
-		to, e := subObject(raw, p)
-		if e != nil {
-			return e
-		}
+	f, e := o.object("function")
+	if e == nil {
+		e = f.known(why, keys...)
+	}
+	return f, e
+}
+
+func parseOllamaTools(o jobj, g *GenerateRequest) *Error {
+	return o.tools(g, Tool{}, func(to jobj, t *Tool) *Error {
 		if e := to.known("tools carry type and function", "type", "function"); e != nil {
 			return e
 		}
 		if to.has("type") && !jsonEqual(to.raw("type"), `"function"`) {
-			return unsupported(p+".type", `only "function" tools are supported`)
+			return unsupported(to.k("type"), `only "function" tools are supported`)
 		}
-		if !to.has("function") {
-			return BadRequest(p+".function", "missing function")
-		}
-		f, e := subObject(to.raw("function"), p+".function")
+		f, e := functionObject(to, "functions carry name, description and parameters", "name", "description", "parameters")
 		if e != nil {
 			return e
 		}
-		if e := f.known("functions carry name, description and parameters", "name", "description", "parameters"); e != nil {
-			return e
-		}
-		t := Tool{}
-		if !f.has("name") {
-			return BadRequest(p+".function.name", "missing name")
-		}
-		if e := f.str("name", &t.Name, true); e != nil {
-			return e
-		}
-		if f.has("description") {
-			if e := f.str("description", &t.Description, false); e != nil {
-				return e
-			}
-		}
-		if f.has("parameters") {
-			t.Parameters = f.raw("parameters")
-		}
-		g.Tools = append(g.Tools, t)
-	}
-	return nil
+		return f.functionTool(t, "parameters", false)
+	})
 }
 
 // Responses.
@@ -552,17 +448,8 @@ func (s *Server) ollamaGenerate(w http.ResponseWriter, r *http.Request) { s.olla
 // ollamaRun answers /api/chat (chat) or /api/generate.
 func (s *Server) ollamaRun(w http.ResponseWriter, r *http.Request, chat bool) {
 	start := time.Now()
-	if r.Method != http.MethodPost {
-		writeOllamaError(w, methodNotAllowed(r, "POST"))
-		return
-	}
-	body, e := s.readBody(w, r)
-	var req *ollamaRequest
-	if e == nil {
-		req, e = parseOllama(body, chat)
-	}
-	if e != nil {
-		writeOllamaError(w, e)
+	req, ok := readRequest(s, w, r, writeOllamaError, func(body []byte) (*ollamaRequest, *Error) { return parseOllama(body, chat) })
+	if !ok {
 		return
 	}
 	if req.load {
@@ -587,13 +474,6 @@ func (s *Server) ollamaRun(w http.ResponseWriter, r *http.Request, chat bool) {
 	})
 }
 
-func modelOr(m, def string) string {
-	if m != "" {
-		return m
-	}
-	return def
-}
-
 // ollamaLoad answers a request with nothing to generate as Ollama does
 // (done_reason "load"), once the model is known to exist.
 func (s *Server) ollamaLoad(w http.ResponseWriter, r *http.Request, req *ollamaRequest) {
@@ -613,26 +493,6 @@ func (s *Server) ollamaLoad(w http.ResponseWriter, r *http.Request, req *ollamaR
 	writeJSON(w, http.StatusOK, c)
 }
 
-// findModel finds the model id names, as GET /v1/models/{id} does: its
-// listed id, its fingerprint or a unique fingerprint prefix of MinPrefix+
-// hex characters.
-func (s *Server) findModel(r *http.Request, id string) (Model, *Error) {
-	ms, err := s.cfg.Backend.Models(r.Context())
-	if err != nil {
-		return Model{}, asError(err)
-	}
-	var found []Model
-	for _, m := range ms {
-		if m.ID == id || m.Fingerprint == id || (len(id) >= MinPrefix && strings.HasPrefix(m.Fingerprint, id)) {
-			found = append(found, m)
-		}
-	}
-	if len(found) != 1 {
-		return Model{}, ModelNotFound(id)
-	}
-	return found[0], nil
-}
-
 // ollamaStream writes NDJSON: a line per piece of text, a line per tool
 // call once it is complete (Ollama streams calls whole), a final line with
 // done: true, done_reason and the counts.
@@ -647,9 +507,7 @@ type ollamaStream struct {
 }
 
 func (o *ollamaStream) start(u update) bool {
-	if u.Route.Model != "" {
-		o.model = u.Route.Model
-	}
+	o.model = modelOr(u.Route.Model, o.model)
 	o.first = time.Now()
 	o.ew.open("application/x-ndjson")
 	return true
@@ -750,19 +608,9 @@ func (s *Server) ollamaTags(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, list)
 }
 
-func (s *Server) ollamaShow(w http.ResponseWriter, r *http.Request) {
-	if r.Method != http.MethodPost {
-		writeOllamaError(w, methodNotAllowed(r, "POST"))
-		return
-	}
-	body, e := s.readBody(w, r)
-	var o jobj
-	if e == nil {
-		o, e = bodyObject(body)
-	}
-	if e == nil {
-		e = o.known(whyUnknown, "model", "name", "verbose")
-	}
+// parseOllamaShow validates an /api/show body: the model it names.
+func parseOllamaShow(body []byte) (string, *Error) {
+	o, e := bodyObject(body, "model", "name", "verbose")
 	var id string
 	if e == nil {
 		switch {
@@ -771,17 +619,22 @@ func (s *Server) ollamaShow(w http.ResponseWriter, r *http.Request) {
 		case o.has("name"):
 			e = o.str("name", &id, true)
 		default:
-			e = BadRequest("model", "missing required field %q", "model")
+			e = o.need("model")
 		}
 	}
-	if e == nil && o.has("verbose") {
-		var v bool
-		e = o.boolean("verbose", &v)
-	}
-	var m Model
+	var v bool
 	if e == nil {
-		m, e = s.findModel(r, id)
+		e = o.optBool("verbose", &v)
 	}
+	return id, e
+}
+
+func (s *Server) ollamaShow(w http.ResponseWriter, r *http.Request) {
+	id, ok := readRequest(s, w, r, writeOllamaError, parseOllamaShow)
+	if !ok {
+		return
+	}
+	m, e := s.findModel(r, id)
 	if e != nil {
 		writeOllamaError(w, e)
 		return
@@ -818,10 +671,4 @@ func (s *Server) ollamaUnsupported(w http.ResponseWriter, r *http.Request) {
 func writeOllamaError(w http.ResponseWriter, e *Error) {
 	errorHeaders(w, e)
 	writeJSON(w, e.Status, map[string]string{"error": messageNaming(e)})
-}
-
-// isJSONObject reports whether s is one JSON object.
-func isJSONObject(s string) bool {
-	var m map[string]json.RawMessage
-	return json.Unmarshal([]byte(s), &m) == nil && m != nil
 }

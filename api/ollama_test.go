@@ -2,7 +2,6 @@ package api
 
 import (
 	"bufio"
-	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -295,18 +294,8 @@ func TestOllamaValidation(t *testing.T) {
 }
 
 func TestOllamaBackendErrors(t *testing.T) {
-	for _, c := range []struct {
-		err    error
-		status int
-	}{{ModelNotFound("nope"), 404}, {Unavailable("no peer serves layers 2-4 of 5"), 503}, {errors.New("boom"), 500}} {
-		for _, stream := range []string{"false", "true"} {
-			s := New(Config{Backend: &scripted{err: c.err}})
-			w := post(t, s, "/api/chat", `{"model":"nope","stream":`+stream+`,"messages":[{"role":"user","content":"hi"}]}`)
-			if decodeOllamaErr(t, w); w.Code != c.status {
-				t.Fatalf("%v stream=%s: %d", c.err, stream, w.Code)
-			}
-		}
-	}
+	backendErrors(t, "/api/chat", `{"model":"nope","stream":%s,"messages":[{"role":"user","content":"hi"}]}`,
+		func(t *testing.T, w *httptest.ResponseRecorder) { decodeOllamaErr(t, w) })
 	status, stream := lateFailure(t, "/api/chat", `{"model":"tiny","messages":[{"role":"user","content":"hi"}]}`)
 	lines := ndjson(t, strings.NewReader(stream))
 	if status != 200 || len(lines) != 2 || dig(lines[0], "message", "content") != "partial" || !strings.Contains(lines[1]["error"].(string), "no re-route") {

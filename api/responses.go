@@ -1,6 +1,7 @@
 package api
 
 import (
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -28,19 +29,14 @@ var responsesNames = FieldNames{Tools: "tools", ToolName: ".name", ToolParams: "
 
 // parseResponses validates a /v1/responses body.
 func parseResponses(body []byte) (*responsesRequest, *Error) {
-	o, e := bodyObject(body)
+	o, e := bodyObject(body, "model", "input", "instructions", "max_output_tokens", "temperature", "top_p", "stream",
+		"tools", "tool_choice", "parallel_tool_calls", "text", "store", "previous_response_id", "metadata", "user",
+		"truncation", "background", "include")
 	if e != nil {
 		return nil, e
 	}
-	if e := o.known(whyUnknown, "model", "input", "instructions", "max_output_tokens", "temperature", "top_p", "stream",
-		"tools", "tool_choice", "parallel_tool_calls", "text", "store", "previous_response_id", "metadata", "user",
-		"truncation", "background", "include"); e != nil {
+	if e := o.need("model", "input"); e != nil {
 		return nil, e
-	}
-	for _, k := range []string{"model", "input"} {
-		if !o.has(k) {
-			return nil, BadRequest(k, "missing required field %q", k)
-		}
 	}
 	r := &responsesRequest{gen: GenerateRequest{Temperature: 1, TopP: 1, Seed: randomSeed(), ParallelToolCalls: true}}
 	g := &r.gen
@@ -60,31 +56,14 @@ func parseResponses(body []byte) (*responsesRequest, *Error) {
 	if o.has("previous_response_id") {
 		return nil, unsupported("previous_response_id", "nothing is stored: send the whole conversation as input")
 	}
-	if o.has("stream") {
-		if e := o.boolean("stream", &r.stream); e != nil {
-			return nil, e
-		}
+	// cmp.Or: the first error, the fields taken in this order.
+	if e := cmp.Or(o.optBool("stream", &r.stream), o.optInt("max_output_tokens", &g.MaxTokens, 1, MaxTokensLimit),
+		o.optFloat("temperature", &g.Temperature, 0, 2), o.optFloat("top_p", &g.TopP, 0, 1),
+		o.optBool("parallel_tool_calls", &g.ParallelToolCalls)); e != nil {
+		return nil, e
 	}
 	if o.has("max_output_tokens") {
-		if e := o.integer("max_output_tokens", &g.MaxTokens, 1, MaxTokensLimit); e != nil {
-			return nil, e
-		}
 		r.echo.MaxOutputTokens = g.MaxTokens
-	}
-	if o.has("temperature") {
-		if e := o.float("temperature", &g.Temperature, 0, 2); e != nil {
-			return nil, e
-		}
-	}
-	if o.has("top_p") {
-		if e := o.float("top_p", &g.TopP, 0, 1); e != nil {
-			return nil, e
-		}
-	}
-	if o.has("parallel_tool_calls") {
-		if e := o.boolean("parallel_tool_calls", &g.ParallelToolCalls); e != nil {
-			return nil, e
-		}
 	}
 	if o.has("user") {
 		var u string
@@ -106,29 +85,14 @@ func parseResponses(body []byte) (*responsesRequest, *Error) {
 			return nil, e
 		}
 		r.echo.Instructions = in
-		if in != "" {
-			g.Messages = append(g.Messages, Message{Role: "system", Content: in})
-		}
+		appendSystem(g, in)
 	}
-	if e := parseResponsesInput(o, g); e != nil {
+	if e := parseAll(o, g, parseResponsesInput, parseResponsesTools, parseResponsesToolChoice, parseResponsesText); e != nil {
 		return nil, e
-	}
-	if o.has("tools") {
-		if e := parseResponsesTools(o, g); e != nil {
-			return nil, e
-		}
 	}
 	r.echo.ToolChoice = "auto"
 	if o.has("tool_choice") {
-		if e := parseResponsesToolChoice(o, g); e != nil {
-			return nil, e
-		}
 		r.echo.ToolChoice = json.RawMessage(o.raw("tool_choice"))
-	}
-	if o.has("text") {
-		if e := parseResponsesText(o, g); e != nil {
-			return nil, e
-		}
 	}
 	if e := checkGen(g, responsesNames); e != nil {
 		return nil, e
@@ -142,96 +106,84 @@ func parseResponses(body []byte) (*responsesRequest, *Error) {
 // the assistant text before them make one turn) and function_call_output
 // (a tool message).
 func parseResponsesInput(o jobj, g *GenerateRequest) *Error {
-	var s string
-	if json.Unmarshal(o.raw("input"), &s) == nil {
+	if s, ok := o.strValue("input"); ok {
 		if s == "" {
 			return BadRequest("input", `"input" must not be empty`)
 		}
 		g.Messages = append(g.Messages, Message{Role: "user", Content: s})
 		return nil
 	}
-	items, e := o.array("input", 1, MaxMessages)
-	if e != nil {
-		return e
-	}
 	names := map[string]string{} // call_id → function name
-	for i, raw := range items {
-		p := fmt.Sprintf("input[%d]", i)
-		it, e := subObject(raw, p)
-		if e != nil {
-			return e
-		}
-		typ := "message"
-		if it.has("type") {
-			if e := it.str("type", &typ, true); e != nil {
-				return e
-			}
-		}
-		switch typ {
-		case "message":
-			m, e := responsesMessage(it)
-			if e != nil {
-				return e
-			}
-			g.Messages = append(g.Messages, m)
-		case "function_call":
-			if e := it.known("function_call items carry type, call_id, name, arguments, id and status",
-				"type", "call_id", "name", "arguments", "id", "status"); e != nil {
-				return e
-			}
-			var c ToolCall
-			for _, k := range []string{"call_id", "name", "arguments"} {
-				if !it.has(k) {
-					return BadRequest(it.k(k), "missing %s", k)
-				}
-			}
-			if e := it.toolCallID("call_id", &c.ID); e != nil {
-				return e
-			}
-			if e := it.funcName("name", &c.Name); e != nil {
-				return e
-			}
-			var args string
-			if e := it.str("arguments", &args, false); e != nil {
-				return e
-			}
-			if c.Arguments, e = argsText(json.RawMessage(args), it.k("arguments")); e != nil {
-				return e
-			}
-			names[c.ID] = c.Name
-			if n := len(g.Messages); n > 0 && g.Messages[n-1].Role == "assistant" {
-				g.Messages[n-1].ToolCalls = append(g.Messages[n-1].ToolCalls, c)
-			} else {
-				g.Messages = append(g.Messages, Message{Role: "assistant", ToolCalls: []ToolCall{c}})
-			}
-		case "function_call_output":
-			if e := it.known("function_call_output items carry type, call_id, output, id and status",
-				"type", "call_id", "output", "id", "status"); e != nil {
-				return e
-			}
-			m := Message{Role: "tool"}
-			if !it.has("call_id") {
-				return BadRequest(it.k("call_id"), "missing call_id")
-			}
-			if e := it.toolCallID("call_id", &m.ToolCallID); e != nil {
-				return e
-			}
-			m.Name = names[m.ToolCallID]
-			if !it.has("output") {
-				return BadRequest(it.k("output"), "missing output")
-			}
-			out, e := responsesText(it.raw("output"), it.k("output"), "input_text")
-			if e != nil {
-				return e
-			}
-			m.Content = out
-			g.Messages = append(g.Messages, m)
-		default:
-			return unsupported(p+".type", fmt.Sprintf("input item type %q is not supported (message, function_call, function_call_output)", typ))
-		}
+	if e := o.objects("input", 1, MaxMessages, func(it jobj) *Error { return responsesItem(it, g, names) }); e != nil {
+		return e
 	}
 	if len(g.Messages) > MaxMessages {
 		return BadRequest("input", "at most %d messages, got %d", MaxMessages, len(g.Messages))
+	}
+	return nil
+}
+
+// responsesItem maps an input item.
+func responsesItem(it jobj, g *GenerateRequest, names map[string]string) *Error {
+	typ := "message"
+	if e := it.optStr("type", &typ, true); e != nil {
+		return e
+	}
+	switch typ {
+	case "message":
+		m, e := responsesMessage(it)
+		if e != nil {
+			return e
+		}
+		g.Messages = append(g.Messages, m)
+	case "function_call":
+		if e := it.known("function_call items carry type, call_id, name, arguments, id and status",
+			"type", "call_id", "name", "arguments", "id", "status"); e != nil {
+			return e
+		}
+		var c ToolCall
+		if e := it.need("call_id", "name", "arguments"); e != nil {
+			return e
+		}
+		if e := it.toolCallID("call_id", &c.ID); e != nil {
+			return e
+		}
+		if e := it.funcName("name", &c.Name); e != nil {
+			return e
+		}
+		var args string
+		if e := it.str("arguments", &args, false); e != nil {
+			return e
+		}
+		text, e := argsText(json.RawMessage(args), it.k("arguments"))
+		if e != nil {
+			return e
+		}
+		c.Arguments = text
+		names[c.ID] = c.Name
+		if n := len(g.Messages); n > 0 && g.Messages[n-1].Role == "assistant" {
+			g.Messages[n-1].ToolCalls = append(g.Messages[n-1].ToolCalls, c)
+		} else {
+			g.Messages = append(g.Messages, Message{Role: "assistant", ToolCalls: []ToolCall{c}})
+		}
+	case "function_call_output":
+		if e := it.known("function_call_output items carry type, call_id, output, id and status",
+			"type", "call_id", "output", "id", "status"); e != nil {
+			return e
+		}
+		m, e := it.toolResult("call_id", names)
+		if e == nil {
+			e = it.need("output")
+		}
+		if e == nil {
+			m.Content, e = responsesText(it.raw("output"), it.k("output"), "input_text")
+		}
+		if e != nil {
+			return e
+		}
+		g.Messages = append(g.Messages, m)
+	default:
+		return unsupported(it.k("type"), fmt.Sprintf("input item type %q is not supported (message, function_call, function_call_output)", typ))
 	}
 	return nil
 }
@@ -243,10 +195,7 @@ func responsesMessage(it jobj) (Message, *Error) {
 	if e := it.known("message items carry type, role, content, id and status", "type", "role", "content", "id", "status"); e != nil {
 		return m, e
 	}
-	if !it.has("role") {
-		return m, BadRequest(it.k("role"), "missing role")
-	}
-	if e := it.str("role", &m.Role, true); e != nil {
+	if e := it.needStr("role", &m.Role, true); e != nil {
 		return m, e
 	}
 	part := "input_text"
@@ -259,8 +208,8 @@ func responsesMessage(it jobj) (Message, *Error) {
 	default:
 		return m, unsupported(it.k("role"), fmt.Sprintf("role %q is not supported (user, system, developer, assistant)", m.Role))
 	}
-	if !it.has("content") {
-		return m, BadRequest(it.k("content"), "missing content")
+	if e := it.need("content"); e != nil {
+		return m, e
 	}
 	c, e := responsesText(it.raw("content"), it.k("content"), part)
 	m.Content = c
@@ -270,98 +219,49 @@ func responsesMessage(it jobj) (Message, *Error) {
 // responsesText is a string or an array of text parts of type part
 // (joined with \n).
 func responsesText(raw json.RawMessage, p, part string) (string, *Error) {
-	var s string
-	if json.Unmarshal(raw, &s) == nil {
-		return s, nil
-	}
-	var parts []json.RawMessage
-	if json.Unmarshal(raw, &parts) != nil {
-		return "", BadRequest(p, "%q must be a string or an array of %s parts", p, part)
-	}
-	texts := make([]string, 0, len(parts))
-	for j, rp := range parts {
-		pp := fmt.Sprintf("%s[%d]", p, j)
-		po, e := subObject(rp, pp)
-		if e != nil {
-			return "", e
-		}
+	return textParts(raw, p, part+" parts", func(po jobj) (string, *Error) {
 		var typ, text string
 		if e := po.str("type", &typ, true); e != nil {
 			return "", e
 		}
 		if typ != part {
-			return "", unsupported(pp+".type", fmt.Sprintf("content part type %q is not supported here (%s)", typ, part))
+			return "", unsupported(po.k("type"), fmt.Sprintf("content part type %q is not supported here (%s)", typ, part))
 		}
 		if e := po.known("text parts carry type, text, annotations and logprobs", "type", "text", "annotations", "logprobs"); e != nil {
 			return "", e
 		}
-		if !po.has("text") {
-			return "", BadRequest(pp+".text", "missing text")
-		}
-		if e := po.str("text", &text, false); e != nil {
+		if e := po.needStr("text", &text, false); e != nil {
 			return "", e
 		}
-		texts = append(texts, text)
-	}
-	return strings.Join(texts, "\n"), nil
+		return text, nil
+	})
 }
 
 func parseResponsesTools(o jobj, g *GenerateRequest) *Error {
-	items, e := o.array("tools", 0, MaxTools)
-	if e != nil {
-		return e
-	}
-	for i, raw := range items {
-		p := fmt.Sprintf("tools[%d]", i)
-		to, e := subObject(raw, p)
-		if e != nil {
-			return e
-		}
+	// strict defaults to true in the Responses API.
+	return o.tools(g, Tool{Strict: true}, func(to jobj, t *Tool) *Error {
 		var typ string
-		if !to.has("type") {
-			return BadRequest(p+".type", "missing type")
-		}
-		if e := to.str("type", &typ, true); e != nil {
+		if e := to.needStr("type", &typ, true); e != nil {
 			return e
 		}
 		if typ != "function" {
-			return unsupported(p+".type", fmt.Sprintf("tool type %q is not supported: function tools only", typ))
+			return unsupported(to.k("type"), fmt.Sprintf("tool type %q is not supported: function tools only", typ))
 		}
 		if e := to.known("function tools carry type, name, description, parameters and strict",
 			"type", "name", "description", "parameters", "strict"); e != nil {
 			return e
 		}
-		// strict defaults to true in the Responses API.
-		t := Tool{Strict: true}
-		if !to.has("name") {
-			return BadRequest(p+".name", "missing name")
-		}
-		if e := to.str("name", &t.Name, true); e != nil {
-			return e
-		}
-		if to.has("description") {
-			if e := to.str("description", &t.Description, false); e != nil {
-				return e
-			}
-		}
-		if to.has("parameters") {
-			t.Parameters = to.raw("parameters")
-		}
-		if to.has("strict") {
-			if e := to.boolean("strict", &t.Strict); e != nil {
-				return e
-			}
-		}
-		g.Tools = append(g.Tools, t)
-	}
-	return nil
+		return to.functionTool(t, "parameters", false)
+	})
 }
 
 // parseResponsesToolChoice maps tool_choice: "auto", "none", "required"
 // or {"type": "function", "name": …}.
 func parseResponsesToolChoice(o jobj, g *GenerateRequest) *Error {
-	var s string
-	if json.Unmarshal(o.raw("tool_choice"), &s) == nil {
+	if !o.has("tool_choice") {
+		return nil
+	}
+	if s, ok := o.strValue("tool_choice"); ok {
 		switch s {
 		case "auto", "none", "required":
 			g.ToolChoice = ToolChoice{Mode: s}
@@ -369,7 +269,7 @@ func parseResponsesToolChoice(o jobj, g *GenerateRequest) *Error {
 		}
 		return BadRequest("tool_choice", `unknown tool_choice %q (auto, none, required, or {"type": "function", "name": …})`, s)
 	}
-	tc, e := subObject(o.raw("tool_choice"), "tool_choice")
+	tc, e := o.object("tool_choice")
 	if e != nil {
 		return BadRequest("tool_choice", `"tool_choice" must be auto, none, required, or {"type": "function", "name": …}`)
 	}
@@ -380,36 +280,20 @@ func parseResponsesToolChoice(o jobj, g *GenerateRequest) *Error {
 		return e
 	}
 	g.ToolChoice = ToolChoice{Mode: ToolFunction}
-	if !tc.has("name") {
-		return BadRequest("tool_choice.name", "missing name")
-	}
-	return tc.str("name", &g.ToolChoice.Name, true)
+	return tc.needStr("name", &g.ToolChoice.Name, true)
 }
 
 // parseResponsesText maps text.format: text, json_object or json_schema
 // {name, schema, strict, description}.
 func parseResponsesText(o jobj, g *GenerateRequest) *Error {
-	t, e := subObject(o.raw("text"), "text")
-	if e != nil {
-		return e
-	}
-	if e := t.known(whyUnknown, "format"); e != nil {
-		return e
-	}
-	if !t.has("format") {
-		return nil
-	}
-	f, e := subObject(t.raw("format"), "text.format")
-	if e != nil {
+	f, found, e := o.nested("text", "format", whyUnknown)
+	if !found {
 		return e
 	}
 	if e := f.known(whyUnknown, "type", "name", "schema", "strict", "description"); e != nil {
 		return e
 	}
-	if !f.has("type") {
-		return BadRequest("text.format.type", "missing type")
-	}
-	if e := f.str("type", &g.Format.Type, true); e != nil {
+	if e := f.needStr("type", &g.Format.Type, true); e != nil {
 		return e
 	}
 	if g.Format.Type != FormatJSONSchema {
@@ -420,21 +304,10 @@ func parseResponsesText(o jobj, g *GenerateRequest) *Error {
 		}
 		return nil
 	}
-	if f.has("name") {
-		if e := f.str("name", &g.Format.Name, false); e != nil {
-			return e
-		}
-	}
-	if f.has("description") {
-		var d string
-		if e := f.str("description", &d, false); e != nil {
-			return e
-		}
-	}
-	if f.has("strict") {
-		if e := f.boolean("strict", &g.Format.Strict); e != nil {
-			return e
-		}
+	var d string
+	if e := cmp.Or(f.optStr("name", &g.Format.Name, false), f.optStr("description", &d, false),
+		f.optBool("strict", &g.Format.Strict)); e != nil {
+		return e
 	}
 	g.Format.Schema = f.raw("schema")
 	return nil
@@ -549,27 +422,13 @@ func (r *responseObject) done(res *GenerateResult) {
 	r.Usage = &responseUsage{InputTokens: res.PromptTokens, InputTokensDetails: map[string]int{"cached_tokens": 0},
 		OutputTokens: res.CompletionTokens, OutputTokensDetails: map[string]int{"reasoning_tokens": 0},
 		TotalTokens: res.PromptTokens + res.CompletionTokens}
-	if res.Model != "" {
-		r.Model = res.Model
-	}
+	r.Model = modelOr(res.Model, r.Model)
 	r.Meshp2p = final(res)
 }
 
-func callID(id string) string {
-	if id == "" {
-		return "call_" + randomID()
-	}
-	return id
-}
-
 func (s *Server) responses(w http.ResponseWriter, r *http.Request) {
-	body, e := s.readBody(w, r)
-	var req *responsesRequest
-	if e == nil {
-		req, e = parseResponses(body)
-	}
-	if e != nil {
-		writeError(w, e)
+	req, ok := readRequest(s, w, r, writeError, parseResponses)
+	if !ok {
 		return
 	}
 	base := req.echo
@@ -589,7 +448,7 @@ func (s *Server) responses(w http.ResponseWriter, r *http.Request) {
 					Role: "assistant", Content: []responseText{outputText(u.Text)}})
 			}
 			for _, c := range u.Res.ToolCalls {
-				resp.Output = append(resp.Output, responseCall{Type: "function_call", ID: "fc_" + randomID(), CallID: callID(c.ID),
+				resp.Output = append(resp.Output, responseCall{Type: "function_call", ID: "fc_" + randomID(), CallID: idOr(c.ID, "call_"),
 					Name: c.Name, Arguments: c.Arguments, Status: "completed"})
 			}
 			return resp
@@ -623,9 +482,7 @@ func (rs *responsesStream) send(typ string, ev map[string]any) bool {
 }
 
 func (rs *responsesStream) start(u update) bool {
-	if u.Route.Model != "" {
-		rs.resp.Model = u.Route.Model
-	}
+	rs.resp.Model = modelOr(u.Route.Model, rs.resp.Model)
 	rs.ew.open("text/event-stream")
 	return rs.send("response.created", map[string]any{"response": rs.resp}) &&
 		rs.send("response.in_progress", map[string]any{"response": rs.resp})
@@ -687,7 +544,7 @@ func (rs *responsesStream) delta(u update) bool {
 			if !rs.closeMessage("completed") || !rs.closeCall() {
 				return false
 			}
-			rs.call = &responseCall{Type: "function_call", ID: "fc_" + randomID(), CallID: callID(d.ID), Name: d.Name, Status: "in_progress"}
+			rs.call = &responseCall{Type: "function_call", ID: "fc_" + randomID(), CallID: idOr(d.ID, "call_"), Name: d.Name, Status: "in_progress"}
 			rs.idx = d.Index
 			if !rs.send("response.output_item.added", map[string]any{"output_index": len(rs.resp.Output), "item": rs.call}) {
 				return false

@@ -3,7 +3,6 @@ package api
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
@@ -55,17 +54,7 @@ func TestResponses(t *testing.T) {
 // and sequence numbers.
 func responsesEvents(t *testing.T, s http.Handler, body string) []namedEvent {
 	t.Helper()
-	srv := httptest.NewServer(s)
-	defer srv.Close()
-	resp, err := http.Post(srv.URL+"/v1/responses", "application/json", strings.NewReader(body))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != 200 || resp.Header.Get("Content-Type") != "text/event-stream" {
-		t.Fatalf("status %d %q", resp.StatusCode, resp.Header.Get("Content-Type"))
-	}
-	evs := namedEvents(t, resp.Body)
+	evs := postEvents(t, s, "/v1/responses", body)
 	for i, e := range evs {
 		if e.data["type"] != e.name || e.data["sequence_number"] != float64(i) {
 			t.Fatalf("event %d %s: %s", i, e.name, e.raw)
@@ -251,19 +240,8 @@ func TestResponsesValidation(t *testing.T) {
 }
 
 func TestResponsesBackendErrors(t *testing.T) {
-	for _, c := range []struct {
-		err    error
-		status int
-	}{{ModelNotFound("nope"), 404}, {Unavailable("no peer serves layers 2-4 of 5"), 503}, {errors.New("boom"), 500}} {
-		for _, stream := range []string{"false", "true"} {
-			s := New(Config{Backend: &scripted{err: c.err}})
-			if w := post(t, s, "/v1/responses", `{"model":"nope","input":"hi","stream":`+stream+`}`); w.Code != c.status {
-				t.Fatalf("%v stream=%s: %d", c.err, stream, w.Code)
-			} else {
-				decodeErr(t, w)
-			}
-		}
-	}
+	backendErrors(t, "/v1/responses", `{"model":"nope","input":"hi","stream":%s}`,
+		func(t *testing.T, w *httptest.ResponseRecorder) { decodeErr(t, w) })
 	_, stream := lateFailure(t, "/v1/responses", `{"model":"tiny","input":"hi","stream":true}`)
 	evs := namedEvents(t, strings.NewReader(stream))
 	last := evs[len(evs)-1]
