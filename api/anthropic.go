@@ -398,10 +398,10 @@ type anthropicUsage struct {
 // anthropicStop is a finished generation's stop_reason.
 func anthropicStop(res *GenerateResult) string {
 	switch {
+	case res.Length: // cut off, also inside a call (as OpenAI's length)
+		return "max_tokens"
 	case len(res.ToolCalls) > 0:
 		return "tool_use"
-	case res.Length:
-		return "max_tokens"
 	case res.Stop != "":
 		return "stop_sequence"
 	}

@@ -534,7 +534,9 @@ func (o *ollamaStream) flushCall() bool {
 
 func (o *ollamaStream) delta(u update) bool {
 	if u.Text != "" || len(u.Logprobs) > 0 {
-		if !o.flushCall() || !o.ew.line(o.req.chunk(o.model, u.Text, u.Logprobs)) {
+		// Text ends a call in progress (flushed if complete); logprobs
+		// alone ride along without touching it.
+		if (u.Text != "" && !o.flushCall()) || !o.ew.line(o.req.chunk(o.model, u.Text, u.Logprobs)) {
 			return false
 		}
 	}

@@ -32,6 +32,11 @@ type update struct {
 	Text      string
 	ToolCalls []ToolCallDelta
 	Logprobs  []TokenLogprob
+	// Deltas are the same text, fragments and logprobs in the order the
+	// backend produced them (Text and ToolCalls merge them: a shape whose
+	// events depend on the order, e.g. a text block closed by a call,
+	// walks Deltas).
+	Deltas []Delta
 	// Tokens is the count of tokens generated so far (0: the first has
 	// not arrived: nothing may be written yet, errors keep their status).
 	Tokens int
@@ -63,6 +68,9 @@ func (s *Server) startRun(ctx context.Context, gen *GenerateRequest) *run {
 				u.Text += d.Text
 				u.ToolCalls = append(u.ToolCalls, d.ToolCalls...)
 				u.Logprobs = append(u.Logprobs, d.Logprobs...)
+			}
+			if d.Text != "" || len(d.ToolCalls) > 0 || len(d.Logprobs) > 0 {
+				g.pending.Deltas = append(g.pending.Deltas, d)
 			}
 			g.mu.Unlock()
 			g.signal()

@@ -554,7 +554,14 @@ func drive(ctx context.Context, cancel context.CancelFunc, w http.ResponseWriter
 		if !started {
 			continue
 		}
-		if !st.delta(u) {
+		// One delta at a time, in the order the backend produced them.
+		ok = true
+		for _, d := range u.Deltas {
+			if ok = st.delta(update{Text: d.Text, ToolCalls: d.ToolCalls, Logprobs: d.Logprobs, Tokens: u.Tokens, Route: u.Route}); !ok {
+				break
+			}
+		}
+		if !ok {
 			cancel()
 			continue
 		}

@@ -11,6 +11,7 @@ import (
 	"github.com/neuron-tai/meshp2p/proto/meshp2pb"
 	"github.com/neuron-tai/meshp2p/route"
 	"github.com/neuron-tai/meshp2p/session"
+	"github.com/neuron-tai/meshp2p/toolcall"
 )
 
 // Request is one generation.
@@ -130,10 +131,20 @@ func (c *Client) Generate(ctx context.Context, req Request) (*Result, error) {
 		onText = calls.write
 	}
 	st := NewStream(v, req.Stops, onText)
+	if calls != nil && format == toolcall.Mistral {
+		// Mistral's [TOOL_CALLS] is a control token: its text must reach
+		// the call parser.
+		st.special = true
+	}
 	sreq := session.GenerateRequest{Fingerprint: m.Fingerprint, NLayer: m.NLayer, Prompt: prompt, MaxTokens: req.MaxTokens,
 		Sampling: sampling, WireDType: req.WireDType, Speculation: spec, OnToken: st.Token}
 	if req.OnLogprob != nil && req.Logprobs {
-		sreq.OnLogprobs = func(tok int32, lp *meshp2pb.TokenLogprobs) { req.OnLogprob(tokenLogprob(v, tok, lp)) }
+		sreq.OnLogprobs = func(tok int32, lp *meshp2pb.TokenLogprobs) {
+			// An end-of-generation token is not text: no entry for it.
+			if !v.IsEOG(tok) && !st.Stopped() {
+				req.OnLogprob(tokenLogprob(v, tok, lp))
+			}
+		}
 	}
 	if req.OnRoute != nil {
 		sreq.OnRoute = func(rt *route.Route, reroutes int) { req.OnRoute(m, rt, reroutes) }

@@ -19,6 +19,9 @@ type Stream struct {
 	onText func(delta string)
 	toks   []int32
 	first  time.Time
+	// special renders control tokens' text too (a tool-call marker that
+	// is one, e.g. Mistral's [TOOL_CALLS]).
+	special bool
 }
 
 // NewStream returns a stream that ends at the first of stops; onText
@@ -42,7 +45,7 @@ func (s *Stream) Token(tok int32) bool {
 		return true
 	}
 	if !s.v.IsEOG(tok) {
-		if piece, err := s.v.TokenPiece(tok, false); err == nil {
+		if piece, err := s.v.TokenPiece(tok, s.special); err == nil {
 			s.text.Add(piece)
 		}
 	}
@@ -63,6 +66,9 @@ func (s *Stream) Text() string { return s.text.String() }
 
 // Stop is the stop string that ended the text ("" when none did).
 func (s *Stream) Stop() string { return s.text.Stop() }
+
+// Stopped reports whether a stop string ended the text.
+func (s *Stream) Stopped() bool { return s.text.Stopped() }
 
 // Tokens are the tokens recorded.
 func (s *Stream) Tokens() []int32 { return s.toks }

@@ -280,6 +280,9 @@ func grammarFor(v Vocab, tools Tools, format Format, f toolcall.Format) (string,
 	case tools.forced():
 		g, err = callGrammar(gv, tools, f)
 	case format.Schema != nil:
+		if err := CheckSchema(format.Schema); err != nil {
+			return "", fmt.Errorf("%w: %w", ErrGrammar, err)
+		}
 		g, err = gv.SchemaToGrammar(format.Schema)
 	default:
 		g, err = gv.SchemaToGrammar([]byte(`{"type":"object"}`))
@@ -301,15 +304,20 @@ var rootRule = regexp.MustCompile(`(?m)^root ::=`)
 func callGrammar(gv GrammarVocab, tools Tools, f toolcall.Format) (string, error) {
 	syn := f.Syntax()
 	var alts []any
-	for _, t := range tools.List {
+	defs := map[string]any{}
+	for i, t := range tools.List {
 		if tools.Choice == ToolFunction && t.Name != tools.Function {
 			continue
+		}
+		params, err := hoistDefs(t.Parameters, fmt.Sprintf("t%d-", i), defs)
+		if err != nil {
+			return "", fmt.Errorf("tool %s: %w", t.Name, err)
 		}
 		alts = append(alts, map[string]any{
 			"type": "object",
 			"properties": orderedObject{
 				{syn.NameKey, map[string]any{"const": t.Name}},
-				{syn.ArgsKey, rawOrEmpty(t.Parameters)},
+				{syn.ArgsKey, params},
 			},
 			"required":             []string{syn.NameKey, syn.ArgsKey},
 			"additionalProperties": false,
@@ -318,12 +326,18 @@ func callGrammar(gv GrammarVocab, tools Tools, f toolcall.Format) (string, error
 	if len(alts) == 0 {
 		return "", fmt.Errorf("no tool named %q", tools.Function)
 	}
-	schema := alts[0]
-	if len(alts) > 1 {
-		schema = map[string]any{"anyOf": alts}
+	schema := map[string]any{"anyOf": alts}
+	if len(alts) == 1 {
+		schema = alts[0].(map[string]any)
+	}
+	if len(defs) > 0 {
+		schema["$defs"] = defs
 	}
 	b, err := json.Marshal(schema)
 	if err != nil {
+		return "", err
+	}
+	if err := CheckSchema(b); err != nil {
 		return "", err
 	}
 	call, err := gv.SchemaToGrammar(b)
@@ -333,10 +347,73 @@ func callGrammar(gv GrammarVocab, tools Tools, f toolcall.Format) (string, error
 	call = rootRule.ReplaceAllString(call, "meshp2p-call ::=")
 	one := seq(lit(syn.Prefix), "meshp2p-call", lit(syn.Suffix))
 	rest := ""
-	if tools.Parallel {
+	// A named function is one call (OpenAI's); required may make several.
+	if tools.Parallel && tools.Choice != ToolFunction {
 		rest = fmt.Sprintf("(%s){0,%d}", seq(lit(syn.Sep), one), MaxCallParts-1)
 	}
 	return "root ::= " + seq(lit(syn.Open), one, rest, lit(syn.Close)) + "\n" + call, nil
+}
+
+// hoistDefs moves a tool's $defs (and definitions) to the wrapper schema's
+// $defs under prefix and rewrites its $refs to match: nested under the
+// call's arguments, "#/$defs/X" would no longer resolve (Pydantic and zod
+// write schemas this way). Other $refs into the tool's own schema are
+// refused.
+func hoistDefs(params json.RawMessage, prefix string, defs map[string]any) (any, error) {
+	if params == nil {
+		return map[string]any{"type": "object"}, nil
+	}
+	var v any
+	if err := json.Unmarshal(params, &v); err != nil {
+		return nil, err
+	}
+	m, ok := v.(map[string]any)
+	if !ok {
+		return v, nil
+	}
+	for _, key := range []string{"$defs", "definitions"} {
+		d, ok := m[key].(map[string]any)
+		if !ok {
+			continue
+		}
+		delete(m, key)
+		for name, def := range d {
+			defs[prefix+name] = def
+		}
+	}
+	var err error
+	var rewrite func(v any) any
+	rewrite = func(v any) any {
+		switch x := v.(type) {
+		case map[string]any:
+			for k, e := range x {
+				if ref, ok := e.(string); ok && k == "$ref" {
+					switch {
+					case strings.HasPrefix(ref, "#/$defs/"):
+						x[k] = "#/$defs/" + prefix + strings.TrimPrefix(ref, "#/$defs/")
+					case strings.HasPrefix(ref, "#/definitions/"):
+						x[k] = "#/$defs/" + prefix + strings.TrimPrefix(ref, "#/definitions/")
+					default:
+						err = fmt.Errorf("$ref %q: in tool parameters only #/$defs/… and #/definitions/… are supported", ref)
+					}
+					continue
+				}
+				x[k] = rewrite(e)
+			}
+		case []any:
+			for i, e := range x {
+				x[i] = rewrite(e)
+			}
+		}
+		return v
+	}
+	out := rewrite(m)
+	for name, def := range defs {
+		if strings.HasPrefix(name, prefix) {
+			defs[name] = rewrite(def)
+		}
+	}
+	return out, err
 }
 
 // lit is s as a GBNF literal ("" for the empty string).

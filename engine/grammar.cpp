@@ -12,6 +12,7 @@
 #include <exception>
 #include <string>
 
+#include <functional>
 #include <vector>
 
 #include "llama-grammar.h"
@@ -162,6 +163,104 @@ static bool recursesWithoutInput(const llama_grammar_rules &rules, std::string &
 	return false;
 }
 
+// maxAdvanceWork bounds the calls llama.cpp's advance_stack may make to
+// advance one stack past rules that can match nothing (see advanceWork).
+static const double maxAdvanceWork = 100000;
+
+// advanceWork bounds, for every position in every rule, the recursive
+// calls llama.cpp's advance_stack makes when a stack stands there: one per
+// rule reference entered, and, past a reference that can match nothing,
+// once more for the rest of the alternative per way it can match nothing
+// (nested optional repetitions such as ((("a"?){2}){2}){2} double that
+// count per level: 2^17 ways overflow the stack without any cycle). The
+// nullable graph must be acyclic (recursesWithoutInput first).
+static bool advanceTooCostly(const llama_grammar_rules &rules, std::string &why) {
+	size_t n = rules.size();
+	std::vector<std::vector<std::vector<llama_grammar_element>>> alts(n);
+	for (size_t i = 0; i < n; i++) {
+		alts[i] = alternatives(rules[i]);
+	}
+	// empties[r]: ways rule r matches the empty string (saturating).
+	std::vector<double> empties(n, -1), work(n, -1);
+	std::vector<bool> busy(n, false);
+	auto sat = [](double x) { return x > 1e15 ? 1e15 : x; };
+	std::function<double(size_t)> emptyWays = [&](size_t r) -> double {
+		if (empties[r] >= 0) {
+			return empties[r];
+		}
+		if (busy[r]) {
+			return 0; // a cycle through non-empty paths only
+		}
+		busy[r] = true;
+		double total = 0;
+		for (const auto &alt : alts[r]) {
+			double ways = 1;
+			for (const auto &e : alt) {
+				if (e.type != LLAMA_GRETYPE_RULE_REF || e.value >= n) {
+					ways = 0;
+					break;
+				}
+				ways = sat(ways * emptyWays(e.value));
+				if (ways == 0) {
+					break;
+				}
+			}
+			total = sat(total + ways);
+		}
+		busy[r] = false;
+		empties[r] = total;
+		return total;
+	};
+	std::function<double(size_t)> ruleWork;
+	// seqWork: the work of advancing at position i of alt.
+	std::function<double(const std::vector<llama_grammar_element> &, size_t)> seqWork =
+		[&](const std::vector<llama_grammar_element> &alt, size_t i) -> double {
+		if (i >= alt.size()) {
+			return 1;
+		}
+		const auto &e = alt[i];
+		if (e.type != LLAMA_GRETYPE_RULE_REF || e.value >= n) {
+			return 1;
+		}
+		double w = 1 + ruleWork(e.value);
+		double ways = emptyWays(e.value);
+		if (ways > 0) {
+			w = sat(w + ways * seqWork(alt, i + 1));
+		}
+		return sat(w);
+	};
+	ruleWork = [&](size_t r) -> double {
+		if (work[r] >= 0) {
+			return work[r];
+		}
+		if (busy[r]) {
+			return 0; // entered again only after consuming input
+		}
+		busy[r] = true;
+		double total = 0;
+		for (const auto &alt : alts[r]) {
+			total = sat(total + seqWork(alt, 0));
+		}
+		busy[r] = false;
+		work[r] = total;
+		return total;
+	};
+	for (size_t r = 0; r < n; r++) {
+		for (const auto &alt : alts[r]) {
+			for (size_t i = 0; i < alt.size(); i++) {
+				double w = seqWork(alt, i);
+				if (w > maxAdvanceWork) {
+					why = "advancing past rule " + std::to_string(r) + " takes about " + std::to_string((long long)w) +
+						" steps, more than the " + std::to_string((long long)maxAdvanceWork) +
+						" allowed (nested optional or repeated parts that can match nothing multiply the ways through them)";
+					return true;
+				}
+			}
+		}
+	}
+	return false;
+}
+
 extern "C" mp_grammar *mp_grammar_new(const struct llama_vocab *vocab, const char *src, char *err, size_t errlen) {
 	try {
 		llama_grammar_parser parser(vocab);
@@ -174,7 +273,7 @@ extern "C" mp_grammar *mp_grammar_new(const struct llama_vocab *vocab, const cha
 			return nullptr;
 		}
 		std::string why;
-		if (recursesWithoutInput(parser.rules, why)) {
+		if (recursesWithoutInput(parser.rules, why) || advanceTooCostly(parser.rules, why)) {
 			fill(err, errlen, why);
 			return nullptr;
 		}
@@ -201,6 +300,14 @@ extern "C" void mp_grammar_free(mp_grammar *g) {
 
 extern "C" size_t mp_grammar_stacks(const mp_grammar *g) {
 	return g->g->stacks.size();
+}
+
+extern "C" size_t mp_grammar_stack_elems(const mp_grammar *g) {
+	size_t n = 0;
+	for (const auto &st : g->g->stacks) {
+		n += st.size();
+	}
+	return n;
 }
 
 extern "C" int mp_grammar_apply(mp_grammar *g, llama_token_data_array *cur, char *err, size_t errlen) {

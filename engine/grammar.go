@@ -9,6 +9,7 @@ import "C"
 import (
 	"errors"
 	"fmt"
+	"time"
 	"unsafe"
 )
 
@@ -22,9 +23,21 @@ import (
 // MaxGrammarBytes keeps a grammar inside the SessionOpen frame that
 // carries it to the tail (frame.DefaultMaxHeader, 64 KiB, holds the route,
 // tickets and signature too).
+//
+// A candidate token costs roughly the live stacks times their depth:
+// MaxGrammarStackElems bounds their total length. Measured on stories260K
+// (TestGrammarCostBounded): 200 optional "a"s in a row keep ~200 shallow
+// stacks and one apply over 512 candidates took 356 ms; JSON-schema grammars
+// keep a handful. On top of the shape bounds, MaxGrammarTime bounds the time
+// one session's grammar may take on the tail in all (its applies and
+// accepts, measured): past it the session fails with ErrGrammar, so an
+// adversarial grammar within the bounds costs a tail at most that, plus
+// one apply.
 const (
-	MaxGrammarBytes  = 32 << 10
-	MaxGrammarStacks = 1024
+	MaxGrammarBytes      = 32 << 10
+	MaxGrammarStacks     = 128
+	MaxGrammarStackElems = 2048
+	MaxGrammarTime       = 5 * time.Second
 	// MaxSchemaBytes bounds a JSON schema given to SchemaToGrammar.
 	MaxSchemaBytes = 64 << 10
 )
@@ -62,10 +75,21 @@ func (g *grammar) free() {
 	}
 }
 
-// apply masks the candidates the grammar forbids.
-func (g *grammar) apply(arr *C.llama_token_data_array) error {
+// bounded reports a grammar whose live stacks cost too much per token.
+func (g *grammar) bounded() error {
 	if n := int(C.mp_grammar_stacks(g.g)); n > MaxGrammarStacks {
 		return fmt.Errorf("%w: %d parse stacks alive, more than the %d allowed (an ambiguous grammar: its cost per token is too high)", ErrGrammar, n, MaxGrammarStacks)
+	}
+	if n := int(C.mp_grammar_stack_elems(g.g)); n > MaxGrammarStackElems {
+		return fmt.Errorf("%w: parse stacks %d elements deep in all, more than the %d allowed (nested repetitions: the grammar's cost per token is too high)", ErrGrammar, n, MaxGrammarStackElems)
+	}
+	return nil
+}
+
+// apply masks the candidates the grammar forbids.
+func (g *grammar) apply(arr *C.llama_token_data_array) error {
+	if err := g.bounded(); err != nil {
+		return err
 	}
 	var buf [grammarErrLen]C.char
 	if C.mp_grammar_apply(g.g, arr, &buf[0], grammarErrLen) != 0 {
@@ -79,7 +103,9 @@ func (g *grammar) accept(tok int32) error {
 	var buf [grammarErrLen]C.char
 	switch C.mp_grammar_accept(g.g, C.llama_token(tok), &buf[0], grammarErrLen) {
 	case 0:
-		return nil
+		// Also when replaying a re-routed session's tokens, which are
+		// applied without an apply in between.
+		return g.bounded()
 	case 1:
 		return fmt.Errorf("%w: token %d is not allowed by the grammar here", ErrGrammar, tok)
 	}

@@ -20,6 +20,9 @@ void mp_grammar_free(mp_grammar *g);
 // mp_grammar_stacks is the number of parse stacks alive: the grammar's
 // cost per candidate token is proportional to it.
 size_t mp_grammar_stacks(const mp_grammar *g);
+// mp_grammar_stack_elems is the total length of the live stacks: a
+// candidate's cost is roughly proportional to it.
+size_t mp_grammar_stack_elems(const mp_grammar *g);
 // mp_grammar_apply sets the logit of every candidate the grammar forbids
 // to -INFINITY (end-of-generation tokens only where the grammar may end).
 // 0 ok, -1 an internal error (err filled).

@@ -7,6 +7,7 @@ import (
 	"math"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/santhosh-tekuri/jsonschema/v6"
 
@@ -275,6 +276,12 @@ func TestGrammarCostBounded(t *testing.T) {
 			t.Fatalf("grammar %q: %v, want a refusal", g, err)
 		}
 	}
+	// No cycle, but 2^17 ways to match nothing: llama.cpp would recurse
+	// once per way when it advances (a stack overflow).
+	nested := `root ::= ` + strings.Repeat("(", 17) + `"a"?` + strings.Repeat("){2}", 17) + ` "z"`
+	if err := m.CheckGrammar(nested); !errors.Is(err, ErrGrammar) || !strings.Contains(err.Error(), "steps") {
+		t.Fatalf("nested optional repetitions: %v, want a refusal", err)
+	}
 	// The same through a JSON schema whose pattern nests repetitions.
 	g, err := SchemaToGrammar([]byte(`{"type":"string","pattern":"^(a*)*$"}`))
 	if err == nil {
@@ -307,5 +314,34 @@ func TestGrammarCostBounded(t *testing.T) {
 		t.Fatalf("after %d steps: %v", steps, err)
 	}
 	t.Logf("refused after %d tokens: %v", steps, err)
-	_ = s
+	// A re-opened session replays its tokens through the same bound.
+	var hist []int32
+	for range 20 {
+		hist = append(hist, a)
+	}
+	if _, err := s.OpenSession(SessionKey{ID: [16]byte{7}}, SessionParams{KVTokens: 64, Sampling: Sampling{Grammar: "root ::= e\ne ::= \"a\" e | \"a\" e e | \"a\" e e e | \"b\"", Generated: hist}}); !errors.Is(err, ErrGrammar) {
+		t.Fatalf("replay: %v", err)
+	}
+	// Deep stacks: (a?){N} keeps N stacks up to N deep; the total length
+	// is bounded, and an apply at the bound is measured.
+	deep, err := newGrammar(m, "root ::= x \"b\"\nx ::= "+strings.TrimSpace(strings.Repeat(`"a"? `, 120)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer deep.free()
+	for steps = 0; steps < 120; steps++ {
+		t0 := time.Now()
+		if err = deep.applyAll(m.Info().NVocab); err != nil {
+			break
+		}
+		if took := time.Since(t0); steps%20 == 0 {
+			t.Logf("(a?){120}: apply %d over %d candidates: %v", steps, m.Info().NVocab, took)
+		}
+		if err = deep.accept(a); err != nil {
+			break
+		}
+	}
+	if err != nil {
+		t.Fatalf("(a?){120} within the bounds: %d tokens, then %v", steps, err)
+	}
 }

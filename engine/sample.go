@@ -9,6 +9,7 @@ import "C"
 import (
 	"fmt"
 	"math"
+	"time"
 	"unsafe"
 )
 
@@ -91,6 +92,8 @@ type sampler struct {
 	chain *C.struct_llama_sampler // nil when no filter is active
 	gram  *grammar                // nil without a grammar
 	step  uint64
+	// gramTime is the time the grammar took so far (MaxGrammarTime).
+	gramTime time.Duration
 }
 
 // DefaultRepeatLastN is the penalty window when none is given (llama.cpp's
@@ -186,7 +189,12 @@ func (smp *sampler) sample(cands []C.llama_token_data, logits []float32) (int32,
 		}
 		arr := C.llama_token_data_array{data: &cands[0], size: C.size_t(len(logits)), selected: -1, sorted: false}
 		if smp.gram != nil {
-			if err := smp.gram.apply(&arr); err != nil {
+			t0 := time.Now()
+			err := smp.gram.apply(&arr)
+			if smp.gramTime += time.Since(t0); err == nil && smp.gramTime > MaxGrammarTime {
+				err = fmt.Errorf("%w: the grammar took %v of the tail's time, more than the %v allowed per session", ErrGrammar, smp.gramTime.Round(time.Millisecond), MaxGrammarTime)
+			}
+			if err != nil {
 				return 0, nil, err
 			}
 		}

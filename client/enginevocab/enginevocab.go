@@ -20,8 +20,15 @@ var (
 	_ client.GrammarVocab = Vocab{}
 )
 
-// SchemaToGrammar converts a JSON schema to GBNF (llama.cpp's converter).
-func (Vocab) SchemaToGrammar(schema []byte) (string, error) { return engine.SchemaToGrammar(schema) }
+// SchemaToGrammar converts a JSON schema to GBNF (llama.cpp's converter),
+// after client.CheckSchema: the converter is not written for hostile
+// input.
+func (Vocab) SchemaToGrammar(schema []byte) (string, error) {
+	if err := client.CheckSchema(schema); err != nil {
+		return "", err
+	}
+	return engine.SchemaToGrammar(schema)
+}
 
 // TemplateSource is the model's Jinja chat template and its BOS and EOS
 // tokens' text.

@@ -1,0 +1,281 @@
+package client
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"regexp/syntax"
+	"strings"
+)
+
+// Bounds a JSON schema must keep before llama.cpp's converter sees it.
+// The converter (json-schema-to-grammar.cpp, C++) is not written for
+// hostile input: an empty repetition ("^*$") indexes an empty vector, a
+// long $ref recurses per character in std::regex, a $ref cycle recurses
+// without end, a deeply nested pattern recurses per parenthesis — each a
+// crash of the gateway — and many optional properties cost time cubic in
+// their count. CheckSchema refuses all of these, naming the construct.
+const (
+	MaxSchemaNodes         = 4096 // JSON values in one schema
+	MaxSchemaProperties    = 128  // properties of one object
+	MaxSchemaPatternBytes  = 256  // one pattern
+	MaxSchemaPatternDepth  = 8    // groups nested in a pattern
+	MaxSchemaRepeat        = 256  // a pattern's {m,n} and a schema's length and item bounds
+	MaxSchemaRefBytes      = 256  // one $ref
+	MaxSchemaRefExpansions = 4096 // $refs followed while checking for cycles
+)
+
+// CheckSchema validates schema (JSON) for the converter; the error names
+// the JSON path and the construct.
+func CheckSchema(schema []byte) error {
+	var root any
+	dec := json.NewDecoder(bytes.NewReader(schema))
+	dec.UseNumber()
+	if err := dec.Decode(&root); err != nil {
+		return fmt.Errorf("the schema is not JSON: %w", err)
+	}
+	c := &schemaChecker{root: root}
+	if err := c.walk(root, "#", 0); err != nil {
+		return err
+	}
+	return c.cycles()
+}
+
+type schemaChecker struct {
+	root  any
+	nodes int
+	refs  []string // every $ref seen (JSON pointers)
+}
+
+func (c *schemaChecker) walk(v any, path string, depth int) error {
+	if c.nodes++; c.nodes > MaxSchemaNodes {
+		return fmt.Errorf("the schema has more than %d values", MaxSchemaNodes)
+	}
+	if depth > 64 {
+		return fmt.Errorf("%s: nested more than 64 deep", path)
+	}
+	switch x := v.(type) {
+	case []any:
+		for i, e := range x {
+			if err := c.walk(e, fmt.Sprintf("%s/%d", path, i), depth+1); err != nil {
+				return err
+			}
+		}
+	case map[string]any:
+		for k, e := range x {
+			p := path + "/" + k
+			switch k {
+			case "pattern":
+				if s, ok := e.(string); ok {
+					if err := checkPattern(s); err != nil {
+						return fmt.Errorf("%s: %w", p, err)
+					}
+				}
+			case "$ref":
+				s, ok := e.(string)
+				if !ok {
+					return fmt.Errorf("%s: $ref must be a string", p)
+				}
+				if err := c.checkRef(s); err != nil {
+					return fmt.Errorf("%s: %w", p, err)
+				}
+				c.refs = append(c.refs, s)
+			case "properties":
+				if m, ok := e.(map[string]any); ok && len(m) > MaxSchemaProperties {
+					return fmt.Errorf("%s: %d properties, more than the %d allowed", p, len(m), MaxSchemaProperties)
+				}
+			case "minLength", "maxLength", "minItems", "maxItems", "minProperties", "maxProperties":
+				if n, ok := e.(json.Number); ok {
+					if f, err := n.Float64(); err != nil || f > MaxSchemaRepeat {
+						return fmt.Errorf("%s: %s of at most %d supported", p, k, MaxSchemaRepeat)
+					}
+				}
+			}
+			if err := c.walk(e, p, depth+1); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// checkRef allows local JSON pointers that resolve.
+func (c *schemaChecker) checkRef(ref string) error {
+	if len(ref) > MaxSchemaRefBytes {
+		return fmt.Errorf("$ref of %d bytes, more than the %d allowed", len(ref), MaxSchemaRefBytes)
+	}
+	if ref != "#" && !strings.HasPrefix(ref, "#/") {
+		return fmt.Errorf("$ref %q: only local references (#/…) are supported", ref)
+	}
+	if _, ok := resolvePointer(c.root, ref); !ok {
+		return fmt.Errorf("$ref %q does not resolve in the schema", ref)
+	}
+	return nil
+}
+
+// cycles refuses $refs that lead back to themselves (recursive schemas:
+// the converter expands them without end).
+func (c *schemaChecker) cycles() error {
+	done := map[string]bool{}
+	expansions := 0
+	var visit func(v any, onPath map[string]bool) error
+	visit = func(v any, onPath map[string]bool) error {
+		switch x := v.(type) {
+		case []any:
+			for _, e := range x {
+				if err := visit(e, onPath); err != nil {
+					return err
+				}
+			}
+		case map[string]any:
+			if ref, ok := x["$ref"].(string); ok {
+				if onPath[ref] {
+					return fmt.Errorf("$ref %q refers back to itself: recursive schemas are not supported", ref)
+				}
+				if !done[ref] {
+					if expansions++; expansions > MaxSchemaRefExpansions {
+						return fmt.Errorf("the schema's $refs expand more than %d times", MaxSchemaRefExpansions)
+					}
+					target, _ := resolvePointer(c.root, ref)
+					onPath[ref] = true
+					err := visit(target, onPath)
+					delete(onPath, ref)
+					if err != nil {
+						return err
+					}
+					done[ref] = true
+				}
+			}
+			for k, e := range x {
+				if k == "$ref" {
+					continue
+				}
+				if err := visit(e, onPath); err != nil {
+					return err
+				}
+			}
+		}
+		return nil
+	}
+	if len(c.refs) == 0 {
+		return nil
+	}
+	return visit(c.root, map[string]bool{})
+}
+
+// resolvePointer resolves a local JSON pointer (#/a/b, ~0 and ~1 escapes).
+func resolvePointer(root any, ref string) (any, bool) {
+	v := root
+	rest := strings.TrimPrefix(strings.TrimPrefix(ref, "#"), "/")
+	if rest == "" {
+		return v, true
+	}
+	for _, part := range strings.Split(rest, "/") {
+		part = strings.ReplaceAll(strings.ReplaceAll(part, "~1", "/"), "~0", "~")
+		switch x := v.(type) {
+		case map[string]any:
+			e, ok := x[part]
+			if !ok {
+				return nil, false
+			}
+			v = e
+		case []any:
+			i := 0
+			if _, err := fmt.Sscanf(part, "%d", &i); err != nil || i < 0 || i >= len(x) {
+				return nil, false
+			}
+			v = x[i]
+		default:
+			return nil, false
+		}
+	}
+	return v, true
+}
+
+// checkPattern allows what the converter handles safely: an anchored
+// regular expression of bounded size, group nesting and repetition counts,
+// that Go's parser accepts (a repetition needs something to repeat).
+func checkPattern(p string) error {
+	if len(p) > MaxSchemaPatternBytes {
+		return fmt.Errorf("pattern of %d bytes, more than the %d allowed", len(p), MaxSchemaPatternBytes)
+	}
+	if !strings.HasPrefix(p, "^") || !strings.HasSuffix(p, "$") {
+		return fmt.Errorf("pattern %q: it must start with ^ and end with $", p)
+	}
+	if err := quantifiedAtoms(p[1 : len(p)-1]); err != nil {
+		return fmt.Errorf("pattern %q: %w", p, err)
+	}
+	re, err := syntax.Parse(p, syntax.Perl)
+	if err != nil {
+		return fmt.Errorf("pattern %q: %w", p, err)
+	}
+	var check func(r *syntax.Regexp, depth int) error
+	check = func(r *syntax.Regexp, depth int) error {
+		if depth > MaxSchemaPatternDepth*2 {
+			return fmt.Errorf("pattern %q: nested more than %d deep", p, MaxSchemaPatternDepth)
+		}
+		switch r.Op {
+		case syntax.OpRepeat:
+			if r.Max > MaxSchemaRepeat || r.Min > MaxSchemaRepeat {
+				return fmt.Errorf("pattern %q: repetitions of at most %d supported", p, MaxSchemaRepeat)
+			}
+		}
+		if r.Flags&syntax.NonGreedy != 0 {
+			return fmt.Errorf("pattern %q: lazy repetitions are not supported", p)
+		}
+		for _, s := range r.Sub {
+			if err := check(s, depth+1); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	return check(re, 0)
+}
+
+// quantifiedAtoms refuses a repetition with nothing to repeat (at the
+// start, after "(" or "|", or after another repetition): Go's parser
+// allows some ("^*" repeats the anchor), the converter does not survive
+// them.
+func quantifiedAtoms(p string) error {
+	atom := false
+	for i := 0; i < len(p); i++ {
+		c := p[i]
+		switch {
+		case c == '\\':
+			i++
+			atom = true
+		case c == '[':
+			// Skip the class: a ] right after [ or [^ is literal.
+			j := i + 1
+			if j < len(p) && p[j] == '^' {
+				j++
+			}
+			if j < len(p) && p[j] == ']' {
+				j++
+			}
+			for j < len(p) && p[j] != ']' {
+				if p[j] == '\\' {
+					j++
+				}
+				j++
+			}
+			i, atom = j, true
+		case c == '(' || c == '|':
+			atom = false
+		case c == '*' || c == '+' || c == '?' || (c == '{' && i+1 < len(p) && p[i+1] >= '0' && p[i+1] <= '9'):
+			if !atom {
+				return fmt.Errorf("a repetition (%q at byte %d) with nothing to repeat", c, i+1)
+			}
+			if c == '{' {
+				for i < len(p) && p[i] != '}' {
+					i++
+				}
+			}
+			atom = false
+		default:
+			atom = true
+		}
+	}
+	return nil
+}
