@@ -233,49 +233,85 @@ func checkPattern(p string) error {
 	return check(re, 0)
 }
 
-// quantifiedAtoms refuses a repetition with nothing to repeat (at the
-// start, after "(" or "|", or after another repetition): Go's parser
-// allows some ("^*" repeats the anchor), the converter does not survive
-// them.
+// quantifiedAtoms allows the regular-expression subset the converter
+// parses safely (its own parser, not Go's, runs on the gateway): every
+// repetition repeats something (not at the start, after "(" or "|", or
+// after another repetition: "^*" crashed it), "{" only as a complete
+// {m}, {m,} or {m,n} and "}" and "]" only closing what they close (a
+// stray brace made it loop for ever), anchors only at the ends, no empty
+// alternative or group. Literal metacharacters are escaped.
 func quantifiedAtoms(p string) error {
 	atom := false
+	depth := 0
 	for i := 0; i < len(p); i++ {
 		c := p[i]
 		switch {
 		case c == '\\':
+			if i+1 >= len(p) {
+				return fmt.Errorf("a trailing backslash")
+			}
 			i++
 			atom = true
 		case c == '[':
-			// Skip the class: a ] right after [ or [^ is literal.
 			j := i + 1
 			if j < len(p) && p[j] == '^' {
 				j++
 			}
-			if j < len(p) && p[j] == ']' {
-				j++
-			}
+			start := j
 			for j < len(p) && p[j] != ']' {
 				if p[j] == '\\' {
 					j++
 				}
 				j++
 			}
+			if j >= len(p) || j == start {
+				return fmt.Errorf("a character class at byte %d is empty or not closed", i+1)
+			}
 			i, atom = j, true
-		case c == '(' || c == '|':
+		case c == '(':
+			if i+1 < len(p) && (p[i+1] == ')' || p[i+1] == '|') {
+				return fmt.Errorf("an empty group or alternative at byte %d", i+1)
+			}
+			depth++
 			atom = false
-		case c == '*' || c == '+' || c == '?' || (c == '{' && i+1 < len(p) && p[i+1] >= '0' && p[i+1] <= '9'):
+		case c == '|':
+			if i+1 >= len(p) || p[i+1] == ')' || p[i+1] == '|' || !atom {
+				return fmt.Errorf("an empty alternative at byte %d", i+1)
+			}
+			atom = false
+		case c == ')':
+			if depth == 0 || !atom {
+				return fmt.Errorf("an unbalanced or empty group at byte %d", i+1)
+			}
+			depth--
+			atom = true
+		case c == '*' || c == '+' || c == '?':
 			if !atom {
 				return fmt.Errorf("a repetition (%q at byte %d) with nothing to repeat", c, i+1)
 			}
-			if c == '{' {
-				for i < len(p) && p[i] != '}' {
-					i++
-				}
-			}
 			atom = false
+		case c == '{':
+			j := i + 1
+			for j < len(p) && (p[j] >= '0' && p[j] <= '9' || p[j] == ',') {
+				j++
+			}
+			if j >= len(p) || p[j] != '}' || j == i+1 || p[i+1] == ',' || strings.Count(p[i+1:j], ",") > 1 {
+				return fmt.Errorf("a \"{\" at byte %d that is not a {m}, {m,} or {m,n} repetition (escape a literal one)", i+1)
+			}
+			if !atom {
+				return fmt.Errorf("a repetition at byte %d with nothing to repeat", i+1)
+			}
+			i, atom = j, false
+		case c == '}' || c == ']':
+			return fmt.Errorf("a stray %q at byte %d (escape a literal one)", c, i+1)
+		case c == '^' || c == '$':
+			return fmt.Errorf("an anchor %q inside the pattern (byte %d): only ^ at the start and $ at the end are supported", c, i+1)
 		default:
 			atom = true
 		}
+	}
+	if depth != 0 {
+		return fmt.Errorf("a group is not closed")
 	}
 	return nil
 }
