@@ -53,10 +53,16 @@ FUZZTIME   ?= 50000x
 STATICCHECK_VERSION ?= v0.8.2
 STATICCHECK := .cache/bin/staticcheck-$(STATICCHECK_VERSION)/staticcheck
 
-.PHONY: all build build-check-amx generate test test-short vet lint fmt fuzz bench bench-micro demo clean deps soak \
+.PHONY: all build build-check-amx generate test test-short vet lint fmt fuzz bench bench-micro demo clean deps soak gpu \
 	image testnet-docker testnet-docker-fit testnet-docker-down test-docker
 
 all: build
+
+# ggml's Vulkan backend library from the pinned module (issue 27, work in
+# progress: the engine does not load it yet; docs/gpu.md). Not part of
+# make build or make test.
+gpu:
+	sh scripts/gpu-vulkan.sh
 
 deps:
 	go mod download
