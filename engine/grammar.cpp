@@ -68,6 +68,9 @@ static void fill(char *err, size_t errlen, const std::string &msg) {
 	err[n] = 0;
 }
 
+// ruleAlts is every rule of a parsed grammar split into its alternatives.
+typedef std::vector<std::vector<std::vector<llama_grammar_element>>> ruleAlts;
+
 // alternatives splits a parsed rule into its alternatives.
 static std::vector<std::vector<llama_grammar_element>> alternatives(const llama_grammar_rule &rule) {
 	std::vector<std::vector<llama_grammar_element>> alts(1);
@@ -91,12 +94,8 @@ static std::vector<std::vector<llama_grammar_element>> alternatives(const llama_
 // and such a grammar recurses without end when it is initialised (a stack
 // overflow: the process dies). Nullability is computed as a fixpoint over
 // all rules first.
-static bool recursesWithoutInput(const llama_grammar_rules &rules, std::string &why) {
-	size_t n = rules.size();
-	std::vector<std::vector<std::vector<llama_grammar_element>>> alts(n);
-	for (size_t i = 0; i < n; i++) {
-		alts[i] = alternatives(rules[i]);
-	}
+static bool recursesWithoutInput(const ruleAlts &alts, std::string &why) {
+	size_t n = alts.size();
 	std::vector<bool> nullable(n, false);
 	for (bool changed = true; changed;) {
 		changed = false;
@@ -174,12 +173,8 @@ static const double maxAdvanceWork = 100000;
 // (nested optional repetitions such as ((("a"?){2}){2}){2} double that
 // count per level: 2^17 ways overflow the stack without any cycle). The
 // nullable graph must be acyclic (recursesWithoutInput first).
-static bool advanceTooCostly(const llama_grammar_rules &rules, std::string &why) {
-	size_t n = rules.size();
-	std::vector<std::vector<std::vector<llama_grammar_element>>> alts(n);
-	for (size_t i = 0; i < n; i++) {
-		alts[i] = alternatives(rules[i]);
-	}
+static bool advanceTooCostly(const ruleAlts &alts, std::string &why) {
+	size_t n = alts.size();
 	// empties[r]: ways rule r matches the empty string (saturating).
 	std::vector<double> empties(n, -1), work(n, -1);
 	std::vector<bool> busy(n, false);
@@ -273,7 +268,11 @@ extern "C" mp_grammar *mp_grammar_new(const struct llama_vocab *vocab, const cha
 			return nullptr;
 		}
 		std::string why;
-		if (recursesWithoutInput(parser.rules, why) || advanceTooCostly(parser.rules, why)) {
+		ruleAlts alts(parser.rules.size());
+		for (size_t i = 0; i < alts.size(); i++) {
+			alts[i] = alternatives(parser.rules[i]);
+		}
+		if (recursesWithoutInput(alts, why) || advanceTooCostly(alts, why)) {
 			fill(err, errlen, why);
 			return nullptr;
 		}
