@@ -2,6 +2,7 @@ package spec
 
 import (
 	"math"
+	"slices"
 	"time"
 )
 
@@ -26,11 +27,51 @@ type Adaptive struct {
 	acc, tot float64 // decayed counts: proposals accepted / verified
 	// byN are the same per match length of the proposer (NGram's n):
 	// a long match is a better guess than a short one.
-	byN    [MaxN + 1]struct{ acc, tot float64 }
-	t1     float64 // seconds: a one-row window around the ring
-	row    float64 // seconds: what one more row adds (summed over hops)
-	c1     float64 // seconds: a one-row window's compute, summed over hops
-	nT, nC int
+	byN [MaxN + 1]struct{ acc, tot float64 }
+	// Costs, each the median of its last few measurements: one window
+	// stalled by the scheduler must not switch a session off for good
+	// (while it is off no multi-row window re-measures the row cost).
+	t1  recent // seconds: a one-row window around the ring
+	row recent // seconds: what one more row adds (summed over hops)
+	c1  recent // seconds: a one-row window's compute, summed over hops
+	// offForCost counts proposals held back by the costs alone (their
+	// acceptance would pay at free rows): every ProbeEvery-th goes out
+	// as a one-proposal window, so the row cost is measured again.
+	offForCost int
+}
+
+// ProbeEvery is how often a session switched off by the measured costs
+// (not by its acceptance rate) sends one proposal anyway, to measure the
+// costs again.
+const ProbeEvery = 16
+
+// recentN measurements make a cost's median.
+const recentN = 5
+
+// recent keeps the last recentN measurements of a cost.
+type recent struct {
+	v [recentN]float64
+	n int // measurements so far
+}
+
+func (r *recent) add(x float64) {
+	r.v[r.n%recentN] = x
+	r.n++
+}
+
+// get is the median of the kept measurements (0 before any).
+func (r *recent) get() float64 {
+	k := min(r.n, recentN)
+	if k == 0 {
+		return 0
+	}
+	s := r.v
+	sorted := s[:k]
+	slices.Sort(sorted)
+	if k%2 == 1 {
+		return sorted[k/2]
+	}
+	return (sorted[k/2-1] + sorted[k/2]) / 2
 }
 
 // Margin is the least predicted gain over plain decoding that turns
@@ -82,28 +123,14 @@ func (a *Adaptive) ObserveWindow(rows int, round, compute time.Duration) {
 	if rows < 1 || round <= 0 {
 		return
 	}
-	ewma := func(v *float64, n *int, x float64) {
-		if *n == 0 {
-			*v = x
-		} else {
-			*v += 0.2 * (x - *v)
-		}
-		*n++
-	}
 	c := compute.Seconds()
 	if rows == 1 {
-		ewma(&a.c1, &a.nC, c)
-	} else if a.nC > 0 {
-		extra := max(0, (c-a.c1)/float64(rows-1))
-		if a.row == 0 {
-			a.row = extra
-		} else {
-			a.row += 0.2 * (extra - a.row)
-		}
+		a.c1.add(c)
+	} else if a.c1.n > 0 {
+		a.row.add(max(0, (c-a.c1.get())/float64(rows-1)))
 	}
-	one := round.Seconds() - float64(rows-1)*a.row
-	if one > 0 {
-		ewma(&a.t1, &a.nT, one)
+	if one := round.Seconds() - float64(rows-1)*a.row.get(); one > 0 {
+		a.t1.add(one)
 	}
 }
 
@@ -119,11 +146,25 @@ func (a *Adaptive) Gain(n, k int) float64 {
 	if alpha < 1 {
 		e = (1 - math.Pow(alpha, float64(k+1))) / (1 - alpha)
 	}
-	m := 0.05 // before any measurement: rows are cheap next to the ring
-	if a.t1 > 0 && a.nC > 0 {
-		m = a.row / a.t1
+	return e / (1 + a.rowCost()*float64(k))
+}
+
+// freeRowGain is Gain's best over K if extra rows cost nothing: what the
+// acceptance rate alone would give.
+func (a *Adaptive) freeRowGain(n int) float64 {
+	alpha := a.Rate(n)
+	if alpha >= 1 {
+		return float64(a.MaxK + 1)
 	}
-	return e / (1 + m*float64(k))
+	return (1 - math.Pow(alpha, float64(a.MaxK+1))) / (1 - alpha)
+}
+
+// rowCost is an extra row's cost relative to a one-row window.
+func (a *Adaptive) rowCost() float64 {
+	if t1 := a.t1.get(); t1 > 0 && a.c1.n > 0 && a.row.n > 0 {
+		return a.row.get() / t1
+	}
+	return 0.05 // before any measurement: rows are cheap next to the ring
 }
 
 // Choose returns K (0: plain) and W (≥ 1) for proposals from a match of
@@ -139,15 +180,22 @@ func (a *Adaptive) Choose(n int) (k, w int) {
 		}
 	}
 	if best < Margin && !a.Always {
+		// Held back by the costs alone? Probe now and then.
+		if a.MaxK > 0 && a.freeRowGain(n) >= Margin {
+			if a.offForCost++; a.offForCost%ProbeEvery == 0 {
+				return 1, 1
+			}
+		}
 		return 0, 1
 	}
+	a.offForCost = 0
 	if bestK == 0 {
 		bestK = min(1, a.MaxK)
 	}
 	w = 1
 	alpha := a.Rate(n)
-	window := a.c1 + float64(bestK)*a.row
-	for w < a.MaxW && math.Pow(alpha, float64(bestK*w)) >= 0.5 && a.t1 > float64(w+1)*window {
+	window := a.c1.get() + float64(bestK)*a.row.get()
+	for w < a.MaxW && math.Pow(alpha, float64(bestK*w)) >= 0.5 && a.t1.get() > float64(w+1)*window {
 		w++
 	}
 	return bestK, w

@@ -52,6 +52,17 @@ func TestAdaptiveChoose(t *testing.T) {
 				a.ObserveWindow(5, 62*ms, 6*ms)
 			}
 		}, 4, func(k int) bool { return k >= 4 }, func(w int) bool { return w >= 1 }},
+		{"one stalled window among cheap ones: still on", false, func(a *Adaptive) {
+			a.ObserveAcceptance(3, 300, 300)
+			for i := range 10 {
+				a.ObserveWindow(1, 1*ms, 200*time.Microsecond)
+				if i == 7 {
+					a.ObserveWindow(5, 40*ms, 39*ms) // descheduled mid-compute
+				} else {
+					a.ObserveWindow(5, 1*ms, 300*time.Microsecond)
+				}
+			}
+		}, 3, func(k int) bool { return k == 8 }, func(w int) bool { return w >= 1 }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			a := &Adaptive{MaxK: 8, MaxW: 4, Always: tc.always}
@@ -69,5 +80,44 @@ func TestAdaptiveChoose(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestAdaptiveProbesWhenOffForCost: a session switched off by its costs
+// while its proposals are good sends one proposal every ProbeEvery
+// windows, and cheap rows measured by the probes switch it back on; a
+// session off for bad proposals never probes.
+func TestAdaptiveProbesWhenOffForCost(t *testing.T) {
+	ms := time.Millisecond
+	a := &Adaptive{MaxK: 8, MaxW: 4}
+	a.ObserveAcceptance(3, 300, 300)
+	for range recentN {
+		a.ObserveWindow(1, 2*ms, 1*ms)
+		a.ObserveWindow(3, 40*ms, 39*ms) // rows dear: off
+	}
+	probes := 0
+	for i := range 3 * ProbeEvery {
+		k, _ := a.Choose(3)
+		if k > 1 {
+			t.Fatalf("window %d: K %d while rows cost %.1f windows", i, k, a.rowCost())
+		}
+		probes += k
+	}
+	if probes != 3 {
+		t.Fatalf("%d probes in %d windows, want 3", probes, 3*ProbeEvery)
+	}
+	for range recentN/2 + 1 {
+		a.ObserveWindow(2, 2*ms, 1100*time.Microsecond) // cheap again
+	}
+	if k, _ := a.Choose(3); k < 2 {
+		t.Fatalf("K %d after cheap probes (row cost %.2f)", k, a.rowCost())
+	}
+
+	bad := &Adaptive{MaxK: 8, MaxW: 4}
+	bad.ObserveAcceptance(3, 0, 300)
+	for i := range 4 * ProbeEvery {
+		if k, _ := bad.Choose(3); k != 0 {
+			t.Fatalf("window %d: K %d with nothing accepted", i, k)
+		}
 	}
 }
