@@ -58,11 +58,16 @@ STATICCHECK := .cache/bin/staticcheck-$(STATICCHECK_VERSION)/staticcheck
 
 all: build
 
-# ggml's Vulkan backend library from the pinned module (issue 27, work in
-# progress: the engine does not load it yet; docs/gpu.md). Not part of
-# make build or make test.
-gpu:
-	sh scripts/gpu-vulkan.sh
+# A GPU backend library from the pinned module (docs/gpu.md): GPU=vulkan
+# (the default; Debian's packages, installed here) or GPU=cuda (needs the
+# CUDA toolkit). It lands in .cache/gpu/lib with its stamp and is copied
+# beside the binary (bin/lib), where meshp2p looks for it. make build
+# stays CPU-only.
+GPU ?= vulkan
+gpu: build
+	sh scripts/gpu-$(GPU).sh
+	mkdir -p bin/lib
+	cp .cache/gpu/lib/libggml-$(GPU).so .cache/gpu/lib/libggml-$(GPU).so.meshp2p bin/lib/
 
 deps:
 	go mod download

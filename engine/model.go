@@ -62,8 +62,9 @@ func (i ModelInfo) IsTail() bool { return i.End == i.ParentNLayer }
 // concurrent use by tokenizer calls; compute goes through a Shard.
 type Model struct {
 	ptr   *C.struct_llama_model
-	vocab *C.struct_llama_vocab
-	info  ModelInfo
+	vocab  *C.struct_llama_vocab
+	info   ModelInfo
+	device Device
 }
 
 // LoadOptions control model loading.
@@ -79,6 +80,10 @@ type LoadOptions struct {
 	// memory limit they are not (all) charged to the container, so a
 	// model can seem to fit where it does not. Results are identical.
 	NoMmap bool
+	// Device runs the layers (SelectDevice; the zero Device: the CPU).
+	// On a GPU every layer of the file and the output head go there;
+	// the token embeddings stay on the CPU, as llama.cpp keeps them.
+	Device Device
 }
 
 // validateFile checks path in pure Go before llama.cpp sees it, because
@@ -137,13 +142,28 @@ func LoadModel(ctx context.Context, path string, opts LoadOptions) (*Model, erro
 	C.mp_quiet_model_params(&p)
 	p.vocab_only = C.bool(opts.VocabOnly)
 	p.use_mmap = C.bool(!opts.NoMmap)
+	// An explicit device list: with a GPU backend loaded, llama.cpp would
+	// otherwise spread the layers over every GPU it finds.
+	devs := (*[2]C.ggml_backend_dev_t)(C.calloc(2, C.size_t(unsafe.Sizeof(C.ggml_backend_dev_t(nil)))))
+	defer C.free(unsafe.Pointer(devs))
+	p.devices = &devs[0]
+	p.n_gpu_layers = 0
+	if !opts.Device.IsCPU() && !opts.VocabOnly {
+		devs[0] = opts.Device.dev
+		p.n_gpu_layers = 999
+		p.split_mode = C.LLAMA_SPLIT_MODE_NONE
+		p.main_gpu = 0
+	}
 	cpath := C.CString(path)
 	defer C.free(unsafe.Pointer(cpath))
 	ptr := C.llama_model_load_from_file(cpath, p)
 	if ptr == nil {
 		return nil, fmt.Errorf("%w: %s (see the log above for llama.cpp's reason)", ErrLoad, path)
 	}
-	m := &Model{ptr: ptr, vocab: C.llama_model_get_vocab(ptr)}
+	m := &Model{ptr: ptr, vocab: C.llama_model_get_vocab(ptr), device: opts.Device}
+	if opts.VocabOnly {
+		m.device = Device{}
+	}
 	m.info = ModelInfo{
 		Path:      path,
 		NLayer:    int(C.llama_model_n_layer(ptr)),
@@ -193,6 +213,10 @@ func (m *Model) metaInt(key string) int {
 	}
 	return v
 }
+
+// Device is the device the model's layers run on (the zero Device: the
+// CPU).
+func (m *Model) Device() Device { return m.device }
 
 // Info returns the model's description.
 func (m *Model) Info() ModelInfo { return m.info }

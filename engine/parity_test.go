@@ -13,6 +13,12 @@ import (
 // loadShards splits path k ways into a temp dir and opens a shard for each.
 func loadShards(t testing.TB, path string, k int, cfg Config) []*Shard {
 	t.Helper()
+	return loadShardsOn(t, Device{}, path, k, cfg)
+}
+
+// loadShardsOn is loadShards with every shard on dev.
+func loadShardsOn(t testing.TB, dev Device, path string, k int, cfg Config) []*Shard {
+	t.Helper()
 	f, err := gguf.Open(path)
 	if err != nil {
 		t.Fatal(err)
@@ -28,7 +34,7 @@ func loadShards(t testing.TB, path string, k int, cfg Config) []*Shard {
 	}
 	var shards []*Shard
 	for _, r := range res {
-		m, err := LoadModel(context.Background(), r.Path, LoadOptions{})
+		m, err := LoadModel(context.Background(), r.Path, LoadOptions{Device: dev})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -49,15 +55,21 @@ var parityCfg = Config{NCtx: 256, NBatch: 64, MaxSessions: 4, Threads: 2}
 // max logit difference 0.
 func checkParity(t *testing.T, path string, prompt []int32, steps int) {
 	t.Helper()
+	checkParityOn(t, Device{}, path, prompt, steps)
+}
+
+// checkParityOn is checkParity with the whole model and every shard on dev.
+func checkParityOn(t *testing.T, dev Device, path string, prompt []int32, steps int) {
+	t.Helper()
 	ctx := context.Background()
-	whole := loadShards(t, path, 1, parityCfg)
+	whole := loadShardsOn(t, dev, path, 1, parityCfg)
 	ref, err := RunChain(ctx, whole, prompt, ChainOptions{Steps: steps, Logits: true})
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, k := range []int{2, 3} {
 		t.Run(fmt.Sprintf("split%d", k), func(t *testing.T) {
-			got, err := RunChain(ctx, loadShards(t, path, k, parityCfg), prompt, ChainOptions{Steps: steps, Logits: true})
+			got, err := RunChain(ctx, loadShardsOn(t, dev, path, k, parityCfg), prompt, ChainOptions{Steps: steps, Logits: true})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -72,7 +84,7 @@ func checkParity(t *testing.T, path string, prompt []int32, steps int) {
 					t.Fatalf("step %d: max |Δlogit| = %g, want 0", i, d)
 				}
 			}
-			t.Logf("whole vs %d shards: %d steps, tokens identical, max |Δlogit| 0", k, len(ref.Tokens))
+			t.Logf("%s: whole vs %d shards: %d steps, tokens identical, max |Δlogit| 0", dev.Class(), k, len(ref.Tokens))
 		})
 	}
 }

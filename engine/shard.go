@@ -227,6 +227,12 @@ func NewShard(ctx context.Context, model *Model, cfg Config) (*Shard, error) {
 // Info describes the model this shard runs.
 func (s *Shard) Info() ModelInfo { return s.info }
 
+// BatchInvariant reports whether a row's result depends only on its own
+// session's input and cells, not on what is batched beside it: true on
+// the CPU (checked at NewShard), false on a GPU backend, whose kernels
+// change with the batch's shape (docs/gpu.md says what still holds).
+func (s *Shard) BatchInvariant() bool { return !s.cfg.Baseline && s.model.device.IsCPU() }
+
 // Config returns the effective configuration.
 func (s *Shard) Config() Config { return s.cfg }
 

@@ -28,6 +28,10 @@ type AuditEngines struct {
 	// Served, if set, gives the node's own window (nil when none): used
 	// when it is exactly the layers asked for.
 	Served func() (session.Engine, string)
+	// ServedClass is the kernel class of the served window's device
+	// (engine.Device.KernelClass; "": the CPU's). Audit windows loaded
+	// here run on the CPU.
+	ServedClass string
 
 	mu     sync.Mutex
 	loaded []*auditShard // most recently used last
@@ -65,7 +69,11 @@ var _ session.AuditEngines = (*AuditEngines)(nil)
 func (a *AuditEngines) Engine(ctx context.Context, fp string, start, end int) (session.Engine, string, func(), error) {
 	if a.Served != nil {
 		if e, sfp := a.Served(); e != nil && sfp == fp && e.Info().Start == start && e.Info().End == end {
-			return e, engine.KernelClass(), func() {}, nil
+			class := a.ServedClass
+			if class == "" {
+				class = engine.KernelClass()
+			}
+			return e, class, func() {}, nil
 		}
 	}
 	a.mu.Lock()

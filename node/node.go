@@ -46,6 +46,10 @@ type Config struct {
 	ModelName string      // advertised name (default: the file name without .gguf)
 	Engine    engine.Config
 	NoMmap    bool // read the weights instead of mapping them (engine.LoadOptions.NoMmap)
+	// Device runs the served layers (engine.SelectDevice; the zero
+	// Device: the CPU). It sets the kernel class the node advertises and,
+	// for a GPU, the default placement budget (its free memory).
+	Device engine.Device
 	Hop       session.HopConfig
 	// DraftPath, if set, is a small whole model with the model's
 	// vocabulary that proposes tokens for the speculative sessions this
@@ -205,6 +209,7 @@ func (n *Node) startAuditor() {
 	// hop's steps, and an origin's replays must not spin a thread pool
 	// against the hops' (8 generate processes on 2 cores slowed to a crawl).
 	n.auditEngines = &AuditEngines{Models: models, DataDir: n.cfg.P2P.DataDir, Threads: max(1, n.cfg.Engine.Threads), Logger: n.log,
+		ServedClass: n.cfg.Device.KernelClass(),
 		Served: func() (session.Engine, string) {
 			n.mu.Lock()
 			defer n.mu.Unlock()
@@ -236,7 +241,7 @@ func withLoggers(cfg Config) Config {
 		cfg.Hop.Logger = cfg.Logger
 	}
 	if cfg.Hop.KernelClass == "" {
-		cfg.Hop.KernelClass = engine.KernelClass()
+		cfg.Hop.KernelClass = cfg.Device.KernelClass()
 	}
 	if cfg.Engine.Logger == nil {
 		cfg.Engine.Logger = cfg.Logger
@@ -261,7 +266,9 @@ func (n *Node) fetchFirst(ctx context.Context) error {
 		host: n.host, table: n.table, swarm: p2pSwarm{n.p2p}, log: n.log}
 	var pc *placementController
 	if n.cfg.Layers == nil && n.cfg.Placement != nil {
-		pc = newPlacementController(n, p2pSwarm{n.p2p}, n.log, n.cfg.Placement, f.bootstrap, nil)
+		pcfg := *n.cfg.Placement
+		pcfg.Device = n.cfg.Device
+		pc = newPlacementController(n, p2pSwarm{n.p2p}, n.log, &pcfg, f.bootstrap, nil)
 		n.place = pc // its planned window is advertised while it fetches
 		f.choose = func(ctx context.Context, hf *gguf.File, fp string) (gguf.Range, error) {
 			sz, in, err := fileSizing(hf, n.cfg.Engine)
@@ -517,7 +524,7 @@ func (n *Node) shardAdvert(start, end, nEmbd int, arch string) *meshp2pb.ShardAd
 		Start: uint32(start), End: uint32(end), WireDtypes: frame.WireDTypeList(),
 		HasVocab: n.vocabPath != "", NEmbd: uint32(nEmbd), Arch: arch,
 		Runtime: "llama.cpp@" + engine.LlamaCommit, PlacementBudget: uint64(max(0, n.place.advertisedBudget())),
-		KernelClass: engine.KernelClass(),
+		KernelClass: n.cfg.Device.KernelClass(),
 	}
 }
 

@@ -112,7 +112,7 @@ func (n *Node) StatusCollector(role string) *status.Collector {
 		s.Start, s.End = info.Start, info.End
 		own := route.Shard{Peer: n.p2p.ID(), Fingerprint: n.fp, ModelName: n.ModelName(), Arch: info.Arch, NLayer: n.nLayer,
 			NEmbd: info.NEmbd, Start: info.Start, End: info.End, HasVocab: n.vocabPath != "", DecodeMsPerLayer: s.MsPerLayer,
-			KernelClass: engine.KernelClass()}
+			KernelClass: n.cfg.Device.KernelClass()}
 		return s, []route.Shard{own}
 	}}
 }

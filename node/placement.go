@@ -13,6 +13,7 @@ import (
 	"github.com/libp2p/go-libp2p/core/peer"
 	"github.com/multiformats/go-multiaddr"
 
+	"github.com/neuron-tai/meshp2p/engine"
 	"github.com/neuron-tai/meshp2p/engine/gguf"
 	"github.com/neuron-tai/meshp2p/p2p"
 	"github.com/neuron-tai/meshp2p/placement"
@@ -23,9 +24,12 @@ import (
 // --layers): it sizes its window from Memory and places and moves it by
 // the rules in package placement (docs/placement.md).
 type PlacementConfig struct {
-	// Memory is the budget in bytes (0: placement.Budget, the available
-	// RAM or cgroup room minus a reserve).
+	// Memory is the budget in bytes (0: on a GPU, its free memory less
+	// 10%; else placement.Budget, the available RAM or cgroup room minus
+	// a reserve).
 	Memory int64
+	// Device is the node's device (Config.Device, set by the node).
+	Device engine.Device
 	// Interval is the rebalance check period (DefaultRebalanceInterval),
 	// jittered by ±RebalanceJitter.
 	Interval time.Duration
@@ -159,6 +163,13 @@ func newPlacementController(node windowHost, sw swarm, log *slog.Logger, cfg *Pl
 func (c *placementController) size(sz placement.Sizing, nEmbd int, arch string) (src string, err error) {
 	c.sizing, c.nEmbd, c.arch = sz, nEmbd, arch
 	c.budget, src = c.cfg.Memory, "--memory"
+	if dev := c.cfg.Device; c.budget <= 0 && !dev.IsCPU() {
+		// A GPU node's layers live in the device's memory: its budget is
+		// what the backend reports free, less 10% for the compute
+		// buffers the backend allocates beside the weights and cache.
+		c.budget = int64(dev.FreeBytes / 10 * 9)
+		src = dev.Name + "'s free memory (the backend's query) minus 10%"
+	}
 	if c.budget <= 0 {
 		if c.budget, src, err = placement.Budget(); err != nil {
 			return "", err

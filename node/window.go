@@ -64,7 +64,7 @@ func (n *Node) servedWindow() (gguf.Range, float64, bool) {
 func (n *Node) loadWindow(ctx context.Context, path string) (*loadedShard, error) {
 	ls := &loadedShard{path: path}
 	var err error
-	if ls.model, err = engine.LoadModel(ctx, path, engine.LoadOptions{NoMmap: n.cfg.NoMmap}); err != nil {
+	if ls.model, err = engine.LoadModel(ctx, path, engine.LoadOptions{NoMmap: n.cfg.NoMmap, Device: n.cfg.Device}); err != nil {
 		return nil, err
 	}
 	if ls.shard, err = engine.NewShard(ctx, ls.model, n.cfg.Engine); err != nil {
@@ -183,7 +183,13 @@ func (n *Node) startPlaced(ctx, bg context.Context) error {
 	if err != nil {
 		return err
 	}
-	pc := newPlacementController(n, p2pSwarm{n.p2p}, n.log, cfg.Placement, len(cfg.P2P.Bootstrap) > 0, n.cutShard)
+	var pcfg *PlacementConfig
+	if cfg.Placement != nil {
+		c := *cfg.Placement
+		c.Device = cfg.Device
+		pcfg = &c
+	}
+	pc := newPlacementController(n, p2pSwarm{n.p2p}, n.log, pcfg, len(cfg.P2P.Bootstrap) > 0, n.cutShard)
 	if _, err := pc.size(sz, in.NEmbd, in.Architecture); err != nil {
 		return err
 	}

@@ -1,8 +1,7 @@
 #!/bin/sh
 # Builds ggml's Vulkan backend library (libggml-vulkan.so) from the pinned
 # github.com/ollama/ollama module's sources, with Debian 12's packages:
-# `make gpu`. Work in progress (issue 27): the engine does not load it
-# yet; see docs/gpu.md. Two things the module and Debian lack are supplied
+# `make gpu`; it lands in .cache/gpu/lib with its stamp (see docs/gpu.md). Two things the module and Debian lack are supplied
 # here, not copied into the project:
 #  - the module zip has no ggml-vulkan/vulkan-shaders/feature-tests/, and
 #    ggml's CMake counts any glslc error other than "extension not
@@ -60,4 +59,13 @@ start=$(date +%s)
 cmake -S "$module" -B "$out/build" -DCMAKE_BUILD_TYPE=Release -DVulkan_GLSLC_EXECUTABLE="$out/glslc" \
 	-DVulkan_INCLUDE_DIR="$headers/include" >"$out/configure.log" 2>&1 || { tail -20 "$out/configure.log" >&2; exit 1; }
 cmake --build "$out/build" --target ggml-vulkan -j"$(nproc)" >"$out/build.log" 2>&1 || { grep -m 20 error "$out/build.log" >&2; exit 1; }
-echo "gpu-vulkan: built $(find "$out/build" -name libggml-vulkan.so | head -1) in $(( $(date +%s) - start )) s (Vulkan-Headers $headers_version)"
+# The library runs against the meshp2p binary's own ggml (exported with
+# -rdynamic): the stamp names the sources it was built from, and the engine
+# refuses a library whose stamp is not its own.
+lib=$(find "$out/build" -name libggml-vulkan.so | head -1)
+version=$(cd "$root" && go list -m -f '{{.Version}}' github.com/ollama/ollama)
+commit=$(sed -n 's/^FETCH_HEAD=//p' "$module/Makefile.sync" | tr -d ' ')
+mkdir -p "$out/lib"
+cp "$lib" "$out/lib/libggml-vulkan.so"
+echo "ollama $version llama.cpp $commit" >"$out/lib/libggml-vulkan.so.meshp2p"
+echo "gpu-vulkan: built $out/lib/libggml-vulkan.so in $(( $(date +%s) - start )) s (Vulkan-Headers $headers_version; ollama $version, llama.cpp $commit)"

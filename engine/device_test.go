@@ -1,0 +1,151 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/neuron-tai/meshp2p/internal/testgpu"
+	"github.com/neuron-tai/meshp2p/internal/testmodels"
+)
+
+// vulkanDevice loads make gpu's Vulkan library and returns vulkan0 (on
+// machines without a GPU: Mesa's lavapipe, a software device that is used
+// only when named, as here).
+func vulkanDevice(t testing.TB) Device {
+	t.Helper()
+	dir := testgpu.Dir(t, "vulkan")
+	for _, lib := range LoadBackends(dir) {
+		if lib.Name == "vulkan" && lib.Err != nil {
+			t.Fatalf("loading %s: %v", lib.Path, lib.Err)
+		}
+	}
+	d, err := SelectDevice("vulkan0")
+	if err != nil {
+		testgpu.Missing(t, err.Error())
+	}
+	t.Logf("device %s: kernel class %s", d, d.KernelClass())
+	return d
+}
+
+func TestDevicesAndNames(t *testing.T) {
+	devs := Devices()
+	if len(devs) == 0 || devs[0].Name != "cpu" || !devs[0].IsCPU() || devs[0].TotalBytes == 0 {
+		t.Fatalf("devices %+v: want the CPU first, with its memory", devs)
+	}
+	for _, name := range []string{"cpu", "CPU", " cpu "} {
+		if d, err := SelectDevice(name); err != nil || !d.IsCPU() {
+			t.Fatalf("SelectDevice(%q) = %v, %v", name, d, err)
+		}
+	}
+	d, err := SelectDevice("")
+	if err != nil || d.Software {
+		t.Fatalf("default device %v, %v: never a software device", d, err)
+	}
+	for _, tc := range []struct{ name, want string }{
+		{"vulkan9", "vulkan"},
+		{"cuda0", "cuda"},
+		{"tpu", "this machine has: cpu"},
+	} {
+		_, err := SelectDevice(tc.name)
+		var nd *NoDeviceError
+		if !errors.Is(err, ErrNoDevice) || !errors.As(err, &nd) || !strings.Contains(err.Error(), tc.want) {
+			t.Fatalf("SelectDevice(%q) = %v: want ErrNoDevice naming %q", tc.name, err, tc.want)
+		}
+	}
+	if err := (Device{Name: "x", FreeBytes: 1 << 20, TotalBytes: 1 << 21}).CheckFits(2 << 20); !errors.Is(err, ErrDeviceMemory) {
+		t.Fatalf("CheckFits over free memory: %v", err)
+	}
+}
+
+// TestBackendLibraryRefused: a library without a stamp, with another
+// revision's stamp, or that ggml cannot load is refused with
+// ErrBackendLib, and a device of that backend then names the reason.
+func TestBackendLibraryRefused(t *testing.T) {
+	for _, tc := range []struct {
+		name, stamp, want string
+	}{
+		{"nostamp", "", "has no stamp"},
+		{"revision", "ollama v0.0.1 llama.cpp 0000000", "was built from"},
+		{"garbage", BackendStamp(), "could not load"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			lib := filepath.Join(dir, "libggml-fakegpu"+tc.name+".so")
+			if err := os.WriteFile(lib, []byte("not an ELF file"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			if tc.stamp != "" {
+				if err := os.WriteFile(lib+".meshp2p", []byte(tc.stamp+"\n"), 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+			var got *BackendLib
+			for _, l := range LoadBackends(dir) {
+				if l.Path == lib {
+					got = &l
+				}
+			}
+			if got == nil || !errors.Is(got.Err, ErrBackendLib) || !strings.Contains(got.Err.Error(), tc.want) {
+				t.Fatalf("library %+v: want ErrBackendLib saying %q", got, tc.want)
+			}
+			_, err := SelectDevice("fakegpu" + tc.name + "0")
+			if !errors.Is(err, ErrNoDevice) || !errors.Is(err, ErrBackendLib) {
+				t.Fatalf("device of a refused backend: %v", err)
+			}
+		})
+	}
+}
+
+// TestVulkanParity: on the Vulkan device, the whole model and its 2- and
+// 3-shard chains give identical tokens and bit-identical logits, per
+// architecture and weight type (the same batches reach every layer).
+func TestVulkanParity(t *testing.T) {
+	dev := vulkanDevice(t)
+	dir := t.TempDir()
+	prompt := []int32{1, 300, 311, 262, 290, 340, 259, 371, 301, 302, 303, 280}
+	for _, m := range parityModels {
+		t.Run(m.name, func(t *testing.T) {
+			checkParityOn(t, dev, makeParityModel(t, m, dir), prompt, 8)
+		})
+	}
+	t.Run("stories260K", func(t *testing.T) {
+		checkParityOn(t, dev, testmodels.Path(t, "stories260K.gguf"), []int32{1, 403, 407, 283, 261, 327}, 16)
+	})
+}
+
+// TestVulkanAgainstCPU measures how far the Vulkan device is from the CPU
+// on the same model: the tolerance a mixed route is held to
+// (docs/gpu.md).
+func TestVulkanAgainstCPU(t *testing.T) {
+	dev := vulkanDevice(t)
+	ctx := context.Background()
+	path := testmodels.Path(t, "stories260K.gguf")
+	prompt := []int32{1, 403, 407, 283, 261, 327}
+	cpu, err := RunChain(ctx, loadShards(t, path, 1, parityCfg), prompt, ChainOptions{Steps: 24, Logits: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	gpu, err := RunChain(ctx, loadShardsOn(t, dev, path, 1, parityCfg), prompt, ChainOptions{Steps: 24, Logits: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var worst float64
+	same := 0
+	for i := range cpu.Tokens {
+		worst = max(worst, float64(MaxAbsDiff(cpu.Logits[i], gpu.Logits[i])))
+		if cpu.Tokens[i] == gpu.Tokens[i] {
+			same++
+		}
+	}
+	t.Logf("cpu vs %s: max |Δlogit| %.3g, greedy agreement %d/%d", dev.Name, worst, same, len(cpu.Tokens))
+	if worst == 0 {
+		t.Logf("bit-identical to the CPU")
+	}
+	if worst > MixedTolerance {
+		t.Fatalf("max |Δlogit| %.3g over the documented %g", worst, MixedTolerance)
+	}
+}
