@@ -331,9 +331,21 @@ func (e *NoDeviceError) Unwrap() []error {
 	return []error{ErrNoDevice}
 }
 
+// Memory is the device's free and total memory now, as its backend
+// reports it (FreeBytes, TotalBytes: when it was listed).
+func (d Device) Memory() (free, total uint64) {
+	if d.dev == nil {
+		return d.FreeBytes, d.TotalBytes
+	}
+	var f, t C.size_t
+	C.ggml_backend_dev_memory(d.dev, &f, &t)
+	return uint64(f), uint64(t)
+}
+
 // CheckFits returns ErrDeviceMemory when need bytes exceed what d has
 // free now (the CPU: its memory as ggml reports it).
 func (d Device) CheckFits(need uint64) error {
+	d.FreeBytes, d.TotalBytes = d.Memory()
 	if d.FreeBytes > 0 && need > d.FreeBytes {
 		return fmt.Errorf("%w: %.2f GiB needed, %s has %.2f GiB free of %.2f GiB",
 			ErrDeviceMemory, float64(need)/(1<<30), d.Name, float64(d.FreeBytes)/(1<<30), float64(d.TotalBytes)/(1<<30))

@@ -108,6 +108,12 @@ func TestVulkanParity(t *testing.T) {
 	dir := t.TempDir()
 	prompt := []int32{1, 300, 311, 262, 290, 340, 259, 371, 301, 302, 303, 280}
 	for _, m := range parityModels {
+		if m.name == "qwen3moe_q4_k_m" {
+			// Its first decode on lavapipe takes ~3 minutes (the MoE
+			// k-quant pipelines' LLVM compile); qwen3moe_q8_0 covers
+			// MoE and llama/qwen2 q4_k_m the k-quants.
+			continue
+		}
 		t.Run(m.name, func(t *testing.T) {
 			checkParityOn(t, dev, makeParityModel(t, m, dir), prompt, 8)
 		})
@@ -117,35 +123,77 @@ func TestVulkanParity(t *testing.T) {
 	})
 }
 
-// TestVulkanAgainstCPU measures how far the Vulkan device is from the CPU
-// on the same model: the tolerance a mixed route is held to
-// (docs/gpu.md).
-func TestVulkanAgainstCPU(t *testing.T) {
-	dev := vulkanDevice(t)
+// loadMixed splits path len(devs) ways and opens shard i on devs[i].
+func loadMixed(t testing.TB, path string, devs []Device) []*Shard {
+	t.Helper()
+	var out []*Shard
+	for i, dev := range devs {
+		out = append(out, loadShardsOn(t, dev, path, len(devs), parityCfg)[i])
+	}
+	return out
+}
+
+// TestMixedRouteTolerance measures a route that mixes the Vulkan device
+// with the CPU against the whole model on the CPU, over several
+// architectures, weight types and prompts: the largest logit difference
+// must stay under MixedTolerance, and the figures (max |Δlogit|, greedy
+// agreement) are what docs/gpu.md reports.
+func TestMixedRouteTolerance(t *testing.T) {
+	vk := vulkanDevice(t)
+	cpu := Device{}
 	ctx := context.Background()
-	path := testmodels.Path(t, "stories260K.gguf")
-	prompt := []int32{1, 403, 407, 283, 261, 327}
-	cpu, err := RunChain(ctx, loadShards(t, path, 1, parityCfg), prompt, ChainOptions{Steps: 24, Logits: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	gpu, err := RunChain(ctx, loadShardsOn(t, dev, path, 1, parityCfg), prompt, ChainOptions{Steps: 24, Logits: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var worst float64
-	same := 0
-	for i := range cpu.Tokens {
-		worst = max(worst, float64(MaxAbsDiff(cpu.Logits[i], gpu.Logits[i])))
-		if cpu.Tokens[i] == gpu.Tokens[i] {
-			same++
+	dir := t.TempDir()
+	models := map[string]string{"stories260K": testmodels.Path(t, "stories260K.gguf")}
+	for _, m := range parityModels {
+		switch m.name {
+		case "qwen2_f32", "llama_q4_k_m", "qwen3moe_q8_0":
+			models[m.name] = makeParityModel(t, m, dir)
 		}
 	}
-	t.Logf("cpu vs %s: max |Δlogit| %.3g, greedy agreement %d/%d", dev.Name, worst, same, len(cpu.Tokens))
-	if worst == 0 {
-		t.Logf("bit-identical to the CPU")
-	}
-	if worst > MixedTolerance {
-		t.Fatalf("max |Δlogit| %.3g over the documented %g", worst, MixedTolerance)
+	const steps = 16
+	for name, path := range models {
+		t.Run(name, func(t *testing.T) {
+			ref := loadShards(t, path, 1, parityCfg)
+			routes := map[string][]*Shard{
+				"vulkan,cpu,cpu": loadMixed(t, path, []Device{vk, cpu, cpu}),
+				"cpu,vulkan,cpu": loadMixed(t, path, []Device{cpu, vk, cpu}),
+				"vulkan,vulkan":  loadMixed(t, path, []Device{vk, vk}),
+			}
+			for rname, chain := range routes {
+				var worst float64
+				agree, total, same := 0, 0, 0
+				for p := range 12 {
+					prompt := []int32{1}
+					for j := range 4 + p%5 {
+						prompt = append(prompt, int32(260+(p*37+j*11)%200))
+					}
+					want, err := RunChain(ctx, ref, prompt, ChainOptions{Steps: steps, Logits: true})
+					if err != nil {
+						t.Fatal(err)
+					}
+					got, err := RunChain(ctx, chain, prompt, ChainOptions{Steps: steps, Logits: true})
+					if err != nil {
+						t.Fatal(err)
+					}
+					equal := true
+					for i := range want.Tokens {
+						if got.Tokens[i] != want.Tokens[i] {
+							equal = false
+							break // later steps see other contexts
+						}
+						worst = max(worst, MaxAbsDiff(got.Logits[i], want.Logits[i]))
+						agree++
+					}
+					total += len(want.Tokens)
+					if equal {
+						same++
+					}
+				}
+				t.Logf("%s vs cpu whole: max |Δlogit| %.3g, greedy agreement %d/%d tokens, %d/12 generations identical", rname, worst, agree, total, same)
+				if worst > MixedTolerance {
+					t.Fatalf("%s: max |Δlogit| %.3g over the documented %g", rname, worst, MixedTolerance)
+				}
+			}
+		})
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/neuron-tai/meshp2p/engine"
 	"github.com/neuron-tai/meshp2p/engine/gguf"
 	"github.com/neuron-tai/meshp2p/node/shardengine"
+	"github.com/neuron-tai/meshp2p/placement"
 	"github.com/neuron-tai/meshp2p/session"
 )
 
@@ -63,6 +64,17 @@ func (n *Node) servedWindow() (gguf.Range, float64, bool) {
 // loadWindow loads the shard file at path and measures its decode speed.
 func (n *Node) loadWindow(ctx context.Context, path string) (*loadedShard, error) {
 	ls := &loadedShard{path: path}
+	if dev := n.cfg.Device; !dev.IsCPU() {
+		// A GPU's memory is not the page cache: a window that does not
+		// fit fails here, with the numbers, not in the backend.
+		sz, err := ModelSizing(path, n.cfg.Engine)
+		if err != nil {
+			return nil, err
+		}
+		if err := dev.CheckFits(uint64(sz.Need(placement.Range{Start: 0, End: sz.NLayer}))); err != nil {
+			return nil, fmt.Errorf("shard %s on %s: %w", filepath.Base(path), dev.Name, err)
+		}
+	}
 	var err error
 	if ls.model, err = engine.LoadModel(ctx, path, engine.LoadOptions{NoMmap: n.cfg.NoMmap, Device: n.cfg.Device}); err != nil {
 		return nil, err

@@ -152,6 +152,7 @@ type genFlags struct {
 	sampling   *meshp2pb.SamplingParams
 	stops      []string
 	local      bool
+	df         deviceFlags
 	mmap       bool
 	asJSON     bool
 	wire       meshp2pb.DType
@@ -184,6 +185,7 @@ func parseGenerate(stderr io.Writer, args []string) (*genFlags, error) {
 	seed := fs.Uint64("seed", defaultGenSeed, "sampling seed, 64 bits (same seed, same output)")
 	stop := fs.String("stop", "", "comma-separated stop strings")
 	fs.BoolVar(&g.local, "local", false, "run the whole --model FILE in-process (the reference for the swarm)")
+	g.df.register(fs, "with --local: where the whole model runs")
 	fs.BoolVar(&g.mmap, "mmap", true, "with --local: map the model file (--mmap=false reads it into memory)")
 	fs.BoolVar(&g.asJSON, "json", false, "print one JSON object instead of streaming text")
 	wire := fs.String("wire-dtype", frame.WireDTypes()[0].Name, "activation dtype between hops: "+wireDTypeHelp())
@@ -258,7 +260,11 @@ func (g *genFlags) textOut(stdout io.Writer) func(string) {
 // swarm's greedy output must equal. Prompt and text go through the same
 // client code as the swarm's.
 func (g *genFlags) runLocal(ctx context.Context, stdout io.Writer, out *genResult) (time.Time, error) {
-	m, err := engine.LoadModel(ctx, g.model, engine.LoadOptions{NoMmap: !g.mmap})
+	dev, err := g.df.choose(g.log)
+	if err != nil {
+		return time.Time{}, err
+	}
+	m, err := engine.LoadModel(ctx, g.model, engine.LoadOptions{NoMmap: !g.mmap, Device: dev})
 	if err != nil {
 		return time.Time{}, err
 	}

@@ -31,7 +31,7 @@ func commands() []command {
 		{"key", "show | swarm-gen: node identity and private-swarm keys", runKey},
 		{"proof", "verify: check a fraud proof offline by replaying the hop's layers", runProof},
 		{"testnet", "build a network-namespace NAT test network", runTestnet},
-		{"version", "print version, llama.cpp revision and CPU features", runVersion},
+		{"version", "print version, llama.cpp revision, CPU features, backend libraries and devices", runVersion},
 	}
 }
 

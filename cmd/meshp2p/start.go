@@ -55,6 +55,7 @@ type startFlags struct {
 	lf                    logFormat
 	mf                    metricsFlag
 	af                    apiFlags
+	df                    deviceFlags
 	trusted               listFlag
 	model, layers, name   string
 	draft                 string
@@ -86,6 +87,7 @@ func (f *startFlags) register(fs *flag.FlagSet) {
 	fs.BoolVar(&f.verbose, "v", defaultVerbose, "debug logging")
 	f.lf.register(fs)
 	f.mf.register(fs)
+	f.df.register(fs, "where this node runs its layers")
 	fs.BoolVar(&f.mmap, "mmap", defaultMmap, "map the shard file; --mmap=false reads it into memory (containers with a memory limit: mapped page cache is not charged to the container)")
 	f.af.register(fs, notGiven, "also serve the OpenAI-compatible HTTP API on this host:port, e.g. 127.0.0.1:8080 (see meshp2p serve; default: off)")
 }
@@ -152,7 +154,11 @@ func (f *startFlags) config(stderr io.Writer) (*startRun, error) {
 			return nil, err
 		}
 	}
-	cfg := node.Config{P2P: pc, ModelPath: f.model, Layers: rng, ModelName: f.name, Logger: sr.log,
+	dev, err := f.df.choose(sr.log)
+	if err != nil {
+		return nil, err
+	}
+	cfg := node.Config{Device: dev, P2P: pc, ModelPath: f.model, Layers: rng, ModelName: f.name, Logger: sr.log,
 		Engine: node.DefaultEngine(), Hop: session.HopConfig{Idle: f.idle, MaxSessionKV: f.sessKV, MaxSessionsPerPeer: f.peerQuota, TrustedOrigins: trustedIDs},
 		SplitProgress: sr.prog.update, DirectWait: f.directWait, NoMmap: !f.mmap, DraftPath: f.draft}
 	if rng == nil {

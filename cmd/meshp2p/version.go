@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"io"
 
@@ -16,6 +17,13 @@ var (
 )
 
 func runVersion(ctx context.Context, stdout, stderr io.Writer, args []string) error {
+	fs := flag.NewFlagSet("version", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var df deviceFlags
+	df.register(fs, "(unused here)")
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
 	fmt.Fprintf(stdout, "meshp2p %s\n", engine.Version)
 	fmt.Fprintf(stdout, "llama.cpp %s (via github.com/ollama/ollama %s)\n", engine.LlamaCommit, engine.OllamaVersion)
 	fmt.Fprintf(stdout, "simd: -march=%s\n", buildSIMD)
@@ -26,6 +34,7 @@ func runVersion(ctx context.Context, stdout, stderr io.Writer, args []string) er
 		inv = "NOT batch-invariant: shards refuse to start (" + err.Error() + ")"
 	}
 	fmt.Fprintf(stdout, "kernel class: %s (%s)\n", engine.KernelClass(), inv)
+	printDevices(stdout, df.dirs())
 	return nil
 }
 
