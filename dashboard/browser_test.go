@@ -124,6 +124,11 @@ func TestDashboardInBrowser(t *testing.T) {
 		document.querySelectorAll('.bar .cell.r1').length === 5 &&
 		document.querySelectorAll('.shard[data-live="true"]').length === 3`, 20*time.Second)
 	t.Logf("full coverage shown %v after load", took.Round(time.Millisecond))
+	// Each shard names the device its layers run on: this swarm is all
+	// CPU.
+	evalUntil(t, ctx, `(() => { const sh = [...document.querySelectorAll('.shard')];
+		return sh.length === 3 && sh.every(s => { const b = s.querySelector('.badge.backend');
+			return !!b && b.textContent === 'cpu' && b.dataset.backend === 'cpu' && b.dataset.device === '' && b.title.startsWith('cpu/'); }); })()`, 10*time.Second)
 	for _, p := range []*proc{b, c} {
 		evalUntil(t, ctx, fmt.Sprintf(`!!document.querySelector('.node[data-peer=%q]') && !!document.querySelector('.shard[data-peer=%q]')`, p.id, p.id), 10*time.Second)
 	}
@@ -183,6 +188,71 @@ func TestDashboardInBrowser(t *testing.T) {
 	screenshot(t, ctx, "dashboard-killed.png")
 
 	t.Run("chat panel streams from a stand-in /v1", func(t *testing.T) { chatPanel(t, ctx) })
+}
+
+// Shards on GPUs: each shard's badge names its backend and device (the
+// description, '/' and all, from the kernel class), a CPU shard says cpu,
+// an older node's (no kernel class) has none, and a long device name
+// stays inside its card at phone width.
+func TestDashboardShowsBackends(t *testing.T) {
+	exe := chromium(t)
+	const long = "AMD Radeon RX 7900 XTX (RADV NAVI31) / Mesa 24.0.5-1 with a very long driver description that does not fit a phone"
+	classes := []string{
+		"cpu/amd64/sse3+avx2/llama.cpp@ec98e2002/fa",
+		"vulkan/llvmpipe (LLVM 15.0.6, 256 bits)/llama.cpp@ec98e2002/fa",
+		"cuda/NVIDIA H200/llama.cpp@ec98e2002/fa",
+		"vulkan/" + long + "/llama.cpp@ec98e2002/fa",
+		"",
+	}
+	var shards []status.Shard
+	for i, c := range classes {
+		sh := status.Shard{Peer: fmt.Sprintf("peer%d", i), Start: i, End: i + 1, Live: true, Path: "direct", MaxSessions: 1, FreeSessions: 1,
+			MsPerLayer: 0.5, TokensPerSec: 2000, KernelClass: c}
+		sh.Backend, sh.Device = status.BackendOf(c)
+		shards = append(shards, sh)
+	}
+	rep, runs, gaps := status.Coverage(len(classes), shards)
+	doc := &status.Document{Version: status.Version, Self: status.Self{Role: "node"}, Models: []status.Model{{Fingerprint: "0123456789abcdef0123",
+		Name: "m", NLayer: len(classes), Routable: true, Replicas: rep, Runs: runs, Gaps: gaps, Shards: shards}}}
+	mux := http.NewServeMux()
+	dashboard.Register(mux, dashboard.Options{Status: func(context.Context) *status.Document { return doc }})
+	srv := httptest.NewServer(mux)
+	defer srv.Close()
+	ctx := browser(t, exe)
+	if err := chromedp.Do(ctx, chromedp.Navigate(srv.URL+"/")); err != nil {
+		t.Fatal(err)
+	}
+	evalUntil(t, ctx, `document.querySelectorAll('.shard').length === 5`, 10*time.Second)
+	for i, want := range []string{"cpu", "vulkan (llvmpipe (LLVM 15.0.6, 256 bits))", "cuda (NVIDIA H200)", "vulkan (" + long + ")", ""} {
+		got, err := chromedp.Run(ctx, chromedp.Evaluate[string](fmt.Sprintf(`(() => { const b = document.querySelector('.shard[data-peer="peer%d"] .badge.backend');
+			return b ? b.textContent : ''; })()`, i)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got != want {
+			t.Errorf("shard %d (%q): backend badge %q, want %q", i, classes[i], got, want)
+		}
+	}
+	evalUntil(t, ctx, `document.querySelector('.shard[data-peer="peer2"] .badge.backend').title === 'cuda/NVIDIA H200/llama.cpp@ec98e2002/fa' &&
+		document.querySelector('.shard[data-peer="peer2"] .badge.backend').dataset.device === 'NVIDIA H200' &&
+		document.querySelector('.shard[data-peer="peer2"]').textContent.includes('2000 tok/s')`, time.Second)
+	if err := chromedp.Do(ctx, chromedp.EmulateViewport(390, 844)); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(300 * time.Millisecond)
+	wide, err := chromedp.Run(ctx, chromedp.Evaluate[string](`[...document.querySelectorAll('body *')].filter(e => e.getBoundingClientRect().right > window.innerWidth + 0.5).map(e => e.tagName + '.' + e.className).slice(0, 5).join(' ')`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if wide != "" {
+		t.Errorf("phone: elements wider than the viewport: %s", wide)
+	}
+	inside, err := chromedp.Run(ctx, chromedp.Evaluate[bool](`(() => { const s = document.querySelector('.shard[data-peer="peer3"]'), b = s.querySelector('.badge.backend');
+		return b.getBoundingClientRect().right <= s.getBoundingClientRect().right + 0.5; })()`))
+	if err != nil || !inside {
+		t.Errorf("phone: the long device badge sticks out of its shard card (%v)", err)
+	}
+	screenshot(t, ctx, "dashboard-backends-phone.png")
 }
 
 // The dashboard on the API server of `start --api` (mounted beside /v1/):

@@ -53,7 +53,7 @@ type Device struct {
 }
 
 // IsCPU reports whether d is ggml's CPU device (also the zero Device).
-func (d Device) IsCPU() bool { return d.dev == nil || d.Type == "cpu" }
+func (d Device) IsCPU() bool { return d.Type == "" || d.Type == "cpu" }
 
 // Class is the backend class users and adverts see: "cpu", "vulkan",
 // "cuda", "metal".
@@ -354,5 +354,6 @@ func (d Device) CheckFits(need uint64) error {
 }
 
 // MixedTolerance bounds the logits of a route that mixes backend classes
-// against a one-class reference (max |Δlogit|, measured: docs/gpu.md).
-const MixedTolerance = 1.0
+// against the CPU's whole model (max |Δlogit|): 2.5× the worst measured
+// on lavapipe (0.041, qwen3moe q8_0; docs/gpu.md).
+const MixedTolerance = 0.1

@@ -144,10 +144,17 @@ func TestMixedRouteTolerance(t *testing.T) {
 	ctx := context.Background()
 	dir := t.TempDir()
 	models := map[string]string{"stories260K": testmodels.Path(t, "stories260K.gguf")}
+	// make gpu-tolerance measures every model (about 8 minutes on
+	// lavapipe); make test the quick two.
+	full := os.Getenv("MESHP2P_GPU_TOLERANCE") == "full"
 	for _, m := range parityModels {
 		switch m.name {
-		case "qwen2_f32", "llama_q4_k_m", "qwen3moe_q8_0":
+		case "qwen2_f32":
 			models[m.name] = makeParityModel(t, m, dir)
+		case "llama_q4_k_m", "qwen3moe_q8_0":
+			if full {
+				models[m.name] = makeParityModel(t, m, dir)
+			}
 		}
 	}
 	const steps = 16
@@ -165,7 +172,7 @@ func TestMixedRouteTolerance(t *testing.T) {
 				for p := range 12 {
 					prompt := []int32{1}
 					for j := range 4 + p%5 {
-						prompt = append(prompt, int32(260+(p*37+j*11)%200))
+						prompt = append(prompt, int32(260+(p*37+j*11)%100)) // under every test vocabulary's 372
 					}
 					want, err := RunChain(ctx, ref, prompt, ChainOptions{Steps: steps, Logits: true})
 					if err != nil {

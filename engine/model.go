@@ -137,6 +137,9 @@ func LoadModel(ctx context.Context, path string, opts LoadOptions) (*Model, erro
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
+	if !opts.Device.IsCPU() && opts.Device.dev == nil {
+		return nil, fmt.Errorf("%w: device %q was not found by SelectDevice", ErrNoDevice, opts.Device.Name)
+	}
 	initBackend()
 	p := C.llama_model_default_params()
 	C.mp_quiet_model_params(&p)

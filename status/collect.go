@@ -107,6 +107,7 @@ func (c *Collector) models(own, shards []route.Shard, live map[peer.ID]probe) []
 func (c *Collector) shard(s route.Shard, isSelf bool, live map[peer.ID]probe) Shard {
 	sh := Shard{Peer: s.Peer.String(), Self: isSelf, Start: s.Start, End: s.End, Live: true, Path: "self",
 		MsPerLayer: s.DecodeMsPerLayer, HasVocab: s.HasVocab, KernelClass: s.KernelClass}
+	sh.Backend, sh.Device = BackendOf(s.KernelClass)
 	if !isSelf {
 		pr := live[s.Peer]
 		sh.Live, sh.Path, sh.RTTMs = pr.live, c.pathOf(s.Peer), ms(pr.rtt)

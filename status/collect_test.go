@@ -34,12 +34,12 @@ func TestCollectorProbesPeers(t *testing.T) {
 	goneID, goneAddrs := gone.ID(), gone.Host().Addrs()
 	gone.Close() // its address now refuses
 	tab := route.NewTable()
-	shard := func(p peer.ID, addrs []multiaddr.Multiaddr, start, end int) route.Shard {
-		return route.Shard{Peer: p, Fingerprint: "fp", ModelName: "m", NLayer: 4, Start: start, End: end, Addrs: addrs,
+	shard := func(p peer.ID, addrs []multiaddr.Multiaddr, start, end int, class string) route.Shard {
+		return route.Shard{Peer: p, Fingerprint: "fp", ModelName: "m", NLayer: 4, Start: start, End: end, Addrs: addrs, KernelClass: class,
 			Capacity: &meshp2pb.ShardCapacity{FreeSessions: 1, MaxSessions: 2}, ExpiresAt: time.Now().Add(time.Minute)}
 	}
-	tab.Set(alive.ID(), []route.Shard{shard(alive.ID(), alive.Host().Addrs(), 0, 2)})
-	tab.Set(goneID, []route.Shard{shard(goneID, goneAddrs, 2, 4)})
+	tab.Set(alive.ID(), []route.Shard{shard(alive.ID(), alive.Host().Addrs(), 0, 2, "vulkan/llvmpipe (LLVM 15.0.6, 256 bits)/llama.cpp@ec98e2002/fa")})
+	tab.Set(goneID, []route.Shard{shard(goneID, goneAddrs, 2, 4, "cpu/amd64/sse3+avx2/llama.cpp@ec98e2002/fa")})
 	c := &Collector{P2P: self, Table: tab, Recorder: &Recorder{}}
 	var wg sync.WaitGroup
 	docs := make([]*Document, 4)
@@ -62,6 +62,14 @@ func TestCollectorProbesPeers(t *testing.T) {
 			}
 			if s.Live && (s.Path != "direct" || s.RTTMs <= 0 || s.Load != 0.5) {
 				t.Fatalf("live shard %+v", s)
+			}
+			// Backend and device come from the advert's kernel class.
+			want := [2]string{"cpu", ""}
+			if s.Live {
+				want = [2]string{"vulkan", "llvmpipe (LLVM 15.0.6, 256 bits)"}
+			}
+			if got := [2]string{s.Backend, s.Device}; got != want {
+				t.Fatalf("shard %s: backend, device %q, want %q", s.Peer, got, want)
 			}
 		}
 	}

@@ -6,6 +6,7 @@
 package status
 
 import (
+	"strings"
 	"time"
 )
 
@@ -121,6 +122,12 @@ type Shard struct {
 	// empty from older nodes): shards of one class compute bitwise the
 	// same rows, across classes only to rounding.
 	KernelClass string `json:"kernel_class,omitempty"`
+	// Backend and Device are KernelClass parsed by BackendOf: the device
+	// class that runs the shard's layers ("cpu", "vulkan", "cuda") and,
+	// for a GPU, the device as its backend describes it (empty for the
+	// CPU and for older nodes).
+	Backend string `json:"backend,omitempty"`
+	Device  string `json:"device,omitempty"`
 }
 
 // Peer is one peer this node knows, from adverts or connections.
@@ -209,4 +216,27 @@ func Coverage(nLayer int, shards []Shard) (replicas []int, runs, gaps []Run) {
 		gaps = []Run{}
 	}
 	return replicas, runs, gaps
+}
+
+// BackendOf parses a kernel class (engine.KernelClass, engine.Device's
+// KernelClass) into its backend, the text before the first '/' ("cpu",
+// "vulkan", "cuda"), and, for a backend other than the CPU, its device:
+// the text between the first '/' and the last "/llama.cpp@" (a device
+// description may itself hold a '/'), or everything after the first '/'
+// when there is no "/llama.cpp@". An empty class (older nodes) gives
+// "", "". The parts come from adverts: untrusted text, only ever shown.
+func BackendOf(kernelClass string) (backend, device string) {
+	i := strings.IndexByte(kernelClass, '/')
+	if i < 0 {
+		return kernelClass, ""
+	}
+	backend = kernelClass[:i]
+	if backend == "cpu" {
+		return backend, ""
+	}
+	rest := kernelClass[i+1:]
+	if j := strings.LastIndex(kernelClass, "/llama.cpp@"); j >= i {
+		rest = kernelClass[i+1 : max(i+1, j)]
+	}
+	return backend, rest
 }

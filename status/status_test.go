@@ -40,6 +40,91 @@ func TestCoverage(t *testing.T) {
 	}
 }
 
+func TestBackendOf(t *testing.T) {
+	for _, tc := range []struct {
+		class, backend, device string
+	}{
+		{"", "", ""},
+		{"cpu/amd64/sse3+ssse3+avx+avx2+f16c+fma+bmi2/llama.cpp@ec98e2002/fa", "cpu", ""},
+		{"cpu/arm64/neon+arm_fma+fp16_va+dotprod/llama.cpp@ec98e2002/fa", "cpu", ""},
+		{"cpu/a", "cpu", ""},
+		{"vulkan/llvmpipe (LLVM 15.0.6, 256 bits)/llama.cpp@ec98e2002/fa", "vulkan", "llvmpipe (LLVM 15.0.6, 256 bits)"},
+		{"cuda/NVIDIA H200/llama.cpp@ec98e2002/fa", "cuda", "NVIDIA H200"},
+		// A '/' in the description: the device runs to the last
+		// "/llama.cpp@".
+		{"vulkan/AMD Radeon RX 7900 XTX (RADV NAVI31) / Mesa 24.0/llama.cpp@ec98e2002/fa", "vulkan", "AMD Radeon RX 7900 XTX (RADV NAVI31) / Mesa 24.0"},
+		{"vulkan/odd/llama.cpp@x/llama.cpp@ec98e2002/fa", "vulkan", "odd/llama.cpp@x"},
+		{"vulkan//llama.cpp@ec98e2002/fa", "vulkan", ""},
+		{"vulkan/llama.cpp@ec98e2002/fa", "vulkan", ""},
+		// No revision: the rest is the device.
+		{"metal/Apple M2", "metal", "Apple M2"},
+		{"fake", "fake", ""},
+		{"/x", "", "x"},
+	} {
+		if b, d := BackendOf(tc.class); b != tc.backend || d != tc.device {
+			t.Errorf("BackendOf(%q) = %q, %q; want %q, %q", tc.class, b, d, tc.backend, tc.device)
+		}
+	}
+}
+
+// The per-shard lines name each shard's backend (and a GPU's device),
+// its speed, and the model line which backends serve it when kernel
+// classes differ.
+func TestWriteTextBackends(t *testing.T) {
+	cpu := "cpu/amd64/sse3+avx2/llama.cpp@ec98e2002/fa"
+	vk := "vulkan/llvmpipe (LLVM 15.0.6, 256 bits)/llama.cpp@ec98e2002/fa"
+	shard := func(peer string, start, end int, class string, tps float64) Shard {
+		s := Shard{Peer: peer, Start: start, End: end, Live: true, Path: "direct", MsPerLayer: 0.25, TokensPerSec: tps, KernelClass: class}
+		s.Backend, s.Device = BackendOf(class)
+		return s
+	}
+	for _, tc := range []struct {
+		name         string
+		shards       []Shard
+		want, reject []string
+	}{
+		{"cpu and vulkan", []Shard{shard("p", 0, 2, cpu, 2000), shard("q", 2, 4, vk, 0)}, []string{
+			"layers   0-2   p  direct  cpu  sessions 0/0 free, 0 KV free, 0.250 ms/layer, 2000.0 tok/s\n",
+			"layers   2-4   q  direct  vulkan (llvmpipe (LLVM 15.0.6, 256 bits))  sessions 0/0 free, 0 KV free, 0.250 ms/layer\n",
+			"kernel classes: 2 (hops of different classes agree only to rounding; see kernel_class in --json); backends: cpu, vulkan\n",
+		}, nil},
+		{"one class: no kernel class line", []Shard{shard("p", 0, 2, cpu, 0), shard("q", 2, 4, cpu, 0)}, []string{
+			"layers   2-4   q  direct  cpu  sessions",
+		}, []string{"kernel classes", "tok/s"}},
+		{"older node: no backend", []Shard{shard("p", 0, 4, "", 0)}, []string{
+			"layers   0-4   p  direct  sessions 0/0 free",
+		}, []string{"kernel classes"}},
+		{"planned", []Shard{func() Shard {
+			s := shard("p", 0, 4, "cuda/NVIDIA H200/llama.cpp@ec98e2002/fa", 0)
+			s.Planned = true
+			return s
+		}()}, []string{
+			"layers   0-4   p  direct  cuda (NVIDIA H200)  planned: loading (placement)\n",
+		}, nil},
+		{"control characters in a device", []Shard{shard("p", 0, 4, "vulkan/evil\x1b[2J\xff/llama.cpp@ec98e2002/fa", 0)}, []string{
+			"vulkan (evil?[2J?)  sessions",
+		}, []string{"\x1b"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			d := &Document{Models: []Model{{Name: "m", NLayer: 4, Shards: tc.shards}}}
+			var b strings.Builder
+			if err := WriteText(&b, d); err != nil {
+				t.Fatal(err)
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(b.String(), w) {
+					t.Errorf("text lacks %q:\n%s", w, b.String())
+				}
+			}
+			for _, r := range tc.reject {
+				if strings.Contains(b.String(), r) {
+					t.Errorf("text has %q:\n%s", r, b.String())
+				}
+			}
+		})
+	}
+}
+
 func TestWriteTextAndRecorder(t *testing.T) {
 	var rec Recorder
 	for i := 0; i < MaxRoutes+5; i++ {

@@ -3,7 +3,11 @@ package status
 import (
 	"fmt"
 	"io"
+	"maps"
+	"slices"
 	"strings"
+	"unicode"
+	"unicode/utf8"
 )
 
 // WriteText prints the document for a terminal (`meshp2p status`).
@@ -23,18 +27,25 @@ func WriteText(w io.Writer, d *Document) error {
 		}
 		fmt.Fprintf(&b, "%s (%s, %d layers) %s… — %s\n", m.Name, m.Arch, m.NLayer, fp, state)
 		fmt.Fprintf(&b, "  coverage  %s\n", bar(m.Replicas))
-		classes := map[string]bool{}
+		classes, backends := map[string]bool{}, map[string]bool{}
 		for _, s := range m.Shards {
 			if s.KernelClass != "" {
 				classes[s.KernelClass] = true
 			}
+			if s.Backend != "" {
+				backends[printable(s.Backend)] = true
+			}
 		}
 		if len(classes) > 1 {
-			fmt.Fprintf(&b, "  kernel classes: %d (hops of different classes agree only to rounding; see kernel_class in --json)\n", len(classes))
+			fmt.Fprintf(&b, "  kernel classes: %d (hops of different classes agree only to rounding; see kernel_class in --json)", len(classes))
+			if len(backends) > 0 {
+				fmt.Fprintf(&b, "; backends: %s", strings.Join(slices.Sorted(maps.Keys(backends)), ", "))
+			}
+			b.WriteString("\n")
 		}
 		for _, s := range m.Shards {
 			if s.Planned {
-				fmt.Fprintf(&b, "  layers %3d-%-3d %s  %s  planned: loading (placement)\n", s.Start, s.End, s.Peer, s.Path)
+				fmt.Fprintf(&b, "  layers %3d-%-3d %s  %s%s  planned: loading (placement)\n", s.Start, s.End, s.Peer, s.Path, backendText(s))
 				continue
 			}
 			live := ""
@@ -45,8 +56,12 @@ func WriteText(w io.Writer, d *Document) error {
 			if s.RTTMs > 0 {
 				rtt = fmt.Sprintf(", rtt %.1f ms", s.RTTMs)
 			}
-			fmt.Fprintf(&b, "  layers %3d-%-3d %s  %s  sessions %d/%d free, %d KV free, %.3f ms/layer%s%s\n",
-				s.Start, s.End, s.Peer, s.Path, s.FreeSessions, s.MaxSessions, s.FreeKV, s.MsPerLayer, rtt, live)
+			tps := ""
+			if s.TokensPerSec > 0 {
+				tps = fmt.Sprintf(", %.1f tok/s", s.TokensPerSec)
+			}
+			fmt.Fprintf(&b, "  layers %3d-%-3d %s  %s%s  sessions %d/%d free, %d KV free, %.3f ms/layer%s%s%s\n",
+				s.Start, s.End, s.Peer, s.Path, backendText(s), s.FreeSessions, s.MaxSessions, s.FreeKV, s.MsPerLayer, tps, rtt, live)
 		}
 	}
 	c := d.Counters
@@ -98,6 +113,31 @@ func WriteText(w io.Writer, d *Document) error {
 	}
 	_, err := io.WriteString(w, b.String())
 	return err
+}
+
+// backendText is the shard's backend for its line: "  cpu",
+// "  vulkan (llvmpipe (LLVM 15.0.6, 256 bits))", or "" when its node did
+// not say (older nodes).
+func backendText(s Shard) string {
+	switch {
+	case s.Backend == "":
+		return ""
+	case s.Device == "":
+		return "  " + printable(s.Backend)
+	default:
+		return "  " + printable(s.Backend) + " (" + printable(s.Device) + ")"
+	}
+}
+
+// printable replaces control characters in advertised text (a peer's
+// device description) so that it cannot drive the terminal.
+func printable(s string) string {
+	return strings.Map(func(r rune) rune {
+		if unicode.IsControl(r) || r == utf8.RuneError {
+			return '?'
+		}
+		return r
+	}, s)
 }
 
 // bar draws replicas per layer: '.' for a gap, else the count (9+: '+').

@@ -26,6 +26,17 @@ function replicaClass(n) {
   return n <= 0 ? "gap" : n === 1 ? "r1" : n === 2 ? "r2" : "r3";
 }
 
+// backendBadge names the device a shard's layers run on: "cpu", or a
+// GPU's backend and device ("vulkan (llvmpipe (LLVM 15.0.6, 256 bits))");
+// nothing for nodes that do not say (older ones). The full kernel class
+// is its tooltip.
+function backendBadge(s) {
+  if (!s.backend) return null;
+  const text = s.device ? `${s.backend} (${s.device})` : s.backend;
+  return el("span", { class: "badge backend" + (s.backend === "cpu" ? "" : " gpu"), title: s.kernel_class || text,
+    "data-backend": s.backend, "data-device": s.device || "", text });
+}
+
 function drawModel(m, self) {
   const card = el("div", { class: "model", "data-fingerprint": m.fingerprint });
   card.append(el("div", { class: "model-head" },
@@ -60,7 +71,7 @@ function drawModel(m, self) {
     list.append(el("div", { class: "shard" + (s.live ? "" : " dead"), "data-peer": s.peer, "data-live": String(s.live) },
       el("div", { class: "row" }, el("b", { text: `layers ${s.start}-${s.end}` }), el("span", { class: "id", title: s.peer, text: short(s.peer) }),
         s.self ? badge("self", "this node") : s.live ? badge(s.path, s.path) : badge("dead", "dead")),
-      span, el("div", { class: "muted", text: facts.join(" · ") })));
+      span, el("div", { class: "row facts" }, el("span", { class: "muted", text: facts.join(" · ") }), backendBadge(s))));
   }
   card.append(list);
   return card;

@@ -1,0 +1,142 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/openai/openai-go/v3"
+	"github.com/openai/openai-go/v3/option"
+
+	"github.com/neuron-tai/meshp2p/internal/testbin"
+	"github.com/neuron-tai/meshp2p/internal/testgpu"
+)
+
+// TestVulkanSwarm: real `meshp2p start` processes with the README's
+// --device flag on the Vulkan device (lavapipe where there is no GPU).
+//   - A route whose three hops all run Vulkan equals `generate --local
+//     --device vulkan0` token for token (one backend class), and `status`
+//     shows every hop's backend.
+//   - A CPU replica of the middle is started while a stream runs through
+//     the Vulkan middle; the Vulkan middle is SIGKILLed: the stream
+//     re-routes through the CPU hop (a mixed route), completes, and its
+//     tokens stay within what the mixed-route tolerance test measured
+//     (engine.TestMixedRouteTolerance): equal to the Vulkan reference up
+//     to the kill; after it greedy text may part at a near tie.
+func TestVulkanSwarm(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts five processes on a software Vulkan device")
+	}
+	backendDir := testgpu.Dir(t, "vulkan")
+	bin := testbin.CLI(t)
+	dir := t.TempDir()
+	model := filepath.Join(dir, "gpu-f16.gguf")
+	if _, _, err := runShardArgs(t, "synth", "--layers", "6", "--embd", "256", "--heads", "4", "--kv-heads", "2", "--ff", "512",
+		"--type", "f16", "--seed", "5", "--name", "gpu-f16", "-o", model); err != nil {
+		t.Fatal(err)
+	}
+	vk := []string{"--device", "vulkan0", "--backend-dir", backendDir}
+	netArgs := []string{"--network", "gpuvk", "--listen", "/ip4/127.0.0.1/tcp/0"}
+	node := func(name, layers string, extra []string, boot ...string) *cliProc {
+		args := append(append([]string{"--model", model, "--layers", layers, "--threads", "1"}, extra...), netArgs...)
+		return startCLI(t, bin, filepath.Join(dir, name), append(args, boot...)...)
+	}
+	head := node("head", "0-2", vk)
+	boot := []string{"--bootstrap", head.addr}
+	mid := node("midV", "2-4", vk, boot...)
+	node("tail", "4-6", vk, boot...)
+	serve := launch(t, bin, append(append([]string{"serve", "--api", "127.0.0.1:0"}, netArgs...), boot...)...)
+	base := apiURL(t, serve)
+	local := func(prompt string, n int, dev ...string) string {
+		text, _ := localText(t, bin, append([]string{"--model", model, "--prompt", prompt, "--max-tokens", fmt.Sprint(n), "--temperature", "0"}, dev...)...)
+		return text
+	}
+	s := &invSwarm{bin: bin, model: model, name: "gpu-f16", dir: dir, net: netArgs, boot: boot, serve: serve, base: base}
+	ctx := context.Background()
+	if _, err := s.complete(ctx, "warm up", 2); err != nil {
+		t.Fatalf("swarm never served: %v\n%s", err, serve.log.String())
+	}
+
+	t.Run("all_vulkan_equals_local_vulkan", func(t *testing.T) {
+		for _, p := range []string{"Once upon a time", "The cat", "One day a dog"} {
+			want := local(p, 40, vk...)
+			got, err := s.complete(ctx, p, 40)
+			if err != nil || got != want {
+				t.Fatalf("%q: %v\nswarm  %q\nlocal  %q", p, err, got, want)
+			}
+		}
+		out, err := exec.Command(bin, append(append([]string{"status", "--json"}, netArgs...), boot...)...).Output()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var doc struct {
+			Models []struct {
+				Shards []struct {
+					Peer        string `json:"peer"`
+					KernelClass string `json:"kernel_class"`
+				} `json:"shards"`
+			} `json:"models"`
+		}
+		if err := json.Unmarshal(out, &doc); err != nil || len(doc.Models) != 1 {
+			t.Fatalf("status --json: %v\n%s", err, out)
+		}
+		for _, sh := range doc.Models[0].Shards {
+			if !strings.HasPrefix(sh.KernelClass, "vulkan/") {
+				t.Fatalf("shard of %s advertises kernel class %q, want vulkan/…", sh.Peer, sh.KernelClass)
+			}
+		}
+	})
+
+	t.Run("failover_vulkan_to_cpu", func(t *testing.T) {
+		const n, prompt = 200, "Once upon a time"
+		want := local(prompt, n, vk...)
+		c := openai.NewClient(option.WithBaseURL(base+"/"), option.WithMaxRetries(0))
+		st := c.Completions.NewStreaming(ctx, openai.CompletionNewParams{Model: "gpu-f16",
+			Prompt:    openai.CompletionNewParamsPromptUnion{OfString: openai.String(prompt)},
+			MaxTokens: openai.Int(n), Temperature: openai.Float(0)})
+		var text string
+		var spare *cliProc
+		killed, killedAt := false, 0
+		for st.Next() {
+			ch := st.Current()
+			if len(ch.Choices) > 0 {
+				text += ch.Choices[0].Text
+			}
+			if spare == nil {
+				// The CPU replica joins while the stream runs on the
+				// Vulkan middle (faster by measure, the CPU hop would
+				// have been chosen at the start).
+				spare = node("midC", "2-4", []string{"--device", "cpu"}, boot...)
+				s.waitListed(t, spare.peerID)
+				if err := mid.cmd.Process.Kill(); err != nil { // SIGKILL, by PID
+					t.Fatal(err)
+				}
+				killed, killedAt = true, len(text)
+				t.Logf("Vulkan middle killed after %d characters", len(text))
+			}
+		}
+		if err := st.Err(); err != nil {
+			t.Fatalf("stream: %v\n%s", err, serve.log.String())
+		}
+		if !killed {
+			t.Fatalf("the Vulkan middle was never killed mid-stream")
+		}
+		// Up to the kill the route was all Vulkan: exact. After it, a
+		// mixed route: its logits are within engine.MixedTolerance (the
+		// engine's test), so greedy text may part from the reference at a
+		// near tie, never before the kill.
+		if len(text) <= killedAt || text[:killedAt] != want[:min(killedAt, len(want))] {
+			t.Fatalf("text before the kill differs from the Vulkan reference, or nothing came after it\nswarm %q\nlocal %q", text, want)
+		}
+		same := 0
+		for same < min(len(text), len(want)) && text[same] == want[same] {
+			same++
+		}
+		t.Logf("failover vulkan→cpu after %d characters: the stream completed (%d characters); %d characters equal --local --device vulkan0 (all: %v)",
+			killedAt, len(text), same, text == want)
+	})
+}
