@@ -53,7 +53,7 @@ FUZZTIME   ?= 50000x
 STATICCHECK_VERSION ?= v0.8.2
 STATICCHECK := .cache/bin/staticcheck-$(STATICCHECK_VERSION)/staticcheck
 
-.PHONY: all build build-check-amx generate test test-short vet lint fmt fuzz bench bench-micro demo clean deps soak gpu \
+.PHONY: all build build-check-amx generate test test-short vet lint fmt fuzz bench bench-micro demo clean deps soak gpu gpu-lib gpu-tolerance \
 	image testnet-docker testnet-docker-fit testnet-docker-down test-docker
 
 all: build
@@ -64,10 +64,19 @@ all: build
 # beside the binary (bin/lib), where meshp2p looks for it. make build
 # stays CPU-only.
 GPU ?= vulkan
-gpu: build
-	sh scripts/gpu-$(GPU).sh
+gpu: build gpu-lib
 	mkdir -p bin/lib
 	cp .cache/gpu/lib/libggml-$(GPU).so .cache/gpu/lib/libggml-$(GPU).so.meshp2p bin/lib/
+
+# The backend library alone (.cache/gpu/lib; cmake rebuilds only what
+# changed).
+gpu-lib:
+	sh scripts/gpu-$(GPU).sh
+
+# The mixed CPU/Vulkan tolerance over every test model (about 8 minutes
+# on lavapipe; make test runs two models): the figures in docs/gpu.md.
+gpu-tolerance: gpu-lib $(GENERATED)
+	MESHP2P_GPU_TESTS=require MESHP2P_GPU_TOLERANCE=full go test -count=1 -timeout 30m -v -run 'TestMixedRouteTolerance|TestVulkanAgainstCPU' ./engine
 
 deps:
 	go mod download
@@ -117,8 +126,11 @@ lint: $(GENERATED) $(STATICCHECK)
 	$(STATICCHECK) ./...
 
 # The test command of the README and .ci/run.
-test: deps build build-check-amx vet
-	go test -count=1 -timeout $(TEST_TIMEOUT) ./...
+# The GPU code path is tested on every machine: make test builds the
+# Vulkan backend library (Mesa's lavapipe runs it on the CPU) and requires
+# the GPU tests to run, not skip (internal/testgpu).
+test: deps build build-check-amx vet gpu-lib
+	MESHP2P_GPU_TESTS=require go test -count=1 -timeout $(TEST_TIMEOUT) ./...
 	$(MAKE) test-docker
 	$(MAKE) soak SOAK_DURATION=5m
 	$(MAKE) fuzz FUZZTIME=$(FUZZTIME)

@@ -100,6 +100,7 @@ var backendLibs struct {
 	sync.Mutex
 	loaded map[string]BackendLib // by path
 	order  []string
+	dirs   []string // searched so far
 	// software names the Vulkan devices the system's loader types as CPU.
 	software map[string]bool
 }
@@ -141,6 +142,9 @@ func LoadBackends(dirs ...string) []BackendLib {
 		backendLibs.software = map[string]bool{}
 	}
 	for _, dir := range dirs {
+		if !slices.Contains(backendLibs.dirs, dir) {
+			backendLibs.dirs = append(backendLibs.dirs, dir)
+		}
 		paths, _ := filepath.Glob(filepath.Join(dir, "libggml-*.so"))
 		slices.Sort(paths)
 		for _, p := range paths {
@@ -299,6 +303,9 @@ func SelectDevice(name string) (Device, error) {
 		}
 	}
 	e.Lib.Name = backend
+	backendLibs.Lock()
+	e.Searched = slices.Clone(backendLibs.dirs)
+	backendLibs.Unlock()
 	return Device{}, e
 }
 
@@ -308,6 +315,8 @@ type NoDeviceError struct {
 	Name string
 	Have []string
 	Lib  BackendLib // the backend library the name needs ("" Path: none found)
+	// Searched are the directories LoadBackends looked in.
+	Searched []string
 }
 
 func (e *NoDeviceError) Error() string {
@@ -318,8 +327,12 @@ func (e *NoDeviceError) Error() string {
 	case e.Lib.Path != "":
 		return msg + fmt.Sprintf("; the %s backend (%s) found no such device", e.Lib.Name, e.Lib.Path)
 	case e.Lib.Name != "" && e.Lib.Name != "cpu":
-		return msg + fmt.Sprintf("; no %s backend library is loaded: build it with `make gpu` (docs/gpu.md) and put it in %s, or name its directory with --backend-dir",
-			e.Lib.Name, strings.Join(DefaultBackendDirs(), " or "))
+		where := "nowhere yet"
+		if len(e.Searched) > 0 {
+			where = strings.Join(e.Searched, ", ")
+		}
+		return msg + fmt.Sprintf("; no %s backend library is loaded (searched: %s): build it with `make gpu` (docs/gpu.md), which puts it in bin/lib beside the binary, or name its directory with --backend-dir",
+			e.Lib.Name, where)
 	}
 	return msg
 }

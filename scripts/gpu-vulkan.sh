@@ -18,6 +18,8 @@ headers_version=${VULKAN_HEADERS:-v1.3.280}
 need=""
 for c in glslc cmake; do command -v "$c" >/dev/null 2>&1 || need="$need $c"; done
 [ -f /usr/include/vulkan/vulkan.h ] || need="$need libvulkan-dev"
+# Mesa's lavapipe: the Vulkan device tests run on where there is no GPU.
+ls /usr/share/vulkan/icd.d/lvp_icd.*.json >/dev/null 2>&1 || need="$need mesa-vulkan-drivers"
 if [ -n "$need" ]; then
 	if [ "$(id -u)" != 0 ]; then
 		echo "gpu-vulkan: missing$need: apt-get install glslc libvulkan-dev mesa-vulkan-drivers cmake" >&2

@@ -4,10 +4,12 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
@@ -139,4 +141,73 @@ func TestVulkanSwarm(t *testing.T) {
 		t.Logf("failover vulkan→cpu after %d characters: the stream completed (%d characters); %d characters equal --local --device vulkan0 (all: %v)",
 			killedAt, len(text), same, text == want)
 	})
+}
+
+// TestStartDeviceErrors: a device that does not exist, a backend library
+// that is missing or built from other sources, and layers that do not
+// fit the device's memory each stop `meshp2p start` with a clear error
+// before the node advertises anything (no node.json).
+func TestStartDeviceErrors(t *testing.T) {
+	backendDir := testgpu.Dir(t, "vulkan")
+	bin := testbin.CLI(t)
+	dir := t.TempDir()
+	model := filepath.Join(dir, "dev.gguf")
+	if _, _, err := runShardArgs(t, "synth", "--layers", "6", "--embd", "256", "--heads", "4", "--kv-heads", "2", "--ff", "512",
+		"--type", "f16", "--seed", "5", "--name", "dev", "-o", model); err != nil {
+		t.Fatal(err)
+	}
+	lib, err := os.ReadFile(filepath.Join(backendDir, "libggml-vulkan.so"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	stale := filepath.Join(dir, "stale")
+	if err := os.MkdirAll(stale, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(stale, "libggml-vulkan.so"), lib, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(stale, "libggml-vulkan.so.meshp2p"), []byte("ollama v0.17.3 llama.cpp 1111111\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"no_such_index", []string{"--device", "vulkan7", "--backend-dir", backendDir}, `no device "vulkan7"`},
+		{"no_such_backend", []string{"--device", "tpu0", "--backend-dir", backendDir}, "this machine has: cpu, vulkan0"},
+		{"library_missing", []string{"--device", "vulkan0", "--backend-dir", t.TempDir()}, "no vulkan backend library is loaded (searched: "},
+		{"library_other_revision", []string{"--device", "vulkan0", "--backend-dir", stale}, "was built from \"ollama v0.17.3 llama.cpp 1111111\""},
+		// 6 layers × 2^20 KV cells × 256 values × 2 bytes: 3 GiB of
+		// cache on lavapipe's 2 GiB.
+		{"does_not_fit", []string{"--device", "vulkan0", "--backend-dir", backendDir, "--ctx", "1048576"}, "not enough device memory"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+			defer cancel()
+			data := t.TempDir()
+			args := append([]string{"start", "--data-dir", data, "--model", model, "--layers", "0-6", "--network", "deverr",
+				"--listen", "/ip4/127.0.0.1/tcp/0", "--bootstrap", ""}, tc.args...)
+			out, err := exec.CommandContext(ctx, bin, args...).CombinedOutput()
+			if err == nil || ctx.Err() != nil {
+				t.Fatalf("start %v: %v (want a failure at start)\n%s", tc.args, err, out)
+			}
+			if !strings.Contains(string(out), tc.want) {
+				t.Fatalf("start %v: output does not say %q:\n%s", tc.args, tc.want, out)
+			}
+			if _, err := os.Stat(filepath.Join(data, "node.json")); err == nil {
+				t.Fatalf("start %v wrote node.json: it came up before failing", tc.args)
+			}
+			t.Logf("%s: %s", tc.name, lastLine(string(out)))
+		})
+	}
+}
+
+func lastLine(s string) string {
+	s = strings.TrimSpace(s)
+	if i := strings.LastIndexByte(s, '\n'); i >= 0 {
+		return s[i+1:]
+	}
+	return s
 }
