@@ -377,7 +377,7 @@ func (p *CostPlanner) issueLocked(path []edge, req Request, now time.Time, candi
 		if p.Stats != nil && p.Stats(e.s.Peer).Relayed {
 			reach = p2p.PathRelayed
 		}
-		rt.Hops = append(rt.Hops, Hop{Peer: e.s.Peer, Start: e.s.Start, End: e.s.End, Addrs: e.s.Addrs, Reach: reach})
+		rt.Hops = append(rt.Hops, Hop{Peer: e.s.Peer, Start: e.s.Start, End: e.s.End, Addrs: e.s.Addrs, Reach: reach, KernelClass: e.s.KernelClass})
 		est.Hops = append(est.Hops, e.hc)
 		est.PerTokenMs += e.hc.Total()
 		est.BottleneckMs = max(est.BottleneckMs, e.hc.Stage)

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"strings"
 
 	"github.com/libp2p/go-libp2p/core/peer"
 	"github.com/multiformats/go-multiaddr"
@@ -75,6 +76,22 @@ type Hop struct {
 	Start, End int
 	Addrs      []multiaddr.Multiaddr
 	Reach      p2p.Path
+	// KernelClass is the hop's advertised kernel class ("": unknown, as
+	// in a tracker's ticket, or an older node).
+	KernelClass string
+}
+
+// BatchInvariant reports whether every hop is known to compute a row the
+// same however it is batched (a CPU kernel class, or an unknown one,
+// which older nodes and tickets leave empty): what speculative windows
+// need to equal plain decoding. GPU backends are not (docs/gpu.md).
+func (r *Route) BatchInvariant() bool {
+	for _, h := range r.Hops {
+		if h.KernelClass != "" && !strings.HasPrefix(h.KernelClass, "cpu/") {
+			return false
+		}
+	}
+	return true
 }
 
 // Route is an ordered list of hops covering [0, NLayer).
@@ -179,7 +196,7 @@ func (p *LocalPlanner) Plan(ctx context.Context, req Request) (*Route, error) {
 	}
 	out := make([]Hop, len(path))
 	for i, e := range path {
-		out[i] = Hop{Peer: e.s.Peer, Start: e.s.Start, End: e.s.End, Addrs: e.s.Addrs, Reach: e.s.Reach}
+		out[i] = Hop{Peer: e.s.Peer, Start: e.s.Start, End: e.s.End, Addrs: e.s.Addrs, Reach: e.s.Reach, KernelClass: e.s.KernelClass}
 	}
 	return &Route{Fingerprint: req.Fingerprint, NLayer: n, Epoch: req.Epoch, Hops: out}, nil
 }

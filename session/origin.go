@@ -364,8 +364,14 @@ func (o *Origin) sessionOpen(sid [16]byte, rt *route.Route, req GenerateRequest,
 	generated := append([]int32(nil), soFar...)
 	remaining := req.MaxTokens - len(generated)
 	input := append(append([]int32(nil), req.Prompt...), generated...)
+	spec := req.Speculation
+	if !rt.BatchInvariant() {
+		// A GPU hop computes a window of K+1 rows differently from one
+		// row: speculation would no longer give plain decoding's tokens.
+		spec = nil
+	}
 	return &meshp2pb.SessionOpen{SessionId: sid[:], Epoch: rt.Epoch, ModelFingerprint: rt.Fingerprint, Route: route.WireRoute(rt),
-		Sampling: req.Sampling, MaxTokens: uint32(remaining), WireDtype: req.WireDType, Speculation: req.Speculation,
+		Sampling: req.Sampling, MaxTokens: uint32(remaining), WireDtype: req.WireDType, Speculation: spec,
 		NCtxNeeded: uint32(len(input) + remaining + 1), Generated: generated, Ticket: rt.Ticket}, input
 }
 
