@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"errors"
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
@@ -10,6 +11,8 @@ import (
 
 	"github.com/neuron-tai/meshp2p/internal/testgpu"
 	"github.com/neuron-tai/meshp2p/internal/testmodels"
+	"github.com/neuron-tai/meshp2p/proto/meshp2pb"
+	"github.com/neuron-tai/meshp2p/session"
 )
 
 // vulkanDevice loads make gpu's Vulkan library and returns vulkan0 (on
@@ -201,6 +204,66 @@ func TestMixedRouteTolerance(t *testing.T) {
 					t.Fatalf("%s: max |Δlogit| %.3g over the documented %g", rname, worst, MixedTolerance)
 				}
 			}
+		})
+	}
+}
+
+// TestVulkanHopPassesCrossClassAudit: an honest Vulkan hop audited by a
+// CPU replay (another kernel class: the sketch tolerance of verified
+// hops) is never convicted, nor a CPU hop by a Vulkan replay — on every
+// prefill and decode row of the first shard of each model.
+func TestVulkanHopPassesCrossClassAudit(t *testing.T) {
+	vk := vulkanDevice(t)
+	dir := t.TempDir()
+	models := map[string]string{"stories260K": testmodels.Path(t, "stories260K.gguf")}
+	for _, m := range parityModels {
+		switch m.name {
+		case "qwen2_f32", "llama_q8_0", "qwen3moe_f32":
+			models[m.name] = makeParityModel(t, m, dir)
+		}
+	}
+	ctx := context.Background()
+	for name, path := range models {
+		t.Run(name, func(t *testing.T) {
+			rows := func(dev Device) [][]float32 {
+				s := loadShardsOn(t, dev, path, 2, parityCfg)[0]
+				x, err := s.OpenSession(SessionKey{ID: [16]byte{7}}, SessionParams{KVTokens: 64})
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer x.Close()
+				var out [][]float32
+				toks := []int32{1, 300, 311, 262, 290, 340, 259, 371}
+				pos := 0
+				for i, in := range [][]int32{toks, {301}, {302}, {303}} {
+					o, err := x.Forward(ctx, Input{Pos: pos, Tokens: in})
+					if err != nil {
+						t.Fatalf("forward %d: %v", i, err)
+					}
+					pos += len(in)
+					w := len(o.Hidden) / len(in)
+					for r := range in {
+						out = append(out, o.Hidden[r*w:(r+1)*w])
+					}
+				}
+				return out
+			}
+			cpu, gpu := rows(Device{}), rows(vk)
+			var worst float64
+			for i := range cpu {
+				for _, pair := range [][2][]float32{{gpu[i], cpu[i]}, {cpu[i], gpu[i]}} {
+					signed, replay := pair[0], pair[1]
+					if why := session.SketchTolerance.Compare([]*meshp2pb.SketchRow{session.SketchRow(signed, session.SketchK)}, [][]float32{replay}); why != "" {
+						t.Fatalf("row %d: an honest hop would be convicted across cpu/vulkan: %s", i, why)
+					}
+				}
+				var scale float64
+				for _, v := range cpu[i] {
+					scale = max(scale, math.Abs(float64(v)))
+				}
+				worst = max(worst, MaxAbsDiff(cpu[i], gpu[i])/scale)
+			}
+			t.Logf("%s: %d rows, max |Δhidden| %.2g of the row's largest value (tolerance %g)", name, len(cpu), worst, session.SketchTolerance.Abs)
 		})
 	}
 }
