@@ -36,11 +36,7 @@ func TestVulkanSwarm(t *testing.T) {
 	backendDir := testgpu.Dir(t, "vulkan")
 	bin := testbin.CLI(t)
 	dir := t.TempDir()
-	model := filepath.Join(dir, "gpu-f16.gguf")
-	if _, _, err := runShardArgs(t, "synth", "--layers", "6", "--embd", "256", "--heads", "4", "--kv-heads", "2", "--ff", "512",
-		"--type", "f16", "--seed", "5", "--name", "gpu-f16", "-o", model); err != nil {
-		t.Fatal(err)
-	}
+	model := synthSix(t, dir, "gpu-f16")
 	vk := []string{"--device", "vulkan0", "--backend-dir", backendDir}
 	netArgs := []string{"--network", "gpuvk", "--listen", "/ip4/127.0.0.1/tcp/0"}
 	node := func(name, layers string, extra []string, boot ...string) *cliProc {
@@ -151,11 +147,7 @@ func TestStartDeviceErrors(t *testing.T) {
 	backendDir := testgpu.Dir(t, "vulkan")
 	bin := testbin.CLI(t)
 	dir := t.TempDir()
-	model := filepath.Join(dir, "dev.gguf")
-	if _, _, err := runShardArgs(t, "synth", "--layers", "6", "--embd", "256", "--heads", "4", "--kv-heads", "2", "--ff", "512",
-		"--type", "f16", "--seed", "5", "--name", "dev", "-o", model); err != nil {
-		t.Fatal(err)
-	}
+	model := synthSix(t, dir, "dev")
 	lib, err := os.ReadFile(filepath.Join(backendDir, "libggml-vulkan.so"))
 	if err != nil {
 		t.Fatal(err)
@@ -210,4 +202,15 @@ func lastLine(s string) string {
 		return s[i+1:]
 	}
 	return s
+}
+
+// synthSix writes a 6-layer F16 random-weight model named name into dir.
+func synthSix(t *testing.T, dir, name string) string {
+	t.Helper()
+	model := filepath.Join(dir, name+".gguf")
+	if _, _, err := runShardArgs(t, "synth", "--layers", "6", "--embd", "256", "--heads", "4", "--kv-heads", "2", "--ff", "512",
+		"--type", "f16", "--seed", "5", "--name", name, "-o", model); err != nil {
+		t.Fatal(err)
+	}
+	return model
 }
