@@ -13,8 +13,9 @@
 # which the engine checks before loading it.
 #
 # CUDA_ARCHITECTURES: CMAKE_CUDA_ARCHITECTURES; default "native" when
-# nvidia-smi lists a GPU, else 75;80;86;89;90 (Turing to Hopper; every
-# entry needs CUDA >= 11.8, and CUDA 13 dropped everything below 75).
+# nvidia-smi lists a GPU, else 75;80;86;89;90 (Turing to Hopper; 89 and
+# 90 need CUDA >= 11.8, and the module's CMake builds nothing below 75 for
+# CUDA 13).
 # CUDACXX: the nvcc to use (default: nvcc on PATH, else
 # /usr/local/cuda/bin/nvcc). GPU_OUT: output folder (default .cache/gpu).
 set -eu
@@ -83,7 +84,5 @@ if [ -z "$lib" ]; then
 	echo "gpu-cuda: build finished but no libggml-cuda.so under $out/build-cuda (see $out/build-cuda.log)" >&2
 	exit 1
 fi
-mkdir -p "$out/lib"
-cp "$lib" "$out/lib/libggml-cuda.so"
-echo "ollama $version llama.cpp $commit" >"$out/lib/libggml-cuda.so.meshp2p"
+sh "$root/scripts/gpu-install-lib.sh" cuda "$lib" "$out"
 echo "gpu-cuda: built $out/lib/libggml-cuda.so in $(( $(date +%s) - start )) s (CUDA $cuda_version, architectures $arch; ollama $version, llama.cpp $commit)"

@@ -61,13 +61,6 @@ start=$(date +%s)
 cmake -S "$module" -B "$out/build" -DCMAKE_BUILD_TYPE=Release -DVulkan_GLSLC_EXECUTABLE="$out/glslc" \
 	-DVulkan_INCLUDE_DIR="$headers/include" >"$out/configure.log" 2>&1 || { tail -20 "$out/configure.log" >&2; exit 1; }
 cmake --build "$out/build" --target ggml-vulkan -j"$(nproc)" >"$out/build.log" 2>&1 || { grep -m 20 error "$out/build.log" >&2; exit 1; }
-# The library runs against the meshp2p binary's own ggml (exported with
-# -rdynamic): the stamp names the sources it was built from, and the engine
-# refuses a library whose stamp is not its own.
 lib=$(find "$out/build" -name libggml-vulkan.so | head -1)
-version=$(cd "$root" && go list -m -f '{{.Version}}' github.com/ollama/ollama)
-commit=$(sed -n 's/^FETCH_HEAD=//p' "$module/Makefile.sync" | tr -d ' ')
-mkdir -p "$out/lib"
-cp "$lib" "$out/lib/libggml-vulkan.so"
-echo "ollama $version llama.cpp $commit" >"$out/lib/libggml-vulkan.so.meshp2p"
-echo "gpu-vulkan: built $out/lib/libggml-vulkan.so in $(( $(date +%s) - start )) s (Vulkan-Headers $headers_version; ollama $version, llama.cpp $commit)"
+sh "$root/scripts/gpu-install-lib.sh" vulkan "$lib" "$out"
+echo "gpu-vulkan: built $out/lib/libggml-vulkan.so in $(( $(date +%s) - start )) s (Vulkan-Headers $headers_version; stamp: $(cat "$out/lib/libggml-vulkan.so.meshp2p"))"
