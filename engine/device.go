@@ -159,7 +159,17 @@ func LoadBackends(dirs ...string) []BackendLib {
 			if _, ok := backendLibs.loaded[abs]; ok {
 				continue
 			}
-			lib := BackendLib{Name: name, Path: abs, Err: loadBackendLib(name, abs)}
+			lib := BackendLib{Name: name, Path: abs}
+			for _, q := range backendLibs.order {
+				if o := backendLibs.loaded[q]; o.Name == name && o.Err == nil {
+					// One registration per backend: a second would list
+					// every device twice under the same names.
+					lib.Err = fmt.Errorf("%w: %s not loaded: the %s backend is already loaded from %s", ErrBackendLib, abs, name, o.Path)
+				}
+			}
+			if lib.Err == nil {
+				lib.Err = loadBackendLib(name, abs)
+			}
 			backendLibs.loaded[abs] = lib
 			backendLibs.order = append(backendLibs.order, abs)
 		}

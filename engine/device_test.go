@@ -267,3 +267,30 @@ func TestVulkanHopPassesCrossClassAudit(t *testing.T) {
 		})
 	}
 }
+
+// TestBackendLoadedOnce: a second copy of a loaded backend (bin/lib and
+// .cache/gpu/lib, say) is not registered again, so devices are not listed
+// twice under the same names.
+func TestBackendLoadedOnce(t *testing.T) {
+	vulkanDevice(t)
+	dir := t.TempDir()
+	src := filepath.Join(testgpu.Dir(t, "vulkan"), "libggml-vulkan.so")
+	for _, f := range []string{"", ".meshp2p"} {
+		b, err := os.ReadFile(src + f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, "libggml-vulkan.so"+f), b, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	n := len(Devices())
+	for _, l := range LoadBackends(dir) {
+		if strings.HasPrefix(l.Path, dir) && (!errors.Is(l.Err, ErrBackendLib) || !strings.Contains(l.Err.Error(), "already loaded")) {
+			t.Fatalf("second copy: %+v", l)
+		}
+	}
+	if m := len(Devices()); m != n {
+		t.Fatalf("%d devices after loading a second copy, %d before", m, n)
+	}
+}
