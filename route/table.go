@@ -306,22 +306,55 @@ const MinPrefix = 16
 // unique fingerprint prefix (at least MinPrefix hex characters) or model
 // name. It looks at no layer count: what peers claim about that cannot
 // make a model unresolvable.
+//
+// A name is a claim anyone can make, so it resolves by a trust rule: to
+// the fingerprint that the most distinct peers advertise under that name,
+// when it has strictly more than any other (a stranger advertising
+// another model under a popular name neither takes nor blocks it);
+// otherwise the name is ambiguous, and the error lists the candidates,
+// each reachable by its fingerprint. A fingerprint or prefix is exact.
 func (t *Table) Fingerprint(nameOrFP string) (string, error) {
-	fps := map[string]bool{}
+	exact := map[string]bool{}
+	named := map[string]map[peer.ID]bool{}
 	for _, s := range t.Shards("") {
-		if s.Fingerprint == nameOrFP || s.ModelName == nameOrFP || (len(nameOrFP) >= MinPrefix && strings.HasPrefix(s.Fingerprint, nameOrFP)) {
-			fps[s.Fingerprint] = true
+		if s.Fingerprint == nameOrFP || (len(nameOrFP) >= MinPrefix && strings.HasPrefix(s.Fingerprint, nameOrFP)) {
+			exact[s.Fingerprint] = true
+		} else if s.ModelName == nameOrFP {
+			if named[s.Fingerprint] == nil {
+				named[s.Fingerprint] = map[peer.ID]bool{}
+			}
+			named[s.Fingerprint][s.Peer] = true
 		}
 	}
-	switch len(fps) {
+	switch len(exact) {
 	case 0:
-		return "", fmt.Errorf("%w: no peer serves a model named %q", ErrUnknownModel, nameOrFP)
 	case 1:
-		for f := range fps {
+		for f := range exact {
 			return f, nil
 		}
+	default:
+		return "", fmt.Errorf("%w: %w: %q matches %d models; give the fingerprint", ErrUnknownModel, ErrAmbiguousModel, nameOrFP, len(exact))
 	}
-	return "", fmt.Errorf("%w: %w: %q matches %d models; give the fingerprint", ErrUnknownModel, ErrAmbiguousModel, nameOrFP, len(fps))
+	if len(named) == 0 {
+		return "", fmt.Errorf("%w: no peer serves a model named %q", ErrUnknownModel, nameOrFP)
+	}
+	best, bestN, second := "", 0, 0
+	var cands []string
+	for f, peers := range named {
+		cands = append(cands, fmt.Sprintf("%.16s… (%d peers)", f, len(peers)))
+		switch n := len(peers); {
+		case n > bestN:
+			best, bestN, second = f, n, bestN
+		case n > second:
+			second = n
+		}
+	}
+	if bestN > second {
+		return best, nil
+	}
+	sort.Strings(cands)
+	return "", fmt.Errorf("%w: %w: %q is advertised for %d models by as many peers each: %s; give the fingerprint",
+		ErrUnknownModel, ErrAmbiguousModel, nameOrFP, len(named), strings.Join(cands, ", "))
 }
 
 // Resolve is Fingerprint and the layer count peers vote for (LayerCount).
