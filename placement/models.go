@@ -18,8 +18,10 @@ type ModelLoad struct {
 	// Demand is requests per second; Unmet the part not served at once
 	// (queued plus refused sessions per second).
 	Demand, Unmet float64
-	// Nodes serve it now (loaded windows); Routes are its complete routes.
-	Nodes, Routes int
+	// Nodes serve it or are loading it; Routes are its complete routes
+	// (of loaded windows); NodesPerRoute is how many nodes one route
+	// takes (the model's size over a node's budget; 0: 1).
+	Nodes, Routes, NodesPerRoute int
 	// IdleFor is how long it has had no demand (0: it has some).
 	IdleFor time.Duration
 }
@@ -27,6 +29,30 @@ type ModelLoad struct {
 // pressure is unmet demand per GiB of weights.
 func (m ModelLoad) pressure() float64 {
 	return m.Unmet / math.Max(float64(m.Bytes)/(1<<30), 1e-9)
+}
+
+// wantNodes is how many nodes the model's demand needs: one route's
+// worth while it has none, then as many routes as its demand over what a
+// route serves now (measured: the served demand over its routes).
+func (m ModelLoad) wantNodes() float64 {
+	k := float64(max(1, m.NodesPerRoute))
+	if m.Demand <= 0 {
+		return 0
+	}
+	served := m.Demand - m.Unmet
+	if m.Routes == 0 || served <= 0 {
+		return k * float64(max(1, m.Routes+1))
+	}
+	return math.Ceil(m.Demand/(served/float64(m.Routes))) * k
+}
+
+// keepNodes is what the model must keep: a route's worth while it is
+// needed.
+func (m ModelLoad) keepNodes(idle time.Duration) float64 {
+	if m.needed(idle) && m.Routes > 0 {
+		return float64(max(1, m.NodesPerRoute))
+	}
+	return 0
 }
 
 // needed reports whether the model must keep what it has: it has demand,
@@ -72,7 +98,8 @@ type ModelChoice struct {
 }
 
 // ChooseModel is the cross-model rule for a node serving cur ("" : a
-// standby node serving nothing), given every model's load:
+// standby node serving nothing), given every model's load and how many
+// standby nodes there are:
 //   - a model that is requested and has no route comes first: a standby
 //     node promotes itself to serve it ("warming"), a serving node moves
 //     to it if its own model keeps a route without it;
@@ -81,9 +108,11 @@ type ModelChoice struct {
 //   - otherwise move toward the model with the most unmet demand per byte
 //     of weights, only when it beats the current model's by the
 //     hysteresis;
-//   - Move spreads the decision: the nodes the deficit needs over the
-//     nodes that could supply them.
-func ChooseModel(cur string, models []ModelLoad, rules ModelRules) ModelChoice {
+//   - Move spreads the decision: the nodes the swarm lacks (wanted by
+//     demand, not yet serving or loading) over the nodes that could
+//     supply them (standby, and beyond what their models want or must
+//     keep), so a thousand nodes seeing one view do not all jump at once.
+func ChooseModel(cur string, models []ModelLoad, standby int, rules ModelRules) ModelChoice {
 	r := rules.withDefaults()
 	ms := slices.Clone(models)
 	// Deterministic order: most pressing first, fingerprint to break ties.
@@ -119,42 +148,38 @@ func ChooseModel(cur string, models []ModelLoad, rules ModelRules) ModelChoice {
 		stay.Why = fmt.Sprintf("%.16s has %d route(s) and demand: never uncovered", cur, own.Routes)
 		return stay
 	}
-	// Who could move, and how many nodes the swarm lacks.
-	var deficit, surplus float64
+	deficit, surplus := 0.0, float64(standby)
 	for _, m := range ms {
-		switch {
-		case m.Demand > 0 && m.Routes == 0:
-			deficit += float64(max(1, m.Nodes)) // at least one route's worth, as seen
-		case m.Unmet > 0 && m.Demand > 0:
-			deficit += float64(m.Nodes) * m.Unmet / m.Demand
-		case m.Routes > 1 || !m.needed(r.IdleRelease):
-			surplus += float64(m.Nodes)
-		}
+		want := m.wantNodes()
+		deficit += math.Max(0, want-float64(m.Nodes))
+		surplus += math.Max(0, float64(m.Nodes)-math.Max(want, m.keepNodes(r.IdleRelease)))
 	}
-	best := ms[0:0]
+	var t *ModelLoad
 	for i := range ms {
-		if ms[i].Fingerprint != cur && ms[i].Demand > 0 && (ms[i].Unmet > 0 || ms[i].Routes == 0) {
-			best = ms[i : i+1]
+		if ms[i].Fingerprint != cur && ms[i].Demand > 0 && float64(ms[i].Nodes) < ms[i].wantNodes() {
+			t = &ms[i]
 			break
 		}
 	}
-	if len(best) == 0 {
+	if t == nil || deficit == 0 {
 		stay.Why = "no model lacks capacity"
 		return stay
 	}
-	t := best[0]
 	move := 1.0
-	if cur != "" && surplus > 0 {
+	if surplus > 0 {
 		move = math.Min(1, deficit/surplus)
 	}
 	switch {
 	case cur == "":
-		return ModelChoice{Target: t.Fingerprint, Move: 1, Why: fmt.Sprintf("standby: %.16s is asked for (%.2f/s unmet, %d routes)", t.Fingerprint, t.Unmet, t.Routes)}
+		return ModelChoice{Target: t.Fingerprint, Move: move, Why: fmt.Sprintf("standby: %.16s is asked for (%.2f/s unmet, %d routes)", t.Fingerprint, t.Unmet, t.Routes)}
 	case t.Routes == 0:
 		return ModelChoice{Target: t.Fingerprint, Move: move, Why: fmt.Sprintf("%.16s is asked for and has no route", t.Fingerprint)}
-	case own != nil && t.pressure() < (1+r.Hysteresis)*own.pressure():
-		stay.Why = fmt.Sprintf("%.16s's unmet demand per GiB (%.3g) does not beat this model's (%.3g) by %.0f%%", t.Fingerprint, t.pressure(), own.pressure(), 100*r.Hysteresis)
-		return stay
+	case own != nil && own.needed(r.IdleRelease) && float64(own.Nodes) <= own.wantNodes():
+		// Our own model needs us too: only a clearly hungrier one wins.
+		if t.pressure() < (1+r.Hysteresis)*own.pressure() || own.pressure() == 0 && t.pressure() == 0 {
+			stay.Why = fmt.Sprintf("%.16s's unmet demand per GiB (%.3g) does not beat this model's (%.3g) by %.0f%%", t.Fingerprint, t.pressure(), own.pressure(), 100*r.Hysteresis)
+			return stay
+		}
 	}
 	return ModelChoice{Target: t.Fingerprint, Move: move, Why: fmt.Sprintf("%.16s has the most unmet demand per GiB (%.3g)", t.Fingerprint, t.pressure())}
 }

@@ -12,49 +12,50 @@ func TestChooseModel(t *testing.T) {
 		name     string
 		cur      string
 		models   []ModelLoad
+		standby  int
 		want     string
 		wantMove float64 // -1: do not check
 	}{
 		{"standby warms a requested model nobody serves", "", []ModelLoad{
 			{Fingerprint: "A", Bytes: gib, Demand: 2, Nodes: 4, Routes: 2},
 			{Fingerprint: "B", Bytes: gib, Demand: 1, Unmet: 1},
-		}, "B", 1},
+		}, 2, "B", 1.0 / 4}, // B lacks 1 node; 2 standby + A's 2 spare could give it
 		{"the last route of a model with demand stays", "A", []ModelLoad{
 			{Fingerprint: "A", Bytes: gib, Demand: 0.1, Nodes: 2, Routes: 1},
 			{Fingerprint: "B", Bytes: gib, Demand: 5, Unmet: 5},
-		}, "A", -1},
+		}, 0, "A", -1},
 		{"an idle model keeps its last route for IdleRelease", "A", []ModelLoad{
 			{Fingerprint: "A", Bytes: gib, Nodes: 2, Routes: 1, IdleFor: 10 * time.Minute},
 			{Fingerprint: "B", Bytes: gib, Demand: 5, Unmet: 5},
-		}, "A", -1},
+		}, 0, "A", -1},
 		{"after IdleRelease it gives way to demand", "A", []ModelLoad{
 			{Fingerprint: "A", Bytes: gib, Nodes: 2, Routes: 1, IdleFor: 40 * time.Minute},
 			{Fingerprint: "B", Bytes: gib, Demand: 5, Unmet: 5},
-		}, "B", -1},
+		}, 0, "B", 1.0 / 2}, // B lacks one node; A's two could give it
 		{"a spare replica moves to unmet demand, spread by the deficit", "A", []ModelLoad{
 			{Fingerprint: "A", Bytes: gib, Demand: 1, Nodes: 8, Routes: 4},
-			{Fingerprint: "B", Bytes: gib, Demand: 4, Unmet: 2, Nodes: 2, Routes: 1},
-		}, "B", 1.0 / 8},
+			{Fingerprint: "B", Bytes: gib, Demand: 4, Unmet: 2, Nodes: 2, Routes: 1, NodesPerRoute: 2},
+		}, 0, "B", 2.0 / 4}, // B wants 2 routes (4 nodes); A wants 4 of its 8
 		{"hysteresis: a slightly hungrier model is not worth a move", "A", []ModelLoad{
-			{Fingerprint: "A", Bytes: gib, Demand: 4, Unmet: 1, Nodes: 6, Routes: 3},
-			{Fingerprint: "B", Bytes: gib, Demand: 4, Unmet: 1.2, Nodes: 6, Routes: 3},
-		}, "A", -1},
+			{Fingerprint: "A", Bytes: gib, Demand: 4, Unmet: 1, Nodes: 6, Routes: 3, NodesPerRoute: 2},
+			{Fingerprint: "B", Bytes: gib, Demand: 4, Unmet: 1.2, Nodes: 6, Routes: 3, NodesPerRoute: 2},
+		}, 0, "A", -1},
 		{"a much hungrier one is", "A", []ModelLoad{
-			{Fingerprint: "A", Bytes: gib, Demand: 4, Unmet: 1, Nodes: 6, Routes: 3},
-			{Fingerprint: "B", Bytes: gib, Demand: 4, Unmet: 2, Nodes: 6, Routes: 3},
-		}, "B", -1},
+			{Fingerprint: "A", Bytes: gib, Demand: 4, Unmet: 1, Nodes: 6, Routes: 3, NodesPerRoute: 2},
+			{Fingerprint: "B", Bytes: gib, Demand: 4, Unmet: 2, Nodes: 6, Routes: 3, NodesPerRoute: 2},
+		}, 0, "B", -1},
 		{"per byte: the small model's unmet demand weighs more", "A", []ModelLoad{
 			{Fingerprint: "A", Bytes: gib, Demand: 1, Nodes: 6, Routes: 3},
 			{Fingerprint: "big", Bytes: 40 * gib, Demand: 4, Unmet: 2, Nodes: 40, Routes: 1},
-			{Fingerprint: "small", Bytes: gib, Demand: 2, Unmet: 1, Nodes: 2, Routes: 1},
-		}, "small", -1},
+			{Fingerprint: "small", Bytes: gib, Demand: 2, Unmet: 1, Nodes: 2, Routes: 1, NodesPerRoute: 2},
+		}, 0, "small", -1},
 		{"nothing lacks capacity: stay", "A", []ModelLoad{
 			{Fingerprint: "A", Bytes: gib, Demand: 1, Nodes: 6, Routes: 3},
 			{Fingerprint: "B", Bytes: gib, Demand: 1, Nodes: 2, Routes: 1},
-		}, "A", -1},
+		}, 3, "A", -1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			c := ChooseModel(tc.cur, tc.models, ModelRules{})
+			c := ChooseModel(tc.cur, tc.models, tc.standby, ModelRules{})
 			if c.Target != tc.want || c.Why == "" {
 				t.Fatalf("ChooseModel(%q) = %+v, want %q", tc.cur, c, tc.want)
 			}
