@@ -53,7 +53,7 @@ FUZZTIME   ?= 50000x
 STATICCHECK_VERSION ?= v0.8.2
 STATICCHECK := .cache/bin/staticcheck-$(STATICCHECK_VERSION)/staticcheck
 
-.PHONY: all build build-check-amx generate test test-short vet lint fmt fuzz bench bench-micro demo clean deps soak gpu gpu-lib gpu-tolerance \
+.PHONY: all build build-check-amx generate test test-short vet lint fmt fuzz bench bench-micro demo clean deps soak gpu gpu-lib gpu-tolerance placement-sim \
 	image testnet-docker testnet-docker-fit testnet-docker-down test-docker
 
 all: build
@@ -72,6 +72,12 @@ gpu: build gpu-lib
 # changed).
 gpu-lib:
 	sh scripts/gpu-$(GPU).sh
+
+# Placement across models (issue 28): 1000 nodes, 10 models, a day of
+# shifting demand, against nobody moving (make test runs 100 nodes, 4
+# models): the figures in docs/placement.md.
+placement-sim:
+	MESHP2P_PLACEMENT_SIM=full go test -count=1 -v -run TestModelSimulation ./placement
 
 # The mixed CPU/Vulkan tolerance over every test model (about 8 minutes
 # on lavapipe; make test runs two models): the figures in docs/gpu.md.
