@@ -61,7 +61,7 @@ func (i ModelInfo) IsTail() bool { return i.End == i.ParentNLayer }
 // Model is a loaded GGUF model, shard or vocabulary. It is safe for
 // concurrent use by tokenizer calls; compute goes through a Shard.
 type Model struct {
-	ptr   *C.struct_llama_model
+	ptr    *C.struct_llama_model
 	vocab  *C.struct_llama_vocab
 	info   ModelInfo
 	device Device

@@ -50,7 +50,7 @@ type Config struct {
 	// Device: the CPU). It sets the kernel class the node advertises and,
 	// for a GPU, the default placement budget (its free memory).
 	Device engine.Device
-	Hop       session.HopConfig
+	Hop    session.HopConfig
 	// DraftPath, if set, is a small whole model with the model's
 	// vocabulary that proposes tokens for the speculative sessions this
 	// node heads and that ask for a draft (--speculative draft); checked
