@@ -72,8 +72,16 @@ func (d Device) KernelClass() string {
 	if d.IsCPU() {
 		return KernelClass()
 	}
-	return fmt.Sprintf("%s/%s/llama.cpp@%s/fa", d.Class(), d.Description, llamaCommit)
+	desc := d.Description
+	if len(desc) > maxClassDevice {
+		desc = desc[:maxClassDevice] // adverts bound the class (route.MaxKernelClass)
+	}
+	return fmt.Sprintf("%s/%s/llama.cpp@%s/fa", d.Class(), desc, llamaCommit)
 }
+
+// maxClassDevice bounds the device description in a kernel class, so the
+// class stays within what adverts carry (256 bytes).
+const maxClassDevice = 160
 
 func (d Device) String() string {
 	s := fmt.Sprintf("%s (%s", d.Name, d.Description)
@@ -204,21 +212,28 @@ func loadBackendLib(name, path string) error {
 }
 
 // vulkanVisibility lists the system's Vulkan devices before ggml-vulkan
-// starts: it hides CPU-type devices (lavapipe) unless
-// GGML_VK_VISIBLE_DEVICES names them, so the engine names every device
-// there (unless the user set it) and remembers which are software, to
-// show them and use them only when named. Called with backendLibs held.
+// starts and remembers which are software (CPU-type: lavapipe), to show
+// them as such and use them only when named. ggml-vulkan hides CPU-type
+// devices unless GGML_VK_VISIBLE_DEVICES names them; its own choice
+// otherwise (supported GPUs only, one driver per GPU) is better than any
+// list, so the engine names devices only on a machine whose devices are
+// all CPU-type (a machine without a GPU, CI), and never over the user's
+// setting. Called with backendLibs held, before ggml-vulkan starts
+// (LoadBackends is meant to run at start, before models load).
 func vulkanVisibility() {
 	var devs [64]C.mp_vk_device
 	n := int(C.mp_vk_enumerate(&devs[0], C.int(len(devs))))
 	var idx []string
+	allCPU := n > 0
 	for i := 0; i < n; i++ {
 		if devs[i]._type == 4 { // VK_PHYSICAL_DEVICE_TYPE_CPU
 			backendLibs.software[C.GoString(&devs[i].name[0])] = true
+		} else {
+			allCPU = false
 		}
 		idx = append(idx, strconv.Itoa(i))
 	}
-	if _, set := os.LookupEnv("GGML_VK_VISIBLE_DEVICES"); !set && n > 0 {
+	if _, set := os.LookupEnv("GGML_VK_VISIBLE_DEVICES"); !set && allCPU {
 		os.Setenv("GGML_VK_VISIBLE_DEVICES", strings.Join(idx, ","))
 	}
 	// Fused kernels (add+rms_norm, multi-add, MoE top-k) round
@@ -284,12 +299,15 @@ func SelectDevice(name string) (Device, error) {
 	devs := Devices()
 	name = strings.ToLower(strings.TrimSpace(name))
 	if name == "" || name == "auto" {
+		// Discrete GPUs only: an integrated one shares the host's memory
+		// and is often slower than the CPU it sits beside; name it to
+		// use it.
 		best := devs[0]
 		for _, d := range devs {
-			if d.Type == "cpu" || d.Software {
+			if d.Type != "gpu" || d.Software {
 				continue
 			}
-			if best.Type == "cpu" || d.Type == "gpu" && best.Type != "gpu" || d.Type == best.Type && d.TotalBytes > best.TotalBytes {
+			if best.Type == "cpu" || d.TotalBytes > best.TotalBytes {
 				best = d
 			}
 		}
@@ -307,10 +325,13 @@ func SelectDevice(name string) (Device, error) {
 	e := &NoDeviceError{Name: name, Have: have}
 	backend := strings.TrimRight(name, "0123456789")
 	for _, lib := range LoadBackends() {
-		if lib.Name == backend {
+		// A loaded copy explains more than a refused one.
+		if lib.Name == backend && (e.Lib.Path == "" || e.Lib.Err != nil && lib.Err == nil) {
 			e.Lib = lib
-			return Device{}, e
 		}
+	}
+	if e.Lib.Path != "" {
+		return Device{}, e
 	}
 	e.Lib.Name = backend
 	backendLibs.Lock()

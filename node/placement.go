@@ -169,6 +169,13 @@ func (c *placementController) size(sz placement.Sizing, nEmbd int, arch string) 
 		// buffers the backend allocates beside the weights and cache.
 		c.budget = int64(dev.FreeBytes / 10 * 9)
 		src = dev.Name + "'s free memory (the backend's query) minus 10%"
+		if dev.Type == "igpu" || dev.Software {
+			// Its memory is the host's, which the mapped model file
+			// and the process share: the smaller of the two.
+			if host, hsrc, err := placement.Budget(); err == nil && host < c.budget {
+				c.budget, src = host, hsrc+" (the host's: "+dev.Name+" shares it)"
+			}
+		}
 	}
 	if c.budget <= 0 {
 		if c.budget, src, err = placement.Budget(); err != nil {

@@ -1,10 +1,13 @@
 package node
 
 import (
+	"context"
 	"strings"
 	"testing"
 
 	"github.com/neuron-tai/meshp2p/engine"
+	"github.com/neuron-tai/meshp2p/engine/gguf"
+	"github.com/neuron-tai/meshp2p/internal/testmodels"
 	"github.com/neuron-tai/meshp2p/placement"
 )
 
@@ -36,5 +39,34 @@ func TestPlacementBudgetFromDevice(t *testing.T) {
 				t.Fatalf("budget %d from %q, want %d from %q…", c.budget, src, tc.want, tc.wantSrc)
 			}
 		})
+	}
+}
+
+// deviceNeed counts a shard's layers, cache and buffers, the output only
+// on the tail, and never the token embeddings (they stay on the CPU).
+func TestDeviceNeedOfShards(t *testing.T) {
+	path := testmodels.Path(t, "stories260K.gguf")
+	ec := DefaultEngine()
+	whole, err := ModelSizing(path, ec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := gguf.Split(context.Background(), path, gguf.EvenSplit(whole.NLayer, 3), t.TempDir(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, r := range res {
+		need, err := deviceNeed(r.Path, ec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rg := placement.Range{Start: r.Range.Start, End: r.Range.End}
+		want := whole.Need(rg)
+		if rg.Start == 0 {
+			want -= whole.HeadBytes
+		}
+		if need != want {
+			t.Fatalf("shard %d %v: deviceNeed %d, want the whole model's sizing of the range less embeddings: %d", i, rg, need, want)
+		}
 	}
 }

@@ -11,7 +11,6 @@ import (
 	"github.com/neuron-tai/meshp2p/engine"
 	"github.com/neuron-tai/meshp2p/engine/gguf"
 	"github.com/neuron-tai/meshp2p/node/shardengine"
-	"github.com/neuron-tai/meshp2p/placement"
 	"github.com/neuron-tai/meshp2p/session"
 )
 
@@ -67,11 +66,11 @@ func (n *Node) loadWindow(ctx context.Context, path string) (*loadedShard, error
 	if dev := n.cfg.Device; !dev.IsCPU() {
 		// A GPU's memory is not the page cache: a window that does not
 		// fit fails here, with the numbers, not in the backend.
-		sz, err := ModelSizing(path, n.cfg.Engine)
+		need, err := deviceNeed(path, n.cfg.Engine)
 		if err != nil {
 			return nil, err
 		}
-		if err := dev.CheckFits(uint64(sz.Need(placement.Range{Start: 0, End: sz.NLayer}))); err != nil {
+		if err := dev.CheckFits(uint64(need)); err != nil {
 			return nil, fmt.Errorf("shard %s on %s: %w", filepath.Base(path), dev.Name, err)
 		}
 	}
@@ -331,4 +330,31 @@ func (n *Node) RebalanceInterval() time.Duration {
 		return 0
 	}
 	return n.place.interval()
+}
+
+// deviceNeed is what the shard file at path takes on a GPU: its layers'
+// weights and KV cache, the compute buffers and, on a tail (its range is the
+// end of the model), the output matrix and logits. Token embeddings stay on
+// the CPU (llama.cpp keeps the input layer there), and a shard file is
+// not a whole model: Sizing.Need over the file alone would count a head's
+// embeddings twice (as a tied output) and a tail's head part.
+func deviceNeed(path string, ec engine.Config) (int64, error) {
+	f, err := gguf.Open(path)
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	sz, _, err := fileSizing(f, ec)
+	if err != nil {
+		return 0, err
+	}
+	need := sz.FixedBytes
+	for _, b := range sz.LayerBytes {
+		need += b + sz.KVBytesPerLayer + sz.KVScratchBytesPerLayer
+	}
+	// A shard file says its range; a whole model is its own tail.
+	if si, err := gguf.ReadShardInfo(f.Metadata); err != nil || si.Range.End == si.ParentNLayer {
+		need += sz.TailBytes + sz.TailFixedBytes
+	}
+	return need, nil
 }

@@ -16,6 +16,7 @@ func TestRouteBatchInvariant(t *testing.T) {
 		{"all vulkan", []string{vk, vk}, false},
 		{"cuda", []string{"cuda/NVIDIA H200/llama.cpp@ec98e2002/fa"}, false},
 		{"no hops", nil, true},
+		{"a test engine's class", []string{"fake"}, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := &Route{}

@@ -87,9 +87,22 @@ type Hop struct {
 // need to equal plain decoding. GPU backends are not (docs/gpu.md).
 func (r *Route) BatchInvariant() bool {
 	for _, h := range r.Hops {
-		if h.KernelClass != "" && !strings.HasPrefix(h.KernelClass, "cpu/") {
+		if h.KernelClass != "" && !InvariantClass(h.KernelClass) {
 			return false
 		}
+	}
+	return true
+}
+
+// InvariantClass reports whether a kernel class computes a row the same
+// however it is batched: the CPU's (and any that is not a GPU backend's);
+// GPU backends' are not (docs/gpu.md), so two hops of one GPU class agree
+// only to rounding.
+func InvariantClass(class string) bool {
+	backend, _, _ := strings.Cut(class, "/")
+	switch strings.ToLower(backend) {
+	case "vulkan", "cuda", "metal", "hip", "rocm", "sycl", "opencl", "cann", "musa":
+		return false
 	}
 	return true
 }

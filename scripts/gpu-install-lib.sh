@@ -26,9 +26,11 @@ mkdir -p "$out/lib"
 dst="$out/lib/libggml-$name.so"
 cp "$lib" "$dst.tmp"
 patchelf --remove-needed libggml-base.so.0 --remove-rpath "$dst.tmp"
-if readelf -d "$dst.tmp" | grep -q 'libggml-base'; then
+needed=$(patchelf --print-needed "$dst.tmp")
+case "$needed" in
+*libggml-base*)
 	echo "gpu: $dst still needs libggml-base after patchelf" >&2
-	exit 1
-fi
+	exit 1 ;;
+esac
 mv "$dst.tmp" "$dst"
 echo "ollama $version llama.cpp $commit" >"$dst.meshp2p"

@@ -16,18 +16,18 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 out=${GPU_OUT:-$root/.cache/gpu}
 headers_version=${VULKAN_HEADERS:-v1.3.280}
 need=""
-for c in glslc cmake; do command -v "$c" >/dev/null 2>&1 || need="$need $c"; done
+for c in glslc cmake patchelf; do command -v "$c" >/dev/null 2>&1 || need="$need $c"; done
 [ -f /usr/include/vulkan/vulkan.h ] || need="$need libvulkan-dev"
 # Mesa's lavapipe: the Vulkan device tests run on where there is no GPU.
 ls /usr/share/vulkan/icd.d/lvp_icd.*.json >/dev/null 2>&1 || need="$need mesa-vulkan-drivers"
 if [ -n "$need" ]; then
 	if [ "$(id -u)" != 0 ]; then
-		echo "gpu-vulkan: missing$need: apt-get install glslc libvulkan-dev mesa-vulkan-drivers cmake (as root, make gpu does)" >&2
+		echo "gpu-vulkan: missing$need: apt-get install glslc libvulkan-dev mesa-vulkan-drivers cmake patchelf (as root, make gpu does)" >&2
 		exit 3 # make test skips the GPU tests then (only then)
 	fi
 	export DEBIAN_FRONTEND=noninteractive
-	apt-get install -y -qq --no-install-recommends glslc libvulkan-dev mesa-vulkan-drivers cmake >/dev/null 2>&1 ||
-		{ apt-get update -qq && apt-get install -y -qq --no-install-recommends glslc libvulkan-dev mesa-vulkan-drivers cmake >/dev/null; }
+	apt-get install -y -qq --no-install-recommends glslc libvulkan-dev mesa-vulkan-drivers cmake patchelf >/dev/null 2>&1 ||
+		{ apt-get update -qq && apt-get install -y -qq --no-install-recommends glslc libvulkan-dev mesa-vulkan-drivers cmake patchelf >/dev/null; }
 fi
 module=$(cd "$root" && go list -m -f '{{.Dir}}' github.com/ollama/ollama)
 headers=$(cd "$root" && GOFLAGS=-mod=mod go mod download -json "github.com/KhronosGroup/Vulkan-Headers@$headers_version" | sed -n 's/.*"Dir": "\(.*\)",/\1/p')

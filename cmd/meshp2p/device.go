@@ -18,7 +18,7 @@ type deviceFlags struct {
 }
 
 func (d *deviceFlags) register(fs *flag.FlagSet, what string) {
-	fs.StringVar(&d.device, "device", "", what+": cpu, vulkan0, cuda0, ... (default: the fastest real device found — a GPU whose backend library is loaded, else the CPU; a software device such as lavapipe only when named; meshp2p version lists them)")
+	fs.StringVar(&d.device, "device", "", what+": cpu, vulkan0, cuda0, ... (default: the fastest real device found — the discrete GPU with the most memory whose backend library is loaded, else the CPU; integrated GPUs and software devices such as lavapipe only when named; meshp2p version lists them)")
 	fs.StringVar(&d.backendDir, "backend-dir", "", "directories holding GPU backend libraries built by make gpu (libggml-vulkan.so and its .meshp2p stamp), separated by ':' (default: $MESHP2P_BACKEND_DIR, else lib/ beside the executable and ../lib/meshp2p)")
 }
 
