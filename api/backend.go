@@ -38,6 +38,11 @@ type Model struct {
 	Fingerprint string
 	NLayer      int
 	Created     int64 // unix seconds; stable for the backend's life
+	// Warmable: nobody serves it now; Offers standby peers offer to load
+	// it when asked (a request meanwhile gets 503 model_warming with
+	// Retry-After).
+	Warmable bool
+	Offers   int
 }
 
 // Message is one chat turn after validation: roles system, user,

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"time"
 )
 
 // Error is an OpenAI error object with its HTTP status. Backends return
@@ -16,6 +17,9 @@ type Error struct {
 	Type    string `json:"type"`
 	Param   any    `json:"param"` // the request field at fault, or null
 	Code    any    `json:"code"`  // a machine-readable code, or null
+	// RetryAfter, if positive, is sent as the Retry-After header (whole
+	// seconds, rounded up): a model that is warming.
+	RetryAfter time.Duration `json:"-"`
 }
 
 func (e *Error) Error() string { return fmt.Sprintf("api: %d %s", e.Status, e.Message) }
@@ -47,6 +51,14 @@ func unsupported(param, why string) *Error {
 func ModelNotFound(model string) *Error {
 	return newError(http.StatusNotFound, "invalid_request_error", "model_not_found", "model",
 		"the model %q does not exist: no peer of the swarm serves it (GET /v1/models lists what it can route)", model)
+}
+
+// Warming is a 503 for a model nobody serves yet that standby peers
+// offer to load: the request made them start; retry after retry.
+func Warming(retry time.Duration, format string, args ...any) *Error {
+	e := newError(http.StatusServiceUnavailable, "server_error", "model_warming", "", format, args...)
+	e.RetryAfter = retry
+	return e
 }
 
 // Unavailable is a 503: the model is known but no route covers it now
@@ -84,12 +96,7 @@ func asError(err error) *Error {
 
 func writeError(w http.ResponseWriter, e *Error) {
 	w.Header().Set("Content-Type", "application/json")
-	if e.Status == http.StatusTooManyRequests {
-		w.Header().Set("Retry-After", "1")
-	}
-	if e.Status == http.StatusUnauthorized {
-		w.Header().Set("WWW-Authenticate", `Bearer realm="meshp2p"`)
-	}
+	errorHeaders(w, e)
 	w.WriteHeader(e.Status)
 	_ = json.NewEncoder(w).Encode(map[string]*Error{"error": e})
 }

@@ -124,6 +124,10 @@ type modelExtension struct {
 	Name        string `json:"name"`
 	Fingerprint string `json:"fingerprint"`
 	NLayer      int    `json:"n_layer"`
+	// State: "served" (a route covers it) or "warmable" (standby peers,
+	// Offers of them, load it when it is asked for).
+	State  string `json:"state"`
+	Offers int    `json:"offers,omitempty"`
 }
 
 func (s *Server) chat(w http.ResponseWriter, r *http.Request) {
@@ -187,7 +191,14 @@ func (s *Server) findModel(r *http.Request, id string) (Model, *Error) {
 
 func toModelObject(m Model) modelObject {
 	return modelObject{ID: m.ID, Object: "model", Created: m.Created, OwnedBy: "meshp2p",
-		Meshp2p: &modelExtension{Name: m.Name, Fingerprint: m.Fingerprint, NLayer: m.NLayer}}
+		Meshp2p: &modelExtension{Name: m.Name, Fingerprint: m.Fingerprint, NLayer: m.NLayer, State: modelState(m), Offers: m.Offers}}
+}
+
+func modelState(m Model) string {
+	if m.Warmable {
+		return "warmable"
+	}
+	return "served"
 }
 
 // MinPrefix is the shortest fingerprint prefix that names a model (as

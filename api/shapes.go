@@ -7,6 +7,7 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"fmt"
+	"math"
 	"net/http"
 	"slices"
 	"sort"
@@ -403,7 +404,10 @@ func messageNaming(e *Error) string {
 // errorHeaders sets the headers every error response carries, whatever
 // its shape.
 func errorHeaders(w http.ResponseWriter, e *Error) {
-	if e.Status == http.StatusTooManyRequests {
+	switch {
+	case e.RetryAfter > 0:
+		w.Header().Set("Retry-After", strconv.Itoa(int(math.Ceil(e.RetryAfter.Seconds()))))
+	case e.Status == http.StatusTooManyRequests:
 		w.Header().Set("Retry-After", "1")
 	}
 	if e.Status == http.StatusUnauthorized {

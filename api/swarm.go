@@ -49,7 +49,7 @@ func (b *Swarm) Models(context.Context) ([]Model, error) {
 	ms := b.c.Models()
 	out := make([]Model, len(ms))
 	for i, m := range ms {
-		out[i] = Model{ID: m.ID, Name: m.Name, Fingerprint: m.Fingerprint, NLayer: m.NLayer, Created: m.Created}
+		out[i] = Model{ID: m.ID, Name: m.Name, Fingerprint: m.Fingerprint, NLayer: m.NLayer, Created: m.Created, Warmable: m.Warmable, Offers: m.Offers}
 	}
 	return out, nil
 }
@@ -153,11 +153,18 @@ func hops(rt *route.Route) []Hop {
 func swarmError(ctx context.Context, req *GenerateRequest, err error) error {
 	model := req.Model
 	var ce *client.ContextError
+	var we *client.WarmingError
 	switch {
 	case ctx.Err() != nil:
 		return ctx.Err()
 	case errors.Is(err, route.ErrAmbiguousModel):
 		return BadRequest("model", "%v", err)
+	case errors.As(err, &we):
+		return Warming(we.RetryAfter, "%v", we)
+	case errors.Is(err, client.ErrWarmingGaveUp):
+		e := ModelNotFound(model)
+		e.Message = err.Error()
+		return e
 	case errors.Is(err, client.ErrModelNotFound):
 		return ModelNotFound(model)
 	case errors.As(err, &ce):

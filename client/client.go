@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/neuron-tai/meshp2p/demand"
 	"github.com/neuron-tai/meshp2p/p2p"
 	"github.com/neuron-tai/meshp2p/route"
 	"github.com/neuron-tai/meshp2p/session"
@@ -36,6 +37,14 @@ type Config struct {
 	// WarmInterval on top of gossip (a long-lived gateway).
 	Warm   bool
 	Logger *slog.Logger
+	// Demand, if set, counts the generations this client runs and is
+	// refused, per model (its node gossips the reports: placement follows
+	// demand, docs/placement.md "Many models").
+	Demand *demand.Meter
+	// Warming bounds how long requests for a model that standby peers
+	// offer to load are answered "warming" (zero: package demand's
+	// defaults: 5 min, then 30 min of "not found").
+	Warming demand.WarmConfig
 }
 
 // Client is the origin side of the swarm for one peer. Close it before the
@@ -47,6 +56,8 @@ type Client struct {
 	mu      sync.Mutex
 	vocabs  map[string]*vocabEntry
 	created map[string]int64 // fingerprint → unix time first listed
+	warming *demand.Warm     // models asked for that standby peers offer (warming.go)
+	warmCfg demand.WarmConfig
 
 	ctx    context.Context // ends at Close
 	cancel context.CancelFunc
@@ -62,7 +73,8 @@ func New(cfg Config) (*Client, error) {
 	if log == nil {
 		log = slog.Default()
 	}
-	c := &Client{cfg: cfg, log: log, vocabs: map[string]*vocabEntry{}, created: map[string]int64{}}
+	c := &Client{cfg: cfg, log: log, vocabs: map[string]*vocabEntry{}, created: map[string]int64{}, warming: demand.NewWarm(cfg.Warming)}
+	c.warmCfg = c.warming.Config()
 	c.ctx, c.cancel = context.WithCancel(context.Background())
 	if cfg.Warm {
 		c.wg.Add(1)

@@ -8,6 +8,7 @@ import (
 
 	"google.golang.org/protobuf/proto"
 
+	"github.com/neuron-tai/meshp2p/proto/frame"
 	"github.com/neuron-tai/meshp2p/proto/meshp2pb"
 	"github.com/neuron-tai/meshp2p/route"
 	"github.com/neuron-tai/meshp2p/session"
@@ -95,8 +96,10 @@ func (c *Client) Generate(ctx context.Context, req Request) (*Result, error) {
 	}
 	m, err := c.resolve(ctx, req.Model, wait, req.WaitForRoute)
 	if err != nil {
+		c.countRefused(req.Model, err)
 		return nil, err
 	}
+	c.cfg.Demand.Request(m.Fingerprint)
 	v, err := c.Vocab(ctx, m.Fingerprint)
 	if err != nil {
 		return nil, err
@@ -151,6 +154,7 @@ func (c *Client) Generate(ctx context.Context, req Request) (*Result, error) {
 	}
 	sres, err := c.cfg.Origin.Generate(ctx, sreq)
 	st.End()
+	c.countSession(m.Fingerprint, sres, err)
 	out := &Result{Model: m, Text: st.Text(), PromptTokens: len(prompt), Tokens: st.Tokens(), Finish: st.Finish(req.MaxTokens),
 		Session: sres, FirstToken: st.FirstToken(), Stop: st.Stop()}
 	if calls != nil {
@@ -164,6 +168,33 @@ func (c *Client) Generate(ctx context.Context, req Request) (*Result, error) {
 		err = ctx.Err()
 	}
 	return out, err
+}
+
+// countRefused counts a request refused before any route (no route,
+// warming) as demand for the model it named, when the name resolves.
+func (c *Client) countRefused(model string, err error) {
+	if c.cfg.Demand == nil || !(errors.Is(err, route.ErrNoRoute) || isWarming(err)) {
+		return
+	}
+	if fp, ferr := c.cfg.Table.Fingerprint(model); ferr == nil {
+		c.cfg.Demand.Request(fp)
+		c.cfg.Demand.Refused(fp)
+	}
+}
+
+// countSession counts what a route session says about demand: the tokens
+// it generated, whether it waited for room (queued) and whether it ended
+// for lack of capacity or route (refused).
+func (c *Client) countSession(fp string, res *session.Result, err error) {
+	if res != nil {
+		c.cfg.Demand.Tokens(fp, len(res.Tokens))
+		if res.CapacityRetries > 0 {
+			c.cfg.Demand.Queued(fp)
+		}
+	}
+	if err != nil && (errors.Is(err, route.ErrNoRoute) || frame.Code(err) == meshp2pb.ErrorCode_ERROR_CODE_NO_CAPACITY) {
+		c.cfg.Demand.Refused(fp)
+	}
 }
 
 // MaxTopLogprobs bounds the alternatives reported per token (a tail may

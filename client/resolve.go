@@ -22,10 +22,15 @@ type Model struct {
 	NLayer      int
 	// Created is when this client first listed it (unix seconds).
 	Created int64
+	// Warmable: nobody serves it now, but standby peers (Offers of them)
+	// offer to load it when it is asked for (a request gets a
+	// *WarmingError meanwhile).
+	Warmable bool
+	Offers   int
 }
 
 // Models lists every model whose layers the known peers cover (live or
-// full), sorted by ID.
+// full), and those standby peers offer to load (Warmable), sorted by ID.
 func (c *Client) Models() []Model {
 	byFP := map[string][]route.Shard{}
 	for _, s := range c.cfg.Table.Shards("") {
@@ -44,6 +49,20 @@ func (c *Client) Models() []Model {
 		}
 		out = append(out, Model{Name: ss[0].ModelName, Fingerprint: fp, NLayer: nl})
 		names[ss[0].ModelName]++
+	}
+	listed := map[string]bool{}
+	for _, m := range out {
+		listed[m.Fingerprint] = true
+	}
+	offered := map[string][]route.Offer{}
+	for _, o := range c.cfg.Table.Offers("") {
+		if !listed[o.Fingerprint] {
+			offered[o.Fingerprint] = append(offered[o.Fingerprint], o)
+		}
+	}
+	for fp, os := range offered {
+		out = append(out, Model{Name: os[0].ModelName, Fingerprint: fp, NLayer: os[0].NLayer, Warmable: true, Offers: len(offersByPeer(os))})
+		names[os[0].ModelName]++
 	}
 	now := time.Now().Unix()
 	c.mu.Lock()
@@ -105,7 +124,8 @@ func (c *Client) Lookup(ctx context.Context, model string, wait time.Duration) (
 func (c *Client) resolve(ctx context.Context, model string, wait time.Duration, untilRoutable bool) (Model, error) {
 	// final: an answer waiting will not change.
 	final := func(err error) bool {
-		return err == nil || errors.Is(err, route.ErrAmbiguousModel) || (!untilRoutable && !errors.Is(err, route.ErrUnknownModel))
+		return err == nil || errors.Is(err, route.ErrAmbiguousModel) || errors.Is(err, ErrModelNotFound) ||
+			(!untilRoutable && !errors.Is(err, route.ErrUnknownModel))
 	}
 	m, err := c.routable(ctx, model)
 	if final(err) {
@@ -162,6 +182,13 @@ func (c *Client) routable(ctx context.Context, model string) (Model, error) {
 	if err != nil {
 		return Model{}, err
 	}
+	if !c.covered(fp) {
+		// Nobody serves it, or not every layer: standby peers may offer
+		// to load it (warming.go).
+		if err, ok := c.warmingState(fp, model); ok {
+			return Model{}, err
+		}
+	}
 	nl, err := c.layerCount(ctx, fp)
 	if err != nil {
 		return Model{}, err
@@ -170,7 +197,15 @@ func (c *Client) routable(ctx context.Context, model string) (Model, error) {
 	if err != nil && !errors.Is(err, route.ErrRouteFull) {
 		return Model{}, err
 	}
+	c.served(fp)
 	return c.modelOf(fp, nl), nil
+}
+
+// covered reports whether the peers' shards of model fp cover every
+// layer (by the layer count they vote for; full peers count).
+func (c *Client) covered(fp string) bool {
+	nl, err := c.cfg.Table.LayerCount(fp)
+	return err == nil && c.cfg.Table.Covers(fp, nl)
 }
 
 // layerCount is model fp's layer count: the one its verified vocabulary

@@ -136,6 +136,18 @@ func (w *Warm) expire(now time.Time) {
 	}
 }
 
+// Config is the tracker's configuration with the defaults filled in.
+func (w *Warm) Config() WarmConfig { return w.cfg }
+
+// Waited is how long model has been asked for without a route (0: not
+// asked, or served since).
+func (w *Warm) Waited(now time.Time, model string) time.Duration {
+	if at, ok := w.asked[model]; ok {
+		return now.Sub(at)
+	}
+	return 0
+}
+
 // Warmable lists the models with a live claim.
 func (w *Warm) Warmable(now time.Time) []string {
 	w.expire(now)

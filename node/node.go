@@ -20,6 +20,7 @@ import (
 	"github.com/libp2p/go-libp2p/core/peer"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/neuron-tai/meshp2p/demand"
 	"github.com/neuron-tai/meshp2p/engine"
 	"github.com/neuron-tai/meshp2p/engine/gguf"
 	"github.com/neuron-tai/meshp2p/fetch"
@@ -43,6 +44,15 @@ type Config struct {
 	// Empty: a client node that serves nothing.
 	ModelPath string
 	Layers    *gguf.Range // nil: all layers
+	// Models are more whole model files the node may serve instead of
+	// ModelPath's (start --model a.gguf,b.gguf or a directory; needs
+	// Placement): it serves a window of one model at a time, offers the
+	// others to the swarm and switches to the one demand asks for
+	// (models.go, docs/placement.md "Many models").
+	Models []string
+	// DemandInterval is how often the node gossips the demand its origins
+	// measured (DefaultDemandInterval).
+	DemandInterval time.Duration
 	ModelName string      // advertised name (default: the file name without .gguf)
 	Engine    engine.Config
 	NoMmap    bool // read the weights instead of mapping them (engine.LoadOptions.NoMmap)
@@ -143,6 +153,12 @@ type Node struct {
 	// the layers it can replay (audit.go).
 	auditor      *session.Auditor
 	auditEngines *AuditEngines
+	// catalog are the models this node may serve (Config.Models; read-only
+	// after Start); meter counts its origins' demand, demandRep is the
+	// last report, advertised (guarded by mu).
+	catalog   []catalogModel
+	meter     *demand.Meter
+	demandRep *meshp2pb.DemandReport
 
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
@@ -152,7 +168,7 @@ type Node struct {
 // its hop service and its advert.
 func Start(ctx context.Context, cfg Config) (*Node, error) {
 	cfg = withLoggers(cfg)
-	n := &Node{log: cfg.Logger, table: route.NewTable(), failures: cfg.Failures}
+	n := &Node{log: cfg.Logger, table: route.NewTable(), failures: cfg.Failures, meter: demand.NewMeter(time.Now())}
 	if n.failures == nil {
 		n.failures = session.NewFailureMemory(0, 0)
 	}
@@ -340,6 +356,8 @@ func (n *Node) startBackground() context.Context {
 	go func() { defer n.wg.Done(); route.Follow(bg, n.p2p.Discovery(), n.table) }()
 	n.wg.Add(1)
 	go func() { defer n.wg.Done(); n.logConnEvents(bg) }()
+	n.wg.Add(1)
+	go func() { defer n.wg.Done(); n.demandLoop(bg) }()
 	n.vocab = vocab.NewService(n.host, n.cfg.Hop.Limits, n.log)
 	n.fetchSrv = fetch.NewServerLimits(n.host, n.cfg.UploadLimit, n.cfg.UploadLimitPerPeer, n.log)
 	return bg
@@ -458,6 +476,14 @@ func (n *Node) shardFile(ctx context.Context) (path, fp string, nl int, err erro
 
 // ModelName is the advertised model name.
 func (n *Node) ModelName() string {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.modelNameLocked()
+}
+
+// modelNameLocked is ModelName with n.mu held (a multi-model node's model
+// changes under it).
+func (n *Node) modelNameLocked() string {
 	if n.cfg.ModelName != "" {
 		return n.cfg.ModelName
 	}
@@ -486,6 +512,10 @@ func (n *Node) advertBody() ([]byte, error) {
 	}
 	n.mu.Lock()
 	defer n.mu.Unlock()
+	ca.Offers, ca.Demand = n.offersLocked(), n.demandRep
+	if n.shard == nil && n.place == nil {
+		ca.Roles = []meshp2pb.Role{meshp2pb.Role_ROLE_CLIENT}
+	}
 	if n.shard != nil {
 		info := n.shard.Info()
 		c := n.shard.Capacity()
@@ -520,7 +550,7 @@ func (n *Node) advertBody() ([]byte, error) {
 
 func (n *Node) shardAdvert(start, end, nEmbd int, arch string) *meshp2pb.ShardAdvert {
 	return &meshp2pb.ShardAdvert{
-		ModelFingerprint: n.fp, ModelName: n.ModelName(), NLayer: uint32(n.nLayer),
+		ModelFingerprint: n.fp, ModelName: n.modelNameLocked(), NLayer: uint32(n.nLayer),
 		Start: uint32(start), End: uint32(end), WireDtypes: frame.WireDTypeList(),
 		HasVocab: n.vocabPath != "", NEmbd: uint32(nEmbd), Arch: arch,
 		Runtime: "llama.cpp@" + engine.LlamaCommit, PlacementBudget: uint64(max(0, n.place.advertisedBudget())),
@@ -533,8 +563,12 @@ func (n *Node) publish() error {
 	if err != nil {
 		return err
 	}
-	keys := []string{n.fp}
-	if name := n.ModelName(); name != "" {
+	fp, _ := n.servedModel()
+	var keys []string
+	if fp != "" {
+		keys = append(keys, fp)
+	}
+	if name := n.ModelName(); name != "" && fp != "" {
 		keys = append(keys, NameKey(name))
 	}
 	return n.p2p.Discovery().SetLocalAdvert(keys, body)
@@ -572,7 +606,10 @@ func (n *Node) P2P() *p2p.Node { return n.p2p }
 func (n *Node) Table() *route.Table { return n.table }
 
 // Fingerprint of the served model ("" on a client).
-func (n *Node) Fingerprint() string { return n.fp }
+func (n *Node) Fingerprint() string {
+	fp, _ := n.servedModel()
+	return fp
+}
 
 // Shard returns the served engine shard (nil on a client).
 func (n *Node) Shard() *engine.Shard {
@@ -624,7 +661,8 @@ type Info struct {
 
 // Info describes the node (addresses include /p2p/<id>).
 func (n *Node) Info() Info {
-	in := Info{PeerID: n.p2p.ID().String(), Network: n.cfg.P2P.Network, Fingerprint: n.fp, Model: n.ModelName(), NLayer: n.nLayer}
+	fp, nl := n.servedModel()
+	in := Info{PeerID: n.p2p.ID().String(), Network: n.cfg.P2P.Network, Fingerprint: fp, Model: n.ModelName(), NLayer: nl}
 	for _, a := range n.p2p.Addrs() {
 		in.Addrs = append(in.Addrs, a.String())
 	}

@@ -93,7 +93,8 @@ func (n *Node) Recorder() *status.Recorder { return n.recorder }
 func (n *Node) StatusCollector(role string) *status.Collector {
 	hop := n.hop // fixed once Start returned; the shard may move (placement)
 	return &status.Collector{P2P: n.p2p, Table: n.table, Recorder: n.recorder, Self: func() (status.Self, []route.Shard) {
-		s := status.Self{PeerID: n.p2p.ID().String(), Role: role, Network: n.cfg.P2P.Network, Model: n.ModelName(), Fingerprint: n.fp, NLayer: n.nLayer}
+		fp, nl := n.servedModel()
+		s := status.Self{PeerID: n.p2p.ID().String(), Role: role, Network: n.cfg.P2P.Network, Model: n.ModelName(), Fingerprint: fp, NLayer: nl}
 		for _, a := range n.p2p.Addrs() {
 			s.Addrs = append(s.Addrs, a.String())
 		}
@@ -110,8 +111,11 @@ func (n *Node) StatusCollector(role string) *status.Collector {
 		s.MsPerLayer = hop.DecodeMsPerLayer()
 		info := sh.Info()
 		s.Start, s.End = info.Start, info.End
-		own := route.Shard{Peer: n.p2p.ID(), Fingerprint: n.fp, ModelName: n.ModelName(), Arch: info.Arch, NLayer: n.nLayer,
-			NEmbd: info.NEmbd, Start: info.Start, End: info.End, HasVocab: n.vocabPath != "", DecodeMsPerLayer: s.MsPerLayer,
+		n.mu.Lock()
+		hasVocab := n.vocabPath != ""
+		n.mu.Unlock()
+		own := route.Shard{Peer: n.p2p.ID(), Fingerprint: fp, ModelName: n.ModelName(), Arch: info.Arch, NLayer: nl,
+			NEmbd: info.NEmbd, Start: info.Start, End: info.End, HasVocab: hasVocab, DecodeMsPerLayer: s.MsPerLayer,
 			KernelClass: n.cfg.Device.KernelClass()}
 		return s, []route.Shard{own}
 	}}

@@ -35,6 +35,9 @@ type PlacementConfig struct {
 	Interval time.Duration
 	// Seed seeds the tie-breaks and jitter (0: random).
 	Seed uint64
+	// ModelRules shape the choice between a multi-model node's models
+	// (placement.ChooseModel; zero: its defaults).
+	ModelRules placement.ModelRules
 }
 
 // PlacementStatus is what the node's placement is doing.
@@ -50,6 +53,9 @@ type PlacementStatus struct {
 	// Plan is the heal plan of the last check, while the model has no
 	// route and several nodes must move ("": none).
 	Plan string
+	// ModelWhy is the last cross-model choice of a multi-model node
+	// ("": a node with one model).
+	ModelWhy string
 }
 
 // places reports whether the node chooses its own window: Placement set,
@@ -98,6 +104,11 @@ type windowHost interface {
 	publish() error
 	// windowMoved records a finished move (node.json).
 	windowMoved()
+	// setModel makes a multi-model node serve another of its models
+	// (models.go); modelServed serves what the node serves of the model
+	// besides its window (the vocabulary) once its first window is in.
+	setModel(m catalogModel)
+	modelServed(ctx context.Context)
 }
 
 // placementController owns where a serving node's layer window is: for a
@@ -144,13 +155,25 @@ type placementController struct {
 	moves             int
 	lastWhy           string
 	plan              string // the heal plan of the last check ("": none)
+
+	// A multi-model node's models (models.go; nil: one model), the table
+	// whose demand and offers it weighs, when each was last asked for and
+	// when the controller started (a model never asked for is idle since).
+	// models, table and started are set before the controller runs;
+	// lastAsked is the rebalance goroutine's. modelWhy is guarded by mu.
+	models    []catalogModel
+	table     *route.Table
+	lastAsked map[string]time.Time
+	started   time.Time
+	modelWhy  string
 }
 
 // newPlacementController returns the controller of a node's window; cfg
 // nil: the node was given its layers (no automatic placement).
 func newPlacementController(node windowHost, sw swarm, log *slog.Logger, cfg *PlacementConfig, bootstrap bool,
 	shardFor func(ctx context.Context, r gguf.Range) (string, error)) *placementController {
-	c := &placementController{node: node, swarm: sw, log: log, bootstrap: bootstrap, shardFor: shardFor}
+	c := &placementController{node: node, swarm: sw, log: log, bootstrap: bootstrap, shardFor: shardFor,
+		lastAsked: map[string]time.Time{}, started: time.Now()}
 	if cfg != nil {
 		c.auto, c.cfg = true, *cfg
 	}
@@ -304,7 +327,7 @@ func (c *placementController) planned() (r *gguf.Range, nEmbd int, arch string) 
 func (c *placementController) status() PlacementStatus {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	st := PlacementStatus{Auto: c.auto, Moves: c.moves, LastWhy: c.lastWhy, Plan: c.plan, Loading: c.loading, Moving: c.draining}
+	st := PlacementStatus{Auto: c.auto, Moves: c.moves, LastWhy: c.lastWhy, Plan: c.plan, Loading: c.loading, Moving: c.draining, ModelWhy: c.modelWhy}
 	if c.auto {
 		st.Budget = c.budget
 	}
@@ -343,10 +366,22 @@ func (c *placementController) run(ctx context.Context) {
 	due := time.Now().Add(HealRecheck)
 	timer := time.NewTimer(HealRecheck)
 	defer timer.Stop()
+	// A multi-model node also looks every WarmCheck whether one of its
+	// models is asked for and has no route (warming waits for no period).
+	var warm <-chan time.Time
+	if len(c.models) > 1 {
+		wt := time.NewTicker(c.jittered(WarmCheck))
+		defer wt.Stop()
+		warm = wt.C
+	}
 	for {
 		select {
 		case <-ctx.Done():
 			return
+		case <-warm:
+			if !c.warmWanted() {
+				continue
+			}
 		case ev, ok := <-events:
 			if !ok {
 				events = nil // no more events; the timer still runs
@@ -382,6 +417,9 @@ func (c *placementController) jittered(iv time.Duration) time.Duration {
 // check is one placement check: stay, or move where the rebalancer says.
 // It reports whether to check again soon (HealRecheck: no route).
 func (c *placementController) check(ctx context.Context) (recheck bool) {
+	if c.checkModel(ctx) {
+		return true // look again soon: the switch changed the swarm
+	}
 	cur, ms, _ := c.node.servedWindow()
 	dec := c.reb.Check(c.view(ctx), c.swarm.ID().String(), placement.Range{Start: cur.Start, End: cur.End}, ms)
 	c.mu.Lock()

@@ -83,3 +83,13 @@ const (
 	// (a move runs in the background: a log line, not a progress bar).
 	MoveProgressInterval = 10 * time.Second
 )
+
+// DefaultDemandInterval is how often a node gossips the demand its
+// origins measured (in its advert; readers keep one report per author
+// per 5 s, package demand).
+const DefaultDemandInterval = 10 * time.Second
+
+// WarmCheck is how often a multi-model node looks whether a model it
+// offers is asked for and has no route (then it checks at once, rather
+// than at its next rebalance), jittered by ±RebalanceJitter.
+const WarmCheck = 5 * time.Second

@@ -40,7 +40,11 @@ func (ls *loadedShard) engine() session.Engine {
 
 // servedModel is the served model's fingerprint and layer count (set during
 // Start, before anything runs concurrently).
-func (n *Node) servedModel() (string, int) { return n.fp, n.nLayer }
+func (n *Node) servedModel() (string, int) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.fp, n.nLayer
+}
 
 // servedWindow is the window served now and its decode time per layer.
 func (n *Node) servedWindow() (gguf.Range, float64, bool) {
@@ -98,7 +102,15 @@ func (n *Node) loadWindow(ctx context.Context, path string) (*loadedShard, error
 // served none).
 func (n *Node) swapWindow(ctx context.Context, ls *loadedShard, commit func(from *gguf.Range)) (*loadedShard, error) {
 	first := n.hop == nil
-	if !first {
+	switch {
+	case first:
+	case n.hop.Fingerprint() != n.fp:
+		// A multi-model node's new model (models.go): its old model's
+		// windows were drained (releaseWindow).
+		if err := n.hop.Retarget(n.fp, n.cfg.hopEngine(ls.engine())); err != nil {
+			return nil, err
+		}
+	default:
 		if err := n.hop.AddEngine(ls.engine()); err != nil {
 			return nil, err
 		}
@@ -201,10 +213,19 @@ func (n *Node) startPlaced(ctx, bg context.Context) error {
 		pcfg = &c
 	}
 	pc := newPlacementController(n, p2pSwarm{n.p2p}, n.log, pcfg, len(cfg.P2P.Bootstrap) > 0, n.cutShard)
-	if _, err := pc.size(sz, in.NEmbd, in.Architecture); err != nil {
+	src, err := pc.size(sz, in.NEmbd, in.Architecture)
+	if err != nil {
 		return err
 	}
+	pc.table = n.table
+	n.mu.Lock()
 	n.fp, n.nLayer, n.place = fp, nl, pc
+	n.mu.Unlock()
+	if len(cfg.Models) > 0 {
+		if err := n.startCatalog(ctx, pc, src); err != nil {
+			return err
+		}
+	}
 	ls, err := pc.placeFirst(ctx)
 	if err != nil {
 		return err
@@ -223,6 +244,31 @@ func (n *Node) startPlaced(ctx, bg context.Context) error {
 	go func() { defer n.wg.Done(); pc.run(bg) }()
 	return nil
 }
+
+// startCatalog reads the models of a multi-model node, checks each fits
+// the budget, and makes the node start on the one demand asks for (else
+// the first).
+func (n *Node) startCatalog(ctx context.Context, pc *placementController, budgetFrom string) error {
+	cat, err := n.loadCatalog(ctx)
+	if err != nil {
+		return err
+	}
+	for _, m := range cat {
+		if err := checkFits(m, pc.budget, budgetFrom); err != nil {
+			return err
+		}
+	}
+	n.catalog, pc.models = cat, cat
+	pc.settle(ctx)
+	m := pc.firstModel(ctx)
+	n.setModel(m)
+	pc.resize(m)
+	n.log.Info("serving several models, one at a time", "models", len(cat), "first", m.name)
+	return nil
+}
+
+// modelServed serves the vocabulary of a multi-model node's new model.
+func (n *Node) modelServed(ctx context.Context) { n.serveModelVocab(ctx) }
 
 // serveModelVocab serves the vocabulary of a self-placing node, which
 // holds the whole model file, whatever window it is on.

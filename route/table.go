@@ -18,6 +18,7 @@ import (
 	"github.com/multiformats/go-multiaddr"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/neuron-tai/meshp2p/demand"
 	"github.com/neuron-tai/meshp2p/engine/gguf"
 	"github.com/neuron-tai/meshp2p/p2p"
 	"github.com/neuron-tai/meshp2p/proto/meshp2pb"
@@ -63,6 +64,13 @@ type Table struct {
 	// left out).
 	trusted   map[peer.ID]bool
 	convicted map[peer.ID]map[peer.ID]bool
+	// offers are the models each peer offers to warm; demand merges the
+	// peers' demand reports (offers.go).
+	offers map[peer.ID][]Offer
+	demand *demand.Map
+	// DemandConfig bounds the demand map (zero: package demand's
+	// defaults); set before the table is used.
+	DemandConfig demand.Config
 }
 
 // MaxPublishedConvictions bounds the convictions one tracker advert
@@ -316,7 +324,13 @@ const MinPrefix = 16
 func (t *Table) Fingerprint(nameOrFP string) (string, error) {
 	exact := map[string]bool{}
 	named := map[string]map[peer.ID]bool{}
-	for _, s := range t.Shards("") {
+	claims := t.Shards("")
+	for _, o := range t.Offers("") {
+		// A model a standby peer offers to warm is claimed under its
+		// name as much as one served.
+		claims = append(claims, Shard{Peer: o.Peer, Fingerprint: o.Fingerprint, ModelName: o.ModelName})
+	}
+	for _, s := range claims {
 		if s.Fingerprint == nameOrFP || (len(nameOrFP) >= MinPrefix && strings.HasPrefix(s.Fingerprint, nameOrFP)) {
 			exact[s.Fingerprint] = true
 		} else if s.ModelName == nameOrFP {
@@ -336,7 +350,7 @@ func (t *Table) Fingerprint(nameOrFP string) (string, error) {
 		return "", fmt.Errorf("%w: %w: %q matches %d models; give the fingerprint", ErrUnknownModel, ErrAmbiguousModel, nameOrFP, len(exact))
 	}
 	if len(named) == 0 {
-		return "", fmt.Errorf("%w: no peer serves a model named %q", ErrUnknownModel, nameOrFP)
+		return "", fmt.Errorf("%w: no peer serves or offers a model named %q", ErrUnknownModel, nameOrFP)
 	}
 	best, bestN, second := "", 0, 0
 	var cands []string
@@ -431,10 +445,12 @@ func Follow(ctx context.Context, d *p2p.Discovery, t *Table) {
 				return
 			}
 			if ev.Kind == p2p.AdvertRemoved {
+				t.dropOffers(ev.Advert.Peer)
 				t.Set(ev.Advert.Peer, nil)
 				continue
 			}
 			t.noteConvictions(ev.Advert)
+			t.noteExtras(ev.Advert)
 			if ss, err := DecodeAdvert(ev.Advert); err == nil {
 				t.Set(ev.Advert.Peer, ss)
 			}
@@ -451,6 +467,7 @@ func (t *Table) resync(ads []p2p.Advert) {
 	for _, a := range ads {
 		keep[a.Peer] = true
 		t.noteConvictions(a)
+		t.noteExtras(a)
 		if ss, err := DecodeAdvert(a); err == nil {
 			t.Set(a.Peer, ss)
 		}
@@ -462,8 +479,14 @@ func (t *Table) resync(ads []p2p.Advert) {
 			gone = append(gone, p)
 		}
 	}
+	for p := range t.offers {
+		if !keep[p] && t.byPeer[p] == nil {
+			gone = append(gone, p)
+		}
+	}
 	t.mu.RUnlock()
 	for _, p := range gone {
+		t.dropOffers(p)
 		t.Set(p, nil)
 	}
 }

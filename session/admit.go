@@ -19,6 +19,7 @@ import (
 // signed by its origin, which it returns.
 func (h *HopService) admit(open *meshp2pb.SessionOpen, from peer.ID) (int, *servedEngine, peer.ID, *hopError) {
 	me := h.host.ID()
+	fp, model := h.model()
 	rt := open.GetRoute()
 	idx := int(open.GetHopIndex())
 	switch {
@@ -26,10 +27,10 @@ func (h *HopService) admit(open *meshp2pb.SessionOpen, from peer.ID) (int, *serv
 		return 0, nil, "", codeErr(meshp2pb.ErrorCode_ERROR_CODE_BAD_REQUEST, "session id must be 16 bytes", "")
 	case rt == nil || idx >= len(rt.GetHops()):
 		return 0, nil, "", codeErr(meshp2pb.ErrorCode_ERROR_CODE_BAD_REQUEST, "hop index outside the route", "")
-	case open.GetModelFingerprint() != h.cfg.Fingerprint || rt.GetModelFingerprint() != h.cfg.Fingerprint:
-		return 0, nil, "", codeErr(meshp2pb.ErrorCode_ERROR_CODE_MODEL_MISMATCH, fmt.Sprintf("this hop serves model %.16s, not %.16s", h.cfg.Fingerprint, open.GetModelFingerprint()), me)
-	case int(rt.GetNLayer()) != h.info.ParentNLayer:
-		return 0, nil, "", codeErr(meshp2pb.ErrorCode_ERROR_CODE_MODEL_MISMATCH, fmt.Sprintf("model has %d layers, route says %d", h.info.ParentNLayer, rt.GetNLayer()), me)
+	case open.GetModelFingerprint() != fp || rt.GetModelFingerprint() != fp:
+		return 0, nil, "", codeErr(meshp2pb.ErrorCode_ERROR_CODE_MODEL_MISMATCH, fmt.Sprintf("this hop serves model %.16s, not %.16s", fp, open.GetModelFingerprint()), me)
+	case int(rt.GetNLayer()) != model.ParentNLayer:
+		return 0, nil, "", codeErr(meshp2pb.ErrorCode_ERROR_CODE_MODEL_MISMATCH, fmt.Sprintf("model has %d layers, route says %d", model.ParentNLayer, rt.GetNLayer()), me)
 	case open.GetEpoch() != rt.GetEpoch():
 		return 0, nil, "", codeErr(meshp2pb.ErrorCode_ERROR_CODE_BAD_REQUEST, "session epoch differs from route epoch", "")
 	case !frame.WireDTypeSupported(open.GetWireDtype()):

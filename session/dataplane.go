@@ -194,7 +194,7 @@ func (hs *hopSession) compute(a *meshp2pb.ActivationHeader, tensors [][]byte, fr
 	if !bytes.Equal(a.GetSessionId(), hs.open.GetSessionId()) || a.GetEpoch() != hs.key.Epoch {
 		return codeErr(meshp2pb.ErrorCode_ERROR_CODE_SESSION_UNKNOWN, "activation for another session or epoch", from)
 	}
-	nEmbd := hs.h.info.NEmbd
+	nEmbd := hs.se.info.NEmbd
 	in := Input{Pos: int(a.GetPosStart())}
 	if a.GetVerify() {
 		if err := checkWindow(a, speculative(hs.open), hs.spec.gen); err != nil {
@@ -298,7 +298,7 @@ func (hs *hopSession) sendRing(msg *meshp2pb.StreamMessage) error {
 // dtype; timing (whose last entry, own, is this hop's) goes with them.
 func (hs *hopSession) sendDown(a *meshp2pb.ActivationHeader, hidden []float32, us uint32, timing []*meshp2pb.HopTiming, own *meshp2pb.HopTiming) error {
 	t0 := time.Now()
-	hdr, payload := downFrame(a, hidden, hs.wire, hs.h.info.NEmbd)
+	hdr, payload := downFrame(a, hidden, hs.wire, hs.se.info.NEmbd)
 	own.EncodeUs = usOf(time.Since(t0))
 	hdr.HopUs, hdr.HopTiming = append(a.GetHopUs(), us), timing
 	if err := hs.transcribeSent(hdr, payload); err != nil {

@@ -2,6 +2,7 @@ package session
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -22,17 +23,55 @@ type servedEngine struct {
 // sessions at once. An engine for a range already served is refused.
 func (h *HopService) AddEngine(eng Engine) error {
 	info := eng.Info()
+	h.mu.Lock()
+	defer h.mu.Unlock()
 	if info.ParentNLayer != h.info.ParentNLayer || info.NEmbd != h.info.NEmbd {
 		return fmt.Errorf("session: engine %d-%d is not of this hop's model (%d layers, n_embd %d)", info.Start, info.End, h.info.ParentNLayer, h.info.NEmbd)
 	}
-	h.mu.Lock()
-	defer h.mu.Unlock()
 	for _, se := range h.engines {
 		if se.info.Start == info.Start && se.info.End == info.End {
 			return fmt.Errorf("session: layers %d-%d are already served", info.Start, info.End)
 		}
 	}
 	h.engines = append(h.engines, &servedEngine{eng: eng, info: info, admitting: true})
+	return nil
+}
+
+// model is the model the hop serves: its fingerprint and geometry.
+func (h *HopService) model() (string, ShardInfo) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.fp, h.info
+}
+
+// Fingerprint is the fingerprint of the model the hop serves now.
+func (h *HopService) Fingerprint() string {
+	fp, _ := h.model()
+	return fp
+}
+
+// ErrHopBusy: Retarget was called while the hop still serves a range.
+var ErrHopBusy = errors.New("session: the hop still serves layers")
+
+// Retarget makes the hop serve another model, whose first range is eng
+// (a node that moves to another model, docs/placement.md "Many models").
+// Every range of the old model must have been drained first (Drain), so
+// no session runs on it; otherwise it returns ErrHopBusy. Sessions of the
+// old model are refused from then on (MODEL_MISMATCH).
+func (h *HopService) Retarget(fingerprint string, eng Engine) error {
+	info := eng.Info()
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if len(h.engines) > 0 {
+		return fmt.Errorf("%w: %d range(s) of model %.16s", ErrHopBusy, len(h.engines), h.fp)
+	}
+	h.fp, h.info = fingerprint, info
+	h.engines = []*servedEngine{{eng: eng, info: info, admitting: true}}
+	h.moved = nil
+	h.speed.mu.Lock()
+	h.speed.layers = max(1, info.End-info.Start)
+	h.speed.n = 0
+	h.speed.mu.Unlock()
 	return nil
 }
 

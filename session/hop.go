@@ -78,7 +78,8 @@ type HopService struct {
 	host Host
 	// info is the model-wide geometry (ParentNLayer, NEmbd) all engines
 	// share; each served range has its own servedEngine.
-	info  ShardInfo
+	info  ShardInfo // guarded by mu (Retarget)
+	fp    string    // the model's fingerprint; guarded by mu (Retarget)
 	cfg   HopConfig
 	log   *slog.Logger
 	speed speedMeter
@@ -120,7 +121,7 @@ func NewHopService(host Host, eng Engine, cfg HopConfig) *HopService {
 		cfg.AuditHold = DefaultAuditHold
 	}
 	info := eng.Info()
-	h := &HopService{host: host, info: info, cfg: cfg, engines: []*servedEngine{{eng: eng, info: info, admitting: true}},
+	h := &HopService{host: host, info: info, fp: cfg.Fingerprint, cfg: cfg, engines: []*servedEngine{{eng: eng, info: info, admitting: true}},
 		log: cfg.Logger.With("range", fmt.Sprintf("%d-%d", info.Start, info.End)), active: map[Key]*hopSession{}, perPeer: map[peer.ID]peerUse{},
 		guard:   newOriginGuard(OpenMaxAge, route.DefaultClockSkew, DefaultMaxOpenMemory, DefaultMaxOpensPerOrigin, nil),
 		silence: newSilenceMemory(cfg.SilenceBackoff, max(cfg.SilenceBackoff, DefaultSilenceBackoffMax), DefaultFailurePeers, nil),

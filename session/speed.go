@@ -18,7 +18,12 @@ type speedMeter struct {
 
 // ObserveDecode records one single-row compute time through the hop's
 // first range.
-func (h *HopService) ObserveDecode(d time.Duration) { h.observeDecode(d, h.speed.layers) }
+func (h *HopService) ObserveDecode(d time.Duration) {
+	h.speed.mu.Lock()
+	layers := h.speed.layers
+	h.speed.mu.Unlock()
+	h.observeDecode(d, layers)
+}
 
 // observeDecode records one single-row compute time through layers layers.
 func (h *HopService) observeDecode(d time.Duration, layers int) {

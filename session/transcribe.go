@@ -41,7 +41,7 @@ func (h *HopService) startTranscripts(hs *hopSession) {
 	if !hs.head || !hs.tail {
 		hs.chk = &checker{}
 	}
-	hs.kept = h.audits.open(hs.key, hs.idx, recordBound(hs.open, h.info.NEmbd))
+	hs.kept = h.audits.open(hs.key, hs.idx, recordBound(hs.open, hs.se.info.NEmbd))
 	hs.tailFinal = make(chan struct{})
 	key := h.host.Peerstore().PrivKey(h.host.ID())
 	if key == nil {
@@ -78,7 +78,7 @@ func (hs *hopSession) transcribeSent(a *meshp2pb.ActivationHeader, payload []byt
 		return nil
 	}
 	hs.h.audits.record(hs.kept, false, a, payload, recordOverhead)
-	return hs.tr.sent(a, payload, hs.h.info.NEmbd)
+	return hs.tr.sent(a, payload, hs.se.info.NEmbd)
 }
 
 // inputDone ends one input frame: a full window's statement goes where
@@ -132,7 +132,7 @@ func (hs *hopSession) received(msg *meshp2pb.StreamMessage, tensors [][]byte, fr
 		if len(tensors) == 1 {
 			payload = tensors[0]
 		}
-		if err := hs.chk.activation(a, payload, hs.h.info.NEmbd); err != nil {
+		if err := hs.chk.activation(a, payload, hs.se.info.NEmbd); err != nil {
 			return codeErr(meshp2pb.ErrorCode_ERROR_CODE_BAD_REQUEST, err.Error(), from)
 		}
 		return nil

@@ -418,7 +418,7 @@ func (g *genFlags) localModel(ctx context.Context, c *client.Client) (string, er
 // newClient is the client over a client peer n (generate, serve).
 func newClient(n *node.Node, o *session.Origin, dataDir string, log *slog.Logger, warm bool) (*client.Client, error) {
 	return client.New(client.Config{Swarm: n.P2P(), Host: n.ControlHost(), Table: n.Table(), Origin: o,
-		LoadVocab: enginevocab.Load, VocabDir: filepath.Join(dataDir, "vocab"), Warm: warm, Logger: log})
+		LoadVocab: enginevocab.Load, VocabDir: filepath.Join(dataDir, "vocab"), Warm: warm, Logger: log, Demand: n.DemandMeter()})
 }
 
 // fillSwarmResult copies a swarm generation's report into out.

@@ -15,6 +15,7 @@ import (
 )
 
 const startUsage = `Usage: meshp2p start --model FILE|URL|NAME|FINGERPRINT [--layers A-B | --memory SIZE] [flags]
+       meshp2p start --model A.gguf,B.gguf|DIR [--memory SIZE] [flags]
 
 Serves layers [A,B) of a GGUF model to the swarm (or a shard file cut by
 meshp2p shard split, served as it is). Without --layers the node chooses
@@ -29,6 +30,11 @@ the model (--model NAME|FINGERPRINT), or
 from an http(s) URL of the GGUF file by range requests, verified against a
 peer's manifest of the model (docs/fetch.md); the shard is cached and the
 fetch resumes where it stopped.
+With several models (a comma-separated list of files, or a directory of
+.gguf files) the node serves a window of one of them at a time, offers the
+others to the swarm ("warmable": GET /v1/models lists them) and switches to
+the model that requests ask for and nobody serves, never leaving the last
+route of a model still asked for (docs/placement.md "Many models").
 Once ready, the node prints its peer id and addresses and writes them to
 <data-dir>/node.json. SIGINT/SIGTERM close sessions and withdraw the advert.
 
@@ -69,7 +75,7 @@ type startFlags struct {
 func (f *startFlags) register(fs *flag.FlagSet) {
 	f.nf.register(fs, node.PresetHome)
 	f.tf.registerHop(fs)
-	fs.StringVar(&f.model, "model", notGiven, "whole GGUF model file, shard file, http(s) URL of one, or a model name or fingerprint to fetch from peers (required)")
+	fs.StringVar(&f.model, "model", notGiven, "whole GGUF model file, shard file, http(s) URL of one, or a model name or fingerprint to fetch from peers (required); several whole files (a,b or a directory): served one at a time, as demand asks")
 	f.ff.register(fs)
 	fs.StringVar(&f.layers, "layers", notGiven, "layer range A-B to serve, half-open [A,B) (default: chosen from --memory and the swarm)")
 	f.plf.register(fs)
@@ -141,6 +147,18 @@ func (f *startFlags) config(stderr io.Writer) (*startRun, error) {
 		}
 		rng = &rs[0]
 	}
+	models, err := expandModels(f.model)
+	if err != nil {
+		return nil, err
+	}
+	if len(models) > 1 {
+		switch {
+		case rng != nil:
+			return nil, fmt.Errorf("%w: --model with %d models: the node chooses which one and its layers; drop --layers (give --memory)", errUsage, len(models))
+		case f.name != "":
+			return nil, fmt.Errorf("%w: --model with %d models: each is advertised under its file name; drop --name", errUsage, len(models))
+		}
+	}
 	sr := &startRun{gwDir: gatewayDataDir(pc.DataDir), prog: newProgress(stderr, "splitting")}
 	if sr.log, err = f.lf.logger(stderr, f.verbose); err != nil {
 		return nil, err
@@ -158,7 +176,7 @@ func (f *startFlags) config(stderr io.Writer) (*startRun, error) {
 	if err != nil {
 		return nil, err
 	}
-	cfg := node.Config{Device: dev, P2P: pc, ModelPath: f.model, Layers: rng, ModelName: f.name, Logger: sr.log,
+	cfg := node.Config{Device: dev, P2P: pc, ModelPath: models[0], Models: models[1:], Layers: rng, ModelName: f.name, Logger: sr.log,
 		Engine: node.DefaultEngine(), Hop: session.HopConfig{Idle: f.idle, MaxSessionKV: f.sessKV, MaxSessionsPerPeer: f.peerQuota, TrustedOrigins: trustedIDs},
 		SplitProgress: sr.prog.update, DirectWait: f.directWait, NoMmap: !f.mmap, DraftPath: f.draft}
 	if rng == nil {
@@ -172,7 +190,7 @@ func (f *startFlags) config(stderr io.Writer) (*startRun, error) {
 	if err := f.tf.applyHop(&cfg.P2P, &cfg.Hop); err != nil {
 		return nil, err
 	}
-	if err := f.ff.apply(&cfg, f.model, rng, stderr); err != nil {
+	if err := f.ff.apply(&cfg, models[0], rng, stderr); err != nil {
 		return nil, err
 	}
 	cfg.Engine.MaxSessions, cfg.Engine.NCtx, cfg.Engine.NBatch, cfg.Engine.Threads = f.maxSess, f.nctx, f.nbatch, f.threads
@@ -182,7 +200,7 @@ func (f *startFlags) config(stderr io.Writer) (*startRun, error) {
 	}
 	f.af.metrics = cfg.Metrics
 	if f.model != "" {
-		f.af.models = []string{f.model} // the gateway audits hops with the node's model file
+		f.af.models = models // the gateway audits hops with the node's model files
 	}
 	sr.cfg = cfg
 	return sr, nil

@@ -147,7 +147,17 @@ type CapabilityAdvert struct {
 	// proof it replayed and verified. Nodes that trust the tracker (their
 	// --tracker) drop those peers' shards from their tables. At most
 	// route.MaxPublishedConvictions, newest last.
-	Convicted     []*Conviction `protobuf:"bytes,11,rep,name=convicted,proto3" json:"convicted,omitempty"`
+	Convicted []*Conviction `protobuf:"bytes,11,rep,name=convicted,proto3" json:"convicted,omitempty"`
+	// Models whose whole file this peer holds and would load when they are
+	// asked for and nobody serves them ("warming", docs/placement.md "Many
+	// models"); the model it serves now is in shards, not here. Readers take
+	// at most route.MaxOffers.
+	Offers []*ModelOffer `protobuf:"bytes,12,rep,name=offers,proto3" json:"offers,omitempty"`
+	// The demand this peer's origins measured (requests through it as a
+	// gateway, CLI client or node), per model. Readers cap it
+	// (package demand): one report per author per 5 s, at most 64 models,
+	// each rate at most 50/s.
+	Demand        *DemandReport `protobuf:"bytes,13,opt,name=demand,proto3" json:"demand,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -259,6 +269,219 @@ func (x *CapabilityAdvert) GetConvicted() []*Conviction {
 	return nil
 }
 
+func (x *CapabilityAdvert) GetOffers() []*ModelOffer {
+	if x != nil {
+		return x.Offers
+	}
+	return nil
+}
+
+func (x *CapabilityAdvert) GetDemand() *DemandReport {
+	if x != nil {
+		return x.Demand
+	}
+	return nil
+}
+
+// ModelOffer is a model a peer can serve on demand.
+type ModelOffer struct {
+	state            protoimpl.MessageState `protogen:"open.v1"`
+	ModelFingerprint string                 `protobuf:"bytes,1,opt,name=model_fingerprint,json=modelFingerprint,proto3" json:"model_fingerprint,omitempty"` // lowercase hex, as in ShardAdvert
+	ModelName        string                 `protobuf:"bytes,2,opt,name=model_name,json=modelName,proto3" json:"model_name,omitempty"`
+	NLayer           uint32                 `protobuf:"varint,3,opt,name=n_layer,json=nLayer,proto3" json:"n_layer,omitempty"`
+	Bytes            uint64                 `protobuf:"varint,4,opt,name=bytes,proto3" json:"bytes,omitempty"` // the whole model's tensor bytes
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
+}
+
+func (x *ModelOffer) Reset() {
+	*x = ModelOffer{}
+	mi := &file_meshp2p_v1_capability_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ModelOffer) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ModelOffer) ProtoMessage() {}
+
+func (x *ModelOffer) ProtoReflect() protoreflect.Message {
+	mi := &file_meshp2p_v1_capability_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ModelOffer.ProtoReflect.Descriptor instead.
+func (*ModelOffer) Descriptor() ([]byte, []int) {
+	return file_meshp2p_v1_capability_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *ModelOffer) GetModelFingerprint() string {
+	if x != nil {
+		return x.ModelFingerprint
+	}
+	return ""
+}
+
+func (x *ModelOffer) GetModelName() string {
+	if x != nil {
+		return x.ModelName
+	}
+	return ""
+}
+
+func (x *ModelOffer) GetNLayer() uint32 {
+	if x != nil {
+		return x.NLayer
+	}
+	return 0
+}
+
+func (x *ModelOffer) GetBytes() uint64 {
+	if x != nil {
+		return x.Bytes
+	}
+	return 0
+}
+
+// DemandReport is one peer's demand over its last report window.
+type DemandReport struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	MeasuredAtMs  int64                  `protobuf:"varint,1,opt,name=measured_at_ms,json=measuredAtMs,proto3" json:"measured_at_ms,omitempty"` // unix milliseconds; a re-published advert keeps it
+	Models        []*ModelDemand         `protobuf:"bytes,2,rep,name=models,proto3" json:"models,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DemandReport) Reset() {
+	*x = DemandReport{}
+	mi := &file_meshp2p_v1_capability_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DemandReport) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DemandReport) ProtoMessage() {}
+
+func (x *DemandReport) ProtoReflect() protoreflect.Message {
+	mi := &file_meshp2p_v1_capability_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DemandReport.ProtoReflect.Descriptor instead.
+func (*DemandReport) Descriptor() ([]byte, []int) {
+	return file_meshp2p_v1_capability_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *DemandReport) GetMeasuredAtMs() int64 {
+	if x != nil {
+		return x.MeasuredAtMs
+	}
+	return 0
+}
+
+func (x *DemandReport) GetModels() []*ModelDemand {
+	if x != nil {
+		return x.Models
+	}
+	return nil
+}
+
+// ModelDemand is one model's demand, all per second.
+type ModelDemand struct {
+	state            protoimpl.MessageState `protogen:"open.v1"`
+	ModelFingerprint string                 `protobuf:"bytes,1,opt,name=model_fingerprint,json=modelFingerprint,proto3" json:"model_fingerprint,omitempty"`
+	Requests         float64                `protobuf:"fixed64,2,opt,name=requests,proto3" json:"requests,omitempty"`                               // generations asked for
+	Queued           float64                `protobuf:"fixed64,3,opt,name=queued,proto3" json:"queued,omitempty"`                                   // generations that waited for a route or a slot
+	Refused          float64                `protobuf:"fixed64,4,opt,name=refused,proto3" json:"refused,omitempty"`                                 // generations refused: no route, no capacity, warming
+	TokensPerSec     float64                `protobuf:"fixed64,5,opt,name=tokens_per_sec,json=tokensPerSec,proto3" json:"tokens_per_sec,omitempty"` // tokens generated
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
+}
+
+func (x *ModelDemand) Reset() {
+	*x = ModelDemand{}
+	mi := &file_meshp2p_v1_capability_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ModelDemand) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ModelDemand) ProtoMessage() {}
+
+func (x *ModelDemand) ProtoReflect() protoreflect.Message {
+	mi := &file_meshp2p_v1_capability_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ModelDemand.ProtoReflect.Descriptor instead.
+func (*ModelDemand) Descriptor() ([]byte, []int) {
+	return file_meshp2p_v1_capability_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *ModelDemand) GetModelFingerprint() string {
+	if x != nil {
+		return x.ModelFingerprint
+	}
+	return ""
+}
+
+func (x *ModelDemand) GetRequests() float64 {
+	if x != nil {
+		return x.Requests
+	}
+	return 0
+}
+
+func (x *ModelDemand) GetQueued() float64 {
+	if x != nil {
+		return x.Queued
+	}
+	return 0
+}
+
+func (x *ModelDemand) GetRefused() float64 {
+	if x != nil {
+		return x.Refused
+	}
+	return 0
+}
+
+func (x *ModelDemand) GetTokensPerSec() float64 {
+	if x != nil {
+		return x.TokensPerSec
+	}
+	return 0
+}
+
 type Conviction struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	PeerId        []byte                 `protobuf:"bytes,1,opt,name=peer_id,json=peerId,proto3" json:"peer_id,omitempty"`                // the convicted peer
@@ -270,7 +493,7 @@ type Conviction struct {
 
 func (x *Conviction) Reset() {
 	*x = Conviction{}
-	mi := &file_meshp2p_v1_capability_proto_msgTypes[1]
+	mi := &file_meshp2p_v1_capability_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -282,7 +505,7 @@ func (x *Conviction) String() string {
 func (*Conviction) ProtoMessage() {}
 
 func (x *Conviction) ProtoReflect() protoreflect.Message {
-	mi := &file_meshp2p_v1_capability_proto_msgTypes[1]
+	mi := &file_meshp2p_v1_capability_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -295,7 +518,7 @@ func (x *Conviction) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Conviction.ProtoReflect.Descriptor instead.
 func (*Conviction) Descriptor() ([]byte, []int) {
-	return file_meshp2p_v1_capability_proto_rawDescGZIP(), []int{1}
+	return file_meshp2p_v1_capability_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *Conviction) GetPeerId() []byte {
@@ -352,7 +575,7 @@ type ShardAdvert struct {
 
 func (x *ShardAdvert) Reset() {
 	*x = ShardAdvert{}
-	mi := &file_meshp2p_v1_capability_proto_msgTypes[2]
+	mi := &file_meshp2p_v1_capability_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -364,7 +587,7 @@ func (x *ShardAdvert) String() string {
 func (*ShardAdvert) ProtoMessage() {}
 
 func (x *ShardAdvert) ProtoReflect() protoreflect.Message {
-	mi := &file_meshp2p_v1_capability_proto_msgTypes[2]
+	mi := &file_meshp2p_v1_capability_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -377,7 +600,7 @@ func (x *ShardAdvert) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShardAdvert.ProtoReflect.Descriptor instead.
 func (*ShardAdvert) Descriptor() ([]byte, []int) {
-	return file_meshp2p_v1_capability_proto_rawDescGZIP(), []int{2}
+	return file_meshp2p_v1_capability_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *ShardAdvert) GetModelFingerprint() string {
@@ -498,7 +721,7 @@ type ShardCapacity struct {
 
 func (x *ShardCapacity) Reset() {
 	*x = ShardCapacity{}
-	mi := &file_meshp2p_v1_capability_proto_msgTypes[3]
+	mi := &file_meshp2p_v1_capability_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -510,7 +733,7 @@ func (x *ShardCapacity) String() string {
 func (*ShardCapacity) ProtoMessage() {}
 
 func (x *ShardCapacity) ProtoReflect() protoreflect.Message {
-	mi := &file_meshp2p_v1_capability_proto_msgTypes[3]
+	mi := &file_meshp2p_v1_capability_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -523,7 +746,7 @@ func (x *ShardCapacity) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShardCapacity.ProtoReflect.Descriptor instead.
 func (*ShardCapacity) Descriptor() ([]byte, []int) {
-	return file_meshp2p_v1_capability_proto_rawDescGZIP(), []int{3}
+	return file_meshp2p_v1_capability_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *ShardCapacity) GetFreeSessions() uint32 {
@@ -575,7 +798,7 @@ type SignedCapabilityAdvert struct {
 
 func (x *SignedCapabilityAdvert) Reset() {
 	*x = SignedCapabilityAdvert{}
-	mi := &file_meshp2p_v1_capability_proto_msgTypes[4]
+	mi := &file_meshp2p_v1_capability_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -587,7 +810,7 @@ func (x *SignedCapabilityAdvert) String() string {
 func (*SignedCapabilityAdvert) ProtoMessage() {}
 
 func (x *SignedCapabilityAdvert) ProtoReflect() protoreflect.Message {
-	mi := &file_meshp2p_v1_capability_proto_msgTypes[4]
+	mi := &file_meshp2p_v1_capability_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -600,7 +823,7 @@ func (x *SignedCapabilityAdvert) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SignedCapabilityAdvert.ProtoReflect.Descriptor instead.
 func (*SignedCapabilityAdvert) Descriptor() ([]byte, []int) {
-	return file_meshp2p_v1_capability_proto_rawDescGZIP(), []int{4}
+	return file_meshp2p_v1_capability_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *SignedCapabilityAdvert) GetAdvert() []byte {
@@ -629,7 +852,7 @@ var File_meshp2p_v1_capability_proto protoreflect.FileDescriptor
 const file_meshp2p_v1_capability_proto_rawDesc = "" +
 	"\n" +
 	"\x1bmeshp2p/v1/capability.proto\x12\n" +
-	"meshp2p.v1\x1a\x17meshp2p/v1/common.proto\"\x9a\x03\n" +
+	"meshp2p.v1\x1a\x17meshp2p/v1/common.proto\"\xfc\x03\n" +
 	"\x10CapabilityAdvert\x12\x17\n" +
 	"\apeer_id\x18\x01 \x01(\fR\x06peerId\x12\x18\n" +
 	"\anetwork\x18\x02 \x01(\tR\anetwork\x12&\n" +
@@ -643,7 +866,25 @@ const file_meshp2p_v1_capability_proto_rawDesc = "" +
 	"\x05addrs\x18\t \x03(\tR\x05addrs\x12<\n" +
 	"\freachability\x18\n" +
 	" \x01(\x0e2\x18.meshp2p.v1.ReachabilityR\freachability\x124\n" +
-	"\tconvicted\x18\v \x03(\v2\x16.meshp2p.v1.ConvictionR\tconvicted\"]\n" +
+	"\tconvicted\x18\v \x03(\v2\x16.meshp2p.v1.ConvictionR\tconvicted\x12.\n" +
+	"\x06offers\x18\f \x03(\v2\x16.meshp2p.v1.ModelOfferR\x06offers\x120\n" +
+	"\x06demand\x18\r \x01(\v2\x18.meshp2p.v1.DemandReportR\x06demand\"\x87\x01\n" +
+	"\n" +
+	"ModelOffer\x12+\n" +
+	"\x11model_fingerprint\x18\x01 \x01(\tR\x10modelFingerprint\x12\x1d\n" +
+	"\n" +
+	"model_name\x18\x02 \x01(\tR\tmodelName\x12\x17\n" +
+	"\an_layer\x18\x03 \x01(\rR\x06nLayer\x12\x14\n" +
+	"\x05bytes\x18\x04 \x01(\x04R\x05bytes\"e\n" +
+	"\fDemandReport\x12$\n" +
+	"\x0emeasured_at_ms\x18\x01 \x01(\x03R\fmeasuredAtMs\x12/\n" +
+	"\x06models\x18\x02 \x03(\v2\x17.meshp2p.v1.ModelDemandR\x06models\"\xae\x01\n" +
+	"\vModelDemand\x12+\n" +
+	"\x11model_fingerprint\x18\x01 \x01(\tR\x10modelFingerprint\x12\x1a\n" +
+	"\brequests\x18\x02 \x01(\x01R\brequests\x12\x16\n" +
+	"\x06queued\x18\x03 \x01(\x01R\x06queued\x12\x18\n" +
+	"\arefused\x18\x04 \x01(\x01R\arefused\x12$\n" +
+	"\x0etokens_per_sec\x18\x05 \x01(\x01R\ftokensPerSec\"]\n" +
 	"\n" +
 	"Conviction\x12\x17\n" +
 	"\apeer_id\x18\x01 \x01(\fR\x06peerId\x12!\n" +
@@ -707,29 +948,35 @@ func file_meshp2p_v1_capability_proto_rawDescGZIP() []byte {
 }
 
 var file_meshp2p_v1_capability_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_meshp2p_v1_capability_proto_msgTypes = make([]protoimpl.MessageInfo, 5)
+var file_meshp2p_v1_capability_proto_msgTypes = make([]protoimpl.MessageInfo, 8)
 var file_meshp2p_v1_capability_proto_goTypes = []any{
 	(Role)(0),                      // 0: meshp2p.v1.Role
 	(Reachability)(0),              // 1: meshp2p.v1.Reachability
 	(*CapabilityAdvert)(nil),       // 2: meshp2p.v1.CapabilityAdvert
-	(*Conviction)(nil),             // 3: meshp2p.v1.Conviction
-	(*ShardAdvert)(nil),            // 4: meshp2p.v1.ShardAdvert
-	(*ShardCapacity)(nil),          // 5: meshp2p.v1.ShardCapacity
-	(*SignedCapabilityAdvert)(nil), // 6: meshp2p.v1.SignedCapabilityAdvert
-	(DType)(0),                     // 7: meshp2p.v1.DType
+	(*ModelOffer)(nil),             // 3: meshp2p.v1.ModelOffer
+	(*DemandReport)(nil),           // 4: meshp2p.v1.DemandReport
+	(*ModelDemand)(nil),            // 5: meshp2p.v1.ModelDemand
+	(*Conviction)(nil),             // 6: meshp2p.v1.Conviction
+	(*ShardAdvert)(nil),            // 7: meshp2p.v1.ShardAdvert
+	(*ShardCapacity)(nil),          // 8: meshp2p.v1.ShardCapacity
+	(*SignedCapabilityAdvert)(nil), // 9: meshp2p.v1.SignedCapabilityAdvert
+	(DType)(0),                     // 10: meshp2p.v1.DType
 }
 var file_meshp2p_v1_capability_proto_depIdxs = []int32{
-	0, // 0: meshp2p.v1.CapabilityAdvert.roles:type_name -> meshp2p.v1.Role
-	4, // 1: meshp2p.v1.CapabilityAdvert.shards:type_name -> meshp2p.v1.ShardAdvert
-	1, // 2: meshp2p.v1.CapabilityAdvert.reachability:type_name -> meshp2p.v1.Reachability
-	3, // 3: meshp2p.v1.CapabilityAdvert.convicted:type_name -> meshp2p.v1.Conviction
-	7, // 4: meshp2p.v1.ShardAdvert.wire_dtypes:type_name -> meshp2p.v1.DType
-	5, // 5: meshp2p.v1.ShardAdvert.capacity:type_name -> meshp2p.v1.ShardCapacity
-	6, // [6:6] is the sub-list for method output_type
-	6, // [6:6] is the sub-list for method input_type
-	6, // [6:6] is the sub-list for extension type_name
-	6, // [6:6] is the sub-list for extension extendee
-	0, // [0:6] is the sub-list for field type_name
+	0,  // 0: meshp2p.v1.CapabilityAdvert.roles:type_name -> meshp2p.v1.Role
+	7,  // 1: meshp2p.v1.CapabilityAdvert.shards:type_name -> meshp2p.v1.ShardAdvert
+	1,  // 2: meshp2p.v1.CapabilityAdvert.reachability:type_name -> meshp2p.v1.Reachability
+	6,  // 3: meshp2p.v1.CapabilityAdvert.convicted:type_name -> meshp2p.v1.Conviction
+	3,  // 4: meshp2p.v1.CapabilityAdvert.offers:type_name -> meshp2p.v1.ModelOffer
+	4,  // 5: meshp2p.v1.CapabilityAdvert.demand:type_name -> meshp2p.v1.DemandReport
+	5,  // 6: meshp2p.v1.DemandReport.models:type_name -> meshp2p.v1.ModelDemand
+	10, // 7: meshp2p.v1.ShardAdvert.wire_dtypes:type_name -> meshp2p.v1.DType
+	8,  // 8: meshp2p.v1.ShardAdvert.capacity:type_name -> meshp2p.v1.ShardCapacity
+	9,  // [9:9] is the sub-list for method output_type
+	9,  // [9:9] is the sub-list for method input_type
+	9,  // [9:9] is the sub-list for extension type_name
+	9,  // [9:9] is the sub-list for extension extendee
+	0,  // [0:9] is the sub-list for field type_name
 }
 
 func init() { file_meshp2p_v1_capability_proto_init() }
@@ -738,14 +985,14 @@ func file_meshp2p_v1_capability_proto_init() {
 		return
 	}
 	file_meshp2p_v1_common_proto_init()
-	file_meshp2p_v1_capability_proto_msgTypes[2].OneofWrappers = []any{}
+	file_meshp2p_v1_capability_proto_msgTypes[5].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_meshp2p_v1_capability_proto_rawDesc), len(file_meshp2p_v1_capability_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   5,
+			NumMessages:   8,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -1,0 +1,467 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"path/filepath"
+	"slices"
+	"time"
+
+	"github.com/libp2p/go-libp2p/core/peer"
+
+	"github.com/neuron-tai/meshp2p/demand"
+	"github.com/neuron-tai/meshp2p/engine/gguf"
+	"github.com/neuron-tai/meshp2p/placement"
+	"github.com/neuron-tai/meshp2p/proto/meshp2pb"
+	"github.com/neuron-tai/meshp2p/route"
+)
+
+// Many models on one node (issue 28, docs/placement.md "Many models"): a
+// node started with several whole model files (Config.Models) serves a
+// window of one of them at a time, advertises the others as offers
+// ("can be warmed"), and switches to the model demand asks for
+// (placement.ChooseModel over the swarm's gossiped demand, the adverts'
+// shards and offers).
+
+// catalogModel is one model a multi-model node can serve.
+type catalogModel struct {
+	path, name, fp string
+	nLayer, nEmbd  int
+	arch           string
+	bytes          int64 // the whole model's weights
+	sizing         placement.Sizing
+}
+
+// ErrModelTooBig: a model given to a node does not fit its memory budget
+// (not even one layer).
+var ErrModelTooBig = errors.New("model does not fit the memory budget")
+
+// modelFileName is the name a whole model file is advertised under: its
+// file name without .gguf.
+func modelFileName(path string) string {
+	b := filepath.Base(path)
+	return b[:len(b)-len(filepath.Ext(b))]
+}
+
+// loadCatalog reads every model the node may serve (ModelPath first, then
+// Models): fingerprint (cached), layer count, sizing. Two files of one
+// model, or two models under one name, are refused.
+func (n *Node) loadCatalog(ctx context.Context) ([]catalogModel, error) {
+	paths := append([]string{n.cfg.ModelPath}, n.cfg.Models...)
+	var out []catalogModel
+	seenFP, seenName := map[string]string{}, map[string]string{}
+	for _, p := range paths {
+		fp, nl, err := modelFingerprint(ctx, n.cfg.P2P.DataDir, p, n.log)
+		if err != nil {
+			return nil, fmt.Errorf("model %s: %w", p, err)
+		}
+		sz, in, err := modelSizing(p, n.cfg.Engine)
+		if err != nil {
+			return nil, fmt.Errorf("model %s: %w", p, err)
+		}
+		name := modelFileName(p)
+		if len(paths) == 1 && n.cfg.ModelName != "" {
+			name = n.cfg.ModelName
+		}
+		if q, ok := seenFP[fp]; ok {
+			return nil, fmt.Errorf("models %s and %s are the same model (fingerprint %.16s): give each model once", q, p, fp)
+		}
+		if q, ok := seenName[name]; ok {
+			return nil, fmt.Errorf("models %s and %s would both be advertised as %q: rename one file", q, p, name)
+		}
+		seenFP[fp], seenName[name] = p, p
+		bytes := sz.HeadBytes + sz.TailBytes
+		for _, b := range sz.LayerBytes {
+			bytes += b
+		}
+		out = append(out, catalogModel{path: p, name: name, fp: fp, nLayer: nl, nEmbd: in.NEmbd, arch: in.Architecture, bytes: bytes, sizing: sz})
+	}
+	return out, nil
+}
+
+// checkFits refuses a model of which the budget holds no window.
+func checkFits(m catalogModel, budget int64, from string) error {
+	if len(placement.Candidates(m.sizing, budget)) > 0 {
+		return nil
+	}
+	nl := m.nLayer
+	return fmt.Errorf("%w: model %s (%s): memory budget %s (%s) holds no layer of it: one layer needs at least %s; pass a larger --memory, or leave the model out",
+		ErrModelTooBig, m.name, m.path, mib(budget), from, mib(m.sizing.Need(placement.Range{Start: nl / 2, End: nl/2 + 1})))
+}
+
+// setModel makes m the model the node serves: what it advertises, cuts
+// windows from and serves the vocabulary and tensors of. The node must
+// serve no window of the previous model (releaseWindow first).
+func (n *Node) setModel(m catalogModel) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.fp, n.nLayer, n.cfg.ModelPath, n.cfg.ModelName = m.fp, m.nLayer, m.path, m.name
+	n.manifest, n.vocabPath = nil, ""
+}
+
+// offers are the catalog's models other than the one served now (n.mu
+// held), for the advert.
+func (n *Node) offersLocked() []*meshp2pb.ModelOffer {
+	var out []*meshp2pb.ModelOffer
+	for _, m := range n.catalog {
+		if m.fp == n.fp || len(out) == route.MaxOffers {
+			continue
+		}
+		out = append(out, &meshp2pb.ModelOffer{ModelFingerprint: m.fp, ModelName: m.name, NLayer: uint32(m.nLayer), Bytes: uint64(m.bytes)})
+	}
+	return out
+}
+
+// DemandMeter counts the demand this node's origins see (give it to the
+// client.Config of a gateway or CLI client on this node); the node
+// gossips it in its advert every DemandInterval.
+func (n *Node) DemandMeter() *demand.Meter { return n.meter }
+
+// demandLoop turns the meter into a report every DemandInterval and
+// re-publishes the advert with it (and once more without, when demand
+// stops).
+func (n *Node) demandLoop(ctx context.Context) {
+	iv := n.cfg.DemandInterval
+	if iv <= 0 {
+		iv = DefaultDemandInterval
+	}
+	t := time.NewTicker(iv)
+	defer t.Stop()
+	had := false
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case now := <-t.C:
+			rep, ok := n.meter.Take(now, n.p2p.ID().String())
+			if !ok && !had {
+				continue
+			}
+			had = ok
+			var dr *meshp2pb.DemandReport
+			if ok {
+				dr = &meshp2pb.DemandReport{MeasuredAtMs: now.UnixMilli()}
+				for fp, s := range rep.Models {
+					dr.Models = append(dr.Models, &meshp2pb.ModelDemand{ModelFingerprint: fp, Requests: s.Requests, Queued: s.Queued,
+						Refused: s.Refused, TokensPerSec: s.TokensPerSec})
+				}
+				slices.SortFunc(dr.Models, func(a, b *meshp2pb.ModelDemand) int { return cmpString(a.ModelFingerprint, b.ModelFingerprint) })
+			}
+			n.mu.Lock()
+			n.demandRep = dr
+			n.mu.Unlock()
+			if err := n.publish(); err != nil {
+				n.log.Warn("re-publish advert with demand", "err", err)
+			}
+		}
+	}
+}
+
+func cmpString(a, b string) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+// ModelDemand is one model's demand and state as this node sees it
+// (status, dashboard).
+type ModelDemand struct {
+	Fingerprint, Name string
+	Demand            demand.Sample
+	// Nodes serving or loading it, its routes (coverage depth of loaded
+	// windows) and standby peers offering it.
+	Nodes, Routes, Offers int
+	// Served: this node serves it now.
+	Served bool
+}
+
+// Demand is every model the node knows demand, shards or offers of.
+func (n *Node) Demand() []ModelDemand {
+	now := time.Now()
+	dem := n.table.Demand(now)
+	byFP := map[string]*ModelDemand{}
+	get := func(fp, name string) *ModelDemand {
+		m := byFP[fp]
+		if m == nil {
+			m = &ModelDemand{Fingerprint: fp}
+			byFP[fp] = m
+		}
+		if m.Name == "" {
+			m.Name = name
+		}
+		return m
+	}
+	shards := n.table.Shards("")
+	byModel := map[string][]route.Shard{}
+	for _, s := range shards {
+		byModel[s.Fingerprint] = append(byModel[s.Fingerprint], s)
+	}
+	for fp, ss := range byModel {
+		m := get(fp, ss[0].ModelName)
+		m.Nodes = distinctPeers(ss)
+		m.Routes = routeDepth(ss, ss[0].NLayer)
+	}
+	offers := map[string]map[peer.ID]bool{}
+	for _, o := range n.table.Offers("") {
+		get(o.Fingerprint, o.ModelName)
+		if offers[o.Fingerprint] == nil {
+			offers[o.Fingerprint] = map[peer.ID]bool{}
+		}
+		offers[o.Fingerprint][o.Peer] = true
+	}
+	for fp, ps := range offers {
+		byFP[fp].Offers = len(ps)
+	}
+	for fp, s := range dem {
+		get(fp, "").Demand = s
+	}
+	own, _ := n.servedModel()
+	var out []ModelDemand
+	for _, m := range byFP {
+		m.Served = m.Fingerprint == own
+		out = append(out, *m)
+	}
+	slices.SortFunc(out, func(a, b ModelDemand) int {
+		if a.Demand.Requests != b.Demand.Requests {
+			return -cmpFloat(a.Demand.Requests, b.Demand.Requests)
+		}
+		return cmpString(a.Fingerprint, b.Fingerprint)
+	})
+	return out
+}
+
+func cmpFloat(a, b float64) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+func distinctPeers(ss []route.Shard) int {
+	ps := map[peer.ID]bool{}
+	for _, s := range ss {
+		ps[s.Peer] = true
+	}
+	return len(ps)
+}
+
+// routeDepth is how many routes the loaded windows of a model of nl
+// layers make at most: the least number of loaded windows covering any
+// one layer (a planned window, with no session slot, does not count).
+func routeDepth(ss []route.Shard, nl int) int {
+	if nl <= 0 {
+		return 0
+	}
+	depth := make([]int, nl)
+	for _, s := range ss {
+		if s.NLayer != nl || s.Capacity.GetMaxSessions() == 0 {
+			continue
+		}
+		for l := max(0, s.Start); l < min(nl, s.End); l++ {
+			depth[l]++
+		}
+	}
+	return slices.Min(depth)
+}
+
+// modelLoads are the catalog's models as placement.ChooseModel weighs
+// them: the swarm's demand for each, the nodes on it (this one counted
+// when it serves it), its routes, and how many nodes one route takes; and
+// the standby peers (offering models, serving none).
+func (c *placementController) modelLoads(ctx context.Context, now time.Time) ([]placement.ModelLoad, int) {
+	dem := c.table.Demand(now)
+	me := c.swarm.ID()
+	cur, _ := c.node.servedModel()
+	ownWindow, ownMs, serving := c.node.servedWindow()
+	var loads []placement.ModelLoad
+	for _, m := range c.models {
+		d := dem[m.fp]
+		if d.Requests > 0 {
+			c.lastAsked[m.fp] = now
+		}
+		last, ok := c.lastAsked[m.fp]
+		if !ok {
+			last = c.started
+		}
+		shards := c.modelShards(m.fp, m.nLayer)
+		alive := c.alive(ctx, shards)
+		var live []route.Shard
+		for _, s := range shards {
+			if alive[s.Peer] {
+				live = append(live, s)
+			}
+		}
+		if m.fp == cur && serving {
+			live = append(live, route.Shard{Peer: me, Fingerprint: m.fp, NLayer: m.nLayer, Start: ownWindow.Start, End: ownWindow.End,
+				DecodeMsPerLayer: float32(ownMs), Capacity: &meshp2pb.ShardCapacity{MaxSessions: 1}})
+		}
+		perRoute := 1
+		if c.budget > 0 {
+			perRoute = max(1, int(math.Ceil(float64(m.bytes)/float64(c.budget))))
+		}
+		loads = append(loads, placement.ModelLoad{Fingerprint: m.fp, Bytes: m.bytes, Demand: d.Requests, Unmet: d.Unmet(),
+			Nodes: distinctPeers(live), Routes: routeDepth(live, m.nLayer), NodesPerRoute: perRoute, IdleFor: now.Sub(last)})
+	}
+	// Standby peers: offering models, serving none.
+	serves := map[peer.ID]bool{}
+	for _, s := range c.table.Shards("") {
+		serves[s.Peer] = true
+	}
+	standby := map[peer.ID]bool{}
+	for _, o := range c.table.Offers("") {
+		if !serves[o.Peer] && o.Peer != me {
+			standby[o.Peer] = true
+		}
+	}
+	return loads, len(standby)
+}
+
+// firstModel is the model a multi-model node starts on: the one
+// ChooseModel sends a standby node to, else the first given.
+func (c *placementController) firstModel(ctx context.Context) catalogModel {
+	loads, standby := c.modelLoads(ctx, time.Now())
+	ch := placement.ChooseModel("", loads, standby, c.cfg.ModelRules)
+	if m, ok := c.catalogModel(ch.Target); ok {
+		c.log.Info("placement: starting on the model demand asks for", "model", m.name, "why", ch.Why)
+		return m
+	}
+	return c.models[0]
+}
+
+func (c *placementController) catalogModel(fp string) (catalogModel, bool) {
+	for _, m := range c.models {
+		if m.fp == fp {
+			return m, true
+		}
+	}
+	return catalogModel{}, false
+}
+
+// checkModel is the cross-model part of a placement check: it switches
+// the node to another of its models when placement.ChooseModel says so
+// (with the choice's probability, so that nodes seeing one view do not
+// all move at once). It reports whether the node switched.
+func (c *placementController) checkModel(ctx context.Context) bool {
+	if len(c.models) < 2 || c.table == nil {
+		return false
+	}
+	cur, _ := c.node.servedModel()
+	loads, standby := c.modelLoads(ctx, time.Now())
+	ch := placement.ChooseModel(cur, loads, standby, c.cfg.ModelRules)
+	c.mu.Lock()
+	c.modelWhy = ch.Why
+	c.mu.Unlock()
+	m, ok := c.catalogModel(ch.Target)
+	if !ok || ch.Target == cur {
+		c.log.Debug("placement: staying on the model", "why", ch.Why)
+		return false
+	}
+	if c.rng.Float64() >= ch.Move {
+		c.log.Info("placement: another model needs nodes; leaving the move to others this time", "model", m.name, "p", ch.Move, "why", ch.Why)
+		return false
+	}
+	c.log.Info("placement: switching model", "to", m.name, "why", ch.Why)
+	if err := c.switchModel(ctx, m); err != nil {
+		c.log.Warn("placement: model switch failed", "to", m.name, "err", err)
+	}
+	return true
+}
+
+// switchModel releases the window served now (its sessions drain, or
+// are ended after DrainTimeout and re-routed by their origins), makes m
+// the served model, chooses a window of it like a starting node, loads
+// and serves it. If m's window cannot be loaded, the node goes back to
+// the model and window it left.
+func (c *placementController) switchModel(ctx context.Context, m catalogModel) error {
+	prev, _ := c.catalogModel(c.curFP())
+	from, oldPath, ended, released := c.node.releaseWindow(ctx)
+	c.log.Info("placement: released the window of the old model", "model", prev.name, "range", from.String(), "sessions_ended_by_drain", ended)
+	err := c.serveModel(ctx, m)
+	if err == nil {
+		c.mu.Lock()
+		c.moves++
+		c.mu.Unlock()
+		c.node.windowMoved()
+		return nil
+	}
+	// Back to what it served.
+	c.node.setModel(prev)
+	c.resize(prev)
+	if released {
+		if ls, lerr := c.node.loadWindow(ctx, oldPath); lerr == nil {
+			if _, serr := c.node.swapWindow(ctx, ls, func(*gguf.Range) {}); serr != nil {
+				ls.close()
+			}
+		}
+	}
+	c.abandon()
+	return err
+}
+
+func (c *placementController) curFP() string {
+	fp, _ := c.node.servedModel()
+	return fp
+}
+
+// resize sets the controller's model: its sizing and shape, and a new
+// rebalancer (the budget stays).
+func (c *placementController) resize(m catalogModel) {
+	c.mu.Lock()
+	c.sizing, c.nEmbd, c.arch = m.sizing, m.nEmbd, m.arch
+	c.mu.Unlock()
+	c.reb = placement.NewRebalancer(m.sizing, c.budget, c.rng)
+}
+
+// serveModel makes m the node's model and serves a window of it chosen
+// as a starting node would (coverage first).
+func (c *placementController) serveModel(ctx context.Context, m catalogModel) error {
+	c.node.setModel(m)
+	c.resize(m)
+	ch, ok := placement.Choose(c.view(ctx), m.sizing, c.budget, 0, nil, c.rng)
+	if !ok {
+		return fmt.Errorf("%w: model %s", ErrModelTooBig, m.name)
+	}
+	r := gguf.Range{Start: ch.Range.Start, End: ch.Range.End}
+	// The vocabulary first: clients that see the planned window fetch it
+	// at once, then wait for the window to admit sessions.
+	c.node.modelServed(ctx)
+	c.setLoading(&r)
+	if err := c.node.publish(); err != nil {
+		c.log.Warn("advertise planned window", "err", err)
+	}
+	ls, err := c.load(ctx, r)
+	if err != nil {
+		return err
+	}
+	if _, err := c.node.swapWindow(ctx, ls, c.served); err != nil {
+		ls.close()
+		return err
+	}
+	if err := c.node.publish(); err != nil {
+		c.log.Warn("advertise new model", "err", err)
+	}
+	c.log.Info("placement: serving the new model", "model", m.name, "range", r.String(), "why", choiceWhy(ch))
+	return nil
+}
+
+// warmWanted reports whether one of the node's models other than the one
+// it serves is asked for and has no route: a standby's cue to check now.
+func (c *placementController) warmWanted() bool {
+	dem := c.table.Demand(time.Now())
+	cur := c.curFP()
+	for _, m := range c.models {
+		if m.fp != cur && dem[m.fp].Requests > 0 && !c.table.Covers(m.fp, m.nLayer) {
+			return true
+		}
+	}
+	return false
+}
