@@ -53,9 +53,9 @@ type Config struct {
 	// DemandInterval is how often the node gossips the demand its origins
 	// measured (DefaultDemandInterval).
 	DemandInterval time.Duration
-	ModelName string      // advertised name (default: the file name without .gguf)
-	Engine    engine.Config
-	NoMmap    bool // read the weights instead of mapping them (engine.LoadOptions.NoMmap)
+	ModelName      string // advertised name (default: the file name without .gguf)
+	Engine         engine.Config
+	NoMmap         bool // read the weights instead of mapping them (engine.LoadOptions.NoMmap)
 	// Device runs the served layers (engine.SelectDevice; the zero
 	// Device: the CPU). It sets the kernel class the node advertises and,
 	// for a GPU, the default placement budget (its free memory).

@@ -100,7 +100,7 @@ func (n *Node) StatusCollector(role string) *status.Collector {
 		}
 		if pl := n.Placement(); pl.Auto || pl.Moving != nil || pl.Loading != nil {
 			s.Placement = &status.Placement{BudgetBytes: pl.Budget, Start: pl.Current.Start, End: pl.Current.End,
-				Loading: window(pl.Loading), Draining: window(pl.Moving), Moves: pl.Moves, LastReason: pl.LastWhy, HealPlan: pl.Plan}
+				Loading: window(pl.Loading), Draining: window(pl.Moving), Moves: pl.Moves, LastReason: pl.LastWhy, HealPlan: pl.Plan, ModelReason: pl.ModelWhy}
 		}
 		sh := n.Shard()
 		if sh == nil || hop == nil {

@@ -2,6 +2,8 @@ package session
 
 import (
 	"context"
+	"errors"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -120,4 +122,43 @@ func (f fixedRoute) Plan(_ context.Context, req route.Request) (*route.Route, er
 		return nil, &route.NoRouteError{Fingerprint: req.Fingerprint, NLayer: req.NLayer}
 	}
 	return &route.Route{Fingerprint: req.Fingerprint, NLayer: req.NLayer, Epoch: req.Epoch, Hops: f.hops}, nil
+}
+
+// TestHopRetargetsToAnotherModel: a multi-model node's hop switches
+// models only once its old ranges are drained (ErrHopBusy before); then
+// sessions of the new model run with the reference tokens and sessions
+// of the old one are refused MODEL_MISMATCH.
+func TestHopRetargetsToAnotherModel(t *testing.T) {
+	a, b := startHop(t, 0, 3, nil), startHop(t, 3, 6, nil)
+	o, _ := newOrigin(t, stagePlanner{[][]*fakeHop{{a}, {b}}}, a, b)
+	prompt := []int32{5, 6, 7}
+	if _, err := o.Generate(context.Background(), GenerateRequest{Fingerprint: fakeFP, NLayer: fakeNLay, Prompt: prompt, MaxTokens: 4}); err != nil {
+		t.Fatal(err)
+	}
+	otherFP := "ab" + fakeFP[2:]
+	if err := a.svc.Retarget(otherFP, newFakeEngine(0, 3)); !errors.Is(err, ErrHopBusy) {
+		t.Fatalf("retarget while serving: %v, want ErrHopBusy", err)
+	}
+	for _, h := range []*fakeHop{a, b} {
+		r := h.svc.Ranges()[0]
+		h.svc.Drain(context.Background(), r.Start, r.End)
+		if err := h.svc.Retarget(otherFP, newFakeEngine(r.Start, r.End)); err != nil {
+			t.Fatal(err)
+		}
+		if got := h.svc.Fingerprint(); got != otherFP {
+			t.Fatalf("fingerprint after retarget: %.16s", got)
+		}
+	}
+	o.CapacityWait = 200 * time.Millisecond
+	_, err := o.Generate(context.Background(), GenerateRequest{Fingerprint: fakeFP, NLayer: fakeNLay, Prompt: prompt, MaxTokens: 4})
+	if err == nil || !strings.Contains(err.Error(), "MODEL_MISMATCH") {
+		t.Fatalf("old model after the switch: %v, want MODEL_MISMATCH", err)
+	}
+	res, err := o.Generate(context.Background(), GenerateRequest{Fingerprint: otherFP, NLayer: fakeNLay, Prompt: prompt, MaxTokens: 8})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := reference(prompt, 8, 0); !equal(res.Tokens, want) {
+		t.Fatalf("new model: %v, want %v", res.Tokens, want)
+	}
 }

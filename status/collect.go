@@ -64,7 +64,64 @@ func (c *Collector) Document(ctx context.Context) *Document {
 	doc.Models = c.models(own, shards, live)
 	doc.Peers = c.peers(shards, live)
 	c.routePaths(doc.Routes)
+	doc.Demand = c.demand(doc.Models)
 	return doc
+}
+
+// demand is every model with demand or offers (and every model on
+// offer), most requested first.
+func (c *Collector) demand(models []Model) []ModelDemand {
+	byFP := map[string]*ModelDemand{}
+	get := func(fp, name string) *ModelDemand {
+		m := byFP[fp]
+		if m == nil {
+			m = &ModelDemand{Fingerprint: fp}
+			byFP[fp] = m
+		}
+		if m.Name == "" {
+			m.Name = name
+		}
+		return m
+	}
+	routable := map[string]bool{}
+	for _, m := range models {
+		get(m.Fingerprint, m.Name)
+		routable[m.Fingerprint] = m.Routable
+	}
+	offers := map[string]map[peer.ID]bool{}
+	for _, o := range c.Table.Offers("") {
+		get(o.Fingerprint, o.ModelName)
+		if offers[o.Fingerprint] == nil {
+			offers[o.Fingerprint] = map[peer.ID]bool{}
+		}
+		offers[o.Fingerprint][o.Peer] = true
+	}
+	for fp, s := range c.Table.Demand(time.Now()) {
+		m := get(fp, "")
+		m.Requests, m.Queued, m.Refused, m.TokensPerSec = s.Requests, s.Queued, s.Refused, s.TokensPerSec
+	}
+	out := []ModelDemand{}
+	for fp, m := range byFP {
+		m.Offers = len(offers[fp])
+		switch {
+		case routable[fp]:
+			m.State = "served"
+		case m.Offers > 0 && m.Requests > 0:
+			m.State = "warming"
+		case m.Offers > 0:
+			m.State = "warmable"
+		default:
+			m.State = "unserved"
+		}
+		out = append(out, *m)
+	}
+	sort.Slice(out, func(i, j int) bool {
+		if out[i].Requests != out[j].Requests {
+			return out[i].Requests > out[j].Requests
+		}
+		return out[i].Fingerprint < out[j].Fingerprint
+	})
+	return out
 }
 
 // models groups this node's own shards and the other peers' shards by

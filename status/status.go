@@ -23,6 +23,27 @@ type Document struct {
 	Peers    []Peer    `json:"peers"`
 	Routes   []Route   `json:"routes"` // recent sessions this node took part in, newest first
 	Counters Counters  `json:"counters"`
+	// Demand is the swarm's demand per model as this node merged it from
+	// the peers' gossiped reports, with the models standby peers offer
+	// (docs/placement.md "Many models"), most requested first.
+	Demand []ModelDemand `json:"demand"`
+}
+
+// ModelDemand is one model's demand (per second, decayed; package
+// demand) and state.
+type ModelDemand struct {
+	Fingerprint  string  `json:"fingerprint"`
+	Name         string  `json:"name,omitempty"`
+	Requests     float64 `json:"requests_per_sec"`
+	Queued       float64 `json:"queued_per_sec"`
+	Refused      float64 `json:"refused_per_sec"`
+	TokensPerSec float64 `json:"tokens_per_sec"`
+	// Offers: standby peers offering to load it.
+	Offers int `json:"offers"`
+	// State: "served" (a route covers it), "warming" (asked for, no
+	// route, offered), "warmable" (offered, not asked for), "unserved"
+	// (asked for, nobody serves or offers it).
+	State string `json:"state"`
 }
 
 // Self is the node that wrote the document.
@@ -62,6 +83,9 @@ type Placement struct {
 	// HealPlan is the multi-node plan the last check computed while the
 	// model has no route ("": none; docs/placement.md).
 	HealPlan string `json:"heal_plan,omitempty"`
+	// ModelReason is a multi-model node's last choice between its models
+	// ("": one model).
+	ModelReason string `json:"model_reason,omitempty"`
 }
 
 // Window is a layer range [Start, End).

@@ -15,6 +15,7 @@ import (
 
 	"github.com/neuron-tai/meshp2p/client"
 	"github.com/neuron-tai/meshp2p/client/enginevocab"
+	"github.com/neuron-tai/meshp2p/demand"
 	"github.com/neuron-tai/meshp2p/engine"
 	"github.com/neuron-tai/meshp2p/engine/gguf"
 	"github.com/neuron-tai/meshp2p/internal/failfile"
@@ -341,7 +342,7 @@ func (g *genFlags) runSwarm(ctx context.Context, stdout io.Writer, out *genResul
 	}
 	o := n.Origin(planner)
 	o.Chunk = *g.pf.chunk
-	c, err := newClient(n, o, pc.DataDir, g.log, false)
+	c, err := newClient(n, o, pc.DataDir, g.log, false, demand.WarmConfig{})
 	if err != nil {
 		return time.Time{}, err
 	}
@@ -416,9 +417,9 @@ func (g *genFlags) localModel(ctx context.Context, c *client.Client) (string, er
 }
 
 // newClient is the client over a client peer n (generate, serve).
-func newClient(n *node.Node, o *session.Origin, dataDir string, log *slog.Logger, warm bool) (*client.Client, error) {
+func newClient(n *node.Node, o *session.Origin, dataDir string, log *slog.Logger, warm bool, wc demand.WarmConfig) (*client.Client, error) {
 	return client.New(client.Config{Swarm: n.P2P(), Host: n.ControlHost(), Table: n.Table(), Origin: o,
-		LoadVocab: enginevocab.Load, VocabDir: filepath.Join(dataDir, "vocab"), Warm: warm, Logger: log, Demand: n.DemandMeter()})
+		LoadVocab: enginevocab.Load, VocabDir: filepath.Join(dataDir, "vocab"), Warm: warm, Logger: log, Demand: n.DemandMeter(), Warming: wc})
 }
 
 // fillSwarmResult copies a swarm generation's report into out.

@@ -17,6 +17,7 @@ import (
 
 	"github.com/neuron-tai/meshp2p/api"
 	"github.com/neuron-tai/meshp2p/client"
+	"github.com/neuron-tai/meshp2p/demand"
 	"github.com/neuron-tai/meshp2p/engine"
 	"github.com/neuron-tai/meshp2p/internal/failfile"
 	"github.com/neuron-tai/meshp2p/metrics"
@@ -57,6 +58,7 @@ type apiFlags struct {
 	maxTokens int
 	maxBody   int64
 	spec      string // --speculative
+	warmWait  time.Duration
 	audit     auditFlags
 	// models are whole model files the gateway may replay audited hops
 	// with (start --api: the node's --model).
@@ -74,6 +76,7 @@ func (f *apiFlags) register(fs *flag.FlagSet, defAddr, what string) {
 	fs.IntVar(&f.maxQueue, "api-queue", api.DefaultMaxQueue, "generations waiting for a slot; beyond that: 429 with Retry-After (-1: no queue)")
 	fs.IntVar(&f.maxTokens, "api-max-tokens", api.DefaultChatMaxTokens, "a chat completion's max_tokens when the request gives none")
 	fs.Int64Var(&f.maxBody, "api-max-body", api.DefaultMaxBody, "largest request body in bytes (413 beyond)")
+	fs.DurationVar(&f.warmWait, "warm-timeout", demand.DefaultWarmTimeout, "how long requests for a model nobody serves but standby peers offer to load are answered 503 model_warming (Retry-After); after that, 404 for "+demand.DefaultWarmCooldown.String())
 	fs.StringVar(&f.spec, "speculative", client.SpecAuto, "speculative decoding for API requests: "+client.SpecModes()+" (same output; auto only while it pays)")
 	f.audit.register(fs)
 }
@@ -97,7 +100,11 @@ func (f *apiFlags) run(ctx context.Context, stdout io.Writer, log *slog.Logger, 
 	if tcp, ok := ln.Addr().(*net.TCPAddr); ok && !tcp.IP.IsLoopback() && key == "" {
 		log.Warn("the API listens beyond loopback without --api-key: anyone who reaches it can use the swarm", "addr", ln.Addr().String())
 	}
-	cl, err := newClient(c, c.Origin(planner), dataDir, log, true)
+	if f.warmWait <= 0 {
+		ln.Close()
+		return nil, fmt.Errorf("%w: --warm-timeout must be positive", errUsage)
+	}
+	cl, err := newClient(c, c.Origin(planner), dataDir, log, true, demand.WarmConfig{Timeout: f.warmWait})
 	if err != nil {
 		ln.Close()
 		return nil, err

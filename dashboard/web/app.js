@@ -60,6 +60,10 @@ function drawModel(m, self) {
     // What this node's placement is doing about it (docs/placement.md).
     legend.append(el("span", { class: "muted placement-why", text: "placement: " + pl.last_reason }));
   }
+  if (pl && pl.model_reason) {
+    // A multi-model node's last choice between its models.
+    legend.append(el("span", { class: "muted model-why", text: "models: " + pl.model_reason }));
+  }
   card.append(legend);
   const list = el("div", { class: "shards" });
   for (const s of m.shards || []) {
@@ -109,6 +113,48 @@ function drawRoutes(doc) {
   }
 }
 
+// rate shows a per-second demand figure with 2 decimals, or 2
+// significant digits below 1 (decayed rates get small, not zero).
+function rate(x) {
+  const v = Number(x) || 0;
+  if (v === 0) return "0";
+  return Math.abs(v) >= 1 ? v.toFixed(2) : v.toPrecision(2);
+}
+
+// The states a model's demand can be in (status.ModelDemand); anything
+// else is shown as a plain badge.
+const DEMAND_STATES = ["served", "warming", "warmable", "unserved"];
+
+// drawDemand lists the swarm's demand per model, most requested first
+// (the collector's order). reason is the node's last choice between its
+// models when no model card shows it (a standby node serves none).
+function drawDemand(doc, reason) {
+  const list = $("demand-list");
+  list.replaceChildren();
+  if (reason) list.append(el("p", { class: "muted model-why", text: "models: " + reason }));
+  const ds = doc.demand || [];
+  if (!ds.length) {
+    list.append(el("p", { class: "muted", text: "no demand reported yet" }));
+    return;
+  }
+  const cols = ["model", "state", "requests/s", "queued/s", "refused/s", "tokens/s", "offers"];
+  const body = el("tbody");
+  for (const d of ds) {
+    const fp = d.fingerprint || "";
+    const st = d.state || "";
+    const cells = [
+      el("span", { class: "model-name", title: fp, text: d.name || fp.slice(0, 16) }),
+      el("span", { class: "badge" + (DEMAND_STATES.includes(st) ? " state-" + st : ""), "data-state": st, text: st || "?" }),
+      rate(d.requests_per_sec), rate(d.queued_per_sec), rate(d.refused_per_sec), rate(d.tokens_per_sec),
+      String(d.offers || 0),
+    ];
+    body.append(el("tr", { class: "demand-row", "data-fingerprint": fp, "data-state": st },
+      ...cells.map((c, i) => el("td", { "data-label": cols[i] }, c))));
+  }
+  list.append(el("table", { class: "demand" },
+    el("thead", {}, el("tr", {}, ...cols.map((c) => el("th", { text: c })))), body));
+}
+
 // tokens/s: the faster of the decode steps this hop computed and the
 // tokens this node's origin (the API gateway) received; `start --api`
 // counts both for the same tokens when it is on its own route.
@@ -138,6 +184,9 @@ function draw(doc) {
   ml.replaceChildren();
   if (!(doc.models || []).length) ml.append(el("p", { class: "muted", text: "no model seen yet" }));
   for (const m of doc.models || []) ml.append(drawModel(m, s));
+  const pl = s.placement || {};
+  const carded = !!s.fingerprint && (doc.models || []).some((m) => m.fingerprint === s.fingerprint);
+  drawDemand(doc, carded ? "" : pl.model_reason || "");
   drawNodes(doc);
   drawRoutes(doc);
   document.body.dataset.updated = doc.time;
