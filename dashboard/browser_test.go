@@ -255,6 +255,91 @@ func TestDashboardShowsBackends(t *testing.T) {
 	screenshot(t, ctx, "dashboard-backends-phone.png")
 }
 
+// The demand section: one row per model of the document's demand with
+// its state badge (warming styled apart from served) and its rates; the
+// node's last choice between its models beside its model's placement
+// line, or above the demand when no model card is its own; a muted line
+// when no demand is reported. The page fits a phone.
+func TestDashboardShowsDemand(t *testing.T) {
+	exe := chromium(t)
+	const fp, fpWarm = "0123456789abcdef0123", "fedcba9876543210fedcba98"
+	const why = "0123456789abcdef has 1 route(s) and demand: never uncovered"
+	shards := []status.Shard{{Peer: "peer0", Start: 0, End: 2, Live: true, Path: "direct", MaxSessions: 1, FreeSessions: 1}}
+	rep, runs, gaps := status.Coverage(2, shards)
+	withDemand := &status.Document{Version: status.Version,
+		Self:   status.Self{Role: "node", Model: "m", Fingerprint: fp, Placement: &status.Placement{ModelReason: why}},
+		Models: []status.Model{{Fingerprint: fp, Name: "m", NLayer: 2, Routable: true, Replicas: rep, Runs: runs, Gaps: gaps, Shards: shards}},
+		Demand: []status.ModelDemand{
+			{Fingerprint: fp, Name: "m", Requests: 1.5, TokensPerSec: 250, State: "served"},
+			{Fingerprint: fpWarm, Requests: 0.25, Queued: 0.004, Refused: 0.1, Offers: 2, State: "warming"},
+		}}
+	// A standby node: no model of its own, nothing asked for yet.
+	noDemand := &status.Document{Version: status.Version,
+		Self: status.Self{Role: "node", Placement: &status.Placement{ModelReason: why}}, Demand: []status.ModelDemand{}}
+	var mu sync.Mutex
+	doc := withDemand
+	mux := http.NewServeMux()
+	dashboard.Register(mux, dashboard.Options{Status: func(context.Context) *status.Document {
+		mu.Lock()
+		defer mu.Unlock()
+		return doc
+	}})
+	srv := httptest.NewServer(mux)
+	defer srv.Close()
+	ctx := browser(t, exe)
+	if err := chromedp.Do(ctx, chromedp.Navigate(srv.URL+"/")); err != nil {
+		t.Fatal(err)
+	}
+	evalUntil(t, ctx, `document.querySelectorAll('#demand-list tr.demand-row').length === 2`, 10*time.Second)
+	rows, err := chromedp.Run(ctx, chromedp.Evaluate[[]string](`[...document.querySelectorAll('#demand-list tr.demand-row')].map(r =>
+		r.dataset.fingerprint + ' ' + r.dataset.state + ': ' + [...r.cells].map(c => c.textContent).join('|'))`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{
+		fp + " served: m|served|1.50|0|0|250.00|0",
+		fpWarm + " warming: " + fpWarm[:16] + "|warming|0.25|0.0040|0.10|0|2",
+	}
+	if fmt.Sprint(rows) != fmt.Sprint(want) {
+		t.Errorf("demand rows\n got %q\nwant %q", rows, want)
+	}
+	// The state badges: styled per state, warming visibly apart from
+	// served.
+	evalUntil(t, ctx, `(() => { const b = (s) => document.querySelector('#demand-list tr[data-state="' + s + '"] .badge');
+		const served = b('served'), warming = b('warming');
+		return served.classList.contains('state-served') && warming.classList.contains('state-warming') &&
+			getComputedStyle(served).backgroundColor !== getComputedStyle(warming).backgroundColor &&
+			getComputedStyle(served).color !== getComputedStyle(warming).color &&
+			getComputedStyle(served).backgroundColor !== getComputedStyle(document.querySelector('#demand-list')).backgroundColor; })()`, time.Second)
+	// The node's choice between its models shows on its model's card,
+	// not twice.
+	evalUntil(t, ctx, `document.querySelector('.model[data-fingerprint="`+fp+`"] .model-why').textContent === 'models: `+why+`' &&
+		!document.querySelector('#demand-list .model-why')`, time.Second)
+	if err := chromedp.Do(ctx, chromedp.EmulateViewport(390, 844)); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(300 * time.Millisecond)
+	wide, err := chromedp.Run(ctx, chromedp.Evaluate[string](`[...document.querySelectorAll('body *')].filter(e => e.getBoundingClientRect().right > window.innerWidth + 0.5).map(e => e.tagName + '.' + e.className).slice(0, 5).join(' ')`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if wide != "" {
+		t.Errorf("phone: elements wider than the viewport: %s", wide)
+	}
+	screenshot(t, ctx, "dashboard-demand-phone.png")
+	if err := chromedp.Do(ctx, chromedp.EmulateViewport(1366, 900)); err != nil {
+		t.Fatal(err)
+	}
+	screenshot(t, ctx, "dashboard-demand.png")
+
+	mu.Lock()
+	doc = noDemand
+	mu.Unlock()
+	evalUntil(t, ctx, `document.querySelectorAll('#demand-list tr').length === 0 &&
+		[...document.querySelectorAll('#demand-list p.muted')].some(p => p.textContent === 'no demand reported yet') &&
+		document.querySelector('#demand-list .model-why').textContent === 'models: `+why+`'`, 10*time.Second)
+}
+
 // The dashboard on the API server of `start --api` (mounted beside /v1/):
 // the chat panel streams a reply through the real API and the swarm (the
 // base model has no chat template, so the panel continues the text), the

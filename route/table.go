@@ -449,12 +449,18 @@ func Follow(ctx context.Context, d *p2p.Discovery, t *Table) {
 				t.Set(ev.Advert.Peer, nil)
 				continue
 			}
-			t.noteConvictions(ev.Advert)
-			t.noteExtras(ev.Advert)
-			if ss, err := DecodeAdvert(ev.Advert); err == nil {
-				t.Set(ev.Advert.Peer, ss)
-			}
+			t.Apply(ev.Advert)
 		}
+	}
+}
+
+// Apply records one advert as Follow does: its shards, its offers and
+// demand report, and (from a trusted tracker) its convictions.
+func (t *Table) Apply(a p2p.Advert) {
+	t.noteConvictions(a)
+	t.noteExtras(a)
+	if ss, err := DecodeAdvert(a); err == nil {
+		t.Set(a.Peer, ss)
 	}
 }
 
@@ -466,11 +472,7 @@ func (t *Table) resync(ads []p2p.Advert) {
 	keep := make(map[peer.ID]bool, len(ads))
 	for _, a := range ads {
 		keep[a.Peer] = true
-		t.noteConvictions(a)
-		t.noteExtras(a)
-		if ss, err := DecodeAdvert(a); err == nil {
-			t.Set(a.Peer, ss)
-		}
+		t.Apply(a)
 	}
 	t.mu.RLock()
 	var gone []peer.ID

@@ -154,3 +154,24 @@ func TestWriteTextAndRecorder(t *testing.T) {
 func sessionInfo(epoch uint64) session.SessionInfo {
 	return session.SessionInfo{Fingerprint: "fp", Epoch: epoch, Hops: []session.HopInfo{{Start: 0, End: 5}}}
 }
+
+// The text view lists the swarm's demand per model, with the standby
+// peers offering the warming ones, and a multi-model node's model choice.
+func TestWriteTextDemand(t *testing.T) {
+	d := &Document{Self: Self{Placement: &Placement{Start: 0, End: 5, ModelReason: "b is asked for and has no route"}},
+		Demand: []ModelDemand{
+			{Fingerprint: strings.Repeat("bb", 32), Name: "bee", Requests: 1.5, Refused: 1.5, Offers: 2, State: "warming"},
+			{Fingerprint: strings.Repeat("aa", 32), Name: "", Requests: 0.25, TokensPerSec: 12, State: "served"},
+		}}
+	var b strings.Builder
+	if err := WriteText(&b, d); err != nil {
+		t.Fatal(err)
+	}
+	out := b.String()
+	for _, want := range []string{"demand (per second, gossiped)", "bee", "warming", "1.50 requests", "2 standby peer(s) offer it",
+		"served", "12.0 tokens", "models: b is asked for and has no route"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("missing %q in\n%s", want, out)
+		}
+	}
+}

@@ -95,8 +95,12 @@ func WriteText(w io.Writer, d *Document) error {
 		if p.HealPlan != "" {
 			fmt.Fprintf(&b, "; heal plan: %s", p.HealPlan)
 		}
+		if p.ModelReason != "" {
+			fmt.Fprintf(&b, "; models: %s", p.ModelReason)
+		}
 		b.WriteString("\n")
 	}
+	writeDemand(&b, d.Demand)
 	for i, r := range d.Routes {
 		if i == 5 {
 			break
@@ -171,4 +175,25 @@ func countLive(ps []Peer) int {
 		}
 	}
 	return n
+}
+
+// writeDemand prints the swarm's demand per model (gossiped reports,
+// decayed) and which models are warming or warmable.
+func writeDemand(b *strings.Builder, ds []ModelDemand) {
+	if len(ds) == 0 {
+		return
+	}
+	b.WriteString("demand (per second, gossiped):\n")
+	for _, m := range ds {
+		name := printable(m.Name)
+		if name == "" {
+			name = short(m.Fingerprint)
+		}
+		offers := ""
+		if m.Offers > 0 {
+			offers = fmt.Sprintf(", %d standby peer(s) offer it", m.Offers)
+		}
+		fmt.Fprintf(b, "  %-24s %-8s %.2f requests, %.2f queued, %.2f refused, %.1f tokens%s\n",
+			name, m.State, m.Requests, m.Queued, m.Refused, m.TokensPerSec, offers)
+	}
 }

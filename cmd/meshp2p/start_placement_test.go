@@ -157,3 +157,47 @@ func TestStartMemoryTooSmall(t *testing.T) {
 		}
 	}
 }
+
+// Several models on `start` (a list or a directory): each bad input is a
+// clear error before the node advertises anything.
+func TestStartManyModelsErrors(t *testing.T) {
+	dir := t.TempDir()
+	small, big := filepath.Join(dir, "small.gguf"), filepath.Join(dir, "big.gguf")
+	if _, _, err := runShardArgs(t, "synth", "--layers", "2", "--embd", "32", "-o", small); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := runShardArgs(t, "synth", "--layers", "1", "--embd", "1024", "--ff", "128", "-o", big); err != nil {
+		t.Fatal(err)
+	}
+	empty := filepath.Join(dir, "empty")
+	if err := os.Mkdir(empty, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cases := []struct {
+		name  string
+		args  []string
+		usage bool
+		want  string
+	}{
+		{"a model too big for the budget", []string{"--model", small + "," + big, "--memory", "64M", "--ctx", "65536"}, false, "model big"},
+		{"--layers with several models", []string{"--model", small + "," + big, "--layers", "0-1"}, true, "drop --layers"},
+		{"--name with several models", []string{"--model", small + "," + big, "--name", "x"}, true, "drop --name"},
+		{"a missing file in the list", []string{"--model", small + "," + filepath.Join(dir, "nope.gguf")}, true, "nope.gguf: no such file"},
+		{"an empty entry", []string{"--model", small + ","}, true, "empty entry"},
+		{"a directory without models", []string{"--model", empty + "," + small}, true, "holds no .gguf"},
+		{"one model twice", []string{"--model", small + "," + small, "--memory", "64M"}, false, "same model"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			data := t.TempDir()
+			args := append(c.args, "--data-dir", data, "--listen", "/ip4/127.0.0.1/tcp/0", "--network", "manyerr")
+			err := runStart(context.Background(), &syncBuf{}, &syncBuf{}, args)
+			if err == nil || !strings.Contains(err.Error(), c.want) || errors.Is(err, errUsage) != c.usage {
+				t.Fatalf("err = %v, want one containing %q (usage error: %v)", err, c.want, c.usage)
+			}
+			if _, serr := os.Stat(filepath.Join(data, "node.json")); serr == nil {
+				t.Fatal("node.json written: the node started")
+			}
+		})
+	}
+}
