@@ -145,6 +145,19 @@ func (c *Client) resolve(ctx context.Context, model string, wait time.Duration, 
 	defer alone.Stop()
 	var looking atomic.Bool
 	lastErr := err
+	warmed := false
+	noteWarming := func(err error) {
+		// A caller that waits for the route (generate) is demand too: it
+		// is what makes a standby node load the model. Counted once.
+		var we *WarmingError
+		if !warmed && errors.As(err, &we) {
+			warmed = true
+			c.cfg.Demand.Request(we.Fingerprint)
+			c.cfg.Demand.Refused(we.Fingerprint)
+			c.log.Info("model is warming: a standby peer offers it; waiting for its route", "model", model, "peers", we.Peers, "wait", wait)
+		}
+	}
+	noteWarming(err)
 	for {
 		select {
 		case <-ctx.Done():
@@ -170,6 +183,7 @@ func (c *Client) resolve(ctx context.Context, model string, wait time.Duration, 
 		if final(err) {
 			return m, err
 		}
+		noteWarming(err)
 		lastErr = err
 	}
 }
