@@ -114,6 +114,19 @@ func (n *Node) offersLocked() []*meshp2pb.ModelOffer {
 	return out
 }
 
+// Catalog lists the names of the models a multi-model node may serve
+// (nil for a node with one model).
+func (n *Node) Catalog() []string {
+	if len(n.catalog) < 2 {
+		return nil
+	}
+	out := make([]string, len(n.catalog))
+	for i, m := range n.catalog {
+		out[i] = m.name
+	}
+	return out
+}
+
 // DemandMeter counts the demand this node's origins see (give it to the
 // client.Config of a gateway or CLI client on this node); the node
 // gossips it in its advert every DemandInterval.
@@ -138,6 +151,11 @@ func (n *Node) demandLoop(ctx context.Context) {
 			rep, ok := n.meter.Take(now, n.p2p.ID().String())
 			if !ok && !had {
 				continue
+			}
+			if ok {
+				if err := n.table.AddDemand(now, rep); err != nil {
+					n.log.Debug("own demand report not merged", "err", err)
+				}
 			}
 			had = ok
 			var dr *meshp2pb.DemandReport

@@ -8,9 +8,9 @@ import (
 	"github.com/libp2p/go-libp2p/core/peer"
 )
 
-// TestModelSwitch runs the multi-model node in process (run it with -race
-// after changing the node's locking): two nodes started with models A and B both serve A, the
-// first given, and offer B. A client's origins ask for both (its meter,
+// TestModelSwitch runs the multi-model node in process (run it with
+// -race after changing the node's locking): two nodes started with models
+// A and B both serve A, the first given, and offer B. A client's origins ask for both (its meter,
 // gossiped every DemandInterval, the one value shortened here by name):
 // one node switches to B (drain, cut, load, hop retargeted), the other
 // keeps A's last route, and both models then generate exactly what the

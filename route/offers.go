@@ -139,6 +139,15 @@ func (t *Table) Demand(now time.Time) map[string]demand.Sample {
 	return dm.Demand(now)
 }
 
+// AddDemand merges a report of this node's own (its advert does not come
+// back to it through gossip) under the same bounds as the peers'.
+func (t *Table) AddDemand(now time.Time, rep demand.Report) error {
+	t.mu.Lock()
+	dm := t.demandMap()
+	t.mu.Unlock()
+	return dm.Add(now, rep)
+}
+
 // DemandAuthors is how many peers' demand reports the table holds.
 func (t *Table) DemandAuthors() int {
 	t.mu.Lock()

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"strings"
 	"time"
 
 	"github.com/neuron-tai/meshp2p/engine/gguf"
@@ -211,6 +212,9 @@ func (f *startFlags) config(stderr io.Writer) (*startRun, error) {
 func (f *startFlags) serve(ctx context.Context, stdout io.Writer, sr *startRun, n *node.Node) error {
 	info := n.Info()
 	fmt.Fprintf(stdout, "peer id:  %s\nmodel:    %s (%.16s…) layers %d-%d of %d\n", info.PeerID, info.Model, info.Fingerprint, info.Start, info.End, info.NLayer)
+	if cat := n.Catalog(); cat != nil {
+		fmt.Fprintf(stdout, "models:   %s (serves one at a time, the one requests ask for; the others are offered)\n", strings.Join(cat, ", "))
+	}
 	for _, a := range info.Addrs {
 		fmt.Fprintf(stdout, "address:  %s\n", a)
 	}
