@@ -41,7 +41,7 @@ type Config struct {
 	// refused, per model (its node gossips the reports: placement follows
 	// demand, docs/placement.md "Many models").
 	Demand *demand.Meter
-	// Warming bounds how long requests for a model that standby peers
+	// Warming bounds how long requests for a model that peers
 	// offer to load are answered "warming" (zero: package demand's
 	// defaults: 5 min, then 30 min of "not found").
 	Warming demand.WarmConfig
@@ -56,7 +56,7 @@ type Client struct {
 	mu      sync.Mutex
 	vocabs  map[string]*vocabEntry
 	created map[string]int64 // fingerprint → unix time first listed
-	warming *demand.Warm     // models asked for that standby peers offer (warming.go)
+	warming *demand.Warm     // models asked for that peers offer (warming.go)
 	warmCfg demand.WarmConfig
 
 	ctx    context.Context // ends at Close

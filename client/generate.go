@@ -96,7 +96,7 @@ func (c *Client) Generate(ctx context.Context, req Request) (*Result, error) {
 	}
 	m, err := c.resolve(ctx, req.Model, wait, req.WaitForRoute)
 	if err != nil {
-		c.countRefused(req.Model, err)
+		c.countRefused(req.Model, err, req.WaitForRoute)
 		return nil, err
 	}
 	c.cfg.Demand.Request(m.Fingerprint)
@@ -171,14 +171,19 @@ func (c *Client) Generate(ctx context.Context, req Request) (*Result, error) {
 }
 
 // countRefused counts a request refused before any route (no route,
-// warming) as demand for the model it named, when the name resolves.
-func (c *Client) countRefused(model string, err error) {
-	if c.cfg.Demand == nil || !(errors.Is(err, route.ErrNoRoute) || isWarming(err)) {
+// warming, warming gave up: still demand, which is what makes an offering
+// peer load the model once it can) for the model it named, when the name
+// resolves. A caller that waited for a warming model had its refusal
+// counted while it waited (resolve): only the request is counted here.
+func (c *Client) countRefused(model string, err error, waited bool) {
+	if c.cfg.Demand == nil || !(errors.Is(err, route.ErrNoRoute) || isWarming(err) || errors.Is(err, ErrWarmingGaveUp)) {
 		return
 	}
 	if fp, ferr := c.cfg.Table.Fingerprint(model); ferr == nil {
 		c.cfg.Demand.Request(fp)
-		c.cfg.Demand.Refused(fp)
+		if !(waited && isWarming(err)) {
+			c.cfg.Demand.Refused(fp)
+		}
 	}
 }
 

@@ -22,7 +22,7 @@ type Model struct {
 	NLayer      int
 	// Created is when this client first listed it (unix seconds).
 	Created int64
-	// Warmable: nobody serves it now, but standby peers (Offers of them)
+	// Warmable: nobody serves it now, but peers (Offers of them)
 	// offer to load it when it is asked for (a request gets a
 	// *WarmingError meanwhile).
 	Warmable bool
@@ -30,7 +30,7 @@ type Model struct {
 }
 
 // Models lists every model whose layers the known peers cover (live or
-// full), and those standby peers offer to load (Warmable), sorted by ID.
+// full), and those peers offer to load (Warmable), sorted by ID.
 func (c *Client) Models() []Model {
 	byFP := map[string][]route.Shard{}
 	for _, s := range c.cfg.Table.Shards("") {
@@ -72,6 +72,15 @@ func (c *Client) Models() []Model {
 		m.ID = m.Name
 		if m.ID == "" || names[m.Name] > 1 {
 			m.ID = m.Fingerprint
+		}
+		if m.Warmable {
+			// Offers are anyone's claims: listed, not remembered (the
+			// client's state grows only with models peers serve).
+			m.Created = now
+			if at, ok := c.created[m.Fingerprint]; ok {
+				m.Created = at
+			}
+			continue
 		}
 		if _, ok := c.created[m.Fingerprint]; !ok {
 			c.created[m.Fingerprint] = now
@@ -149,12 +158,12 @@ func (c *Client) resolve(ctx context.Context, model string, wait time.Duration, 
 	noteWarming := func(err error) {
 		// A caller that waits for the route (generate) is demand too: it
 		// is what makes a standby node load the model. Counted once.
+		// Generate counts the request itself once it ends.
 		var we *WarmingError
 		if !warmed && errors.As(err, &we) {
 			warmed = true
-			c.cfg.Demand.Request(we.Fingerprint)
 			c.cfg.Demand.Refused(we.Fingerprint)
-			c.log.Info("model is warming: a standby peer offers it; waiting for its route", "model", model, "peers", we.Peers, "wait", wait)
+			c.log.Info("model is warming: a peer offers to load it; waiting for its route", "model", model, "peers", we.Peers, "wait", wait)
 		}
 	}
 	noteWarming(err)
@@ -197,7 +206,7 @@ func (c *Client) routable(ctx context.Context, model string) (Model, error) {
 		return Model{}, err
 	}
 	if !c.covered(fp) {
-		// Nobody serves it, or not every layer: standby peers may offer
+		// Nobody serves it, or not every layer: peers may offer
 		// to load it (warming.go).
 		if err, ok := c.warmingState(fp, model); ok {
 			return Model{}, err
@@ -250,6 +259,9 @@ func (c *Client) waitFailed(ctx context.Context, wait time.Duration, lastErr err
 	seen := fmt.Sprintf("connected to %d peer(s), %d advert(s) seen", sw.PeerCount(), len(sw.Discovery().Adverts()))
 	if errors.Is(lastErr, route.ErrUnknownModel) {
 		return fmt.Errorf("%w after waiting %s (%s): %w", ErrModelNotFound, wait, seen, lastErr)
+	}
+	if isWarming(lastErr) {
+		return fmt.Errorf("after waiting %s: %w (loading a model takes seconds to minutes: wait longer)", wait, lastErr)
 	}
 	return fmt.Errorf("after waiting %s (%s): %w", wait, seen, lastErr)
 }

@@ -17,7 +17,7 @@ import (
 	"github.com/neuron-tai/meshp2p/route"
 )
 
-// A model nobody serves that standby peers offer: listed as warmable,
+// A model nobody serves that peers offer: listed as warmable,
 // answered with a *WarmingError (the retry, the offers) until the warming
 // timeout, then ErrWarmingGaveUp (an ErrModelNotFound) — however the
 // offers are renewed. A model nobody offers is not warming; one served
@@ -25,10 +25,10 @@ import (
 func TestWarmingState(t *testing.T) {
 	fp := strings.Repeat("cd", 32)
 	tab := route.NewTable()
-	for range 2 {
+	for i := range 2 {
 		k, _, _ := crypto.GenerateEd25519Key(rand.Reader)
 		p, _ := peer.IDFromPrivateKey(k)
-		body, _ := proto.Marshal(&meshp2pb.CapabilityAdvert{Offers: []*meshp2pb.ModelOffer{{ModelFingerprint: fp, ModelName: "bee", NLayer: 3, Bytes: 1 << 30}}})
+		body, _ := proto.Marshal(&meshp2pb.CapabilityAdvert{Offers: []*meshp2pb.ModelOffer{{ModelFingerprint: fp, ModelName: "bee", NLayer: 3, Bytes: 1 << 30, Pinned: i == 0}}})
 		tab.Apply(p2p.Advert{Peer: p, Body: body, ExpiresAt: time.Now().Add(time.Minute)})
 	}
 	w := demand.NewWarm(demand.WarmConfig{Timeout: 300 * time.Millisecond, RetryAfter: 3 * time.Second})
@@ -39,8 +39,14 @@ func TestWarmingState(t *testing.T) {
 	}
 	err, ok := c.warmingState(fp, "bee")
 	var we *WarmingError
-	if !ok || !errors.As(err, &we) || we.RetryAfter != 3*time.Second || we.Peers != 2 || !strings.Contains(err.Error(), "retry in 3s") {
+	if !ok || !errors.As(err, &we) || we.RetryAfter != 3*time.Second || we.Peers != 2 || we.Pinned != 1 || !strings.Contains(err.Error(), "retry in 3s") ||
+		strings.Contains(err.Error(), "last route") {
 		t.Fatalf("first ask: %v (%v)", err, ok)
+	}
+	c.cfg.Demand = demand.NewMeter(time.Now())
+	c.countRefused("bee", err, false)
+	if r, _ := c.cfg.Demand.Take(time.Now().Add(time.Second), "me"); r.Models[fp].Requests == 0 || r.Models[fp].Refused == 0 {
+		t.Fatalf("a warming answer not counted as demand: %+v", r)
 	}
 	if _, ok := c.warmingState(strings.Repeat("ef", 32), "other"); ok {
 		t.Fatal("a model nobody offers is warming")
@@ -49,6 +55,10 @@ func TestWarmingState(t *testing.T) {
 	err, _ = c.warmingState(fp, "bee")
 	if !errors.Is(err, ErrWarmingGaveUp) || !errors.Is(err, ErrModelNotFound) || !strings.Contains(err.Error(), "no route appeared within 300ms") {
 		t.Fatalf("after the timeout: %v", err)
+	}
+	c.countRefused("bee", err, false) // still demand: the model loads once a peer can
+	if r, _ := c.cfg.Demand.Take(time.Now().Add(2*time.Second), "me"); r.Models[fp].Refused == 0 {
+		t.Fatalf("a request after warming gave up not counted: %+v", r)
 	}
 	c.served(fp)
 	if err, _ := c.warmingState(fp, "bee"); !errors.As(err, &we) {

@@ -148,7 +148,13 @@ func (m *Map) Add(now time.Time, r Report) error {
 		capTo := func(v float64) float64 { return min(v, c.MaxRate) }
 		// Tokens per second are bounded by what one author can serve,
 		// not by requests: capped at MaxRate × 1000 tokens per request.
-		models[fp] = Sample{capTo(s.Requests), capTo(s.Queued), capTo(s.Refused), min(s.TokensPerSec, c.MaxRate*1000)}
+		// Queued and refused requests are requests: together they are at
+		// most the author's requests (a report claiming more unmet demand
+		// than demand would make its model look starved forever).
+		req := capTo(s.Requests)
+		queued := min(capTo(s.Queued), req)
+		refused := min(capTo(s.Refused), req-queued)
+		models[fp] = Sample{req, queued, refused, min(s.TokensPerSec, c.MaxRate*1000)}
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()

@@ -14,7 +14,7 @@ func TestDemandDecaysAndSums(t *testing.T) {
 	m := New(Config{})
 	for _, r := range []Report{
 		{Author: "a", At: t0, Models: map[string]Sample{"A": {Requests: 4, Refused: 1}}},
-		{Author: "b", At: t0.Add(-DefaultHalfLife), Models: map[string]Sample{"A": {Requests: 4}, "B": {Queued: 2}}},
+		{Author: "b", At: t0.Add(-DefaultHalfLife), Models: map[string]Sample{"A": {Requests: 4}, "B": {Requests: 2, Queued: 2}}},
 	} {
 		if err := m.Add(t0, r); err != nil {
 			t.Fatal(err)
@@ -127,5 +127,22 @@ func TestFullMapRefusesNewAuthors(t *testing.T) {
 	late := t0.Add(DefaultTTL + time.Second)
 	if err := m.Add(late, Report{Author: "c", At: late}); err != nil {
 		t.Fatalf("after b's report expired: %v", err)
+	}
+}
+
+// Queued and refused requests are requests: an author's unmet demand is
+// at most its requests (else a report could make a model look starved
+// whatever serves it).
+func TestUnmetAtMostRequests(t *testing.T) {
+	m := New(Config{})
+	if err := m.Add(t0, Report{Author: "liar", At: t0, Models: map[string]Sample{"B": {Requests: 3, Queued: 40, Refused: 40}, "C": {Refused: 9}}}); err != nil {
+		t.Fatal(err)
+	}
+	d := m.Demand(t0)
+	if b := d["B"]; b.Requests != 3 || b.Unmet() != 3 || b.Queued != 3 || b.Refused != 0 {
+		t.Fatalf("B %+v: unmet capped at the 3 requests", b)
+	}
+	if c := d["C"]; c.Unmet() != 0 {
+		t.Fatalf("C %+v: refusals without requests count for nothing", c)
 	}
 }

@@ -159,23 +159,45 @@ func (w *Warm) Warmable(now time.Time) []string {
 }
 
 // Ask answers a request for model at now (routable: it has a route) and
-// for Warming how long the client should wait.
+// for Warming how long the client should wait, by the claims recorded.
 func (w *Warm) Ask(now time.Time, model string, routable bool) (State, time.Duration) {
+	if routable {
+		return w.AskOffered(now, model, true, false)
+	}
+	w.expire(now)
+	return w.AskOffered(now, model, false, len(w.claims[model]) > 0)
+}
+
+// AskOffered is Ask for a caller that knows itself whether some peer
+// offers the model (a table of bounded, signed adverts) instead of
+// recording claims. When MaxModels models are waiting, the one asked for
+// longest ago is forgotten to make room (many fake offered models cannot
+// shut out a real one).
+func (w *Warm) AskOffered(now time.Time, model string, routable, offered bool) (State, time.Duration) {
 	if routable {
 		delete(w.asked, model)
 		return Serve, 0
 	}
-	w.expire(now)
 	first, asked := w.asked[model]
 	if asked && now.Sub(first) > w.cfg.Timeout {
-		return GaveUp, 0 // until Timeout+Cooldown after the first ask
+		if now.Sub(first) <= w.cfg.Timeout+w.cfg.Cooldown {
+			return GaveUp, 0 // until Timeout+Cooldown after the first ask
+		}
+		delete(w.asked, model)
+		asked = false
 	}
-	if len(w.claims[model]) == 0 {
+	if !offered {
 		return Unknown, 0
 	}
 	if !asked {
 		if len(w.asked) >= w.cfg.MaxModels {
-			return Unknown, 0
+			oldest, at := "", now
+			for m, t := range w.asked {
+				if t.Before(at) || oldest == "" {
+					oldest, at = m, t
+				}
+			}
+			delete(w.asked, oldest)
 		}
 		w.asked[model] = now
 	}

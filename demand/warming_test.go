@@ -80,3 +80,32 @@ func TestWarmClaimsBounded(t *testing.T) {
 		t.Fatalf("%d warmable after the claims lapsed, want 0", got)
 	}
 }
+
+// AskOffered takes the caller's word that a model is offered (signed
+// adverts) and keeps at most MaxModels asks, forgetting the oldest: fake
+// offered models cannot shut a real one out. After Timeout+Cooldown a
+// model that gave up may warm again.
+func TestAskOfferedBounded(t *testing.T) {
+	w := NewWarm(WarmConfig{MaxModels: 3, Timeout: time.Minute, Cooldown: time.Hour})
+	now := time.Unix(0, 0)
+	for i, m := range []string{"f1", "f2", "f3", "real"} {
+		if st, _ := w.AskOffered(now.Add(time.Duration(i)*time.Second), m, false, true); st != Warming {
+			t.Fatalf("%s: %v", m, st)
+		}
+	}
+	if len(w.asked) != 3 {
+		t.Fatalf("%d asks kept, want 3", len(w.asked))
+	}
+	if _, ok := w.asked["f1"]; ok {
+		t.Fatal("the oldest ask was kept past the bound")
+	}
+	if st, _ := w.AskOffered(now, "nobody", false, false); st != Unknown {
+		t.Fatalf("not offered: %v", st)
+	}
+	if st, _ := w.AskOffered(now.Add(2*time.Minute), "real", false, true); st != GaveUp {
+		t.Fatalf("after the timeout: %v", st)
+	}
+	if st, _ := w.AskOffered(now.Add(2*time.Hour), "real", false, true); st != Warming {
+		t.Fatalf("after the cooldown: %v", st)
+	}
+}

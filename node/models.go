@@ -81,6 +81,24 @@ func (n *Node) loadCatalog(ctx context.Context) ([]catalogModel, error) {
 	return out, nil
 }
 
+// checkModels refuses what a node with several models cannot do: it
+// chooses its own windows (Placement, a whole model file first, no
+// Layers), offers at most route.MaxOffers models besides the served one,
+// and a draft model belongs to one model's vocabulary.
+func (c Config) checkModels() error {
+	switch {
+	case len(c.Models) == 0:
+		return nil
+	case !c.places():
+		return errors.New("several models need automatic placement: whole model files (no shard file first) and no fixed layers")
+	case len(c.Models) > route.MaxOffers:
+		return fmt.Errorf("%d models: a node serves one and offers at most %d others", len(c.Models)+1, route.MaxOffers)
+	case c.DraftPath != "":
+		return errors.New("a draft model proposes for one model's vocabulary: not with several models")
+	}
+	return nil
+}
+
 // checkFits refuses a model of which the budget holds no window.
 func checkFits(m catalogModel, budget int64, from string) error {
 	if len(placement.Candidates(m.sizing, budget)) > 0 {
@@ -109,7 +127,8 @@ func (n *Node) offersLocked() []*meshp2pb.ModelOffer {
 		if m.fp == n.fp || len(out) == route.MaxOffers {
 			continue
 		}
-		out = append(out, &meshp2pb.ModelOffer{ModelFingerprint: m.fp, ModelName: m.name, NLayer: uint32(m.nLayer), Bytes: uint64(m.bytes)})
+		out = append(out, &meshp2pb.ModelOffer{ModelFingerprint: m.fp, ModelName: m.name, NLayer: uint32(m.nLayer), Bytes: uint64(m.bytes),
+			Pinned: n.place != nil && n.place.pinnedNow()})
 	}
 	return out
 }
@@ -267,11 +286,12 @@ func (c *placementController) modelLoads(ctx context.Context, now time.Time) ([]
 }
 
 // firstModel is the model a multi-model node starts on: the one
-// ChooseModel sends a standby node to, else the first given.
+// ChooseModel sends a standby node to (with the choice's probability, so
+// nodes starting together spread), else the first given.
 func (c *placementController) firstModel(ctx context.Context) catalogModel {
 	loads, standby := c.modelLoads(ctx, time.Now())
 	ch := placement.ChooseModel("", loads, standby, c.cfg.ModelRules)
-	if m, ok := c.catalogModel(ch.Target); ok {
+	if m, ok := c.catalogModel(ch.Target); ok && c.rng.Float64() < ch.Move {
 		c.log.Info("placement: starting on the model demand asks for", "model", m.name, "why", ch.Why)
 		return m
 	}
@@ -287,20 +307,68 @@ func (c *placementController) catalogModel(fp string) (catalogModel, bool) {
 	return catalogModel{}, false
 }
 
+// switchIntent is the window of another model a multi-model node is about
+// to switch to, advertised as planned before the node drains its old one.
+type switchIntent struct {
+	m catalogModel
+	r gguf.Range
+}
+
+// switchingTo is the model switch under way (nil: none).
+func (c *placementController) switchingTo() *switchIntent {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.switching
+}
+
+func (c *placementController) setSwitching(sw *switchIntent) {
+	c.mu.Lock()
+	c.switching = sw
+	c.mu.Unlock()
+}
+
+// pinnedNow reports whether the node holds the last route of a model
+// still needed (it will not switch): its offers say so.
+func (c *placementController) pinnedNow() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.pinned
+}
+
 // checkModel is the cross-model part of a placement check: it switches
 // the node to another of its models when placement.ChooseModel says so
 // (with the choice's probability, so that nodes seeing one view do not
-// all move at once). It reports whether the node switched.
+// all move at once). A model whose switch failed is left out for
+// ModelRetryBackoff. It reports whether the node switched.
 func (c *placementController) checkModel(ctx context.Context) bool {
 	if len(c.models) < 2 || c.table == nil {
 		return false
 	}
+	now := time.Now()
 	cur, _ := c.node.servedModel()
-	loads, standby := c.modelLoads(ctx, time.Now())
-	ch := placement.ChooseModel(cur, loads, standby, c.cfg.ModelRules)
+	loads, standby := c.modelLoads(ctx, now)
+	var candidates []placement.ModelLoad
+	pinned := false
+	for _, l := range loads {
+		if at, failed := c.failedAt[l.Fingerprint]; failed && now.Sub(at) < ModelRetryBackoff && l.Fingerprint != cur {
+			continue
+		}
+		if l.Fingerprint == cur {
+			pinned = l.Routes <= 1 && (l.Demand > 0 || l.IdleFor < c.cfg.ModelRules.IdleReleaseOrDefault())
+		}
+		candidates = append(candidates, l)
+	}
+	ch := placement.ChooseModel(cur, candidates, standby, c.cfg.ModelRules)
 	c.mu.Lock()
 	c.modelWhy = ch.Why
+	changed := c.pinned != pinned
+	c.pinned = pinned
 	c.mu.Unlock()
+	if changed {
+		if err := c.node.publish(); err != nil {
+			c.log.Warn("advertise offers", "err", err)
+		}
+	}
 	m, ok := c.catalogModel(ch.Target)
 	if !ok || ch.Target == cur {
 		c.log.Debug("placement: staying on the model", "why", ch.Why)
@@ -312,36 +380,82 @@ func (c *placementController) checkModel(ctx context.Context) bool {
 	}
 	c.log.Info("placement: switching model", "to", m.name, "why", ch.Why)
 	if err := c.switchModel(ctx, m); err != nil {
-		c.log.Warn("placement: model switch failed", "to", m.name, "err", err)
+		c.failedAt[m.fp] = time.Now()
+		c.log.Warn("placement: model switch failed; not trying this model again for a while", "to", m.name, "for", ModelRetryBackoff, "err", err)
+		return false
 	}
+	delete(c.failedAt, m.fp)
 	return true
 }
 
-// switchModel releases the window served now (its sessions drain, or
-// are ended after DrainTimeout and re-routed by their origins), makes m
-// the served model, chooses a window of it like a starting node, loads
-// and serves it. If m's window cannot be loaded, the node goes back to
-// the model and window it left.
+// switchModel moves the node to model m: it chooses m's window as a
+// starting node would (coverage first) and advertises it as planned, gets
+// its shard file (cut, cached), and only then releases the window served
+// now (its sessions finish, or are ended after DrainTimeout and re-routed
+// by their origins), makes m the served model and loads the window. A
+// switch that cannot get the file leaves the node where it is; one whose
+// window does not load goes back to the old model and window.
 func (c *placementController) switchModel(ctx context.Context, m catalogModel) error {
 	prev, _ := c.catalogModel(c.curFP())
+	ch, ok := placement.Choose(c.viewOf(ctx, m.fp, m.nLayer), m.sizing, c.budget, 0, nil, c.rng)
+	if !ok {
+		return fmt.Errorf("%w: model %s", ErrModelTooBig, m.name)
+	}
+	r := gguf.Range{Start: ch.Range.Start, End: ch.Range.End}
+	c.setSwitching(&switchIntent{m: m, r: r})
+	if err := c.node.publish(); err != nil {
+		c.log.Warn("advertise planned window", "err", err)
+	}
+	path, err := c.node.cutModelShard(ctx, m.path, m.fp, r)
+	if err == nil {
+		err = c.node.checkDevice(path)
+	}
+	if err != nil {
+		c.setSwitching(nil)
+		_ = c.node.publish()
+		return err
+	}
 	from, oldPath, ended, released := c.node.releaseWindow(ctx)
 	c.log.Info("placement: released the window of the old model", "model", prev.name, "range", from.String(), "sessions_ended_by_drain", ended)
-	err := c.serveModel(ctx, m)
+	c.node.setModel(m)
+	c.resize(m)
+	c.node.modelServed(ctx) // the vocabulary first: clients that see the window fetch it at once
+	c.mu.Lock()
+	c.switching, c.loading = nil, &r
+	c.mu.Unlock()
+	if err := c.node.publish(); err != nil {
+		c.log.Warn("advertise planned window", "err", err)
+	}
+	ls, err := c.node.loadWindow(ctx, path)
 	if err == nil {
+		if _, err = c.node.swapWindow(ctx, ls, c.served); err != nil {
+			ls.close()
+		}
+	}
+	if err == nil {
+		if perr := c.node.publish(); perr != nil {
+			c.log.Warn("advertise new model", "err", perr)
+		}
 		c.mu.Lock()
 		c.moves++
 		c.mu.Unlock()
 		c.node.windowMoved()
+		c.log.Info("placement: serving the new model", "model", m.name, "range", r.String(), "why", choiceWhy(ch))
 		return nil
 	}
 	// Back to what it served.
 	c.node.setModel(prev)
 	c.resize(prev)
+	c.node.modelServed(ctx)
 	if released {
-		if ls, lerr := c.node.loadWindow(ctx, oldPath); lerr == nil {
-			if _, serr := c.node.swapWindow(ctx, ls, func(*gguf.Range) {}); serr != nil {
-				ls.close()
+		back, lerr := c.node.loadWindow(ctx, oldPath)
+		if lerr == nil {
+			if _, lerr = c.node.swapWindow(ctx, back, func(*gguf.Range) {}); lerr != nil {
+				back.close()
 			}
+		}
+		if lerr != nil {
+			c.log.Error("placement: could not serve the old model's window again: serving nothing until the next check", "model", prev.name, "range", from.String(), "err", lerr)
 		}
 	}
 	c.abandon()
@@ -360,38 +474,6 @@ func (c *placementController) resize(m catalogModel) {
 	c.sizing, c.nEmbd, c.arch = m.sizing, m.nEmbd, m.arch
 	c.mu.Unlock()
 	c.reb = placement.NewRebalancer(m.sizing, c.budget, c.rng)
-}
-
-// serveModel makes m the node's model and serves a window of it chosen
-// as a starting node would (coverage first).
-func (c *placementController) serveModel(ctx context.Context, m catalogModel) error {
-	c.node.setModel(m)
-	c.resize(m)
-	ch, ok := placement.Choose(c.view(ctx), m.sizing, c.budget, 0, nil, c.rng)
-	if !ok {
-		return fmt.Errorf("%w: model %s", ErrModelTooBig, m.name)
-	}
-	r := gguf.Range{Start: ch.Range.Start, End: ch.Range.End}
-	// The vocabulary first: clients that see the planned window fetch it
-	// at once, then wait for the window to admit sessions.
-	c.node.modelServed(ctx)
-	c.setLoading(&r)
-	if err := c.node.publish(); err != nil {
-		c.log.Warn("advertise planned window", "err", err)
-	}
-	ls, err := c.load(ctx, r)
-	if err != nil {
-		return err
-	}
-	if _, err := c.node.swapWindow(ctx, ls, c.served); err != nil {
-		ls.close()
-		return err
-	}
-	if err := c.node.publish(); err != nil {
-		c.log.Warn("advertise new model", "err", err)
-	}
-	c.log.Info("placement: serving the new model", "model", m.name, "range", r.String(), "why", choiceWhy(ch))
-	return nil
 }
 
 // warmWanted reports whether one of the node's models other than the one

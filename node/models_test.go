@@ -2,10 +2,14 @@ package node
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/libp2p/go-libp2p/core/peer"
+
+	"github.com/neuron-tai/meshp2p/engine/gguf"
+	"github.com/neuron-tai/meshp2p/route"
 )
 
 // TestModelSwitch runs the multi-model node in process (run it with
@@ -108,5 +112,34 @@ func TestModelSwitch(t *testing.T) {
 	}
 	if seen[fpA] != "served" || seen[fpB] != "served" {
 		t.Fatalf("demand in the client's status: %+v", doc.Demand)
+	}
+}
+
+// What a node with several models cannot do is refused before it starts.
+func TestCheckModels(t *testing.T) {
+	a, b := synthModel(t, "cm-a", 2), synthModel(t, "cm-b", 2)
+	place := &PlacementConfig{Memory: 1 << 30}
+	many := make([]string, route.MaxOffers+1)
+	for i := range many {
+		many[i] = b
+	}
+	for _, tc := range []struct {
+		name string
+		cfg  Config
+		want string
+	}{
+		{"one model", Config{ModelPath: a}, ""},
+		{"two, placed", Config{ModelPath: a, Models: []string{b}, Placement: place}, ""},
+		{"no placement", Config{ModelPath: a, Models: []string{b}}, "automatic placement"},
+		{"fixed layers", Config{ModelPath: a, Models: []string{b}, Placement: place, Layers: &gguf.Range{Start: 0, End: 1}}, "automatic placement"},
+		{"too many", Config{ModelPath: a, Models: many, Placement: place}, "at most"},
+		{"a draft", Config{ModelPath: a, Models: []string{b}, Placement: place, DraftPath: a}, "draft"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := tc.cfg.checkModels()
+			if (tc.want == "") != (err == nil) || (err != nil && !strings.Contains(err.Error(), tc.want)) {
+				t.Fatalf("err = %v, want %q", err, tc.want)
+			}
+		})
 	}
 }

@@ -153,12 +153,14 @@ type Node struct {
 	// the layers it can replay (audit.go).
 	auditor      *session.Auditor
 	auditEngines *AuditEngines
-	// catalog are the models this node may serve (Config.Models; read-only
-	// after Start); meter counts its origins' demand, demandRep is the
-	// last report, advertised (guarded by mu).
+	// catalog are the models this node may serve (Config.Models; set
+	// under mu during Start, read-only after); meter counts its origins'
+	// demand, demandRep is the last report, advertised (guarded by mu).
 	catalog   []catalogModel
 	meter     *demand.Meter
 	demandRep *meshp2pb.DemandReport
+	// pubMu makes building and setting the advert one step (publish).
+	pubMu sync.Mutex
 
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
@@ -168,6 +170,9 @@ type Node struct {
 // its hop service and its advert.
 func Start(ctx context.Context, cfg Config) (*Node, error) {
 	cfg = withLoggers(cfg)
+	if err := cfg.checkModels(); err != nil {
+		return nil, err
+	}
 	n := &Node{log: cfg.Logger, table: route.NewTable(), failures: cfg.Failures, meter: demand.NewMeter(time.Now())}
 	if n.failures == nil {
 		n.failures = session.NewFailureMemory(0, 0)
@@ -505,13 +510,22 @@ var shardSuffix = regexp.MustCompile(`^(.+)\.L\d+-\d+$`)
 // NameKey is the discovery key under which a model name is announced.
 func NameKey(name string) string { return route.NameKey(name) }
 
-func (n *Node) advertBody() ([]byte, error) {
+// advertBody is the advert and its discovery keys (the served model's
+// fingerprint and name), from one snapshot under n.mu.
+func (n *Node) advertBody() ([]byte, []string, error) {
 	ca := &meshp2pb.CapabilityAdvert{
 		PeerId: []byte(n.p2p.ID()), Network: n.cfg.P2P.Network, Roles: []meshp2pb.Role{meshp2pb.Role_ROLE_SHARD},
 		Version: engine.Version,
 	}
 	n.mu.Lock()
 	defer n.mu.Unlock()
+	var keys []string
+	if n.fp != "" {
+		keys = append(keys, n.fp)
+		if name := n.modelNameLocked(); name != "" {
+			keys = append(keys, NameKey(name))
+		}
+	}
 	ca.Offers, ca.Demand = n.offersLocked(), n.demandRep
 	if n.shard == nil && n.place == nil {
 		ca.Roles = []meshp2pb.Role{meshp2pb.Role_ROLE_CLIENT}
@@ -533,7 +547,16 @@ func (n *Node) advertBody() ([]byte, error) {
 		ca.Shards = append(ca.Shards, sa)
 	}
 	if n.place == nil {
-		return proto.Marshal(ca)
+		b, err := proto.Marshal(ca)
+		return b, keys, err
+	}
+	if sw := n.place.switchingTo(); sw != nil {
+		// A multi-model node about to switch: the new model's window,
+		// planned, before it drains the old one (models.go), so other
+		// nodes count it and do not all switch too.
+		sa := n.shardAdvertOf(sw.m.fp, sw.m.name, sw.m.nLayer, sw.r.Start, sw.r.End, sw.m.nEmbd, sw.m.arch)
+		sa.Capacity = &meshp2pb.ShardCapacity{}
+		ca.Shards = append(ca.Shards, sa)
 	}
 	if r, embd, arch := n.place.planned(); r != nil {
 		// A planned window: announced before it is loaded, with no session
@@ -545,12 +568,19 @@ func (n *Node) advertBody() ([]byte, error) {
 		sa.Capacity = &meshp2pb.ShardCapacity{}
 		ca.Shards = append(ca.Shards, sa)
 	}
-	return proto.Marshal(ca)
+	b, err := proto.Marshal(ca)
+	return b, keys, err
 }
 
+// shardAdvert is a shard of the served model (n.mu held).
 func (n *Node) shardAdvert(start, end, nEmbd int, arch string) *meshp2pb.ShardAdvert {
+	return n.shardAdvertOf(n.fp, n.modelNameLocked(), n.nLayer, start, end, nEmbd, arch)
+}
+
+// shardAdvertOf is a shard of model fp (n.mu held).
+func (n *Node) shardAdvertOf(fp, name string, nl, start, end, nEmbd int, arch string) *meshp2pb.ShardAdvert {
 	return &meshp2pb.ShardAdvert{
-		ModelFingerprint: n.fp, ModelName: n.modelNameLocked(), NLayer: uint32(n.nLayer),
+		ModelFingerprint: fp, ModelName: name, NLayer: uint32(nl),
 		Start: uint32(start), End: uint32(end), WireDtypes: frame.WireDTypeList(),
 		HasVocab: n.vocabPath != "", NEmbd: uint32(nEmbd), Arch: arch,
 		Runtime: "llama.cpp@" + engine.LlamaCommit, PlacementBudget: uint64(max(0, n.place.advertisedBudget())),
@@ -558,18 +588,16 @@ func (n *Node) shardAdvert(start, end, nEmbd int, arch string) *meshp2pb.ShardAd
 	}
 }
 
+// publish sets the local advert. pubMu makes building and setting one
+// step: two goroutines publishing at once (the advert loop, placement,
+// the demand loop) cannot leave the older body in place, nor keys of one
+// model with the body of another.
 func (n *Node) publish() error {
-	body, err := n.advertBody()
+	n.pubMu.Lock()
+	defer n.pubMu.Unlock()
+	body, keys, err := n.advertBody()
 	if err != nil {
 		return err
-	}
-	fp, _ := n.servedModel()
-	var keys []string
-	if fp != "" {
-		keys = append(keys, fp)
-	}
-	if name := n.ModelName(); name != "" && fp != "" {
-		keys = append(keys, NameKey(name))
 	}
 	return n.p2p.Discovery().SetLocalAdvert(keys, body)
 }

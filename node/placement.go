@@ -109,6 +109,12 @@ type windowHost interface {
 	// besides its window (the vocabulary) once its first window is in.
 	setModel(m catalogModel)
 	modelServed(ctx context.Context)
+	// cutModelShard cuts (or finds cached) window r of the whole model
+	// file at path, whose fingerprint must be fp; checkDevice refuses a
+	// shard file the node's device cannot hold (before anything is
+	// released for it).
+	cutModelShard(ctx context.Context, path, fp string, r gguf.Range) (string, error)
+	checkDevice(path string) error
 }
 
 // placementController owns where a serving node's layer window is: for a
@@ -166,6 +172,13 @@ type placementController struct {
 	lastAsked map[string]time.Time
 	started   time.Time
 	modelWhy  string
+	// failedAt: when a switch to each model last failed (rebalance
+	// goroutine only); switching is a switch under way (advertised), and
+	// pinned says the node holds its model's last route while it is
+	// needed (its offers say so); both guarded by mu.
+	failedAt  map[string]time.Time
+	switching *switchIntent
+	pinned    bool
 }
 
 // newPlacementController returns the controller of a node's window; cfg
@@ -173,7 +186,7 @@ type placementController struct {
 func newPlacementController(node windowHost, sw swarm, log *slog.Logger, cfg *PlacementConfig, bootstrap bool,
 	shardFor func(ctx context.Context, r gguf.Range) (string, error)) *placementController {
 	c := &placementController{node: node, swarm: sw, log: log, bootstrap: bootstrap, shardFor: shardFor,
-		lastAsked: map[string]time.Time{}, started: time.Now()}
+		lastAsked: map[string]time.Time{}, started: time.Now(), failedAt: map[string]time.Time{}}
 	if cfg != nil {
 		c.auto, c.cfg = true, *cfg
 	}
@@ -379,9 +392,12 @@ func (c *placementController) run(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-warm:
-			if !c.warmWanted() {
-				continue
+			// Only the cross-model choice: the rebalancer's safeguards
+			// count checks at the rebalance interval.
+			if c.warmWanted() {
+				c.checkModel(ctx)
 			}
+			continue
 		case ev, ok := <-events:
 			if !ok {
 				events = nil // no more events; the timer still runs
@@ -571,6 +587,11 @@ func (c *placementController) settle(ctx context.Context) {
 // its TTL).
 func (c *placementController) view(ctx context.Context) placement.View {
 	fp, nl := c.node.servedModel()
+	return c.viewOf(ctx, fp, nl)
+}
+
+// viewOf is view for model fp of nl layers.
+func (c *placementController) viewOf(ctx context.Context, fp string, nl int) placement.View {
 	v := placement.View{NLayer: nl}
 	shards := c.modelShards(fp, nl)
 	alive := c.alive(ctx, shards)

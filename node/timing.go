@@ -93,3 +93,9 @@ const DefaultDemandInterval = 10 * time.Second
 // offers is asked for and has no route (then it checks at once, rather
 // than at its next rebalance), jittered by ±RebalanceJitter.
 const WarmCheck = 5 * time.Second
+
+// ModelRetryBackoff is how long a multi-model node leaves a model out of
+// its choice after a switch to it failed (its file could not be cut or
+// loaded), so a lasting failure does not drain the served window again
+// and again.
+const ModelRetryBackoff = 10 * time.Minute

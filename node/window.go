@@ -67,16 +67,8 @@ func (n *Node) servedWindow() (gguf.Range, float64, bool) {
 // loadWindow loads the shard file at path and measures its decode speed.
 func (n *Node) loadWindow(ctx context.Context, path string) (*loadedShard, error) {
 	ls := &loadedShard{path: path}
-	if dev := n.cfg.Device; !dev.IsCPU() {
-		// A GPU's memory is not the page cache: a window that does not
-		// fit fails here, with the numbers, not in the backend.
-		need, err := deviceNeed(path, n.cfg.Engine)
-		if err != nil {
-			return nil, err
-		}
-		if err := dev.CheckFits(uint64(need)); err != nil {
-			return nil, fmt.Errorf("shard %s on %s: %w", filepath.Base(path), dev.Name, err)
-		}
+	if err := n.checkDevice(path); err != nil {
+		return nil, err
 	}
 	var err error
 	if ls.model, err = engine.LoadModel(ctx, path, engine.LoadOptions{NoMmap: n.cfg.NoMmap, Device: n.cfg.Device}); err != nil {
@@ -183,14 +175,38 @@ func (n *Node) windowMoved() {
 // cutShard cuts (or finds cached) the shard for r from the whole model
 // file: the placement controller's shardFor for a node with the file.
 func (n *Node) cutShard(ctx context.Context, r gguf.Range) (string, error) {
-	path, fp, _, err := prepareShard(ctx, n.cfg.P2P.DataDir, n.cfg.ModelPath, r, n.cfg.SplitProgress, n.log)
+	return n.cutModelShard(ctx, n.cfg.ModelPath, n.fp, r)
+}
+
+// cutModelShard implements windowHost: window r of the whole model file
+// at path, which must still be model fp.
+func (n *Node) cutModelShard(ctx context.Context, path, want string, r gguf.Range) (string, error) {
+	shard, fp, _, err := prepareShard(ctx, n.cfg.P2P.DataDir, path, r, n.cfg.SplitProgress, n.log)
 	if err != nil {
 		return "", err
 	}
-	if fp != n.fp {
-		return "", fmt.Errorf("model file changed: fingerprint %.16s, serving %.16s", fp, n.fp)
+	if fp != want {
+		return "", fmt.Errorf("model file %s changed: fingerprint %.16s, expected %.16s", path, fp, want)
 	}
-	return path, nil
+	return shard, nil
+}
+
+// checkDevice implements windowHost: a GPU's memory is not the page
+// cache: a window that does not fit fails here, with the numbers, not in
+// the backend.
+func (n *Node) checkDevice(path string) error {
+	dev := n.cfg.Device
+	if dev.IsCPU() {
+		return nil
+	}
+	need, err := deviceNeed(path, n.cfg.Engine)
+	if err != nil {
+		return err
+	}
+	if err := dev.CheckFits(uint64(need)); err != nil {
+		return fmt.Errorf("shard %s on %s: %w", filepath.Base(path), dev.Name, err)
+	}
+	return nil
 }
 
 // startPlaced makes a node with the whole model file choose its window,
@@ -258,7 +274,10 @@ func (n *Node) startCatalog(ctx context.Context, pc *placementController, budget
 			return err
 		}
 	}
-	n.catalog, pc.models = cat, cat
+	n.mu.Lock()
+	n.catalog = cat
+	n.mu.Unlock()
+	pc.models = cat
 	pc.settle(ctx)
 	m := pc.firstModel(ctx)
 	n.setModel(m)

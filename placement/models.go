@@ -40,8 +40,14 @@ func (m ModelLoad) wantNodes() float64 {
 		return 0
 	}
 	served := m.Demand - m.Unmet
-	if m.Routes == 0 || served <= 0 {
-		return k * float64(max(1, m.Routes+1))
+	switch {
+	case m.Routes == 0:
+		return k
+	case served <= 0:
+		// Routes exist and serve nothing of the demand measured: more
+		// routes need evidence that routes help (served requests), or a
+		// report of refusals alone would grow a model without end.
+		return k * float64(m.Routes)
 	}
 	return math.Ceil(m.Demand/(served/float64(m.Routes))) * k
 }
@@ -74,6 +80,9 @@ const (
 	DefaultModelHysteresis = 0.5
 	DefaultIdleRelease     = 30 * time.Minute
 )
+
+// IdleReleaseOrDefault is IdleRelease, or DefaultIdleRelease when unset.
+func (r ModelRules) IdleReleaseOrDefault() time.Duration { return r.withDefaults().IdleRelease }
 
 func (r ModelRules) withDefaults() ModelRules {
 	if r.Hysteresis <= 0 {
@@ -164,6 +173,15 @@ func ChooseModel(cur string, models []ModelLoad, standby int, rules ModelRules) 
 	if t == nil || deficit == 0 {
 		stay.Why = "no model lacks capacity"
 		return stay
+	}
+	if surplus == 0 {
+		// Nobody is spare: the nodes that could move are those whose
+		// model keeps a route without them.
+		for _, m := range ms {
+			if m.Routes > 1 {
+				surplus += float64(m.Nodes) - float64(max(1, m.NodesPerRoute))
+			}
+		}
 	}
 	move := 1.0
 	if surplus > 0 {

@@ -36,6 +36,14 @@ func TestChooseModel(t *testing.T) {
 			{Fingerprint: "A", Bytes: gib, Demand: 1, Nodes: 8, Routes: 4},
 			{Fingerprint: "B", Bytes: gib, Demand: 4, Unmet: 2, Nodes: 2, Routes: 1, NodesPerRoute: 2},
 		}, 0, "B", 2.0 / 4}, // B wants 2 routes (4 nodes); A wants 4 of its 8
+		{"nobody spare: the nodes whose model keeps a route without them share the move", "A", []ModelLoad{
+			{Fingerprint: "A", Bytes: gib, Demand: 1, Nodes: 5, Routes: 5},
+			{Fingerprint: "B", Bytes: gib, Demand: 1, Unmet: 1},
+		}, 0, "B", 1.0 / 4}, // B lacks 1 node; 4 of A's 5 could go
+		{"refusals alone do not grow a model that has routes", "A", []ModelLoad{
+			{Fingerprint: "A", Bytes: gib, Demand: 1, Nodes: 5, Routes: 5},
+			{Fingerprint: "B", Bytes: gib, Demand: 50, Unmet: 50, Nodes: 1, Routes: 1},
+		}, 0, "A", -1},
 		{"hysteresis: a slightly hungrier model is not worth a move", "A", []ModelLoad{
 			{Fingerprint: "A", Bytes: gib, Demand: 4, Unmet: 1, Nodes: 6, Routes: 3, NodesPerRoute: 2},
 			{Fingerprint: "B", Bytes: gib, Demand: 4, Unmet: 1.2, Nodes: 6, Routes: 3, NodesPerRoute: 2},

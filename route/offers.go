@@ -22,6 +22,10 @@ type Offer struct {
 	ModelName   string
 	NLayer      int
 	Bytes       int64
+	// Pinned: the peer holds the last route of a model still asked for
+	// and will not switch to this one until that model is idle.
+	Pinned    bool
+	ExpiresAt time.Time // the advert's
 }
 
 // MaxOffers bounds the offers read from one advert (the rest are
@@ -49,7 +53,7 @@ func decodeExtras(a p2p.Advert) ([]Offer, *demand.Report) {
 			continue
 		}
 		offers = append(offers, Offer{Peer: a.Peer, Fingerprint: o.GetModelFingerprint(), ModelName: o.GetModelName(),
-			NLayer: int(o.GetNLayer()), Bytes: int64(o.GetBytes())})
+			NLayer: int(o.GetNLayer()), Bytes: int64(o.GetBytes()), Pinned: o.GetPinned(), ExpiresAt: a.ExpiresAt})
 	}
 	d := ca.GetDemand()
 	if d == nil || len(d.GetModels()) == 0 {
@@ -71,22 +75,30 @@ func decodeExtras(a p2p.Advert) ([]Offer, *demand.Report) {
 
 // noteExtras records an advert's offers and feeds its demand report to
 // the table's demand map (which applies the per-author bounds; a report
-// it refuses is dropped).
+// it refuses is dropped). A report is timed by this node's clock when it
+// first arrives (a peer's skewed clock neither drops nor discounts its
+// demand); the same report again (a re-published advert) is not added.
 func (t *Table) noteExtras(a p2p.Advert) {
 	offers, rep := decodeExtras(a)
 	t.mu.Lock()
 	if t.offers == nil {
-		t.offers = map[peer.ID][]Offer{}
+		t.offers, t.measured = map[peer.ID][]Offer{}, map[peer.ID]time.Time{}
 	}
 	if len(offers) == 0 {
 		delete(t.offers, a.Peer)
 	} else {
 		t.offers[a.Peer] = offers
 	}
+	fresh := rep != nil && !t.measured[a.Peer].Equal(rep.At)
+	if fresh {
+		t.measured[a.Peer] = rep.At
+	}
 	dm := t.demandMap()
 	t.mu.Unlock()
-	if rep != nil {
-		_ = dm.Add(time.Now(), *rep)
+	if fresh {
+		now := time.Now()
+		rep.At = now
+		_ = dm.Add(now, *rep)
 	}
 }
 
@@ -102,12 +114,14 @@ func (t *Table) demandMap() *demand.Map {
 func (t *Table) dropOffers(p peer.ID) {
 	t.mu.Lock()
 	delete(t.offers, p)
+	delete(t.measured, p)
 	t.mu.Unlock()
 }
 
 // Offers lists the live offers of model fp (every model for ""), by
 // model then peer; offers of convicted peers are left out.
 func (t *Table) Offers(fp string) []Offer {
+	now := time.Now()
 	t.mu.RLock()
 	var out []Offer
 	for p, os := range t.offers {
@@ -115,7 +129,7 @@ func (t *Table) Offers(fp string) []Offer {
 			continue
 		}
 		for _, o := range os {
-			if fp == "" || o.Fingerprint == fp {
+			if (fp == "" || o.Fingerprint == fp) && (o.ExpiresAt.IsZero() || o.ExpiresAt.After(now)) {
 				out = append(out, o)
 			}
 		}

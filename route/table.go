@@ -66,8 +66,9 @@ type Table struct {
 	convicted map[peer.ID]map[peer.ID]bool
 	// offers are the models each peer offers to warm; demand merges the
 	// peers' demand reports (offers.go).
-	offers map[peer.ID][]Offer
-	demand *demand.Map
+	offers   map[peer.ID][]Offer
+	measured map[peer.ID]time.Time // each peer's last demand report (its measured_at)
+	demand   *demand.Map
 	// DemandConfig bounds the demand map (zero: package demand's
 	// defaults); set before the table is used.
 	DemandConfig demand.Config
@@ -483,6 +484,11 @@ func (t *Table) resync(ads []p2p.Advert) {
 	}
 	for p := range t.offers {
 		if !keep[p] && t.byPeer[p] == nil {
+			gone = append(gone, p)
+		}
+	}
+	for p := range t.measured {
+		if !keep[p] && t.byPeer[p] == nil && t.offers[p] == nil {
 			gone = append(gone, p)
 		}
 	}

@@ -48,7 +48,7 @@ func (h *HopService) admit(open *meshp2pb.SessionOpen, from peer.ID) (int, *serv
 	if idx > 0 && peer.ID(rt.GetHops()[idx-1].GetPeerId()) != from {
 		return 0, nil, "", codeErr(meshp2pb.ErrorCode_ERROR_CODE_BAD_REQUEST, "session open must come from the previous hop of the route", "")
 	}
-	se, he := h.engineFor(int(hop.GetStart()), int(hop.GetEnd()))
+	se, he := h.engineFor(open.GetModelFingerprint(), int(hop.GetStart()), int(hop.GetEnd()))
 	if he != nil {
 		return 0, nil, "", he
 	}

@@ -166,11 +166,16 @@ type ServedRange struct {
 	Admitting  bool
 }
 
-// engineFor finds the engine serving exactly [start, end), or says why
-// there is none.
-func (h *HopService) engineFor(start, end int) (*servedEngine, *hopError) {
+// engineFor finds the engine serving exactly [start, end) of model fp, or
+// says why there is none. The model is checked under the same lock as the
+// lookup: a Retarget between admission's first check and this one cannot
+// put a session of the old model on the new model's engine.
+func (h *HopService) engineFor(fp string, start, end int) (*servedEngine, *hopError) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	if fp != h.fp {
+		return nil, codeErr(meshp2pb.ErrorCode_ERROR_CODE_MODEL_MISMATCH, fmt.Sprintf("this hop serves model %.16s, not %.16s", h.fp, fp), h.host.ID())
+	}
 	var have []string
 	for _, se := range h.engines {
 		if se.info.Start == start && se.info.End == end {

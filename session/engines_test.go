@@ -101,16 +101,16 @@ func TestHopMovesRangeGracefully(t *testing.T) {
 	// elsewhere, never held against the peer); an unknown one with
 	// RANGE_MISMATCH.
 	a.svc.StopAdmitting(3, 6)
-	if _, he := a.svc.engineFor(3, 6); he == nil || he.e.GetCode() != meshp2pb.ErrorCode_ERROR_CODE_NO_CAPACITY {
+	if _, he := a.svc.engineFor(fakeFP, 3, 6); he == nil || he.e.GetCode() != meshp2pb.ErrorCode_ERROR_CODE_NO_CAPACITY {
 		t.Fatalf("draining range: %v", he)
 	}
-	if _, he := a.svc.engineFor(1, 3); he == nil || he.e.GetCode() != meshp2pb.ErrorCode_ERROR_CODE_RANGE_MISMATCH {
+	if _, he := a.svc.engineFor(fakeFP, 1, 3); he == nil || he.e.GetCode() != meshp2pb.ErrorCode_ERROR_CODE_RANGE_MISMATCH {
 		t.Fatalf("unknown range: %v", he)
 	}
 	// A range the hop moved away from (0-3, above) is NO_CAPACITY for a
 	// while: an origin with the old advert retries elsewhere without
 	// blaming the hop.
-	if _, he := a.svc.engineFor(0, 3); he == nil || he.e.GetCode() != meshp2pb.ErrorCode_ERROR_CODE_NO_CAPACITY {
+	if _, he := a.svc.engineFor(fakeFP, 0, 3); he == nil || he.e.GetCode() != meshp2pb.ErrorCode_ERROR_CODE_NO_CAPACITY {
 		t.Fatalf("range moved away from: %v", he)
 	}
 }

@@ -69,7 +69,8 @@ func (c *Collector) Document(ctx context.Context) *Document {
 }
 
 // demand is every model with demand or offers (and every model on
-// offer), most requested first.
+// offer): served and offered ones first, then by requests, at most
+// MaxDemandModels.
 func (c *Collector) demand(models []Model) []ModelDemand {
 	byFP := map[string]*ModelDemand{}
 	get := func(fp, name string) *ModelDemand {
@@ -116,13 +117,21 @@ func (c *Collector) demand(models []Model) []ModelDemand {
 		out = append(out, *m)
 	}
 	sort.Slice(out, func(i, j int) bool {
+		// Served and offered models first, then by requests: a flood of
+		// reports naming unknown models cannot push them out of the list.
+		if ki, kj := out[i].State != "unserved", out[j].State != "unserved"; ki != kj {
+			return ki
+		}
 		if out[i].Requests != out[j].Requests {
 			return out[i].Requests > out[j].Requests
 		}
 		return out[i].Fingerprint < out[j].Fingerprint
 	})
-	return out
+	return out[:min(len(out), MaxDemandModels)]
 }
+
+// MaxDemandModels bounds the models the status document's demand lists.
+const MaxDemandModels = 64
 
 // models groups this node's own shards and the other peers' shards by
 // model, sorted by name and fingerprint, each with its coverage.

@@ -24,8 +24,9 @@ type Document struct {
 	Routes   []Route   `json:"routes"` // recent sessions this node took part in, newest first
 	Counters Counters  `json:"counters"`
 	// Demand is the swarm's demand per model as this node merged it from
-	// the peers' gossiped reports, with the models standby peers offer
-	// (docs/placement.md "Many models"), most requested first.
+	// the peers' gossiped reports, with the models peers offer to load
+	// (docs/placement.md "Many models"): served and offered models first,
+	// then by requests, at most MaxDemandModels.
 	Demand []ModelDemand `json:"demand"`
 }
 
@@ -38,7 +39,7 @@ type ModelDemand struct {
 	Queued       float64 `json:"queued_per_sec"`
 	Refused      float64 `json:"refused_per_sec"`
 	TokensPerSec float64 `json:"tokens_per_sec"`
-	// Offers: standby peers offering to load it.
+	// Offers: peers offering to load it (multi-model nodes serving another model).
 	Offers int `json:"offers"`
 	// State: "served" (a route covers it), "warming" (asked for, no
 	// route, offered), "warmable" (offered, not asked for), "unserved"

@@ -168,7 +168,7 @@ func TestWriteTextDemand(t *testing.T) {
 		t.Fatal(err)
 	}
 	out := b.String()
-	for _, want := range []string{"demand (per second, gossiped)", "bee", "warming", "1.50 requests", "2 standby peer(s) offer it",
+	for _, want := range []string{"demand (per second, gossiped)", "bee", "warming", "1.50 requests", "2 peer(s) offer to load it",
 		"served", "12.0 tokens", "models: b is asked for and has no route"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("missing %q in\n%s", want, out)

@@ -191,7 +191,7 @@ func writeDemand(b *strings.Builder, ds []ModelDemand) {
 		}
 		offers := ""
 		if m.Offers > 0 {
-			offers = fmt.Sprintf(", %d standby peer(s) offer it", m.Offers)
+			offers = fmt.Sprintf(", %d peer(s) offer to load it", m.Offers)
 		}
 		fmt.Fprintf(b, "  %-24s %-8s %.2f requests, %.2f queued, %.2f refused, %.1f tokens%s\n",
 			name, m.State, m.Requests, m.Queued, m.Refused, m.TokensPerSec, offers)

@@ -11,6 +11,7 @@ import (
 
 	"github.com/neuron-tai/meshp2p/engine/gguf"
 	"github.com/neuron-tai/meshp2p/node"
+	"github.com/neuron-tai/meshp2p/route"
 	"github.com/neuron-tai/meshp2p/session"
 	"github.com/neuron-tai/meshp2p/status"
 )
@@ -158,6 +159,10 @@ func (f *startFlags) config(stderr io.Writer) (*startRun, error) {
 			return nil, fmt.Errorf("%w: --model with %d models: the node chooses which one and its layers; drop --layers (give --memory)", errUsage, len(models))
 		case f.name != "":
 			return nil, fmt.Errorf("%w: --model with %d models: each is advertised under its file name; drop --name", errUsage, len(models))
+		case f.draft != "":
+			return nil, fmt.Errorf("%w: --model with %d models: a --draft model proposes for one model's vocabulary; drop --draft", errUsage, len(models))
+		case len(models) > route.MaxOffers+1:
+			return nil, fmt.Errorf("%w: --model with %d models: a node serves one and offers at most %d others", errUsage, len(models), route.MaxOffers)
 		}
 	}
 	sr := &startRun{gwDir: gatewayDataDir(pc.DataDir), prog: newProgress(stderr, "splitting")}

@@ -182,6 +182,7 @@ func TestStartManyModelsErrors(t *testing.T) {
 		{"a model too big for the budget", []string{"--model", small + "," + big, "--memory", "64M", "--ctx", "65536"}, false, "model big"},
 		{"--layers with several models", []string{"--model", small + "," + big, "--layers", "0-1"}, true, "drop --layers"},
 		{"--name with several models", []string{"--model", small + "," + big, "--name", "x"}, true, "drop --name"},
+		{"--draft with several models", []string{"--model", small + "," + big, "--draft", small}, true, "drop --draft"},
 		{"a missing file in the list", []string{"--model", small + "," + filepath.Join(dir, "nope.gguf")}, true, "nope.gguf: no such file"},
 		{"an empty entry", []string{"--model", small + ","}, true, "empty entry"},
 		{"a directory without models", []string{"--model", empty + "," + small}, true, "holds no .gguf"},

@@ -290,8 +290,12 @@ type ModelOffer struct {
 	ModelName        string                 `protobuf:"bytes,2,opt,name=model_name,json=modelName,proto3" json:"model_name,omitempty"`
 	NLayer           uint32                 `protobuf:"varint,3,opt,name=n_layer,json=nLayer,proto3" json:"n_layer,omitempty"`
 	Bytes            uint64                 `protobuf:"varint,4,opt,name=bytes,proto3" json:"bytes,omitempty"` // the whole model's tensor bytes
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// The peer holds the last route of a model still asked for (or asked for
+	// within the idle release time): it will not switch to this one until
+	// that model is idle (docs/placement.md "Many models").
+	Pinned        bool `protobuf:"varint,5,opt,name=pinned,proto3" json:"pinned,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ModelOffer) Reset() {
@@ -350,6 +354,13 @@ func (x *ModelOffer) GetBytes() uint64 {
 		return x.Bytes
 	}
 	return 0
+}
+
+func (x *ModelOffer) GetPinned() bool {
+	if x != nil {
+		return x.Pinned
+	}
+	return false
 }
 
 // DemandReport is one peer's demand over its last report window.
@@ -868,14 +879,15 @@ const file_meshp2p_v1_capability_proto_rawDesc = "" +
 	" \x01(\x0e2\x18.meshp2p.v1.ReachabilityR\freachability\x124\n" +
 	"\tconvicted\x18\v \x03(\v2\x16.meshp2p.v1.ConvictionR\tconvicted\x12.\n" +
 	"\x06offers\x18\f \x03(\v2\x16.meshp2p.v1.ModelOfferR\x06offers\x120\n" +
-	"\x06demand\x18\r \x01(\v2\x18.meshp2p.v1.DemandReportR\x06demand\"\x87\x01\n" +
+	"\x06demand\x18\r \x01(\v2\x18.meshp2p.v1.DemandReportR\x06demand\"\x9f\x01\n" +
 	"\n" +
 	"ModelOffer\x12+\n" +
 	"\x11model_fingerprint\x18\x01 \x01(\tR\x10modelFingerprint\x12\x1d\n" +
 	"\n" +
 	"model_name\x18\x02 \x01(\tR\tmodelName\x12\x17\n" +
 	"\an_layer\x18\x03 \x01(\rR\x06nLayer\x12\x14\n" +
-	"\x05bytes\x18\x04 \x01(\x04R\x05bytes\"e\n" +
+	"\x05bytes\x18\x04 \x01(\x04R\x05bytes\x12\x16\n" +
+	"\x06pinned\x18\x05 \x01(\bR\x06pinned\"e\n" +
 	"\fDemandReport\x12$\n" +
 	"\x0emeasured_at_ms\x18\x01 \x01(\x03R\fmeasuredAtMs\x12/\n" +
 	"\x06models\x18\x02 \x03(\v2\x17.meshp2p.v1.ModelDemandR\x06models\"\xae\x01\n" +
