@@ -94,12 +94,16 @@ func (c *Client) Generate(ctx context.Context, req Request) (*Result, error) {
 	if wait <= 0 {
 		wait = DefaultWait
 	}
-	m, err := c.resolve(ctx, req.Model, wait, req.WaitForRoute)
+	m, counted, err := c.resolveCounted(ctx, req.Model, wait, req.WaitForRoute)
 	if err != nil {
-		c.countRefused(req.Model, err, req.WaitForRoute)
+		if !counted {
+			c.countRefused(req.Model, err)
+		}
 		return nil, err
 	}
-	c.cfg.Demand.Request(m.Fingerprint)
+	if !counted {
+		c.cfg.Demand.Request(m.Fingerprint)
+	}
 	v, err := c.Vocab(ctx, m.Fingerprint)
 	if err != nil {
 		return nil, err
@@ -173,17 +177,14 @@ func (c *Client) Generate(ctx context.Context, req Request) (*Result, error) {
 // countRefused counts a request refused before any route (no route,
 // warming, warming gave up: still demand, which is what makes an offering
 // peer load the model once it can) for the model it named, when the name
-// resolves. A caller that waited for a warming model had its refusal
-// counted while it waited (resolve): only the request is counted here.
-func (c *Client) countRefused(model string, err error, waited bool) {
+// resolves.
+func (c *Client) countRefused(model string, err error) {
 	if c.cfg.Demand == nil || !(errors.Is(err, route.ErrNoRoute) || isWarming(err) || errors.Is(err, ErrWarmingGaveUp)) {
 		return
 	}
 	if fp, ferr := c.cfg.Table.Fingerprint(model); ferr == nil {
 		c.cfg.Demand.Request(fp)
-		if !(waited && isWarming(err)) {
-			c.cfg.Demand.Refused(fp)
-		}
+		c.cfg.Demand.Refused(fp)
 	}
 }
 

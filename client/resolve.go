@@ -131,6 +131,13 @@ func (c *Client) Lookup(ctx context.Context, model string, wait time.Duration) (
 }
 
 func (c *Client) resolve(ctx context.Context, model string, wait time.Duration, untilRoutable bool) (Model, error) {
+	m, _, err := c.resolveCounted(ctx, model, wait, untilRoutable)
+	return m, err
+}
+
+// resolveCounted is resolve; counted reports that it counted the request
+// as demand (request and refusal) because it waited for a warming model.
+func (c *Client) resolveCounted(ctx context.Context, model string, wait time.Duration, untilRoutable bool) (_ Model, counted bool, _ error) {
 	// final: an answer waiting will not change.
 	final := func(err error) bool {
 		return err == nil || errors.Is(err, route.ErrAmbiguousModel) || errors.Is(err, ErrModelNotFound) ||
@@ -138,7 +145,7 @@ func (c *Client) resolve(ctx context.Context, model string, wait time.Duration, 
 	}
 	m, err := c.routable(ctx, model)
 	if final(err) {
-		return m, err
+		return m, false, err
 	}
 	ctx, cancel := context.WithTimeout(ctx, wait)
 	defer cancel()
@@ -157,11 +164,12 @@ func (c *Client) resolve(ctx context.Context, model string, wait time.Duration, 
 	warmed := false
 	noteWarming := func(err error) {
 		// A caller that waits for the route (generate) is demand too: it
-		// is what makes a standby node load the model. Counted once.
-		// Generate counts the request itself once it ends.
+		// is what makes an offering peer load the model. Counted once,
+		// here (Generate then counts nothing more of it).
 		var we *WarmingError
-		if !warmed && errors.As(err, &we) {
+		if untilRoutable && !warmed && errors.As(err, &we) {
 			warmed = true
+			c.cfg.Demand.Request(we.Fingerprint)
 			c.cfg.Demand.Refused(we.Fingerprint)
 			c.log.Info("model is warming: a peer offers to load it; waiting for its route", "model", model, "peers", we.Peers, "wait", wait)
 		}
@@ -170,10 +178,10 @@ func (c *Client) resolve(ctx context.Context, model string, wait time.Duration, 
 	for {
 		select {
 		case <-ctx.Done():
-			return Model{}, c.waitFailed(ctx, wait, lastErr)
+			return Model{}, warmed, c.waitFailed(ctx, wait, lastErr)
 		case <-alone.C:
 			if sw.Unreachable() {
-				return Model{}, sw.NoPeersError()
+				return Model{}, warmed, sw.NoPeersError()
 			}
 		case <-changed:
 		case <-lookup.C:
@@ -190,7 +198,7 @@ func (c *Client) resolve(ctx context.Context, model string, wait time.Duration, 
 		}
 		m, err := c.routable(ctx, model)
 		if final(err) {
-			return m, err
+			return m, warmed, err
 		}
 		noteWarming(err)
 		lastErr = err

@@ -44,7 +44,7 @@ func TestWarmingState(t *testing.T) {
 		t.Fatalf("first ask: %v (%v)", err, ok)
 	}
 	c.cfg.Demand = demand.NewMeter(time.Now())
-	c.countRefused("bee", err, false)
+	c.countRefused("bee", err)
 	if r, _ := c.cfg.Demand.Take(time.Now().Add(time.Second), "me"); r.Models[fp].Requests == 0 || r.Models[fp].Refused == 0 {
 		t.Fatalf("a warming answer not counted as demand: %+v", r)
 	}
@@ -56,7 +56,7 @@ func TestWarmingState(t *testing.T) {
 	if !errors.Is(err, ErrWarmingGaveUp) || !errors.Is(err, ErrModelNotFound) || !strings.Contains(err.Error(), "no route appeared within 300ms") {
 		t.Fatalf("after the timeout: %v", err)
 	}
-	c.countRefused("bee", err, false) // still demand: the model loads once a peer can
+	c.countRefused("bee", err) // still demand: the model loads once a peer can
 	if r, _ := c.cfg.Demand.Take(time.Now().Add(2*time.Second), "me"); r.Models[fp].Refused == 0 {
 		t.Fatalf("a request after warming gave up not counted: %+v", r)
 	}

@@ -113,14 +113,15 @@ func servedModels(dirs []string) map[string]int {
 }
 
 // Six nodes started as the README says for several models (`start --model
-// a.gguf,b.gguf --memory …`) serve model A, the first given, and offer B;
-// the gateway lists B as warmable. Then demand moves from A to B: A is
-// still asked for, B is asked for too. B is answered 503 model_warming
-// with Retry-After until a standby node switches to it, then with the
+// a.gguf,b.gguf,c.gguf --memory …`) serve model A, the first given, and
+// offer B and C; the gateway lists them as warmable. Then demand moves from
+// A to B: A is still asked for, B is asked for too. B is answered 503
+// model_warming with Retry-After until a node switches to it, then with the
 // text `generate --local` gives; B gets its route within warmBound; A
 // keeps a route the whole time (every A request answered, every node.json
-// poll shows a node on A), its text equal to --local too. An unknown model
-// is a 404 naming it.
+// poll shows a node on A), its text equal to --local too. Then `generate
+// --model C` waits for C to warm (its wait is the demand) and prints what
+// --local does. An unknown model is a 404 naming it.
 func TestManyModelsDemandMoves(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts seven processes")
@@ -129,8 +130,12 @@ func TestManyModelsDemandMoves(t *testing.T) {
 	a := testmodels.Path(t, "stories260K.gguf")
 	b := testmodels.Path(t, "llama-2-tiny-random.gguf")
 	dir := t.TempDir()
+	c := filepath.Join(dir, "synth-c.gguf")
+	if _, _, err := runShardArgs(t, "synth", "--layers", "3", "--embd", "64", "--ff", "128", "--name", "synth-c", "-o", c); err != nil {
+		t.Fatal(err)
+	}
 	net := []string{"--network", "manymodels", "--listen", "/ip4/127.0.0.1/tcp/0", "--test-mode"}
-	nodeArgs := append([]string{"--model", a + "," + b, "--memory", "512MiB", "--ctx", "512", "--batch", "64", "--threads", "1"}, net...)
+	nodeArgs := append([]string{"--model", a + "," + b + "," + c, "--memory", "512MiB", "--ctx", "512", "--batch", "64", "--threads", "1"}, net...)
 	var dirs []string
 	first := startCLI(t, bin, filepath.Join(dir, "n0"), nodeArgs...)
 	dirs = append(dirs, filepath.Join(dir, "n0"))
@@ -151,22 +156,22 @@ func TestManyModelsDemandMoves(t *testing.T) {
 
 	for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(200 * time.Millisecond) {
 		ms := listedModels(t, base)
-		if ms["stories260K"] == "served" && ms["llama-2-tiny-random"] == "warmable" {
+		if ms["stories260K"] == "served" && ms["llama-2-tiny-random"] == "warmable" && ms["synth-c"] == "warmable" {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("the gateway never listed A served and B warmable: %v\n%v", ms, servedModels(dirs))
+			t.Fatalf("the gateway never listed A served, B and C warmable: %v\n%v", ms, servedModels(dirs))
 		}
 	}
 	if got := servedModels(dirs); got["stories260K"] != 6 {
 		t.Fatalf("nodes by model before any demand: %v, want all 6 on the first model given", got)
 	}
-	if c := complete(t, base, "no-such-model", prompt, 4); c.status != http.StatusNotFound || !strings.Contains(c.message, "no-such-model") {
-		t.Fatalf("unknown model: %d %q, want a 404 naming it", c.status, c.message)
+	if r := complete(t, base, "no-such-model", prompt, 4); r.status != http.StatusNotFound || !strings.Contains(r.message, "no-such-model") {
+		t.Fatalf("unknown model: %d %q, want a 404 naming it", r.status, r.message)
 	}
 	for range 3 {
-		if c := complete(t, base, "stories260K", prompt, 16); c.status != http.StatusOK || c.text != wantA {
-			t.Fatalf("A before the shift: %d %q %q, want %q", c.status, c.text, c.message, wantA)
+		if r := complete(t, base, "stories260K", prompt, 16); r.status != http.StatusOK || r.text != wantA {
+			t.Fatalf("A before the shift: %d %q %q, want %q", r.status, r.text, r.message, wantA)
 		}
 	}
 
@@ -180,11 +185,11 @@ func TestManyModelsDemandMoves(t *testing.T) {
 	go func() {
 		defer close(aDone)
 		for ctx.Err() == nil {
-			c := complete(t, base, "stories260K", prompt, 16)
+			r := complete(t, base, "stories260K", prompt, 16)
 			aMu.Lock()
 			aAnswered++
-			if (c.status != http.StatusOK || c.text != wantA) && aErr == nil {
-				aErr = fmt.Errorf("A while B warms: %d %q %q, want %q", c.status, c.text, c.message, wantA)
+			if (r.status != http.StatusOK || r.text != wantA) && aErr == nil {
+				aErr = fmt.Errorf("A while B warms: %d %q %q, want %q", r.status, r.text, r.message, wantA)
 			}
 			aMu.Unlock()
 			select {
@@ -197,21 +202,21 @@ func TestManyModelsDemandMoves(t *testing.T) {
 	warming := 0
 	var took time.Duration
 	for {
-		c := complete(t, base, "llama-2-tiny-random", prompt, 16)
+		r := complete(t, base, "llama-2-tiny-random", prompt, 16)
 		if got := servedModels(dirs); got["stories260K"] == 0 {
 			t.Fatalf("no node serves A while it is asked for: %v", got)
 		}
-		if c.status == http.StatusOK {
+		if r.status == http.StatusOK {
 			took = time.Since(t0)
-			if c.text != wantB {
-				t.Fatalf("B once warm: %q, want %q (generate --local)", c.text, wantB)
+			if r.text != wantB {
+				t.Fatalf("B once warm: %q, want %q (generate --local)", r.text, wantB)
 			}
 			break
 		}
-		if c.status != http.StatusServiceUnavailable || c.retryAfter == "" {
-			t.Fatalf("B before its route: %d %q (Retry-After %q), want 503 with Retry-After", c.status, c.message, c.retryAfter)
+		if r.status != http.StatusServiceUnavailable || r.retryAfter == "" {
+			t.Fatalf("B before its route: %d %q (Retry-After %q), want 503 with Retry-After", r.status, r.message, r.retryAfter)
 		}
-		if c.code == "model_warming" {
+		if r.code == "model_warming" {
 			warming++
 		}
 		if time.Since(t0) > warmBound {
@@ -224,12 +229,12 @@ func TestManyModelsDemandMoves(t *testing.T) {
 	}
 	t.Logf("B got a route %v after it was first asked for (%d answers 503 model_warming first); nodes by model now %v", took.Round(100*time.Millisecond), warming, servedModels(dirs))
 	for range 3 {
-		if c := complete(t, base, "llama-2-tiny-random", prompt, 16); c.status != http.StatusOK || c.text != wantB {
-			t.Fatalf("B once warm: %d %q %q, want %q", c.status, c.text, c.message, wantB)
+		if r := complete(t, base, "llama-2-tiny-random", prompt, 16); r.status != http.StatusOK || r.text != wantB {
+			t.Fatalf("B once warm: %d %q %q, want %q", r.status, r.text, r.message, wantB)
 		}
 	}
-	if ms := listedModels(t, base); ms["llama-2-tiny-random"] != "served" || ms["stories260K"] != "served" {
-		t.Fatalf("models listed once B is warm: %v, want both served", ms)
+	if ms := listedModels(t, base); ms["llama-2-tiny-random"] != "served" || ms["stories260K"] != "served" || ms["synth-c"] != "warmable" {
+		t.Fatalf("models listed once B is warm: %v, want A and B served, C warmable", ms)
 	}
 	stop()
 	<-aDone
@@ -242,6 +247,26 @@ func TestManyModelsDemandMoves(t *testing.T) {
 		t.Fatalf("nodes by model at the end: %v, want both served", got)
 	}
 	t.Logf("A answered %d times while B warmed, every time equal to --local", aAnswered)
+
+	// The CLI: generate waits for C, which nobody serves yet; its wait is
+	// the demand that makes a node load it.
+	gen := func(args ...string) string {
+		var out, errb syncBuf
+		if err := runGenerate(t.Context(), &out, &errb, append(args, "--prompt", prompt, "--max-tokens", "12", "--json", "--data-dir", t.TempDir())); err != nil {
+			t.Fatalf("generate %v: %v\n%s", args, err, errb.String())
+		}
+		var res map[string]any
+		if err := json.Unmarshal([]byte(out.String()), &res); err != nil {
+			t.Fatal(err)
+		}
+		return fmt.Sprint(res["tokens"])
+	}
+	local := gen("--local", "--model", c)
+	tc := time.Now()
+	if swarm := gen(append(append([]string{"--model", "synth-c", "--wait", warmBound.String()}, net...), boot...)...); swarm != local {
+		t.Fatalf("generate for C once warm: %s, --local %s", swarm, local)
+	}
+	t.Logf("generate waited %v for C to warm; nodes by model now %v", time.Since(tc).Round(100*time.Millisecond), servedModels(dirs))
 }
 
 // A hostile peer on the real gossip layer claims enormous demand for
