@@ -79,6 +79,23 @@ func evalUntil(t *testing.T, ctx context.Context, js string, d time.Duration) ti
 
 // screenshot writes the page to $MESHP2P_SCREENSHOT_DIR (default: the
 // test's temp dir), never into the repository.
+// phoneFits switches the page to a phone's viewport (390×844) and fails
+// the test for every element wider than it.
+func phoneFits(t *testing.T, ctx context.Context) {
+	t.Helper()
+	if err := chromedp.Do(ctx, chromedp.EmulateViewport(390, 844)); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(300 * time.Millisecond)
+	wide, err := chromedp.Run(ctx, chromedp.Evaluate[string](`[...document.querySelectorAll('body *')].filter(e => e.getBoundingClientRect().right > window.innerWidth + 0.5).map(e => e.tagName + '.' + e.className).slice(0, 5).join(' ')`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if wide != "" {
+		t.Errorf("phone: elements wider than the viewport: %s", wide)
+	}
+}
+
 func screenshot(t *testing.T, ctx context.Context, name string) {
 	t.Helper()
 	dir := os.Getenv("MESHP2P_SCREENSHOT_DIR")
@@ -236,17 +253,7 @@ func TestDashboardShowsBackends(t *testing.T) {
 	evalUntil(t, ctx, `document.querySelector('.shard[data-peer="peer2"] .badge.backend').title === 'cuda/NVIDIA H200/llama.cpp@ec98e2002/fa' &&
 		document.querySelector('.shard[data-peer="peer2"] .badge.backend').dataset.device === 'NVIDIA H200' &&
 		document.querySelector('.shard[data-peer="peer2"]').textContent.includes('2000 tok/s')`, time.Second)
-	if err := chromedp.Do(ctx, chromedp.EmulateViewport(390, 844)); err != nil {
-		t.Fatal(err)
-	}
-	time.Sleep(300 * time.Millisecond)
-	wide, err := chromedp.Run(ctx, chromedp.Evaluate[string](`[...document.querySelectorAll('body *')].filter(e => e.getBoundingClientRect().right > window.innerWidth + 0.5).map(e => e.tagName + '.' + e.className).slice(0, 5).join(' ')`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if wide != "" {
-		t.Errorf("phone: elements wider than the viewport: %s", wide)
-	}
+	phoneFits(t, ctx)
 	inside, err := chromedp.Run(ctx, chromedp.Evaluate[bool](`(() => { const s = document.querySelector('.shard[data-peer="peer3"]'), b = s.querySelector('.badge.backend');
 		return b.getBoundingClientRect().right <= s.getBoundingClientRect().right + 0.5; })()`))
 	if err != nil || !inside {
@@ -315,17 +322,7 @@ func TestDashboardShowsDemand(t *testing.T) {
 	// not twice.
 	evalUntil(t, ctx, `document.querySelector('.model[data-fingerprint="`+fp+`"] .model-why').textContent === 'models: `+why+`' &&
 		!document.querySelector('#demand-list .model-why')`, time.Second)
-	if err := chromedp.Do(ctx, chromedp.EmulateViewport(390, 844)); err != nil {
-		t.Fatal(err)
-	}
-	time.Sleep(300 * time.Millisecond)
-	wide, err := chromedp.Run(ctx, chromedp.Evaluate[string](`[...document.querySelectorAll('body *')].filter(e => e.getBoundingClientRect().right > window.innerWidth + 0.5).map(e => e.tagName + '.' + e.className).slice(0, 5).join(' ')`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if wide != "" {
-		t.Errorf("phone: elements wider than the viewport: %s", wide)
-	}
+	phoneFits(t, ctx)
 	screenshot(t, ctx, "dashboard-demand-phone.png")
 	if err := chromedp.Do(ctx, chromedp.EmulateViewport(1366, 900)); err != nil {
 		t.Fatal(err)

@@ -250,20 +250,9 @@ func TestManyModelsDemandMoves(t *testing.T) {
 
 	// The CLI: generate waits for C, which nobody serves yet; its wait is
 	// the demand that makes a node load it.
-	gen := func(args ...string) string {
-		var out, errb syncBuf
-		if err := runGenerate(t.Context(), &out, &errb, append(args, "--prompt", prompt, "--max-tokens", "12", "--json", "--data-dir", t.TempDir())); err != nil {
-			t.Fatalf("generate %v: %v\n%s", args, err, errb.String())
-		}
-		var res map[string]any
-		if err := json.Unmarshal([]byte(out.String()), &res); err != nil {
-			t.Fatal(err)
-		}
-		return fmt.Sprint(res["tokens"])
-	}
-	local := gen("--local", "--model", c)
+	local := generateTokens(t, 12, "--local", "--model", c)
 	tc := time.Now()
-	if swarm := gen(append(append([]string{"--model", "synth-c", "--wait", warmBound.String()}, net...), boot...)...); swarm != local {
+	if swarm := generateTokens(t, 12, append(append([]string{"--model", "synth-c", "--wait", warmBound.String()}, net...), boot...)...); swarm != local {
 		t.Fatalf("generate for C once warm: %s, --local %s", swarm, local)
 	}
 	t.Logf("generate waited %v for C to warm; nodes by model now %v", time.Since(tc).Round(100*time.Millisecond), servedModels(dirs))
@@ -410,4 +399,20 @@ func statusJSON(t *testing.T, base string) *status.Document {
 		t.Fatal(err)
 	}
 	return &doc
+}
+
+// generateTokens runs `meshp2p generate … --json` in process on "Once upon
+// a time" for maxTokens tokens (its own data dir) and returns the tokens
+// as text, to compare a swarm's generation with --local's.
+func generateTokens(t *testing.T, maxTokens int, args ...string) string {
+	t.Helper()
+	var out, errb syncBuf
+	if err := runGenerate(t.Context(), &out, &errb, append(args, "--prompt", "Once upon a time", "--max-tokens", fmt.Sprint(maxTokens), "--json", "--data-dir", t.TempDir())); err != nil {
+		t.Fatalf("generate %v: %v\n%s", args, err, errb.String())
+	}
+	var res map[string]any
+	if err := json.Unmarshal([]byte(out.String()), &res); err != nil {
+		t.Fatal(err)
+	}
+	return fmt.Sprint(res["tokens"])
 }

@@ -103,19 +103,8 @@ func TestStartChoosesLayers(t *testing.T) {
 		time.Sleep(200 * time.Millisecond)
 	}
 	t.Logf("windows %+v, replicas %v", models[0].Shards, models[0].Replicas)
-	gen := func(args ...string) string {
-		var out, errb syncBuf
-		if err := runGenerate(context.Background(), &out, &errb, append(args, "--prompt", "Once upon a time", "--max-tokens", "16", "--json")); err != nil {
-			t.Fatalf("generate %v: %v\n%s", args, err, errb.String())
-		}
-		var res map[string]any
-		if err := json.Unmarshal([]byte(out.String()), &res); err != nil {
-			t.Fatal(err)
-		}
-		return fmt.Sprint(res["tokens"])
-	}
-	local := gen("--local", "--model", model)
-	if swarm := gen(append([]string{"--model", "auto", "--bootstrap", boot, "--wait", "20s"}, net...)...); swarm != local {
+	local := generateTokens(t, 16, "--local", "--model", model)
+	if swarm := generateTokens(t, 16, append([]string{"--model", "auto", "--bootstrap", boot, "--wait", "20s"}, net...)...); swarm != local {
 		t.Fatalf("swarm %s, local %s", swarm, local)
 	}
 	for i, p := range procs {
