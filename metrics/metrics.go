@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/neuron-tai/meshp2p/demand"
 	"github.com/neuron-tai/meshp2p/p2p"
 	"github.com/neuron-tai/meshp2p/proto/meshp2pb"
 	"github.com/neuron-tai/meshp2p/route"
@@ -198,9 +199,55 @@ func (m *Metrics) P2P(n *p2p.Node) {
 	})
 }
 
-// Table registers the size of a capability table (shards known).
+// Table registers the size of a capability table (shards known) and the
+// swarm's demand per model it merged (docs/placement.md "Many models"),
+// labelled by the model's fingerprint (16 hex characters), only for models
+// some peer serves or offers: a report naming made-up models adds no
+// series.
 func (m *Metrics) Table(t *route.Table) {
 	m.Gauge("known_shards", "Shards of every model this node's route table knows.", func() float64 { return float64(len(t.Shards(""))) })
+	known := func() map[string]bool {
+		out := map[string]bool{}
+		for _, s := range t.Shards("") {
+			out[s.Fingerprint] = true
+		}
+		for _, o := range t.Offers("") {
+			out[o.Fingerprint] = true
+		}
+		return out
+	}
+	demandOf := func(pick func(demand.Sample) float64) func() map[string]float64 {
+		return func() map[string]float64 {
+			d := t.Demand(time.Now())
+			out := map[string]float64{}
+			for fp := range known() {
+				out[fp[:min(16, len(fp))]] = pick(d[fp])
+			}
+			return out
+		}
+	}
+	m.GaugeVec("model_demand_requests_per_second", "The swarm's requests per second per model, merged from the peers' gossiped reports (decayed).", "model",
+		demandOf(func(s demand.Sample) float64 { return s.Requests }))
+	m.GaugeVec("model_demand_unmet_per_second", "The swarm's queued plus refused requests per second per model (warming included).", "model",
+		demandOf(func(s demand.Sample) float64 { return s.Unmet() }))
+	m.GaugeVec("model_offers", "Peers offering to load each model (multi-model nodes serving another).", "model", func() map[string]float64 {
+		out := map[string]float64{}
+		for fp := range known() {
+			out[fp[:min(16, len(fp))]] = 0
+		}
+		peers := map[string]map[string]bool{}
+		for _, o := range t.Offers("") {
+			k := o.Fingerprint[:min(16, len(o.Fingerprint))]
+			if peers[k] == nil {
+				peers[k] = map[string]bool{}
+			}
+			peers[k][o.Peer.String()] = true
+		}
+		for k, ps := range peers {
+			out[k] = float64(len(ps))
+		}
+		return out
+	})
 }
 
 // --- session.HopObserver ---

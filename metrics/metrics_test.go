@@ -6,12 +6,14 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http/httptest"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/prometheus/client_golang/prometheus/testutil/promlint"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/neuron-tai/meshp2p/p2p"
 	"github.com/neuron-tai/meshp2p/proto/meshp2pb"
@@ -108,5 +110,39 @@ func TestTwoHostsShareARegistry(t *testing.T) {
 	m.Handler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
 	if rec.Code != 200 || !strings.Contains(rec.Body.String(), "libp2p_rcmgr_") || !strings.Contains(rec.Body.String(), "meshp2p_adverts 0") {
 		t.Fatalf("scrape: %d\n%.2000s", rec.Code, rec.Body.String())
+	}
+}
+
+// The demand gauges: per model some peer serves or offers, by fingerprint
+// prefix; a report naming a made-up model adds no series.
+func TestDemandGauges(t *testing.T) {
+	fp, made := strings.Repeat("ab", 32), strings.Repeat("cd", 32)
+	tb := route.NewTable()
+	body, _ := proto.Marshal(&meshp2pb.CapabilityAdvert{
+		Offers: []*meshp2pb.ModelOffer{{ModelFingerprint: fp, ModelName: "m", NLayer: 2}},
+		Demand: &meshp2pb.DemandReport{MeasuredAtMs: time.Now().UnixMilli(), Models: []*meshp2pb.ModelDemand{
+			{ModelFingerprint: fp, Requests: 2, Refused: 1}, {ModelFingerprint: made, Requests: 9}}}})
+	tb.Apply(p2p.Advert{Peer: "peer-a", Body: body, ExpiresAt: time.Now().Add(time.Minute)})
+	m := New()
+	m.Table(tb)
+	rec := httptest.NewRecorder()
+	m.Handler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+	out := rec.Body.String()
+	// The demand decays from the report's arrival: a hair under 2 and 1.
+	for _, want := range []string{`meshp2p_model_offers\{model="abababababababab"\} 1\n`, `meshp2p_model_demand_requests_per_second\{model="abababababababab"\} (2|1\.99\d*)\n`,
+		`meshp2p_model_demand_unmet_per_second\{model="abababababababab"\} (1|0\.99\d*)\n`} {
+		if !regexp.MustCompile(want).MatchString(out) {
+			t.Errorf("/metrics lacks %s", want)
+		}
+	}
+	if strings.Contains(out, "cdcdcdcd") {
+		t.Error("a made-up model has a series")
+	}
+	problems, err := promlint.New(strings.NewReader(out)).Lint()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range problems {
+		t.Errorf("promlint: %s: %s", p.Metric, p.Text)
 	}
 }
