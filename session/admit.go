@@ -19,7 +19,6 @@ import (
 // signed by its origin, which it returns.
 func (h *HopService) admit(open *meshp2pb.SessionOpen, from peer.ID) (int, *servedEngine, peer.ID, *hopError) {
 	me := h.host.ID()
-	fp, model := h.model()
 	rt := open.GetRoute()
 	idx := int(open.GetHopIndex())
 	switch {
@@ -27,10 +26,8 @@ func (h *HopService) admit(open *meshp2pb.SessionOpen, from peer.ID) (int, *serv
 		return 0, nil, "", codeErr(meshp2pb.ErrorCode_ERROR_CODE_BAD_REQUEST, "session id must be 16 bytes", "")
 	case rt == nil || idx >= len(rt.GetHops()):
 		return 0, nil, "", codeErr(meshp2pb.ErrorCode_ERROR_CODE_BAD_REQUEST, "hop index outside the route", "")
-	case open.GetModelFingerprint() != fp || rt.GetModelFingerprint() != fp:
-		return 0, nil, "", codeErr(meshp2pb.ErrorCode_ERROR_CODE_MODEL_MISMATCH, fmt.Sprintf("this hop serves model %.16s, not %.16s", fp, open.GetModelFingerprint()), me)
-	case int(rt.GetNLayer()) != model.ParentNLayer:
-		return 0, nil, "", codeErr(meshp2pb.ErrorCode_ERROR_CODE_MODEL_MISMATCH, fmt.Sprintf("model has %d layers, route says %d", model.ParentNLayer, rt.GetNLayer()), me)
+	case rt.GetModelFingerprint() != open.GetModelFingerprint():
+		return 0, nil, "", codeErr(meshp2pb.ErrorCode_ERROR_CODE_MODEL_MISMATCH, fmt.Sprintf("session names model %.16s, its route %.16s", open.GetModelFingerprint(), rt.GetModelFingerprint()), me)
 	case open.GetEpoch() != rt.GetEpoch():
 		return 0, nil, "", codeErr(meshp2pb.ErrorCode_ERROR_CODE_BAD_REQUEST, "session epoch differs from route epoch", "")
 	case !frame.WireDTypeSupported(open.GetWireDtype()):
@@ -48,9 +45,15 @@ func (h *HopService) admit(open *meshp2pb.SessionOpen, from peer.ID) (int, *serv
 	if idx > 0 && peer.ID(rt.GetHops()[idx-1].GetPeerId()) != from {
 		return 0, nil, "", codeErr(meshp2pb.ErrorCode_ERROR_CODE_BAD_REQUEST, "session open must come from the previous hop of the route", "")
 	}
+	if nl, ok := h.layersOf(open.GetModelFingerprint()); ok && int(rt.GetNLayer()) != nl {
+		return 0, nil, "", codeErr(meshp2pb.ErrorCode_ERROR_CODE_MODEL_MISMATCH, fmt.Sprintf("model has %d layers, route says %d", nl, rt.GetNLayer()), me)
+	}
 	se, he := h.engineFor(open.GetModelFingerprint(), int(hop.GetStart()), int(hop.GetEnd()))
 	if he != nil {
 		return 0, nil, "", he
+	}
+	if int(rt.GetNLayer()) != se.info.ParentNLayer {
+		return 0, nil, "", codeErr(meshp2pb.ErrorCode_ERROR_CODE_MODEL_MISMATCH, fmt.Sprintf("model has %d layers, route says %d", se.info.ParentNLayer, rt.GetNLayer()), me)
 	}
 	// The route must be a contiguous cover, or some hop would run the
 	// wrong layers on the hidden states it receives.

@@ -162,3 +162,51 @@ func TestHopRetargetsToAnotherModel(t *testing.T) {
 		t.Fatalf("new model: %v, want %v", res.Tokens, want)
 	}
 }
+
+// TestHopServesTwoModels: a multi-model node's hop serves another whole
+// model beside its own (AddModel): sessions of both run with the reference
+// tokens, only its own model's steps set its advertised speed, the other
+// model drains on its own (DrainModel) and is then refused, and the own
+// model cannot be retargeted onto it.
+func TestHopServesTwoModels(t *testing.T) {
+	a := startHop(t, 0, fakeNLay, nil)
+	o, _ := newOrigin(t, stagePlanner{[][]*fakeHop{{a}}}, a)
+	otherFP := "cd" + fakeFP[2:]
+	if err := a.svc.AddModel(fakeFP, newFakeEngine(0, fakeNLay)); err == nil {
+		t.Fatal("AddModel accepted the hop's own model")
+	}
+	if err := a.svc.AddModel(otherFP, newFakeEngine(0, fakeNLay)); err != nil {
+		t.Fatal(err)
+	}
+	prompt := []int32{5, 6, 7}
+	for _, fp := range []string{fakeFP, otherFP} {
+		res, err := o.Generate(context.Background(), GenerateRequest{Fingerprint: fp, NLayer: fakeNLay, Prompt: prompt, MaxTokens: 8})
+		if err != nil {
+			t.Fatalf("model %.4s: %v", fp, err)
+		}
+		if want := reference(prompt, 8, 0); !equal(res.Tokens, want) {
+			t.Fatalf("model %.4s: %v, want %v", fp, res.Tokens, want)
+		}
+	}
+	steps := a.svc.DecodeSteps()
+	if _, err := o.Generate(context.Background(), GenerateRequest{Fingerprint: otherFP, NLayer: fakeNLay, Prompt: prompt, MaxTokens: 8}); err != nil {
+		t.Fatal(err)
+	}
+	if a.svc.DecodeSteps() != steps {
+		t.Fatal("the other model's steps counted in the hop's own speed")
+	}
+	if r := a.svc.Ranges(); len(r) != 1 {
+		t.Fatalf("ranges of the own model: %+v", r)
+	}
+	if err := a.svc.Retarget(otherFP, newFakeEngine(0, fakeNLay)); err == nil {
+		t.Fatal("retargeted onto a model served beside")
+	}
+	a.svc.DrainModel(context.Background(), otherFP, 0, fakeNLay)
+	o.CapacityWait = 200 * time.Millisecond
+	if _, err := o.Generate(context.Background(), GenerateRequest{Fingerprint: otherFP, NLayer: fakeNLay, Prompt: prompt, MaxTokens: 4}); err == nil {
+		t.Fatal("the drained model still served")
+	}
+	if _, err := o.Generate(context.Background(), GenerateRequest{Fingerprint: fakeFP, NLayer: fakeNLay, Prompt: prompt, MaxTokens: 4}); err != nil {
+		t.Fatalf("the own model after the other drained: %v", err)
+	}
+}

@@ -86,7 +86,7 @@ type HopService struct {
 
 	mu      sync.Mutex // guards closed, active, perPeer and engines; never held during I/O or with a seam lock
 	engines []*servedEngine
-	moved   map[[2]int]time.Time // ranges drained away, when (MovedGrace)
+	moved   map[rangeKey]time.Time // ranges drained away, when (MovedGrace)
 	closed  bool
 	active  map[Key]*hopSession
 	perPeer map[peer.ID]peerUse // what each origin holds here (quota)
@@ -121,7 +121,7 @@ func NewHopService(host Host, eng Engine, cfg HopConfig) *HopService {
 		cfg.AuditHold = DefaultAuditHold
 	}
 	info := eng.Info()
-	h := &HopService{host: host, info: info, fp: cfg.Fingerprint, cfg: cfg, engines: []*servedEngine{{eng: eng, info: info, admitting: true}},
+	h := &HopService{host: host, info: info, fp: cfg.Fingerprint, cfg: cfg, engines: []*servedEngine{{fp: cfg.Fingerprint, eng: eng, info: info, admitting: true}},
 		log: cfg.Logger.With("range", fmt.Sprintf("%d-%d", info.Start, info.End)), active: map[Key]*hopSession{}, perPeer: map[peer.ID]peerUse{},
 		guard:   newOriginGuard(OpenMaxAge, route.DefaultClockSkew, DefaultMaxOpenMemory, DefaultMaxOpensPerOrigin, nil),
 		silence: newSilenceMemory(cfg.SilenceBackoff, max(cfg.SilenceBackoff, DefaultSilenceBackoffMax), DefaultFailurePeers, nil),
