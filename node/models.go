@@ -124,7 +124,7 @@ func (n *Node) setModel(m catalogModel) {
 func (n *Node) offersLocked() []*meshp2pb.ModelOffer {
 	var out []*meshp2pb.ModelOffer
 	for _, m := range n.catalog {
-		if m.fp == n.fp || len(out) == route.MaxOffers {
+		if m.fp == n.fp || n.extras[m.fp] != nil || len(out) == route.MaxOffers {
 			continue
 		}
 		out = append(out, &meshp2pb.ModelOffer{ModelFingerprint: m.fp, ModelName: m.name, NLayer: uint32(m.nLayer), Bytes: uint64(m.bytes),
@@ -184,7 +184,16 @@ func (n *Node) demandLoop(ctx context.Context) {
 					dr.Models = append(dr.Models, &meshp2pb.ModelDemand{ModelFingerprint: fp, Requests: s.Requests, Queued: s.Queued,
 						Refused: s.Refused, TokensPerSec: s.TokensPerSec})
 				}
-				slices.SortFunc(dr.Models, func(a, b *meshp2pb.ModelDemand) int { return cmpString(a.ModelFingerprint, b.ModelFingerprint) })
+				// The most requested first, at most MaxAdvertDemand: the
+				// advert's body is bounded (16 KiB) and carries shards and
+				// offers too.
+				slices.SortFunc(dr.Models, func(a, b *meshp2pb.ModelDemand) int {
+					if c := cmpFloat(b.Requests, a.Requests); c != 0 {
+						return c
+					}
+					return cmpString(a.ModelFingerprint, b.ModelFingerprint)
+				})
+				dr.Models = dr.Models[:min(len(dr.Models), MaxAdvertDemand)]
 			}
 			n.mu.Lock()
 			n.demandRep = dr
@@ -194,6 +203,20 @@ func (n *Node) demandLoop(ctx context.Context) {
 			}
 		}
 	}
+}
+
+// MaxAdvertDemand bounds the models of the demand report in a node's
+// advert (the most requested).
+const MaxAdvertDemand = 32
+
+func cmpFloat(a, b float64) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
 }
 
 func cmpString(a, b string) int {
@@ -242,6 +265,7 @@ func (c *placementController) modelLoads(ctx context.Context, now time.Time) ([]
 	me := c.swarm.ID()
 	cur, _ := c.node.servedModel()
 	ownWindow, ownMs, serving := c.node.servedWindow()
+	extras := c.node.extraFPs()
 	var loads []placement.ModelLoad
 	for _, m := range c.models {
 		d := dem[m.fp]
@@ -263,6 +287,10 @@ func (c *placementController) modelLoads(ctx context.Context, now time.Time) ([]
 		if m.fp == cur && serving {
 			live = append(live, route.Shard{Peer: me, Fingerprint: m.fp, NLayer: m.nLayer, Start: ownWindow.Start, End: ownWindow.End,
 				DecodeMsPerLayer: float32(ownMs), Capacity: &meshp2pb.ShardCapacity{MaxSessions: 1}})
+		}
+		if extras[m.fp] {
+			live = append(live, route.Shard{Peer: me, Fingerprint: m.fp, NLayer: m.nLayer, Start: 0, End: m.nLayer,
+				Capacity: &meshp2pb.ShardCapacity{MaxSessions: 1}})
 		}
 		perRoute := 1
 		if c.budget > 0 {
@@ -347,11 +375,18 @@ func (c *placementController) checkModel(ctx context.Context) bool {
 	now := time.Now()
 	cur, _ := c.node.servedModel()
 	loads, standby := c.modelLoads(ctx, now)
+	if changed, handled := c.checkExtras(ctx, loads); changed || handled {
+		return changed
+	}
+	extras := c.node.extraFPs()
 	var candidates []placement.ModelLoad
 	pinned := false
 	for _, l := range loads {
 		if at, failed := c.failedAt[l.Fingerprint]; failed && now.Sub(at) < ModelRetryBackoff && l.Fingerprint != cur {
 			continue
+		}
+		if extras[l.Fingerprint] {
+			continue // served whole beside the node's own: not a switch target
 		}
 		if l.Fingerprint == cur {
 			pinned = l.Routes <= 1 && (l.Demand > 0 || l.IdleFor < c.cfg.ModelRules.IdleReleaseOrDefault())
@@ -397,7 +432,14 @@ func (c *placementController) checkModel(ctx context.Context) bool {
 // window does not load goes back to the old model and window.
 func (c *placementController) switchModel(ctx context.Context, m catalogModel) error {
 	prev, _ := c.catalogModel(c.curFP())
-	ch, ok := placement.Choose(c.viewOf(ctx, m.fp, m.nLayer), m.sizing, c.budget, 0, nil, c.rng)
+	c.makeRoomFor(ctx, m)
+	room := c.budget
+	for _, e := range c.models {
+		if c.node.extraFPs()[e.fp] {
+			room -= e.sizing.Need(placement.Range{Start: 0, End: e.nLayer})
+		}
+	}
+	ch, ok := placement.Choose(c.viewOf(ctx, m.fp, m.nLayer), m.sizing, room, 0, nil, c.rng)
 	if !ok {
 		return fmt.Errorf("%w: model %s", ErrModelTooBig, m.name)
 	}

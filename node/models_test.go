@@ -2,6 +2,7 @@ package node
 
 import (
 	"context"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -9,6 +10,7 @@ import (
 	"github.com/libp2p/go-libp2p/core/peer"
 
 	"github.com/neuron-tai/meshp2p/engine/gguf"
+	"github.com/neuron-tai/meshp2p/placement"
 	"github.com/neuron-tai/meshp2p/route"
 )
 
@@ -22,10 +24,12 @@ import (
 func TestModelSwitch(t *testing.T) {
 	a, b := synthModel(t, "switch-a", 4), synthModel(t, "switch-b", 3)
 	tn := newTestNet(t)
+	needA, needB := wholeNeed(t, tn, a), wholeNeed(t, tn, b)
+	budget := max(needA, needB) + min(needA, needB)/2 // one whole model, not two: a switch, no extra
 	start := func(seed uint64) *Node {
 		cfg := tn.config(t.TempDir())
 		cfg.ModelPath, cfg.Models = a, []string{b}
-		cfg.Placement = &PlacementConfig{Memory: 1 << 30, Interval: testRebalance, Seed: seed}
+		cfg.Placement = &PlacementConfig{Memory: budget, Interval: testRebalance, Seed: seed}
 		n, err := Start(context.Background(), cfg)
 		if err != nil {
 			t.Fatalf("start a multi-model node: %v", err)
@@ -141,5 +145,121 @@ func TestCheckModels(t *testing.T) {
 				t.Fatalf("err = %v, want %q", err, tc.want)
 			}
 		})
+	}
+}
+
+// extraPlan: which models a multi-model node serves whole beside its own.
+func TestExtraPlan(t *testing.T) {
+	const idle = 30 * time.Minute
+	need := map[string]int64{"own": 10, "b": 8, "c": 30, "e": 5}
+	none := func(string) bool { return false }
+	for _, tc := range []struct {
+		name        string
+		whole       bool
+		spare       int64
+		loads       []placement.ModelLoad
+		extras      map[string]bool
+		skip        func(string) bool
+		wantLoad    string
+		wantRelease []string
+	}{
+		{"asked for, no route, fits: load it", true, 10, []placement.ModelLoad{{Fingerprint: "b", Demand: 1, Unmet: 1}}, nil, none, "b", nil},
+		{"does not fit", true, 7, []placement.ModelLoad{{Fingerprint: "b", Demand: 1, Unmet: 1}}, nil, none, "", nil},
+		{"own window not whole: no extras", false, 100, []placement.ModelLoad{{Fingerprint: "b", Demand: 1, Unmet: 1}}, nil, none, "", nil},
+		{"someone is loading it (planned)", true, 10, []placement.ModelLoad{{Fingerprint: "b", Demand: 1, Unmet: 1, Nodes: 1}}, nil, none, "", nil},
+		{"routes and served demand, some unmet: one more", true, 10, []placement.ModelLoad{{Fingerprint: "b", Demand: 4, Unmet: 1, Nodes: 1, Routes: 1}}, nil, none, "b", nil},
+		{"routes and only refusals: nothing (a liar's report)", true, 10, []placement.ModelLoad{{Fingerprint: "b", Demand: 50, Unmet: 50, Nodes: 1, Routes: 1}}, nil, none, "", nil},
+		{"not asked for", true, 10, []placement.ModelLoad{{Fingerprint: "b", Nodes: 0}}, nil, none, "", nil},
+		{"failed lately", true, 10, []placement.ModelLoad{{Fingerprint: "b", Demand: 1, Unmet: 1}}, nil, func(fp string) bool { return fp == "b" }, "", nil},
+		{"the hungriest that fits", true, 10, []placement.ModelLoad{{Fingerprint: "b", Demand: 1, Unmet: 1}, {Fingerprint: "e", Demand: 3, Unmet: 3}, {Fingerprint: "c", Demand: 9, Unmet: 9}}, nil, none, "e", nil},
+		{"an idle extra is released, its memory reused", true, 4, []placement.ModelLoad{{Fingerprint: "e", IdleFor: idle}, {Fingerprint: "b", Demand: 1, Unmet: 1}}, map[string]bool{"e": true}, none, "b", []string{"e"}},
+		{"an extra idle less than the release time stays", true, 4, []placement.ModelLoad{{Fingerprint: "e", IdleFor: idle - time.Minute}, {Fingerprint: "b", Demand: 1, Unmet: 1}}, map[string]bool{"e": true}, none, "", nil},
+		{"an extra still asked for stays", true, 0, []placement.ModelLoad{{Fingerprint: "e", Demand: 1, IdleFor: 0}}, map[string]bool{"e": true}, none, "", nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			load, release := extraPlan("own", tc.whole, tc.spare, tc.loads, tc.extras, need, tc.skip, idle)
+			if load != tc.wantLoad || !slices.Equal(release, tc.wantRelease) {
+				t.Fatalf("load %q release %v, want %q %v", load, release, tc.wantLoad, tc.wantRelease)
+			}
+		})
+	}
+}
+
+// wholeNeed is what serving every layer of model takes (placement.Sizing).
+func wholeNeed(t *testing.T, tn *testNet, model string) int64 {
+	t.Helper()
+	sz, err := ModelSizing(model, tn.config("").Engine)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return sz.Need(placement.Range{Start: 0, End: sz.NLayer})
+}
+
+// TestModelExtra: a node whose budget holds both its models whole serves
+// the second beside the first when it is asked for (no switch, no drain):
+// one hop, both models, each generating what the whole model does; its
+// node info and placement status say so, and it no longer offers it.
+func TestModelExtra(t *testing.T) {
+	a, b := synthModel(t, "extra-a", 4), synthModel(t, "extra-b", 3)
+	tn := newTestNet(t)
+	cfg := tn.config(t.TempDir())
+	cfg.ModelPath, cfg.Models = a, []string{b}
+	cfg.Placement = &PlacementConfig{Memory: wholeNeed(t, tn, a) + wholeNeed(t, tn, b) + 1<<20, Interval: testRebalance, Seed: 1}
+	n, err := Start(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { n.Close() })
+	tn.boot = []peer.AddrInfo{n.P2P().AddrInfo()}
+	fpA, nlA := n.servedModel()
+	fpB, nlB := n.catalog[1].fp, n.catalog[1].nLayer
+	ccfg := tn.config(t.TempDir())
+	ccfg.P2P = clientPreset(ccfg.P2P)
+	ccfg.DemandInterval = time.Second
+	c, err := Start(context.Background(), ccfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	waitModel(t, c, "extra-a")
+	ctx, stop := context.WithCancel(context.Background())
+	defer stop()
+	go func() {
+		for ctx.Err() == nil {
+			c.DemandMeter().Request(fpA)
+			c.DemandMeter().Request(fpB)
+			c.DemandMeter().Refused(fpB)
+			time.Sleep(200 * time.Millisecond)
+		}
+	}()
+	for deadline := time.Now().Add(60 * time.Second); len(n.Info().AlsoServes) == 0; time.Sleep(100 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("B not served beside A: %q", n.Placement().ModelWhy)
+		}
+	}
+	if fp, _ := n.servedModel(); fp != fpA || !slices.Equal(n.Info().AlsoServes, []string{"extra-b"}) {
+		t.Fatalf("after B was asked for: own %.16s, also %v", fp, n.Info().AlsoServes)
+	}
+	t.Logf("served beside: %s", n.Placement().ModelWhy)
+	for !c.Table().Covers(fpB, nlB) {
+		time.Sleep(50 * time.Millisecond)
+	}
+	prompt := []int32{1, 5, 9, 13}
+	generateEqualsLocal(t, c, b, fpB, nlB, prompt, 12)
+	generateEqualsLocal(t, c, a, fpA, nlA, prompt, 12)
+	if os := c.Table().Offers(fpB); len(os) != 0 {
+		t.Fatalf("B still offered while served: %+v", os)
+	}
+	doc := n.Status(context.Background(), "node")
+	shards := 0
+	for _, m := range doc.Models {
+		for _, s := range m.Shards {
+			if s.Self {
+				shards++
+			}
+		}
+	}
+	if shards != 2 {
+		t.Fatalf("the node's status shows %d shards of its own, want 2 (A and B)", shards)
 	}
 }

@@ -161,6 +161,9 @@ type Node struct {
 	demandRep *meshp2pb.DemandReport
 	// pubMu makes building and setting the advert one step (publish).
 	pubMu sync.Mutex
+	// extras are other models served whole beside the node's own
+	// (extras.go; guarded by mu).
+	extras map[string]*extraModel
 
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
@@ -546,6 +549,13 @@ func (n *Node) advertBody() ([]byte, []string, error) {
 		sa.DecodeMsPerLayer = &msl
 		ca.Shards = append(ca.Shards, sa)
 	}
+	ca.Shards = append(ca.Shards, n.extraShardsLocked()...)
+	for _, fp := range sortedKeys(n.extras) {
+		keys = append(keys, fp)
+		if name := n.extras[fp].m.name; name != "" {
+			keys = append(keys, NameKey(name))
+		}
+	}
 	if n.place == nil {
 		b, err := proto.Marshal(ca)
 		return b, keys, err
@@ -609,16 +619,18 @@ func (n *Node) advertLoop(ctx context.Context) {
 	defer t.Stop()
 	last := n.capacity()
 	lastSpeed := n.hop.DecodeMsPerLayer()
+	lastExtras := n.extraCapacities()
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-			c, sp := n.capacity(), n.hop.DecodeMsPerLayer()
-			// Re-publish on capacity changes, or when the measured speed
-			// moved by more than a quarter (the tracker's cost model).
-			if c != last || math.Abs(float64(sp-lastSpeed)) > AdvertSpeedChange*float64(max(lastSpeed, 1e-6)) {
-				last, lastSpeed = c, sp
+			c, sp, ex := n.capacity(), n.hop.DecodeMsPerLayer(), n.extraCapacities()
+			// Re-publish on capacity changes (extra models' too), or when
+			// the measured speed moved by more than a quarter (the
+			// tracker's cost model).
+			if c != last || !slices.Equal(ex, lastExtras) || math.Abs(float64(sp-lastSpeed)) > AdvertSpeedChange*float64(max(lastSpeed, 1e-6)) {
+				last, lastSpeed, lastExtras = c, sp, ex
 				if err := n.publish(); err != nil {
 					n.log.Warn("re-publish advert", "err", err)
 				}
@@ -685,6 +697,9 @@ type Info struct {
 	Start       int      `json:"start"`
 	End         int      `json:"end"`
 	NLayer      int      `json:"n_layer,omitempty"`
+	// AlsoServes names the models a multi-model node serves whole beside
+	// its own (docs/placement.md "Many models").
+	AlsoServes []string `json:"also_serves,omitempty"`
 }
 
 // Info describes the node (addresses include /p2p/<id>).
@@ -697,6 +712,11 @@ func (n *Node) Info() Info {
 	if sh := n.Shard(); sh != nil {
 		in.Start, in.End = sh.Info().Start, sh.Info().End
 	}
+	n.mu.Lock()
+	for _, fp := range sortedKeys(n.extras) {
+		in.AlsoServes = append(in.AlsoServes, n.extras[fp].m.name)
+	}
+	n.mu.Unlock()
 	return in
 }
 
@@ -775,6 +795,7 @@ func (n *Node) closeEngine() {
 		n.draft.Close()
 		n.draft = nil
 	}
+	n.closeExtrasLocked()
 	if n.shard != nil {
 		n.shard.Close()
 		n.shard = nil

@@ -117,7 +117,7 @@ func (n *Node) StatusCollector(role string) *status.Collector {
 		own := route.Shard{Peer: n.p2p.ID(), Fingerprint: fp, ModelName: n.ModelName(), Arch: info.Arch, NLayer: nl,
 			NEmbd: info.NEmbd, Start: info.Start, End: info.End, HasVocab: hasVocab, DecodeMsPerLayer: s.MsPerLayer,
 			KernelClass: n.cfg.Device.KernelClass()}
-		return s, []route.Shard{own}
+		return s, append([]route.Shard{own}, n.extraRouteShards()...)
 	}}
 }
 

@@ -115,6 +115,11 @@ type windowHost interface {
 	// released for it).
 	cutModelShard(ctx context.Context, path, fp string, r gguf.Range) (string, error)
 	checkDevice(path string) error
+	// extraFPs, loadExtra and releaseExtra serve other models whole
+	// beside the node's own (extras.go).
+	extraFPs() map[string]bool
+	loadExtra(ctx context.Context, m catalogModel) error
+	releaseExtra(ctx context.Context, fp string) int
 }
 
 // placementController owns where a serving node's layer window is: for a

@@ -305,8 +305,11 @@ func (n *Node) serveModelVocab(ctx context.Context) {
 }
 
 // vocabFile is where the node keeps its model's vocabulary.
-func (n *Node) vocabFile() string {
-	return filepath.Join(n.cfg.P2P.DataDir, "shards", n.fp[:16], "vocab.gguf")
+func (n *Node) vocabFile() string { return n.vocabFileOf(n.fp) }
+
+// vocabFileOf is where the node keeps model fp's vocabulary.
+func (n *Node) vocabFileOf(fp string) string {
+	return filepath.Join(n.cfg.P2P.DataDir, "shards", fp[:16], "vocab.gguf")
 }
 
 // writeVocab writes (once; a cached one is checked against the model, and

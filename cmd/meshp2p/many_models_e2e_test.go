@@ -17,11 +17,13 @@ import (
 	"github.com/libp2p/go-libp2p/core/peer"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/neuron-tai/meshp2p/engine"
 	"github.com/neuron-tai/meshp2p/engine/gguf"
 	"github.com/neuron-tai/meshp2p/internal/testbin"
 	"github.com/neuron-tai/meshp2p/internal/testmodels"
 	"github.com/neuron-tai/meshp2p/node"
 	"github.com/neuron-tai/meshp2p/p2p"
+	"github.com/neuron-tai/meshp2p/placement"
 	"github.com/neuron-tai/meshp2p/proto/meshp2pb"
 	"github.com/neuron-tai/meshp2p/status"
 )
@@ -98,7 +100,8 @@ func listedModels(t *testing.T, base string) map[string]string {
 	return out
 }
 
-// servedModels counts the nodes serving each model, by node.json.
+// servedModels counts the nodes serving each model, by node.json: their
+// own model, and (as "+name") the models they serve whole beside it.
 func servedModels(dirs []string) map[string]int {
 	out := map[string]int{}
 	for _, d := range dirs {
@@ -108,20 +111,25 @@ func servedModels(dirs []string) map[string]int {
 			continue
 		}
 		out[in.Model]++
+		for _, m := range in.AlsoServes {
+			out["+"+m]++
+		}
 	}
 	return out
 }
 
 // Six nodes started as the README says for several models (`start --model
-// a.gguf,b.gguf,c.gguf --memory …`) serve model A, the first given, and
-// offer B and C; the gateway lists them as warmable. Then demand moves from
-// A to B: A is still asked for, B is asked for too. B is answered 503
-// model_warming with Retry-After until a node switches to it, then with the
-// text `generate --local` gives; B gets its route within warmBound; A
-// keeps a route the whole time (every A request answered, every node.json
-// poll shows a node on A), its text equal to --local too. Then `generate
-// --model C` waits for C to warm (its wait is the demand) and prints what
-// --local does. An unknown model is a 404 naming it.
+// a.gguf,b.gguf,c.gguf --memory …`, the budget holding A and C together,
+// not A and B) serve model A, the first given, and offer B and C; the
+// gateway lists them as warmable. Then demand moves from A to B: A is
+// still asked for, B is asked for too. B is answered 503 model_warming
+// with Retry-After until a node switches to it (it does not fit beside A),
+// then with the text `generate --local` gives; B gets its route within
+// warmBound; A keeps a route the whole time (every A request answered,
+// every node.json poll shows a node on A), its text equal to --local too.
+// Then `generate --model C` waits for C to warm (its wait is the demand):
+// a node serves C whole beside A, and the CLI prints what --local does.
+// An unknown model is a 404 naming it.
 func TestManyModelsDemandMoves(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts seven processes")
@@ -134,8 +142,21 @@ func TestManyModelsDemandMoves(t *testing.T) {
 	if _, _, err := runShardArgs(t, "synth", "--layers", "3", "--embd", "64", "--ff", "128", "--name", "synth-c", "-o", c); err != nil {
 		t.Fatal(err)
 	}
+	need := map[string]int64{}
+	for _, m := range []string{a, b, c} {
+		sz, err := node.ModelSizing(m, engine.Config{NCtx: 512, NBatch: 64})
+		if err != nil {
+			t.Fatal(err)
+		}
+		need[m] = sz.Need(placement.Range{Start: 0, End: sz.NLayer})
+	}
+	budget := max(need[a]+need[c], need[b]) + 1<<20
+	if need[a]+need[b] <= budget {
+		t.Fatalf("whole-model needs %v: no budget holds A and C but not A and B", need)
+	}
+	t.Logf("whole-model needs A %d, B %d, C %d; budget %d", need[a], need[b], need[c], budget)
 	net := []string{"--network", "manymodels", "--listen", "/ip4/127.0.0.1/tcp/0", "--test-mode"}
-	nodeArgs := append([]string{"--model", a + "," + b + "," + c, "--memory", "512MiB", "--ctx", "512", "--batch", "64", "--threads", "1"}, net...)
+	nodeArgs := append([]string{"--model", a + "," + b + "," + c, "--memory", fmt.Sprint(budget), "--ctx", "512", "--batch", "64", "--threads", "1"}, net...)
 	var dirs []string
 	first := startCLI(t, bin, filepath.Join(dir, "n0"), nodeArgs...)
 	dirs = append(dirs, filepath.Join(dir, "n0"))
@@ -255,7 +276,11 @@ func TestManyModelsDemandMoves(t *testing.T) {
 	if swarm := generateTokens(t, 12, append(append([]string{"--model", "synth-c", "--wait", warmBound.String()}, net...), boot...)...); swarm != local {
 		t.Fatalf("generate for C once warm: %s, --local %s", swarm, local)
 	}
-	t.Logf("generate waited %v for C to warm; nodes by model now %v", time.Since(tc).Round(100*time.Millisecond), servedModels(dirs))
+	got := servedModels(dirs)
+	t.Logf("generate waited %v for C to warm; nodes by model now %v (+: served whole beside the node's own)", time.Since(tc).Round(100*time.Millisecond), got)
+	if got["+synth-c"] == 0 || got["synth-c"] != 0 {
+		t.Fatalf("nodes by model %v: want C served beside A (it fits), no node switched to it", got)
+	}
 }
 
 // A hostile peer on the real gossip layer claims enormous demand for
