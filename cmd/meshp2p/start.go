@@ -33,10 +33,11 @@ from an http(s) URL of the GGUF file by range requests, verified against a
 peer's manifest of the model (docs/fetch.md); the shard is cached and the
 fetch resumes where it stopped.
 With several models (a comma-separated list of files, or a directory of
-.gguf files) the node serves a window of one of them at a time, offers the
-others to the swarm ("warmable": GET /v1/models lists them) and switches to
-the model that requests ask for and nobody serves, never leaving the last
-route of a model still asked for (docs/placement.md "Many models").
+.gguf files) the node serves a window of one of them, and others whole
+beside it when --memory holds them, offers the rest to the swarm
+("warmable": GET /v1/models lists them) and loads or switches to the model
+that requests ask for and nobody serves, never leaving the last route of a
+model still asked for (docs/placement.md "Many models").
 Once ready, the node prints its peer id and addresses and writes them to
 <data-dir>/node.json. SIGINT/SIGTERM close sessions and withdraw the advert.
 
@@ -77,7 +78,7 @@ type startFlags struct {
 func (f *startFlags) register(fs *flag.FlagSet) {
 	f.nf.register(fs, node.PresetHome)
 	f.tf.registerHop(fs)
-	fs.StringVar(&f.model, "model", notGiven, "whole GGUF model file, shard file, http(s) URL of one, or a model name or fingerprint to fetch from peers (required); several whole files (a,b or a directory): served one at a time, as demand asks")
+	fs.StringVar(&f.model, "model", notGiven, "whole GGUF model file, shard file, http(s) URL of one, or a model name or fingerprint to fetch from peers (required); several whole files (a,b or a directory): served as demand asks, one (and others whole beside it when --memory holds them)")
 	f.ff.register(fs)
 	fs.StringVar(&f.layers, "layers", notGiven, "layer range A-B to serve, half-open [A,B) (default: chosen from --memory and the swarm)")
 	f.plf.register(fs)
@@ -218,7 +219,7 @@ func (f *startFlags) serve(ctx context.Context, stdout io.Writer, sr *startRun, 
 	info := n.Info()
 	fmt.Fprintf(stdout, "peer id:  %s\nmodel:    %s (%.16s…) layers %d-%d of %d\n", info.PeerID, info.Model, info.Fingerprint, info.Start, info.End, info.NLayer)
 	if cat := n.Catalog(); cat != nil {
-		fmt.Fprintf(stdout, "models:   %s (serves one at a time, the one requests ask for; the others are offered)\n", strings.Join(cat, ", "))
+		fmt.Fprintf(stdout, "models:   %s (serves the ones requests ask for: one, and others whole beside it when the budget holds them; the rest are offered)\n", strings.Join(cat, ", "))
 	}
 	for _, a := range info.Addrs {
 		fmt.Fprintf(stdout, "address:  %s\n", a)
