@@ -2,6 +2,7 @@ package node
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"time"
@@ -22,15 +23,17 @@ import (
 
 // extraModel is one model served whole beside the node's own.
 type extraModel struct {
-	m  catalogModel
-	ls *loadedShard
+	m        catalogModel
+	ls       *loadedShard
+	hasVocab bool
 }
 
 // extraPlan is a multi-model node's decision about extra models: the
 // extras to release (no demand for idle), and the one model to load as an
-// extra ("" none): asked for and fitting the spare memory, with no route
-// and nobody loading it, or with routes, unmet demand and some demand
-// served (refusals alone, a liar's for instance, grow nothing). ownWhole: the node serves its own model whole (extras
+// extra ("" none): asked for, fitting the spare memory, with no route and
+// nobody loading it. Extras warm models; more routes of a model that has
+// one come from ChooseModel's switches, whose hysteresis and spreading
+// bound them (a liar's refusals cannot make every node load a copy). ownWhole: the node serves its own model whole (extras
 // only beside a whole model, so its window never grows into their memory);
 // spare is the budget left beside it and the extras; loads are the
 // catalog's models (placement.ChooseModel's view); need is each model's
@@ -50,8 +53,7 @@ func extraPlan(own string, ownWhole bool, spare int64, loads []placement.ModelLo
 	best, bestUnmet := "", -1.0
 	for _, l := range loads {
 		fp := l.Fingerprint
-		short := l.Routes == 0 && l.Nodes == 0 || l.Routes > 0 && l.Unmet > 0 && l.Demand-l.Unmet > 0
-		if fp == own || extras[fp] || skip(fp) || l.Demand <= 0 || !short || need[fp] > spare {
+		if fp == own || extras[fp] || skip(fp) || l.Demand <= 0 || l.Routes > 0 || l.Nodes > 0 || need[fp] > spare {
 			continue
 		}
 		if l.Unmet > bestUnmet || (l.Unmet == bestUnmet && fp < best) {
@@ -90,10 +92,13 @@ func (n *Node) loadExtra(ctx context.Context, m catalogModel) error {
 		return err
 	}
 	vp := n.vocabFileOf(m.fp)
-	if err := writeVocab(ctx, m.path, vp, m.fp, n.log); err == nil {
-		_ = n.vocab.Add(m.fp, vp)
-	} else {
+	hasVocab := false
+	if err := writeVocab(ctx, m.path, vp, m.fp, n.log); err != nil {
 		n.log.Warn("vocabulary of the extra model not served", "model", m.name, "err", err)
+	} else if err := n.vocab.Add(m.fp, vp); err != nil {
+		n.log.Warn("vocabulary of the extra model not served", "model", m.name, "err", err)
+	} else {
+		hasVocab = true
 	}
 	if mb, err := ensureManifest(ctx, n.cfg.P2P.DataDir, m.path, m.fp); err == nil {
 		_ = n.fetchSrv.Add(m.fp, path, mb)
@@ -102,7 +107,7 @@ func (n *Node) loadExtra(ctx context.Context, m catalogModel) error {
 	if n.extras == nil {
 		n.extras = map[string]*extraModel{}
 	}
-	n.extras[m.fp] = &extraModel{m: m, ls: ls}
+	n.extras[m.fp] = &extraModel{m: m, ls: ls, hasVocab: hasVocab}
 	n.mu.Unlock()
 	if err := n.publish(); err != nil {
 		n.log.Warn("advertise the extra model", "err", err)
@@ -141,7 +146,8 @@ func (n *Node) extraShardsLocked() []*meshp2pb.ShardAdvert {
 		info := e.ls.shard.Info()
 		c := e.ls.shard.Capacity()
 		sa := n.shardAdvertOf(e.m.fp, e.m.name, e.m.nLayer, info.Start, info.End, info.NEmbd, info.Arch)
-		sa.HasVocab = true
+		sa.HasVocab = e.hasVocab
+		sa.PlacementBudget = 0 // served whole, never moved by heal plans
 		sa.Capacity = &meshp2pb.ShardCapacity{FreeSessions: uint32(c.FreeSessions), MaxSessions: uint32(c.MaxSessions),
 			FreeKvTokens: uint64(c.FreeKV), NCtx: uint32(c.NCtx), NBatch: uint32(e.ls.shard.Config().NBatch)}
 		msl := float32(float64(e.ls.calibration.Microseconds()) / 1000 / float64(max(1, info.End-info.Start)))
@@ -204,7 +210,7 @@ func (c *placementController) checkExtras(ctx context.Context, loads []placement
 	}
 	now := time.Now()
 	skip := func(fp string) bool {
-		at, failed := c.failedAt[fp]
+		at, failed := c.extraFailedAt[fp]
 		return failed && now.Sub(at) < ModelRetryBackoff
 	}
 	whole := serving && win.Start == 0 && win.End == nl
@@ -213,6 +219,9 @@ func (c *placementController) checkExtras(ctx context.Context, loads []placement
 		m, _ := c.catalogModel(fp)
 		ended := c.node.releaseExtra(ctx, fp)
 		c.log.Info("placement: released an idle extra model", "model", m.name, "idle_for_at_least", c.cfg.ModelRules.IdleReleaseOrDefault(), "sessions_ended_by_drain", ended)
+	}
+	if len(release) > 0 {
+		c.extrasChanged()
 	}
 	if load == "" {
 		return len(release) > 0, false
@@ -240,10 +249,11 @@ func (c *placementController) checkExtras(ctx context.Context, loads []placement
 		c.log.Warn("advertise the extra model", "err", perr)
 	}
 	if err != nil {
-		c.failedAt[m.fp] = now
+		c.extraFailedAt[m.fp] = now
 		c.log.Warn("placement: could not serve the extra model; not trying it again for a while", "model", m.name, "for", ModelRetryBackoff, "err", err)
 		return len(release) > 0, true
 	}
+	c.extrasChanged()
 	c.mu.Lock()
 	c.moves++
 	c.modelWhy = fmt.Sprintf("%.16s is asked for: served whole beside %.16s (%s spare)", m.fp, own.fp, mib(spare))
@@ -251,26 +261,81 @@ func (c *placementController) checkExtras(ctx context.Context, loads []placement
 	return true, true
 }
 
-// makeRoomFor releases every extra when model m's whole window would not
-// fit beside them (a switch to m; it may need all of the budget).
-func (c *placementController) makeRoomFor(ctx context.Context, m catalogModel) {
+// extrasNeed is the memory the extras served now take.
+func (c *placementController) extrasNeed() int64 {
 	extras := c.node.extraFPs()
-	if len(extras) == 0 {
-		return
-	}
-	used := int64(0)
+	var used int64
 	for _, e := range c.models {
 		if extras[e.fp] {
 			used += e.sizing.Need(placement.Range{Start: 0, End: e.nLayer})
 		}
 	}
-	if c.budget-used >= m.sizing.Need(placement.Range{Start: 0, End: m.nLayer}) {
-		return
+	return used
+}
+
+// ownBudget is the budget left to the node's own window beside its
+// extras: what its rebalancer and moves may use.
+func (c *placementController) ownBudget() int64 {
+	if len(c.models) < 2 {
+		return c.budget
 	}
-	for fp := range extras {
-		ended := c.node.releaseExtra(ctx, fp)
-		c.log.Info("placement: released an extra model to make room for a switch", "model", fp[:16], "sessions_ended_by_drain", ended)
+	return c.budget - c.extrasNeed()
+}
+
+// extrasChanged rebuilds the own window's rebalancer with the budget the
+// extras leave it.
+func (c *placementController) extrasChanged() {
+	if c.reb != nil {
+		c.reb = placement.NewRebalancer(c.sizing, c.ownBudget(), c.rng)
 	}
+}
+
+// errNoRoom: a switch would need the memory of an extra that holds the
+// last route of a model still needed.
+var errNoRoom = errors.New("switch needs the memory of an extra model still asked for")
+
+// roomFor lists the extras to release before switching to model m, whose
+// whole window must fit beside the extras kept: the least recently asked
+// for first, only as many as needed. It refuses (errNoRoom) when that
+// would release the last route of a model asked for within the idle
+// release time.
+func (c *placementController) roomFor(m catalogModel, loads []placement.ModelLoad) ([]string, error) {
+	extras := c.node.extraFPs()
+	if len(extras) == 0 {
+		return nil, nil
+	}
+	room := c.budget - c.extrasNeed()
+	want := m.sizing.Need(placement.Range{Start: 0, End: m.nLayer})
+	byFP := map[string]placement.ModelLoad{}
+	for _, l := range loads {
+		byFP[l.Fingerprint] = l
+	}
+	order := sortedKeys(extras)
+	slices.SortStableFunc(order, func(a, b string) int { return cmpDuration(byFP[b].IdleFor, byFP[a].IdleFor) })
+	var release []string
+	for _, fp := range order {
+		if room >= want {
+			break
+		}
+		l := byFP[fp]
+		if l.Routes <= 1 && (l.Demand > 0 || l.IdleFor < c.cfg.ModelRules.IdleReleaseOrDefault()) {
+			return nil, fmt.Errorf("%w: %.16s", errNoRoom, fp)
+		}
+		e, _ := c.catalogModel(fp)
+		room += e.sizing.Need(placement.Range{Start: 0, End: e.nLayer})
+		release = append(release, fp)
+	}
+	return release, nil
+}
+
+func cmpDuration(a, b time.Duration) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
 }
 
 // extraRouteShards are the extras as this node's own shards (the status
@@ -284,7 +349,7 @@ func (n *Node) extraRouteShards() []route.Shard {
 		info := e.ls.shard.Info()
 		c := e.ls.shard.Capacity()
 		out = append(out, route.Shard{Peer: n.p2p.ID(), Fingerprint: fp, ModelName: e.m.name, Arch: info.Arch, NLayer: e.m.nLayer, NEmbd: info.NEmbd,
-			Start: info.Start, End: info.End, HasVocab: true, KernelClass: n.cfg.Device.KernelClass(),
+			Start: info.Start, End: info.End, HasVocab: e.hasVocab, KernelClass: n.cfg.Device.KernelClass(),
 			Capacity: &meshp2pb.ShardCapacity{FreeSessions: uint32(c.FreeSessions), MaxSessions: uint32(c.MaxSessions), FreeKvTokens: uint64(c.FreeKV)}})
 	}
 	return out

@@ -375,12 +375,28 @@ func (c *placementController) checkModel(ctx context.Context) bool {
 	now := time.Now()
 	cur, _ := c.node.servedModel()
 	loads, standby := c.modelLoads(ctx, now)
+	// Pinned: the node holds its model's last route while it is needed
+	// (its offers say so).
+	pinned := false
+	for _, l := range loads {
+		if l.Fingerprint == cur {
+			pinned = l.Routes <= 1 && (l.Demand > 0 || l.IdleFor < c.cfg.ModelRules.IdleReleaseOrDefault())
+		}
+	}
+	c.mu.Lock()
+	pinChanged := c.pinned != pinned
+	c.pinned = pinned
+	c.mu.Unlock()
+	if pinChanged {
+		if err := c.node.publish(); err != nil {
+			c.log.Warn("advertise offers", "err", err)
+		}
+	}
 	if changed, handled := c.checkExtras(ctx, loads); changed || handled {
 		return changed
 	}
 	extras := c.node.extraFPs()
 	var candidates []placement.ModelLoad
-	pinned := false
 	for _, l := range loads {
 		if at, failed := c.failedAt[l.Fingerprint]; failed && now.Sub(at) < ModelRetryBackoff && l.Fingerprint != cur {
 			continue
@@ -388,22 +404,12 @@ func (c *placementController) checkModel(ctx context.Context) bool {
 		if extras[l.Fingerprint] {
 			continue // served whole beside the node's own: not a switch target
 		}
-		if l.Fingerprint == cur {
-			pinned = l.Routes <= 1 && (l.Demand > 0 || l.IdleFor < c.cfg.ModelRules.IdleReleaseOrDefault())
-		}
 		candidates = append(candidates, l)
 	}
 	ch := placement.ChooseModel(cur, candidates, standby, c.cfg.ModelRules)
 	c.mu.Lock()
 	c.modelWhy = ch.Why
-	changed := c.pinned != pinned
-	c.pinned = pinned
 	c.mu.Unlock()
-	if changed {
-		if err := c.node.publish(); err != nil {
-			c.log.Warn("advertise offers", "err", err)
-		}
-	}
 	m, ok := c.catalogModel(ch.Target)
 	if !ok || ch.Target == cur {
 		c.log.Debug("placement: staying on the model", "why", ch.Why)
@@ -414,7 +420,10 @@ func (c *placementController) checkModel(ctx context.Context) bool {
 		return false
 	}
 	c.log.Info("placement: switching model", "to", m.name, "why", ch.Why)
-	if err := c.switchModel(ctx, m); err != nil {
+	if err := c.switchModel(ctx, m, loads); errors.Is(err, errNoRoom) {
+		c.log.Info("placement: not switching: an extra model here holds the last route of a model still asked for", "to", m.name, "err", err)
+		return false
+	} else if err != nil {
 		c.failedAt[m.fp] = time.Now()
 		c.log.Warn("placement: model switch failed; not trying this model again for a while", "to", m.name, "for", ModelRetryBackoff, "err", err)
 		return false
@@ -430,14 +439,16 @@ func (c *placementController) checkModel(ctx context.Context) bool {
 // by their origins), makes m the served model and loads the window. A
 // switch that cannot get the file leaves the node where it is; one whose
 // window does not load goes back to the old model and window.
-func (c *placementController) switchModel(ctx context.Context, m catalogModel) error {
+func (c *placementController) switchModel(ctx context.Context, m catalogModel, loads []placement.ModelLoad) error {
 	prev, _ := c.catalogModel(c.curFP())
-	c.makeRoomFor(ctx, m)
-	room := c.budget
-	for _, e := range c.models {
-		if c.node.extraFPs()[e.fp] {
-			room -= e.sizing.Need(placement.Range{Start: 0, End: e.nLayer})
-		}
+	release, err := c.roomFor(m, loads)
+	if err != nil {
+		return err
+	}
+	room := c.ownBudget()
+	for _, fp := range release {
+		e, _ := c.catalogModel(fp)
+		room += e.sizing.Need(placement.Range{Start: 0, End: e.nLayer})
 	}
 	ch, ok := placement.Choose(c.viewOf(ctx, m.fp, m.nLayer), m.sizing, room, 0, nil, c.rng)
 	if !ok {
@@ -456,6 +467,10 @@ func (c *placementController) switchModel(ctx context.Context, m catalogModel) e
 		c.setSwitching(nil)
 		_ = c.node.publish()
 		return err
+	}
+	for _, fp := range release {
+		ended := c.node.releaseExtra(ctx, fp)
+		c.log.Info("placement: released an extra model to make room for the switch", "model", fp[:16], "sessions_ended_by_drain", ended)
 	}
 	from, oldPath, ended, released := c.node.releaseWindow(ctx)
 	c.log.Info("placement: released the window of the old model", "model", prev.name, "range", from.String(), "sessions_ended_by_drain", ended)
@@ -515,7 +530,7 @@ func (c *placementController) resize(m catalogModel) {
 	c.mu.Lock()
 	c.sizing, c.nEmbd, c.arch = m.sizing, m.nEmbd, m.arch
 	c.mu.Unlock()
-	c.reb = placement.NewRebalancer(m.sizing, c.budget, c.rng)
+	c.reb = placement.NewRebalancer(m.sizing, c.ownBudget(), c.rng)
 }
 
 // warmWanted reports whether one of the node's models other than the one

@@ -167,7 +167,7 @@ func TestExtraPlan(t *testing.T) {
 		{"does not fit", true, 7, []placement.ModelLoad{{Fingerprint: "b", Demand: 1, Unmet: 1}}, nil, none, "", nil},
 		{"own window not whole: no extras", false, 100, []placement.ModelLoad{{Fingerprint: "b", Demand: 1, Unmet: 1}}, nil, none, "", nil},
 		{"someone is loading it (planned)", true, 10, []placement.ModelLoad{{Fingerprint: "b", Demand: 1, Unmet: 1, Nodes: 1}}, nil, none, "", nil},
-		{"routes and served demand, some unmet: one more", true, 10, []placement.ModelLoad{{Fingerprint: "b", Demand: 4, Unmet: 1, Nodes: 1, Routes: 1}}, nil, none, "b", nil},
+		{"routes already: extras only warm (more routes come from switches)", true, 10, []placement.ModelLoad{{Fingerprint: "b", Demand: 4, Unmet: 1, Nodes: 1, Routes: 1}}, nil, none, "", nil},
 		{"routes and only refusals: nothing (a liar's report)", true, 10, []placement.ModelLoad{{Fingerprint: "b", Demand: 50, Unmet: 50, Nodes: 1, Routes: 1}}, nil, none, "", nil},
 		{"not asked for", true, 10, []placement.ModelLoad{{Fingerprint: "b", Nodes: 0}}, nil, none, "", nil},
 		{"failed lately", true, 10, []placement.ModelLoad{{Fingerprint: "b", Demand: 1, Unmet: 1}}, nil, func(fp string) bool { return fp == "b" }, "", nil},

@@ -181,9 +181,10 @@ type placementController struct {
 	// goroutine only); switching is a switch under way (advertised), and
 	// pinned says the node holds its model's last route while it is
 	// needed (its offers say so); both guarded by mu.
-	failedAt  map[string]time.Time
-	switching *switchIntent
-	pinned    bool
+	failedAt      map[string]time.Time
+	extraFailedAt map[string]time.Time // the same for loading a model as an extra
+	switching     *switchIntent
+	pinned        bool
 }
 
 // newPlacementController returns the controller of a node's window; cfg
@@ -191,7 +192,8 @@ type placementController struct {
 func newPlacementController(node windowHost, sw swarm, log *slog.Logger, cfg *PlacementConfig, bootstrap bool,
 	shardFor func(ctx context.Context, r gguf.Range) (string, error)) *placementController {
 	c := &placementController{node: node, swarm: sw, log: log, bootstrap: bootstrap, shardFor: shardFor,
-		lastAsked: map[string]time.Time{}, started: time.Now(), failedAt: map[string]time.Time{}}
+		lastAsked: map[string]time.Time{}, started: time.Now(), failedAt: map[string]time.Time{},
+		extraFailedAt: map[string]time.Time{}}
 	if cfg != nil {
 		c.auto, c.cfg = true, *cfg
 	}
@@ -460,13 +462,13 @@ func (c *placementController) check(ctx context.Context) (recheck bool) {
 	}
 	to := gguf.Range{Start: dec.To.Start, End: dec.To.End}
 	both := c.sizing.Need(placement.Range{Start: cur.Start, End: cur.End}) + c.sizing.Need(dec.To)
-	releaseFirst := both > c.budget
+	releaseFirst := both > c.ownBudget()
 	if releaseFirst && dec.Reason == placement.ReasonThroughput {
 		// A throughput move while routes exist must not drop the old
 		// window before the new one serves, nor hold both beyond the
 		// budget.
 		c.log.Info("placement: not moving: holding both windows during the move exceeds the budget", "from", cur.String(), "to", to.String(),
-			"both", mib(both), "budget", mib(c.budget))
+			"both", mib(both), "budget", mib(c.ownBudget()))
 		return dec.Recheck
 	}
 	c.log.Info("placement: moving", "from", cur.String(), "to", to.String(), "reason", string(dec.Reason), "why", dec.Why, "release_first", releaseFirst)

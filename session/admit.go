@@ -81,6 +81,12 @@ func (h *HopService) admit(open *meshp2pb.SessionOpen, from peer.ID) (int, *serv
 			return 0, nil, "", &hopError{e}
 		}
 	}
+	// Pinned until the admission ends (handleSession unpins): a drain
+	// waits for it, so the engine is not closed under a session being
+	// admitted on it.
+	if he := h.pin(se); he != nil {
+		return 0, nil, "", he
+	}
 	return idx, se, origin, nil
 }
 
@@ -143,6 +149,9 @@ func (h *HopService) handleSession(s network.Stream) {
 	}
 	from := s.Conn().RemotePeer()
 	idx, se, origin, he := h.admit(open, from)
+	if se != nil {
+		defer h.unpin(se)
+	}
 	if he == nil {
 		he = h.checkSessionKV(open, se.info)
 	}
@@ -276,6 +285,13 @@ func (h *HopService) register(hs *hopSession) *hopError {
 		h.mu.Unlock()
 		hs.closeEngine()
 		return codeErr(meshp2pb.ErrorCode_ERROR_CODE_BAD_REQUEST, "session already open", "")
+	}
+	if !hs.se.admitting {
+		// The range started draining while this session was admitted:
+		// another route takes it (its engine stays open: pinned).
+		h.mu.Unlock()
+		hs.closeEngine()
+		return codeErr(meshp2pb.ErrorCode_ERROR_CODE_NO_CAPACITY, fmt.Sprintf("this hop is moving away from layers %d-%d", hs.se.info.Start, hs.se.info.End), h.host.ID())
 	}
 	h.active[hs.key] = hs
 	h.wg.Add(1)

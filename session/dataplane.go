@@ -246,7 +246,7 @@ func (hs *hopSession) compute(a *meshp2pb.ActivationHeader, tensors [][]byte, fr
 	took := time.Since(t0)
 	hs.h.cfg.Observer.Computed(a.GetIsPrefill(), int(a.GetNRows()), took)
 	us := uint32(took.Microseconds())
-	if a.GetNRows() == 1 && hs.h.ownModel(hs.se) {
+	if a.GetNRows() == 1 && hs.se.own {
 		hs.h.observeDecode(took, hs.se.info.End-hs.se.info.Start)
 	}
 	own := &meshp2pb.HopTiming{WaitUs: usOf(rt.wait), ReadUs: usOf(rt.read), DecodeUs: usOf(rt.decode), ComputeUs: us,

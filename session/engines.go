@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -17,9 +18,31 @@ import (
 // whole other models beside it (AddModel).
 type servedEngine struct {
 	fp        string // the model's fingerprint
+	own       bool   // of the hop's own model (its speed is advertised); fixed when added
 	eng       Engine
 	info      ShardInfo
 	admitting bool // guarded by HopService.mu
+	// pinned counts sessions being admitted on it (guarded by
+	// HopService.mu): a drain waits for them as for open sessions.
+	pinned int
+}
+
+// pin marks se as used by a session being admitted, unless it stopped
+// admitting or left the hop meanwhile (NO_CAPACITY: another route).
+func (h *HopService) pin(se *servedEngine) *hopError {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if !se.admitting || !slices.Contains(h.engines, se) {
+		return codeErr(meshp2pb.ErrorCode_ERROR_CODE_NO_CAPACITY, fmt.Sprintf("this hop is moving away from layers %d-%d", se.info.Start, se.info.End), h.host.ID())
+	}
+	se.pinned++
+	return nil
+}
+
+func (h *HopService) unpin(se *servedEngine) {
+	h.mu.Lock()
+	se.pinned--
+	h.mu.Unlock()
 }
 
 // rangeKey names a served range: model and layers.
@@ -39,7 +62,7 @@ func (h *HopService) AddEngine(eng Engine) error {
 	if info.ParentNLayer != h.info.ParentNLayer || info.NEmbd != h.info.NEmbd {
 		return fmt.Errorf("session: engine %d-%d is not of this hop's model (%d layers, n_embd %d)", info.Start, info.End, h.info.ParentNLayer, h.info.NEmbd)
 	}
-	return h.addLocked(h.fp, eng, info)
+	return h.addLocked(h.fp, eng, info, true)
 }
 
 // AddModel adds a range of another model than the hop's own (a
@@ -57,16 +80,16 @@ func (h *HopService) AddModel(fingerprint string, eng Engine) error {
 			return fmt.Errorf("session: engine %d-%d does not match the other ranges of model %.16s", info.Start, info.End, fingerprint)
 		}
 	}
-	return h.addLocked(fingerprint, eng, info)
+	return h.addLocked(fingerprint, eng, info, false)
 }
 
-func (h *HopService) addLocked(fp string, eng Engine, info ShardInfo) error {
+func (h *HopService) addLocked(fp string, eng Engine, info ShardInfo, own bool) error {
 	for _, se := range h.engines {
 		if se.key() == (rangeKey{fp, info.Start, info.End}) {
 			return fmt.Errorf("session: layers %d-%d of model %.16s are already served", info.Start, info.End, fp)
 		}
 	}
-	h.engines = append(h.engines, &servedEngine{fp: fp, eng: eng, info: info, admitting: true})
+	h.engines = append(h.engines, &servedEngine{fp: fp, own: own, eng: eng, info: info, admitting: true})
 	return nil
 }
 
@@ -116,7 +139,7 @@ func (h *HopService) Retarget(fingerprint string, eng Engine) error {
 		}
 	}
 	h.fp, h.info = fingerprint, info
-	h.engines = append(h.engines, &servedEngine{fp: fingerprint, eng: eng, info: info, admitting: true})
+	h.engines = append(h.engines, &servedEngine{fp: fingerprint, own: true, eng: eng, info: info, admitting: true})
 	h.speed.mu.Lock()
 	h.speed.layers = max(1, info.End-info.Start)
 	h.speed.n = 0
@@ -160,7 +183,7 @@ func (h *HopService) DrainModel(ctx context.Context, fp string, start, end int) 
 	ended := 0
 	for {
 		left := h.sessionsOn(k)
-		if len(left) == 0 {
+		if len(left) == 0 && h.pinnedOn(k) == 0 {
 			break
 		}
 		if ctx.Err() != nil {
@@ -170,8 +193,14 @@ func (h *HopService) DrainModel(ctx context.Context, fp string, start, end int) 
 			for _, hs := range left {
 				<-hs.released
 			}
-			ended = len(left)
-			break
+			ended += len(left)
+			// Sessions still being admitted are refused (the range does
+			// not admit); wait for them too, briefly.
+			if h.pinnedOn(k) == 0 {
+				break
+			}
+			time.Sleep(20 * time.Millisecond)
+			continue
 		}
 		select {
 		case <-ctx.Done():
@@ -197,6 +226,19 @@ func (h *HopService) DrainModel(ctx context.Context, fp string, start, end int) 
 	}
 	h.moved[k] = now
 	return ended
+}
+
+// pinnedOn counts the sessions being admitted on range k.
+func (h *HopService) pinnedOn(k rangeKey) int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	n := 0
+	for _, se := range h.engines {
+		if se.key() == k {
+			n += se.pinned
+		}
+	}
+	return n
 }
 
 // sessionsOn lists the sessions that run on range k.
@@ -242,13 +284,7 @@ func (h *HopService) layersOf(fp string) (int, bool) {
 	return 0, false
 }
 
-// ownModel reports whether se is of the hop's own model (its speed is the
-// one advertised).
-func (h *HopService) ownModel(se *servedEngine) bool {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	return se.fp == h.fp
-}
+
 
 // ServedRange is one range of Ranges.
 type ServedRange struct {

@@ -121,7 +121,7 @@ func NewHopService(host Host, eng Engine, cfg HopConfig) *HopService {
 		cfg.AuditHold = DefaultAuditHold
 	}
 	info := eng.Info()
-	h := &HopService{host: host, info: info, fp: cfg.Fingerprint, cfg: cfg, engines: []*servedEngine{{fp: cfg.Fingerprint, eng: eng, info: info, admitting: true}},
+	h := &HopService{host: host, info: info, fp: cfg.Fingerprint, cfg: cfg, engines: []*servedEngine{{fp: cfg.Fingerprint, own: true, eng: eng, info: info, admitting: true}},
 		log: cfg.Logger.With("range", fmt.Sprintf("%d-%d", info.Start, info.End)), active: map[Key]*hopSession{}, perPeer: map[peer.ID]peerUse{},
 		guard:   newOriginGuard(OpenMaxAge, route.DefaultClockSkew, DefaultMaxOpenMemory, DefaultMaxOpensPerOrigin, nil),
 		silence: newSilenceMemory(cfg.SilenceBackoff, max(cfg.SilenceBackoff, DefaultSilenceBackoffMax), DefaultFailurePeers, nil),
