@@ -284,8 +284,6 @@ func (h *HopService) layersOf(fp string) (int, bool) {
 	return 0, false
 }
 
-
-
 // ServedRange is one range of Ranges.
 type ServedRange struct {
 	Start, End int
