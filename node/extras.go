@@ -1,6 +1,7 @@
 package node
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -311,7 +312,7 @@ func (c *placementController) roomFor(m catalogModel, loads []placement.ModelLoa
 		byFP[l.Fingerprint] = l
 	}
 	order := sortedKeys(extras)
-	slices.SortStableFunc(order, func(a, b string) int { return cmpDuration(byFP[b].IdleFor, byFP[a].IdleFor) })
+	slices.SortStableFunc(order, func(a, b string) int { return cmp.Compare(byFP[b].IdleFor, byFP[a].IdleFor) })
 	var release []string
 	for _, fp := range order {
 		if room >= want {
@@ -326,16 +327,6 @@ func (c *placementController) roomFor(m catalogModel, loads []placement.ModelLoa
 		release = append(release, fp)
 	}
 	return release, nil
-}
-
-func cmpDuration(a, b time.Duration) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 // extraRouteShards are the extras as this node's own shards (the status

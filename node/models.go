@@ -1,6 +1,7 @@
 package node
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -188,10 +189,10 @@ func (n *Node) demandLoop(ctx context.Context) {
 				// advert's body is bounded (16 KiB) and carries shards and
 				// offers too.
 				slices.SortFunc(dr.Models, func(a, b *meshp2pb.ModelDemand) int {
-					if c := cmpFloat(b.Requests, a.Requests); c != 0 {
+					if c := cmp.Compare(b.Requests, a.Requests); c != 0 {
 						return c
 					}
-					return cmpString(a.ModelFingerprint, b.ModelFingerprint)
+					return cmp.Compare(a.ModelFingerprint, b.ModelFingerprint)
 				})
 				dr.Models = dr.Models[:min(len(dr.Models), MaxAdvertDemand)]
 			}
@@ -208,26 +209,6 @@ func (n *Node) demandLoop(ctx context.Context) {
 // MaxAdvertDemand bounds the models of the demand report in a node's
 // advert (the most requested).
 const MaxAdvertDemand = 32
-
-func cmpFloat(a, b float64) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
-}
-
-func cmpString(a, b string) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
-}
 
 func distinctPeers(ss []route.Shard) int {
 	ps := map[peer.ID]bool{}

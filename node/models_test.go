@@ -52,30 +52,14 @@ func TestModelSwitch(t *testing.T) {
 			fpB, nlB = m.fp, m.nLayer
 		}
 	}
-	ccfg := tn.config(t.TempDir())
-	ccfg.P2P = clientPreset(ccfg.P2P)
-	ccfg.DemandInterval = time.Second
-	c, err := Start(context.Background(), ccfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.Close() })
+	c := demandClient(t, tn)
 	waitModel(t, c, "switch-a")
 	for deadline := time.Now().Add(30 * time.Second); len(c.Table().Offers(fpB)) < 2; time.Sleep(100 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatalf("offers of B seen by the client: %+v", c.Table().Offers(fpB))
 		}
 	}
-	ctx, stop := context.WithCancel(context.Background())
-	defer stop()
-	go func() {
-		for ctx.Err() == nil {
-			c.DemandMeter().Request(fpA)
-			c.DemandMeter().Request(fpB)
-			c.DemandMeter().Refused(fpB)
-			time.Sleep(200 * time.Millisecond)
-		}
-	}()
+	askFor(t, c, fpA, fpB)
 	t0 := time.Now()
 	var onB, onA *Node
 	for deadline := time.Now().Add(60 * time.Second); onB == nil; time.Sleep(100 * time.Millisecond) {
@@ -213,25 +197,9 @@ func TestModelExtra(t *testing.T) {
 	tn.boot = []peer.AddrInfo{n.P2P().AddrInfo()}
 	fpA, nlA := n.servedModel()
 	fpB, nlB := n.catalog[1].fp, n.catalog[1].nLayer
-	ccfg := tn.config(t.TempDir())
-	ccfg.P2P = clientPreset(ccfg.P2P)
-	ccfg.DemandInterval = time.Second
-	c, err := Start(context.Background(), ccfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.Close() })
+	c := demandClient(t, tn)
 	waitModel(t, c, "extra-a")
-	ctx, stop := context.WithCancel(context.Background())
-	defer stop()
-	go func() {
-		for ctx.Err() == nil {
-			c.DemandMeter().Request(fpA)
-			c.DemandMeter().Request(fpB)
-			c.DemandMeter().Refused(fpB)
-			time.Sleep(200 * time.Millisecond)
-		}
-	}()
+	askFor(t, c, fpA, fpB)
 	for deadline := time.Now().Add(60 * time.Second); len(n.Info().AlsoServes) == 0; time.Sleep(100 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatalf("B not served beside A: %q", n.Placement().ModelWhy)
@@ -262,4 +230,34 @@ func TestModelExtra(t *testing.T) {
 	if shards != 2 {
 		t.Fatalf("the node's status shows %d shards of its own, want 2 (A and B)", shards)
 	}
+}
+
+// demandClient starts a client peer whose origins' demand is gossiped
+// every second (DemandInterval, the one value shortened, by name).
+func demandClient(t *testing.T, tn *testNet) *Node {
+	t.Helper()
+	cfg := tn.config(t.TempDir())
+	cfg.P2P = clientPreset(cfg.P2P)
+	cfg.DemandInterval = time.Second
+	c, err := Start(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// askFor counts demand at c's meter until the test ends: model served
+// asked for and answered, model wanted asked for and refused (no route).
+func askFor(t *testing.T, c *Node, served, wanted string) {
+	ctx, stop := context.WithCancel(context.Background())
+	t.Cleanup(stop)
+	go func() {
+		for ctx.Err() == nil {
+			c.DemandMeter().Request(served)
+			c.DemandMeter().Request(wanted)
+			c.DemandMeter().Refused(wanted)
+			time.Sleep(200 * time.Millisecond)
+		}
+	}()
 }
