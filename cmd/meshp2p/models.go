@@ -11,8 +11,12 @@ import (
 // expandModels reads start's --model when it names several models: a
 // comma-separated list of whole GGUF files, or a directory (its *.gguf
 // files, sorted by name). One model (a file, URL, name or fingerprint)
-// comes back as it is. Every file of a list must exist.
+// comes back as it is; so does an existing file whose name has a comma.
+// Every file of a list must exist.
 func expandModels(spec string) ([]string, error) {
+	if st, err := os.Stat(spec); err == nil && !st.IsDir() {
+		return []string{spec}, nil
+	}
 	parts := strings.Split(spec, ",")
 	if len(parts) == 1 {
 		st, err := os.Stat(spec)

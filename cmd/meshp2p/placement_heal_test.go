@@ -100,7 +100,7 @@ func newHealSwarm(t *testing.T) *healSwarm {
 	}
 	t.Cleanup(func() {
 		for _, p := range h.procs {
-			if !p.dead {
+			if !p.dead && p.cmd != nil && p.cmd.Process != nil { // a start that failed early launched none
 				_ = p.cmd.Process.Signal(syscall.SIGKILL) // our own child, by PID
 				_ = p.cmd.Wait()
 			}

@@ -176,6 +176,7 @@ func TestStartManyModelsErrors(t *testing.T) {
 		{"an empty entry", []string{"--model", small + ","}, true, "empty entry"},
 		{"a directory without models", []string{"--model", empty + "," + small}, true, "holds no .gguf"},
 		{"one model twice", []string{"--model", small + "," + small, "--memory", "64M"}, false, "same model"},
+		{"a list naming a file with a comma that does not exist", []string{"--model", filepath.Join(dir, "a,b.gguf")}, true, "no such file"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -189,5 +190,24 @@ func TestStartManyModelsErrors(t *testing.T) {
 				t.Fatal("node.json written: the node started")
 			}
 		})
+	}
+}
+
+// A single model file whose path has a comma is that file, not a list
+// (test directories are named after subtests, which may hold commas).
+func TestExpandModelsCommaPath(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "five nodes, two killed")
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	one := filepath.Join(dir, "m.gguf")
+	if err := os.WriteFile(one, []byte("x"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := expandModels(one); err != nil || len(got) != 1 || got[0] != one {
+		t.Fatalf("expandModels(%q) = %v, %v", one, got, err)
+	}
+	if got, err := expandModels(one + "," + one); err == nil {
+		t.Fatalf("a list of two files with commas in their paths: %v, want an error naming the part that does not exist", got)
 	}
 }
