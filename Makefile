@@ -136,15 +136,12 @@ lint: $(GENERATED) $(STATICCHECK)
 # The GPU code path is tested on every machine: make test builds the
 # Vulkan backend library (Mesa's lavapipe runs it on the CPU) and requires
 # the GPU tests to run, not skip (internal/testgpu).
+# scripts/test.sh runs the test steps, every one even after a failure, and
+# ends with a one-line summary of each failed test and its package.
 # Not root and Debian's Vulkan packages missing (the script exits 3): the
 # GPU tests skip, saying why; any other failure of the build fails.
 test: deps build build-check-amx vet
-	@rc=0; sh scripts/gpu-vulkan.sh || rc=$$?; \
-	if [ $$rc = 0 ]; then gpu=require; elif [ $$rc = 3 ]; then gpu=; echo "make test: GPU tests will skip"; else exit $$rc; fi; \
-	MESHP2P_GPU_TESTS=$$gpu go test -count=1 -timeout $(TEST_TIMEOUT) ./...
-	$(MAKE) test-docker
-	$(MAKE) soak SOAK_DURATION=5m
-	$(MAKE) fuzz FUZZTIME=$(FUZZTIME)
+	@MAKE='$(MAKE)' TEST_TIMEOUT='$(TEST_TIMEOUT)' FUZZTIME='$(FUZZTIME)' sh scripts/test.sh
 
 test-short: $(GENERATED)
 	go test -short -count=1 ./...
