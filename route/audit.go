@@ -91,12 +91,16 @@ func SubmitProof(ctx context.Context, h StreamOpener, pid protocol.ID, tracker p
 	stop := context.AfterFunc(ctx, func() { _ = s.Reset() })
 	defer stop()
 	lim.MaxPayload = max(lim.MaxPayload, MaxProofBytes)
-	if err := frame.NewWriter(s, lim).WriteBlob(&meshp2pb.ProofSubmission{Size: uint64(len(b))}, b); err != nil {
-		return nil, fmt.Errorf("send proof: %w", err)
-	}
+	werr := frame.NewWriter(s, lim).WriteBlob(&meshp2pb.ProofSubmission{Size: uint64(len(b))}, b)
 	_ = s.CloseWrite()
+	// A tracker that refuses the proof (it judges none, too many in
+	// flight) answers before reading it and stops reading: its verdict is
+	// the reason the write failed.
 	var v meshp2pb.ProofVerdict
 	if err := frame.ReadMessage(s, &v, lim); err != nil {
+		if werr != nil {
+			return nil, fmt.Errorf("send proof: %w", werr)
+		}
 		return nil, fmt.Errorf("read verdict: %w", err)
 	}
 	return &v, nil

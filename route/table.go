@@ -322,24 +322,33 @@ const MinPrefix = 16
 // another model under a popular name neither takes nor blocks it);
 // otherwise the name is ambiguous, and the error lists the candidates,
 // each reachable by its fingerprint. A fingerprint or prefix is exact.
+//
+// Served models come first: an offer (a standby peer's claim that it
+// could warm a model) costs an advert and nothing else, so offers count
+// for a name only when no peer serves a model under it. Free keys offering
+// another fingerprint under a served name can neither tie nor take it.
 func (t *Table) Fingerprint(nameOrFP string) (string, error) {
 	exact := map[string]bool{}
 	named := map[string]map[peer.ID]bool{}
-	claims := t.Shards("")
-	for _, o := range t.Offers("") {
-		// A model a standby peer offers to warm is claimed under its
-		// name as much as one served.
-		claims = append(claims, Shard{Peer: o.Peer, Fingerprint: o.Fingerprint, ModelName: o.ModelName})
-	}
-	for _, s := range claims {
-		if s.Fingerprint == nameOrFP || (len(nameOrFP) >= MinPrefix && strings.HasPrefix(s.Fingerprint, nameOrFP)) {
-			exact[s.Fingerprint] = true
-		} else if s.ModelName == nameOrFP {
-			if named[s.Fingerprint] == nil {
-				named[s.Fingerprint] = map[peer.ID]bool{}
+	offered := map[string]map[peer.ID]bool{}
+	claim := func(byName map[string]map[peer.ID]bool, p peer.ID, fp, name string) {
+		if fp == nameOrFP || (len(nameOrFP) >= MinPrefix && strings.HasPrefix(fp, nameOrFP)) {
+			exact[fp] = true
+		} else if name == nameOrFP {
+			if byName[fp] == nil {
+				byName[fp] = map[peer.ID]bool{}
 			}
-			named[s.Fingerprint][s.Peer] = true
+			byName[fp][p] = true
 		}
+	}
+	for _, s := range t.Shards("") {
+		claim(named, s.Peer, s.Fingerprint, s.ModelName)
+	}
+	for _, o := range t.Offers("") {
+		claim(offered, o.Peer, o.Fingerprint, o.ModelName)
+	}
+	if len(named) == 0 {
+		named = offered
 	}
 	switch len(exact) {
 	case 0:

@@ -3,6 +3,7 @@ package tracker
 import (
 	"context"
 	"crypto/sha256"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"slices"
@@ -12,6 +13,7 @@ import (
 	"github.com/libp2p/go-libp2p/core/peer"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/neuron-tai/meshp2p/p2p"
 	"github.com/neuron-tai/meshp2p/proto/frame"
 	"github.com/neuron-tai/meshp2p/proto/meshp2pb"
 	"github.com/neuron-tai/meshp2p/route"
@@ -43,24 +45,55 @@ type Conviction struct {
 	Proof  []byte    `json:"proof_sha256"` // SHA-256 of the proof's bytes
 }
 
-// publish (re)sets the tracker's signed advert: its roles and the newest
-// convictions (route.MaxPublishedConvictions), which nodes that trust it
-// honour (route.Table.TrustConvictions).
+// publish (re)sets the tracker's signed advert: its roles and the
+// convictions that fit it, which nodes that trust it honour
+// (route.Table.TrustConvictions). The advert body is bounded
+// (p2p.DiscoveryConfig.MaxBody, 16 KiB by default: about 190
+// convictions), so when they do not all fit, the rule is: convictions of
+// peers that advertise shards now first (those are the ones routes could
+// take), then the newest; at most route.MaxPublishedConvictions. Throwaway
+// keys convicted by the hundred therefore never push out the conviction of
+// a peer that serves: a real conviction is always published.
 func (t *Tracker) publish() error {
 	cs := t.Convicted()
-	slices.SortFunc(cs, func(a, b Conviction) int { return a.At.Compare(b.At) })
-	cs = cs[max(0, len(cs)-route.MaxPublishedConvictions):]
+	serving := map[peer.ID]bool{}
+	for _, s := range t.table.Shards("") {
+		serving[s.Peer] = true
+	}
+	slices.SortFunc(cs, func(a, b Conviction) int { // kept first
+		if serving[a.Peer] != serving[b.Peer] {
+			if serving[a.Peer] {
+				return -1
+			}
+			return 1
+		}
+		return b.At.Compare(a.At)
+	})
+	cs = cs[:min(len(cs), route.MaxPublishedConvictions)]
+	for {
+		body, err := t.advertBody(cs)
+		if err != nil {
+			return err
+		}
+		err = t.p2p.Discovery().SetLocalAdvert([]string{Key}, body)
+		if !errors.Is(err, p2p.ErrAdvertTooLarge) || len(cs) == 0 {
+			return err
+		}
+		cs = cs[:len(cs)-max(1, len(cs)/16)] // the last kept go first
+	}
+}
+
+// advertBody is the tracker's advert with convictions cs, newest last.
+func (t *Tracker) advertBody(cs []Conviction) ([]byte, error) {
 	ad := &meshp2pb.CapabilityAdvert{PeerId: []byte(t.p2p.ID()), Network: t.cfg.P2P.Network,
 		Roles: []meshp2pb.Role{meshp2pb.Role_ROLE_TRACKER, meshp2pb.Role_ROLE_RELAY}, Version: t.cfg.P2P.Version,
 		Reachability: meshp2pb.Reachability_REACHABILITY_PUBLIC}
-	for _, c := range cs {
+	sorted := slices.Clone(cs)
+	slices.SortFunc(sorted, func(a, b Conviction) int { return a.At.Compare(b.At) })
+	for _, c := range sorted {
 		ad.Convicted = append(ad.Convicted, &meshp2pb.Conviction{PeerId: []byte(c.Peer), ProofSha256: c.Proof, AtMs: c.At.UnixMilli()})
 	}
-	body, err := proto.Marshal(ad)
-	if err != nil {
-		return err
-	}
-	return t.p2p.Discovery().SetLocalAdvert([]string{Key}, body)
+	return proto.Marshal(ad)
 }
 
 // Convicted lists the peers this tracker refuses tickets through.
@@ -89,31 +122,59 @@ func (t *Tracker) assignAudit(tk *meshp2pb.RouteTicket) (*meshp2pb.AuditAssignme
 }
 
 // handleProof reads one proof, judges it and answers the verdict; a
-// conviction is remembered (bounded) and routes avoid the peer.
+// conviction is remembered (bounded) and routes avoid the peer. What a
+// proof may cost is bounded by the proof gate (proofgate.go): a tracker
+// that judges no proofs refuses before reading a byte.
 func (t *Tracker) handleProof(s network.Stream) {
 	defer s.Close()
-	_ = s.SetDeadline(time.Now().Add(ProofTimeout))
-	lim := t.cfg.Limits
-	lim.MaxPayload = route.MaxProofBytes
-	answer := func(v *meshp2pb.ProofVerdict) { _ = frame.WriteMessage(s, v) }
-	var sub meshp2pb.ProofSubmission
-	b, err := frame.NewReader(s, lim).ReadBlob(&sub)
-	if err != nil {
-		answer(&meshp2pb.ProofVerdict{Error: frame.ToProto(err)})
-		return
+	answer := func(v *meshp2pb.ProofVerdict) {
+		_ = s.SetWriteDeadline(time.Now().Add(ProofGrace))
+		_ = frame.WriteMessage(s, v)
+		_ = s.CloseWrite()
 	}
 	if t.cfg.Judge == nil {
 		answer(&meshp2pb.ProofVerdict{Error: &meshp2pb.Error{Code: meshp2pb.ErrorCode_ERROR_CODE_UNSUPPORTED_VERSION, Message: "this tracker checks no proofs (start it with --audit-model)"}})
 		return
 	}
+	from := s.Conn().RemotePeer()
+	done, err := t.proofs.admit(from, t.cfg.Now())
+	if err != nil {
+		answer(&meshp2pb.ProofVerdict{Error: &meshp2pb.Error{Code: meshp2pb.ErrorCode_ERROR_CODE_NO_CAPACITY, Message: err.Error()}})
+		return
+	}
+	defer done()
+	rd := t.proofs.reader(s, time.Now())
+	defer rd.release()
+	lim := t.cfg.Limits
+	lim.MaxPayload = route.MaxProofBytes
+	var sub meshp2pb.ProofSubmission
+	b, err := frame.NewReader(rd, lim).ChargeTo(rd).ReadBlob(&sub)
+	if err != nil {
+		e := frame.ToProto(err)
+		if errors.Is(err, errProofBusy) {
+			e = &meshp2pb.Error{Code: meshp2pb.ErrorCode_ERROR_CODE_NO_CAPACITY, Message: err.Error()}
+		}
+		t.log.Info("proof not read", "from", from, "err", err)
+		answer(&meshp2pb.ProofVerdict{Error: e})
+		return
+	}
+	_ = s.SetReadDeadline(time.Time{})
 	p := &meshp2pb.Proof{}
 	if err := proto.Unmarshal(b, p); err != nil {
 		answer(&meshp2pb.ProofVerdict{Error: &meshp2pb.Error{Code: meshp2pb.ErrorCode_ERROR_CODE_MALFORMED, Message: "not a proof: " + err.Error()}})
 		return
 	}
-	ctx, cancel := context.WithTimeout(t.bg, ProofTimeout)
-	defer cancel()
-	convicted, who, reason, err := t.cfg.Judge(ctx, p)
+	sum := sha256.Sum256(b)
+	b = nil // decoded: its bytes can go (its charge stays until the verdict)
+	jctx, jcancel := context.WithTimeout(t.bg, ProofTimeout)
+	defer jcancel()
+	release, err := t.proofs.judgeSlot(jctx)
+	if err != nil {
+		answer(&meshp2pb.ProofVerdict{Error: &meshp2pb.Error{Code: meshp2pb.ErrorCode_ERROR_CODE_NO_CAPACITY, Message: err.Error()}})
+		return
+	}
+	defer release()
+	convicted, who, reason, err := t.cfg.Judge(jctx, p)
 	if err != nil {
 		t.log.Info("proof not verified", "from", s.Conn().RemotePeer(), "err", err)
 		answer(&meshp2pb.ProofVerdict{Error: &meshp2pb.Error{Code: meshp2pb.ErrorCode_ERROR_CODE_BAD_REQUEST, Message: err.Error()}})
@@ -130,7 +191,6 @@ func (t *Tracker) handleProof(s network.Stream) {
 			break
 		}
 	}
-	sum := sha256.Sum256(b)
 	t.convicted[who] = Conviction{Peer: who, Reason: reason, At: t.cfg.Now(), Proof: sum[:]}
 	t.mu.Unlock()
 	if err := t.publish(); err != nil {

@@ -69,6 +69,9 @@ type Config struct {
 	// fraud proofs clients submit; without it none are accepted.
 	AuditRate float64
 	Judge     Judge
+	// ProofIdleTimeout is how long reading a proof may wait for its next
+	// bytes (ProofIdleTimeout when 0; tests shorten it).
+	ProofIdleTimeout time.Duration
 }
 
 // Tracker is the optional route oracle: an ordinary swarm peer that keeps
@@ -84,6 +87,7 @@ type Tracker struct {
 	pid     protocol.ID
 
 	limiter *peerlimit.Limiter // route requests per client
+	proofs  *proofGate         // what proofs in flight may cost (proofgate.go)
 
 	mu        sync.Mutex
 	views     map[peer.ID]*peerView
@@ -140,7 +144,8 @@ func Start(ctx context.Context, cfg Config) (*Tracker, error) {
 	}
 	t := &Tracker{cfg: cfg, log: cfg.Logger.With("logger", "tracker"), table: route.NewTable(), views: map[peer.ID]*peerView{}, convicted: map[peer.ID]Conviction{},
 		layers:  layerCounts{m: map[string]*layerEntry{}},
-		limiter: peerlimit.NewLimiter(rate.Limit(cfg.RequestsPerSecond), cfg.RequestBurst, MaxTrackedClients)}
+		limiter: peerlimit.NewLimiter(rate.Limit(cfg.RequestsPerSecond), cfg.RequestBurst, MaxTrackedClients),
+		proofs:  newProofGate(cfg.ProofIdleTimeout)}
 	// Without a swarm key the relay serves members only, each within its
 	// budget (p2p.Node.RelayMember, p2p/relayguard.go); a member's advert
 	// must list a shard inside route.DecodeAdvert's bounds.

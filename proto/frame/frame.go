@@ -355,10 +355,15 @@ func (w *Writer) WriteBlob(msg proto.Message, data []byte) error {
 }
 
 // ReadBlob reads a frame written by WriteBlob: the header into msg and the
-// payload as fresh memory (at most Limits.MaxPayload bytes).
+// payload as fresh memory (at most Limits.MaxPayload bytes). A Reader with
+// a scope (ChargeTo) reserves the declared size before it reads a payload
+// byte; the reservation lasts until the scope ends.
 func (r *Reader) ReadBlob(msg proto.Message) ([]byte, error) {
 	n, err := r.readHeader(msg)
 	if err != nil {
+		return nil, err
+	}
+	if err := r.charge(n); err != nil {
 		return nil, err
 	}
 	data, err := readN(r.r, nil, n)
