@@ -61,6 +61,23 @@ func (m *FailureMemory) Convicted(p peer.ID) bool {
 	return m.convicts[p]
 }
 
+// Convicts lists the convicted peers, sorted: what a short-lived client
+// saves so its next runs never route through them either (a conviction
+// never ends; DefaultMaxConvicts bounds how many are kept).
+func (m *FailureMemory) Convicts() []peer.ID {
+	if m == nil {
+		return nil
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := make([]peer.ID, 0, len(m.convicts))
+	for p := range m.convicts {
+		out = append(out, p)
+	}
+	slices.Sort(out)
+	return out
+}
+
 // convicted is a fresh exclusion set holding the convicted peers.
 func (m *FailureMemory) convicted() map[peer.ID]bool {
 	out := map[peer.ID]bool{}
@@ -197,14 +214,15 @@ func (m *FailureMemory) Avoided(p peer.ID) bool {
 	return ok && m.now().Before(t)
 }
 
-// Len is the number of peers held (some may have just expired).
+// Len is the number of peers held, blamed (some may have just expired)
+// or convicted.
 func (m *FailureMemory) Len() int {
 	if m == nil {
 		return 0
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	return len(m.until)
+	return len(m.until) + len(m.convicts)
 }
 
 // avoiding returns exclude plus the peers avoided now, or nil when that

@@ -76,6 +76,15 @@ func TestGenerateFailureMemoryBetweenRuns(t *testing.T) {
 	if m, _ := run("--network", "othernet"); m.Avoided(liar) {
 		t.Fatal("another network's run avoids the peer")
 	}
+	// A conviction lasts: the run after one that convicted a peer (an
+	// audit caught it) never routes through it (issue 37, row 9).
+	convict := randomPeer(t)
+	m, save = run("--network", "failnet")
+	m.Convict(convict)
+	save()
+	if m, _ := run("--network", "failnet"); !m.Convicted(convict) {
+		t.Fatal("the next run forgot the peer the last one convicted")
+	}
 
 	dd := t.TempDir()
 	m, save = run("--network", "ddnet", "--data-dir", dd)

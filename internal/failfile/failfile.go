@@ -1,7 +1,8 @@
 // Package failfile keeps a session.FailureMemory between runs of a
 // short-lived client (`meshp2p generate`): a small JSON file of the peers
 // blamed for failed generations and when their avoidance ends, so a peer
-// that made one run wait out a timeout is not waited on again by the next.
+// that made one run wait out a timeout is not waited on again by the next,
+// and of the peers an audit convicted, which no later run routes through.
 //
 // The file is bounded (MaxEntries peers, MaxBytes read), its entries
 // expire (absolute end times; session.FailureMemory.Restore drops the
@@ -41,6 +42,9 @@ const (
 	// MaxEntries bounds the peers a file holds (the latest-ending ones):
 	// the memory's own default bound.
 	MaxEntries = session.DefaultFailurePeers
+	// MaxConvicts bounds the convicted peers a file holds: the memory's
+	// own bound.
+	MaxConvicts = session.DefaultMaxConvicts
 	// MaxBytes bounds what Load reads: a larger file is ignored. MaxEntries
 	// entries of the longest peer IDs take about half of it.
 	MaxBytes = 1 << 20
@@ -50,10 +54,12 @@ const (
 	LockWait = 2 * time.Second
 )
 
-// file is the format on disk.
+// file is the format on disk. Convicted was added after version 1 shipped:
+// an older file has none, an older reader ignores it.
 type file struct {
-	Version int     `json:"version"`
-	Peers   []entry `json:"peers"`
+	Version   int      `json:"version"`
+	Peers     []entry  `json:"peers"`
+	Convicted []string `json:"convicted,omitempty"`
 }
 
 type entry struct {
@@ -82,11 +88,14 @@ func CachePath(network string) (string, error) {
 // parse is ignored with a warning on log (Save then rewrites it).
 // Entries naming no valid peer are skipped.
 func Load(path string, m *session.FailureMemory, log *slog.Logger) {
-	entries, err := read(path)
+	entries, convicts, err := read(path)
 	if err != nil {
 		logger(log).Warn("ignoring the failure memory file; it is rewritten at the next save", "file", path, "err", err)
 	}
 	m.Restore(entries)
+	for _, p := range convicts {
+		m.Convict(p)
+	}
 }
 
 // Save merges m with the file at path and writes the result back: the
@@ -119,12 +128,15 @@ func Save(path string, m *session.FailureMemory, log *slog.Logger) error {
 	for _, e := range snap {
 		f.Peers = append(f.Peers, entry{Peer: e.Peer.String(), Until: e.Until.UTC()})
 	}
+	for _, p := range m.Convicts() {
+		f.Convicted = append(f.Convicted, p.String())
+	}
 	b, err := json.Marshal(f)
 	if err != nil {
 		return err
 	}
-	for len(b) > MaxBytes && len(f.Peers) > 1 { // only with peer IDs far longer than libp2p's
-		f.Peers = f.Peers[:len(f.Peers)/2]
+	for len(b) > MaxBytes && len(f.Peers)+len(f.Convicted) > 1 { // only with peer IDs far longer than libp2p's
+		f.Peers, f.Convicted = f.Peers[:len(f.Peers)/2], f.Convicted[:len(f.Convicted)/2]
 		if b, err = json.Marshal(f); err != nil {
 			return err
 		}
@@ -132,33 +144,36 @@ func Save(path string, m *session.FailureMemory, log *slog.Logger) error {
 	return writeAtomic(path, append(b, '\n'))
 }
 
-// read returns the entries of the file at path (none if it does not
-// exist).
-func read(path string) ([]session.FailureEntry, error) {
+// read returns the entries and convictions of the file at path (none if
+// it does not exist).
+func read(path string) ([]session.FailureEntry, []peer.ID, error) {
 	fh, err := os.Open(path)
 	if errors.Is(err, fs.ErrNotExist) {
-		return nil, nil
+		return nil, nil, nil
 	}
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	defer fh.Close()
 	b, err := io.ReadAll(io.LimitReader(fh, MaxBytes+1))
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if len(b) > MaxBytes {
-		return nil, fmt.Errorf("larger than %d bytes", MaxBytes)
+		return nil, nil, fmt.Errorf("larger than %d bytes", MaxBytes)
 	}
 	var f file
 	if err := json.Unmarshal(b, &f); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if f.Version != Version {
-		return nil, fmt.Errorf("format version %d, want %d", f.Version, Version)
+		return nil, nil, fmt.Errorf("format version %d, want %d", f.Version, Version)
 	}
 	if len(f.Peers) > MaxEntries {
 		f.Peers = f.Peers[:MaxEntries]
+	}
+	if len(f.Convicted) > MaxConvicts {
+		f.Convicted = f.Convicted[:MaxConvicts]
 	}
 	out := make([]session.FailureEntry, 0, len(f.Peers))
 	for _, e := range f.Peers {
@@ -168,7 +183,13 @@ func read(path string) ([]session.FailureEntry, error) {
 		}
 		out = append(out, session.FailureEntry{Peer: p, Until: e.Until})
 	}
-	return out, nil
+	var convicts []peer.ID
+	for _, s := range f.Convicted {
+		if p, err := peer.Decode(s); err == nil {
+			convicts = append(convicts, p)
+		}
+	}
+	return out, convicts, nil
 }
 
 // writeAtomic replaces path with b: a temporary file in the same

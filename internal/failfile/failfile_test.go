@@ -93,6 +93,48 @@ func TestSaveLoad(t *testing.T) {
 	}
 }
 
+// Hardening III, row 9: a conviction survives the run. A memory holding
+// only a convicted peer writes the file, a fresh memory loads it as
+// convicted (never routed through: no end), a later save by a run that
+// convicted someone else keeps both, and an older file without the field
+// still loads.
+func TestSaveLoadConvictions(t *testing.T) {
+	path := filepath.Join(t.TempDir(), FileName)
+	liar, other, blamed := newPeer(t), newPeer(t), newPeer(t)
+	m := session.NewFailureMemory(0, 0)
+	m.Convict(liar)
+	if err := Save(path, m, nil); err != nil {
+		t.Fatal(err)
+	}
+	if f := readFile(t, path); len(f.Convicted) != 1 || f.Convicted[0] != liar.String() || len(f.Peers) != 0 {
+		t.Fatalf("saved %+v: want the conviction", f)
+	}
+	r := session.NewFailureMemory(0, 0)
+	Load(path, r, nil)
+	if !r.Convicted(liar) || r.Convicted(other) {
+		t.Fatalf("loaded: liar convicted %v, other %v", r.Convicted(liar), r.Convicted(other))
+	}
+	second := session.NewFailureMemory(0, 0)
+	second.Convict(other)
+	second.Blame(blamed)
+	if err := Save(path, second, nil); err != nil {
+		t.Fatal(err)
+	}
+	if f := readFile(t, path); len(f.Convicted) != 2 || len(f.Peers) != 1 {
+		t.Fatalf("after a second run's save: %+v: want both convictions and the blamed peer", f)
+	}
+	old := filepath.Join(t.TempDir(), FileName)
+	seed, _ := json.Marshal(map[string]any{"version": Version, "peers": []map[string]any{{"peer": blamed.String(), "until": time.Now().Add(time.Minute)}}})
+	if err := os.WriteFile(old, seed, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	o := session.NewFailureMemory(0, 0)
+	Load(old, o, nil)
+	if !o.Avoided(blamed) || len(o.Convicts()) != 0 {
+		t.Fatalf("a file without convictions: avoided %v, convicts %v", o.Avoided(blamed), o.Convicts())
+	}
+}
+
 // Save merges with the file: a peer another run saved stays, the later end
 // of a peer both hold wins, and ended entries are dropped.
 func TestSaveMergesAndExpires(t *testing.T) {
