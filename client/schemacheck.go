@@ -23,6 +23,18 @@ const (
 	MaxSchemaRepeat        = 256  // a pattern's {m,n} and a schema's length and item bounds
 	MaxSchemaRefBytes      = 256  // one $ref
 	MaxSchemaRefExpansions = 4096 // $refs followed while checking for cycles
+	// MaxSchemaMergedProperties bounds the properties one allOf merges
+	// into one object. The converter merges allOf components (and the
+	// anyOf alternatives inside one, as optional properties), following
+	// $refs, and builds optional-property chains in time cubic and memory
+	// quadratic in the merged count: 400 $refs to one 120-property
+	// definition grew a gateway by 1.6 GB in 9 s (issue 37, row 1).
+	MaxSchemaMergedProperties = MaxSchemaProperties
+	// MaxSchemaTotalProperties bounds the properties the converter writes
+	// rules for: every object's, and each allOf's merge counted again.
+	// About 110 bytes of grammar each, so past this the grammar is over
+	// engine.MaxGrammarBytes anyway: refused before converting, not after.
+	MaxSchemaTotalProperties = 384
 )
 
 // CheckSchema validates schema (JSON) for the converter; the error names
@@ -38,13 +50,23 @@ func CheckSchema(schema []byte) error {
 	if err := c.walk(root, "#", 0); err != nil {
 		return err
 	}
-	return c.cycles()
+	if err := c.cycles(); err != nil {
+		return err
+	}
+	return c.merges()
 }
 
 type schemaChecker struct {
 	root  any
 	nodes int
 	refs  []string // every $ref seen (JSON pointers)
+	props int      // properties of every object
+	allOf []pathed // every allOf seen
+}
+
+type pathed struct {
+	path string
+	v    []any
 }
 
 func (c *schemaChecker) walk(v any, path string, depth int) error {
@@ -81,8 +103,15 @@ func (c *schemaChecker) walk(v any, path string, depth int) error {
 				}
 				c.refs = append(c.refs, s)
 			case "properties":
-				if m, ok := e.(map[string]any); ok && len(m) > MaxSchemaProperties {
-					return fmt.Errorf("%s: %d properties, more than the %d allowed", p, len(m), MaxSchemaProperties)
+				if m, ok := e.(map[string]any); ok {
+					if len(m) > MaxSchemaProperties {
+						return fmt.Errorf("%s: %d properties, more than the %d allowed", p, len(m), MaxSchemaProperties)
+					}
+					c.props += len(m)
+				}
+			case "allOf":
+				if a, ok := e.([]any); ok {
+					c.allOf = append(c.allOf, pathed{p, a})
 				}
 			case "minLength", "maxLength", "minItems", "maxItems", "minProperties", "maxProperties":
 				if n, ok := e.(json.Number); ok {
@@ -161,6 +190,54 @@ func (c *schemaChecker) cycles() error {
 		return nil
 	}
 	return visit(c.root, map[string]bool{})
+}
+
+// merges counts the properties each allOf merges into one object, as the
+// converter does (its components, the alternatives of an anyOf among
+// them, each followed through $refs), and the properties of the whole
+// schema with every merge counted again; over either bound the schema is
+// refused before the converter runs. Called after cycles (no $ref loops).
+func (c *schemaChecker) merges() error {
+	total := c.props
+	for _, a := range c.allOf {
+		merged := 0
+		for _, t := range a.v {
+			if m, ok := t.(map[string]any); ok {
+				if alts, ok := m["anyOf"].([]any); ok {
+					for _, tt := range alts {
+						merged += c.componentProps(tt, 0)
+					}
+					continue
+				}
+			}
+			merged += c.componentProps(t, 0)
+		}
+		if merged > MaxSchemaMergedProperties {
+			return fmt.Errorf("%s merges %d properties into one object, more than the %d allowed", a.path, merged, MaxSchemaMergedProperties)
+		}
+		if total += merged; total > MaxSchemaTotalProperties {
+			break
+		}
+	}
+	if total > MaxSchemaTotalProperties {
+		return fmt.Errorf("the schema has more than %d properties (allOf merges counted again): its grammar would be too large", MaxSchemaTotalProperties)
+	}
+	return nil
+}
+
+// componentProps is the properties one allOf component adds: a $ref's
+// target's, else its own.
+func (c *schemaChecker) componentProps(v any, depth int) int {
+	m, ok := v.(map[string]any)
+	if !ok || depth > MaxSchemaRefExpansions {
+		return 0
+	}
+	if ref, ok := m["$ref"].(string); ok {
+		target, _ := resolvePointer(c.root, ref)
+		return c.componentProps(target, depth+1)
+	}
+	props, _ := m["properties"].(map[string]any)
+	return len(props)
 }
 
 // resolvePointer resolves a local JSON pointer (#/a/b, ~0 and ~1 escapes).

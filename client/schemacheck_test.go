@@ -1,11 +1,37 @@
 package client
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 
 	"github.com/neuron-tai/meshp2p/toolcall"
 )
+
+// allOfRefs is allOf:[{anyOf:[n x $ref to one k-property definition]}].
+func allOfRefs(n, k int) string {
+	var props, refs []string
+	for i := range k {
+		props = append(props, fmt.Sprintf(`"p%d":{"type":"string"}`, i))
+	}
+	for range n {
+		refs = append(refs, `{"$ref":"#/$defs/D"}`)
+	}
+	return `{"$defs":{"D":{"type":"object","properties":{` + strings.Join(props, ",") + `}}},"allOf":[{"anyOf":[` + strings.Join(refs, ",") + `]}]}`
+}
+
+// objects is an object of n properties, each an object of k properties.
+func objects(n, k int) string {
+	var outer []string
+	for i := range n {
+		var props []string
+		for j := range k {
+			props = append(props, fmt.Sprintf(`"q%d":{"type":"string"}`, j))
+		}
+		outer = append(outer, fmt.Sprintf(`"o%d":{"type":"object","properties":{%s}}`, i, strings.Join(props, ",")))
+	}
+	return `{"type":"object","properties":{` + strings.Join(outer, ",") + `}}`
+}
 
 // Schemas that would crash or stall llama.cpp's converter are refused,
 // naming the construct; ordinary ones (Pydantic- and zod-style $defs,
@@ -18,6 +44,8 @@ func TestCheckSchema(t *testing.T) {
 		`{"type":"string","pattern":"^[a-z]{2,4}-[0-9]{2}$"}`,
 		`{"type":"string","format":"date"}`,
 		`{"anyOf":[{"type":"integer","minimum":1,"maximum":9},{"type":"boolean"}]}`,
+		`{"$defs":{"A":{"type":"object","properties":{"a":{"type":"string"}}}},"allOf":[{"$ref":"#/$defs/A"},{"anyOf":[{"$ref":"#/$defs/A"},{"type":"object","properties":{"b":{"type":"integer"}}}]}]}`,
+		objects(3, 120), // 360 properties: under the total bound
 	}
 	for _, s := range ok {
 		if err := CheckSchema([]byte(s)); err != nil {
@@ -25,6 +53,12 @@ func TestCheckSchema(t *testing.T) {
 		}
 	}
 	bad := []struct{ name, schema, want string }{
+		// Issue 37, row 1: the converter merges allOf/anyOf components
+		// through $refs in time cubic in the merged count.
+		{"allOf blow-up (400 refs to a 120-property object)", allOfRefs(400, 120), "merges 48000 properties"},
+		{"allOf bounded form (12 x 120)", allOfRefs(12, 120), "merges 1440 properties"},
+		{"allOf just over", allOfRefs(2, 65), "merges 130 properties"},
+		{"many large objects", objects(4, 120), "more than 384 properties"},
 		{"empty repetition", `{"type":"string","pattern":"^*$"}`, "nothing to repeat"},
 		{"repetition after a group opens", `{"type":"string","pattern":"^(+a)$"}`, "nothing to repeat"},
 		{"double repetition", `{"type":"string","pattern":"^a**$"}`, "nothing to repeat"},
