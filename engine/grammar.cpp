@@ -256,6 +256,39 @@ static bool advanceTooCostly(const ruleAlts &alts, std::string &why) {
 	return false;
 }
 
+// classLen is the elements of the character class that starts at e (a
+// CHAR or CHAR_NOT and the RNG_UPPER/ALT elements that extend it): what
+// matching one code point against it costs. 1 for anything else.
+static size_t classLen(const llama_grammar_element *e) {
+	if (e->type != LLAMA_GRETYPE_CHAR && e->type != LLAMA_GRETYPE_CHAR_NOT) {
+		return 1;
+	}
+	size_t n = 1;
+	while (e[n].type == LLAMA_GRETYPE_CHAR_ALT || e[n].type == LLAMA_GRETYPE_CHAR_RNG_UPPER) {
+		n++;
+	}
+	return n;
+}
+
+// classTooLarge reports a character class longer than maxClass elements
+// (a 4,000-code-point class made one apply cost seconds: every candidate
+// token's code points are matched against it, once per live stack).
+static bool classTooLarge(const std::vector<std::vector<llama_grammar_element>> &rules, size_t maxClass, std::string &why) {
+	for (size_t r = 0; r < rules.size(); r++) {
+		const auto &rule = rules[r];
+		for (size_t i = 0; i < rule.size(); i++) {
+			size_t n = classLen(&rule[i]);
+			if (n > maxClass) {
+				why = "a character class of " + std::to_string(n) + " elements in rule " + std::to_string(r) + ", more than the " +
+					std::to_string(maxClass) + " allowed (use ranges: [a-z], not every letter)";
+				return true;
+			}
+			i += n - 1;
+		}
+	}
+	return false;
+}
+
 extern "C" mp_grammar *mp_grammar_new(const struct llama_vocab *vocab, const char *src, char *err, size_t errlen) {
 	try {
 		llama_grammar_parser parser(vocab);
@@ -272,7 +305,7 @@ extern "C" mp_grammar *mp_grammar_new(const struct llama_vocab *vocab, const cha
 		for (size_t i = 0; i < alts.size(); i++) {
 			alts[i] = alternatives(parser.rules[i]);
 		}
-		if (recursesWithoutInput(alts, why) || advanceTooCostly(alts, why)) {
+		if (classTooLarge(parser.rules, MP_GRAMMAR_MAX_CLASS, why) || recursesWithoutInput(alts, why) || advanceTooCostly(alts, why)) {
 			fill(err, errlen, why);
 			return nullptr;
 		}
@@ -305,6 +338,14 @@ extern "C" size_t mp_grammar_stack_elems(const mp_grammar *g) {
 	size_t n = 0;
 	for (const auto &st : g->g->stacks) {
 		n += st.size();
+	}
+	return n;
+}
+
+extern "C" size_t mp_grammar_class_work(const mp_grammar *g) {
+	size_t n = 0;
+	for (const auto &st : g->g->stacks) {
+		n += st.empty() ? 1 : classLen(st.back());
 	}
 	return n;
 }

@@ -38,6 +38,17 @@ const (
 	MaxGrammarStacks     = 128
 	MaxGrammarStackElems = 2048
 	MaxGrammarTime       = 5 * time.Second
+	// MaxGrammarClass bounds the elements of one character class
+	// (a char, a range or a negation each; C.MP_GRAMMAR_MAX_CLASS):
+	// JSON-schema grammars use classes of a few elements.
+	MaxGrammarClass = C.MP_GRAMMAR_MAX_CLASS
+	// MaxGrammarClassWork bounds the class elements at the top of the
+	// live stacks, summed: an apply matches every candidate's first code
+	// point against each, so this (not the stack count alone) is an
+	// apply's cost per candidate. 126 stacks over a 4,000-code-point class
+	// (issue 37, row 2) cost 13.9 s of one session's applies on a tail;
+	// JSON-schema grammars stay under 100.
+	MaxGrammarClassWork = 2048
 	// MaxSchemaBytes bounds a JSON schema given to SchemaToGrammar.
 	MaxSchemaBytes = 64 << 10
 )
@@ -79,6 +90,9 @@ func (g *grammar) free() {
 func (g *grammar) bounded() error {
 	if n := int(C.mp_grammar_stacks(g.g)); n > MaxGrammarStacks {
 		return fmt.Errorf("%w: %d parse stacks alive, more than the %d allowed (an ambiguous grammar: its cost per token is too high)", ErrGrammar, n, MaxGrammarStacks)
+	}
+	if n := int(C.mp_grammar_class_work(g.g)); n > MaxGrammarClassWork {
+		return fmt.Errorf("%w: the live parse stacks match %d character-class elements per code point, more than the %d allowed (many stacks over large classes: the grammar's cost per token is too high)", ErrGrammar, n, MaxGrammarClassWork)
 	}
 	if n := int(C.mp_grammar_stack_elems(g.g)); n > MaxGrammarStackElems {
 		return fmt.Errorf("%w: parse stacks %d elements deep in all, more than the %d allowed (nested repetitions: the grammar's cost per token is too high)", ErrGrammar, n, MaxGrammarStackElems)

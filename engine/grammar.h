@@ -13,6 +13,10 @@ extern "C" {
 // token is checked before it is accepted.
 typedef struct mp_grammar mp_grammar;
 
+// MP_GRAMMAR_MAX_CLASS bounds the elements of one character class
+// (engine.MaxGrammarClass).
+#define MP_GRAMMAR_MAX_CLASS 256
+
 // mp_grammar_new compiles src (root rule "root"); NULL with err filled on
 // failure (parse error, undefined rule, left recursion).
 mp_grammar *mp_grammar_new(const struct llama_vocab *vocab, const char *src, char *err, size_t errlen);
@@ -23,6 +27,10 @@ size_t mp_grammar_stacks(const mp_grammar *g);
 // mp_grammar_stack_elems is the total length of the live stacks: a
 // candidate's cost is roughly proportional to it.
 size_t mp_grammar_stack_elems(const mp_grammar *g);
+// mp_grammar_class_work is the character-class elements at the top of the
+// live stacks, summed: one candidate code point is matched against each,
+// so an apply costs about the candidates times it.
+size_t mp_grammar_class_work(const mp_grammar *g);
 // mp_grammar_apply sets the logit of every candidate the grammar forbids
 // to -INFINITY (end-of-generation tokens only where the grammar may end).
 // 0 ok, -1 an internal error (err filled).

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"math"
 	"strings"
 	"testing"
@@ -314,6 +315,35 @@ func TestGrammarCostBounded(t *testing.T) {
 		t.Fatalf("after %d steps: %v", steps, err)
 	}
 	t.Logf("refused after %d tokens: %v", steps, err)
+	// Issue 37, row 2: large character classes, matched by every live
+	// stack against every candidate, made one apply cost seconds. A class
+	// longer than MaxGrammarClass is refused when compiled; classes within
+	// it on many stacks are refused before the apply.
+	class := func(n int) string {
+		var b strings.Builder
+		for i := range n {
+			b.WriteRune(rune(0x4e00 + i))
+		}
+		return "[" + b.String() + "]"
+	}
+	if err := m.CheckGrammar("root ::= " + class(MaxGrammarClass+1) + "+"); !errors.Is(err, ErrGrammar) || !strings.Contains(err.Error(), "character class") {
+		t.Fatalf("a class of %d elements: %v, want a refusal", MaxGrammarClass+1, err)
+	}
+	if err := m.CheckGrammar("root ::= " + class(200) + "+ \"x\""); err != nil {
+		t.Fatalf("a class of 200 elements: %v", err)
+	}
+	var alts []string
+	for i := range 16 {
+		alts = append(alts, fmt.Sprintf("%s \"%c\"", class(200), 'a'+i))
+	}
+	wide, err := newGrammar(m, "root ::= "+strings.Join(alts, " | "))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer wide.free()
+	if err := wide.applyAll(m.Info().NVocab); !errors.Is(err, ErrGrammar) || !strings.Contains(err.Error(), "character-class elements") {
+		t.Fatalf("16 stacks over 200-element classes: %v, want refused before the apply", err)
+	}
 	// A re-opened session replays its tokens through the same bound.
 	var hist []int32
 	for range 20 {
