@@ -418,15 +418,47 @@ func (h *HopService) takeQuota(hs *hopSession, kv int) *hopError {
 	case q.kv > 0 && u.kv+kv > q.kv:
 		return codeErr(meshp2pb.ErrorCode_ERROR_CODE_NO_CAPACITY, fmt.Sprintf("origin %s holds %d KV cells here, %d more exceed its quota of %d", hs.origin, u.kv, kv, q.kv), h.host.ID())
 	}
+	// The upstream peer's sessions that have not sent a frame yet, whatever
+	// origins signed them: a host forwarding opens signed by free origin
+	// keys (naming itself the previous hop) holds no more of this hop than
+	// one origin may (issue 37, row 4). An honest previous hop's sessions
+	// send their prefill right after the accept: they leave this count at
+	// once.
+	if f := hs.from; f != "" && !h.cfg.TrustedOrigins[f] && q.sessions > 0 && h.unheard[f]+1 > q.sessions {
+		return codeErr(meshp2pb.ErrorCode_ERROR_CODE_NO_CAPACITY, fmt.Sprintf("peer %s already forwarded %d sessions here that have sent nothing yet (at most %d)", f, h.unheard[f], q.sessions), h.host.ID())
+	}
+	if hs.from != "" {
+		h.unheard[hs.from]++
+		hs.unheard = true
+	}
 	hs.quota = peerUse{sessions: 1, kv: kv}
 	h.perPeer[hs.origin] = peerUse{sessions: u.sessions + 1, kv: u.kv + kv}
 	return nil
+}
+
+// heardFrom takes hs out of its upstream peer's count of sessions that
+// have sent nothing (once: at its first frame, or at its end).
+func (h *HopService) heardFrom(hs *hopSession) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.heardLocked(hs)
+}
+
+func (h *HopService) heardLocked(hs *hopSession) {
+	if !hs.unheard {
+		return
+	}
+	hs.unheard = false
+	if h.unheard[hs.from]--; h.unheard[hs.from] <= 0 {
+		delete(h.unheard, hs.from)
+	}
 }
 
 // giveQuota returns what hs counted against its origin's quota (once).
 func (h *HopService) giveQuota(hs *hopSession) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	h.heardLocked(hs)
 	if hs.quota == (peerUse{}) {
 		return
 	}

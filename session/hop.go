@@ -84,12 +84,13 @@ type HopService struct {
 	log   *slog.Logger
 	speed speedMeter
 
-	mu      sync.Mutex // guards closed, active, perPeer and engines; never held during I/O or with a seam lock
+	mu      sync.Mutex // guards closed, active, perPeer, unheard and engines; never held during I/O or with a seam lock
 	engines []*servedEngine
 	moved   map[rangeKey]time.Time // ranges drained away, when (MovedGrace)
 	closed  bool
 	active  map[Key]*hopSession
 	perPeer map[peer.ID]peerUse // what each origin holds here (quota)
+	unheard map[peer.ID]int     // sessions per upstream peer that have sent no frame yet
 	wg      sync.WaitGroup
 
 	guard   *originGuard   // origin signatures, freshness, replays
@@ -122,7 +123,7 @@ func NewHopService(host Host, eng Engine, cfg HopConfig) *HopService {
 	}
 	info := eng.Info()
 	h := &HopService{host: host, info: info, fp: cfg.Fingerprint, cfg: cfg, engines: []*servedEngine{{fp: cfg.Fingerprint, own: true, eng: eng, info: info, admitting: true}},
-		log: cfg.Logger.With("range", fmt.Sprintf("%d-%d", info.Start, info.End)), active: map[Key]*hopSession{}, perPeer: map[peer.ID]peerUse{},
+		log: cfg.Logger.With("range", fmt.Sprintf("%d-%d", info.Start, info.End)), active: map[Key]*hopSession{}, perPeer: map[peer.ID]peerUse{}, unheard: map[peer.ID]int{},
 		guard:   newOriginGuard(OpenMaxAge, route.DefaultClockSkew, DefaultMaxOpenMemory, DefaultMaxOpensPerOrigin, nil),
 		silence: newSilenceMemory(cfg.SilenceBackoff, max(cfg.SilenceBackoff, DefaultSilenceBackoffMax), DefaultFailurePeers, nil),
 		audits:  newAuditStore(cfg.AuditKeepBytes, cfg.AuditHold)}
@@ -183,8 +184,9 @@ type hopSession struct {
 	// backoff and supersede key on it.
 	origin peer.ID
 	// quota is what this epoch counts against its origin's quota, given
-	// back by closeEngine.
-	quota peerUse
+	// back by closeEngine; unheard: it counts in h.unheard[from] (h.mu).
+	quota   peerUse
+	unheard bool
 	// heard is set by the first frame from upstream; admittedAt is when
 	// the route accepted the session (silence strikes).
 	heard      atomic.Bool
@@ -262,7 +264,9 @@ func (hs *hopSession) upstreamPeer() peer.ID {
 }
 
 func (hs *hopSession) touch() {
-	hs.heard.Store(true)
+	if !hs.heard.Swap(true) {
+		hs.h.heardFrom(hs)
+	}
 	select {
 	case hs.activity <- struct{}{}:
 	default:

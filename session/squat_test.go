@@ -19,7 +19,11 @@ import (
 // and never sends a frame, and re-opens each the moment the hop frees it.
 // As route[idx-1] of its own made-up route it can open at any position.
 type squatter struct {
-	id       *testHost
+	id *testHost
+	// keys, if any, sign the opens instead of id (free origin keys: id
+	// forwards them, naming itself the previous hop); one per slot, round
+	// robin.
+	keys     []*testHost
 	admitted atomic.Int64
 	refused  sync.Map // meshp2pb.ErrorCode → *atomic.Int64
 }
@@ -33,10 +37,14 @@ func (s *squatter) count(code meshp2pb.ErrorCode) int64 {
 // route whose other hops are the squatter itself) until ctx ends.
 func (s *squatter) run(ctx context.Context, target *fakeHop, idx, slots int) {
 	var wg sync.WaitGroup
-	for range slots {
+	for i := range slots {
+		signer := s.id
+		if len(s.keys) > 0 {
+			signer = s.keys[i%len(s.keys)]
+		}
 		wg.Go(func() {
 			for ctx.Err() == nil {
-				if !s.hold(ctx, target, idx) {
+				if !s.hold(ctx, target, idx, signer) {
 					select { // refused: try again soon, as a squatter would
 					case <-ctx.Done():
 					case <-time.After(50 * time.Millisecond):
@@ -50,14 +58,14 @@ func (s *squatter) run(ctx context.Context, target *fakeHop, idx, slots int) {
 
 // hold opens one silent session and waits until the hop frees it (true),
 // or reports a refusal (false).
-func (s *squatter) hold(ctx context.Context, target *fakeHop, idx int) bool {
+func (s *squatter) hold(ctx context.Context, target *fakeHop, idx int, signer *testHost) bool {
 	hops := []*meshp2pb.RouteHop{{PeerId: []byte(target.host.ID()), Start: uint32(target.eng.info.Start), End: uint32(target.eng.info.End)}}
 	if idx == 1 {
 		hops = append([]*meshp2pb.RouteHop{{PeerId: []byte(s.id.ID()), Start: 0, End: uint32(target.eng.info.Start)}}, hops...)
 	}
 	open := &meshp2pb.SessionOpen{SessionId: newSID(), Epoch: 1, ModelFingerprint: fakeFP, NCtxNeeded: 64, HopIndex: uint32(idx),
 		Route: &meshp2pb.Route{ModelFingerprint: fakeFP, NLayer: fakeNLay, Epoch: 1, Hops: hops}}
-	if err := SignOpen(open, s.id.key(), time.Now()); err != nil {
+	if err := SignOpen(open, signer.key(), time.Now()); err != nil {
 		return false
 	}
 	st, err := s.id.NewStream(ctx, target.host.ID(), s.id.ProtocolID(ProtoSession, ProtoVersion))
@@ -101,12 +109,18 @@ func TestSquattersBackOff(t *testing.T) {
 		name       string
 		idx        int // the squatted hop's position
 		identities int
+		keys       int  // free origin keys each identity forwards opens for (0: signs its own)
 		starved    bool // every slot taken before the honest client comes
 	}{
-		{"head, one identity", 0, 1, false},
-		{"head, two identities", 0, 2, true},
-		{"later hop, one identity", 1, 1, false},
-		{"later hop, two identities", 1, 2, true},
+		{"head, one identity", 0, 1, 0, false},
+		{"head, two identities", 0, 2, 0, true},
+		{"later hop, one identity", 1, 1, 0, false},
+		{"later hop, two identities", 1, 2, 0, true},
+		// Issue 37, row 4: one host naming itself the previous hop of
+		// opens signed by two free keys held all 4 slots, backed off
+		// never (the sender is not the origin): the honest client was
+		// refused for its whole capacity wait.
+		{"later hop, one host forwarding for two free keys", 1, 1, 2, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			tweak := func(c *HopConfig) { c.FirstFrame, c.SilenceBackoff = firstFrame, firstFrame }
@@ -127,6 +141,9 @@ func TestSquattersBackOff(t *testing.T) {
 			var sq []*squatter
 			for range tc.identities {
 				s := &squatter{id: newTestHost(t)}
+				for range tc.keys {
+					s.keys = append(s.keys, newTestHost(t))
+				}
 				connectAll(append([]*testHost{s.id, c}, hostsOf(all...)...)...)
 				acceptRing(s.id) // a squatter at the tail's position heads its own route
 				sq = append(sq, s)
@@ -139,12 +156,18 @@ func TestSquattersBackOff(t *testing.T) {
 			}()
 			// Let the squatters take what they can.
 			deadline := time.Now().Add(hangGuard)
-			want := min(4, 2*tc.identities)
+			want := min(4, 2*tc.identities) // per-origin and per-forwarder quota 2
 			for target.eng.open() < want && time.Now().Before(deadline) {
 				time.Sleep(10 * time.Millisecond)
 			}
-			if got := target.eng.open(); got != want {
-				t.Fatalf("%d identities hold %d of 4 slots, want %d (per-origin quota 2 at every position)", tc.identities, got, want)
+			got := target.eng.open()
+			if tc.keys > 0 { // the most held while every key keeps trying, over a full first-frame wait
+				for end := time.Now().Add(target.svc.firstFrame(tc.idx) + firstFrame); time.Now().Before(end); time.Sleep(5 * time.Millisecond) {
+					got = max(got, target.eng.open())
+				}
+			}
+			if got != want {
+				t.Fatalf("%d identities (forwarding for %d keys) hold %d of 4 slots, want %d (quota 2 per origin and per upstream peer at every position)", tc.identities, tc.keys, got, want)
 			}
 			t0 := time.Now()
 			res, err := o.Generate(context.Background(), GenerateRequest{Fingerprint: fakeFP, NLayer: fakeNLay, Prompt: []int32{3, 1, 4}, MaxTokens: 8})
