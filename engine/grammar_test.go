@@ -375,3 +375,32 @@ func TestGrammarCostBounded(t *testing.T) {
 		t.Fatalf("(a?){120} within the bounds: %d tokens, then %v", steps, err)
 	}
 }
+
+// Issue 37, row 3: a tail compiled a session's grammar (up to seconds for
+// one within every bound: 10000 optional rule references) under the shard
+// lock that every admission takes, so one origin's opens stalled everyone
+// else's. Now the compile runs before the lock: a session without a
+// grammar, opened while the slow compile is under way, is admitted first.
+func TestGrammarCompileOutsideShardLock(t *testing.T) {
+	_, s := loadWhole(t, testmodels.Path(t, "stories260K.gguf"))
+	slow := "root ::= " + strings.Repeat(`x? `, 10000) + "\nx ::= \"a\""
+	order := make(chan string, 2)
+	go func() {
+		sess, err := s.OpenSession(SessionKey{ID: [16]byte{1}}, SessionParams{KVTokens: 16, Sampling: Sampling{Grammar: slow}})
+		if err == nil {
+			sess.Close()
+		}
+		order <- "grammar"
+	}()
+	time.Sleep(100 * time.Millisecond) // the compile is under way (it takes about a second)
+	sess, err := s.OpenSession(SessionKey{ID: [16]byte{2}}, SessionParams{KVTokens: 16})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sess.Close()
+	order <- "plain"
+	if first := <-order; first != "plain" {
+		t.Fatalf("the session without a grammar was admitted after the slow compile: admissions wait for one origin's grammar")
+	}
+	<-order
+}

@@ -135,6 +135,13 @@ type Shard struct {
 	quit chan struct{}
 	done chan struct{}
 
+	// Tail samplers are built outside mu: each build holds buildMu's read
+	// lock, which Close takes to wait for them (the model a build reads
+	// stays loaded until Close returns); grammar compiles also take
+	// compileMu, one at a time.
+	buildMu   sync.RWMutex
+	compileMu sync.Mutex
+
 	mu       sync.Mutex
 	closed   bool
 	sessions map[SessionKey]*Session
@@ -253,6 +260,8 @@ func (s *Shard) Close() error {
 	}
 	s.closed = true
 	s.mu.Unlock()
+	s.buildMu.Lock() // waits for the samplers being built
+	s.buildMu.Unlock()
 	close(s.quit)
 	<-s.done
 	s.freeC()
@@ -315,39 +324,67 @@ func (s *Shard) OpenSession(key SessionKey, p SessionParams) (*Session, error) {
 	if err := p.Sampling.validate(); err != nil {
 		return nil, err
 	}
+	// The tail's sampler (a grammar's compile and the replay of a
+	// re-routed session's tokens: up to seconds for a hostile grammar
+	// within the bounds) is built before the shard lock, which every
+	// admission and step of every session takes (issue 37, row 3: a 32 KB
+	// grammar compiled under it serialized admissions for 16 s). Compiles
+	// run one at a time per shard, so a flood of them costs one core.
+	var smp *sampler
+	if s.info.IsTail() {
+		var err error
+		if smp, err = s.newSampler(p.Sampling); err != nil {
+			return nil, err
+		}
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	fail := func(err error) (*Session, error) {
+		if smp != nil {
+			smp.free()
+		}
+		return nil, err
+	}
 	if s.closed {
-		return nil, ErrClosed
+		return fail(ErrClosed)
 	}
 	if _, ok := s.sessions[key]; ok {
-		return nil, fmt.Errorf("%w: %s", ErrSessionExists, key)
+		return fail(fmt.Errorf("%w: %s", ErrSessionExists, key))
 	}
 	kv := p.KVTokens
 	if kv == 0 {
 		kv = s.nCtx / s.cfg.MaxSessions
 	}
 	if len(s.freeSeq) == 0 {
-		return nil, fmt.Errorf("%w: all %d session slots in use", ErrNoCapacity, s.cfg.MaxSessions)
+		return fail(fmt.Errorf("%w: all %d session slots in use", ErrNoCapacity, s.cfg.MaxSessions))
 	}
 	if s.reserved+kv > s.nCtx {
-		return nil, fmt.Errorf("%w: session needs %d KV cells, %d of %d free", ErrNoCapacity, kv, s.nCtx-s.reserved, s.nCtx)
+		return fail(fmt.Errorf("%w: session needs %d KV cells, %d of %d free", ErrNoCapacity, kv, s.nCtx-s.reserved, s.nCtx))
 	}
 	seq := s.freeSeq[len(s.freeSeq)-1]
 	s.freeSeq = s.freeSeq[:len(s.freeSeq)-1]
 	s.reserved += kv
-	sess := &Session{shard: s, key: key, seq: seq, kv: kv}
-	if s.info.IsTail() {
-		smp, err := newSampler(s.model, p.Sampling, s.nCtx)
-		if err != nil {
-			s.freeSeq = append(s.freeSeq, seq)
-			s.reserved -= kv
-			return nil, err
-		}
-		sess.smp = smp
-	}
+	sess := &Session{shard: s, key: key, seq: seq, kv: kv, smp: smp}
 	s.sessions[key] = sess
 	return sess, nil
+}
+
+// newSampler builds a tail session's sampler outside s.mu; one with a
+// grammar waits for the other compiles.
+func (s *Shard) newSampler(p Sampling) (*sampler, error) {
+	s.buildMu.RLock()
+	defer s.buildMu.RUnlock()
+	if p.Grammar != "" {
+		s.compileMu.Lock()
+		defer s.compileMu.Unlock()
+	}
+	s.mu.Lock()
+	closed := s.closed
+	s.mu.Unlock()
+	if closed {
+		return nil, ErrClosed
+	}
+	return newSampler(s.model, p, s.nCtx)
 }
 
 // Key returns the session's key.
