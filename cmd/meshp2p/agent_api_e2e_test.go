@@ -40,6 +40,7 @@ type agentSwarm struct {
 	mids  map[string]*midProc // by name
 	base  string              // the gateway's /v1 URL
 	serve *cliProc
+	head  *cliProc
 }
 
 type midProc struct {
@@ -57,8 +58,8 @@ func newAgentSwarm(t *testing.T) *agentSwarm {
 	}
 	s := &agentSwarm{t: t, bin: testbin.CLI(t), model: chatmodel.WithTemplate(t, "stories-tools", string(tmpl)), dir: t.TempDir(),
 		net: []string{"--network", "agenttest", "--listen", "/ip4/127.0.0.1/tcp/0"}, mids: map[string]*midProc{}}
-	head := s.node("head", "0-2")
-	s.boot = []string{"--bootstrap", head.addr}
+	s.head = s.node("head", "0-2")
+	s.boot = []string{"--bootstrap", s.head.addr}
 	for _, name := range []string{"midA", "midB"} {
 		s.startMid(name)
 	}
@@ -109,10 +110,15 @@ func (s *agentSwarm) openai() openai.Client {
 // root is the gateway's URL without /v1.
 func (s *agentSwarm) root() string { return strings.TrimSuffix(s.base, "/v1") }
 
-// killActiveMid waits (bounded) until a middle replica has a session open,
-// SIGKILLs it (by PID) and starts it again, so the next test has a spare.
+// killActiveMid freezes the head (the generation waits instead of racing
+// this search to its end: 300 tokens of a small model take well under a
+// second on a quiet machine), waits (bounded) until a middle replica has
+// a session open, SIGKILLs it (by PID), thaws the head and starts the
+// killed replica again, so the next test has a spare.
 func (s *agentSwarm) killActiveMid() string {
 	s.t.Helper()
+	thaw := freeze(s.t, s.head)
+	defer thaw()
 	for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
 		for name, m := range s.mids {
 			var doc struct {
@@ -136,6 +142,7 @@ func (s *agentSwarm) killActiveMid() string {
 				s.t.Fatal(err)
 			}
 			_ = m.p.cmd.Wait()
+			thaw() // before the restart: it bootstraps from the head
 			s.startMid(name)
 			return name
 		}

@@ -110,12 +110,15 @@ func TestVulkanSwarm(t *testing.T) {
 				reroutes = max(reroutes, e.Reroutes)
 			}
 			if spare == nil {
-				// The CPU replica joins while the stream runs on the
-				// Vulkan middle (faster by measure, the CPU hop would
-				// have been chosen at the start).
+				// The CPU replica joins while the stream is on the Vulkan
+				// middle (faster by measure, the CPU hop would have been
+				// chosen at the start). The middle is frozen first, so
+				// the stream cannot end while the spare starts (on a
+				// quiet machine it could: the kill then came too late).
+				freeze(t, mid)
 				spare = node("midC", "2-4", []string{"--device", "cpu"}, boot...)
 				s.waitListed(t, spare.peerID)
-				if err := mid.cmd.Process.Kill(); err != nil { // SIGKILL, by PID
+				if err := mid.cmd.Process.Kill(); err != nil { // SIGKILL, by PID; a stopped process dies too
 					t.Fatal(err)
 				}
 				killed, killedAt = true, len(text)

@@ -113,6 +113,10 @@ func settleView(ctx context.Context, n *node.Node, wait time.Duration) error {
 	tick := time.NewTicker(100 * time.Millisecond)
 	defer tick.Stop()
 	last, since := -1, time.Now()
+	// The quiet period counts only once the first pull has answered: on a
+	// busy machine it can take longer than statusQuiet, and the view
+	// printed would be empty.
+	synced := make(chan struct{})
 	for {
 		select {
 		case <-ctx.Done():
@@ -127,8 +131,18 @@ func settleView(ctx context.Context, n *node.Node, wait time.Duration) error {
 			continue
 		}
 		if c := len(p.Discovery().Adverts()); c != last {
+			if last == -1 {
+				go func() { defer close(synced); _ = p.Discovery().Sync(ctx) }()
+			} else {
+				go p.Discovery().Sync(ctx)
+			}
 			last, since = c, time.Now()
-			go p.Discovery().Sync(ctx)
+			continue
+		}
+		select {
+		case <-synced:
+		default:
+			since = time.Now()
 			continue
 		}
 		if time.Since(since) >= statusQuiet {

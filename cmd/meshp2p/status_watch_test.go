@@ -18,32 +18,49 @@ func TestStatusWatch(t *testing.T) {
 	dir := t.TempDir()
 	net := []string{"--network", "watchtest", "--listen", "/ip4/127.0.0.1/tcp/0"}
 	boot, _ := startNode(t, filepath.Join(dir, "a"), append([]string{"--model", model, "--layers", "0-5"}, net...)...)
-	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Second)
-	defer cancel()
-	var out, errb syncBuf
-	if err := runStatus(ctx, &out, &errb, append([]string{"--bootstrap", boot, "--watch", "300ms", "--wait", "2s"}, net...)); err != nil {
+	var errb syncBuf
+	// Each watch runs until it has drawn what the test reads (a fixed
+	// window of a few seconds was too short for a busy machine's start).
+	watch := func(out *syncBuf, enough func(string) bool, args ...string) error {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		go func() {
+			for ctx.Err() == nil && !enough(out.String()) {
+				time.Sleep(50 * time.Millisecond)
+			}
+			cancel()
+		}()
+		return runStatus(ctx, out, &errb, append(append([]string{"--bootstrap", boot, "--watch", "300ms", "--wait", "5s"}, args...), net...))
+	}
+	const clear = "\x1b[H\x1b[2J"
+	var out syncBuf
+	if err := watch(&out, func(s string) bool { return strings.Count(s, clear) >= 4 }); err != nil {
 		t.Fatalf("status --watch: %v\n%s", err, errb.String())
 	}
+	// The last redraw may be cut by the cancel: count the complete ones.
 	s := out.String()
-	if n := strings.Count(s, "\x1b[H\x1b[2J"); n < 3 || strings.Count(s, "stories260K (llama, 5 layers)") != n || !strings.Contains(s, "coverage  11111") {
+	s = s[:strings.LastIndex(s, clear)]
+	if n := strings.Count(s, clear); n < 3 || strings.Count(s, "stories260K (llama, 5 layers)") != n || !strings.Contains(s, "coverage  11111") {
 		t.Fatalf("%d redraws:\n%s", n, s)
 	}
 	// --json --watch prints one document per refresh.
-	ctx2, cancel2 := context.WithTimeout(context.Background(), 3*time.Second)
-	defer cancel2()
+	docsIn := func(s string) int {
+		dec := json.NewDecoder(strings.NewReader(s))
+		n := 0
+		for dec.More() {
+			var d map[string]any
+			if dec.Decode(&d) != nil {
+				break
+			}
+			n++
+		}
+		return n
+	}
 	var js syncBuf
-	if err := runStatus(ctx2, &js, &errb, append([]string{"--bootstrap", boot, "--watch", "300ms", "--json", "--wait", "2s"}, net...)); err != nil {
+	if err := watch(&js, func(s string) bool { return docsIn(s) >= 2 }, "--json"); err != nil {
 		t.Fatal(err)
 	}
-	dec := json.NewDecoder(strings.NewReader(js.String()))
-	docs := 0
-	for dec.More() {
-		var d map[string]any
-		if err := dec.Decode(&d); err != nil {
-			t.Fatal(err)
-		}
-		docs++
-	}
+	docs := docsIn(js.String())
 	if docs < 2 {
 		t.Fatalf("%d documents", docs)
 	}
