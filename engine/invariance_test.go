@@ -282,14 +282,17 @@ func (x *invSession) truncate(t *testing.T, pos int) {
 // position is refused.
 func TestTruncateKeepsInvariance(t *testing.T) {
 	dir := t.TempDir()
-	models := map[string]func() string{
-		"stories260K": func() string { return testmodels.Path(t, "stories260K.gguf") },
-		"llama_f16":   func() string { return makeParityModel(t, invarianceModels[1], dir) },
-		"qwen3_q8_0":  func() string { return makeParityModel(t, invarianceModels[8], dir) },
+	// Each model is found or made with the subtest's t: a missing fixture
+	// skips that subtest (the parent's t.Skip from a subtest failed the
+	// whole test on a clone without ../shared/models).
+	models := map[string]func(*testing.T) string{
+		"stories260K": func(t *testing.T) string { return testmodels.Path(t, "stories260K.gguf") },
+		"llama_f16":   func(t *testing.T) string { return makeParityModel(t, invarianceModels[1], dir) },
+		"qwen3_q8_0":  func(t *testing.T) string { return makeParityModel(t, invarianceModels[8], dir) },
 	}
 	for _, name := range []string{"stories260K", "llama_f16", "qwen3_q8_0"} {
 		t.Run(name, func(t *testing.T) {
-			chain := loadShards(t, models[name](), 3, Config{NCtx: 512, NBatch: 128, MaxSessions: 8, Threads: 2})
+			chain := loadShards(t, models[name](t), 3, Config{NCtx: 512, NBatch: 128, MaxSessions: 8, Threads: 2})
 			nv := chain[0].info.NVocab
 			id := byte(0)
 			open := func() *invSession { id++; return openInv(t, chain, id, 128) }

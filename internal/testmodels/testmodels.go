@@ -16,16 +16,25 @@ func Dir() (string, bool) {
 		_, err := os.Stat(d)
 		return d, err == nil
 	}
+	root, ok := moduleRoot()
+	if !ok {
+		return "", false
+	}
+	d := filepath.Join(filepath.Dir(root), "shared", "models")
+	_, err := os.Stat(d)
+	return d, err == nil
+}
+
+// moduleRoot walks up from the working directory to the one holding
+// go.mod.
+func moduleRoot() (string, bool) {
 	wd, err := os.Getwd()
 	if err != nil {
 		return "", false
 	}
-	// Walk up to the module root (the directory holding go.mod).
 	for dir := wd; ; dir = filepath.Dir(dir) {
 		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			d := filepath.Join(filepath.Dir(dir), "shared", "models")
-			_, err := os.Stat(d)
-			return d, err == nil
+			return dir, true
 		}
 		if filepath.Dir(dir) == dir {
 			return "", false
@@ -34,15 +43,22 @@ func Dir() (string, bool) {
 }
 
 // Path returns the absolute path of fixture name, or skips the test with a
-// clear message when the fixtures are not there.
+// clear message when the fixtures are not there. A fixture the repository
+// itself ships (models/: the demo's stories260K.gguf) is found there when
+// the fixture directory lacks it, so a fresh clone without ../shared still
+// runs the tests that need only it.
 func Path(t testing.TB, name string) string {
 	t.Helper()
-	d, ok := Dir()
-	p := filepath.Join(d, name)
-	if ok {
+	var candidates []string
+	if d, ok := Dir(); ok {
+		candidates = append(candidates, filepath.Join(d, name))
+	}
+	if root, ok := moduleRoot(); ok {
+		candidates = append(candidates, filepath.Join(root, "models", name))
+	}
+	for _, p := range candidates {
 		if _, err := os.Stat(p); err == nil {
-			abs, err := filepath.Abs(p)
-			if err == nil {
+			if abs, err := filepath.Abs(p); err == nil {
 				return abs
 			}
 			return p
