@@ -82,6 +82,12 @@ func modelFingerprint(ctx context.Context, dataDir, path string, log *slog.Logge
 // prepareShard returns the path of the shard file for layers r of the model
 // at path, splitting it into dataDir/shards on first use. A cached shard is
 // re-verified (its proof against the fingerprint) before use.
+// shardCachePath is where prepareShard keeps window r of model path
+// (fingerprint fp) in dataDir.
+func shardCachePath(dataDir, fp, path string, r gguf.Range) string {
+	return filepath.Join(dataDir, "shards", fp[:16], gguf.ShardName(path, r))
+}
+
 func prepareShard(ctx context.Context, dataDir, path string, r gguf.Range, progress func(done, total int64), log *slog.Logger) (shardPath, fp string, nLayer int, err error) {
 	fp, nLayer, err = modelFingerprint(ctx, dataDir, path, log)
 	if err != nil {
@@ -90,11 +96,11 @@ func prepareShard(ctx context.Context, dataDir, path string, r gguf.Range, progr
 	if err := gguf.ValidateRanges([]gguf.Range{r}, nLayer); err != nil {
 		return "", "", 0, fmt.Errorf("--layers %s: %w", r, err)
 	}
-	dir := filepath.Join(dataDir, "shards", fp[:16])
+	out := shardCachePath(dataDir, fp, path, r)
+	dir := filepath.Dir(out)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return "", "", 0, err
 	}
-	out := filepath.Join(dir, gguf.ShardName(path, r))
 	if _, err := os.Stat(out); err == nil {
 		if _, err := gguf.CheckShard(ctx, out, fp, r); err == nil {
 			log.Info("using cached shard", "path", out)
