@@ -238,6 +238,9 @@ func (hs *hopSession) compute(a *meshp2pb.ActivationHeader, tensors [][]byte, fr
 	} else if hs.sp != nil && a.GetIsPrefill() {
 		hs.sp.history(a.GetTokens())
 	}
+	if rows, budget := hs.rows.Add(int64(a.GetNRows())), rowBudget(hs.open); rows > budget {
+		return codeErr(meshp2pb.ErrorCode_ERROR_CODE_BAD_REQUEST, fmt.Sprintf("%d rows computed for this session, over its budget of %d (its KV reservation, × (1 + max_draft) × max_windows with speculation)", rows, budget), from)
+	}
 	t0 := time.Now()
 	out, err := hs.eng.Forward(context.Background(), in)
 	if err != nil {

@@ -191,6 +191,8 @@ type hopSession struct {
 	// the route accepted the session (silence strikes).
 	heard      atomic.Bool
 	admittedAt time.Time
+	// rows is what this epoch has computed here (rowBudget bounds it).
+	rows atomic.Int64
 	// engOnce closes the engine session once (supersede frees a dead
 	// epoch's cells before the new epoch's admission; release too);
 	// engFreed is closed when its cells are free.

@@ -63,6 +63,35 @@ func checkSpeculation(sp *meshp2pb.Speculation) error {
 }
 
 // speculative reports whether an open asks for speculation.
+// rowBudget is the most rows a hop computes for one session: its reserved
+// KV cells (each position is computed once), times (1 + K) × W when it
+// speculates with at most K proposals per window and W windows in flight
+// (the open's, defaults DefaultSpecDraft and DefaultSpecWindows, within
+// the caps): at worst every window commits one token and the windows in
+// flight behind it are thrown away, yet each hop before the tail computed
+// them. A hostile head that kept sending windows it then rejected made a
+// hop compute 300× a session's reservation in 20 s (issue 37); past the
+// budget the session ends with BAD_REQUEST blaming the sender.
+func rowBudget(open *meshp2pb.SessionOpen) int64 {
+	n := max(int64(1), int64(open.GetNCtxNeeded()))
+	if speculative(open) {
+		n *= int64(specFactor(open.GetSpeculation()))
+	}
+	return n
+}
+
+// specFactor is (1 + K) × W of a speculative open (rowBudget).
+func specFactor(sp *meshp2pb.Speculation) int {
+	k, w := int(sp.GetMaxDraft()), int(sp.GetMaxWindows())
+	if k == 0 {
+		k = DefaultSpecDraft
+	}
+	if w == 0 {
+		w = DefaultSpecWindows
+	}
+	return (1 + min(k, MaxSpecDraft)) * min(w, MaxSpecWindows)
+}
+
 func speculative(open *meshp2pb.SessionOpen) bool {
 	return open.GetSpeculation().GetMode() != meshp2pb.SpecMode_SPEC_MODE_OFF
 }

@@ -161,6 +161,17 @@ func TestBadWindowsBlameTheSender(t *testing.T) {
 			a.Verify = false
 			return w.WriteActivation(a, p)
 		}, "not a verification window"},
+		// Issue 37: 17-row windows, each raising spec_gen (so the last one
+		// is rolled back): without a budget a hop computed 300× the
+		// session's KV reservation.
+		{"windows past the session's row budget", spec, func(w *frame.Writer, sid []byte) error {
+			for gen := range uint64(2 * 4 * 64) { // twice the budget: 64 cells × (1 + 8) × 4, in windows of 17 rows
+				if err := w.WriteActivation(window(sid, 0, MaxSpecDraft+1, gen+1)); err != nil {
+					return nil // refused: the hop closed the stream
+				}
+			}
+			return nil
+		}, "over its budget"},
 		{"generation going back", spec, func(w *frame.Writer, sid []byte) error {
 			if err := w.WriteActivation(window(sid, 0, 2, 2)); err != nil {
 				return err
