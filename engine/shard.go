@@ -260,8 +260,8 @@ func (s *Shard) Close() error {
 	}
 	s.closed = true
 	s.mu.Unlock()
-	s.buildMu.Lock() // waits for the samplers being built
-	s.buildMu.Unlock()
+	s.buildMu.Lock() // waits for the samplers being built (newSampler sees closed after)
+	defer s.buildMu.Unlock()
 	close(s.quit)
 	<-s.done
 	s.freeC()

@@ -20,6 +20,15 @@ mkdir -p "$dir"
 : >"$log"
 go build -o "$dir/testsum" ./internal/testsum || exit 1
 start=$(date +%s)
+# Where the test models come from (internal/testmodels): say it up front,
+# so a run whose model tests skip says why in its first lines.
+models=${MESHP2P_MODELS:-$(dirname "$root")/shared/models}
+if [ -d "$models" ]; then
+	echo "make test: test models from $models"
+else
+	echo "make test: no test models at $models (set MESHP2P_MODELS or put shared/models next to the repository):"
+	echo "  tests that need only the committed models/stories260K.gguf use it; the others skip, saying so"
+fi
 
 rc=0
 sh scripts/gpu-vulkan.sh || rc=$?
