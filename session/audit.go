@@ -149,7 +149,7 @@ func (o *Origin) maybeAudit(res *Result) {
 	go func() {
 		defer a.wg.Done()
 		ctx, cancel := context.WithTimeout(context.Background(), DefaultAuditTimeout)
-		rep := o.audit(ctx, open, hop, known)
+		rep := o.audit(ctx, open, hop, known, advertisedClass(res.Route, open, hop))
 		cancel()
 		a.mu.Lock()
 		a.running--
@@ -178,9 +178,46 @@ func (o *Origin) reportAudit(rep AuditReport) {
 	}
 }
 
+// advertisedClass is the kernel class the audited hop advertised when the
+// route was planned ("": unknown, or the route is not the open's).
+func advertisedClass(rt *route.Route, open *meshp2pb.SessionOpen, hop int) string {
+	hops := open.GetRoute().GetHops()
+	if rt == nil || len(rt.Hops) != len(hops) || hop >= len(hops) {
+		return ""
+	}
+	h := rt.Hops[hop]
+	if h.Peer != peer.ID(hops[hop].GetPeerId()) || h.Start != int(hops[hop].GetStart()) || h.End != int(hops[hop].GetEnd()) {
+		return ""
+	}
+	return h.KernelClass
+}
+
+// checkClaimedClass refuses statements whose kernel class is not the one
+// the hop advertised (advertised "": not checked). The class decides how a
+// replay is compared (exact within a batch-invariant class; a tail's
+// tokens not across classes), so a liar naming a class it does not run
+// would make its audits lenient or inconclusive (issue 37). Honest nodes
+// sign and advertise the same class (their device's).
+func checkClaimedClass(sts []*meshp2pb.SignedTranscript, advertised string) error {
+	if advertised == "" {
+		return nil
+	}
+	for i, st := range sts {
+		tr, err := OpenTranscript(st)
+		if err != nil {
+			return nil // judged (and refused) by the replay
+		}
+		if c := tr.GetKernelClass(); c != advertised {
+			return fmt.Errorf("statement %d names kernel class %q, but the hop advertised %q", i, c, advertised)
+		}
+	}
+	return nil
+}
+
 // audit audits hop of the epoch open began; known is the prompt and every
-// token generated (the head's committed inputs).
-func (o *Origin) audit(ctx context.Context, open *meshp2pb.SessionOpen, hop int, known []int32) AuditReport {
+// token generated (the head's committed inputs); advertised is the hop's
+// advertised kernel class ("": unknown).
+func (o *Origin) audit(ctx context.Context, open *meshp2pb.SessionOpen, hop int, known []int32, advertised string) AuditReport {
 	hops := open.GetRoute().GetHops()
 	target := peer.ID(hops[hop].GetPeerId())
 	rep := AuditReport{Peer: target, Hop: hop, Start: int(hops[hop].GetStart()), End: int(hops[hop].GetEnd()), Epoch: open.GetEpoch()}
@@ -217,6 +254,12 @@ func (o *Origin) audit(ctx context.Context, open *meshp2pb.SessionOpen, hop int,
 	}
 	if last, err := OpenTranscript(sts[len(sts)-1]); err != nil || !last.GetFinal() {
 		return inconclusive("hop %d holds no final statement of hop %d (%d statements)", holder, hop, len(sts))
+	}
+	if err := checkClaimedClass(sts, advertised); err != nil {
+		// Signed by the hop, against its own signed advert: not a
+		// replayable proof, but this origin's conviction.
+		rep.Outcome, rep.Reason = AuditFailed, err.Error()
+		return rep
 	}
 	p := &meshp2pb.Proof{Version: 1, Open: open, HopIndex: uint32(hop), NEmbd: uint32(nEmbd(frames)), Statements: sts, Inputs: frames}
 	if hop == 0 {

@@ -408,3 +408,44 @@ func TestAuditFollowsTheTrackersAssignment(t *testing.T) {
 		}
 	}
 }
+
+// Issue 37, claims checked: the kernel class a hop signs decides how its
+// audit compares (exact only within a batch-invariant class; a tail's
+// tokens not across classes), so a hop signing another class than it
+// advertises is convicted by the origin; one signing what it advertises
+// passes.
+func TestAuditClaimedKernelClass(t *testing.T) {
+	for _, tc := range []struct {
+		name, signs string
+		want        AuditOutcome
+	}{
+		{"signs what it advertises", "fake", AuditPassed},
+		{"signs another class", "fake-gpu", AuditFailed},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h0 := startHop(t, 0, 3, func(c *HopConfig) { c.KernelClass = tc.signs })
+			h1 := startHop(t, 3, 6, func(c *HopConfig) { c.KernelClass = "fake" })
+			h0.advertised, h1.advertised = "fake", "fake"
+			o, c := newOrigin(t, stagePlanner{[][]*fakeHop{{h0}, {h1}}}, h0, h1)
+			l := auditing(o, c, func() int { return 0 }, func() int { return 2 })
+			prompt := []int32{1, 2, 3, 4}
+			res, err := o.Generate(context.Background(), GenerateRequest{Fingerprint: fakeFP, NLayer: fakeNLay, Prompt: prompt, MaxTokens: 20})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if want := reference(prompt, 20, 0); !equal(res.Tokens, want) {
+				t.Fatalf("tokens %v, want %v", res.Tokens, want)
+			}
+			o.Audit.Wait()
+			reps := l.all()
+			if len(reps) != 1 || reps[0].Outcome != tc.want || reps[0].Peer != h0.host.ID() {
+				t.Fatalf("audits %+v, want one %s of the head", reps, tc.want)
+			}
+			if got := o.Failures.Convicted(h0.host.ID()); got != (tc.want == AuditFailed) {
+				t.Fatalf("head convicted: %v (%s)", got, reps[0].Reason)
+			}
+			t.Logf("%s: %s", reps[0].Outcome, reps[0].Reason)
+			waitReleased(t, h0, h1)
+		})
+	}
+}

@@ -438,6 +438,9 @@ type fakeHop struct {
 	host *testHost
 	eng  *fakeEngine
 	svc  *HopService
+	// advertised is the kernel class its route hops carry (its advert's;
+	// "": unknown).
+	advertised string
 }
 
 func startHop(t testing.TB, start, end int, tweak func(*HopConfig)) *fakeHop {
@@ -497,7 +500,7 @@ func hostsOf(hops ...*fakeHop) []*testHost {
 }
 
 func (f *fakeHop) hop() route.Hop {
-	return route.Hop{Peer: f.host.ID(), Start: f.eng.info.Start, End: f.eng.info.End, Addrs: f.host.Addrs()}
+	return route.Hop{Peer: f.host.ID(), Start: f.eng.info.Start, End: f.eng.info.End, Addrs: f.host.Addrs(), KernelClass: f.advertised}
 }
 
 // stagePlanner plans the first usable candidate of every stage (a stage is
