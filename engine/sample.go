@@ -9,6 +9,7 @@ import "C"
 import (
 	"fmt"
 	"math"
+	"sync/atomic"
 	"time"
 	"unsafe"
 )
@@ -92,8 +93,10 @@ type sampler struct {
 	chain *C.struct_llama_sampler // nil when no filter is active
 	gram  *grammar                // nil without a grammar
 	step  uint64
-	// gramTime is the time the grammar took so far (MaxGrammarTime).
+	// gramTime is the time the grammar took so far (MaxGrammarTime);
+	// spent is the same, readable from other goroutines (GrammarTime).
 	gramTime time.Duration
+	spent    atomic.Int64
 }
 
 // DefaultRepeatLastN is the penalty window when none is given (llama.cpp's
@@ -191,7 +194,9 @@ func (smp *sampler) sample(cands []C.llama_token_data, logits []float32) (int32,
 		if smp.gram != nil {
 			t0 := time.Now()
 			err := smp.gram.apply(&arr)
-			if smp.gramTime += time.Since(t0); err == nil && smp.gramTime > MaxGrammarTime {
+			smp.gramTime += time.Since(t0)
+			smp.spent.Store(int64(smp.gramTime))
+			if err == nil && smp.gramTime > MaxGrammarTime {
 				err = fmt.Errorf("%w: the grammar took %v of the tail's time, more than the %v allowed per session", ErrGrammar, smp.gramTime.Round(time.Millisecond), MaxGrammarTime)
 			}
 			if err != nil {

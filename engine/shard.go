@@ -17,6 +17,7 @@ import (
 	"runtime"
 	"slices"
 	"sync"
+	"time"
 	"unsafe"
 )
 
@@ -389,6 +390,15 @@ func (s *Shard) newSampler(p Sampling) (*sampler, error) {
 
 // Key returns the session's key.
 func (x *Session) Key() SessionKey { return x.key }
+
+// GrammarTime is the time the session's grammar has taken on this tail so
+// far (0 without a grammar): what its origin's grammar budget is charged.
+func (x *Session) GrammarTime() time.Duration {
+	if x.smp == nil {
+		return 0
+	}
+	return time.Duration(x.smp.spent.Load())
+}
 
 // NextPos is the position the next Forward must start at.
 func (x *Session) NextPos() int {

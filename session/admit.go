@@ -254,6 +254,9 @@ func (h *HopService) reserve(hs *hopSession) *hopError {
 	if he := h.checkSilence(hs); he != nil {
 		return he
 	}
+	if he := h.checkGrammarBudget(hs); he != nil {
+		return he
+	}
 	if he := h.takeQuota(hs, int(open.GetNCtxNeeded())); he != nil {
 		return he
 	}
@@ -369,6 +372,22 @@ func (h *HopService) checkSilence(hs *hopSession) *hopError {
 	return he
 }
 
+// checkGrammarBudget refuses, on the tail, a session with a grammar whose
+// origin spent its grammar budget here (NO_CAPACITY with the time until
+// it refills; sessions without a grammar are not affected).
+func (h *HopService) checkGrammarBudget(hs *hopSession) *hopError {
+	if !hs.tail || hs.open.GetSampling().GetGrammar() == "" || h.cfg.TrustedOrigins[hs.origin] {
+		return nil
+	}
+	d := h.grammar.blocked(hs.origin)
+	if d <= 0 {
+		return nil
+	}
+	he := codeErr(meshp2pb.ErrorCode_ERROR_CODE_NO_CAPACITY, fmt.Sprintf("origin %s spent its grammar time on this tail; sessions with a grammar refused for %s more", hs.origin, d.Round(time.Second)), h.host.ID())
+	he.e.RetryAfterMs = uint64(d.Milliseconds())
+	return he
+}
+
 // noteSilence ends hs's account with its origin's silence memory: a strike
 // when it reserved this hop and its upstream sent nothing, for its whole
 // first-frame wait (timedOut) or for at least half of it before closing;
@@ -478,6 +497,9 @@ func (h *HopService) giveQuota(hs *hopSession) {
 func (hs *hopSession) closeEngine() {
 	hs.engOnce.Do(func() {
 		if hs.eng != nil {
+			if gt, ok := hs.eng.(GrammarTimer); ok && !hs.h.cfg.TrustedOrigins[hs.origin] {
+				hs.h.grammar.charge(hs.origin, gt.GrammarTime())
+			}
 			hs.eng.Close()
 		}
 		hs.h.giveQuota(hs)

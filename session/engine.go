@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/libp2p/go-libp2p/core/peer"
 
@@ -34,6 +35,13 @@ type EngineSession interface {
 	Truncate(ctx context.Context, pos int) error
 	// Close frees the session's slot and KV cells.
 	Close()
+}
+
+// GrammarTimer is implemented by engine sessions that report the time
+// their grammar took on the tail (the origin's grammar budget is charged
+// it when the session ends).
+type GrammarTimer interface {
+	GrammarTime() time.Duration
 }
 
 // ShardInfo is the part of the model geometry admission and framing need.

@@ -68,6 +68,10 @@ type fakeEngine struct {
 	maxSessions int
 	nCtx        int
 
+	// grammarTime is what each session opened with a grammar reports as
+	// its grammar time (GrammarTimer).
+	grammarTime time.Duration
+
 	mu sync.Mutex
 	// onStep, if set, runs after every single-row (decode) step with the
 	// number of such steps so far (tests kill a hop mid-generation).
@@ -113,6 +117,9 @@ func (e *fakeEngine) OpenSession(key Key, p EngineParams) (EngineSession, error)
 	s := &fakeSession{e: e, key: key, kv: p.KVTokens}
 	if sp := p.Sampling; sp != nil {
 		s.seed = sp.GetSeed()
+		if sp.GetGrammar() != "" {
+			s.grammarTime = e.grammarTime
+		}
 	}
 	e.sessions[key] = s
 	e.reserved += p.KVTokens
@@ -127,10 +134,11 @@ func (e *fakeEngine) open() int {
 }
 
 type fakeSession struct {
-	e    *fakeEngine
-	key  Key
-	kv   int
-	seed uint64
+	e           *fakeEngine
+	key         Key
+	kv          int
+	seed        uint64
+	grammarTime time.Duration
 
 	mu      sync.Mutex
 	nextPos int
@@ -240,6 +248,8 @@ func (s *fakeSession) Truncate(_ context.Context, pos int) error {
 	s.nextPos = pos
 	return nil
 }
+
+func (s *fakeSession) GrammarTime() time.Duration { return s.grammarTime }
 
 func (s *fakeSession) Close() {
 	s.e.mu.Lock()

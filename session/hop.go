@@ -41,6 +41,10 @@ type HopConfig struct {
 	// after one of them held a slot here and sent nothing, doubling per
 	// such session (DefaultSilenceBackoff, up to DefaultSilenceBackoffMax).
 	SilenceBackoff time.Duration
+	// GrammarBudget and GrammarRefill (per minute) are each origin's
+	// grammar time on this tail (DefaultGrammarBudget,
+	// DefaultGrammarRefill; grammarbudget.go).
+	GrammarBudget, GrammarRefill time.Duration
 	// TrustedOrigins are origins the per-origin quota and the silence
 	// backoff do not apply to (an API gateway that carries many users'
 	// sessions); they are still bounded by the shard's slots, its KV cells
@@ -95,6 +99,7 @@ type HopService struct {
 
 	guard   *originGuard   // origin signatures, freshness, replays
 	silence *silenceMemory // origins whose sessions sent nothing
+	grammar *grammarBudget // origins' grammar time on this tail
 	audits  *auditStore    // what sessions asking for transcripts kept here
 }
 
@@ -115,6 +120,12 @@ func NewHopService(host Host, eng Engine, cfg HopConfig) *HopService {
 	if cfg.SilenceBackoff <= 0 {
 		cfg.SilenceBackoff = DefaultSilenceBackoff
 	}
+	if cfg.GrammarBudget <= 0 {
+		cfg.GrammarBudget = DefaultGrammarBudget
+	}
+	if cfg.GrammarRefill <= 0 {
+		cfg.GrammarRefill = DefaultGrammarRefill
+	}
 	if cfg.AuditKeepBytes <= 0 {
 		cfg.AuditKeepBytes = DefaultAuditKeepBytes
 	}
@@ -126,6 +137,7 @@ func NewHopService(host Host, eng Engine, cfg HopConfig) *HopService {
 		log: cfg.Logger.With("range", fmt.Sprintf("%d-%d", info.Start, info.End)), active: map[Key]*hopSession{}, perPeer: map[peer.ID]peerUse{}, unheard: map[peer.ID]int{},
 		guard:   newOriginGuard(OpenMaxAge, route.DefaultClockSkew, DefaultMaxOpenMemory, DefaultMaxOpensPerOrigin, nil),
 		silence: newSilenceMemory(cfg.SilenceBackoff, max(cfg.SilenceBackoff, DefaultSilenceBackoffMax), DefaultFailurePeers, nil),
+		grammar: newGrammarBudget(cfg.GrammarBudget, cfg.GrammarRefill, DefaultFailurePeers, nil),
 		audits:  newAuditStore(cfg.AuditKeepBytes, cfg.AuditHold)}
 	h.speed.layers = max(1, info.End-info.Start)
 	host.SetStreamHandler(host.ProtocolID(ProtoSession, ProtoVersion), h.handleSession)

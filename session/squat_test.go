@@ -2,6 +2,7 @@ package session
 
 import (
 	"context"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -290,5 +291,43 @@ func TestOpenOriginAuth(t *testing.T) {
 			}
 			t.Log(m.GetAccept().GetError().GetMessage())
 		})
+	}
+}
+
+// Issue 37, row 2: grammar time is budgeted per origin over time, not
+// only per session: an origin whose sessions spent its budget on this
+// tail is refused new sessions with a grammar (NO_CAPACITY with the time
+// until it refills), while its sessions without one and another origin's
+// with one are admitted.
+func TestGrammarBudgetPerOrigin(t *testing.T) {
+	tail := startHop(t, 0, 6, nil)
+	tail.eng.grammarTime = 4 * time.Second // each session with a grammar reports this much
+	o, c := newOrigin(t, stagePlanner{[][]*fakeHop{{tail}}}, tail)
+	grammar := &meshp2pb.SamplingParams{Grammar: `root ::= "a"+`}
+	for i := range 3 { // 12 s charged: over the 10 s budget after the third
+		if _, err := o.Generate(context.Background(), GenerateRequest{Fingerprint: fakeFP, NLayer: fakeNLay, Prompt: []int32{1, 2}, MaxTokens: 4, Sampling: grammar}); err != nil {
+			t.Fatalf("session %d with a grammar: %v", i, err)
+		}
+	}
+	waitReleased(t, tail)
+	open := func(sp *meshp2pb.SamplingParams) *meshp2pb.SessionOpen {
+		return &meshp2pb.SessionOpen{SessionId: newSID(), Epoch: 1, ModelFingerprint: fakeFP, NCtxNeeded: 16, Sampling: sp,
+			Route: &meshp2pb.Route{ModelFingerprint: fakeFP, NLayer: fakeNLay, Epoch: 1, Hops: []*meshp2pb.RouteHop{
+				{PeerId: []byte(tail.host.ID()), Start: 0, End: 6}}}}
+	}
+	_, m := rawOpen(t, c, tail.host.ID(), open(grammar))
+	if a := m.GetAccept(); a.GetOk() || a.GetError().GetCode() != meshp2pb.ErrorCode_ERROR_CODE_NO_CAPACITY ||
+		!strings.Contains(a.GetError().GetMessage(), "grammar time") || a.GetError().GetRetryAfterMs() == 0 {
+		t.Fatalf("an origin over its grammar budget: %v, want NO_CAPACITY with a retry hint", m)
+	}
+	t.Logf("refused: %s", m.GetAccept().GetError().GetMessage())
+	if _, m := rawOpen(t, c, tail.host.ID(), open(nil)); !m.GetAccept().GetOk() {
+		t.Fatalf("the same origin without a grammar: %v", m)
+	}
+	other := newTestHost(t)
+	connectAll(other, tail.host)
+	acceptRing(other)
+	if _, m := rawOpen(t, other, tail.host.ID(), open(grammar)); !m.GetAccept().GetOk() {
+		t.Fatalf("another origin with a grammar: %v", m)
 	}
 }

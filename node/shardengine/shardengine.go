@@ -7,6 +7,7 @@ package shardengine
 import (
 	"context"
 	"errors"
+	"time"
 
 	"github.com/neuron-tai/meshp2p/engine"
 	"github.com/neuron-tai/meshp2p/proto/meshp2pb"
@@ -66,6 +67,9 @@ func (s shardSession) Truncate(ctx context.Context, pos int) error {
 }
 
 func (s shardSession) Close() { s.s.Close() }
+
+// GrammarTime is the time the session's grammar took (session.GrammarTimer).
+func (s shardSession) GrammarTime() time.Duration { return s.s.GrammarTime() }
 
 // Error marks the engine errors the hop maps to wire codes
 // (engine.ErrNoCapacity → session.ErrNoCapacity, engine.ErrBadInput →
