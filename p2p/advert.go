@@ -14,7 +14,7 @@ import (
 	"golang.org/x/time/rate"
 	"google.golang.org/protobuf/encoding/protowire"
 
-	"github.com/neuron-tai/meshp2p/internal/peerlimit"
+	"github.com/neuron-tai/meshp2p/p2p/peerlimit"
 )
 
 // Advert validation errors. The gossip validator rejects (and scores down

@@ -17,7 +17,7 @@ import (
 	manet "github.com/multiformats/go-multiaddr/net"
 	"golang.org/x/time/rate"
 
-	"github.com/neuron-tai/meshp2p/internal/peerlimit"
+	"github.com/neuron-tai/meshp2p/p2p/peerlimit"
 )
 
 // Advert sync: pull on connect.
@@ -38,7 +38,7 @@ import (
 // Bounds: a batch holds at most syncMaxAdverts adverts and syncMaxBytes
 // bytes (both sides enforce them); each peer may pull from us syncBurst
 // times at once and then once per syncRefill (a token bucket per peer,
-// internal/peerlimit, at most syncMaxBuckets tracked: past it the least
+// p2p/peerlimit, at most syncMaxBuckets tracked: past it the least
 // recently seen peer is forgotten); we pull from one peer at most once per
 // syncRepull (the last syncMaxBuckets pulls are remembered), and at most
 // syncParallel pulls run at once.

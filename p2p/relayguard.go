@@ -13,7 +13,7 @@ import (
 	"github.com/libp2p/go-libp2p/p2p/protocol/identify"
 	"github.com/multiformats/go-multiaddr"
 
-	"github.com/neuron-tai/meshp2p/internal/peerlimit"
+	"github.com/neuron-tai/meshp2p/p2p/peerlimit"
 )
 
 // Open relays. A relay in a swarm without a swarm key (Config.RelayService

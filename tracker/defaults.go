@@ -41,7 +41,7 @@ const (
 	// a client never uses cannot fill a hop for everyone else.
 	MaxPendingPerClient = 2
 	// MaxTrackedClients bounds the per-client rate-limit state; beyond it
-	// the least recently seen client is forgotten (internal/peerlimit).
+	// the least recently seen client is forgotten (p2p/peerlimit).
 	MaxTrackedClients = 4096
 	// MaxVerifiedModels bounds the models whose verified layer count the
 	// tracker keeps (the least recently used goes).

@@ -11,7 +11,7 @@ import (
 	"github.com/libp2p/go-libp2p/core/peer"
 	"golang.org/x/time/rate"
 
-	"github.com/neuron-tai/meshp2p/internal/peerlimit"
+	"github.com/neuron-tai/meshp2p/p2p/peerlimit"
 	"github.com/neuron-tai/meshp2p/route"
 )
 

@@ -26,7 +26,7 @@ import (
 	"golang.org/x/time/rate"
 
 	"github.com/neuron-tai/meshp2p/engine/gguf"
-	"github.com/neuron-tai/meshp2p/internal/peerlimit"
+	"github.com/neuron-tai/meshp2p/p2p/peerlimit"
 	"github.com/neuron-tai/meshp2p/p2p"
 	"github.com/neuron-tai/meshp2p/proto/frame"
 	"github.com/neuron-tai/meshp2p/proto/meshp2pb"
