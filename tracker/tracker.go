@@ -26,8 +26,8 @@ import (
 	"golang.org/x/time/rate"
 
 	"github.com/neuron-tai/meshp2p/engine/gguf"
-	"github.com/neuron-tai/meshp2p/p2p/peerlimit"
 	"github.com/neuron-tai/meshp2p/p2p"
+	"github.com/neuron-tai/meshp2p/p2p/peerlimit"
 	"github.com/neuron-tai/meshp2p/proto/frame"
 	"github.com/neuron-tai/meshp2p/proto/meshp2pb"
 	"github.com/neuron-tai/meshp2p/route"
