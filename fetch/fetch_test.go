@@ -288,3 +288,24 @@ func TestServerResetsASlowReader(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 	}
 }
+
+// A model removed from a server (no longer served by the node) is refused
+// like any unknown model: its manifest is not handed out.
+func TestServerRemove(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	md := synthModel(t, 64)
+	srv, me := newHost(t), newHost(t)
+	connect(t, me, srv)
+	s := NewServer(srv, 0, nil)
+	if err := s.Add(md.fp, "", md.raw); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := FetchManifest(ctx, me, []peer.ID{srv.ID()}, md.fp, nil, nil); err != nil {
+		t.Fatalf("before Remove: %v", err)
+	}
+	s.Remove(md.fp)
+	if _, _, err := FetchManifest(ctx, me, []peer.ID{srv.ID()}, md.fp, nil, nil); err == nil {
+		t.Fatal("a removed model's manifest was still served")
+	}
+}

@@ -171,6 +171,15 @@ func (s *Server) Add(fp, shardPath string, manifest []byte) error {
 	return nil
 }
 
+// Remove stops serving model fp (a model the node no longer serves):
+// requests for it are answered as for any unknown model; transfers under
+// way finish from the file they opened.
+func (s *Server) Remove(fp string) {
+	s.mu.Lock()
+	delete(s.models, fp)
+	s.mu.Unlock()
+}
+
 func burstFor(bps int64) int { return int(max(1, min(bps, 1<<20))) }
 
 func errMsg(code meshp2pb.ErrorCode, format string, args ...any) *meshp2pb.Error {

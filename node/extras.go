@@ -128,6 +128,10 @@ func (n *Node) releaseExtra(ctx context.Context, fp string) int {
 	if e == nil {
 		return 0
 	}
+	// Everything registered for it goes with it: the vocabulary and the
+	// tensors other nodes fetch (a released extra stayed served there).
+	n.vocab.Remove(fp)
+	n.fetchSrv.Remove(fp)
 	if err := n.publish(); err != nil {
 		n.log.Warn("advertise without the extra model", "err", err)
 	}

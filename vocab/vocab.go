@@ -114,6 +114,14 @@ func (v *Service) Add(fp, path string) error {
 	return nil
 }
 
+// Remove stops serving model fp's vocabulary (a model the node no longer
+// serves); requests for it are answered as for any unknown model.
+func (v *Service) Remove(fp string) {
+	v.mu.Lock()
+	delete(v.byFP, fp)
+	v.mu.Unlock()
+}
+
 // Close removes the protocol handler.
 func (v *Service) Close() {
 	v.host.RemoveStreamHandler(v.host.ProtocolID(Proto, ProtoVersion))

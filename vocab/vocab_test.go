@@ -307,3 +307,20 @@ func TestFetchFirstReportsFailedPeers(t *testing.T) {
 		t.Fatalf("reported %v, want only the refuser %s", blamed, refuser.ID())
 	}
 }
+
+// A vocabulary removed (its model no longer served here) is refused like
+// any unknown model's.
+func TestRemovedVocabNotServed(t *testing.T) {
+	path, fp := testVocab(t)
+	srv, v := server(t, fp, path)
+	c := newTestHost(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := Fetch(ctx, c.knows(srv), srv.ID(), fp, t.TempDir()); err != nil {
+		t.Fatalf("before Remove: %v", err)
+	}
+	v.Remove(fp)
+	if _, err := Fetch(ctx, c, srv.ID(), fp, t.TempDir()); err == nil {
+		t.Fatal("a removed vocabulary was still served")
+	}
+}
