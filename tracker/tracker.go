@@ -395,6 +395,51 @@ func refuse(code meshp2pb.ErrorCode, format string, args ...any) *meshp2pb.Route
 }
 
 func (t *Tracker) answer(ctx context.Context, client peer.ID, req *meshp2pb.RouteRequest) *meshp2pb.RouteResponse {
+	if r := t.checkRequest(ctx, client, req); r != nil {
+		return r
+	}
+	fp := req.GetModelFingerprint()
+	rq := route.Request{Fingerprint: fp, NLayer: int(req.GetNLayer()), MaxHops: int(req.GetMaxHops()), NeedKV: int(req.GetNeedKv()),
+		Epoch: max(req.GetEpoch(), 1), Exclude: map[peer.ID]bool{}, SessionID: req.GetSessionId(), Client: client}
+	for _, b := range req.GetExclude() {
+		if id, err := peer.IDFromBytes(b); err == nil {
+			rq.Exclude[id] = true
+		}
+	}
+	for _, c := range t.Convicted() { // no tickets through a peer a verified proof convicted
+		rq.Exclude[c.Peer] = true
+	}
+	obj := route.ObjectiveLatency
+	if req.GetObjective() == meshp2pb.RouteObjective_ROUTE_OBJECTIVE_THROUGHPUT {
+		obj = route.ObjectiveThroughput
+	}
+	rt, est, err := t.planner.PlanObjective(ctx, rq, obj)
+	if err != nil {
+		code := meshp2pb.ErrorCode_ERROR_CODE_NO_CAPACITY
+		switch {
+		case errors.Is(err, route.ErrUnknownModel):
+			code = meshp2pb.ErrorCode_ERROR_CODE_MODEL_MISMATCH
+		case errors.Is(err, route.ErrLayerCount):
+			code = meshp2pb.ErrorCode_ERROR_CODE_BAD_REQUEST
+		}
+		return refuse(code, "%v", err)
+	}
+	resp := t.issue(client, req, rt)
+	if resp.GetTicket() != nil {
+		hops := make([]string, len(rt.Hops))
+		for i, h := range rt.Hops {
+			hops[i] = fmt.Sprintf("%s[%d-%d]%s %.2fms", shortID(h.Peer), h.Start, h.End, h.Reach, est.Hops[i].Total())
+		}
+		t.log.Info("route ticket issued", "client", client, "model", fp[:min(16, len(fp))], "epoch", rq.Epoch, "objective", obj,
+			"excluded", len(rq.Exclude), "hops", hops, "est_ms_per_token", fmt.Sprintf("%.2f", est.PerTokenMs), "candidates", est.Candidates)
+	}
+	return resp
+}
+
+// checkRequest refuses a malformed request, one over the client's rate,
+// or one for a model whose verified layer count is not the request's
+// (nil: plan it).
+func (t *Tracker) checkRequest(ctx context.Context, client peer.ID, req *meshp2pb.RouteRequest) *meshp2pb.RouteResponse {
 	fp := req.GetModelFingerprint()
 	if fp == "" || len(fp) > 128 || len(req.GetExclude()) > 1024 {
 		return refuse(meshp2pb.ErrorCode_ERROR_CODE_BAD_REQUEST, "bad route request")
@@ -430,31 +475,11 @@ func (t *Tracker) answer(ctx context.Context, client peer.ID, req *meshp2pb.Rout
 	case int(nl) != want:
 		return refuse(meshp2pb.ErrorCode_ERROR_CODE_MODEL_MISMATCH, "model %.16s has %d layers, request says %d", fp, want, nl)
 	}
-	rq := route.Request{Fingerprint: fp, NLayer: int(nl), MaxHops: int(req.GetMaxHops()), NeedKV: int(req.GetNeedKv()),
-		Epoch: max(req.GetEpoch(), 1), Exclude: map[peer.ID]bool{}, SessionID: req.GetSessionId(), Client: client}
-	for _, b := range req.GetExclude() {
-		if id, err := peer.IDFromBytes(b); err == nil {
-			rq.Exclude[id] = true
-		}
-	}
-	for _, c := range t.Convicted() { // no tickets through a peer a verified proof convicted
-		rq.Exclude[c.Peer] = true
-	}
-	obj := route.ObjectiveLatency
-	if req.GetObjective() == meshp2pb.RouteObjective_ROUTE_OBJECTIVE_THROUGHPUT {
-		obj = route.ObjectiveThroughput
-	}
-	rt, est, err := t.planner.PlanObjective(ctx, rq, obj)
-	if err != nil {
-		code := meshp2pb.ErrorCode_ERROR_CODE_NO_CAPACITY
-		switch {
-		case errors.Is(err, route.ErrUnknownModel):
-			code = meshp2pb.ErrorCode_ERROR_CODE_MODEL_MISMATCH
-		case errors.Is(err, route.ErrLayerCount):
-			code = meshp2pb.ErrorCode_ERROR_CODE_BAD_REQUEST
-		}
-		return refuse(code, "%v", err)
-	}
+	return nil
+}
+
+// issue signs the ticket of route rt for client, with its audit draw.
+func (t *Tracker) issue(client peer.ID, req *meshp2pb.RouteRequest, rt *route.Route) *meshp2pb.RouteResponse {
 	nonce, err := route.NewNonce()
 	if err != nil {
 		return refuse(meshp2pb.ErrorCode_ERROR_CODE_INTERNAL, "nonce: %v", err)
@@ -472,12 +497,6 @@ func (t *Tracker) answer(ctx context.Context, client peer.ID, req *meshp2pb.Rout
 		return refuse(meshp2pb.ErrorCode_ERROR_CODE_INTERNAL, "sign: %v", err)
 	}
 	t.issued.Add(1)
-	hops := make([]string, len(rt.Hops))
-	for i, h := range rt.Hops {
-		hops[i] = fmt.Sprintf("%s[%d-%d]%s %.2fms", shortID(h.Peer), h.Start, h.End, h.Reach, est.Hops[i].Total())
-	}
-	t.log.Info("route ticket issued", "client", client, "model", fp[:min(16, len(fp))], "epoch", rq.Epoch, "objective", obj,
-		"excluded", len(rq.Exclude), "hops", hops, "est_ms_per_token", fmt.Sprintf("%.2f", est.PerTokenMs), "candidates", est.Candidates)
 	return &meshp2pb.RouteResponse{Ticket: st, Audit: audit}
 }
 
