@@ -21,7 +21,7 @@ func TestCount(t *testing.T) {
 	body := func(n int) string { return "{\n" + strings.Repeat("\t_ = 1\n", n-2) + "}\n" }
 	write("a/a.go", "package a\n\nfunc short() "+body(80)+"\nfunc long() "+body(81))
 	write("a/a_test.go", "package a\n\nfunc longTest() "+body(200)) // tests do not count
-	write("a/x.pb.go", "package a\n\nfunc gen() "+body(200))       // nor generated code
+	write("a/x.pb.go", "package a\n\nfunc gen() "+body(200))        // nor generated code
 	write("node/node.go", "package node\n\ntype Node struct{}\n\nfunc (n *Node) A() {}\nfunc (Node) B() {}\nfunc (o *Other) C() {}\n\ntype Other struct{}\n")
 	write("other/node.go", "package other\n\ntype Node struct{}\n\nfunc (n *Node) D() {}\n") // another package's Node
 	c, err := count(root, 80)
