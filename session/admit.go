@@ -367,7 +367,13 @@ func (h *HopService) checkSilence(hs *hopSession) *hopError {
 	if d <= 0 {
 		return nil
 	}
-	he := codeErr(meshp2pb.ErrorCode_ERROR_CODE_NO_CAPACITY, fmt.Sprintf("origin %s left sessions here silent; refused for %s more", hs.origin, d.Round(time.Millisecond)), h.host.ID())
+	return h.refusedFor(d, fmt.Sprintf("origin %s left sessions here silent; refused for %s more", hs.origin, d.Round(time.Millisecond)))
+}
+
+// refusedFor is NO_CAPACITY with msg and a retry hint of d: an origin
+// backing off here (silence, grammar budget) waits d, then retries.
+func (h *HopService) refusedFor(d time.Duration, msg string) *hopError {
+	he := codeErr(meshp2pb.ErrorCode_ERROR_CODE_NO_CAPACITY, msg, h.host.ID())
 	he.e.RetryAfterMs = uint64(d.Milliseconds())
 	return he
 }
@@ -383,9 +389,7 @@ func (h *HopService) checkGrammarBudget(hs *hopSession) *hopError {
 	if d <= 0 {
 		return nil
 	}
-	he := codeErr(meshp2pb.ErrorCode_ERROR_CODE_NO_CAPACITY, fmt.Sprintf("origin %s spent its grammar time on this tail; sessions with a grammar refused for %s more", hs.origin, d.Round(time.Second)), h.host.ID())
-	he.e.RetryAfterMs = uint64(d.Milliseconds())
-	return he
+	return h.refusedFor(d, fmt.Sprintf("origin %s spent its grammar time on this tail; sessions with a grammar refused for %s more", hs.origin, d.Round(time.Second)))
 }
 
 // noteSilence ends hs's account with its origin's silence memory: a strike

@@ -65,6 +65,17 @@ func TestTrackerAssignsHiddenAudits(t *testing.T) {
 	t.Logf("%d of %d tickets assigned an audit; hops %v", audited, n, hops)
 }
 
+// trustingTable is the table of node c, which trusts the tracker's
+// convictions and follows discovery until the test ends.
+func (sw *swarm) trustingTable(t *testing.T, c *p2p.Node) *route.Table {
+	table := route.NewTable()
+	table.TrustConvictions(sw.tr.ID())
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	go route.Follow(ctx, c.Discovery(), table)
+	return table
+}
+
 // A proof the tracker's judge verifies makes it refuse tickets through the
 // convicted peer; one it does not verify changes nothing.
 func TestTrackerRefusesConvictedPeers(t *testing.T) {
@@ -89,11 +100,7 @@ func TestTrackerRefusesConvictedPeers(t *testing.T) {
 	bad = tail.ID()
 	c := sw.node()
 	// A node that trusts the tracker follows its published convictions.
-	table := route.NewTable()
-	table.TrustConvictions(sw.tr.ID())
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	go route.Follow(ctx, c.Discovery(), table)
+	table := sw.trustingTable(t, c)
 	listed := func() bool {
 		for _, s := range table.Shards(fp) {
 			if s.Peer == bad {
@@ -180,12 +187,8 @@ func TestTrackerPublishesConvictionAfterFlood(t *testing.T) {
 	}
 	sw.tr.mu.Unlock()
 	c := sw.node()
-	table := route.NewTable()
-	table.TrustConvictions(sw.tr.ID())
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	go route.Follow(ctx, c.Discovery(), table)
-	sctx, scancel := context.WithTimeout(ctx, 10*time.Second)
+	table := sw.trustingTable(t, c)
+	sctx, scancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer scancel()
 	v, err := route.SubmitProof(sctx, c.Host(), c.ProtocolID(route.ProtoProof, route.ProtoProofVersion), sw.tr.ID(), &meshp2pb.Proof{Version: 1}, frame.Limits{})
 	if err != nil || !v.GetConvicted() {
