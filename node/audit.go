@@ -136,11 +136,9 @@ func (a *AuditEngines) load(ctx context.Context, path, fp string, start, end int
 	// of each (issue 37, row 6: +255 MB of disk for a 40 MB model), so the
 	// split windows on disk are bounded like the loaded ones.
 	r := gguf.Range{Start: start, End: end}
-	var scratch string
-	if fp2, _, err := modelFingerprint(ctx, a.DataDir, path, a.logger()); err == nil && fp2 == fp {
-		if p := shardCachePath(a.DataDir, fp, path, r); !exists(p) {
-			scratch = p
-		}
+	var scratch string // path has fingerprint fp (modelFor checked it)
+	if p := shardCachePath(a.DataDir, fp, path, r); !exists(p) {
+		scratch = p
 	}
 	shardPath, _, _, err := prepareShard(ctx, a.DataDir, path, r, nil, a.logger())
 	if err != nil {
