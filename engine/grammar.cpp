@@ -163,22 +163,32 @@ static bool recursesWithoutInput(const ruleAlts &alts, std::string &why) {
 }
 
 // maxAdvanceWork bounds the calls llama.cpp's advance_stack may make to
-// advance one stack past rules that can match nothing (see advanceWork).
+// advance one stack past rules that can match nothing (see advanceTooCostly).
 static const double maxAdvanceWork = 100000;
 
-// advanceWork bounds, for every position in every rule, the recursive
-// calls llama.cpp's advance_stack makes when a stack stands there: one per
-// rule reference entered, and, past a reference that can match nothing,
-// once more for the rest of the alternative per way it can match nothing
-// (nested optional repetitions such as ((("a"?){2}){2}){2} double that
-// count per level: 2^17 ways overflow the stack without any cycle). The
-// nullable graph must be acyclic (recursesWithoutInput first).
-static bool advanceTooCostly(const ruleAlts &alts, std::string &why) {
+// advanceTooCostly bounds, for every position in every rule, two costs of
+// llama.cpp's advance_stack when a stack stands there:
+//   - work: the recursive calls it makes: one per rule reference entered,
+//     and, past a reference that can match nothing, once more for the rest
+//     of the alternative per way it can match nothing (nested optional
+//     repetitions such as ((("a"?){2}){2}){2} double that count per level:
+//     2^17 ways overflow the stack without any cycle);
+//   - fan-out: the stacks it leaves behind, one per terminal it can reach
+//     consuming nothing. A sequence of 10,000 optional items leaves 10,000
+//     stacks at the start, each compared with the others as it is added
+//     (quadratic: seconds at admission, issue 37 row 3), where the apply
+//     bound (maxStacks, engine.MaxGrammarStacks) would refuse it at the
+//     first token anyway: such a grammar is refused before it is built.
+// Each alternative is walked once from its end (linear in the grammar's
+// size); the nullable graph must be acyclic (recursesWithoutInput first).
+// A rule entered again while it is being measured counts 0 (it is reached
+// only after input was consumed).
+static bool advanceTooCostly(const ruleAlts &alts, size_t maxStacks, std::string &why) {
 	size_t n = alts.size();
-	// empties[r]: ways rule r matches the empty string (saturating).
-	std::vector<double> empties(n, -1), work(n, -1);
-	std::vector<bool> busy(n, false);
 	auto sat = [](double x) { return x > 1e15 ? 1e15 : x; };
+	// empties[r]: ways rule r matches the empty string (saturating).
+	std::vector<double> empties(n, -1);
+	std::vector<bool> busy(n, false);
 	std::function<double(size_t)> emptyWays = [&](size_t r) -> double {
 		if (empties[r] >= 0) {
 			return empties[r];
@@ -206,54 +216,77 @@ static bool advanceTooCostly(const ruleAlts &alts, std::string &why) {
 		empties[r] = total;
 		return total;
 	};
-	std::function<double(size_t)> ruleWork;
-	// seqWork: the work of advancing at position i of alt.
-	std::function<double(const std::vector<llama_grammar_element> &, size_t)> seqWork =
-		[&](const std::vector<llama_grammar_element> &alt, size_t i) -> double {
-		if (i >= alt.size()) {
-			return 1;
-		}
-		const auto &e = alt[i];
-		if (e.type != LLAMA_GRETYPE_RULE_REF || e.value >= n) {
-			return 1;
-		}
-		double w = 1 + ruleWork(e.value);
-		double ways = emptyWays(e.value);
-		if (ways > 0) {
-			w = sat(w + ways * seqWork(alt, i + 1));
-		}
-		return sat(w);
+	struct cost {
+		double work, stacks;
 	};
-	ruleWork = [&](size_t r) -> double {
-		if (work[r] >= 0) {
-			return work[r];
-		}
-		if (busy[r]) {
-			return 0; // entered again only after consuming input
-		}
-		busy[r] = true;
-		double total = 0;
-		for (const auto &alt : alts[r]) {
-			total = sat(total + seqWork(alt, 0));
-		}
-		busy[r] = false;
-		work[r] = total;
-		return total;
-	};
-	for (size_t r = 0; r < n; r++) {
-		for (const auto &alt : alts[r]) {
-			for (size_t i = 0; i < alt.size(); i++) {
-				double w = seqWork(alt, i);
-				if (w > maxAdvanceWork) {
-					why = "advancing past rule " + std::to_string(r) + " takes about " + std::to_string((long long)w) +
-						" steps, more than the " + std::to_string((long long)maxAdvanceWork) +
-						" allowed (nested optional or repeated parts that can match nothing multiply the ways through them)";
-					return true;
-				}
+	std::vector<cost> rules(n, cost{-1, -1});
+	std::vector<bool> measuring(n, false);
+	std::function<cost(size_t)> ruleCost;
+	// walk fills at[i] with the cost of advancing at position i of alt
+	// (at[alt.size()]: the alternative's end, popped to its caller) and
+	// returns false when one is over a bound (why filled).
+	auto walk = [&](size_t r, const std::vector<llama_grammar_element> &alt, std::vector<cost> &at) -> bool {
+		at.assign(alt.size() + 1, cost{1, 1});
+		at[alt.size()].stacks = 0; // popped: the caller counts what follows
+		for (size_t i = alt.size(); i-- > 0;) {
+			const auto &e = alt[i];
+			if (e.type != LLAMA_GRETYPE_RULE_REF || e.value >= n) {
+				continue; // a terminal: one stack, one step
+			}
+			cost c = ruleCost(e.value);
+			cost here{sat(1 + c.work), c.stacks};
+			double ways = emptyWays(e.value);
+			if (ways > 0) {
+				here.work = sat(here.work + ways * at[i + 1].work);
+				here.stacks = sat(here.stacks + at[i + 1].stacks);
+			}
+			at[i] = here;
+			if (here.work > maxAdvanceWork) {
+				why = "advancing past rule " + std::to_string(r) + " takes about " + std::to_string((long long)here.work) +
+					" steps, more than the " + std::to_string((long long)maxAdvanceWork) +
+					" allowed (nested optional or repeated parts that can match nothing multiply the ways through them)";
+				return false;
+			}
+			if (here.stacks > double(maxStacks)) {
+				why = "a point in rule " + std::to_string(r) + " can be followed by " + std::to_string((long long)here.stacks) +
+					" different things at once (parse stacks), more than the " + std::to_string(maxStacks) +
+					" allowed (a long run of optional parts: its cost per token is too high)";
+				return false;
 			}
 		}
+		return true;
+	};
+	bool over = false;
+	ruleCost = [&](size_t r) -> cost {
+		if (rules[r].work >= 0) {
+			return rules[r];
+		}
+		if (measuring[r] || over) {
+			return cost{0, 0};
+		}
+		measuring[r] = true;
+		cost total{0, 0};
+		std::vector<cost> at;
+		for (const auto &alt : alts[r]) {
+			if (!walk(r, alt, at)) {
+				over = true;
+				break;
+			}
+			total.work = sat(total.work + at[0].work);
+			total.stacks = sat(total.stacks + at[0].stacks);
+		}
+		measuring[r] = false;
+		rules[r] = total;
+		return total;
+	};
+	for (size_t r = 0; r < n && !over; r++) {
+		if (cost c = ruleCost(r); !over && c.stacks > double(maxStacks)) {
+			why = "rule " + std::to_string(r) + " can start with " + std::to_string((long long)c.stacks) +
+				" different things at once (parse stacks), more than the " + std::to_string(maxStacks) + " allowed";
+			return true;
+		}
 	}
-	return false;
+	return over;
 }
 
 // classLen is the elements of the character class that starts at e (a
@@ -305,7 +338,7 @@ extern "C" mp_grammar *mp_grammar_new(const struct llama_vocab *vocab, const cha
 		for (size_t i = 0; i < alts.size(); i++) {
 			alts[i] = alternatives(parser.rules[i]);
 		}
-		if (classTooLarge(parser.rules, MP_GRAMMAR_MAX_CLASS, why) || recursesWithoutInput(alts, why) || advanceTooCostly(alts, why)) {
+		if (classTooLarge(parser.rules, MP_GRAMMAR_MAX_CLASS, why) || recursesWithoutInput(alts, why) || advanceTooCostly(alts, MP_GRAMMAR_MAX_STACKS, why)) {
 			fill(err, errlen, why);
 			return nullptr;
 		}

@@ -35,7 +35,7 @@ import (
 // one apply.
 const (
 	MaxGrammarBytes      = 32 << 10
-	MaxGrammarStacks     = 128
+	MaxGrammarStacks     = C.MP_GRAMMAR_MAX_STACKS
 	MaxGrammarStackElems = 2048
 	MaxGrammarTime       = 5 * time.Second
 	// MaxGrammarClass bounds the elements of one character class

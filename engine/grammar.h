@@ -17,6 +17,11 @@ typedef struct mp_grammar mp_grammar;
 // (engine.MaxGrammarClass).
 #define MP_GRAMMAR_MAX_CLASS 256
 
+// MP_GRAMMAR_MAX_STACKS bounds the live parse stacks
+// (engine.MaxGrammarStacks): a grammar one point of which can be followed
+// by more is refused when it is compiled.
+#define MP_GRAMMAR_MAX_STACKS 128
+
 // mp_grammar_new compiles src (root rule "root"); NULL with err filled on
 // failure (parse error, undefined rule, left recursion).
 mp_grammar *mp_grammar_new(const struct llama_vocab *vocab, const char *src, char *err, size_t errlen);

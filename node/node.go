@@ -27,6 +27,7 @@ import (
 	"github.com/neuron-tai/meshp2p/metrics"
 	"github.com/neuron-tai/meshp2p/node/shardengine"
 	"github.com/neuron-tai/meshp2p/p2p"
+	"github.com/neuron-tai/meshp2p/proofgossip"
 	"github.com/neuron-tai/meshp2p/proto/frame"
 	"github.com/neuron-tai/meshp2p/proto/meshp2pb"
 	"github.com/neuron-tai/meshp2p/route"
@@ -153,6 +154,8 @@ type Node struct {
 	// the layers it can replay (audit.go).
 	auditor      *session.Auditor
 	auditEngines *AuditEngines
+	// proofs gossips fraud proofs (nil without a host).
+	proofs *proofgossip.Gossip
 	// catalog are the models this node may serve (Config.Models; set
 	// under mu during Start, read-only after); meter counts its origins'
 	// demand, demandRep is the last report, advertised (guarded by mu).
@@ -244,6 +247,41 @@ func (n *Node) startAuditor() {
 		}}
 	n.auditor = &session.Auditor{Rate: n.cfg.AuditRate, Engines: n.auditEngines, OnReport: n.cfg.OnAudit,
 		Protocol: n.host.ProtocolID(session.ProtoAudit, session.ProtoVersion)}
+	if n.p2p == nil {
+		return
+	}
+	// Fraud proofs travel without a tracker (proofgossip): this node's
+	// convictions are published, and others' are replayed here when this
+	// node holds the layers.
+	g, err := proofgossip.Start(context.Background(), n.p2p.Discovery(), n.p2p.ID(), proofgossip.Config{
+		Judge: func(ctx context.Context, p *meshp2pb.Proof) (session.Verdict, error) {
+			return session.Judge(ctx, p, n.auditEngines)
+		},
+		Convict:   func(p peer.ID, _ string) { n.failures.Convict(p) },
+		Suspect:   n.failures.Blame,
+		Convicted: n.failures.Convicted,
+		Serving: func(p peer.ID) bool {
+			return slices.ContainsFunc(n.table.Shards(""), func(s route.Shard) bool { return s.Peer == p })
+		},
+		Logger: n.log,
+	})
+	if err != nil {
+		n.log.Warn("fraud proofs will not be gossiped", "err", err)
+		return
+	}
+	n.proofs = g
+	n.auditor.OnReport = func(r session.AuditReport) {
+		if r.Proof != nil {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			if err := g.Publish(ctx, r.Proof); err != nil {
+				n.log.Warn("could not gossip the fraud proof", "peer", r.Peer, "err", err)
+			}
+			cancel()
+		}
+		if n.cfg.OnAudit != nil {
+			n.cfg.OnAudit(r)
+		}
+	}
 }
 
 // AuditEngines are the layers this node can replay (proof checks).
@@ -748,6 +786,7 @@ func (n *Node) Close() error {
 	if n.fetchSrv != nil {
 		n.fetchSrv.Close()
 	}
+	n.proofs.Close()
 	var errs []error
 	if n.p2p != nil {
 		errs = append(errs, n.p2p.Close())

@@ -207,7 +207,7 @@ func newDiscovery(n *Node) (*Discovery, error) {
 		pubsub.WithPeerScore(params, thresholds),
 		pubsub.WithPeerExchange(true),
 		pubsub.WithFloodPublish(true),
-		pubsub.WithMaxMessageSize(maxEnvelopeSize(cfg)+4096),
+		pubsub.WithMaxMessageSize(max(maxEnvelopeSize(cfg), MaxTopicMessage)+4096), // adverts are bounded by their validator
 		// A duplicate that outlives the seen cache is stale by then.
 		pubsub.WithSeenMessagesTTL(cfg.MaxAge+cfg.ClockSkew),
 		pubsub.WithLogger(d.log),

@@ -302,15 +302,28 @@ func nEmbd(frames []*meshp2pb.RecordedFrame) int {
 
 // checkHeadInputs checks that the head's committed inputs are the prompt
 // and the generated tokens: a head cannot make a replay agree by
-// claiming it was fed other tokens. Rows a window proposed past its first
-// are proposals (rejected ones never reach the output).
+// claiming it was fed other tokens. In a speculative session's
+// verification windows, the rows past a window's first are proposals (a
+// rejected one never reaches the output, and a changed one is only a
+// rejection), and so is the first row of a window sent while the one
+// before it was in flight (it is that window's lookahead); every other
+// window's first row is the session's token at its position and is
+// checked like a plain decode row.
 func checkHeadInputs(frames []*meshp2pb.RecordedFrame, known []int32) error {
+	var prev *meshp2pb.ActivationHeader // the last verification window
 	for i, f := range frames {
 		a := f.GetHeader()
+		toks := a.GetTokens()
 		if a.GetVerify() {
-			continue // proposals (a window's first row too, when it follows a window still in flight)
+			chained := prev != nil && len(prev.GetLookahead()) == 1 && len(toks) > 0 &&
+				a.GetPosStart() == prev.GetPosStart()+uint32(len(prev.GetTokens())) && toks[0] == prev.GetLookahead()[0]
+			prev = a
+			if chained || len(toks) == 0 {
+				continue
+			}
+			toks = toks[:1]
 		}
-		for j, t := range a.GetTokens() {
+		for j, t := range toks {
 			pos := int(a.GetPosStart()) + j
 			if pos < len(known) && known[pos] != t {
 				return fmt.Errorf("head input frame %d: token %d at position %d, the session's is %d", i, t, pos, known[pos])
@@ -522,6 +535,33 @@ func Judge(ctx context.Context, p *meshp2pb.Proof, engines AuditEngines) (Verdic
 		return v, nil
 	}
 	return v, nil
+}
+
+// CheckProof checks everything about a proof that needs no replay: the
+// origin's signature on the open, the hop's on every statement, their
+// order, and that the recorded inputs are what the hop signed it received.
+// It returns the accused hop's peer: what a gossiped proof must pass before
+// anyone spends a replay on it (ErrProof when it does not).
+func CheckProof(p *meshp2pb.Proof) (peer.ID, error) {
+	sts, err := checkProofShape(p)
+	if err != nil {
+		return "", err
+	}
+	at := 0
+	for i, st := range sts {
+		n := int(st.GetFrames())
+		if at+n > len(p.GetInputs()) {
+			break
+		}
+		if !bytes.Equal(InputDigest(p.GetInputs()[at:at+n]), st.GetInDigest()) {
+			return "", fmt.Errorf("%w: window %d: the inputs are not what the hop signed it received", ErrProof, i)
+		}
+		at += n
+	}
+	if len(sts) == 0 || at == 0 {
+		return "", fmt.Errorf("%w: no window with its inputs: nothing to replay", ErrProof)
+	}
+	return peer.ID(p.GetOpen().GetRoute().GetHops()[p.GetHopIndex()].GetPeerId()), nil
 }
 
 // checkProofShape checks everything about a proof but the replay: the

@@ -361,8 +361,29 @@ func TestJudgeHonestProofNeverConvicts(t *testing.T) {
 			for i, p := range proofs {
 				expectAcquitted(t, "hop "+itoa(i), p)
 			}
-			if err := checkHeadInputs(proofs[0].GetInputs(), slices.Concat(prompt, res.Tokens)); err != nil {
+			known := slices.Concat(prompt, res.Tokens)
+			if err := checkHeadInputs(proofs[0].GetInputs(), known); err != nil {
 				t.Fatal(err)
+			}
+			if tc.spec {
+				// A head that claims another first row for a window
+				// is caught: the check covers speculative windows too.
+				windows, caught := 0, 0
+				for i, f := range proofs[0].GetInputs() {
+					if !f.GetHeader().GetVerify() || len(f.GetHeader().GetTokens()) == 0 {
+						continue
+					}
+					windows++
+					forged := proto.Clone(proofs[0]).(*meshp2pb.Proof)
+					forged.Inputs[i].Header.Tokens[0]++
+					if checkHeadInputs(forged.GetInputs(), known) != nil {
+						caught++
+					}
+				}
+				t.Logf("%d verification windows, a changed first row caught in %d", windows, caught)
+				if caught == 0 {
+					t.Fatal("no verification window's first row is checked")
+				}
 			}
 			o.Audit.Wait()
 			if reps := l.all(); len(reps) != 1 || reps[0].Outcome != AuditPassed || reps[0].Hop != target {

@@ -1,0 +1,346 @@
+// Package proofgossip spreads fraud proofs through a swarm without a
+// tracker (docs/trust.md, "what the swarm learns from one proof").
+//
+// An origin whose audit convicts a hop publishes the proof on the swarm's
+// proofs topic. Every node checks what costs no replay before it forwards
+// one (size, the signatures of the origin and of the accused hop, that the
+// accused serves layers now, a digest seen before, its author's rate);
+// nodes that can replay the accused layers (an auditor with the model) then
+// replay it in the background, one at a time, and convict the hop only if
+// their own replay differs from what it signed. A node that cannot replay
+// convicts nobody: a proof never convicts on the word of its publisher. It
+// only suspects the hop (Config.Suspect: the soft avoidance a failed
+// generation earns, routes elsewhere while others exist, for a while),
+// since a proof holds the accused's own signed statements of a session its
+// publisher really ran through it. A publisher whose proof a replay finds
+// honest is not heard again for PenaltyTime.
+package proofgossip
+
+import (
+	"context"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/libp2p/go-libp2p/core/peer"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/neuron-tai/meshp2p/p2p"
+	"github.com/neuron-tai/meshp2p/proto/meshp2pb"
+	"github.com/neuron-tai/meshp2p/session"
+)
+
+// TopicName is the proofs topic's name under the swarm's namespace.
+const TopicName = "proofs/1"
+
+// Defaults (Config's zero values).
+const (
+	// DefaultPublisherInterval is the least time between two proofs heard
+	// from one author: more are dropped unforwarded.
+	DefaultPublisherInterval = time.Minute
+	// DefaultQueue bounds the proofs waiting for a replay here; more are
+	// dropped (and not forwarded by this node).
+	DefaultQueue = 4
+	// DefaultJudgeTimeout bounds one replay.
+	DefaultJudgeTimeout = 2 * time.Minute
+	// PenaltyTime is how long an author whose proof a replay found honest
+	// is not heard.
+	PenaltyTime = time.Hour
+	// maxRemembered bounds the digests and authors remembered.
+	maxRemembered = 4096
+)
+
+// Judge replays a proof (session.Judge over this node's audit engines).
+type Judge func(ctx context.Context, p *meshp2pb.Proof) (session.Verdict, error)
+
+// Config is what the gossip acts on.
+type Config struct {
+	// Judge replays proofs (nil: this node checks signatures and forwards
+	// but convicts nobody).
+	Judge Judge
+	// Convict records a conviction this node's replay confirmed.
+	Convict func(p peer.ID, reason string)
+	// Suspect, if set, records a proof this node cannot replay (no
+	// Judge, or not these layers): soft avoidance, never a conviction.
+	Suspect func(p peer.ID)
+	// Convicted reports a peer already convicted here (its proofs are
+	// forwarded without a replay).
+	Convicted func(peer.ID) bool
+	// Serving reports whether p advertises layers now: proofs against
+	// anyone else (throwaway keys) are dropped before any work.
+	Serving func(peer.ID) bool
+	// PublisherInterval, Queue, JudgeTimeout: see the defaults.
+	PublisherInterval time.Duration
+	Queue             int
+	JudgeTimeout      time.Duration
+	Logger            *slog.Logger
+	Now               func() time.Time
+}
+
+// Stats counts what the gossip did (tests, status).
+type Stats struct {
+	// Heard: accepted and forwarded; Refused: malformed or forged
+	// (the forwarder's score pays); Dropped: over a rate, a penalised
+	// author, a throwaway accused or a full replay queue.
+	Heard, Refused, Dropped, Judged, Convicted, Refuted, Suspected int
+}
+
+// Gossip is one node's end of the proofs topic.
+type Gossip struct {
+	cfg   Config
+	topic *p2p.Topic
+	self  peer.ID
+	work  chan *meshp2pb.Proof
+
+	mu      sync.Mutex
+	seen    map[[32]byte]bool
+	lastBy  map[peer.ID]time.Time
+	penalty map[peer.ID]time.Time
+	stats   Stats
+
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+}
+
+// ErrTooLarge is a proof over what one gossip message carries.
+var ErrTooLarge = errors.New("proofgossip: proof too large to gossip")
+
+// Start joins the proofs topic of d and starts judging what it hears.
+func Start(ctx context.Context, d *p2p.Discovery, self peer.ID, cfg Config) (*Gossip, error) {
+	if cfg.PublisherInterval <= 0 {
+		cfg.PublisherInterval = DefaultPublisherInterval
+	}
+	if cfg.Queue <= 0 {
+		cfg.Queue = DefaultQueue
+	}
+	if cfg.JudgeTimeout <= 0 {
+		cfg.JudgeTimeout = DefaultJudgeTimeout
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	g := &Gossip{cfg: cfg, self: self, work: make(chan *meshp2pb.Proof, cfg.Queue),
+		seen: map[[32]byte]bool{}, lastBy: map[peer.ID]time.Time{}, penalty: map[peer.ID]time.Time{}}
+	t, err := d.Join(TopicName, g.validate)
+	if err != nil {
+		return nil, err
+	}
+	g.topic = t
+	ctx, g.cancel = context.WithCancel(ctx)
+	g.wg.Add(2)
+	go g.readLoop(ctx)
+	go g.judgeLoop(ctx)
+	return g, nil
+}
+
+// Close leaves the topic and stops judging.
+func (g *Gossip) Close() {
+	if g == nil {
+		return
+	}
+	g.cancel()
+	g.topic.Close()
+	g.wg.Wait()
+}
+
+// Peers is how many peers this node knows on the proofs topic.
+func (g *Gossip) Peers() int { return g.topic.Peers() }
+
+// Stats returns the counts so far.
+func (g *Gossip) Stats() Stats {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.stats
+}
+
+// Publish sends a proof this node's own audit made (and judged).
+func (g *Gossip) Publish(ctx context.Context, p *meshp2pb.Proof) error {
+	b, err := proto.Marshal(p)
+	if err != nil {
+		return err
+	}
+	if len(b) > p2p.MaxTopicMessage {
+		return fmt.Errorf("%w: %d bytes, more than %d (submit it to a tracker, or check it with `meshp2p proof verify`)", ErrTooLarge, len(b), p2p.MaxTopicMessage)
+	}
+	g.mu.Lock()
+	g.remember(sha256.Sum256(b))
+	g.mu.Unlock()
+	return g.topic.Publish(ctx, b)
+}
+
+// remember records a digest as seen (mu held; bounded).
+func (g *Gossip) remember(sum [32]byte) {
+	if len(g.seen) >= maxRemembered {
+		clear(g.seen) // a memory bound: a replay after it costs one more check
+	}
+	g.seen[sum] = true
+}
+
+// validate is the topic's validator: the checks that need no replay, in
+// order of cost. Accepted proofs are forwarded (and queued here).
+func (g *Gossip) validate(_ context.Context, from peer.ID, data []byte) p2p.TopicVerdict {
+	if from == g.self {
+		return p2p.TopicAccept
+	}
+	now := g.cfg.Now()
+	sum := sha256.Sum256(data)
+	g.mu.Lock()
+	switch {
+	case g.seen[sum]:
+		g.mu.Unlock()
+		return p2p.TopicIgnore
+	case now.Before(g.penalty[from]):
+		g.stats.Dropped++
+		g.mu.Unlock()
+		return p2p.TopicIgnore
+	case now.Sub(g.lastBy[from]) < g.cfg.PublisherInterval:
+		g.stats.Dropped++
+		g.mu.Unlock()
+		return p2p.TopicIgnore
+	}
+	g.mu.Unlock()
+	accused, err := check(data)
+	if err != nil {
+		g.mu.Lock()
+		g.remember(sum)
+		g.stats.Refused++
+		g.mu.Unlock()
+		g.log().Info("gossiped proof refused", "from", from, "err", err)
+		return p2p.TopicReject
+	}
+	if g.cfg.Serving != nil && !g.cfg.Serving(accused) {
+		g.drop(sum, from, now)
+		return p2p.TopicIgnore // a throwaway key's conviction is worth no work
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if len(g.lastBy) >= maxRemembered {
+		clear(g.lastBy)
+	}
+	g.lastBy[from] = now
+	g.remember(sum)
+	g.stats.Heard++
+	return p2p.TopicAccept
+}
+
+// check decodes a proof and checks what needs no replay.
+func check(data []byte) (peer.ID, error) {
+	p := &meshp2pb.Proof{}
+	if err := proto.Unmarshal(data, p); err != nil {
+		return "", fmt.Errorf("%w: %w", session.ErrProof, err)
+	}
+	return session.CheckProof(p)
+}
+
+// drop remembers a proof dropped after its checks (not heard again).
+func (g *Gossip) drop(sum [32]byte, from peer.ID, now time.Time) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.remember(sum)
+	g.lastBy[from] = now
+	g.stats.Dropped++
+}
+
+func (g *Gossip) log() *slog.Logger { return g.cfg.Logger.With("logger", "proofgossip") }
+
+// readLoop queues every accepted proof of others for a replay.
+func (g *Gossip) readLoop(ctx context.Context) {
+	defer g.wg.Done()
+	for {
+		from, data, err := g.topic.Next(ctx)
+		if err != nil {
+			return
+		}
+		if from == g.self {
+			continue
+		}
+		p := &meshp2pb.Proof{}
+		if proto.Unmarshal(data, p) != nil {
+			continue
+		}
+		if g.cfg.Judge == nil {
+			g.suspect(p)
+			continue
+		}
+		p.AuditorPeerId = []byte(from) // who to penalise if it is refuted
+		select {
+		case g.work <- p:
+		default:
+			g.mu.Lock()
+			g.stats.Dropped++
+			g.mu.Unlock()
+			g.log().Info("gossiped proof not replayed: the replay queue is full", "from", from)
+		}
+	}
+}
+
+// judgeLoop replays queued proofs one at a time.
+func (g *Gossip) judgeLoop(ctx context.Context) {
+	defer g.wg.Done()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case p := <-g.work:
+			g.judge(ctx, p)
+		}
+	}
+}
+
+func (g *Gossip) judge(ctx context.Context, p *meshp2pb.Proof) {
+	from := peer.ID(p.GetAuditorPeerId())
+	accused := peer.ID(p.GetOpen().GetRoute().GetHops()[p.GetHopIndex()].GetPeerId())
+	if g.cfg.Convicted != nil && g.cfg.Convicted(accused) {
+		return
+	}
+	jctx, cancel := context.WithTimeout(ctx, g.cfg.JudgeTimeout)
+	v, err := g.cfg.Judge(jctx, p)
+	cancel()
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	switch {
+	case errors.Is(err, session.ErrNoAuditor):
+		g.mu.Unlock()
+		g.suspect(p)
+		g.mu.Lock()
+	case err != nil:
+		g.log().Info("gossiped proof not replayed", "accused", accused, "from", from, "err", err)
+	case v.Convicted:
+		g.stats.Judged++
+		g.stats.Convicted++
+		g.mu.Unlock()
+		g.cfg.Convict(accused, v.Reason)
+		g.mu.Lock()
+		g.log().Warn("gossiped fraud proof replayed here: hop convicted, avoided from now on", "peer", accused, "from", from, "reason", v.Reason)
+	case v.Inconclusive != "":
+		g.stats.Judged++
+		g.log().Info("gossiped proof inconclusive here", "accused", accused, "from", from, "reason", v.Inconclusive)
+	default:
+		g.stats.Judged++
+		g.stats.Refuted++
+		if len(g.penalty) >= maxRemembered {
+			clear(g.penalty)
+		}
+		g.penalty[from] = g.cfg.Now().Add(PenaltyTime)
+		g.log().Warn("gossiped proof refuted by the replay here: its author is not heard for a while", "accused", accused, "from", from, "for", PenaltyTime)
+	}
+}
+
+// suspect softly avoids the hop a proof accuses that this node cannot
+// replay.
+func (g *Gossip) suspect(p *meshp2pb.Proof) {
+	accused := peer.ID(p.GetOpen().GetRoute().GetHops()[p.GetHopIndex()].GetPeerId())
+	g.mu.Lock()
+	g.stats.Suspected++
+	g.mu.Unlock()
+	if g.cfg.Suspect != nil {
+		g.cfg.Suspect(accused)
+	}
+	g.log().Info("gossiped fraud proof this node cannot replay (it holds no whole model of those layers): the hop is avoided while others serve them", "peer", accused)
+}
