@@ -52,6 +52,10 @@ FUZZTIME   ?= 50000x
 # was the newest release when pinned; it builds and runs with Go 1.26.
 STATICCHECK_VERSION ?= v0.8.2
 STATICCHECK := .cache/bin/staticcheck-$(STATICCHECK_VERSION)/staticcheck
+# Dead code: golang.org/x/tools/cmd/deadcode at a pinned version, built the
+# same way (scripts/deadcode.sh says what it checks).
+DEADCODE_VERSION ?= v0.53.0
+DEADCODE := .cache/bin/deadcode-$(DEADCODE_VERSION)/deadcode
 
 .PHONY: all build build-check-amx generate test test-short vet lint lint-counts fmt fuzz bench bench-micro demo clean deps soak gpu gpu-lib gpu-tolerance placement-sim \
 	image testnet-docker testnet-docker-fit testnet-docker-down test-docker
@@ -128,15 +132,20 @@ vet: $(GENERATED) lint
 $(STATICCHECK):
 	GOBIN=$(abspath $(dir $(STATICCHECK))) go install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)
 
+$(DEADCODE):
+	GOBIN=$(abspath $(dir $(DEADCODE))) go install golang.org/x/tools/cmd/deadcode@$(DEADCODE_VERSION)
+
 # staticcheck over every package and its tests, with the checks of staticcheck.conf,
 # and the counts the structure review keeps from growing (internal/codecount):
 # functions over 80 lines and the methods of node.Node, at most the ceilings
 # below. Lower a ceiling in the commit that lowers its count.
 MAX_LONG_FUNCS   ?= 13
 MAX_NODE_METHODS ?= 76
-lint: $(GENERATED) $(STATICCHECK)
+MAX_TEST_ONLY_FUNCS ?= 26
+lint: $(GENERATED) $(STATICCHECK) $(DEADCODE)
 	$(STATICCHECK) ./...
 	go run ./internal/codecount -max-long $(MAX_LONG_FUNCS) -max-node-methods $(MAX_NODE_METHODS)
+	scripts/deadcode.sh $(DEADCODE) $(MAX_TEST_ONLY_FUNCS)
 
 # The counts of make lint with the long functions listed.
 lint-counts:

@@ -180,17 +180,6 @@ func (v View) Without(peer string) View {
 	return out
 }
 
-// Gaps counts the layers no window holds (in a Coverage).
-func Gaps(c []float64) int {
-	n := 0
-	for _, x := range c {
-		if x <= 0 {
-			n++
-		}
-	}
-	return n
-}
-
 // Weakest is the smallest layer throughput (0 with a gap).
 func Weakest(c []float64) float64 {
 	if len(c) == 0 {

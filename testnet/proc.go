@@ -394,10 +394,3 @@ func (t *Topology) Procs() []*Proc {
 	return append([]*Proc(nil), t.procs...)
 }
 
-// LogDir is where process output files go ("" until the first Start
-// when no Options.LogDir was given).
-func (t *Topology) LogDir() string {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return t.logDir
-}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/sha256"
 	"errors"
-	"fmt"
 	"math/rand/v2"
 	"slices"
 	"time"
@@ -200,5 +199,3 @@ func (t *Tracker) handleProof(s network.Stream) {
 	answer(&meshp2pb.ProofVerdict{Convicted: true, PeerId: []byte(who), Reason: reason})
 }
 
-// String is for logs.
-func (c Conviction) String() string { return fmt.Sprintf("%s (%s)", c.Peer, c.Reason) }

@@ -218,9 +218,6 @@ func start(ctx context.Context, listen, target string, l Link) (*Proxy, error) {
 // Addr is the address the proxy listens on.
 func (p *Proxy) Addr() *net.TCPAddr { return p.ln.Addr().(*net.TCPAddr) }
 
-// Link is the link the proxy mimics.
-func (p *Proxy) Link() Link { return p.link }
-
 // Stats returns the proxy's counters. A byte is counted once the proxy
 // has written it on; after Close the counts are final.
 func (p *Proxy) Stats() Stats {
