@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/neuron-tai/meshp2p/proto/meshp2pb"
-	"github.com/neuron-tai/meshp2p/spec"
+	"github.com/neuron-tai/meshp2p/specdecode"
 )
 
 // Speculative decoding on the ring (SessionOpen.speculation). The head is
@@ -39,7 +39,7 @@ const (
 	// when the open gives no smaller bound; Adaptive chooses below them.
 	DefaultSpecDraft   = 8
 	DefaultSpecWindows = 4
-	// The n-gram sizes the head matches (spec.NGram).
+	// The n-gram sizes the head matches (specdecode.NGram).
 	specNGramMin, specNGramMax = 1, 5
 )
 
@@ -118,7 +118,7 @@ func checkWindow(a *meshp2pb.ActivationHeader, spec bool, gen uint64) error {
 }
 
 // Proposer guesses the tokens the tail will choose next (the head's, one
-// per speculative session). spec.NGram is the default; a node with a
+// per speculative session). specdecode.NGram is the default; a node with a
 // draft model gives one that runs it (HopConfig.Proposer), a benchmark
 // one of known acceptance. A Proposer that is also an io.Closer is closed
 // when its session ends.
@@ -162,7 +162,7 @@ type specHead struct {
 	kv       int
 	prompt   []int32 // prefilled tokens, until the proposer exists
 	ng       Proposer
-	ad       spec.Adaptive
+	ad       specdecode.Adaptive
 	oneHop   bool
 	inflObs  func(delta int) // windows in flight changed (HopObserver.WindowsInFlight)
 	begun    bool            // the first token came: the proposer exists
@@ -206,7 +206,7 @@ func newSpecHead(open *meshp2pb.SessionOpen, oneHop bool, factory ProposerFactor
 		w = 1 // no ring to hide
 	}
 	return &specHead{factory: factory, mode: sp.GetMode(), kv: int(open.GetNCtxNeeded()), oneHop: oneHop, inflObs: inflObs,
-		ad: spec.Adaptive{MaxK: min(k, MaxSpecDraft), MaxW: min(w, MaxSpecWindows), Always: sp.GetMode() == meshp2pb.SpecMode_SPEC_MODE_NGRAM}}
+		ad: specdecode.Adaptive{MaxK: min(k, MaxSpecDraft), MaxW: min(w, MaxSpecWindows), Always: sp.GetMode() == meshp2pb.SpecMode_SPEC_MODE_NGRAM}}
 }
 
 // history adds prompt (or re-prefilled) tokens the head decoded.
@@ -235,7 +235,7 @@ func (sp *specHead) begin(tok int32, pos int, step uint64) bool {
 		}
 	}
 	if sp.ng == nil {
-		g, err := spec.NewNGram(specNGramMin, specNGramMax)
+		g, err := specdecode.NewNGram(specNGramMin, specNGramMax)
 		if err != nil {
 			panic(err) // constant parameters
 		}

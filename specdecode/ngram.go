@@ -1,4 +1,4 @@
-// Package spec proposes draft tokens for speculative decoding (issue 24):
+// Package specdecode proposes draft tokens for speculative decoding (issue 24):
 // guesses of what the tail will choose next, which a verification window
 // then checks K+1 rows at a time. A proposal is only a guess; whether it is
 // right never changes the output, only how many tokens one window commits.
@@ -16,7 +16,7 @@
 // Adaptive decides how many proposals a window carries and how many
 // windows go in flight, from measured acceptance (per match length) and
 // costs, and turns proposals off where they do not pay.
-package spec
+package specdecode
 
 import (
 	"errors"
