@@ -33,10 +33,11 @@ type Config struct {
 	LoadVocab VocabLoader
 	// VocabDir is where fetched vocabularies are kept (and found again).
 	VocabDir string
-	// Warm, if set, re-pulls adverts from connected peers every
-	// WarmInterval on top of gossip (a long-lived gateway).
-	Warm   bool
-	Logger *slog.Logger
+	// RefreshAdverts, if set, re-pulls adverts from connected peers
+	// every RefreshInterval on top of gossip (a long-lived gateway). Not
+	// to be confused with Warming: models being loaded by peers.
+	RefreshAdverts bool
+	Logger         *slog.Logger
 	// Demand, if set, counts the generations this client runs and is
 	// refused, per model (its node gossips the reports: placement follows
 	// demand, docs/placement.md "Many models").
@@ -76,9 +77,9 @@ func New(cfg Config) (*Client, error) {
 	c := &Client{cfg: cfg, log: log, vocabs: map[string]*vocabEntry{}, created: map[string]int64{}, warming: demand.NewWarm(cfg.Warming)}
 	c.warmCfg = c.warming.Config()
 	c.ctx, c.cancel = context.WithCancel(context.Background())
-	if cfg.Warm {
+	if cfg.RefreshAdverts {
 		c.wg.Add(1)
-		go func() { defer c.wg.Done(); c.warm(c.ctx) }()
+		go func() { defer c.wg.Done(); c.refreshAdverts(c.ctx) }()
 	}
 	return c, nil
 }
@@ -100,10 +101,10 @@ func (c *Client) Close() {
 // Table is the capability table the client plans over.
 func (c *Client) Table() *route.Table { return c.cfg.Table }
 
-// warm keeps the capability table current beyond gossip: a periodic pull
-// of the adverts every connected peer holds.
-func (c *Client) warm(ctx context.Context) {
-	t := time.NewTicker(WarmInterval)
+// refreshAdverts keeps the capability table current beyond gossip: a
+// periodic pull of the adverts every connected peer holds.
+func (c *Client) refreshAdverts(ctx context.Context) {
+	t := time.NewTicker(RefreshInterval)
 	defer t.Stop()
 	for {
 		select {

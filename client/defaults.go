@@ -30,10 +30,10 @@ const (
 	// MaxVocabs bounds the vocabularies a client keeps loaded (one per
 	// model; a gateway serving many models).
 	MaxVocabs = 32
-	// WarmInterval is how often a long-lived client (the API gateway)
-	// re-pulls adverts from its peers, on top of gossip, to keep its table
-	// warm.
-	WarmInterval = 30 * time.Second
-	// LookupTimeout bounds one warm-up pull.
+	// RefreshInterval is how often a long-lived client (the API gateway,
+	// Config.RefreshAdverts) re-pulls adverts from its peers, on top of
+	// gossip, to keep its table current.
+	RefreshInterval = 30 * time.Second
+	// LookupTimeout bounds one such pull.
 	LookupTimeout = 3 * time.Second
 )

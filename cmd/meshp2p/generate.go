@@ -417,9 +417,9 @@ func (g *genFlags) localModel(ctx context.Context, c *client.Client) (string, er
 }
 
 // newClient is the client over a client peer n (generate, serve).
-func newClient(n *node.Node, o *session.Origin, dataDir string, log *slog.Logger, warm bool, wc demand.WarmConfig) (*client.Client, error) {
+func newClient(n *node.Node, o *session.Origin, dataDir string, log *slog.Logger, refresh bool, wc demand.WarmConfig) (*client.Client, error) {
 	return client.New(client.Config{Swarm: n.P2P(), Host: n.ControlHost(), Table: n.Table(), Origin: o,
-		LoadVocab: enginevocab.Load, VocabDir: filepath.Join(dataDir, "vocab"), Warm: warm, Logger: log, Demand: n.DemandMeter(), Warming: wc})
+		LoadVocab: enginevocab.Load, VocabDir: filepath.Join(dataDir, "vocab"), RefreshAdverts: refresh, Logger: log, Demand: n.DemandMeter(), Warming: wc})
 }
 
 // fillSwarmResult copies a swarm generation's report into out.
