@@ -1,9 +1,10 @@
 // Package api serves the swarm over HTTP in the shapes clients speak —
 // OpenAI chat completions, completions, models and Responses, Anthropic
 // Messages, Ollama's /api/ — in front of one Backend that runs
-// generations, so any of those clients can talk to the swarm. It holds the HTTP side only:
-// request validation, text assembly (UTF-8 and stop strings across token
-// boundaries), SSE framing, auth, CORS and bounded concurrency. It has no
+// generations, so any of those clients can talk to the swarm. It holds the
+// HTTP side only: request validation, SSE framing, auth, CORS and bounded
+// concurrency; text assembly (UTF-8 and stop strings across token
+// boundaries) is the client's (client.Stream), under the Backend. It has no
 // cgo and never imports the engine or the node: Swarm implements Backend
 // over a client.Client (the origin side, shared with `meshp2p generate`),
 // and OpenAI error objects are built only here; see docs/api.md.

@@ -1,6 +1,3 @@
-// Package route turns the swarm's capability adverts into routes (ordered
-// hops covering a model's layers) and runs generations along them from the
-// origin, re-routing when a hop fails.
 package route
 
 import (
