@@ -13,6 +13,8 @@ package api
 import (
 	"context"
 	"encoding/json"
+
+	"github.com/neuron-tai/meshp2p/client"
 )
 
 // Backend runs generations for the API. Swarm implements it over the
@@ -46,24 +48,23 @@ type Model struct {
 	Offers   int
 }
 
-// Message is one chat turn after validation: roles system, user,
-// assistant (text content and/or ToolCalls) and tool (the result of the
-// call ToolCallID, as Content).
-type Message struct {
-	Role       string
-	Content    string
-	ToolCalls  []ToolCall // assistant: the calls it made
-	ToolCallID string     // tool: the call this result answers
-	Name       string     // tool: the function's name, when the client gave it
-}
-
-// ToolCall is one function call: its id, the function's name and its
-// arguments as JSON text (an object).
-type ToolCall struct {
-	ID        string
-	Name      string
-	Arguments string
-}
+// The request and result types the API shares with the client (one
+// translation, into session, happens there): a chat turn after validation
+// (roles system, user, assistant with text and/or ToolCalls, tool: the
+// result of the call ToolCallID, as Content), a function call (id, name,
+// arguments as JSON object text), a streamed fragment of one (the first
+// carries ID and Name, the rest pieces of Arguments, as OpenAI streams
+// them), and a token's log-probabilities (computed at the tail from the
+// logits that chose it, before any sampling filter; with
+// GenerateRequest.TopLogprobs > 0 the most likely alternatives, most likely
+// first).
+type (
+	Message       = client.Message
+	ToolCall      = client.ToolCall
+	ToolCallDelta = client.ToolCallDelta
+	TokenLogprob  = client.TokenLogprob
+	TopLogprob    = client.TopLogprob
+)
 
 // Tool is a function the model may call; Parameters is its JSON schema
 // (an object schema; nil: any object).
@@ -79,10 +80,10 @@ type Tool struct {
 
 // Tool choice modes (ToolChoice.Mode).
 const (
-	ToolAuto     = "auto"     // the model decides (the default with tools)
-	ToolNone     = "none"     // no calls: tools only inform the prompt
-	ToolRequired = "required" // at least one call, grammar-constrained
-	ToolFunction = "function" // a call of ToolChoice.Name, grammar-constrained
+	ToolAuto     = client.ToolAuto     // the model decides (the default with tools)
+	ToolNone     = client.ToolNone     // no calls: tools only inform the prompt
+	ToolRequired = client.ToolRequired // at least one call, grammar-constrained
+	ToolFunction = client.ToolFunction // a call of ToolChoice.Name, grammar-constrained
 )
 
 // ToolChoice says whether and which tools the model must call.
@@ -113,34 +114,6 @@ type Delta struct {
 	// Logprobs are the log-probabilities of the tokens generated since
 	// the last delta (with GenerateRequest.Logprobs).
 	Logprobs []TokenLogprob
-}
-
-// ToolCallDelta is a fragment of the tool call Index: its first fragment
-// carries ID and Name, the following ones pieces of Arguments (JSON text;
-// concatenated, the call's whole arguments), as OpenAI streams them.
-type ToolCallDelta struct {
-	Index     int
-	ID        string
-	Name      string
-	Arguments string
-}
-
-// TokenLogprob is one generated token's log-probability and, with
-// GenerateRequest.TopLogprobs > 0, the most likely alternatives, all
-// computed at the tail from the logits that chose the token (before any
-// sampling filter, so they do not depend on temperature or top-p).
-type TokenLogprob struct {
-	Token   string  // the token's text (may be part of a UTF-8 character)
-	Logprob float32 // natural log
-	Bytes   []byte
-	Top     []TopLogprob // most likely first
-}
-
-// TopLogprob is one alternative to a generated token.
-type TopLogprob struct {
-	Token   string
-	Logprob float32
-	Bytes   []byte
 }
 
 // GenerateRequest is a validated generation.

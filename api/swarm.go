@@ -65,14 +65,7 @@ func (b *Swarm) Generate(ctx context.Context, req *GenerateRequest, onDelta func
 		MaxTokens: maxTok, Sampling: req.sampling(), Stops: req.Stops, WireDType: b.cfg.WireDType, Speculation: b.cfg.Speculation, OnText: onText,
 		Logprobs: req.Logprobs, TopLogprobs: req.TopLogprobs}
 	if req.Messages != nil {
-		cr.Prompt.Messages = make([]client.Message, len(req.Messages))
-		for i, m := range req.Messages {
-			cm := client.Message{Role: m.Role, Content: m.Content, ToolCallID: m.ToolCallID, Name: m.Name}
-			for _, c := range m.ToolCalls {
-				cm.ToolCalls = append(cm.ToolCalls, client.ToolCall(c))
-			}
-			cr.Prompt.Messages[i] = cm
-		}
+		cr.Prompt.Messages = req.Messages
 	}
 	if len(req.Tools) > 0 {
 		tools := make([]client.Tool, len(req.Tools))
@@ -81,7 +74,7 @@ func (b *Swarm) Generate(ctx context.Context, req *GenerateRequest, onDelta func
 		}
 		cr.Prompt.Tools = tools
 		cr.Tools = client.Tools{List: tools, Choice: req.ToolChoice.Mode, Function: req.ToolChoice.Name, Parallel: req.ParallelToolCalls}
-		cr.OnToolCall = func(d client.ToolCallDelta) { onDelta(Delta{ToolCalls: []ToolCallDelta{ToolCallDelta(d)}}) }
+		cr.OnToolCall = func(d client.ToolCallDelta) { onDelta(Delta{ToolCalls: []ToolCallDelta{d}}) }
 	}
 	switch req.Format.Type {
 	case FormatJSONObject:
@@ -90,13 +83,7 @@ func (b *Swarm) Generate(ctx context.Context, req *GenerateRequest, onDelta func
 		cr.Format = client.Format{Schema: req.Format.Schema}
 	}
 	if req.Logprobs {
-		cr.OnLogprob = func(lp client.TokenLogprob) {
-			out := TokenLogprob{Token: lp.Token, Logprob: lp.Logprob, Bytes: lp.Bytes}
-			for _, a := range lp.Top {
-				out.Top = append(out.Top, TopLogprob(a))
-			}
-			onDelta(Delta{Logprobs: []TokenLogprob{out}})
-		}
+		cr.OnLogprob = func(lp client.TokenLogprob) { onDelta(Delta{Logprobs: []TokenLogprob{lp}}) }
 	}
 	if req.OnRoute != nil {
 		cr.OnRoute = func(m client.Model, rt *route.Route, reroutes int) {
@@ -108,9 +95,7 @@ func (b *Swarm) Generate(ctx context.Context, req *GenerateRequest, onDelta func
 	if res != nil {
 		out = &GenerateResult{Model: res.Model.ID, Fingerprint: res.Model.Fingerprint, PromptTokens: res.PromptTokens,
 			CompletionTokens: len(res.Tokens), Length: res.Finish == client.FinishLength, Stop: res.Stop}
-		for _, c := range res.ToolCalls {
-			out.ToolCalls = append(out.ToolCalls, ToolCall(c))
-		}
+		out.ToolCalls = res.ToolCalls
 		if s := res.Session; s != nil {
 			out.Reroutes = s.Reroutes
 			if s.Route != nil {
