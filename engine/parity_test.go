@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/neuron-tai/meshp2p/engine/gguf"
@@ -112,7 +113,15 @@ type parityModel struct {
 	// wantTypes must each be present in the (quantized) file, so the test
 	// exercises real k-quants rather than fallbacks.
 	wantTypes []string
+	// fallback is the tensors (after "blk.N.") a real model of the
+	// architecture has with rows no k-quant fits, which llama.cpp
+	// quantizes to a fallback type; any other fallback fails the test.
+	fallback string
 }
+
+// deepseek2Fallback: DeepSeek-V3's attn_k_b rows are its 128 "nope" dims,
+// under the 256 a k-quant block needs (the real model's too).
+const deepseek2Fallback = "attn_k_b.weight"
 
 // smallSpec is a geometry every quantization takes without fallback: all
 // rows (embd 256, ff 512, expert ff 256) are multiples of 256.
@@ -124,6 +133,12 @@ func smallSpec(arch string, typ gguf.TensorType) gguf.Spec {
 		s.Experts, s.ExpertsUsed, s.ExpertFF = 8, 2, 256
 	case "llama-experts":
 		s.Arch, s.Experts, s.ExpertsUsed, s.FF = "llama", 4, 2, 256
+	case "deepseek2":
+		// DeepSeek-V3's proportions (q LoRA 1536, kv LoRA 512, nope 128,
+		// rope 64, v 128) at a quarter or less; 6 layers, 3 dense lead
+		// ones, so a 3-way split puts a dense and a MoE layer in one shard.
+		s.Layers, s.KVHeads, s.DenseLead, s.Experts, s.ExpertsUsed, s.ExpertFF = 6, 1, 3, 8, 2, 256
+		s.QLoraRank, s.KVLoraRank, s.RopeDim, s.NopeDim, s.VDim = 256, 256, 64, 128, 128
 	}
 	return s
 }
@@ -133,12 +148,16 @@ var parityModels = []parityModel{
 	{name: "qwen2_f32", spec: smallSpec("qwen2", gguf.TypeF32)},
 	{name: "qwen3_f16", spec: smallSpec("qwen3", gguf.TypeF16)},
 	{name: "qwen3moe_f32", spec: smallSpec("qwen3moe", gguf.TypeF32)},
+	{name: "deepseek2_f32", spec: smallSpec("deepseek2", gguf.TypeF32)},
 	{name: "llama_experts_f16", spec: smallSpec("llama-experts", gguf.TypeF16)},
 	{name: "llama_q8_0", spec: smallSpec("llama", gguf.TypeF16), quant: QuantQ8_0, wantTypes: []string{"Q8_0"}},
 	{name: "llama_q4_k_m", spec: smallSpec("llama", gguf.TypeF16), quant: QuantQ4_KM, wantTypes: []string{"Q4_K", "Q6_K"}},
 	{name: "qwen2_q4_k_m", spec: smallSpec("qwen2", gguf.TypeF16), quant: QuantQ4_KM, wantTypes: []string{"Q4_K", "Q6_K"}},
 	{name: "qwen3moe_q8_0", spec: smallSpec("qwen3moe", gguf.TypeF16), quant: QuantQ8_0, wantTypes: []string{"Q8_0"}},
 	{name: "qwen3moe_q4_k_m", spec: smallSpec("qwen3moe", gguf.TypeF16), quant: QuantQ4_KM, wantTypes: []string{"Q4_K", "Q6_K"}},
+	{name: "deepseek2_f16", spec: smallSpec("deepseek2", gguf.TypeF16)},
+	{name: "deepseek2_q8_0", spec: smallSpec("deepseek2", gguf.TypeF16), quant: QuantQ8_0, wantTypes: []string{"Q8_0"}},
+	{name: "deepseek2_q4_k_m", spec: smallSpec("deepseek2", gguf.TypeF16), quant: QuantQ4_KM, wantTypes: []string{"Q4_K", "Q6_K"}, fallback: deepseek2Fallback},
 }
 
 // makeParityModel synthesizes (and quantizes) m into dir.
@@ -177,10 +196,19 @@ func makeParityModel(t *testing.T, m parityModel, dir string) string {
 			t.Fatalf("%s: no %s tensors after quantizing (types %v): the k-quant path is not exercised", m.name, typ, in.TensorTypes)
 		}
 	}
-	// Rows are multiples of 256: nothing may have fallen back to Q5_0 etc.
-	for _, typ := range []string{"Q5_0", "Q5_1", "IQ4_NL"} {
-		if in.TensorTypes[typ] != 0 {
-			t.Fatalf("%s: %d fallback %s tensors (types %v)", m.name, in.TensorTypes[typ], typ, in.TensorTypes)
+	// Rows are multiples of 256: nothing may have fallen back to Q5_0
+	// etc., but the tensors the real architecture has fall back too.
+	f, err = gguf.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	for _, ti := range f.Tensors {
+		switch ti.Type.String() {
+		case "Q5_0", "Q5_1", "IQ4_NL":
+			if m.fallback == "" || !strings.HasSuffix(ti.Name, "."+m.fallback) {
+				t.Fatalf("%s: %s fell back to %s (types %v)", m.name, ti.Name, ti.Type, in.TensorTypes)
+			}
 		}
 	}
 	t.Logf("%s: tensor types %v", m.name, in.TensorTypes)

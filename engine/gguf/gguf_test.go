@@ -41,8 +41,11 @@ func synthFile(t testing.TB, s Spec) string {
 func tinySpec(arch string) Spec {
 	s := DefaultSpec(arch)
 	s.Embd, s.Heads, s.KVHeads, s.FF, s.Layers = 32, 4, 2, 64, 4
-	if arch == "qwen3moe" {
+	switch arch {
+	case "qwen3moe":
 		s.ExpertFF = 16
+	case "deepseek2":
+		s.KVHeads, s.ExpertFF, s.QLoraRank, s.KVLoraRank, s.RopeDim, s.NopeDim, s.VDim, s.Layers = 1, 16, 16, 16, 8, 8, 8, 6
 	}
 	return s
 }

@@ -1,6 +1,7 @@
 package gguf
 
 import (
+	"strings"
 	"context"
 	"errors"
 	"fmt"
@@ -133,7 +134,6 @@ func Inspect(ctx context.Context, path string, fingerprint bool) (*Info, error) 
 var ErrNotLoadable = errors.New("model cannot be loaded")
 
 // Architectures the engine supports (range execution verified for these).
-var loadableArchs = map[string]bool{"llama": true, "qwen2": true, "qwen3": true, "qwen3moe": true}
 
 // MaxExperts is llama.cpp's LLAMA_MAX_EXPERTS.
 const MaxExperts = 512
@@ -146,16 +146,15 @@ const MaxExperts = 512
 // length, and the tensors the architecture needs in every layer.
 func ValidateForLoad(f *File) error {
 	c := &loadCheck{md: f.Metadata, arch: f.Architecture()}
-	if !loadableArchs[c.arch] {
-		return c.bad("unsupported architecture %q (supported: llama, qwen2, qwen3, qwen3moe)", c.arch)
+	if _, ok := archRules[c.arch]; !ok {
+		return c.bad("unsupported architecture %q (supported: %s; docs/architectures.md)", c.arch, strings.Join(Architectures(), ", "))
 	}
 	c.p = c.arch + "."
 	nLayer, nEmbd, err := c.checkDims()
 	if err != nil {
 		return err
 	}
-	nExp, err := c.checkExperts()
-	if err != nil {
+	if _, err := c.checkExperts(); err != nil {
 		return err
 	}
 	if err := c.checkRopeAndAlignment(); err != nil {
@@ -164,7 +163,7 @@ func ValidateForLoad(f *File) error {
 	if err := c.checkTokenizer(); err != nil {
 		return err
 	}
-	return c.checkTensors(f, nLayer, nEmbd, nExp)
+	return c.checkTensors(f, nLayer, nEmbd)
 }
 
 // loadCheck is the state ValidateForLoad's steps share: the metadata, the
@@ -262,15 +261,33 @@ func (c *loadCheck) checkExperts() (nExp uint64, err error) {
 	if nExp == 0 && nUsed != 0 {
 		return 0, c.bad("expert_used_count %d without experts", nUsed)
 	}
-	if c.arch == "qwen3moe" && nExp == 0 {
-		return 0, c.bad("qwen3moe needs expert_count > 0")
+	if (c.arch == "qwen3moe" || c.arch == "deepseek2") && nExp == 0 {
+		return 0, c.bad("%s needs expert_count > 0", c.arch)
 	}
-	for _, k := range []string{"expert_group_count", "expert_group_used_count"} {
-		if g, _, err := c.count(k); err != nil || g != 0 {
-			return 0, c.bad("%s%s is not supported", c.p, k)
-		}
+	return nExp, c.checkExpertGroups(nExp)
+}
+
+// checkExpertGroups checks expert_group_count and expert_group_used_count
+// as llama.cpp's loader asserts them (DeepSeek-V3 routes to the top 4 of
+// 8 groups of experts first).
+func (c *loadCheck) checkExpertGroups(nExp uint64) error {
+	groups, _, err := c.count("expert_group_count")
+	if err != nil {
+		return err
 	}
-	return nExp, nil
+	used, _, err := c.count("expert_group_used_count")
+	if err != nil {
+		return err
+	}
+	switch {
+	case nExp == 0 && groups != 0:
+		return c.bad("expert_group_count %d without experts", groups)
+	case nExp > 0 && groups >= nExp:
+		return c.bad("expert_group_count %d must be under expert_count %d", groups, nExp)
+	case groups > 1 && (nExp%groups != 0 || used == 0 || used >= groups):
+		return c.bad("expert groups: %d experts in %d groups, %d used: want experts divisible by groups and 0 < used < groups", nExp, groups, used)
+	}
+	return nil
 }
 
 // checkRopeAndAlignment checks rope.scaling.type is one llama.cpp knows and
@@ -308,31 +325,17 @@ func (c *loadCheck) checkTokenizer() error {
 	return nil
 }
 
-// loadLayerTensors returns the tensor names (after "blk.N.") the
-// architecture needs in every layer.
-func loadLayerTensors(arch string, nExp uint64) []string {
-	layer := []string{"attn_norm.weight", "attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_output.weight", "ffn_norm.weight"}
-	if nExp > 0 {
-		layer = append(layer, "ffn_gate_inp.weight", "ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight")
-	} else {
-		layer = append(layer, "ffn_gate.weight", "ffn_up.weight", "ffn_down.weight")
-	}
-	switch arch {
-	case "qwen2":
-		layer = append(layer, "attn_q.bias", "attn_k.bias", "attn_v.bias")
-	case "qwen3", "qwen3moe":
-		layer = append(layer, "attn_q_norm.weight", "attn_k_norm.weight")
-	}
-	return layer
-}
-
 // checkTensors checks f has the global tensors and every layer's tensors
-// (loadLayerTensors), token_embd's shape, and no layer beyond block_count.
-func (c *loadCheck) checkTensors(f *File, nLayer, nEmbd, nExp uint64) error {
+// (the architecture's rule), token_embd's shape, and no layer beyond
+// block_count.
+func (c *loadCheck) checkTensors(f *File, nLayer, nEmbd uint64) error {
 	need := []string{tokenEmbd, outputNorm}
-	layer := loadLayerTensors(c.arch, nExp)
+	rule := archRules[c.arch]
+	if rule.outputRequired {
+		need = append(need, output)
+	}
 	for i := 0; i < int(nLayer); i++ {
-		for _, s := range layer {
+		for _, s := range rule.layer(c.md, c.p, i) {
 			need = append(need, layerName(i, s))
 		}
 	}

@@ -340,7 +340,7 @@ func embdLength(md Metadata) (uint64, error) {
 }
 
 func standIn(name string, nEmbd uint64) WriteTensor {
-	if name == tokenEmbd {
+	if name == tokenEmbd || name == output {
 		return WriteTensor{Name: name, Type: TypeF32, Shape: []uint64{nEmbd, 1}, Data: fillReaderAt{[]byte{0, 0, 0, 0}, int64(4 * nEmbd)}}
 	}
 	// float32(1) little-endian
@@ -365,8 +365,11 @@ func planShard(f *File, dg *Digests, r Range, n int) (Metadata, []WriteTensor, e
 	if _, ok := f.Tensor(outputNorm); !ok {
 		return nil, nil, fmt.Errorf("gguf: %w: model has no %s", ErrInvalidTensor, outputNorm)
 	}
-	md := planShardMetadata(f.Metadata, dg, r, arch, role)
-	p := shardPlan{f: f, dg: dg, r: r, n: n, role: role, nEmbd: nEmbd}
+	if err := CheckCut(f.Metadata, r, n); err != nil {
+		return nil, nil, err
+	}
+	md := planShardMetadata(f.Metadata, dg, r, n, arch, role)
+	p := shardPlan{f: f, dg: dg, r: r, n: n, role: role, nEmbd: nEmbd, outputRequired: archRules[arch].outputRequired}
 	ts, err := p.tensors()
 	if err != nil {
 		return nil, nil, err
@@ -375,12 +378,15 @@ func planShard(f *File, dg *Digests, r Range, n int) (Metadata, []WriteTensor, e
 }
 
 // planShardMetadata returns the shard's metadata: the model's without
-// meshp2p.* keys, block_count the range's length, no tokenizer in a middle
-// shard (model "none", vocab_size 1), then the proof material when dg is set.
-func planShardMetadata(src Metadata, dg *Digests, r Range, arch string, role Role) Metadata {
+// meshp2p.* keys, block_count the range's length and what else the
+// architecture keys on the layer index rewritten (archRule.shardMetadata),
+// no tokenizer in a middle shard (model "none", vocab_size 1), then the
+// proof material when dg is set.
+func planShardMetadata(src Metadata, dg *Digests, r Range, n int, arch string, role Role) Metadata {
 	md := src.Clone()
 	md.DeletePrefix("meshp2p.")
 	md.Set(arch+".block_count", uint32(r.Len()))
+	md = rewriteShardMetadata(md, arch, r, n)
 	if role == RoleMiddle {
 		md.DeletePrefix("tokenizer.")
 		md.Set("tokenizer.ggml.model", "none")
@@ -400,6 +406,9 @@ type shardPlan struct {
 	n     int // the model's block_count
 	role  Role
 	nEmbd uint64
+	// outputRequired: the architecture has no tied fallback for output
+	// (archRule): every shard carries one.
+	outputRequired bool
 }
 
 // src returns t's data written under name, hashed on the way when p.dg is
@@ -465,7 +474,13 @@ func (p *shardPlan) global(ts []WriteTensor, t, outT *TensorInfo, hasOutput bool
 			ts = append(ts, p.src(t, outputNorm))
 		}
 	case output:
-		if p.role == RoleWhole {
+		switch {
+		case p.role == RoleWhole:
+			ts = append(ts, p.src(t, output))
+		case !p.outputRequired:
+		case p.role == RoleMiddle:
+			ts = append(ts, standIn(output, p.nEmbd))
+		default: // head (never computes logits: mmap leaves it on disk), tail
 			ts = append(ts, p.src(t, output))
 		}
 	default:

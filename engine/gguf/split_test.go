@@ -64,13 +64,16 @@ func checkShardRules(t *testing.T, src *File, res SplitResult, n int) {
 	}
 	_, srcHasOutput := src.Tensor(output)
 	_, hasOutput := sh.Tensor(output)
+	// An architecture without a tied fallback keeps output everywhere: the
+	// parent's in head and tail shards, a 1-row stand-in in a middle one.
+	keepsOutput := archRules[arch].outputRequired && srcHasOutput
 	tok, _ := sh.Metadata.String("tokenizer.ggml.model")
 	switch si.Role {
 	case RoleHead, RoleWhole:
 		if !bytes.Equal(tensorBytes(t, sh, tokenEmbd), tensorBytes(t, src, tokenEmbd)) {
 			t.Errorf("%v: head token_embd differs", r)
 		}
-		if hasOutput != (si.Role == RoleWhole && srcHasOutput) {
+		if hasOutput != (si.Role == RoleWhole && srcHasOutput || keepsOutput) {
 			t.Errorf("%v: output.weight present=%v", r, hasOutput)
 		}
 	case RoleMiddle:
@@ -86,7 +89,7 @@ func checkShardRules(t *testing.T, src *File, res SplitResult, n int) {
 		if !bytes.Equal(tensorBytes(t, sh, outputNorm), bytes.Repeat([]byte{0, 0, 0x80, 0x3f}, int(nEmbd))) {
 			t.Errorf("%v: output_norm stand-in not ones", r)
 		}
-		if hasOutput || tok != "none" {
+		if hasOutput != keepsOutput || tok != "none" {
 			t.Errorf("%v: middle output=%v tokenizer=%q", r, hasOutput, tok)
 		}
 		for _, kv := range sh.Metadata {
@@ -105,8 +108,8 @@ func checkShardRules(t *testing.T, src *File, res SplitResult, n int) {
 		if !bytes.Equal(tensorBytes(t, sh, tokenEmbd), tensorBytes(t, src, want)) {
 			t.Errorf("%v: tail token_embd is not the source %s", r, want)
 		}
-		if hasOutput {
-			t.Errorf("%v: tail keeps output.weight", r)
+		if hasOutput != keepsOutput {
+			t.Errorf("%v: tail output.weight present=%v", r, hasOutput)
 		}
 	}
 	if si.Role != RoleMiddle {
@@ -202,7 +205,8 @@ func rangesString(rs []Range) string {
 func TestSplitSynth(t *testing.T) {
 	moe := tinySpec("llama")
 	moe.Experts, moe.ExpertsUsed = 4, 2
-	for name, s := range map[string]Spec{"qwen3-tied": tinySpec("qwen3"), "qwen3moe": tinySpec("qwen3moe"), "qwen2": tinySpec("qwen2"), "llama-experts": moe} {
+	for name, s := range map[string]Spec{"qwen3-tied": tinySpec("qwen3"), "qwen3moe": tinySpec("qwen3moe"), "qwen2": tinySpec("qwen2"), "llama-experts": moe,
+		"deepseek2": tinySpec("deepseek2")} {
 		t.Run(name, func(t *testing.T) {
 			splitAndCheck(t, synthFile(t, s), EvenSplit(s.Layers, 3))
 		})
@@ -441,5 +445,72 @@ func TestRanges(t *testing.T) {
 	}
 	if RoleOf(Range{0, 5}, 5) != RoleWhole || RoleOf(Range{0, 2}, 5) != RoleHead || RoleOf(Range{2, 3}, 5) != RoleMiddle || RoleOf(Range{3, 5}, 5) != RoleTail {
 		t.Error("RoleOf")
+	}
+}
+
+// deepseek2's rules (arch.go): a shard keeps the dense lead layers that
+// fall in its range (leading_dense_block_count rewritten, the parent's
+// value kept under the shard's proof), and no shard may take the layer
+// counts llama.cpp reads as the lite variant.
+func TestDeepseek2ShardRules(t *testing.T) {
+	ctx := context.Background()
+	s := tinySpec("deepseek2") // 6 layers, the first 2 dense
+	src := synthFile(t, s)
+	for _, tc := range []struct {
+		r    Range
+		lead uint32
+	}{{Range{0, 2}, 2}, {Range{1, 3}, 1}, {Range{2, 4}, 0}, {Range{0, 6}, 2}, {Range{1, 2}, 1}} {
+		res := splitAndCheck(t, src, []Range{tc.r})
+		sh := mustOpen(t, res[0].Path)
+		if v, _ := sh.Metadata.Get("deepseek2.leading_dense_block_count"); v != tc.lead {
+			t.Errorf("%v: leading_dense_block_count %v, want %d", tc.r, v, tc.lead)
+		}
+		if err := ValidateForLoad(sh); err != nil {
+			t.Errorf("%v: %v", tc.r, err)
+		}
+		if _, err := VerifyShard(ctx, res[0].Path); err != nil {
+			t.Errorf("%v: %v", tc.r, err)
+		}
+	}
+	// The rewritten value and the parent's kept value are both bound by
+	// the shard's proof.
+	res := splitAndCheck(t, src, []Range{{1, 4}})
+	for name, edit := range map[string]func(*Metadata){
+		"shard value":  func(md *Metadata) { md.Set("deepseek2.leading_dense_block_count", uint32(0)) },
+		"parent value": func(md *Metadata) { md.Set(KeyParentPrefix+"leading_dense_block_count", uint32(3)) },
+	} {
+		out := filepath.Join(t.TempDir(), "forged.gguf")
+		rewriteWith(t, res[0].Path, out, edit, nil)
+		if _, err := VerifyShard(ctx, out); !errors.Is(err, ErrFingerprintMismatch) {
+			t.Errorf("forged %s: %v, want ErrFingerprintMismatch", name, err)
+		}
+	}
+	// Cut rules at real layer counts: DeepSeek-V3 (61 layers) never in a
+	// 26- or 27-layer shard; V2-Lite (27 layers) only whole.
+	md := Metadata{{KeyArchitecture, "deepseek2"}}
+	for _, tc := range []struct {
+		r     Range
+		n     int
+		legal bool
+	}{
+		{Range{0, 30}, 61, true}, {Range{30, 61}, 61, true}, {Range{0, 26}, 61, false}, {Range{35, 61}, 61, false}, {Range{3, 30}, 61, false},
+		{Range{0, 27}, 27, true}, {Range{0, 13}, 27, false}, {Range{13, 27}, 27, false},
+	} {
+		err := CheckCut(md, tc.r, tc.n)
+		if (err == nil) != tc.legal || (err != nil && !errors.Is(err, ErrIllegalCut)) {
+			t.Errorf("%v of %d layers: %v, legal %v", tc.r, tc.n, err, tc.legal)
+		}
+	}
+	if got := LegalCuts(md, 61); got != "any range except shards of 26 or 27 layers" {
+		t.Errorf("LegalCuts(61) = %q", got)
+	}
+	if got := LegalCuts(md, 27); got != "whole model only" {
+		t.Errorf("LegalCuts(27) = %q", got)
+	}
+	// Split refuses an illegal range, naming the rule.
+	big := tinySpec("deepseek2")
+	big.Layers = 30
+	if _, err := Split(ctx, synthFile(t, big), []Range{{0, 26}, {26, 30}}, t.TempDir(), nil); !errors.Is(err, ErrIllegalCut) || !strings.Contains(err.Error(), "lite") {
+		t.Errorf("split into 26 + 4 layers: %v, want ErrIllegalCut naming the lite rule", err)
 	}
 }

@@ -16,7 +16,7 @@ var ErrBadSpec = errors.New("bad model spec")
 
 // Spec describes a random-weight model for Synth.
 type Spec struct {
-	Arch          string     // llama | qwen2 | qwen3 | qwen3moe
+	Arch          string     // llama | qwen2 | qwen3 | qwen3moe | deepseek2
 	Layers        int        // block_count
 	Embd          int        // embedding_length
 	Heads         int        // attention.head_count
@@ -24,13 +24,28 @@ type Spec struct {
 	FF            int        // feed_forward_length (per expert for llama with experts)
 	Experts       int        // expert_count: >0 for qwen3moe, optional for llama
 	ExpertsUsed   int        // expert_used_count, 1..Experts
-	ExpertFF      int        // expert_feed_forward_length (qwen3moe)
+	ExpertFF      int        // expert_feed_forward_length (qwen3moe, deepseek2)
 	Type          TensorType // TypeF32 or TypeF16 for matrices; 1-D tensors are always F32
 	Seed          uint64     // weights are a pure function of Spec (same seed, same file)
 	ContextLength int        // context_length
 	Tied          bool       // no output.weight (output tied to token_embd)
 	VocabFrom     string     // copy tokenizer.* from this GGUF; "" = small built-in SPM vocab
 	Name          string     // general.name
+
+	// deepseek2: multi-head latent attention (Heads query heads over one
+	// shared latent KV of KVLoraRank plus RopeDim), the first DenseLead
+	// layers dense (FF), the rest Experts with SharedExperts always on,
+	// routed within ExpertGroups groups of which ExpertGroupsUsed are kept
+	// (0: no groups).
+	DenseLead        int // leading_dense_block_count
+	SharedExperts    int // expert_shared_count
+	QLoraRank        int // attention.q_lora_rank
+	KVLoraRank       int // attention.kv_lora_rank
+	RopeDim          int // rope.dimension_count: the roped part of a q/k head
+	NopeDim          int // the rest of a q/k head (key_length_mla = NopeDim + RopeDim)
+	VDim             int // value_length_mla
+	ExpertGroups     int // expert_group_count
+	ExpertGroupsUsed int // expert_group_used_count
 
 	Progress func(done, total int64) `json:"-"`
 }
@@ -45,6 +60,12 @@ func DefaultSpec(arch string) Spec {
 		s.Tied = true
 	case "qwen3moe":
 		s.Experts, s.ExpertsUsed, s.ExpertFF = 8, 2, 64
+	case "deepseek2":
+		// DeepSeek-V3's structure at small widths: dense lead layers,
+		// 8 routed experts in 4 groups (2 kept), 1 shared expert, MLA.
+		s.KVHeads, s.Experts, s.ExpertsUsed, s.ExpertFF, s.DenseLead, s.SharedExperts = 1, 8, 2, 64, 2, 1
+		s.QLoraRank, s.KVLoraRank, s.RopeDim, s.NopeDim, s.VDim = 64, 32, 16, 32, 32
+		s.ExpertGroups, s.ExpertGroupsUsed = 4, 2
 	}
 	return s
 }
@@ -54,8 +75,8 @@ func (s *Spec) Validate() error {
 	bad := func(format string, args ...any) error {
 		return fmt.Errorf("%w: "+format, append([]any{ErrBadSpec}, args...)...)
 	}
-	if !loadableArchs[s.Arch] {
-		return bad("unknown architecture %q (want llama, qwen2, qwen3 or qwen3moe)", s.Arch)
+	if _, ok := archRules[s.Arch]; !ok {
+		return bad("unknown architecture %q (want one of %s)", s.Arch, strings.Join(Architectures(), ", "))
 	}
 	switch {
 	case s.Layers < 1 || s.Layers > MaxLayers:
@@ -78,6 +99,10 @@ func (s *Spec) Validate() error {
 		return bad("experts %d must be in 0..%d", s.Experts, MaxExperts)
 	}
 	switch s.Arch {
+	case "deepseek2":
+		if err := s.validateDeepseek2(); err != nil {
+			return bad("%v", err)
+		}
 	case "qwen3moe":
 		if s.Experts < 1 {
 			return bad("qwen3moe needs experts >= 1")
@@ -97,11 +122,33 @@ func (s *Spec) Validate() error {
 			return bad("expert-ff is for qwen3moe")
 		}
 	}
+	if s.Arch != "deepseek2" && (s.DenseLead != 0 || s.SharedExperts != 0 || s.QLoraRank != 0 || s.KVLoraRank != 0 || s.ExpertGroups != 0) {
+		return bad("dense-lead, shared experts, LoRA ranks and expert groups are deepseek2's")
+	}
 	if s.Experts > 0 && (s.ExpertsUsed < 1 || s.ExpertsUsed > s.Experts) {
 		return bad("experts-used %d must be in 1..experts %d", s.ExpertsUsed, s.Experts)
 	}
 	if s.Experts == 0 && s.ExpertsUsed != 0 {
 		return bad("experts-used %d without experts", s.ExpertsUsed)
+	}
+	return nil
+}
+
+// validateDeepseek2 checks the deepseek2 fields.
+func (s *Spec) validateDeepseek2() error {
+	switch {
+	case deepseek2Lite(uint64(s.Layers)):
+		return fmt.Errorf("deepseek2 with 26 or 27 layers is the lite variant (one q projection): not synthesized")
+	case s.Experts < 1 || s.ExpertFF < 1 || s.SharedExperts < 1:
+		return fmt.Errorf("deepseek2 needs experts, expert-ff and shared experts >= 1")
+	case s.DenseLead < 0 || s.DenseLead > s.Layers:
+		return fmt.Errorf("dense-lead %d must be in 0..layers %d", s.DenseLead, s.Layers)
+	case s.QLoraRank < 1 || s.KVLoraRank < 1 || s.RopeDim < 2 || s.RopeDim%2 != 0 || s.NopeDim < 1 || s.VDim < 1:
+		return fmt.Errorf("deepseek2 needs q/kv LoRA ranks, nope and v dims >= 1 and an even rope dim >= 2")
+	case s.KVHeads != 1:
+		return fmt.Errorf("deepseek2's latent KV is one head: kv-heads must be 1")
+	case s.ExpertGroups > 1 && (s.Experts%s.ExpertGroups != 0 || s.Experts/s.ExpertGroups < 2 || s.ExpertGroupsUsed < 1 || s.ExpertGroupsUsed >= s.ExpertGroups):
+		return fmt.Errorf("expert groups: %d experts in %d groups (at least 2 each), %d used: want 0 < used < groups", s.Experts, s.ExpertGroups, s.ExpertGroupsUsed)
 	}
 	return nil
 }
@@ -191,6 +238,41 @@ func synthMetadata(s *Spec) Metadata {
 	if a == "qwen3moe" {
 		md = append(md, KV{a + ".expert_feed_forward_length", uint32(s.ExpertFF)})
 	}
+	if a == "deepseek2" {
+		md = deepseek2Metadata(md, s)
+	}
+	return md
+}
+
+// deepseek2Metadata sets the deepseek2 keys on md (as llama.cpp's
+// converter writes DeepSeek-V3 with MLA: the cache holds one latent head
+// of kv_lora_rank + the roped dims; YaRN scaling as V3 ships it).
+func deepseek2Metadata(md Metadata, s *Spec) Metadata {
+	p := s.Arch + "."
+	md.Set(p+"attention.head_count_kv", uint32(1))
+	md.Set(p+"rope.dimension_count", uint32(s.RopeDim))
+	md.Set(p+"rope.freq_base", float32(10000))
+	md = append(md,
+		KV{p + "attention.key_length", uint32(s.KVLoraRank + s.RopeDim)},
+		KV{p + "attention.value_length", uint32(s.KVLoraRank)},
+		KV{p + "attention.key_length_mla", uint32(s.NopeDim + s.RopeDim)},
+		KV{p + "attention.value_length_mla", uint32(s.VDim)},
+		KV{p + "attention.q_lora_rank", uint32(s.QLoraRank)},
+		KV{p + "attention.kv_lora_rank", uint32(s.KVLoraRank)},
+		KV{p + "leading_dense_block_count", uint32(s.DenseLead)},
+		KV{p + "expert_feed_forward_length", uint32(s.ExpertFF)},
+		KV{p + "expert_shared_count", uint32(s.SharedExperts)},
+		KV{p + "expert_weights_scale", float32(2.5)},
+		KV{p + "expert_weights_norm", true},
+		KV{p + "expert_gating_func", uint32(2)}, // sigmoid (V3)
+		KV{p + "rope.scaling.type", "yarn"},
+		KV{p + "rope.scaling.factor", float32(40)},
+		KV{p + "rope.scaling.original_context_length", uint32(min(4096, s.ContextLength))},
+		KV{p + "rope.scaling.yarn_log_multiplier", float32(0.1)},
+	)
+	if s.ExpertGroups > 1 {
+		md = append(md, KV{p + "expert_group_count", uint32(s.ExpertGroups)}, KV{p + "expert_group_used_count", uint32(s.ExpertGroupsUsed)})
+	}
 	return md
 }
 
@@ -217,6 +299,10 @@ func synthTensors(s *Spec, nVocab int) []synthTensor {
 		ts = append(ts, synthVec("rope_freqs.weight", initRopeFreqs, uint64(s.Embd/s.Heads/2)))
 	}
 	for i := 0; i < s.Layers; i++ {
+		if s.Arch == "deepseek2" {
+			ts = synthDeepseek2Layer(ts, s, i)
+			continue
+		}
 		ts = synthLayer(ts, s, i)
 	}
 	ts = append(ts, synthVec(outputNorm, initOnes, e))
@@ -262,6 +348,46 @@ func synthLayer(ts []synthTensor, s *Spec, i int) []synthTensor {
 		mat(l("ffn_gate_exps.weight"), e, eff, x),
 		mat(l("ffn_down_exps.weight"), eff, e, x),
 		mat(l("ffn_up_exps.weight"), e, eff, x),
+	)
+}
+
+// synthDeepseek2Layer appends layer i of a deepseek2 spec: latent
+// attention (q through its LoRA, k/v from one latent, k_b and v_b split as
+// MLA GGUFs ship them), then a dense feed-forward in the lead layers,
+// experts with a routing bias and shared experts after.
+func synthDeepseek2Layer(ts []synthTensor, s *Spec, i int) []synthTensor {
+	l := func(n string) string { return layerName(i, n) }
+	mat := func(name string, shape ...uint64) synthTensor { return synthMat(s, name, shape...) }
+	e, h := uint64(s.Embd), uint64(s.Heads)
+	qr, kvr, rope, nope, v := uint64(s.QLoraRank), uint64(s.KVLoraRank), uint64(s.RopeDim), uint64(s.NopeDim), uint64(s.VDim)
+	ts = append(ts,
+		synthVec(l("attn_norm.weight"), initOnes, e),
+		synthVec(l("attn_q_a_norm.weight"), initOnes, qr),
+		synthVec(l("attn_kv_a_norm.weight"), initOnes, kvr),
+		mat(l("attn_q_a.weight"), e, qr),
+		mat(l("attn_q_b.weight"), qr, h*(nope+rope)),
+		mat(l("attn_kv_a_mqa.weight"), e, kvr+rope),
+		mat(l("attn_k_b.weight"), nope, kvr, h),
+		mat(l("attn_v_b.weight"), kvr, v, h),
+		mat(l("attn_output.weight"), h*v, e),
+		synthVec(l("ffn_norm.weight"), initOnes, e),
+	)
+	if i < s.DenseLead {
+		ff := uint64(s.FF)
+		return append(ts, mat(l("ffn_gate.weight"), e, ff), mat(l("ffn_down.weight"), ff, e), mat(l("ffn_up.weight"), e, ff))
+	}
+	x, eff, sh := uint64(s.Experts), uint64(s.ExpertFF), uint64(s.ExpertFF*s.SharedExperts)
+	gate := mat(l("ffn_gate_inp.weight"), e, x)
+	gate.std = 0.5
+	bias := synthVec(l("exp_probs_b.bias"), initNormal, x)
+	bias.std = 0.1
+	return append(ts, gate, bias,
+		mat(l("ffn_gate_exps.weight"), e, eff, x),
+		mat(l("ffn_down_exps.weight"), eff, e, x),
+		mat(l("ffn_up_exps.weight"), e, eff, x),
+		mat(l("ffn_gate_shexp.weight"), e, sh),
+		mat(l("ffn_down_shexp.weight"), sh, e),
+		mat(l("ffn_up_shexp.weight"), e, sh),
 	)
 }
 

@@ -99,7 +99,7 @@ func VerifyShardFile(ctx context.Context, f *File) (*ShardInfo, error) {
 	if err != nil {
 		return nil, err
 	}
-	want, standIns, err := shardGlobals(ctx, si.Role, dg, nEmbd)
+	want, standIns, err := shardGlobals(ctx, si.Role, dg, nEmbd, archRules[f.Architecture()].outputRequired)
 	if err != nil {
 		return nil, err
 	}
@@ -139,7 +139,11 @@ func verifyShardMetadata(f *File, si *ShardInfo, dg *Digests) error {
 	if got, err := f.NLayer(); err != nil || got != r.Len() {
 		return mismatch("block_count %d for range %v", got, r)
 	}
-	h, err := hparamsDigest(f.Metadata)
+	parent, err := parentMetadata(f.Metadata, arch, r, si.ParentNLayer)
+	if err != nil {
+		return mismatch("%v", err)
+	}
+	h, err := hparamsDigest(parent)
 	if err != nil {
 		return err
 	}
@@ -191,8 +195,10 @@ func verifyTokenizer(md Metadata, arch string, dg *Digests) error {
 // shardGlobals returns which global digests a shard of role must hold:
 // want maps a shard tensor name to the parent tensor whose digest it must
 // match (the tail's token_embd is the parent's output when it has one), and
-// standIns the digests of a middle shard's exact 1-row stand-ins.
-func shardGlobals(ctx context.Context, role Role, dg *Digests, nEmbd uint64) (want map[string]string, standIns map[string]Digest, err error) {
+// standIns the digests of a middle shard's exact 1-row stand-ins. With
+// outputRequired (archRule), head and tail shards hold the parent's output
+// too and a middle shard a 1-row stand-in of it.
+func shardGlobals(ctx context.Context, role Role, dg *Digests, nEmbd uint64, outputRequired bool) (want map[string]string, standIns map[string]Digest, err error) {
 	want = make(map[string]string) // shard tensor name -> parent tensor name
 	for _, g := range dg.Globals {
 		want[g.Name] = g.Name
@@ -201,12 +207,18 @@ func shardGlobals(ctx context.Context, role Role, dg *Digests, nEmbd uint64) (wa
 	standIns = map[string]Digest{}
 	switch role {
 	case RoleHead:
-		delete(want, output)
+		if !outputRequired {
+			delete(want, output)
+		}
 	case RoleMiddle:
 		delete(want, output)
 		delete(want, tokenEmbd)
 		delete(want, outputNorm)
-		for _, name := range []string{tokenEmbd, outputNorm} {
+		names := []string{tokenEmbd, outputNorm}
+		if outputRequired && parentHasOutput {
+			names = append(names, output)
+		}
+		for _, name := range names {
 			st := standIn(name, nEmbd)
 			dh, err := hashData(ctx, st.Data, int64(4*nEmbd), make([]byte, 64<<10), nil)
 			if err != nil {
@@ -215,7 +227,9 @@ func shardGlobals(ctx context.Context, role Role, dg *Digests, nEmbd uint64) (wa
 			standIns[name] = tensorDigest(name, st.Type, st.Shape, dh)
 		}
 	case RoleTail:
-		delete(want, output)
+		if !outputRequired {
+			delete(want, output)
+		}
 		if parentHasOutput {
 			want[tokenEmbd] = output
 		}

@@ -1,0 +1,203 @@
+package gguf
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+)
+
+// Architecture rules: what meshp2p knows about each architecture it runs
+// split (docs/architectures.md). A shard is a sub-GGUF whose block_count is
+// its range's length and whose layers are renumbered from 0, so anything
+// llama.cpp keys on the layer index or on block_count must be rewritten in
+// the shard's metadata, or the cut points restricted, for a chain of shards
+// to compute exactly what the whole model does.
+
+// ErrIllegalCut is a layer range an architecture cannot be cut at.
+var ErrIllegalCut = errors.New("illegal cut")
+
+// archRule is one architecture's rules.
+type archRule struct {
+	// layer returns the tensors (after "blk.N.") layer i of a model with
+	// metadata md needs.
+	layer func(md Metadata, p string, i int) []string
+	// outputRequired: llama.cpp's loader needs output.weight (no tied
+	// fallback), so every shard carries one.
+	outputRequired bool
+	// shardMetadata rewrites a shard's metadata for range r of a model
+	// of n layers (after block_count is set); nil: nothing to rewrite.
+	// shardKeys are the keys (after "<arch>.") it may change: a shard
+	// keeps their parent values under KeyParentPrefix + key, which the
+	// shard's proof covers (verifyShardMetadata undoes the rewrite).
+	shardMetadata func(md Metadata, p string, r Range, n int)
+	shardKeys     []string
+	// cut reports why range r of a model of n layers cannot be a shard
+	// (nil: it can); nil: every range can.
+	cut func(md Metadata, p string, r Range, n int) error
+}
+
+// archRules are the architectures meshp2p loads.
+var archRules = map[string]archRule{
+	"llama":     {layer: denseOrMoELayer(nil)},
+	"qwen2":     {layer: denseOrMoELayer([]string{"attn_q.bias", "attn_k.bias", "attn_v.bias"})},
+	"qwen3":     {layer: denseOrMoELayer([]string{"attn_q_norm.weight", "attn_k_norm.weight"})},
+	"qwen3moe":  {layer: denseOrMoELayer([]string{"attn_q_norm.weight", "attn_k_norm.weight"})},
+	"deepseek2": deepseek2Rule,
+}
+
+// Architectures lists the architectures meshp2p loads, sorted.
+func Architectures() []string {
+	out := make([]string, 0, len(archRules))
+	for a := range archRules {
+		out = append(out, a)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// denseOrMoELayer is the llama-style layer: q/k/v/output attention plus
+// extra, then a dense or an expert feed-forward.
+func denseOrMoELayer(extra []string) func(md Metadata, p string, i int) []string {
+	return func(md Metadata, p string, _ int) []string {
+		layer := []string{"attn_norm.weight", "attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_output.weight", "ffn_norm.weight"}
+		if n, _ := md.Uint(p + "expert_count"); n > 0 {
+			layer = append(layer, "ffn_gate_inp.weight", "ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight")
+		} else {
+			layer = append(layer, "ffn_gate.weight", "ffn_up.weight", "ffn_down.weight")
+		}
+		return append(layer, extra...)
+	}
+}
+
+// deepseek2 (DeepSeek-V2/V3/R1, Kimi-K2): multi-head latent attention,
+// leading dense layers, then experts with shared experts.
+//   - leading_dense_block_count is keyed on the layer index: a shard from
+//     layer a keeps max(0, lead-a) dense layers (clipped to its length).
+//   - llama.cpp takes a model of 26 or 27 layers for a "lite" variant
+//     (DeepSeek-V2-Lite: one q projection, no q LoRA), keyed on
+//     block_count: a shard of 26 or 27 layers of a full model would load
+//     the wrong attention, and a lite model's shards of other lengths
+//     too. So a full model is never cut into a 26- or 27-layer shard, and
+//     a lite model runs whole.
+//   - output.weight is required (no tied fallback).
+var deepseek2Rule = archRule{
+	layer: func(md Metadata, p string, i int) []string {
+		layer := []string{"attn_norm.weight", "attn_kv_a_norm.weight", "attn_kv_a_mqa.weight", "attn_output.weight", "ffn_norm.weight"}
+		n, _ := md.Uint(p + "block_count")
+		if !deepseek2Lite(n) {
+			layer = append(layer, "attn_q_a_norm.weight", "attn_q_a.weight", "attn_q_b.weight")
+		} else {
+			layer = append(layer, "attn_q.weight")
+		}
+		if _, mla := md.Get(p + "attention.key_length_mla"); mla {
+			layer = append(layer, "attn_k_b.weight", "attn_v_b.weight")
+		} else {
+			layer = append(layer, "attn_kv_b.weight")
+		}
+		if lead, _ := md.Uint(p + "leading_dense_block_count"); uint64(i) < lead {
+			return append(layer, "ffn_gate.weight", "ffn_up.weight", "ffn_down.weight")
+		}
+		return append(layer, "ffn_gate_inp.weight", "ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight",
+			"ffn_gate_shexp.weight", "ffn_up_shexp.weight", "ffn_down_shexp.weight")
+	},
+	outputRequired: true,
+	shardKeys:      []string{"leading_dense_block_count"},
+	shardMetadata: func(md Metadata, p string, r Range, _ int) {
+		lead, _ := md.Uint(p + "leading_dense_block_count")
+		md.Set(p+"leading_dense_block_count", uint32(min(uint64(r.Len()), lead-min(lead, uint64(r.Start)))))
+	},
+	cut: func(_ Metadata, _ string, r Range, n int) error {
+		switch {
+		case r.Len() == n:
+			return nil
+		case deepseek2Lite(uint64(n)):
+			return fmt.Errorf("%w: deepseek2 with %d layers is a lite variant, which llama.cpp recognises by its layer count: it runs whole", ErrIllegalCut, n)
+		case deepseek2Lite(uint64(r.Len())):
+			return fmt.Errorf("%w: layers %s: a deepseek2 shard of %d layers would load as the lite variant (llama.cpp keys it on 26 or 27 layers); cut elsewhere", ErrIllegalCut, r, r.Len())
+		}
+		return nil
+	},
+}
+
+func deepseek2Lite(nLayer uint64) bool { return nLayer == 26 || nLayer == 27 }
+
+// CheckCut reports why layers r of a model (metadata md, n layers) cannot
+// be a shard: an ErrIllegalCut naming the rule, or nil.
+func CheckCut(md Metadata, r Range, n int) error {
+	arch, _ := md.String(KeyArchitecture)
+	rule, ok := archRules[arch]
+	if !ok || rule.cut == nil {
+		return nil
+	}
+	return rule.cut(md, arch+".", r, n)
+}
+
+// LegalCuts lists the layer counts a shard of a model (metadata md, n
+// layers) may have ("" when every count is legal), for people.
+func LegalCuts(md Metadata, n int) string {
+	var bad []string
+	for l := 1; l < n; l++ {
+		if CheckCut(md, Range{Start: 0, End: l}, n) != nil {
+			bad = append(bad, fmt.Sprint(l))
+		}
+	}
+	switch {
+	case len(bad) == 0:
+		return ""
+	case len(bad) == n-1:
+		return "whole model only"
+	}
+	return "any range except shards of " + strings.Join(bad, " or ") + " layers"
+}
+
+// KeyParentPrefix prefixes the parent's values of the keys a shard's
+// architecture rewrites (archRule.shardKeys).
+const KeyParentPrefix = "meshp2p.parent."
+
+// rewriteShardMetadata applies arch's rewrite to md (a shard of range r of
+// n layers), keeping the parent values of the keys it changes.
+func rewriteShardMetadata(md Metadata, arch string, r Range, n int) Metadata {
+	rule := archRules[arch]
+	if rule.shardMetadata == nil {
+		return md
+	}
+	p := arch + "."
+	var keep Metadata
+	for _, k := range rule.shardKeys {
+		if v, ok := md.Get(p + k); ok {
+			keep = append(keep, KV{KeyParentPrefix + k, v})
+		}
+	}
+	rule.shardMetadata(md, p, r, n)
+	return append(md, keep...)
+}
+
+// parentMetadata undoes rewriteShardMetadata on a shard's metadata: the
+// parent's values back, after checking the shard's are what the rewrite
+// makes of them (a forged parent value then fails the shard's proof).
+func parentMetadata(md Metadata, arch string, r Range, n int) (Metadata, error) {
+	rule := archRules[arch]
+	if rule.shardMetadata == nil {
+		return md, nil
+	}
+	p := arch + "."
+	parent := md.Clone()
+	for _, k := range rule.shardKeys {
+		v, ok := md.Get(KeyParentPrefix + k)
+		if !ok {
+			continue
+		}
+		parent.Set(p+k, v)
+	}
+	again := parent.Clone()
+	rule.shardMetadata(again, p, r, n)
+	for _, k := range rule.shardKeys {
+		got, _ := md.Get(p + k)
+		want, _ := again.Get(p + k)
+		if fmt.Sprint(got) != fmt.Sprint(want) {
+			return nil, fmt.Errorf("%s%s is %v, the range %s of the parent's makes %v", p, k, got, r, want)
+		}
+	}
+	return parent, nil
+}
