@@ -44,116 +44,137 @@ const (
 // left alone. Unclosed tags are copied as they are, for the library to
 // report.
 func instrument(src string) (string, error) {
-	var b strings.Builder
-	b.Grow(len(src) + len(src)/8)
+	in := instrumenter{}
+	in.b.Grow(len(src) + len(src)/8)
 	textStart := 0
-	inRaw := false
-	depth := 0
 	for i := 0; i < len(src); {
-		if src[i] != '{' || i+1 >= len(src) {
+		closer := tagCloser(src, i)
+		if closer == "" {
 			i++
 			continue
 		}
-		var closer string
-		switch src[i+1] {
-		case '{':
-			closer = "}}"
-		case '%':
-			closer = "%}"
-		case '#':
-			closer = "#}"
-		default:
-			i++
-			continue
-		}
-		comment := closer == "#}"
-		j := i + 2
-		if j < len(src) && src[j] == '-' {
-			j++
-		}
-		contentStart := j
-		contentEnd, end := -1, -1
-		for j < len(src) {
-			c := src[j]
-			if !comment && (c == '\'' || c == '"') {
-				j++
-				for j < len(src) && src[j] != c {
-					if src[j] == '\\' && j+1 < len(src) {
-						j++
-					}
-					j++
-				}
-				if j < len(src) {
-					j++
-				}
-				continue
-			}
-			if c == '-' && j+2 < len(src) && src[j+1] == closer[0] && src[j+2] == closer[1] {
-				contentEnd, end = j, j+3
-				break
-			}
-			if j+1 < len(src) && c == closer[0] && src[j+1] == closer[1] {
-				contentEnd, end = j, j+2
-				break
-			}
-			j++
-		}
+		contentStart, contentEnd, end := scanTag(src, i, closer)
 		if end < 0 {
 			break // unclosed: left for the library to report
 		}
-		b.WriteString(src[textStart:i])
-		tag := src[i:end]
-		content := src[contentStart:contentEnd]
-		textStart, i = end, end
-
-		if comment {
-			b.WriteString(tag)
-			continue
-		}
-		if inRaw {
-			if closer == "%}" && keyword(content) == "endraw" {
-				inRaw = false
-			}
-			b.WriteString(tag)
-			continue
-		}
-		tag, err := rewriteFilters(tag)
-		if err != nil {
+		in.b.WriteString(src[textStart:i])
+		if err := in.tag(src[i:end], src[contentStart:contentEnd], closer); err != nil {
 			return "", err
 		}
-		if closer == "}}" {
-			b.WriteString(tag)
+		textStart, i = end, end
+	}
+	in.b.WriteString(src[textStart:])
+	return in.b.String(), nil
+}
+
+// tagCloser is the closer of the tag that opens at src[i] ("}}", "%}" or
+// "#}"), or "" if no tag opens there.
+func tagCloser(src string, i int) string {
+	if src[i] != '{' || i+1 >= len(src) {
+		return ""
+	}
+	switch src[i+1] {
+	case '{':
+		return "}}"
+	case '%':
+		return "%}"
+	case '#':
+		return "#}"
+	}
+	return ""
+}
+
+// scanTag finds the end of the tag that opens at src[i] and closes with
+// closer: its content is src[contentStart:contentEnd] (without the trim
+// markers) and the tag is src[i:end]. end is -1 if the tag is unclosed.
+func scanTag(src string, i int, closer string) (contentStart, contentEnd, end int) {
+	comment := closer == "#}"
+	j := i + 2
+	if j < len(src) && src[j] == '-' {
+		j++
+	}
+	contentStart = j
+	for j < len(src) {
+		c := src[j]
+		if !comment && (c == '\'' || c == '"') {
+			j++
+			for j < len(src) && src[j] != c {
+				if src[j] == '\\' && j+1 < len(src) {
+					j++
+				}
+				j++
+			}
+			if j < len(src) {
+				j++
+			}
 			continue
 		}
-		kw := keyword(content)
-		switch {
-		case kw == "raw":
-			inRaw = true
-		case kw == "if" || kw == "for" || kw == "macro" || kw == "call" || kw == "filter" || kw == "generation" ||
-			(kw == "set" && !strings.Contains(content, "=")):
-			depth++
-			if depth > maxBlockDepth {
-				return "", fmt.Errorf("blocks nested deeper than %d", maxBlockDepth)
-			}
-		case strings.HasPrefix(kw, "end"):
-			depth--
+		if c == '-' && j+2 < len(src) && src[j+1] == closer[0] && src[j+2] == closer[1] {
+			return contentStart, j, j + 3
 		}
-		switch kw {
-		case "for":
-			b.WriteString(tag)
-			b.WriteString("{{ " + stepFn + "() }}")
-		case "macro":
-			b.WriteString(tag)
-			b.WriteString("{{ " + enterFn + "() }}")
-		case "endmacro":
-			b.WriteString("{{ " + leaveFn + "() }}")
-			b.WriteString(tag)
-		default:
-			b.WriteString(tag)
+		if j+1 < len(src) && c == closer[0] && src[j+1] == closer[1] {
+			return contentStart, j, j + 2
 		}
+		j++
 	}
-	b.WriteString(src[textStart:])
-	return b.String(), nil
+	return contentStart, -1, -1
+}
+
+// instrumenter is instrument's output and what it knows of the tags so far.
+type instrumenter struct {
+	b     strings.Builder
+	inRaw bool // inside {% raw %}
+	depth int  // open blocks
+}
+
+// tag writes one tag (with its content and closer), rewritten.
+func (in *instrumenter) tag(tag, content, closer string) error {
+	if closer == "#}" {
+		in.b.WriteString(tag)
+		return nil
+	}
+	if in.inRaw {
+		if closer == "%}" && keyword(content) == "endraw" {
+			in.inRaw = false
+		}
+		in.b.WriteString(tag)
+		return nil
+	}
+	tag, err := rewriteFilters(tag)
+	if err != nil {
+		return err
+	}
+	if closer == "}}" {
+		in.b.WriteString(tag)
+		return nil
+	}
+	kw := keyword(content)
+	switch {
+	case kw == "raw":
+		in.inRaw = true
+	case kw == "if" || kw == "for" || kw == "macro" || kw == "call" || kw == "filter" || kw == "generation" ||
+		(kw == "set" && !strings.Contains(content, "=")):
+		in.depth++
+		if in.depth > maxBlockDepth {
+			return fmt.Errorf("blocks nested deeper than %d", maxBlockDepth)
+		}
+	case strings.HasPrefix(kw, "end"):
+		in.depth--
+	}
+	switch kw {
+	case "for":
+		in.b.WriteString(tag)
+		in.b.WriteString("{{ " + stepFn + "() }}")
+	case "macro":
+		in.b.WriteString(tag)
+		in.b.WriteString("{{ " + enterFn + "() }}")
+	case "endmacro":
+		in.b.WriteString("{{ " + leaveFn + "() }}")
+		in.b.WriteString(tag)
+	default:
+		in.b.WriteString(tag)
+	}
+	return nil
 }
 
 // keyword is the statement's first word, as the library reads it.

@@ -395,80 +395,85 @@ func strftime(format string, t time.Time) string {
 			pad = false
 			i++
 		}
-		num := func(n, width int) {
-			s := strconv.Itoa(n)
-			if pad {
-				for len(s) < width {
-					s = "0" + s
-				}
-			}
-			b.WriteString(s)
-		}
-		switch format[i] {
-		case 'Y':
-			num(t.Year(), 4)
-		case 'y':
-			num(t.Year()%100, 2)
-		case 'm':
-			num(int(t.Month()), 2)
-		case 'd':
-			num(t.Day(), 2)
-		case 'e':
-			s := strconv.Itoa(t.Day())
-			if pad && len(s) < 2 {
-				s = " " + s
-			}
-			b.WriteString(s)
-		case 'j':
-			num(t.YearDay(), 3)
-		case 'H':
-			num(t.Hour(), 2)
-		case 'I':
-			h := t.Hour() % 12
-			if h == 0 {
-				h = 12
-			}
-			num(h, 2)
-		case 'M':
-			num(t.Minute(), 2)
-		case 'S':
-			num(t.Second(), 2)
-		case 'p':
-			if t.Hour() < 12 {
-				b.WriteString("AM")
-			} else {
-				b.WriteString("PM")
-			}
-		case 'b', 'h':
-			b.WriteString(t.Month().String()[:3])
-		case 'B':
-			b.WriteString(t.Month().String())
-		case 'a':
-			b.WriteString(t.Weekday().String()[:3])
-		case 'A':
-			b.WriteString(t.Weekday().String())
-		case 'w':
-			b.WriteString(strconv.Itoa(int(t.Weekday())))
-		case 'Z':
-			name, _ := t.Zone()
-			b.WriteString(name)
-		case 'z':
-			b.WriteString(t.Format("-0700"))
-		case 'F':
-			b.WriteString(t.Format("2006-01-02"))
-		case 'T':
-			b.WriteString(t.Format("15:04:05"))
-		case '%':
-			b.WriteByte('%')
-		default:
-			b.WriteByte('%')
-			if !pad {
-				b.WriteByte('-')
-			}
-			b.WriteByte(format[i])
-		}
+		writeDirective(&b, format[i], pad, t)
 	}
 	return b.String()
+}
+
+// writeDirective writes t as the directive %<d> (%-<d> when !pad) asks.
+func writeDirective(b *strings.Builder, d byte, pad bool, t time.Time) {
+	num := func(n, width int) {
+		s := strconv.Itoa(n)
+		if pad {
+			for len(s) < width {
+				s = "0" + s
+			}
+		}
+		b.WriteString(s)
+	}
+	switch d {
+	case 'Y':
+		num(t.Year(), 4)
+	case 'y':
+		num(t.Year()%100, 2)
+	case 'm':
+		num(int(t.Month()), 2)
+	case 'd':
+		num(t.Day(), 2)
+	case 'e':
+		s := strconv.Itoa(t.Day())
+		if pad && len(s) < 2 {
+			s = " " + s
+		}
+		b.WriteString(s)
+	case 'j':
+		num(t.YearDay(), 3)
+	case 'H':
+		num(t.Hour(), 2)
+	case 'I':
+		h := t.Hour() % 12
+		if h == 0 {
+			h = 12
+		}
+		num(h, 2)
+	case 'M':
+		num(t.Minute(), 2)
+	case 'S':
+		num(t.Second(), 2)
+	case 'p':
+		if t.Hour() < 12 {
+			b.WriteString("AM")
+		} else {
+			b.WriteString("PM")
+		}
+	case 'b', 'h':
+		b.WriteString(t.Month().String()[:3])
+	case 'B':
+		b.WriteString(t.Month().String())
+	case 'a':
+		b.WriteString(t.Weekday().String()[:3])
+	case 'A':
+		b.WriteString(t.Weekday().String())
+	case 'w':
+		b.WriteString(strconv.Itoa(int(t.Weekday())))
+	case 'Z':
+		name, _ := t.Zone()
+		b.WriteString(name)
+	case 'z':
+		b.WriteString(t.Format("-0700"))
+	case 'F':
+		b.WriteString(t.Format("2006-01-02"))
+	case 'T':
+		b.WriteString(t.Format("15:04:05"))
+	case '%':
+		b.WriteByte('%')
+	default:
+		b.WriteByte('%')
+		if !pad {
+			b.WriteByte('-')
+		}
+		b.WriteByte(d)
+	}
 }
 
 // rangeFn is Python's range, refusing more than maxRange items.

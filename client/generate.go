@@ -90,19 +90,9 @@ func (c *Client) Generate(ctx context.Context, req Request) (*Result, error) {
 	if req.MaxTokens <= 0 {
 		return nil, fmt.Errorf("client: max_tokens must be positive, got %d", req.MaxTokens)
 	}
-	wait := req.Wait
-	if wait <= 0 {
-		wait = DefaultWait
-	}
-	m, counted, err := c.resolveCounted(ctx, req.Model, wait, req.WaitForRoute)
+	m, err := c.resolveDemanded(ctx, req)
 	if err != nil {
-		if !counted {
-			c.countRefused(req.Model, err)
-		}
 		return nil, err
-	}
-	if !counted {
-		c.cfg.Demand.Request(m.Fingerprint)
 	}
 	v, err := c.Vocab(ctx, m.Fingerprint)
 	if err != nil {
@@ -121,16 +111,7 @@ func (c *Client) Generate(ctx context.Context, req Request) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
-	sampling := req.Sampling
-	spec := req.Speculation
-	if grammar != "" || req.Logprobs {
-		sampling = proto.Clone(orGreedy(sampling)).(*meshp2pb.SamplingParams)
-		sampling.Grammar, sampling.Logprobs, sampling.TopLogprobs = grammar, req.Logprobs, uint32(max(req.TopLogprobs, 0))
-		// Windows of proposals carry no log-probabilities, and a grammar
-		// would have to be rolled back over rejected ones: both run
-		// token by token.
-		spec = nil
-	}
+	sampling, spec := req.samplingWith(grammar)
 	onText := req.OnText
 	var calls *callSplitter
 	if req.Tools.active() {
@@ -143,19 +124,7 @@ func (c *Client) Generate(ctx context.Context, req Request) (*Result, error) {
 		// the call parser.
 		st.special = true
 	}
-	sreq := session.GenerateRequest{Fingerprint: m.Fingerprint, NLayer: m.NLayer, Prompt: prompt, MaxTokens: req.MaxTokens,
-		Sampling: sampling, WireDType: req.WireDType, Speculation: spec, OnToken: st.Token}
-	if req.OnLogprob != nil && req.Logprobs {
-		sreq.OnLogprobs = func(tok int32, lp *meshp2pb.TokenLogprobs) {
-			// An end-of-generation token is not text: no entry for it.
-			if !v.IsEOG(tok) && !st.Stopped() {
-				req.OnLogprob(tokenLogprob(v, tok, lp))
-			}
-		}
-	}
-	if req.OnRoute != nil {
-		sreq.OnRoute = func(rt *route.Route, reroutes int) { req.OnRoute(m, rt, reroutes) }
-	}
+	sreq := req.sessionRequest(m, v, prompt, sampling, spec, st)
 	sres, err := c.cfg.Origin.Generate(ctx, sreq)
 	st.End()
 	c.countSession(m.Fingerprint, sres, err)
@@ -172,6 +141,61 @@ func (c *Client) Generate(ctx context.Context, req Request) (*Result, error) {
 		err = ctx.Err()
 	}
 	return out, err
+}
+
+// resolveDemanded resolves req's model (Request.Wait, WaitForRoute) and
+// counts the request as demand: refused, when it does not resolve.
+func (c *Client) resolveDemanded(ctx context.Context, req Request) (Model, error) {
+	wait := req.Wait
+	if wait <= 0 {
+		wait = DefaultWait
+	}
+	m, counted, err := c.resolveCounted(ctx, req.Model, wait, req.WaitForRoute)
+	if err != nil {
+		if !counted {
+			c.countRefused(req.Model, err)
+		}
+		return m, err
+	}
+	if !counted {
+		c.cfg.Demand.Request(m.Fingerprint)
+	}
+	return m, nil
+}
+
+// samplingWith is the sampling and speculation the route session gets:
+// req's, or, with a grammar or log-probabilities, a copy carrying them
+// and no speculation.
+func (req *Request) samplingWith(grammar string) (*meshp2pb.SamplingParams, *meshp2pb.Speculation) {
+	if grammar == "" && !req.Logprobs {
+		return req.Sampling, req.Speculation
+	}
+	sampling := proto.Clone(orGreedy(req.Sampling)).(*meshp2pb.SamplingParams)
+	sampling.Grammar, sampling.Logprobs, sampling.TopLogprobs = grammar, req.Logprobs, uint32(max(req.TopLogprobs, 0))
+	// Windows of proposals carry no log-probabilities, and a grammar
+	// would have to be rolled back over rejected ones: both run token by
+	// token.
+	return sampling, nil
+}
+
+// sessionRequest is the route session's request for req on model m,
+// its tokens going to st and its log-probabilities and routes to req's
+// callbacks.
+func (req *Request) sessionRequest(m Model, v Vocab, prompt []int32, sampling *meshp2pb.SamplingParams, spec *meshp2pb.Speculation, st *Stream) session.GenerateRequest {
+	sreq := session.GenerateRequest{Fingerprint: m.Fingerprint, NLayer: m.NLayer, Prompt: prompt, MaxTokens: req.MaxTokens,
+		Sampling: sampling, WireDType: req.WireDType, Speculation: spec, OnToken: st.Token}
+	if req.OnLogprob != nil && req.Logprobs {
+		sreq.OnLogprobs = func(tok int32, lp *meshp2pb.TokenLogprobs) {
+			// An end-of-generation token is not text: no entry for it.
+			if !v.IsEOG(tok) && !st.Stopped() {
+				req.OnLogprob(tokenLogprob(v, tok, lp))
+			}
+		}
+	}
+	if req.OnRoute != nil {
+		sreq.OnRoute = func(rt *route.Route, reroutes int) { req.OnRoute(m, rt, reroutes) }
+	}
+	return sreq
 }
 
 // countRefused counts a request refused before any route (no route,

@@ -164,11 +164,29 @@ type part struct {
 
 // step fills the batch from parts and runs one llama_decode.
 func (s *Shard) step(parts []part, n int) error {
-	info := s.info
-	b := s.batch
 	if n <= 0 || n > s.cfg.NBatch {
 		return fmt.Errorf("%w: batch of %d rows (n_batch %d)", ErrBadInput, n, s.cfg.NBatch)
 	}
+	s.fillBatch(parts)
+	if err := s.decode(parts, n); err != nil {
+		return err
+	}
+	if s.capture != nil {
+		return s.copyCaptured(parts, n)
+	}
+	for _, p := range parts {
+		if err := s.output(p); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// fillBatch writes the rows of parts into the batch: tokens (head) or
+// hidden states, positions, sequences and which rows are outputs.
+func (s *Shard) fillBatch(parts []part) {
+	info := s.info
+	b := s.batch
 	ne := info.NEmbd
 	var embd []float32
 	if b.embd != nil {
@@ -194,6 +212,12 @@ func (s *Shard) step(parts []part, n int) error {
 			C.mp_batch_set(b, C.int(p.at+i), tok, C.llama_pos(p.r.in.Pos+row), C.llama_seq_id(p.r.sess.seq), out)
 		}
 	}
+}
+
+// decode runs llama_decode over the batch's first n rows, the rows of
+// parts, and counts them in the cache.
+func (s *Shard) decode(parts []part, n int) error {
+	b := s.batch
 	b.n_tokens = C.int32_t(n)
 	if s.capture != nil {
 		s.capture.n, s.capture.fired, s.capture.err = 0, 0, 0
@@ -211,46 +235,52 @@ func (s *Shard) step(parts []part, n int) error {
 	for _, p := range parts {
 		s.kv.live[p.r.sess.seq] += p.rows
 	}
-	if s.capture != nil {
-		if err := s.checkCapture(n); err != nil {
-			return err
+	return nil
+}
+
+// copyCaptured copies the captured hidden states of a decode of n rows
+// into the parts' outputs.
+func (s *Shard) copyCaptured(parts []part, n int) error {
+	if err := s.checkCapture(n); err != nil {
+		return err
+	}
+	ne := s.info.NEmbd
+	got := unsafe.Slice((*float32)(unsafe.Pointer(s.capture.buf)), n*ne)
+	for _, p := range parts {
+		copy(p.r.out.Hidden[p.from*ne:(p.from+p.rows)*ne], got[p.at*ne:(p.at+p.rows)*ne])
+	}
+	return nil
+}
+
+// output gives p's request what the tail decoded for it: verified
+// tokens, every row's logits, or its last row's logits and sampled token.
+func (s *Shard) output(p part) error {
+	if p.r.in.Verify {
+		return s.verify(p)
+	}
+	nv := s.info.NVocab
+	if p.r.in.AllLogits {
+		for i := 0; i < p.rows; i++ {
+			lp := C.llama_get_logits_ith(s.lctx, C.int32_t(p.at+i))
+			if lp == nil {
+				return fmt.Errorf("%w: no logits for row %d", ErrDecode, p.at+i)
+			}
+			p.r.out.Logits = append(p.r.out.Logits, unsafe.Slice((*float32)(unsafe.Pointer(lp)), nv)...)
 		}
-		got := unsafe.Slice((*float32)(unsafe.Pointer(s.capture.buf)), n*ne)
-		for _, p := range parts {
-			copy(p.r.out.Hidden[p.from*ne:(p.from+p.rows)*ne], got[p.at*ne:(p.at+p.rows)*ne])
-		}
+	}
+	if p.from+p.rows != p.r.rows || !(p.r.in.Sample || p.r.in.Logits) {
 		return nil
 	}
-	for _, p := range parts {
-		if p.r.in.Verify {
-			if err := s.verify(p); err != nil {
-				return err
-			}
-			continue
-		}
-		if p.r.in.AllLogits {
-			for i := 0; i < p.rows; i++ {
-				lp := C.llama_get_logits_ith(s.lctx, C.int32_t(p.at+i))
-				if lp == nil {
-					return fmt.Errorf("%w: no logits for row %d", ErrDecode, p.at+i)
-				}
-				p.r.out.Logits = append(p.r.out.Logits, unsafe.Slice((*float32)(unsafe.Pointer(lp)), info.NVocab)...)
-			}
-		}
-		if p.from+p.rows != p.r.rows || !(p.r.in.Sample || p.r.in.Logits) {
-			continue
-		}
-		lp := C.llama_get_logits_ith(s.lctx, C.int32_t(p.at+p.rows-1))
-		if lp == nil {
-			return fmt.Errorf("%w: no logits for row %d", ErrDecode, p.at+p.rows-1)
-		}
-		logits := unsafe.Slice((*float32)(unsafe.Pointer(lp)), info.NVocab)
-		if p.r.in.Logits && !p.r.in.AllLogits {
-			p.r.out.Logits = append([]float32(nil), logits...)
-		}
-		if p.r.in.Sample {
-			p.r.out.Token, p.r.out.Logprob, p.r.serr = p.r.sess.smp.sample(s.cands, logits)
-		}
+	lp := C.llama_get_logits_ith(s.lctx, C.int32_t(p.at+p.rows-1))
+	if lp == nil {
+		return fmt.Errorf("%w: no logits for row %d", ErrDecode, p.at+p.rows-1)
+	}
+	logits := unsafe.Slice((*float32)(unsafe.Pointer(lp)), nv)
+	if p.r.in.Logits && !p.r.in.AllLogits {
+		p.r.out.Logits = append([]float32(nil), logits...)
+	}
+	if p.r.in.Sample {
+		p.r.out.Token, p.r.out.Logprob, p.r.serr = p.r.sess.smp.sample(s.cands, logits)
 	}
 	return nil
 }

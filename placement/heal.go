@@ -102,30 +102,50 @@ func fillChain(sz Sizing, ms []Member) (HealPlan, bool) {
 			movable++
 		}
 	}
-	type step struct {
-		moves, hops int
-		from, fromK int
-		owner       int // index into ms of a kept window; -1: new
-		ok          bool
+	best := chainPaths(sz, ms, movable)
+	for _, k := range chainEnds(best[n], movable) {
+		chain, fresh, used := chainTo(best, n, k)
+		if moves, ok := assign(sz, ms, used, fresh); ok {
+			return HealPlan{Moves: moves, Route: chain}, true
+		}
 	}
-	// best[b][k]: the best way to reach boundary b keeping the windows of
-	// k movable members.
-	best := make([][]step, n+1)
+	return HealPlan{}, false
+}
+
+// chainStep is the best way found to a boundary: its moves and hops, the
+// boundary and count of kept movable members it came from, and whose
+// window its last hop is.
+type chainStep struct {
+	moves, hops int
+	from, fromK int
+	owner       int // index into ms of a kept window; -1: new
+	ok          bool
+}
+
+// better reports whether a is a better way than b: b none yet, or fewer
+// moves, then fewer hops.
+func (a chainStep) better(b chainStep) bool {
+	if !b.ok {
+		return true
+	}
+	if a.moves != b.moves {
+		return a.moves < b.moves
+	}
+	return a.hops < b.hops
+}
+
+// chainPaths is fillChain's shortest-path table: best[b][k] is the best
+// way to reach boundary b keeping the windows of k movable members (of
+// movable).
+func chainPaths(sz Sizing, ms []Member, movable int) [][]chainStep {
+	n := sz.NLayer
+	best := make([][]chainStep, n+1)
 	for b := range best {
-		best[b] = make([]step, movable+1)
+		best[b] = make([]chainStep, movable+1)
 	}
-	best[0][0] = step{ok: true, owner: -1}
-	better := func(a, b step) bool {
-		if !b.ok {
-			return true
-		}
-		if a.moves != b.moves {
-			return a.moves < b.moves
-		}
-		return a.hops < b.hops
-	}
-	relax := func(e, k int, c step) {
-		if k <= movable && better(c, best[e][k]) {
+	best[0][0] = chainStep{ok: true, owner: -1}
+	relax := func(e, k int, c chainStep) {
+		if k <= movable && c.better(best[e][k]) {
 			best[e][k] = c
 		}
 	}
@@ -148,46 +168,51 @@ func fillChain(sz Sizing, ms []Member) (HealPlan, bool) {
 					if m.Budget > 0 {
 						nk++
 					}
-					relax(m.Range.End, nk, step{moves: cur.moves, hops: cur.hops + 1, from: b, fromK: k, owner: i, ok: true})
+					relax(m.Range.End, nk, chainStep{moves: cur.moves, hops: cur.hops + 1, from: b, fromK: k, owner: i, ok: true})
 				}
 			}
 			for e := b + 1; e <= min(n, b+maxLen[b]); e++ {
-				relax(e, k, step{moves: cur.moves + 1, hops: cur.hops + 1, from: b, fromK: k, owner: -1, ok: true})
+				relax(e, k, chainStep{moves: cur.moves + 1, hops: cur.hops + 1, from: b, fromK: k, owner: -1, ok: true})
 			}
 		}
 	}
-	// The ends that leave enough movable members for their new windows,
-	// best first.
+	return best
+}
+
+// chainEnds are the kept counts k of the ways to the last boundary (ends)
+// that leave enough movable members for their new windows, best first.
+func chainEnds(ends []chainStep, movable int) []int {
 	var ks []int
-	for k, s := range best[n] {
+	for k, s := range ends {
 		if s.ok && s.moves <= movable-k {
 			ks = append(ks, k)
 		}
 	}
 	slices.SortStableFunc(ks, func(a, b int) int {
-		sa, sb := best[n][a], best[n][b]
+		sa, sb := ends[a], ends[b]
 		return cmp.Or(cmp.Compare(sa.moves, sb.moves), cmp.Compare(sa.hops, sb.hops))
 	})
-	for _, k := range ks {
-		var chain, fresh []Range
-		used := map[int]bool{}
-		for e, kk := n, k; e > 0; {
-			s := best[e][kk]
-			r := Range{s.from, e}
-			chain = append(chain, r)
-			if s.owner >= 0 {
-				used[s.owner] = true
-			} else {
-				fresh = append(fresh, r)
-			}
-			e, kk = s.from, s.fromK
+	return ks
+}
+
+// chainTo walks best back from boundary n with k kept members: the
+// chain's windows in order, its new ones, and the members whose windows
+// it keeps.
+func chainTo(best [][]chainStep, n, k int) (chain, fresh []Range, used map[int]bool) {
+	used = map[int]bool{}
+	for e, kk := n, k; e > 0; {
+		s := best[e][kk]
+		r := Range{s.from, e}
+		chain = append(chain, r)
+		if s.owner >= 0 {
+			used[s.owner] = true
+		} else {
+			fresh = append(fresh, r)
 		}
-		slices.Reverse(chain)
-		if moves, ok := assign(sz, ms, used, fresh); ok {
-			return HealPlan{Moves: moves, Route: chain}, true
-		}
+		e, kk = s.from, s.fromK
 	}
-	return HealPlan{}, false
+	slices.Reverse(chain)
+	return chain, fresh, used
 }
 
 // assign matches new windows to members not in used (largest need first,

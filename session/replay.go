@@ -6,6 +6,7 @@ import (
 	"crypto/sha256"
 	"errors"
 	"fmt"
+	"hash"
 	"slices"
 
 	"github.com/libp2p/go-libp2p/core/peer"
@@ -44,29 +45,10 @@ type ReplayWindow struct {
 // frames) and digests each window's output. eng must serve exactly the
 // hop's layers; the replay holds one engine session while it runs.
 func RunReplay(ctx context.Context, eng Engine, r Replay) ([]ReplayWindow, error) {
-	hops := r.Open.GetRoute().GetHops()
-	if r.Hop < 0 || r.Hop >= len(hops) {
-		return nil, fmt.Errorf("%w: hop %d of a %d-hop route", ErrReplay, r.Hop, len(hops))
+	total, err := r.check(eng)
+	if err != nil {
+		return nil, err
 	}
-	hop, info := hops[r.Hop], eng.Info()
-	if r.NEmbd == 0 && r.Hop == 0 { // the head's inputs are token ids: its width is the engine's
-		r.NEmbd = info.NEmbd
-	}
-	if info.Start != int(hop.GetStart()) || info.End != int(hop.GetEnd()) || info.NEmbd != r.NEmbd {
-		return nil, fmt.Errorf("%w: the engine serves layers %d-%d (n_embd %d), the hop %d-%d (n_embd %d)", ErrReplay,
-			info.Start, info.End, info.NEmbd, hop.GetStart(), hop.GetEnd(), r.NEmbd)
-	}
-	var total uint32
-	for _, n := range r.Windows {
-		if n == 0 || n > TranscriptWindow {
-			return nil, fmt.Errorf("%w: a window of %d frames", ErrReplay, n)
-		}
-		total += n
-	}
-	if int(total) > len(r.Frames) {
-		return nil, fmt.Errorf("%w: windows cover %d frames, %d recorded", ErrReplay, total, len(r.Frames))
-	}
-	head, tail := r.Hop == 0, r.Hop == len(hops)-1
 	key := Key{Origin: peer.ID(r.Open.GetOriginPeerId()), Epoch: r.Open.GetEpoch()}
 	if _, err := rand.Read(key.ID[:]); err != nil { // never the live session's
 		return nil, err
@@ -76,90 +58,154 @@ func RunReplay(ctx context.Context, eng Engine, r Replay) ([]ReplayWindow, error
 		return nil, fmt.Errorf("%w: open an engine session: %w", ErrReplay, err)
 	}
 	defer es.Close()
-	var (
-		out      []ReplayWindow
-		cur      ReplayWindow
-		h        = sha256.New()
-		inWindow uint32
-		spec     specHop
-	)
+	rp := replayer{r: &r, eng: eng, es: es, head: r.Hop == 0, tail: r.Hop == len(r.Open.GetRoute().GetHops())-1, h: sha256.New()}
+	var inWindow uint32
 	next := 0
 	for i, f := range r.Frames[:total] {
 		if err := ctx.Err(); err != nil {
 			return nil, err
 		}
-		a := f.GetHeader()
-		in := Input{Pos: int(a.GetPosStart())}
-		if head {
-			if len(a.GetTokens()) != int(a.GetNRows()) {
-				return nil, fmt.Errorf("%w: frame %d: %d tokens for %d rows", ErrReplay, i, len(a.GetTokens()), a.GetNRows())
-			}
-			in.Tokens = a.GetTokens()
-		} else {
-			if len(a.GetTensors()) != 1 {
-				return nil, fmt.Errorf("%w: frame %d has %d tensors", ErrReplay, i, len(a.GetTensors()))
-			}
-			hidden, err := frame.ToF32(a.GetTensors()[0].GetDtype(), f.GetPayload(), nil)
-			if err != nil || len(hidden) != int(a.GetNRows())*r.NEmbd {
-				return nil, fmt.Errorf("%w: frame %d: %d values for %d rows of %d (%v)", ErrReplay, i, len(hidden), a.GetNRows(), r.NEmbd, err)
-			}
-			in.Hidden = hidden
-		}
-		skip := false
-		if tail {
-			in.Sample = a.GetLastChunk() || !a.GetIsPrefill()
-		}
-		if a.GetVerify() {
-			if g := a.GetSpecGen(); g > spec.gen {
-				spec.gen, spec.rejected = g, false
-				if err := es.Truncate(ctx, int(a.GetPosStart())); err != nil {
-					return nil, fmt.Errorf("%w: frame %d: %w", ErrReplay, i, err)
-				}
-			}
-			skip = tail && spec.rejected
-			if tail && len(a.GetTokens()) > 0 {
-				in.Sample, in.Verify, in.Draft = false, true, append(slices.Clone(a.GetTokens()[1:]), a.GetLookahead()...)
-			}
-		}
-		if !skip {
-			o, err := es.Forward(ctx, in)
-			if err != nil {
-				return nil, fmt.Errorf("%w: frame %d: %w", ErrReplay, i, err)
-			}
-			switch {
-			case !tail:
-				hdr, payload := downFrame(a, o.Hidden, r.Open.GetWireDtype(), r.NEmbd)
-				digestActivation(h, hdr, payload)
-				s, err := sketchOf(hdr.GetTensors()[0].GetDtype(), payload, int(hdr.GetNRows()), r.NEmbd)
-				if err != nil {
-					return nil, fmt.Errorf("%w: %w", ErrReplay, err)
-				}
-				last, _ := frame.ToF32(hdr.GetTensors()[0].GetDtype(), payload[len(payload)/int(hdr.GetNRows())*(int(hdr.GetNRows())-1):], nil)
-				cur.Sketch, cur.Last = append(cur.Sketch, s), append(cur.Last, slices.Clone(last))
-			case in.Verify:
-				if len(o.Tokens) == 0 {
-					return nil, fmt.Errorf("%w: frame %d: verification sampled nothing", ErrReplay, i)
-				}
-				wr, rejected := windowAnswer(a, o.Tokens, eng.IsEOG)
-				spec.rejected = rejected
-				digestRing(h, &meshp2pb.StreamMessage{Kind: &meshp2pb.StreamMessage_WindowResult{WindowResult: wr}})
-				cur.Tokens = append(cur.Tokens, wr.GetTokens()...)
-			case in.Sample:
-				tf := tokenFrame(a, o.Token, eng.IsEOG(o.Token))
-				digestRing(h, &meshp2pb.StreamMessage{Kind: &meshp2pb.StreamMessage_Token{Token: tf}})
-				cur.Tokens = append(cur.Tokens, o.Token)
-			}
+		if err := rp.frame(ctx, i, f); err != nil {
+			return nil, err
 		}
 		inWindow++
 		if inWindow == r.Windows[next] {
-			cur.OutDigest = h.Sum(nil)
-			out = append(out, cur)
-			cur, inWindow = ReplayWindow{}, 0
-			h.Reset()
+			rp.cur.OutDigest = rp.h.Sum(nil)
+			rp.out = append(rp.out, rp.cur)
+			rp.cur, inWindow = ReplayWindow{}, 0
+			rp.h.Reset()
 			next++
 		}
 	}
-	return out, nil
+	return rp.out, nil
+}
+
+// check checks r against eng, the engine that is to replay it, taking
+// the head's width from it, and returns how many frames r's windows
+// cover.
+func (r *Replay) check(eng Engine) (total uint32, _ error) {
+	hops := r.Open.GetRoute().GetHops()
+	if r.Hop < 0 || r.Hop >= len(hops) {
+		return 0, fmt.Errorf("%w: hop %d of a %d-hop route", ErrReplay, r.Hop, len(hops))
+	}
+	hop, info := hops[r.Hop], eng.Info()
+	if r.NEmbd == 0 && r.Hop == 0 { // the head's inputs are token ids: its width is the engine's
+		r.NEmbd = info.NEmbd
+	}
+	if info.Start != int(hop.GetStart()) || info.End != int(hop.GetEnd()) || info.NEmbd != r.NEmbd {
+		return 0, fmt.Errorf("%w: the engine serves layers %d-%d (n_embd %d), the hop %d-%d (n_embd %d)", ErrReplay,
+			info.Start, info.End, info.NEmbd, hop.GetStart(), hop.GetEnd(), r.NEmbd)
+	}
+	for _, n := range r.Windows {
+		if n == 0 || n > TranscriptWindow {
+			return 0, fmt.Errorf("%w: a window of %d frames", ErrReplay, n)
+		}
+		total += n
+	}
+	if int(total) > len(r.Frames) {
+		return 0, fmt.Errorf("%w: windows cover %d frames, %d recorded", ErrReplay, total, len(r.Frames))
+	}
+	return total, nil
+}
+
+// replayer is a replay in progress: the engine session, the speculation
+// state of the hop and the window being digested.
+type replayer struct {
+	r          *Replay
+	eng        Engine
+	es         EngineSession
+	head, tail bool
+	spec       specHop
+	h          hash.Hash // the current window's output digest
+	cur        ReplayWindow
+	out        []ReplayWindow
+}
+
+// frame runs input frame i (f) through the engine session as the hop
+// does and adds its output to the current window.
+func (rp *replayer) frame(ctx context.Context, i int, f *meshp2pb.RecordedFrame) error {
+	a := f.GetHeader()
+	in, err := rp.input(i, f)
+	if err != nil {
+		return err
+	}
+	skip := false
+	if rp.tail {
+		in.Sample = a.GetLastChunk() || !a.GetIsPrefill()
+	}
+	if a.GetVerify() {
+		if g := a.GetSpecGen(); g > rp.spec.gen {
+			rp.spec.gen, rp.spec.rejected = g, false
+			if err := rp.es.Truncate(ctx, int(a.GetPosStart())); err != nil {
+				return fmt.Errorf("%w: frame %d: %w", ErrReplay, i, err)
+			}
+		}
+		skip = rp.tail && rp.spec.rejected
+		if rp.tail && len(a.GetTokens()) > 0 {
+			in.Sample, in.Verify, in.Draft = false, true, append(slices.Clone(a.GetTokens()[1:]), a.GetLookahead()...)
+		}
+	}
+	if skip {
+		return nil
+	}
+	o, err := rp.es.Forward(ctx, in)
+	if err != nil {
+		return fmt.Errorf("%w: frame %d: %w", ErrReplay, i, err)
+	}
+	return rp.output(i, a, in, o)
+}
+
+// input is the engine input of frame i (f): its tokens on the head, its
+// activations elsewhere.
+func (rp *replayer) input(i int, f *meshp2pb.RecordedFrame) (Input, error) {
+	a := f.GetHeader()
+	in := Input{Pos: int(a.GetPosStart())}
+	if rp.head {
+		if len(a.GetTokens()) != int(a.GetNRows()) {
+			return in, fmt.Errorf("%w: frame %d: %d tokens for %d rows", ErrReplay, i, len(a.GetTokens()), a.GetNRows())
+		}
+		in.Tokens = a.GetTokens()
+		return in, nil
+	}
+	if len(a.GetTensors()) != 1 {
+		return in, fmt.Errorf("%w: frame %d has %d tensors", ErrReplay, i, len(a.GetTensors()))
+	}
+	hidden, err := frame.ToF32(a.GetTensors()[0].GetDtype(), f.GetPayload(), nil)
+	if err != nil || len(hidden) != int(a.GetNRows())*rp.r.NEmbd {
+		return in, fmt.Errorf("%w: frame %d: %d values for %d rows of %d (%v)", ErrReplay, i, len(hidden), a.GetNRows(), rp.r.NEmbd, err)
+	}
+	in.Hidden = hidden
+	return in, nil
+}
+
+// output digests the frame the hop would have sent for input frame i
+// (header a, engine input in, output o) and keeps what a window reports
+// of it: the activation's sketch and last row, or the tail's tokens.
+func (rp *replayer) output(i int, a *meshp2pb.ActivationHeader, in Input, o Output) error {
+	switch {
+	case !rp.tail:
+		hdr, payload := downFrame(a, o.Hidden, rp.r.Open.GetWireDtype(), rp.r.NEmbd)
+		digestActivation(rp.h, hdr, payload)
+		s, err := sketchOf(hdr.GetTensors()[0].GetDtype(), payload, int(hdr.GetNRows()), rp.r.NEmbd)
+		if err != nil {
+			return fmt.Errorf("%w: %w", ErrReplay, err)
+		}
+		last, _ := frame.ToF32(hdr.GetTensors()[0].GetDtype(), payload[len(payload)/int(hdr.GetNRows())*(int(hdr.GetNRows())-1):], nil)
+		rp.cur.Sketch, rp.cur.Last = append(rp.cur.Sketch, s), append(rp.cur.Last, slices.Clone(last))
+	case in.Verify:
+		if len(o.Tokens) == 0 {
+			return fmt.Errorf("%w: frame %d: verification sampled nothing", ErrReplay, i)
+		}
+		wr, rejected := windowAnswer(a, o.Tokens, rp.eng.IsEOG)
+		rp.spec.rejected = rejected
+		digestRing(rp.h, &meshp2pb.StreamMessage{Kind: &meshp2pb.StreamMessage_WindowResult{WindowResult: wr}})
+		rp.cur.Tokens = append(rp.cur.Tokens, wr.GetTokens()...)
+	case in.Sample:
+		tf := tokenFrame(a, o.Token, rp.eng.IsEOG(o.Token))
+		digestRing(rp.h, &meshp2pb.StreamMessage{Kind: &meshp2pb.StreamMessage_Token{Token: tf}})
+		rp.cur.Tokens = append(rp.cur.Tokens, o.Token)
+	}
+	return nil
 }
 
 // InputDigest is a window's digest of input frames, as the hop that

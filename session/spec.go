@@ -395,55 +395,16 @@ func (sp *specHead) result(wr *meshp2pb.WindowResult) (specResult, error) {
 	if lastAccepted {
 		accepted = n
 	}
-	const (
-		allAccepted = iota
-		bonus
-		correction
-		ended
-	)
-	var kind int
-	switch {
-	case wr.GetEos():
-		// The tail stops at an end-of-generation token, accepted or not.
-		kind = ended
-	case lastAccepted:
-		// Every proposal accepted, the lookahead too: the next window in
-		// flight goes on from it. Only a lookahead window ends so.
-		if !w.look || n != w.drafts {
-			return specResult{}, fmt.Errorf("window result stops at an accepted proposal (%d of %d)", n, w.drafts)
-		}
-		kind = allAccepted
-	case n == w.drafts+1:
-		// Every proposal accepted and a bonus: only the last window of
-		// a chain (no lookahead) has one.
-		if w.look || len(sp.inflight) != 1 || len(sp.pending) != n-1 {
-			return specResult{}, fmt.Errorf("window result with a bonus token where none can follow")
-		}
-		kind = bonus
-	default:
-		kind = correction
+	end, err := sp.classify(wr, w, n, lastAccepted)
+	if err != nil {
+		return specResult{}, err
 	}
 	var compute time.Duration
 	for _, us := range wr.GetHopUs() {
 		compute += time.Duration(us) * time.Microsecond
 	}
 	sp.ad.ObserveWindow(w.rows, time.Since(w.at), compute)
-	switch kind {
-	case allAccepted:
-		sp.pending, sp.sent = sp.pending[n:], sp.sent-n
-		sp.setInflight(sp.inflight[1:])
-	case bonus:
-		sp.pending, sp.sent = sp.pending[:0], 0
-		sp.setInflight(sp.inflight[:0])
-	case correction:
-		// The rest of the chain is rejected.
-		sp.gen++
-		sp.pending, sp.sent = sp.pending[:0], 0
-		sp.setInflight(sp.inflight[:0])
-	case ended:
-		sp.finished = true
-		sp.setInflight(sp.inflight[:0])
-	}
+	sp.advance(end, n)
 	sp.ad.ObserveAcceptance(w.match, accepted, verified)
 	sp.stats.Windows++
 	sp.stats.Proposed += uint32(verified)
@@ -451,6 +412,64 @@ func (sp *specHead) result(wr *meshp2pb.WindowResult) (specResult, error) {
 	sp.commit(toks)
 	sp.last, sp.lastPos = toks[n-1], sp.lastPos+n
 	return specResult{toks: toks, verified: verified, accepted: accepted, stats: sp.snapshotLocked()}, nil
+}
+
+// windowEnd is how a valid window result ends its window.
+type windowEnd int
+
+const (
+	windowAccepted  windowEnd = iota // every proposal accepted, the lookahead too
+	windowBonus                      // every proposal accepted, and a bonus token
+	windowCorrected                  // a proposal rejected: the tail's token instead
+	windowEnded                      // an end-of-generation token
+)
+
+// classify says how the result wr of n tokens ends window w, the
+// oldest in flight (lastAccepted: its last token is a proposal), or
+// why no valid result ends so. sp.mu is held.
+func (sp *specHead) classify(wr *meshp2pb.WindowResult, w specWindow, n int, lastAccepted bool) (windowEnd, error) {
+	switch {
+	case wr.GetEos():
+		// The tail stops at an end-of-generation token, accepted or not.
+		return windowEnded, nil
+	case lastAccepted:
+		// Every proposal accepted, the lookahead too: the next window in
+		// flight goes on from it. Only a lookahead window ends so.
+		if !w.look || n != w.drafts {
+			return 0, fmt.Errorf("window result stops at an accepted proposal (%d of %d)", n, w.drafts)
+		}
+		return windowAccepted, nil
+	case n == w.drafts+1:
+		// Every proposal accepted and a bonus: only the last window of
+		// a chain (no lookahead) has one.
+		if w.look || len(sp.inflight) != 1 || len(sp.pending) != n-1 {
+			return 0, fmt.Errorf("window result with a bonus token where none can follow")
+		}
+		return windowBonus, nil
+	default:
+		return windowCorrected, nil
+	}
+}
+
+// advance drops the oldest window in flight, ended by a result of n
+// tokens, and its proposals. sp.mu is held.
+func (sp *specHead) advance(end windowEnd, n int) {
+	switch end {
+	case windowAccepted:
+		sp.pending, sp.sent = sp.pending[n:], sp.sent-n
+		sp.setInflight(sp.inflight[1:])
+	case windowBonus:
+		sp.pending, sp.sent = sp.pending[:0], 0
+		sp.setInflight(sp.inflight[:0])
+	case windowCorrected:
+		// The rest of the chain is rejected.
+		sp.gen++
+		sp.pending, sp.sent = sp.pending[:0], 0
+		sp.setInflight(sp.inflight[:0])
+	case windowEnded:
+		sp.finished = true
+		sp.setInflight(sp.inflight[:0])
+	}
 }
 
 // stalled reports a running session with nothing in flight (windows

@@ -99,28 +99,61 @@ func (s *jscan) fail() jev { s.st = jsErr; return evNone }
 // object, that is whether a value starting now is a member of it.
 func (s *jscan) topMember() bool { return len(s.stack) == 1 }
 
+// step scans byte c in the current state (one method per kind of state).
 func (s *jscan) step(c byte) jev {
 	switch s.st {
 	case jsValue:
-		if isWS(c) {
-			return evNone
-		}
-		if len(s.stack) == 0 && c != '{' {
-			return s.fail() // the outermost value must be an object
-		}
-		var ev jev
-		if s.topMember() && s.stack[0] == '{' {
-			s.valStart = s.n
-			ev = evValStart
-		}
-		if !s.beginValue(c) {
+		return s.stepValue(c)
+	case jsObjFirst, jsObjKey, jsColon, jsObjNext:
+		return s.stepObject(c)
+	case jsArrFirst, jsArrNext:
+		return s.stepArray(c)
+	case jsStr, jsEsc, jsHex:
+		return s.stepString(c)
+	case jsMinus, jsDot, jsE, jsESign:
+		return s.stepNumberPart(c)
+	case jsZero, jsInt, jsFrac, jsExp:
+		return s.stepNumber(c)
+	case jsLit:
+		if c != s.lit[0] {
 			return s.fail()
 		}
-		return ev
-	case jsObjFirst, jsObjKey:
-		if isWS(c) {
-			return evNone
+		s.lit = s.lit[1:]
+		if s.lit == "" {
+			return s.endValue(s.n + 1)
 		}
+		return evNone
+	}
+	return s.fail()
+}
+
+// stepValue expects white space, then a value (the outermost: an object).
+func (s *jscan) stepValue(c byte) jev {
+	if isWS(c) {
+		return evNone
+	}
+	if len(s.stack) == 0 && c != '{' {
+		return s.fail() // the outermost value must be an object
+	}
+	var ev jev
+	if s.topMember() && s.stack[0] == '{' {
+		s.valStart = s.n
+		ev = evValStart
+	}
+	if !s.beginValue(c) {
+		return s.fail()
+	}
+	return ev
+}
+
+// stepObject scans the syntax of an object between its values: keys'
+// opening quotes, ':', ',' and '}'.
+func (s *jscan) stepObject(c byte) jev {
+	if isWS(c) {
+		return evNone
+	}
+	switch s.st {
+	case jsObjFirst, jsObjKey:
 		if c == '"' {
 			s.st, s.key = jsStr, true
 			if len(s.stack) == 1 {
@@ -131,20 +164,12 @@ func (s *jscan) step(c byte) jev {
 		if c == '}' && s.st == jsObjFirst {
 			return s.closeContainer()
 		}
-		return s.fail()
 	case jsColon:
-		if isWS(c) {
-			return evNone
-		}
 		if c == ':' {
 			s.st = jsValue
 			return evNone
 		}
-		return s.fail()
 	case jsObjNext:
-		if isWS(c) {
-			return evNone
-		}
 		switch c {
 		case ',':
 			s.st = jsObjKey
@@ -152,11 +177,17 @@ func (s *jscan) step(c byte) jev {
 		case '}':
 			return s.closeContainer()
 		}
-		return s.fail()
-	case jsArrFirst:
-		if isWS(c) {
-			return evNone
-		}
+	}
+	return s.fail()
+}
+
+// stepArray scans the syntax of an array between its values: ',' and ']'
+// (and its first value).
+func (s *jscan) stepArray(c byte) jev {
+	if isWS(c) {
+		return evNone
+	}
+	if s.st == jsArrFirst {
 		if c == ']' {
 			return s.closeContainer()
 		}
@@ -164,18 +195,20 @@ func (s *jscan) step(c byte) jev {
 			return s.fail()
 		}
 		return evNone
-	case jsArrNext:
-		if isWS(c) {
-			return evNone
-		}
-		switch c {
-		case ',':
-			s.st = jsValue
-			return evNone
-		case ']':
-			return s.closeContainer()
-		}
-		return s.fail()
+	}
+	switch c {
+	case ',':
+		s.st = jsValue
+		return evNone
+	case ']':
+		return s.closeContainer()
+	}
+	return s.fail()
+}
+
+// stepString scans a string (a key or a value) and its escapes.
+func (s *jscan) stepString(c byte) jev {
+	switch s.st {
 	case jsStr:
 		switch {
 		case c == '"':
@@ -194,7 +227,6 @@ func (s *jscan) step(c byte) jev {
 		case c < 0x20:
 			return s.fail()
 		}
-		return evNone
 	case jsEsc:
 		switch c {
 		case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
@@ -204,7 +236,6 @@ func (s *jscan) step(c byte) jev {
 		default:
 			return s.fail()
 		}
-		return evNone
 	case jsHex:
 		if !isHex(c) {
 			return s.fail()
@@ -213,71 +244,54 @@ func (s *jscan) step(c byte) jev {
 		if s.hexN == 0 {
 			s.st = jsStr
 		}
-		return evNone
-	case jsMinus:
-		switch {
-		case c == '0':
-			s.st = jsZero
-		case c >= '1' && c <= '9':
-			s.st = jsInt
-		default:
-			return s.fail()
-		}
-		return evNone
-	case jsZero, jsInt, jsFrac, jsExp:
-		switch {
-		case c >= '0' && c <= '9' && s.st != jsZero:
-			return evNone
-		case c == '.' && (s.st == jsZero || s.st == jsInt):
-			s.st = jsDot
-			return evNone
-		case (c == 'e' || c == 'E') && s.st != jsExp:
-			s.st = jsE
-			return evNone
-		}
-		// The number ended before c; c must now be a separator.
-		ev := s.endValue(s.n)
-		if s.st == jsDone { // cannot happen: the outermost value is an object
-			return s.fail()
-		}
-		ev2 := s.step(c)
-		if ev == evNone || s.st == jsErr {
-			return ev2
-		}
-		return ev // ev2 is then evNone or evDone (see done())
-	case jsDot:
-		if c >= '0' && c <= '9' {
-			s.st = jsFrac
-			return evNone
-		}
+	}
+	return evNone
+}
+
+// stepNumberPart scans the bytes of a number after which it cannot end:
+// after '-', '.', 'e' and the exponent's sign.
+func (s *jscan) stepNumberPart(c byte) jev {
+	digit := c >= '0' && c <= '9'
+	switch {
+	case s.st == jsMinus && c == '0':
+		s.st = jsZero
+	case s.st == jsMinus && digit:
+		s.st = jsInt
+	case s.st == jsDot && digit:
+		s.st = jsFrac
+	case s.st == jsE && (c == '+' || c == '-'):
+		s.st = jsESign
+	case (s.st == jsE || s.st == jsESign) && digit:
+		s.st = jsExp
+	default:
 		return s.fail()
-	case jsE:
-		switch {
-		case c == '+' || c == '-':
-			s.st = jsESign
-		case c >= '0' && c <= '9':
-			s.st = jsExp
-		default:
-			return s.fail()
-		}
+	}
+	return evNone
+}
+
+// stepNumber scans a byte after a number's digits: more of the number, or
+// the byte after its end.
+func (s *jscan) stepNumber(c byte) jev {
+	switch {
+	case c >= '0' && c <= '9' && s.st != jsZero:
 		return evNone
-	case jsESign:
-		if c >= '0' && c <= '9' {
-			s.st = jsExp
-			return evNone
-		}
-		return s.fail()
-	case jsLit:
-		if c != s.lit[0] {
-			return s.fail()
-		}
-		s.lit = s.lit[1:]
-		if s.lit == "" {
-			return s.endValue(s.n + 1)
-		}
+	case c == '.' && (s.st == jsZero || s.st == jsInt):
+		s.st = jsDot
+		return evNone
+	case (c == 'e' || c == 'E') && s.st != jsExp:
+		s.st = jsE
 		return evNone
 	}
-	return s.fail()
+	// The number ended before c; c must now be a separator.
+	ev := s.endValue(s.n)
+	if s.st == jsDone { // cannot happen: the outermost value is an object
+		return s.fail()
+	}
+	ev2 := s.step(c)
+	if ev == evNone || s.st == jsErr {
+		return ev2
+	}
+	return ev // ev2 is then evNone or evDone (see done())
 }
 
 // beginValue starts a value with its first byte c.

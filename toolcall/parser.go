@@ -280,176 +280,216 @@ func (p *Parser) step(c byte) bool {
 	case stPlain:
 		p.releaseAll()
 		return false
-
 	case stContent:
-		m := p.marker()
-		if p.tagPos > 0 || c == m[0] {
-			if c == m[p.tagPos] {
-				p.tagPos++
-				if p.tagPos == len(m) {
-					p.tagPos = 0
-					p.startGroup(len(p.held) - len(m))
-				}
-				return false
-			}
-			return p.reprocess(stContent) // c may start the marker again
-		}
-		if p.afterCall && isWS(c) {
-			return false
-		}
-		p.releaseAll()
-		p.afterCall = false
-		return false
-
+		return p.stepContent(c)
 	case stLlamaStart:
-		if p.tagPos > 0 || (c == pythonTag[0] && !p.pyTag) {
-			if c == pythonTag[p.tagPos] {
-				p.tagPos++
-				if p.tagPos == len(pythonTag) {
-					p.tagPos = 0
-					p.pyTag = true
-				}
-				return false
+		return p.stepLlamaStart(c)
+	case stBeforeObj:
+		return p.stepBeforeObj(c)
+	case stObj:
+		return p.stepObj(c)
+	case stAfterObj:
+		return p.stepAfterObj(c)
+	case stMistralOpen:
+		return p.stepMistralOpen(c)
+	case stMistralList:
+		return p.stepMistralList(c)
+	case stMistralNext:
+		return p.stepMistralNext(c)
+	case stMistralName:
+		return p.stepMistralName(c)
+	case stLlamaNext:
+		return p.stepLlamaNext(c)
+	}
+	return false
+}
+
+// stepContent looks for the call marker (p.marker()) in content; white
+// space after a call is held.
+func (p *Parser) stepContent(c byte) bool {
+	m := p.marker()
+	if p.tagPos > 0 || c == m[0] {
+		if c == m[p.tagPos] {
+			p.tagPos++
+			if p.tagPos == len(m) {
+				p.tagPos = 0
+				p.startGroup(len(p.held) - len(m))
 			}
-			return p.fail(false)
-		}
-		switch {
-		case isWS(c):
 			return false
-		case c == '{':
-			if p.nextIndex >= MaxCalls {
-				return p.fail(false)
+		}
+		return p.reprocess(stContent) // c may start the marker again
+	}
+	if p.afterCall && isWS(c) {
+		return false
+	}
+	p.releaseAll()
+	p.afterCall = false
+	return false
+}
+
+// stepLlamaStart reads the start of a Llama 3 message: an optional
+// <|python_tag|>, white space, then a call's '{'.
+func (p *Parser) stepLlamaStart(c byte) bool {
+	if p.tagPos > 0 || (c == pythonTag[0] && !p.pyTag) {
+		if c == pythonTag[p.tagPos] {
+			p.tagPos++
+			if p.tagPos == len(pythonTag) {
+				p.tagPos = 0
+				p.pyTag = true
 			}
-			p.beginCall(false)
 			return false
 		}
 		return p.fail(false)
-
-	case stBeforeObj:
-		if isWS(c) {
-			return false
+	}
+	switch {
+	case isWS(c):
+		return false
+	case c == '{':
+		if p.nextIndex >= MaxCalls {
+			return p.fail(false)
 		}
-		if c == '{' {
-			p.beginCall(p.call != nil && p.call.argsOnly)
-			return false
-		}
-		return p.fail(true)
+		p.beginCall(false)
+		return false
+	}
+	return p.fail(false)
+}
 
-	case stObj:
-		return p.stepObj(c)
+// stepBeforeObj expects white space, then the call object's '{'.
+func (p *Parser) stepBeforeObj(c byte) bool {
+	if isWS(c) {
+		return false
+	}
+	if c == '{' {
+		p.beginCall(p.call != nil && p.call.argsOnly)
+		return false
+	}
+	return p.fail(true)
+}
 
-	case stAfterObj:
-		if p.tagPos == 0 && isWS(c) {
-			return false
-		}
-		if c == hermesClose[p.tagPos] {
-			p.tagPos++
-			if p.tagPos == len(hermesClose) {
-				p.tagPos = 0
-				p.drop(len(p.held))
-				p.st = stContent
-				p.afterCall = true
-			}
-			return false
-		}
-		return p.reprocess(stContent)
-
-	case stMistralOpen:
-		switch {
-		case isWS(c):
-			return false
-		case c == '[':
-			p.st = stMistralList
-			return false
-		case c == '{':
-			p.beginCall(false)
-			return false
-		case isNameByte(c):
-			p.st = stMistralName
-			p.nameStart = len(p.held) - 1
-			p.nameEnd = -1
+// stepAfterObj expects white space, then </tool_call> after a Hermes call.
+func (p *Parser) stepAfterObj(c byte) bool {
+	if p.tagPos == 0 && isWS(c) {
+		return false
+	}
+	if c == hermesClose[p.tagPos] {
+		p.tagPos++
+		if p.tagPos == len(hermesClose) {
 			p.tagPos = 0
-			return false
-		}
-		return p.fail(true)
-
-	case stMistralList:
-		switch {
-		case isWS(c):
-			return false
-		case c == '{':
-			p.beginCall(false)
-			p.call.inList = true
-			return false
-		}
-		if p.grpCalls > 0 {
-			return p.reprocess(stContent)
-		}
-		return p.fail(true)
-
-	case stMistralNext:
-		switch {
-		case isWS(c):
-			return false
-		case c == ',':
-			p.st = stMistralList
-			return false
-		case c == ']':
 			p.drop(len(p.held))
 			p.st = stContent
 			p.afterCall = true
-			return false
 		}
-		return p.reprocess(stContent)
-
-	case stMistralName:
-		if p.nameEnd < 0 {
-			if isNameByte(c) {
-				if len(p.held)-p.nameStart > maxNameLen {
-					return p.fail(false)
-				}
-				return false
-			}
-			if c != mistralArgs[0] {
-				return p.fail(true)
-			}
-			p.nameEnd = len(p.held) - 1
-			p.tagPos = 1
-			return false
-		}
-		if c != mistralArgs[p.tagPos] {
-			return p.fail(true)
-		}
-		p.tagPos++
-		if p.tagPos < len(mistralArgs) {
-			return false
-		}
-		p.tagPos = 0
-		name := string(p.held[p.nameStart:p.nameEnd])
-		if !p.knownName(name) {
-			return p.fail(false)
-		}
-		p.call = &callState{argsOnly: true, name: name, hasName: true, index: -1, argsStart: -1, argsEnd: -1}
-		p.st = stBeforeObj
-		return false
-
-	case stLlamaNext:
-		switch {
-		case isWS(c) || c == ';':
-			return false
-		case c == '{':
-			if p.nextIndex >= MaxCalls {
-				p.releaseAll()
-				p.st = stPlain
-				return false
-			}
-			p.beginCall(false)
-			return false
-		}
-		p.releaseAll()
-		p.st = stPlain
 		return false
 	}
+	return p.reprocess(stContent)
+}
+
+// stepMistralOpen reads what follows [TOOL_CALLS]: a list, an object or a
+// name.
+func (p *Parser) stepMistralOpen(c byte) bool {
+	switch {
+	case isWS(c):
+		return false
+	case c == '[':
+		p.st = stMistralList
+		return false
+	case c == '{':
+		p.beginCall(false)
+		return false
+	case isNameByte(c):
+		p.st = stMistralName
+		p.nameStart = len(p.held) - 1
+		p.nameEnd = -1
+		p.tagPos = 0
+		return false
+	}
+	return p.fail(true)
+}
+
+// stepMistralList expects white space, then a listed call's '{'.
+func (p *Parser) stepMistralList(c byte) bool {
+	switch {
+	case isWS(c):
+		return false
+	case c == '{':
+		p.beginCall(false)
+		p.call.inList = true
+		return false
+	}
+	if p.grpCalls > 0 {
+		return p.reprocess(stContent)
+	}
+	return p.fail(true)
+}
+
+// stepMistralNext expects ',' or ']' after a listed call.
+func (p *Parser) stepMistralNext(c byte) bool {
+	switch {
+	case isWS(c):
+		return false
+	case c == ',':
+		p.st = stMistralList
+		return false
+	case c == ']':
+		p.drop(len(p.held))
+		p.st = stContent
+		p.afterCall = true
+		return false
+	}
+	return p.reprocess(stContent)
+}
+
+// stepMistralName reads a [TOOL_CALLS]name[ARGS] form up to its arguments
+// object.
+func (p *Parser) stepMistralName(c byte) bool {
+	if p.nameEnd < 0 {
+		if isNameByte(c) {
+			if len(p.held)-p.nameStart > maxNameLen {
+				return p.fail(false)
+			}
+			return false
+		}
+		if c != mistralArgs[0] {
+			return p.fail(true)
+		}
+		p.nameEnd = len(p.held) - 1
+		p.tagPos = 1
+		return false
+	}
+	if c != mistralArgs[p.tagPos] {
+		return p.fail(true)
+	}
+	p.tagPos++
+	if p.tagPos < len(mistralArgs) {
+		return false
+	}
+	p.tagPos = 0
+	name := string(p.held[p.nameStart:p.nameEnd])
+	if !p.knownName(name) {
+		return p.fail(false)
+	}
+	p.call = &callState{argsOnly: true, name: name, hasName: true, index: -1, argsStart: -1, argsEnd: -1}
+	p.st = stBeforeObj
+	return false
+}
+
+// stepLlamaNext expects separators (';', white space) and then another
+// call's '{' after a Llama 3 call; anything else ends the calls.
+func (p *Parser) stepLlamaNext(c byte) bool {
+	switch {
+	case isWS(c) || c == ';':
+		return false
+	case c == '{':
+		if p.nextIndex >= MaxCalls {
+			p.releaseAll()
+			p.st = stPlain
+			return false
+		}
+		p.beginCall(false)
+		return false
+	}
+	p.releaseAll()
+	p.st = stPlain
 	return false
 }
 

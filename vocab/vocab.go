@@ -359,66 +359,27 @@ func FetchFirst(ctx context.Context, h session.Host, peers []peer.ID, fp, dir st
 		return "", errors.New("vocab: no peer to ask")
 	}
 	ctx, cancel := context.WithCancel(ctx)
-	out := filepath.Join(dir, FileName(fp))
-	var (
-		mu  sync.Mutex // installs and accepts one file at a time
-		won bool
-		wg  sync.WaitGroup
-	)
+	f := &firstFetch{h: h, fp: fp, dir: dir, out: filepath.Join(dir, FileName(fp)), accept: accept, failed: failed,
+		results: make(chan error, len(peers))}
 	defer func() {
 		cancel()
-		wg.Wait() // every other transfer has ended and removed its file
+		f.wg.Wait() // every other transfer has ended and removed its file
 	}()
-	results := make(chan error, len(peers))
-	start := func(p peer.ID) {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			tmp, nl, err := download(ctx, h, p, fp, dir)
-			if err != nil {
-				if failed != nil && ctx.Err() == nil {
-					failed(p, err)
-				}
-				results <- err
-				return
-			}
-			mu.Lock()
-			defer mu.Unlock()
-			if won || ctx.Err() != nil {
-				_ = os.Remove(tmp)
-				results <- fmt.Errorf("vocab from %s: %w", p, context.Canceled)
-				return
-			}
-			if err := os.Rename(tmp, out); err != nil {
-				_ = os.Remove(tmp)
-				results <- err
-				return
-			}
-			if accept != nil {
-				if err := accept(out, nl); err != nil {
-					results <- fmt.Errorf("vocab from %s: %w", p, err)
-					return
-				}
-			}
-			won = true
-			results <- nil
-		}()
-	}
 	hedge := time.NewTimer(HedgeDelay)
 	defer hedge.Stop()
 	next, running := 1, 1
-	start(peers[0])
+	f.start(ctx, peers[0])
 	var errs []error
 	for {
 		select {
-		case err := <-results:
+		case err := <-f.results:
 			running--
 			if err == nil {
-				return out, nil
+				return f.out, nil
 			}
 			errs = append(errs, err)
 			if next < len(peers) {
-				start(peers[next])
+				f.start(ctx, peers[next])
 				next++
 				running++
 				hedge.Reset(HedgeDelay)
@@ -427,7 +388,7 @@ func FetchFirst(ctx context.Context, h session.Host, peers []peer.ID, fp, dir st
 			}
 		case <-hedge.C:
 			if next < len(peers) {
-				start(peers[next])
+				f.start(ctx, peers[next])
 				next++
 				running++
 				hedge.Reset(HedgeDelay)
@@ -436,4 +397,58 @@ func FetchFirst(ctx context.Context, h session.Host, peers []peer.ID, fp, dir st
 			return "", ctx.Err()
 		}
 	}
+}
+
+// firstFetch is FetchFirst's transfers, racing to install the file.
+type firstFetch struct {
+	h            session.Host
+	fp, dir, out string
+	accept       func(path string, nLayer int) error
+	failed       func(peer.ID, error)
+	results      chan error // each transfer's end: nil for the one accepted
+	mu           sync.Mutex // installs and accepts one file at a time
+	won          bool
+	wg           sync.WaitGroup
+}
+
+// start starts a transfer from p, which sends its end to f.results.
+func (f *firstFetch) start(ctx context.Context, p peer.ID) {
+	f.wg.Add(1)
+	go func() {
+		defer f.wg.Done()
+		tmp, nl, err := download(ctx, f.h, p, f.fp, f.dir)
+		if err != nil {
+			if f.failed != nil && ctx.Err() == nil {
+				f.failed(p, err)
+			}
+			f.results <- err
+			return
+		}
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		// Sent under mu: the winner's nil comes before the ends of the
+		// transfers it cancelled.
+		f.results <- f.install(ctx, p, tmp, nl)
+	}()
+}
+
+// install moves the verified file tmp from p into place and hands it to
+// f.accept, unless another transfer won first (tmp is removed). f.mu is
+// held.
+func (f *firstFetch) install(ctx context.Context, p peer.ID, tmp string, nl int) error {
+	if f.won || ctx.Err() != nil {
+		_ = os.Remove(tmp)
+		return fmt.Errorf("vocab from %s: %w", p, context.Canceled)
+	}
+	if err := os.Rename(tmp, f.out); err != nil {
+		_ = os.Remove(tmp)
+		return err
+	}
+	if f.accept != nil {
+		if err := f.accept(f.out, nl); err != nil {
+			return fmt.Errorf("vocab from %s: %w", p, err)
+		}
+	}
+	f.won = true
+	return nil
 }
