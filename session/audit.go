@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/libp2p/go-libp2p/core/network"
 	"github.com/libp2p/go-libp2p/core/peer"
 	"github.com/libp2p/go-libp2p/core/protocol"
 	"google.golang.org/protobuf/proto"
@@ -29,6 +30,8 @@ import (
 // own inputs from the head), and replays its layers on them (Judge). A
 // window whose output differs is a fraud proof: it verifies offline
 // (`meshp2p proof verify`), and the origin avoids the hop from then on.
+// Every audit also checks the head's relay of the tail's tokens to the
+// origin (relaycheck.go), whichever hop it drew: that needs no replay.
 
 // DefaultAuditRate is the share of generations an origin audits.
 const DefaultAuditRate = 0.05
@@ -73,6 +76,10 @@ type AuditReport struct {
 	Replay     time.Duration // the replay's compute
 	Exact      bool          // compared exactly (same kernel class)
 	Proof      *meshp2pb.Proof
+	// Relayed is how many of the final epoch's tokens the relay check
+	// found to be the ones the tail signed it sent (relaycheck.go; 0: not
+	// checked, a one-hop route, or records missing).
+	Relayed int
 }
 
 // Auditor runs an origin's audits, one at a time in the background.
@@ -124,6 +131,8 @@ func (o *Origin) maybeAudit(res *Result) {
 		return
 	}
 	open, known := res.lastOpen, slices.Concat(res.prompt, res.Tokens)
+	at := len(res.prompt) + min(len(open.GetGenerated()), len(res.Tokens)) // the final epoch's first token
+	got := relayed{tokens: known[at:], at: at, eos: res.Stop == "eos"}
 	n := len(open.GetRoute().GetHops())
 	var hop int
 	if as := res.Route.Audit; as != nil { // the tracker's draw, committed to in the ticket
@@ -149,13 +158,28 @@ func (o *Origin) maybeAudit(res *Result) {
 	go func() {
 		defer a.wg.Done()
 		ctx, cancel := context.WithTimeout(context.Background(), DefaultAuditTimeout)
-		rep := o.audit(ctx, open, hop, known, advertisedClass(res.Route, open, hop))
+		rep := o.auditGeneration(ctx, open, hop, known, got, advertisedClass(res.Route, open, hop))
 		cancel()
 		a.mu.Lock()
 		a.running--
 		a.mu.Unlock()
 		o.reportAudit(rep)
 	}()
+}
+
+// auditGeneration checks the head's relay (every audited generation: it
+// needs no replay) and, unless that convicts the head, audits hop.
+func (o *Origin) auditGeneration(ctx context.Context, open *meshp2pb.SessionOpen, hop int, known []int32, got relayed, advertised string) AuditReport {
+	rc := o.checkRelay(ctx, open, got)
+	if rc.Outcome == AuditFailed {
+		return rc
+	}
+	if rc.Outcome == AuditInconclusive {
+		o.logger().Info("relay check inconclusive", "head", rc.Peer, "reason", rc.Reason)
+	}
+	rep := o.audit(ctx, open, hop, known, advertised)
+	rep.Relayed = rc.Relayed
+	return rep
 }
 
 // DefaultAuditTimeout bounds one audit (fetches and replay).
@@ -333,39 +357,55 @@ func checkHeadInputs(frames []*meshp2pb.RecordedFrame, known []int32) error {
 	return nil
 }
 
-// fetch asks hop p for part of what it kept of open's epoch.
-func (o *Origin) fetch(ctx context.Context, p peer.ID, open *meshp2pb.SessionOpen, part meshp2pb.AuditPart) (*meshp2pb.AuditRecords, []*meshp2pb.RecordedFrame, error) {
+// fetchStart asks hop p for part of what it kept of open's epoch and
+// reads the answer's header (the caller reads what follows it on r, then
+// closes s).
+func (o *Origin) fetchStart(ctx context.Context, p peer.ID, open *meshp2pb.SessionOpen, part meshp2pb.AuditPart) (network.Stream, *frame.Reader, *meshp2pb.AuditRecords, error) {
 	s, err := o.Dialer.NewStream(ctx, p, o.Audit.Protocol)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
-	defer s.Close()
 	if d, ok := ctx.Deadline(); ok {
 		_ = s.SetDeadline(d)
+	}
+	fail := func(err error) (network.Stream, *frame.Reader, *meshp2pb.AuditRecords, error) {
+		_ = s.Close()
+		return nil, nil, nil, err
 	}
 	w := frame.NewWriter(s, o.Limits)
 	if err := w.WriteStream(&meshp2pb.StreamMessage{Kind: &meshp2pb.StreamMessage_AuditFetch{AuditFetch: &meshp2pb.AuditFetch{
 		SessionId: open.GetSessionId(), Epoch: open.GetEpoch(), Part: part}}}); err != nil {
-		return nil, nil, err
+		return fail(err)
 	}
 	r := streamReader(s, o.Limits)
 	msg, _, err := r.ReadStream()
 	if err != nil {
-		return nil, nil, err
+		return fail(err)
 	}
 	rec := msg.GetAuditRecords()
 	switch {
 	case rec == nil:
-		return nil, nil, fmt.Errorf("%s answered an audit fetch with something else", p)
+		return fail(fmt.Errorf("%s answered an audit fetch with something else", p))
 	case rec.GetError() != nil:
-		return nil, nil, frame.FromProto(rec.GetError())
+		return fail(frame.FromProto(rec.GetError()))
 	case rec.GetFrames() > maxFrames(open):
-		return nil, nil, fmt.Errorf("%s announces %d frames for a session of %d positions", p, rec.GetFrames(), open.GetNCtxNeeded())
+		return fail(fmt.Errorf("%s announces %d frames for a session of %d positions", p, rec.GetFrames(), open.GetNCtxNeeded()))
 	case part == meshp2pb.AuditPart_AUDIT_PART_STATEMENTS && rec.GetFrames() > maxFrames(open)/TranscriptWindow+2:
-		return nil, nil, fmt.Errorf("%s announces %d statements for a session of %d positions", p, rec.GetFrames(), open.GetNCtxNeeded())
+		return fail(fmt.Errorf("%s announces %d statements for a session of %d positions", p, rec.GetFrames(), open.GetNCtxNeeded()))
 	case len(rec.GetStatements()) > 0:
-		return nil, nil, fmt.Errorf("%s sent statements in the header (they come one per message)", p)
+		return fail(fmt.Errorf("%s sent statements in the header (they come one per message)", p))
 	}
+	return s, r, rec, nil
+}
+
+// fetch asks hop p for part of what it kept of open's epoch: statements
+// (in the answer) or frames.
+func (o *Origin) fetch(ctx context.Context, p peer.ID, open *meshp2pb.SessionOpen, part meshp2pb.AuditPart) (*meshp2pb.AuditRecords, []*meshp2pb.RecordedFrame, error) {
+	s, r, rec, err := o.fetchStart(ctx, p, open, part)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer s.Close()
 	if part == meshp2pb.AuditPart_AUDIT_PART_STATEMENTS {
 		for range rec.GetFrames() {
 			m, _, err := r.ReadStream()
@@ -583,10 +623,18 @@ func checkProofShape(p *meshp2pb.Proof) ([]*meshp2pb.Transcript, error) {
 	if hop > 0 && p.GetNEmbd() == 0 {
 		return nil, fmt.Errorf("%w: n_embd missing", ErrProof)
 	}
+	return checkStatements(open, hop, p.GetStatements())
+}
+
+// checkStatements checks that sts are hop's signed statements of open's
+// epoch, its consecutive windows from the first, under that open; it
+// returns them opened (ErrProof when they are not).
+func checkStatements(open *meshp2pb.SessionOpen, hop int, sts []*meshp2pb.SignedTranscript) ([]*meshp2pb.Transcript, error) {
+	hops := open.GetRoute().GetHops()
 	want := peer.ID(hops[hop].GetPeerId())
 	var out []*meshp2pb.Transcript
 	var frames uint32
-	for i, s := range p.GetStatements() {
+	for i, s := range sts {
 		st, err := OpenTranscript(s)
 		if err != nil {
 			return nil, fmt.Errorf("%w: statement %d: %w", ErrProof, i, err)

@@ -876,7 +876,7 @@ func auditExchange(t *testing.T, from *testHost, to peer.ID, send func(s network
 		if err != nil {
 			break
 		}
-		if m.GetActivation() == nil && m.GetTranscript() == nil {
+		if m.GetActivation() == nil && m.GetTranscript() == nil && m.GetToken() == nil && m.GetWindowResult() == nil {
 			t.Fatalf("after the records: %v", m)
 		}
 		n++
@@ -962,10 +962,16 @@ func TestAuditFetchRefusals(t *testing.T) {
 	if _, n := served(c2, h1, open2, meshp2pb.AuditPart_AUDIT_PART_INPUTS); n == 0 {
 		t.Fatal("the head kept no inputs")
 	}
+	if _, n := served(c, h2, open, meshp2pb.AuditPart_AUDIT_PART_RING); n != 12 {
+		t.Fatalf("the tail kept %d of the 12 tokens it sent the head", n)
+	}
+	if _, n := served(c, h1, open, meshp2pb.AuditPart_AUDIT_PART_RING); n != 0 {
+		t.Fatalf("the head kept %d ring messages of its own", n)
+	}
 
 	unknown := meshp2pb.ErrorCode_ERROR_CODE_SESSION_UNKNOWN
 	bad := meshp2pb.ErrorCode_ERROR_CODE_BAD_REQUEST
-	parts := []meshp2pb.AuditPart{meshp2pb.AuditPart_AUDIT_PART_SENT, meshp2pb.AuditPart_AUDIT_PART_INPUTS, meshp2pb.AuditPart_AUDIT_PART_STATEMENTS}
+	parts := []meshp2pb.AuditPart{meshp2pb.AuditPart_AUDIT_PART_SENT, meshp2pb.AuditPart_AUDIT_PART_INPUTS, meshp2pb.AuditPart_AUDIT_PART_STATEMENTS, meshp2pb.AuditPart_AUDIT_PART_RING}
 	for _, h := range []*fakeHop{h1, h2} {
 		for _, part := range parts {
 			// Nobody but the origin reads a session's records: not a

@@ -1,6 +1,7 @@
 package session
 
 import (
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -14,8 +15,10 @@ import (
 
 // What a hop keeps for audits (docs/trust.md): for each session that asks
 // for transcripts, the activation frames it sent its next hop (the next
-// hop's inputs), on the head also its own input frames (token ids), and
-// the statements of the hop before it (the head: the tail's) it checked.
+// hop's inputs), on the head also its own input frames (token ids), on
+// the tail the tokens and window results it sent the head (the origin
+// checks the head's relay against them, relaycheck.go), and the
+// statements of the hop before it (the head: the tail's) it checked.
 // Bounded per session by n_ctx_needed × n_embd × 4 bytes of payload (the
 // session's committed rows in f32; rows of rejected speculative windows
 // count too, and what goes over is not kept: AuditRecords.truncated), by
@@ -46,6 +49,7 @@ type kept struct {
 	bytes      atomic.Int64 // kept (read by drop under the store's lock only)
 	sent       []*meshp2pb.RecordedFrame
 	inputs     []*meshp2pb.RecordedFrame
+	ring       []*meshp2pb.StreamMessage // the tail's: what it sent the head
 	statements []*meshp2pb.SignedTranscript
 	truncated  bool
 	ended      chan struct{}
@@ -100,6 +104,44 @@ func (s *auditStore) record(k *kept, input bool, a *meshp2pb.ActivationHeader, p
 	} else {
 		k.sent = append(k.sent, rf)
 	}
+}
+
+// ringOverhead is what one kept ring message counts against the
+// session's bound besides its tokens.
+const ringOverhead = 64
+
+// recordRing keeps a token or window result the tail sent the head, with
+// the fields its output digest covers (digestRing), if the bounds allow.
+func (s *auditStore) recordRing(k *kept, msg *meshp2pb.StreamMessage) {
+	var c *meshp2pb.StreamMessage
+	var n int64
+	switch {
+	case msg.GetToken() != nil:
+		t := msg.GetToken()
+		c = &meshp2pb.StreamMessage{Kind: &meshp2pb.StreamMessage_Token{Token: &meshp2pb.TokenFrame{SessionId: t.GetSessionId(), Epoch: t.GetEpoch(),
+			Step: t.GetStep(), Token: t.GetToken(), Position: t.GetPosition(), Eos: t.GetEos()}}}
+		n = ringOverhead
+	case msg.GetWindowResult() != nil:
+		w := msg.GetWindowResult()
+		c = &meshp2pb.StreamMessage{Kind: &meshp2pb.StreamMessage_WindowResult{WindowResult: &meshp2pb.WindowResult{SessionId: w.GetSessionId(),
+			Epoch: w.GetEpoch(), Step: w.GetStep(), SpecGen: w.GetSpecGen(), Position: w.GetPosition(), Tokens: slices.Clone(w.GetTokens()), Eos: w.GetEos()}}}
+		n = ringOverhead + 4*int64(len(w.GetTokens()))
+	default:
+		return
+	}
+	select {
+	case <-k.ended:
+		return
+	default:
+	}
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.truncated || k.bytes.Load()+n > k.limit || !s.reserve(n) {
+		k.truncated = true
+		return
+	}
+	k.bytes.Add(n)
+	k.ring = append(k.ring, c)
 }
 
 // recordHeader is the header an audit needs (no timings).
@@ -203,26 +245,11 @@ func (h *HopService) handleAudit(st network.Stream) {
 		refuse(meshp2pb.ErrorCode_ERROR_CODE_TIMEOUT, "the session has not ended here")
 		return
 	}
-	k.mu.Lock()
-	rec := &meshp2pb.AuditRecords{HopIndex: uint32(k.hop), Truncated: k.truncated}
-	var frames []*meshp2pb.RecordedFrame
-	var statements []*meshp2pb.SignedTranscript
-	switch req.GetPart() {
-	case meshp2pb.AuditPart_AUDIT_PART_SENT:
-		frames = k.sent
-		rec.Frames = uint32(len(frames))
-	case meshp2pb.AuditPart_AUDIT_PART_INPUTS:
-		frames = k.inputs
-		rec.Frames = uint32(len(frames))
-	case meshp2pb.AuditPart_AUDIT_PART_STATEMENTS:
-		statements = k.statements
-		rec.Frames = uint32(len(statements))
-	default:
-		k.mu.Unlock()
+	rec, frames, msgs, ok := k.part(req.GetPart())
+	if !ok {
 		refuse(meshp2pb.ErrorCode_ERROR_CODE_BAD_REQUEST, "unknown audit part")
 		return
 	}
-	k.mu.Unlock()
 	// The transfer may take its bytes at auditMinRate, not the request's
 	// short deadline: records of a long session are many megabytes.
 	var size int64
@@ -233,8 +260,8 @@ func (h *HopService) handleAudit(st network.Stream) {
 	if w.WriteStream(&meshp2pb.StreamMessage{Kind: &meshp2pb.StreamMessage_AuditRecords{AuditRecords: rec}}) != nil {
 		return
 	}
-	for _, st := range statements { // one per message: a long session's do not fit one header
-		if w.WriteStream(&meshp2pb.StreamMessage{Kind: &meshp2pb.StreamMessage_Transcript{Transcript: st}}) != nil {
+	for _, m := range msgs { // one per message: a long session's do not fit one header
+		if w.WriteStream(m) != nil {
 			return
 		}
 	}
@@ -248,4 +275,29 @@ func (h *HopService) handleAudit(st network.Stream) {
 			return
 		}
 	}
+}
+
+// part is what k holds of part: the answer's header, and the frames or
+// the messages (statements, ring messages) that follow it; ok false for
+// an unknown part.
+func (k *kept) part(part meshp2pb.AuditPart) (rec *meshp2pb.AuditRecords, frames []*meshp2pb.RecordedFrame, msgs []*meshp2pb.StreamMessage, ok bool) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	rec = &meshp2pb.AuditRecords{HopIndex: uint32(k.hop), Truncated: k.truncated}
+	switch part {
+	case meshp2pb.AuditPart_AUDIT_PART_SENT:
+		frames = k.sent
+	case meshp2pb.AuditPart_AUDIT_PART_INPUTS:
+		frames = k.inputs
+	case meshp2pb.AuditPart_AUDIT_PART_STATEMENTS:
+		for _, st := range k.statements {
+			msgs = append(msgs, &meshp2pb.StreamMessage{Kind: &meshp2pb.StreamMessage_Transcript{Transcript: st}})
+		}
+	case meshp2pb.AuditPart_AUDIT_PART_RING:
+		msgs = slices.Clone(k.ring)
+	default:
+		return nil, nil, nil, false
+	}
+	rec.Frames = uint32(len(frames) + len(msgs))
+	return rec, frames, msgs, true
 }

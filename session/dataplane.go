@@ -279,6 +279,9 @@ func tokenFrame(a *meshp2pb.ActivationHeader, tok int32, eos bool) *meshp2pb.Tok
 func (hs *hopSession) sendRing(msg *meshp2pb.StreamMessage) error {
 	if hs.tr != nil {
 		hs.tr.ring(msg)
+		if !hs.head { // a one-hop route relays its own tokens: nothing to check
+			hs.h.audits.recordRing(hs.kept, msg)
+		}
 	}
 	if hs.head {
 		select { // to selfRing, which is waiting (it sent the previous step)
@@ -456,6 +459,9 @@ func (hs *hopSession) selfRing() {
 // relay (head) passes a token to the origin and reports whether the
 // session is done (end of generation or max_tokens: the origin closes it).
 func (hs *hopSession) relay(tf *meshp2pb.TokenFrame) (bool, error) {
+	if hs.h.relayTamper != nil {
+		hs.h.relayTamper(tf)
+	}
 	t0 := time.Now()
 	if err := hs.up.Send(&meshp2pb.StreamMessage{Kind: &meshp2pb.StreamMessage_Token{Token: tf}}, hs.h.cfg.Idle); err != nil {
 		return true, codeErr(meshp2pb.ErrorCode_ERROR_CODE_CANCELLED, "origin gone", "")

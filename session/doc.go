@@ -22,6 +22,7 @@
 //	errors.go     wire error codes for engine and stream failures
 //	ticket.go     the --require-ticket admission hook
 //	origin.go     the client side: Origin.Generate
+//	relaycheck.go an audit's check of the head's relay against the tail's signed tokens
 //
 // # Goroutines of one session on a hop
 //

@@ -101,6 +101,10 @@ type HopService struct {
 	silence *silenceMemory // origins whose sessions sent nothing
 	grammar *grammarBudget // origins' grammar time on this tail
 	audits  *auditStore    // what sessions asking for transcripts kept here
+
+	// relayTamper, nil but in tests, changes a token the head passes to
+	// the origin: a hostile head (relaycheck_test.go).
+	relayTamper func(*meshp2pb.TokenFrame)
 }
 
 // NewHopService registers the session and ring protocols on host.

@@ -31,6 +31,7 @@ const (
 	AuditPart_AUDIT_PART_SENT        AuditPart = 1 // the activation frames this hop sent its next hop
 	AuditPart_AUDIT_PART_INPUTS      AuditPart = 2 // the head's own input frames (token ids)
 	AuditPart_AUDIT_PART_STATEMENTS  AuditPart = 3 // the previous hop's transcripts this hop checked (the head: the tail's)
+	AuditPart_AUDIT_PART_RING        AuditPart = 4 // the tail's tokens and window results it sent the head (the relay check)
 )
 
 // Enum value maps for AuditPart.
@@ -40,12 +41,14 @@ var (
 		1: "AUDIT_PART_SENT",
 		2: "AUDIT_PART_INPUTS",
 		3: "AUDIT_PART_STATEMENTS",
+		4: "AUDIT_PART_RING",
 	}
 	AuditPart_value = map[string]int32{
 		"AUDIT_PART_UNSPECIFIED": 0,
 		"AUDIT_PART_SENT":        1,
 		"AUDIT_PART_INPUTS":      2,
 		"AUDIT_PART_STATEMENTS":  3,
+		"AUDIT_PART_RING":        4,
 	}
 )
 
@@ -442,7 +445,9 @@ func (x *AuditFetch) GetPart() AuditPart {
 
 // AuditRecords answers an AuditFetch; `frames` messages follow it on the
 // stream: activation frames (header and payload, exactly as sent or
-// received), or for AUDIT_PART_STATEMENTS one `transcript` message each.
+// received), for AUDIT_PART_STATEMENTS one `transcript` message each, or
+// for AUDIT_PART_RING one `token` or `window_result` message each (the
+// fields the tail's output digest covers; no timings or log-probabilities).
 type AuditRecords struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Error         *Error                 `protobuf:"bytes,1,opt,name=error,proto3" json:"error,omitempty"`
@@ -799,12 +804,13 @@ const file_meshp2p_v1_audit_proto_rawDesc = "" +
 	"\x11replay_out_digest\x18\v \x01(\fR\x0freplayOutDigest\x12:\n" +
 	"\rreplay_sketch\x18\f \x03(\v2\x15.meshp2p.v1.SketchRowR\freplaySketch\x12#\n" +
 	"\rreplay_tokens\x18\r \x03(\x05R\freplayTokens\x12\x16\n" +
-	"\x06reason\x18\x0e \x01(\tR\x06reason*n\n" +
+	"\x06reason\x18\x0e \x01(\tR\x06reason*\x83\x01\n" +
 	"\tAuditPart\x12\x1a\n" +
 	"\x16AUDIT_PART_UNSPECIFIED\x10\x00\x12\x13\n" +
 	"\x0fAUDIT_PART_SENT\x10\x01\x12\x15\n" +
 	"\x11AUDIT_PART_INPUTS\x10\x02\x12\x19\n" +
-	"\x15AUDIT_PART_STATEMENTS\x10\x03B.Z,github.com/neuron-tai/meshp2p/proto/meshp2pbb\x06proto3"
+	"\x15AUDIT_PART_STATEMENTS\x10\x03\x12\x13\n" +
+	"\x0fAUDIT_PART_RING\x10\x04B.Z,github.com/neuron-tai/meshp2p/proto/meshp2pbb\x06proto3"
 
 var (
 	file_meshp2p_v1_audit_proto_rawDescOnce sync.Once
