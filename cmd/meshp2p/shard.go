@@ -113,6 +113,12 @@ func printInfo(w io.Writer, path string, in *gguf.Info) {
 	}
 	row("file", "%s (%s)", path, humanBytes(in.FileSize))
 	row("architecture", "%s", in.Architecture)
+	row("support", "%s", in.Support)
+	if in.Cuts != "" {
+		row("cut points", "%s", in.Cuts)
+	} else if in.Certified {
+		row("cut points", "any layer")
+	}
 	if in.Name != "" {
 		row("name", "%s", in.Name)
 	}
@@ -306,13 +312,32 @@ type synthFlags struct {
 	expertFF, ctxLen                *int
 	tied                            *bool
 	seed                            *uint64
+	// deepseek2's (latent attention, dense lead, shared experts, groups)
+	ds map[string]*int
+}
+
+// deepseek2Flags are the deepseek2 geometry flags and the Spec field each
+// sets.
+var deepseek2Flags = []struct {
+	name, usage string
+	field       func(*gguf.Spec) *int
+}{
+	{"dense-lead", "leading dense layers", func(s *gguf.Spec) *int { return &s.DenseLead }},
+	{"shared-experts", "shared experts", func(s *gguf.Spec) *int { return &s.SharedExperts }},
+	{"q-lora", "q LoRA rank", func(s *gguf.Spec) *int { return &s.QLoraRank }},
+	{"kv-lora", "kv LoRA rank (the latent KV)", func(s *gguf.Spec) *int { return &s.KVLoraRank }},
+	{"rope-dim", "roped dims of a q/k head", func(s *gguf.Spec) *int { return &s.RopeDim }},
+	{"nope-dim", "other dims of a q/k head", func(s *gguf.Spec) *int { return &s.NopeDim }},
+	{"v-dim", "value head dims", func(s *gguf.Spec) *int { return &s.VDim }},
+	{"expert-groups", "expert groups (0: none)", func(s *gguf.Spec) *int { return &s.ExpertGroups }},
+	{"expert-groups-used", "expert groups kept per token", func(s *gguf.Spec) *int { return &s.ExpertGroupsUsed }},
 }
 
 // registerSynthFlags registers the flags of "shard synth" on fs.
 func registerSynthFlags(fs *flag.FlagSet) *synthFlags {
-	def, moe := gguf.DefaultSpec("llama"), gguf.DefaultSpec("qwen3moe")
-	return &synthFlags{
-		arch:        fs.String("arch", "llama", "architecture: llama, qwen2, qwen3 or qwen3moe"),
+	def, moe, ds := gguf.DefaultSpec("llama"), gguf.DefaultSpec("qwen3moe"), gguf.DefaultSpec("deepseek2")
+	sf := &synthFlags{
+		arch:        fs.String("arch", "llama", "architecture: "+strings.Join(gguf.Architectures(), ", ")),
 		layers:      fs.Int("layers", 0, fmt.Sprintf("number of layers (default %d)", def.Layers)),
 		embd:        fs.Int("embd", 0, fmt.Sprintf("embedding length (default %d)", def.Embd)),
 		heads:       fs.Int("heads", 0, fmt.Sprintf("attention heads (default %d)", def.Heads)),
@@ -328,7 +353,12 @@ func registerSynthFlags(fs *flag.FlagSet) *synthFlags {
 		seed:        fs.Uint64("seed", def.Seed, "random seed (same seed and flags, same file)"),
 		name:        fs.String("name", "", "general.name"),
 		out:         fs.String("o", "", "output file (required)"),
+		ds:          map[string]*int{},
 	}
+	for _, f := range deepseek2Flags {
+		sf.ds[f.name] = fs.Int(f.name, -1, fmt.Sprintf("deepseek2: %s (default %d)", f.usage, *f.field(&ds)))
+	}
+	return sf
 }
 
 // spec is the architecture's default spec with the flags set on fs
@@ -372,6 +402,11 @@ func (sf *synthFlags) spec(fs *flag.FlagSet) (gguf.Spec, string, error) {
 	}
 	if set["tied"] {
 		spec.Tied = *sf.tied
+	}
+	for _, f := range deepseek2Flags {
+		if set[f.name] {
+			*f.field(&spec) = *sf.ds[f.name]
+		}
 	}
 	spec.VocabFrom, spec.Seed, spec.Name = *sf.vocabFrom, *sf.seed, *sf.name
 	quant := ""

@@ -19,6 +19,8 @@ var ErrIllegalCut = errors.New("illegal cut")
 
 // archRule is one architecture's rules.
 type archRule struct {
+	// covers names the model families of the architecture (for people).
+	covers string
 	// layer returns the tensors (after "blk.N.") layer i of a model with
 	// metadata md needs.
 	layer func(md Metadata, p string, i int) []string
@@ -39,10 +41,10 @@ type archRule struct {
 
 // archRules are the architectures meshp2p loads.
 var archRules = map[string]archRule{
-	"llama":     {layer: denseOrMoELayer(nil)},
-	"qwen2":     {layer: denseOrMoELayer([]string{"attn_q.bias", "attn_k.bias", "attn_v.bias"})},
-	"qwen3":     {layer: denseOrMoELayer([]string{"attn_q_norm.weight", "attn_k_norm.weight"})},
-	"qwen3moe":  {layer: denseOrMoELayer([]string{"attn_q_norm.weight", "attn_k_norm.weight"})},
+	"llama":     {covers: "Llama 2/3.x, Mistral 7B, Mixtral, TinyLlama, stories", layer: denseOrMoELayer(nil)},
+	"qwen2":     {covers: "Qwen2, Qwen2.5", layer: denseOrMoELayer([]string{"attn_q.bias", "attn_k.bias", "attn_v.bias"})},
+	"qwen3":     {covers: "Qwen3 dense", layer: denseOrMoELayer([]string{"attn_q_norm.weight", "attn_k_norm.weight"})},
+	"qwen3moe":  {covers: "Qwen3 MoE (30B-A3B, 235B-A22B)", layer: denseOrMoELayer([]string{"attn_q_norm.weight", "attn_k_norm.weight"})},
 	"deepseek2": deepseek2Rule,
 }
 
@@ -82,6 +84,7 @@ func denseOrMoELayer(extra []string) func(md Metadata, p string, i int) []string
 //     a lite model runs whole.
 //   - output.weight is required (no tied fallback).
 var deepseek2Rule = archRule{
+	covers: "DeepSeek-V2/V2.5/V3/V3.1/R1, Kimi-K2",
 	layer: func(md Metadata, p string, i int) []string {
 		layer := []string{"attn_norm.weight", "attn_kv_a_norm.weight", "attn_kv_a_mqa.weight", "attn_output.weight", "ffn_norm.weight"}
 		n, _ := md.Uint(p + "block_count")
@@ -121,6 +124,16 @@ var deepseek2Rule = archRule{
 }
 
 func deepseek2Lite(nLayer uint64) bool { return nLayer == 26 || nLayer == 27 }
+
+// Certification says whether meshp2p certifies arch (split at any legal
+// cut point, every shard chain computes exactly what the whole model does:
+// docs/architectures.md) and, for people, what it covers or why not.
+func Certification(arch string) (bool, string) {
+	if r, ok := archRules[arch]; ok {
+		return true, "certified: chains of shards equal the whole model exactly (" + r.covers + ")"
+	}
+	return false, fmt.Sprintf("not certified: meshp2p does not load %q yet (certified: %s; docs/architectures.md)", arch, strings.Join(Architectures(), ", "))
+}
 
 // CheckCut reports why layers r of a model (metadata md, n layers) cannot
 // be a shard: an ErrIllegalCut naming the rule, or nil.

@@ -35,6 +35,11 @@ type Info struct {
 	Fingerprint string `json:"fingerprint,omitempty"`
 	// Shard is the shard's claim (shards only; VerifyShard proves it).
 	Shard *ShardInfo `json:"shard,omitempty"`
+	// Certified: meshp2p splits the architecture exactly; Support says
+	// so or why not; Cuts the layer ranges a shard may take ("" any).
+	Certified bool   `json:"certified"`
+	Support   string `json:"support"`
+	Cuts      string `json:"cuts,omitempty"`
 }
 
 func mdInt(md Metadata, key string) int {
@@ -100,6 +105,8 @@ func (f *File) Info() (*Info, error) {
 			in.GlobalBytes += int64(t.Bytes)
 		}
 	}
+	in.Certified, in.Support = Certification(arch)
+	in.Cuts = LegalCuts(md, n)
 	if si, err := ReadShardInfo(md); err == nil {
 		in.Shard = si
 	} else if !errors.Is(err, ErrNotShard) || md.Index(KeyParentFingerprint) >= 0 {
