@@ -141,7 +141,7 @@ $(DEADCODE):
 # below. Lower a ceiling in the commit that lowers its count.
 MAX_LONG_FUNCS   ?= 1
 MAX_NODE_METHODS ?= 76
-MAX_TEST_ONLY_FUNCS ?= 26
+MAX_TEST_ONLY_FUNCS ?= 23
 lint: $(GENERATED) $(STATICCHECK) $(DEADCODE)
 	$(STATICCHECK) ./...
 	go run ./internal/codecount -max-long $(MAX_LONG_FUNCS) -max-node-methods $(MAX_NODE_METHODS)

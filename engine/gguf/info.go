@@ -1,10 +1,10 @@
 package gguf
 
 import (
-	"strings"
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 )
 
 // Info summarises a model or shard for `meshp2p shard inspect` and for
