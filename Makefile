@@ -139,7 +139,7 @@ $(DEADCODE):
 # and the counts the structure review keeps from growing (internal/codecount):
 # functions over 80 lines and the methods of node.Node, at most the ceilings
 # below. Lower a ceiling in the commit that lowers its count.
-MAX_LONG_FUNCS   ?= 1
+MAX_LONG_FUNCS   ?= 0
 MAX_NODE_METHODS ?= 76
 MAX_TEST_ONLY_FUNCS ?= 23
 lint: $(GENERATED) $(STATICCHECK) $(DEADCODE)

@@ -486,30 +486,10 @@ func Judge(ctx context.Context, p *meshp2pb.Proof, engines AuditEngines) (Verdic
 	}
 	open, hop := p.GetOpen(), int(p.GetHopIndex())
 	h := open.GetRoute().GetHops()[hop]
-	// Windows whose inputs are all here, and whose inputs are what the
-	// hop signed it received.
-	var windows []uint32
-	at := 0
-	for _, st := range sts {
-		if st.GetFrames() > 0 {
-			v.Signed++
-		}
-	}
-	for i, st := range sts {
-		n := int(st.GetFrames())
-		if at+n > len(p.GetInputs()) {
-			break
-		}
-		if !bytes.Equal(InputDigest(p.GetInputs()[at:at+n]), st.GetInDigest()) {
-			return v, fmt.Errorf("%w: window %d: the inputs are not what hop %d signed it received", ErrProof, i, hop)
-		}
-		if n > 0 {
-			windows = append(windows, uint32(n))
-		}
-		at += n
-	}
-	if len(windows) == 0 {
-		return v, nil // nothing to replay (no output either)
+	windows, signed, err := replayableWindows(p, sts)
+	v.Signed = signed
+	if err != nil || len(windows) == 0 {
+		return v, err // nothing to replay (no output either), or inputs not the hop's
 	}
 	eng, class, release, err := engines.Engine(ctx, open.GetModelFingerprint(), int(h.GetStart()), int(h.GetEnd()))
 	if err != nil {
@@ -540,41 +520,81 @@ func Judge(ctx context.Context, p *meshp2pb.Proof, engines AuditEngines) (Verdic
 		// rows depend on what it batched them with, which a replay does
 		// not repeat.
 		v.Exact = st.GetKernelClass() == class && route.InvariantClass(class)
-		var reason string
-		switch {
-		case v.Exact:
-			if !bytes.Equal(r.OutDigest, st.GetOutDigest()) {
-				reason = fmt.Sprintf("window %d (frames %d-%d): the replay's output digest differs from the one hop %d signed (exact comparison, kernel class %s)",
-					i, st.GetFirstFrame(), st.GetFirstFrame()+st.GetFrames()-1, hop, class)
-			}
-		case tail:
-			// No tolerance rule for sampled tokens: never convicted across
-			// classes, and not passed either.
-			v.Inconclusive = fmt.Sprintf("the tail's output (sampled tokens) cannot be compared across kernel classes (the hop names %s, the replay ran on %s)", st.GetKernelClass(), class)
+		reason, inconclusive := compareWindow(st, r, class, hop, i, v.Exact, tail)
+		if inconclusive != "" {
+			v.Inconclusive = inconclusive
 			return v, nil
-		default:
-			reason = SketchTolerance.Compare(st.GetSketch(), r.Last)
-			if reason != "" {
-				reason = fmt.Sprintf("window %d: %s (kernel class %s against the hop's %s)", i, reason, class, st.GetKernelClass())
-			}
 		}
-		if reason == "" {
-			continue
+		if reason != "" {
+			v.Convicted, v.Reason, v.Window = true, reason, i
+			v.Proof = trimProof(p, sts, i, r, class, reason)
+			return v, nil
 		}
-		v.Convicted, v.Reason, v.Window = true, reason, i
-		trimmed := proto.Clone(p).(*meshp2pb.Proof)
-		trimmed.Statements = p.GetStatements()[:i+1]
-		end := 0
-		for _, s := range sts[:i+1] {
-			end += int(s.GetFrames())
-		}
-		trimmed.Inputs = p.GetInputs()[:end]
-		trimmed.Window, trimmed.ReplayOutDigest, trimmed.ReplaySketch, trimmed.ReplayTokens = uint32(i), r.OutDigest, r.Sketch, r.Tokens
-		trimmed.AuditorKernelClass, trimmed.Reason, trimmed.MadeAtMs = class, reason, time.Now().UnixMilli()
-		v.Proof = trimmed
-		return v, nil
 	}
 	return v, nil
+}
+
+// replayableWindows returns the frames of each of a proof's windows whose
+// inputs are all present (in order, windows of no frames left out) and
+// how many windows the hop signed with frames; an ErrProof when a window's
+// inputs are not what the hop signed it received.
+func replayableWindows(p *meshp2pb.Proof, sts []*meshp2pb.Transcript) (windows []uint32, signed int, err error) {
+	for _, st := range sts {
+		if st.GetFrames() > 0 {
+			signed++
+		}
+	}
+	at := 0
+	for i, st := range sts {
+		n := int(st.GetFrames())
+		if at+n > len(p.GetInputs()) {
+			break
+		}
+		if !bytes.Equal(InputDigest(p.GetInputs()[at:at+n]), st.GetInDigest()) {
+			return nil, signed, fmt.Errorf("%w: window %d: the inputs are not what hop %d signed it received", ErrProof, i, p.GetHopIndex())
+		}
+		if n > 0 {
+			windows = append(windows, uint32(n))
+		}
+		at += n
+	}
+	return windows, signed, nil
+}
+
+// compareWindow compares window i's replay r with what the hop signed in
+// st: why it differs ("" when it does not), or why it cannot be compared
+// (the tail across kernel classes: sampled tokens have no tolerance, so it
+// is never convicted that way, and not passed either).
+func compareWindow(st *meshp2pb.Transcript, r ReplayWindow, class string, hop, i int, exact, tail bool) (reason, inconclusive string) {
+	switch {
+	case exact:
+		if !bytes.Equal(r.OutDigest, st.GetOutDigest()) {
+			return fmt.Sprintf("window %d (frames %d-%d): the replay's output digest differs from the one hop %d signed (exact comparison, kernel class %s)",
+				i, st.GetFirstFrame(), st.GetFirstFrame()+st.GetFrames()-1, hop, class), ""
+		}
+	case tail:
+		return "", fmt.Sprintf("the tail's output (sampled tokens) cannot be compared across kernel classes (the hop names %s, the replay ran on %s)", st.GetKernelClass(), class)
+	default:
+		if reason := SketchTolerance.Compare(st.GetSketch(), r.Last); reason != "" {
+			return fmt.Sprintf("window %d: %s (kernel class %s against the hop's %s)", i, reason, class, st.GetKernelClass()), ""
+		}
+	}
+	return "", ""
+}
+
+// trimProof is p cut to its windows up to the failing window i, with the
+// replay's evidence of it.
+func trimProof(p *meshp2pb.Proof, sts []*meshp2pb.Transcript, i int, r ReplayWindow, class, reason string) *meshp2pb.Proof {
+	trimmed := proto.Clone(p).(*meshp2pb.Proof)
+	trimmed.Statements = p.GetStatements()[:i+1]
+	end := 0
+	for _, s := range sts[:i+1] {
+		end += int(s.GetFrames())
+	}
+	trimmed.Inputs = p.GetInputs()[:end]
+	trimmed.Window, trimmed.ReplayOutDigest, trimmed.ReplaySketch, trimmed.ReplayTokens = uint32(i), r.OutDigest, r.Sketch, r.Tokens
+	trimmed.AuditorKernelClass, trimmed.Reason, trimmed.MadeAtMs = class, reason, time.Now().UnixMilli()
+	return trimmed
 }
 
 // CheckProof checks everything about a proof that needs no replay: the
@@ -587,18 +607,11 @@ func CheckProof(p *meshp2pb.Proof) (peer.ID, error) {
 	if err != nil {
 		return "", err
 	}
-	at := 0
-	for i, st := range sts {
-		n := int(st.GetFrames())
-		if at+n > len(p.GetInputs()) {
-			break
-		}
-		if !bytes.Equal(InputDigest(p.GetInputs()[at:at+n]), st.GetInDigest()) {
-			return "", fmt.Errorf("%w: window %d: the inputs are not what the hop signed it received", ErrProof, i)
-		}
-		at += n
+	windows, _, err := replayableWindows(p, sts)
+	if err != nil {
+		return "", err
 	}
-	if len(sts) == 0 || at == 0 {
+	if len(windows) == 0 {
 		return "", fmt.Errorf("%w: no window with its inputs: nothing to replay", ErrProof)
 	}
 	return peer.ID(p.GetOpen().GetRoute().GetHops()[p.GetHopIndex()].GetPeerId()), nil
