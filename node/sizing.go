@@ -40,6 +40,8 @@ func fileSizing(f *gguf.File, ec engine.Config) (placement.Sizing, *gguf.Info, e
 	}
 	ec = withEngineDefaults(ec)
 	sz, err := placement.FromTensors(g, ts, placement.EngineShape{NCtx: ec.NCtx, NBatch: ec.NBatch, FlashAttn: !ec.Baseline, Compacts: !ec.Baseline})
+	md, n := f.Metadata.Clone(), in.NLayer
+	sz.Cut = func(r placement.Range) error { return gguf.CheckCut(md, gguf.Range{Start: r.Start, End: r.End}, n) }
 	return sz, in, err
 }
 

@@ -172,7 +172,9 @@ func chainPaths(sz Sizing, ms []Member, movable int) [][]chainStep {
 				}
 			}
 			for e := b + 1; e <= min(n, b+maxLen[b]); e++ {
-				relax(e, k, chainStep{moves: cur.moves + 1, hops: cur.hops + 1, from: b, fromK: k, owner: -1, ok: true})
+				if sz.Legal(Range{b, e}) {
+					relax(e, k, chainStep{moves: cur.moves + 1, hops: cur.hops + 1, from: b, fromK: k, owner: -1, ok: true})
+				}
 			}
 		}
 	}

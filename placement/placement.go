@@ -210,12 +210,14 @@ func compareSorted(da int, sa []float64, db int, sb []float64) int {
 }
 
 // Candidates lists every window a node with this budget could serve (any
-// start, any length that fits). Empty when not even one layer fits.
+// start, any length that fits and the architecture allows). Empty when not even one layer fits.
 func Candidates(sz Sizing, budget int64) []Range {
 	var out []Range
 	for s := 0; s < sz.NLayer; s++ {
 		for e := s + 1; e <= sz.NLayer && sz.Need(Range{s, e}) <= budget; e++ {
-			out = append(out, Range{s, e})
+			if sz.Legal(Range{s, e}) {
+				out = append(out, Range{s, e})
+			}
 		}
 	}
 	return out

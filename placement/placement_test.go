@@ -1,6 +1,7 @@
 package placement
 
 import (
+	"fmt"
 	"math/rand/v2"
 	"strings"
 	"testing"
@@ -265,4 +266,39 @@ func TestCgroupV1(t *testing.T) {
 			t.Errorf("CgroupV1Room(%q, %q) = %d %v", c.lim, c.use, v, ok)
 		}
 	}
+}
+
+// An architecture's cut rules (Sizing.Cut) hold for every window
+// placement proposes: candidates, the longest window, heal plans.
+func TestPlacementHonoursCutRules(t *testing.T) {
+	sz := Sizing{NLayer: 61, LayerBytes: make([]int64, 61)}
+	for i := range sz.LayerBytes {
+		sz.LayerBytes[i] = 100
+	}
+	illegal := func(r Range) bool { return r.Len() != 61 && (r.Len() == 26 || r.Len() == 27) }
+	sz.Cut = func(r Range) error {
+		if illegal(r) {
+			return fmt.Errorf("%v: 26 or 27 layers", r)
+		}
+		return nil
+	}
+	for _, r := range Candidates(sz, 2700) {
+		if illegal(r) {
+			t.Fatalf("candidate %v breaks the cut rule", r)
+		}
+	}
+	if got := sz.MaxWindow(0, 2750); got != 25 {
+		t.Errorf("MaxWindow(0) within 27.5 layers' bytes = %d, want 25 (26 and 27 are illegal)", got)
+	}
+	members := []Member{{Peer: "a", Budget: 2700}, {Peer: "b", Budget: 2700}, {Peer: "c", Budget: 2700}}
+	plan, err := Heal(sz, members)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for id, r := range plan.Moves {
+		if illegal(r) {
+			t.Errorf("heal moves %s to %v, which breaks the cut rule", id, r)
+		}
+	}
+	t.Logf("heal plan %v", plan.Moves)
 }

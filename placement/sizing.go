@@ -31,7 +31,15 @@ type Sizing struct {
 	FixedBytes int64
 	// TailFixedBytes is the tail's extra compute (the logits buffer).
 	TailFixedBytes int64
+	// Cut, if set, says why a window cannot be a shard: the
+	// architecture's cut rules (gguf.CheckCut; deepseek2 never takes a
+	// shard of 26 or 27 layers). nil: every window can. Every window
+	// placement proposes (Candidates, MaxWindow, Heal) is legal.
+	Cut func(Range) error `json:"-"`
 }
+
+// Legal reports whether r can be a shard (Cut).
+func (s Sizing) Legal(r Range) bool { return s.Cut == nil || s.Cut(r) == nil }
 
 // Need is the memory serving r takes.
 func (s Sizing) Need(r Range) int64 {
@@ -51,12 +59,12 @@ func (s Sizing) Need(r Range) int64 {
 	return n
 }
 
-// MaxWindow is the most layers a window starting at start may hold within
-// budget (0: not even one).
+// MaxWindow is the most layers a legal window starting at start may hold
+// within budget (0: not even one).
 func (s Sizing) MaxWindow(start int, budget int64) int {
 	best := 0
 	for e := start + 1; e <= s.NLayer; e++ {
-		if s.Need(Range{start, e}) <= budget {
+		if s.Need(Range{start, e}) <= budget && s.Legal(Range{start, e}) {
 			best = e - start
 		}
 	}
