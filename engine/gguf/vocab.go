@@ -115,6 +115,8 @@ func WriteVocab(ctx context.Context, src, out string) error {
 		return fmt.Errorf("gguf: vocab from %s: it is a vocabulary file already", src)
 	}
 	var dg *Digests
+	arch := f.Architecture()
+	srcMD := f.Metadata // the model's metadata (a shard's, with what its architecture rewrote undone)
 	if f.Metadata.Index(KeyParentFingerprint) >= 0 {
 		si, err := ReadShardInfo(f.Metadata)
 		if err != nil {
@@ -126,15 +128,17 @@ func WriteVocab(ctx context.Context, src, out string) error {
 		if dg, err = digestsFromMetadata(f.Metadata); err != nil {
 			return fmt.Errorf("gguf: vocab from %s: %w", src, err)
 		}
-		if err := checkVocabProof(f.Metadata, dg, si.ParentFingerprint); err != nil {
+		if srcMD, err = parentMetadata(f.Metadata, arch, si.Range, si.ParentNLayer); err != nil {
+			return fmt.Errorf("gguf: vocab from %s: %w: %v", src, ErrFingerprintMismatch, err)
+		}
+		if err := checkVocabProof(srcMD, dg, si.ParentFingerprint); err != nil {
 			return fmt.Errorf("gguf: vocab from %s: %w", src, err)
 		}
 	} else if dg, err = ComputeDigests(ctx, f, nil); err != nil {
 		return fmt.Errorf("gguf: vocab from %s: %w", src, err)
 	}
-	arch := f.Architecture()
 	var md Metadata
-	for _, kv := range f.Metadata {
+	for _, kv := range srcMD {
 		if strings.HasPrefix(kv.Key, "meshp2p.") || kv.Key == arch+".block_count" {
 			continue
 		}
