@@ -106,4 +106,3 @@ func TestArchitectureSwarms(t *testing.T) {
 		})
 	}
 }
-
