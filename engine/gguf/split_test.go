@@ -514,3 +514,28 @@ func TestDeepseek2ShardRules(t *testing.T) {
 		t.Errorf("split into 26 + 4 layers: %v, want ErrIllegalCut naming the lite rule", err)
 	}
 }
+
+// A deepseek2 model cut to its first k layers (a self-draft) keeps the
+// dense lead layers it holds and loads; 26 or 27 layers are refused.
+func TestDeepseek2Truncate(t *testing.T) {
+	ctx := context.Background()
+	s := tinySpec("deepseek2")
+	s.Layers, s.DenseLead = 30, 3
+	src := synthFile(t, s)
+	for _, k := range []int{2, 5} {
+		res, err := Truncate(ctx, src, k, filepath.Join(t.TempDir(), "draft.gguf"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		f := mustOpen(t, res.Path)
+		if v, _ := f.Metadata.Get("deepseek2.leading_dense_block_count"); v != uint32(min(k, 3)) {
+			t.Errorf("first %d layers: leading_dense_block_count %v", k, v)
+		}
+		if err := ValidateForLoad(f); err != nil {
+			t.Errorf("first %d layers: %v", k, err)
+		}
+	}
+	if _, err := Truncate(ctx, src, 26, filepath.Join(t.TempDir(), "d.gguf")); !errors.Is(err, ErrIllegalCut) {
+		t.Errorf("first 26 layers: %v, want ErrIllegalCut", err)
+	}
+}

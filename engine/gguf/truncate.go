@@ -45,9 +45,18 @@ func Truncate(ctx context.Context, src string, k int, path string) (SplitResult,
 	if err != nil {
 		return SplitResult{}, err
 	}
+	// A standalone model of k layers: what the architecture keys on the
+	// layer count must hold for k (deepseek2: not 26 or 27 layers), and
+	// what it keys on the layer index is rewritten as for a shard.
+	if err := CheckCut(f.Metadata, Range{0, k}, n); err != nil {
+		return SplitResult{}, fmt.Errorf("gguf: truncate %s: %w", src, err)
+	}
 	md := f.Metadata.Clone()
 	md.DeletePrefix("meshp2p.")
 	md.Set(arch+".block_count", uint32(k))
+	if rw := archRules[arch].shardMetadata; rw != nil {
+		rw(md, arch+".", Range{0, k}, n)
+	}
 	p := shardPlan{f: f, r: Range{0, k}, n: n, role: RoleWhole, nEmbd: nEmbd}
 	ts, err := p.tensors()
 	if err != nil {
