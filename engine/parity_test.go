@@ -133,6 +133,8 @@ func smallSpec(arch string, typ gguf.TensorType) gguf.Spec {
 		s.Experts, s.ExpertsUsed, s.ExpertFF = 8, 2, 256
 	case "llama-experts":
 		s.Arch, s.Experts, s.ExpertsUsed, s.FF = "llama", 4, 2, 256
+	case "minimax-m2":
+		s.Experts, s.ExpertsUsed, s.FF, s.RopeDim = 8, 2, 256, 32 // rotary on half of each 64-dim head, as MiniMax-M2
 	case "deepseek2":
 		// DeepSeek-V3's proportions (q LoRA 1536, kv LoRA 512, nope 128,
 		// rope 64, v 128) at a quarter or less; 6 layers, 3 dense lead
@@ -156,6 +158,9 @@ var parityModels = []parityModel{
 	{name: "qwen3moe_q8_0", spec: smallSpec("qwen3moe", gguf.TypeF16), quant: QuantQ8_0, wantTypes: []string{"Q8_0"}},
 	{name: "qwen3moe_q4_k_m", spec: smallSpec("qwen3moe", gguf.TypeF16), quant: QuantQ4_KM, wantTypes: []string{"Q4_K", "Q6_K"}},
 	{name: "deepseek2_f16", spec: smallSpec("deepseek2", gguf.TypeF16)},
+	{name: "minimax_m2_f32", spec: smallSpec("minimax-m2", gguf.TypeF32)},
+	{name: "minimax_m2_q8_0", spec: smallSpec("minimax-m2", gguf.TypeF16), quant: QuantQ8_0, wantTypes: []string{"Q8_0"}},
+	{name: "minimax_m2_q4_k_m", spec: smallSpec("minimax-m2", gguf.TypeF16), quant: QuantQ4_KM, wantTypes: []string{"Q4_K", "Q6_K"}},
 	{name: "deepseek2_q8_0", spec: smallSpec("deepseek2", gguf.TypeF16), quant: QuantQ8_0, wantTypes: []string{"Q8_0"}},
 	{name: "deepseek2_q4_k_m", spec: smallSpec("deepseek2", gguf.TypeF16), quant: QuantQ4_KM, wantTypes: []string{"Q4_K", "Q6_K"}, fallback: deepseek2Fallback},
 }

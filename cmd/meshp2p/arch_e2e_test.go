@@ -25,6 +25,8 @@ var archSwarms = []struct {
 	// shared expert and expert groups, latent attention; the middle
 	// shard starts where the experts do.
 	{"deepseek2", []string{"--type", "q8_0"}, []string{"0-2", "2-4", "4-6"}},
+	// MiniMax-M2's structure: experts in every layer, partial rotary.
+	{"minimax-m2", []string{"--type", "q8_0"}, []string{"0-2", "2-3", "3-6"}},
 }
 
 // TestArchitectureSwarms: for each architecture, three `meshp2p start`

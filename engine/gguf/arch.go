@@ -46,6 +46,14 @@ var archRules = map[string]archRule{
 	"qwen3":     {covers: "Qwen3 dense", layer: denseOrMoELayer([]string{"attn_q_norm.weight", "attn_k_norm.weight"})},
 	"qwen3moe":  {covers: "Qwen3 MoE (30B-A3B, 235B-A22B)", layer: denseOrMoELayer([]string{"attn_q_norm.weight", "attn_k_norm.weight"})},
 	"deepseek2": deepseek2Rule,
+	// minimax-m2 (MiniMax-M2): experts in every layer with a routing
+	// bias, q/k norms over all heads, partial rotary; output required.
+	// Nothing keyed on the layer index: any cut.
+	"minimax-m2": {covers: "MiniMax-M2", outputRequired: true, layer: func(Metadata, string, int) []string {
+		return []string{"attn_norm.weight", "attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_output.weight",
+			"attn_q_norm.weight", "attn_k_norm.weight", "ffn_norm.weight",
+			"ffn_gate_inp.weight", "ffn_gate_exps.weight", "ffn_down_exps.weight", "ffn_up_exps.weight", "exp_probs_b.bias"}
+	}},
 }
 
 // Architectures lists the architectures meshp2p loads, sorted.
@@ -125,12 +133,22 @@ var deepseek2Rule = archRule{
 
 func deepseek2Lite(nLayer uint64) bool { return nLayer == 26 || nLayer == 27 }
 
+// notSplittable are architectures llama.cpp runs that meshp2p refuses,
+// with the reason (docs/architectures.md).
+var notSplittable = map[string]string{
+	"glm4moe": "llama.cpp aborts a glm4moe layer range fed hidden states (models/glm4-moe.cpp: GGML_ABORT on batch embeddings without M-RoPE), so it cannot be split without patching llama.cpp",
+	"glm4":    "llama.cpp aborts a glm4 layer range fed hidden states (models/glm4.cpp), so it cannot be split without patching llama.cpp",
+}
+
 // Certification says whether meshp2p certifies arch (split at any legal
 // cut point, every shard chain computes exactly what the whole model does:
 // docs/architectures.md) and, for people, what it covers or why not.
 func Certification(arch string) (bool, string) {
 	if r, ok := archRules[arch]; ok {
 		return true, "certified: chains of shards equal the whole model exactly (" + r.covers + ")"
+	}
+	if why, ok := notSplittable[arch]; ok {
+		return false, "not certified: " + why
 	}
 	return false, fmt.Sprintf("not certified: meshp2p does not load %q yet (certified: %s; docs/architectures.md)", arch, strings.Join(Architectures(), ", "))
 }

@@ -44,6 +44,8 @@ func tinySpec(arch string) Spec {
 	switch arch {
 	case "qwen3moe":
 		s.ExpertFF = 16
+	case "minimax-m2":
+		s.RopeDim = 4
 	case "deepseek2":
 		s.KVHeads, s.ExpertFF, s.QLoraRank, s.KVLoraRank, s.RopeDim, s.NopeDim, s.VDim, s.Layers = 1, 16, 16, 16, 8, 8, 8, 6
 	}

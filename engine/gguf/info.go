@@ -154,6 +154,9 @@ const MaxExperts = 512
 func ValidateForLoad(f *File) error {
 	c := &loadCheck{md: f.Metadata, arch: f.Architecture()}
 	if _, ok := archRules[c.arch]; !ok {
+		if why, ok := notSplittable[c.arch]; ok {
+			return c.bad("unsupported architecture %q: %s", c.arch, why)
+		}
 		return c.bad("unsupported architecture %q (supported: %s; docs/architectures.md)", c.arch, strings.Join(Architectures(), ", "))
 	}
 	c.p = c.arch + "."
@@ -268,7 +271,7 @@ func (c *loadCheck) checkExperts() (nExp uint64, err error) {
 	if nExp == 0 && nUsed != 0 {
 		return 0, c.bad("expert_used_count %d without experts", nUsed)
 	}
-	if (c.arch == "qwen3moe" || c.arch == "deepseek2") && nExp == 0 {
+	if (c.arch == "qwen3moe" || c.arch == "deepseek2" || c.arch == "minimax-m2") && nExp == 0 {
 		return 0, c.bad("%s needs expert_count > 0", c.arch)
 	}
 	return nExp, c.checkExpertGroups(nExp)

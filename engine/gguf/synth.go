@@ -60,6 +60,10 @@ func DefaultSpec(arch string) Spec {
 		s.Tied = true
 	case "qwen3moe":
 		s.Experts, s.ExpertsUsed, s.ExpertFF = 8, 2, 64
+	case "minimax-m2":
+		// MiniMax-M2's structure: experts in every layer (FF is the
+		// expert's), rotary on half of each head.
+		s.Experts, s.ExpertsUsed, s.FF, s.RopeDim = 8, 2, 64, 16
 	case "deepseek2":
 		// DeepSeek-V3's structure at small widths: dense lead layers,
 		// 8 routed experts in 4 groups (2 kept), 1 shared expert, MLA.
@@ -103,6 +107,13 @@ func (s *Spec) Validate() error {
 		if err := s.validateDeepseek2(); err != nil {
 			return bad("%v", err)
 		}
+	case "minimax-m2":
+		if s.Experts < 1 || s.ExpertFF != 0 {
+			return bad("minimax-m2 needs experts >= 1; its expert feed-forward length is ff (no expert-ff)")
+		}
+		if s.RopeDim < 2 || s.RopeDim%2 != 0 || s.RopeDim > s.Embd/s.Heads {
+			return bad("minimax-m2 rope-dim %d must be even, in 2..head dim %d", s.RopeDim, s.Embd/s.Heads)
+		}
 	case "qwen3moe":
 		if s.Experts < 1 {
 			return bad("qwen3moe needs experts >= 1")
@@ -122,7 +133,7 @@ func (s *Spec) Validate() error {
 			return bad("expert-ff is for qwen3moe")
 		}
 	}
-	if s.Arch != "deepseek2" && (s.DenseLead != 0 || s.SharedExperts != 0 || s.QLoraRank != 0 || s.KVLoraRank != 0 || s.ExpertGroups != 0) {
+	if s.Arch != "deepseek2" && (s.DenseLead != 0 || s.SharedExperts != 0 || s.QLoraRank != 0 || s.KVLoraRank != 0 || s.ExpertGroups != 0 || (s.RopeDim != 0 && s.Arch != "minimax-m2")) {
 		return bad("dense-lead, shared experts, LoRA ranks and expert groups are deepseek2's")
 	}
 	if s.Experts > 0 && (s.ExpertsUsed < 1 || s.ExpertsUsed > s.Experts) {
@@ -238,8 +249,13 @@ func synthMetadata(s *Spec) Metadata {
 	if a == "qwen3moe" {
 		md = append(md, KV{a + ".expert_feed_forward_length", uint32(s.ExpertFF)})
 	}
-	if a == "deepseek2" {
+	switch a {
+	case "deepseek2":
 		md = deepseek2Metadata(md, s)
+	case "minimax-m2":
+		md.Set(a+".rope.dimension_count", uint32(s.RopeDim))
+		md = append(md, KV{a + ".attention.key_length", uint32(headDim)}, KV{a + ".attention.value_length", uint32(headDim)},
+			KV{a + ".expert_feed_forward_length", uint32(s.FF)}, KV{a + ".expert_gating_func", uint32(2)})
 	}
 	return md
 }
@@ -299,8 +315,12 @@ func synthTensors(s *Spec, nVocab int) []synthTensor {
 		ts = append(ts, synthVec("rope_freqs.weight", initRopeFreqs, uint64(s.Embd/s.Heads/2)))
 	}
 	for i := 0; i < s.Layers; i++ {
-		if s.Arch == "deepseek2" {
+		switch s.Arch {
+		case "deepseek2":
 			ts = synthDeepseek2Layer(ts, s, i)
+			continue
+		case "minimax-m2":
+			ts = synthMinimaxLayer(ts, s, i)
 			continue
 		}
 		ts = synthLayer(ts, s, i)
@@ -388,6 +408,33 @@ func synthDeepseek2Layer(ts []synthTensor, s *Spec, i int) []synthTensor {
 		mat(l("ffn_gate_shexp.weight"), e, sh),
 		mat(l("ffn_down_shexp.weight"), sh, e),
 		mat(l("ffn_up_shexp.weight"), e, sh),
+	)
+}
+
+// synthMinimaxLayer appends layer i of a minimax-m2 spec: attention with
+// q/k norms over all heads, then experts (FF each) with a routing bias.
+func synthMinimaxLayer(ts []synthTensor, s *Spec, i int) []synthTensor {
+	l := func(n string) string { return layerName(i, n) }
+	mat := func(name string, shape ...uint64) synthTensor { return synthMat(s, name, shape...) }
+	hd := uint64(s.Embd / s.Heads)
+	e, q, kv, ff, x := uint64(s.Embd), hd*uint64(s.Heads), hd*uint64(s.KVHeads), uint64(s.FF), uint64(s.Experts)
+	gate := mat(l("ffn_gate_inp.weight"), e, x)
+	gate.std = 0.5
+	bias := synthVec(l("exp_probs_b.bias"), initNormal, x)
+	bias.std = 0.1
+	return append(ts,
+		synthVec(l("attn_norm.weight"), initOnes, e),
+		mat(l("attn_q.weight"), e, q),
+		mat(l("attn_k.weight"), e, kv),
+		mat(l("attn_v.weight"), e, kv),
+		mat(l("attn_output.weight"), q, e),
+		synthVec(l("attn_q_norm.weight"), initOnes, q),
+		synthVec(l("attn_k_norm.weight"), initOnes, kv),
+		synthVec(l("ffn_norm.weight"), initOnes, e),
+		gate, bias,
+		mat(l("ffn_gate_exps.weight"), e, ff, x),
+		mat(l("ffn_down_exps.weight"), ff, e, x),
+		mat(l("ffn_up_exps.weight"), e, ff, x),
 	)
 }
 
