@@ -36,6 +36,7 @@ var invarianceModels = []parityModel{
 	{name: "qwen3moe_q4_k_m", spec: smallSpec("qwen3moe", gguf.TypeF16), quant: QuantQ4_KM, wantTypes: []string{"Q4_K", "Q6_K"}},
 	{name: "deepseek2_q4_k_m", spec: smallSpec("deepseek2", gguf.TypeF16), quant: QuantQ4_KM, wantTypes: []string{"Q4_K", "Q6_K"}, fallback: deepseek2Fallback},
 	{name: "minimax_m2_q4_k_m", spec: smallSpec("minimax-m2", gguf.TypeF16), quant: QuantQ4_KM, wantTypes: []string{"Q4_K", "Q6_K"}},
+	{name: "mistral3_q8_0", spec: smallSpec("mistral3", gguf.TypeF16), quant: QuantQ8_0, wantTypes: []string{"Q8_0"}},
 }
 
 // invTrace is what one session's rows produced: the middle shard's output

@@ -159,6 +159,8 @@ var parityModels = []parityModel{
 	{name: "qwen3moe_q4_k_m", spec: smallSpec("qwen3moe", gguf.TypeF16), quant: QuantQ4_KM, wantTypes: []string{"Q4_K", "Q6_K"}},
 	{name: "deepseek2_f16", spec: smallSpec("deepseek2", gguf.TypeF16)},
 	{name: "minimax_m2_f32", spec: smallSpec("minimax-m2", gguf.TypeF32)},
+	{name: "mistral3_f32", spec: smallSpec("mistral3", gguf.TypeF32)},
+	{name: "mistral3_q4_k_m", spec: smallSpec("mistral3", gguf.TypeF16), quant: QuantQ4_KM, wantTypes: []string{"Q4_K", "Q6_K"}},
 	{name: "minimax_m2_q8_0", spec: smallSpec("minimax-m2", gguf.TypeF16), quant: QuantQ8_0, wantTypes: []string{"Q8_0"}},
 	{name: "minimax_m2_q4_k_m", spec: smallSpec("minimax-m2", gguf.TypeF16), quant: QuantQ4_KM, wantTypes: []string{"Q4_K", "Q6_K"}},
 	{name: "deepseek2_q8_0", spec: smallSpec("deepseek2", gguf.TypeF16), quant: QuantQ8_0, wantTypes: []string{"Q8_0"}},

@@ -27,6 +27,8 @@ var archSwarms = []struct {
 	{"deepseek2", []string{"--type", "q8_0"}, []string{"0-2", "2-4", "4-6"}},
 	// MiniMax-M2's structure: experts in every layer, partial rotary.
 	{"minimax-m2", []string{"--type", "q8_0"}, []string{"0-2", "2-3", "3-6"}},
+	// Ministral 3: llama's layers, YaRN with attention temperature scaling.
+	{"mistral3", []string{"--type", "q8_0"}, []string{"0-3", "3-5", "5-6"}},
 }
 
 // TestArchitectureSwarms: for each architecture, three `meshp2p start`

@@ -45,6 +45,9 @@ var archRules = map[string]archRule{
 	"qwen2":     {covers: "Qwen2, Qwen2.5", layer: denseOrMoELayer([]string{"attn_q.bias", "attn_k.bias", "attn_v.bias"})},
 	"qwen3":     {covers: "Qwen3 dense", layer: denseOrMoELayer([]string{"attn_q_norm.weight", "attn_k_norm.weight"})},
 	"qwen3moe":  {covers: "Qwen3 MoE (30B-A3B, 235B-A22B)", layer: denseOrMoELayer([]string{"attn_q_norm.weight", "attn_k_norm.weight"})},
+	// mistral3 (Ministral 3): llama's layers; its attention temperature
+	// scaling depends on the position only. Any cut.
+	"mistral3":  {covers: "Mistral 3 (Ministral 3 3B/8B/14B)", layer: denseOrMoELayer(nil)},
 	"deepseek2": deepseek2Rule,
 	// minimax-m2 (MiniMax-M2): experts in every layer with a routing
 	// bias, q/k norms over all heads, partial rotary; output required.

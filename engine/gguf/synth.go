@@ -125,6 +125,10 @@ func (s *Spec) Validate() error {
 		if s.ExpertFF != 0 {
 			return bad("llama with experts uses ff per expert; expert-ff is for qwen3moe")
 		}
+	case "mistral3":
+		if s.ExpertFF != 0 {
+			return bad("mistral3 with experts uses ff per expert; expert-ff is for qwen3moe")
+		}
 	default:
 		if s.Experts != 0 {
 			return bad("%s has no experts (use llama or qwen3moe)", s.Arch)
@@ -252,6 +256,12 @@ func synthMetadata(s *Spec) Metadata {
 	switch a {
 	case "deepseek2":
 		md = deepseek2Metadata(md, s)
+	case "mistral3":
+		// Ministral 3's YaRN and attention temperature scaling, with an
+		// original context of 8 so that short prompts reach the scaled
+		// positions (the scale depends on the position only).
+		md = append(md, KV{a + ".rope.scaling.type", "yarn"}, KV{a + ".rope.scaling.factor", float32(4)},
+			KV{a + ".rope.scaling.original_context_length", uint32(8)}, KV{a + ".attention.temperature_scale", float32(0.1)})
 	case "minimax-m2":
 		md.Set(a+".rope.dimension_count", uint32(s.RopeDim))
 		md = append(md, KV{a + ".attention.key_length", uint32(headDim)}, KV{a + ".attention.value_length", uint32(headDim)},
