@@ -41,10 +41,10 @@ type archRule struct {
 
 // archRules are the architectures meshp2p loads.
 var archRules = map[string]archRule{
-	"llama":     {covers: "Llama 2/3.x, Mistral 7B, Mixtral, TinyLlama, stories", layer: denseOrMoELayer(nil)},
-	"qwen2":     {covers: "Qwen2, Qwen2.5", layer: denseOrMoELayer([]string{"attn_q.bias", "attn_k.bias", "attn_v.bias"})},
-	"qwen3":     {covers: "Qwen3 dense", layer: denseOrMoELayer([]string{"attn_q_norm.weight", "attn_k_norm.weight"})},
-	"qwen3moe":  {covers: "Qwen3 MoE (30B-A3B, 235B-A22B)", layer: denseOrMoELayer([]string{"attn_q_norm.weight", "attn_k_norm.weight"})},
+	"llama":    {covers: "Llama 2/3.x, Mistral 7B, Mixtral, TinyLlama, stories", layer: denseOrMoELayer(nil)},
+	"qwen2":    {covers: "Qwen2, Qwen2.5", layer: denseOrMoELayer([]string{"attn_q.bias", "attn_k.bias", "attn_v.bias"})},
+	"qwen3":    {covers: "Qwen3 dense", layer: denseOrMoELayer([]string{"attn_q_norm.weight", "attn_k_norm.weight"})},
+	"qwen3moe": {covers: "Qwen3 MoE (30B-A3B, 235B-A22B)", layer: denseOrMoELayer([]string{"attn_q_norm.weight", "attn_k_norm.weight"})},
 	// mistral3 (Ministral 3): llama's layers; its attention temperature
 	// scaling depends on the position only. Any cut.
 	"mistral3":  {covers: "Mistral 3 (Ministral 3 3B/8B/14B)", layer: denseOrMoELayer(nil)},
