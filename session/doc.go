@@ -7,22 +7,35 @@
 //
 // # Files
 //
-//	host.go       protocol ids (session, ring; a seam move re-opens with resume), the Host interface
-//	engine.go     the Engine interface the hop runs rows through
-//	defaults.go   every default and timeout, with the reason, and the timeout ladder
-//	seam.go       Seam: one stream, its writer and its lock
-//	hop.go        HopService and hopSession (state of one session epoch on a hop)
-//	admit.go      admission: checks, KV cap and per-origin quota, engine slot, epoch supersede, the accept/refuse reply
-//	connect.go    the rest of the route: stream to the next hop, the ring to the head
-//	dataplane.go  upstream frames → engine → next hop / ring; the head's token loop
-//	teardown.go   fail (report upstream once), release, blame from downstream reports
-//	migrate.go    moving a seam or ring from a relayed to a direct connection
-//	speed.go      measured decode speed (advertised for the tracker's cost model)
-//	engines.go    the layer ranges a hop serves (two while it moves): AddEngine, StopAdmitting, Drain
-//	errors.go     wire error codes for engine and stream failures
-//	ticket.go     the --require-ticket admission hook
-//	origin.go     the client side: Origin.Generate
-//	relaycheck.go an audit's check of the head's relay against the tail's signed tokens
+//	doc.go           this overview: files, goroutines, lock order
+//	host.go          protocol ids (session, ring, audit; a seam move re-opens with resume), the Host interface
+//	engine.go        the Engine and EngineSession interfaces the hop runs rows through; Key, ShardInfo
+//	defaults.go      every default and timeout, with the reason, and the timeout ladder
+//	seam.go          Seam: one stream, its writer and its two locks
+//	hop.go           HopService and hopSession (state of one session epoch on a hop)
+//	admit.go         admission: checks, KV cap and per-origin quota, engine slot, epoch supersede, the accept/refuse reply
+//	originauth.go    origin signatures on SessionOpen, freshness, the replay memory (originGuard)
+//	silence.go       the doubling refusal of origins whose sessions held a slot and sent nothing
+//	grammarbudget.go each origin's grammar time on a tail, charged when its session ends
+//	ticket.go        the --require-ticket admission hook and its nonce memory
+//	connect.go       the rest of the route: stream to the next hop, the ring to the head
+//	dataplane.go     upstream frames → engine → next hop / ring; the head's token loop and verification windows
+//	spec.go          speculation: caps, window checks, the head's proposer and windows (specHead)
+//	timing.go        HopTiming: each hop's wait, read, decode, compute, encode, write and up times
+//	transcript.go    signed transcripts: frame digests, sketches, the transcriber and the checker
+//	transcribe.go    transcripts in the data path: statements every TranscriptWindow frames and at a clean close
+//	auditstore.go    what a hop keeps for audits (bounded) and the audit protocol's handler
+//	teardown.go      fail (report upstream once), release, blame from downstream reports
+//	migrate.go       moving a seam or ring from a relayed to a direct connection
+//	speed.go         measured decode speed (advertised for the tracker's cost model)
+//	engines.go       the ranges a hop serves (two while it moves, other models beside it): AddEngine, AddModel, StopAdmitting, Drain, Retarget
+//	errors.go        wire error codes for engine and stream failures
+//	observer.go      HopObserver and OriginObserver (metrics, status), their no-op and fan-out forms
+//	origin.go        the client side: Origin.Generate (plan, open, prefill, collect tokens, re-route)
+//	failmem.go       FailureMemory: peers an origin avoids after a failure, and peers an audit convicted
+//	audit.go         the origin's audits (Auditor) and Judge, the verdict on an audit or a fraud proof
+//	replay.go        RunReplay: a hop's recorded frames run again as its data path ran them
+//	relaycheck.go    an audit's check of the head's relay against the tail's signed tokens
 //
 // # Goroutines of one session on a hop
 //
@@ -36,19 +49,41 @@
 //
 // # Lock order
 //
-// A hop has three kinds of locks, always taken in this order and never
-// held across anything listed before them:
+// A lock is only taken while holding locks of earlier levels, never the
+// other way round; locks of one level are never held together
+// (docs/locks.md lists every lock of the repository with the places each
+// pair is taken):
 //
-//  1. Seam.wmu (one per seam: up, down, ringOut, ringIn):
-//     held for the duration of one frame write, I/O included. No code holds
-//     two seams' wmu at once.
-//  2. Seam.ref: guards the stream pointer of a seam; held only to read or
-//     swap it, never during I/O. Interrupt/Reset/Close/Is/RemotePeer take
-//     only ref, which is how a blocked writer is freed. The stream itself
-//     is not handed out, so nothing writes on it without wmu.
-//  3. HopService.mu (closed flag and the active sessions map) and the
-//     speed meter's mutex: leaves, held for map and counter updates only,
-//     never while taking a seam lock or doing I/O.
+//  1. hopSession.trMu: only on the head of a session with transcripts,
+//     around each input frame (activation: digests, the engine step,
+//     sending on, the statement) and around closeTranscripts. It is held
+//     across the engine step and across the writes on the down seam (the
+//     activation, statements, the final statement, SessionClose), each
+//     bounded by WriteDeadline; docs/locks.md proposes taking the writes
+//     out of it. HopService.mu: the served engines, the closed flag, the
+//     active sessions, the quotas; never held during I/O or with a seam
+//     lock.
+//  2. Under trMu: kept.mu, specHead.mu (held across a draft model's
+//     decodes) and the down seam's Seam.wmu. Seam.wmu (one per seam: up,
+//     down, ringOut, ringIn) is held for the duration of one frame write,
+//     I/O included; no code holds two seams' wmu at once.
+//  3. auditStore.mu (under kept.mu); Seam.ref (under wmu: guards the
+//     stream pointer of a seam, held only to read or swap it, never during
+//     I/O); the speed meter's mutex (under trMu or HopService.mu); the
+//     engine's locks (under trMu, or specHead.mu for a draft model).
+//     Interrupt/Reset/Close/Is/RemotePeer take only ref, which is how a
+//     blocked writer is freed. The stream itself is not handed out, so
+//     nothing writes on it without wmu.
+//
+// Level 3 takes no lock of this package. Leaves, never held together
+// with another lock and held for their own maps only: originGuard.mu,
+// silenceMemory.mu, grammarBudget.mu, nonceMemory.mu, FailureMemory.mu,
+// Auditor.mu.
+//
+// Two sync.Once bodies block their other callers: hopSession.fail writes
+// the error report (FailWriteTimeout per write), and closeEngine closes
+// the engine session and takes grammarBudget.mu and HopService.mu (it is
+// never entered with HopService.mu held).
 //
 // Everything else a session shares travels over channels (done, released,
 // activity, ring, resumeUp, resumeRing, self) or is fixed at admission;

@@ -88,7 +88,7 @@ type HopService struct {
 	log   *slog.Logger
 	speed speedMeter
 
-	mu      sync.Mutex // guards closed, active, perPeer, unheard and engines; never held during I/O or with a seam lock
+	mu      sync.Mutex // guards info, fp, engines (admitting, pinned), moved, closed, active, perPeer, unheard; never held during I/O or with a seam lock
 	engines []*servedEngine
 	moved   map[rangeKey]time.Time // ranges drained away, when (MovedGrace)
 	closed  bool
@@ -240,7 +240,8 @@ type hopSession struct {
 	// for an audit. All nil when the session asks for no transcripts.
 	// trMu orders the head's input frames (prefill from the origin, steps
 	// from the ring) against the final statement at a clean close, after
-	// which closing drops what the ring still brings.
+	// which closing drops what the ring still brings. It is held across
+	// the engine step and the writes on the down seam (docs/locks.md).
 	tr        *transcriber
 	chk       *checker
 	kept      *kept
