@@ -36,8 +36,12 @@ type Collector struct {
 	Self     func() (Self, []route.Shard)
 	Recorder *Recorder
 
-	round  sync.Mutex // one probe round at a time: concurrent requests reuse its results
-	mu     sync.Mutex // guards probes
+	// round holds the one probe round in flight (a one-slot channel, made
+	// under mu): concurrent requests wait for it, bounded by their own
+	// context, and reuse its results. Not a mutex, so that a request
+	// whose context ends stops waiting for another's dials.
+	round  chan struct{}
+	mu     sync.Mutex // guards probes and round
 	probes map[peer.ID]probe
 }
 
@@ -277,8 +281,18 @@ func (c *Collector) peers(shards []route.Shard, live map[peer.ID]probe) []Peer {
 // pinged for RTT; the others get one bounded dial and ping. Results are
 // cached for ProbeCache.
 func (c *Collector) probeAll(ctx context.Context, shards []route.Shard) map[peer.ID]probe {
-	c.round.Lock()
-	defer c.round.Unlock()
+	c.mu.Lock()
+	if c.round == nil {
+		c.round = make(chan struct{}, 1)
+	}
+	round := c.round
+	c.mu.Unlock()
+	select {
+	case round <- struct{}{}:
+		defer func() { <-round }()
+	case <-ctx.Done():
+		return c.cachedProbes(shards)
+	}
 	out := map[peer.ID]probe{}
 	addrs := map[peer.ID]peer.AddrInfo{}
 	for _, s := range shards {
@@ -368,3 +382,24 @@ func gapText(gaps []Run) string {
 }
 
 func itoa(i int) string { return strconv.Itoa(i) }
+
+// cachedProbes is probeAll without probing: cached results, else whether
+// the peer is connected (a request whose context ended while another
+// round ran).
+func (c *Collector) cachedProbes(shards []route.Shard) map[peer.ID]probe {
+	now := time.Now()
+	out := map[peer.ID]probe{}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, s := range shards {
+		if s.Peer == c.P2P.ID() {
+			continue
+		}
+		if pr, ok := c.probes[s.Peer]; ok && now.Sub(pr.at) < ProbeCache {
+			out[s.Peer] = pr
+			continue
+		}
+		out[s.Peer] = probe{at: now, live: c.P2P.ConnStatus(s.Peer).Path != p2p.PathNone}
+	}
+	return out
+}

@@ -77,3 +77,30 @@ func TestCollectorProbesPeers(t *testing.T) {
 		t.Fatal("the probe did not connect to the live peer")
 	}
 }
+
+// A request whose context ends while another request's probe round runs
+// stops waiting for it (docs/locks.md: the round was a mutex held across
+// up to 64 dials) and answers from what needs no probe: cached results,
+// else whether the peer is connected.
+func TestCollectorWaitBoundedByContext(t *testing.T) {
+	self, alive := newHost(t), newHost(t)
+	tab := route.NewTable()
+	tab.Set(alive.ID(), []route.Shard{{Peer: alive.ID(), Fingerprint: "fp", ModelName: "m", NLayer: 4, Start: 0, End: 4,
+		Addrs: alive.Host().Addrs(), ExpiresAt: time.Now().Add(time.Minute)}})
+	c := &Collector{P2P: self, Table: tab}
+	c.probeAll(context.Background(), nil) // makes the round
+	c.round <- struct{}{}                 // another request's round, never ending
+	defer func() { <-c.round }()
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	done := make(chan map[peer.ID]probe, 1)
+	go func() { done <- c.probeAll(ctx, tab.Shards("")) }()
+	select {
+	case got := <-done:
+		if pr, ok := got[alive.ID()]; !ok || pr.live {
+			t.Fatalf("answer without probing: %+v (the peer is not connected)", got)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("a request whose context ended still waits for another's probe round")
+	}
+}
