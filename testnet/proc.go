@@ -393,4 +393,3 @@ func (t *Topology) Procs() []*Proc {
 	defer t.mu.Unlock()
 	return append([]*Proc(nil), t.procs...)
 }
-

@@ -198,4 +198,3 @@ func (t *Tracker) handleProof(s network.Stream) {
 	t.log.Warn("fraud proof verified: no tickets through this peer from now on", "peer", who, "from", s.Conn().RemotePeer(), "reason", reason)
 	answer(&meshp2pb.ProofVerdict{Convicted: true, PeerId: []byte(who), Reason: reason})
 }
-
