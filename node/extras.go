@@ -80,11 +80,11 @@ func (n *Node) extraFPs() map[string]bool {
 // and tensors served, advertised.
 func (n *Node) loadExtra(ctx context.Context, m catalogModel) error {
 	r := gguf.Range{Start: 0, End: m.nLayer}
-	path, err := n.cutModelShard(ctx, m.path, m.fp, r)
+	path, err := n.loader.cut(ctx, m.path, m.fp, r)
 	if err != nil {
 		return err
 	}
-	ls, err := n.loadWindow(ctx, path)
+	ls, err := n.loader.load(ctx, path)
 	if err != nil {
 		return err
 	}
@@ -92,7 +92,7 @@ func (n *Node) loadExtra(ctx context.Context, m catalogModel) error {
 		ls.close()
 		return err
 	}
-	vp := n.vocabFileOf(m.fp)
+	vp := n.loader.vocabFile(m.fp)
 	hasVocab := false
 	if err := writeVocab(ctx, m.path, vp, m.fp, n.log); err != nil {
 		n.log.Warn("vocabulary of the extra model not served", "model", m.name, "err", err)

@@ -440,9 +440,9 @@ func (c *placementController) switchModel(ctx context.Context, m catalogModel, l
 	if err := c.node.publish(); err != nil {
 		c.log.Warn("advertise planned window", "err", err)
 	}
-	path, err := c.node.cutModelShard(ctx, m.path, m.fp, r)
+	path, err := c.loader.cut(ctx, m.path, m.fp, r)
 	if err == nil {
-		err = c.node.checkDevice(path)
+		err = c.loader.checkDevice(path)
 	}
 	if err != nil {
 		c.setSwitching(nil)
@@ -464,7 +464,7 @@ func (c *placementController) switchModel(ctx context.Context, m catalogModel, l
 	if err := c.node.publish(); err != nil {
 		c.log.Warn("advertise planned window", "err", err)
 	}
-	ls, err := c.node.loadWindow(ctx, path)
+	ls, err := c.loader.load(ctx, path)
 	if err == nil {
 		if _, err = c.node.swapWindow(ctx, ls, c.served); err != nil {
 			ls.close()
@@ -486,7 +486,7 @@ func (c *placementController) switchModel(ctx context.Context, m catalogModel, l
 	c.resize(prev)
 	c.node.modelServed(ctx)
 	if released {
-		back, lerr := c.node.loadWindow(ctx, oldPath)
+		back, lerr := c.loader.load(ctx, oldPath)
 		if lerr == nil {
 			if _, lerr = c.node.swapWindow(ctx, back, func(*gguf.Range) {}); lerr != nil {
 				back.close()

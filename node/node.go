@@ -119,11 +119,12 @@ func (c *Config) hopEngine(e session.Engine) session.Engine {
 
 // Node is a running meshp2p node.
 type Node struct {
-	cfg   Config
-	log   *slog.Logger
-	p2p   *p2p.Node
-	host  *p2p.StreamHost
-	table *route.Table
+	cfg    Config
+	log    *slog.Logger
+	loader *windowLoader
+	p2p    *p2p.Node
+	host   *p2p.StreamHost
+	table  *route.Table
 
 	// mu guards model, shard, shardPath, calibration and vocabPath: a
 	// move swaps the served window (window.go). Lock order: mu before
@@ -184,6 +185,7 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 		n.failures = session.NewFailureMemory(0, 0)
 	}
 	n.cfg = n.observe(cfg)
+	n.loader = newWindowLoader(n.cfg)
 	if n.cfg.ModelPath == "" && n.cfg.Fetch != nil {
 		if err := n.fetchFirst(ctx); err != nil {
 			return nil, err
@@ -330,7 +332,7 @@ func (n *Node) fetchFirst(ctx context.Context) error {
 	if n.cfg.Layers == nil && n.cfg.Placement != nil {
 		pcfg := *n.cfg.Placement
 		pcfg.Device = n.cfg.Device
-		pc = newPlacementController(n, p2pSwarm{n.p2p}, n.log, &pcfg, f.bootstrap, nil)
+		pc = newPlacementController(n, n.loader, p2pSwarm{n.p2p}, n.log, &pcfg, f.bootstrap, nil)
 		n.place = pc // its planned window is advertised while it fetches
 		f.choose = func(ctx context.Context, hf *gguf.File, fp string) (gguf.Range, error) {
 			sz, in, err := fileSizing(hf, n.cfg.Engine)
@@ -427,7 +429,7 @@ func (n *Node) serveLoaded(bg context.Context) error {
 	}
 	pc := n.place
 	if pc == nil {
-		pc = newPlacementController(n, p2pSwarm{n.p2p}, n.log, nil, len(n.cfg.P2P.Bootstrap) > 0, n.cutShard)
+		pc = newPlacementController(n, n.loader, p2pSwarm{n.p2p}, n.log, nil, len(n.cfg.P2P.Bootstrap) > 0, n.cutShard)
 		n.place = pc
 	}
 	pc.setLoading(nil) // a fetched window was advertised as planned while it came
@@ -459,13 +461,13 @@ func (n *Node) loadShard(ctx context.Context) error {
 		return err
 	}
 	n.fp, n.nLayer, n.shardPath = fp, nl, path
-	ls, err := n.loadWindow(ctx, path)
+	ls, err := n.loader.load(ctx, path)
 	if err != nil {
 		return err
 	}
 	n.model, n.shard, n.calibration = ls.model, ls.shard, ls.calibration
 	if n.model.Info().HasVocab {
-		vp := n.vocabFile()
+		vp := n.loader.vocabFile(n.fp)
 		if err := writeVocab(ctx, path, vp, fp, n.log); err != nil {
 			return err
 		}

@@ -74,9 +74,9 @@ func (c Config) places() bool {
 }
 
 // windowHost is what the placement controller needs of the node (the
-// serving side): the model it serves, the window it serves now, loading a
-// shard file, swapping it in, retiring the old one, and the advert.
-// *Node implements it (window.go).
+// serving side): the model it serves, the window it serves now, swapping
+// a loaded one in (the controller's windowLoader loads it), retiring the
+// old one, and the advert. *Node implements it (window.go).
 type windowHost interface {
 	// servedModel is the served model's fingerprint and layer count.
 	servedModel() (fp string, nLayer int)
@@ -84,8 +84,6 @@ type windowHost interface {
 	// in ms (measured by the hop, else the start-up calibration); ok is
 	// false while none is loaded.
 	servedWindow() (r gguf.Range, msPerLayer float64, ok bool)
-	// loadWindow loads and calibrates the shard file at path.
-	loadWindow(ctx context.Context, path string) (*loadedShard, error)
 	// swapWindow serves ls: as the first window (a new hop service), or
 	// beside the window served now, on which the hop stops admitting. It
 	// returns that old window (nil for the first). commit runs under the
@@ -109,12 +107,6 @@ type windowHost interface {
 	// besides its window (the vocabulary) once its first window is in.
 	setModel(m catalogModel)
 	modelServed(ctx context.Context)
-	// cutModelShard cuts (or finds cached) window r of the whole model
-	// file at path, whose fingerprint must be fp; checkDevice refuses a
-	// shard file the node's device cannot hold (before anything is
-	// released for it).
-	cutModelShard(ctx context.Context, path, fp string, r gguf.Range) (string, error)
-	checkDevice(path string) error
 	// extraFPs, loadExtra and releaseExtra serve other models whole
 	// beside the node's own (extras.go).
 	extraFPs() map[string]bool
@@ -132,9 +124,11 @@ type windowHost interface {
 // swapWindow's commit); the controller never calls the node while holding
 // mu.
 type placementController struct {
-	node  windowHost
-	swarm swarm
-	log   *slog.Logger
+	node windowHost
+	// loader cuts, checks and loads the windows the node moves to.
+	loader *windowLoader
+	swarm  swarm
+	log    *slog.Logger
 	// bootstrap: the node has bootstrap peers to settle with.
 	bootstrap bool
 	auto      bool
@@ -189,9 +183,9 @@ type placementController struct {
 
 // newPlacementController returns the controller of a node's window; cfg
 // nil: the node was given its layers (no automatic placement).
-func newPlacementController(node windowHost, sw swarm, log *slog.Logger, cfg *PlacementConfig, bootstrap bool,
+func newPlacementController(node windowHost, ld *windowLoader, sw swarm, log *slog.Logger, cfg *PlacementConfig, bootstrap bool,
 	shardFor func(ctx context.Context, r gguf.Range) (string, error)) *placementController {
-	c := &placementController{node: node, swarm: sw, log: log, bootstrap: bootstrap, shardFor: shardFor,
+	c := &placementController{node: node, loader: ld, swarm: sw, log: log, bootstrap: bootstrap, shardFor: shardFor,
 		lastAsked: map[string]time.Time{}, started: time.Now(), failedAt: map[string]time.Time{},
 		extraFailedAt: map[string]time.Time{}}
 	if cfg != nil {
@@ -318,7 +312,7 @@ func (c *placementController) load(ctx context.Context, r gguf.Range) (*loadedSh
 	if err != nil {
 		return nil, err
 	}
-	return c.node.loadWindow(ctx, path)
+	return c.loader.load(ctx, path)
 }
 
 // served is the commit of a first window: it is no longer planned.
@@ -504,10 +498,10 @@ func (c *placementController) move(ctx context.Context, to gguf.Range, releaseFi
 			c.log.Info("placement: released the old window first (both do not fit the budget)", "from", r.String(), "sessions_ended_by_drain", ended)
 		}
 	}
-	ls, err := c.node.loadWindow(ctx, path)
+	ls, err := c.loader.load(ctx, path)
 	if err != nil && released != nil {
 		// Serve the old window again rather than nothing.
-		if back, berr := c.node.loadWindow(ctx, oldPath); berr == nil {
+		if back, berr := c.loader.load(ctx, oldPath); berr == nil {
 			if _, serr := c.node.swapWindow(ctx, back, func(*gguf.Range) {}); serr != nil {
 				back.close()
 			}

@@ -3,40 +3,19 @@ package node
 import (
 	"context"
 	"fmt"
-	"log/slog"
-	"os"
-	"path/filepath"
 	"time"
 
 	"github.com/neuron-tai/meshp2p/engine"
 	"github.com/neuron-tai/meshp2p/engine/gguf"
-	"github.com/neuron-tai/meshp2p/node/shardengine"
 	"github.com/neuron-tai/meshp2p/session"
 )
 
-// The serving side of the node's layer window: loading a shard, serving
-// it on the hop, swapping it for another, and what the node reports about
-// it. Where the window goes is the placementController's (placement.go),
+// The serving side of the node's layer window: serving a loaded shard
+// (loader.go) on the hop, swapping it for another, and what the node
+// reports about it. Where the window goes is the placementController's (placement.go),
 // which reaches the node through windowHost.
 
 var _ windowHost = (*Node)(nil)
-
-// loadedShard is one loaded layer window.
-type loadedShard struct {
-	model       *engine.Model
-	shard       *engine.Shard
-	path        string
-	calibration time.Duration
-}
-
-func (ls *loadedShard) close() {
-	ls.shard.Close()
-	ls.model.Close()
-}
-
-func (ls *loadedShard) engine() session.Engine {
-	return shardengine.Engine{Model: ls.model, Shard: ls.shard}
-}
 
 // servedModel is the served model's fingerprint and layer count (set during
 // Start, before anything runs concurrently).
@@ -62,29 +41,6 @@ func (n *Node) servedWindow() (gguf.Range, float64, bool) {
 		return r, float64(measured), true
 	}
 	return r, float64(float32(float64(cal.Microseconds()) / 1000 / float64(max(1, r.Len())))), true
-}
-
-// loadWindow loads the shard file at path and measures its decode speed.
-func (n *Node) loadWindow(ctx context.Context, path string) (*loadedShard, error) {
-	ls := &loadedShard{path: path}
-	if err := n.checkDevice(path); err != nil {
-		return nil, err
-	}
-	var err error
-	if ls.model, err = engine.LoadModel(ctx, path, engine.LoadOptions{NoMmap: n.cfg.NoMmap, Device: n.cfg.Device}); err != nil {
-		return nil, err
-	}
-	if ls.shard, err = engine.NewShard(ctx, ls.model, n.cfg.Engine); err != nil {
-		ls.model.Close()
-		return nil, err
-	}
-	if ls.calibration, err = ls.shard.MeasureDecode(ctx, calibrationRows); err != nil {
-		ls.close()
-		return nil, fmt.Errorf("measuring decode speed: %w", err)
-	}
-	i := ls.shard.Info()
-	n.log.Info("shard ready", "range", gguf.Range{Start: i.Start, End: i.End}.String(), "decode_ms_per_token", float64(ls.calibration.Microseconds())/1000)
-	return ls, nil
 }
 
 // swapWindow implements windowHost: the first window gets a new hop
@@ -175,38 +131,7 @@ func (n *Node) windowMoved() {
 // cutShard cuts (or finds cached) the shard for r from the whole model
 // file: the placement controller's shardFor for a node with the file.
 func (n *Node) cutShard(ctx context.Context, r gguf.Range) (string, error) {
-	return n.cutModelShard(ctx, n.cfg.ModelPath, n.fp, r)
-}
-
-// cutModelShard implements windowHost: window r of the whole model file
-// at path, which must still be model fp.
-func (n *Node) cutModelShard(ctx context.Context, path, want string, r gguf.Range) (string, error) {
-	shard, fp, _, err := prepareShard(ctx, n.cfg.P2P.DataDir, path, r, n.cfg.SplitProgress, n.log)
-	if err != nil {
-		return "", err
-	}
-	if fp != want {
-		return "", fmt.Errorf("model file %s changed: fingerprint %.16s, expected %.16s", path, fp, want)
-	}
-	return shard, nil
-}
-
-// checkDevice implements windowHost: a GPU's memory is not the page
-// cache: a window that does not fit fails here, with the numbers, not in
-// the backend.
-func (n *Node) checkDevice(path string) error {
-	dev := n.cfg.Device
-	if dev.IsCPU() {
-		return nil
-	}
-	need, err := deviceNeed(path, n.cfg.Engine)
-	if err != nil {
-		return err
-	}
-	if err := dev.CheckFits(uint64(need)); err != nil {
-		return fmt.Errorf("shard %s on %s: %w", filepath.Base(path), dev.Name, err)
-	}
-	return nil
+	return n.loader.cut(ctx, n.cfg.ModelPath, n.fp, r)
 }
 
 // startPlaced makes a node with the whole model file choose its window,
@@ -228,7 +153,7 @@ func (n *Node) startPlaced(ctx, bg context.Context) error {
 		c.Device = cfg.Device
 		pcfg = &c
 	}
-	pc := newPlacementController(n, p2pSwarm{n.p2p}, n.log, pcfg, len(cfg.P2P.Bootstrap) > 0, n.cutShard)
+	pc := newPlacementController(n, n.loader, p2pSwarm{n.p2p}, n.log, pcfg, len(cfg.P2P.Bootstrap) > 0, n.cutShard)
 	src, err := pc.size(sz, in.NEmbd, in.Architecture)
 	if err != nil {
 		return err
@@ -292,7 +217,7 @@ func (n *Node) modelServed(ctx context.Context) { n.serveModelVocab(ctx) }
 // serveModelVocab serves the vocabulary of a self-placing node, which
 // holds the whole model file, whatever window it is on.
 func (n *Node) serveModelVocab(ctx context.Context) {
-	vp := n.vocabFile()
+	vp := n.loader.vocabFile(n.fp)
 	if err := writeVocab(ctx, n.cfg.ModelPath, vp, n.fp, n.log); err != nil {
 		n.log.Warn("vocabulary not served", "err", err)
 		return
@@ -302,36 +227,6 @@ func (n *Node) serveModelVocab(ctx context.Context) {
 		n.vocabPath = vp
 		n.mu.Unlock()
 	}
-}
-
-// vocabFile is where the node keeps its model's vocabulary.
-func (n *Node) vocabFile() string { return n.vocabFileOf(n.fp) }
-
-// vocabFileOf is where the node keeps model fp's vocabulary.
-func (n *Node) vocabFileOf(fp string) string {
-	return filepath.Join(n.cfg.P2P.DataDir, "shards", fp[:16], "vocab.gguf")
-}
-
-// writeVocab writes (once; a cached one is checked against the model, and
-// rewritten when it does not belong to it: a truncated write or a file
-// swapped in the data dir would otherwise be handed out) the vocabulary
-// of the model at path to vp.
-func writeVocab(ctx context.Context, path, vp, fp string, log *slog.Logger) error {
-	if err := os.MkdirAll(filepath.Dir(vp), 0o755); err != nil {
-		return err
-	}
-	if _, err := os.Stat(vp); err == nil {
-		cerr := gguf.CheckVocab(ctx, vp, fp)
-		if cerr == nil {
-			return nil
-		}
-		log.Warn("cached vocabulary does not match the model; rewriting it", "file", vp, "err", cerr)
-		_ = os.Remove(vp)
-	}
-	if err := gguf.WriteVocab(ctx, path, vp); err != nil {
-		return fmt.Errorf("write vocabulary: %w", err)
-	}
-	return nil
 }
 
 // serveVocabOf starts serving the vocabulary of a fetched node that had
@@ -345,7 +240,7 @@ func (n *Node) serveVocabOf(ctx context.Context, ls *loadedShard) {
 	if have || !ls.model.Info().HasVocab {
 		return
 	}
-	vp := n.vocabFile()
+	vp := n.loader.vocabFile(n.fp)
 	if err := writeVocab(ctx, ls.path, vp, n.fp, n.log); err != nil {
 		n.log.Warn("vocabulary not served", "err", err)
 		return
@@ -398,31 +293,4 @@ func (n *Node) RebalanceInterval() time.Duration {
 		return 0
 	}
 	return n.place.interval()
-}
-
-// deviceNeed is what the shard file at path takes on a GPU: its layers'
-// weights and KV cache, the compute buffers and, on a tail (its range is the
-// end of the model), the output matrix and logits. Token embeddings stay on
-// the CPU (llama.cpp keeps the input layer there), and a shard file is
-// not a whole model: Sizing.Need over the file alone would count a head's
-// embeddings twice (as a tied output) and a tail's head part.
-func deviceNeed(path string, ec engine.Config) (int64, error) {
-	f, err := gguf.Open(path)
-	if err != nil {
-		return 0, err
-	}
-	defer f.Close()
-	sz, _, err := fileSizing(f, ec)
-	if err != nil {
-		return 0, err
-	}
-	need := sz.FixedBytes
-	for _, b := range sz.LayerBytes {
-		need += b + sz.KVBytesPerLayer + sz.KVScratchBytesPerLayer
-	}
-	// A shard file says its range; a whole model is its own tail.
-	if si, err := gguf.ReadShardInfo(f.Metadata); err != nil || si.Range.End == si.ParentNLayer {
-		need += sz.TailBytes + sz.TailFixedBytes
-	}
-	return need, nil
 }
