@@ -161,3 +161,66 @@ func deviceNeed(path string, ec engine.Config) (int64, error) {
 	}
 	return need, nil
 }
+
+// loadFixed loads the window of a node given its layers (or a pre-cut
+// shard, or the window it fetched) and says whose it is (fixedShard).
+func (l *windowLoader) loadFixed(ctx context.Context, modelPath string, layers *gguf.Range, name string) (*loadedShard, ownModel, error) {
+	if err := os.MkdirAll(l.dataDir, 0o700); err != nil {
+		return nil, ownModel{}, err
+	}
+	path, m, err := l.fixedShard(ctx, modelPath, layers)
+	if err != nil {
+		return nil, ownModel{}, err
+	}
+	m.name = modelName(name, modelPath)
+	ls, err := l.load(ctx, path)
+	return ls, m, err
+}
+
+// fixedShard is the shard a node given its layers serves: modelPath
+// itself when it is a pre-cut shard (its proof checked), else the layers
+// window (nil: all) split from the whole model into the data dir
+// (cached). It also reads or builds the model's manifest, which peers
+// fetching only their layers verify against.
+func (l *windowLoader) fixedShard(ctx context.Context, modelPath string, layers *gguf.Range) (string, ownModel, error) {
+	f, err := gguf.Open(modelPath)
+	if err != nil {
+		return "", ownModel{}, err
+	}
+	nl, err := f.NLayer()
+	_, shardErr := gguf.ReadShardInfo(f.Metadata)
+	f.Close()
+	if err != nil {
+		return "", ownModel{}, err
+	}
+	if shardErr == nil {
+		// A pre-cut shard (meshp2p shard split): serve it as it is, after
+		// checking its proof, so a machine needs only its own layers.
+		si, err := gguf.VerifyShard(ctx, modelPath)
+		if err != nil {
+			return "", ownModel{}, fmt.Errorf("%s: %w", modelPath, err)
+		}
+		if layers != nil && *layers != si.Range {
+			return "", ownModel{}, fmt.Errorf("%s holds layers %s, not --layers %s", modelPath, si.Range, *layers)
+		}
+		m := ownModel{fp: si.ParentFingerprint, nLayer: si.ParentNLayer}
+		l.log.Info("serving a pre-cut shard", "path", modelPath, "range", si.Range.String(), "model", m.fp)
+		if mf, err := gguf.ReadManifestFile(manifestPath(l.dataDir, m.fp), m.fp); err == nil {
+			m.manifest = mf.Marshal()
+		}
+		return modelPath, m, nil
+	}
+	r := gguf.Range{Start: 0, End: nl}
+	if layers != nil {
+		r = *layers
+	}
+	path, fp, nl, err := prepareShard(ctx, l.dataDir, modelPath, r, l.progress, l.log)
+	if err != nil {
+		return "", ownModel{}, err
+	}
+	m := ownModel{fp: fp, nLayer: nl, file: modelPath}
+	if m.manifest, err = ensureManifest(ctx, l.dataDir, modelPath, fp); err != nil {
+		return "", ownModel{}, fmt.Errorf("manifest: %w", err)
+	}
+	return path, m, nil
+}
