@@ -101,6 +101,10 @@ func TestModelSwitch(t *testing.T) {
 	if seen[fpA] != "served" || seen[fpB] != "served" {
 		t.Fatalf("demand in the client's status: %+v", doc.Demand)
 	}
+	// The switch released A at onB: no registry there serves it any more.
+	if s := servedOf(t, c, onB, fpA, nlA, firstTensor(t, a), true); s.vocab || s.manifest || s.tensor || s.session || s.advert {
+		t.Fatalf("the node that switched to B still serves A: %+v", s)
+	}
 }
 
 // What a node with several models cannot do is refused before it starts.
