@@ -140,7 +140,7 @@ $(DEADCODE):
 # functions over 80 lines and the methods of node.Node, at most the ceilings
 # below. Lower a ceiling in the commit that lowers its count.
 MAX_LONG_FUNCS   ?= 0
-MAX_NODE_METHODS ?= 76
+MAX_NODE_METHODS ?= 26
 MAX_TEST_ONLY_FUNCS ?= 23
 lint: $(GENERATED) $(STATICCHECK) $(DEADCODE)
 	$(STATICCHECK) ./...

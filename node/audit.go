@@ -6,11 +6,19 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
+	"time"
+
+	"github.com/libp2p/go-libp2p/core/peer"
 
 	"github.com/neuron-tai/meshp2p/engine"
 	"github.com/neuron-tai/meshp2p/engine/gguf"
 	"github.com/neuron-tai/meshp2p/node/shardengine"
+	"github.com/neuron-tai/meshp2p/p2p"
+	"github.com/neuron-tai/meshp2p/proofgossip"
+	"github.com/neuron-tai/meshp2p/proto/meshp2pb"
+	"github.com/neuron-tai/meshp2p/route"
 	"github.com/neuron-tai/meshp2p/session"
 )
 
@@ -204,5 +212,92 @@ func (a *AuditEngines) Close() {
 	a.mu.Unlock()
 	for _, s := range all {
 		s.close()
+	}
+}
+
+// audits are a node's audits of its origins' generations (docs/trust.md):
+// the auditor, the layers it replays hops with, and the fraud proofs
+// gossiped without a tracker (proofgossip).
+type audits struct {
+	auditor *session.Auditor
+	engines *AuditEngines
+	proofs  *proofgossip.Gossip // nil when the proofs topic could not be joined
+}
+
+// startAudits sets up the audits of a node's origins: served gives the
+// node's own window, failures is their memory of blamed and convicted
+// peers.
+func startAudits(cfg Config, p *p2p.Node, host session.Host, table *route.Table, failures *session.FailureMemory,
+	served func() (session.Engine, string)) *audits {
+	models := slices.Clone(cfg.AuditModels)
+	if cfg.ModelPath != "" {
+		models = append(models, cfg.ModelPath)
+	}
+	// One thread unless the node's engine says otherwise: an audit is one
+	// hop's steps, and an origin's replays must not spin a thread pool
+	// against the hops' (8 generate processes on 2 cores slowed to a crawl).
+	a := &audits{engines: &AuditEngines{Models: models, DataDir: cfg.P2P.DataDir, Threads: max(1, cfg.Engine.Threads), Logger: cfg.Logger,
+		ServedClass: cfg.Device.KernelClass(), Served: served}}
+	a.auditor = &session.Auditor{Rate: cfg.AuditRate, Engines: a.engines, OnReport: cfg.OnAudit,
+		Protocol: host.ProtocolID(session.ProtoAudit, session.ProtoVersion)}
+	// Fraud proofs travel without a tracker: this node's convictions are
+	// published, and others' are replayed here when this node holds the
+	// layers.
+	g, err := proofgossip.Start(context.Background(), p.Discovery(), p.ID(), proofgossip.Config{
+		Judge: func(ctx context.Context, pr *meshp2pb.Proof) (session.Verdict, error) {
+			return session.Judge(ctx, pr, a.engines)
+		},
+		Convict:   func(pid peer.ID, _ string) { failures.Convict(pid) },
+		Suspect:   failures.Blame,
+		Convicted: failures.Convicted,
+		Serving: func(pid peer.ID) bool {
+			return slices.ContainsFunc(table.Shards(""), func(s route.Shard) bool { return s.Peer == pid })
+		},
+		Logger: cfg.Logger,
+	})
+	if err != nil {
+		cfg.Logger.Warn("fraud proofs will not be gossiped", "err", err)
+		return a
+	}
+	a.proofs = g
+	a.auditor.OnReport = func(r session.AuditReport) {
+		if r.Proof != nil {
+			publishProof(g, r, cfg.Logger)
+		}
+		if cfg.OnAudit != nil {
+			cfg.OnAudit(r)
+		}
+	}
+	return a
+}
+
+// publishProof gossips the fraud proof of audit report r.
+func publishProof(g *proofgossip.Gossip, r session.AuditReport, log *slog.Logger) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := g.Publish(ctx, r.Proof); err != nil {
+		log.Warn("could not gossip the fraud proof", "peer", r.Peer, "err", err)
+	}
+}
+
+// wait blocks until the audits started ended (nil: none).
+func (a *audits) wait() {
+	if a != nil {
+		a.auditor.Wait()
+	}
+}
+
+// stop leaves the proofs topic (before the host closes).
+func (a *audits) stop() {
+	if a != nil {
+		a.proofs.Close()
+	}
+}
+
+// close waits for the audits and closes the windows they loaded.
+func (a *audits) close() {
+	if a != nil {
+		a.auditor.Wait()
+		a.engines.Close()
 	}
 }

@@ -118,7 +118,7 @@ func thinClientPrompt(t *testing.T, c *Node, fp, text string) []int32 {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	path, err := vocab.Fetch(ctx, c.Host(), holder, fp, t.TempDir())
+	path, err := vocab.Fetch(ctx, c.host, holder, fp, t.TempDir())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -347,7 +347,7 @@ func TestHopRefusesMismatch(t *testing.T) {
 	// pretending to be the first.
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	s, err := c.Host().NewStream(ctx, b.P2P().ID(), c.Host().ProtocolID(session.ProtoSession, session.ProtoVersion))
+	s, err := c.host.NewStream(ctx, b.P2P().ID(), c.host.ProtocolID(session.ProtoSession, session.ProtoVersion))
 	if err != nil {
 		t.Fatal(err)
 	}

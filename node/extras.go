@@ -8,6 +8,8 @@ import (
 	"slices"
 	"time"
 
+	"github.com/libp2p/go-libp2p/core/peer"
+
 	"github.com/neuron-tai/meshp2p/engine/gguf"
 	"github.com/neuron-tai/meshp2p/placement"
 	"github.com/neuron-tai/meshp2p/proto/meshp2pb"
@@ -64,93 +66,70 @@ func extraPlan(own string, ownWhole bool, spare int64, loads []placement.ModelLo
 	return best, release
 }
 
-// extraFPs lists the fingerprints of the extras served now.
-func (n *Node) extraFPs() map[string]bool {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	out := map[string]bool{}
-	for fp := range n.extras {
-		out[fp] = true
-	}
-	return out
-}
-
-// loadExtra serves model m whole beside the node's own: cut (cached),
+// addExtra serves model m whole beside the own model: cut (cached),
 // checked against the device, loaded, added to the hop, its vocabulary
 // and tensors served, advertised.
-func (n *Node) loadExtra(ctx context.Context, m catalogModel) error {
-	r := gguf.Range{Start: 0, End: m.nLayer}
-	path, err := n.cutModelShard(ctx, m.path, m.fp, r)
+func (s *served) addExtra(ctx context.Context, m catalogModel) error {
+	path, err := s.loader.cut(ctx, m.path, m.fp, gguf.Range{Start: 0, End: m.nLayer})
 	if err != nil {
 		return err
 	}
-	ls, err := n.loadWindow(ctx, path)
+	ls, err := s.loader.load(ctx, path)
 	if err != nil {
 		return err
 	}
-	if err := n.hop.AddModel(m.fp, n.cfg.hopEngine(ls.engine())); err != nil {
+	if err := s.hopService().AddModel(m.fp, s.wrap(ls.engine())); err != nil {
 		ls.close()
 		return err
 	}
-	vp := n.vocabFileOf(m.fp)
+	vp := s.loader.vocabFile(m.fp)
 	hasVocab := false
-	if err := writeVocab(ctx, m.path, vp, m.fp, n.log); err != nil {
-		n.log.Warn("vocabulary of the extra model not served", "model", m.name, "err", err)
-	} else if err := n.vocab.Add(m.fp, vp); err != nil {
-		n.log.Warn("vocabulary of the extra model not served", "model", m.name, "err", err)
+	if err := writeVocab(ctx, m.path, vp, m.fp, s.log); err != nil {
+		s.log.Warn("vocabulary of the extra model not served", "model", m.name, "err", err)
+	} else if err := s.vocab.Add(m.fp, vp); err != nil {
+		s.log.Warn("vocabulary of the extra model not served", "model", m.name, "err", err)
 	} else {
 		hasVocab = true
 	}
-	if mb, err := ensureManifest(ctx, n.cfg.P2P.DataDir, m.path, m.fp); err == nil {
-		_ = n.fetchSrv.Add(m.fp, path, mb)
+	if mb, err := ensureManifest(ctx, s.loader.dataDir, m.path, m.fp); err == nil {
+		_ = s.fetch.Add(m.fp, path, mb)
 	}
-	n.mu.Lock()
-	if n.extras == nil {
-		n.extras = map[string]*extraModel{}
-	}
-	n.extras[m.fp] = &extraModel{m: m, ls: ls, hasVocab: hasVocab}
-	n.mu.Unlock()
-	if err := n.publish(); err != nil {
-		n.log.Warn("advertise the extra model", "err", err)
-	}
-	n.windowMoved()
+	s.mu.Lock()
+	s.extras[m.fp] = &extraModel{m: m, ls: ls, hasVocab: hasVocab}
+	s.mu.Unlock()
+	s.advertise("advertise the extra model")
 	return nil
 }
 
-// releaseExtra stops serving extra model fp: it leaves the advert, its
-// sessions drain (ended after DrainTimeout: their origins re-route), and
-// it is closed. It returns how many sessions the drain ended.
-func (n *Node) releaseExtra(ctx context.Context, fp string) int {
-	n.mu.Lock()
-	e := n.extras[fp]
-	delete(n.extras, fp)
-	n.mu.Unlock()
+// releaseExtra stops serving extra model fp: its vocabulary and tensors
+// are no longer served, it leaves the advert, its sessions drain (ended
+// after DrainTimeout: their origins re-route), and it is closed. It
+// returns how many sessions the drain ended.
+func (s *served) releaseExtra(ctx context.Context, fp string) int {
+	s.mu.Lock()
+	e, hop := s.extras[fp], s.hop
+	delete(s.extras, fp)
+	s.mu.Unlock()
 	if e == nil {
 		return 0
 	}
-	// Everything registered for it goes with it: the vocabulary and the
-	// tensors other nodes fetch (a released extra stayed served there).
-	n.vocab.Remove(fp)
-	n.fetchSrv.Remove(fp)
-	if err := n.publish(); err != nil {
-		n.log.Warn("advertise without the extra model", "err", err)
-	}
+	s.vocab.Remove(fp)
+	s.fetch.Remove(fp)
+	s.advertise("advertise without the extra model")
 	dctx, cancel := context.WithTimeout(ctx, DrainTimeout)
-	ended := n.hop.DrainModel(dctx, fp, 0, e.m.nLayer)
+	ended := hop.DrainModel(dctx, fp, 0, e.m.nLayer)
 	cancel()
 	e.ls.close()
-	n.windowMoved()
 	return ended
 }
 
-// extraShardsLocked are the extras' shards for the advert (n.mu held).
-func (n *Node) extraShardsLocked() []*meshp2pb.ShardAdvert {
+// extraShardsLocked are the extras' shards for the advert (mu held).
+func (s *served) extraShardsLocked(pl *placementController) []*meshp2pb.ShardAdvert {
 	var out []*meshp2pb.ShardAdvert
-	for _, fp := range sortedKeys(n.extras) {
-		e := n.extras[fp]
-		info := e.ls.shard.Info()
-		c := e.ls.shard.Capacity()
-		sa := n.shardAdvertOf(e.m.fp, e.m.name, e.m.nLayer, info.Start, info.End, info.NEmbd, info.Arch)
+	for _, fp := range sortedKeys(s.extras) {
+		e := s.extras[fp]
+		info, c := e.ls.shard.Info(), e.ls.shard.Capacity()
+		sa := s.shardAdvertLocked(pl, e.m.fp, e.m.name, e.m.nLayer, info)
 		sa.HasVocab = e.hasVocab
 		sa.PlacementBudget = 0 // served whole, never moved by heal plans
 		sa.Capacity = &meshp2pb.ShardCapacity{FreeSessions: uint32(c.FreeSessions), MaxSessions: uint32(c.MaxSessions),
@@ -164,23 +143,29 @@ func (n *Node) extraShardsLocked() []*meshp2pb.ShardAdvert {
 
 // extraCapacities is the extras' capacity now, for the advert loop's
 // change check.
-func (n *Node) extraCapacities() []string {
-	n.mu.Lock()
-	defer n.mu.Unlock()
+func (s *served) extraCapacities() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	var out []string
-	for _, fp := range sortedKeys(n.extras) {
-		c := n.extras[fp].ls.shard.Capacity()
+	for _, fp := range sortedKeys(s.extras) {
+		c := s.extras[fp].ls.shard.Capacity()
 		out = append(out, fmt.Sprintf("%s:%d/%d:%d", fp[:8], c.FreeSessions, c.MaxSessions, c.FreeKV))
 	}
 	return out
 }
 
-// closeExtras closes every extra (the node is closing; the hop is closed).
-func (n *Node) closeExtrasLocked() {
-	for fp, e := range n.extras {
-		e.ls.close()
-		delete(n.extras, fp)
+// extraRouteShardsLocked are the extras as this node's (self's) own
+// shards, for the status document (mu held).
+func (s *served) extraRouteShardsLocked(self peer.ID) []route.Shard {
+	var out []route.Shard
+	for _, fp := range sortedKeys(s.extras) {
+		e := s.extras[fp]
+		info, c := e.ls.shard.Info(), e.ls.shard.Capacity()
+		out = append(out, route.Shard{Peer: self, Fingerprint: fp, ModelName: e.m.name, Arch: info.Arch, NLayer: e.m.nLayer, NEmbd: info.NEmbd,
+			Start: info.Start, End: info.End, HasVocab: e.hasVocab, KernelClass: s.kernel,
+			Capacity: &meshp2pb.ShardCapacity{FreeSessions: uint32(c.FreeSessions), MaxSessions: uint32(c.MaxSessions), FreeKvTokens: uint64(c.FreeKV)}})
 	}
+	return out
 }
 
 func sortedKeys[V any](m map[string]V) []string {
@@ -198,13 +183,12 @@ func sortedKeys[V any](m map[string]V) []string {
 // asked for fits beside this node's own (loaded now, or left to another
 // offering node this time): no switch for it.
 func (c *placementController) checkExtras(ctx context.Context, loads []placement.ModelLoad) (changed, handled bool) {
-	cur, nl := c.node.servedModel()
-	win, _, serving := c.node.servedWindow()
+	st := c.set.now()
+	cur, nl, win, serving, extras := st.fp, st.nLayer, st.window, st.serving, st.extras
 	own, ok := c.catalogModel(cur)
 	if !ok {
 		return false, false
 	}
-	extras := c.node.extraFPs()
 	need := map[string]int64{}
 	for _, m := range c.models {
 		need[m.fp] = m.sizing.Need(placement.Range{Start: 0, End: m.nLayer})
@@ -222,7 +206,8 @@ func (c *placementController) checkExtras(ctx context.Context, loads []placement
 	load, release := extraPlan(own.fp, whole, spare, loads, extras, need, skip, c.cfg.ModelRules.IdleReleaseOrDefault())
 	for _, fp := range release {
 		m, _ := c.catalogModel(fp)
-		ended := c.node.releaseExtra(ctx, fp)
+		ended := c.set.releaseExtra(ctx, fp)
+		c.moved()
 		c.log.Info("placement: released an idle extra model", "model", m.name, "idle_for_at_least", c.cfg.ModelRules.IdleReleaseOrDefault(), "sessions_ended_by_drain", ended)
 	}
 	if len(release) > 0 {
@@ -245,12 +230,15 @@ func (c *placementController) checkExtras(ctx context.Context, loads []placement
 	}
 	c.log.Info("placement: serving another model whole beside this one (the budget holds both)", "model", m.name, "spare", mib(spare))
 	c.setSwitching(&switchIntent{m: m, r: gguf.Range{Start: 0, End: m.nLayer}})
-	if err := c.node.publish(); err != nil {
+	if err := c.publish(); err != nil {
 		c.log.Warn("advertise the planned extra model", "err", err)
 	}
-	err := c.node.loadExtra(ctx, m)
+	err := c.set.addExtra(ctx, m)
+	if err == nil {
+		c.moved()
+	}
 	c.setSwitching(nil)
-	if perr := c.node.publish(); perr != nil {
+	if perr := c.publish(); perr != nil {
 		c.log.Warn("advertise the extra model", "err", perr)
 	}
 	if err != nil {
@@ -268,7 +256,7 @@ func (c *placementController) checkExtras(ctx context.Context, loads []placement
 
 // extrasNeed is the memory the extras served now take.
 func (c *placementController) extrasNeed() int64 {
-	extras := c.node.extraFPs()
+	extras := c.set.now().extras
 	var used int64
 	for _, e := range c.models {
 		if extras[e.fp] {
@@ -305,7 +293,7 @@ var errNoRoom = errors.New("switch needs the memory of an extra model still aske
 // would release the last route of a model asked for within the idle
 // release time.
 func (c *placementController) roomFor(m catalogModel, loads []placement.ModelLoad) ([]string, error) {
-	extras := c.node.extraFPs()
+	extras := c.set.now().extras
 	if len(extras) == 0 {
 		return nil, nil
 	}
@@ -331,21 +319,4 @@ func (c *placementController) roomFor(m catalogModel, loads []placement.ModelLoa
 		release = append(release, fp)
 	}
 	return release, nil
-}
-
-// extraRouteShards are the extras as this node's own shards (the status
-// document: its own shards are not in its table).
-func (n *Node) extraRouteShards() []route.Shard {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	var out []route.Shard
-	for _, fp := range sortedKeys(n.extras) {
-		e := n.extras[fp]
-		info := e.ls.shard.Info()
-		c := e.ls.shard.Capacity()
-		out = append(out, route.Shard{Peer: n.p2p.ID(), Fingerprint: fp, ModelName: e.m.name, Arch: info.Arch, NLayer: e.m.nLayer, NEmbd: info.NEmbd,
-			Start: info.Start, End: info.End, HasVocab: e.hasVocab, KernelClass: n.cfg.Device.KernelClass(),
-			Capacity: &meshp2pb.ShardCapacity{FreeSessions: uint32(c.FreeSessions), MaxSessions: uint32(c.MaxSessions), FreeKvTokens: uint64(c.FreeKV)}})
-	}
-	return out
 }

@@ -218,9 +218,7 @@ func (fm *fetchedMoveRun) failedMove(t *testing.T, breakFetch func()) {
 	const failed = "placement: move failed; staying"
 	// Shards of windows the node left would serve a move back without a
 	// fetch: remove them, so that every move must fetch.
-	fm.f.mu.Lock()
-	cur := fm.f.shardPath
-	fm.f.mu.Unlock()
+	cur := fm.f.set.now().path
 	old, _ := filepath.Glob(filepath.Join(fm.f.cfg.P2P.DataDir, "shards", "*", "*.L*.gguf"))
 	for _, p := range old {
 		if p != cur {

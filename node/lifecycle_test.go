@@ -97,7 +97,7 @@ func TestIdleSessionFreed(t *testing.T) {
 	fp, nl := waitModel(t, c, "stories260K")
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	s, err := c.Host().NewStream(ctx, whole.P2P().ID(), c.Host().ProtocolID(session.ProtoSession, session.ProtoVersion))
+	s, err := c.host.NewStream(ctx, whole.P2P().ID(), c.host.ProtocolID(session.ProtoSession, session.ProtoVersion))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -151,7 +151,7 @@ func TestMalformedFramesDoNotHurtOthers(t *testing.T) {
 	for _, target := range []*Node{a, b} {
 		for i, frameBytes := range bad {
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			s, err := c.Host().NewStream(ctx, target.P2P().ID(), c.Host().ProtocolID(session.ProtoSession, session.ProtoVersion))
+			s, err := c.host.NewStream(ctx, target.P2P().ID(), c.host.ProtocolID(session.ProtoSession, session.ProtoVersion))
 			if err != nil {
 				cancel()
 				t.Fatal(err)
@@ -249,7 +249,7 @@ func TestStalledNextHopIsBlamedAndReleased(t *testing.T) {
 	stall := tn.client()
 	release := make(chan struct{})
 	defer close(release)
-	stall.Host().SetStreamHandler(stall.Host().ProtocolID(session.ProtoSession, session.ProtoVersion), func(s network.Stream) {
+	stall.host.SetStreamHandler(stall.host.ProtocolID(session.ProtoSession, session.ProtoVersion), func(s network.Stream) {
 		msg, _, err := frame.NewReader(s, frame.Limits{}).ReadStream()
 		if err != nil || msg.GetOpen() == nil {
 			_ = s.Reset()
@@ -257,7 +257,7 @@ func TestStalledNextHopIsBlamedAndReleased(t *testing.T) {
 		}
 		o := msg.GetOpen()
 		// Behave like a tail: open the ring to the head, accept.
-		ring, err := stall.Host().NewStream(context.Background(), head.P2P().ID(), stall.Host().ProtocolID(session.ProtoRing, session.ProtoVersion))
+		ring, err := stall.host.NewStream(context.Background(), head.P2P().ID(), stall.host.ProtocolID(session.ProtoRing, session.ProtoVersion))
 		if err != nil {
 			_ = s.Reset()
 			return
@@ -317,7 +317,7 @@ func TestNewEpochSupersedesOld(t *testing.T) {
 	open := func(epoch uint64) (network.Stream, *meshp2pb.StreamMessage) {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		s, err := c.Host().NewStream(ctx, whole.P2P().ID(), c.Host().ProtocolID(session.ProtoSession, session.ProtoVersion))
+		s, err := c.host.NewStream(ctx, whole.P2P().ID(), c.host.ProtocolID(session.ProtoSession, session.ProtoVersion))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -363,7 +363,7 @@ func TestNewEpochSupersedesOld(t *testing.T) {
 // signOpen signs open as origin n (session.SignOpen with n's key).
 func signOpen(t testing.TB, n *Node, open *meshp2pb.SessionOpen) {
 	t.Helper()
-	if err := session.SignOpen(open, n.Host().Peerstore().PrivKey(n.P2P().ID()), time.Now()); err != nil {
+	if err := session.SignOpen(open, n.host.Peerstore().PrivKey(n.P2P().ID()), time.Now()); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -1,7 +1,6 @@
 package node
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -12,7 +11,6 @@ import (
 
 	"github.com/libp2p/go-libp2p/core/peer"
 
-	"github.com/neuron-tai/meshp2p/demand"
 	"github.com/neuron-tai/meshp2p/engine/gguf"
 	"github.com/neuron-tai/meshp2p/placement"
 	"github.com/neuron-tai/meshp2p/proto/meshp2pb"
@@ -46,25 +44,25 @@ func modelFileName(path string) string {
 	return b[:len(b)-len(filepath.Ext(b))]
 }
 
-// loadCatalog reads every model the node may serve (ModelPath first, then
-// Models): fingerprint (cached), layer count, sizing. Two files of one
-// model, or two models under one name, are refused.
-func (n *Node) loadCatalog(ctx context.Context) ([]catalogModel, error) {
-	paths := append([]string{n.cfg.ModelPath}, n.cfg.Models...)
+// loadCatalog reads every model a node may serve (cfg.ModelPath first,
+// then cfg.Models): fingerprint (cached), layer count, sizing. Two files
+// of one model, or two models under one name, are refused.
+func loadCatalog(ctx context.Context, cfg Config) ([]catalogModel, error) {
+	paths := append([]string{cfg.ModelPath}, cfg.Models...)
 	var out []catalogModel
 	seenFP, seenName := map[string]string{}, map[string]string{}
 	for _, p := range paths {
-		fp, nl, err := modelFingerprint(ctx, n.cfg.P2P.DataDir, p, n.log)
+		fp, nl, err := modelFingerprint(ctx, cfg.P2P.DataDir, p, cfg.Logger)
 		if err != nil {
 			return nil, fmt.Errorf("model %s: %w", p, err)
 		}
-		sz, in, err := modelSizing(p, n.cfg.Engine)
+		sz, in, err := modelSizing(p, cfg.Engine)
 		if err != nil {
 			return nil, fmt.Errorf("model %s: %w", p, err)
 		}
 		name := modelFileName(p)
-		if len(paths) == 1 && n.cfg.ModelName != "" {
-			name = n.cfg.ModelName
+		if len(paths) == 1 && cfg.ModelName != "" {
+			name = cfg.ModelName
 		}
 		if q, ok := seenFP[fp]; ok {
 			return nil, fmt.Errorf("models %s and %s are the same model (fingerprint %.16s): give each model once", q, p, fp)
@@ -110,106 +108,6 @@ func checkFits(m catalogModel, budget int64, from string) error {
 		ErrModelTooBig, m.name, m.path, mib(budget), from, mib(m.sizing.Need(placement.Range{Start: nl / 2, End: nl/2 + 1})))
 }
 
-// setModel makes m the model the node serves: what it advertises, cuts
-// windows from and serves the vocabulary and tensors of. The node must
-// serve no window of the previous model (releaseWindow first).
-func (n *Node) setModel(m catalogModel) {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	n.fp, n.nLayer, n.cfg.ModelPath, n.cfg.ModelName = m.fp, m.nLayer, m.path, m.name
-	n.manifest, n.vocabPath = nil, ""
-}
-
-// offers are the catalog's models other than the one served now (n.mu
-// held), for the advert.
-func (n *Node) offersLocked() []*meshp2pb.ModelOffer {
-	var out []*meshp2pb.ModelOffer
-	for _, m := range n.catalog {
-		if m.fp == n.fp || n.extras[m.fp] != nil || len(out) == route.MaxOffers {
-			continue
-		}
-		out = append(out, &meshp2pb.ModelOffer{ModelFingerprint: m.fp, ModelName: m.name, NLayer: uint32(m.nLayer), Bytes: uint64(m.bytes),
-			Pinned: n.place != nil && n.place.pinnedNow()})
-	}
-	return out
-}
-
-// Catalog lists the names of the models a multi-model node may serve
-// (nil for a node with one model).
-func (n *Node) Catalog() []string {
-	if len(n.catalog) < 2 {
-		return nil
-	}
-	out := make([]string, len(n.catalog))
-	for i, m := range n.catalog {
-		out[i] = m.name
-	}
-	return out
-}
-
-// DemandMeter counts the demand this node's origins see (give it to the
-// client.Config of a gateway or CLI client on this node); the node
-// gossips it in its advert every DemandInterval.
-func (n *Node) DemandMeter() *demand.Meter { return n.meter }
-
-// demandLoop turns the meter into a report every DemandInterval and
-// re-publishes the advert with it (and once more without, when demand
-// stops).
-func (n *Node) demandLoop(ctx context.Context) {
-	iv := n.cfg.DemandInterval
-	if iv <= 0 {
-		iv = DefaultDemandInterval
-	}
-	t := time.NewTicker(iv)
-	defer t.Stop()
-	had := false
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case now := <-t.C:
-			rep, ok := n.meter.Take(now, n.p2p.ID().String())
-			if !ok && !had {
-				continue
-			}
-			if ok {
-				if err := n.table.AddDemand(now, rep); err != nil {
-					n.log.Debug("own demand report not merged", "err", err)
-				}
-			}
-			had = ok
-			var dr *meshp2pb.DemandReport
-			if ok {
-				dr = &meshp2pb.DemandReport{MeasuredAtMs: now.UnixMilli()}
-				for fp, s := range rep.Models {
-					dr.Models = append(dr.Models, &meshp2pb.ModelDemand{ModelFingerprint: fp, Requests: s.Requests, Queued: s.Queued,
-						Refused: s.Refused, TokensPerSec: s.TokensPerSec})
-				}
-				// The most requested first, at most MaxAdvertDemand: the
-				// advert's body is bounded (16 KiB) and carries shards and
-				// offers too.
-				slices.SortFunc(dr.Models, func(a, b *meshp2pb.ModelDemand) int {
-					if c := cmp.Compare(b.Requests, a.Requests); c != 0 {
-						return c
-					}
-					return cmp.Compare(a.ModelFingerprint, b.ModelFingerprint)
-				})
-				dr.Models = dr.Models[:min(len(dr.Models), MaxAdvertDemand)]
-			}
-			n.mu.Lock()
-			n.demandRep = dr
-			n.mu.Unlock()
-			if err := n.publish(); err != nil {
-				n.log.Warn("re-publish advert with demand", "err", err)
-			}
-		}
-	}
-}
-
-// MaxAdvertDemand bounds the models of the demand report in a node's
-// advert (the most requested).
-const MaxAdvertDemand = 32
-
 func distinctPeers(ss []route.Shard) int {
 	ps := map[peer.ID]bool{}
 	for _, s := range ss {
@@ -244,9 +142,8 @@ func routeDepth(ss []route.Shard, nl int) int {
 func (c *placementController) modelLoads(ctx context.Context, now time.Time) ([]placement.ModelLoad, int) {
 	dem := c.table.Demand(now)
 	me := c.swarm.ID()
-	cur, _ := c.node.servedModel()
-	ownWindow, ownMs, serving := c.node.servedWindow()
-	extras := c.node.extraFPs()
+	st := c.set.now()
+	cur, ownWindow, ownMs, serving, extras := st.fp, st.window, st.msPerLayer, st.serving, st.extras
 	var loads []placement.ModelLoad
 	for _, m := range c.models {
 		d := dem[m.fp]
@@ -292,6 +189,23 @@ func (c *placementController) modelLoads(ctx context.Context, now time.Time) ([]
 		}
 	}
 	return loads, len(standby)
+}
+
+// startCatalog takes a multi-model node's models (each must fit the
+// budget, which came from budgetFrom) and returns the one it starts on:
+// the one demand asks for, else the first.
+func (c *placementController) startCatalog(ctx context.Context, cat []catalogModel, budgetFrom string) (catalogModel, error) {
+	for _, m := range cat {
+		if err := checkFits(m, c.budget, budgetFrom); err != nil {
+			return catalogModel{}, err
+		}
+	}
+	c.models = cat
+	c.settle(ctx)
+	m := c.firstModel(ctx)
+	c.resize(m)
+	c.log.Info("serving several models, one at a time", "models", len(cat), "first", m.name)
+	return m, nil
 }
 
 // firstModel is the model a multi-model node starts on: the one
@@ -354,7 +268,7 @@ func (c *placementController) checkModel(ctx context.Context) bool {
 		return false
 	}
 	now := time.Now()
-	cur, _ := c.node.servedModel()
+	cur := c.curFP()
 	loads, standby := c.modelLoads(ctx, now)
 	// Pinned: the node holds its model's last route while it is needed
 	// (its offers say so).
@@ -369,14 +283,14 @@ func (c *placementController) checkModel(ctx context.Context) bool {
 	c.pinned = pinned
 	c.mu.Unlock()
 	if pinChanged {
-		if err := c.node.publish(); err != nil {
+		if err := c.publish(); err != nil {
 			c.log.Warn("advertise offers", "err", err)
 		}
 	}
 	if changed, handled := c.checkExtras(ctx, loads); changed || handled {
 		return changed
 	}
-	extras := c.node.extraFPs()
+	extras := c.set.now().extras
 	var candidates []placement.ModelLoad
 	for _, l := range loads {
 		if at, failed := c.failedAt[l.Fingerprint]; failed && now.Sub(at) < ModelRetryBackoff && l.Fingerprint != cur {
@@ -437,58 +351,54 @@ func (c *placementController) switchModel(ctx context.Context, m catalogModel, l
 	}
 	r := gguf.Range{Start: ch.Range.Start, End: ch.Range.End}
 	c.setSwitching(&switchIntent{m: m, r: r})
-	if err := c.node.publish(); err != nil {
+	if err := c.publish(); err != nil {
 		c.log.Warn("advertise planned window", "err", err)
 	}
-	path, err := c.node.cutModelShard(ctx, m.path, m.fp, r)
+	path, err := c.loader.cut(ctx, m.path, m.fp, r)
 	if err == nil {
-		err = c.node.checkDevice(path)
+		err = c.loader.checkDevice(path)
 	}
 	if err != nil {
 		c.setSwitching(nil)
-		_ = c.node.publish()
+		_ = c.publish()
 		return err
 	}
 	for _, fp := range release {
-		ended := c.node.releaseExtra(ctx, fp)
+		ended := c.set.releaseExtra(ctx, fp)
+		c.moved()
 		c.log.Info("placement: released an extra model to make room for the switch", "model", fp[:16], "sessions_ended_by_drain", ended)
 	}
-	from, oldPath, ended, released := c.node.releaseWindow(ctx)
+	from, oldPath, ended, released := c.set.releaseWindow(ctx)
 	c.log.Info("placement: released the window of the old model", "model", prev.name, "range", from.String(), "sessions_ended_by_drain", ended)
-	c.node.setModel(m)
 	c.resize(m)
-	c.node.modelServed(ctx) // the vocabulary first: clients that see the window fetch it at once
+	c.set.setModel(ctx, m) // the vocabulary first: clients that see the window fetch it at once
 	c.mu.Lock()
 	c.switching, c.loading = nil, &r
 	c.mu.Unlock()
-	if err := c.node.publish(); err != nil {
+	if err := c.publish(); err != nil {
 		c.log.Warn("advertise planned window", "err", err)
 	}
-	ls, err := c.node.loadWindow(ctx, path)
+	ls, err := c.loader.load(ctx, path)
 	if err == nil {
-		if _, err = c.node.swapWindow(ctx, ls, c.served); err != nil {
+		if _, err = c.set.serveWindow(ctx, ls, c.firstServed); err != nil {
 			ls.close()
 		}
 	}
 	if err == nil {
-		if perr := c.node.publish(); perr != nil {
-			c.log.Warn("advertise new model", "err", perr)
-		}
 		c.mu.Lock()
 		c.moves++
 		c.mu.Unlock()
-		c.node.windowMoved()
+		c.moved()
 		c.log.Info("placement: serving the new model", "model", m.name, "range", r.String(), "why", choiceWhy(ch))
 		return nil
 	}
 	// Back to what it served.
-	c.node.setModel(prev)
 	c.resize(prev)
-	c.node.modelServed(ctx)
+	c.set.setModel(ctx, prev)
 	if released {
-		back, lerr := c.node.loadWindow(ctx, oldPath)
+		back, lerr := c.loader.load(ctx, oldPath)
 		if lerr == nil {
-			if _, lerr = c.node.swapWindow(ctx, back, func(*gguf.Range) {}); lerr != nil {
+			if _, lerr = c.set.serveWindow(ctx, back, func(*gguf.Range) {}); lerr != nil {
 				back.close()
 			}
 		}
@@ -501,8 +411,7 @@ func (c *placementController) switchModel(ctx context.Context, m catalogModel, l
 }
 
 func (c *placementController) curFP() string {
-	fp, _ := c.node.servedModel()
-	return fp
+	return c.set.now().fp
 }
 
 // resize sets the controller's model: its sizing and shape, and a new

@@ -41,13 +41,13 @@ func TestModelSwitch(t *testing.T) {
 		return n
 	}
 	n1, n2 := start(1), start(2)
-	fpA, nlA := n1.servedModel()
-	if fp, _ := n2.servedModel(); fp != fpA {
+	fpA, nlA := n1.set.now().fp, n1.set.now().nLayer
+	if fp := n2.Fingerprint(); fp != fpA {
 		t.Fatalf("the second node started on %.16s, want the first model given (%.16s)", fp, fpA)
 	}
 	var fpB string
 	nlB := 0
-	for _, m := range n1.catalog {
+	for _, m := range n1.set.catalog {
 		if m.fp != fpA {
 			fpB, nlB = m.fp, m.nLayer
 		}
@@ -64,7 +64,7 @@ func TestModelSwitch(t *testing.T) {
 	var onB, onA *Node
 	for deadline := time.Now().Add(60 * time.Second); onB == nil; time.Sleep(100 * time.Millisecond) {
 		for _, n := range []*Node{n1, n2} {
-			if fp, _ := n.servedModel(); fp == fpB && n.Shard() != nil {
+			if fp := n.Fingerprint(); fp == fpB && n.Shard() != nil {
 				onB = n
 			}
 		}
@@ -76,7 +76,7 @@ func TestModelSwitch(t *testing.T) {
 	if onB == n1 {
 		onA = n2
 	}
-	if fp, _ := onA.servedModel(); fp != fpA {
+	if fp := onA.Fingerprint(); fp != fpA {
 		t.Fatal("both nodes left A, which is still asked for")
 	}
 	t.Logf("a node switched to B %v after the demand started: %s", time.Since(t0).Round(time.Millisecond), onB.Placement().ModelWhy)
@@ -100,6 +100,10 @@ func TestModelSwitch(t *testing.T) {
 	}
 	if seen[fpA] != "served" || seen[fpB] != "served" {
 		t.Fatalf("demand in the client's status: %+v", doc.Demand)
+	}
+	// The switch released A at onB: no registry there serves it any more.
+	if s := servedOf(t, c, onB, fpA, nlA, firstTensor(t, a), true); s.vocab || s.manifest || s.tensor || s.session || s.advert {
+		t.Fatalf("the node that switched to B still serves A: %+v", s)
 	}
 }
 
@@ -195,8 +199,8 @@ func TestModelExtra(t *testing.T) {
 	}
 	t.Cleanup(func() { n.Close() })
 	tn.boot = []peer.AddrInfo{n.P2P().AddrInfo()}
-	fpA, nlA := n.servedModel()
-	fpB, nlB := n.catalog[1].fp, n.catalog[1].nLayer
+	fpA, nlA := n.set.now().fp, n.set.now().nLayer
+	fpB, nlB := n.set.catalog[1].fp, n.set.catalog[1].nLayer
 	c := demandClient(t, tn)
 	waitModel(t, c, "extra-a")
 	askFor(t, c, fpA, fpB)
@@ -205,7 +209,7 @@ func TestModelExtra(t *testing.T) {
 			t.Fatalf("B not served beside A: %q", n.Placement().ModelWhy)
 		}
 	}
-	if fp, _ := n.servedModel(); fp != fpA || !slices.Equal(n.Info().AlsoServes, []string{"extra-b"}) {
+	if fp := n.Fingerprint(); fp != fpA || !slices.Equal(n.Info().AlsoServes, []string{"extra-b"}) {
 		t.Fatalf("after B was asked for: own %.16s, also %v", fp, n.Info().AlsoServes)
 	}
 	t.Logf("served beside: %s", n.Placement().ModelWhy)

@@ -9,31 +9,22 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math"
 	"os"
 	"path/filepath"
-	"regexp"
-	"slices"
 	"sync"
 	"time"
 
 	"github.com/libp2p/go-libp2p/core/peer"
-	"google.golang.org/protobuf/proto"
 
 	"github.com/neuron-tai/meshp2p/demand"
 	"github.com/neuron-tai/meshp2p/engine"
 	"github.com/neuron-tai/meshp2p/engine/gguf"
-	"github.com/neuron-tai/meshp2p/fetch"
 	"github.com/neuron-tai/meshp2p/metrics"
 	"github.com/neuron-tai/meshp2p/node/shardengine"
 	"github.com/neuron-tai/meshp2p/p2p"
-	"github.com/neuron-tai/meshp2p/proofgossip"
-	"github.com/neuron-tai/meshp2p/proto/frame"
-	"github.com/neuron-tai/meshp2p/proto/meshp2pb"
 	"github.com/neuron-tai/meshp2p/route"
 	"github.com/neuron-tai/meshp2p/session"
 	"github.com/neuron-tai/meshp2p/status"
-	"github.com/neuron-tai/meshp2p/vocab"
 )
 
 // Config configures a Node.
@@ -117,56 +108,38 @@ func (c *Config) hopEngine(e session.Engine) session.Engine {
 	return e
 }
 
-// Node is a running meshp2p node.
+// Node is a running meshp2p node: the composition of its parts and their
+// lifecycle. What it serves is the served set's (served.go: models,
+// windows, extras and their registries); where its window goes, the
+// placement controller's (placement.go); its advert, the advertiser's
+// (advert.go); what it reports to, the observers' (observe.go); its
+// origins' audits, the audits' (audit.go).
 type Node struct {
-	cfg   Config
-	log   *slog.Logger
-	p2p   *p2p.Node
-	host  *p2p.StreamHost
-	table *route.Table
-
-	// mu guards model, shard, shardPath, calibration and vocabPath: a
-	// move swaps the served window (window.go). Lock order: mu before
-	// place.mu.
-	mu        sync.Mutex
-	model     *engine.Model
-	shard     *engine.Shard
-	hop       *session.HopService
-	fp        string
-	nLayer    int
-	shardPath string
-	vocabPath string
-	vocab     *vocab.Service
-	manifest  []byte // the model's manifest, when this node has it
-	fetchSrv  *fetch.Server
-	// calibration is the decode time per row measured at start, the
-	// advertised speed until live traffic refines it.
-	calibration time.Duration
-	recorder    *status.Recorder // totals and recent routes for the status document
-	// place controls the served window (placement.go): chosen and moved
-	// by automatic placement, or fixed (--layers). nil on a client.
+	cfg Config
+	log *slog.Logger
+	p2p *p2p.Node
+	// host is the data-plane view of the p2p host: its streams start on
+	// the direct connection when a hole punch is about to give one
+	// (activation seams live long and carry megabytes).
+	host   *p2p.StreamHost
+	table  *route.Table
+	loader *windowLoader
+	set    *served
+	adv    *advertiser
+	// place controls the served window: chosen and moved by automatic
+	// placement, or fixed (--layers). nil on a client. Set during Start,
+	// before the advert loops run.
 	place *placementController
+	obs   *observers
+	// audits audits this node's origins' generations (set at the end of
+	// Start).
+	audits *audits
 	// failures is shared by every origin of this node (session.FailureMemory).
 	failures *session.FailureMemory
 	// draft proposes for speculative sessions that ask for it (DraftPath).
 	draft *shardengine.Draft
-	// auditor audits this node's origins' generations; auditEngines are
-	// the layers it can replay (audit.go).
-	auditor      *session.Auditor
-	auditEngines *AuditEngines
-	// proofs gossips fraud proofs (nil without a host).
-	proofs *proofgossip.Gossip
-	// catalog are the models this node may serve (Config.Models; set
-	// under mu during Start, read-only after); meter counts its origins'
-	// demand, demandRep is the last report, advertised (guarded by mu).
-	catalog   []catalogModel
-	meter     *demand.Meter
-	demandRep *meshp2pb.DemandReport
-	// pubMu makes building and setting the advert one step (publish).
-	pubMu sync.Mutex
-	// extras are other models served whole beside the node's own
-	// (extras.go; guarded by mu).
-	extras map[string]*extraModel
+	// meter counts the demand this node's origins see (advertised).
+	meter *demand.Meter
 
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
@@ -183,37 +156,49 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 	if n.failures == nil {
 		n.failures = session.NewFailureMemory(0, 0)
 	}
-	n.cfg = n.observe(cfg)
+	n.obs, n.cfg = newObservers(cfg)
+	n.loader = newWindowLoader(n.cfg)
+	n.set = newServed(n.cfg, n.loader)
 	if n.cfg.ModelPath == "" && n.cfg.Fetch != nil {
 		if err := n.fetchFirst(ctx); err != nil {
 			return nil, err
 		}
 	}
-	if err := n.loadDraft(ctx); err != nil {
+	var fixed *loadedShard // the window of a node given its layers, loaded before the host starts
+	abort := func(err error) (*Node, error) {
+		if fixed != nil {
+			fixed.close()
+		}
+		if n.draft != nil {
+			n.draft.Close()
+		}
 		if n.p2p != nil {
 			_ = n.p2p.Close()
 		}
 		return nil, err
 	}
+	var err error
+	if n.draft, err = loadDraft(ctx, &n.cfg); err != nil {
+		return abort(err)
+	}
 	placing := n.cfg.places()
 	if n.cfg.ModelPath != "" && !placing {
-		if err := n.loadShard(ctx); err != nil {
-			n.closeEngine()
-			if n.p2p != nil {
-				_ = n.p2p.Close()
-			}
-			return nil, err
+		var own ownModel
+		if fixed, own, err = n.loader.loadFixed(ctx, n.cfg.ModelPath, n.cfg.Layers, n.cfg.ModelName); err != nil {
+			return abort(err)
 		}
+		n.set.identify(own)
 	}
 	if err := n.startHost(ctx); err != nil {
-		n.closeEngine()
-		return nil, err
+		return abort(err)
+	}
+	if fixed != nil || placing {
+		n.placer(placing)
 	}
 	bg := n.startBackground()
-	var err error
 	switch {
-	case n.shard != nil:
-		err = n.serveLoaded(bg)
+	case fixed != nil:
+		err = n.serveFixed(ctx, bg, fixed)
 	case placing:
 		err = n.startPlaced(ctx, bg)
 	}
@@ -221,74 +206,10 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 		n.Close()
 		return nil, err
 	}
-	n.registerGauges()
-	n.startAuditor()
+	n.obs.gauges(n.p2p, n.table, n.Hop(), n.set)
+	n.audits = startAudits(n.cfg, n.p2p, n.host, n.table, n.failures, n.set.engine)
 	return n, nil
 }
-
-// startAuditor sets up the audits of this node's origins.
-func (n *Node) startAuditor() {
-	models := slices.Clone(n.cfg.AuditModels)
-	if n.cfg.ModelPath != "" {
-		models = append(models, n.cfg.ModelPath)
-	}
-	// One thread unless the node's engine says otherwise: an audit is one
-	// hop's steps, and an origin's replays must not spin a thread pool
-	// against the hops' (8 generate processes on 2 cores slowed to a crawl).
-	n.auditEngines = &AuditEngines{Models: models, DataDir: n.cfg.P2P.DataDir, Threads: max(1, n.cfg.Engine.Threads), Logger: n.log,
-		ServedClass: n.cfg.Device.KernelClass(),
-		Served: func() (session.Engine, string) {
-			n.mu.Lock()
-			defer n.mu.Unlock()
-			if n.shard == nil {
-				return nil, ""
-			}
-			return shardengine.Engine{Model: n.model, Shard: n.shard}, n.fp
-		}}
-	n.auditor = &session.Auditor{Rate: n.cfg.AuditRate, Engines: n.auditEngines, OnReport: n.cfg.OnAudit,
-		Protocol: n.host.ProtocolID(session.ProtoAudit, session.ProtoVersion)}
-	if n.p2p == nil {
-		return
-	}
-	// Fraud proofs travel without a tracker (proofgossip): this node's
-	// convictions are published, and others' are replayed here when this
-	// node holds the layers.
-	g, err := proofgossip.Start(context.Background(), n.p2p.Discovery(), n.p2p.ID(), proofgossip.Config{
-		Judge: func(ctx context.Context, p *meshp2pb.Proof) (session.Verdict, error) {
-			return session.Judge(ctx, p, n.auditEngines)
-		},
-		Convict:   func(p peer.ID, _ string) { n.failures.Convict(p) },
-		Suspect:   n.failures.Blame,
-		Convicted: n.failures.Convicted,
-		Serving: func(p peer.ID) bool {
-			return slices.ContainsFunc(n.table.Shards(""), func(s route.Shard) bool { return s.Peer == p })
-		},
-		Logger: n.log,
-	})
-	if err != nil {
-		n.log.Warn("fraud proofs will not be gossiped", "err", err)
-		return
-	}
-	n.proofs = g
-	n.auditor.OnReport = func(r session.AuditReport) {
-		if r.Proof != nil {
-			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			if err := g.Publish(ctx, r.Proof); err != nil {
-				n.log.Warn("could not gossip the fraud proof", "peer", r.Peer, "err", err)
-			}
-			cancel()
-		}
-		if n.cfg.OnAudit != nil {
-			n.cfg.OnAudit(r)
-		}
-	}
-}
-
-// AuditEngines are the layers this node can replay (proof checks).
-func (n *Node) AuditEngines() *AuditEngines { return n.auditEngines }
-
-// WaitAudits blocks until the audits this node's origins started ended.
-func (n *Node) WaitAudits() { n.auditor.Wait() }
 
 // withLoggers gives every part of cfg a logger (slog.Default if none) and
 // an open relay its member test.
@@ -314,24 +235,36 @@ func withLoggers(cfg Config) Config {
 	return cfg
 }
 
+// startHost brings up the p2p host, the data plane's view of it and the
+// advertiser (once: a fetching node brings them up first).
+func (n *Node) startHost(ctx context.Context) error {
+	if n.p2p != nil {
+		return nil
+	}
+	var err error
+	if n.p2p, err = p2p.New(ctx, n.cfg.P2P); err != nil {
+		return err
+	}
+	n.host = streamHost(n.p2p, n.cfg.DirectWait)
+	n.table.Reach = func(p peer.ID) p2p.Path { return n.p2p.ConnStatus(p).Path }
+	n.adv = &advertiser{local: n.p2p.Discovery(), self: n.p2p.ID(), network: n.cfg.P2P.Network, set: n.set, log: n.log}
+	n.set.publish = n.adv.publish
+	return nil
+}
+
 // fetchFirst downloads the node's shard before it serves (fetch.go,
 // docs/fetch.md): the network comes up first, peers being the sources. A
 // self-placing node (no Layers) chooses the window to fetch with its
 // placement controller, which later fetches each window it moves to.
 func (n *Node) fetchFirst(ctx context.Context) error {
-	var err error
-	if n.p2p, err = p2p.New(ctx, n.cfg.P2P); err != nil {
+	if err := n.startHost(ctx); err != nil {
 		return err
 	}
-	n.host = n.streamHost()
 	f := &shardFetcher{cfg: *n.cfg.Fetch, dataDir: n.cfg.P2P.DataDir, name: n.cfg.ModelName, bootstrap: len(n.cfg.P2P.Bootstrap) > 0,
 		host: n.host, table: n.table, swarm: p2pSwarm{n.p2p}, log: n.log}
 	var pc *placementController
 	if n.cfg.Layers == nil && n.cfg.Placement != nil {
-		pcfg := *n.cfg.Placement
-		pcfg.Device = n.cfg.Device
-		pc = newPlacementController(n, p2pSwarm{n.p2p}, n.log, &pcfg, f.bootstrap, nil)
-		n.place = pc // its planned window is advertised while it fetches
+		pc = n.placer(true) // its planned window is advertised while it fetches
 		f.choose = func(ctx context.Context, hf *gguf.File, fp string) (gguf.Range, error) {
 			sz, in, err := fileSizing(hf, n.cfg.Engine)
 			if err != nil {
@@ -341,11 +274,11 @@ func (n *Node) fetchFirst(ctx context.Context) error {
 			if err != nil {
 				return gguf.Range{}, err
 			}
-			n.fp, n.nLayer = fp, nl
+			n.set.identify(ownModel{fp: fp, nLayer: nl, name: n.cfg.ModelName})
 			return pc.chooseFetched(ctx, sz, in.NEmbd, in.Architecture, fp != "")
 		}
 	}
-	stop := n.followTable()
+	stop := followTable(n.p2p, n.table)
 	path, fm, err := f.fetch(ctx, n.cfg.Layers)
 	stop()
 	if err != nil {
@@ -356,90 +289,70 @@ func (n *Node) fetchFirst(ctx context.Context) error {
 	if pc != nil && fm != nil {
 		pc.fetched = fm
 		pc.shardFor = func(ctx context.Context, r gguf.Range) (string, error) {
-			return f.fetchWindow(ctx, fm, r, n.servedPath())
+			return f.fetchWindow(ctx, fm, r, n.set.now().path)
 		}
 	}
 	return nil
 }
 
-// followTable feeds the capability table while the node fetches (before
-// Start's own follower runs); the returned func stops it.
-func (n *Node) followTable() func() {
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); route.Follow(ctx, n.p2p.Discovery(), n.table) }()
-	return func() { cancel(); <-done }
-}
-
-// servedPath is the shard file of the window served now.
-func (n *Node) servedPath() string {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	return n.shardPath
-}
-
-// startHost brings up the p2p host (unless a fetch did) and the data
-// plane's view of it.
-func (n *Node) startHost(ctx context.Context) error {
-	if n.p2p == nil {
-		var err error
-		if n.p2p, err = p2p.New(ctx, n.cfg.P2P); err != nil {
-			return err
+// placer makes the node's placement controller (once): auto, it chooses
+// and moves the window (start without --layers); otherwise it runs the
+// moves it is asked for (tests) and reports the window. It gets a
+// window's shard file by cutting the model file (a fetching node's fetches
+// it instead: fetchFirst) and writes node.json after each move.
+func (n *Node) placer(auto bool) *placementController {
+	if n.place != nil {
+		return n.place
+	}
+	var pcfg *PlacementConfig
+	if auto && n.cfg.Placement != nil {
+		c := *n.cfg.Placement
+		c.Device = n.cfg.Device
+		pcfg = &c
+	}
+	pc := newPlacementController(n.set, n.loader, n.adv, p2pSwarm{n.p2p}, n.log, pcfg, len(n.cfg.P2P.Bootstrap) > 0)
+	pc.shardFor, pc.table = n.set.cutOwn, n.table
+	pc.moved = func() {
+		if _, err := n.WriteInfo(); err != nil {
+			n.log.Warn("write node info", "err", err)
 		}
 	}
-	n.host = n.streamHost()
-	n.table.Reach = func(p peer.ID) p2p.Path { return n.p2p.ConnStatus(p).Path }
-	return nil
+	n.place, n.adv.place = pc, pc
+	return pc
 }
 
 // startBackground starts what runs for the node's lifetime whatever it
-// serves (the table's follower, the connection log, the vocabulary and
-// fetch servers) and returns the context that ends with Close.
+// serves (the table's follower, the connection log, the demand reports,
+// the vocabulary and fetch servers) and returns the context that ends
+// with Close.
 func (n *Node) startBackground() context.Context {
 	bg, cancel := context.WithCancel(context.Background())
 	n.cancel = cancel
-	n.wg.Add(1)
+	n.wg.Add(3)
 	go func() { defer n.wg.Done(); route.Follow(bg, n.p2p.Discovery(), n.table) }()
-	n.wg.Add(1)
-	go func() { defer n.wg.Done(); n.logConnEvents(bg) }()
-	n.wg.Add(1)
-	go func() { defer n.wg.Done(); n.demandLoop(bg) }()
-	n.vocab = vocab.NewService(n.host, n.cfg.Hop.Limits, n.log)
-	n.fetchSrv = fetch.NewServerLimits(n.host, n.cfg.UploadLimit, n.cfg.UploadLimitPerPeer, n.log)
+	go func() { defer n.wg.Done(); logConnEvents(bg, n.p2p, n.log) }()
+	go func() { defer n.wg.Done(); n.adv.demandLoop(bg, n.meter, n.table, n.cfg.DemandInterval) }()
+	n.set.listen(n.host, n.cfg.Hop, n.cfg.UploadLimit, n.cfg.UploadLimitPerPeer)
 	return bg
 }
 
-// serveLoaded serves the shard loadShard loaded (given --layers, a pre-cut
-// shard, or a fetched window): tensors to fetchers, the hop service, the
-// vocabulary, the advert; a self-placing node that fetched its window
-// rebalances like one with the whole file (a move fetches the new
-// window).
-func (n *Node) serveLoaded(bg context.Context) error {
-	if err := n.fetchSrv.Add(n.fp, n.shardPath, n.manifest); err != nil {
-		return err
-	}
-	n.cfg.Hop.Fingerprint = n.fp
-	n.hop = session.NewHopService(n.host, n.cfg.hopEngine(shardengine.Engine{Model: n.model, Shard: n.shard}), n.cfg.Hop)
-	if n.vocabPath != "" {
-		if err := n.vocab.Add(n.fp, n.vocabPath); err != nil {
-			return err
-		}
-	}
+// serveFixed serves the window Start loaded (given --layers, a pre-cut
+// shard, or a fetched window) and advertises it; a self-placing node that
+// fetched its window rebalances like one with the whole file (a move
+// fetches the new window).
+func (n *Node) serveFixed(ctx, bg context.Context, ls *loadedShard) error {
 	pc := n.place
-	if pc == nil {
-		pc = newPlacementController(n, p2pSwarm{n.p2p}, n.log, nil, len(n.cfg.P2P.Bootstrap) > 0, n.cutShard)
-		n.place = pc
+	if pc.fetched != nil {
+		n.set.knowManifest(pc.fetched.m.Marshal())
 	}
-	pc.setLoading(nil) // a fetched window was advertised as planned while it came
-	if err := n.publish(); err != nil {
+	// A fetched window was advertised as planned while it came.
+	if _, err := n.set.serveWindow(ctx, ls, pc.firstServed); err != nil {
+		ls.close()
 		return err
 	}
 	n.wg.Add(1)
-	go func() { defer n.wg.Done(); n.advertLoop(bg) }()
+	go func() { defer n.wg.Done(); n.adv.loop(bg) }()
 	if pc.auto && pc.fetched != nil {
-		if n.manifest == nil {
-			n.manifest = pc.fetched.m.Marshal()
-		}
 		pc.startRebalancing()
 		n.wg.Add(1)
 		go func() { defer n.wg.Done(); pc.run(bg) }()
@@ -447,234 +360,49 @@ func (n *Node) serveLoaded(bg context.Context) error {
 	return nil
 }
 
-// loadShard loads the shard of cfg.ModelPath: a pre-cut shard as it is,
-// else the Layers window cut from the whole model (cached); it also
-// prepares the model's vocabulary when the shard has one.
-func (n *Node) loadShard(ctx context.Context) error {
-	if err := os.MkdirAll(n.cfg.P2P.DataDir, 0o700); err != nil {
-		return err
+// startPlaced makes a node with the whole model file (or several) choose
+// its model and window, announce it, reconsider after a random pause,
+// load it, and start serving and rebalancing.
+func (n *Node) startPlaced(ctx, bg context.Context) error {
+	cfg, pc := n.cfg, n.place
+	fp, nl, err := modelFingerprint(ctx, cfg.P2P.DataDir, cfg.ModelPath, n.log)
+	if err != nil {
+		return fmt.Errorf("placing layers: %w", err)
 	}
-	path, fp, nl, err := n.shardFile(ctx)
+	sz, in, err := modelSizing(cfg.ModelPath, cfg.Engine)
 	if err != nil {
 		return err
 	}
-	n.fp, n.nLayer, n.shardPath = fp, nl, path
-	ls, err := n.loadWindow(ctx, path)
+	src, err := pc.size(sz, in.NEmbd, in.Architecture)
 	if err != nil {
 		return err
 	}
-	n.model, n.shard, n.calibration = ls.model, ls.shard, ls.calibration
-	if n.model.Info().HasVocab {
-		vp := n.vocabFile()
-		if err := writeVocab(ctx, path, vp, fp, n.log); err != nil {
+	first := catalogModel{path: cfg.ModelPath, name: modelName(cfg.ModelName, cfg.ModelPath), fp: fp, nLayer: nl}
+	if len(cfg.Models) > 0 {
+		cat, err := loadCatalog(ctx, cfg)
+		if err != nil {
 			return err
 		}
-		n.vocabPath = vp
-	}
-	return nil
-}
-
-// shardFile is the shard to serve: cfg.ModelPath itself when it is a
-// pre-cut shard (its proof checked), else the Layers window split from
-// the whole model into the data dir (cached). It also reads or builds the
-// model's manifest, which peers fetching only their layers verify against.
-func (n *Node) shardFile(ctx context.Context) (path, fp string, nl int, err error) {
-	cfg := n.cfg
-	f, err := gguf.Open(cfg.ModelPath)
-	if err != nil {
-		return "", "", 0, err
-	}
-	nl, err = f.NLayer()
-	_, shardErr := gguf.ReadShardInfo(f.Metadata)
-	f.Close()
-	if err != nil {
-		return "", "", 0, err
-	}
-	if shardErr == nil {
-		// A pre-cut shard (meshp2p shard split): serve it as it is, after
-		// checking its proof, so a machine needs only its own layers.
-		si, err := gguf.VerifyShard(ctx, cfg.ModelPath)
-		if err != nil {
-			return "", "", 0, fmt.Errorf("%s: %w", cfg.ModelPath, err)
-		}
-		if cfg.Layers != nil && *cfg.Layers != si.Range {
-			return "", "", 0, fmt.Errorf("%s holds layers %s, not --layers %s", cfg.ModelPath, si.Range, *cfg.Layers)
-		}
-		fp = si.ParentFingerprint
-		n.log.Info("serving a pre-cut shard", "path", cfg.ModelPath, "range", si.Range.String(), "model", fp)
-		if m, err := gguf.ReadManifestFile(manifestPath(cfg.P2P.DataDir, fp), fp); err == nil {
-			n.manifest = m.Marshal()
-		}
-		return cfg.ModelPath, fp, si.ParentNLayer, nil
-	}
-	r := gguf.Range{Start: 0, End: nl}
-	if cfg.Layers != nil {
-		r = *cfg.Layers
-	}
-	if path, fp, nl, err = prepareShard(ctx, cfg.P2P.DataDir, cfg.ModelPath, r, cfg.SplitProgress, n.log); err != nil {
-		return "", "", 0, err
-	}
-	if n.manifest, err = ensureManifest(ctx, cfg.P2P.DataDir, cfg.ModelPath, fp); err != nil {
-		return "", "", 0, fmt.Errorf("manifest: %w", err)
-	}
-	return path, fp, nl, nil
-}
-
-// ModelName is the advertised model name.
-func (n *Node) ModelName() string {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	return n.modelNameLocked()
-}
-
-// modelNameLocked is ModelName with n.mu held (a multi-model node's model
-// changes under it).
-func (n *Node) modelNameLocked() string {
-	if n.cfg.ModelName != "" {
-		return n.cfg.ModelName
-	}
-	if n.cfg.ModelPath == "" {
-		return ""
-	}
-	b := filepath.Base(n.cfg.ModelPath)
-	b = b[:len(b)-len(filepath.Ext(b))]
-	// A shard file cut by `shard split` is named <model>.L<a>-<b>.gguf:
-	// advertise the model's name, as the nodes holding the whole file do.
-	if m := shardSuffix.FindStringSubmatch(b); m != nil {
-		return m[1]
-	}
-	return b
-}
-
-var shardSuffix = regexp.MustCompile(`^(.+)\.L\d+-\d+$`)
-
-// NameKey is the discovery key under which a model name is announced.
-func NameKey(name string) string { return route.NameKey(name) }
-
-// advertBody is the advert and its discovery keys (the served model's
-// fingerprint and name), from one snapshot under n.mu.
-func (n *Node) advertBody() ([]byte, []string, error) {
-	ca := &meshp2pb.CapabilityAdvert{
-		PeerId: []byte(n.p2p.ID()), Network: n.cfg.P2P.Network, Roles: []meshp2pb.Role{meshp2pb.Role_ROLE_SHARD},
-		Version: engine.Version,
-	}
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	var keys []string
-	if n.fp != "" {
-		keys = append(keys, n.fp)
-		if name := n.modelNameLocked(); name != "" {
-			keys = append(keys, NameKey(name))
+		n.set.setCatalog(cat)
+		if first, err = pc.startCatalog(ctx, cat, src); err != nil {
+			return err
 		}
 	}
-	ca.Offers, ca.Demand = n.offersLocked(), n.demandRep
-	if n.shard == nil && n.place == nil {
-		ca.Roles = []meshp2pb.Role{meshp2pb.Role_ROLE_CLIENT}
-	}
-	if n.shard != nil {
-		info := n.shard.Info()
-		c := n.shard.Capacity()
-		sa := n.shardAdvert(info.Start, info.End, info.NEmbd, info.Arch)
-		sa.Capacity = &meshp2pb.ShardCapacity{FreeSessions: uint32(c.FreeSessions), MaxSessions: uint32(c.MaxSessions),
-			FreeKvTokens: uint64(c.FreeKV), NCtx: uint32(c.NCtx), NBatch: uint32(n.shard.Config().NBatch)}
-		var msl float32
-		if n.hop != nil {
-			msl = n.hop.DecodeMsPerLayer()
-		}
-		if msl == 0 {
-			msl = float32(float64(n.calibration.Microseconds()) / 1000 / float64(max(1, info.End-info.Start)))
-		}
-		sa.DecodeMsPerLayer = &msl
-		ca.Shards = append(ca.Shards, sa)
-	}
-	ca.Shards = append(ca.Shards, n.extraShardsLocked()...)
-	for _, fp := range sortedKeys(n.extras) {
-		keys = append(keys, fp)
-		if name := n.extras[fp].m.name; name != "" {
-			keys = append(keys, NameKey(name))
-		}
-	}
-	if n.place == nil {
-		b, err := proto.Marshal(ca)
-		return b, keys, err
-	}
-	if sw := n.place.switchingTo(); sw != nil {
-		// A multi-model node about to switch: the new model's window,
-		// planned, before it drains the old one (models.go), so other
-		// nodes count it and do not all switch too.
-		sa := n.shardAdvertOf(sw.m.fp, sw.m.name, sw.m.nLayer, sw.r.Start, sw.r.End, sw.m.nEmbd, sw.m.arch)
-		sa.Capacity = &meshp2pb.ShardCapacity{}
-		ca.Shards = append(ca.Shards, sa)
-	}
-	if r, embd, arch := n.place.planned(); r != nil {
-		// A planned window: announced before it is loaded, with no session
-		// slot, so planners skip it and placement counts it.
-		if n.shard != nil {
-			embd, arch = n.shard.Info().NEmbd, n.shard.Info().Arch
-		}
-		sa := n.shardAdvert(r.Start, r.End, embd, arch)
-		sa.Capacity = &meshp2pb.ShardCapacity{}
-		ca.Shards = append(ca.Shards, sa)
-	}
-	b, err := proto.Marshal(ca)
-	return b, keys, err
-}
-
-// shardAdvert is a shard of the served model (n.mu held).
-func (n *Node) shardAdvert(start, end, nEmbd int, arch string) *meshp2pb.ShardAdvert {
-	return n.shardAdvertOf(n.fp, n.modelNameLocked(), n.nLayer, start, end, nEmbd, arch)
-}
-
-// shardAdvertOf is a shard of model fp (n.mu held).
-func (n *Node) shardAdvertOf(fp, name string, nl, start, end, nEmbd int, arch string) *meshp2pb.ShardAdvert {
-	return &meshp2pb.ShardAdvert{
-		ModelFingerprint: fp, ModelName: name, NLayer: uint32(nl),
-		Start: uint32(start), End: uint32(end), WireDtypes: frame.WireDTypeList(),
-		HasVocab: n.vocabPath != "", NEmbd: uint32(nEmbd), Arch: arch,
-		Runtime: "llama.cpp@" + engine.LlamaCommit, PlacementBudget: uint64(max(0, n.place.advertisedBudget())),
-		KernelClass: n.cfg.Device.KernelClass(),
-	}
-}
-
-// publish sets the local advert. pubMu makes building and setting one
-// step: two goroutines publishing at once (the advert loop, placement,
-// the demand loop) cannot leave the older body in place, nor keys of one
-// model with the body of another.
-func (n *Node) publish() error {
-	n.pubMu.Lock()
-	defer n.pubMu.Unlock()
-	body, keys, err := n.advertBody()
+	n.cfg.ModelPath = first.path // the model it starts on: its audits replay with this file
+	n.set.setModel(ctx, first)
+	ls, err := pc.placeFirst(ctx)
 	if err != nil {
 		return err
 	}
-	return n.p2p.Discovery().SetLocalAdvert(keys, body)
-}
-
-// advertLoop re-publishes when free capacity or measured speed changes
-// (checked every AdvertCheckInterval).
-func (n *Node) advertLoop(ctx context.Context) {
-	t := time.NewTicker(AdvertCheckInterval)
-	defer t.Stop()
-	last := n.capacity()
-	lastSpeed := n.hop.DecodeMsPerLayer()
-	lastExtras := n.extraCapacities()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			c, sp, ex := n.capacity(), n.hop.DecodeMsPerLayer(), n.extraCapacities()
-			// Re-publish on capacity changes (extra models' too), or when
-			// the measured speed moved by more than a quarter (the
-			// tracker's cost model).
-			if c != last || !slices.Equal(ex, lastExtras) || math.Abs(float64(sp-lastSpeed)) > AdvertSpeedChange*float64(max(lastSpeed, 1e-6)) {
-				last, lastSpeed, lastExtras = c, sp, ex
-				if err := n.publish(); err != nil {
-					n.log.Warn("re-publish advert", "err", err)
-				}
-			}
-		}
+	if _, err := n.set.serveWindow(ctx, ls, pc.firstServed); err != nil {
+		ls.close()
+		return err
 	}
+	pc.startRebalancing()
+	n.wg.Add(2)
+	go func() { defer n.wg.Done(); n.adv.loop(bg) }()
+	go func() { defer n.wg.Done(); pc.run(bg) }()
+	return nil
 }
 
 // P2P returns the network node.
@@ -684,20 +412,13 @@ func (n *Node) P2P() *p2p.Node { return n.p2p }
 func (n *Node) Table() *route.Table { return n.table }
 
 // Fingerprint of the served model ("" on a client).
-func (n *Node) Fingerprint() string {
-	fp, _ := n.servedModel()
-	return fp
-}
+func (n *Node) Fingerprint() string { return n.set.now().fp }
 
 // Shard returns the served engine shard (nil on a client).
-func (n *Node) Shard() *engine.Shard {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	return n.shard
-}
+func (n *Node) Shard() *engine.Shard { return n.set.shard() }
 
 // Hop returns the hop service (nil on a client).
-func (n *Node) Hop() *session.HopService { return n.hop }
+func (n *Node) Hop() *session.HopService { return n.set.hopService() }
 
 // Origin returns an origin that plans over this node's table.
 func (n *Node) Origin(planner route.Planner) *session.Origin {
@@ -708,7 +429,7 @@ func (n *Node) Origin(planner route.Planner) *session.Origin {
 	// it opens at once on any connection, relayed included, instead of
 	// waiting for a hole punch as activation seams do.
 	return &session.Origin{Dialer: n.ControlHost(), Key: n.host.Peerstore().PrivKey(n.host.ID()), Planner: planner, Protocol: n.host.ProtocolID(session.ProtoSession, session.ProtoVersion),
-		Limits: n.cfg.Hop.Limits, Logger: n.log, Failures: n.failures, Observer: n.originObserver(), Covered: n.table.Covers, Audit: n.auditor,
+		Limits: n.cfg.Hop.Limits, Logger: n.log, Failures: n.failures, Observer: n.obs.origin(), Covered: n.table.Covers, Audit: n.audits.auditor,
 		Rediscover: func(ctx context.Context, fp string) {
 			// A replacement may be known to a peer but not to us yet:
 			// re-pull adverts from connected peers and ask the DHT.
@@ -742,19 +463,14 @@ type Info struct {
 
 // Info describes the node (addresses include /p2p/<id>).
 func (n *Node) Info() Info {
-	fp, nl := n.servedModel()
-	in := Info{PeerID: n.p2p.ID().String(), Network: n.cfg.P2P.Network, Fingerprint: fp, Model: n.ModelName(), NLayer: nl}
+	in := Info{PeerID: n.p2p.ID().String(), Network: n.cfg.P2P.Network}
 	for _, a := range n.p2p.Addrs() {
 		in.Addrs = append(in.Addrs, a.String())
 	}
+	n.set.info(&in)
 	if sh := n.Shard(); sh != nil {
 		in.Start, in.End = sh.Info().Start, sh.Info().End
 	}
-	n.mu.Lock()
-	for _, fp := range sortedKeys(n.extras) {
-		in.AlsoServes = append(in.AlsoServes, n.extras[fp].m.name)
-	}
-	n.mu.Unlock()
 	return in
 }
 
@@ -772,113 +488,138 @@ func (n *Node) WriteInfo() (string, error) {
 	return p, os.Rename(tmp, p)
 }
 
+// Placement reports what automatic placement is doing (Auto false when
+// the node was given --layers).
+func (n *Node) Placement() PlacementStatus { return n.set.placement(n.place) }
+
+// RebalanceInterval is the period of the placement checks (0 without
+// placement).
+func (n *Node) RebalanceInterval() time.Duration {
+	if n.place == nil {
+		return 0
+	}
+	return n.place.interval()
+}
+
+// Catalog lists the names of the models a multi-model node may serve
+// (nil for a node with one model).
+func (n *Node) Catalog() []string { return n.set.catalogNames() }
+
+// DemandMeter counts the demand this node's origins see (give it to the
+// client.Config of a gateway or CLI client on this node); the node
+// gossips it in its advert every DemandInterval.
+func (n *Node) DemandMeter() *demand.Meter { return n.meter }
+
+// Recorder holds the node's running totals and recent routes.
+func (n *Node) Recorder() *status.Recorder { return n.obs.recorder }
+
+// StatusCollector builds the node's status document (GET /api/status,
+// `meshp2p status --json`).
+func (n *Node) StatusCollector(role string) *status.Collector {
+	return &status.Collector{P2P: n.p2p, Table: n.table, Recorder: n.obs.recorder, Self: func() (status.Self, []route.Shard) {
+		s := status.Self{PeerID: n.p2p.ID().String(), Role: role, Network: n.cfg.P2P.Network}
+		for _, a := range n.p2p.Addrs() {
+			s.Addrs = append(s.Addrs, a.String())
+		}
+		if pl := n.Placement(); pl.Auto || pl.Moving != nil || pl.Loading != nil {
+			s.Placement = &status.Placement{BudgetBytes: pl.Budget, Start: pl.Current.Start, End: pl.Current.End,
+				Loading: window(pl.Loading), Draining: window(pl.Moving), Moves: pl.Moves, LastReason: pl.LastWhy, HealPlan: pl.Plan, ModelReason: pl.ModelWhy}
+		}
+		return s, n.set.status(n.p2p.ID(), &s)
+	}}
+}
+
+// Status builds the node's status document now.
+func (n *Node) Status(ctx context.Context, role string) *status.Document {
+	return n.StatusCollector(role).Document(ctx)
+}
+
+// WaitAudits blocks until the audits this node's origins started ended.
+func (n *Node) WaitAudits() { n.audits.wait() }
+
 // Close withdraws the advert, ends sessions and stops everything.
 func (n *Node) Close() error {
 	if n.cancel != nil {
 		n.cancel()
 	}
-	if n.hop != nil {
-		n.hop.Close()
-	}
-	if n.vocab != nil {
-		n.vocab.Close()
-	}
-	if n.fetchSrv != nil {
-		n.fetchSrv.Close()
-	}
-	n.proofs.Close()
+	n.set.stop()
+	n.audits.stop()
 	var errs []error
 	if n.p2p != nil {
 		errs = append(errs, n.p2p.Close())
 	}
 	n.wg.Wait()
-	n.auditor.Wait()
-	if n.auditEngines != nil {
-		n.auditEngines.Close()
+	n.audits.close()
+	n.set.close()
+	if n.draft != nil {
+		n.draft.Close()
 	}
-	n.closeEngine()
 	return errors.Join(errs...)
 }
 
-// loadDraft loads the draft model (cfg.DraftPath) once its vocabulary is
-// known to be the model's, and makes it the hop's proposer factory.
-func (n *Node) loadDraft(ctx context.Context) error {
-	p := n.cfg.DraftPath
-	if p == "" {
-		return nil
-	}
-	if n.cfg.ModelPath == "" {
-		return fmt.Errorf("--draft %s: the node serves no model to draft for", p)
-	}
-	if err := shardengine.CheckDraftVocab(p, n.cfg.ModelPath); err != nil {
-		return fmt.Errorf("--draft: %w", err)
-	}
-	ec, err := n.cfg.Engine.WithDefaults()
-	if err != nil {
-		return err
-	}
-	d, err := shardengine.LoadDraft(ctx, p, ec.MaxSessions, ec.NCtx, ec.Threads, n.log)
-	if err != nil {
-		return fmt.Errorf("--draft: %w", err)
-	}
-	n.draft = d
-	n.cfg.Hop.Proposer = d.Proposer
-	n.log.Info("draft model loaded", "path", p, "layers", d.Model.Info().NLayer)
-	return nil
-}
-
-func (n *Node) closeEngine() {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	if n.draft != nil {
-		n.draft.Close()
-		n.draft = nil
-	}
-	n.closeExtrasLocked()
-	if n.shard != nil {
-		n.shard.Close()
-		n.shard = nil
-	}
-	if n.model != nil {
-		n.model.Close()
-		n.model = nil
-	}
-}
-
-// streamHost is the data plane's view of the node's host: its streams
-// wait up to DirectWait (cfg.DirectWait when set; negative: do not wait)
-// for a hole punch.
-func (n *Node) streamHost() *p2p.StreamHost {
-	wait := n.cfg.DirectWait
-	if wait == 0 {
-		wait = DirectWait
-	}
-	return &p2p.StreamHost{N: n.p2p, Wait: wait}
-}
-
-// Host returns the data-plane view of the host (streams, protocol IDs).
-// Its streams start on the direct connection when a hole punch is about to
-// give one (activation seams live long and carry megabytes).
-func (n *Node) Host() session.Host { return n.host }
-
-// ControlHost is Host for small, latency-bound exchanges (the origin's
+// ControlHost is the host for small, latency-bound exchanges (the origin's
 // session stream, vocabulary and advert fetches): its streams open at once
 // on the best connection there is, a relayed one included.
 func (n *Node) ControlHost() session.Host { return &p2p.StreamHost{N: n.p2p} }
 
+// loadDraft loads the draft model (cfg.DraftPath; nil: none) once its
+// vocabulary is known to be the model's, and makes it the hop's proposer
+// factory.
+func loadDraft(ctx context.Context, cfg *Config) (*shardengine.Draft, error) {
+	p := cfg.DraftPath
+	if p == "" {
+		return nil, nil
+	}
+	if cfg.ModelPath == "" {
+		return nil, fmt.Errorf("--draft %s: the node serves no model to draft for", p)
+	}
+	if err := shardengine.CheckDraftVocab(p, cfg.ModelPath); err != nil {
+		return nil, fmt.Errorf("--draft: %w", err)
+	}
+	ec, err := cfg.Engine.WithDefaults()
+	if err != nil {
+		return nil, err
+	}
+	d, err := shardengine.LoadDraft(ctx, p, ec.MaxSessions, ec.NCtx, ec.Threads, cfg.Logger)
+	if err != nil {
+		return nil, fmt.Errorf("--draft: %w", err)
+	}
+	cfg.Hop.Proposer = d.Proposer
+	cfg.Logger.Info("draft model loaded", "path", p, "layers", d.Model.Info().NLayer)
+	return d, nil
+}
+
+// streamHost is the data plane's view of host p: its streams wait up to
+// wait (0: DirectWait; negative: do not wait) for a hole punch.
+func streamHost(p *p2p.Node, wait time.Duration) *p2p.StreamHost {
+	if wait == 0 {
+		wait = DirectWait
+	}
+	return &p2p.StreamHost{N: p, Wait: wait}
+}
+
+// followTable feeds the capability table from p's discovery while a node
+// fetches (before Start's own follower runs); the returned func stops it.
+func followTable(p *p2p.Node, table *route.Table) func() {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); route.Follow(ctx, p.Discovery(), table) }()
+	return func() { cancel(); <-done }
+}
+
 // logConnEvents makes NAT traversal observable in the node's log: hole
 // punches and their outcome, and a peer's path moving between relayed and
 // direct.
-func (n *Node) logConnEvents(ctx context.Context) {
-	for ev := range n.p2p.SubscribeConn(ctx) {
+func logConnEvents(ctx context.Context, p *p2p.Node, log *slog.Logger) {
+	for ev := range p.SubscribeConn(ctx) {
 		switch ev.Kind {
 		case p2p.PathChanged:
-			n.log.Info("peer path changed", "peer", ev.Peer, "path", ev.Status.Path.String())
+			log.Info("peer path changed", "peer", ev.Peer, "path", ev.Status.Path.String())
 		case p2p.HolePunchFinished:
 			if ev.Success {
-				n.log.Info("hole punch succeeded", "peer", ev.Peer, "attempts", ev.Status.HolePunch.Attempts)
+				log.Info("hole punch succeeded", "peer", ev.Peer, "attempts", ev.Status.HolePunch.Attempts)
 			} else {
-				n.log.Info("hole punch failed; staying relayed", "peer", ev.Peer, "err", ev.Error, "failures", ev.Status.HolePunch.Failures)
+				log.Info("hole punch failed; staying relayed", "peer", ev.Peer, "err", ev.Error, "failures", ev.Status.HolePunch.Failures)
 			}
 		}
 	}

@@ -73,52 +73,33 @@ func (c Config) places() bool {
 	return err != nil
 }
 
-// windowHost is what the placement controller needs of the node (the
-// serving side): the model it serves, the window it serves now, loading a
-// shard file, swapping it in, retiring the old one, and the advert.
-// *Node implements it (window.go).
+// windowHost is what the placement controller needs of what the node
+// serves (*served, served.go): a snapshot of it, and the changes a move,
+// a model switch and the extras make, each one call that updates every
+// registry (the hop, the vocabulary and tensor servers, the advert).
 type windowHost interface {
-	// servedModel is the served model's fingerprint and layer count.
-	servedModel() (fp string, nLayer int)
-	// servedWindow is the window served now and its decode time per layer
-	// in ms (measured by the hop, else the start-up calibration); ok is
-	// false while none is loaded.
-	servedWindow() (r gguf.Range, msPerLayer float64, ok bool)
-	// loadWindow loads and calibrates the shard file at path.
-	loadWindow(ctx context.Context, path string) (*loadedShard, error)
-	// swapWindow serves ls: as the first window (a new hop service), or
-	// beside the window served now, on which the hop stops admitting. It
-	// returns that old window (nil for the first). commit runs under the
-	// node's lock as the swap becomes visible (from: the old range, nil
-	// for the first window), so readers see both changes together.
-	swapWindow(ctx context.Context, ls *loadedShard, commit func(from *gguf.Range)) (*loadedShard, error)
-	// retireWindow lets the sessions on old (layers from) finish, ending
-	// them after DrainTimeout, closes it and returns how many it ended.
-	retireWindow(ctx context.Context, old *loadedShard, from gguf.Range) int
+	// now is the model and window served now (extras included).
+	now() servedNow
+	// serveWindow serves ls (loaded by the controller's windowLoader): as
+	// the first window, the first of a new model (setModel), or beside
+	// the window served now, which stops admitting; once ls is advertised
+	// it drains and closes the old one, returning how many sessions that
+	// ended. commit runs under the served set's lock as the swap becomes
+	// visible (from: the old range, nil if none), so readers see both
+	// changes together. An error changes nothing.
+	serveWindow(ctx context.Context, ls *loadedShard, commit func(from *gguf.Range)) (ended int, err error)
 	// releaseWindow stops serving the window served now and closes it
-	// (draining its sessions as retireWindow), before a new one loads: the
-	// node serves nothing until swapWindow. It returns the window and its
-	// shard file; ok is false when none is served.
+	// (draining its sessions), before a new one loads: the node serves
+	// none until serveWindow. It returns the window and its shard file;
+	// ok is false when none is served.
 	releaseWindow(ctx context.Context) (from gguf.Range, path string, ended int, ok bool)
-	// publish re-publishes the advert (with the planned window, if any).
-	publish() error
-	// windowMoved records a finished move (node.json).
-	windowMoved()
 	// setModel makes a multi-model node serve another of its models
-	// (models.go); modelServed serves what the node serves of the model
-	// besides its window (the vocabulary) once its first window is in.
-	setModel(m catalogModel)
-	modelServed(ctx context.Context)
-	// cutModelShard cuts (or finds cached) window r of the whole model
-	// file at path, whose fingerprint must be fp; checkDevice refuses a
-	// shard file the node's device cannot hold (before anything is
-	// released for it).
-	cutModelShard(ctx context.Context, path, fp string, r gguf.Range) (string, error)
-	checkDevice(path string) error
-	// extraFPs, loadExtra and releaseExtra serve other models whole
-	// beside the node's own (extras.go).
-	extraFPs() map[string]bool
-	loadExtra(ctx context.Context, m catalogModel) error
+	// (models.go; its window released first): the old model's
+	// vocabulary and tensors go, the new one's vocabulary is served.
+	setModel(ctx context.Context, m catalogModel)
+	// addExtra and releaseExtra serve other models whole beside the own
+	// one (extras.go).
+	addExtra(ctx context.Context, m catalogModel) error
 	releaseExtra(ctx context.Context, fp string) int
 }
 
@@ -127,13 +108,21 @@ type windowHost interface {
 // checks it every rebalance interval and moves it; for any serving node it
 // runs a move it is asked for (tests) and reports its state.
 //
-// Lock order: Node.mu before placementController.mu. The node reads the
-// controller's state while it holds its own lock (advertBody, Placement,
-// swapWindow's commit); the controller never calls the node while holding
-// mu.
+// Lock order: served.mu before placementController.mu. The served set
+// reads the controller's state while it holds its own lock (the advert,
+// Placement, serveWindow's commit); the controller never calls it (nor
+// publishes) while holding mu.
 type placementController struct {
-	node  windowHost
+	set windowHost
+	// loader cuts, checks and loads the windows the node moves to.
+	loader *windowLoader
+	// adv publishes the advert (the controller's planned window and
+	// model switch are in it); nil in tests that run no node.
+	adv   *advertiser
 	swarm swarm
+	// moved records a finished move (node.json); set before the
+	// controller runs.
+	moved func()
 	log   *slog.Logger
 	// bootstrap: the node has bootstrap peers to settle with.
 	bootstrap bool
@@ -152,7 +141,7 @@ type placementController struct {
 	nEmbd      int
 	arch       string
 	// shardFor gets the shard file of a window: cut from the whole model
-	// file (Node.cutShard), or fetched from peers or a URL
+	// file (served.cutOwn), or fetched from peers or a URL
 	// (shardFetcher.fetchWindow).
 	shardFor func(ctx context.Context, r gguf.Range) (string, error)
 	// fetched is where a node without the model file fetches windows
@@ -188,10 +177,10 @@ type placementController struct {
 }
 
 // newPlacementController returns the controller of a node's window; cfg
-// nil: the node was given its layers (no automatic placement).
-func newPlacementController(node windowHost, sw swarm, log *slog.Logger, cfg *PlacementConfig, bootstrap bool,
-	shardFor func(ctx context.Context, r gguf.Range) (string, error)) *placementController {
-	c := &placementController{node: node, swarm: sw, log: log, bootstrap: bootstrap, shardFor: shardFor,
+// nil: the node was given its layers (no automatic placement). Its
+// shardFor, moved and table are set before it runs.
+func newPlacementController(set windowHost, ld *windowLoader, adv *advertiser, sw swarm, log *slog.Logger, cfg *PlacementConfig, bootstrap bool) *placementController {
+	c := &placementController{set: set, loader: ld, adv: adv, swarm: sw, log: log, bootstrap: bootstrap, moved: func() {},
 		lastAsked: map[string]time.Time{}, started: time.Now(), failedAt: map[string]time.Time{},
 		extraFailedAt: map[string]time.Time{}}
 	if cfg != nil {
@@ -237,7 +226,7 @@ func (c *placementController) size(sz placement.Sizing, nEmbd int, arch string) 
 // placeFirst chooses a window for a node holding the whole model file,
 // announces it, reconsiders after a random pause and loads it.
 func (c *placementController) placeFirst(ctx context.Context) (*loadedShard, error) {
-	_, nl := c.node.servedModel()
+	nl := c.set.now().nLayer
 	if len(placement.Candidates(c.sizing, c.budget)) == 0 {
 		return nil, fmt.Errorf("memory budget %s (%s) holds no layer of this model: one layer needs at least %s; pass a larger --memory or --layers",
 			mib(c.budget), c.budgetFrom, mib(c.sizing.Need(placement.Range{Start: nl / 2, End: nl/2 + 1})))
@@ -292,7 +281,7 @@ func (c *placementController) announce(ctx context.Context, first placement.Choi
 	r := gguf.Range{Start: first.Range.Start, End: first.Range.End}
 	c.log.Info("placement: announcing", "range", r.String(), "why", choiceWhy(first))
 	c.setLoading(&r)
-	if err := c.node.publish(); err != nil {
+	if err := c.publish(); err != nil {
 		return r, err
 	}
 	select {
@@ -305,7 +294,7 @@ func (c *placementController) announce(ctx context.Context, first placement.Choi
 		r = gguf.Range{Start: again.Range.Start, End: again.Range.End}
 		c.log.Info("placement: reconsidered after the pause", "range", r.String(), "why", choiceWhy(again))
 		c.setLoading(&r)
-		if err := c.node.publish(); err != nil {
+		if err := c.publish(); err != nil {
 			return r, err
 		}
 	}
@@ -318,11 +307,19 @@ func (c *placementController) load(ctx context.Context, r gguf.Range) (*loadedSh
 	if err != nil {
 		return nil, err
 	}
-	return c.node.loadWindow(ctx, path)
+	return c.loader.load(ctx, path)
 }
 
-// served is the commit of a first window: it is no longer planned.
-func (c *placementController) served(*gguf.Range) { c.setLoading(nil) }
+// firstServed is the commit of a first window: it is no longer planned.
+func (c *placementController) firstServed(*gguf.Range) { c.setLoading(nil) }
+
+// publish re-publishes the advert (with the planned window, if any).
+func (c *placementController) publish() error {
+	if c.adv == nil {
+		return nil
+	}
+	return c.adv.publish()
+}
 
 // startRebalancing starts the checks; they end with ctx.
 func (c *placementController) startRebalancing() {
@@ -443,7 +440,8 @@ func (c *placementController) check(ctx context.Context) (recheck bool) {
 	if c.checkModel(ctx) {
 		return true // look again soon: the switch changed the swarm
 	}
-	cur, ms, _ := c.node.servedWindow()
+	st := c.set.now()
+	cur, ms := st.window, st.msPerLayer
 	dec := c.reb.Check(c.view(ctx), c.swarm.ID().String(), placement.Range{Start: cur.Start, End: cur.End}, ms)
 	c.mu.Lock()
 	c.lastWhy = dec.Why
@@ -486,7 +484,7 @@ func (c *placementController) check(ctx context.Context) (recheck bool) {
 // before the new one loads.
 func (c *placementController) move(ctx context.Context, to gguf.Range, releaseFirst bool) error {
 	c.setLoading(&to)
-	if err := c.node.publish(); err != nil {
+	if err := c.publish(); err != nil {
 		c.log.Warn("advertise planned window", "err", err)
 	}
 	// Get the new window's file first (cut or fetched: disk, not memory):
@@ -499,16 +497,16 @@ func (c *placementController) move(ctx context.Context, to gguf.Range, releaseFi
 	var released *gguf.Range
 	var oldPath string
 	if releaseFirst {
-		if r, p, ended, ok := c.node.releaseWindow(ctx); ok {
+		if r, p, ended, ok := c.set.releaseWindow(ctx); ok {
 			released, oldPath = &r, p
 			c.log.Info("placement: released the old window first (both do not fit the budget)", "from", r.String(), "sessions_ended_by_drain", ended)
 		}
 	}
-	ls, err := c.node.loadWindow(ctx, path)
+	ls, err := c.loader.load(ctx, path)
 	if err != nil && released != nil {
 		// Serve the old window again rather than nothing.
-		if back, berr := c.node.loadWindow(ctx, oldPath); berr == nil {
-			if _, serr := c.node.swapWindow(ctx, back, func(*gguf.Range) {}); serr != nil {
+		if back, berr := c.loader.load(ctx, oldPath); berr == nil {
+			if _, serr := c.set.serveWindow(ctx, back, func(*gguf.Range) {}); serr != nil {
 				back.close()
 			}
 		}
@@ -518,7 +516,8 @@ func (c *placementController) move(ctx context.Context, to gguf.Range, releaseFi
 		return err
 	}
 	var from *gguf.Range
-	old, err := c.node.swapWindow(ctx, ls, func(f *gguf.Range) {
+	// Advertised, then the old window drains (draining until it closed).
+	ended, err := c.set.serveWindow(ctx, ls, func(f *gguf.Range) {
 		from = f
 		c.mu.Lock()
 		c.loading, c.draining = nil, f
@@ -530,13 +529,6 @@ func (c *placementController) move(ctx context.Context, to gguf.Range, releaseFi
 		c.abandon()
 		return err
 	}
-	if err := c.node.publish(); err != nil {
-		c.log.Warn("advertise new window", "err", err)
-	}
-	ended := 0
-	if old != nil && from != nil {
-		ended = c.node.retireWindow(ctx, old, *from)
-	}
 	if from == nil {
 		from = released
 	}
@@ -544,7 +536,7 @@ func (c *placementController) move(ctx context.Context, to gguf.Range, releaseFi
 	c.draining = nil
 	c.mu.Unlock()
 	c.log.Info("placement: moved", "from", rangeString(from), "to", to.String(), "sessions_ended_by_drain", ended)
-	c.node.windowMoved()
+	c.moved()
 	return nil
 }
 
@@ -558,7 +550,7 @@ func rangeString(r *gguf.Range) string {
 // abandon withdraws the planned window of a failed move.
 func (c *placementController) abandon() {
 	c.setLoading(nil)
-	_ = c.node.publish()
+	_ = c.publish()
 }
 
 // settle waits (up to PlacementSettle, not at all without bootstrap
@@ -593,8 +585,8 @@ func (c *placementController) settle(ctx context.Context) {
 // if a short dial reaches it (a crashed node's advert outlives it by up to
 // its TTL).
 func (c *placementController) view(ctx context.Context) placement.View {
-	fp, nl := c.node.servedModel()
-	return c.viewOf(ctx, fp, nl)
+	st := c.set.now()
+	return c.viewOf(ctx, st.fp, st.nLayer)
 }
 
 // viewOf is view for model fp of nl layers.

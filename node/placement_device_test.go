@@ -30,7 +30,7 @@ func TestPlacementBudgetFromDevice(t *testing.T) {
 		{"cpu", PlacementConfig{}, 0, hostSrc},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			c := newPlacementController(nil, nil, nil, &tc.cfg, false, nil)
+			c := newPlacementController(nil, nil, nil, nil, nil, &tc.cfg, false)
 			src, err := c.size(placement.Sizing{NLayer: 4, LayerBytes: make([]int64, 4)}, 256, "llama")
 			if err != nil {
 				t.Fatal(err)

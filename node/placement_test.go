@@ -79,7 +79,7 @@ func waitCover(t *testing.T, c *Node, fp string, nodes []*Node, k int, within ti
 	t.Helper()
 	t0 := time.Now()
 	for {
-		rep := replicas(nodes[0].nLayer, nodes)
+		rep := replicas(nodes[0].set.now().nLayer, nodes)
 		ok := true
 		for _, r := range rep {
 			ok = ok && r >= k

@@ -33,7 +33,7 @@ func TestVocabStarvationFourIdentities(t *testing.T) {
 	}
 	for range 4 {
 		hog := tn.client()
-		pid := hog.Host().ProtocolID(vocab.Proto, vocab.ProtoVersion)
+		pid := hog.host.ProtocolID(vocab.Proto, vocab.ProtoVersion)
 		for _, b := range [][]byte{{0}, req.Bytes()[:req.Len()/2]} {
 			s, err := hog.ControlHost().NewStream(ctx, srv.P2P().ID(), pid)
 			if err != nil {

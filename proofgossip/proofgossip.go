@@ -149,16 +149,6 @@ func (g *Gossip) Close() {
 	g.wg.Wait()
 }
 
-// Peers is how many peers this node knows on the proofs topic.
-func (g *Gossip) Peers() int { return g.topic.Peers() }
-
-// Stats returns the counts so far.
-func (g *Gossip) Stats() Stats {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	return g.stats
-}
-
 // Publish sends a proof this node's own audit made (and judged).
 func (g *Gossip) Publish(ctx context.Context, p *meshp2pb.Proof) error {
 	b, err := proto.Marshal(p)
