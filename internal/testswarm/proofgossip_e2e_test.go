@@ -71,6 +71,12 @@ func TestGossipedProofReachesEveryOrigin(t *testing.T) {
 	a := mk("A (audits)", 1, []string{model})
 	b := mk("B (holds the model)", 0, []string{model})
 	c := mk("C (holds nothing)", 0, nil)
+	// A node drops a proof against a peer its table does not list as
+	// serving (a throwaway key's, as far as it can tell), so every origin
+	// first learns the liar's advert (under load gossip takes a while).
+	for _, o := range []*origin{a, b, c} {
+		waitShard(t, o.c, liar)
+	}
 	ctx := context.Background()
 	gen := func(o *origin) *client.Result {
 		t.Helper()
