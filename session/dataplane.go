@@ -132,6 +132,17 @@ func (hs *hopSession) readUpstream(r *timedReader) error {
 			if hs.head && k.Activation.GetVerify() {
 				return codeErr(meshp2pb.ErrorCode_ERROR_CODE_BAD_REQUEST, "verification windows start at the head, not the origin", hs.upstreamPeer())
 			}
+			if hs.head {
+				// The origin sends the prompt and nothing after its last
+				// chunk: decode steps start at the head (from the ring). A
+				// step from the origin would race the ring's for one
+				// position (docs/locks.md: a one-hop speculative session
+				// then blocked on its own hs.self).
+				if !k.Activation.GetIsPrefill() || hs.prompted {
+					return codeErr(meshp2pb.ErrorCode_ERROR_CODE_BAD_REQUEST, "the origin sends prompt chunks up to the last one, nothing after it", hs.upstreamPeer())
+				}
+				hs.prompted = k.Activation.GetLastChunk()
+			}
 			if !hs.head {
 				if err := hs.received(msg, tensors, hs.upstreamPeer()); err != nil {
 					return err

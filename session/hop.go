@@ -249,6 +249,10 @@ type hopSession struct {
 	closing   atomic.Bool
 	tailFinal chan struct{} // head: closed when the tail's final statement arrived
 
+	// prompted (head): the origin's last prompt chunk arrived; only
+	// readUpstream touches it.
+	prompted bool
+
 	maxTokens int
 	produced  int      // head: tokens passed to the origin; only the ring reader touches it
 	admitted  bool     // the route accepted it (set before run; read by release)

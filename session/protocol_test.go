@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -474,4 +475,54 @@ func TestSeamMigrationAfterEarlyPunch(t *testing.T) {
 		t.Fatalf("tokens %v\nwant   %v", res.Tokens, want)
 	}
 	waitReleased(t, head, tail)
+}
+
+// The head takes the prompt from the origin and nothing after its last
+// chunk: a decode step (or a further prompt chunk) from the origin fails
+// the session with BAD_REQUEST instead of racing the ring's step for the
+// same position (docs/locks.md: a one-hop speculative session blocked on
+// its own channel for minutes).
+func TestHeadRefusesOriginStepsAfterPrompt(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		next *meshp2pb.ActivationHeader
+	}{
+		{"decode step", &meshp2pb.ActivationHeader{Step: 1, PosStart: 3, NRows: 1, LastChunk: true, Tokens: []int32{7}}},
+		{"prompt chunk after the last", &meshp2pb.ActivationHeader{Step: 1, PosStart: 3, NRows: 1, IsPrefill: true, LastChunk: true, Tokens: []int32{7}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			whole := startHop(t, 0, fakeNLay, func(c *HopConfig) { c.MaxSessionKV, c.MaxSessionsPerPeer, c.MaxKVPerPeer = -1, -1, -1 })
+			c := newTestHost(t)
+			connectAll(c, whole.host)
+			open := openFor(whole, 1, 64)
+			open.MaxTokens = 2 // the head stops after 2 tokens and waits for the origin
+			s, m := rawOpen(t, c, whole.host.ID(), open)
+			if !m.GetAccept().GetOk() {
+				t.Fatalf("open refused: %v", m)
+			}
+			w := frame.NewWriter(s, frame.Limits{})
+			first := &meshp2pb.ActivationHeader{SessionId: open.GetSessionId(), Epoch: 1, PosStart: 0, NRows: 3, IsPrefill: true, LastChunk: true, Tokens: []int32{1, 2, 3}}
+			if err := w.WriteStream(&meshp2pb.StreamMessage{Kind: &meshp2pb.StreamMessage_Activation{Activation: first}}); err != nil {
+				t.Fatal(err)
+			}
+			tc.next.SessionId, tc.next.Epoch = open.GetSessionId(), 1
+			if err := w.WriteStream(&meshp2pb.StreamMessage{Kind: &meshp2pb.StreamMessage_Activation{Activation: tc.next}}); err != nil {
+				t.Fatal(err)
+			}
+			r := frame.NewReader(s, frame.Limits{})
+			_ = s.SetReadDeadline(time.Now().Add(30 * time.Second))
+			for {
+				msg, _, err := r.ReadStream()
+				if err != nil {
+					t.Fatalf("no error from the head: %v", err)
+				}
+				if e := msg.GetError(); e != nil {
+					if e.GetCode() != meshp2pb.ErrorCode_ERROR_CODE_BAD_REQUEST || !strings.Contains(e.GetMessage(), "prompt chunks") {
+						t.Fatalf("error %v, want BAD_REQUEST about prompt chunks", e)
+					}
+					return
+				}
+			}
+		})
+	}
 }
