@@ -379,8 +379,19 @@ func TestModelSizingUsesTensorTypes(t *testing.T) {
 // least a quarter of it (KV cells no session has used yet are not
 // resident, so RSS right after loading is a lower bound).
 func TestMemoryEstimateAgainstRSS(t *testing.T) {
-	spec := gguf.DefaultSpec("llama")
-	spec.Layers, spec.Embd, spec.Heads, spec.KVHeads, spec.FF, spec.Type = 8, 512, 8, 4, 1536, gguf.TypeF16
+	llama := gguf.DefaultSpec("llama")
+	llama.Layers, llama.Embd, llama.Heads, llama.KVHeads, llama.FF, llama.Type = 8, 512, 8, 4, 1536, gguf.TypeF16
+	// deepseek2: latent attention (the cache is one head of kv_lora_rank
+	// + rope dims), dense lead layers and experts of another size.
+	ds := gguf.DefaultSpec("deepseek2")
+	ds.Layers, ds.Embd, ds.Heads, ds.FF, ds.ExpertFF, ds.Experts, ds.DenseLead, ds.Type = 8, 512, 8, 1536, 512, 8, 3, gguf.TypeF16
+	ds.QLoraRank, ds.KVLoraRank, ds.RopeDim, ds.NopeDim, ds.VDim = 256, 256, 64, 128, 128
+	for _, spec := range []gguf.Spec{llama, ds} {
+		t.Run(spec.Arch, func(t *testing.T) { checkEstimateAgainstRSS(t, spec) })
+	}
+}
+
+func checkEstimateAgainstRSS(t *testing.T, spec gguf.Spec) {
 	path := t.TempDir() + "/rss.gguf"
 	if err := gguf.Synth(context.Background(), spec, path); err != nil {
 		t.Fatal(err)
@@ -412,8 +423,12 @@ func TestMemoryEstimateAgainstRSS(t *testing.T) {
 	}
 	grew := rss(t) - before
 	est := sz.Need(placement.Range{Start: r.Start, End: r.End})
-	t.Logf("window %s: estimate %.1f MiB (weights %.1f, KV %.1f, fixed %.1f); resident memory grew %.1f MiB (%.2f of the estimate)",
-		r, float64(est)/(1<<20), float64(sz.LayerBytes[2]*4)/(1<<20), float64(sz.KVBytesPerLayer*4)/(1<<20), float64(sz.FixedBytes)/(1<<20),
+	var weights int64
+	for l := r.Start; l < r.End; l++ {
+		weights += sz.LayerBytes[l]
+	}
+	t.Logf("%s window %s: estimate %.1f MiB (weights %.1f, KV %.1f, fixed %.1f); resident memory grew %.1f MiB (%.2f of the estimate)",
+		spec.Arch, r, float64(est)/(1<<20), float64(weights)/(1<<20), float64(sz.KVBytesPerLayer*int64(r.Len()))/(1<<20), float64(sz.FixedBytes)/(1<<20),
 		float64(grew)/(1<<20), float64(grew)/float64(est))
 	if grew > est || grew < est/4 {
 		t.Fatalf("resident memory grew %d B; the estimate says %d B", grew, est)
