@@ -86,8 +86,23 @@ func (s *auditStore) open(key Key, hop int, limit int64) *kept {
 // record keeps one frame (sent, or the head's input) if the bounds allow.
 func (s *auditStore) record(k *kept, input bool, a *meshp2pb.ActivationHeader, payload []byte, overhead int) {
 	n := int64(len(payload) + overhead)
+	s.keep(k, n, func() {
+		rf := &meshp2pb.RecordedFrame{Header: recordHeader(a), Payload: payload}
+		if input {
+			k.inputs = append(k.inputs, rf)
+		} else {
+			k.sent = append(k.sent, rf)
+		}
+	})
+}
+
+// keep runs add under k.mu when a record of n bytes fits the session's
+// bound and the store's; past either, the session's records stay
+// truncated. Nothing is kept once the session ended (a frame the head's
+// ring still brought during teardown).
+func (s *auditStore) keep(k *kept, n int64, add func()) {
 	select {
-	case <-k.ended: // a frame the head's ring still brought during teardown
+	case <-k.ended:
 		return
 	default:
 	}
@@ -98,12 +113,7 @@ func (s *auditStore) record(k *kept, input bool, a *meshp2pb.ActivationHeader, p
 		return
 	}
 	k.bytes.Add(n)
-	rf := &meshp2pb.RecordedFrame{Header: recordHeader(a), Payload: payload}
-	if input {
-		k.inputs = append(k.inputs, rf)
-	} else {
-		k.sent = append(k.sent, rf)
-	}
+	add()
 }
 
 // ringOverhead is what one kept ring message counts against the
@@ -129,19 +139,7 @@ func (s *auditStore) recordRing(k *kept, msg *meshp2pb.StreamMessage) {
 	default:
 		return
 	}
-	select {
-	case <-k.ended:
-		return
-	default:
-	}
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	if k.truncated || k.bytes.Load()+n > k.limit || !s.reserve(n) {
-		k.truncated = true
-		return
-	}
-	k.bytes.Add(n)
-	k.ring = append(k.ring, c)
+	s.keep(k, n, func() { k.ring = append(k.ring, c) })
 }
 
 // recordHeader is the header an audit needs (no timings).
