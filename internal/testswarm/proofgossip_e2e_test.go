@@ -21,19 +21,14 @@ import (
 	"github.com/neuron-tai/meshp2p/session"
 )
 
-// Issue 37: a swarm without a tracker learns from one proof. Three real
-// hops on loopback, the middle one lying on every frame; origin A audits
-// (rate 1, with the model), origin B audits nothing but holds the model,
-// origin C holds nothing. Once A's audit convicts the liar, the proof is
-// gossiped: B replays it and convicts the liar itself, C (which cannot
-// replay) avoids it while another copy of the layers serves; with an
-// honest replica up, the next generations of every origin avoid the liar.
-func TestGossipedProofReachesEveryOrigin(t *testing.T) {
-	model := testmodels.Path(t, "stories260K.gguf")
-	mid := gguf.Range{Start: 2, End: 4}
-	tn := testswarm.New(t)
-	tn.Shard(model, &gguf.Range{Start: 0, End: 2}, nil)
-	bad := tn.Shard(model, &mid, func(c *node.Config) {
+// liarSwarm starts stories260K in three hops on loopback (0-2, 2-4, 4-5)
+// whose middle (bad) adds 0.01 to one value of every frame it sends.
+func liarSwarm(t *testing.T) (tn *testswarm.Net, model string, mid gguf.Range, head, bad *node.Node) {
+	model = testmodels.Path(t, "stories260K.gguf")
+	mid = gguf.Range{Start: 2, End: 4}
+	tn = testswarm.New(t)
+	head = tn.Shard(model, &gguf.Range{Start: 0, End: 2}, nil)
+	bad = tn.Shard(model, &mid, func(c *node.Config) {
 		c.WrapEngine = func(e session.Engine) session.Engine {
 			return &hostile{compute: e, tamper: func(_ int64, _ session.Key, out *session.Output) {
 				if len(out.Hidden) > 0 {
@@ -43,6 +38,18 @@ func TestGossipedProofReachesEveryOrigin(t *testing.T) {
 		}
 	})
 	tn.Shard(model, &gguf.Range{Start: 4, End: 5}, nil)
+	return tn, model, mid, head, bad
+}
+
+// Issue 37: a swarm without a tracker learns from one proof. Three real
+// hops on loopback, the middle one lying on every frame; origin A audits
+// (rate 1, with the model), origin B audits nothing but holds the model,
+// origin C holds nothing. Once A's audit convicts the liar, the proof is
+// gossiped: B replays it and convicts the liar itself, C (which cannot
+// replay) avoids it while another copy of the layers serves; with an
+// honest replica up, the next generations of every origin avoid the liar.
+func TestGossipedProofReachesEveryOrigin(t *testing.T) {
+	tn, model, mid, _, bad := liarSwarm(t)
 	liar := bad.P2P().ID()
 
 	type origin struct {
@@ -136,20 +143,7 @@ func TestGossipedProofReachesEveryOrigin(t *testing.T) {
 // every later run with the same --data-dir routes around the liar (before,
 // 1-4 of 5 did not: nothing the next process read kept the conviction).
 func TestGenerateRemembersConvictionAcrossRuns(t *testing.T) {
-	model := testmodels.Path(t, "stories260K.gguf")
-	mid := gguf.Range{Start: 2, End: 4}
-	tn := testswarm.New(t)
-	head := tn.Shard(model, &gguf.Range{Start: 0, End: 2}, nil)
-	bad := tn.Shard(model, &mid, func(c *node.Config) {
-		c.WrapEngine = func(e session.Engine) session.Engine {
-			return &hostile{compute: e, tamper: func(_ int64, _ session.Key, out *session.Output) {
-				if len(out.Hidden) > 0 {
-					out.Hidden[0] += 0.01
-				}
-			}}
-		}
-	})
-	tn.Shard(model, &gguf.Range{Start: 4, End: 5}, nil)
+	tn, model, mid, head, bad := liarSwarm(t)
 	liar := bad.P2P().ID().String()
 	var boot string
 	for _, a := range head.P2P().AddrInfo().Addrs {
