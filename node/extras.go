@@ -1,9 +1,7 @@
 package node
 
 import (
-	"cmp"
 	"context"
-	"errors"
 	"fmt"
 	"slices"
 	"time"
@@ -16,54 +14,15 @@ import (
 	"github.com/neuron-tai/meshp2p/route"
 )
 
-// Extra models (docs/placement.md "Many models"): a multi-model node whose
-// budget holds its own model whole and more serves other models of its
-// catalog whole beside it, on the same hop, when they are asked for and
-// short of routes; it releases one after it has had no demand for the
-// idle release time (30 min). Its own model stays what placement moves and
-// switches; an extra is never switched to, and all extras are released
-// before a switch whose new model would not fit beside them.
+// Extra models (docs/placement.md "Many models"): what to serve beside the
+// node's own model is decided by placement.Extras; this file carries the
+// decisions out (load, release, advertise).
 
 // extraModel is one model served whole beside the node's own.
 type extraModel struct {
 	m        catalogModel
 	ls       *loadedShard
 	hasVocab bool
-}
-
-// extraPlan is a multi-model node's decision about extra models: the
-// extras to release (no demand for idle), and the one model to load as an
-// extra ("" none): asked for, fitting the spare memory, with no route and
-// nobody loading it. Extras warm models; more routes of a model that has
-// one come from ChooseModel's switches, whose hysteresis and spreading
-// bound them (a liar's refusals cannot make every node load a copy). ownWhole: the node serves its own model whole (extras
-// only beside a whole model, so its window never grows into their memory);
-// spare is the budget left beside it and the extras; loads are the
-// catalog's models (placement.ChooseModel's view); need is each model's
-// whole-model memory; skip leaves a model out (one that failed lately).
-func extraPlan(own string, ownWhole bool, spare int64, loads []placement.ModelLoad, extras map[string]bool, need map[string]int64,
-	skip func(fp string) bool, idle time.Duration) (load string, release []string) {
-	for _, l := range loads {
-		if extras[l.Fingerprint] && l.Demand == 0 && l.IdleFor >= idle {
-			release = append(release, l.Fingerprint)
-			spare += need[l.Fingerprint]
-		}
-	}
-	slices.Sort(release)
-	if !ownWhole {
-		return "", release
-	}
-	best, bestUnmet := "", -1.0
-	for _, l := range loads {
-		fp := l.Fingerprint
-		if fp == own || extras[fp] || skip(fp) || l.Demand <= 0 || l.Routes > 0 || l.Nodes > 0 || need[fp] > spare {
-			continue
-		}
-		if l.Unmet > bestUnmet || (l.Unmet == bestUnmet && fp < best) {
-			best, bestUnmet = fp, l.Unmet
-		}
-	}
-	return best, release
 }
 
 // addExtra serves model m whole beside the own model: cut (cached),
@@ -184,26 +143,19 @@ func sortedKeys[V any](m map[string]V) []string {
 // offering node this time): no switch for it.
 func (c *placementController) checkExtras(ctx context.Context, loads []placement.ModelLoad) (changed, handled bool) {
 	st := c.set.now()
-	cur, nl, win, serving, extras := st.fp, st.nLayer, st.window, st.serving, st.extras
-	own, ok := c.catalogModel(cur)
+	own, ok := c.catalogModel(st.fp)
 	if !ok {
 		return false, false
 	}
-	need := map[string]int64{}
-	for _, m := range c.models {
-		need[m.fp] = m.sizing.Need(placement.Range{Start: 0, End: m.nLayer})
-	}
-	spare := c.budget - need[cur]
-	for fp := range extras {
-		spare -= need[fp]
-	}
 	now := time.Now()
-	skip := func(fp string) bool {
+	ex := c.extras(st)
+	ex.OwnWhole = st.serving && st.window.Start == 0 && st.window.End == st.nLayer
+	ex.Skip = func(fp string) bool {
 		at, failed := c.extraFailedAt[fp]
 		return failed && now.Sub(at) < ModelRetryBackoff
 	}
-	whole := serving && win.Start == 0 && win.End == nl
-	load, release := extraPlan(own.fp, whole, spare, loads, extras, need, skip, c.cfg.ModelRules.IdleReleaseOrDefault())
+	spare := ex.Spare()
+	load, release := ex.Plan(loads)
 	for _, fp := range release {
 		m, _ := c.catalogModel(fp)
 		ended := c.set.releaseExtra(ctx, fp)
@@ -254,16 +206,14 @@ func (c *placementController) checkExtras(ctx context.Context, loads []placement
 	return true, true
 }
 
-// extrasNeed is the memory the extras served now take.
-func (c *placementController) extrasNeed() int64 {
-	extras := c.set.now().extras
-	var used int64
-	for _, e := range c.models {
-		if extras[e.fp] {
-			used += e.sizing.Need(placement.Range{Start: 0, End: e.nLayer})
-		}
+// extras is placement's view of this node's extra models (st: what it
+// serves now).
+func (c *placementController) extras(st servedNow) placement.Extras {
+	need := map[string]int64{}
+	for _, m := range c.models {
+		need[m.fp] = m.sizing.Need(placement.Range{Start: 0, End: m.nLayer})
 	}
-	return used
+	return placement.Extras{Own: st.fp, Budget: c.budget, Need: need, Served: st.extras, IdleRelease: c.cfg.ModelRules.IdleReleaseOrDefault()}
 }
 
 // ownBudget is the budget left to the node's own window beside its
@@ -272,7 +222,7 @@ func (c *placementController) ownBudget() int64 {
 	if len(c.models) < 2 {
 		return c.budget
 	}
-	return c.budget - c.extrasNeed()
+	return c.budget - c.extras(c.set.now()).Used()
 }
 
 // extrasChanged rebuilds the own window's rebalancer with the budget the
@@ -281,42 +231,4 @@ func (c *placementController) extrasChanged() {
 	if c.reb != nil {
 		c.reb = placement.NewRebalancer(c.sizing, c.ownBudget(), c.rng)
 	}
-}
-
-// errNoRoom: a switch would need the memory of an extra that holds the
-// last route of a model still needed.
-var errNoRoom = errors.New("switch needs the memory of an extra model still asked for")
-
-// roomFor lists the extras to release before switching to model m, whose
-// whole window must fit beside the extras kept: the least recently asked
-// for first, only as many as needed. It refuses (errNoRoom) when that
-// would release the last route of a model asked for within the idle
-// release time.
-func (c *placementController) roomFor(m catalogModel, loads []placement.ModelLoad) ([]string, error) {
-	extras := c.set.now().extras
-	if len(extras) == 0 {
-		return nil, nil
-	}
-	room := c.budget - c.extrasNeed()
-	want := m.sizing.Need(placement.Range{Start: 0, End: m.nLayer})
-	byFP := map[string]placement.ModelLoad{}
-	for _, l := range loads {
-		byFP[l.Fingerprint] = l
-	}
-	order := sortedKeys(extras)
-	slices.SortStableFunc(order, func(a, b string) int { return cmp.Compare(byFP[b].IdleFor, byFP[a].IdleFor) })
-	var release []string
-	for _, fp := range order {
-		if room >= want {
-			break
-		}
-		l := byFP[fp]
-		if l.Routes <= 1 && (l.Demand > 0 || l.IdleFor < c.cfg.ModelRules.IdleReleaseOrDefault()) {
-			return nil, fmt.Errorf("%w: %.16s", errNoRoom, fp)
-		}
-		e, _ := c.catalogModel(fp)
-		room += e.sizing.Need(placement.Range{Start: 0, End: e.nLayer})
-		release = append(release, fp)
-	}
-	return release, nil
 }

@@ -315,7 +315,7 @@ func (c *placementController) checkModel(ctx context.Context) bool {
 		return false
 	}
 	c.log.Info("placement: switching model", "to", m.name, "why", ch.Why)
-	if err := c.switchModel(ctx, m, loads); errors.Is(err, errNoRoom) {
+	if err := c.switchModel(ctx, m, loads); errors.Is(err, placement.ErrNoRoom) {
 		c.log.Info("placement: not switching: an extra model here holds the last route of a model still asked for", "to", m.name, "err", err)
 		return false
 	} else if err != nil {
@@ -336,14 +336,14 @@ func (c *placementController) checkModel(ctx context.Context) bool {
 // window does not load goes back to the old model and window.
 func (c *placementController) switchModel(ctx context.Context, m catalogModel, loads []placement.ModelLoad) error {
 	prev, _ := c.catalogModel(c.curFP())
-	release, err := c.roomFor(m, loads)
+	ex := c.extras(c.set.now())
+	release, err := ex.RoomFor(m.fp, loads)
 	if err != nil {
 		return err
 	}
 	room := c.ownBudget()
 	for _, fp := range release {
-		e, _ := c.catalogModel(fp)
-		room += e.sizing.Need(placement.Range{Start: 0, End: e.nLayer})
+		room += ex.Need[fp]
 	}
 	ch, ok := placement.Choose(c.viewOf(ctx, m.fp, m.nLayer), m.sizing, room, 0, nil, c.rng)
 	if !ok {

@@ -136,43 +136,6 @@ func TestCheckModels(t *testing.T) {
 	}
 }
 
-// extraPlan: which models a multi-model node serves whole beside its own.
-func TestExtraPlan(t *testing.T) {
-	const idle = 30 * time.Minute
-	need := map[string]int64{"own": 10, "b": 8, "c": 30, "e": 5}
-	none := func(string) bool { return false }
-	for _, tc := range []struct {
-		name        string
-		whole       bool
-		spare       int64
-		loads       []placement.ModelLoad
-		extras      map[string]bool
-		skip        func(string) bool
-		wantLoad    string
-		wantRelease []string
-	}{
-		{"asked for, no route, fits: load it", true, 10, []placement.ModelLoad{{Fingerprint: "b", Demand: 1, Unmet: 1}}, nil, none, "b", nil},
-		{"does not fit", true, 7, []placement.ModelLoad{{Fingerprint: "b", Demand: 1, Unmet: 1}}, nil, none, "", nil},
-		{"own window not whole: no extras", false, 100, []placement.ModelLoad{{Fingerprint: "b", Demand: 1, Unmet: 1}}, nil, none, "", nil},
-		{"someone is loading it (planned)", true, 10, []placement.ModelLoad{{Fingerprint: "b", Demand: 1, Unmet: 1, Nodes: 1}}, nil, none, "", nil},
-		{"routes already: extras only warm (more routes come from switches)", true, 10, []placement.ModelLoad{{Fingerprint: "b", Demand: 4, Unmet: 1, Nodes: 1, Routes: 1}}, nil, none, "", nil},
-		{"routes and only refusals: nothing (a liar's report)", true, 10, []placement.ModelLoad{{Fingerprint: "b", Demand: 50, Unmet: 50, Nodes: 1, Routes: 1}}, nil, none, "", nil},
-		{"not asked for", true, 10, []placement.ModelLoad{{Fingerprint: "b", Nodes: 0}}, nil, none, "", nil},
-		{"failed lately", true, 10, []placement.ModelLoad{{Fingerprint: "b", Demand: 1, Unmet: 1}}, nil, func(fp string) bool { return fp == "b" }, "", nil},
-		{"the hungriest that fits", true, 10, []placement.ModelLoad{{Fingerprint: "b", Demand: 1, Unmet: 1}, {Fingerprint: "e", Demand: 3, Unmet: 3}, {Fingerprint: "c", Demand: 9, Unmet: 9}}, nil, none, "e", nil},
-		{"an idle extra is released, its memory reused", true, 4, []placement.ModelLoad{{Fingerprint: "e", IdleFor: idle}, {Fingerprint: "b", Demand: 1, Unmet: 1}}, map[string]bool{"e": true}, none, "b", []string{"e"}},
-		{"an extra idle less than the release time stays", true, 4, []placement.ModelLoad{{Fingerprint: "e", IdleFor: idle - time.Minute}, {Fingerprint: "b", Demand: 1, Unmet: 1}}, map[string]bool{"e": true}, none, "", nil},
-		{"an extra still asked for stays", true, 0, []placement.ModelLoad{{Fingerprint: "e", Demand: 1, IdleFor: 0}}, map[string]bool{"e": true}, none, "", nil},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			load, release := extraPlan("own", tc.whole, tc.spare, tc.loads, tc.extras, need, tc.skip, idle)
-			if load != tc.wantLoad || !slices.Equal(release, tc.wantRelease) {
-				t.Fatalf("load %q release %v, want %q %v", load, release, tc.wantLoad, tc.wantRelease)
-			}
-		})
-	}
-}
-
 // wholeNeed is what serving every layer of model takes (placement.Sizing).
 func wholeNeed(t *testing.T, tn *testNet, model string) int64 {
 	t.Helper()
