@@ -36,6 +36,28 @@ if [ ! -f "$headers/include/vulkan/vulkan.hpp" ]; then
 	exit 1
 fi
 mkdir -p "$out"
+# A fresh clone on a machine that built this library before reuses it: the
+# finished library is kept in the user's cache under a key of everything it
+# is built from (the module, the headers, these scripts, the compilers),
+# like Go's build cache keeps llama.cpp's objects. GPU_CACHE= (empty) skips it.
+cache=${GPU_CACHE-${XDG_CACHE_HOME:-$HOME/.cache}/meshp2p/gpu-vulkan}
+if [ -n "$cache" ]; then
+	key=$({
+		echo "$module $headers_version"
+		cat "$0" "$root/scripts/gpu-install-lib.sh"
+		c++ --version 2>&1 | head -1
+		glslc --version 2>&1 | head -1
+		cmake --version 2>&1 | head -1
+	} | sha256sum | cut -c1-24)
+	if [ -f "$cache/$key/libggml-vulkan.so" ] && [ -f "$cache/$key/libggml-vulkan.so.meshp2p" ]; then
+		mkdir -p "$out/lib"
+		for f in libggml-vulkan.so libggml-vulkan.so.meshp2p; do
+			cp "$cache/$key/$f" "$out/lib/$f.tmp" && mv "$out/lib/$f.tmp" "$out/lib/$f"
+		done
+		echo "gpu-vulkan: $out/lib/libggml-vulkan.so from the cache $cache/$key (stamp: $(cat "$out/lib/libggml-vulkan.so.meshp2p"))"
+		exit 0
+	fi
+fi
 cat >"$out/glslc" <<'WRAP'
 #!/bin/sh
 for a in "$@"; do
@@ -63,4 +85,9 @@ cmake -S "$module" -B "$out/build" -DCMAKE_BUILD_TYPE=Release -DVulkan_GLSLC_EXE
 cmake --build "$out/build" --target ggml-vulkan -j"$(nproc)" >"$out/build.log" 2>&1 || { grep -m 20 error "$out/build.log" >&2; exit 1; }
 lib=$(find "$out/build" -name libggml-vulkan.so | head -1)
 sh "$root/scripts/gpu-install-lib.sh" vulkan "$lib" "$out"
+if [ -n "$cache" ]; then
+	mkdir -p "$cache/$key.tmp$$"
+	cp "$out/lib/libggml-vulkan.so" "$out/lib/libggml-vulkan.so.meshp2p" "$cache/$key.tmp$$/"
+	rm -rf "$cache/$key" && mv "$cache/$key.tmp$$" "$cache/$key" || rm -rf "$cache/$key.tmp$$"
+fi
 echo "gpu-vulkan: built $out/lib/libggml-vulkan.so in $(( $(date +%s) - start )) s (Vulkan-Headers $headers_version; stamp: $(cat "$out/lib/libggml-vulkan.so.meshp2p"))"

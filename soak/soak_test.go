@@ -213,7 +213,7 @@ type soak struct {
 
 func TestChurnSoak(t *testing.T) {
 	if testing.Short() {
-		t.Skip("churn soak: skipped in -short (it runs 3 minutes by default; make soak runs 25)")
+		t.Skip("churn soak: skipped in -short (make test runs 5 minutes; make soak runs 25)")
 	}
 	model, err := filepath.Abs(modelFile)
 	if err != nil {
