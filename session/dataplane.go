@@ -180,28 +180,35 @@ func (hs *hopSession) readUpstream(r *timedReader) error {
 // steps, "" for the origin or this hop itself): a frame the hop or its
 // engine rejects is blamed on it. rt is how the frame reached this hop.
 // With transcripts, the frame and what it made are digested, and every
-// TranscriptWindow frames a signed statement follows them.
+// TranscriptWindow frames a signed statement follows them; the head does
+// that under trMu and writes on the down seam after it, in turn (turn.go).
 func (hs *hopSession) activation(a *meshp2pb.ActivationHeader, tensors [][]byte, from peer.ID, rt readTiming) error {
 	hs.busy.Add(1)
 	defer hs.busy.Add(-1)
 	if hs.tr == nil {
-		return hs.compute(a, tensors, from, rt)
+		return hs.compute(a, tensors, from, rt, nil)
 	}
-	if hs.head {
-		hs.trMu.Lock()
-		defer hs.trMu.Unlock()
+	if !hs.head {
+		return hs.transcribed(a, tensors, from, rt, nil)
 	}
+	return hs.ordered(func(t *turn) error { return hs.transcribed(a, tensors, from, rt, t) })
+}
+
+// transcribed is activation with transcripts; the writes on the down
+// seam go in t (nil: written at once).
+func (hs *hopSession) transcribed(a *meshp2pb.ActivationHeader, tensors [][]byte, from peer.ID, rt readTiming, t *turn) error {
 	if !hs.transcribeInput(a, tensors) {
 		return nil // the head is closing: nothing more goes down
 	}
-	if err := hs.compute(a, tensors, from, rt); err != nil {
+	if err := hs.compute(a, tensors, from, rt, t); err != nil {
 		return err
 	}
-	return hs.inputDone()
+	return hs.inputDone(t)
 }
 
-// compute is activation without transcripts.
-func (hs *hopSession) compute(a *meshp2pb.ActivationHeader, tensors [][]byte, from peer.ID, rt readTiming) error {
+// compute is activation without transcripts; the write on the down seam
+// goes in t (nil: written at once).
+func (hs *hopSession) compute(a *meshp2pb.ActivationHeader, tensors [][]byte, from peer.ID, rt readTiming, t *turn) error {
 	if !bytes.Equal(a.GetSessionId(), hs.open.GetSessionId()) || a.GetEpoch() != hs.key.Epoch {
 		return codeErr(meshp2pb.ErrorCode_ERROR_CODE_SESSION_UNKNOWN, "activation for another session or epoch", from)
 	}
@@ -267,7 +274,7 @@ func (hs *hopSession) compute(a *meshp2pb.ActivationHeader, tensors [][]byte, fr
 		WriteUs: uint32(hs.clock.write.Load()), UpUs: uint32(hs.clock.up.Load())}
 	timing := ownTiming(a.GetHopTiming(), hs.idx, own)
 	if !hs.tail {
-		return hs.sendDown(a, out.Hidden, us, timing, own)
+		return hs.sendDown(a, out.Hidden, us, timing, own, t)
 	}
 	if in.Verify {
 		return hs.sendResult(a, out.Tokens, us, timing)
@@ -313,7 +320,8 @@ func (hs *hopSession) sendRing(msg *meshp2pb.StreamMessage) error {
 
 // sendDown writes hidden states to the next hop in the session's wire
 // dtype; timing (whose last entry, own, is this hop's) goes with them.
-func (hs *hopSession) sendDown(a *meshp2pb.ActivationHeader, hidden []float32, us uint32, timing []*meshp2pb.HopTiming, own *meshp2pb.HopTiming) error {
+// The frame is digested now and written in t (nil: at once).
+func (hs *hopSession) sendDown(a *meshp2pb.ActivationHeader, hidden []float32, us uint32, timing []*meshp2pb.HopTiming, own *meshp2pb.HopTiming, t *turn) error {
 	t0 := time.Now()
 	hdr, payload := downFrame(a, hidden, hs.wire, hs.se.info.NEmbd)
 	own.EncodeUs = usOf(time.Since(t0))
@@ -321,6 +329,11 @@ func (hs *hopSession) sendDown(a *meshp2pb.ActivationHeader, hidden []float32, u
 	if err := hs.transcribeSent(hdr, payload); err != nil {
 		return hs.asTranscriptErr(err)
 	}
+	return t.add(func() error { return hs.writeDown(hdr, payload) })
+}
+
+// writeDown writes one activation frame on the down seam.
+func (hs *hopSession) writeDown(hdr *meshp2pb.ActivationHeader, payload []byte) error {
 	// A next hop that stops reading must not wedge us: the write deadline
 	// (WriteDeadline) makes this specific error, which names the next hop,
 	// win over our own idle timeout, which could not.

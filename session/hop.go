@@ -241,11 +241,15 @@ type hopSession struct {
 	// trMu orders the head's input frames (prefill from the origin, steps
 	// from the ring) against the final statement at a clean close, after
 	// which closing drops what the ring still brings. It is held across
-	// the engine step and the writes on the down seam (docs/locks.md).
+	// the engine step but not across network writes: what an input writes
+	// on the down seam goes in a turn taken under trMu and is written
+	// after it is released, in turn order (turn.go, docs/locks.md).
+	// lastTurn, guarded by trMu, is the latest turn taken.
 	tr        *transcriber
 	chk       *checker
 	kept      *kept
 	trMu      sync.Mutex
+	lastTurn  chan struct{}
 	closing   atomic.Bool
 	tailFinal chan struct{} // head: closed when the tail's final statement arrived
 

@@ -82,8 +82,8 @@ func (hs *hopSession) transcribeSent(a *meshp2pb.ActivationHeader, payload []byt
 }
 
 // inputDone ends one input frame: a full window's statement goes where
-// this hop's output went.
-func (hs *hopSession) inputDone() error {
+// this hop's output went (on the down seam: in t; nil: at once).
+func (hs *hopSession) inputDone(t *turn) error {
 	if hs.tr == nil {
 		return nil
 	}
@@ -91,7 +91,7 @@ func (hs *hopSession) inputDone() error {
 	if err != nil || st == nil {
 		return hs.asTranscriptErr(err)
 	}
-	return hs.sendStatement(st)
+	return hs.sendStatement(st, t)
 }
 
 func (hs *hopSession) asTranscriptErr(err error) error {
@@ -101,9 +101,10 @@ func (hs *hopSession) asTranscriptErr(err error) error {
 	return codeErr(meshp2pb.ErrorCode_ERROR_CODE_INTERNAL, err.Error(), hs.h.host.ID())
 }
 
-// sendStatement sends a signed statement to the next hop (the tail: to
-// the head over the ring; a one-hop route keeps its own).
-func (hs *hopSession) sendStatement(st *meshp2pb.SignedTranscript) error {
+// sendStatement sends a signed statement to the next hop, in t (nil: at
+// once); the tail sends it to the head over the ring at once, and a
+// one-hop route keeps its own.
+func (hs *hopSession) sendStatement(st *meshp2pb.SignedTranscript, t *turn) error {
 	msg := &meshp2pb.StreamMessage{Kind: &meshp2pb.StreamMessage_Transcript{Transcript: st}}
 	switch {
 	case hs.head && hs.tail:
@@ -115,10 +116,12 @@ func (hs *hopSession) sendStatement(st *meshp2pb.SignedTranscript) error {
 		}
 		return nil
 	}
-	if err := hs.down.Send(msg, WriteDeadline(hs.h.cfg.Idle)); err != nil {
-		return linkErr("send to next hop", err, hs.route[hs.idx+1], hs.h.host.ID())
-	}
-	return nil
+	return t.add(func() error {
+		if err := hs.down.Send(msg, WriteDeadline(hs.h.cfg.Idle)); err != nil {
+			return linkErr("send to next hop", err, hs.route[hs.idx+1], hs.h.host.ID())
+		}
+		return nil
+	})
 }
 
 // received digests a frame from the previous hop (the head: from the
@@ -165,29 +168,18 @@ func (hs *hopSession) statement(st *meshp2pb.SignedTranscript, from peer.ID) err
 // closeTranscripts runs at a clean close from upstream: this hop's final
 // statement goes where its output went, and the close goes on down the
 // route so every hop does the same; the head then waits (bounded) for
-// the tail's final statement on the ring.
+// the tail's final statement on the ring. The head signs its final
+// statement under trMu, after every input it took before, and writes it
+// and the close in turn after them (turn.go).
 func (hs *hopSession) closeTranscripts(c *meshp2pb.SessionClose) error {
 	if hs.kept == nil {
 		return nil // no transcripts: the route ends as the streams close
 	}
-	if hs.head {
-		hs.trMu.Lock()
-	}
-	// From here the next hop ending its stream, or reporting, is part of
-	// the close (watchDownstream), not a failure.
-	hs.closing.Store(true)
 	var err error
-	if hs.tr != nil {
-		var st *meshp2pb.SignedTranscript
-		if st, err = hs.tr.statement(true); err == nil {
-			err = hs.sendStatement(st)
-		}
-	}
-	if err == nil && !hs.tail {
-		err = hs.down.Send(&meshp2pb.StreamMessage{Kind: &meshp2pb.StreamMessage_Close{Close: proto.Clone(c).(*meshp2pb.SessionClose)}}, WriteDeadline(hs.h.cfg.Idle))
-	}
 	if hs.head {
-		hs.trMu.Unlock()
+		err = hs.ordered(func(t *turn) error { return hs.closeDown(c, t) })
+	} else {
+		err = hs.closeDown(c, nil)
 	}
 	if err != nil {
 		return fmt.Errorf("final transcript: %w", err)
@@ -201,4 +193,26 @@ func (hs *hopSession) closeTranscripts(c *meshp2pb.SessionClose) error {
 		}
 	}
 	return nil
+}
+
+// closeDown marks the session closing, signs this hop's final statement
+// and sends it, then the close, on down the route, in t (nil: at once).
+func (hs *hopSession) closeDown(c *meshp2pb.SessionClose, t *turn) error {
+	// From here the next hop ending its stream, or reporting, is part of
+	// the close (watchDownstream), not a failure.
+	hs.closing.Store(true)
+	if hs.tr != nil {
+		st, err := hs.tr.statement(true)
+		if err != nil {
+			return err
+		}
+		if err := hs.sendStatement(st, t); err != nil {
+			return err
+		}
+	}
+	if hs.tail {
+		return nil
+	}
+	msg := &meshp2pb.StreamMessage{Kind: &meshp2pb.StreamMessage_Close{Close: proto.Clone(c).(*meshp2pb.SessionClose)}}
+	return t.add(func() error { return hs.down.Send(msg, WriteDeadline(hs.h.cfg.Idle)) })
 }
