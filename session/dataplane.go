@@ -144,7 +144,7 @@ func (hs *hopSession) readUpstream(r *timedReader) error {
 				hs.prompted = k.Activation.GetLastChunk()
 			}
 			if !hs.head {
-				if err := hs.received(msg, tensors, hs.upstreamPeer()); err != nil {
+				if err := hs.tx.received(msg, tensors, hs.upstreamPeer()); err != nil {
 					return err
 				}
 			}
@@ -185,7 +185,7 @@ func (hs *hopSession) readUpstream(r *timedReader) error {
 func (hs *hopSession) activation(a *meshp2pb.ActivationHeader, tensors [][]byte, from peer.ID, rt readTiming) error {
 	hs.busy.Add(1)
 	defer hs.busy.Add(-1)
-	if hs.tr == nil {
+	if !hs.tx.signs() {
 		return hs.compute(a, tensors, from, rt, nil)
 	}
 	if !hs.head {
@@ -197,13 +197,57 @@ func (hs *hopSession) activation(a *meshp2pb.ActivationHeader, tensors [][]byte,
 // transcribed is activation with transcripts; the writes on the down
 // seam go in t (nil: written at once).
 func (hs *hopSession) transcribed(a *meshp2pb.ActivationHeader, tensors [][]byte, from peer.ID, rt readTiming, t *turn) error {
-	if !hs.transcribeInput(a, tensors) {
+	if hs.closing.Load() {
 		return nil // the head is closing: nothing more goes down
 	}
+	hs.tx.input(a, tensors)
 	if err := hs.compute(a, tensors, from, rt, t); err != nil {
 		return err
 	}
 	return hs.inputDone(t)
+}
+
+// inputDone ends one input frame: a full window's statement goes where
+// this hop's output went (on the down seam: in t; nil: at once).
+func (hs *hopSession) inputDone(t *turn) error {
+	st, err := hs.tx.done()
+	if err != nil || st == nil {
+		return err
+	}
+	return hs.sendStatement(st, t)
+}
+
+// sendStatement sends one of this hop's signed statements to the next
+// hop, in t (nil: at once); the tail sends it to the head over the ring
+// at once.
+func (hs *hopSession) sendStatement(st *meshp2pb.SignedTranscript, t *turn) error {
+	msg := &meshp2pb.StreamMessage{Kind: &meshp2pb.StreamMessage_Transcript{Transcript: st}}
+	if hs.tail {
+		if err := hs.ringOut.Send(msg, WriteDeadline(hs.h.cfg.Idle)); err != nil {
+			return linkErr("ring to head", err, hs.route[0], hs.h.host.ID())
+		}
+		return nil
+	}
+	return t.add(func() error {
+		if err := hs.down.Send(msg, WriteDeadline(hs.h.cfg.Idle)); err != nil {
+			return linkErr("send to next hop", err, hs.route[hs.idx+1], hs.h.host.ID())
+		}
+		return nil
+	})
+}
+
+// statement takes a statement of the hop before this one (the head: the
+// tail's): checked and kept, or the session fails blaming from. The
+// head's close waits for the tail's final one.
+func (hs *hopSession) statement(st *meshp2pb.SignedTranscript, from peer.ID) error {
+	last, err := hs.tx.statement(st, from)
+	if err != nil {
+		return err
+	}
+	if hs.head && last {
+		close(hs.tailFinal)
+	}
+	return nil
 }
 
 // compute is activation without transcripts; the write on the down seam
@@ -295,12 +339,7 @@ func tokenFrame(a *meshp2pb.ActivationHeader, tok int32, eos bool) *meshp2pb.Tok
 
 // sendRing (tail) sends a token or a window's result to the head.
 func (hs *hopSession) sendRing(msg *meshp2pb.StreamMessage) error {
-	if hs.tr != nil {
-		hs.tr.ring(msg)
-		if !hs.head { // a one-hop route relays its own tokens: nothing to check
-			hs.h.audits.recordRing(hs.kept, msg)
-		}
-	}
+	hs.tx.ring(msg)
 	if hs.head {
 		select { // to selfRing, which is waiting (it sent the previous step)
 		case hs.self <- msg:
@@ -326,8 +365,8 @@ func (hs *hopSession) sendDown(a *meshp2pb.ActivationHeader, hidden []float32, u
 	hdr, payload := downFrame(a, hidden, hs.wire, hs.se.info.NEmbd)
 	own.EncodeUs = usOf(time.Since(t0))
 	hdr.HopUs, hdr.HopTiming = append(a.GetHopUs(), us), timing
-	if err := hs.transcribeSent(hdr, payload); err != nil {
-		return hs.asTranscriptErr(err)
+	if err := hs.tx.sent(hdr, payload); err != nil {
+		return err
 	}
 	return t.add(func() error { return hs.writeDown(hdr, payload) })
 }
@@ -405,7 +444,7 @@ func (hs *hopSession) readRing(rs network.Stream) {
 		}
 		hs.touch()
 		if msg.GetToken() != nil || msg.GetWindowResult() != nil {
-			if err := hs.received(msg, nil, tail); err != nil {
+			if err := hs.tx.received(msg, nil, tail); err != nil {
 				hs.fail(asHopError(err, ""))
 				return
 			}

@@ -24,9 +24,10 @@
 //	spec.go          speculation: caps, window checks, the head's proposer and windows (specHead)
 //	timing.go        HopTiming: each hop's wait, read, decode, compute, encode, write and up times
 //	transcript.go    signed transcripts: frame digests, sketches, the transcriber and the checker
-//	transcribe.go    transcripts in the data path: statements every TranscriptWindow frames and at a clean close
+//	auditseam.go     hopAudit: all the data path calls of transcripts and audit records; why no package of their own
+//	transcribe.go    hopTranscripts, the hopAudit of a session with transcripts: sign, check, keep
 //	auditstore.go    what a hop keeps for audits (bounded) and the audit protocol's handler
-//	teardown.go      fail (report upstream once), release, blame from downstream reports
+//	teardown.go      the clean close (final statements, SessionClose down the route), fail (report upstream once), release, blame from downstream reports
 //	migrate.go       moving a seam or ring from a relayed to a direct connection
 //	speed.go         measured decode speed (advertised for the tracker's cost model)
 //	engines.go       the ranges a hop serves (two while it moves, other models beside it): AddEngine, AddModel, StopAdmitting, Drain, Retarget
