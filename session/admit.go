@@ -179,7 +179,7 @@ func (h *HopService) handleSession(s network.Stream) {
 		return
 	}
 	if open.GetTranscripts() { // only now: a refused open keeps nothing here
-		h.startTranscripts(hs)
+		hs.tx, hs.tailFinal = h.startTranscripts(hs), make(chan struct{})
 	}
 	h.serveAdmitted(s, r, hs)
 }
@@ -236,7 +236,7 @@ func (h *HopService) newHopSession(s network.Stream, open *meshp2pb.SessionOpen,
 		ring: make(chan network.Stream, 1), self: make(chan *meshp2pb.StreamMessage, 1), activity: make(chan struct{}, 1),
 		done: make(chan struct{}), released: make(chan struct{}), engFreed: make(chan struct{}),
 		resumeUp: make(chan network.Stream, 1), resumeRing: make(chan network.Stream, 1),
-		maxTokens: int(open.GetMaxTokens())}
+		maxTokens: int(open.GetMaxTokens()), tx: noAudit{}}
 	for _, x := range open.GetRoute().GetHops() {
 		hs.route = append(hs.route, peer.ID(x.GetPeerId()))
 	}

@@ -144,7 +144,7 @@ func (hs *hopSession) readUpstream(r *timedReader) error {
 				hs.prompted = k.Activation.GetLastChunk()
 			}
 			if !hs.head {
-				if err := hs.received(msg, tensors, hs.upstreamPeer()); err != nil {
+				if err := hs.tx.received(msg, tensors, hs.upstreamPeer()); err != nil {
 					return err
 				}
 			}
@@ -180,28 +180,79 @@ func (hs *hopSession) readUpstream(r *timedReader) error {
 // steps, "" for the origin or this hop itself): a frame the hop or its
 // engine rejects is blamed on it. rt is how the frame reached this hop.
 // With transcripts, the frame and what it made are digested, and every
-// TranscriptWindow frames a signed statement follows them.
+// TranscriptWindow frames a signed statement follows them; the head does
+// that under trMu and writes on the down seam after it, in turn (turn.go).
 func (hs *hopSession) activation(a *meshp2pb.ActivationHeader, tensors [][]byte, from peer.ID, rt readTiming) error {
 	hs.busy.Add(1)
 	defer hs.busy.Add(-1)
-	if hs.tr == nil {
-		return hs.compute(a, tensors, from, rt)
+	if !hs.tx.signs() {
+		return hs.compute(a, tensors, from, rt, nil)
 	}
-	if hs.head {
-		hs.trMu.Lock()
-		defer hs.trMu.Unlock()
+	if !hs.head {
+		return hs.transcribed(a, tensors, from, rt, nil)
 	}
-	if !hs.transcribeInput(a, tensors) {
-		return nil // the head is closing: nothing more goes down
-	}
-	if err := hs.compute(a, tensors, from, rt); err != nil {
-		return err
-	}
-	return hs.inputDone()
+	return hs.ordered(func(t *turn) error { return hs.transcribed(a, tensors, from, rt, t) })
 }
 
-// compute is activation without transcripts.
-func (hs *hopSession) compute(a *meshp2pb.ActivationHeader, tensors [][]byte, from peer.ID, rt readTiming) error {
+// transcribed is activation with transcripts; the writes on the down
+// seam go in t (nil: written at once).
+func (hs *hopSession) transcribed(a *meshp2pb.ActivationHeader, tensors [][]byte, from peer.ID, rt readTiming, t *turn) error {
+	if hs.closing.Load() {
+		return nil // the head is closing: nothing more goes down
+	}
+	hs.tx.input(a, tensors)
+	if err := hs.compute(a, tensors, from, rt, t); err != nil {
+		return err
+	}
+	return hs.inputDone(t)
+}
+
+// inputDone ends one input frame: a full window's statement goes where
+// this hop's output went (on the down seam: in t; nil: at once).
+func (hs *hopSession) inputDone(t *turn) error {
+	st, err := hs.tx.done()
+	if err != nil || st == nil {
+		return err
+	}
+	return hs.sendStatement(st, t)
+}
+
+// sendStatement sends one of this hop's signed statements to the next
+// hop, in t (nil: at once); the tail sends it to the head over the ring
+// at once.
+func (hs *hopSession) sendStatement(st *meshp2pb.SignedTranscript, t *turn) error {
+	msg := &meshp2pb.StreamMessage{Kind: &meshp2pb.StreamMessage_Transcript{Transcript: st}}
+	if hs.tail {
+		if err := hs.ringOut.Send(msg, WriteDeadline(hs.h.cfg.Idle)); err != nil {
+			return linkErr("ring to head", err, hs.route[0], hs.h.host.ID())
+		}
+		return nil
+	}
+	return t.add(func() error {
+		if err := hs.down.Send(msg, WriteDeadline(hs.h.cfg.Idle)); err != nil {
+			return linkErr("send to next hop", err, hs.route[hs.idx+1], hs.h.host.ID())
+		}
+		return nil
+	})
+}
+
+// statement takes a statement of the hop before this one (the head: the
+// tail's): checked and kept, or the session fails blaming from. The
+// head's close waits for the tail's final one.
+func (hs *hopSession) statement(st *meshp2pb.SignedTranscript, from peer.ID) error {
+	last, err := hs.tx.statement(st, from)
+	if err != nil {
+		return err
+	}
+	if hs.head && last {
+		close(hs.tailFinal)
+	}
+	return nil
+}
+
+// compute is activation without transcripts; the write on the down seam
+// goes in t (nil: written at once).
+func (hs *hopSession) compute(a *meshp2pb.ActivationHeader, tensors [][]byte, from peer.ID, rt readTiming, t *turn) error {
 	if !bytes.Equal(a.GetSessionId(), hs.open.GetSessionId()) || a.GetEpoch() != hs.key.Epoch {
 		return codeErr(meshp2pb.ErrorCode_ERROR_CODE_SESSION_UNKNOWN, "activation for another session or epoch", from)
 	}
@@ -267,7 +318,7 @@ func (hs *hopSession) compute(a *meshp2pb.ActivationHeader, tensors [][]byte, fr
 		WriteUs: uint32(hs.clock.write.Load()), UpUs: uint32(hs.clock.up.Load())}
 	timing := ownTiming(a.GetHopTiming(), hs.idx, own)
 	if !hs.tail {
-		return hs.sendDown(a, out.Hidden, us, timing, own)
+		return hs.sendDown(a, out.Hidden, us, timing, own, t)
 	}
 	if in.Verify {
 		return hs.sendResult(a, out.Tokens, us, timing)
@@ -288,12 +339,7 @@ func tokenFrame(a *meshp2pb.ActivationHeader, tok int32, eos bool) *meshp2pb.Tok
 
 // sendRing (tail) sends a token or a window's result to the head.
 func (hs *hopSession) sendRing(msg *meshp2pb.StreamMessage) error {
-	if hs.tr != nil {
-		hs.tr.ring(msg)
-		if !hs.head { // a one-hop route relays its own tokens: nothing to check
-			hs.h.audits.recordRing(hs.kept, msg)
-		}
-	}
+	hs.tx.ring(msg)
 	if hs.head {
 		select { // to selfRing, which is waiting (it sent the previous step)
 		case hs.self <- msg:
@@ -313,14 +359,20 @@ func (hs *hopSession) sendRing(msg *meshp2pb.StreamMessage) error {
 
 // sendDown writes hidden states to the next hop in the session's wire
 // dtype; timing (whose last entry, own, is this hop's) goes with them.
-func (hs *hopSession) sendDown(a *meshp2pb.ActivationHeader, hidden []float32, us uint32, timing []*meshp2pb.HopTiming, own *meshp2pb.HopTiming) error {
+// The frame is digested now and written in t (nil: at once).
+func (hs *hopSession) sendDown(a *meshp2pb.ActivationHeader, hidden []float32, us uint32, timing []*meshp2pb.HopTiming, own *meshp2pb.HopTiming, t *turn) error {
 	t0 := time.Now()
 	hdr, payload := downFrame(a, hidden, hs.wire, hs.se.info.NEmbd)
 	own.EncodeUs = usOf(time.Since(t0))
 	hdr.HopUs, hdr.HopTiming = append(a.GetHopUs(), us), timing
-	if err := hs.transcribeSent(hdr, payload); err != nil {
-		return hs.asTranscriptErr(err)
+	if err := hs.tx.sent(hdr, payload); err != nil {
+		return err
 	}
+	return t.add(func() error { return hs.writeDown(hdr, payload) })
+}
+
+// writeDown writes one activation frame on the down seam.
+func (hs *hopSession) writeDown(hdr *meshp2pb.ActivationHeader, payload []byte) error {
 	// A next hop that stops reading must not wedge us: the write deadline
 	// (WriteDeadline) makes this specific error, which names the next hop,
 	// win over our own idle timeout, which could not.
@@ -392,7 +444,7 @@ func (hs *hopSession) readRing(rs network.Stream) {
 		}
 		hs.touch()
 		if msg.GetToken() != nil || msg.GetWindowResult() != nil {
-			if err := hs.received(msg, nil, tail); err != nil {
+			if err := hs.tx.received(msg, nil, tail); err != nil {
 				hs.fail(asHopError(err, ""))
 				return
 			}

@@ -12,6 +12,7 @@
 //	engine.go        the Engine and EngineSession interfaces the hop runs rows through; Key, ShardInfo
 //	defaults.go      every default and timeout, with the reason, and the timeout ladder
 //	seam.go          Seam: one stream, its writer and its two locks
+//	turn.go          turns: the head's writes on the down seam, in trMu's order but outside it
 //	hop.go           HopService and hopSession (state of one session epoch on a hop)
 //	admit.go         admission: checks, KV cap and per-origin quota, engine slot, epoch supersede, the accept/refuse reply
 //	originauth.go    origin signatures on SessionOpen, freshness, the replay memory (originGuard)
@@ -23,9 +24,10 @@
 //	spec.go          speculation: caps, window checks, the head's proposer and windows (specHead)
 //	timing.go        HopTiming: each hop's wait, read, decode, compute, encode, write and up times
 //	transcript.go    signed transcripts: frame digests, sketches, the transcriber and the checker
-//	transcribe.go    transcripts in the data path: statements every TranscriptWindow frames and at a clean close
+//	auditseam.go     hopAudit: all the data path calls of transcripts and audit records; why no package of their own
+//	transcribe.go    hopTranscripts, the hopAudit of a session with transcripts: sign, check, keep
 //	auditstore.go    what a hop keeps for audits (bounded) and the audit protocol's handler
-//	teardown.go      fail (report upstream once), release, blame from downstream reports
+//	teardown.go      the clean close (final statements, SessionClose down the route), fail (report upstream once), release, blame from downstream reports
 //	migrate.go       moving a seam or ring from a relayed to a direct connection
 //	speed.go         measured decode speed (advertised for the tracker's cost model)
 //	engines.go       the ranges a hop serves (two while it moves, other models beside it): AddEngine, AddModel, StopAdmitting, Drain, Retarget
@@ -55,25 +57,27 @@
 // pair is taken):
 //
 //  1. hopSession.trMu: only on the head of a session with transcripts,
-//     around each input frame (activation: digests, the engine step,
-//     sending on, the statement) and around closeTranscripts. It is held
-//     across the engine step and across the writes on the down seam (the
-//     activation, statements, the final statement, SessionClose), each
-//     bounded by WriteDeadline; docs/locks.md proposes taking the writes
-//     out of it. HopService.mu: the served engines, the closed flag, the
-//     active sessions, the quotas; never held during I/O or with a seam
-//     lock.
-//  2. Under trMu: kept.mu, specHead.mu (held across a draft model's
-//     decodes) and the down seam's Seam.wmu. Seam.wmu (one per seam: up,
-//     down, ringOut, ringIn) is held for the duration of one frame write,
-//     I/O included; no code holds two seams' wmu at once.
-//  3. auditStore.mu (under kept.mu); Seam.ref (under wmu: guards the
-//     stream pointer of a seam, held only to read or swap it, never during
-//     I/O); the speed meter's mutex (under trMu or HopService.mu); the
-//     engine's locks (under trMu, or specHead.mu for a draft model).
+//     around each input frame (activation: digests, the engine step, the
+//     statement) and around closeTranscripts (the final statement). It
+//     is held across the engine step but not across network I/O: the
+//     writes on the down seam (the activation, statements, the final
+//     statement, SessionClose) go in a turn taken under trMu and are
+//     written after it is released, once the turn before has written
+//     (turn.go), so they keep the order trMu gave them. HopService.mu:
+//     the served engines, the closed flag, the active sessions, the
+//     quotas; never held during I/O or with a seam lock. Seam.wmu (one per
+//     seam: up, down, ringOut, ringIn) is held for the duration of one
+//     frame write, I/O included, and under no other lock of the package;
+//     no code holds two seams' wmu at once.
+//  2. Under trMu: kept.mu and specHead.mu (held across a draft model's
+//     decodes). Seam.ref (under wmu: guards the stream pointer of a seam,
+//     held only to read or swap it, never during I/O).
 //     Interrupt/Reset/Close/Is/RemotePeer take only ref, which is how a
 //     blocked writer is freed. The stream itself is not handed out, so
 //     nothing writes on it without wmu.
+//  3. auditStore.mu (under kept.mu); the speed meter's mutex (under trMu
+//     or HopService.mu); the engine's locks (under trMu, or specHead.mu
+//     for a draft model).
 //
 // Level 3 takes no lock of this package. Leaves, never held together
 // with another lock and held for their own maps only: originGuard.mu,
@@ -86,8 +90,8 @@
 // never entered with HopService.mu held).
 //
 // Everything else a session shares travels over channels (done, released,
-// activity, ring, resumeUp, resumeRing, self) or is fixed at admission;
-// hopSession.produced is only touched by the one goroutine that passes
-// tokens on (readRing or selfRing). hopSession.fail runs once (sync.Once)
-// and only then closes done.
+// activity, ring, resumeUp, resumeRing, self, the turns' channels) or is
+// fixed at admission; hopSession.produced is only touched by the one
+// goroutine that passes tokens on (readRing or selfRing). hopSession.fail
+// runs once (sync.Once) and only then closes done.
 package session

@@ -285,6 +285,9 @@ type testHost struct {
 	onRelay     map[network.Stream]bool
 	opened      map[protocol.ID]int
 	subs        map[chan p2p.ConnEvent]bool
+	// wrapOut, if set, wraps each stream this host opens (a test that
+	// stalls writes: stallStream).
+	wrapOut func(network.Stream) network.Stream
 }
 
 func newTestHost(t testing.TB) *testHost {
@@ -365,10 +368,13 @@ func (h *testHost) NewStream(ctx context.Context, p peer.ID, pids ...protocol.ID
 	if h.relayed[p] {
 		h.onRelay[s] = true
 	}
-	punch := h.punchOnOpen && h.relayed[p]
+	punch, wrap := h.punchOnOpen && h.relayed[p], h.wrapOut
 	h.mu.Unlock()
 	if punch {
 		h.punch(p)
+	}
+	if wrap != nil {
+		return wrap(s), nil
 	}
 	return s, nil
 }

@@ -235,17 +235,20 @@ type hopSession struct {
 	sp   *specHead
 	spec specHop
 
-	// tr signs this hop's transcripts and chk checks the statements of the
-	// hop before it (the head: the tail's); kept is what this hop keeps
-	// for an audit. All nil when the session asks for no transcripts.
+	// tx is everything of the audits the data path calls (auditseam.go):
+	// this hop's signed transcripts, the check of the statements of the
+	// hop before it (the head: the tail's) and what it keeps for an audit;
+	// noAudit when the session asks for no transcripts.
 	// trMu orders the head's input frames (prefill from the origin, steps
 	// from the ring) against the final statement at a clean close, after
 	// which closing drops what the ring still brings. It is held across
-	// the engine step and the writes on the down seam (docs/locks.md).
-	tr        *transcriber
-	chk       *checker
-	kept      *kept
+	// the engine step but not across network writes: what an input writes
+	// on the down seam goes in a turn taken under trMu and is written
+	// after it is released, in turn order (turn.go, docs/locks.md).
+	// lastTurn, guarded by trMu, is the latest turn taken.
+	tx        hopAudit
 	trMu      sync.Mutex
+	lastTurn  chan struct{}
 	closing   atomic.Bool
 	tailFinal chan struct{} // head: closed when the tail's final statement arrived
 

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"time"
 
 	"github.com/libp2p/go-libp2p/core/network"
 	"github.com/libp2p/go-libp2p/core/peer"
@@ -37,6 +38,63 @@ func (hs *hopSession) fail(he *hopError) {
 	})
 }
 
+// TranscriptCloseWait bounds how long the head, at a clean close, waits
+// for the tail's final statement (one ring round after the close went
+// down the route).
+const TranscriptCloseWait = 2 * time.Second
+
+// closeTranscripts runs at a clean close from upstream in a session with
+// transcripts: this hop's final statement goes where its output went,
+// and the close goes on down the route so every hop does the same; the
+// head then waits (bounded) for the tail's final statement on the ring.
+// The head signs its final statement under trMu, after every input it
+// took before, and writes it and the close in turn after them (turn.go).
+func (hs *hopSession) closeTranscripts(c *meshp2pb.SessionClose) error {
+	if !hs.open.GetTranscripts() {
+		return nil // no transcripts: the route ends as the streams close
+	}
+	var err error
+	if hs.head {
+		err = hs.ordered(func(t *turn) error { return hs.closeDown(c, t) })
+	} else {
+		err = hs.closeDown(c, nil)
+	}
+	if err != nil {
+		return fmt.Errorf("final transcript: %w", err)
+	}
+	if hs.head && !hs.tail {
+		select {
+		case <-hs.tailFinal:
+		case <-hs.done:
+		case <-time.After(TranscriptCloseWait):
+			hs.h.log.Info("no final statement from the tail: its last window cannot be audited", "session", hs.key, "tail", hs.route[len(hs.route)-1])
+		}
+	}
+	return nil
+}
+
+// closeDown marks the session closing, signs this hop's final statement
+// and sends it, then the close, on down the route, in t (nil: at once).
+func (hs *hopSession) closeDown(c *meshp2pb.SessionClose, t *turn) error {
+	// From here the next hop ending its stream, or reporting, is part of
+	// the close (watchDownstream), not a failure.
+	hs.closing.Store(true)
+	st, err := hs.tx.final()
+	if err != nil {
+		return err
+	}
+	if st != nil {
+		if err := hs.sendStatement(st, t); err != nil {
+			return err
+		}
+	}
+	if hs.tail {
+		return nil
+	}
+	msg := &meshp2pb.StreamMessage{Kind: &meshp2pb.StreamMessage_Close{Close: proto.Clone(c).(*meshp2pb.SessionClose)}}
+	return t.add(func() error { return hs.down.Send(msg, WriteDeadline(hs.h.cfg.Idle)) })
+}
+
 // release frees everything the session holds on this hop.
 func (hs *hopSession) release() {
 	defer close(hs.released)
@@ -65,9 +123,7 @@ func (hs *hopSession) release() {
 	if hs.sp != nil {
 		hs.sp.close() // the in-flight gauge back by what was in flight
 	}
-	if hs.kept != nil {
-		h.audits.end(hs.kept) // complete: an audit fetch may read it
-	}
+	hs.tx.end() // complete: an audit fetch may read its records
 	h.mu.Lock()
 	delete(h.active, hs.key)
 	h.mu.Unlock()

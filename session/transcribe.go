@@ -1,19 +1,10 @@
 package session
 
 import (
-	"fmt"
-	"time"
-
 	"github.com/libp2p/go-libp2p/core/peer"
-	"google.golang.org/protobuf/proto"
 
 	"github.com/neuron-tai/meshp2p/proto/meshp2pb"
 )
-
-// TranscriptCloseWait bounds how long the head, at a clean close, waits
-// for the tail's final statement (one ring round after the close went
-// down the route).
-const TranscriptCloseWait = 2 * time.Second
 
 // recordOverhead is what one kept frame's header counts against the
 // session's bound besides its payload.
@@ -36,62 +27,109 @@ func recordBound(open *meshp2pb.SessionOpen, nEmbd int) int64 {
 	return b
 }
 
+// hopTranscripts is the hopAudit (auditseam.go) of a session that asks
+// for transcripts: tr signs this hop's statements (nil: the host has no
+// key and signs none), chk checks the statements of the hop before it
+// (nil on a one-hop route), and kept is what it keeps in store for an
+// audit. hs gives the session's fixed facts (open, key, origin, route,
+// position); the methods run on the data path's goroutines, serialised
+// as it calls them (the head's under trMu).
+type hopTranscripts struct {
+	hs    *hopSession
+	store *auditStore
+	tr    *transcriber
+	chk   *checker
+	kept  *kept
+}
+
 // startTranscripts sets hs up to sign, check and keep transcripts.
-func (h *HopService) startTranscripts(hs *hopSession) {
+func (h *HopService) startTranscripts(hs *hopSession) *hopTranscripts {
+	t := &hopTranscripts{hs: hs, store: h.audits}
 	if !hs.head || !hs.tail {
-		hs.chk = &checker{}
+		t.chk = &checker{}
 	}
-	hs.kept = h.audits.open(hs.key, hs.idx, recordBound(hs.open, hs.se.info.NEmbd))
-	hs.tailFinal = make(chan struct{})
+	t.kept = h.audits.open(hs.key, hs.idx, recordBound(hs.open, hs.se.info.NEmbd))
 	key := h.host.Peerstore().PrivKey(h.host.ID())
 	if key == nil {
 		h.log.Warn("no private key in the peerstore: this hop signs no transcripts", "session", hs.key)
-		return
+		return t
 	}
-	hs.tr = newTranscriber(hs, key, h.cfg.KernelClass)
+	t.tr = newTranscriber(hs, key, h.cfg.KernelClass)
+	return t
 }
 
-// transcribeInput digests an input frame (the head also keeps it: its
-// inputs are its own to show an auditor). It reports false when the head
-// is closing and the frame is to be dropped.
-func (hs *hopSession) transcribeInput(a *meshp2pb.ActivationHeader, tensors [][]byte) bool {
-	if hs.tr == nil {
-		return true
-	}
-	if hs.closing.Load() {
-		return false
+func (t *hopTranscripts) signs() bool { return t.tr != nil }
+
+// input digests an input frame; the head also keeps it: its inputs are
+// its own to show an auditor.
+func (t *hopTranscripts) input(a *meshp2pb.ActivationHeader, tensors [][]byte) {
+	if t.tr == nil {
+		return
 	}
 	var payload []byte
 	if len(tensors) == 1 {
 		payload = tensors[0]
 	}
-	hs.tr.input(a, payload)
-	if hs.head {
-		hs.h.audits.record(hs.kept, true, a, nil, recordOverhead)
+	t.tr.input(a, payload)
+	if t.hs.head {
+		t.store.record(t.kept, true, a, nil, recordOverhead)
 	}
-	return true
 }
 
-// transcribeSent digests (and keeps) an activation sent to the next hop.
-func (hs *hopSession) transcribeSent(a *meshp2pb.ActivationHeader, payload []byte) error {
-	if hs.tr == nil {
+// sent digests and keeps an activation sent to the next hop.
+func (t *hopTranscripts) sent(a *meshp2pb.ActivationHeader, payload []byte) error {
+	if t.tr == nil {
 		return nil
 	}
-	hs.h.audits.record(hs.kept, false, a, payload, recordOverhead)
-	return hs.tr.sent(a, payload, hs.se.info.NEmbd)
+	t.store.record(t.kept, false, a, payload, recordOverhead)
+	return t.hs.asTranscriptErr(t.tr.sent(a, payload, t.hs.se.info.NEmbd))
 }
 
-// inputDone ends one input frame: a full window's statement goes where
-// this hop's output went.
-func (hs *hopSession) inputDone() error {
-	if hs.tr == nil {
+// ring digests a token or window result the tail sends the head; a tail
+// that is not the head keeps it too (a one-hop route relays its own
+// tokens: nothing to check).
+func (t *hopTranscripts) ring(msg *meshp2pb.StreamMessage) {
+	if t.tr == nil {
+		return
+	}
+	t.tr.ring(msg)
+	if !t.hs.head {
+		t.store.recordRing(t.kept, msg)
+	}
+}
+
+// done ends one input frame: a full window's statement.
+func (t *hopTranscripts) done() (*meshp2pb.SignedTranscript, error) {
+	if t.tr == nil {
+		return nil, nil
+	}
+	st, err := t.tr.done()
+	if err != nil {
+		return nil, t.hs.asTranscriptErr(err)
+	}
+	return t.own(st), nil
+}
+
+// final signs the last window at a clean close.
+func (t *hopTranscripts) final() (*meshp2pb.SignedTranscript, error) {
+	if t.tr == nil {
+		return nil, nil
+	}
+	st, err := t.tr.statement(true)
+	if err != nil {
+		return nil, err
+	}
+	return t.own(st), nil
+}
+
+// own is this hop's statement st to send on; a one-hop route has nobody
+// to send it to and keeps its own (nil).
+func (t *hopTranscripts) own(st *meshp2pb.SignedTranscript) *meshp2pb.SignedTranscript {
+	if st != nil && t.hs.head && t.hs.tail {
+		t.kept.keep(st)
 		return nil
 	}
-	st, err := hs.tr.done()
-	if err != nil || st == nil {
-		return hs.asTranscriptErr(err)
-	}
-	return hs.sendStatement(st)
+	return st
 }
 
 func (hs *hopSession) asTranscriptErr(err error) error {
@@ -101,30 +139,10 @@ func (hs *hopSession) asTranscriptErr(err error) error {
 	return codeErr(meshp2pb.ErrorCode_ERROR_CODE_INTERNAL, err.Error(), hs.h.host.ID())
 }
 
-// sendStatement sends a signed statement to the next hop (the tail: to
-// the head over the ring; a one-hop route keeps its own).
-func (hs *hopSession) sendStatement(st *meshp2pb.SignedTranscript) error {
-	msg := &meshp2pb.StreamMessage{Kind: &meshp2pb.StreamMessage_Transcript{Transcript: st}}
-	switch {
-	case hs.head && hs.tail:
-		hs.kept.keep(st)
-		return nil
-	case hs.tail:
-		if err := hs.ringOut.Send(msg, WriteDeadline(hs.h.cfg.Idle)); err != nil {
-			return linkErr("ring to head", err, hs.route[0], hs.h.host.ID())
-		}
-		return nil
-	}
-	if err := hs.down.Send(msg, WriteDeadline(hs.h.cfg.Idle)); err != nil {
-		return linkErr("send to next hop", err, hs.route[hs.idx+1], hs.h.host.ID())
-	}
-	return nil
-}
-
 // received digests a frame from the previous hop (the head: from the
 // tail) for the check of its next statement.
-func (hs *hopSession) received(msg *meshp2pb.StreamMessage, tensors [][]byte, from peer.ID) error {
-	if hs.chk == nil {
+func (t *hopTranscripts) received(msg *meshp2pb.StreamMessage, tensors [][]byte, from peer.ID) error {
+	if t.chk == nil {
 		return nil
 	}
 	if a := msg.GetActivation(); a != nil {
@@ -132,73 +150,33 @@ func (hs *hopSession) received(msg *meshp2pb.StreamMessage, tensors [][]byte, fr
 		if len(tensors) == 1 {
 			payload = tensors[0]
 		}
-		if err := hs.chk.activation(a, payload, hs.se.info.NEmbd); err != nil {
+		if err := t.chk.activation(a, payload, t.hs.se.info.NEmbd); err != nil {
 			return codeErr(meshp2pb.ErrorCode_ERROR_CODE_BAD_REQUEST, err.Error(), from)
 		}
 		return nil
 	}
-	hs.chk.ring(msg)
+	t.chk.ring(msg)
 	return nil
 }
 
 // statement checks and keeps a statement of the hop before this one (the
 // head: the tail's); one that does not match what arrived fails the
 // session, blaming its sender.
-func (hs *hopSession) statement(st *meshp2pb.SignedTranscript, from peer.ID) error {
-	if hs.chk == nil {
-		return codeErr(meshp2pb.ErrorCode_ERROR_CODE_UNEXPECTED_MESSAGE, "transcript in a session without transcripts", from)
+func (t *hopTranscripts) statement(st *meshp2pb.SignedTranscript, from peer.ID) (bool, error) {
+	if t.chk == nil {
+		return false, codeErr(meshp2pb.ErrorCode_ERROR_CODE_UNEXPECTED_MESSAGE, "transcript in a session without transcripts", from)
 	}
+	hs := t.hs
 	idx := hs.idx - 1
 	if hs.head {
 		idx = len(hs.route) - 1
 	}
-	if err := hs.chk.check(st, hs, from, idx); err != nil {
-		return codeErr(meshp2pb.ErrorCode_ERROR_CODE_BAD_REQUEST, err.Error(), from)
+	if err := t.chk.check(st, hs, from, idx); err != nil {
+		return false, codeErr(meshp2pb.ErrorCode_ERROR_CODE_BAD_REQUEST, err.Error(), from)
 	}
-	hs.kept.keep(st)
-	if hs.head && hs.chk.final {
-		close(hs.tailFinal)
-	}
-	return nil
+	t.kept.keep(st)
+	return t.chk.final, nil
 }
 
-// closeTranscripts runs at a clean close from upstream: this hop's final
-// statement goes where its output went, and the close goes on down the
-// route so every hop does the same; the head then waits (bounded) for
-// the tail's final statement on the ring.
-func (hs *hopSession) closeTranscripts(c *meshp2pb.SessionClose) error {
-	if hs.kept == nil {
-		return nil // no transcripts: the route ends as the streams close
-	}
-	if hs.head {
-		hs.trMu.Lock()
-	}
-	// From here the next hop ending its stream, or reporting, is part of
-	// the close (watchDownstream), not a failure.
-	hs.closing.Store(true)
-	var err error
-	if hs.tr != nil {
-		var st *meshp2pb.SignedTranscript
-		if st, err = hs.tr.statement(true); err == nil {
-			err = hs.sendStatement(st)
-		}
-	}
-	if err == nil && !hs.tail {
-		err = hs.down.Send(&meshp2pb.StreamMessage{Kind: &meshp2pb.StreamMessage_Close{Close: proto.Clone(c).(*meshp2pb.SessionClose)}}, WriteDeadline(hs.h.cfg.Idle))
-	}
-	if hs.head {
-		hs.trMu.Unlock()
-	}
-	if err != nil {
-		return fmt.Errorf("final transcript: %w", err)
-	}
-	if hs.head && !hs.tail {
-		select {
-		case <-hs.tailFinal:
-		case <-hs.done:
-		case <-time.After(TranscriptCloseWait):
-			hs.h.log.Info("no final statement from the tail: its last window cannot be audited", "session", hs.key, "tail", hs.route[len(hs.route)-1])
-		}
-	}
-	return nil
-}
+// end marks the records complete: an audit fetch may read them.
+func (t *hopTranscripts) end() { t.store.end(t.kept) }
