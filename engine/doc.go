@@ -16,6 +16,9 @@
 //	           on the tail, a sampled token
 //	loop.go    the shard's continuous-batching loop: decode rows first, then
 //	           prefill chunks, one llama_decode per iteration
+//	kvcells.go the KV cells' order (no holes, the grave, compaction)
+//	prefixcache.go  finished sessions' prefixes kept (Session.Keep) and
+//	           reused by sessions that start the same way (Session.Adopt)
 //	sample.go  Sampling: llama.cpp's sampler chain for the filters and a draw
 //	           keyed on (seed, step), so a re-routed session draws the same
 //	           numbers; sampling_proto.go turns the wire's SamplingParams

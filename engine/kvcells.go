@@ -29,8 +29,14 @@ import (
 // (llama_state_seq_get_data), clears the cache and restores them one after
 // another into contiguous cells: same bytes, same order, no holes.
 type kvState struct {
-	used        int         // cells occupied: live sessions' plus the grave's
-	live        map[int]int // sequence id -> cells it holds
+	used  int         // cells occupied: live sessions', the prefix cache's and the grave's
+	live  map[int]int // sequence id -> cells it holds
+	cache prefixCache // finished sessions' prefixes (prefixcache.go)
+	// graved: a live sequence's positions [0, n) that already carry the
+	// grave (an adopted prefix: every cell of a cache entry does), so
+	// that handing its cells to the grave starts at n (llama.cpp asserts
+	// that a cell it adds a sequence to does not hold it already).
+	graved      map[int]int
 	lost        map[int]error
 	dirty       bool         // a failed decode may have left holes: compact first
 	compactions atomic.Int64 // read by tests while the loop runs
@@ -41,16 +47,16 @@ func (s *Shard) makeRoom(n int) error {
 	if s.cfg.Baseline {
 		return nil
 	}
-	if !s.kv.dirty && s.kv.used+n <= s.nCtx {
+	if !s.kv.dirty && s.kv.used+n <= s.cells {
 		return nil
 	}
-	if len(s.kv.live) == 0 {
+	if len(s.kv.live) == 0 && len(s.kv.cache.entries) == 0 {
 		s.clearKV()
-	} else if err := s.compact(); err != nil {
+	} else if err := s.compact(n); err != nil {
 		return err
 	}
-	if s.kv.used+n > s.nCtx {
-		return fmt.Errorf("%w: %d rows do not fit: live sessions hold %d of %d KV cells", ErrNoCapacity, n, s.kv.used, s.nCtx)
+	if s.kv.used+n > s.cells {
+		return fmt.Errorf("%w: %d rows do not fit: live sessions hold %d of %d KV cells", ErrNoCapacity, n, s.kv.used, s.cells)
 	}
 	return nil
 }
@@ -65,13 +71,15 @@ func (s *Shard) release(seq int) {
 		return
 	}
 	delete(s.kv.live, seq)
-	if len(s.kv.live) == 0 {
+	from := s.kv.graved[seq]
+	delete(s.kv.graved, seq)
+	if len(s.kv.live) == 0 && len(s.kv.cache.entries) == 0 {
 		s.clearKV()
 		return
 	}
 	// Always, even when the loop counted no cells: a failed decode may have
 	// left some, and the next session in this slot must start empty.
-	C.llama_memory_seq_cp(mem, C.llama_seq_id(seq), C.llama_seq_id(s.grave), -1, -1)
+	C.llama_memory_seq_cp(mem, C.llama_seq_id(seq), C.llama_seq_id(s.grave), C.llama_pos(from), -1)
 	C.llama_memory_seq_rm(mem, C.llama_seq_id(seq), -1, -1)
 }
 
@@ -80,7 +88,11 @@ func (s *Shard) release(seq int) {
 func (s *Shard) trim(seq, pos int) {
 	mem := C.llama_get_memory(s.lctx)
 	if !s.cfg.Baseline {
-		C.llama_memory_seq_cp(mem, C.llama_seq_id(seq), C.llama_seq_id(s.grave), C.llama_pos(pos), -1)
+		g := s.kv.graved[seq]
+		C.llama_memory_seq_cp(mem, C.llama_seq_id(seq), C.llama_seq_id(s.grave), C.llama_pos(max(pos, g)), -1)
+		if pos < g {
+			s.kv.graved[seq] = pos
+		}
 	}
 	C.llama_memory_seq_rm(mem, C.llama_seq_id(seq), C.llama_pos(pos), -1)
 	if _, ok := s.kv.live[seq]; ok {
@@ -89,11 +101,13 @@ func (s *Shard) trim(seq, pos int) {
 }
 
 // clearKV empties the cache (metadata only: stale bytes in free cells are
-// never read, flash attention skips masked cells).
+// never read, flash attention skips masked cells). The prefix cache's
+// index is the caller's: empty, or restored by compact.
 func (s *Shard) clearKV() {
 	C.llama_memory_clear(C.llama_get_memory(s.lctx), C.bool(false))
 	s.kv.used, s.kv.dirty = 0, false
 	clear(s.kv.live)
+	clear(s.kv.graved)
 }
 
 // cellsOf is how many cells llama.cpp holds for seq (positions are
@@ -108,24 +122,23 @@ func (s *Shard) cellsOf(seq int) int {
 }
 
 // compact rewrites the cache as the live sessions' cells, contiguous and
-// in sequence-id order, and drops the grave. It holds a copy of every live
-// session's KV in memory while it runs.
-func (s *Shard) compact() error {
+// in sequence-id order, then the prefix cache's entries that fit beside
+// them and n rows to decode (most recently used first; survivors), and
+// drops the grave. It holds a copy of every sequence it restores in memory
+// while it runs.
+func (s *Shard) compact(n int) error {
 	start := time.Now()
-	type saved struct {
-		seq int
-		buf unsafe.Pointer
-		n   C.size_t
-	}
-	var all []saved
+	var all []savedSeq
 	defer func() {
 		for _, v := range all {
 			C.free(v.buf)
 		}
 	}()
 	seqs := make([]int, 0, len(s.kv.live))
+	live := 0
 	for seq := range s.kv.live {
 		seqs = append(seqs, seq)
+		live += s.cellsOf(seq)
 	}
 	slices.Sort(seqs)
 	bytes := 0
@@ -133,32 +146,79 @@ func (s *Shard) compact() error {
 		if s.cellsOf(seq) == 0 {
 			continue
 		}
-		n := C.llama_state_seq_get_size(s.lctx, C.llama_seq_id(seq))
-		buf := C.malloc(n)
-		if buf == nil {
-			return fmt.Errorf("%w: compacting the KV cache: cannot allocate %d bytes", ErrNoCapacity, int(n))
+		v, err := s.saveSeq(seq)
+		if v.buf != nil {
+			all = append(all, v)
 		}
-		all = append(all, saved{seq, buf, n})
-		if got := C.llama_state_seq_get_data(s.lctx, (*C.uint8_t)(buf), n, C.llama_seq_id(seq)); got != n {
-			return fmt.Errorf("%w: saving sequence %d for compaction: %d of %d bytes", ErrDecode, seq, int(got), int(n))
+		if err != nil {
+			return err
 		}
-		bytes += int(n)
+		bytes += int(v.n)
+	}
+	for _, e := range s.survivors(live, n) {
+		v, err := s.saveSeq(e.seq)
+		if err != nil {
+			C.free(v.buf) // free(NULL) is fine
+			s.kv.cache.forget(e)
+			continue
+		}
+		v.entry = e
+		all = append(all, v)
+		bytes += int(v.n)
 	}
 	s.clearKV()
 	for _, v := range all {
-		if rd := C.llama_state_seq_set_data(s.lctx, (*C.uint8_t)(v.buf), v.n, C.llama_seq_id(v.seq)); rd == 0 {
-			// Cannot happen with the cells just freed; the session is
-			// gone if it does, and says so on its next request.
-			C.llama_memory_seq_rm(C.llama_get_memory(s.lctx), C.llama_seq_id(v.seq), -1, -1)
-			s.kv.lost[v.seq] = fmt.Errorf("%w: KV of sequence %d could not be restored after compaction", ErrDecode, v.seq)
-			s.kv.dirty = true
-			continue
-		}
-		c := s.cellsOf(v.seq)
-		s.kv.live[v.seq] = c
-		s.kv.used += c
+		s.restoreSeq(v)
 	}
 	s.kv.compactions.Add(1)
-	s.log.Debug("KV cache compacted", "sessions", len(all), "cells", s.kv.used, "bytes", bytes, "took", time.Since(start))
+	s.log.Debug("KV cache compacted", "sequences", len(all), "cells", s.kv.used, "bytes", bytes, "took", time.Since(start))
 	return nil
+}
+
+// savedSeq is one sequence's cells saved for a compaction; entry is set
+// for a prefix cache entry.
+type savedSeq struct {
+	seq   int
+	buf   unsafe.Pointer
+	n     C.size_t
+	entry *cacheEntry
+}
+
+// saveSeq copies seq's cells out of the cache (llama_state_seq_get_data);
+// v.buf is the caller's to free when set, also on an error.
+func (s *Shard) saveSeq(seq int) (savedSeq, error) {
+	n := C.llama_state_seq_get_size(s.lctx, C.llama_seq_id(seq))
+	buf := C.malloc(n)
+	if buf == nil {
+		return savedSeq{}, fmt.Errorf("%w: compacting the KV cache: cannot allocate %d bytes", ErrNoCapacity, int(n))
+	}
+	v := savedSeq{seq: seq, buf: buf, n: n}
+	if got := C.llama_state_seq_get_data(s.lctx, (*C.uint8_t)(buf), n, C.llama_seq_id(seq)); got != n {
+		return v, fmt.Errorf("%w: saving sequence %d for compaction: %d of %d bytes", ErrDecode, seq, int(got), int(n))
+	}
+	return v, nil
+}
+
+// restoreSeq puts a saved sequence back above the cells in use.
+func (s *Shard) restoreSeq(v savedSeq) {
+	if rd := C.llama_state_seq_set_data(s.lctx, (*C.uint8_t)(v.buf), v.n, C.llama_seq_id(v.seq)); rd == 0 {
+		// Cannot happen with the cells just freed; a session is gone if
+		// it does, and says so on its next request; an entry is dropped.
+		C.llama_memory_seq_rm(C.llama_get_memory(s.lctx), C.llama_seq_id(v.seq), -1, -1)
+		s.kv.dirty = true
+		if v.entry != nil {
+			s.kv.cache.forget(v.entry)
+			return
+		}
+		s.kv.lost[v.seq] = fmt.Errorf("%w: KV of sequence %d could not be restored after compaction", ErrDecode, v.seq)
+		return
+	}
+	c := s.cellsOf(v.seq)
+	if v.entry == nil {
+		s.kv.live[v.seq] = c
+	} else {
+		// An entry's cells carry the grave (evict leaves them to it).
+		C.llama_memory_seq_cp(C.llama_get_memory(s.lctx), C.llama_seq_id(v.seq), C.llama_seq_id(s.grave), -1, -1)
+	}
+	s.kv.used += c
 }

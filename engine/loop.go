@@ -137,7 +137,15 @@ func (s *Shard) enqueue(r *request, decodes, prefills []*request) ([]*request, [
 		return decodes, prefills
 	}
 	if r.free {
+		if r.keep != nil {
+			s.keep(r.sess.seq, r.keep)
+		}
 		s.release(r.sess.seq)
+		r.done <- nil
+		return decodes, prefills
+	}
+	if r.adopt != nil {
+		r.adopted, r.out.Tokens = s.adopt(r.sess.seq, r.adopt)
 		r.done <- nil
 		return decodes, prefills
 	}

@@ -66,6 +66,15 @@ type Config struct {
 	// Poll is ggml's spin level (0-100) for idle pool workers before they
 	// sleep; 0 (default) sleeps at once, leaving idle CPU to other shards.
 	Poll int
+	// PrefixCacheCells are KV cells on top of NCtx that keep finished
+	// sessions' prefixes for later sessions that start the same way
+	// (prefixcache.go); 0: no prefix cache. Ignored (no cache) where the
+	// shard is not batch-invariant.
+	PrefixCacheCells int
+	// PrefixCacheEntries bounds the prefixes kept (each a llama.cpp
+	// sequence; default DefaultPrefixCacheEntries, at most what 256
+	// sequences leave after the sessions').
+	PrefixCacheEntries int
 }
 
 // WithDefaults is c with every zero field at its default (what NewShard
@@ -88,6 +97,9 @@ func (c Config) withDefaults() (Config, error) {
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
+	if c.PrefixCacheEntries == 0 {
+		c.PrefixCacheEntries = DefaultPrefixCacheEntries
+	}
 	switch {
 	case c.NCtx < 16 || c.NCtx > 1<<22:
 		return c, fmt.Errorf("%w: NCtx %d outside [16, %d]", ErrBadInput, c.NCtx, 1<<22)
@@ -97,12 +109,19 @@ func (c Config) withDefaults() (Config, error) {
 		return c, fmt.Errorf("%w: MaxSessions %d outside [1, 250]", ErrBadInput, c.MaxSessions)
 	case c.Poll < 0 || c.Poll > 100:
 		return c, fmt.Errorf("%w: Poll %d outside [0, 100]", ErrBadInput, c.Poll)
+	case c.PrefixCacheCells < 0 || c.PrefixCacheCells > 1<<22 || c.PrefixCacheEntries < 0:
+		return c, fmt.Errorf("%w: PrefixCacheCells %d outside [0, %d]", ErrBadInput, c.PrefixCacheCells, 1<<22)
 	case c.NBatch < 2*c.MaxSessions:
 		// Decode rows go first; leave room so prefill always progresses.
 		return c, fmt.Errorf("%w: NBatch %d must be at least 2×MaxSessions (%d)", ErrBadInput, c.NBatch, 2*c.MaxSessions)
 	}
+	c.PrefixCacheEntries = min(c.PrefixCacheEntries, maxSeqs-2-c.MaxSessions)
 	return c, nil
 }
+
+// maxSeqs is llama.cpp's LLAMA_MAX_SEQ: sessions, the scratch and grave
+// sequences and the prefix cache's entries share them.
+const maxSeqs = 256
 
 // Capacity is what a shard can still admit.
 type Capacity struct {
@@ -112,6 +131,11 @@ type Capacity struct {
 	FreeKV       int // KV cells not reserved by open sessions
 	// Compactions counts the KV cache compactions so far (kvState).
 	Compactions int64
+	// PrefixCells are the prefix cache's cells (0: no cache), PrefixHeld
+	// those its entries hold and PrefixEntries how many prefixes it
+	// keeps; PrefixEvicted counts the entries evicted so far.
+	PrefixCells, PrefixHeld, PrefixEntries int
+	PrefixEvicted                          int64
 }
 
 // Shard runs one model file's layers for many sessions. One goroutine owns
@@ -127,9 +151,10 @@ type Shard struct {
 	capture *C.mp_capture             // nil on the tail (it produces logits)
 	batch   *C.struct_llama_batch     // in C memory: cgo may not see Go pointers to it
 	cands   []C.llama_token_data      // sampling scratch, owned by the loop
-	nCtx    int
-	scratch int // sequence id reserved for the self-test
-	grave   int // sequence id that holds freed cells until compaction
+	nCtx    int                       // KV cells sessions may reserve
+	cells   int                       // KV cells in all: nCtx and the prefix cache's
+	scratch int                       // sequence id reserved for the self-test
+	grave   int                       // sequence id that holds freed cells until compaction
 	kv      kvState
 
 	reqs chan *request
@@ -166,27 +191,16 @@ func NewShard(ctx context.Context, model *Model, cfg Config) (*Shard, error) {
 		model: model, info: info, cfg: cfg, log: cfg.Logger.With("shard", fmt.Sprintf("%d-%d", info.Start, info.End)),
 		reqs: make(chan *request, 4*cfg.MaxSessions), quit: make(chan struct{}), done: make(chan struct{}),
 		sessions: map[SessionKey]*Session{}, scratch: cfg.MaxSessions, grave: cfg.MaxSessions + 1,
-		kv: kvState{live: map[int]int{}, lost: map[int]error{}},
+		kv: kvState{live: map[int]int{}, lost: map[int]error{}, graved: map[int]int{}, cache: prefixCache{entries: map[int]*cacheEntry{}}},
 	}
-	p := C.llama_context_default_params()
-	p.n_ctx = C.uint32_t(cfg.NCtx)
-	p.n_batch = C.uint32_t(cfg.NBatch)
-	p.n_ubatch = C.uint32_t(cfg.NBatch)           // one ubatch per decode: captured rows stay in batch order
-	p.n_seq_max = C.uint32_t(cfg.MaxSessions + 2) // + scratch + grave
-	p.n_threads = C.int32_t(cfg.Threads)
-	p.n_threads_batch = C.int32_t(cfg.Threads)
-	p.kv_unified = true // split_simple: rows come back in batch order
-	p.no_perf = true
-	// Flash attention visits a row's KV cells one by one in cell order and
-	// skips masked ones, so a session's attention depends only on the order
-	// of its own cells, which the loop keeps equal to position order
-	// (kvState). Without it, softmax and KQV reduce over every cell in SIMD
-	// lanes, and other sessions' cells shift which lanes a session's values
-	// fall in.
-	p.flash_attn_type = C.LLAMA_FLASH_ATTN_TYPE_ENABLED
-	if cfg.Baseline {
-		p.flash_attn_type = C.LLAMA_FLASH_ATTN_TYPE_DISABLED
+	cacheSeqs := 0
+	if !cfg.Baseline && model.device.IsCPU() && cfg.PrefixCacheCells > 0 {
+		s.kv.cache.cells, cacheSeqs = cfg.PrefixCacheCells, cfg.PrefixCacheEntries
 	}
+	for i := range cacheSeqs {
+		s.kv.cache.free = append(s.kv.cache.free, cfg.MaxSessions+2+i)
+	}
+	p := s.contextParams(cacheSeqs)
 	if !info.IsTail() {
 		s.capture = (*C.mp_capture)(C.calloc(1, C.size_t(unsafe.Sizeof(C.mp_capture{}))))
 		name := fmt.Sprintf("l_out-%d", info.NLayer-1)
@@ -202,7 +216,8 @@ func NewShard(ctx context.Context, model *Model, cfg Config) (*Shard, error) {
 		s.freeC()
 		return nil, fmt.Errorf("engine: llama_init_from_model failed for %s (n_ctx %d)", info.Path, cfg.NCtx)
 	}
-	s.nCtx = int(C.llama_n_ctx(s.lctx))
+	s.cells = int(C.llama_n_ctx(s.lctx))
+	s.nCtx = s.cells - s.kv.cache.cells
 	if !cfg.DisposableThreads {
 		s.pool = C.mp_threadpool_new(C.int(cfg.Threads), C.int(cfg.Poll))
 		if s.pool == nil {
@@ -232,6 +247,32 @@ func NewShard(ctx context.Context, model *Model, cfg Config) (*Shard, error) {
 	return s, nil
 }
 
+// contextParams are the llama context's parameters for s's config with
+// cacheSeqs sequences for the prefix cache.
+func (s *Shard) contextParams(cacheSeqs int) C.struct_llama_context_params {
+	cfg := s.cfg
+	p := C.llama_context_default_params()
+	p.n_ctx = C.uint32_t(cfg.NCtx + s.kv.cache.cells)
+	p.n_batch = C.uint32_t(cfg.NBatch)
+	p.n_ubatch = C.uint32_t(cfg.NBatch)                       // one ubatch per decode: captured rows stay in batch order
+	p.n_seq_max = C.uint32_t(cfg.MaxSessions + 2 + cacheSeqs) // + scratch + grave + cached prefixes
+	p.n_threads = C.int32_t(cfg.Threads)
+	p.n_threads_batch = C.int32_t(cfg.Threads)
+	p.kv_unified = true // split_simple: rows come back in batch order
+	p.no_perf = true
+	// Flash attention visits a row's KV cells one by one in cell order and
+	// skips masked ones, so a session's attention depends only on the order
+	// of its own cells, which the loop keeps equal to position order
+	// (kvState). Without it, softmax and KQV reduce over every cell in SIMD
+	// lanes, and other sessions' cells shift which lanes a session's values
+	// fall in.
+	p.flash_attn_type = C.LLAMA_FLASH_ATTN_TYPE_ENABLED
+	if cfg.Baseline {
+		p.flash_attn_type = C.LLAMA_FLASH_ATTN_TYPE_DISABLED
+	}
+	return p
+}
+
 // Info describes the model this shard runs.
 func (s *Shard) Info() ModelInfo { return s.info }
 
@@ -248,8 +289,10 @@ func (s *Shard) Config() Config { return s.cfg }
 func (s *Shard) Capacity() Capacity {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	c := &s.kv.cache
 	return Capacity{MaxSessions: s.cfg.MaxSessions, FreeSessions: len(s.freeSeq), NCtx: s.nCtx, FreeKV: s.nCtx - s.reserved,
-		Compactions: s.kv.compactions.Load()}
+		Compactions: s.kv.compactions.Load(), PrefixCells: c.cells, PrefixHeld: int(c.heldN.Load()), PrefixEntries: int(c.entriesN.Load()),
+		PrefixEvicted: c.evicted.Load()}
 }
 
 // Close stops the loop, fails pending requests and frees the context.
@@ -315,6 +358,11 @@ type Session struct {
 	nextPos int
 	closed  bool
 	broken  error
+	// toks (head shards) are the tokens of positions [0, nextPos): kept
+	// with the session's cells in the prefix cache. keep, when set, is
+	// what Close keeps there (Keep).
+	toks []int32
+	keep *Prefix
 }
 
 // OpenSession admits a session: it needs a free sequence slot and KV cells.
@@ -507,6 +555,9 @@ func forwardMany(ctx context.Context, xs []*Session, ins []Input) ([]*Output, er
 			firstErr = cmp.Or(firstErr, err)
 			continue
 		}
+		if sh.info.IsHead() {
+			xs[i].toks = append(xs[i].toks[:min(len(xs[i].toks), xs[i].nextPos)], ins[i].Tokens...)
+		}
 		xs[i].nextPos += r.rows
 		outs[i] = &r.out
 	}
@@ -596,6 +647,7 @@ func (x *Session) Truncate(ctx context.Context, pos int) error {
 		return err
 	}
 	x.nextPos = pos
+	x.toks = x.toks[:min(len(x.toks), pos)]
 	return nil
 }
 
@@ -629,9 +681,13 @@ func (x *Session) Close() {
 		return
 	}
 	x.closed = true
+	var keep *keepReq
+	if x.keep != nil && x.broken == nil {
+		keep = &keepReq{p: *x.keep, pos: x.nextPos, toks: x.toks}
+	}
 	x.mu.Unlock()
 	s := x.shard
-	r := &request{sess: x, free: true, done: make(chan error, 1)}
+	r := &request{sess: x, free: true, keep: keep, done: make(chan error, 1)}
 	if s.send(context.Background(), r) == nil {
 		_ = s.wait(r)
 	}
@@ -652,9 +708,14 @@ type request struct {
 	rows  int
 	off   int // rows already decoded
 	free  bool
-	trim  int // with trimTo: drop the session's rows from position trim on
-	out   Output
-	done  chan error // receives exactly one result
+	keep  *keepReq // with free: what the prefix cache keeps of the session
+	// adopt asks for the longest cached prefix (Session.Adopt); the loop
+	// answers its positions in adopted and their tokens in out.Tokens.
+	adopt   *Prefix
+	adopted int
+	trim    int // with trimTo: drop the session's rows from position trim on
+	out     Output
+	done    chan error // receives exactly one result
 	// trimTo marks a Truncate request.
 	trimTo bool
 	// stopped is set once a Verify request's target differed from the

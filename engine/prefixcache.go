@@ -1,0 +1,315 @@
+package engine
+
+/*
+#include <stdlib.h>
+#include "mp.h"
+*/
+import "C"
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"slices"
+	"sync/atomic"
+)
+
+// The prefix cache keeps the KV cells of finished sessions (Session.Keep)
+// so that a new session whose tokens start the same way reuses them
+// (Session.Adopt) and computes only the rest. A cached prefix is a
+// sequence of its own (an entry) holding the cells of the positions it
+// covers; in llama.cpp's unified cache, copying a sequence's cells to
+// another sequence (llama_memory_seq_cp) shares them, nothing is copied.
+//
+// Exactness (docs/architecture.md, "Batch invariance"): an adopted prefix
+// is cells the same computation wrote — the same tokens at the same
+// positions (the caller's hashes), the same layers, kernel class and inputs
+// (the caller's Scope) — so they hold bitwise the values the new session
+// would compute, and they lie below every cell in use: the session's own
+// rows land above used, so its cells stay in position order, all flash
+// attention asks.
+//
+// Memory: the cache has PrefixCacheCells cells of its own on top of NCtx
+// (sessions reserve only NCtx), so live sessions and the cache always fit
+// together after a compaction, which restores the live sessions first and
+// then the entries, most recently used first, that fit with the rows to
+// decode: a live session never fails for the cache. An entry leaves by
+// eviction (least recently used first; owners over their share of the
+// cells first) into the grave, like a closed session's cells.
+
+// Prefix names the token prefix of a session's first positions.
+type Prefix struct {
+	// Owner is whose entry this is: under pressure the entries of an
+	// owner holding more than its share (1/PrefixOwnerDivisor of the
+	// cache) are evicted first. "": nobody's (no share).
+	Owner string
+	// Scope is everything besides the tokens that decides the cells'
+	// values and who may reuse them (the caller hashes it: origin, model
+	// range, the hops before this one, wire dtype...). Entries only serve
+	// sessions of the same scope.
+	Scope [32]byte
+	// Block is how many positions each hash covers (> 0).
+	Block int
+	// Hashes chain the tokens: Hashes[i] commits to the tokens of
+	// positions [0, (i+1)·Block), so equal hashes mean equal prefixes.
+	Hashes [][16]byte
+}
+
+// PrefixOwnerDivisor: an owner holding more than this fraction of the
+// cache's cells loses its own entries first when room is needed.
+const PrefixOwnerDivisor = 2
+
+// DefaultPrefixCacheEntries is how many prefixes a cache keeps at most
+// (each is a llama.cpp sequence; 256 in all, live sessions first).
+const DefaultPrefixCacheEntries = 32
+
+// cacheEntry is one cached prefix: sequence seq holds its positions
+// [0, len(hashes)·block).
+type cacheEntry struct {
+	seq    int
+	owner  string
+	scope  [32]byte
+	block  int
+	hashes [][16]byte
+	toks   []int32 // head shards: the tokens of its positions
+	last   uint64  // LRU clock
+}
+
+func (e *cacheEntry) cells() int { return len(e.hashes) * e.block }
+
+// prefixCache is the loop's index of the cached prefixes; the counters
+// are read by Capacity from other goroutines.
+type prefixCache struct {
+	cells   int   // budget: cells entries may hold together
+	free    []int // sequence ids for entries
+	entries map[int]*cacheEntry
+	held    int
+	clock   uint64
+
+	heldN, entriesN, evicted atomic.Int64
+}
+
+func (c *prefixCache) setCounts() {
+	c.heldN.Store(int64(c.held))
+	c.entriesN.Store(int64(len(c.entries)))
+}
+
+// match is the entry sharing the longest prefix with p (most recent on a
+// tie) and that prefix's positions; nil, 0 when none.
+func (c *prefixCache) match(p *Prefix) (*cacheEntry, int) {
+	var best *cacheEntry
+	n := 0
+	for _, e := range c.entries {
+		if e.scope != p.Scope || e.block != p.Block || e.owner != p.Owner {
+			continue
+		}
+		k := commonBlocks(e.hashes, p.Hashes)
+		if k > 0 && (k*e.block > n || k*e.block == n && e.last > best.last) {
+			best, n = e, k*e.block
+		}
+	}
+	return best, n
+}
+
+func commonBlocks(a, b [][16]byte) int {
+	k := 0
+	for k < len(a) && k < len(b) && a[k] == b[k] {
+		k++
+	}
+	return k
+}
+
+// victim is the entry to evict for owner's new entry of n cells: the
+// least recently used of the owner's own when it would hold more than its
+// share, else of the owners over their share, else of all.
+func (c *prefixCache) victim(owner string, n int) *cacheEntry {
+	share := c.cells / PrefixOwnerDivisor
+	held := map[string]int{}
+	for _, e := range c.entries {
+		held[e.owner] += e.cells()
+	}
+	over := func(o string) bool { return o != "" && held[o] > share }
+	lru := func(keep func(*cacheEntry) bool) *cacheEntry {
+		var v *cacheEntry
+		for _, e := range c.entries {
+			if keep(e) && (v == nil || e.last < v.last) {
+				v = e
+			}
+		}
+		return v
+	}
+	if owner != "" && held[owner]+n > share {
+		if v := lru(func(e *cacheEntry) bool { return e.owner == owner }); v != nil {
+			return v
+		}
+	}
+	if v := lru(func(e *cacheEntry) bool { return over(e.owner) }); v != nil {
+		return v
+	}
+	return lru(func(*cacheEntry) bool { return true })
+}
+
+// keepReq is what a closing session asks the cache to keep.
+type keepReq struct {
+	p    Prefix
+	pos  int     // the session's positions
+	toks []int32 // head: its tokens
+}
+
+// adopt gives sequence seq (no cells yet) the longest cached prefix of p;
+// it returns the positions and, on a head shard, their tokens.
+func (s *Shard) adopt(seq int, p *Prefix) (int, []int32) {
+	c := &s.kv.cache
+	e, n := c.match(p)
+	if e == nil {
+		return 0, nil
+	}
+	C.llama_memory_seq_cp(C.llama_get_memory(s.lctx), C.llama_seq_id(e.seq), C.llama_seq_id(seq), 0, C.llama_pos(n))
+	s.kv.live[seq] = n
+	s.kv.graved[seq] = n
+	c.clock++
+	e.last = c.clock
+	var toks []int32
+	if len(e.toks) >= n {
+		toks = slices.Clone(e.toks[:n])
+	}
+	return n, toks
+}
+
+// keep makes the first whole blocks of seq's positions an entry (before
+// release hands seq's cells to the grave): the blocks k's hashes cover, at
+// most k.pos positions. An entry that already covers them is only
+// touched; entries they cover are evicted (the new one serves all they
+// served).
+func (s *Shard) keep(seq int, k *keepReq) {
+	c := &s.kv.cache
+	if c.cells == 0 || k.p.Block <= 0 {
+		return
+	}
+	blocks := min(len(k.p.Hashes), k.pos/k.p.Block)
+	n := blocks * k.p.Block
+	if blocks == 0 || n > c.cells || s.kv.lost[seq] != nil || s.cellsOf(seq) < n {
+		return
+	}
+	hashes := k.p.Hashes[:blocks]
+	c.clock++
+	for _, e := range c.entries {
+		if e.scope != k.p.Scope || e.block != k.p.Block || e.owner != k.p.Owner {
+			continue
+		}
+		switch common := commonBlocks(e.hashes, hashes); {
+		case common == blocks:
+			e.last = c.clock
+			return
+		case common == len(e.hashes):
+			s.evict(e)
+		}
+	}
+	for c.held+n > c.cells || len(c.free) == 0 {
+		s.evict(c.victim(k.p.Owner, n))
+	}
+	cseq := c.free[len(c.free)-1]
+	c.free = c.free[:len(c.free)-1]
+	C.llama_memory_seq_cp(C.llama_get_memory(s.lctx), C.llama_seq_id(seq), C.llama_seq_id(cseq), 0, C.llama_pos(n))
+	e := &cacheEntry{seq: cseq, owner: k.p.Owner, scope: k.p.Scope, block: k.p.Block, hashes: slices.Clone(hashes), last: c.clock}
+	if len(k.toks) >= n {
+		e.toks = slices.Clone(k.toks[:n])
+	}
+	c.entries[cseq] = e
+	c.held += n
+	c.setCounts()
+}
+
+// evict drops entry e. Its cells stay occupied (no holes) until the next
+// compaction: every cell of an entry also carries the grave, from the
+// release of the session it was kept from (keep comes just before it) or,
+// after a compaction, from restoreSeq.
+func (s *Shard) evict(e *cacheEntry) {
+	c := &s.kv.cache
+	C.llama_memory_seq_rm(C.llama_get_memory(s.lctx), C.llama_seq_id(e.seq), -1, -1)
+	c.forget(e)
+	c.evicted.Add(1)
+}
+
+// forget removes e from the index (its cells are the caller's business).
+func (c *prefixCache) forget(e *cacheEntry) {
+	delete(c.entries, e.seq)
+	c.free = append(c.free, e.seq)
+	c.held -= e.cells()
+	c.setCounts()
+}
+
+// survivors are the entries a compaction restores after live cells and n
+// rows to decode, most recently used first, within the cells left; the
+// others are forgotten (the compaction clears their cells).
+func (s *Shard) survivors(live, n int) []*cacheEntry {
+	c := &s.kv.cache
+	all := make([]*cacheEntry, 0, len(c.entries))
+	for _, e := range c.entries {
+		all = append(all, e)
+	}
+	slices.SortFunc(all, func(a, b *cacheEntry) int { return cmp.Compare(b.last, a.last) })
+	room := s.cells - live - n
+	var keep []*cacheEntry
+	for _, e := range all {
+		if e.cells() <= room {
+			room -= e.cells()
+			keep = append(keep, e)
+			continue
+		}
+		c.forget(e)
+		c.evicted.Add(1)
+	}
+	return keep
+}
+
+// Adopt gives a session that has no rows yet the longest prefix of p the
+// shard's cache holds: the session then starts at the returned position
+// (a multiple of p.Block, 0 when nothing matched or the cache is off). On
+// a head shard the positions' tokens come back too. The caller may
+// Truncate below the returned position before its first Forward.
+func (x *Session) Adopt(ctx context.Context, p Prefix) (int, []int32, error) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	switch {
+	case x.closed:
+		return 0, nil, ErrSessionClosed
+	case x.broken != nil:
+		return 0, nil, x.broken
+	case x.nextPos != 0:
+		return 0, nil, fmt.Errorf("%w: adopt a prefix at position %d, want a new session", ErrBadInput, x.nextPos)
+	case !x.shard.cacheOn() || p.Block <= 0 || len(p.Hashes) == 0:
+		return 0, nil, nil
+	}
+	s := x.shard
+	r := &request{sess: x, adopt: &p, done: make(chan error, 1)}
+	if err := s.send(ctx, r); err != nil {
+		return 0, nil, err
+	}
+	if err := s.wait(r); err != nil {
+		x.broken = err
+		return 0, nil, err
+	}
+	x.nextPos = r.adopted
+	if s.info.IsHead() {
+		x.toks = r.out.Tokens
+	}
+	return r.adopted, r.out.Tokens, nil
+}
+
+// Keep makes Close keep the session's first positions in the shard's
+// prefix cache for later sessions: the whole blocks p's hashes cover, up
+// to the session's position at Close. A session that failed keeps
+// nothing.
+func (x *Session) Keep(p Prefix) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if x.shard.cacheOn() {
+		x.keep = &p
+	}
+}
+
+// cacheOn reports whether the shard keeps prefixes: a cache of some cells,
+// on a batch-invariant shard (elsewhere cells computed in another batch
+// would not be the ones this session computes).
+func (s *Shard) cacheOn() bool { return s.kv.cache.cells > 0 }

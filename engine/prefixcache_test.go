@@ -1,0 +1,255 @@
+package engine
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"slices"
+	"testing"
+
+	"github.com/neuron-tai/meshp2p/internal/testmodels"
+)
+
+const testBlock = 16
+
+// testPrefix chains toks' whole blocks of testBlock tokens for owner.
+func testPrefix(owner string, toks []int32) Prefix {
+	p := Prefix{Owner: owner, Scope: sha256.Sum256([]byte("scope/" + owner)), Block: testBlock}
+	var h [16]byte
+	for i := 0; i+testBlock <= len(toks); i += testBlock {
+		d := sha256.New()
+		d.Write(h[:])
+		for _, t := range toks[i : i+testBlock] {
+			d.Write(binary.LittleEndian.AppendUint32(nil, uint32(t)))
+		}
+		copy(h[:], d.Sum(nil))
+		p.Hashes = append(p.Hashes, h)
+	}
+	return p
+}
+
+// adopt adopts p on every shard of x's chain; every shard must find the
+// same positions.
+func (x *invSession) adopt(t *testing.T, p Prefix) int {
+	t.Helper()
+	n := -1
+	for i, s := range x.ss {
+		got, toks, err := s.Adopt(context.Background(), p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n >= 0 && got != n {
+			t.Fatalf("shard %d adopted %d positions, shard 0 %d", i, got, n)
+		}
+		n = got
+		if s.shard.info.IsHead() && len(toks) != got {
+			t.Fatalf("head adopted %d positions with %d tokens", got, len(toks))
+		}
+	}
+	x.pos = n
+	return n
+}
+
+func (x *invSession) keep(p Prefix) {
+	for _, s := range x.ss {
+		s.Keep(p)
+	}
+}
+
+// feed runs toks[from:to] through x in chunks of c (a fresh trace).
+func feed(t *testing.T, x *invSession, toks []int32, from, to, c int) invTrace {
+	t.Helper()
+	var tr invTrace
+	for i := from; i < to; i += c {
+		tr.add(invStep(t, []*invSession{x}, [][]int32{toks[i:min(i+c, to)]})[0])
+	}
+	return tr
+}
+
+// rows is tr's rows [from, len).
+func (tr invTrace) rows(from int) invTrace {
+	return invTrace{mid: tr.mid[from:], logits: tr.logits[from:]}
+}
+
+// A session that adopts a cached prefix computes bitwise what a session
+// computing every position itself does, on every shard of a chain: alone,
+// after truncating part of the adopted prefix, batched with other
+// sessions, and through compactions (the cache's cells restored beside the
+// live sessions'). A closing session's longer prefix replaces the entry
+// it extends; another owner or scope finds nothing; under pressure the
+// least recently used entries go and no live session fails.
+func TestPrefixCacheExact(t *testing.T) {
+	dir := t.TempDir()
+	models := map[string]func(*testing.T) string{
+		"stories260K": func(t *testing.T) string { return testmodels.Path(t, "stories260K.gguf") },
+		"qwen3_q8_0":  func(t *testing.T) string { return makeParityModel(t, invarianceModels[8], dir) },
+	}
+	for _, name := range []string{"stories260K", "qwen3_q8_0"} {
+		t.Run(name, func(t *testing.T) {
+			cfg := Config{NCtx: 256, NBatch: 128, MaxSessions: 8, Threads: 2, PrefixCacheCells: 256, PrefixCacheEntries: 4}
+			chain := loadShards(t, models[name](t), 3, cfg)
+			nv := chain[0].info.NVocab
+			id := byte(0)
+			openKV := func(kv int) *invSession { id++; return openInv(t, chain, id, kv) }
+			open := func() *invSession { return openKV(128) }
+
+			// Reference: 96 positions one at a time (prompt, then greedy).
+			x := open()
+			toks := invPromptTokens(nv, 0)
+			var ref invTrace
+			for p := 0; p < 96; p++ {
+				if p >= len(toks) {
+					toks = append(toks, argmax(ref.logits[p-1]))
+				}
+				ref.add(invStep(t, []*invSession{x}, [][]int32{{toks[p]}})[0])
+			}
+			x.close()
+			if c := chain[1].Capacity(); c.PrefixEntries != 0 {
+				t.Fatalf("a session without Keep left %d entries", c.PrefixEntries)
+			}
+
+			// A first turn: 40 positions in chunks, kept (2 whole blocks).
+			x = open()
+			feed(t, x, toks, 0, 40, 13)
+			x.keep(testPrefix("alice", toks[:40]))
+			x.close()
+			requireCache(t, chain, 1, 32)
+
+			// The second turn adopts them and computes the rest.
+			y := open()
+			if n := y.adopt(t, testPrefix("alice", toks[:95])); n != 32 {
+				t.Fatalf("adopted %d positions, want 32", n)
+			}
+			sameTrace(t, "after an adopted prefix", feed(t, y, toks, 32, 96, 7), ref.rows(32))
+			y.keep(testPrefix("alice", toks[:96]))
+			y.close()
+			requireCache(t, chain, 1, 96) // the longer prefix replaced the one it extends
+
+			// Another owner, or a prefix that differs in its first block,
+			// finds nothing.
+			z := open()
+			if n := z.adopt(t, testPrefix("bob", toks[:95])); n != 0 {
+				t.Fatalf("another owner adopted %d positions", n)
+			}
+			other := slices.Clone(toks[:95])
+			other[3]++
+			if n := z.adopt(t, testPrefix("alice", other)); n != 0 {
+				t.Fatalf("a different first block adopted %d positions", n)
+			}
+			z.close()
+
+			// Adopted, then cut back (the origin started lower: the first
+			// frame's position), batched with others, through compactions.
+			before := compactions(chain)
+			y = open()
+			if n := y.adopt(t, testPrefix("alice", toks[:80])); n != 80 {
+				t.Fatalf("adopted %d positions, want 80", n)
+			}
+			y.truncate(t, 50)
+			got := batchedWithChurn(t, y, toks, 50, 96, func() *invSession { return openKV(churnKV) }, nv)
+			sameTrace(t, "adopted, truncated, batched with churn", got, ref.rows(50))
+			y.close()
+			if compactions(chain) == before {
+				t.Fatal("no compaction: the test no longer covers the cache's cells through one")
+			}
+			requireCache(t, chain, 1, 96)
+
+			// Pressure: more prefixes than the cache's 4 entries and 256
+			// cells; the least recently used go, the entry just used stays.
+			for i := range 6 {
+				w := open()
+				p := invPromptTokens(nv, 20+i)
+				p = slices.Concat(p, p, p)[:48]
+				feed(t, w, p, 0, 48, 48)
+				if i == 3 { // restored by the compaction above, and reused
+					u := open()
+					if n := u.adopt(t, testPrefix("alice", toks[:95])); n != 80 {
+						t.Fatalf("the 96-position entry is gone after %d others (adopted %d)", i, n)
+					}
+					sameTrace(t, "adopted after a compaction", feed(t, u, toks, 80, 96, 16), ref.rows(80))
+					u.close()
+				}
+				w.keep(testPrefix("carol", p))
+				w.close()
+			}
+			c := chain[1].Capacity()
+			if c.PrefixEntries > 4 || c.PrefixHeld > 256 || c.PrefixEvicted == 0 {
+				t.Fatalf("over budget or nothing evicted: %+v", c)
+			}
+			requireReturned(t, chain, "after all sessions closed")
+		})
+	}
+}
+
+// requireCache fails unless every shard of chain holds n entries and
+// cells cells in its prefix cache.
+func requireCache(t *testing.T, chain []*Shard, n, cells int) {
+	t.Helper()
+	for i, s := range chain {
+		if c := s.Capacity(); c.PrefixEntries != n || c.PrefixHeld != cells {
+			t.Fatalf("shard %d: %d entries holding %d cells, want %d holding %d", i, c.PrefixEntries, c.PrefixHeld, n, cells)
+		}
+	}
+}
+
+// churnKV is the KV cells each of batchedWithChurn's sessions reserves.
+const churnKV = 20
+
+// batchedWithChurn feeds toks[from:to] to y one row at a time, batched
+// with 6 other sessions (opened by open), half of which close every 5
+// rows and are replaced (their cells fill the cache up to a compaction).
+// It returns y's rows.
+func batchedWithChurn(t *testing.T, y *invSession, toks []int32, from, to int, open func() *invSession, nv int) invTrace {
+	t.Helper()
+	others := make([]*invSession, 6)
+	for j := range others {
+		others[j] = open()
+		invStep(t, []*invSession{others[j]}, [][]int32{invPromptTokens(nv, j+1)[:3+5*j%invPrompt]})
+	}
+	var got invTrace
+	for p := from; p < to; p++ {
+		if (p-from)%5 == 4 {
+			for j := (p - from) / 5 % 2; j < len(others); j += 2 {
+				others[j].close()
+				others[j] = open()
+				invStep(t, []*invSession{others[j]}, [][]int32{invPromptTokens(nv, 9+j)})
+			}
+		}
+		xs, in := []*invSession{y}, [][]int32{{toks[p]}}
+		for j, o := range others {
+			if o.pos+2 <= churnKV {
+				xs = append(xs, o)
+				in = append(in, invPromptTokens(nv, j+3)[o.pos%invPrompt:][:min(1+(p+j)%2, invPrompt-o.pos%invPrompt)])
+			}
+		}
+		got.add(invStep(t, xs, in)[0])
+	}
+	for _, o := range others {
+		o.close()
+	}
+	return got
+}
+
+// Adopt is for new sessions only, and a shard without a cache adopts
+// nothing and keeps nothing.
+func TestPrefixCacheOff(t *testing.T) {
+	path := testmodels.Path(t, "stories260K.gguf")
+	chain := loadShards(t, path, 1, Config{NCtx: 256, NBatch: 64, MaxSessions: 4, Threads: 2})
+	x := openInv(t, chain, 1, 64)
+	toks := invPromptTokens(chain[0].info.NVocab, 0)
+	feed(t, x, append(toks, toks...), 0, 40, 40)
+	x.keep(testPrefix("a", toks))
+	x.close()
+	if c := chain[0].Capacity(); c.PrefixCells != 0 || c.PrefixEntries != 0 {
+		t.Fatalf("no cache configured, yet %+v", c)
+	}
+	y := openInv(t, chain, 2, 64)
+	if n, _, err := y.ss[0].Adopt(context.Background(), testPrefix("a", append(toks, toks...))); n != 0 || err != nil {
+		t.Fatalf("adopt without a cache: %d, %v", n, err)
+	}
+	feed(t, y, toks, 0, 3, 3)
+	if _, _, err := y.ss[0].Adopt(context.Background(), testPrefix("a", toks)); err == nil {
+		t.Fatal("adopt after rows: no error")
+	}
+	y.close()
+}
