@@ -390,9 +390,17 @@ type anthropicBlock struct {
 	Input json.RawMessage `json:"input,omitempty"`
 }
 
+// anthropicUsage: as Anthropic counts, input_tokens are the prompt tokens
+// not read from a cache and cache_read_input_tokens those the hops reused
+// from their prefix caches.
 type anthropicUsage struct {
-	InputTokens  int `json:"input_tokens"`
-	OutputTokens int `json:"output_tokens"`
+	InputTokens          int `json:"input_tokens"`
+	OutputTokens         int `json:"output_tokens"`
+	CacheReadInputTokens int `json:"cache_read_input_tokens"`
+}
+
+func anthropicUsageOf(res *GenerateResult) anthropicUsage {
+	return anthropicUsage{res.PromptTokens - res.CachedTokens, res.CompletionTokens, res.CachedTokens}
 }
 
 // anthropicStop is a finished generation's stop_reason.
@@ -439,7 +447,7 @@ func (s *Server) anthropicMessages(w http.ResponseWriter, r *http.Request) {
 			}
 			stop := anthropicStop(u.Res)
 			m.StopReason, m.StopSequence = &stop, anthropicStopSequence(u.Res)
-			m.Usage = anthropicUsage{u.Res.PromptTokens, u.Res.CompletionTokens}
+			m.Usage = anthropicUsageOf(u.Res)
 			m.Meshp2p = final(u.Res)
 			return m
 		},
@@ -520,7 +528,7 @@ func (a *anthropicStream) finish(res *GenerateResult) {
 	}
 	if !a.ew.event("message_delta", map[string]any{"type": "message_delta",
 		"delta":   map[string]any{"stop_reason": anthropicStop(res), "stop_sequence": anthropicStopSequence(res)},
-		"usage":   anthropicUsage{res.PromptTokens, res.CompletionTokens},
+		"usage":   anthropicUsageOf(res),
 		"meshp2p": final(res)}) {
 		return
 	}

@@ -174,6 +174,9 @@ type GenerateResult struct {
 	Fingerprint      string
 	PromptTokens     int
 	CompletionTokens int
+	// CachedTokens are the prompt tokens the swarm's hops reused from
+	// their prefix caches (usage's cached_tokens, cache_read_input_tokens).
+	CachedTokens int
 	// Length is true when the generation stopped at MaxTokens (else it
 	// ended on an end-of-generation token or a stop string).
 	Length bool

@@ -15,9 +15,20 @@ import (
 // where OpenAI sends null.
 
 type usage struct {
-	PromptTokens     int `json:"prompt_tokens"`
-	CompletionTokens int `json:"completion_tokens"`
-	TotalTokens      int `json:"total_tokens"`
+	PromptTokens        int           `json:"prompt_tokens"`
+	CompletionTokens    int           `json:"completion_tokens"`
+	TotalTokens         int           `json:"total_tokens"`
+	PromptTokensDetails promptDetails `json:"prompt_tokens_details"`
+}
+
+// promptDetails: cached_tokens are the prompt tokens the hops reused from
+// their prefix caches (OpenAI's prompt caching field).
+type promptDetails struct {
+	CachedTokens int `json:"cached_tokens"`
+}
+
+func usageOf(res *GenerateResult) *usage {
+	return &usage{res.PromptTokens, res.CompletionTokens, res.PromptTokens + res.CompletionTokens, promptDetails{res.CachedTokens}}
 }
 
 // extension is meshp2p's own field on responses and chunks: the route and
@@ -263,7 +274,7 @@ func (s *Server) respond(w http.ResponseWriter, r *http.Request, g *run, req *re
 	}
 	ch.Logprobs = logprobsOut(req, chat, u.Logprobs, 0)
 	c.Choices = []choice{ch}
-	c.Usage = &usage{res.PromptTokens, res.CompletionTokens, res.PromptTokens + res.CompletionTokens}
+	c.Usage = usageOf(res)
 	w.Header().Set("X-Meshp2p-Reroutes", strconv.Itoa(res.Reroutes))
 	writeJSON(w, http.StatusOK, c)
 	return http.StatusOK
@@ -428,7 +439,7 @@ func (e *sseWriter) finish(res *GenerateResult, includeUsage bool) {
 	if ok && includeUsage {
 		u := e.c
 		u.Choices = []choice{}
-		u.Usage = &usage{res.PromptTokens, res.CompletionTokens, res.PromptTokens + res.CompletionTokens}
+		u.Usage = usageOf(res)
 		u.Meshp2p = last.Meshp2p
 		ok = e.send(u)
 	}

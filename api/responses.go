@@ -419,7 +419,7 @@ func (r *responseObject) done(res *GenerateResult) {
 	if res.Length && len(res.ToolCalls) == 0 {
 		r.Status, r.IncompleteDetails = "incomplete", &incomplete{Reason: "max_output_tokens"}
 	}
-	r.Usage = &responseUsage{InputTokens: res.PromptTokens, InputTokensDetails: map[string]int{"cached_tokens": 0},
+	r.Usage = &responseUsage{InputTokens: res.PromptTokens, InputTokensDetails: map[string]int{"cached_tokens": res.CachedTokens},
 		OutputTokens: res.CompletionTokens, OutputTokensDetails: map[string]int{"reasoning_tokens": 0},
 		TotalTokens: res.PromptTokens + res.CompletionTokens}
 	r.Model = modelOr(res.Model, r.Model)

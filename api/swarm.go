@@ -94,7 +94,7 @@ func (b *Swarm) Generate(ctx context.Context, req *GenerateRequest, onDelta func
 	var out *GenerateResult
 	if res != nil {
 		out = &GenerateResult{Model: res.Model.ID, Fingerprint: res.Model.Fingerprint, PromptTokens: res.PromptTokens,
-			CompletionTokens: len(res.Tokens), Length: res.Finish == client.FinishLength, Stop: res.Stop}
+			CompletionTokens: len(res.Tokens), CachedTokens: res.CachedTokens, Length: res.Finish == client.FinishLength, Stop: res.Stop}
 		out.ToolCalls = res.ToolCalls
 		if s := res.Session; s != nil {
 			out.Reroutes = s.Reroutes

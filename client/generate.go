@@ -52,6 +52,9 @@ type Request struct {
 	OnToolCall func(ToolCallDelta)
 	// Format constrains the text to JSON by a grammar the tail enforces.
 	Format Format
+	// CacheNamespace separates the prefix caches of this client's users
+	// (session.GenerateRequest.CacheNamespace; "": the client's own).
+	CacheNamespace string
 	// Logprobs asks the tail for each token's log-probability and
 	// TopLogprobs alternatives; OnLogprob gets them in token order.
 	Logprobs    bool
@@ -64,6 +67,9 @@ type Result struct {
 	Model        Model
 	Text         string
 	PromptTokens int
+	// CachedTokens are the prompt tokens every hop reused from its prefix
+	// cache (a conversation's earlier turns): not computed again.
+	CachedTokens int
 	// Tokens are the generated tokens (an end-of-generation token
 	// included; tokens after a stop string's start included).
 	Tokens []int32
@@ -130,6 +136,9 @@ func (c *Client) Generate(ctx context.Context, req Request) (*Result, error) {
 	c.countSession(m.Fingerprint, sres, err)
 	out := &Result{Model: m, Text: st.Text(), PromptTokens: len(prompt), Tokens: st.Tokens(), Finish: st.Finish(req.MaxTokens),
 		Session: sres, FirstToken: st.FirstToken(), Stop: st.Stop()}
+	if sres != nil {
+		out.CachedTokens = sres.CachedTokens
+	}
 	if calls != nil {
 		calls.close()
 		out.ToolCalls = calls.calls
@@ -183,7 +192,7 @@ func (req *Request) samplingWith(grammar string) (*meshp2pb.SamplingParams, *mes
 // callbacks.
 func (req *Request) sessionRequest(m Model, v Vocab, prompt []int32, sampling *meshp2pb.SamplingParams, spec *meshp2pb.Speculation, st *Stream) session.GenerateRequest {
 	sreq := session.GenerateRequest{Fingerprint: m.Fingerprint, NLayer: m.NLayer, Prompt: prompt, MaxTokens: req.MaxTokens,
-		Sampling: sampling, WireDType: req.WireDType, Speculation: spec, OnToken: st.Token}
+		Sampling: sampling, WireDType: req.WireDType, Speculation: spec, OnToken: st.Token, CacheNamespace: req.CacheNamespace}
 	if req.OnLogprob != nil && req.Logprobs {
 		sreq.OnLogprobs = func(tok int32, lp *meshp2pb.TokenLogprobs) {
 			// An end-of-generation token is not text: no entry for it.

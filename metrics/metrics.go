@@ -51,6 +51,9 @@ type Metrics struct {
 	gens       *prometheus.CounterVec
 	genTokens  prometheus.Counter
 	audits     *prometheus.CounterVec
+	reused     prometheus.Counter
+	prompt     prometheus.Counter
+	cached     prometheus.Counter
 	gaugeNames map[string]bool
 	mu         sync.Mutex // guards gaugeNames
 }
@@ -87,6 +90,9 @@ func New() *Metrics {
 	m.recovery = f.histogram("reroute_recovery_seconds", "Time from the failure behind a re-route until tokens flow again.", slowBuckets)
 	m.gens = f.counterVec("generations_total", "Generations this origin ran, by result.", "result")
 	m.genTokens = f.counter("generated_tokens_total", "Tokens this origin's generations received (counted as they arrive).")
+	m.reused = f.counter("hop_prefix_reused_tokens_total", "Positions this hop's sessions reused from its prefix cache instead of computing them.")
+	m.prompt = f.counter("prompt_tokens_total", "Prompt tokens of the generations this origin finished.")
+	m.cached = f.counter("prompt_cached_tokens_total", "Of them, tokens every hop reused from its prefix cache (cached / prompt: the hit rate).")
 	m.audits = f.counterVec("audits_total", "Audits of finished generations this origin ran, by outcome (passed, failed: a hop convicted, inconclusive, skipped).", "outcome")
 	for _, k := range []string{"prefill", "decode"} {
 		m.rows.WithLabelValues(k)
@@ -255,7 +261,10 @@ func (m *Metrics) Table(t *route.Table) {
 var _ session.HopObserver = (*Metrics)(nil)
 var _ session.OriginObserver = (*Metrics)(nil)
 
-func (m *Metrics) SessionAdmitted(session.SessionInfo) { m.admitted.Inc() }
+func (m *Metrics) SessionAdmitted(si session.SessionInfo) {
+	m.admitted.Inc()
+	m.reused.Add(float64(si.Cached))
+}
 func (m *Metrics) SessionRefused(c meshp2pb.ErrorCode) {
 	m.refused.WithLabelValues(session.CodeLabel(c)).Inc()
 }
@@ -304,6 +313,10 @@ func (m *Metrics) FirstToken(d time.Duration) { m.ttft.Observe(d.Seconds()) }
 func (m *Metrics) TokenReceived()             { m.genTokens.Inc() }
 func (m *Metrics) Rerouted()                  { m.reroutes.Inc() }
 func (m *Metrics) Recovered(d time.Duration)  { m.recovery.Observe(d.Seconds()) }
+func (m *Metrics) PromptCached(prompt, cached int) {
+	m.prompt.Add(float64(prompt))
+	m.cached.Add(float64(cached))
+}
 func (m *Metrics) GenerationDone(tokens int, err error) {
 	r := "ok"
 	if err != nil {

@@ -63,16 +63,21 @@ func TestRelax(c p2p.Config) p2p.Config {
 }
 
 // The shard context a node creates unless told otherwise (DefaultEngine;
-// start's --ctx, --batch and --max-sessions).
+// start's --ctx, --batch, --max-sessions and --prefix-cache).
 const (
 	DefaultNCtx        = 4096 // KV cells shared by all sessions
 	DefaultNBatch      = 512  // most rows per llama_decode
 	DefaultMaxSessions = 8    // concurrent sessions a shard admits
+	// DefaultPrefixCache is the KV cells, on top of --ctx, that keep
+	// finished sessions' prefixes for the next turn of a conversation
+	// (engine/prefixcache.go): half the sessions' cells, a few
+	// conversations' worth; placement counts them like --ctx's.
+	DefaultPrefixCache = 2048
 )
 
 // DefaultEngine is the shard context a node creates unless told otherwise.
 func DefaultEngine() engine.Config {
-	return engine.Config{NCtx: DefaultNCtx, NBatch: DefaultNBatch, MaxSessions: DefaultMaxSessions}
+	return engine.Config{NCtx: DefaultNCtx, NBatch: DefaultNBatch, MaxSessions: DefaultMaxSessions, PrefixCacheCells: DefaultPrefixCache}
 }
 
 // Sizes and counts.

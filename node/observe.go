@@ -67,6 +67,9 @@ func (o *observers) gauges(p *p2p.Node, table *route.Table, hop *session.HopServ
 	})
 	m.Counter("kv_compactions_total", "KV cache compactions of this node's shard (batch invariance; restarts from 0 when the node loads another window).",
 		func() float64 { return float64(set.capacity().Compactions) })
+	m.Gauge("prefix_cache_cells", "KV cells of this node's prefix cache (--prefix-cache).", func() float64 { return float64(set.capacity().PrefixCells) })
+	m.Gauge("prefix_cache_cells_used", "Prefix cache cells holding finished sessions' prefixes.", func() float64 { return float64(set.capacity().PrefixHeld) })
+	m.Gauge("prefix_cache_entries", "Prefixes this node's prefix cache keeps.", func() float64 { return float64(set.capacity().PrefixEntries) })
 	m.Gauge("session_slots", "Session slots of this node's shard (--max-sessions).", func() float64 { return float64(set.capacity().MaxSessions) })
 	m.Gauge("decode_seconds_per_layer", "Measured single-row compute time per layer, as advertised.", func() float64 {
 		if v := hop.DecodeMsPerLayer(); v > 0 {

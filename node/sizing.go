@@ -39,7 +39,11 @@ func fileSizing(f *gguf.File, ec engine.Config) (placement.Sizing, *gguf.Info, e
 		ts[i] = placement.Tensor{Name: t.Name, Bytes: int64(t.Bytes)}
 	}
 	ec = withEngineDefaults(ec)
-	sz, err := placement.FromTensors(g, ts, placement.EngineShape{NCtx: ec.NCtx, NBatch: ec.NBatch, FlashAttn: !ec.Baseline, Compacts: !ec.Baseline})
+	cells := ec.NCtx
+	if !ec.Baseline { // the prefix cache's cells are the context's too
+		cells += ec.PrefixCacheCells
+	}
+	sz, err := placement.FromTensors(g, ts, placement.EngineShape{NCtx: cells, NBatch: ec.NBatch, FlashAttn: !ec.Baseline, Compacts: !ec.Baseline})
 	md, n := f.Metadata.Clone(), in.NLayer
 	sz.Cut = func(r placement.Range) error { return gguf.CheckCut(md, gguf.Range{Start: r.Start, End: r.End}, n) }
 	return sz, in, err

@@ -318,7 +318,7 @@ func TicketRoute(t *meshp2pb.RouteTicket, st *meshp2pb.SignedRouteTicket) *Route
 func WireRoute(r *Route) *meshp2pb.Route {
 	pr := &meshp2pb.Route{ModelFingerprint: r.Fingerprint, NLayer: uint32(r.NLayer), Epoch: r.Epoch}
 	for _, h := range r.Hops {
-		hop := &meshp2pb.RouteHop{PeerId: []byte(h.Peer), Start: uint32(h.Start), End: uint32(h.End)}
+		hop := &meshp2pb.RouteHop{PeerId: []byte(h.Peer), Start: uint32(h.Start), End: uint32(h.End), KernelClass: h.KernelClass}
 		for _, a := range h.Addrs {
 			hop.Addrs = append(hop.Addrs, a.String())
 		}

@@ -270,6 +270,7 @@ func (h *HopService) reserve(hs *hopSession) *hopError {
 		return codeErr(code, err.Error(), h.host.ID())
 	}
 	hs.eng = eng
+	hs.adoptPrefix()
 	return nil
 }
 
@@ -324,11 +325,14 @@ func (h *HopService) serveAdmitted(s network.Stream, r *timedReader, hs *hopSess
 		return
 	}
 	_ = s.SetReadDeadline(time.Time{})
-	if err := hs.up.Send(acceptance(open), 0); err != nil {
+	acc := hs.accepted()
+	if err := hs.up.Send(acc, 0); err != nil {
 		return
 	}
 	hs.admitted, hs.admittedAt = true, time.Now()
-	h.cfg.Observer.SessionAdmitted(sessionInfo(open, idx))
+	si := sessionInfo(open, idx)
+	si.Cached = int(min(uint32(hs.cached), acc.GetAccept().GetCachedTokens()))
+	h.cfg.Observer.SessionAdmitted(si)
 	h.log.Debug("session open", "session", hs.key, "hop", idx, "of", n)
 	hs.run(r)
 }
@@ -504,6 +508,7 @@ func (hs *hopSession) closeEngine() {
 			if gt, ok := hs.eng.(GrammarTimer); ok && !hs.h.cfg.TrustedOrigins[hs.origin] {
 				hs.h.grammar.charge(hs.origin, gt.GrammarTime())
 			}
+			hs.keepPrefix()
 			hs.eng.Close()
 		}
 		hs.h.giveQuota(hs)

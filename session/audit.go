@@ -158,7 +158,7 @@ func (o *Origin) maybeAudit(res *Result) {
 	go func() {
 		defer a.wg.Done()
 		ctx, cancel := context.WithTimeout(context.Background(), DefaultAuditTimeout)
-		rep := o.auditGeneration(ctx, open, hop, known, got, advertisedClass(res.Route, open, hop))
+		rep := o.auditGeneration(ctx, open, hop, known, got, advertisedClass(res.Route, open, hop), res.cachedFrom)
 		cancel()
 		a.mu.Lock()
 		a.running--
@@ -168,14 +168,24 @@ func (o *Origin) maybeAudit(res *Result) {
 }
 
 // auditGeneration checks the head's relay (every audited generation: it
-// needs no replay) and, unless that convicts the head, audits hop.
-func (o *Origin) auditGeneration(ctx context.Context, open *meshp2pb.SessionOpen, hop int, known []int32, got relayed, advertised string) AuditReport {
+// needs no replay) and, unless that convicts the head, audits hop — but
+// not when the epoch's hops started from cachedFrom > 0 cached positions:
+// the cells they reused were computed in an earlier session, from inputs
+// this one's records do not hold, so no replay could reproduce them
+// (docs/trust.md, "Prefix cache").
+func (o *Origin) auditGeneration(ctx context.Context, open *meshp2pb.SessionOpen, hop int, known []int32, got relayed, advertised string, cachedFrom int) AuditReport {
 	rc := o.checkRelay(ctx, open, got)
 	if rc.Outcome == AuditFailed {
 		return rc
 	}
 	if rc.Outcome == AuditInconclusive {
 		o.logger().Info("relay check inconclusive", "head", rc.Peer, "reason", rc.Reason)
+	}
+	if cachedFrom > 0 {
+		hops := open.GetRoute().GetHops()
+		return AuditReport{Peer: peer.ID(hops[hop].GetPeerId()), Hop: hop, Start: int(hops[hop].GetStart()), End: int(hops[hop].GetEnd()),
+			Epoch: open.GetEpoch(), Outcome: AuditSkipped, Relayed: rc.Relayed,
+			Reason: fmt.Sprintf("the hops reused %d cached positions: no recorded inputs replay them", cachedFrom)}
 	}
 	rep := o.audit(ctx, open, hop, known, advertised)
 	rep.Relayed = rc.Relayed

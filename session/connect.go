@@ -52,6 +52,7 @@ func (hs *hopSession) connect(ctx context.Context) *hopError {
 			}
 			return codeErr(meshp2pb.ErrorCode_ERROR_CODE_UNEXPECTED_MESSAGE, "next hop did not accept", np)
 		}
+		hs.downCached = acc
 		hs.down.Swap(ds)
 		path := pathOf(h.host, ds)
 		h.log.Info("seam to next hop open", "session", hs.key, "next", np, "path", path.String())

@@ -159,6 +159,9 @@ func (hs *hopSession) readUpstream(r *timedReader) error {
 				return err
 			}
 		case *meshp2pb.StreamMessage_Close:
+			if more := k.Close.GetPrefixMore(); len(more) > 0 {
+				hs.prefixMore.Store(&more)
+			}
 			if err := hs.closeTranscripts(k.Close); err != nil {
 				hs.h.log.Debug("clean close", "session", hs.key, "err", err)
 			}
@@ -253,8 +256,8 @@ func (hs *hopSession) statement(st *meshp2pb.SignedTranscript, from peer.ID) err
 // compute is activation without transcripts; the write on the down seam
 // goes in t (nil: written at once).
 func (hs *hopSession) compute(a *meshp2pb.ActivationHeader, tensors [][]byte, from peer.ID, rt readTiming, t *turn) error {
-	if !bytes.Equal(a.GetSessionId(), hs.open.GetSessionId()) || a.GetEpoch() != hs.key.Epoch {
-		return codeErr(meshp2pb.ErrorCode_ERROR_CODE_SESSION_UNKNOWN, "activation for another session or epoch", from)
+	if err := hs.checkFrame(a, from); err != nil {
+		return err
 	}
 	nEmbd := hs.se.info.NEmbd
 	in := Input{Pos: int(a.GetPosStart())}
@@ -329,6 +332,18 @@ func (hs *hopSession) compute(a *meshp2pb.ActivationHeader, tensors [][]byte, fr
 	tf := tokenFrame(a, out.Token, hs.se.eng.IsEOG(out.Token))
 	tf.HopUs, tf.HopTiming, tf.Logprobs = append(a.GetHopUs(), us), timing, out.Logprobs
 	return hs.sendRing(&meshp2pb.StreamMessage{Kind: &meshp2pb.StreamMessage_Token{Token: tf}})
+}
+
+// checkFrame refuses a frame of another session or epoch; the first
+// frame also settles the positions this hop reuses (startAt).
+func (hs *hopSession) checkFrame(a *meshp2pb.ActivationHeader, from peer.ID) error {
+	if !bytes.Equal(a.GetSessionId(), hs.open.GetSessionId()) || a.GetEpoch() != hs.key.Epoch {
+		return codeErr(meshp2pb.ErrorCode_ERROR_CODE_SESSION_UNKNOWN, "activation for another session or epoch", from)
+	}
+	if err := hs.startAt(int(a.GetPosStart())); err != nil {
+		return engineErr(err, from, hs.h.host.ID())
+	}
+	return nil
 }
 
 // tokenFrame is the tail's answer to a frame it sampled after.

@@ -19,6 +19,8 @@
 //	silence.go       the doubling refusal of origins whose sessions held a slot and sent nothing
 //	grammarbudget.go each origin's grammar time on a tail, charged when its session ends
 //	ticket.go        the --require-ticket admission hook and its nonce memory
+//	prefix.go        the prefix cache: block chains, scope, adopt and keep, the
+//	                 origin's part (docs/architecture.md, "Prefix cache")
 //	connect.go       the rest of the route: stream to the next hop, the ring to the head
 //	dataplane.go     upstream frames → engine → next hop / ring; the head's token loop and verification windows
 //	spec.go          speculation: caps, window checks, the head's proposer and windows (specHead)

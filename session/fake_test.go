@@ -88,7 +88,9 @@ type fakeEngine struct {
 	broken error
 	// tamper, if set, may change every Forward's output (with the
 	// number of Forwards so far): a hop that returns wrong activations.
-	tamper      func(forwards int, out *Output)
+	tamper func(forwards int, out *Output)
+	// cache, if set, is the engine's prefix cache (prefix_test.go).
+	cache       *fakeCache
 	refused     chan struct{} // closed at the first capacity refusal
 	refusedOnce sync.Once
 	sessions    map[Key]*fakeSession
@@ -123,6 +125,9 @@ func (e *fakeEngine) OpenSession(key Key, p EngineParams) (EngineSession, error)
 	}
 	e.sessions[key] = s
 	e.reserved += p.KVTokens
+	if e.cache != nil {
+		return &cachedSession{fakeSession: s, c: e.cache}, nil
+	}
 	return s, nil
 }
 

@@ -256,6 +256,16 @@ type hopSession struct {
 	// readUpstream touches it.
 	prompted bool
 
+	// The prefix cache (prefix.go): cached positions this hop adopted at
+	// admission (cachedToks: their tokens, on the head), the next hop's
+	// acceptance (what the hops after this one hold), whether the first
+	// frame came (startAt), and a clean close's continuation of the chain.
+	cached     int
+	cachedToks []int32
+	downCached *meshp2pb.SessionAccept
+	started    atomic.Bool
+	prefixMore atomic.Pointer[[]byte]
+
 	maxTokens int
 	produced  int      // head: tokens passed to the origin; only the ring reader touches it
 	admitted  bool     // the route accepted it (set before run; read by release)

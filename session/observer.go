@@ -62,6 +62,9 @@ type OriginObserver interface {
 	GenerationDone(tokens int, err error)
 	// Audited: an audit of a finished generation ended (audit.go).
 	Audited(AuditReport)
+	// PromptCached: a generation finished whose prompt had prompt tokens,
+	// cached of them reused from the hops' prefix caches (prefix.go).
+	PromptCached(prompt, cached int)
 }
 
 // SessionInfo describes an admitted session on one hop.
@@ -70,6 +73,9 @@ type SessionInfo struct {
 	Epoch       uint64 // > 1: the origin re-routed this session
 	HopIndex    int
 	Hops        []HopInfo
+	// Cached is how many positions this hop reused from its prefix cache
+	// (SessionAdmitted; prefix.go).
+	Cached int
 }
 
 // HopInfo is one hop of a route.
@@ -107,6 +113,7 @@ func (nopOrigin) Recovered(time.Duration)             {}
 func (nopOrigin) GenerationDone(int, error)           {}
 func (nopOrigin) Audited(AuditReport)                 {}
 func (nopOrigin) Routed(SessionInfo)                  {}
+func (nopOrigin) PromptCached(int, int)               {}
 
 type nopOrigin struct{}
 
@@ -222,5 +229,10 @@ func (o OriginObservers) GenerationDone(tokens int, err error) {
 func (o OriginObservers) Audited(r AuditReport) {
 	for _, x := range o {
 		x.Audited(r)
+	}
+}
+func (o OriginObservers) PromptCached(prompt, cached int) {
+	for _, x := range o {
+		x.PromptCached(prompt, cached)
 	}
 }

@@ -65,6 +65,7 @@ func (r *recObs) Rerouted()                         { defer r.lock()(); r.rerout
 func (r *recObs) Recovered(time.Duration)           { defer r.lock()(); r.recover++ }
 func (r *recObs) GenerationDone(n int, _ error)     { defer r.lock()(); r.done = append(r.done, n) }
 func (r *recObs) Audited(AuditReport)               {}
+func (r *recObs) PromptCached(int, int)             {}
 
 // The observers see a generation with a re-route: the origin plans twice,
 // re-routes once and recovers once; the spare hop is admitted at epoch 2;

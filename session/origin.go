@@ -76,6 +76,9 @@ type Origin struct {
 	// transcripts and audits that share of generations (audit.go); a hop
 	// an audit convicts is avoided through Failures.
 	Audit *Auditor
+	// NoPrefixCache: sessions neither reuse nor leave cached prefixes at
+	// the hops (prefix.go; on by default).
+	NoPrefixCache bool
 }
 
 // GenerateRequest is one generation.
@@ -100,6 +103,10 @@ type GenerateRequest struct {
 	// first, then one per re-route or capacity retry) and the re-routes so
 	// far.
 	OnRoute func(rt *route.Route, reroutes int)
+	// CacheNamespace separates the hops' cached prefixes of this origin's
+	// users (e.g. a gateway's API keys): sessions reuse only prefixes
+	// left by sessions of the same namespace (prefix.go).
+	CacheNamespace string
 }
 
 // HopStat is the mean compute time one hop spent per generated token.
@@ -138,12 +145,18 @@ type Result struct {
 	CapacityRetries int
 	// Spec counts speculation over all epochs (zero when off).
 	Spec SpecStats
+	// CachedTokens are the prompt tokens the final epoch's hops did not
+	// compute: every hop reused them from its prefix cache. HopCached is
+	// what each hop of the final route held (the route reuses the least).
+	CachedTokens int
+	HopCached    []int
 
 	failedAt time.Time // the last re-route's failure, until tokens flow again
 	// lastOpen is the final epoch's open and prompt the request's prompt:
-	// what an audit needs.
-	lastOpen *meshp2pb.SessionOpen
-	prompt   []int32
+	// what an audit needs; cachedFrom is where its prefill started.
+	lastOpen   *meshp2pb.SessionOpen
+	prompt     []int32
+	cachedFrom int
 }
 
 // ErrGeneration wraps failures that ended a generation.
@@ -159,6 +172,9 @@ func (o *Origin) Generate(ctx context.Context, req GenerateRequest) (*Result, er
 		n = len(res.Tokens)
 	}
 	obs.GenerationDone(n, err)
+	if err == nil {
+		obs.PromptCached(len(req.Prompt), res.CachedTokens)
+	}
 	return res, err
 }
 
@@ -332,6 +348,7 @@ func (o *Origin) run(ctx context.Context, sid [16]byte, rt *route.Route, req Gen
 	e := &epochRun{s: s, w: frame.NewWriter(s, o.Limits), r: streamReader(s, o.Limits), sid: sid, rt: rt, head: head}
 	open, input := o.sessionOpen(sid, rt, req, res.Tokens)
 	open.Transcripts = o.Audit.on()
+	e.withPrefix(o, open, input, req.CacheNamespace)
 	if err := SignOpen(open, o.Key, time.Now()); err != nil {
 		return "", fmt.Errorf("%w: %w", ErrGeneration, err)
 	}
@@ -348,11 +365,15 @@ func (o *Origin) run(ctx context.Context, sid [16]byte, rt *route.Route, req Gen
 	if failed, err := e.admit(open); err != nil {
 		return failed, err
 	}
+	from, err := e.cachedFrom(res, len(req.Prompt))
+	if err != nil {
+		return head, err
+	}
 	chunk := o.Chunk
 	if chunk <= 0 {
 		chunk = DefaultChunk
 	}
-	if err := e.prefill(input, chunk); err != nil {
+	if err := e.prefill(input, from, chunk); err != nil {
 		return head, err
 	}
 	return e.collect(req, res, len(open.GetGenerated()), start, o.observer())
@@ -384,6 +405,12 @@ type epochRun struct {
 	rt                         *route.Route
 	head                       peer.ID
 	tokenTimeout, firstTimeout time.Duration
+	// The prefix cache (prefix.go): the open's chain, its seed and the
+	// prefill input it covers (nil chain: off), and the head's accept.
+	chain  *meshp2pb.PrefixChain
+	seed   [16]byte
+	input  []int32
+	accept *meshp2pb.SessionAccept
 }
 
 // admit sends the open and waits until the whole route admitted it.
@@ -403,12 +430,14 @@ func (e *epochRun) admit(open *meshp2pb.SessionOpen) (peer.ID, error) {
 	if !acc.GetOk() {
 		return blame(acc.GetError()), fmt.Errorf("route refused: %w", frame.FromProto(acc.GetError()))
 	}
+	e.accept = acc
 	return "", nil
 }
 
-// prefill sends the input as token-id frames of at most chunk rows.
-func (e *epochRun) prefill(input []int32, chunk int) error {
-	for off := 0; off < len(input); off += chunk {
+// prefill sends the input from position from (what the hops hold before
+// it) as token-id frames of at most chunk rows.
+func (e *epochRun) prefill(input []int32, from, chunk int) error {
+	for off := from; off < len(input); off += chunk {
 		end := min(off+chunk, len(input))
 		a := &meshp2pb.ActivationHeader{SessionId: e.sid[:], Epoch: e.rt.Epoch, PosStart: uint32(off), NRows: uint32(end - off),
 			IsPrefill: true, LastChunk: end == len(input), Tokens: input[off:end]}
@@ -475,7 +504,8 @@ func (e *epochRun) collect(req GenerateRequest, res *Result, nGenerated int, sta
 				res.Stop = "max_tokens"
 			}
 			if res.Stop != "" {
-				_ = e.w.WriteStream(&meshp2pb.StreamMessage{Kind: &meshp2pb.StreamMessage_Close{Close: &meshp2pb.SessionClose{SessionId: e.sid[:], Epoch: e.rt.Epoch, Reason: res.Stop}}})
+				_ = e.w.WriteStream(&meshp2pb.StreamMessage{Kind: &meshp2pb.StreamMessage_Close{Close: &meshp2pb.SessionClose{SessionId: e.sid[:], Epoch: e.rt.Epoch, Reason: res.Stop,
+					PrefixMore: e.prefixMore(res.Tokens[nGenerated:])}}})
 				res.HopStats = hopStats(e.rt, sums, counts, prefillUs)
 				timings.fill(res.HopStats)
 				return "", nil

@@ -51,7 +51,12 @@ const TranscriptCloseWait = 2 * time.Second
 // took before, and writes it and the close in turn after them (turn.go).
 func (hs *hopSession) closeTranscripts(c *meshp2pb.SessionClose) error {
 	if !hs.open.GetTranscripts() {
-		return nil // no transcripts: the route ends as the streams close
+		// No transcripts: the route ends as the streams close, but a
+		// session with a prefix tells every hop what to keep first.
+		if hs.open.GetPrefix() == nil || hs.tail {
+			return nil
+		}
+		return hs.closeDown(c, nil)
 	}
 	var err error
 	if hs.head {

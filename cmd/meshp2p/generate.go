@@ -69,6 +69,10 @@ type genResult struct {
 	NetworkMsPerToken float64  `json:"network_ms_per_token"`
 	Failures          []string `json:"failures,omitempty"`
 	Model             string   `json:"model"`
+	// PromptTokens of the prompt; CachedTokens of them every hop reused
+	// from its prefix cache (not computed again).
+	PromptTokens int `json:"prompt_tokens"`
+	CachedTokens int `json:"cached_tokens"`
 	// Speculation is what speculative decoding did (swarm runs).
 	Speculation *specJSON `json:"speculation,omitempty"`
 	// Audit is the spot-check of this generation, when --audit-rate drew it.
@@ -277,6 +281,7 @@ func (g *genFlags) runLocal(ctx context.Context, stdout io.Writer, out *genResul
 	}
 	ec := node.DefaultEngine()
 	ec.MaxSessions, ec.NCtx, ec.Logger, ec.Threads = 1, len(toks)+g.maxTokens+16, g.log, *g.pf.threads
+	ec.PrefixCacheCells = 0 // one generation: nothing to reuse
 	ec.NBatch = max(ec.NBatch, 2)
 	sh, err := engine.NewShard(ctx, m, ec)
 	if err != nil {
@@ -430,6 +435,7 @@ func fillSwarmResult(out *genResult, res *client.Result, mode string) {
 		return
 	}
 	out.Reroutes, out.Failures, out.Hops = s.Reroutes, s.Failures, s.HopStats
+	out.CachedTokens = s.CachedTokens
 	if mode != client.SpecOff {
 		sp := s.Spec
 		out.Speculation = &specJSON{Mode: mode, Proposer: sp.Proposer, Windows: sp.Windows, Proposed: sp.Proposed, Accepted: sp.Accepted,

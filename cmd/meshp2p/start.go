@@ -69,6 +69,7 @@ type startFlags struct {
 	model, layers, name   string
 	draft                 string
 	maxSess, nctx, nbatch int
+	prefixCache           int
 	threads               int
 	verbose, mmap         bool
 	idle, directWait      time.Duration
@@ -87,6 +88,7 @@ func (f *startFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&f.maxSess, "max-sessions", node.DefaultMaxSessions, "concurrent sessions this shard admits")
 	fs.IntVar(&f.nctx, "ctx", node.DefaultNCtx, "KV cells shared by all sessions")
 	fs.IntVar(&f.nbatch, "batch", node.DefaultNBatch, "most rows per llama_decode")
+	fs.IntVar(&f.prefixCache, "prefix-cache", node.DefaultPrefixCache, "KV cells (tokens), on top of --ctx, that keep finished sessions' prefixes so a conversation's next turn computes only its new tokens; counted by placement like --ctx; reused only by the same client (0: off)")
 	fs.IntVar(&f.threads, "threads", defaultThreads, "compute threads (default: all CPUs)")
 	fs.DurationVar(&f.idle, "idle-timeout", session.DefaultIdle, "free a session after this long without frames")
 	fs.IntVar(&f.sessKV, "max-session-kv", defaultMaxSessionKV, "KV cells (tokens) one session may reserve here (0: half of --ctx, so one client cannot take the whole cache; -1: up to --ctx)")
@@ -201,6 +203,7 @@ func (f *startFlags) config(stderr io.Writer) (*startRun, error) {
 		return nil, err
 	}
 	cfg.Engine.MaxSessions, cfg.Engine.NCtx, cfg.Engine.NBatch, cfg.Engine.Threads = f.maxSess, f.nctx, f.nbatch, f.threads
+	cfg.Engine.PrefixCacheCells = f.prefixCache
 	f.mf.always = f.af.addr != "" // the API server serves /metrics too
 	if cfg.Metrics, err = f.mf.metrics(); err != nil {
 		return nil, err

@@ -68,6 +68,17 @@ func (s shardSession) Truncate(ctx context.Context, pos int) error {
 
 func (s shardSession) Close() { s.s.Close() }
 
+var _ session.PrefixSession = shardSession{}
+
+// Adopt takes the longest cached prefix of p (session.PrefixSession).
+func (s shardSession) Adopt(ctx context.Context, p session.Prefix) (int, []int32, error) {
+	n, toks, err := s.s.Adopt(ctx, engine.Prefix(p))
+	return n, toks, Error(err)
+}
+
+// Keep makes Close keep the session's first blocks (session.PrefixSession).
+func (s shardSession) Keep(p session.Prefix) { s.s.Keep(engine.Prefix(p)) }
+
 // GrammarTime is the time the session's grammar took (session.GrammarTimer).
 func (s shardSession) GrammarTime() time.Duration { return s.s.GrammarTime() }
 

@@ -96,11 +96,14 @@ func (x *Route) GetHops() []*RouteHop {
 }
 
 type RouteHop struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	PeerId        []byte                 `protobuf:"bytes,1,opt,name=peer_id,json=peerId,proto3" json:"peer_id,omitempty"` // binary libp2p peer ID
-	Start         uint32                 `protobuf:"varint,2,opt,name=start,proto3" json:"start,omitempty"`                // layer range [start, end)
-	End           uint32                 `protobuf:"varint,3,opt,name=end,proto3" json:"end,omitempty"`
-	Addrs         []string               `protobuf:"bytes,4,rep,name=addrs,proto3" json:"addrs,omitempty"` // multiaddrs (strings) to dial the hop; may include /p2p-circuit
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	PeerId []byte                 `protobuf:"bytes,1,opt,name=peer_id,json=peerId,proto3" json:"peer_id,omitempty"` // binary libp2p peer ID
+	Start  uint32                 `protobuf:"varint,2,opt,name=start,proto3" json:"start,omitempty"`                // layer range [start, end)
+	End    uint32                 `protobuf:"varint,3,opt,name=end,proto3" json:"end,omitempty"`
+	Addrs  []string               `protobuf:"bytes,4,rep,name=addrs,proto3" json:"addrs,omitempty"` // multiaddrs (strings) to dial the hop; may include /p2p-circuit
+	// The hop's kernel class as its advert says (engine.KernelClass; empty:
+	// unknown). Not signed: later hops key their prefix caches on it.
+	KernelClass   string `protobuf:"bytes,5,opt,name=kernel_class,json=kernelClass,proto3" json:"kernel_class,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -161,6 +164,13 @@ func (x *RouteHop) GetAddrs() []string {
 		return x.Addrs
 	}
 	return nil
+}
+
+func (x *RouteHop) GetKernelClass() string {
+	if x != nil {
+		return x.KernelClass
+	}
+	return ""
 }
 
 // RouteTicket is a route issued by a tracker (schema only in v1; the route/
@@ -357,12 +367,13 @@ const file_meshp2p_v1_route_proto_rawDesc = "" +
 	"\x11model_fingerprint\x18\x01 \x01(\tR\x10modelFingerprint\x12\x17\n" +
 	"\an_layer\x18\x02 \x01(\rR\x06nLayer\x12\x14\n" +
 	"\x05epoch\x18\x03 \x01(\x04R\x05epoch\x12(\n" +
-	"\x04hops\x18\x04 \x03(\v2\x14.meshp2p.v1.RouteHopR\x04hops\"a\n" +
+	"\x04hops\x18\x04 \x03(\v2\x14.meshp2p.v1.RouteHopR\x04hops\"\x84\x01\n" +
 	"\bRouteHop\x12\x17\n" +
 	"\apeer_id\x18\x01 \x01(\fR\x06peerId\x12\x14\n" +
 	"\x05start\x18\x02 \x01(\rR\x05start\x12\x10\n" +
 	"\x03end\x18\x03 \x01(\rR\x03end\x12\x14\n" +
-	"\x05addrs\x18\x04 \x03(\tR\x05addrs\"\xe6\x02\n" +
+	"\x05addrs\x18\x04 \x03(\tR\x05addrs\x12!\n" +
+	"\fkernel_class\x18\x05 \x01(\tR\vkernelClass\"\xe6\x02\n" +
 	"\vRouteTicket\x12\x18\n" +
 	"\anetwork\x18\x01 \x01(\tR\anetwork\x12'\n" +
 	"\x05route\x18\x02 \x01(\v2\x11.meshp2p.v1.RouteR\x05route\x12$\n" +

@@ -130,7 +130,17 @@ type SessionOpen struct {
 	// transcripts of what it received and sent (meshp2p.v1.Transcript) and
 	// keeps what it sent for an audit. False (`--audit-rate 0`): no
 	// transcripts, nothing kept.
-	Transcripts   bool `protobuf:"varint,22,opt,name=transcripts,proto3" json:"transcripts,omitempty"`
+	Transcripts bool `protobuf:"varint,22,opt,name=transcripts,proto3" json:"transcripts,omitempty"`
+	// The prefix cache (docs/architecture.md, "Prefix cache"): the chain of
+	// the prefill's token blocks. Each hop adopts the longest prefix its
+	// cache holds for it and answers how much in SessionAccept; the origin
+	// starts the prefill at the route's minimum, and every hop keeps the
+	// session's blocks when it ends. Absent: nothing reused, nothing kept.
+	// Not signed (an old hop would not sign it): a relaying hop that
+	// changes it can only make later hops reuse the origin's own prefixes
+	// computed through that same hop (the cache's scope), which it could
+	// spoil anyway by sending wrong hidden states.
+	Prefix        *PrefixChain `protobuf:"bytes,23,opt,name=prefix,proto3" json:"prefix,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -305,6 +315,70 @@ func (x *SessionOpen) GetTranscripts() bool {
 	return false
 }
 
+func (x *SessionOpen) GetPrefix() *PrefixChain {
+	if x != nil {
+		return x.Prefix
+	}
+	return nil
+}
+
+// PrefixChain commits to a session's first tokens, block by block:
+// hashes[16·i : 16·(i+1)] = SHA-256(previous hash || the block's tokens,
+// little-endian int32)[:16], starting from a seed only the origin knows
+// (session.PrefixSeed), so a hop learns nothing of the tokens from it and
+// two origins' chains never meet.
+type PrefixChain struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	BlockTokens   uint32                 `protobuf:"varint,1,opt,name=block_tokens,json=blockTokens,proto3" json:"block_tokens,omitempty"` // tokens per block (session.PrefixBlock)
+	Hashes        []byte                 `protobuf:"bytes,2,opt,name=hashes,proto3" json:"hashes,omitempty"`                               // 16 bytes per block, at most session.MaxPrefixBlocks blocks
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PrefixChain) Reset() {
+	*x = PrefixChain{}
+	mi := &file_meshp2p_v1_session_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PrefixChain) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PrefixChain) ProtoMessage() {}
+
+func (x *PrefixChain) ProtoReflect() protoreflect.Message {
+	mi := &file_meshp2p_v1_session_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PrefixChain.ProtoReflect.Descriptor instead.
+func (*PrefixChain) Descriptor() ([]byte, []int) {
+	return file_meshp2p_v1_session_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *PrefixChain) GetBlockTokens() uint32 {
+	if x != nil {
+		return x.BlockTokens
+	}
+	return 0
+}
+
+func (x *PrefixChain) GetHashes() []byte {
+	if x != nil {
+		return x.Hashes
+	}
+	return nil
+}
+
 type Speculation struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Mode          SpecMode               `protobuf:"varint,1,opt,name=mode,proto3,enum=meshp2p.v1.SpecMode" json:"mode,omitempty"`
@@ -316,7 +390,7 @@ type Speculation struct {
 
 func (x *Speculation) Reset() {
 	*x = Speculation{}
-	mi := &file_meshp2p_v1_session_proto_msgTypes[1]
+	mi := &file_meshp2p_v1_session_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -328,7 +402,7 @@ func (x *Speculation) String() string {
 func (*Speculation) ProtoMessage() {}
 
 func (x *Speculation) ProtoReflect() protoreflect.Message {
-	mi := &file_meshp2p_v1_session_proto_msgTypes[1]
+	mi := &file_meshp2p_v1_session_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -341,7 +415,7 @@ func (x *Speculation) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Speculation.ProtoReflect.Descriptor instead.
 func (*Speculation) Descriptor() ([]byte, []int) {
-	return file_meshp2p_v1_session_proto_rawDescGZIP(), []int{1}
+	return file_meshp2p_v1_session_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *Speculation) GetMode() SpecMode {
@@ -395,7 +469,7 @@ type SamplingParams struct {
 
 func (x *SamplingParams) Reset() {
 	*x = SamplingParams{}
-	mi := &file_meshp2p_v1_session_proto_msgTypes[2]
+	mi := &file_meshp2p_v1_session_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -407,7 +481,7 @@ func (x *SamplingParams) String() string {
 func (*SamplingParams) ProtoMessage() {}
 
 func (x *SamplingParams) ProtoReflect() protoreflect.Message {
-	mi := &file_meshp2p_v1_session_proto_msgTypes[2]
+	mi := &file_meshp2p_v1_session_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -420,7 +494,7 @@ func (x *SamplingParams) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SamplingParams.ProtoReflect.Descriptor instead.
 func (*SamplingParams) Descriptor() ([]byte, []int) {
-	return file_meshp2p_v1_session_proto_rawDescGZIP(), []int{2}
+	return file_meshp2p_v1_session_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *SamplingParams) GetTemperature() float32 {
@@ -511,18 +585,24 @@ func (x *SamplingParams) GetTopLogprobs() uint32 {
 // accepts only after its successor accepted (so the origin's accept means the
 // whole route is open), or answers ok=false with the first error on the path.
 type SessionAccept struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	SessionId     []byte                 `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
-	Epoch         uint64                 `protobuf:"varint,2,opt,name=epoch,proto3" json:"epoch,omitempty"`
-	Ok            bool                   `protobuf:"varint,3,opt,name=ok,proto3" json:"ok,omitempty"`
-	Error         *Error                 `protobuf:"bytes,4,opt,name=error,proto3" json:"error,omitempty"` // set when !ok
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	SessionId []byte                 `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	Epoch     uint64                 `protobuf:"varint,2,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	Ok        bool                   `protobuf:"varint,3,opt,name=ok,proto3" json:"ok,omitempty"`
+	Error     *Error                 `protobuf:"bytes,4,opt,name=error,proto3" json:"error,omitempty"` // set when !ok
+	// Prefix cache: the positions every hop from the sender to the tail
+	// holds for the open's prefix (the minimum of hop_cached): the origin
+	// starts the prefill there. 0 or absent (an older peer): from 0.
+	CachedTokens uint32 `protobuf:"varint,5,opt,name=cached_tokens,json=cachedTokens,proto3" json:"cached_tokens,omitempty"`
+	// Each hop's own count, from the sender to the tail, in route order.
+	HopCached     []uint32 `protobuf:"varint,6,rep,packed,name=hop_cached,json=hopCached,proto3" json:"hop_cached,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *SessionAccept) Reset() {
 	*x = SessionAccept{}
-	mi := &file_meshp2p_v1_session_proto_msgTypes[3]
+	mi := &file_meshp2p_v1_session_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -534,7 +614,7 @@ func (x *SessionAccept) String() string {
 func (*SessionAccept) ProtoMessage() {}
 
 func (x *SessionAccept) ProtoReflect() protoreflect.Message {
-	mi := &file_meshp2p_v1_session_proto_msgTypes[3]
+	mi := &file_meshp2p_v1_session_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -547,7 +627,7 @@ func (x *SessionAccept) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SessionAccept.ProtoReflect.Descriptor instead.
 func (*SessionAccept) Descriptor() ([]byte, []int) {
-	return file_meshp2p_v1_session_proto_rawDescGZIP(), []int{3}
+	return file_meshp2p_v1_session_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *SessionAccept) GetSessionId() []byte {
@@ -578,20 +658,39 @@ func (x *SessionAccept) GetError() *Error {
 	return nil
 }
 
+func (x *SessionAccept) GetCachedTokens() uint32 {
+	if x != nil {
+		return x.CachedTokens
+	}
+	return 0
+}
+
+func (x *SessionAccept) GetHopCached() []uint32 {
+	if x != nil {
+		return x.HopCached
+	}
+	return nil
+}
+
 // SessionClose ends (session, epoch) normally; propagated downstream, after
 // which each hop frees the sequence and closes its streams.
 type SessionClose struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	SessionId     []byte                 `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
-	Epoch         uint64                 `protobuf:"varint,2,opt,name=epoch,proto3" json:"epoch,omitempty"`
-	Reason        string                 `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"` // e.g. "stop", "max_tokens", "client_gone", "reroute"
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	SessionId []byte                 `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	Epoch     uint64                 `protobuf:"varint,2,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	Reason    string                 `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"` // e.g. "stop", "max_tokens", "client_gone", "reroute"
+	// Prefix cache: the open's prefix chain continued over the tokens the
+	// session committed after its prefill (16 bytes per block), up to the
+	// last one fed back: every hop keeps the blocks of the whole chain that
+	// it computed. A session with a prefix relays its close down the route.
+	PrefixMore    []byte `protobuf:"bytes,4,opt,name=prefix_more,json=prefixMore,proto3" json:"prefix_more,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *SessionClose) Reset() {
 	*x = SessionClose{}
-	mi := &file_meshp2p_v1_session_proto_msgTypes[4]
+	mi := &file_meshp2p_v1_session_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -603,7 +702,7 @@ func (x *SessionClose) String() string {
 func (*SessionClose) ProtoMessage() {}
 
 func (x *SessionClose) ProtoReflect() protoreflect.Message {
-	mi := &file_meshp2p_v1_session_proto_msgTypes[4]
+	mi := &file_meshp2p_v1_session_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -616,7 +715,7 @@ func (x *SessionClose) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SessionClose.ProtoReflect.Descriptor instead.
 func (*SessionClose) Descriptor() ([]byte, []int) {
-	return file_meshp2p_v1_session_proto_rawDescGZIP(), []int{4}
+	return file_meshp2p_v1_session_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *SessionClose) GetSessionId() []byte {
@@ -640,6 +739,13 @@ func (x *SessionClose) GetReason() string {
 	return ""
 }
 
+func (x *SessionClose) GetPrefixMore() []byte {
+	if x != nil {
+		return x.PrefixMore
+	}
+	return nil
+}
+
 // SessionCancel aborts (session, epoch) at once: hops drop queued work,
 // free the sequence and propagate the cancel downstream.
 type SessionCancel struct {
@@ -653,7 +759,7 @@ type SessionCancel struct {
 
 func (x *SessionCancel) Reset() {
 	*x = SessionCancel{}
-	mi := &file_meshp2p_v1_session_proto_msgTypes[5]
+	mi := &file_meshp2p_v1_session_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -665,7 +771,7 @@ func (x *SessionCancel) String() string {
 func (*SessionCancel) ProtoMessage() {}
 
 func (x *SessionCancel) ProtoReflect() protoreflect.Message {
-	mi := &file_meshp2p_v1_session_proto_msgTypes[5]
+	mi := &file_meshp2p_v1_session_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -678,7 +784,7 @@ func (x *SessionCancel) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SessionCancel.ProtoReflect.Descriptor instead.
 func (*SessionCancel) Descriptor() ([]byte, []int) {
-	return file_meshp2p_v1_session_proto_rawDescGZIP(), []int{5}
+	return file_meshp2p_v1_session_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *SessionCancel) GetSessionId() []byte {
@@ -714,7 +820,7 @@ type VocabRequest struct {
 
 func (x *VocabRequest) Reset() {
 	*x = VocabRequest{}
-	mi := &file_meshp2p_v1_session_proto_msgTypes[6]
+	mi := &file_meshp2p_v1_session_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -726,7 +832,7 @@ func (x *VocabRequest) String() string {
 func (*VocabRequest) ProtoMessage() {}
 
 func (x *VocabRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meshp2p_v1_session_proto_msgTypes[6]
+	mi := &file_meshp2p_v1_session_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -739,7 +845,7 @@ func (x *VocabRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VocabRequest.ProtoReflect.Descriptor instead.
 func (*VocabRequest) Descriptor() ([]byte, []int) {
-	return file_meshp2p_v1_session_proto_rawDescGZIP(), []int{6}
+	return file_meshp2p_v1_session_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *VocabRequest) GetModelFingerprint() string {
@@ -760,7 +866,7 @@ type VocabResponse struct {
 
 func (x *VocabResponse) Reset() {
 	*x = VocabResponse{}
-	mi := &file_meshp2p_v1_session_proto_msgTypes[7]
+	mi := &file_meshp2p_v1_session_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -772,7 +878,7 @@ func (x *VocabResponse) String() string {
 func (*VocabResponse) ProtoMessage() {}
 
 func (x *VocabResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meshp2p_v1_session_proto_msgTypes[7]
+	mi := &file_meshp2p_v1_session_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -785,7 +891,7 @@ func (x *VocabResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VocabResponse.ProtoReflect.Descriptor instead.
 func (*VocabResponse) Descriptor() ([]byte, []int) {
-	return file_meshp2p_v1_session_proto_rawDescGZIP(), []int{7}
+	return file_meshp2p_v1_session_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *VocabResponse) GetError() *Error {
@@ -807,7 +913,7 @@ var File_meshp2p_v1_session_proto protoreflect.FileDescriptor
 const file_meshp2p_v1_session_proto_rawDesc = "" +
 	"\n" +
 	"\x18meshp2p/v1/session.proto\x12\n" +
-	"meshp2p.v1\x1a\x17meshp2p/v1/common.proto\x1a\x16meshp2p/v1/route.proto\"\xb9\x06\n" +
+	"meshp2p.v1\x1a\x17meshp2p/v1/common.proto\x1a\x16meshp2p/v1/route.proto\"\xea\x06\n" +
 	"\vSessionOpen\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\fR\tsessionId\x12\x14\n" +
@@ -833,8 +939,12 @@ const file_meshp2p_v1_session_proto_rawDesc = "" +
 	"\fissued_at_ms\x18\x14 \x01(\x03R\n" +
 	"issuedAtMs\x129\n" +
 	"\vspeculation\x18\x15 \x01(\v2\x17.meshp2p.v1.SpeculationR\vspeculation\x12 \n" +
-	"\vtranscripts\x18\x16 \x01(\bR\vtranscriptsJ\x04\b\n" +
-	"\x10\vJ\x04\b\x0e\x10\x0fR\bmax_rowsR\rbundle_schema\"u\n" +
+	"\vtranscripts\x18\x16 \x01(\bR\vtranscripts\x12/\n" +
+	"\x06prefix\x18\x17 \x01(\v2\x17.meshp2p.v1.PrefixChainR\x06prefixJ\x04\b\n" +
+	"\x10\vJ\x04\b\x0e\x10\x0fR\bmax_rowsR\rbundle_schema\"H\n" +
+	"\vPrefixChain\x12!\n" +
+	"\fblock_tokens\x18\x01 \x01(\rR\vblockTokens\x12\x16\n" +
+	"\x06hashes\x18\x02 \x01(\fR\x06hashes\"u\n" +
 	"\vSpeculation\x12(\n" +
 	"\x04mode\x18\x01 \x01(\x0e2\x14.meshp2p.v1.SpecModeR\x04mode\x12\x1b\n" +
 	"\tmax_draft\x18\x02 \x01(\rR\bmaxDraft\x12\x1f\n" +
@@ -853,18 +963,23 @@ const file_meshp2p_v1_session_proto_rawDesc = "" +
 	"\agrammar\x18\n" +
 	" \x01(\tR\agrammar\x12\x1a\n" +
 	"\blogprobs\x18\v \x01(\bR\blogprobs\x12!\n" +
-	"\ftop_logprobs\x18\f \x01(\rR\vtopLogprobs\"}\n" +
+	"\ftop_logprobs\x18\f \x01(\rR\vtopLogprobs\"\xc1\x01\n" +
 	"\rSessionAccept\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\fR\tsessionId\x12\x14\n" +
 	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12\x0e\n" +
 	"\x02ok\x18\x03 \x01(\bR\x02ok\x12'\n" +
-	"\x05error\x18\x04 \x01(\v2\x11.meshp2p.v1.ErrorR\x05error\"[\n" +
+	"\x05error\x18\x04 \x01(\v2\x11.meshp2p.v1.ErrorR\x05error\x12#\n" +
+	"\rcached_tokens\x18\x05 \x01(\rR\fcachedTokens\x12\x1d\n" +
+	"\n" +
+	"hop_cached\x18\x06 \x03(\rR\thopCached\"|\n" +
 	"\fSessionClose\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\fR\tsessionId\x12\x14\n" +
 	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12\x16\n" +
-	"\x06reason\x18\x03 \x01(\tR\x06reason\"\\\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\x12\x1f\n" +
+	"\vprefix_more\x18\x04 \x01(\fR\n" +
+	"prefixMore\"\\\n" +
 	"\rSessionCancel\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\fR\tsessionId\x12\x14\n" +
@@ -894,36 +1009,38 @@ func file_meshp2p_v1_session_proto_rawDescGZIP() []byte {
 }
 
 var file_meshp2p_v1_session_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_meshp2p_v1_session_proto_msgTypes = make([]protoimpl.MessageInfo, 8)
+var file_meshp2p_v1_session_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
 var file_meshp2p_v1_session_proto_goTypes = []any{
 	(SpecMode)(0),             // 0: meshp2p.v1.SpecMode
 	(*SessionOpen)(nil),       // 1: meshp2p.v1.SessionOpen
-	(*Speculation)(nil),       // 2: meshp2p.v1.Speculation
-	(*SamplingParams)(nil),    // 3: meshp2p.v1.SamplingParams
-	(*SessionAccept)(nil),     // 4: meshp2p.v1.SessionAccept
-	(*SessionClose)(nil),      // 5: meshp2p.v1.SessionClose
-	(*SessionCancel)(nil),     // 6: meshp2p.v1.SessionCancel
-	(*VocabRequest)(nil),      // 7: meshp2p.v1.VocabRequest
-	(*VocabResponse)(nil),     // 8: meshp2p.v1.VocabResponse
-	(*Route)(nil),             // 9: meshp2p.v1.Route
-	(DType)(0),                // 10: meshp2p.v1.DType
-	(*SignedRouteTicket)(nil), // 11: meshp2p.v1.SignedRouteTicket
-	(*Error)(nil),             // 12: meshp2p.v1.Error
+	(*PrefixChain)(nil),       // 2: meshp2p.v1.PrefixChain
+	(*Speculation)(nil),       // 3: meshp2p.v1.Speculation
+	(*SamplingParams)(nil),    // 4: meshp2p.v1.SamplingParams
+	(*SessionAccept)(nil),     // 5: meshp2p.v1.SessionAccept
+	(*SessionClose)(nil),      // 6: meshp2p.v1.SessionClose
+	(*SessionCancel)(nil),     // 7: meshp2p.v1.SessionCancel
+	(*VocabRequest)(nil),      // 8: meshp2p.v1.VocabRequest
+	(*VocabResponse)(nil),     // 9: meshp2p.v1.VocabResponse
+	(*Route)(nil),             // 10: meshp2p.v1.Route
+	(DType)(0),                // 11: meshp2p.v1.DType
+	(*SignedRouteTicket)(nil), // 12: meshp2p.v1.SignedRouteTicket
+	(*Error)(nil),             // 13: meshp2p.v1.Error
 }
 var file_meshp2p_v1_session_proto_depIdxs = []int32{
-	9,  // 0: meshp2p.v1.SessionOpen.route:type_name -> meshp2p.v1.Route
-	3,  // 1: meshp2p.v1.SessionOpen.sampling:type_name -> meshp2p.v1.SamplingParams
-	10, // 2: meshp2p.v1.SessionOpen.wire_dtype:type_name -> meshp2p.v1.DType
-	11, // 3: meshp2p.v1.SessionOpen.ticket:type_name -> meshp2p.v1.SignedRouteTicket
-	2,  // 4: meshp2p.v1.SessionOpen.speculation:type_name -> meshp2p.v1.Speculation
-	0,  // 5: meshp2p.v1.Speculation.mode:type_name -> meshp2p.v1.SpecMode
-	12, // 6: meshp2p.v1.SessionAccept.error:type_name -> meshp2p.v1.Error
-	12, // 7: meshp2p.v1.VocabResponse.error:type_name -> meshp2p.v1.Error
-	8,  // [8:8] is the sub-list for method output_type
-	8,  // [8:8] is the sub-list for method input_type
-	8,  // [8:8] is the sub-list for extension type_name
-	8,  // [8:8] is the sub-list for extension extendee
-	0,  // [0:8] is the sub-list for field type_name
+	10, // 0: meshp2p.v1.SessionOpen.route:type_name -> meshp2p.v1.Route
+	4,  // 1: meshp2p.v1.SessionOpen.sampling:type_name -> meshp2p.v1.SamplingParams
+	11, // 2: meshp2p.v1.SessionOpen.wire_dtype:type_name -> meshp2p.v1.DType
+	12, // 3: meshp2p.v1.SessionOpen.ticket:type_name -> meshp2p.v1.SignedRouteTicket
+	3,  // 4: meshp2p.v1.SessionOpen.speculation:type_name -> meshp2p.v1.Speculation
+	2,  // 5: meshp2p.v1.SessionOpen.prefix:type_name -> meshp2p.v1.PrefixChain
+	0,  // 6: meshp2p.v1.Speculation.mode:type_name -> meshp2p.v1.SpecMode
+	13, // 7: meshp2p.v1.SessionAccept.error:type_name -> meshp2p.v1.Error
+	13, // 8: meshp2p.v1.VocabResponse.error:type_name -> meshp2p.v1.Error
+	9,  // [9:9] is the sub-list for method output_type
+	9,  // [9:9] is the sub-list for method input_type
+	9,  // [9:9] is the sub-list for extension type_name
+	9,  // [9:9] is the sub-list for extension extendee
+	0,  // [0:9] is the sub-list for field type_name
 }
 
 func init() { file_meshp2p_v1_session_proto_init() }
@@ -939,7 +1056,7 @@ func file_meshp2p_v1_session_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_meshp2p_v1_session_proto_rawDesc), len(file_meshp2p_v1_session_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   8,
+			NumMessages:   9,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

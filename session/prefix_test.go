@@ -1,0 +1,200 @@
+package session
+
+import (
+	"context"
+	"slices"
+	"sync"
+	"testing"
+
+	"github.com/neuron-tai/meshp2p/proto/meshp2pb"
+)
+
+// fakeCache is a fake engine's prefix cache: what its sessions kept, with
+// the head's tokens, so a test sees which tokens a hop reused.
+type fakeCache struct {
+	mu      sync.Mutex
+	entries []fakeEntry
+	// adopted and first are every session's adopted positions and the
+	// position of its first Forward, in order.
+	adopted, first []int
+	adoptedToks    [][]int32
+}
+
+type fakeEntry struct {
+	p    Prefix
+	toks []int32
+}
+
+// withCache gives f's engine a prefix cache (its sessions implement
+// PrefixSession).
+func (f *fakeHop) withCache() *fakeCache {
+	f.eng.mu.Lock()
+	defer f.eng.mu.Unlock()
+	f.eng.cache = &fakeCache{}
+	return f.eng.cache
+}
+
+func (c *fakeCache) snapshot() (adopted, first []int, toks [][]int32) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return slices.Clone(c.adopted), slices.Clone(c.first), slices.Clone(c.adoptedToks)
+}
+
+func (c *fakeCache) clear() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.entries = nil
+}
+
+// cachedSession is a fake session with the engine's prefix cache.
+type cachedSession struct {
+	*fakeSession
+	c     *fakeCache
+	keep  *Prefix
+	toks  []int32 // head: the tokens of its positions
+	first bool
+}
+
+func (s *cachedSession) Adopt(_ context.Context, p Prefix) (int, []int32, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.c.mu.Lock()
+	defer s.c.mu.Unlock()
+	n := 0
+	var toks []int32
+	for _, e := range s.c.entries {
+		if e.p.Scope != p.Scope || e.p.Owner != p.Owner || e.p.Block != p.Block {
+			continue
+		}
+		k := 0
+		for k < len(e.p.Hashes) && k < len(p.Hashes) && e.p.Hashes[k] == p.Hashes[k] {
+			k++
+		}
+		if k*p.Block > n {
+			n, toks = k*p.Block, e.toks[:min(len(e.toks), k*p.Block)]
+		}
+	}
+	s.nextPos = n
+	s.toks = slices.Clone(toks)
+	s.c.adopted = append(s.c.adopted, n)
+	s.c.adoptedToks = append(s.c.adoptedToks, s.toks)
+	return n, slices.Clone(toks), nil
+}
+
+func (s *cachedSession) Keep(p Prefix) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.keep = &p
+}
+
+func (s *cachedSession) Forward(ctx context.Context, in Input) (Output, error) {
+	if !s.first {
+		s.first = true
+		s.c.mu.Lock()
+		s.c.first = append(s.c.first, in.Pos)
+		s.c.mu.Unlock()
+	}
+	out, err := s.fakeSession.Forward(ctx, in)
+	if err == nil && in.Tokens != nil {
+		s.mu.Lock()
+		s.toks = append(s.toks[:min(len(s.toks), in.Pos)], in.Tokens...)
+		s.mu.Unlock()
+	}
+	return out, err
+}
+
+func (s *cachedSession) Truncate(ctx context.Context, pos int) error {
+	if err := s.fakeSession.Truncate(ctx, pos); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	s.toks = s.toks[:min(len(s.toks), pos)]
+	s.mu.Unlock()
+	return nil
+}
+
+func (s *cachedSession) Close() {
+	s.mu.Lock()
+	keep, pos, toks := s.keep, s.nextPos, s.toks
+	s.mu.Unlock()
+	if keep != nil {
+		n := min(len(keep.Hashes), pos/keep.Block)
+		keep.Hashes = keep.Hashes[:n]
+		s.c.mu.Lock()
+		s.c.entries = append(s.c.entries, fakeEntry{p: *keep, toks: toks[:min(len(toks), n*keep.Block)]})
+		s.c.mu.Unlock()
+	}
+	s.fakeSession.Close()
+}
+
+// A conversation's second turn starts where the first one left its KV on
+// every hop: the head tells the origin the route's minimum, the origin
+// sends only the rest of the prompt, and the tokens are the reference's.
+// The reused positions hold the first turn's tokens (the head's cache
+// says so), another namespace reuses nothing, and a hop without a cache
+// (an older peer) makes the route reuse nothing: every hop starts over.
+// Alike with transcripts (the close goes down with the final statements).
+func TestPrefixCacheAcrossTurns(t *testing.T) {
+	for _, transcripts := range []bool{false, true} {
+		t.Run(map[bool]string{false: "plain", true: "transcripts"}[transcripts], func(t *testing.T) {
+			testPrefixCacheAcrossTurns(t, transcripts)
+		})
+	}
+}
+
+func testPrefixCacheAcrossTurns(t *testing.T, transcripts bool) {
+	hops := []*fakeHop{startHop(t, 0, 2, nil), startHop(t, 2, 4, nil), startHop(t, 4, 6, nil)}
+	caches := []*fakeCache{hops[0].withCache(), hops[1].withCache(), hops[2].withCache()}
+	o, _ := newOrigin(t, stagePlanner{[][]*fakeHop{{hops[0]}, {hops[1]}, {hops[2]}}}, hops...)
+	o.Chunk = 16
+	if transcripts {
+		o.Audit = &Auditor{Rate: 0.5, Draw: func() float64 { return 0.99 }} // statements, never an audit
+	}
+	gen := func(prompt []int32, ns string) *Result {
+		t.Helper()
+		res, err := o.Generate(context.Background(), GenerateRequest{Fingerprint: fakeFP, NLayer: fakeNLay, Prompt: prompt, MaxTokens: 20,
+			Sampling: &meshp2pb.SamplingParams{Seed: 3}, CacheNamespace: ns})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := reference(prompt, 20, 3); !equal(res.Tokens, want) {
+			t.Fatalf("tokens %v, want %v", res.Tokens, want)
+		}
+		waitReleased(t, hops...)
+		return res
+	}
+	turn1 := make([]int32, 50)
+	for i := range turn1 {
+		turn1[i] = int32(i%90 + 1)
+	}
+	if res := gen(turn1, "alice"); res.CachedTokens != 0 {
+		t.Fatalf("the first turn reused %d tokens", res.CachedTokens)
+	}
+	// Turn 1 fed 50 + 19 tokens: 2 whole blocks kept on every hop, one
+	// of them from the chain its close continued.
+	turn2 := slices.Concat(turn1, reference(turn1, 20, 3), []int32{40, 41, 42, 43, 44, 45, 46, 47, 48, 49})
+	res := gen(turn2, "alice")
+	if res.CachedTokens != 64 || !slices.Equal(res.HopCached, []int{64, 64, 64}) {
+		t.Fatalf("second turn: %d cached, per hop %v; want 64 on every hop", res.CachedTokens, res.HopCached)
+	}
+	for i, c := range caches {
+		adopted, first, toks := c.snapshot()
+		if adopted[1] != 64 || first[1] != 64 {
+			t.Fatalf("hop %d: adopted %v, first frames at %v", i, adopted, first)
+		}
+		if i == 0 && !slices.Equal(toks[1], turn2[:64]) {
+			t.Fatalf("the head reused tokens %v, want the second turn's first 64", toks[1])
+		}
+	}
+	if res := gen(turn2, "bob"); res.CachedTokens != 0 {
+		t.Fatalf("another namespace reused %d tokens", res.CachedTokens)
+	}
+	// The middle hop loses its cache: the route holds nothing, every hop
+	// starts at 0 (the head and tail cut back what they adopted).
+	caches[1].clear()
+	res = gen(turn2, "alice")
+	adopted, first, _ := caches[0].snapshot()
+	if res.CachedTokens != 0 || res.HopCached[1] != 0 || adopted[3] == 0 || first[3] != 0 {
+		t.Fatalf("middle hop without the prefix: %d cached (%v); the head adopted %v and started at %v", res.CachedTokens, res.HopCached, adopted, first)
+	}
+}
