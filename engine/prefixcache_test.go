@@ -4,9 +4,14 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/binary"
+	"os"
+	"path/filepath"
 	"slices"
+	"syscall"
 	"testing"
+	"time"
 
+	"github.com/neuron-tai/meshp2p/engine/gguf"
 	"github.com/neuron-tai/meshp2p/internal/testmodels"
 )
 
@@ -252,4 +257,95 @@ func TestPrefixCacheOff(t *testing.T) {
 		t.Fatal("adopt after rows: no error")
 	}
 	y.close()
+}
+
+// The prefix cache's gain in compute (MESHP2P_PREFIX_BENCH=1): a
+// conversation's turn n on one shard of a random-weight llama (n_embd 512,
+// 6 layers, F16) prefilled whole, against the same turn adopting the turn
+// before's prefix and computing the rest: the process's CPU time (one
+// compute thread: robust to a loaded machine), best of 3. The logits of
+// the last row are bitwise the same.
+func TestPrefixCachePrefillTime(t *testing.T) {
+	if os.Getenv("MESHP2P_PREFIX_BENCH") == "" {
+		t.Skip("measurement: set MESHP2P_PREFIX_BENCH=1")
+	}
+	spec := gguf.DefaultSpec("llama")
+	spec.Layers, spec.Embd, spec.Heads, spec.KVHeads, spec.FF, spec.Type = 6, 512, 8, 4, 1536, gguf.TypeF16
+	path := filepath.Join(t.TempDir(), "bench512.gguf")
+	if err := gguf.Synth(context.Background(), spec, path); err != nil {
+		t.Fatal(err)
+	}
+	chain := loadShards(t, path, 1, Config{NCtx: 2048, NBatch: 256, MaxSessions: 4, Threads: 1, PrefixCacheCells: 2048})
+	s := chain[0]
+	nv := s.info.NVocab
+	toks := make([]int32, 1600)
+	for i := range toks {
+		toks[i] = int32(3 + (i*131)%(nv-3))
+	}
+	id := byte(0)
+	prefill := func(n, from int, p *Prefix) (time.Duration, []float32) {
+		id++
+		x, err := s.OpenSession(SessionKey{ID: [16]byte{id}}, SessionParams{KVTokens: n})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer x.Close()
+		t0 := cpuTime(t)
+		if p != nil {
+			if got, _, err := x.Adopt(context.Background(), *p); err != nil || got != from {
+				t.Fatalf("adopted %d, %v; want %d", got, err, from)
+			}
+		}
+		var out *Output
+		for i := from; i < n; i += 256 {
+			if out, err = x.Forward(context.Background(), Input{Pos: i, Tokens: toks[i:min(i+256, n)], Logits: i+256 >= n}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return cpuTime(t) - t0, out.Logits
+	}
+	for _, n := range []int{616, 932, 1248, 1564} {
+		prev := n - 316
+		k := testPrefix("a", toks[:prev])
+		// Keep the turn before's prefix (a session that computed it).
+		id++
+		x, _ := s.OpenSession(SessionKey{ID: [16]byte{id}}, SessionParams{KVTokens: prev})
+		for i := 0; i < prev; i += 256 {
+			if _, err := x.Forward(context.Background(), Input{Pos: i, Tokens: toks[i:min(i+256, prev)]}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		x.Keep(k)
+		x.Close()
+		var whole, reuse time.Duration
+		var want, got []float32
+		for range 3 {
+			d, l := prefill(n, 0, nil)
+			whole, want = minDur(whole, d), l
+			p := testPrefix("a", toks[:n-1])
+			d, l = prefill(n, len(k.Hashes)*testBlock, &p)
+			reuse, got = minDur(reuse, d), l
+		}
+		if i := firstDiff(got, want); i >= 0 {
+			t.Fatalf("%d tokens: logits differ at %d", n, i)
+		}
+		t.Logf("turn of %4d tokens: prefill %v CPU whole, %v reusing %d cached: %.1f×", n, whole.Round(time.Millisecond), reuse.Round(time.Millisecond),
+			len(k.Hashes)*testBlock, float64(whole)/float64(reuse))
+	}
+}
+
+// cpuTime is the process's CPU time so far (user and system).
+func cpuTime(t *testing.T) time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		t.Fatal(err)
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+func minDur(a, b time.Duration) time.Duration {
+	if a == 0 || b < a {
+		return b
+	}
+	return a
 }

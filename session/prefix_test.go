@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/neuron-tai/meshp2p/proto/meshp2pb"
+	"github.com/neuron-tai/meshp2p/route"
 )
 
 // fakeCache is a fake engine's prefix cache: what its sessions kept, with
@@ -196,5 +197,51 @@ func testPrefixCacheAcrossTurns(t *testing.T, transcripts bool) {
 	adopted, first, _ := caches[0].snapshot()
 	if res.CachedTokens != 0 || res.HopCached[1] != 0 || adopted[3] == 0 || first[3] != 0 {
 		t.Fatalf("middle hop without the prefix: %d cached (%v); the head adopted %v and started at %v", res.CachedTokens, res.HopCached, adopted, first)
+	}
+}
+
+// A chain continued at the close is the chain of the longer input;
+// another namespace's chain differs from the first block; a hop takes only
+// chains of its block size, whole hashes and at most MaxPrefixBlocks; and
+// the origin refuses a head that answers positions its chain does not
+// cover.
+func TestPrefixChain(t *testing.T) {
+	key := newTestHost(t).key()
+	seed := PrefixSeed(key, "a")
+	in := make([]int32, 200)
+	for i := range in {
+		in[i] = int32(i * 7)
+	}
+	c := prefixOf(seed, in[:100])
+	if len(c.GetHashes()) != 3*prefixHashLen || c.GetBlockTokens() != PrefixBlock {
+		t.Fatalf("chain of 100 tokens: %d bytes, blocks of %d", len(c.GetHashes()), c.GetBlockTokens())
+	}
+	more := prefixMore(seed, c, in[:130])
+	if whole := prefixOf(seed, in[:129]); !slices.Equal(append(slices.Clone(c.GetHashes()), more...), whole.GetHashes()) {
+		t.Fatal("the close's continuation is not the chain of the longer input")
+	}
+	if other := prefixOf(PrefixSeed(key, "b"), in[:100]); slices.Equal(other.GetHashes()[:prefixHashLen], c.GetHashes()[:prefixHashLen]) {
+		t.Fatal("two namespaces share a first block")
+	}
+	for _, bad := range []*meshp2pb.PrefixChain{nil, {BlockTokens: 16, Hashes: c.GetHashes()}, {BlockTokens: PrefixBlock, Hashes: c.GetHashes()[:20]},
+		{BlockTokens: PrefixBlock, Hashes: make([]byte, (MaxPrefixBlocks+1)*prefixHashLen)}} {
+		if validChain(bad, nil) {
+			t.Fatalf("chain %v taken", bad)
+		}
+	}
+	if !validChain(c, more) || validChain(c, more[:3]) {
+		t.Fatal("a valid chain refused, or a torn continuation taken")
+	}
+	e := &epochRun{chain: c, rt: &route.Route{Hops: make([]route.Hop, 2)}}
+	res := &Result{}
+	for _, acc := range []*meshp2pb.SessionAccept{{CachedTokens: 128}, {CachedTokens: 40}, {CachedTokens: 32, HopCached: []uint32{32, 32, 32}}} {
+		e.accept = acc
+		if _, err := e.cachedFrom(res, 100); err == nil {
+			t.Fatalf("accept %v taken for a chain of 3 blocks on 2 hops", acc)
+		}
+	}
+	e.accept = &meshp2pb.SessionAccept{CachedTokens: 96, HopCached: []uint32{96, 128}}
+	if n, err := e.cachedFrom(res, 90); n != 96 || err != nil || res.CachedTokens != 90 || !slices.Equal(res.HopCached, []int{96, 128}) {
+		t.Fatalf("from %d (%v), result %+v", n, err, res)
 	}
 }

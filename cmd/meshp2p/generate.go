@@ -296,7 +296,7 @@ func (g *genFlags) runLocal(ctx context.Context, stdout io.Writer, out *genResul
 	if err != nil {
 		return time.Time{}, err
 	}
-	out.Tokens = res.Tokens
+	out.Tokens, out.PromptTokens = res.Tokens, len(toks)
 	out.TTFTms = ms(res.Prefill)
 	if len(res.Tokens) > 1 {
 		out.MsPerToken = ms(res.Decode) / float64(len(res.Tokens)-1)
@@ -430,12 +430,12 @@ func newClient(n *node.Node, o *session.Origin, dataDir string, log *slog.Logger
 // fillSwarmResult copies a swarm generation's report into out.
 func fillSwarmResult(out *genResult, res *client.Result, mode string) {
 	out.Model, out.Tokens, out.Stop, out.Text = res.Model.Fingerprint, res.Tokens, res.Finish, res.Text
+	out.PromptTokens, out.CachedTokens = res.PromptTokens, res.CachedTokens
 	s := res.Session
 	if s == nil {
 		return
 	}
 	out.Reroutes, out.Failures, out.Hops = s.Reroutes, s.Failures, s.HopStats
-	out.CachedTokens = s.CachedTokens
 	if mode != client.SpecOff {
 		sp := s.Spec
 		out.Speculation = &specJSON{Mode: mode, Proposer: sp.Proposer, Windows: sp.Windows, Proposed: sp.Proposed, Accepted: sp.Accepted,
