@@ -70,9 +70,10 @@ const (
 	DefaultMaxSessions = 8    // concurrent sessions a shard admits
 	// DefaultPrefixCache is the KV cells, on top of --ctx, that keep
 	// finished sessions' prefixes for the next turn of a conversation
-	// (engine/prefixcache.go): half the sessions' cells, a few
-	// conversations' worth; placement counts them like --ctx's.
-	DefaultPrefixCache = 2048
+	// (engine/prefixcache.go): half the sessions' cells (start's
+	// --prefix-cache: half of --ctx), a few conversations' worth;
+	// placement counts them like --ctx's.
+	DefaultPrefixCache = DefaultNCtx / 2
 )
 
 // DefaultEngine is the shard context a node creates unless told otherwise.

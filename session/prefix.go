@@ -201,6 +201,9 @@ func (hs *hopSession) keepPrefix() {
 	if more != nil {
 		m = *more
 	}
+	if !validChain(hs.open.GetPrefix(), m) {
+		m = nil // a torn continuation: the open's blocks still hold
+	}
 	if !ok || !validChain(hs.open.GetPrefix(), m) {
 		return
 	}

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -261,9 +262,53 @@ func TestAgentAPIs(t *testing.T) {
 	s := newAgentSwarm(t)
 	t.Run("openai chat", func(t *testing.T) { agentOpenAIChat(t, s) })
 	t.Run("openai responses", func(t *testing.T) { agentResponses(t, s) })
+	t.Run("prefix cache", func(t *testing.T) { agentPrefixCache(t, s) })
 	for _, script := range []string{sdktest.Anthropic, sdktest.Ollama} {
 		t.Run(script, func(t *testing.T) { agentSDK(t, s, script) })
 	}
+}
+
+// agentPrefixCache: a conversation's second turn through the gateway
+// reports the prompt tokens the hops reused (`start`'s default
+// --prefix-cache), and a middle replica counts them in its metrics.
+func agentPrefixCache(t *testing.T, s *agentSwarm) {
+	c := s.openai()
+	msgs := []openai.ChatCompletionMessageParamUnion{openai.UserMessage("Tell me a long story about a brave little robot who sails the sea with a cat")}
+	ask := func() *openai.ChatCompletion {
+		t.Helper()
+		r, err := c.Chat.Completions.New(context.Background(), openai.ChatCompletionNewParams{Model: "stories-tools", Messages: msgs,
+			MaxTokens: openai.Int(40), Temperature: openai.Float(0)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	r := ask()
+	msgs = append(msgs, openai.AssistantMessage(r.Choices[0].Message.Content), openai.UserMessage("What did they find?"))
+	r = ask()
+	cached := r.Usage.PromptTokensDetails.CachedTokens
+	if cached == 0 || cached >= r.Usage.PromptTokens {
+		t.Fatalf("second turn: %d of %d prompt tokens cached", cached, r.Usage.PromptTokens)
+	}
+	reused := 0.0
+	for _, m := range s.mids {
+		resp, err := http.Get(m.metrics + "/metrics")
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		for _, line := range strings.Split(string(body), "\n") {
+			if rest, ok := strings.CutPrefix(line, "meshp2p_hop_prefix_reused_tokens_total "); ok {
+				v, _ := strconv.ParseFloat(rest, 64)
+				reused += v
+			}
+		}
+	}
+	if reused < float64(cached) {
+		t.Fatalf("the middle replicas reused %g positions, the gateway reports %d cached", reused, cached)
+	}
+	t.Logf("second turn: %d of %d prompt tokens cached", cached, r.Usage.PromptTokens)
 }
 
 // agentSDK runs one of the npm SDK scripts (api/testdata/sdk) against the

@@ -144,7 +144,8 @@ func TestManyModelsDemandMoves(t *testing.T) {
 	}
 	need := map[string]int64{}
 	for _, m := range []string{a, b, c} {
-		sz, err := node.ModelSizing(m, engine.Config{NCtx: 512, NBatch: 64})
+		// PrefixCacheCells: start's default --prefix-cache, half of --ctx.
+		sz, err := node.ModelSizing(m, engine.Config{NCtx: 512, NBatch: 64, PrefixCacheCells: 256})
 		if err != nil {
 			t.Fatal(err)
 		}

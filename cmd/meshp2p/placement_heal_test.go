@@ -95,7 +95,8 @@ func newHealSwarm(t *testing.T) *healSwarm {
 		t.Fatal(err)
 	}
 	var err error
-	if h.sz, err = node.ModelSizing(h.model, engine.Config{NCtx: 512, NBatch: 64}); err != nil {
+	// PrefixCacheCells: start's default --prefix-cache, half of --ctx.
+	if h.sz, err = node.ModelSizing(h.model, engine.Config{NCtx: 512, NBatch: 64, PrefixCacheCells: 256}); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {

@@ -48,9 +48,10 @@ Flags:
 // the zero values of engine.Config and session.HopConfig mean, and the
 // two switches.
 const (
-	defaultThreads           = 0 // engine: all CPUs
-	defaultMaxSessionKV      = 0 // session: half of --ctx
-	defaultSessionsPerClient = 0 // session: half of --max-sessions
+	defaultThreads           = 0  // engine: all CPUs
+	defaultMaxSessionKV      = 0  // session: half of --ctx
+	defaultSessionsPerClient = 0  // session: half of --max-sessions
+	defaultPrefixCache       = -1 // engine: half of --ctx (node.DefaultPrefixCache with the default --ctx)
 	defaultMmap              = true
 	defaultVerbose           = false
 )
@@ -88,7 +89,7 @@ func (f *startFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&f.maxSess, "max-sessions", node.DefaultMaxSessions, "concurrent sessions this shard admits")
 	fs.IntVar(&f.nctx, "ctx", node.DefaultNCtx, "KV cells shared by all sessions")
 	fs.IntVar(&f.nbatch, "batch", node.DefaultNBatch, "most rows per llama_decode")
-	fs.IntVar(&f.prefixCache, "prefix-cache", node.DefaultPrefixCache, "KV cells (tokens), on top of --ctx, that keep finished sessions' prefixes so a conversation's next turn computes only its new tokens; counted by placement like --ctx; reused only by the same client (0: off)")
+	fs.IntVar(&f.prefixCache, "prefix-cache", defaultPrefixCache, "KV cells (tokens), on top of --ctx, that keep finished sessions' prefixes so a conversation's next turn computes only its new tokens; counted by placement like --ctx; reused only by the same client (-1: half of --ctx; 0: off)")
 	fs.IntVar(&f.threads, "threads", defaultThreads, "compute threads (default: all CPUs)")
 	fs.DurationVar(&f.idle, "idle-timeout", session.DefaultIdle, "free a session after this long without frames")
 	fs.IntVar(&f.sessKV, "max-session-kv", defaultMaxSessionKV, "KV cells (tokens) one session may reserve here (0: half of --ctx, so one client cannot take the whole cache; -1: up to --ctx)")
@@ -204,6 +205,9 @@ func (f *startFlags) config(stderr io.Writer) (*startRun, error) {
 	}
 	cfg.Engine.MaxSessions, cfg.Engine.NCtx, cfg.Engine.NBatch, cfg.Engine.Threads = f.maxSess, f.nctx, f.nbatch, f.threads
 	cfg.Engine.PrefixCacheCells = f.prefixCache
+	if f.prefixCache < 0 {
+		cfg.Engine.PrefixCacheCells = f.nctx / 2
+	}
 	f.mf.always = f.af.addr != "" // the API server serves /metrics too
 	if cfg.Metrics, err = f.mf.metrics(); err != nil {
 		return nil, err

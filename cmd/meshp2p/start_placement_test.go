@@ -28,7 +28,8 @@ func TestStartChoosesLayers(t *testing.T) {
 	}
 	// The engine flags below size the KV cache and buffers; the budget is
 	// what 6 layers anywhere need with them.
-	sz, err := node.ModelSizing(model, engine.Config{NCtx: 512, NBatch: 64})
+	// PrefixCacheCells: start's default --prefix-cache, half of --ctx.
+	sz, err := node.ModelSizing(model, engine.Config{NCtx: 512, NBatch: 64, PrefixCacheCells: 256})
 	if err != nil {
 		t.Fatal(err)
 	}
