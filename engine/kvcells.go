@@ -27,7 +27,9 @@ import (
 // grave sequence instead (still occupied, masked for everyone), and when a
 // decode does not fit above used, compact saves every live sequence
 // (llama_state_seq_get_data), clears the cache and restores them one after
-// another into contiguous cells: same bytes, same order, no holes.
+// another into contiguous cells: same bytes, same order, no holes. The
+// prefix cache's entries (prefixcache.go) are sequences too, restored
+// after the live ones.
 type kvState struct {
 	used  int         // cells occupied: live sessions', the prefix cache's and the grave's
 	live  map[int]int // sequence id -> cells it holds
