@@ -4,10 +4,16 @@
 // generations, so any of those clients can talk to the swarm. It holds the
 // HTTP side only: request validation, SSE framing, auth, CORS and bounded
 // concurrency; text assembly (UTF-8 and stop strings across token
-// boundaries) is the client's (client.Stream), under the Backend. It has no
-// cgo and never imports the engine or the node: Swarm implements Backend
-// over a client.Client (the origin side, shared with `meshp2p generate`),
-// and OpenAI error objects are built only here; see docs/api.md.
+// boundaries) is the client's (client.Stream), under the Backend. Every
+// shape takes the same path (shapes.go): its body is parsed field by field
+// into a GenerateRequest (jobj, parseAll: errors name the field at fault),
+// checked by checkGen, run by serveGen and answered whole or streamed by
+// one driver (drive) through the shape's streamer; a file per shape holds
+// only what is its own. Messages, tool calls and log-probabilities are
+// client's types. It has no cgo and never imports the engine or the
+// node: Swarm implements Backend over a client.Client (the origin side,
+// shared with `meshp2p generate`), and OpenAI error objects are built only
+// here; see docs/api.md.
 package api
 
 import (
