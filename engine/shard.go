@@ -17,6 +17,7 @@ import (
 	"runtime"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unsafe"
 )
@@ -124,13 +125,17 @@ type Shard struct {
 
 	lctx    *C.struct_llama_context
 	pool    *C.struct_ggml_threadpool // nil with DisposableThreads
-	capture *C.mp_capture             // nil on the tail (it produces logits)
-	batch   *C.struct_llama_batch     // in C memory: cgo may not see Go pointers to it
-	cands   []C.llama_token_data      // sampling scratch, owned by the loop
-	nCtx    int
-	scratch int // sequence id reserved for the self-test
-	grave   int // sequence id that holds freed cells until compaction
-	kv      kvState
+	threads int                       // the pool's threads (the loop's; SetThreads asks for others)
+	// wantThreads is the thread count SetThreads asked for (0: none
+	// asked); the loop applies it before its next decode.
+	wantThreads atomic.Int32
+	capture     *C.mp_capture         // nil on the tail (it produces logits)
+	batch       *C.struct_llama_batch // in C memory: cgo may not see Go pointers to it
+	cands       []C.llama_token_data  // sampling scratch, owned by the loop
+	nCtx        int
+	scratch     int // sequence id reserved for the self-test
+	grave       int // sequence id that holds freed cells until compaction
+	kv          kvState
 
 	reqs chan *request
 	quit chan struct{}
@@ -211,6 +216,7 @@ func NewShard(ctx context.Context, model *Model, cfg Config) (*Shard, error) {
 		}
 		C.llama_attach_threadpool(s.lctx, s.pool, s.pool)
 	}
+	s.threads = cfg.Threads
 	embd := 0
 	if !info.IsHead() {
 		embd = info.NEmbd
@@ -666,4 +672,47 @@ type request struct {
 	// serr is the request's own sampling error (ErrGrammar), answered
 	// when its rows are done.
 	serr error
+}
+
+// SetThreads asks the shard to compute with n threads from its next
+// decode on (the loop swaps its thread pool between decodes; n < 1 is
+// ignored). Results do not depend on the thread count: every product and
+// attention row is computed by one thread (docs/architecture.md, "Batch
+// invariance"); TestSetThreadsKeepsOutput checks it.
+func (s *Shard) SetThreads(n int) {
+	if n >= 1 {
+		s.wantThreads.Store(int32(n))
+	}
+}
+
+// Threads is the number of threads the shard computes with now.
+func (s *Shard) Threads() int {
+	if n := s.wantThreads.Load(); n > 0 {
+		return int(n)
+	}
+	return s.cfg.Threads
+}
+
+// applyThreads runs on the loop before a decode: a new pool of the
+// threads SetThreads asked for replaces the old one.
+func (s *Shard) applyThreads() {
+	n := int(s.wantThreads.Load())
+	if n <= 0 || n == s.threads {
+		return
+	}
+	C.llama_set_n_threads(s.lctx, C.int32_t(n), C.int32_t(n))
+	if s.pool != nil {
+		pool := C.mp_threadpool_new(C.int(n), C.int(s.cfg.Poll))
+		if pool == nil {
+			s.log.Warn("could not change the thread count; keeping the old pool", "threads", s.threads, "asked", n)
+			C.llama_set_n_threads(s.lctx, C.int32_t(s.threads), C.int32_t(s.threads))
+			s.wantThreads.Store(int32(s.threads))
+			return
+		}
+		C.llama_attach_threadpool(s.lctx, pool, pool)
+		C.ggml_threadpool_free(s.pool)
+		s.pool = pool
+	}
+	s.log.Info("compute threads changed", "from", s.threads, "to", n)
+	s.threads = n
 }

@@ -20,6 +20,7 @@ import (
 	"github.com/neuron-tai/meshp2p/engine/gguf"
 	"github.com/neuron-tai/meshp2p/internal/failfile"
 	"github.com/neuron-tai/meshp2p/node"
+	"github.com/neuron-tai/meshp2p/node/cpushare"
 	"github.com/neuron-tai/meshp2p/proto/frame"
 	"github.com/neuron-tai/meshp2p/proto/meshp2pb"
 	"github.com/neuron-tai/meshp2p/route"
@@ -278,6 +279,12 @@ func (g *genFlags) runLocal(ctx context.Context, stdout io.Writer, out *genResul
 	ec := node.DefaultEngine()
 	ec.MaxSessions, ec.NCtx, ec.Logger, ec.Threads = 1, len(toks)+g.maxTokens+16, g.log, *g.pf.threads
 	ec.NBatch = max(ec.NBatch, 2)
+	if ec.Threads == 0 { // auto, as start's default: this process's share of the machine
+		if sm, err := cpushare.Join(cpushare.DefaultDir()); err == nil {
+			ec.Threads = sm.Threads(ctx)
+			defer sm.Leave()
+		}
+	}
 	sh, err := engine.NewShard(ctx, m, ec)
 	if err != nil {
 		return time.Time{}, err

@@ -11,6 +11,7 @@ import (
 
 	"github.com/neuron-tai/meshp2p/engine/gguf"
 	"github.com/neuron-tai/meshp2p/node"
+	"github.com/neuron-tai/meshp2p/node/cpushare"
 	"github.com/neuron-tai/meshp2p/route"
 	"github.com/neuron-tai/meshp2p/session"
 	"github.com/neuron-tai/meshp2p/status"
@@ -48,7 +49,7 @@ Flags:
 // the zero values of engine.Config and session.HopConfig mean, and the
 // two switches.
 const (
-	defaultThreads           = 0 // engine: all CPUs
+	defaultThreads           = 0 // auto (node.Config.ThreadShare)
 	defaultMaxSessionKV      = 0 // session: half of --ctx
 	defaultSessionsPerClient = 0 // session: half of --max-sessions
 	defaultMmap              = true
@@ -87,7 +88,7 @@ func (f *startFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&f.maxSess, "max-sessions", node.DefaultMaxSessions, "concurrent sessions this shard admits")
 	fs.IntVar(&f.nctx, "ctx", node.DefaultNCtx, "KV cells shared by all sessions")
 	fs.IntVar(&f.nbatch, "batch", node.DefaultNBatch, "most rows per llama_decode")
-	fs.IntVar(&f.threads, "threads", defaultThreads, "compute threads (default: all CPUs)")
+	fs.IntVar(&f.threads, "threads", defaultThreads, "compute threads (default 0: auto, this node's share of the machine: the CPUs over the meshp2p processes running on it, at most the CPUs left idle by other programs; re-checked every 30 s)")
 	fs.DurationVar(&f.idle, "idle-timeout", session.DefaultIdle, "free a session after this long without frames")
 	fs.IntVar(&f.sessKV, "max-session-kv", defaultMaxSessionKV, "KV cells (tokens) one session may reserve here (0: half of --ctx, so one client cannot take the whole cache; -1: up to --ctx)")
 	fs.IntVar(&f.peerQuota, "max-sessions-per-client", defaultSessionsPerClient, "sessions one client (the origin that signed them) may hold at once on this node, at any position of a route (0: half of --max-sessions; -1: no quota)")
@@ -126,6 +127,16 @@ func runStart(ctx context.Context, stdout, stderr io.Writer, args []string) erro
 	sr, err := f.config(stderr)
 	if err != nil {
 		return err
+	}
+	if f.threads == 0 && sr.cfg.Device.IsCPU() {
+		// Auto: this process's share of the machine's CPUs, beside the
+		// other meshp2p processes on it and whatever else is busy.
+		if m, err := cpushare.Join(cpushare.DefaultDir()); err != nil {
+			sr.log.Warn("cannot share the CPUs with other meshp2p processes here; using every CPU", "err", err)
+		} else {
+			defer m.Leave()
+			sr.cfg.ThreadShare = m
+		}
 	}
 	n, err := node.Start(ctx, sr.cfg)
 	sr.prog.finish()
