@@ -40,6 +40,7 @@ func TestArchitectureSwarms(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts five processes per architecture")
 	}
+	t.Parallel() // its processes mostly wait on timers (make test: -parallel = cores)
 	for _, a := range archSwarms {
 		t.Run(a.arch, func(t *testing.T) {
 			bin := testbin.CLI(t)
