@@ -130,7 +130,16 @@ type SessionOpen struct {
 	// transcripts of what it received and sent (meshp2p.v1.Transcript) and
 	// keeps what it sent for an audit. False (`--audit-rate 0`): no
 	// transcripts, nothing kept.
-	Transcripts   bool `protobuf:"varint,22,opt,name=transcripts,proto3" json:"transcripts,omitempty"`
+	Transcripts bool `protobuf:"varint,22,opt,name=transcripts,proto3" json:"transcripts,omitempty"`
+	// The origin's estimate of each route hop's compute time for one row
+	// through one of its layers, in ms, in route order (its advert's
+	// measured decode speed; 0: unknown). With the prefill's rows (n_ctx_needed
+	// - max_tokens - 1) every hop sizes its waits during the prefill from it:
+	// a hop waits for the work the hops before and after it still have to
+	// do, not a fixed time (session/waits.go). Absent (an older origin) or
+	// all 0: the fixed waits. Not signed: a relaying hop could only lengthen
+	// the waits of the hops after it, which are capped.
+	HopMsPerLayer []float32 `protobuf:"fixed32,23,rep,packed,name=hop_ms_per_layer,json=hopMsPerLayer,proto3" json:"hop_ms_per_layer,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -303,6 +312,13 @@ func (x *SessionOpen) GetTranscripts() bool {
 		return x.Transcripts
 	}
 	return false
+}
+
+func (x *SessionOpen) GetHopMsPerLayer() []float32 {
+	if x != nil {
+		return x.HopMsPerLayer
+	}
+	return nil
 }
 
 type Speculation struct {
@@ -807,7 +823,7 @@ var File_meshp2p_v1_session_proto protoreflect.FileDescriptor
 const file_meshp2p_v1_session_proto_rawDesc = "" +
 	"\n" +
 	"\x18meshp2p/v1/session.proto\x12\n" +
-	"meshp2p.v1\x1a\x17meshp2p/v1/common.proto\x1a\x16meshp2p/v1/route.proto\"\xb9\x06\n" +
+	"meshp2p.v1\x1a\x17meshp2p/v1/common.proto\x1a\x16meshp2p/v1/route.proto\"\xe2\x06\n" +
 	"\vSessionOpen\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\fR\tsessionId\x12\x14\n" +
@@ -833,7 +849,8 @@ const file_meshp2p_v1_session_proto_rawDesc = "" +
 	"\fissued_at_ms\x18\x14 \x01(\x03R\n" +
 	"issuedAtMs\x129\n" +
 	"\vspeculation\x18\x15 \x01(\v2\x17.meshp2p.v1.SpeculationR\vspeculation\x12 \n" +
-	"\vtranscripts\x18\x16 \x01(\bR\vtranscriptsJ\x04\b\n" +
+	"\vtranscripts\x18\x16 \x01(\bR\vtranscripts\x12'\n" +
+	"\x10hop_ms_per_layer\x18\x17 \x03(\x02R\rhopMsPerLayerJ\x04\b\n" +
 	"\x10\vJ\x04\b\x0e\x10\x0fR\bmax_rowsR\rbundle_schema\"u\n" +
 	"\vSpeculation\x12(\n" +
 	"\x04mode\x18\x01 \x01(\x0e2\x14.meshp2p.v1.SpecModeR\x04mode\x12\x1b\n" +
