@@ -44,10 +44,15 @@ const (
 	DefaultFirstFrame = 10 * time.Second
 	// PrefillWaitSlack: a wait for other hops' prefill work allows this
 	// many times their estimate (rows × layers × advertised decode time
-	// per layer: a loaded machine runs slower than its best, which is what
-	// it advertises; a prefill row usually costs less than a decode row,
-	// which adds margin).
-	PrefillWaitSlack = 3
+	// per layer). Generous, because the estimate is rough: a loaded
+	// machine runs several times slower than the best it advertises
+	// (measured at a quiet moment), and while a big model's prefill row
+	// costs a fraction of a decode row, a small model whose weights stay
+	// in cache can spend twice a decode row on one (measured: 1.26 against
+	// 0.58 ms per layer, f16 768-wide, one thread). Waiting too long only
+	// delays the report of a hop that hangs in the prefill; too short
+	// excludes an honest one.
+	PrefillWaitSlack = 10
 	// MaxPrefillWait caps the work a wait allows for (the estimate × the
 	// slack, over the whole route): hop_ms_per_layer is the origin's word,
 	// unsigned, and a relaying hop must not hold later hops for ever.
