@@ -69,9 +69,9 @@ func prefillRows(open *meshp2pb.SessionOpen) int64 {
 }
 
 // perRow is each hop's allowance for one row through its layers: its
-// layers × the open's time per layer for it × PrefillWaitSlack (0 where
-// the open gives none; a value that is no number or above what an advert
-// may say counts as the most an advert may say).
+// layers × the open's time per layer for it (0 where the open gives no
+// positive number; at most what an advert may say) × PrefillWaitSlack,
+// at most MaxPrefillWait.
 func perRow(open *meshp2pb.SessionOpen) []time.Duration {
 	hops := open.GetRoute().GetHops()
 	ms := open.GetHopMsPerLayer()
@@ -82,7 +82,7 @@ func perRow(open *meshp2pb.SessionOpen) []time.Duration {
 		}
 		m := min(float64(ms[i]), route.MaxAdvertMsPerLayer)
 		layers := float64(max(0, int64(h.GetEnd())-int64(h.GetStart())))
-		out[i] = time.Duration(m * layers * PrefillWaitSlack * float64(time.Millisecond))
+		out[i] = time.Duration(min(m*layers*PrefillWaitSlack*float64(time.Millisecond), float64(MaxPrefillWait)))
 	}
 	return out
 }
