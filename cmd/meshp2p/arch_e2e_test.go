@@ -29,6 +29,10 @@ var archSwarms = []struct {
 	{"minimax-m2", []string{"--type", "q8_0"}, []string{"0-2", "2-3", "3-6"}},
 	// Ministral 3: llama's layers, YaRN with attention temperature scaling.
 	{"mistral3", []string{"--type", "q8_0"}, []string{"0-3", "3-5", "5-6"}},
+	// gpt-oss's structure: experts in MXFP4 (the rest Q8_0), attention
+	// sinks, a window of 8 on every even layer; shards start at even
+	// layers.
+	{"gpt-oss", []string{"--type", "mxfp4_moe"}, []string{"0-2", "2-4", "4-6"}},
 }
 
 // TestArchitectureSwarms: for each architecture, three `meshp2p start`
