@@ -45,11 +45,24 @@ var realGeometries = []realGeometry{
 	// gpt-oss-20b (24 layers, 32 experts, 4 per token).
 	{"gpt-oss-20b", func() gguf.Spec { return tinyGPTOSS(24, 32) }, gptOSSCuts,
 		[]gguf.Range{rg(0, 1), rg(1, 24)}, []gguf.Range{rg(0, 8), rg(8, 16), rg(16, 24)}},
+	// Gemma 3 (config.json: sliding_window 512 for 1B, 1024 for the
+	// others, 5 sliding layers to 1 global; 26, 34, 48 and 62 layers).
+	{"gemma-3-1b", func() gguf.Spec { return tinyGemma3(26, 512) }, gemma3Cuts,
+		[]gguf.Range{rg(0, 20), rg(20, 26)}, []gguf.Range{rg(0, 6), rg(6, 18), rg(18, 26)}},
+	{"gemma-3-4b", func() gguf.Spec { return tinyGemma3(34, 1024) }, gemma3Cuts,
+		[]gguf.Range{rg(0, 30), rg(30, 34)}, []gguf.Range{rg(0, 12), rg(12, 24), rg(24, 34)}},
+	{"gemma-3-12b", func() gguf.Spec { return tinyGemma3(48, 1024) }, gemma3Cuts,
+		[]gguf.Range{rg(0, 16), rg(16, 48)}, []gguf.Range{rg(0, 18), rg(18, 36), rg(36, 48)}},
+	// Gemma 3 27B: 62 layers, whose query scale llama.cpp keys on the
+	// layer count (1/√(5376/32) against 1/√128): whole only.
+	{"gemma-3-27b", func() gguf.Spec { return tinyGemma3(62, 1024) }, "whole model only",
+		[]gguf.Range{rg(0, 30), rg(30, 62)}, nil},
 }
 
 const (
 	deepseek2Cuts = "any range except shards of 26 or 27 layers"
 	gptOSSCuts    = "shards start at a multiple of 2 layers; shards hold at least 2 layers"
+	gemma3Cuts    = "shards start at a multiple of 6 layers; shards hold at least 6 layers"
 )
 
 // tinyDeepseek2 is deepseek2 at the smallest widths that keep its shape.
@@ -66,6 +79,16 @@ func tinyGPTOSS(n, x int) gguf.Spec {
 	s := gguf.DefaultSpec("gpt-oss")
 	s.Layers, s.Embd, s.Heads, s.KVHeads, s.HeadDim, s.Experts, s.ExpertsUsed, s.ExpertFF = n, 32, 4, 2, 16, x, 4, 8
 	s.SlidingWindow, s.Type, s.Seed = 128, gguf.TypeF16, 9
+	return s
+}
+
+// tinyGemma3 is gemma3 of n layers and sliding window w at small widths:
+// heads wider than embd/heads, as the real ones (so a 62-layer model
+// takes the 27B's query scale).
+func tinyGemma3(n, w int) gguf.Spec {
+	s := gguf.DefaultSpec("gemma3")
+	s.Layers, s.Embd, s.Heads, s.KVHeads, s.HeadDim, s.FF = n, 32, 2, 1, 32, 64
+	s.SlidingWindow, s.Type, s.Seed = w, gguf.TypeF16, 9
 	return s
 }
 

@@ -147,6 +147,12 @@ func smallSpec(arch string, typ gguf.TensorType) gguf.Spec {
 		// gpt-oss's 64 × 64 against 2880), 4 of 8 experts; 6 layers so
 		// that 3 shards start at even layers (0-2-4-6).
 		s.Layers, s.Heads, s.KVHeads, s.HeadDim, s.ExpertFF = 6, 8, 2, 64, 256
+	case "gemma3":
+		// Gemma 3's proportions: heads of 128 (wider than embd/heads, as
+		// Gemma 3's 256), 18 layers: the 5:1 sliding pattern three times,
+		// so that 3 shards start at multiples of 6 and each holds a
+		// full-attention layer (0-6-12-18).
+		s.Layers, s.HeadDim = 18, 128
 	case "deepseek2":
 		// DeepSeek-V3's proportions (q LoRA 1536, kv LoRA 512, nope 128,
 		// rope 64, v 128) at a quarter or less; 6 layers, 3 dense lead
@@ -188,6 +194,10 @@ var archParityModels = []parityModel{
 	{name: "gpt_oss_f16", spec: smallSpec("gpt-oss", gguf.TypeF16)},
 	{name: "gpt_oss_q8_0", spec: smallSpec("gpt-oss", gguf.TypeF16), quant: QuantQ8_0, wantTypes: []string{"Q8_0"}},
 	{name: "gpt_oss_mxfp4", spec: smallSpec("gpt-oss", gguf.TypeF16), quant: QuantMXFP4, wantTypes: []string{"MXFP4", "Q8_0"}},
+	{name: "gemma3_f32", spec: smallSpec("gemma3", gguf.TypeF32)},
+	{name: "gemma3_f16", spec: smallSpec("gemma3", gguf.TypeF16)},
+	{name: "gemma3_q8_0", spec: smallSpec("gemma3", gguf.TypeF16), quant: QuantQ8_0, wantTypes: []string{"Q8_0"}},
+	{name: "gemma3_q4_k_m", spec: smallSpec("gemma3", gguf.TypeF16), quant: QuantQ4_KM, wantTypes: []string{"Q4_K", "Q6_K"}},
 }
 
 // makeParityModel synthesizes (and quantizes) m into dir.

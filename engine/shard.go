@@ -224,7 +224,7 @@ func contextParams(cfg Config) C.struct_llama_context_params {
 	p.n_threads = C.int32_t(cfg.Threads)
 	p.n_threads_batch = C.int32_t(cfg.Threads)
 	p.kv_unified = true // split_simple: rows come back in batch order
-	// Sliding-window layers (gpt-oss) get a cache of n_ctx cells
+	// Sliding-window layers (gpt-oss, gemma3) get a cache of n_ctx cells
 	// like the others. A smaller one makes llama.cpp reuse cells whose
 	// positions left the window (llama_kv_cache::find_slot), below cells
 	// still in use, which breaks the cell order kvState keeps (the

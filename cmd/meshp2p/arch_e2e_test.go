@@ -33,6 +33,9 @@ var archSwarms = []struct {
 	// sinks, a window of 8 on every even layer; shards start at even
 	// layers.
 	{"gpt-oss", []string{"--type", "mxfp4_moe"}, []string{"0-2", "2-4", "4-6"}},
+	// Gemma 3's structure: 5 sliding layers (window 8) to 1 global, tied
+	// output; shards start at multiples of 6 and hold a global layer.
+	{"gemma3", []string{"--type", "q8_0", "--layers", "18"}, []string{"0-6", "6-12", "12-18"}},
 }
 
 // TestArchitectureSwarms: for each architecture, three `meshp2p start`

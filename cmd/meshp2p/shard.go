@@ -346,8 +346,8 @@ var archFlags = []struct {
 	{"deepseek2", "v-dim", "value head dims", func(s *gguf.Spec) *int { return &s.VDim }},
 	{"deepseek2", "expert-groups", "expert groups (0: none)", func(s *gguf.Spec) *int { return &s.ExpertGroups }},
 	{"deepseek2", "expert-groups-used", "expert groups kept per token", func(s *gguf.Spec) *int { return &s.ExpertGroupsUsed }},
-	{"gpt-oss", "head-dim", "q/k/v dims of a head", func(s *gguf.Spec) *int { return &s.HeadDim }},
-	{"gpt-oss", "sliding-window", "the sliding layers' window", func(s *gguf.Spec) *int { return &s.SlidingWindow }},
+	{"gpt-oss", "head-dim", "gpt-oss, gemma3: q/k/v dims of a head", func(s *gguf.Spec) *int { return &s.HeadDim }},
+	{"gpt-oss", "sliding-window", "gpt-oss, gemma3: the sliding layers' window (gemma3: 0 = none)", func(s *gguf.Spec) *int { return &s.SlidingWindow }},
 }
 
 // registerSynthFlags registers the flags of "shard synth" on fs.

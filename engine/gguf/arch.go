@@ -62,6 +62,7 @@ var archRules = map[string]archRule{
 			"ffn_gate_inp.weight", "ffn_gate_exps.weight", "ffn_down_exps.weight", "ffn_up_exps.weight", "exp_probs_b.bias"}
 	}},
 	"gpt-oss": gptOSSRule,
+	"gemma3":  gemma3Rule,
 }
 
 // gpt-oss (gpt-oss-20b, gpt-oss-120b): experts in every layer (biased,
@@ -88,6 +89,78 @@ var gptOSSRule = archRule{
 		return swaPatternCut("gpt-oss", 2, r, n)
 	},
 	load: func(_ Metadata, _ string, n int) error { return swaPatternLoad("gpt-oss", 2, n) },
+}
+
+// gemma3 (Gemma 3 270M/1B/4B/12B/27B): q/k norms, post-attention and
+// post-feed-forward norms, GELU feed-forward, output tied to token_embd.
+//   - With attention.sliding_window set, llama.cpp marks 5 of every 6
+//     layers sliding by the layer index (llama-model.cpp load_hparams,
+//     LLM_ARCH_GEMMA3: set_swa_pattern(6)) and gives them another rope
+//     base; no GGUF key overrides the pattern: a shard starts at a
+//     multiple of 6 and holds at least 6 layers (a full-attention one:
+//     swaPatternLoad).
+//   - It scales the queries by 1/√(embedding_length/head_count) in a model
+//     of 62 layers (Gemma 3 27B) and by 1/√key_length otherwise, keyed on
+//     block_count. Where the two differ (27B: 1/√168 against 1/√128), a
+//     62-layer model runs whole, and no other model is cut into a
+//     62-layer shard. No key sets the scale, so no rewrite saves those
+//     cuts.
+//   - The input is scaled by √embedding_length only when a batch carries
+//     tokens (models/gemma3.cpp), so a shard fed hidden states does not
+//     scale them again.
+var gemma3Rule = archRule{
+	covers: "Gemma 3 (270M, 1B, 4B, 12B; 27B whole only)",
+	layer: func(Metadata, string, int) []string {
+		return []string{"attn_norm.weight", "attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_output.weight",
+			"attn_q_norm.weight", "attn_k_norm.weight", "post_attention_norm.weight",
+			"ffn_norm.weight", "ffn_gate.weight", "ffn_up.weight", "ffn_down.weight", "post_ffw_norm.weight"}
+	},
+	cut: func(md Metadata, p string, r Range, n int) error {
+		if r.Len() == n {
+			return nil
+		}
+		if gemma3ScaleKeyed(md, p) {
+			switch {
+			case n == gemma3Layers27B:
+				return fmt.Errorf("%w: a gemma3 model of %d layers runs whole: llama.cpp takes it for the 27B and scales its queries by 1/√(embedding_length/head_count), which a shard of another length would not", ErrIllegalCut, n)
+			case r.Len() == gemma3Layers27B:
+				return fmt.Errorf("%w: layers %s: a gemma3 shard of %d layers would load as the 27B, with another query scale (llama.cpp keys it on the layer count); cut elsewhere", ErrIllegalCut, r, r.Len())
+			}
+		}
+		if gemma3Slides(md, p) {
+			return swaPatternCut("gemma3", 6, r, n)
+		}
+		return nil
+	},
+	load: func(md Metadata, p string, n int) error {
+		if gemma3Slides(md, p) {
+			return swaPatternLoad("gemma3", 6, n)
+		}
+		return nil
+	},
+}
+
+// gemma3Slides reports whether llama.cpp gives the gemma3 model md
+// sliding-window layers (attention.sliding_window > 0).
+func gemma3Slides(md Metadata, p string) bool {
+	w, _ := md.Uint(p + "attention.sliding_window")
+	return w > 0
+}
+
+// gemma3Layers27B is the layer count llama.cpp takes a gemma3 model of for
+// the 27B (LLM_TYPE_27B), whose query scale differs.
+const gemma3Layers27B = 62
+
+// gemma3ScaleKeyed reports whether the 27B's query scale differs from the
+// others' for the model md: embedding_length/head_count != key_length.
+func gemma3ScaleKeyed(md Metadata, p string) bool {
+	embd, _ := md.Uint(p + "embedding_length")
+	heads, _ := md.Uint(p + "attention.head_count")
+	if heads == 0 {
+		return false
+	}
+	k, ok := md.Uint(p + "attention.key_length")
+	return ok && k != embd/heads
 }
 
 // swaPatternCut is the rule of an architecture whose sliding-window layers

@@ -48,6 +48,8 @@ func tinySpec(arch string) Spec {
 		s.RopeDim = 4
 	case "gpt-oss":
 		s.Layers, s.ExpertFF, s.HeadDim = 6, 16, 16 // 3 shards of 2 layers
+	case "gemma3":
+		s.Layers, s.HeadDim = 18, 16 // 3 shards of 6 layers
 	case "deepseek2":
 		s.KVHeads, s.ExpertFF, s.QLoraRank, s.KVLoraRank, s.RopeDim, s.NopeDim, s.VDim, s.Layers = 1, 16, 16, 16, 8, 8, 8, 6
 	}
@@ -420,6 +422,8 @@ func TestSynthValidate(t *testing.T) {
 		"gpt-oss no window":    mod("gpt-oss", func(s *Spec) { s.SlidingWindow = 0 }),
 		"gpt-oss no experts":   mod("gpt-oss", func(s *Spec) { s.Experts, s.ExpertsUsed = 0, 0 }),
 		"gpt-oss 1 layer":      mod("gpt-oss", func(s *Spec) { s.Layers = 1 }),
+		"gemma3 all sliding":   mod("gemma3", func(s *Spec) { s.Layers = 5 }),
+		"gemma3 odd head dim":  mod("gemma3", func(s *Spec) { s.HeadDim = 15 }),
 		"gpt-oss odd head dim": mod("gpt-oss", func(s *Spec) { s.HeadDim = 15 }),
 	}
 	for name, s := range cases {

@@ -47,9 +47,10 @@ type Spec struct {
 	ExpertGroups     int // expert_group_count
 	ExpertGroupsUsed int // expert_group_used_count
 
-	// gpt-oss: the q/k/v length of a head (attention.key_length,
+	// gpt-oss, gemma3: the q/k/v length of a head (attention.key_length,
 	// value_length and rope.dimension_count; 0: Embd/Heads), and the
-	// sliding window of the sliding layers (attention.sliding_window).
+	// sliding window of the sliding layers (attention.sliding_window;
+	// gemma3 without one has none).
 	HeadDim       int
 	SlidingWindow int
 
@@ -81,6 +82,10 @@ func DefaultSpec(arch string) Spec {
 		// real ones), heads wider than embd/heads, a window of 8 so that
 		// short prompts slide.
 		s.Experts, s.ExpertsUsed, s.ExpertFF, s.HeadDim, s.SlidingWindow = 8, 4, 64, 64, 8
+	case "gemma3":
+		// Gemma 3's structure: two periods of the 5:1 sliding pattern,
+		// heads wider than embd/heads, tied output, a window of 8.
+		s.Layers, s.HeadDim, s.SlidingWindow, s.Tied = 12, 64, 8, true
 	}
 	return s
 }
@@ -121,8 +126,8 @@ func (s *Spec) Validate() error {
 	if s.Arch != "deepseek2" && (s.DenseLead != 0 || s.SharedExperts != 0 || s.QLoraRank != 0 || s.KVLoraRank != 0 || s.ExpertGroups != 0 || (s.RopeDim != 0 && s.Arch != "minimax-m2")) {
 		return bad("dense-lead, shared experts, LoRA ranks and expert groups are deepseek2's")
 	}
-	if s.Arch != "gpt-oss" && (s.HeadDim != 0 || s.SlidingWindow != 0) {
-		return bad("head-dim and sliding-window are gpt-oss's")
+	if s.Arch != "gpt-oss" && s.Arch != "gemma3" && (s.HeadDim != 0 || s.SlidingWindow != 0) {
+		return bad("head-dim and sliding-window are gpt-oss's and gemma3's")
 	}
 	if s.Experts > 0 && (s.ExpertsUsed < 1 || s.ExpertsUsed > s.Experts) {
 		return bad("experts-used %d must be in 1..experts %d", s.ExpertsUsed, s.Experts)
@@ -165,6 +170,10 @@ func (s *Spec) validateArch() error {
 		}
 		if s.Arch == "gpt-oss" {
 			return swaPatternLoad("gpt-oss", 2, s.Layers)
+		}
+	case "gemma3":
+		if s.SlidingWindow > 0 {
+			return swaPatternLoad("gemma3", 6, s.Layers)
 		}
 	case "llama", "mistral3":
 		if s.ExpertFF != 0 {
@@ -294,7 +303,7 @@ func synthMetadata(s *Spec) Metadata {
 		// positions (the scale depends on the position only).
 		md = append(md, KV{a + ".rope.scaling.type", "yarn"}, KV{a + ".rope.scaling.factor", float32(4)},
 			KV{a + ".rope.scaling.original_context_length", uint32(8)}, KV{a + ".attention.temperature_scale", float32(0.1)})
-	case "gpt-oss":
+	case "gpt-oss", "gemma3":
 		md = swaMetadata(md, s)
 	case "minimax-m2":
 		md.Set(a+".rope.dimension_count", uint32(s.RopeDim))
@@ -304,14 +313,18 @@ func synthMetadata(s *Spec) Metadata {
 	return md
 }
 
-// swaMetadata sets the keys of gpt-oss on md: the head length, the
-// sliding window, the experts and YaRN scaling (as gpt-oss ships them).
+// swaMetadata sets the keys of gpt-oss and gemma3 on md: the head length
+// and the sliding window; gpt-oss's experts and YaRN scaling (as
+// gpt-oss ships them), gemma3's linear rope scaling (as the 4B and up).
 func swaMetadata(md Metadata, s *Spec) Metadata {
 	p := s.Arch + "."
 	hd := uint32(s.headDim())
 	md = append(md, KV{p + "attention.key_length", hd}, KV{p + "attention.value_length", hd})
 	if s.SlidingWindow > 0 {
 		md = append(md, KV{p + "attention.sliding_window", uint32(s.SlidingWindow)})
+	}
+	if s.Arch == "gemma3" {
+		return append(md, KV{p + "rope.scaling.type", "linear"}, KV{p + "rope.scaling.factor", float32(8)})
 	}
 	md.Set(p+"rope.freq_base", float32(150000))
 	md.Set(p+"attention.layer_norm_rms_epsilon", float32(1e-5))
@@ -384,6 +397,9 @@ func synthTensors(s *Spec, nVocab int) []synthTensor {
 			continue
 		case "gpt-oss":
 			ts = synthGPTOSSLayer(ts, s, i)
+			continue
+		case "gemma3":
+			ts = synthGemma3Layer(ts, s, i)
 			continue
 		}
 		ts = synthLayer(ts, s, i)
@@ -528,6 +544,31 @@ func synthGPTOSSLayer(ts []synthTensor, s *Spec, i int) []synthTensor {
 		mat(l("ffn_gate_exps.weight"), e, ff, x), bias("ffn_gate_exps.bias", ff, x),
 		mat(l("ffn_down_exps.weight"), ff, e, x), bias("ffn_down_exps.bias", e, x),
 		mat(l("ffn_up_exps.weight"), e, ff, x), bias("ffn_up_exps.bias", ff, x),
+	)
+}
+
+// synthGemma3Layer appends layer i of a gemma3 spec: attention with q/k
+// norms (per head), post-attention and post-feed-forward norms around a
+// GELU feed-forward.
+func synthGemma3Layer(ts []synthTensor, s *Spec, i int) []synthTensor {
+	l := func(n string) string { return layerName(i, n) }
+	mat := func(name string, shape ...uint64) synthTensor { return synthMat(s, name, shape...) }
+	hd := uint64(s.headDim())
+	e, q, kv, ff := uint64(s.Embd), hd*uint64(s.Heads), hd*uint64(s.KVHeads), uint64(s.FF)
+	return append(ts,
+		synthVec(l("attn_norm.weight"), initOnes, e),
+		mat(l("attn_q.weight"), e, q),
+		mat(l("attn_k.weight"), e, kv),
+		mat(l("attn_v.weight"), e, kv),
+		mat(l("attn_output.weight"), q, e),
+		synthVec(l("attn_q_norm.weight"), initOnes, hd),
+		synthVec(l("attn_k_norm.weight"), initOnes, hd),
+		synthVec(l("post_attention_norm.weight"), initOnes, e),
+		synthVec(l("ffn_norm.weight"), initOnes, e),
+		mat(l("ffn_gate.weight"), e, ff),
+		mat(l("ffn_down.weight"), ff, e),
+		mat(l("ffn_up.weight"), e, ff),
+		synthVec(l("post_ffw_norm.weight"), initOnes, e),
 	)
 }
 
