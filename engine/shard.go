@@ -173,25 +173,7 @@ func NewShard(ctx context.Context, model *Model, cfg Config) (*Shard, error) {
 		sessions: map[SessionKey]*Session{}, scratch: cfg.MaxSessions, grave: cfg.MaxSessions + 1,
 		kv: kvState{live: map[int]int{}, lost: map[int]error{}},
 	}
-	p := C.llama_context_default_params()
-	p.n_ctx = C.uint32_t(cfg.NCtx)
-	p.n_batch = C.uint32_t(cfg.NBatch)
-	p.n_ubatch = C.uint32_t(cfg.NBatch)           // one ubatch per decode: captured rows stay in batch order
-	p.n_seq_max = C.uint32_t(cfg.MaxSessions + 2) // + scratch + grave
-	p.n_threads = C.int32_t(cfg.Threads)
-	p.n_threads_batch = C.int32_t(cfg.Threads)
-	p.kv_unified = true // split_simple: rows come back in batch order
-	p.no_perf = true
-	// Flash attention visits a row's KV cells one by one in cell order and
-	// skips masked ones, so a session's attention depends only on the order
-	// of its own cells, which the loop keeps equal to position order
-	// (kvState). Without it, softmax and KQV reduce over every cell in SIMD
-	// lanes, and other sessions' cells shift which lanes a session's values
-	// fall in.
-	p.flash_attn_type = C.LLAMA_FLASH_ATTN_TYPE_ENABLED
-	if cfg.Baseline {
-		p.flash_attn_type = C.LLAMA_FLASH_ATTN_TYPE_DISABLED
-	}
+	p := contextParams(cfg)
 	if !info.IsTail() {
 		s.capture = (*C.mp_capture)(C.calloc(1, C.size_t(unsafe.Sizeof(C.mp_capture{}))))
 		name := fmt.Sprintf("l_out-%d", info.NLayer-1)
@@ -236,6 +218,37 @@ func NewShard(ctx context.Context, model *Model, cfg Config) (*Shard, error) {
 	}
 	go s.loop()
 	return s, nil
+}
+
+// contextParams are the llama context parameters of a shard with cfg.
+func contextParams(cfg Config) C.struct_llama_context_params {
+	p := C.llama_context_default_params()
+	p.n_ctx = C.uint32_t(cfg.NCtx)
+	p.n_batch = C.uint32_t(cfg.NBatch)
+	p.n_ubatch = C.uint32_t(cfg.NBatch)           // one ubatch per decode: captured rows stay in batch order
+	p.n_seq_max = C.uint32_t(cfg.MaxSessions + 2) // + scratch + grave
+	p.n_threads = C.int32_t(cfg.Threads)
+	p.n_threads_batch = C.int32_t(cfg.Threads)
+	p.kv_unified = true // split_simple: rows come back in batch order
+	// Sliding-window layers (gpt-oss, gemma3) get a cache of n_ctx cells
+	// like the others. A smaller one makes llama.cpp reuse cells whose
+	// positions left the window (llama_kv_cache::find_slot), below cells
+	// still in use, which breaks the cell order kvState keeps (the
+	// invariance gate then fails for gpt-oss batched with 7 others). With
+	// the full size the search always finds free cells above used first.
+	p.swa_full = true
+	p.no_perf = true
+	// Flash attention visits a row's KV cells one by one in cell order and
+	// skips masked ones, so a session's attention depends only on the order
+	// of its own cells, which the loop keeps equal to position order
+	// (kvState). Without it, softmax and KQV reduce over every cell in SIMD
+	// lanes, and other sessions' cells shift which lanes a session's values
+	// fall in.
+	p.flash_attn_type = C.LLAMA_FLASH_ATTN_TYPE_ENABLED
+	if cfg.Baseline {
+		p.flash_attn_type = C.LLAMA_FLASH_ATTN_TYPE_DISABLED
+	}
+	return p
 }
 
 // Info describes the model this shard runs.

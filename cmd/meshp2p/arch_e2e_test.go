@@ -29,6 +29,13 @@ var archSwarms = []struct {
 	{"minimax-m2", []string{"--type", "q8_0"}, []string{"0-2", "2-3", "3-6"}},
 	// Ministral 3: llama's layers, YaRN with attention temperature scaling.
 	{"mistral3", []string{"--type", "q8_0"}, []string{"0-3", "3-5", "5-6"}},
+	// gpt-oss's structure: experts in MXFP4 (the rest Q8_0), attention
+	// sinks, a window of 8 on every even layer; shards start at even
+	// layers.
+	{"gpt-oss", []string{"--type", "mxfp4_moe"}, []string{"0-2", "2-4", "4-6"}},
+	// Gemma 3's structure: 5 sliding layers (window 8) to 1 global, tied
+	// output; shards start at multiples of 6 and hold a global layer.
+	{"gemma3", []string{"--type", "q8_0", "--layers", "18"}, []string{"0-6", "6-12", "12-18"}},
 }
 
 // TestArchitectureSwarms: for each architecture, three `meshp2p start`
