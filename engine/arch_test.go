@@ -57,12 +57,20 @@ var realGeometries = []realGeometry{
 	// layer count (1/√(5376/32) against 1/√128): whole only.
 	{"gemma-3-27b", func() gguf.Spec { return tinyGemma3(62, 1024) }, "whole model only",
 		[]gguf.Range{rg(0, 30), rg(30, 62)}, nil},
+	// Llama 4 Scout (config.json: 48 layers, 16 experts, 1 per token,
+	// interleave_moe_layer_step 1, attention_chunk_size 8192, no rope on
+	// every 4th layer) and Maverick (128 experts, experts every 2nd layer).
+	{"Llama-4-Scout", func() gguf.Spec { return tinyLlama4(48, 16, 1) }, llama4Cuts,
+		[]gguf.Range{rg(0, 18), rg(18, 48)}, []gguf.Range{rg(0, 16), rg(16, 32), rg(32, 48)}},
+	{"Llama-4-Maverick", func() gguf.Spec { return tinyLlama4(48, 128, 2) }, llama4Cuts,
+		[]gguf.Range{rg(0, 2), rg(2, 48)}, []gguf.Range{rg(0, 16), rg(16, 32), rg(32, 48)}},
 }
 
 const (
 	deepseek2Cuts = "any range except shards of 26 or 27 layers"
 	gptOSSCuts    = "shards start at a multiple of 2 layers; shards hold at least 2 layers"
 	gemma3Cuts    = "shards start at a multiple of 6 layers; shards hold at least 6 layers"
+	llama4Cuts    = "shards start at a multiple of 4 layers; shards hold at least 4 layers"
 )
 
 // tinyDeepseek2 is deepseek2 at the smallest widths that keep its shape.
@@ -89,6 +97,15 @@ func tinyGemma3(n, w int) gguf.Spec {
 	s := gguf.DefaultSpec("gemma3")
 	s.Layers, s.Embd, s.Heads, s.KVHeads, s.HeadDim, s.FF = n, 32, 2, 1, 32, 64
 	s.SlidingWindow, s.Type, s.Seed = w, gguf.TypeF16, 9
+	return s
+}
+
+// tinyLlama4 is llama4 of n layers, x experts (1 used) every step-th
+// layer, chunked attention, at small widths.
+func tinyLlama4(n, x, step int) gguf.Spec {
+	s := gguf.DefaultSpec("llama4")
+	s.Layers, s.Embd, s.Heads, s.KVHeads, s.FF, s.Experts, s.ExpertsUsed, s.ExpertFF, s.MoEStep = n, 32, 2, 1, 64, x, 1, 8, step
+	s.Type, s.Seed = gguf.TypeF16, 9
 	return s
 }
 

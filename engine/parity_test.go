@@ -153,6 +153,12 @@ func smallSpec(arch string, typ gguf.TensorType) gguf.Spec {
 		// so that 3 shards start at multiples of 6 and each holds a
 		// full-attention layer (0-6-12-18).
 		s.Layers, s.HeadDim = 18, 128
+	case "llama4":
+		// Llama 4 Maverick's proportions: top-1 of 8 experts plus a
+		// shared one on every 2nd layer, dense layers between; 12 layers
+		// so that 3 shards start at multiples of 4 and each holds a
+		// full-attention, no-rope layer (0-4-8-12).
+		s.Layers, s.Experts, s.ExpertsUsed, s.ExpertFF = 12, 8, 1, 256
 	case "deepseek2":
 		// DeepSeek-V3's proportions (q LoRA 1536, kv LoRA 512, nope 128,
 		// rope 64, v 128) at a quarter or less; 6 layers, 3 dense lead
@@ -198,6 +204,10 @@ var archParityModels = []parityModel{
 	{name: "gemma3_f16", spec: smallSpec("gemma3", gguf.TypeF16)},
 	{name: "gemma3_q8_0", spec: smallSpec("gemma3", gguf.TypeF16), quant: QuantQ8_0, wantTypes: []string{"Q8_0"}},
 	{name: "gemma3_q4_k_m", spec: smallSpec("gemma3", gguf.TypeF16), quant: QuantQ4_KM, wantTypes: []string{"Q4_K", "Q6_K"}},
+	{name: "llama4_f32", spec: smallSpec("llama4", gguf.TypeF32)},
+	{name: "llama4_f16", spec: smallSpec("llama4", gguf.TypeF16)},
+	{name: "llama4_q8_0", spec: smallSpec("llama4", gguf.TypeF16), quant: QuantQ8_0, wantTypes: []string{"Q8_0"}},
+	{name: "llama4_q4_k_m", spec: smallSpec("llama4", gguf.TypeF16), quant: QuantQ4_KM, wantTypes: []string{"Q4_K", "Q6_K"}},
 }
 
 // makeParityModel synthesizes (and quantizes) m into dir.

@@ -36,6 +36,10 @@ var archSwarms = []struct {
 	// Gemma 3's structure: 5 sliding layers (window 8) to 1 global, tied
 	// output; shards start at multiples of 6 and hold a global layer.
 	{"gemma3", []string{"--type", "q8_0", "--layers", "18"}, []string{"0-6", "6-12", "12-18"}},
+	// Llama 4 Maverick's structure: top-1 experts and a shared one on
+	// every 2nd layer, chunked attention 3:1, no rope on the 4th;
+	// shards start at multiples of 4 and hold at least 4 layers.
+	{"llama4", []string{"--type", "q8_0", "--layers", "12"}, []string{"0-4", "4-8", "8-12"}},
 }
 
 // TestArchitectureSwarms: for each architecture, three `meshp2p start`

@@ -347,7 +347,8 @@ var archFlags = []struct {
 	{"deepseek2", "expert-groups", "expert groups (0: none)", func(s *gguf.Spec) *int { return &s.ExpertGroups }},
 	{"deepseek2", "expert-groups-used", "expert groups kept per token", func(s *gguf.Spec) *int { return &s.ExpertGroupsUsed }},
 	{"gpt-oss", "head-dim", "gpt-oss, gemma3: q/k/v dims of a head", func(s *gguf.Spec) *int { return &s.HeadDim }},
-	{"gpt-oss", "sliding-window", "gpt-oss, gemma3: the sliding layers' window (gemma3: 0 = none)", func(s *gguf.Spec) *int { return &s.SlidingWindow }},
+	{"gpt-oss", "sliding-window", "gpt-oss, gemma3, llama4: the sliding layers' window (gemma3: 0 = none; llama4: > 0 = chunked attention)", func(s *gguf.Spec) *int { return &s.SlidingWindow }},
+	{"llama4", "moe-step", "experts on every N-th layer (interleave_moe_layer_step)", func(s *gguf.Spec) *int { return &s.MoEStep }},
 }
 
 // registerSynthFlags registers the flags of "shard synth" on fs.

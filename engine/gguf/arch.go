@@ -63,6 +63,7 @@ var archRules = map[string]archRule{
 	}},
 	"gpt-oss": gptOSSRule,
 	"gemma3":  gemma3Rule,
+	"llama4":  llama4Rule,
 }
 
 // gpt-oss (gpt-oss-20b, gpt-oss-120b): experts in every layer (biased,
@@ -161,6 +162,56 @@ func gemma3ScaleKeyed(md Metadata, p string) bool {
 	}
 	k, ok := md.Uint(p + "attention.key_length")
 	return ok && k != embd/heads
+}
+
+// llama4 (Llama 4 Scout 17B-16E, Maverick 17B-128E): with chunked
+// attention (any attention.sliding_window but 0; llama.cpp makes the chunk
+// 8192), 3 of every 4 layers attend within their chunk and rope, the 4th
+// attends to everything without rope and with a position-dependent query
+// temperature, all keyed on the layer index (llama-model.cpp load_hparams,
+// LLM_ARCH_LLAMA4: set_swa_pattern(4); n_no_rope_layer_step 4). Experts
+// (sigmoid-routed, plus a shared expert) sit on every
+// interleave_moe_layer_step-th layer (load_tensors: (i+1) % step == 0).
+// No key overrides the patterns: a shard starts at a multiple of 4 and of
+// the MoE step, and holds at least 4 layers (a full-attention one:
+// swaPatternLoad).
+var llama4Rule = archRule{
+	covers: "Llama 4 Scout (17B-16E), Maverick (17B-128E)",
+	layer: func(md Metadata, p string, i int) []string {
+		layer := []string{"attn_norm.weight", "attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_output.weight", "ffn_norm.weight"}
+		if step, _ := md.Uint(p + "interleave_moe_layer_step"); step > 0 && uint64(i+1)%step == 0 {
+			return append(layer, "ffn_gate_inp.weight", "ffn_gate_exps.weight", "ffn_down_exps.weight", "ffn_up_exps.weight",
+				"ffn_gate_shexp.weight", "ffn_down_shexp.weight", "ffn_up_shexp.weight")
+		}
+		return append(layer, "ffn_gate.weight", "ffn_up.weight", "ffn_down.weight")
+	},
+	cut: func(md Metadata, p string, r Range, n int) error {
+		if r.Len() == n {
+			return nil
+		}
+		if llama4Chunked(md, p) {
+			if err := swaPatternCut("llama4", 4, r, n); err != nil {
+				return err
+			}
+		}
+		if step, _ := md.Uint(p + "interleave_moe_layer_step"); step > 1 && uint64(r.Start)%step != 0 {
+			return fmt.Errorf("%w: layers %s: llama4's expert layers are every %d-th by the layer index, so a shard starts at a multiple of %d", ErrIllegalCut, r, step, step)
+		}
+		return nil
+	},
+	load: func(md Metadata, p string, n int) error {
+		if llama4Chunked(md, p) {
+			return swaPatternLoad("llama4", 4, n)
+		}
+		return nil
+	},
+}
+
+// llama4Chunked reports whether llama.cpp runs the llama4 model md with
+// chunked attention: unless attention.sliding_window is present and 0.
+func llama4Chunked(md Metadata, p string) bool {
+	w, ok := md.Uint(p + "attention.sliding_window")
+	return !ok || w > 0
 }
 
 // swaPatternCut is the rule of an architecture whose sliding-window layers

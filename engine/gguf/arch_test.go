@@ -10,10 +10,11 @@ import (
 )
 
 // The sliding-window architectures' rules (arch.go): gpt-oss slides on
-// every even layer and gemma3 on 5 of every 6, keyed on the layer index,
-// so a shard starts at a multiple of the period; it holds a full-attention
-// layer (llama.cpp aborts otherwise); gemma3's 27B query scale is keyed
-// on 62 layers.
+// every even layer, gemma3 on 5 of every 6 and llama4 chunks 3 of every 4
+// (with experts every interleave_moe_layer_step-th), keyed on the layer
+// index, so a shard starts at a multiple of the period; it holds a
+// full-attention layer (llama.cpp aborts otherwise); gemma3's 27B query
+// scale is keyed on 62 layers.
 func TestSlidingWindowCuts(t *testing.T) {
 	gemma := func(embd, heads, key, window int) Metadata {
 		return Metadata{{KeyArchitecture, "gemma3"}, {"gemma3.embedding_length", uint32(embd)},
@@ -23,6 +24,9 @@ func TestSlidingWindowCuts(t *testing.T) {
 	oss := Metadata{{KeyArchitecture, "gpt-oss"}}
 	g1B, gFull := gemma(1152, 4, 256, 512), gemma(1152, 4, 256, 0)
 	g27B, gSameScale := gemma(5376, 32, 128, 1024), gemma(4096, 32, 128, 1024)
+	// Llama 4 Maverick (experts every 2nd layer), chunked or not.
+	l4 := Metadata{{KeyArchitecture, "llama4"}, {"llama4.interleave_moe_layer_step", uint32(2)}}
+	l4Full := Metadata{{KeyArchitecture, "llama4"}, {"llama4.interleave_moe_layer_step", uint32(2)}, {"llama4.attention.sliding_window", uint32(0)}}
 	for _, tc := range []struct {
 		md    Metadata
 		r     Range
@@ -36,6 +40,9 @@ func TestSlidingWindowCuts(t *testing.T) {
 		{gFull, Range{3, 26}, 26, true}, {gFull, Range{0, 1}, 26, true},
 		{g27B, Range{0, 30}, 62, false}, {g27B, Range{0, 62}, 62, true}, {g27B, Range{0, 62}, 70, false}, {g27B, Range{0, 60}, 70, true},
 		{gSameScale, Range{0, 30}, 62, true},
+		{l4, Range{0, 4}, 48, true}, {l4, Range{4, 48}, 48, true}, {l4, Range{44, 48}, 48, true},
+		{l4, Range{2, 48}, 48, false}, {l4, Range{0, 3}, 48, false}, {l4, Range{46, 48}, 48, false},
+		{l4Full, Range{2, 48}, 48, true}, {l4Full, Range{0, 1}, 48, true}, {l4Full, Range{1, 48}, 48, false},
 	} {
 		err := CheckCut(tc.md, tc.r, tc.n)
 		if (err == nil) != tc.legal || (err != nil && !errors.Is(err, ErrIllegalCut)) {
@@ -54,6 +61,8 @@ func TestSlidingWindowCuts(t *testing.T) {
 		{g27B, 62, "whole model only"},
 		{g27B, 70, "shards start at a multiple of 6 layers; shards hold at least 6 layers; no shard of 62 layers"},
 		{gSameScale, 62, "shards start at a multiple of 6 layers; shards hold at least 6 layers"},
+		{l4, 48, "shards start at a multiple of 4 layers; shards hold at least 4 layers"},
+		{l4Full, 48, "shards start at a multiple of 2 layers"},
 	} {
 		if got := LegalCuts(tc.md, tc.n); got != tc.want {
 			t.Errorf("LegalCuts(%d) = %q, want %q", tc.n, got, tc.want)
@@ -145,7 +154,7 @@ func TestSlidingWindowFiles(t *testing.T) {
 	if _, ok := f.Tensor(output); !ok {
 		t.Error("gpt-oss tail shard without output.weight (required)")
 	}
-	for _, a := range []string{"gpt-oss", "gemma3"} {
+	for _, a := range []string{"gpt-oss", "gemma3", "llama4"} {
 		if ok, why := Certification(a); !ok || !strings.HasPrefix(why, "certified") {
 			t.Errorf("Certification(%s) = %v, %q", a, ok, why)
 		}

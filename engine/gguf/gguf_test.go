@@ -50,6 +50,8 @@ func tinySpec(arch string) Spec {
 		s.Layers, s.ExpertFF, s.HeadDim = 6, 16, 16 // 3 shards of 2 layers
 	case "gemma3":
 		s.Layers, s.HeadDim = 18, 16 // 3 shards of 6 layers
+	case "llama4":
+		s.Layers, s.ExpertFF = 12, 16 // 3 shards of 4 layers
 	case "deepseek2":
 		s.KVHeads, s.ExpertFF, s.QLoraRank, s.KVLoraRank, s.RopeDim, s.NopeDim, s.VDim, s.Layers = 1, 16, 16, 16, 8, 8, 8, 6
 	}
@@ -425,6 +427,10 @@ func TestSynthValidate(t *testing.T) {
 		"gemma3 all sliding":   mod("gemma3", func(s *Spec) { s.Layers = 5 }),
 		"gemma3 odd head dim":  mod("gemma3", func(s *Spec) { s.HeadDim = 15 }),
 		"gpt-oss odd head dim": mod("gpt-oss", func(s *Spec) { s.HeadDim = 15 }),
+		"llama4 moe step 0":    mod("llama4", func(s *Spec) { s.MoEStep = 0 }),
+		"llama4 3 layers":      mod("llama4", func(s *Spec) { s.Layers = 3 }),
+		"llama4 head dim":      mod("llama4", func(s *Spec) { s.HeadDim = 64 }),
+		"qwen3 moe step":       mod("qwen3", func(s *Spec) { s.MoEStep = 2 }),
 	}
 	for name, s := range cases {
 		out := filepath.Join(t.TempDir(), "x.gguf")

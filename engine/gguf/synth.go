@@ -53,6 +53,11 @@ type Spec struct {
 	// gemma3 without one has none).
 	HeadDim       int
 	SlidingWindow int
+	// llama4: experts (ExpertFF each, plus a shared one as wide) on every
+	// MoEStep-th layer (interleave_moe_layer_step), FF on the others;
+	// SlidingWindow > 0 turns chunked attention on (llama.cpp makes the
+	// chunk 8192 whatever the value).
+	MoEStep int
 
 	Progress func(done, total int64) `json:"-"`
 }
@@ -82,6 +87,11 @@ func DefaultSpec(arch string) Spec {
 		// real ones), heads wider than embd/heads, a window of 8 so that
 		// short prompts slide.
 		s.Experts, s.ExpertsUsed, s.ExpertFF, s.HeadDim, s.SlidingWindow = 8, 4, 64, 64, 8
+	case "llama4":
+		// Llama 4 Maverick's structure: experts (top-1, a shared one) on
+		// every 2nd layer, chunked attention 3:1 with no rope on the
+		// 4th; two periods.
+		s.Layers, s.Experts, s.ExpertsUsed, s.ExpertFF, s.MoEStep, s.SlidingWindow = 8, 8, 1, 64, 2, 8192
 	case "gemma3":
 		// Gemma 3's structure: two periods of the 5:1 sliding pattern,
 		// heads wider than embd/heads, tied output, a window of 8.
@@ -126,8 +136,11 @@ func (s *Spec) Validate() error {
 	if s.Arch != "deepseek2" && (s.DenseLead != 0 || s.SharedExperts != 0 || s.QLoraRank != 0 || s.KVLoraRank != 0 || s.ExpertGroups != 0 || (s.RopeDim != 0 && s.Arch != "minimax-m2")) {
 		return bad("dense-lead, shared experts, LoRA ranks and expert groups are deepseek2's")
 	}
-	if s.Arch != "gpt-oss" && s.Arch != "gemma3" && (s.HeadDim != 0 || s.SlidingWindow != 0) {
-		return bad("head-dim and sliding-window are gpt-oss's and gemma3's")
+	if s.Arch != "gpt-oss" && s.Arch != "gemma3" && (s.HeadDim != 0 || (s.SlidingWindow != 0 && s.Arch != "llama4")) {
+		return bad("head-dim and sliding-window are gpt-oss's and gemma3's (and sliding-window llama4's)")
+	}
+	if s.Arch != "llama4" && s.MoEStep != 0 {
+		return bad("moe-step is llama4's")
 	}
 	if s.Experts > 0 && (s.ExpertsUsed < 1 || s.ExpertsUsed > s.Experts) {
 		return bad("experts-used %d must be in 1..experts %d", s.ExpertsUsed, s.Experts)
@@ -175,6 +188,8 @@ func (s *Spec) validateArch() error {
 		if s.SlidingWindow > 0 {
 			return swaPatternLoad("gemma3", 6, s.Layers)
 		}
+	case "llama4":
+		return s.validateLlama4()
 	case "llama", "mistral3":
 		if s.ExpertFF != 0 {
 			return fmt.Errorf("%s with experts uses ff per expert; expert-ff is for qwen3moe", s.Arch)
@@ -186,6 +201,21 @@ func (s *Spec) validateArch() error {
 		if s.ExpertFF != 0 {
 			return fmt.Errorf("expert-ff is for qwen3moe")
 		}
+	}
+	return nil
+}
+
+// validateLlama4 checks the llama4 fields.
+func (s *Spec) validateLlama4() error {
+	switch {
+	case s.Experts < 1 || s.ExpertFF < 1 || s.ExpertFF > 1<<20:
+		return fmt.Errorf("llama4 needs experts >= 1 and expert-ff in 1..1048576")
+	case s.MoEStep < 1:
+		return fmt.Errorf("llama4 needs moe-step >= 1 (interleave_moe_layer_step)")
+	case s.HeadDim != 0:
+		return fmt.Errorf("llama4's heads are embd/heads wide (no head-dim)")
+	case s.SlidingWindow > 0:
+		return swaPatternLoad("llama4", 4, s.Layers)
 	}
 	return nil
 }
@@ -305,6 +335,12 @@ func synthMetadata(s *Spec) Metadata {
 			KV{a + ".rope.scaling.original_context_length", uint32(8)}, KV{a + ".attention.temperature_scale", float32(0.1)})
 	case "gpt-oss", "gemma3":
 		md = swaMetadata(md, s)
+	case "llama4":
+		// Llama 4's: rope base 500000, llama3-style rope factors
+		// (rope_freqs), experts and their interleave step.
+		md.Set(a+".rope.freq_base", float32(500000))
+		md = append(md, KV{a + ".expert_feed_forward_length", uint32(s.ExpertFF)},
+			KV{a + ".interleave_moe_layer_step", uint32(s.MoEStep)}, KV{a + ".attention.sliding_window", uint32(s.SlidingWindow)})
 	case "minimax-m2":
 		md.Set(a+".rope.dimension_count", uint32(s.RopeDim))
 		md = append(md, KV{a + ".attention.key_length", uint32(headDim)}, KV{a + ".attention.value_length", uint32(headDim)},
@@ -384,7 +420,7 @@ func synthVec(name string, init int, n uint64) synthTensor {
 func synthTensors(s *Spec, nVocab int) []synthTensor {
 	e, nv := uint64(s.Embd), uint64(nVocab)
 	ts := []synthTensor{synthMat(s, tokenEmbd, e, nv)}
-	if s.Arch == "llama" {
+	if s.Arch == "llama" || s.Arch == "llama4" {
 		ts = append(ts, synthVec("rope_freqs.weight", initRopeFreqs, uint64(s.Embd/s.Heads/2)))
 	}
 	for i := 0; i < s.Layers; i++ {
@@ -400,6 +436,9 @@ func synthTensors(s *Spec, nVocab int) []synthTensor {
 			continue
 		case "gemma3":
 			ts = synthGemma3Layer(ts, s, i)
+			continue
+		case "llama4":
+			ts = synthLlama4Layer(ts, s, i)
 			continue
 		}
 		ts = synthLayer(ts, s, i)
@@ -569,6 +608,39 @@ func synthGemma3Layer(ts []synthTensor, s *Spec, i int) []synthTensor {
 		mat(l("ffn_down.weight"), ff, e),
 		mat(l("ffn_up.weight"), e, ff),
 		synthVec(l("post_ffw_norm.weight"), initOnes, e),
+	)
+}
+
+// synthLlama4Layer appends layer i of a llama4 spec: llama's attention,
+// then experts with a shared one on every MoEStep-th layer, a dense
+// feed-forward on the others.
+func synthLlama4Layer(ts []synthTensor, s *Spec, i int) []synthTensor {
+	l := func(n string) string { return layerName(i, n) }
+	mat := func(name string, shape ...uint64) synthTensor { return synthMat(s, name, shape...) }
+	hd := uint64(s.headDim())
+	e, q, kv := uint64(s.Embd), hd*uint64(s.Heads), hd*uint64(s.KVHeads)
+	ts = append(ts,
+		synthVec(l("attn_norm.weight"), initOnes, e),
+		mat(l("attn_q.weight"), e, q),
+		mat(l("attn_k.weight"), e, kv),
+		mat(l("attn_v.weight"), e, kv),
+		mat(l("attn_output.weight"), q, e),
+		synthVec(l("ffn_norm.weight"), initOnes, e),
+	)
+	if (i+1)%s.MoEStep != 0 {
+		ff := uint64(s.FF)
+		return append(ts, mat(l("ffn_gate.weight"), e, ff), mat(l("ffn_down.weight"), ff, e), mat(l("ffn_up.weight"), e, ff))
+	}
+	x, eff := uint64(s.Experts), uint64(s.ExpertFF)
+	gate := mat(l("ffn_gate_inp.weight"), e, x)
+	gate.std = 0.5
+	return append(ts, gate,
+		mat(l("ffn_gate_exps.weight"), e, eff, x),
+		mat(l("ffn_down_exps.weight"), eff, e, x),
+		mat(l("ffn_up_exps.weight"), e, eff, x),
+		mat(l("ffn_gate_shexp.weight"), e, eff),
+		mat(l("ffn_down_shexp.weight"), eff, e),
+		mat(l("ffn_up_shexp.weight"), e, eff),
 	)
 }
 
