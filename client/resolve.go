@@ -116,9 +116,11 @@ func (c *Client) modelOf(fp string, nl int) Model {
 // origin waits for room). While it waits it re-pulls adverts from
 // connected peers and asks the DHT every WaitLookupInterval. Errors:
 // route.ErrAmbiguousModel at once; p2p.ErrNoPeers as soon as every
-// bootstrap peer refused us for a reason waiting will not fix; after the
-// wait ErrModelNotFound, or the *route.NoRouteError naming the layers
-// nobody serves.
+// bootstrap peer refused us for a reason waiting will not fix;
+// ErrModelNotFound (naming what is served and the nearest name), or the
+// *route.NoRouteError naming the layers nobody serves and who serves the
+// rest, as soon as the swarm's adverts are in and nothing that could
+// change them is under way (hopeless.go), else after the wait.
 func (c *Client) Resolve(ctx context.Context, model string, wait time.Duration) (Model, error) {
 	return c.resolve(ctx, model, wait, true)
 }
@@ -160,7 +162,11 @@ func (c *Client) resolveCounted(ctx context.Context, model string, wait time.Dur
 	alone := time.NewTicker(WaitUnreachableCheck)
 	defer alone.Stop()
 	var looking atomic.Bool
-	settled, since := false, time.Now() // the swarm's adverts are in since (hopeless.go)
+	// settled counts the checks that found the swarm's adverts in since
+	// this wait began (hopeless.go); the second, a check later, also
+	// finds the last pulled adverts in the table (route.Follow applies
+	// them from discovery in a goroutine of its own).
+	settled, since := 0, time.Now()
 	lastErr := err
 	warmed := false
 	noteWarming := func(err error) {
@@ -184,7 +190,9 @@ func (c *Client) resolveCounted(ctx context.Context, model string, wait time.Dur
 			if sw.Unreachable() {
 				return Model{}, warmed, sw.NoPeersError()
 			}
-			settled = untilRoutable && sw.Discovery().Settle(since, SettleGap)
+			if untilRoutable && sw.Discovery().Settle(since, SettleGap) {
+				settled++
+			}
 		case <-changed:
 		case <-lookup.C:
 			c.lookupAsync(ctx, key, &looking)
@@ -194,7 +202,7 @@ func (c *Client) resolveCounted(ctx context.Context, model string, wait time.Dur
 		if final(err) {
 			return m, warmed, err
 		}
-		if settled {
+		if settled >= 2 {
 			if herr := c.hopeless(model, err); herr != nil {
 				return Model{}, warmed, herr
 			}

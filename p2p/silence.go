@@ -6,6 +6,7 @@ import (
 	"net"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/multiformats/go-multiaddr"
@@ -49,8 +50,7 @@ func (n *Node) probeSilence(addrs []multiaddr.Multiaddr) speech {
 	defer cancel()
 	var (
 		wg            sync.WaitGroup
-		mu            sync.Mutex
-		silent, spoke int
+		silent, spoke atomic.Int32
 	)
 	for _, a := range addrs {
 		if _, err := a.ValueForProtocol(multiaddr.P_TCP); err != nil {
@@ -69,21 +69,19 @@ func (n *Node) probeSilence(addrs []multiaddr.Multiaddr) speech {
 			_ = c.SetReadDeadline(dl)
 			_, err = c.Read(make([]byte, 1))
 			var ne net.Error
-			mu.Lock()
-			defer mu.Unlock()
 			switch {
 			case err == nil:
-				spoke++
+				spoke.Add(1)
 			case errors.As(err, &ne) && ne.Timeout():
-				silent++
+				silent.Add(1)
 			} // closed or reset without a word: neither
 		}()
 	}
 	wg.Wait()
 	switch {
-	case spoke > 0:
+	case spoke.Load() > 0:
 		return speechSome
-	case silent == 0:
+	case silent.Load() == 0:
 		return speechUnprobed
 	}
 	return speechNone

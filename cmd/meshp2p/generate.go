@@ -192,7 +192,7 @@ func parseGenerate(stderr io.Writer, args []string) (*genFlags, error) {
 	fs.BoolVar(&g.asJSON, "json", false, "print one JSON object instead of streaming text")
 	wire := fs.String("wire-dtype", frame.WireDTypes()[0].Name, "activation dtype between hops: "+wireDTypeHelp())
 	specMode := fs.String("speculative", client.SpecAuto, "speculative decoding: "+client.SpecModes()+" (the head proposes tokens, by n-gram lookup or with its --draft model, and the tail verifies several per pass; auto only while it pays; the output is the same)")
-	fs.DurationVar(&g.wait, "wait", client.DefaultWait, "how long to wait for peers covering the model; a model or layers nobody serves fail sooner, once every connected peer's adverts are in (about 1.5 s), unless nodes are still choosing their layers")
+	fs.DurationVar(&g.wait, "wait", client.DefaultWait, "how long to wait for peers covering the model; a model or layers nobody serves fail sooner, once every connected peer's adverts are in (under 2 s), unless nodes are still choosing their layers")
 	verbose := fs.Bool("v", false, "debug logging")
 	g.pf.register(fs)
 	g.af.register(fs)
