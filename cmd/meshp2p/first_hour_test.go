@@ -190,6 +190,7 @@ func serveOnce(t *testing.T, dir string) (id string, stop func()) {
 // client.key, not the identity.key of a node in the same directory; and a
 // second run at the same time works, with a temporary identity of its own.
 func TestClientIdentityLasts(t *testing.T) {
+	t.Setenv("MESHP2P_DATA_DIR", t.TempDir()) // the default data dir: this test's alone
 	for _, dir := range []string{"", t.TempDir()} {
 		first, stop := serveOnce(t, dir)
 		stop()
