@@ -12,6 +12,7 @@ import (
 	"github.com/neuron-tai/meshp2p/engine/gguf"
 	"github.com/neuron-tai/meshp2p/node"
 	"github.com/neuron-tai/meshp2p/node/cpushare"
+	"github.com/neuron-tai/meshp2p/p2p"
 	"github.com/neuron-tai/meshp2p/route"
 	"github.com/neuron-tai/meshp2p/session"
 	"github.com/neuron-tai/meshp2p/status"
@@ -40,7 +41,9 @@ beside it when --memory holds them, offers the rest to the swarm
 that requests ask for and nobody serves, never leaving the last route of a
 model still asked for (docs/placement.md "Many models").
 Once ready, the node prints its peer id and addresses and writes them to
-<data-dir>/node.json. SIGINT/SIGTERM close sessions and withdraw the advert.
+<data-dir>/node.json. One node per data dir (it is locked: a second one is
+refused, naming the first's pid) and per --listen port (a port in use is
+refused). SIGINT/SIGTERM close sessions and withdraw the advert.
 
 Flags:
 `
@@ -55,6 +58,10 @@ const (
 	defaultMmap              = true
 	defaultVerbose           = false
 )
+
+// layersHelp explains --layers when it does not parse.
+const layersHelp = "want one half-open range A-B of layer numbers, A < B: the node serves layers A to B-1 " +
+	"(e.g. 0-12 serves layers 0..11 and the next node 12-24; a model's last range ends at its layer count)"
 
 // startFlags are start's flags.
 type startFlags struct {
@@ -124,8 +131,17 @@ func runStart(ctx context.Context, stdout, stderr io.Writer, args []string) erro
 		fs.Usage()
 		return fmt.Errorf("%w: --model is required", errUsage)
 	}
+	unlock, err := lockDataDir(f.nf.dataDir)
+	if err != nil {
+		return err
+	}
+	defer unlock()
 	sr, err := f.config(stderr)
 	if err != nil {
+		return err
+	}
+	// Before the model is split and loaded: a port in use fails now.
+	if err := p2p.CheckListenAddrs(sr.cfg.P2P.ListenAddrs); err != nil {
 		return err
 	}
 	if f.threads == 0 && sr.cfg.Device.IsCPU() {
@@ -157,7 +173,7 @@ func (f *startFlags) config(stderr io.Writer) (*startRun, error) {
 	if f.layers != "" {
 		rs, err := gguf.ParseRanges(f.layers)
 		if err != nil || len(rs) != 1 {
-			return nil, fmt.Errorf("%w: --layers %q: want one range A-B", errUsage, f.layers)
+			return nil, fmt.Errorf("%w: --layers %q: %s", errUsage, f.layers, layersHelp)
 		}
 		rng = &rs[0]
 	}
