@@ -245,6 +245,13 @@ func (c *Client) routable(ctx context.Context, model string) (Model, error) {
 	}
 	nl, err := c.layerCount(ctx, fp)
 	if err != nil {
+		if errors.Is(err, ErrNoVocab) {
+			// Covered only by the planned windows of peers switching to
+			// it (they offer no vocabulary before it is loaded): warming.
+			if werr, ok := c.warmingState(fp, model); ok {
+				return Model{}, werr
+			}
+		}
 		return Model{}, err
 	}
 	_, err = (&route.LocalPlanner{Table: c.cfg.Table}).Plan(ctx, route.Request{Fingerprint: fp, NLayer: nl})
