@@ -138,14 +138,16 @@ $(DEADCODE):
 
 # staticcheck over every package and its tests, with the checks of staticcheck.conf,
 # and the counts the structure review keeps from growing (internal/codecount):
-# functions over 80 lines and the methods of node.Node, at most the ceilings
+# functions over 80 lines, the methods of node.Node and of the interface
+# node.windowHost (the placement seam), at most the ceilings
 # below. Lower a ceiling in the commit that lowers its count.
 MAX_LONG_FUNCS   ?= 0
 MAX_NODE_METHODS ?= 26
+MAX_WINDOW_HOST ?= 6
 MAX_TEST_ONLY_FUNCS ?= 23
 lint: $(GENERATED) $(STATICCHECK) $(DEADCODE)
 	$(STATICCHECK) ./...
-	go run ./internal/codecount -max-long $(MAX_LONG_FUNCS) -max-node-methods $(MAX_NODE_METHODS)
+	go run ./internal/codecount -max-long $(MAX_LONG_FUNCS) -max-node-methods $(MAX_NODE_METHODS) -max-window-host $(MAX_WINDOW_HOST)
 	scripts/deadcode.sh $(DEADCODE) $(MAX_TEST_ONLY_FUNCS)
 
 # The counts of make lint with the long functions listed.

@@ -11,12 +11,12 @@ import (
 // Anthropic's Messages API (POST /v1/messages) over the same Backend as
 // the OpenAI endpoints: a thin adapter that maps the request to a
 // GenerateRequest (validated by checkGen, as every shape is), runs it
-// through the shared machinery (admit, startRun, logRun) and answers in
+// through the shared machinery (serveGen, drive) and answers in
 // Anthropic's shapes: the message object, its server-sent events and its
-// error objects. docs/api.md lists what it accepts and refuses. What the
-// three adapters (Anthropic, Ollama, Responses) share is in shapes.go:
-// request objects whose errors name the field at fault (jobj), the
-// generation driver (serveGen, drive) and event writers.
+// error objects. docs/api.md lists what it accepts and refuses. What every
+// shape (OpenAI's included) shares is in shapes.go: request objects whose
+// errors name the field at fault (jobj), the generation driver (serveGen,
+// drive) and event writers.
 
 // anthropicRequest is a parsed /v1/messages body.
 type anthropicRequest struct {
@@ -496,7 +496,10 @@ func (a *anthropicStream) blockDelta(d map[string]string) bool {
 	return a.ew.event("content_block_delta", map[string]any{"type": "content_block_delta", "index": a.index, "delta": d})
 }
 
-func (a *anthropicStream) delta(u update) bool {
+func (a *anthropicStream) delta(u update) bool { return u.each(a.piece) }
+
+// piece writes one delta.
+func (a *anthropicStream) piece(u update) bool {
 	if u.Text != "" {
 		if a.open != "text" && !a.openBlock(textBlock("")) {
 			return false

@@ -4,10 +4,16 @@
 // generations, so any of those clients can talk to the swarm. It holds the
 // HTTP side only: request validation, SSE framing, auth, CORS and bounded
 // concurrency; text assembly (UTF-8 and stop strings across token
-// boundaries) is the client's (client.Stream), under the Backend. It has no
-// cgo and never imports the engine or the node: Swarm implements Backend
-// over a client.Client (the origin side, shared with `meshp2p generate`),
-// and OpenAI error objects are built only here; see docs/api.md.
+// boundaries) is the client's (client.Stream), under the Backend. Every
+// shape takes the same path (shapes.go): its body is parsed field by field
+// into a GenerateRequest (jobj, parseAll: errors name the field at fault),
+// checked by checkGen, run by serveGen and answered whole or streamed by
+// one driver (drive) through the shape's streamer; a file per shape holds
+// only what is its own. Messages, tool calls, log-probabilities and models
+// are client's types. It has no cgo and never imports the engine or the
+// node: Swarm implements Backend over a client.Client (the origin side,
+// shared with `meshp2p generate`), and OpenAI error objects are built only
+// here; see docs/api.md.
 package api
 
 import (
@@ -34,31 +40,21 @@ type Backend interface {
 	Generate(ctx context.Context, req *GenerateRequest, onDelta func(Delta)) (*GenerateResult, error)
 }
 
-// Model is one model the backend can route.
-type Model struct {
-	ID          string // what clients pass as "model" (the name, or the fingerprint when names clash)
-	Name        string
-	Fingerprint string
-	NLayer      int
-	Created     int64 // unix seconds; stable for the backend's life
-	// Warmable: nobody serves it now; Offers standby peers offer to load
-	// it when asked (a request meanwhile gets 503 model_warming with
-	// Retry-After).
-	Warmable bool
-	Offers   int
-}
-
-// The request and result types the API shares with the client (one
-// translation, into session, happens there): a chat turn after validation
-// (roles system, user, assistant with text and/or ToolCalls, tool: the
-// result of the call ToolCallID, as Content), a function call (id, name,
-// arguments as JSON object text), a streamed fragment of one (the first
-// carries ID and Name, the rest pieces of Arguments, as OpenAI streams
-// them), and a token's log-probabilities (computed at the tail from the
-// logits that chose it, before any sampling filter; with
-// GenerateRequest.TopLogprobs > 0 the most likely alternatives, most likely
-// first).
+// The types the API shares with the client (one translation, into
+// session, happens there): a model the backend can route (ID is what
+// clients pass as "model": the name, or the fingerprint when names clash;
+// Warmable: nobody serves it now, Offers standby peers offer to load it
+// when asked, and a request meanwhile gets 503 model_warming with
+// Retry-After), a chat turn after validation (roles system, user,
+// assistant with text and/or ToolCalls, tool: the result of the call
+// ToolCallID, as Content), a function call (id, name, arguments as JSON
+// object text), a streamed fragment of one (the first carries ID and Name,
+// the rest pieces of Arguments, as OpenAI streams them), and a token's
+// log-probabilities (computed at the tail from the logits that chose it,
+// before any sampling filter; with GenerateRequest.TopLogprobs > 0 the
+// most likely alternatives, most likely first).
 type (
+	Model         = client.Model
 	Message       = client.Message
 	ToolCall      = client.ToolCall
 	ToolCallDelta = client.ToolCallDelta
@@ -66,12 +62,10 @@ type (
 	TopLogprob    = client.TopLogprob
 )
 
-// Tool is a function the model may call; Parameters is its JSON schema
-// (an object schema; nil: any object).
+// Tool is a function the model may call (client.Tool: name, description
+// and Parameters, its JSON schema: an object schema; nil: any object).
 type Tool struct {
-	Name        string
-	Description string
-	Parameters  json.RawMessage
+	client.Tool
 	// Strict asks for the arguments to be constrained by Parameters even
 	// when the call is not forced (it always is with ToolChoice required
 	// or a named function).

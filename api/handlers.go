@@ -1,12 +1,10 @@
 package api
 
 import (
-	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
 	"net/http"
-	"strconv"
 	"strings"
 	"time"
 )
@@ -141,16 +139,32 @@ type modelExtension struct {
 	Offers int    `json:"offers,omitempty"`
 }
 
-func (s *Server) chat(w http.ResponseWriter, r *http.Request) {
-	if req, ok := readRequest(s, w, r, writeError, parseChat); ok {
-		s.generate(w, r, req, true)
-	}
-}
+func (s *Server) chat(w http.ResponseWriter, r *http.Request)        { s.openAI(w, r, parseChat) }
+func (s *Server) completions(w http.ResponseWriter, r *http.Request) { s.openAI(w, r, parseCompletion) }
 
-func (s *Server) completions(w http.ResponseWriter, r *http.Request) {
-	if req, ok := readRequest(s, w, r, writeError, parseCompletion); ok {
-		s.generate(w, r, req, false)
+// openAI answers a chat or completion request (parse tells which) through
+// the driver every shape shares (serveGen).
+func (s *Server) openAI(w http.ResponseWriter, r *http.Request, parse func([]byte) (*request, *Error)) {
+	req, ok := readRequest(s, w, r, writeError, parse)
+	if !ok {
+		return
 	}
+	base := completion{ID: "cmpl-", Object: "text_completion", Created: time.Now().Unix(), Model: req.gen.Model}
+	if req.chat {
+		base.ID, base.Object = "chatcmpl-", "chat.completion"
+	}
+	base.ID += randomID()
+	s.serveGen(w, r, &req.gen, req.stream, shape{
+		writeErr: writeError,
+		respond:  func(u update) any { return req.respond(base, u) },
+		stream: func(ew *eventWriter) streamer {
+			c := base
+			if req.chat {
+				c.Object = "chat.completion.chunk"
+			}
+			return &openAIStream{ew: ew, req: req, c: c}
+		},
+	})
 }
 
 func (s *Server) models(w http.ResponseWriter, r *http.Request) {
@@ -222,45 +236,13 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	_ = json.NewEncoder(w).Encode(v)
 }
 
-func (s *Server) generate(w http.ResponseWriter, r *http.Request, req *request, chat bool) {
-	release, ok := s.admit(w, r, writeError)
-	if !ok {
-		return
-	}
-	defer release()
-	ctx, cancel := context.WithCancel(r.Context())
-	defer cancel()
-	g := s.startRun(ctx, &req.gen)
-	id, object := "cmpl-"+randomID(), "text_completion"
-	if chat {
-		id, object = "chatcmpl-"+randomID(), "chat.completion"
-	}
-	base := completion{ID: id, Object: object, Created: time.Now().Unix(), Model: req.gen.Model}
-	var status int
-	if req.stream {
-		status = s.stream(ctx, cancel, w, g, req, chat, base)
-	} else {
-		status = s.respond(w, r, g, req, chat, base)
-	}
-	s.logRun(r, req.gen.Model, req.stream, status, g)
-}
-
-// respond writes a whole (non-streamed) completion.
-func (s *Server) respond(w http.ResponseWriter, r *http.Request, g *run, req *request, chat bool, c completion) int {
-	u := g.wait()
-	if u.Err != nil {
-		if r.Context().Err() != nil {
-			return 0 // the client left
-		}
-		e := asError(u.Err)
-		writeError(w, e)
-		return e.Status
-	}
+// respond is the whole (non-streamed) completion c of what u holds.
+func (r *request) respond(c completion, u update) completion {
 	res := u.Res
 	fill(&c, res)
 	fr := finish(res)
 	ch := choice{FinishReason: &fr}
-	if chat {
+	if r.chat {
 		msg := &chatMessage{Role: "assistant", Content: &u.Text}
 		if len(res.ToolCalls) > 0 {
 			msg.ToolCalls = toolCallsOut(res.ToolCalls)
@@ -272,12 +254,10 @@ func (s *Server) respond(w http.ResponseWriter, r *http.Request, g *run, req *re
 	} else {
 		ch.Text = &u.Text
 	}
-	ch.Logprobs = logprobsOut(req, chat, u.Logprobs, 0)
+	ch.Logprobs = logprobsOut(r, u.Logprobs, 0)
 	c.Choices = []choice{ch}
 	c.Usage = usageOf(res)
-	w.Header().Set("X-Meshp2p-Reroutes", strconv.Itoa(res.Reroutes))
-	writeJSON(w, http.StatusOK, c)
-	return http.StatusOK
+	return c
 }
 
 func fill(c *completion, res *GenerateResult) {
@@ -300,92 +280,26 @@ func finish(res *GenerateResult) string {
 	return "stop"
 }
 
-// stream writes the generation as server-sent events: the headers and (for
-// chat) the role chunk once the first token arrived, so that errors before
-// it (unknown model, no route) still get their HTTP status; then a chunk
-// per piece of final text; the finish_reason chunk; the usage chunk when
-// asked; data: [DONE]. A failed write (the client left) cancels the
-// generation, which frees every hop.
-func (s *Server) stream(ctx context.Context, cancel context.CancelFunc, w http.ResponseWriter, g *run, req *request, chat bool, c completion) int {
-	c.Object = map[bool]string{true: "chat.completion.chunk", false: "text_completion"}[chat]
-	e := &sseWriter{w: w, rc: http.NewResponseController(w), c: c, chat: chat}
-	started, offset := false, 0
-	// routeNew: the route changed since a chunk last carried it (the first
-	// route too); the next chunk carries it.
-	routeNew := false
-	for {
-		u, ok := g.next(ctx)
-		if !ok {
-			return 0
-		}
-		routeNew = routeNew || u.Rerouted
-		if u.Done && u.Err != nil {
-			return e.fail(ctx, started, asError(u.Err))
-		}
-		if !started && (u.Tokens > 0 || u.Done) {
-			started = true
-			if !e.start(u.Route) {
-				cancel()
-				continue
-			}
-		}
-		if !started {
-			continue
-		}
-		if u.Text != "" || len(u.ToolCalls) > 0 || len(u.Logprobs) > 0 || (routeNew && !u.Done) {
-			var ext *extension
-			if routeNew {
-				ext = &extension{Fingerprint: u.Route.Fingerprint, Reroutes: u.Route.Reroutes, Route: u.Route.Hops}
-				routeNew = false
-			}
-			k := e.chunk(u.Text, nil, ext)
-			if chat && len(u.ToolCalls) > 0 {
-				k.Choices[0].Delta.ToolCalls = toolCallDeltasOut(u.ToolCalls)
-				if u.Text == "" {
-					k.Choices[0].Delta.Content = nil
-				}
-			}
-			k.Choices[0].Logprobs = logprobsOut(req, chat, u.Logprobs, offset)
-			offset += len(u.Text)
-			if !e.send(k) {
-				cancel()
-				continue
-			}
-		}
-		if u.Done {
-			e.finish(u.Res, req.includeUsage)
-			return http.StatusOK
-		}
-	}
-}
-
-// sseWriter writes one completion's server-sent events.
-type sseWriter struct {
-	w    http.ResponseWriter
-	rc   *http.ResponseController
-	c    completion // id, object, created, model of every chunk
-	chat bool
-}
-
-// send writes one event; false when the client is gone.
-func (e *sseWriter) send(v any) bool {
-	b, err := json.Marshal(v)
-	if err != nil {
-		return false
-	}
-	_ = e.rc.SetWriteDeadline(time.Now().Add(WriteTimeout))
-	if _, err := e.w.Write(append(append([]byte("data: "), b...), '\n', '\n')); err != nil {
-		return false
-	}
-	return e.rc.Flush() == nil
+// openAIStream writes a completion as OpenAI's server-sent events: (for
+// chat) the role chunk once the first token arrived, then a chunk per
+// update that carries something (its text, tool-call fragments and
+// logprobs in one chunk: OpenAI's messages keep text and calls apart
+// anyway), with the route when it changed (a chunk of its own when
+// nothing else came with it), the finish_reason chunk, the usage chunk
+// when asked, and data: [DONE].
+type openAIStream struct {
+	ew     *eventWriter
+	req    *request
+	c      completion // id, object, created, model of every chunk
+	offset int        // the text's length so far (completions' text_offset)
 }
 
 // chunk is a chunk carrying text (a delta for chat), a finish reason and
 // the meshp2p extension when set.
-func (e *sseWriter) chunk(text string, fr *string, ext *extension) completion {
-	k := e.c
+func (o *openAIStream) chunk(text string, fr *string, ext *extension) completion {
+	k := o.c
 	k.Meshp2p = ext
-	if e.chat {
+	if o.req.chat {
 		k.Choices = []choice{{Delta: &chatMessage{Content: &text}, FinishReason: fr}}
 	} else {
 		k.Choices = []choice{{Text: &text, FinishReason: fr}}
@@ -393,62 +307,58 @@ func (e *sseWriter) chunk(text string, fr *string, ext *extension) completion {
 	return k
 }
 
-// start writes the headers and, for chat, the role chunk; false when the
-// client is gone.
-func (e *sseWriter) start(info RouteInfo) bool {
-	if info.Model != "" {
-		e.c.Model = info.Model
-	}
-	e.c.SystemFingerprint = info.Fingerprint
-	h := e.w.Header()
-	h.Set("Content-Type", "text/event-stream")
-	h.Set("Cache-Control", "no-cache")
-	h.Set("X-Accel-Buffering", "no")
-	e.w.WriteHeader(http.StatusOK)
-	if !e.chat {
+func (o *openAIStream) start(u update) bool {
+	o.c.Model = modelOr(u.Route.Model, o.c.Model)
+	o.c.SystemFingerprint = u.Route.Fingerprint
+	o.ew.open("text/event-stream")
+	if !o.req.chat {
 		return true
 	}
-	k := e.chunk("", nil, nil)
+	k := o.chunk("", nil, nil)
 	k.Choices[0].Delta.Role = "assistant"
-	return e.send(k)
+	return o.ew.data(k)
 }
 
-// fail reports a failed generation: its status before the stream started,
-// an error event after (the status is already 200); 0 when the client left.
-func (e *sseWriter) fail(ctx context.Context, started bool, err *Error) int {
-	if ctx.Err() != nil {
-		return 0
+func (o *openAIStream) delta(u update) bool {
+	if u.Text == "" && len(u.ToolCalls) == 0 && len(u.Logprobs) == 0 && (!u.Rerouted || u.Done) {
+		return true
 	}
-	if !started {
-		writeError(e.w, err)
-		return err.Status
+	var ext *extension
+	if u.Rerouted {
+		ext = &extension{Fingerprint: u.Route.Fingerprint, Reroutes: u.Route.Reroutes, Route: u.Route.Hops}
 	}
-	e.send(map[string]*Error{"error": err})
-	return http.StatusOK
+	k := o.chunk(u.Text, nil, ext)
+	if o.req.chat && len(u.ToolCalls) > 0 {
+		k.Choices[0].Delta.ToolCalls = toolCallDeltasOut(u.ToolCalls)
+		if u.Text == "" {
+			k.Choices[0].Delta.Content = nil
+		}
+	}
+	k.Choices[0].Logprobs = logprobsOut(o.req, u.Logprobs, o.offset)
+	o.offset += len(u.Text)
+	return o.ew.data(k)
 }
 
-// finish writes the finish_reason chunk, the usage chunk when asked, and
-// data: [DONE].
-func (e *sseWriter) finish(res *GenerateResult, includeUsage bool) {
+func (o *openAIStream) finish(res *GenerateResult) {
 	fr := finish(res)
-	last := e.chunk("", &fr, final(res))
-	if e.chat {
+	last := o.chunk("", &fr, final(res))
+	if o.req.chat {
 		last.Choices[0].Delta = &chatMessage{}
 	}
-	ok := e.send(last)
-	if ok && includeUsage {
-		u := e.c
+	ok := o.ew.data(last)
+	if ok && o.req.includeUsage {
+		u := o.c
 		u.Choices = []choice{}
 		u.Usage = usageOf(res)
 		u.Meshp2p = last.Meshp2p
-		ok = e.send(u)
+		ok = o.ew.data(u)
 	}
 	if ok {
-		_ = e.rc.SetWriteDeadline(time.Now().Add(WriteTimeout))
-		_, _ = e.w.Write([]byte("data: [DONE]\n\n"))
-		_ = e.rc.Flush()
+		o.ew.write([]byte("data: [DONE]\n\n"))
 	}
 }
+
+func (o *openAIStream) fail(e *Error) { o.ew.data(map[string]*Error{"error": e}) }
 
 func randomID() string {
 	var b [12]byte

@@ -40,11 +40,11 @@ func byteInts(b []byte) []int {
 
 // logprobsOut is a choice's logprobs for lps (nil, JSON null, when the
 // request did not ask for them); offset is the text length before them.
-func logprobsOut(req *request, chat bool, lps []TokenLogprob, offset int) any {
+func logprobsOut(req *request, lps []TokenLogprob, offset int) any {
 	if !req.gen.Logprobs {
 		return nil
 	}
-	if chat {
+	if req.chat {
 		out := chatLogprobs{Content: make([]chatTokenLogprob, len(lps))}
 		for i, lp := range lps {
 			t := chatTokenLogprob{Token: lp.Token, Logprob: lp.Logprob, Bytes: byteInts(lp.Bytes), TopLogprobs: make([]chatTopLogprob, len(lp.Top))}

@@ -1,7 +1,6 @@
 package api
 
 import (
-	"bytes"
 	"cmp"
 	"encoding/json"
 	"fmt"
@@ -89,7 +88,7 @@ func parseOllama(body []byte, chat bool) (*ollamaRequest, *Error) {
 		if e := o.need("messages"); e != nil {
 			return nil, e
 		}
-		if e := parseAll(o, g, parseOllamaMessages, parseOllamaTools, parseOllamaToolChoice); e != nil {
+		if e := parseAll(o, g, parseOllamaMessages, parseOllamaTools, parseChatToolChoice); e != nil {
 			return nil, e
 		}
 		r.load = len(g.Messages) == 0
@@ -100,19 +99,6 @@ func parseOllama(body []byte, chat bool) (*ollamaRequest, *Error) {
 		return nil, e
 	}
 	return r, nil
-}
-
-// parseOllamaToolChoice maps tool_choice as /v1/chat/completions does.
-func parseOllamaToolChoice(o jobj, g *GenerateRequest) *Error {
-	if !o.has("tool_choice") {
-		return nil
-	}
-	tmp := &request{}
-	if e := parseToolChoice(fields{"tool_choice": o.raw("tool_choice")}, "tool_choice", tmp); e != nil {
-		return e
-	}
-	g.ToolChoice = tmp.gen.ToolChoice
-	return nil
 }
 
 // parseOllamaPrompt maps /api/generate's prompt: rendered as a user turn
@@ -189,21 +175,9 @@ func parseOllamaOptions(o jobj, g *GenerateRequest) *Error {
 		op.optInt("top_k", &g.TopK, 0, MaxTopK)); e != nil {
 		return e
 	}
-	if op.has("seed") {
-		// -1 (Ollama's default): random.
-		var n json.Number
-		dec := json.NewDecoder(bytes.NewReader(op.raw("seed")))
-		dec.UseNumber()
-		if dec.Decode(&n) != nil {
-			return BadRequest("options.seed", `"options.seed" must be an integer`)
-		}
-		i, err := n.Int64()
-		if err != nil {
-			return BadRequest("options.seed", `"options.seed" must be a 64-bit integer`)
-		}
-		if i != -1 {
-			g.Seed = uint64(i)
-		}
+	// seed -1 (Ollama's default): random.
+	if e := op.optSeed("seed", &g.Seed, true); e != nil {
+		return e
 	}
 	if op.has("num_predict") {
 		// -1 (Ollama's default, "until the end"): the gateway's default
@@ -532,7 +506,10 @@ func (o *ollamaStream) flushCall() bool {
 	return o.ew.line(c)
 }
 
-func (o *ollamaStream) delta(u update) bool {
+func (o *ollamaStream) delta(u update) bool { return u.each(o.piece) }
+
+// piece writes one delta.
+func (o *ollamaStream) piece(u update) bool {
 	if u.Text != "" || len(u.Logprobs) > 0 {
 		// Text ends a call in progress (flushed if complete); logprobs
 		// alone ride along without touching it.

@@ -1,116 +1,48 @@
 package api
 
 import (
-	"bytes"
-	"crypto/rand"
-	"encoding/binary"
+	"cmp"
 	"encoding/json"
 	"fmt"
-	"math"
-	"sort"
 	"strings"
 )
 
-// request is a parsed chat or completion request.
+// OpenAI's chat completions (POST /v1/chat/completions) and completions
+// (POST /v1/completions) requests, parsed as every shape's are (jobj,
+// parseAll; shapes.go): the fields both take, then each one's own.
+
+// request is a parsed chat (chat) or completion request.
 type request struct {
 	gen          GenerateRequest
 	stream       bool
 	includeUsage bool
+	chat         bool
 }
 
-// fields is a request body, field by field; JSON null counts as absent.
-type fields map[string]json.RawMessage
-
-func parseFields(body []byte) (fields, *Error) {
-	var f fields
-	dec := json.NewDecoder(bytes.NewReader(body))
-	if err := dec.Decode(&f); err != nil {
-		return nil, BadRequest("", "request body is not a JSON object: %v", err)
-	}
-	if f == nil {
-		return nil, BadRequest("", "request body is not a JSON object")
-	}
-	if dec.More() {
-		return nil, BadRequest("", "request body has data after the JSON object")
-	}
-	for k, v := range f {
-		if string(v) == "null" {
-			delete(f, k)
-		}
-	}
-	return f, nil
-}
-
-// field kinds the chat and completion endpoints accept.
-type acceptFn func(f fields, name string, r *request) *Error
-
-var commonFields = map[string]acceptFn{
-	"model":             func(f fields, n string, r *request) *Error { return f.str(n, &r.gen.Model, true) },
-	"stream":            func(f fields, n string, r *request) *Error { return f.boolean(n, &r.stream) },
-	"stream_options":    parseStreamOptions,
-	"max_tokens":        func(f fields, n string, r *request) *Error { return f.integer(n, &r.gen.MaxTokens, 1, MaxTokensLimit) },
-	"temperature":       func(f fields, n string, r *request) *Error { return f.float(n, &r.gen.Temperature, 0, 2) },
-	"top_p":             func(f fields, n string, r *request) *Error { return f.float(n, &r.gen.TopP, 0, 1) },
-	"presence_penalty":  func(f fields, n string, r *request) *Error { return f.float(n, &r.gen.PresencePenalty, -2, 2) },
-	"frequency_penalty": func(f fields, n string, r *request) *Error { return f.float(n, &r.gen.FrequencyPenalty, -2, 2) },
-	"seed":              parseSeed,
-	"stop":              parseStop,
-	"top_k":             func(f fields, n string, r *request) *Error { return f.integer(n, &r.gen.TopK, 0, MaxTopK) },
-	"min_p":             func(f fields, n string, r *request) *Error { return f.float(n, &r.gen.MinP, 0, 1) },
-	"repeat_penalty":    func(f fields, n string, r *request) *Error { return f.float(n, &r.gen.RepeatPenalty, 0, 10) },
-	"n":                 only("n", "1", "one choice per request; send several requests for several answers"),
-	"user":              func(f fields, n string, r *request) *Error { var s string; return f.str(n, &s, false) },
-}
-
-var chatFields = merge(commonFields, map[string]acceptFn{
-	"messages":              parseMessages,
-	"max_completion_tokens": func(f fields, n string, r *request) *Error { return f.integer(n, &r.gen.MaxTokens, 1, MaxTokensLimit) },
-	"logprobs":              func(f fields, n string, r *request) *Error { return f.boolean(n, &r.gen.Logprobs) },
-	"top_logprobs": func(f fields, n string, r *request) *Error {
-		return f.integer(n, &r.gen.TopLogprobs, 0, MaxTopLogprobs)
-	},
-	"response_format":     parseResponseFormat,
-	"tools":               parseTools,
-	"tool_choice":         parseToolChoice,
-	"parallel_tool_calls": func(f fields, n string, r *request) *Error { return f.boolean(n, &r.gen.ParallelToolCalls) },
-})
-
-var completionFields = merge(commonFields, map[string]acceptFn{
-	"prompt":   parsePrompt,
-	"logprobs": parseCompletionLogprobs,
-	"echo":     only("echo", "false", "the prompt is not echoed"),
-	"best_of":  only("best_of", "1", "one candidate per request"),
-	"suffix":   only("suffix", `""`, "insertion (suffix) is not supported"),
-})
-
-func merge(a, b map[string]acceptFn) map[string]acceptFn {
-	out := map[string]acceptFn{}
-	for k, v := range a {
-		out[k] = v
-	}
-	for k, v := range b {
-		out[k] = v
-	}
-	return out
-}
+// openAIFields are the fields chat and completion requests both take.
+var openAIFields = []string{"model", "stream", "stream_options", "max_tokens", "temperature", "top_p", "presence_penalty",
+	"frequency_penalty", "seed", "stop", "top_k", "min_p", "repeat_penalty", "n", "user"}
 
 // parseChat validates a /v1/chat/completions body.
 func parseChat(body []byte) (*request, *Error) {
-	r, err := parseWith(body, chatFields, "messages", true)
-	if err != nil {
-		return nil, err
+	r, e := parseOpenAI(body, true, []string{"messages", "max_completion_tokens", "logprobs", "top_logprobs",
+		"response_format", "tools", "tool_choice", "parallel_tool_calls"},
+		parseChatMessages, parseChatOptions, parseResponseFormat, parseChatTools, parseChatToolChoice)
+	if e == nil {
+		e = checkGen(&r.gen, openAINames)
 	}
-	if err := checkGen(&r.gen, openAINames); err != nil {
-		return nil, err
+	if e != nil {
+		return nil, e
 	}
 	return r, nil
 }
 
 // parseCompletion validates a /v1/completions body.
 func parseCompletion(body []byte) (*request, *Error) {
-	r, err := parseWith(body, completionFields, "prompt", false)
-	if err != nil {
-		return nil, err
+	r, e := parseOpenAI(body, false, []string{"prompt", "logprobs", "echo", "best_of", "suffix"},
+		parsePrompt, parseCompletionOptions)
+	if e != nil {
+		return nil, e
 	}
 	if r.gen.MaxTokens == 0 {
 		r.gen.MaxTokens = DefaultCompletionMaxTokens
@@ -118,269 +50,182 @@ func parseCompletion(body []byte) (*request, *Error) {
 	return r, nil
 }
 
-func parseWith(body []byte, accept map[string]acceptFn, required string, chat bool) (*request, *Error) {
-	f, err := parseFields(body)
-	if err != nil {
-		return nil, err
+// parseOpenAI validates a chat (chat) or completion body: its own fields
+// (the first required, as model is) are parsed by parsers, after the
+// fields both take.
+func parseOpenAI(body []byte, chat bool, own []string, parsers ...func(jobj, *GenerateRequest) *Error) (*request, *Error) {
+	o, e := bodyObject(body, append(own, openAIFields...)...)
+	if e != nil {
+		return nil, e
 	}
-	// Fields in a fixed order, so the error for a body with several bad
-	// fields is always the same.
-	names := make([]string, 0, len(f))
-	for k := range f {
-		names = append(names, k)
+	if e := o.need("model", own[0]); e != nil {
+		return nil, e
 	}
-	sort.Strings(names)
-	for _, k := range names {
-		if _, ok := accept[k]; !ok {
-			return nil, unsupported(k, "this gateway does not implement it (docs/api.md lists the supported fields)")
-		}
+	// OpenAI's defaults; parallel tool calls on.
+	r := &request{chat: chat, gen: GenerateRequest{Temperature: 1, TopP: 1, Seed: randomSeed(), ParallelToolCalls: chat}}
+	g := &r.gen
+	var user string
+	// cmp.Or: the first error, the fields taken in this order (chat's
+	// max_completion_tokens before max_tokens: max_tokens wins).
+	if e := cmp.Or(o.str("model", &g.Model, true), o.optBool("stream", &r.stream),
+		o.optInt("max_completion_tokens", &g.MaxTokens, 1, MaxTokensLimit), o.optInt("max_tokens", &g.MaxTokens, 1, MaxTokensLimit),
+		o.optFloat("temperature", &g.Temperature, 0, 2), o.optFloat("top_p", &g.TopP, 0, 1),
+		o.optFloat("presence_penalty", &g.PresencePenalty, -2, 2), o.optFloat("frequency_penalty", &g.FrequencyPenalty, -2, 2),
+		o.optSeed("seed", &g.Seed, false), o.optStops("stop", &g.Stops, true), o.optInt("top_k", &g.TopK, 0, MaxTopK),
+		o.optFloat("min_p", &g.MinP, 0, 1), o.optFloat("repeat_penalty", &g.RepeatPenalty, 0, 10),
+		o.only("n", "1", "one choice per request; send several requests for several answers"), o.optStr("user", &user, false),
+		r.parseStreamOptions(o)); e != nil {
+		return nil, e
 	}
-	// OpenAI's defaults: parallel tool calls on.
-	r := &request{gen: GenerateRequest{Temperature: 1, TopP: 1, ParallelToolCalls: chat}}
-	for _, k := range []string{"model", required} {
-		if _, ok := f[k]; !ok {
-			return nil, BadRequest(k, "missing required field %q", k)
-		}
+	if e := parseAll(o, g, parsers...); e != nil {
+		return nil, e
 	}
-	for _, k := range names {
-		if err := accept[k](f, k, r); err != nil {
-			return nil, err
-		}
-	}
-	if _, ok := f["stream_options"]; ok && !r.stream {
+	if o.has("stream_options") && !r.stream {
 		return nil, BadRequest("stream_options", "stream_options is only allowed with stream: true")
-	}
-	if _, ok := f["seed"]; !ok {
-		var b [8]byte
-		_, _ = rand.Read(b[:])
-		r.gen.Seed = binary.LittleEndian.Uint64(b[:])
 	}
 	return r, nil
 }
 
-// only accepts a field whose value is exactly want (JSON), refusing any
-// other value with why.
-func only(name, want, why string) acceptFn {
-	return func(f fields, n string, r *request) *Error {
-		var got, exp any
-		if json.Unmarshal(f[n], &got) != nil || json.Unmarshal([]byte(want), &exp) != nil || fmt.Sprint(got) != fmt.Sprint(exp) {
-			return unsupported(name, fmt.Sprintf("only %s is supported: %s", want, why))
-		}
-		return nil
+// parseStreamOptions takes stream_options.include_usage; any other
+// option only false (off).
+func (r *request) parseStreamOptions(o jobj) *Error {
+	so, found, e := o.optObject("stream_options")
+	if !found {
+		return e
 	}
-}
-
-func (f fields) str(n string, dst *string, nonEmpty bool) *Error {
-	if json.Unmarshal(f[n], dst) != nil {
-		return BadRequest(n, "%q must be a string", n)
-	}
-	if nonEmpty && *dst == "" {
-		return BadRequest(n, "%q must not be empty", n)
-	}
-	return nil
-}
-
-func (f fields) boolean(n string, dst *bool) *Error {
-	if json.Unmarshal(f[n], dst) != nil {
-		return BadRequest(n, "%q must be true or false", n)
-	}
-	return nil
-}
-
-func (f fields) float(n string, dst *float32, lo, hi float64) *Error {
-	var v float64
-	if json.Unmarshal(f[n], &v) != nil || math.IsNaN(v) || v < lo || v > hi {
-		return BadRequest(n, "%q must be a number in [%g, %g]", n, lo, hi)
-	}
-	*dst = float32(v)
-	return nil
-}
-
-func (f fields) integer(n string, dst *int, lo, hi int) *Error {
-	var v float64
-	if json.Unmarshal(f[n], &v) != nil || v != math.Trunc(v) || v < float64(lo) || v > float64(hi) {
-		return BadRequest(n, "%q must be an integer in [%d, %d]", n, lo, hi)
-	}
-	*dst = int(v)
-	return nil
-}
-
-func parseSeed(f fields, n string, r *request) *Error {
-	var v json.Number
-	dec := json.NewDecoder(bytes.NewReader(f[n]))
-	dec.UseNumber()
-	if dec.Decode(&v) != nil {
-		return BadRequest(n, "%q must be an integer", n)
-	}
-	i, err := v.Int64()
-	if err != nil {
-		return BadRequest(n, "%q must be a 64-bit integer", n)
-	}
-	r.gen.Seed = uint64(i)
-	return nil
-}
-
-func parseStop(f fields, n string, r *request) *Error {
-	var one string
-	if json.Unmarshal(f[n], &one) == nil {
-		r.gen.Stops = []string{one}
-	} else if json.Unmarshal(f[n], &r.gen.Stops) != nil {
-		return BadRequest(n, "%q must be a string or an array of strings", n)
-	}
-	if len(r.gen.Stops) > MaxStops {
-		return BadRequest(n, "at most %d stop strings", MaxStops)
-	}
-	for _, s := range r.gen.Stops {
-		if s == "" || len(s) > MaxStopBytes {
-			return BadRequest(n, "stop strings must be 1 to %d bytes", MaxStopBytes)
+	names := []string{"include_usage"}
+	for k, v := range so.f {
+		if jsonEqual(v, "false") {
+			names = append(names, k[len(so.k("")):])
 		}
 	}
-	return nil
+	return cmp.Or(so.known("only include_usage is supported", names...), so.optBool("include_usage", &r.includeUsage))
 }
 
-func parseStreamOptions(f fields, n string, r *request) *Error {
-	var so map[string]json.RawMessage
-	if json.Unmarshal(f[n], &so) != nil {
-		return BadRequest(n, "%q must be an object", n)
-	}
-	for k, v := range so {
-		switch {
-		case k == "include_usage":
-			if json.Unmarshal(v, &r.includeUsage) != nil {
-				return BadRequest(n+".include_usage", "include_usage must be true or false")
-			}
-		case string(v) == "null" || string(v) == "false":
-		default:
-			return unsupported(n+"."+k, "only include_usage is supported")
+// parseChatOptions takes chat's logprobs (true or false), top_logprobs
+// and parallel_tool_calls.
+func parseChatOptions(o jobj, g *GenerateRequest) *Error {
+	return cmp.Or(o.optBool("logprobs", &g.Logprobs), o.optInt("top_logprobs", &g.TopLogprobs, 0, MaxTopLogprobs),
+		o.optBool("parallel_tool_calls", &g.ParallelToolCalls))
+}
+
+// parseCompletionOptions takes /v1/completions' logprobs (an integer: the
+// alternatives per token, 0 only the token's own), echo, best_of and
+// suffix (only their defaults).
+func parseCompletionOptions(o jobj, g *GenerateRequest) *Error {
+	return cmp.Or(o.opt("logprobs", func() *Error {
+		g.Logprobs = true
+		return o.integer("logprobs", &g.TopLogprobs, 0, MaxTopLogprobs)
+	}), o.only("echo", "false", "the prompt is not echoed"), o.only("best_of", "1", "one candidate per request"),
+		o.only("suffix", `""`, "insertion (suffix) is not supported"))
+}
+
+// parsePrompt takes the prompt: a string, or an array of one.
+func parsePrompt(o jobj, g *GenerateRequest) *Error {
+	if s, ok := o.strValue("prompt"); ok {
+		g.Prompt = s
+	} else {
+		var list []string
+		if json.Unmarshal(o.raw("prompt"), &list) != nil || len(list) != 1 {
+			return BadRequest("prompt", "%q must be a string (or an array of exactly one string; token arrays are not supported)", "prompt")
 		}
+		g.Prompt = list[0]
+	}
+	if g.Prompt == "" {
+		return BadRequest("prompt", "%q must not be empty", "prompt")
 	}
 	return nil
 }
 
-// parseResponseFormat accepts {"type": "text"}, {"type": "json_object"}
+// parseResponseFormat takes {"type": "text"}, {"type": "json_object"}
 // and {"type": "json_schema", "json_schema": {name, schema, strict,
 // description}}.
-func parseResponseFormat(f fields, n string, r *request) *Error {
-	var rf map[string]json.RawMessage
-	if json.Unmarshal(f[n], &rf) != nil {
-		return BadRequest(n, "%q must be an object", n)
+func parseResponseFormat(o jobj, g *GenerateRequest) *Error {
+	rf, found, e := o.optObject("response_format")
+	if !found {
+		return e
 	}
-	var typ string
-	if json.Unmarshal(rf["type"], &typ) != nil {
-		return BadRequest(n+".type", "response_format needs a type (text, json_object, json_schema)")
+	typ, ok := rf.strValue("type")
+	if !ok {
+		return BadRequest(rf.k("type"), "response_format needs a type (text, json_object, json_schema)")
 	}
-	allowed := map[string]bool{"type": true}
+	allowed := []string{"type"}
 	switch typ {
 	case FormatText, FormatJSONObject:
 	case FormatJSONSchema:
-		allowed["json_schema"] = true
-		var js map[string]json.RawMessage
-		if json.Unmarshal(rf["json_schema"], &js) != nil {
-			return BadRequest(n+".json_schema", "json_schema must be an object with name and schema")
-		}
-		for k, v := range js {
-			switch k {
-			case "name":
-				if json.Unmarshal(v, &r.gen.Format.Name) != nil || !toolName.MatchString(r.gen.Format.Name) {
-					return BadRequest(n+".json_schema.name", "name must be 1 to %d characters of a-z, A-Z, 0-9, _ and -", MaxToolNameBytes)
-				}
-			case "schema":
-				r.gen.Format.Schema = append(json.RawMessage(nil), v...)
-			case "strict":
-				if json.Unmarshal(v, &r.gen.Format.Strict) != nil {
-					return BadRequest(n+".json_schema.strict", "strict must be true or false")
-				}
-			case "description":
-				var d string
-				if json.Unmarshal(v, &d) != nil {
-					return BadRequest(n+".json_schema.description", "description must be a string")
-				}
-			default:
-				return unsupported(n+".json_schema."+k, "json_schema carries name, description, schema and strict")
-			}
-		}
-		if r.gen.Format.Name == "" {
-			return BadRequest(n+".json_schema.name", "json_schema needs a name")
-		}
-		if r.gen.Format.Schema == nil {
-			// OpenAI's default when no schema is given: any JSON object.
-			r.gen.Format.Schema = json.RawMessage(`{"type":"object"}`)
+		allowed = append(allowed, "json_schema")
+		if e := parseJSONSchema(rf, &g.Format); e != nil {
+			return e
 		}
 	default:
-		return BadRequest(n+".type", "unknown response_format type %q (text, json_object, json_schema)", typ)
+		return BadRequest(rf.k("type"), "unknown response_format type %q (text, json_object, json_schema)", typ)
 	}
-	for k := range rf {
-		if !allowed[k] {
-			return unsupported(n+"."+k, fmt.Sprintf("a %s response_format carries no %s", typ, k))
-		}
+	if k := rf.unknown(allowed...); k != "" {
+		return unsupported(k, fmt.Sprintf("a %s response_format carries no %s", typ, k[len(rf.k("")):]))
 	}
-	r.gen.Format.Type = typ
+	g.Format.Type = typ
 	return nil
 }
 
-// parseTools accepts [{"type": "function", "function": {name,
+// parseJSONSchema takes response_format.json_schema into f.
+func parseJSONSchema(rf jobj, f *ResponseFormat) *Error {
+	js, e := rf.object("json_schema")
+	if e != nil {
+		return BadRequest(rf.k("json_schema"), "json_schema must be an object with name and schema")
+	}
+	var d string
+	if e := cmp.Or(js.known("json_schema carries name, description, schema and strict", "name", "description", "schema", "strict"),
+		js.optBool("strict", &f.Strict), js.optStr("description", &d, false)); e != nil {
+		return e
+	}
+	if !js.has("name") {
+		return BadRequest(js.k("name"), "json_schema needs a name")
+	}
+	name, ok := js.strValue("name")
+	if !ok || !toolName.MatchString(name) {
+		return BadRequest(js.k("name"), "name must be 1 to %d characters of a-z, A-Z, 0-9, _ and -", MaxToolNameBytes)
+	}
+	f.Name, f.Schema = name, js.raw("schema")
+	if f.Schema == nil {
+		// OpenAI's default when no schema is given: any JSON object.
+		f.Schema = json.RawMessage(`{"type":"object"}`)
+	}
+	return nil
+}
+
+// parseChatTools takes [{"type": "function", "function": {name,
 // description, parameters, strict}}].
-func parseTools(f fields, n string, r *request) *Error {
-	var raw []map[string]json.RawMessage
-	if json.Unmarshal(f[n], &raw) != nil {
-		return BadRequest(n, "%q must be an array of tool objects", n)
-	}
-	if len(raw) > MaxTools {
-		return BadRequest(n, "at most %d tools per request, got %d", MaxTools, len(raw))
-	}
-	for i, t := range raw {
-		p := fmt.Sprintf("%s[%d]", n, i)
-		var typ string
-		if json.Unmarshal(t["type"], &typ) != nil || typ != "function" {
-			return unsupported(p+".type", `only tools of type "function" are supported`)
+func parseChatTools(o jobj, g *GenerateRequest) *Error {
+	return o.tools(g, Tool{}, func(to jobj, t *Tool) *Error {
+		if !jsonEqual(to.raw("type"), `"function"`) {
+			return unsupported(to.k("type"), `only tools of type "function" are supported`)
 		}
-		var fn map[string]json.RawMessage
-		if json.Unmarshal(t["function"], &fn) != nil {
-			return BadRequest(p+".function", "a function tool needs a function object")
+		if e := to.known("tools carry type and function", "type", "function"); e != nil {
+			return e
 		}
-		for k := range t {
-			if k != "type" && k != "function" {
-				return unsupported(p+"."+k, "tools carry type and function")
-			}
+		f, e := functionObject(to, "functions carry name, description, parameters and strict",
+			"name", "description", "parameters", "strict")
+		if e != nil {
+			return e
 		}
-		tool := Tool{}
-		for k, v := range fn {
-			if string(v) == "null" {
-				continue
-			}
-			var err error
-			switch k {
-			case "name":
-				err = json.Unmarshal(v, &tool.Name)
-			case "description":
-				err = json.Unmarshal(v, &tool.Description)
-			case "parameters":
-				tool.Parameters = append(json.RawMessage(nil), v...)
-			case "strict":
-				err = json.Unmarshal(v, &tool.Strict)
-			default:
-				return unsupported(p+".function."+k, "functions carry name, description, parameters and strict")
-			}
-			if err != nil {
-				return BadRequest(p+".function."+k, "function %s has the wrong type", k)
-			}
-		}
-		r.gen.Tools = append(r.gen.Tools, tool)
-	}
-	return nil
+		return f.functionTool(t, "parameters", false)
+	})
 }
 
-// parseToolChoice accepts "auto", "none", "required" and {"type":
-// "function", "function": {"name": …}}.
-func parseToolChoice(f fields, n string, r *request) *Error {
-	var mode string
-	if json.Unmarshal(f[n], &mode) == nil {
+// parseChatToolChoice takes "auto", "none", "required" and {"type":
+// "function", "function": {"name": …}} (also Ollama's tool_choice, an
+// extension there).
+func parseChatToolChoice(o jobj, g *GenerateRequest) *Error {
+	if !o.has("tool_choice") {
+		return nil
+	}
+	if mode, ok := o.strValue("tool_choice"); ok {
 		switch mode {
 		case ToolAuto, ToolNone, ToolRequired:
-			r.gen.ToolChoice = ToolChoice{Mode: mode}
+			g.ToolChoice = ToolChoice{Mode: mode}
 			return nil
 		}
-		return BadRequest(n, "tool_choice must be auto, none, required or a function object, got %q", mode)
+		return BadRequest("tool_choice", "tool_choice must be auto, none, required or a function object, got %q", mode)
 	}
 	var obj struct {
 		Type     string `json:"type"`
@@ -388,158 +233,103 @@ func parseToolChoice(f fields, n string, r *request) *Error {
 			Name string `json:"name"`
 		} `json:"function"`
 	}
-	if json.Unmarshal(f[n], &obj) != nil || obj.Type != "function" || obj.Function.Name == "" {
-		return BadRequest(n, `tool_choice must be auto, none, required or {"type": "function", "function": {"name": …}}`)
+	if json.Unmarshal(o.raw("tool_choice"), &obj) != nil || obj.Type != "function" || obj.Function.Name == "" {
+		return BadRequest("tool_choice", `tool_choice must be auto, none, required or {"type": "function", "function": {"name": …}}`)
 	}
-	r.gen.ToolChoice = ToolChoice{Mode: ToolFunction, Name: obj.Function.Name}
+	g.ToolChoice = ToolChoice{Mode: ToolFunction, Name: obj.Function.Name}
 	return nil
 }
 
-// parseCompletionLogprobs is /v1/completions' logprobs: an integer, the
-// alternatives per token (0: only the token's own).
-func parseCompletionLogprobs(f fields, n string, r *request) *Error {
-	if e := f.integer(n, &r.gen.TopLogprobs, 0, MaxTopLogprobs); e != nil {
+// parseChatMessages takes system, developer (as system), user, assistant
+// (text and/or tool_calls) and tool turns, with string content or an
+// array of text parts; anything else is refused naming the field.
+func parseChatMessages(o jobj, g *GenerateRequest) *Error {
+	return o.objects("messages", 1, MaxMessages, func(m jobj) *Error {
+		msg, e := chatMessageIn(m)
+		if e == nil {
+			g.Messages = append(g.Messages, msg)
+		}
 		return e
-	}
-	r.gen.Logprobs = true
-	return nil
+	})
 }
 
-func parsePrompt(f fields, n string, r *request) *Error {
-	var one string
-	if json.Unmarshal(f[n], &one) == nil {
-		r.gen.Prompt = one
-	} else {
-		var list []string
-		if json.Unmarshal(f[n], &list) != nil || len(list) != 1 {
-			return BadRequest(n, "%q must be a string (or an array of exactly one string; token arrays are not supported)", n)
+// chatMessageIn is the message m.
+func chatMessageIn(m jobj) (Message, *Error) {
+	var msg Message
+	if e := m.known("messages carry role, content, name, tool_calls and tool_call_id (no audio)",
+		"role", "content", "refusal", "tool_calls", "tool_call_id", "name"); e != nil {
+		return msg, e
+	}
+	if m.has("content") {
+		c, e := textParts(m.raw("content"), m.k("content"), "text parts", chatTextPart)
+		if e != nil {
+			return msg, e
 		}
-		r.gen.Prompt = list[0]
+		msg.Content = c
 	}
-	if r.gen.Prompt == "" {
-		return BadRequest(n, "%q must not be empty", n)
+	if e := m.optStr("name", &msg.Name, false); e != nil {
+		return msg, e
 	}
-	return nil
+	// An assistant turn may carry an empty refusal.
+	if m.has("refusal") && !jsonEqual(m.raw("refusal"), `""`) {
+		return msg, unsupported(m.k("refusal"), "refusals are not supported")
+	}
+	if e := cmp.Or(m.optStr("role", &msg.Role, false), m.optStr("tool_call_id", &msg.ToolCallID, false)); e != nil {
+		return msg, e
+	}
+	if m.has("tool_calls") {
+		calls, e := chatToolCalls(m.raw("tool_calls"), m.k("tool_calls"))
+		if e != nil {
+			return msg, e
+		}
+		msg.ToolCalls = calls
+	}
+	switch msg.Role {
+	case "system", "user", "assistant":
+	case "tool":
+		if msg.ToolCallID == "" {
+			return msg, BadRequest(m.k("tool_call_id"), "a tool message needs the tool_call_id it answers")
+		}
+	case "developer":
+		msg.Role = "system"
+	case "":
+		return msg, BadRequest(m.k("role"), "missing role")
+	default:
+		return msg, unsupported(m.k("role"), fmt.Sprintf("role %q is not supported (system, developer, user, assistant)", msg.Role))
+	}
+	if len(msg.ToolCalls) > 0 && msg.Role != "assistant" {
+		return msg, BadRequest(m.k("tool_calls"), "only assistant messages carry tool_calls")
+	}
+	// content: null counts as given (an empty turn) here.
+	if !m.given("content") && msg.Role != "assistant" {
+		return msg, BadRequest(m.k("content"), "missing content")
+	}
+	return msg, nil
 }
 
-// parseMessages accepts system, developer (as system), user and assistant
-// turns with string content or an array of text parts; anything else is
-// refused with the field that carries it.
-func parseMessages(f fields, n string, r *request) *Error {
-	var raw []map[string]json.RawMessage
-	if json.Unmarshal(f[n], &raw) != nil {
-		return BadRequest(n, "%q must be an array of message objects", n)
+// chatTextPart is a content part's text: {"type": "text", "text": …}
+// (text: null counts as "").
+func chatTextPart(po jobj) (string, *Error) {
+	typ, ok := po.strValue("type")
+	if !ok {
+		return "", BadRequest(po.k("type"), "content part without a type")
 	}
-	if len(raw) == 0 || len(raw) > MaxMessages {
-		return BadRequest(n, "%q must hold 1 to %d messages", n, MaxMessages)
+	if typ != "text" {
+		return "", unsupported(po.k("type"), fmt.Sprintf("content part type %q is not supported (text only)", typ))
 	}
-	for i, m := range raw {
-		p := fmt.Sprintf("messages[%d]", i)
-		msg := Message{}
-		keys := make([]string, 0, len(m))
-		for k := range m {
-			keys = append(keys, k)
-		}
-		sort.Strings(keys)
-		for _, k := range keys {
-			v := m[k]
-			if string(v) == "null" {
-				continue
-			}
-			switch k {
-			case "role":
-				if json.Unmarshal(v, &msg.Role) != nil {
-					return BadRequest(p+".role", "role must be a string")
-				}
-			case "content":
-				c, err := messageContent(v, p+".content")
-				if err != nil {
-					return err
-				}
-				msg.Content = c
-			case "refusal":
-				// An assistant turn may carry an empty refusal.
-				var s string
-				if json.Unmarshal(v, &s) != nil || s != "" {
-					return unsupported(p+".refusal", "refusals are not supported")
-				}
-			case "tool_calls":
-				calls, err := messageToolCalls(v, p+".tool_calls")
-				if err != nil {
-					return err
-				}
-				msg.ToolCalls = calls
-			case "tool_call_id":
-				if json.Unmarshal(v, &msg.ToolCallID) != nil {
-					return BadRequest(p+".tool_call_id", "tool_call_id must be a string")
-				}
-			case "name":
-				if json.Unmarshal(v, &msg.Name) != nil {
-					return BadRequest(p+".name", "name must be a string")
-				}
-			default:
-				return unsupported(p+"."+k, "messages carry role, content, name, tool_calls and tool_call_id (no audio)")
-			}
-		}
-		switch msg.Role {
-		case "system", "user", "assistant":
-		case "tool":
-			if msg.ToolCallID == "" {
-				return BadRequest(p+".tool_call_id", "a tool message needs the tool_call_id it answers")
-			}
-		case "developer":
-			msg.Role = "system"
-		case "":
-			return BadRequest(p+".role", "missing role")
-		default:
-			return unsupported(p+".role", fmt.Sprintf("role %q is not supported (system, developer, user, assistant)", msg.Role))
-		}
-		if len(msg.ToolCalls) > 0 && msg.Role != "assistant" {
-			return BadRequest(p+".tool_calls", "only assistant messages carry tool_calls")
-		}
-		if _, ok := m["content"]; !ok && msg.Role != "assistant" {
-			return BadRequest(p+".content", "missing content")
-		}
-		r.gen.Messages = append(r.gen.Messages, msg)
+	if e := po.known("text parts carry type and text only", "type", "text"); e != nil {
+		return "", e
 	}
-	return nil
+	text, ok := po.strValue("text")
+	if !ok && (po.has("text") || !po.given("text")) {
+		return "", BadRequest(po.k("text"), "text must be a string")
+	}
+	return text, nil
 }
 
-func messageContent(v json.RawMessage, p string) (string, *Error) {
-	var s string
-	if json.Unmarshal(v, &s) == nil {
-		return s, nil
-	}
-	var parts []map[string]json.RawMessage
-	if json.Unmarshal(v, &parts) != nil {
-		return "", BadRequest(p, "content must be a string or an array of text parts")
-	}
-	var texts []string
-	for j, part := range parts {
-		pp := fmt.Sprintf("%s[%d]", p, j)
-		var typ, text string
-		if json.Unmarshal(part["type"], &typ) != nil {
-			return "", BadRequest(pp+".type", "content part without a type")
-		}
-		if typ != "text" {
-			return "", unsupported(pp+".type", fmt.Sprintf("content part type %q is not supported (text only)", typ))
-		}
-		for k := range part {
-			if k != "type" && k != "text" {
-				return "", unsupported(pp+"."+k, "text parts carry type and text only")
-			}
-		}
-		if json.Unmarshal(part["text"], &text) != nil {
-			return "", BadRequest(pp+".text", "text must be a string")
-		}
-		texts = append(texts, text)
-	}
-	return strings.Join(texts, "\n"), nil
-}
-
-// messageToolCalls parses an assistant message's tool_calls.
-func messageToolCalls(v json.RawMessage, p string) ([]ToolCall, *Error) {
-	var raw []struct {
+// chatToolCalls parses an assistant message's tool_calls, raw at path p.
+func chatToolCalls(raw json.RawMessage, p string) ([]ToolCall, *Error) {
+	var calls []struct {
 		ID       string `json:"id"`
 		Type     string `json:"type"`
 		Function struct {
@@ -547,14 +337,14 @@ func messageToolCalls(v json.RawMessage, p string) ([]ToolCall, *Error) {
 			Arguments string `json:"arguments"`
 		} `json:"function"`
 	}
-	if json.Unmarshal(v, &raw) != nil {
+	if json.Unmarshal(raw, &calls) != nil {
 		return nil, BadRequest(p, `tool_calls must be an array of {"id", "type": "function", "function": {"name", "arguments"}}`)
 	}
-	if len(raw) > MaxToolCallsTurn {
+	if len(calls) > MaxToolCallsTurn {
 		return nil, BadRequest(p, "at most %d tool calls per message", MaxToolCallsTurn)
 	}
-	out := make([]ToolCall, len(raw))
-	for i, c := range raw {
+	out := make([]ToolCall, len(calls))
+	for i, c := range calls {
 		if c.Type != "" && c.Type != "function" {
 			return nil, unsupported(fmt.Sprintf("%s[%d].type", p, i), `only "function" tool calls are supported`)
 		}

@@ -528,7 +528,10 @@ func (rs *responsesStream) closeCall() bool {
 		rs.send("response.output_item.done", map[string]any{"output_index": i, "item": c})
 }
 
-func (rs *responsesStream) delta(u update) bool {
+func (rs *responsesStream) delta(u update) bool { return u.each(rs.piece) }
+
+// piece writes one delta.
+func (rs *responsesStream) piece(u update) bool {
 	if u.Text != "" {
 		if rs.msg == nil && !rs.openMessage() {
 			return false

@@ -41,7 +41,8 @@ type update struct {
 	// not arrived: nothing may be written yet, errors keep their status).
 	Tokens int
 	// Route is the route now; Rerouted is true when it changed since the
-	// last update (the first route included).
+	// last update (the first route included; in the updates drive hands a
+	// streamer, since the streamer's last one).
 	Route    RouteInfo
 	Rerouted bool
 	// Done: the generation ended with Res (and Err when it failed).

@@ -16,31 +16,41 @@ import (
 	"time"
 )
 
-// What the Anthropic, Ollama and Responses adapters share: request
-// objects whose errors name the field at fault (jobj) and the parsers of
-// what their requests have alike (tools, tool results, text parts), the
-// reading of a request, one generation driver for their streams and
-// answers (serveGen, drive), event writers and tool-call arguments.
+// What every API shape (OpenAI chat and completions, Responses, Anthropic,
+// Ollama) shares: request objects whose errors name the field at fault
+// (jobj) and the parsers of what their requests have alike (sampling
+// fields, stop strings, tools, tool results, text parts), the reading of
+// a request, one generation driver for their streams and answers
+// (serveGen, drive), event writers and tool-call arguments.
 
 // whyUnknown is the reason every unknown field is refused with.
 const whyUnknown = "this gateway does not implement it (docs/api.md lists the supported fields)"
 
 // jobj is a JSON object of a request, its fields keyed by their full path
 // ("messages[2].content"), so that every error names the field at fault.
-// JSON null counts as absent.
+// JSON null counts as absent (given tells it from a missing field).
 type jobj struct {
 	path string
-	f    fields
+	f    map[string]json.RawMessage
+	null []string // the fields that are null
 }
 
 // bodyObject parses a request body, a JSON object of the fields names
 // (any other is refused).
 func bodyObject(body []byte, names ...string) (jobj, *Error) {
-	f, e := parseFields(body)
-	if e != nil {
-		return jobj{}, e
+	var f map[string]json.RawMessage
+	dec := json.NewDecoder(bytes.NewReader(body))
+	if err := dec.Decode(&f); err != nil {
+		return jobj{}, BadRequest("", "request body is not a JSON object: %v", err)
 	}
-	o := jobj{f: f}
+	if f == nil {
+		return jobj{}, BadRequest("", "request body is not a JSON object")
+	}
+	if dec.More() {
+		return jobj{}, BadRequest("", "request body has data after the JSON object")
+	}
+	o := jobj{f: map[string]json.RawMessage{}}
+	o.add(f)
 	return o, o.known(whyUnknown, names...)
 }
 
@@ -50,13 +60,20 @@ func subObject(raw json.RawMessage, path string) (jobj, *Error) {
 	if json.Unmarshal(raw, &m) != nil || m == nil {
 		return jobj{}, BadRequest(path, "%q must be an object", path)
 	}
-	o := jobj{path: path, f: fields{}}
+	o := jobj{path: path, f: map[string]json.RawMessage{}}
+	o.add(m)
+	return o, nil
+}
+
+// add takes the fields of m, its nulls aside.
+func (o *jobj) add(m map[string]json.RawMessage) {
 	for k, v := range m {
-		if string(v) != "null" {
+		if string(v) == "null" {
+			o.null = append(o.null, k)
+		} else {
 			o.f[o.k(k)] = v
 		}
 	}
-	return o, nil
 }
 
 // object is field n, a JSON object.
@@ -96,6 +113,9 @@ func (o jobj) k(n string) string {
 
 func (o jobj) has(n string) bool { _, ok := o.f[o.k(n)]; return ok }
 
+// given reports whether o carries field n, JSON null included.
+func (o jobj) given(n string) bool { return o.has(n) || slices.Contains(o.null, n) }
+
 func (o jobj) raw(n string) json.RawMessage { return o.f[o.k(n)] }
 
 // strValue is field n when it is a JSON string (ok false: it is not).
@@ -104,9 +124,9 @@ func (o jobj) strValue(n string) (s string, ok bool) {
 	return s, ok
 }
 
-// known refuses the first field (in sorted order, so the error is stable)
-// that is not among names.
-func (o jobj) known(why string, names ...string) *Error {
+// unknown is the full path of the first field (in sorted order, so the
+// error is stable) that is not among names; "" when there is none.
+func (o jobj) unknown(names ...string) string {
 	var bad []string
 	for k := range o.f {
 		if !slices.Contains(names, k[len(o.k("")):]) {
@@ -114,10 +134,18 @@ func (o jobj) known(why string, names ...string) *Error {
 		}
 	}
 	if len(bad) == 0 {
-		return nil
+		return ""
 	}
 	sort.Strings(bad)
-	return unsupported(bad[0], why)
+	return bad[0]
+}
+
+// known refuses the first field that is not among names (unknown).
+func (o jobj) known(why string, names ...string) *Error {
+	if k := o.unknown(names...); k != "" {
+		return unsupported(k, why)
+	}
+	return nil
 }
 
 // need refuses the first of names that o lacks: a missing required field
@@ -135,12 +163,60 @@ func (o jobj) need(names ...string) *Error {
 	return nil
 }
 
-func (o jobj) str(n string, dst *string, nonEmpty bool) *Error { return o.f.str(o.k(n), dst, nonEmpty) }
-func (o jobj) boolean(n string, dst *bool) *Error              { return o.f.boolean(o.k(n), dst) }
-func (o jobj) float(n string, dst *float32, lo, hi float64) *Error {
-	return o.f.float(o.k(n), dst, lo, hi)
+// str, boolean, float and integer parse field n into dst: a string
+// (nonEmpty: not ""), true or false, a number in [lo, hi], an integer in
+// [lo, hi].
+func (o jobj) str(n string, dst *string, nonEmpty bool) *Error {
+	p := o.k(n)
+	if json.Unmarshal(o.raw(n), dst) != nil {
+		return BadRequest(p, "%q must be a string", p)
+	}
+	if nonEmpty && *dst == "" {
+		return BadRequest(p, "%q must not be empty", p)
+	}
+	return nil
 }
-func (o jobj) integer(n string, dst *int, lo, hi int) *Error { return o.f.integer(o.k(n), dst, lo, hi) }
+
+func (o jobj) boolean(n string, dst *bool) *Error {
+	if json.Unmarshal(o.raw(n), dst) != nil {
+		return BadRequest(o.k(n), "%q must be true or false", o.k(n))
+	}
+	return nil
+}
+
+func (o jobj) float(n string, dst *float32, lo, hi float64) *Error {
+	var v float64
+	if json.Unmarshal(o.raw(n), &v) != nil || math.IsNaN(v) || v < lo || v > hi {
+		return BadRequest(o.k(n), "%q must be a number in [%g, %g]", o.k(n), lo, hi)
+	}
+	*dst = float32(v)
+	return nil
+}
+
+func (o jobj) integer(n string, dst *int, lo, hi int) *Error {
+	var v float64
+	if json.Unmarshal(o.raw(n), &v) != nil || v != math.Trunc(v) || v < float64(lo) || v > float64(hi) {
+		return BadRequest(o.k(n), "%q must be an integer in [%d, %d]", o.k(n), lo, hi)
+	}
+	*dst = int(v)
+	return nil
+}
+
+// int64 parses field n, a 64-bit integer (a seed), into dst.
+func (o jobj) int64(n string, dst *int64) *Error {
+	var v json.Number
+	dec := json.NewDecoder(bytes.NewReader(o.raw(n)))
+	dec.UseNumber()
+	if dec.Decode(&v) != nil {
+		return BadRequest(o.k(n), "%q must be an integer", o.k(n))
+	}
+	i, err := v.Int64()
+	if err != nil {
+		return BadRequest(o.k(n), "%q must be a 64-bit integer", o.k(n))
+	}
+	*dst = i
+	return nil
+}
 
 // needStr is str for a field that must be there.
 func (o jobj) needStr(n string, dst *string, nonEmpty bool) *Error {
@@ -172,6 +248,34 @@ func (o jobj) optFloat(n string, dst *float32, lo, hi float64) *Error {
 }
 func (o jobj) optInt(n string, dst *int, lo, hi int) *Error {
 	return o.opt(n, func() *Error { return o.integer(n, dst, lo, hi) })
+}
+
+// optSeed parses field n when o has it: a 64-bit integer, the seed (a
+// negative one as its two's complement); with minus1Random, -1 leaves dst
+// (the random seed it holds: Ollama's default).
+func (o jobj) optSeed(n string, dst *uint64, minus1Random bool) *Error {
+	return o.opt(n, func() *Error {
+		var i int64
+		if e := o.int64(n, &i); e != nil {
+			return e
+		}
+		if i != -1 || !minus1Random {
+			*dst = uint64(i)
+		}
+		return nil
+	})
+}
+
+// only refuses field n (when o has it) unless it is want (JSON; a value
+// that prints the same counts), saying why only that is supported.
+func (o jobj) only(n, want, why string) *Error {
+	var got, exp any
+	return o.opt(n, func() *Error {
+		if json.Unmarshal(o.raw(n), &got) != nil || json.Unmarshal([]byte(want), &exp) != nil || fmt.Sprint(got) != fmt.Sprint(exp) {
+			return unsupported(o.k(n), fmt.Sprintf("only %s is supported: %s", want, why))
+		}
+		return nil
+	})
 }
 
 // array is field n as an array of lo to hi elements.
@@ -222,6 +326,9 @@ func (o jobj) optStops(n string, dst *[]string, one bool) *Error {
 	if one && json.Unmarshal(o.raw(n), &s) == nil {
 		*dst = []string{s}
 	} else if json.Unmarshal(o.raw(n), dst) != nil {
+		if one {
+			return BadRequest(p, "%q must be a string or an array of strings", p)
+		}
 		return BadRequest(p, "%q must be an array of strings", p)
 	}
 	if len(*dst) > MaxStops {
@@ -482,7 +589,11 @@ type shape struct {
 
 // streamer writes one shape's stream. start is called once the first
 // token arrived (or the generation ended without one), with the headers
-// not yet written; a false return means the client is gone.
+// not yet written; delta with every update from then on (the one that
+// started the stream and the last included), whole: a shape whose events
+// follow the order the backend produced things in walks u.Deltas
+// (update.each); finish after the last. A false return means the client
+// is gone.
 type streamer interface {
 	start(u update) bool
 	delta(u update) bool
@@ -530,12 +641,15 @@ func (s *Server) serveGen(w http.ResponseWriter, r *http.Request, gen *GenerateR
 // left) cancels the generation, which frees every hop.
 func drive(ctx context.Context, cancel context.CancelFunc, w http.ResponseWriter, g *run, sh shape) int {
 	st := sh.stream(&eventWriter{w: w, rc: http.NewResponseController(w)})
-	started := false
+	// rerouted: the route changed since the stream was last handed an
+	// update (the first route included): the next one says so.
+	started, rerouted := false, false
 	for {
 		u, ok := g.next(ctx)
 		if !ok {
 			return 0
 		}
+		rerouted = rerouted || u.Rerouted
 		if u.Done && u.Err != nil {
 			if ctx.Err() != nil {
 				return 0
@@ -558,14 +672,8 @@ func drive(ctx context.Context, cancel context.CancelFunc, w http.ResponseWriter
 		if !started {
 			continue
 		}
-		// One delta at a time, in the order the backend produced them.
-		ok = true
-		for _, d := range u.Deltas {
-			if ok = st.delta(update{Text: d.Text, ToolCalls: d.ToolCalls, Logprobs: d.Logprobs, Tokens: u.Tokens, Route: u.Route}); !ok {
-				break
-			}
-		}
-		if !ok {
+		u.Rerouted, rerouted = rerouted, false
+		if !st.delta(u) {
 			cancel()
 			continue
 		}
@@ -579,8 +687,21 @@ func drive(ctx context.Context, cancel context.CancelFunc, w http.ResponseWriter
 	}
 }
 
-// eventWriter writes a stream's events: server-sent events with event
-// names (Anthropic, Responses) or JSON lines (Ollama).
+// each calls piece with u's deltas one at a time, in the order the
+// backend produced them (Text, ToolCalls and Logprobs merge them); false
+// when piece is.
+func (u update) each(piece func(d update) bool) bool {
+	for _, d := range u.Deltas {
+		if !piece(update{Text: d.Text, ToolCalls: d.ToolCalls, Logprobs: d.Logprobs, Tokens: u.Tokens, Route: u.Route}) {
+			return false
+		}
+	}
+	return true
+}
+
+// eventWriter writes a stream's events: server-sent events, data only
+// (OpenAI) or with event names (Anthropic, Responses), or JSON lines
+// (Ollama).
 type eventWriter struct {
 	w  http.ResponseWriter
 	rc *http.ResponseController
@@ -611,6 +732,15 @@ func (e *eventWriter) event(name string, v any) bool {
 		return false
 	}
 	return e.write(fmt.Appendf(nil, "event: %s\ndata: %s\n\n", name, b))
+}
+
+// data writes one server-sent event without a name.
+func (e *eventWriter) data(v any) bool {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return false
+	}
+	return e.write(fmt.Appendf(nil, "data: %s\n\n", b))
 }
 
 // line writes v as one JSON line.

@@ -46,12 +46,7 @@ func NewSwarm(c *client.Client, cfg SwarmConfig) *Swarm {
 
 // Models lists what the swarm can route.
 func (b *Swarm) Models(context.Context) ([]Model, error) {
-	ms := b.c.Models()
-	out := make([]Model, len(ms))
-	for i, m := range ms {
-		out[i] = Model{ID: m.ID, Name: m.Name, Fingerprint: m.Fingerprint, NLayer: m.NLayer, Created: m.Created, Warmable: m.Warmable, Offers: m.Offers}
-	}
-	return out, nil
+	return b.c.Models(), nil
 }
 
 // Generate runs one request through the swarm.
@@ -70,7 +65,7 @@ func (b *Swarm) Generate(ctx context.Context, req *GenerateRequest, onDelta func
 	if len(req.Tools) > 0 {
 		tools := make([]client.Tool, len(req.Tools))
 		for i, t := range req.Tools {
-			tools[i] = client.Tool{Name: t.Name, Description: t.Description, Parameters: t.Parameters}
+			tools[i] = t.Tool
 		}
 		cr.Prompt.Tools = tools
 		cr.Tools = client.Tools{List: tools, Choice: req.ToolChoice.Mode, Function: req.ToolChoice.Name, Parallel: req.ParallelToolCalls}

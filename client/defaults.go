@@ -20,6 +20,13 @@ const (
 	// this covers peers that learnt of the model after we connected).
 	WaitLookupTimeout  = 5 * time.Second
 	WaitLookupInterval = 2 * time.Second
+	// SettleGap: a client waiting for a route takes the swarm's adverts as
+	// all there is once it has pulled from every connected peer twice,
+	// SettleGap apart (p2p.Discovery.Settle); then a model or layers
+	// nobody serves fail at once instead of after the whole wait. The
+	// second look catches an advert that was on its way to the peer
+	// during the first (it takes milliseconds on a live link).
+	SettleGap = time.Second
 	// WaitUnreachableCheck is how often Resolve checks whether every
 	// bootstrap peer refused us for a reason waiting will not fix.
 	WaitUnreachableCheck = 250 * time.Millisecond

@@ -21,8 +21,9 @@ type Request struct {
 	Model string
 	// Wait bounds how long the model's discovery is waited for (0:
 	// DefaultWait). With WaitForRoute it also waits for a known model's
-	// missing layers (`generate`: nodes may still be starting, Resolve);
-	// without, those are reported at once (the API, Lookup).
+	// missing layers (`generate`: nodes may still be starting, Resolve),
+	// until the swarm's adverts show nobody serves them; without, those
+	// are reported at once (the API, Lookup).
 	Wait         time.Duration
 	WaitForRoute bool
 	Prompt       Prompt

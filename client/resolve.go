@@ -116,9 +116,11 @@ func (c *Client) modelOf(fp string, nl int) Model {
 // origin waits for room). While it waits it re-pulls adverts from
 // connected peers and asks the DHT every WaitLookupInterval. Errors:
 // route.ErrAmbiguousModel at once; p2p.ErrNoPeers as soon as every
-// bootstrap peer refused us for a reason waiting will not fix; after the
-// wait ErrModelNotFound, or the *route.NoRouteError naming the layers
-// nobody serves.
+// bootstrap peer refused us for a reason waiting will not fix;
+// ErrModelNotFound (naming what is served and the nearest name), or the
+// *route.NoRouteError naming the layers nobody serves and who serves the
+// rest, as soon as the swarm's adverts are in and nothing that could
+// change them is under way (hopeless.go), else after the wait.
 func (c *Client) Resolve(ctx context.Context, model string, wait time.Duration) (Model, error) {
 	return c.resolve(ctx, model, wait, true)
 }
@@ -160,6 +162,11 @@ func (c *Client) resolveCounted(ctx context.Context, model string, wait time.Dur
 	alone := time.NewTicker(WaitUnreachableCheck)
 	defer alone.Stop()
 	var looking atomic.Bool
+	// settled counts the checks that found the swarm's adverts in since
+	// this wait began (hopeless.go); the second, a check later, also
+	// finds the last pulled adverts in the table (route.Follow applies
+	// them from discovery in a goroutine of its own).
+	settled, since := 0, time.Now()
 	lastErr := err
 	warmed := false
 	noteWarming := func(err error) {
@@ -178,31 +185,47 @@ func (c *Client) resolveCounted(ctx context.Context, model string, wait time.Dur
 	for {
 		select {
 		case <-ctx.Done():
-			return Model{}, warmed, c.waitFailed(ctx, wait, lastErr)
+			return Model{}, warmed, c.waitFailed(ctx, model, wait, lastErr)
 		case <-alone.C:
 			if sw.Unreachable() {
 				return Model{}, warmed, sw.NoPeersError()
 			}
+			if untilRoutable && sw.Discovery().Settle(since, SettleGap) {
+				settled++
+			}
 		case <-changed:
 		case <-lookup.C:
-			if looking.CompareAndSwap(false, true) {
-				go func() {
-					defer looking.Store(false)
-					lctx, cancel := context.WithTimeout(ctx, WaitLookupTimeout)
-					defer cancel()
-					sw.Discovery().Sync(lctx)
-					_, _ = sw.Discovery().Lookup(lctx, key)
-				}()
-			}
+			c.lookupAsync(ctx, key, &looking)
 			lookup.Reset(WaitLookupInterval)
 		}
 		m, err := c.routable(ctx, model)
 		if final(err) {
 			return m, warmed, err
 		}
+		if settled >= 2 {
+			if herr := c.hopeless(model, err); herr != nil {
+				return Model{}, warmed, herr
+			}
+		}
 		noteWarming(err)
 		lastErr = err
 	}
+}
+
+// lookupAsync re-pulls adverts from connected peers and asks the DHT for
+// key, in the background, unless the last such lookup still runs.
+func (c *Client) lookupAsync(ctx context.Context, key string, looking *atomic.Bool) {
+	if !looking.CompareAndSwap(false, true) {
+		return
+	}
+	sw := c.cfg.Swarm
+	go func() {
+		defer looking.Store(false)
+		lctx, cancel := context.WithTimeout(ctx, WaitLookupTimeout)
+		defer cancel()
+		sw.Discovery().Sync(lctx)
+		_, _ = sw.Discovery().Lookup(lctx, key)
+	}()
 }
 
 // routable resolves model in the table to a fingerprint, takes its layer
@@ -222,11 +245,18 @@ func (c *Client) routable(ctx context.Context, model string) (Model, error) {
 	}
 	nl, err := c.layerCount(ctx, fp)
 	if err != nil {
+		if errors.Is(err, ErrNoVocab) {
+			// Covered only by the planned windows of peers switching to
+			// it (they offer no vocabulary before it is loaded): warming.
+			if werr, ok := c.warmingState(fp, model); ok {
+				return Model{}, werr
+			}
+		}
 		return Model{}, err
 	}
 	_, err = (&route.LocalPlanner{Table: c.cfg.Table}).Plan(ctx, route.Request{Fingerprint: fp, NLayer: nl})
 	if err != nil && !errors.Is(err, route.ErrRouteFull) {
-		return Model{}, err
+		return Model{}, c.withServed(fp, nl, err)
 	}
 	c.served(fp)
 	return c.modelOf(fp, nl), nil
@@ -256,13 +286,16 @@ func (c *Client) layerCount(ctx context.Context, fp string) (int, error) {
 
 // waitFailed is Resolve's error when the wait ended: the caller's own
 // context, no peers at all, an unknown model, or the layers nobody serves.
-func (c *Client) waitFailed(ctx context.Context, wait time.Duration, lastErr error) error {
+func (c *Client) waitFailed(ctx context.Context, model string, wait time.Duration, lastErr error) error {
 	if !errors.Is(ctx.Err(), context.DeadlineExceeded) {
 		return ctx.Err()
 	}
 	sw := c.cfg.Swarm
 	if err := sw.NoPeersError(); err != nil {
 		return fmt.Errorf("after waiting %s: %w", wait, err)
+	}
+	if _, err := c.cfg.Table.Fingerprint(model); errors.Is(lastErr, route.ErrUnknownModel) && err != nil && !errors.Is(err, route.ErrAmbiguousModel) {
+		return c.notFound(model, lastErr, " after waiting "+wait.String())
 	}
 	seen := fmt.Sprintf("connected to %d peer(s), %d advert(s) seen", sw.PeerCount(), len(sw.Discovery().Adverts()))
 	if errors.Is(lastErr, route.ErrUnknownModel) {

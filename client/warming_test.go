@@ -1,8 +1,10 @@
 package client
 
 import (
+	"context"
 	"crypto/rand"
 	"errors"
+	"log/slog"
 	"strings"
 	"testing"
 	"time"
@@ -15,6 +17,7 @@ import (
 	"github.com/neuron-tai/meshp2p/p2p"
 	"github.com/neuron-tai/meshp2p/proto/meshp2pb"
 	"github.com/neuron-tai/meshp2p/route"
+	"github.com/neuron-tai/meshp2p/session"
 )
 
 // A model nobody serves that peers offer: listed as warmable,
@@ -63,5 +66,41 @@ func TestWarmingState(t *testing.T) {
 	c.served(fp)
 	if err, _ := c.warmingState(fp, "bee"); !errors.As(err, &we) {
 		t.Fatalf("asked again after being served: %v, want warming", err)
+	}
+}
+
+// stubHost only lets a test client count as one that fetches
+// vocabularies; no stream is opened through it (no peer offers one).
+type stubHost struct{ session.Host }
+
+// Peers switching to a model advertise its planned windows before they
+// load it, covering every layer with no vocabulary offered: the request is
+// warming (503 with Retry-After from the API), not "no vocabulary" (a 503
+// a client cannot time). Seen in TestManyModelsDemandMoves on a CI run.
+func TestWarmingWhilePlannedWindowsCover(t *testing.T) {
+	fp := strings.Repeat("ab", 32)
+	tab := route.NewTable()
+	for i := range 2 {
+		k, _, _ := crypto.GenerateEd25519Key(rand.Reader)
+		p, _ := peer.IDFromPrivateKey(k)
+		body, _ := proto.Marshal(&meshp2pb.CapabilityAdvert{
+			Shards: []*meshp2pb.ShardAdvert{{ModelFingerprint: fp, ModelName: "bee", NLayer: 4, Start: uint32(2 * i), End: uint32(2*i + 2),
+				NEmbd: 8, WireDtypes: []meshp2pb.DType{meshp2pb.DType_DTYPE_F32}, Capacity: &meshp2pb.ShardCapacity{}}},
+			Offers: []*meshp2pb.ModelOffer{{ModelFingerprint: fp, ModelName: "bee", NLayer: 4, Bytes: 1 << 20}},
+		})
+		tab.Apply(p2p.Advert{Peer: p, Body: body, ExpiresAt: time.Now().Add(time.Minute)})
+	}
+	if !tab.Covers(fp, 4) {
+		t.Fatal("the planned windows do not cover the model: the test tests nothing")
+	}
+	w := demand.NewWarm(demand.WarmConfig{Timeout: time.Minute, RetryAfter: 2 * time.Second})
+	c := &Client{cfg: Config{Table: tab, Host: stubHost{}, LoadVocab: func(context.Context, string) (Vocab, error) { return nil, errors.New("not called") }},
+		log: slog.Default(), vocabs: map[string]*vocabEntry{}, created: map[string]int64{}, warming: w, warmCfg: w.Config()}
+	c.ctx, c.cancel = context.WithCancel(context.Background())
+	defer c.Close()
+	_, err := c.routable(context.Background(), "bee")
+	var we *WarmingError
+	if !errors.As(err, &we) || we.RetryAfter != 2*time.Second {
+		t.Fatalf("covered by planned windows only: %v, want a WarmingError", err)
 	}
 }

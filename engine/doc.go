@@ -25,7 +25,7 @@
 //	           into it (the tail and `generate --local` alike)
 //	chain.go   RunChain: shards chained in one process (the reference the
 //	           swarm is compared with), MeasureDecode
-//	quantize.go  llama.cpp's quantizer (f16, q8_0, q4_0, q6_k, q4_k_m)
+//	quantize.go  llama.cpp's quantizer (f16, q8_0, q4_0, q6_k, q4_k_m, mxfp4_moe)
 //	mp.c, mp.h   the C side: the eval callback that copies the hidden
 //	             states out at the shard's last layer (they enter the next
 //	             shard through llama_batch.embd), without patching llama.cpp

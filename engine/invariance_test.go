@@ -37,6 +37,26 @@ var invarianceModels = []parityModel{
 	{name: "deepseek2_q4_k_m", spec: smallSpec("deepseek2", gguf.TypeF16), quant: QuantQ4_KM, wantTypes: []string{"Q4_K", "Q6_K"}, fallback: deepseek2Fallback},
 	{name: "minimax_m2_q4_k_m", spec: smallSpec("minimax-m2", gguf.TypeF16), quant: QuantQ4_KM, wantTypes: []string{"Q4_K", "Q6_K"}},
 	{name: "mistral3_q8_0", spec: smallSpec("mistral3", gguf.TypeF16), quant: QuantQ8_0, wantTypes: []string{"Q8_0"}},
+	// Sliding-window attention (windows of 8: the 36 positions a session
+	// reaches slide past them) with a full-size window cache (NewShard).
+	{name: "gpt_oss_f32", spec: smallSpec("gpt-oss", gguf.TypeF32)},
+	{name: "gpt_oss_mxfp4", spec: smallSpec("gpt-oss", gguf.TypeF16), quant: QuantMXFP4, wantTypes: []string{"MXFP4", "Q8_0"}},
+	{name: "gemma3_f16", spec: smallSpec("gemma3", gguf.TypeF16)},
+	{name: "gemma3_q4_k_m", spec: smallSpec("gemma3", gguf.TypeF16), quant: QuantQ4_KM, wantTypes: []string{"Q4_K", "Q6_K"}},
+	// Chunked attention (chunks of 8192: the sessions stay in the first).
+	{name: "llama4_q8_0", spec: smallSpec("llama4", gguf.TypeF16), quant: QuantQ8_0, wantTypes: []string{"Q8_0"}},
+}
+
+// invarianceModel is the row of invarianceModels called name.
+func invarianceModel(t *testing.T, name string) parityModel {
+	t.Helper()
+	for _, m := range invarianceModels {
+		if m.name == name {
+			return m
+		}
+	}
+	t.Fatalf("no invariance model %q", name)
+	return parityModel{}
 }
 
 // invTrace is what one session's rows produced: the middle shard's output
@@ -290,10 +310,14 @@ func TestTruncateKeepsInvariance(t *testing.T) {
 	// whole test on a clone without ../shared/models).
 	models := map[string]func(*testing.T) string{
 		"stories260K": func(t *testing.T) string { return testmodels.Path(t, "stories260K.gguf") },
-		"llama_f16":   func(t *testing.T) string { return makeParityModel(t, invarianceModels[1], dir) },
-		"qwen3_q8_0":  func(t *testing.T) string { return makeParityModel(t, invarianceModels[8], dir) },
 	}
-	for _, name := range []string{"stories260K", "llama_f16", "qwen3_q8_0"} {
+	// The sliding-window architectures too: a truncation must not leave
+	// the window cache cells the full one does not.
+	names := []string{"stories260K", "llama_f16", "qwen3_q8_0", "gpt_oss_mxfp4", "gemma3_f16", "llama4_q8_0"}
+	for _, name := range names[1:] {
+		models[name] = func(t *testing.T) string { return makeParityModel(t, invarianceModel(t, name), dir) }
+	}
+	for _, name := range names {
 		t.Run(name, func(t *testing.T) {
 			chain := loadShards(t, models[name](t), 3, Config{NCtx: 512, NBatch: 128, MaxSessions: 8, Threads: 2})
 			nv := chain[0].info.NVocab

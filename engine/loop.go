@@ -175,6 +175,7 @@ func (s *Shard) step(parts []part, n int) error {
 	if n <= 0 || n > s.cfg.NBatch {
 		return fmt.Errorf("%w: batch of %d rows (n_batch %d)", ErrBadInput, n, s.cfg.NBatch)
 	}
+	s.applyThreads()
 	s.fillBatch(parts)
 	if err := s.decode(parts, n); err != nil {
 		return err

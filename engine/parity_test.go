@@ -12,7 +12,8 @@ import (
 	"github.com/neuron-tai/meshp2p/internal/testmodels"
 )
 
-// loadShards splits path k ways into a temp dir and opens a shard for each.
+// loadShards splits path k ways (as evenly as the architecture's cut rules
+// allow) into a temp dir and opens a shard for each.
 func loadShards(t testing.TB, path string, k int, cfg Config) []*Shard {
 	t.Helper()
 	return loadShardsOn(t, Device{}, path, k, cfg)
@@ -26,11 +27,16 @@ func loadShardsOn(t testing.TB, dev Device, path string, k int, cfg Config) []*S
 		t.Fatal(err)
 	}
 	n, err := f.NLayer()
+	md := f.Metadata
 	f.Close()
 	if err != nil {
 		t.Fatal(err)
 	}
-	res, err := gguf.Split(context.Background(), path, gguf.EvenSplit(n, k), t.TempDir(), nil)
+	ranges, err := gguf.LegalSplit(md, n, k) // EvenSplit unless a cut is illegal
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := gguf.Split(context.Background(), path, ranges, t.TempDir(), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -136,6 +142,23 @@ func smallSpec(arch string, typ gguf.TensorType) gguf.Spec {
 		s.Arch, s.Experts, s.ExpertsUsed, s.FF = "llama", 4, 2, 256
 	case "minimax-m2":
 		s.Experts, s.ExpertsUsed, s.FF, s.RopeDim = 8, 2, 256, 32 // rotary on half of each 64-dim head, as MiniMax-M2
+	case "gpt-oss":
+		// gpt-oss's proportions: 8 heads of 64 (wider than embd, as
+		// gpt-oss's 64 × 64 against 2880), 4 of 8 experts; 6 layers so
+		// that 3 shards start at even layers (0-2-4-6).
+		s.Layers, s.Heads, s.KVHeads, s.HeadDim, s.ExpertFF = 6, 8, 2, 64, 256
+	case "gemma3":
+		// Gemma 3's proportions: heads of 128 (wider than embd/heads, as
+		// Gemma 3's 256), 18 layers: the 5:1 sliding pattern three times,
+		// so that 3 shards start at multiples of 6 and each holds a
+		// full-attention layer (0-6-12-18).
+		s.Layers, s.HeadDim = 18, 128
+	case "llama4":
+		// Llama 4 Maverick's proportions: top-1 of 8 experts plus a
+		// shared one on every 2nd layer, dense layers between; 12 layers
+		// so that 3 shards start at multiples of 4 and each holds a
+		// full-attention, no-rope layer (0-4-8-12).
+		s.Layers, s.Experts, s.ExpertsUsed, s.ExpertFF = 12, 8, 1, 256
 	case "deepseek2":
 		// DeepSeek-V3's proportions (q LoRA 1536, kv LoRA 512, nope 128,
 		// rope 64, v 128) at a quarter or less; 6 layers, 3 dense lead
@@ -173,6 +196,18 @@ var archParityModels = []parityModel{
 	{name: "minimax_m2_q4_k_m", spec: smallSpec("minimax-m2", gguf.TypeF16), quant: QuantQ4_KM, wantTypes: []string{"Q4_K", "Q6_K"}},
 	{name: "deepseek2_q8_0", spec: smallSpec("deepseek2", gguf.TypeF16), quant: QuantQ8_0, wantTypes: []string{"Q8_0"}},
 	{name: "deepseek2_q4_k_m", spec: smallSpec("deepseek2", gguf.TypeF16), quant: QuantQ4_KM, wantTypes: []string{"Q4_K", "Q6_K"}, fallback: deepseek2Fallback},
+	{name: "gpt_oss_f32", spec: smallSpec("gpt-oss", gguf.TypeF32)},
+	{name: "gpt_oss_f16", spec: smallSpec("gpt-oss", gguf.TypeF16)},
+	{name: "gpt_oss_q8_0", spec: smallSpec("gpt-oss", gguf.TypeF16), quant: QuantQ8_0, wantTypes: []string{"Q8_0"}},
+	{name: "gpt_oss_mxfp4", spec: smallSpec("gpt-oss", gguf.TypeF16), quant: QuantMXFP4, wantTypes: []string{"MXFP4", "Q8_0"}},
+	{name: "gemma3_f32", spec: smallSpec("gemma3", gguf.TypeF32)},
+	{name: "gemma3_f16", spec: smallSpec("gemma3", gguf.TypeF16)},
+	{name: "gemma3_q8_0", spec: smallSpec("gemma3", gguf.TypeF16), quant: QuantQ8_0, wantTypes: []string{"Q8_0"}},
+	{name: "gemma3_q4_k_m", spec: smallSpec("gemma3", gguf.TypeF16), quant: QuantQ4_KM, wantTypes: []string{"Q4_K", "Q6_K"}},
+	{name: "llama4_f32", spec: smallSpec("llama4", gguf.TypeF32)},
+	{name: "llama4_f16", spec: smallSpec("llama4", gguf.TypeF16)},
+	{name: "llama4_q8_0", spec: smallSpec("llama4", gguf.TypeF16), quant: QuantQ8_0, wantTypes: []string{"Q8_0"}},
+	{name: "llama4_q4_k_m", spec: smallSpec("llama4", gguf.TypeF16), quant: QuantQ4_KM, wantTypes: []string{"Q4_K", "Q6_K"}},
 }
 
 // makeParityModel synthesizes (and quantizes) m into dir.

@@ -87,9 +87,14 @@ func TestPrefixCacheExact(t *testing.T) {
 	dir := t.TempDir()
 	models := map[string]func(*testing.T) string{
 		"stories260K": func(t *testing.T) string { return testmodels.Path(t, "stories260K.gguf") },
-		"qwen3_q8_0":  func(t *testing.T) string { return makeParityModel(t, invarianceModels[8], dir) },
 	}
-	for _, name := range []string{"stories260K", "qwen3_q8_0"} {
+	// Sliding windows of 8 (gpt-oss, gemma3): the 96 positions slide far
+	// past them, and an entry's cells must stay put (NewShard's swa_full).
+	names := []string{"stories260K", "qwen3_q8_0", "gpt_oss_f32", "gemma3_f16"}
+	for _, name := range names[1:] {
+		models[name] = func(t *testing.T) string { return makeParityModel(t, invarianceModel(t, name), dir) }
+	}
+	for _, name := range names {
 		t.Run(name, func(t *testing.T) {
 			cfg := Config{NCtx: 256, NBatch: 128, MaxSessions: 8, Threads: 2, PrefixCacheCells: 256, PrefixCacheEntries: 4}
 			chain := loadShards(t, models[name](t), 3, cfg)

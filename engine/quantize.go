@@ -24,6 +24,9 @@ const (
 	QuantQ4_KM QuantType = "q4_k_m"
 	QuantQ4_0  QuantType = "q4_0"
 	QuantQ6_K  QuantType = "q6_k"
+	// QuantMXFP4 is llama.cpp's MXFP4_MOE: expert tensors in MXFP4 (as
+	// gpt-oss ships them), the other matrices in Q8_0.
+	QuantMXFP4 QuantType = "mxfp4_moe"
 )
 
 func (q QuantType) ftype() (C.enum_llama_ftype, error) {
@@ -38,8 +41,10 @@ func (q QuantType) ftype() (C.enum_llama_ftype, error) {
 		return C.LLAMA_FTYPE_MOSTLY_Q4_0, nil
 	case QuantQ6_K:
 		return C.LLAMA_FTYPE_MOSTLY_Q6_K, nil
+	case QuantMXFP4:
+		return C.LLAMA_FTYPE_MOSTLY_MXFP4_MOE, nil
 	}
-	return 0, fmt.Errorf("%w: unknown quantization %q (want f16, q8_0, q4_0, q6_k or q4_k_m)", ErrBadInput, q)
+	return 0, fmt.Errorf("%w: unknown quantization %q (want f16, q8_0, q4_0, q6_k, q4_k_m or mxfp4_moe)", ErrBadInput, q)
 }
 
 // Quantize writes a quantized copy of the whole model in to out with

@@ -17,6 +17,7 @@ import (
 	"runtime"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unsafe"
 )
@@ -148,14 +149,18 @@ type Shard struct {
 
 	lctx    *C.struct_llama_context
 	pool    *C.struct_ggml_threadpool // nil with DisposableThreads
-	capture *C.mp_capture             // nil on the tail (it produces logits)
-	batch   *C.struct_llama_batch     // in C memory: cgo may not see Go pointers to it
-	cands   []C.llama_token_data      // sampling scratch, owned by the loop
-	nCtx    int                       // KV cells sessions may reserve
-	cells   int                       // KV cells in all: nCtx and the prefix cache's
-	scratch int                       // sequence id reserved for the self-test
-	grave   int                       // sequence id that holds freed cells until compaction
-	kv      kvState
+	threads int                       // the pool's threads (the loop's; SetThreads asks for others)
+	// wantThreads is the thread count SetThreads asked for (0: none
+	// asked); the loop applies it before its next decode.
+	wantThreads atomic.Int32
+	capture     *C.mp_capture         // nil on the tail (it produces logits)
+	batch       *C.struct_llama_batch // in C memory: cgo may not see Go pointers to it
+	cands       []C.llama_token_data  // sampling scratch, owned by the loop
+	nCtx        int                   // KV cells sessions may reserve
+	cells       int                   // KV cells in all: nCtx and the prefix cache's
+	scratch     int                   // sequence id reserved for the self-test
+	grave       int                   // sequence id that holds freed cells until compaction
+	kv          kvState
 
 	reqs chan *request
 	quit chan struct{}
@@ -226,6 +231,7 @@ func NewShard(ctx context.Context, model *Model, cfg Config) (*Shard, error) {
 		}
 		C.llama_attach_threadpool(s.lctx, s.pool, s.pool)
 	}
+	s.threads = cfg.Threads
 	embd := 0
 	if !info.IsHead() {
 		embd = info.NEmbd
@@ -259,6 +265,13 @@ func (s *Shard) contextParams(cacheSeqs int) C.struct_llama_context_params {
 	p.n_threads = C.int32_t(cfg.Threads)
 	p.n_threads_batch = C.int32_t(cfg.Threads)
 	p.kv_unified = true // split_simple: rows come back in batch order
+	// Sliding-window layers (gpt-oss, gemma3) get a cache of n_ctx cells
+	// like the others. A smaller one makes llama.cpp reuse cells whose
+	// positions left the window (llama_kv_cache::find_slot), below cells
+	// still in use, which breaks the cell order kvState keeps (the
+	// invariance gate then fails for gpt-oss batched with 7 others). With
+	// the full size the search always finds free cells above used first.
+	p.swa_full = true
 	p.no_perf = true
 	// Flash attention visits a row's KV cells one by one in cell order and
 	// skips masked ones, so a session's attention depends only on the order
@@ -727,4 +740,47 @@ type request struct {
 	// serr is the request's own sampling error (ErrGrammar), answered
 	// when its rows are done.
 	serr error
+}
+
+// SetThreads asks the shard to compute with n threads from its next
+// decode on (the loop swaps its thread pool between decodes; n < 1 is
+// ignored). Results do not depend on the thread count: every product and
+// attention row is computed by one thread (docs/architecture.md, "Batch
+// invariance"); TestSetThreadsKeepsOutput checks it.
+func (s *Shard) SetThreads(n int) {
+	if n >= 1 {
+		s.wantThreads.Store(int32(n))
+	}
+}
+
+// Threads is the number of threads the shard computes with now.
+func (s *Shard) Threads() int {
+	if n := s.wantThreads.Load(); n > 0 {
+		return int(n)
+	}
+	return s.cfg.Threads
+}
+
+// applyThreads runs on the loop before a decode: a new pool of the
+// threads SetThreads asked for replaces the old one.
+func (s *Shard) applyThreads() {
+	n := int(s.wantThreads.Load())
+	if n <= 0 || n == s.threads {
+		return
+	}
+	C.llama_set_n_threads(s.lctx, C.int32_t(n), C.int32_t(n))
+	if s.pool != nil {
+		pool := C.mp_threadpool_new(C.int(n), C.int(s.cfg.Poll))
+		if pool == nil {
+			s.log.Warn("could not change the thread count; keeping the old pool", "threads", s.threads, "asked", n)
+			C.llama_set_n_threads(s.lctx, C.int32_t(s.threads), C.int32_t(s.threads))
+			s.wantThreads.Store(int32(s.threads))
+			return
+		}
+		C.llama_attach_threadpool(s.lctx, pool, pool)
+		C.ggml_threadpool_free(s.pool)
+		s.pool = pool
+	}
+	s.log.Info("compute threads changed", "from", s.threads, "to", n)
+	s.threads = n
 }

@@ -24,12 +24,17 @@ type windowLoader struct {
 	noMmap   bool
 	device   engine.Device
 	progress func(done, total int64) // shard splitting (Config.SplitProgress)
+	share    *threadShare            // nil: engine.Threads as configured
 	log      *slog.Logger
 }
 
 func newWindowLoader(cfg Config) *windowLoader {
-	return &windowLoader{dataDir: cfg.P2P.DataDir, engine: cfg.Engine, noMmap: cfg.NoMmap, device: cfg.Device,
+	l := &windowLoader{dataDir: cfg.P2P.DataDir, engine: cfg.Engine, noMmap: cfg.NoMmap, device: cfg.Device,
 		progress: cfg.SplitProgress, log: cfg.Logger}
+	if cfg.ThreadShare != nil && cfg.Engine.Threads == 0 && cfg.Device.IsCPU() {
+		l.share = newThreadShare(cfg.ThreadShare, cfg.Logger)
+	}
+	return l
 }
 
 // loadedShard is one loaded layer window.
@@ -38,9 +43,11 @@ type loadedShard struct {
 	shard       *engine.Shard
 	path        string
 	calibration time.Duration
+	share       *threadShare // the share that sizes its threads (nil: none)
 }
 
 func (ls *loadedShard) close() {
+	ls.share.remove(ls.shard)
 	ls.shard.Close()
 	ls.model.Close()
 }
@@ -65,15 +72,21 @@ func (l *windowLoader) load(ctx context.Context, path string) (*loadedShard, err
 	if ls.model, err = engine.LoadModel(ctx, path, engine.LoadOptions{NoMmap: l.noMmap, Device: l.device}); err != nil {
 		return nil, err
 	}
-	if ls.shard, err = engine.NewShard(ctx, ls.model, l.engine); err != nil {
+	ec := l.engine
+	if l.share != nil {
+		ec.Threads = l.share.threads(ctx)
+	}
+	if ls.shard, err = engine.NewShard(ctx, ls.model, ec); err != nil {
 		ls.model.Close()
 		return nil, err
 	}
+	ls.share = l.share
+	l.share.add(ls.shard)
 	if ls.calibration, err = ls.shard.MeasureDecode(ctx, calibrationRows); err != nil {
 		ls.close()
 		return nil, fmt.Errorf("measuring decode speed: %w", err)
 	}
-	l.log.Info("shard ready", "range", ls.window().String(), "decode_ms_per_token", float64(ls.calibration.Microseconds())/1000)
+	l.log.Info("shard ready", "range", ls.window().String(), "decode_ms_per_token", float64(ls.calibration.Microseconds())/1000, "threads", ls.shard.Threads())
 	return ls, nil
 }
 

@@ -20,6 +20,7 @@ import (
 	"github.com/neuron-tai/meshp2p/engine"
 	"github.com/neuron-tai/meshp2p/engine/gguf"
 	"github.com/neuron-tai/meshp2p/metrics"
+	"github.com/neuron-tai/meshp2p/node/cpushare"
 	"github.com/neuron-tai/meshp2p/node/shardengine"
 	"github.com/neuron-tai/meshp2p/p2p"
 	"github.com/neuron-tai/meshp2p/route"
@@ -47,7 +48,14 @@ type Config struct {
 	DemandInterval time.Duration
 	ModelName      string // advertised name (default: the file name without .gguf)
 	Engine         engine.Config
-	NoMmap         bool // read the weights instead of mapping them (engine.LoadOptions.NoMmap)
+	// ThreadShare, with Engine.Threads 0, sizes the served windows'
+	// compute threads as this process's share of the machine
+	// (cpushare.Member.Threads), re-checked every ThreadShareInterval
+	// (default 30 s) and applied between decodes. nil: Engine.Threads
+	// (0: every CPU).
+	ThreadShare         *cpushare.Member
+	ThreadShareInterval time.Duration
+	NoMmap              bool // read the weights instead of mapping them (engine.LoadOptions.NoMmap)
 	// Device runs the served layers (engine.SelectDevice; the zero
 	// Device: the CPU). It sets the kernel class the node advertises and,
 	// for a GPU, the default placement budget (its free memory).
@@ -332,6 +340,10 @@ func (n *Node) startBackground() context.Context {
 	go func() { defer n.wg.Done(); route.Follow(bg, n.p2p.Discovery(), n.table) }()
 	go func() { defer n.wg.Done(); logConnEvents(bg, n.p2p, n.log) }()
 	go func() { defer n.wg.Done(); n.adv.demandLoop(bg, n.meter, n.table, n.cfg.DemandInterval) }()
+	if n.loader.share != nil {
+		n.wg.Add(1)
+		go func() { defer n.wg.Done(); n.loader.share.run(bg, n.cfg.ThreadShareInterval) }()
+	}
 	n.set.listen(n.host, n.cfg.Hop, n.cfg.UploadLimit, n.cfg.UploadLimitPerPeer)
 	return bg
 }

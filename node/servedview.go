@@ -84,12 +84,15 @@ func (s *served) describe(ca *meshp2pb.CapabilityAdvert, pl *placementController
 }
 
 // shardAdvertLocked is a shard of model fp (name, nl layers) with the
-// range and shape of in (mu held).
+// range and shape of in (mu held). It offers a vocabulary only for the
+// own model's, which is served: a model being switched to has none here
+// yet, and a client that fetched it from this node got MODEL_MISMATCH
+// (a 503 without Retry-After from the API while the model warmed).
 func (s *served) shardAdvertLocked(pl *placementController, fp, name string, nl int, in engine.ModelInfo) *meshp2pb.ShardAdvert {
 	return &meshp2pb.ShardAdvert{
 		ModelFingerprint: fp, ModelName: name, NLayer: uint32(nl),
 		Start: uint32(in.Start), End: uint32(in.End), WireDtypes: frame.WireDTypeList(),
-		HasVocab: s.own.vocab != "", NEmbd: uint32(in.NEmbd), Arch: in.Arch,
+		HasVocab: fp == s.own.fp && s.own.vocab != "", NEmbd: uint32(in.NEmbd), Arch: in.Arch,
 		Runtime: "llama.cpp@" + engine.LlamaCommit, PlacementBudget: uint64(max(0, pl.advertisedBudget())),
 		KernelClass: s.kernel,
 	}

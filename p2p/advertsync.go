@@ -64,6 +64,7 @@ type syncState struct {
 
 	mu     sync.Mutex
 	pulled *peerlimit.Table[time.Time] // last pull from each peer
+	looks  *peerlimit.Table[pullLook]  // what each peer's pulls gave (advertsettle.go)
 	sem    chan struct{}
 }
 
@@ -71,6 +72,7 @@ func newSyncState() *syncState {
 	return &syncState{
 		serve:  peerlimit.NewLimiter(rate.Every(syncRefill), syncBurst, syncMaxBuckets),
 		pulled: peerlimit.NewTable[time.Time](syncMaxBuckets),
+		looks:  peerlimit.NewTable[pullLook](syncMaxBuckets),
 		sem:    make(chan struct{}, syncParallel),
 	}
 }
@@ -203,7 +205,10 @@ func (d *Discovery) pullLimited(ctx context.Context, p peer.ID) int {
 		return 0
 	}
 	defer func() { <-d.sync.sem }()
+	began := time.Now()
+	d.sync.pullBegins(p, began)
 	n, err := d.pull(ctx, p)
+	d.sync.pullEnds(p, began, err == nil)
 	if err != nil {
 		d.log.Debug("advert sync failed", "peer", p, "err", err)
 		return n

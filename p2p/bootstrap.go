@@ -27,7 +27,8 @@ const (
 	bootstrapDialTimeout = 15 * time.Second
 	// bootstrapDefinite is how many definite failures (refused, handshake,
 	// wrong network or identity: retrying soon will not help) of every
-	// bootstrap peer make Unreachable report true.
+	// bootstrap peer make Unreachable report true; one failure of an
+	// endpoint that never answered is enough (it took a dial timeout).
 	bootstrapDefinite = 2
 )
 
@@ -47,6 +48,10 @@ type BootstrapPeerStatus struct {
 	Failures  int    // consecutive failed dials
 	LastError string // classified reason of the last failure ("" if none)
 	definite  bool   // the last failure is one a quick retry will not fix
+	// silent: the last failure was an endpoint that accepted the
+	// connection and never answered; one is conclusive, it took the whole
+	// dial timeout.
+	silent bool
 }
 
 type bootState struct {
@@ -126,7 +131,7 @@ func (n *Node) Unreachable() bool {
 		return false
 	}
 	for _, bp := range n.boot.peers {
-		if !bp.st.definite || bp.st.Failures < bootstrapDefinite {
+		if !bp.st.definite || (bp.st.Failures < bootstrapDefinite && !bp.st.silent) {
 			return false
 		}
 	}
@@ -216,6 +221,10 @@ func (n *Node) dialBootstrap(bp *bootPeer) error {
 			_ = n.host.Network().ClosePeer(bp.ai.ID)
 		}
 	}
+	silence := speechUnknown
+	if err != nil && handshakeTimedOut(err) {
+		silence = n.probeSilence(bp.ai.Addrs) // before the lock: it takes up to silenceProbe
+	}
 	n.boot.mu.Lock()
 	defer n.boot.mu.Unlock()
 	if err == nil {
@@ -231,7 +240,8 @@ func (n *Node) dialBootstrap(bp *bootPeer) error {
 	if n.ctx.Err() != nil {
 		return err
 	}
-	why, definite := n.classifyDialError(err)
+	why, definite := n.classifyDialError(err, bp.st.Addrs, silence)
+	bp.st.silent = silence == speechNone
 	bp.st.Failures++
 	if why != bp.st.LastError || bp.st.Failures == 1 || bp.st.Failures%8 == 0 {
 		n.log.Warn("cannot reach bootstrap peer", "peer", bp.ai.ID, "addrs", bp.st.Addrs,
@@ -263,13 +273,18 @@ func (n *Node) checkNetwork(p peer.ID) error {
 	return nil
 }
 
-// classifyDialError turns a dial error into a reason a user can act on, and
-// says whether retrying soon is pointless.
-func (n *Node) classifyDialError(err error) (string, bool) {
+// classifyDialError turns a dial error for a peer at addrs into a reason a
+// user can act on, and says whether retrying soon is pointless. silence is
+// what probeSilence found after a handshake that ran out of time.
+func (n *Node) classifyDialError(err error, addrs []string, silence speech) (string, bool) {
 	msg := err.Error()
 	private, fp := n.Private()
 	var ne net.Error
 	switch {
+	case silence == speechNone:
+		return fmt.Sprintf("no answer from %s: it accepted the connection but never said a word of the handshake (is it a meshp2p node, and the port right? a stopped or frozen process?)", strings.Join(addrs, ", ")), true
+	case silence == speechUnprobed:
+		return fmt.Sprintf("no answer from %s within the handshake (a silent endpoint, or a node with another swarm key)", strings.Join(addrs, ", ")), true
 	case errors.Is(err, ErrWrongNetwork):
 		return err.Error(), true
 	case strings.Contains(msg, "peer id mismatch"):

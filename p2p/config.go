@@ -38,6 +38,11 @@ type Config struct {
 
 	// DataDir holds identity.key (Ed25519, created with 0600 on first start).
 	DataDir string
+	// IdentityFile, when set, is the key file used instead of
+	// DataDir/identity.key: a name inside DataDir, or an absolute path.
+	// Clients keep theirs apart from a node's (ClientIdentityFile), so a
+	// client and a node sharing a data dir never share a peer id.
+	IdentityFile string
 
 	// ListenAddrs defaults to DefaultListenAddrs (TCP and QUIC on all IPv4
 	// interfaces, port 0). Under a swarm key, non-TCP addresses are dropped

@@ -15,6 +15,10 @@ import (
 // holds a libp2p-marshalled Ed25519 private key (crypto.MarshalPrivateKey).
 const IdentityFile = "identity.key"
 
+// ClientIdentityFile is a client's key file (generate, serve) in the same
+// directory: a node and a client sharing a data dir have two identities.
+const ClientIdentityFile = "client.key"
+
 // maxIdentityFile bounds what LoadOrCreateIdentity reads.
 const maxIdentityFile = 4 << 10
 
@@ -26,12 +30,29 @@ func LoadOrCreateIdentity(dataDir string) (key crypto.PrivKey, created bool, err
 	if dataDir == "" {
 		return nil, false, fmt.Errorf("%w: empty data dir", ErrConfig)
 	}
-	path := filepath.Join(dataDir, IdentityFile)
+	return loadOrCreateIdentityFile(filepath.Join(dataDir, IdentityFile))
+}
+
+// identityPath is the key file cfg names: IdentityFile (inside DataDir
+// unless absolute), else DataDir/identity.key.
+func (c Config) identityPath() string {
+	switch {
+	case c.IdentityFile == "":
+		return filepath.Join(c.DataDir, IdentityFile)
+	case filepath.IsAbs(c.IdentityFile):
+		return c.IdentityFile
+	}
+	return filepath.Join(c.DataDir, c.IdentityFile)
+}
+
+// loadOrCreateIdentityFile is LoadOrCreateIdentity for the key file at
+// path (its directory created 0700 if missing).
+func loadOrCreateIdentityFile(path string) (key crypto.PrivKey, created bool, err error) {
 	key, err = readIdentity(path)
 	if err == nil || !errors.Is(err, fs.ErrNotExist) {
 		return key, false, err
 	}
-	if err := os.MkdirAll(dataDir, 0o700); err != nil {
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 		return nil, false, fmt.Errorf("creating data dir: %w", err)
 	}
 	priv, _, err := crypto.GenerateEd25519Key(rand.Reader)

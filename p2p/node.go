@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"os"
 	"strings"
 	"sync"
 	"time"
@@ -102,13 +101,13 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 			"public_cidrs", cfg.TestMode.PublicCIDRs, "relaxed_cidrs", cfg.TestMode.RelaxedCIDRs,
 			"observed_addr_threshold", cfg.TestMode.ObservedAddrThreshold)
 	}
-	key, created, err := LoadOrCreateIdentity(cfg.DataDir)
+	key, created, err := loadOrCreateIdentityFile(cfg.identityPath())
 	if err != nil {
 		return nil, err
 	}
 	log := cfg.Logger.With("logger", "p2p", "network", cfg.Network)
 	if created {
-		log.Info("created node identity", "file", cfg.DataDir+string(os.PathSeparator)+IdentityFile)
+		log.Info("created node identity", "file", cfg.identityPath())
 	}
 	psk, err := cfg.swarmKey()
 	if err != nil {
@@ -123,6 +122,9 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 		}
 	}
 	n.cfg = cfg
+	if err := CheckListenAddrs(cfg.ListenAddrs); err != nil {
+		return nil, err
+	}
 	if err := n.startHost(key, psk); err != nil {
 		return nil, err
 	}

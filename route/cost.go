@@ -377,7 +377,8 @@ func (p *CostPlanner) issueLocked(path []edge, req Request, now time.Time, candi
 		if p.Stats != nil && p.Stats(e.s.Peer).Relayed {
 			reach = p2p.PathRelayed
 		}
-		rt.Hops = append(rt.Hops, Hop{Peer: e.s.Peer, Start: e.s.Start, End: e.s.End, Addrs: e.s.Addrs, Reach: reach, KernelClass: e.s.KernelClass})
+		rt.Hops = append(rt.Hops, Hop{Peer: e.s.Peer, Start: e.s.Start, End: e.s.End, Addrs: e.s.Addrs, Reach: reach, KernelClass: e.s.KernelClass,
+			MsPerLayer: float64(e.s.DecodeMsPerLayer)})
 		est.Hops = append(est.Hops, e.hc)
 		est.PerTokenMs += e.hc.Total()
 		est.BottleneckMs = max(est.BottleneckMs, e.hc.Stage)

@@ -79,6 +79,10 @@ type Hop struct {
 	// KernelClass is the hop's advertised kernel class ("": unknown, as
 	// in a tracker's ticket, or an older node).
 	KernelClass string
+	// MsPerLayer is the hop's advertised decode time per layer (0:
+	// unknown, as in a tracker's ticket): the origin sizes its waits
+	// during the prefill from it (session.SessionOpen's hop_ms_per_layer).
+	MsPerLayer float64
 }
 
 // BatchInvariant reports whether every hop is known to compute a row the
@@ -209,7 +213,8 @@ func (p *LocalPlanner) Plan(ctx context.Context, req Request) (*Route, error) {
 	}
 	out := make([]Hop, len(path))
 	for i, e := range path {
-		out[i] = Hop{Peer: e.s.Peer, Start: e.s.Start, End: e.s.End, Addrs: e.s.Addrs, Reach: e.s.Reach, KernelClass: e.s.KernelClass}
+		out[i] = Hop{Peer: e.s.Peer, Start: e.s.Start, End: e.s.End, Addrs: e.s.Addrs, Reach: e.s.Reach, KernelClass: e.s.KernelClass,
+			MsPerLayer: float64(e.s.DecodeMsPerLayer)}
 	}
 	return &Route{Fingerprint: req.Fingerprint, NLayer: n, Epoch: req.Epoch, Hops: out}, nil
 }

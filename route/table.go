@@ -182,6 +182,17 @@ func MemberAdvert(a p2p.Advert) bool {
 	return err == nil && len(shards) > 0
 }
 
+// Choosing reports whether an advert is a node's that serves layers (its
+// role) but lists none yet: a node placing itself, about to announce the
+// window it chose (a client waiting for a route keeps waiting for it).
+func Choosing(a p2p.Advert) bool {
+	var ca meshp2pb.CapabilityAdvert
+	if err := proto.Unmarshal(a.Body, &ca); err != nil {
+		return false
+	}
+	return slices.Contains(ca.GetRoles(), meshp2pb.Role_ROLE_SHARD) && len(ca.GetShards()) == 0
+}
+
 // checkShard validates one advertised shard: layer counts within what a
 // model can have (gguf.MaxLayers, llama.cpp's limit), a range inside them,
 // a plausible width, capacity that does not exceed itself, and a finite,

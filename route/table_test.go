@@ -53,3 +53,25 @@ func TestValidFingerprint(t *testing.T) {
 		}
 	}
 }
+
+// A node that serves layers but lists none yet is choosing its window; a
+// client, or a node with shards, is not.
+func TestChoosing(t *testing.T) {
+	advert := func(roles []meshp2pb.Role, shards ...*meshp2pb.ShardAdvert) p2p.Advert {
+		b, err := proto.Marshal(&meshp2pb.CapabilityAdvert{Roles: roles, Shards: shards})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return p2p.Advert{Body: b}
+	}
+	shard := []meshp2pb.Role{meshp2pb.Role_ROLE_SHARD}
+	if !Choosing(advert(shard)) {
+		t.Error("a shard node with no shards is not choosing")
+	}
+	if Choosing(advert(shard, &meshp2pb.ShardAdvert{Start: 0, End: 3, NLayer: 5})) {
+		t.Error("a node with a shard is choosing")
+	}
+	if Choosing(advert([]meshp2pb.Role{meshp2pb.Role_ROLE_CLIENT})) || Choosing(p2p.Advert{Body: []byte{0xff}}) {
+		t.Error("a client, or garbage, is choosing")
+	}
+}

@@ -197,7 +197,7 @@ func (p *TrackerPlanner) Verify(st *meshp2pb.SignedRouteTicket, tracker peer.ID,
 		for _, s := range shards {
 			if s.Peer == h.Peer && s.Start == h.Start && s.End == h.End && s.NLayer == req.NLayer {
 				found = true
-				h.Reach, h.KernelClass = s.Reach, s.KernelClass
+				h.Reach, h.KernelClass, h.MsPerLayer = s.Reach, s.KernelClass, float64(s.DecodeMsPerLayer)
 				if len(h.Addrs) == 0 {
 					h.Addrs = s.Addrs
 				}

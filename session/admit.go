@@ -243,6 +243,7 @@ func (h *HopService) newHopSession(s network.Stream, open *meshp2pb.SessionOpen,
 	if hs.head && speculative(open) {
 		hs.sp = newSpecHead(open, hs.tail, h.cfg.Proposer, h.cfg.Observer.WindowsInFlight)
 	}
+	hs.waits = planWaits(open, idx, h.firstFrame(idx), h.cfg.Idle)
 	return hs
 }
 
@@ -330,6 +331,7 @@ func (h *HopService) serveAdmitted(s network.Stream, r *timedReader, hs *hopSess
 		return
 	}
 	hs.admitted, hs.admittedAt = true, time.Now()
+	hs.clk.admitted.Store(hs.admittedAt.UnixNano())
 	si := sessionInfo(open, idx)
 	si.Cached = int(min(uint32(hs.cached), acc.GetAccept().GetCachedTokens()))
 	h.cfg.Observer.SessionAdmitted(si)
@@ -409,7 +411,7 @@ func (h *HopService) noteSilence(hs *hopSession, timedOut bool) {
 		h.silence.heard(hs.origin)
 	case hs.from != hs.origin:
 		h.log.Debug("previous hop sent nothing; not counted against the origin", "session", hs.key, "hop", hs.idx, "from", hs.from)
-	case timedOut || time.Since(hs.admittedAt) >= h.firstFrame(hs.idx)/2:
+	case timedOut || time.Since(hs.admittedAt) >= hs.waits.first/2:
 		d := h.silence.strike(hs.origin)
 		h.log.Info("origin left a session silent; refusing its sessions for a while", "origin", hs.origin, "session", hs.key, "hop", hs.idx, "for", d)
 	}

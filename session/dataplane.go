@@ -46,9 +46,9 @@ func (hs *hopSession) run(r *timedReader) {
 	go func() { upstream <- hs.readUpstream(r) }()
 	// Until the first frame the idle timer is the first-frame timeout: an
 	// open that reserved cells along the route and sends nothing is freed
-	// soon.
-	wait, first, extended := hs.h.firstFrame(hs.idx), true, 0
-	idle := time.NewTimer(wait)
+	// soon. Through the prefill it follows the work (waits.go).
+	st := idleState{wait: hs.waits.first, first: true}
+	idle := time.NewTimer(st.wait)
 	defer idle.Stop()
 	for {
 		select {
@@ -69,28 +69,13 @@ func (hs *hopSession) run(r *timedReader) {
 			<-upstream
 			return
 		case <-hs.activity:
-			first, extended = false, 0
-			wait = hs.h.cfg.Idle
-			idle.Reset(wait)
+			st = idleState{wait: hs.idleWait()}
+			idle.Reset(st.wait)
 		case <-idle.C:
-			if hs.busy.Load() > 0 && extended < MaxBusyIdles {
-				// This hop is still computing or sending what arrived (a
-				// prefill chunk on a loaded machine can take longer than
-				// the idle timeout): nobody upstream is idle. A stuck next
-				// hop fails the send by its write deadline; a stuck engine
-				// ends the session after MaxBusyIdles idle periods.
-				extended++
-				idle.Reset(wait)
+			if d := hs.expired(&st); d > 0 {
+				idle.Reset(d)
 				continue
 			}
-			// Nothing arrived for too long: blame the hop that should have
-			// sent it (the origin for the head: nothing to re-route).
-			what := "session idle"
-			if first {
-				what = "no frame since admission"
-				hs.h.noteSilence(hs, true)
-			}
-			hs.fail(codeErr(meshp2pb.ErrorCode_ERROR_CODE_TIMEOUT, fmt.Sprintf("%s for %s", what, wait), hs.upstreamPeer()))
 			hs.unblock()
 			hs.up.Close()
 			<-upstream
@@ -186,8 +171,7 @@ func (hs *hopSession) readUpstream(r *timedReader) error {
 // TranscriptWindow frames a signed statement follows them; the head does
 // that under trMu and writes on the down seam after it, in turn (turn.go).
 func (hs *hopSession) activation(a *meshp2pb.ActivationHeader, tensors [][]byte, from peer.ID, rt readTiming) error {
-	hs.busy.Add(1)
-	defer hs.busy.Add(-1)
+	defer hs.working(a.GetNRows())()
 	if !hs.tx.signs() {
 		return hs.compute(a, tensors, from, rt, nil)
 	}
@@ -392,7 +376,7 @@ func (hs *hopSession) writeDown(hdr *meshp2pb.ActivationHeader, payload []byte) 
 	// (WriteDeadline) makes this specific error, which names the next hop,
 	// win over our own idle timeout, which could not.
 	path, t1 := hs.seamPath(hs.down), time.Now()
-	if err := hs.down.SendActivation(hdr, payload, WriteDeadline(hs.h.cfg.Idle)); err != nil {
+	if err := hs.down.SendActivation(hdr, payload, hs.downDeadline(hdr.GetNRows())); err != nil {
 		return linkErr("send to next hop", err, hs.route[hs.idx+1], hs.h.host.ID())
 	}
 	d := time.Since(t1)
@@ -449,6 +433,14 @@ func (hs *hopSession) readRing(rs network.Stream) {
 					continue
 				case <-time.After(RingGrace):
 				}
+			} else {
+				// A reset ring too: a tail that fails resets it right after
+				// its report, which the reset may drop; the same report
+				// comes up the seams.
+				select {
+				case <-hs.done:
+				case <-time.After(RingGrace):
+				}
 			}
 			select {
 			case <-hs.done:
@@ -481,7 +473,7 @@ func (hs *hopSession) readRing(rs network.Stream) {
 				return
 			}
 		case *meshp2pb.StreamMessage_Error:
-			hs.fail(hs.fromDownstream(k.Error, tail, true))
+			hs.fail(hs.ringReport(k.Error, tail))
 			return
 		default:
 			hs.fail(codeErr(meshp2pb.ErrorCode_ERROR_CODE_UNEXPECTED_MESSAGE, "unexpected message on ring", tail))

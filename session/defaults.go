@@ -12,6 +12,12 @@ import (
 //
 //	FailWriteTimeout < write deadline (Idle/2) < Idle < TokenTimeout
 //	DefaultFirstFrame < Idle (the first frame's tighter idle timer)
+//
+// Through the prefill every wait also follows the work (waits.go): a hop
+// waits, on top of these, for the work the hops before it (and, once its
+// own prompt rows are in, the hops after it) still have to do, estimated
+// from the prompt's rows and the hops' advertised speed × PrefillWaitSlack;
+// the origin's first-token wait covers the longest of them.
 const (
 	// DefaultIdle frees a hop's session after this long without frames and
 	// reports TIMEOUT blaming the upstream neighbour.
@@ -36,6 +42,21 @@ const (
 	// this (the first chunk is computed by every hop before it), at most
 	// Idle.
 	DefaultFirstFrame = 10 * time.Second
+	// PrefillWaitSlack: a wait for other hops' prefill work allows this
+	// many times their estimate (rows × layers × advertised decode time
+	// per layer). Generous, because the estimate is rough: a loaded
+	// machine runs several times slower than the best it advertises
+	// (measured at a quiet moment), and while a big model's prefill row
+	// costs a fraction of a decode row, a small model whose weights stay
+	// in cache can spend twice a decode row on one (measured: 1.26 against
+	// 0.58 ms per layer, f16 768-wide, one thread). Waiting too long only
+	// delays the report of a hop that hangs in the prefill; too short
+	// excludes an honest one.
+	PrefillWaitSlack = 10
+	// MaxPrefillWait caps the work a wait allows for (the estimate × the
+	// slack, over the whole route): hop_ms_per_layer is the origin's word,
+	// unsigned, and a relaying hop must not hold later hops for ever.
+	MaxPrefillWait = 10 * time.Minute
 	// DefaultSessionKVDivisor: one session may reserve at most this
 	// fraction (1/2) of a shard's KV cells, so a single open cannot take a
 	// whole hop (HopConfig.MaxSessionKV overrides it).
@@ -105,8 +126,10 @@ const (
 	// neighbour, which can name it, before the origin can only blame the
 	// head.
 	DefaultTokenTimeout = 90 * time.Second
-	// PrefillRowsPerTokenTimeout: the first token waits one more
-	// TokenTimeout per this many prompt rows (the prefill).
+	// PrefillRowsPerTokenTimeout: the first token of an epoch waits one
+	// more TokenTimeout per this many prompt rows (the prefill), and at
+	// least TokenTimeout plus three times the route's prefill work (the
+	// longest a hop waits, waits.go).
 	PrefillRowsPerTokenTimeout = 1024
 	// DialTimeout bounds opening the session stream to the head.
 	DialTimeout = 30 * time.Second
@@ -114,6 +137,12 @@ const (
 	DefaultMaxReroutes = 4
 	// DefaultChunk is the prefill chunk size in rows: hops overlap chunks.
 	DefaultChunk = 128
+	// FirstChunkRows is the size of the prefill's first chunk: one row
+	// reaches every hop in about a decode step's time, however long the
+	// prompt and slow the hops, so the hops' first-frame waits (which free
+	// sessions that reserve a route and send nothing, and so stay short:
+	// at most Idle) never wait for a prompt's worth of work.
+	FirstChunkRows = 1
 	// DefaultMaxTokens is a generation's length when none is asked.
 	DefaultMaxTokens = 128
 	// DefaultRouteWait bounds how long a re-route waits for a replacement

@@ -30,6 +30,7 @@
 //	transcribe.go    hopTranscripts, the hopAudit of a session with transcripts: sign, check, keep
 //	auditstore.go    what a hop keeps for audits (bounded) and the audit protocol's handler
 //	teardown.go      the clean close (final statements, SessionClose down the route), fail (report upstream once), release, blame from downstream reports
+//	waits.go         waits that follow the prefill's work (prompt rows × hops' speed), a hop's verdict on a silence blamed on it
 //	migrate.go       moving a seam or ring from a relayed to a direct connection
 //	speed.go         measured decode speed (advertised for the tracker's cost model)
 //	engines.go       the ranges a hop serves (two while it moves, other models beside it): AddEngine, AddModel, StopAdmitting, Drain, Retarget

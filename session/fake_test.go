@@ -90,7 +90,10 @@ type fakeEngine struct {
 	// number of Forwards so far): a hop that returns wrong activations.
 	tamper func(forwards int, out *Output)
 	// cache, if set, is the engine's prefix cache (prefix_test.go).
-	cache       *fakeCache
+	cache *fakeCache
+	// delay, if set, is each Forward's compute time per row and layer: a
+	// slow machine (a prefill of n rows takes n × layers × delay).
+	delay       time.Duration
 	refused     chan struct{} // closed at the first capacity refusal
 	refusedOnce sync.Once
 	sessions    map[Key]*fakeSession
@@ -188,6 +191,10 @@ func (s *fakeSession) Forward(ctx context.Context, in Input) (Output, error) {
 		return Output{}, fmt.Errorf("%w: KV reservation of %d cells exceeded", ErrNoCapacity, s.kv)
 	}
 	s.nextPos += len(rows)
+	s.e.mu.Lock()
+	delay := s.e.delay * time.Duration(len(rows)*(info.End-info.Start))
+	s.e.mu.Unlock()
+	time.Sleep(delay)
 	s.e.mu.Lock()
 	steps, onStep := -1, s.e.onStep
 	if len(rows) == 1 {
@@ -462,6 +469,9 @@ type fakeHop struct {
 	// advertised is the kernel class its route hops carry (its advert's;
 	// "": unknown).
 	advertised string
+	// msPerLayer is the decode time per layer its route hops carry (its
+	// advert's; 0: unknown).
+	msPerLayer float64
 }
 
 func startHop(t testing.TB, start, end int, tweak func(*HopConfig)) *fakeHop {
@@ -521,7 +531,7 @@ func hostsOf(hops ...*fakeHop) []*testHost {
 }
 
 func (f *fakeHop) hop() route.Hop {
-	return route.Hop{Peer: f.host.ID(), Start: f.eng.info.Start, End: f.eng.info.End, Addrs: f.host.Addrs(), KernelClass: f.advertised}
+	return route.Hop{Peer: f.host.ID(), Start: f.eng.info.Start, End: f.eng.info.End, Addrs: f.host.Addrs(), KernelClass: f.advertised, MsPerLayer: f.msPerLayer}
 }
 
 // stagePlanner plans the first usable candidate of every stage (a stage is

@@ -272,6 +272,8 @@ type hopSession struct {
 	clock     hopClock // the previous frame's write times (HopTiming)
 	activity  chan struct{}
 	busy      atomic.Int32 // frames being computed and sent: the idle timer waits for them
+	waits     waitPlan     // the waits that follow the work (waits.go)
+	clk       waitClock    // when this hop last heard from upstream, and since when it computes
 
 	once     sync.Once
 	done     chan struct{} // closed when the session fails or ends
@@ -300,6 +302,7 @@ func (hs *hopSession) upstreamPeer() peer.ID {
 }
 
 func (hs *hopSession) touch() {
+	hs.clk.heard.Store(time.Now().UnixNano())
 	if !hs.heard.Swap(true) {
 		hs.h.heardFrom(hs)
 	}

@@ -37,8 +37,9 @@ type Origin struct {
 	Limits   frame.Limits
 	Logger   *slog.Logger
 	// TokenTimeout bounds the wait for each token (DefaultTokenTimeout,
-	// longer than a hop's idle timeout; the first token gets more per
-	// PrefillRowsPerTokenTimeout prompt rows, for the prefill).
+	// longer than a hop's idle timeout; each epoch's first token gets
+	// more per PrefillRowsPerTokenTimeout prompt rows and for the route's
+	// estimated prefill work, for the prefill: waits.go).
 	TokenTimeout time.Duration
 	// MaxReroutes bounds recovery attempts per generation
 	// (DefaultMaxReroutes; negative: never re-route).
@@ -356,12 +357,13 @@ func (o *Origin) run(ctx context.Context, sid [16]byte, rt *route.Route, req Gen
 	// Longer than a hop's idle timeout (the ladder in defaults.go), so a
 	// stalled hop is reported by its neighbour, which can name it, before
 	// we give up and can only blame the head. The first token also waits
-	// for the prefill, which grows with the prompt.
+	// for the prefill, which grows with the prompt and the hops' speed
+	// (waits.go).
 	e.tokenTimeout = o.TokenTimeout
 	if e.tokenTimeout == 0 {
 		e.tokenTimeout = DefaultTokenTimeout
 	}
-	e.firstTimeout = e.tokenTimeout * time.Duration(1+len(input)/PrefillRowsPerTokenTimeout)
+	e.firstTimeout = originFirstWait(open, len(input), e.tokenTimeout)
 	if failed, err := e.admit(open); err != nil {
 		return failed, err
 	}
@@ -393,7 +395,7 @@ func (o *Origin) sessionOpen(sid [16]byte, rt *route.Route, req GenerateRequest,
 	}
 	return &meshp2pb.SessionOpen{SessionId: sid[:], Epoch: rt.Epoch, ModelFingerprint: rt.Fingerprint, Route: route.WireRoute(rt),
 		Sampling: req.Sampling, MaxTokens: uint32(remaining), WireDtype: req.WireDType, Speculation: spec,
-		NCtxNeeded: uint32(len(input) + remaining + 1), Generated: generated, Ticket: rt.Ticket}, input
+		NCtxNeeded: uint32(len(input) + remaining + 1), Generated: generated, Ticket: rt.Ticket, HopMsPerLayer: hopMsPerLayer(rt)}, input
 }
 
 // epochRun is the origin's end of one epoch: the stream to the head.
@@ -435,10 +437,11 @@ func (e *epochRun) admit(open *meshp2pb.SessionOpen) (peer.ID, error) {
 }
 
 // prefill sends the input from position from (what the hops hold before
-// it) as token-id frames of at most chunk rows.
+// it) as token-id frames: FirstChunkRows first, then chunks of at most
+// chunk rows.
 func (e *epochRun) prefill(input []int32, from, chunk int) error {
-	for off := from; off < len(input); off += chunk {
-		end := min(off+chunk, len(input))
+	for off, n := from, FirstChunkRows; off < len(input); off, n = off+n, chunk {
+		end := min(off+n, len(input))
 		a := &meshp2pb.ActivationHeader{SessionId: e.sid[:], Epoch: e.rt.Epoch, PosStart: uint32(off), NRows: uint32(end - off),
 			IsPrefill: true, LastChunk: end == len(input), Tokens: input[off:end]}
 		if err := e.w.WriteActivation(a); err != nil {
@@ -457,7 +460,9 @@ func (e *epochRun) collect(req GenerateRequest, res *Result, nGenerated int, sta
 	var prefillUs []uint32
 	specBase := res.Spec // the earlier epochs' counts
 	for len(res.Tokens) < req.MaxTokens {
-		if res.TTFT > 0 || len(res.Tokens) > nGenerated {
+		// This epoch's first token waits for its prefill, after a
+		// re-route too (it re-prefills the tokens so far).
+		if len(res.Tokens) > nGenerated {
 			_ = e.s.SetReadDeadline(time.Now().Add(e.tokenTimeout))
 		} else {
 			_ = e.s.SetReadDeadline(time.Now().Add(e.firstTimeout))

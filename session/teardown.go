@@ -201,6 +201,9 @@ func (hs *hopSession) watchDownstream(s network.Stream, r *frame.Reader) {
 // that fails a generation must not escape the re-route. (A relaying hop
 // can still forge a later reporter: reports are not signed.)
 func (hs *hopSession) fromDownstream(e *meshp2pb.Error, neighbour peer.ID, ring bool) *hopError {
+	if v := hs.verdict(e); v != nil {
+		return v // a silence blamed on this hop, which knows better
+	}
 	e = proto.Clone(e).(*meshp2pb.Error)
 	at := func(p peer.ID) int { // route index of p after us, -1 if none
 		for j := hs.idx + 1; j < len(hs.route); j++ {

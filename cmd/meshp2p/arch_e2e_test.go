@@ -29,6 +29,17 @@ var archSwarms = []struct {
 	{"minimax-m2", []string{"--type", "q8_0"}, []string{"0-2", "2-3", "3-6"}},
 	// Ministral 3: llama's layers, YaRN with attention temperature scaling.
 	{"mistral3", []string{"--type", "q8_0"}, []string{"0-3", "3-5", "5-6"}},
+	// gpt-oss's structure: experts in MXFP4 (the rest Q8_0), attention
+	// sinks, a window of 8 on every even layer; shards start at even
+	// layers.
+	{"gpt-oss", []string{"--type", "mxfp4_moe"}, []string{"0-2", "2-4", "4-6"}},
+	// Gemma 3's structure: 5 sliding layers (window 8) to 1 global, tied
+	// output; shards start at multiples of 6 and hold a global layer.
+	{"gemma3", []string{"--type", "q8_0", "--layers", "18"}, []string{"0-6", "6-12", "12-18"}},
+	// Llama 4 Maverick's structure: top-1 experts and a shared one on
+	// every 2nd layer, chunked attention 3:1, no rope on the 4th;
+	// shards start at multiples of 4 and hold at least 4 layers.
+	{"llama4", []string{"--type", "q8_0", "--layers", "12"}, []string{"0-4", "4-8", "8-12"}},
 }
 
 // TestArchitectureSwarms: for each architecture, three `meshp2p start`
@@ -40,6 +51,7 @@ func TestArchitectureSwarms(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts five processes per architecture")
 	}
+	t.Parallel() // its processes mostly wait on timers (make test: -parallel = cores)
 	for _, a := range archSwarms {
 		t.Run(a.arch, func(t *testing.T) {
 			bin := testbin.CLI(t)

@@ -20,6 +20,7 @@ import (
 	"github.com/neuron-tai/meshp2p/engine/gguf"
 	"github.com/neuron-tai/meshp2p/internal/failfile"
 	"github.com/neuron-tai/meshp2p/node"
+	"github.com/neuron-tai/meshp2p/node/cpushare"
 	"github.com/neuron-tai/meshp2p/proto/frame"
 	"github.com/neuron-tai/meshp2p/proto/meshp2pb"
 	"github.com/neuron-tai/meshp2p/route"
@@ -39,7 +40,8 @@ The HTTP API (serve) runs the same code (package client): given the same
 sampling flags it writes the same text. Only the defaults differ: here
 top-k 40, top-p 0.95, min-p 0.05, greedy, 64 tokens, seed 42; the API
 follows OpenAI's (temperature 1, top_p 1, no top-k/min-p, a random seed;
-docs/api.md).
+docs/api.md). The client's identity is <data-dir>/client.key (a node's
+is identity.key), the same on every run.
 
 Flags:
 `
@@ -195,7 +197,7 @@ func parseGenerate(stderr io.Writer, args []string) (*genFlags, error) {
 	fs.BoolVar(&g.asJSON, "json", false, "print one JSON object instead of streaming text")
 	wire := fs.String("wire-dtype", frame.WireDTypes()[0].Name, "activation dtype between hops: "+wireDTypeHelp())
 	specMode := fs.String("speculative", client.SpecAuto, "speculative decoding: "+client.SpecModes()+" (the head proposes tokens, by n-gram lookup or with its --draft model, and the tail verifies several per pass; auto only while it pays; the output is the same)")
-	fs.DurationVar(&g.wait, "wait", client.DefaultWait, "how long to wait for peers covering the model")
+	fs.DurationVar(&g.wait, "wait", client.DefaultWait, "how long to wait for peers covering the model; a model or layers nobody serves fail sooner, once every connected peer's adverts are in (under 2 s), unless nodes are still choosing their layers")
 	verbose := fs.Bool("v", false, "debug logging")
 	g.pf.register(fs)
 	g.af.register(fs)
@@ -283,6 +285,12 @@ func (g *genFlags) runLocal(ctx context.Context, stdout io.Writer, out *genResul
 	ec.MaxSessions, ec.NCtx, ec.Logger, ec.Threads = 1, len(toks)+g.maxTokens+16, g.log, *g.pf.threads
 	ec.PrefixCacheCells = 0 // one generation: nothing to reuse
 	ec.NBatch = max(ec.NBatch, 2)
+	if ec.Threads == 0 { // auto, as start's default: this process's share of the machine
+		if sm, err := cpushare.Join(cpushare.DefaultDir()); err == nil {
+			ec.Threads = sm.Threads(ctx)
+			defer sm.Leave()
+		}
+	}
 	sh, err := engine.NewShard(ctx, m, ec)
 	if err != nil {
 		return time.Time{}, err
@@ -313,19 +321,19 @@ func (g *genFlags) runSwarm(ctx context.Context, stdout io.Writer, out *genResul
 	if err != nil {
 		return time.Time{}, err
 	}
-	if !g.explicitDD { // an ephemeral identity: never collide with a local node's
-		d, err := os.MkdirTemp("", "meshp2p-client-")
-		if err != nil {
-			return time.Time{}, err
-		}
-		defer os.RemoveAll(d)
-		pc.DataDir = d
-	}
 	pc.Logger = g.log
 	trackers, err := g.tf.applyOrigin(&pc)
 	if err != nil {
 		return time.Time{}, err
 	}
+	if len(pc.Bootstrap) == 0 { // nothing else finds a swarm: say so now, not after --wait
+		return time.Time{}, fmt.Errorf("%w: %s", errUsage, noBootstrapHelp)
+	}
+	release, err := clientIdentity(&pc, g.log)
+	if err != nil {
+		return time.Time{}, err
+	}
+	defer release()
 	failures, saveFailures := g.failureMemory(pc.DataDir)
 	defer saveFailures() // on errors too: a failed run is the one that learned most
 	ncfg := node.Config{P2P: pc, Logger: g.log, Failures: failures}
@@ -366,13 +374,17 @@ func (g *genFlags) runSwarm(ctx context.Context, stdout io.Writer, out *genResul
 	return first, promptError(err)
 }
 
+// noBootstrapHelp is the error of a client started without a swarm to
+// join.
+const noBootstrapHelp = `--bootstrap is not set, and there is no --tracker: nothing to join. Give a node's address: an "address:" line that meshp2p start printed (or "addrs" in its node.json), e.g. --bootstrap /ip4/192.0.2.7/tcp/4001/p2p/12D3KooW...`
+
 // failureMemory is the client's memory of peers blamed for failed
 // generations, restored from its failure file, and save, which merges it
 // back into the file (internal/failfile): so a peer that made one run wait
 // out the token or vocabulary timeout is avoided by the next runs until
 // its avoidance ends. The file is <data dir>/failures.json with
-// --data-dir, else <user cache dir>/meshp2p/<network>/failures.json (a run
-// without --data-dir has a temporary data dir). Without either the memory
+// --data-dir, else <user cache dir>/meshp2p/<network>/failures.json (per
+// network, which the default data dir is not). Without either the memory
 // lasts one run.
 func (g *genFlags) failureMemory(dataDir string) (m *session.FailureMemory, save func()) {
 	m = session.NewFailureMemory(0, 0)

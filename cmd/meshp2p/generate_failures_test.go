@@ -115,7 +115,9 @@ func TestGenerateSavesFailureMemoryOnError(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
+	// A bootstrap peer nobody runs: the run starts its node, then fails.
 	err := runGenerate(ctx, io.Discard, io.Discard, []string{"--network", "failsave", "--listen", "/ip4/127.0.0.1/tcp/0", "--test-mode",
+		"--bootstrap", "/ip4/127.0.0.1/tcp/9/p2p/" + randomPeer(t).String(),
 		"--model", "0123456789abcdef0123", "--prompt", "p", "--wait", "200ms"})
 	if err == nil {
 		t.Fatal("a generation without peers succeeded")

@@ -35,6 +35,10 @@ func commands() []command {
 	}
 }
 
+// exitInterrupted is the exit status of a command interrupted by Ctrl-C
+// or SIGTERM before it finished (128 + SIGINT, as shells report).
+const exitInterrupted = 130
+
 // errUsage marks an error caused by bad command-line usage (exit status 2).
 var errUsage = errors.New("usage")
 
@@ -51,6 +55,9 @@ func main() {
 }
 
 func run(args []string, stdout, stderr io.Writer) int {
+	if len(args) > 0 && (args[0] == "--version" || args[0] == "-version") {
+		args = append([]string{"version"}, args[1:]...)
+	}
 	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
 		usage(stdout)
 		if len(args) == 0 {
@@ -70,6 +77,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 			return 0
 		case errors.Is(err, flag.ErrHelp):
 			return 0
+		case ctx.Err() != nil && errors.Is(err, context.Canceled):
+			// Interrupted (Ctrl-C, SIGTERM): the user knows; the shell's
+			// convention for a command ended by SIGINT, no error text.
+			return exitInterrupted
 		case errors.Is(err, errUsage):
 			fmt.Fprintf(stderr, "meshp2p %s: %v\n", c.name, err)
 			return 2

@@ -134,6 +134,7 @@ func TestManyModelsDemandMoves(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts seven processes")
 	}
+	t.Parallel() // its processes mostly wait on timers (make test: -parallel = cores)
 	bin := testbin.CLI(t)
 	a := testmodels.Path(t, "stories260K.gguf")
 	b := testmodels.Path(t, "llama-2-tiny-random.gguf")
@@ -295,6 +296,7 @@ func TestManyModelsHostileGossip(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts four processes")
 	}
+	t.Parallel() // its processes mostly wait on timers (make test: -parallel = cores)
 	bin := testbin.CLI(t)
 	a := testmodels.Path(t, "stories260K.gguf")
 	b := testmodels.Path(t, "llama-2-tiny-random.gguf")

@@ -47,7 +47,7 @@ func (f *netFlags) register(fs *flag.FlagSet, preset string) {
 	fs.StringVar(&f.bootstrap, "bootstrap", notGiven, "comma-separated bootstrap peers (multiaddrs ending in /p2p/<id>); there are no public defaults")
 	fs.StringVar(&f.relays, "relay", notGiven, "comma-separated static relays (multiaddrs with /p2p/<id>); default: the bootstrap peers")
 	fs.StringVar(&f.swarmKey, "swarm-key", notGiven, "private swarm key file (libp2p swarm.key; makes the node TCP-only)")
-	fs.StringVar(&f.dataDir, "data-dir", defaultDataDir(), "data directory (identity, shard cache, node.json)")
+	fs.StringVar(&f.dataDir, "data-dir", defaultDataDir(), "data directory: a node's identity.key, shard cache and node.json (one node per directory: it is locked), a client's client.key and fetched vocabularies")
 	fs.StringVar(&f.dhtMode, "dht-mode", notGiven, "DHT mode: auto, server or client (default by role)")
 	fs.StringVar(&f.reach, "reachability", notGiven, "force reachability: public or private (default: AutoNAT decides)")
 	fs.BoolVar(&f.portMapping, "port-mapping", preset == node.PresetHome, "map a port on the home router with UPnP/NAT-PMP")

@@ -43,7 +43,8 @@ route session, re-routing around hops that die.
 
 The API listens on loopback unless --api names another address; --api-key
 (or $MESHP2P_API_KEY) then protects every model endpoint: "Authorization:
-Bearer KEY" (Anthropic's "x-api-key: KEY" too).
+Bearer KEY" (Anthropic's "x-api-key: KEY" too). The gateway's peer id (for
+the nodes' --trusted-client) lasts: its key is <data-dir>/client.key.
 
 Flags:
 `
@@ -158,19 +159,16 @@ func runServe(ctx context.Context, stdout, stderr io.Writer, args []string) erro
 	}
 	explicitDir := false
 	fs.Visit(func(f *flag.Flag) { explicitDir = explicitDir || f.Name == "data-dir" })
-	if !explicitDir { // never share a local node's identity
-		d, err := os.MkdirTemp("", "meshp2p-gateway-")
-		if err != nil {
-			return err
-		}
-		defer os.RemoveAll(d)
-		pc.DataDir = d
-	}
 	log, err := lf.logger(stderr, *verbose)
 	if err != nil {
 		return err
 	}
 	pc.Logger = log
+	release, err := clientIdentity(&pc, log)
+	if err != nil {
+		return err
+	}
+	defer release()
 	trackers, err := tf.applyOrigin(&pc)
 	if err != nil {
 		return err
@@ -277,7 +275,7 @@ func trustGateway(gatewayDir string, trusted map[peer.ID]bool) (map[peer.ID]bool
 const defaultAPIAddr = "127.0.0.1:8080"
 
 // proofBase is the directory proofs go under: the data dir, or the user's
-// cache directory when the data dir is temporary.
+// cache directory when no --data-dir was given.
 func proofBase(network, dataDir string, explicit bool) string {
 	if !explicit {
 		if p, err := failfile.CachePath(network); err == nil {

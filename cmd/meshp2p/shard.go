@@ -24,7 +24,7 @@ const shardUsage = `Usage:
         write one shard GGUF per half-open layer range [a,b) as DIR/<base>.L<a>-<b>.gguf;
         --first K: the model cut to its first K layers as DIR/<base>.first<K>.gguf, a whole
         model with the same vocabulary (a self-draft for start --draft)
-  meshp2p shard synth [--arch llama|qwen2|qwen3|qwen3moe] [geometry flags] -o FILE
+  meshp2p shard synth [--arch llama|qwen2|qwen3|qwen3moe|...] [geometry flags] -o FILE
         write a random-weight model (see 'meshp2p shard synth --help')
   meshp2p shard verify [--splits 2,3] [--tokens N] [--prompt TEXT] [--json] FILE
         split a whole model evenly 2 and 3 ways (in a temp dir), run the whole model and
@@ -192,7 +192,7 @@ func runShardSplit(ctx context.Context, stdout, stderr io.Writer, args []string)
 	fs := flag.NewFlagSet("shard split", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	rangesFlag := fs.String("ranges", "", "comma-separated half-open layer ranges, e.g. 0-3,3-6")
-	even := fs.Int("even", 0, "split into K even ranges instead of --ranges")
+	even := fs.Int("even", 0, "split into K ranges, as even as the architecture's cut rules allow, instead of --ranges")
 	first := fs.Int("first", 0, "instead: write the model cut to its first K layers, a standalone model with the same vocabulary (a self-draft for start --draft)")
 	outDir := fs.String("o", ".", "output directory")
 	asJSON := fs.Bool("json", false, "print the results as JSON")
@@ -214,11 +214,9 @@ func runShardSplit(ctx context.Context, stdout, stderr io.Writer, args []string)
 			return fmt.Errorf("%w: --ranges: %v", errUsage, err)
 		}
 	case *even > 0:
-		in, err := gguf.Inspect(ctx, src, false)
-		if err != nil {
+		if ranges, err = legalEvenSplit(src, *even); err != nil {
 			return err
 		}
-		ranges = gguf.EvenSplit(in.NLayer, *even)
 	default:
 		return fmt.Errorf("%w: --ranges or --even K is required", errUsage)
 	}
@@ -263,12 +261,28 @@ func writeIndented(w io.Writer, v any) error {
 	return enc.Encode(v)
 }
 
+// legalEvenSplit is the model at path split k ways as evenly as its
+// architecture's cut rules allow (gguf.LegalSplit).
+func legalEvenSplit(path string, k int) ([]gguf.Range, error) {
+	f, err := gguf.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	n, err := f.NLayer()
+	if err != nil {
+		return nil, err
+	}
+	return gguf.LegalSplit(f.Metadata, n, k)
+}
+
 // quantTypes are the quantizations synth can produce through the engine
 // (engine.Quantize; gguf.CheckQuantizable knows their geometry rules).
-var quantTypes = map[string]bool{string(engine.QuantQ8_0): true, string(engine.QuantQ4_0): true, string(engine.QuantQ6_K): true, string(engine.QuantQ4_KM): true}
+var quantTypes = map[string]bool{string(engine.QuantQ8_0): true, string(engine.QuantQ4_0): true, string(engine.QuantQ6_K): true, string(engine.QuantQ4_KM): true,
+	string(engine.QuantMXFP4): true}
 
 // quantizeFile quantizes the whole-model GGUF at in into out with llama.cpp
-// (engine.Quantize: typ "q8_0", "q4_0", "q6_k", "q4_k_m" or "f16"), writing out atomically.
+// (engine.Quantize: typ "q8_0", "q4_0", "q6_k", "q4_k_m", "mxfp4_moe" or "f16"), writing out atomically.
 // A geometry or file the quantizer cannot take (plain Q8_0 needs rows that
 // are multiples of 32, shards, already-quantized tensors, metadata that
 // would abort llama.cpp) gets a clear error before any quantization work.
@@ -312,30 +326,34 @@ type synthFlags struct {
 	expertFF, ctxLen                *int
 	tied                            *bool
 	seed                            *uint64
-	// deepseek2's (latent attention, dense lead, shared experts, groups)
+	// the architectures' own (archFlags)
 	ds map[string]*int
 }
 
-// deepseek2Flags are the deepseek2 geometry flags and the Spec field each
+// archFlags are the architecture-specific geometry flags: the
+// architecture whose default the help quotes, and the Spec field each
 // sets.
-var deepseek2Flags = []struct {
-	name, usage string
-	field       func(*gguf.Spec) *int
+var archFlags = []struct {
+	arch, name, usage string
+	field             func(*gguf.Spec) *int
 }{
-	{"dense-lead", "leading dense layers", func(s *gguf.Spec) *int { return &s.DenseLead }},
-	{"shared-experts", "shared experts", func(s *gguf.Spec) *int { return &s.SharedExperts }},
-	{"q-lora", "q LoRA rank", func(s *gguf.Spec) *int { return &s.QLoraRank }},
-	{"kv-lora", "kv LoRA rank (the latent KV)", func(s *gguf.Spec) *int { return &s.KVLoraRank }},
-	{"rope-dim", "roped dims of a q/k head", func(s *gguf.Spec) *int { return &s.RopeDim }},
-	{"nope-dim", "other dims of a q/k head", func(s *gguf.Spec) *int { return &s.NopeDim }},
-	{"v-dim", "value head dims", func(s *gguf.Spec) *int { return &s.VDim }},
-	{"expert-groups", "expert groups (0: none)", func(s *gguf.Spec) *int { return &s.ExpertGroups }},
-	{"expert-groups-used", "expert groups kept per token", func(s *gguf.Spec) *int { return &s.ExpertGroupsUsed }},
+	{"deepseek2", "dense-lead", "leading dense layers", func(s *gguf.Spec) *int { return &s.DenseLead }},
+	{"deepseek2", "shared-experts", "shared experts", func(s *gguf.Spec) *int { return &s.SharedExperts }},
+	{"deepseek2", "q-lora", "q LoRA rank", func(s *gguf.Spec) *int { return &s.QLoraRank }},
+	{"deepseek2", "kv-lora", "kv LoRA rank (the latent KV)", func(s *gguf.Spec) *int { return &s.KVLoraRank }},
+	{"deepseek2", "rope-dim", "roped dims of a q/k head", func(s *gguf.Spec) *int { return &s.RopeDim }},
+	{"deepseek2", "nope-dim", "other dims of a q/k head", func(s *gguf.Spec) *int { return &s.NopeDim }},
+	{"deepseek2", "v-dim", "value head dims", func(s *gguf.Spec) *int { return &s.VDim }},
+	{"deepseek2", "expert-groups", "expert groups (0: none)", func(s *gguf.Spec) *int { return &s.ExpertGroups }},
+	{"deepseek2", "expert-groups-used", "expert groups kept per token", func(s *gguf.Spec) *int { return &s.ExpertGroupsUsed }},
+	{"gpt-oss", "head-dim", "gpt-oss, gemma3: q/k/v dims of a head", func(s *gguf.Spec) *int { return &s.HeadDim }},
+	{"gpt-oss", "sliding-window", "gpt-oss, gemma3, llama4: the sliding layers' window (gemma3: 0 = none; llama4: > 0 = chunked attention)", func(s *gguf.Spec) *int { return &s.SlidingWindow }},
+	{"llama4", "moe-step", "experts on every N-th layer (interleave_moe_layer_step)", func(s *gguf.Spec) *int { return &s.MoEStep }},
 }
 
 // registerSynthFlags registers the flags of "shard synth" on fs.
 func registerSynthFlags(fs *flag.FlagSet) *synthFlags {
-	def, moe, ds := gguf.DefaultSpec("llama"), gguf.DefaultSpec("qwen3moe"), gguf.DefaultSpec("deepseek2")
+	def, moe := gguf.DefaultSpec("llama"), gguf.DefaultSpec("qwen3moe")
 	sf := &synthFlags{
 		arch:        fs.String("arch", "llama", "architecture: "+strings.Join(gguf.Architectures(), ", ")),
 		layers:      fs.Int("layers", 0, fmt.Sprintf("number of layers (default %d)", def.Layers)),
@@ -349,14 +367,19 @@ func registerSynthFlags(fs *flag.FlagSet) *synthFlags {
 		ctxLen:      fs.Int("ctx", 0, fmt.Sprintf("context length (default %d)", def.ContextLength)),
 		tied:        fs.Bool("tied", false, "tie the output to token_embd (default: qwen3 tied, others untied)"),
 		vocabFrom:   fs.String("vocab-from", "", "copy tokenizer.* from this GGUF (default: a built-in 372-token SPM vocabulary)"),
-		typ:         fs.String("type", strings.ToLower(def.Type.String()), "weight type: f32, f16, q8_0, q4_0, q6_k or q4_k_m (quantized from f16 by llama.cpp)"),
+		typ:         fs.String("type", strings.ToLower(def.Type.String()), "weight type: f32, f16, q8_0, q4_0, q6_k, q4_k_m or mxfp4_moe (experts in MXFP4, the rest Q8_0) (quantized from f16 by llama.cpp)"),
 		seed:        fs.Uint64("seed", def.Seed, "random seed (same seed and flags, same file)"),
 		name:        fs.String("name", "", "general.name"),
 		out:         fs.String("o", "", "output file (required)"),
 		ds:          map[string]*int{},
 	}
-	for _, f := range deepseek2Flags {
-		sf.ds[f.name] = fs.Int(f.name, -1, fmt.Sprintf("deepseek2: %s (default %d)", f.usage, *f.field(&ds)))
+	for _, f := range archFlags {
+		d := gguf.DefaultSpec(f.arch)
+		usage := f.usage
+		if !strings.Contains(usage, ":") {
+			usage = f.arch + ": " + usage
+		}
+		sf.ds[f.name] = fs.Int(f.name, -1, fmt.Sprintf("%s (default %d)", usage, *f.field(&d)))
 	}
 	return sf
 }
@@ -403,7 +426,7 @@ func (sf *synthFlags) spec(fs *flag.FlagSet) (gguf.Spec, string, error) {
 	if set["tied"] {
 		spec.Tied = *sf.tied
 	}
-	for _, f := range deepseek2Flags {
+	for _, f := range archFlags {
 		if set[f.name] {
 			*f.field(&spec) = *sf.ds[f.name]
 		}
@@ -418,7 +441,7 @@ func (sf *synthFlags) spec(fs *flag.FlagSet) (gguf.Spec, string, error) {
 	case quantTypes[t]:
 		spec.Type, quant = gguf.TypeF16, t
 	default:
-		return spec, "", fmt.Errorf("%w: --type %q (want f32, f16, q8_0, q4_0, q6_k or q4_k_m)", errUsage, *sf.typ)
+		return spec, "", fmt.Errorf("%w: --type %q (want f32, f16, q8_0, q4_0, q6_k, q4_k_m or mxfp4_moe)", errUsage, *sf.typ)
 	}
 	if err := spec.Validate(); err != nil {
 		return spec, "", fmt.Errorf("%w: %v", errUsage, err)

@@ -133,7 +133,7 @@ func printVerify(w io.Writer, r *verifyReport) {
 // prompt and greedy steps (f32 hidden states between
 // shards) and compares tokens and logits.
 func verifyParity(ctx context.Context, path string, ks []int, steps int, promptText string, threads int) (*verifyReport, error) {
-	n, fp, err := wholeModelInfo(ctx, path)
+	n, fp, md, err := wholeModelInfo(ctx, path)
 	if err != nil {
 		return nil, err
 	}
@@ -174,7 +174,12 @@ func verifyParity(ctx context.Context, path string, ks []int, steps int, promptT
 	defer os.RemoveAll(tmp)
 	seen := map[int]bool{}
 	for _, k := range ks {
-		ranges := gguf.EvenSplit(n, k) // clamped to one shard per layer
+		// As even as the architecture's cut rules allow; clamped to one
+		// shard per layer.
+		ranges, err := gguf.LegalSplit(md, n, k)
+		if err != nil {
+			return nil, fmt.Errorf("%d-way split: %w", k, err)
+		}
 		if seen[len(ranges)] {
 			continue
 		}
@@ -194,15 +199,15 @@ func verifyParity(ctx context.Context, path string, ks []int, steps int, promptT
 }
 
 // wholeModelInfo checks that path is a whole model llama.cpp can load and
-// returns its layer count and fingerprint.
-func wholeModelInfo(ctx context.Context, path string) (n int, fp string, err error) {
+// returns its layer count, fingerprint and metadata.
+func wholeModelInfo(ctx context.Context, path string) (n int, fp string, md gguf.Metadata, err error) {
 	f, err := gguf.Open(path)
 	if err != nil {
-		return 0, "", err
+		return 0, "", nil, err
 	}
 	if f.Metadata.Index(gguf.KeyParentFingerprint) >= 0 {
 		f.Close()
-		return 0, "", fmt.Errorf("%w: %s is a shard; verify the whole model it came from", errUsage, path)
+		return 0, "", nil, fmt.Errorf("%w: %s is a shard; verify the whole model it came from", errUsage, path)
 	}
 	err = gguf.ValidateForLoad(f)
 	if err == nil {
@@ -213,9 +218,9 @@ func wholeModelInfo(ctx context.Context, path string) (n int, fp string, err err
 	}
 	f.Close()
 	if err != nil {
-		return 0, "", fmt.Errorf("%s: %w", path, err)
+		return 0, "", nil, fmt.Errorf("%s: %w", path, err)
 	}
-	return n, fp, nil
+	return n, fp, f.Metadata, nil
 }
 
 // compareSplit compares the chain of the k-way split into ranges (res)

@@ -11,6 +11,8 @@ import (
 
 	"github.com/neuron-tai/meshp2p/engine/gguf"
 	"github.com/neuron-tai/meshp2p/node"
+	"github.com/neuron-tai/meshp2p/node/cpushare"
+	"github.com/neuron-tai/meshp2p/p2p"
 	"github.com/neuron-tai/meshp2p/route"
 	"github.com/neuron-tai/meshp2p/session"
 	"github.com/neuron-tai/meshp2p/status"
@@ -39,7 +41,9 @@ beside it when --memory holds them, offers the rest to the swarm
 that requests ask for and nobody serves, never leaving the last route of a
 model still asked for (docs/placement.md "Many models").
 Once ready, the node prints its peer id and addresses and writes them to
-<data-dir>/node.json. SIGINT/SIGTERM close sessions and withdraw the advert.
+<data-dir>/node.json. One node per data dir (it is locked: a second one is
+refused, naming the first's pid) and per --listen port (a port in use is
+refused). SIGINT/SIGTERM close sessions and withdraw the advert.
 
 Flags:
 `
@@ -48,13 +52,17 @@ Flags:
 // the zero values of engine.Config and session.HopConfig mean, and the
 // two switches.
 const (
-	defaultThreads           = 0  // engine: all CPUs
+	defaultThreads           = 0  // auto (node.Config.ThreadShare)
 	defaultMaxSessionKV      = 0  // session: half of --ctx
 	defaultSessionsPerClient = 0  // session: half of --max-sessions
 	defaultPrefixCache       = -1 // engine: half of --ctx (node.DefaultPrefixCache with the default --ctx)
 	defaultMmap              = true
 	defaultVerbose           = false
 )
+
+// layersHelp explains --layers when it does not parse.
+const layersHelp = "want one half-open range A-B of layer numbers, A < B: the node serves layers A to B-1 " +
+	"(e.g. 0-12 serves layers 0..11 and the next node 12-24; a model's last range ends at its layer count)"
 
 // startFlags are start's flags.
 type startFlags struct {
@@ -90,7 +98,7 @@ func (f *startFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&f.nctx, "ctx", node.DefaultNCtx, "KV cells shared by all sessions")
 	fs.IntVar(&f.nbatch, "batch", node.DefaultNBatch, "most rows per llama_decode")
 	fs.IntVar(&f.prefixCache, "prefix-cache", defaultPrefixCache, "KV cells (tokens), on top of --ctx, that keep finished sessions' prefixes so a conversation's next turn computes only its new tokens; counted by placement like --ctx; reused only by the same client (-1: half of --ctx; 0: off)")
-	fs.IntVar(&f.threads, "threads", defaultThreads, "compute threads (default: all CPUs)")
+	fs.IntVar(&f.threads, "threads", defaultThreads, "compute threads (default 0: auto, this node's share of the machine: the CPUs over the meshp2p processes running on it, at most the CPUs left idle by other programs; re-checked every 30 s)")
 	fs.DurationVar(&f.idle, "idle-timeout", session.DefaultIdle, "free a session after this long without frames")
 	fs.IntVar(&f.sessKV, "max-session-kv", defaultMaxSessionKV, "KV cells (tokens) one session may reserve here (0: half of --ctx, so one client cannot take the whole cache; -1: up to --ctx)")
 	fs.IntVar(&f.peerQuota, "max-sessions-per-client", defaultSessionsPerClient, "sessions one client (the origin that signed them) may hold at once on this node, at any position of a route (0: half of --max-sessions; -1: no quota)")
@@ -126,9 +134,28 @@ func runStart(ctx context.Context, stdout, stderr io.Writer, args []string) erro
 		fs.Usage()
 		return fmt.Errorf("%w: --model is required", errUsage)
 	}
+	unlock, err := lockDataDir(f.nf.dataDir)
+	if err != nil {
+		return err
+	}
+	defer unlock()
 	sr, err := f.config(stderr)
 	if err != nil {
 		return err
+	}
+	// Before the model is split and loaded: a port in use fails now.
+	if err := p2p.CheckListenAddrs(sr.cfg.P2P.ListenAddrs); err != nil {
+		return err
+	}
+	if f.threads == 0 && sr.cfg.Device.IsCPU() {
+		// Auto: this process's share of the machine's CPUs, beside the
+		// other meshp2p processes on it and whatever else is busy.
+		if m, err := cpushare.Join(cpushare.DefaultDir()); err != nil {
+			sr.log.Warn("cannot share the CPUs with other meshp2p processes here; using every CPU", "err", err)
+		} else {
+			defer m.Leave()
+			sr.cfg.ThreadShare = m
+		}
 	}
 	n, err := node.Start(ctx, sr.cfg)
 	sr.prog.finish()
@@ -149,7 +176,7 @@ func (f *startFlags) config(stderr io.Writer) (*startRun, error) {
 	if f.layers != "" {
 		rs, err := gguf.ParseRanges(f.layers)
 		if err != nil || len(rs) != 1 {
-			return nil, fmt.Errorf("%w: --layers %q: want one range A-B", errUsage, f.layers)
+			return nil, fmt.Errorf("%w: --layers %q: %s", errUsage, f.layers, layersHelp)
 		}
 		rng = &rs[0]
 	}

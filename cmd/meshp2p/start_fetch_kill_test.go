@@ -36,6 +36,7 @@ func TestStartFromURLKilledAndResumed(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds the CLI")
 	}
+	t.Parallel() // its processes mostly wait on timers (make test: -parallel = cores)
 	bin := testbin.CLI(t)
 	dir := t.TempDir()
 	model, fp, need := synthFetchModel(t, dir, "kill12", gguf.Range{Start: 4, End: 8})

@@ -54,6 +54,11 @@ func runTracker(ctx context.Context, stdout, stderr io.Writer, args []string) er
 	if err != nil {
 		return err
 	}
+	unlock, err := lockDataDir(pc.DataDir)
+	if err != nil {
+		return err
+	}
+	defer unlock()
 	log, err := lf.logger(stderr, *verbose)
 	if err != nil {
 		return err

@@ -3,6 +3,7 @@ package gguf
 import (
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"strings"
 )
@@ -37,6 +38,9 @@ type archRule struct {
 	// cut reports why range r of a model of n layers cannot be a shard
 	// (nil: it can); nil: every range can.
 	cut func(md Metadata, p string, r Range, n int) error
+	// load reports why llama.cpp cannot run a file (model or shard) of n
+	// layers with metadata md (ValidateForLoad); nil: it can.
+	load func(md Metadata, p string, n int) error
 }
 
 // archRules are the architectures meshp2p loads.
@@ -57,6 +61,189 @@ var archRules = map[string]archRule{
 			"attn_q_norm.weight", "attn_k_norm.weight", "ffn_norm.weight",
 			"ffn_gate_inp.weight", "ffn_gate_exps.weight", "ffn_down_exps.weight", "ffn_up_exps.weight", "exp_probs_b.bias"}
 	}},
+	"gpt-oss": gptOSSRule,
+	"gemma3":  gemma3Rule,
+	"llama4":  llama4Rule,
+}
+
+// gpt-oss (gpt-oss-20b, gpt-oss-120b): experts in every layer (biased,
+// clamped SwiGLU, softmax over the chosen experts' router logits),
+// attention with biases and a learned sink per head, and sliding-window
+// attention on every other layer.
+//   - llama.cpp keys the sliding layers on the layer index
+//     (llama-model.cpp load_hparams, LLM_ARCH_OPENAI_MOE:
+//     set_swa_pattern(2): layer il slides when il%2 == 0), and no GGUF key
+//     overrides the pattern, so a shard starts at an even layer and holds
+//     at least 2 layers (a full-attention one: swaPatternLoad).
+//   - output.weight is required (no tied fallback).
+var gptOSSRule = archRule{
+	covers: "gpt-oss-20b, gpt-oss-120b",
+	layer: func(Metadata, string, int) []string {
+		return []string{"attn_norm.weight", "post_attention_norm.weight",
+			"attn_q.weight", "attn_q.bias", "attn_k.weight", "attn_k.bias", "attn_v.weight", "attn_v.bias",
+			"attn_output.weight", "attn_output.bias", "attn_sinks.weight",
+			"ffn_gate_inp.weight", "ffn_gate_inp.bias", "ffn_gate_exps.weight", "ffn_gate_exps.bias",
+			"ffn_up_exps.weight", "ffn_up_exps.bias", "ffn_down_exps.weight", "ffn_down_exps.bias"}
+	},
+	outputRequired: true,
+	cut: func(_ Metadata, _ string, r Range, n int) error {
+		return swaPatternCut("gpt-oss", 2, r, n)
+	},
+	load: func(_ Metadata, _ string, n int) error { return swaPatternLoad("gpt-oss", 2, n) },
+}
+
+// gemma3 (Gemma 3 270M/1B/4B/12B/27B): q/k norms, post-attention and
+// post-feed-forward norms, GELU feed-forward, output tied to token_embd.
+//   - With attention.sliding_window set, llama.cpp marks 5 of every 6
+//     layers sliding by the layer index (llama-model.cpp load_hparams,
+//     LLM_ARCH_GEMMA3: set_swa_pattern(6)) and gives them another rope
+//     base; no GGUF key overrides the pattern: a shard starts at a
+//     multiple of 6 and holds at least 6 layers (a full-attention one:
+//     swaPatternLoad).
+//   - It scales the queries by 1/√(embedding_length/head_count) in a model
+//     of 62 layers (Gemma 3 27B) and by 1/√key_length otherwise, keyed on
+//     block_count. Where the two differ (27B: 1/√168 against 1/√128), a
+//     62-layer model runs whole, and no other model is cut into a
+//     62-layer shard. No key sets the scale, so no rewrite saves those
+//     cuts.
+//   - The input is scaled by √embedding_length only when a batch carries
+//     tokens (models/gemma3.cpp), so a shard fed hidden states does not
+//     scale them again.
+var gemma3Rule = archRule{
+	covers: "Gemma 3 (270M, 1B, 4B, 12B; 27B whole only)",
+	layer: func(Metadata, string, int) []string {
+		return []string{"attn_norm.weight", "attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_output.weight",
+			"attn_q_norm.weight", "attn_k_norm.weight", "post_attention_norm.weight",
+			"ffn_norm.weight", "ffn_gate.weight", "ffn_up.weight", "ffn_down.weight", "post_ffw_norm.weight"}
+	},
+	cut: func(md Metadata, p string, r Range, n int) error {
+		if r.Len() == n {
+			return nil
+		}
+		if gemma3ScaleKeyed(md, p) {
+			switch {
+			case n == gemma3Layers27B:
+				return fmt.Errorf("%w: a gemma3 model of %d layers runs whole: llama.cpp takes it for the 27B and scales its queries by 1/√(embedding_length/head_count), which a shard of another length would not", ErrIllegalCut, n)
+			case r.Len() == gemma3Layers27B:
+				return fmt.Errorf("%w: layers %s: a gemma3 shard of %d layers would load as the 27B, with another query scale (llama.cpp keys it on the layer count); cut elsewhere", ErrIllegalCut, r, r.Len())
+			}
+		}
+		if gemma3Slides(md, p) {
+			return swaPatternCut("gemma3", 6, r, n)
+		}
+		return nil
+	},
+	load: func(md Metadata, p string, n int) error {
+		if gemma3Slides(md, p) {
+			return swaPatternLoad("gemma3", 6, n)
+		}
+		return nil
+	},
+}
+
+// gemma3Slides reports whether llama.cpp gives the gemma3 model md
+// sliding-window layers (attention.sliding_window > 0).
+func gemma3Slides(md Metadata, p string) bool {
+	w, _ := md.Uint(p + "attention.sliding_window")
+	return w > 0
+}
+
+// gemma3Layers27B is the layer count llama.cpp takes a gemma3 model of for
+// the 27B (LLM_TYPE_27B), whose query scale differs.
+const gemma3Layers27B = 62
+
+// gemma3ScaleKeyed reports whether the 27B's query scale differs from the
+// others' for the model md: embedding_length/head_count != key_length.
+func gemma3ScaleKeyed(md Metadata, p string) bool {
+	embd, _ := md.Uint(p + "embedding_length")
+	heads, _ := md.Uint(p + "attention.head_count")
+	if heads == 0 {
+		return false
+	}
+	k, ok := md.Uint(p + "attention.key_length")
+	return ok && k != embd/heads
+}
+
+// llama4 (Llama 4 Scout 17B-16E, Maverick 17B-128E): with chunked
+// attention (any attention.sliding_window but 0; llama.cpp makes the chunk
+// 8192), 3 of every 4 layers attend within their chunk and rope, the 4th
+// attends to everything without rope and with a position-dependent query
+// temperature, all keyed on the layer index (llama-model.cpp load_hparams,
+// LLM_ARCH_LLAMA4: set_swa_pattern(4); n_no_rope_layer_step 4). Experts
+// (sigmoid-routed, plus a shared expert) sit on every
+// interleave_moe_layer_step-th layer (load_tensors: (i+1) % step == 0).
+// No key overrides the patterns: a shard starts at a multiple of 4 and of
+// the MoE step, and holds at least 4 layers (a full-attention one:
+// swaPatternLoad).
+var llama4Rule = archRule{
+	covers: "Llama 4 Scout (17B-16E), Maverick (17B-128E)",
+	layer: func(md Metadata, p string, i int) []string {
+		layer := []string{"attn_norm.weight", "attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_output.weight", "ffn_norm.weight"}
+		if step, _ := md.Uint(p + "interleave_moe_layer_step"); step > 0 && uint64(i+1)%step == 0 {
+			return append(layer, "ffn_gate_inp.weight", "ffn_gate_exps.weight", "ffn_down_exps.weight", "ffn_up_exps.weight",
+				"ffn_gate_shexp.weight", "ffn_down_shexp.weight", "ffn_up_shexp.weight")
+		}
+		return append(layer, "ffn_gate.weight", "ffn_up.weight", "ffn_down.weight")
+	},
+	cut: func(md Metadata, p string, r Range, n int) error {
+		if r.Len() == n {
+			return nil
+		}
+		if llama4Chunked(md, p) {
+			if err := swaPatternCut("llama4", 4, r, n); err != nil {
+				return err
+			}
+		}
+		if step, _ := md.Uint(p + "interleave_moe_layer_step"); step > 1 && uint64(r.Start)%step != 0 {
+			return fmt.Errorf("%w: layers %s: llama4's expert layers are every %d-th by the layer index, so a shard starts at a multiple of %d", ErrIllegalCut, r, step, step)
+		}
+		return nil
+	},
+	load: func(md Metadata, p string, n int) error {
+		if llama4Chunked(md, p) {
+			return swaPatternLoad("llama4", 4, n)
+		}
+		return nil
+	},
+}
+
+// llama4Chunked reports whether llama.cpp runs the llama4 model md with
+// chunked attention: unless attention.sliding_window is present and 0.
+func llama4Chunked(md Metadata, p string) bool {
+	w, ok := md.Uint(p + "attention.sliding_window")
+	return !ok || w > 0
+}
+
+// swaPatternCut is the rule of an architecture whose sliding-window layers
+// llama.cpp marks by the layer index with set_swa_pattern(period) (layer il
+// slides unless il%period == period-1):
+//   - a shard renumbers its layers from 0, so it keeps the pattern only if
+//     it starts at a multiple of period;
+//   - it must hold a full-attention layer, so at least period layers
+//     (swaPatternLoad).
+func swaPatternCut(arch string, period int, r Range, n int) error {
+	switch {
+	case r.Len() == n:
+		return nil
+	case r.Start%period != 0:
+		return fmt.Errorf("%w: layers %s: %s's sliding-window layers repeat every %d layers by the layer index (llama.cpp set_swa_pattern(%d)), so a shard starts at a multiple of %d", ErrIllegalCut, r, arch, period, period, period)
+	case r.Len() < period:
+		return fmt.Errorf("%w: layers %s: %v", ErrIllegalCut, r, swaPatternLoad(arch, period, r.Len()))
+	}
+	return nil
+}
+
+// swaPatternLoad reports why llama.cpp cannot run a model (or shard) of
+// n layers with set_swa_pattern(period), or nil. With fewer than period
+// layers all of them slide, and llama.cpp aborts at the first decode:
+// llm_graph_input_attn_kv_iswa::set_input (llama-graph.cpp) fills the
+// cell indices of the full-attention cache, which no layer uses, so the
+// graph never allocated them (GGML_ASSERT(buffer) in ggml-backend.cpp).
+func swaPatternLoad(arch string, period int, n int) error {
+	if n >= period {
+		return nil
+	}
+	return fmt.Errorf("%s with %d layers has no full-attention layer (one in every %d), which llama.cpp aborts on (llm_graph_input_attn_kv_iswa::set_input): it needs at least %d layers", arch, n, period, period)
 }
 
 // Architectures lists the architectures meshp2p loads, sorted.
@@ -167,22 +354,73 @@ func CheckCut(md Metadata, r Range, n int) error {
 	return rule.cut(md, arch+".", r, n)
 }
 
-// LegalCuts lists the layer counts a shard of a model (metadata md, n
-// layers) may have ("" when every count is legal), for people.
+// LegalCuts says which layer ranges a shard of a model (metadata md, n
+// layers) may take ("" when any range is legal), for people: where a
+// shard may start and the lengths it may not have.
 func LegalCuts(md Metadata, n int) string {
-	var bad []string
-	for l := 1; l < n; l++ {
-		if CheckCut(md, Range{Start: 0, End: l}, n) != nil {
-			bad = append(bad, fmt.Sprint(l))
+	legal := func(r Range) bool { return CheckCut(md, r, n) == nil }
+	var starts []int // legal starts after 0
+	for a := 1; a < n; a++ {
+		for e := a + 1; e <= n; e++ {
+			if legal(Range{Start: a, End: e}) {
+				starts = append(starts, a)
+				break
+			}
 		}
 	}
-	switch {
-	case len(bad) == 0:
+	if len(starts) == 0 {
+		if n > 1 {
+			return "whole model only"
+		}
 		return ""
-	case len(bad) == n-1:
-		return "whole model only"
 	}
-	return "any range except shards of " + strings.Join(bad, " or ") + " layers"
+	var badLens []string
+	for l := 1; l < n; l++ {
+		ok := false
+		for a := 0; a+l <= n && !ok; a++ {
+			ok = legal(Range{Start: a, End: a + l})
+		}
+		if !ok {
+			badLens = append(badLens, fmt.Sprint(l))
+		}
+	}
+	var parts []string
+	if len(starts) < n-1 {
+		parts = append(parts, legalStarts(starts))
+	}
+	short := 0 // lengths 1..short are all illegal
+	for short < len(badLens) && badLens[short] == fmt.Sprint(short+1) {
+		short++
+	}
+	if short > 0 {
+		parts = append(parts, fmt.Sprintf("shards hold at least %d layers", short+1))
+		badLens = badLens[short:]
+	}
+	if len(badLens) > 0 {
+		if len(parts) == 0 {
+			return "any range except shards of " + strings.Join(badLens, " or ") + " layers"
+		}
+		parts = append(parts, "no shard of "+strings.Join(badLens, " or ")+" layers")
+	}
+	return strings.Join(parts, "; ")
+}
+
+// legalStarts describes the legal start layers after 0 (starts, sorted):
+// a period when they are its multiples.
+func legalStarts(starts []int) string {
+	p := starts[0]
+	periodic := true
+	for i, a := range starts {
+		periodic = periodic && a == p*(i+1)
+	}
+	if periodic {
+		return fmt.Sprintf("shards start at a multiple of %d layers", p)
+	}
+	s := make([]string, len(starts))
+	for i, a := range starts {
+		s[i] = fmt.Sprint(a)
+	}
+	return "shards start at layer 0, " + strings.Join(s, ", ")
 }
 
 // KeyParentPrefix prefixes the parent's values of the keys a shard's
@@ -234,4 +472,59 @@ func parentMetadata(md Metadata, arch string, r Range, n int) (Metadata, error) 
 		}
 	}
 	return parent, nil
+}
+
+// LegalSplit returns k ranges covering a model of n layers (metadata md)
+// that its architecture allows (CheckCut), each cut as near as it can be
+// to EvenSplit(n, k)'s (the sum of the distances is smallest), or an
+// ErrIllegalCut when no k shards are legal. k is clamped like EvenSplit's.
+func LegalSplit(md Metadata, n, k int) ([]Range, error) {
+	even := EvenSplit(n, k)
+	legal := func(r Range) bool { return CheckCut(md, r, n) == nil }
+	if !slices.ContainsFunc(even, func(r Range) bool { return !legal(r) }) {
+		return even, nil
+	}
+	k = len(even)
+	const inf = math.MaxInt
+	// cost[i][b]: the least distance of the first i cuts with the i-th at
+	// layer b, every shard before it legal; from[i][b] the cut before.
+	cost, from := make([][]int, k+1), make([][]int, k+1)
+	for i := range cost {
+		cost[i], from[i] = make([]int, n+1), make([]int, n+1)
+		for b := range cost[i] {
+			cost[i][b] = inf
+		}
+	}
+	cost[0][0] = 0
+	for i := 1; i <= k; i++ {
+		for b := i; b <= n; b++ {
+			if i == k && b != n {
+				continue
+			}
+			for a := i - 1; a < b; a++ {
+				if cost[i-1][a] == inf || !legal(Range{Start: a, End: b}) {
+					continue
+				}
+				if c := cost[i-1][a] + abs(b-even[i-1].End); c < cost[i][b] {
+					cost[i][b], from[i][b] = c, a
+				}
+			}
+		}
+	}
+	if cost[k][n] == inf {
+		return nil, fmt.Errorf("%w: no %d shards of this model are legal (%s)", ErrIllegalCut, k, LegalCuts(md, n))
+	}
+	out := make([]Range, k)
+	for i, b := k, n; i > 0; i-- {
+		out[i-1] = Range{Start: from[i][b], End: b}
+		b = from[i][b]
+	}
+	return out, nil
+}
+
+func abs(x int) int {
+	if x < 0 {
+		return -x
+	}
+	return x
 }

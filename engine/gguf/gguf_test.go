@@ -46,6 +46,12 @@ func tinySpec(arch string) Spec {
 		s.ExpertFF = 16
 	case "minimax-m2":
 		s.RopeDim = 4
+	case "gpt-oss":
+		s.Layers, s.ExpertFF, s.HeadDim = 6, 16, 16 // 3 shards of 2 layers
+	case "gemma3":
+		s.Layers, s.HeadDim = 18, 16 // 3 shards of 6 layers
+	case "llama4":
+		s.Layers, s.ExpertFF = 12, 16 // 3 shards of 4 layers
 	case "deepseek2":
 		s.KVHeads, s.ExpertFF, s.QLoraRank, s.KVLoraRank, s.RopeDim, s.NopeDim, s.VDim, s.Layers = 1, 16, 16, 16, 8, 8, 8, 6
 	}
@@ -398,21 +404,33 @@ func TestSynthVocabFrom(t *testing.T) {
 func TestSynthValidate(t *testing.T) {
 	mod := func(arch string, edit func(*Spec)) Spec { s := DefaultSpec(arch); edit(&s); return s }
 	cases := map[string]Spec{
-		"unknown arch":        mod("gpt2", func(*Spec) {}),
-		"zero layers":         mod("llama", func(s *Spec) { s.Layers = 0 }),
-		"too many layers":     mod("llama", func(s *Spec) { s.Layers = 513 }),
-		"embd % heads":        mod("llama", func(s *Spec) { s.Heads = 3 }),
-		"heads % kv":          mod("llama", func(s *Spec) { s.KVHeads = 3 }),
-		"zero kv":             mod("llama", func(s *Spec) { s.KVHeads = 0 }),
-		"odd head dim":        mod("llama", func(s *Spec) { s.Embd, s.Heads, s.KVHeads = 12, 4, 4 }),
-		"moe used 0":          mod("qwen3moe", func(s *Spec) { s.ExpertsUsed = 0 }),
-		"moe used > experts":  mod("qwen3moe", func(s *Spec) { s.ExpertsUsed = 9 }),
-		"moe no experts":      mod("qwen3moe", func(s *Spec) { s.Experts, s.ExpertsUsed = 0, 0 }),
-		"moe no expert ff":    mod("qwen3moe", func(s *Spec) { s.ExpertFF = 0 }),
-		"qwen2 experts":       mod("qwen2", func(s *Spec) { s.Experts, s.ExpertsUsed = 4, 2 }),
-		"llama used w/o exps": mod("llama", func(s *Spec) { s.ExpertsUsed = 2 }),
-		"quant type":          mod("llama", func(s *Spec) { s.Type = TypeQ8_0 }),
-		"zero ff":             mod("llama", func(s *Spec) { s.FF = 0 }),
+		"unknown arch":         mod("gpt2", func(*Spec) {}),
+		"zero layers":          mod("llama", func(s *Spec) { s.Layers = 0 }),
+		"too many layers":      mod("llama", func(s *Spec) { s.Layers = 513 }),
+		"embd % heads":         mod("llama", func(s *Spec) { s.Heads = 3 }),
+		"heads % kv":           mod("llama", func(s *Spec) { s.KVHeads = 3 }),
+		"zero kv":              mod("llama", func(s *Spec) { s.KVHeads = 0 }),
+		"odd head dim":         mod("llama", func(s *Spec) { s.Embd, s.Heads, s.KVHeads = 12, 4, 4 }),
+		"moe used 0":           mod("qwen3moe", func(s *Spec) { s.ExpertsUsed = 0 }),
+		"moe used > experts":   mod("qwen3moe", func(s *Spec) { s.ExpertsUsed = 9 }),
+		"moe no experts":       mod("qwen3moe", func(s *Spec) { s.Experts, s.ExpertsUsed = 0, 0 }),
+		"moe no expert ff":     mod("qwen3moe", func(s *Spec) { s.ExpertFF = 0 }),
+		"qwen2 experts":        mod("qwen2", func(s *Spec) { s.Experts, s.ExpertsUsed = 4, 2 }),
+		"llama used w/o exps":  mod("llama", func(s *Spec) { s.ExpertsUsed = 2 }),
+		"quant type":           mod("llama", func(s *Spec) { s.Type = TypeQ8_0 }),
+		"zero ff":              mod("llama", func(s *Spec) { s.FF = 0 }),
+		"llama head dim":       mod("llama", func(s *Spec) { s.HeadDim = 64 }),
+		"qwen3 window":         mod("qwen3", func(s *Spec) { s.SlidingWindow = 8 }),
+		"gpt-oss no window":    mod("gpt-oss", func(s *Spec) { s.SlidingWindow = 0 }),
+		"gpt-oss no experts":   mod("gpt-oss", func(s *Spec) { s.Experts, s.ExpertsUsed = 0, 0 }),
+		"gpt-oss 1 layer":      mod("gpt-oss", func(s *Spec) { s.Layers = 1 }),
+		"gemma3 all sliding":   mod("gemma3", func(s *Spec) { s.Layers = 5 }),
+		"gemma3 odd head dim":  mod("gemma3", func(s *Spec) { s.HeadDim = 15 }),
+		"gpt-oss odd head dim": mod("gpt-oss", func(s *Spec) { s.HeadDim = 15 }),
+		"llama4 moe step 0":    mod("llama4", func(s *Spec) { s.MoEStep = 0 }),
+		"llama4 3 layers":      mod("llama4", func(s *Spec) { s.Layers = 3 }),
+		"llama4 head dim":      mod("llama4", func(s *Spec) { s.HeadDim = 64 }),
+		"qwen3 moe step":       mod("qwen3", func(s *Spec) { s.MoEStep = 2 }),
 	}
 	for name, s := range cases {
 		out := filepath.Join(t.TempDir(), "x.gguf")

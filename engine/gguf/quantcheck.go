@@ -12,7 +12,7 @@ var ErrNotQuantizable = errors.New("model cannot be quantized")
 
 // QuantTypes are the quantizations CheckQuantizable knows the rules of
 // (the engine's Quantize types).
-var QuantTypes = []string{"f16", "q8_0", "q4_0", "q6_k", "q4_k_m"}
+var QuantTypes = []string{"f16", "q8_0", "q4_0", "q6_k", "q4_k_m", "mxfp4_moe"}
 
 // QuantizedByLlama reports whether llama.cpp's quantizer (llama-quant.cpp
 // at the pinned revision) converts tensor t: names ending in "weight" with
@@ -34,8 +34,8 @@ func QuantizedByLlama(t *TensorInfo) bool {
 }
 
 // CheckQuantizable checks, in pure Go and before any work, that llama.cpp
-// can quantize the whole model f to typ ("f16", "q8_0", "q4_0", "q6_k" or
-// "q4_k_m"):
+// can quantize the whole model f to typ ("f16", "q8_0", "q4_0", "q6_k",
+// "q4_k_m" or "mxfp4_moe"):
 //   - f passes ValidateForLoad (the quantizer reads the hyper-parameters
 //     with the same asserts as the loader) and is not a shard (quantize the
 //     whole model, then split: a shard gets a different type mix);
@@ -44,6 +44,8 @@ func QuantizedByLlama(t *TensorInfo) bool {
 //     a multiple of 32; so must Q4_0's and Q6_K's (Q4_0 has no fallback,
 //     Q6_K falls back to Q8_0, and both put the output tensor in Q6_K or
 //     its Q8_0 fallback: a conservative rule, not llama.cpp's exact one);
+//   - MXFP4_MOE puts tensors with several experts in MXFP4 and the others
+//     in Q8_0, both in blocks of 32: rows must be multiples of 32;
 //   - Q4_K_M falls back (Q4_K→Q5_0→F16, Q6_K→Q8_0) except where it picks
 //     Q8_0 outright: the output tensor (output.weight, or token_embd when
 //     tied) whose row is not a multiple of 256, and attn_k/attn_v of
@@ -54,9 +56,9 @@ func CheckQuantizable(f *File, typ string) error {
 	}
 	typ = strings.ToLower(typ)
 	switch typ {
-	case "f16", "q8_0", "q4_0", "q6_k", "q4_k_m":
+	case "f16", "q8_0", "q4_0", "q6_k", "q4_k_m", "mxfp4_moe":
 	default:
-		return bad("unknown type %q (want f16, q8_0, q4_0, q6_k or q4_k_m)", typ)
+		return bad("unknown type %q (want f16, q8_0, q4_0, q6_k, q4_k_m or mxfp4_moe)", typ)
 	}
 	if f.Metadata.Index(KeyParentFingerprint) >= 0 || f.Metadata.Index(KeyVocabFingerprint) >= 0 {
 		return bad("%w: quantize the whole model, then split", ErrIsShard)
@@ -82,7 +84,7 @@ func CheckQuantizable(f *File, typ string) error {
 		row := t.Shape[0]
 		need := uint64(0)
 		switch typ {
-		case "q8_0", "q4_0", "q6_k":
+		case "q8_0", "q4_0", "q6_k", "mxfp4_moe":
 			need = 32
 		case "q4_k_m":
 			isOutput := t.Name == output || (!hasOutput && t.Name == tokenEmbd)

@@ -9,7 +9,7 @@ func TestCheckQuantizable(t *testing.T) {
 	spec := func(arch string, embd, ff int, tied bool) Spec {
 		s := tinySpec(arch)
 		s.Embd, s.FF, s.Tied, s.Type = embd, ff, tied, TypeF16
-		if arch == "qwen3moe" {
+		if arch == "qwen3moe" || arch == "gpt-oss" {
 			s.ExpertFF = ff
 		}
 		return s
@@ -31,6 +31,8 @@ func TestCheckQuantizable(t *testing.T) {
 		{"q4_k_m 8 experts attn_k row 48", spec("qwen3moe", 48, 64, false), "q4_k_m", false},
 		{"q4_k_m 8 experts rows of 32", spec("qwen3moe", 64, 64, false), "q4_k_m", true},
 		{"unknown type", spec("llama", 64, 64, false), "q3_k", false},
+		{"mxfp4_moe rows of 32", spec("gpt-oss", 64, 64, false), "mxfp4_moe", true},
+		{"mxfp4_moe expert ff 48", spec("gpt-oss", 64, 48, false), "mxfp4_moe", false},
 	}
 	for _, c := range cases {
 		f := mustOpen(t, synthFile(t, c.spec))

@@ -206,9 +206,16 @@ func TestSplitSynth(t *testing.T) {
 	moe := tinySpec("llama")
 	moe.Experts, moe.ExpertsUsed = 4, 2
 	for name, s := range map[string]Spec{"qwen3-tied": tinySpec("qwen3"), "qwen3moe": tinySpec("qwen3moe"), "qwen2": tinySpec("qwen2"), "llama-experts": moe,
-		"deepseek2": tinySpec("deepseek2"), "minimax-m2": tinySpec("minimax-m2"), "mistral3": tinySpec("mistral3")} {
+		"deepseek2": tinySpec("deepseek2"), "minimax-m2": tinySpec("minimax-m2"), "mistral3": tinySpec("mistral3"),
+		"gpt-oss": tinySpec("gpt-oss"), "gemma3": tinySpec("gemma3"), "llama4": tinySpec("llama4")} {
 		t.Run(name, func(t *testing.T) {
-			splitAndCheck(t, synthFile(t, s), EvenSplit(s.Layers, 3))
+			p := synthFile(t, s)
+			f := mustOpen(t, p)
+			ranges, err := LegalSplit(f.Metadata, s.Layers, 3)
+			if err != nil {
+				t.Fatal(err)
+			}
+			splitAndCheck(t, p, ranges)
 		})
 	}
 }

@@ -16,7 +16,7 @@ var ErrBadSpec = errors.New("bad model spec")
 
 // Spec describes a random-weight model for Synth.
 type Spec struct {
-	Arch          string     // llama | qwen2 | qwen3 | qwen3moe | deepseek2
+	Arch          string     // an architecture of Architectures()
 	Layers        int        // block_count
 	Embd          int        // embedding_length
 	Heads         int        // attention.head_count
@@ -47,6 +47,18 @@ type Spec struct {
 	ExpertGroups     int // expert_group_count
 	ExpertGroupsUsed int // expert_group_used_count
 
+	// gpt-oss, gemma3: the q/k/v length of a head (attention.key_length,
+	// value_length and rope.dimension_count; 0: Embd/Heads), and the
+	// sliding window of the sliding layers (attention.sliding_window;
+	// gemma3 without one has none).
+	HeadDim       int
+	SlidingWindow int
+	// llama4: experts (ExpertFF each, plus a shared one as wide) on every
+	// MoEStep-th layer (interleave_moe_layer_step), FF on the others;
+	// SlidingWindow > 0 turns chunked attention on (llama.cpp makes the
+	// chunk 8192 whatever the value).
+	MoEStep int
+
 	Progress func(done, total int64) `json:"-"`
 }
 
@@ -70,6 +82,20 @@ func DefaultSpec(arch string) Spec {
 		s.KVHeads, s.Experts, s.ExpertsUsed, s.ExpertFF, s.DenseLead, s.SharedExperts = 1, 8, 2, 64, 2, 1
 		s.QLoraRank, s.KVLoraRank, s.RopeDim, s.NopeDim, s.VDim = 64, 32, 16, 32, 32
 		s.ExpertGroups, s.ExpertGroupsUsed = 4, 2
+	case "gpt-oss":
+		// gpt-oss's structure: experts in every layer (4 used, as the
+		// real ones), heads wider than embd/heads, a window of 8 so that
+		// short prompts slide.
+		s.Experts, s.ExpertsUsed, s.ExpertFF, s.HeadDim, s.SlidingWindow = 8, 4, 64, 64, 8
+	case "llama4":
+		// Llama 4 Maverick's structure: experts (top-1, a shared one) on
+		// every 2nd layer, chunked attention 3:1 with no rope on the
+		// 4th; two periods.
+		s.Layers, s.Experts, s.ExpertsUsed, s.ExpertFF, s.MoEStep, s.SlidingWindow = 8, 8, 1, 64, 2, 8192
+	case "gemma3":
+		// Gemma 3's structure: two periods of the 5:1 sliding pattern,
+		// heads wider than embd/heads, tied output, a window of 8.
+		s.Layers, s.HeadDim, s.SlidingWindow, s.Tied = 12, 64, 8, true
 	}
 	return s
 }
@@ -87,10 +113,10 @@ func (s *Spec) Validate() error {
 		return bad("layers %d must be in 1..%d", s.Layers, MaxLayers)
 	case s.Embd < 1 || s.Embd > 1<<16:
 		return bad("embd %d must be in 1..65536", s.Embd)
-	case s.Heads < 1 || s.Embd%s.Heads != 0:
+	case s.Heads < 1 || (s.HeadDim == 0 && s.Embd%s.Heads != 0):
 		return bad("embd %d must be divisible by heads %d", s.Embd, s.Heads)
-	case (s.Embd/s.Heads)%2 != 0:
-		return bad("head dimension embd/heads = %d must be even (rope)", s.Embd/s.Heads)
+	case s.HeadDim < 0 || s.headDim()%2 != 0:
+		return bad("head dimension %d must be even (rope)", s.headDim())
 	case s.KVHeads < 1 || s.Heads%s.KVHeads != 0:
 		return bad("heads %d must be divisible by kv-heads %d", s.Heads, s.KVHeads)
 	case s.FF < 1 || s.FF > 1<<20:
@@ -101,50 +127,95 @@ func (s *Spec) Validate() error {
 		return bad("type %v: synth writes f32 or f16 (quantize afterwards)", s.Type)
 	case s.Experts < 0 || s.Experts > MaxExperts:
 		return bad("experts %d must be in 0..%d", s.Experts, MaxExperts)
+	case s.SlidingWindow < 0:
+		return bad("sliding window %d must not be negative", s.SlidingWindow)
 	}
-	switch s.Arch {
-	case "deepseek2":
-		if err := s.validateDeepseek2(); err != nil {
-			return bad("%v", err)
-		}
-	case "minimax-m2":
-		if s.Experts < 1 || s.ExpertFF != 0 {
-			return bad("minimax-m2 needs experts >= 1; its expert feed-forward length is ff (no expert-ff)")
-		}
-		if s.RopeDim < 2 || s.RopeDim%2 != 0 || s.RopeDim > s.Embd/s.Heads {
-			return bad("minimax-m2 rope-dim %d must be even, in 2..head dim %d", s.RopeDim, s.Embd/s.Heads)
-		}
-	case "qwen3moe":
-		if s.Experts < 1 {
-			return bad("qwen3moe needs experts >= 1")
-		}
-		if s.ExpertFF < 1 || s.ExpertFF > 1<<20 {
-			return bad("qwen3moe needs expert-ff in 1..1048576, got %d", s.ExpertFF)
-		}
-	case "llama":
-		if s.ExpertFF != 0 {
-			return bad("llama with experts uses ff per expert; expert-ff is for qwen3moe")
-		}
-	case "mistral3":
-		if s.ExpertFF != 0 {
-			return bad("mistral3 with experts uses ff per expert; expert-ff is for qwen3moe")
-		}
-	default:
-		if s.Experts != 0 {
-			return bad("%s has no experts (use llama or qwen3moe)", s.Arch)
-		}
-		if s.ExpertFF != 0 {
-			return bad("expert-ff is for qwen3moe")
-		}
+	if err := s.validateArch(); err != nil {
+		return bad("%v", err)
 	}
 	if s.Arch != "deepseek2" && (s.DenseLead != 0 || s.SharedExperts != 0 || s.QLoraRank != 0 || s.KVLoraRank != 0 || s.ExpertGroups != 0 || (s.RopeDim != 0 && s.Arch != "minimax-m2")) {
 		return bad("dense-lead, shared experts, LoRA ranks and expert groups are deepseek2's")
+	}
+	if s.Arch != "gpt-oss" && s.Arch != "gemma3" && (s.HeadDim != 0 || (s.SlidingWindow != 0 && s.Arch != "llama4")) {
+		return bad("head-dim and sliding-window are gpt-oss's and gemma3's (and sliding-window llama4's)")
+	}
+	if s.Arch != "llama4" && s.MoEStep != 0 {
+		return bad("moe-step is llama4's")
 	}
 	if s.Experts > 0 && (s.ExpertsUsed < 1 || s.ExpertsUsed > s.Experts) {
 		return bad("experts-used %d must be in 1..experts %d", s.ExpertsUsed, s.Experts)
 	}
 	if s.Experts == 0 && s.ExpertsUsed != 0 {
 		return bad("experts-used %d without experts", s.ExpertsUsed)
+	}
+	return nil
+}
+
+// headDim is the per-head q/k/v length: HeadDim, or Embd/Heads.
+func (s *Spec) headDim() int {
+	if s.HeadDim > 0 || s.Heads < 1 {
+		return s.HeadDim
+	}
+	return s.Embd / s.Heads
+}
+
+// validateArch checks the fields whose rules depend on the architecture.
+func (s *Spec) validateArch() error {
+	switch s.Arch {
+	case "deepseek2":
+		return s.validateDeepseek2()
+	case "minimax-m2":
+		if s.Experts < 1 || s.ExpertFF != 0 {
+			return fmt.Errorf("minimax-m2 needs experts >= 1; its expert feed-forward length is ff (no expert-ff)")
+		}
+		if s.RopeDim < 2 || s.RopeDim%2 != 0 || s.RopeDim > s.headDim() {
+			return fmt.Errorf("minimax-m2 rope-dim %d must be even, in 2..head dim %d", s.RopeDim, s.headDim())
+		}
+	case "qwen3moe", "gpt-oss":
+		if s.Experts < 1 {
+			return fmt.Errorf("%s needs experts >= 1", s.Arch)
+		}
+		if s.ExpertFF < 1 || s.ExpertFF > 1<<20 {
+			return fmt.Errorf("%s needs expert-ff in 1..1048576, got %d", s.Arch, s.ExpertFF)
+		}
+		if s.Arch == "gpt-oss" && s.SlidingWindow < 1 {
+			return fmt.Errorf("gpt-oss needs a sliding window >= 1 (llama.cpp requires attention.sliding_window)")
+		}
+		if s.Arch == "gpt-oss" {
+			return swaPatternLoad("gpt-oss", 2, s.Layers)
+		}
+	case "gemma3":
+		if s.SlidingWindow > 0 {
+			return swaPatternLoad("gemma3", 6, s.Layers)
+		}
+	case "llama4":
+		return s.validateLlama4()
+	case "llama", "mistral3":
+		if s.ExpertFF != 0 {
+			return fmt.Errorf("%s with experts uses ff per expert; expert-ff is for qwen3moe", s.Arch)
+		}
+	default:
+		if s.Experts != 0 {
+			return fmt.Errorf("%s has no experts (use llama or qwen3moe)", s.Arch)
+		}
+		if s.ExpertFF != 0 {
+			return fmt.Errorf("expert-ff is for qwen3moe")
+		}
+	}
+	return nil
+}
+
+// validateLlama4 checks the llama4 fields.
+func (s *Spec) validateLlama4() error {
+	switch {
+	case s.Experts < 1 || s.ExpertFF < 1 || s.ExpertFF > 1<<20:
+		return fmt.Errorf("llama4 needs experts >= 1 and expert-ff in 1..1048576")
+	case s.MoEStep < 1:
+		return fmt.Errorf("llama4 needs moe-step >= 1 (interleave_moe_layer_step)")
+	case s.HeadDim != 0:
+		return fmt.Errorf("llama4's heads are embd/heads wide (no head-dim)")
+	case s.SlidingWindow > 0:
+		return swaPatternLoad("llama4", 4, s.Layers)
 	}
 	return nil
 }
@@ -217,7 +288,7 @@ func synthLayout(s *Spec, nVocab int) (Metadata, []synthTensor) {
 // synthMetadata returns the general.* and <arch>.* metadata of s.
 func synthMetadata(s *Spec) Metadata {
 	a := s.Arch
-	headDim := s.Embd / s.Heads
+	headDim := s.headDim()
 	fileType := uint32(0)
 	if s.Type == TypeF16 {
 		fileType = 1
@@ -262,12 +333,40 @@ func synthMetadata(s *Spec) Metadata {
 		// positions (the scale depends on the position only).
 		md = append(md, KV{a + ".rope.scaling.type", "yarn"}, KV{a + ".rope.scaling.factor", float32(4)},
 			KV{a + ".rope.scaling.original_context_length", uint32(8)}, KV{a + ".attention.temperature_scale", float32(0.1)})
+	case "gpt-oss", "gemma3":
+		md = swaMetadata(md, s)
+	case "llama4":
+		// Llama 4's: rope base 500000, llama3-style rope factors
+		// (rope_freqs), experts and their interleave step.
+		md.Set(a+".rope.freq_base", float32(500000))
+		md = append(md, KV{a + ".expert_feed_forward_length", uint32(s.ExpertFF)},
+			KV{a + ".interleave_moe_layer_step", uint32(s.MoEStep)}, KV{a + ".attention.sliding_window", uint32(s.SlidingWindow)})
 	case "minimax-m2":
 		md.Set(a+".rope.dimension_count", uint32(s.RopeDim))
 		md = append(md, KV{a + ".attention.key_length", uint32(headDim)}, KV{a + ".attention.value_length", uint32(headDim)},
 			KV{a + ".expert_feed_forward_length", uint32(s.FF)}, KV{a + ".expert_gating_func", uint32(2)})
 	}
 	return md
+}
+
+// swaMetadata sets the keys of gpt-oss and gemma3 on md: the head length
+// and the sliding window; gpt-oss's experts and YaRN scaling (as
+// gpt-oss ships them), gemma3's linear rope scaling (as the 4B and up).
+func swaMetadata(md Metadata, s *Spec) Metadata {
+	p := s.Arch + "."
+	hd := uint32(s.headDim())
+	md = append(md, KV{p + "attention.key_length", hd}, KV{p + "attention.value_length", hd})
+	if s.SlidingWindow > 0 {
+		md = append(md, KV{p + "attention.sliding_window", uint32(s.SlidingWindow)})
+	}
+	if s.Arch == "gemma3" {
+		return append(md, KV{p + "rope.scaling.type", "linear"}, KV{p + "rope.scaling.factor", float32(8)})
+	}
+	md.Set(p+"rope.freq_base", float32(150000))
+	md.Set(p+"attention.layer_norm_rms_epsilon", float32(1e-5))
+	return append(md, KV{p + "expert_feed_forward_length", uint32(s.ExpertFF)},
+		KV{p + "rope.scaling.type", "yarn"}, KV{p + "rope.scaling.factor", float32(32)},
+		KV{p + "rope.scaling.original_context_length", uint32(min(4096, s.ContextLength))})
 }
 
 // deepseek2Metadata sets the deepseek2 keys on md (as llama.cpp's
@@ -321,7 +420,7 @@ func synthVec(name string, init int, n uint64) synthTensor {
 func synthTensors(s *Spec, nVocab int) []synthTensor {
 	e, nv := uint64(s.Embd), uint64(nVocab)
 	ts := []synthTensor{synthMat(s, tokenEmbd, e, nv)}
-	if s.Arch == "llama" {
+	if s.Arch == "llama" || s.Arch == "llama4" {
 		ts = append(ts, synthVec("rope_freqs.weight", initRopeFreqs, uint64(s.Embd/s.Heads/2)))
 	}
 	for i := 0; i < s.Layers; i++ {
@@ -331,6 +430,15 @@ func synthTensors(s *Spec, nVocab int) []synthTensor {
 			continue
 		case "minimax-m2":
 			ts = synthMinimaxLayer(ts, s, i)
+			continue
+		case "gpt-oss":
+			ts = synthGPTOSSLayer(ts, s, i)
+			continue
+		case "gemma3":
+			ts = synthGemma3Layer(ts, s, i)
+			continue
+		case "llama4":
+			ts = synthLlama4Layer(ts, s, i)
 			continue
 		}
 		ts = synthLayer(ts, s, i)
@@ -445,6 +553,94 @@ func synthMinimaxLayer(ts []synthTensor, s *Spec, i int) []synthTensor {
 		mat(l("ffn_gate_exps.weight"), e, ff, x),
 		mat(l("ffn_down_exps.weight"), ff, e, x),
 		mat(l("ffn_up_exps.weight"), e, ff, x),
+	)
+}
+
+// synthGPTOSSLayer appends layer i of a gpt-oss spec: attention with
+// biases and a sink per head, a post-attention norm, then experts with
+// biases (ExpertFF each) and a biased router.
+func synthGPTOSSLayer(ts []synthTensor, s *Spec, i int) []synthTensor {
+	l := func(n string) string { return layerName(i, n) }
+	mat := func(name string, shape ...uint64) synthTensor { return synthMat(s, name, shape...) }
+	bias := func(name string, shape ...uint64) synthTensor {
+		return synthTensor{l(name), TypeF32, shape, initNormal, synthStd}
+	}
+	hd := uint64(s.headDim())
+	e, q, kv, ff, x := uint64(s.Embd), hd*uint64(s.Heads), hd*uint64(s.KVHeads), uint64(s.ExpertFF), uint64(s.Experts)
+	sinks := synthVec(l("attn_sinks.weight"), initNormal, uint64(s.Heads))
+	sinks.std = 1 // sinks take a real share of the softmax
+	gate := mat(l("ffn_gate_inp.weight"), e, x)
+	gate.std = 0.5
+	return append(ts,
+		synthVec(l("attn_norm.weight"), initOnes, e),
+		mat(l("attn_q.weight"), e, q), bias("attn_q.bias", q),
+		mat(l("attn_k.weight"), e, kv), bias("attn_k.bias", kv),
+		mat(l("attn_v.weight"), e, kv), bias("attn_v.bias", kv),
+		mat(l("attn_output.weight"), q, e), bias("attn_output.bias", e),
+		sinks,
+		synthVec(l("post_attention_norm.weight"), initOnes, e),
+		gate, bias("ffn_gate_inp.bias", x),
+		mat(l("ffn_gate_exps.weight"), e, ff, x), bias("ffn_gate_exps.bias", ff, x),
+		mat(l("ffn_down_exps.weight"), ff, e, x), bias("ffn_down_exps.bias", e, x),
+		mat(l("ffn_up_exps.weight"), e, ff, x), bias("ffn_up_exps.bias", ff, x),
+	)
+}
+
+// synthGemma3Layer appends layer i of a gemma3 spec: attention with q/k
+// norms (per head), post-attention and post-feed-forward norms around a
+// GELU feed-forward.
+func synthGemma3Layer(ts []synthTensor, s *Spec, i int) []synthTensor {
+	l := func(n string) string { return layerName(i, n) }
+	mat := func(name string, shape ...uint64) synthTensor { return synthMat(s, name, shape...) }
+	hd := uint64(s.headDim())
+	e, q, kv, ff := uint64(s.Embd), hd*uint64(s.Heads), hd*uint64(s.KVHeads), uint64(s.FF)
+	return append(ts,
+		synthVec(l("attn_norm.weight"), initOnes, e),
+		mat(l("attn_q.weight"), e, q),
+		mat(l("attn_k.weight"), e, kv),
+		mat(l("attn_v.weight"), e, kv),
+		mat(l("attn_output.weight"), q, e),
+		synthVec(l("attn_q_norm.weight"), initOnes, hd),
+		synthVec(l("attn_k_norm.weight"), initOnes, hd),
+		synthVec(l("post_attention_norm.weight"), initOnes, e),
+		synthVec(l("ffn_norm.weight"), initOnes, e),
+		mat(l("ffn_gate.weight"), e, ff),
+		mat(l("ffn_down.weight"), ff, e),
+		mat(l("ffn_up.weight"), e, ff),
+		synthVec(l("post_ffw_norm.weight"), initOnes, e),
+	)
+}
+
+// synthLlama4Layer appends layer i of a llama4 spec: llama's attention,
+// then experts with a shared one on every MoEStep-th layer, a dense
+// feed-forward on the others.
+func synthLlama4Layer(ts []synthTensor, s *Spec, i int) []synthTensor {
+	l := func(n string) string { return layerName(i, n) }
+	mat := func(name string, shape ...uint64) synthTensor { return synthMat(s, name, shape...) }
+	hd := uint64(s.headDim())
+	e, q, kv := uint64(s.Embd), hd*uint64(s.Heads), hd*uint64(s.KVHeads)
+	ts = append(ts,
+		synthVec(l("attn_norm.weight"), initOnes, e),
+		mat(l("attn_q.weight"), e, q),
+		mat(l("attn_k.weight"), e, kv),
+		mat(l("attn_v.weight"), e, kv),
+		mat(l("attn_output.weight"), q, e),
+		synthVec(l("ffn_norm.weight"), initOnes, e),
+	)
+	if (i+1)%s.MoEStep != 0 {
+		ff := uint64(s.FF)
+		return append(ts, mat(l("ffn_gate.weight"), e, ff), mat(l("ffn_down.weight"), ff, e), mat(l("ffn_up.weight"), e, ff))
+	}
+	x, eff := uint64(s.Experts), uint64(s.ExpertFF)
+	gate := mat(l("ffn_gate_inp.weight"), e, x)
+	gate.std = 0.5
+	return append(ts, gate,
+		mat(l("ffn_gate_exps.weight"), e, eff, x),
+		mat(l("ffn_down_exps.weight"), eff, e, x),
+		mat(l("ffn_up_exps.weight"), e, eff, x),
+		mat(l("ffn_gate_shexp.weight"), e, eff),
+		mat(l("ffn_down_shexp.weight"), eff, e),
+		mat(l("ffn_up_shexp.weight"), e, eff),
 	)
 }
 

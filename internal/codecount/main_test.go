@@ -22,7 +22,7 @@ func TestCount(t *testing.T) {
 	write("a/a.go", "package a\n\nfunc short() "+body(80)+"\nfunc long() "+body(81))
 	write("a/a_test.go", "package a\n\nfunc longTest() "+body(200)) // tests do not count
 	write("a/x.pb.go", "package a\n\nfunc gen() "+body(200))        // nor generated code
-	write("node/node.go", "package node\n\ntype Node struct{}\n\nfunc (n *Node) A() {}\nfunc (Node) B() {}\nfunc (o *Other) C() {}\n\ntype Other struct{}\n")
+	write("node/node.go", "package node\n\ntype Node struct{}\n\nfunc (n *Node) A() {}\nfunc (Node) B() {}\nfunc (o *Other) C() {}\n\ntype Other struct{}\n\ntype windowHost interface {\n\ta()\n\tb(int) error\n}\n")
 	write("other/node.go", "package other\n\ntype Node struct{}\n\nfunc (n *Node) D() {}\n") // another package's Node
 	c, err := count(root, 80)
 	if err != nil {
@@ -33,5 +33,8 @@ func TestCount(t *testing.T) {
 	}
 	if c.nodeMethods != 2 {
 		t.Fatalf("node.Node methods %d, want 2", c.nodeMethods)
+	}
+	if c.hostMethods != 2 {
+		t.Fatalf("node.windowHost methods %d, want 2", c.hostMethods)
 	}
 }

@@ -131,6 +131,15 @@ type SessionOpen struct {
 	// keeps what it sent for an audit. False (`--audit-rate 0`): no
 	// transcripts, nothing kept.
 	Transcripts bool `protobuf:"varint,22,opt,name=transcripts,proto3" json:"transcripts,omitempty"`
+	// The origin's estimate of each route hop's compute time for one row
+	// through one of its layers, in ms, in route order (its advert's
+	// measured decode speed; 0: unknown). With the prefill's rows (n_ctx_needed
+	// - max_tokens - 1) every hop sizes its waits during the prefill from it:
+	// a hop waits for the work the hops before and after it still have to
+	// do, not a fixed time (session/waits.go). Absent (an older origin) or
+	// all 0: the fixed waits. Not signed: a relaying hop could only lengthen
+	// the waits of the hops after it, which are capped.
+	HopMsPerLayer []float32 `protobuf:"fixed32,23,rep,packed,name=hop_ms_per_layer,json=hopMsPerLayer,proto3" json:"hop_ms_per_layer,omitempty"`
 	// The prefix cache (docs/architecture.md, "Prefix cache"): the chain of
 	// the prefill's token blocks. Each hop adopts the longest prefix its
 	// cache holds for it and answers how much in SessionAccept; the origin
@@ -140,7 +149,7 @@ type SessionOpen struct {
 	// changes it can only make later hops reuse the origin's own prefixes
 	// computed through that same hop (the cache's scope), which it could
 	// spoil anyway by sending wrong hidden states.
-	Prefix        *PrefixChain `protobuf:"bytes,23,opt,name=prefix,proto3" json:"prefix,omitempty"`
+	Prefix        *PrefixChain `protobuf:"bytes,24,opt,name=prefix,proto3" json:"prefix,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -313,6 +322,13 @@ func (x *SessionOpen) GetTranscripts() bool {
 		return x.Transcripts
 	}
 	return false
+}
+
+func (x *SessionOpen) GetHopMsPerLayer() []float32 {
+	if x != nil {
+		return x.HopMsPerLayer
+	}
+	return nil
 }
 
 func (x *SessionOpen) GetPrefix() *PrefixChain {
@@ -913,7 +929,7 @@ var File_meshp2p_v1_session_proto protoreflect.FileDescriptor
 const file_meshp2p_v1_session_proto_rawDesc = "" +
 	"\n" +
 	"\x18meshp2p/v1/session.proto\x12\n" +
-	"meshp2p.v1\x1a\x17meshp2p/v1/common.proto\x1a\x16meshp2p/v1/route.proto\"\xea\x06\n" +
+	"meshp2p.v1\x1a\x17meshp2p/v1/common.proto\x1a\x16meshp2p/v1/route.proto\"\x93\a\n" +
 	"\vSessionOpen\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\fR\tsessionId\x12\x14\n" +
@@ -939,8 +955,9 @@ const file_meshp2p_v1_session_proto_rawDesc = "" +
 	"\fissued_at_ms\x18\x14 \x01(\x03R\n" +
 	"issuedAtMs\x129\n" +
 	"\vspeculation\x18\x15 \x01(\v2\x17.meshp2p.v1.SpeculationR\vspeculation\x12 \n" +
-	"\vtranscripts\x18\x16 \x01(\bR\vtranscripts\x12/\n" +
-	"\x06prefix\x18\x17 \x01(\v2\x17.meshp2p.v1.PrefixChainR\x06prefixJ\x04\b\n" +
+	"\vtranscripts\x18\x16 \x01(\bR\vtranscripts\x12'\n" +
+	"\x10hop_ms_per_layer\x18\x17 \x03(\x02R\rhopMsPerLayer\x12/\n" +
+	"\x06prefix\x18\x18 \x01(\v2\x17.meshp2p.v1.PrefixChainR\x06prefixJ\x04\b\n" +
 	"\x10\vJ\x04\b\x0e\x10\x0fR\bmax_rowsR\rbundle_schema\"H\n" +
 	"\vPrefixChain\x12!\n" +
 	"\fblock_tokens\x18\x01 \x01(\rR\vblockTokens\x12\x16\n" +

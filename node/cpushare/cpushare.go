@@ -1,0 +1,211 @@
+// Package cpushare chooses how many compute threads an engine of this
+// process uses, so that several meshp2p processes on one machine (the
+// demo's three nodes, a node beside `generate --local`) and other busy
+// programs do not oversubscribe its cores. ggml's workers meet at a
+// barrier after every operation: with more threads than free cores, one
+// worker descheduled stalls the others for a scheduler time slice, and a
+// 1 ms token becomes hundreds (issue 41: 410 against 1.2 ms/token).
+//
+// Each process joins a directory of members (a file per process, named by
+// its pid and holding its start time, so a reused pid is not counted) and
+// takes its share: the machine's CPUs over the live members, and no more
+// than the CPUs idle beside it, measured over a short window from
+// /proc/stat (this process's own time counted as idle). Where /proc is
+// missing, every CPU counts as idle.
+package cpushare
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Window is how long Threads measures the machine's idle CPUs.
+const Window = 250 * time.Millisecond
+
+// Member is this process's place among the meshp2p processes of the
+// machine that compute.
+type Member struct {
+	dir, file string
+	ncpu      int
+	proc      string // the /proc root ("" : none)
+}
+
+// DefaultDir is the members' directory: one per user, in the temporary
+// directory.
+func DefaultDir() string {
+	return filepath.Join(os.TempDir(), fmt.Sprintf("meshp2p-%d", os.Getuid()), "engines")
+}
+
+// Join registers this process in dir (created if missing).
+func Join(dir string) (*Member, error) {
+	m := &Member{dir: dir, ncpu: runtime.NumCPU()}
+	if _, err := os.Stat("/proc/self/stat"); err == nil {
+		m.proc = "/proc"
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("cpushare: %w", err)
+	}
+	pid := os.Getpid()
+	m.file = filepath.Join(dir, strconv.Itoa(pid))
+	if err := os.WriteFile(m.file, []byte(m.startTime(pid)), 0o600); err != nil {
+		return nil, fmt.Errorf("cpushare: %w", err)
+	}
+	return m, nil
+}
+
+// Leave removes this process from the members.
+func (m *Member) Leave() { _ = os.Remove(m.file) }
+
+// Members counts the live members, this process included; files of
+// processes that are gone are removed.
+func (m *Member) Members() int {
+	ents, err := os.ReadDir(m.dir)
+	if err != nil {
+		return 1
+	}
+	n := 0
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		if pid == os.Getpid() {
+			n++
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join(m.dir, e.Name()))
+		if err != nil {
+			continue
+		}
+		if alive(pid) && (m.proc == "" || m.startTime(pid) == string(b)) {
+			n++
+		} else {
+			_ = os.Remove(filepath.Join(m.dir, e.Name()))
+		}
+	}
+	return max(n, 1)
+}
+
+// Threads is this process's share of the machine's CPUs now: the CPUs
+// over the live members, at most the CPUs idle beside this process over
+// Window, at least 1.
+func (m *Member) Threads(ctx context.Context) int {
+	share := max(1, m.ncpu/m.Members())
+	idle, err := m.idleCPUs(ctx)
+	if err != nil {
+		return share
+	}
+	return max(1, min(share, int(math.Round(idle))))
+}
+
+// idleCPUs measures how many CPUs were idle or running this process over
+// Window.
+func (m *Member) idleCPUs(ctx context.Context) (float64, error) {
+	if m.proc == "" {
+		return float64(m.ncpu), nil
+	}
+	idle0, total0, err := m.machineTicks()
+	if err != nil {
+		return 0, err
+	}
+	own0, err := m.ownTicks()
+	if err != nil {
+		return 0, err
+	}
+	t := time.NewTimer(Window)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return 0, ctx.Err()
+	case <-t.C:
+	}
+	idle1, total1, err := m.machineTicks()
+	if err != nil {
+		return 0, err
+	}
+	own1, err := m.ownTicks()
+	if err != nil {
+		return 0, err
+	}
+	if total1 <= total0 {
+		return float64(m.ncpu), nil
+	}
+	free := float64(idle1-idle0+own1-own0) / float64(total1-total0)
+	return min(1, free) * float64(m.ncpu), nil
+}
+
+// machineTicks reads the idle (idle + iowait) and total ticks of every
+// CPU from /proc/stat.
+func (m *Member) machineTicks() (idle, total uint64, err error) {
+	b, err := os.ReadFile(filepath.Join(m.proc, "stat"))
+	if err != nil {
+		return 0, 0, err
+	}
+	line, _, _ := strings.Cut(string(b), "\n")
+	f := strings.Fields(line)
+	if len(f) < 5 || f[0] != "cpu" {
+		return 0, 0, errors.New("cpushare: /proc/stat has no cpu line")
+	}
+	for i, s := range f[1:] {
+		v, err := strconv.ParseUint(s, 10, 64)
+		if err != nil {
+			return 0, 0, fmt.Errorf("cpushare: /proc/stat: %w", err)
+		}
+		total += v
+		if i == 3 || i == 4 { // idle, iowait
+			idle += v
+		}
+	}
+	return idle, total, nil
+}
+
+// ownTicks reads this process's user + system ticks.
+func (m *Member) ownTicks() (uint64, error) {
+	f, err := m.statFields(os.Getpid())
+	if err != nil || len(f) < 15 {
+		return 0, fmt.Errorf("cpushare: own stat: %v", err)
+	}
+	u, err1 := strconv.ParseUint(f[13], 10, 64)
+	s, err2 := strconv.ParseUint(f[14], 10, 64)
+	if err1 != nil || err2 != nil {
+		return 0, errors.New("cpushare: own stat: bad ticks")
+	}
+	return u + s, nil
+}
+
+// startTime is pid's start time (field 22 of /proc/pid/stat), or "" where
+// there is no /proc.
+func (m *Member) startTime(pid int) string {
+	if m.proc == "" {
+		return ""
+	}
+	f, err := m.statFields(pid)
+	if err != nil || len(f) < 22 {
+		return ""
+	}
+	return f[21]
+}
+
+// statFields splits /proc/pid/stat into its fields (the command name,
+// which may hold spaces, counts as one).
+func (m *Member) statFields(pid int) ([]string, error) {
+	b, err := os.ReadFile(filepath.Join(m.proc, strconv.Itoa(pid), "stat"))
+	if err != nil {
+		return nil, err
+	}
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	if i < 0 {
+		return nil, errors.New("no command name")
+	}
+	head, _, _ := strings.Cut(s, " ")
+	return append([]string{head, s[strings.IndexByte(s, '(') : i+1]}, strings.Fields(s[i+1:])...), nil
+}
