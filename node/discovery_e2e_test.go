@@ -16,10 +16,17 @@ import (
 // shard nodes and the client preset for the origin with nothing shortened:
 // 2-minute republish, DHT mode auto/client, AutoNAT deciding reachability
 // (TestRelax only lifts the per-IP limits for loopback and turns UPnP off).
-// The bound for a newcomer is 3 s from its start to the first
-// token; on loopback it is a few hundred milliseconds, so the bound only
-// fails when discovery has to wait for a republish (2 minutes).
-const discoveryBound = 3 * time.Second
+// The goal for a newcomer is 3 s from its start to the first
+// token (discoveryGoal, logged: on a quiet machine it is a few hundred
+// milliseconds; on a loaded one the prefill alone can pass it). What the
+// tests fail on is discovery waiting for a republish: discoveryBound is a
+// quarter of the shipped republish interval, which no amount of CPU load
+// makes a working discovery reach, while a lost first gossip round (the
+// next one 2 minutes later, minus the 10 s settle) always passes it.
+const (
+	discoveryGoal  = 3 * time.Second
+	discoveryBound = 30 * time.Second // checkShipped: a quarter of the republish interval
+)
 
 // settle is how long the swarm runs before the client joins: long after
 // every advert's first gossip round, long before the first republish.
@@ -29,6 +36,9 @@ func checkShipped(t *testing.T, c Config) {
 	t.Helper()
 	if c.P2P.Discovery != (p2p.DiscoveryConfig{}) || c.P2P.ForceReachability != p2p.ReachabilityAuto {
 		t.Fatalf("test config is not the shipped preset: discovery %+v, reachability %q", c.P2P.Discovery, c.P2P.ForceReachability)
+	}
+	if r := p2p.DefaultDiscoveryConfig().RepublishInterval; 4*discoveryBound > r {
+		t.Fatalf("discoveryBound %v is more than a quarter of the shipped republish interval %v", discoveryBound, r)
 	}
 }
 
@@ -56,7 +66,7 @@ func joinAndGenerate(t *testing.T, tn *testNet, model string) (time.Duration, *N
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("client: model resolved %v after start, first token %v, %d tokens over %d hops", resolved.Round(time.Millisecond), first.Round(time.Millisecond), len(res.Tokens), len(res.Route.Hops))
+	t.Logf("client: model resolved %v after start, first token %v (goal %v), %d tokens over %d hops", resolved.Round(time.Millisecond), first.Round(time.Millisecond), discoveryGoal, len(res.Tokens), len(res.Route.Hops))
 	return first, c
 }
 
@@ -88,7 +98,7 @@ func TestDiscoveryOnShippedDefaults(t *testing.T) {
 		t.Fatal(err)
 	}
 	seen := time.Since(start) - up
-	t.Logf("late node: started in %v, routable for the existing client %v after it was up", up.Round(time.Millisecond), seen.Round(time.Millisecond))
+	t.Logf("late node: started in %v, routable for the existing client %v after it was up (goal %v)", up.Round(time.Millisecond), seen.Round(time.Millisecond), discoveryGoal)
 	if seen > discoveryBound {
 		t.Fatalf("late node routable %v after it was up, want ≤ %v", seen, discoveryBound)
 	}
