@@ -48,6 +48,11 @@ type Prefix struct {
 	// range, the hops before this one, wire dtype...). Entries only serve
 	// sessions of the same scope.
 	Scope [32]byte
+	// AltScope (zero: none) is a second scope the entry also serves, and
+	// a second one an adopting session may take: a session's own scope
+	// (the same session of the same origin, re-routed around a failed hop:
+	// its KV is reused whichever peer now computes the hops before).
+	AltScope [32]byte
 	// Block is how many positions each hash covers (> 0).
 	Block int
 	// Hashes chain the tokens: Hashes[i] commits to the tokens of
@@ -69,6 +74,7 @@ type cacheEntry struct {
 	seq    int
 	owner  string
 	scope  [32]byte
+	alt    [32]byte // zero: none
 	block  int
 	hashes [][16]byte
 	toks   []int32 // head shards: the tokens of its positions
@@ -100,7 +106,7 @@ func (c *prefixCache) match(p *Prefix) (*cacheEntry, int) {
 	var best *cacheEntry
 	n := 0
 	for _, e := range c.entries {
-		if e.scope != p.Scope || e.block != p.Block || e.owner != p.Owner {
+		if !e.serves(p) {
 			continue
 		}
 		k := commonBlocks(e.hashes, p.Hashes)
@@ -109,6 +115,17 @@ func (c *prefixCache) match(p *Prefix) (*cacheEntry, int) {
 		}
 	}
 	return best, n
+}
+
+// serves reports whether e may serve a session keyed p: the same owner
+// and block size, and a scope in common (an alternative one counts).
+func (e *cacheEntry) serves(p *Prefix) bool {
+	if e.block != p.Block || e.owner != p.Owner {
+		return false
+	}
+	var zero [32]byte
+	meet := func(a, b [32]byte) bool { return a != zero && a == b }
+	return e.scope == p.Scope || meet(e.alt, p.Scope) || meet(e.scope, p.AltScope) || meet(e.alt, p.AltScope)
 }
 
 func commonBlocks(a, b [][16]byte) int {
@@ -194,7 +211,7 @@ func (s *Shard) keep(seq int, k *keepReq) {
 	hashes := k.p.Hashes[:blocks]
 	c.clock++
 	for _, e := range c.entries {
-		if e.scope != k.p.Scope || e.block != k.p.Block || e.owner != k.p.Owner {
+		if e.scope != k.p.Scope || e.alt != k.p.AltScope || e.block != k.p.Block || e.owner != k.p.Owner {
 			continue
 		}
 		switch common := commonBlocks(e.hashes, hashes); {
@@ -211,7 +228,7 @@ func (s *Shard) keep(seq int, k *keepReq) {
 	cseq := c.free[len(c.free)-1]
 	c.free = c.free[:len(c.free)-1]
 	C.llama_memory_seq_cp(C.llama_get_memory(s.lctx), C.llama_seq_id(seq), C.llama_seq_id(cseq), 0, C.llama_pos(n))
-	e := &cacheEntry{seq: cseq, owner: k.p.Owner, scope: k.p.Scope, block: k.p.Block, hashes: slices.Clone(hashes), last: c.clock}
+	e := &cacheEntry{seq: cseq, owner: k.p.Owner, scope: k.p.Scope, alt: k.p.AltScope, block: k.p.Block, hashes: slices.Clone(hashes), last: c.clock}
 	if len(k.toks) >= n {
 		e.toks = slices.Clone(k.toks[:n])
 	}

@@ -272,6 +272,7 @@ func (h *HopService) reserve(hs *hopSession) *hopError {
 	}
 	hs.eng = eng
 	hs.adoptPrefix()
+	hs.findReplay()
 	return nil
 }
 

@@ -187,6 +187,9 @@ func (hs *hopSession) transcribed(a *meshp2pb.ActivationHeader, tensors [][]byte
 	if hs.closing.Load() {
 		return nil // the head is closing: nothing more goes down
 	}
+	if err := hs.checkFrame(a, from, t); err != nil { // a re-send goes before a's input digest
+		return err
+	}
 	hs.tx.input(a, tensors)
 	if err := hs.compute(a, tensors, from, rt, t); err != nil {
 		return err
@@ -240,7 +243,7 @@ func (hs *hopSession) statement(st *meshp2pb.SignedTranscript, from peer.ID) err
 // compute is activation without transcripts; the write on the down seam
 // goes in t (nil: written at once).
 func (hs *hopSession) compute(a *meshp2pb.ActivationHeader, tensors [][]byte, from peer.ID, rt readTiming, t *turn) error {
-	if err := hs.checkFrame(a, from); err != nil {
+	if err := hs.checkFrame(a, from, t); err != nil {
 		return err
 	}
 	nEmbd := hs.se.info.NEmbd
@@ -319,15 +322,16 @@ func (hs *hopSession) compute(a *meshp2pb.ActivationHeader, tensors [][]byte, fr
 }
 
 // checkFrame refuses a frame of another session or epoch; the first
-// frame also settles the positions this hop reuses (startAt).
-func (hs *hopSession) checkFrame(a *meshp2pb.ActivationHeader, from peer.ID) error {
+// frame also settles the positions this hop reuses (startAt) and has it
+// re-send the next hop what it needs from the previous epoch (in t).
+func (hs *hopSession) checkFrame(a *meshp2pb.ActivationHeader, from peer.ID, t *turn) error {
 	if !bytes.Equal(a.GetSessionId(), hs.open.GetSessionId()) || a.GetEpoch() != hs.key.Epoch {
 		return codeErr(meshp2pb.ErrorCode_ERROR_CODE_SESSION_UNKNOWN, "activation for another session or epoch", from)
 	}
-	if err := hs.startAt(int(a.GetPosStart())); err != nil {
-		return engineErr(err, from, hs.h.host.ID())
+	if err := hs.startAt(a, from); err != nil {
+		return err
 	}
-	return nil
+	return hs.sendReplay(a, t)
 }
 
 // tokenFrame is the tail's answer to a frame it sampled after.
@@ -360,6 +364,10 @@ func (hs *hopSession) sendRing(msg *meshp2pb.StreamMessage) error {
 // dtype; timing (whose last entry, own, is this hop's) goes with them.
 // The frame is digested now and written in t (nil: at once).
 func (hs *hopSession) sendDown(a *meshp2pb.ActivationHeader, hidden []float32, us uint32, timing []*meshp2pb.HopTiming, own *meshp2pb.HopTiming, t *turn) error {
+	a, hidden, ok := hs.forwarded(a, hidden, hs.se.info.NEmbd)
+	if !ok {
+		return nil // rows the next hop holds (failover.go)
+	}
 	t0 := time.Now()
 	hdr, payload := downFrame(a, hidden, hs.wire, hs.se.info.NEmbd)
 	own.EncodeUs = usOf(time.Since(t0))
@@ -396,6 +404,9 @@ func downFrame(a *meshp2pb.ActivationHeader, hidden []float32, wire meshp2pb.DTy
 		Tensors: []*meshp2pb.TensorInfo{{Name: BundleTensor, Dtype: dt, Shape: []int64{int64(rows), int64(nEmbd)}}}}
 	if a.GetVerify() {
 		hdr.Verify, hdr.SpecGen, hdr.Tokens, hdr.Lookahead = true, a.GetSpecGen(), a.GetTokens(), a.GetLookahead()
+	}
+	if a.GetIsPrefill() {
+		hdr.HopStarts = a.GetHopStarts()
 	}
 	return hdr, payload
 }

@@ -265,6 +265,14 @@ type hopSession struct {
 	downCached *meshp2pb.SessionAccept
 	started    atomic.Bool
 	prefixMore atomic.Pointer[[]byte]
+	// Failover (failover.go): the prefill frames this hop sent in the
+	// session's previous epoch (replay, covering [0, replayTo)), the next
+	// hop's start from the epoch's hop_starts (it forwards only rows from
+	// there), and the rows it still has to re-send before its first.
+	replay    []*meshp2pb.RecordedFrame
+	replayTo  int
+	nextStart atomic.Int32
+	resend    [2]int
 
 	maxTokens int
 	produced  int      // head: tokens passed to the origin; only the ring reader touches it

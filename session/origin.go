@@ -367,7 +367,7 @@ func (o *Origin) run(ctx context.Context, sid [16]byte, rt *route.Route, req Gen
 	if failed, err := e.admit(open); err != nil {
 		return failed, err
 	}
-	from, err := e.cachedFrom(res, len(req.Prompt))
+	from, starts, err := e.cachedFrom(res, len(req.Prompt))
 	if err != nil {
 		return head, err
 	}
@@ -375,7 +375,7 @@ func (o *Origin) run(ctx context.Context, sid [16]byte, rt *route.Route, req Gen
 	if chunk <= 0 {
 		chunk = DefaultChunk
 	}
-	if err := e.prefill(input, from, chunk); err != nil {
+	if err := e.prefill(input, from, chunk, starts); err != nil {
 		return head, err
 	}
 	return e.collect(req, res, len(open.GetGenerated()), start, o.observer())
@@ -438,12 +438,12 @@ func (e *epochRun) admit(open *meshp2pb.SessionOpen) (peer.ID, error) {
 
 // prefill sends the input from position from (what the hops hold before
 // it) as token-id frames: FirstChunkRows first, then chunks of at most
-// chunk rows.
-func (e *epochRun) prefill(input []int32, from, chunk int) error {
+// chunk rows; starts (nil: none) are the hops' starts (hopStarts).
+func (e *epochRun) prefill(input []int32, from, chunk int, starts []uint32) error {
 	for off, n := from, FirstChunkRows; off < len(input); off, n = off+n, chunk {
 		end := min(off+n, len(input))
 		a := &meshp2pb.ActivationHeader{SessionId: e.sid[:], Epoch: e.rt.Epoch, PosStart: uint32(off), NRows: uint32(end - off),
-			IsPrefill: true, LastChunk: end == len(input), Tokens: input[off:end]}
+			IsPrefill: true, LastChunk: end == len(input), Tokens: input[off:end], HopStarts: starts}
 		if err := e.w.WriteActivation(a); err != nil {
 			return fmt.Errorf("send prefill: %w", err)
 		}

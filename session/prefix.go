@@ -9,6 +9,7 @@ import (
 	"slices"
 
 	"github.com/libp2p/go-libp2p/core/crypto"
+	"github.com/libp2p/go-libp2p/core/peer"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/neuron-tai/meshp2p/proto/frame"
@@ -62,10 +63,11 @@ type PrefixSession interface {
 
 // Prefix is the engine's key for a session's first positions.
 type Prefix struct {
-	Owner  string // whose entry it is ("" for a trusted origin: no share)
-	Scope  [32]byte
-	Block  int
-	Hashes [][16]byte
+	Owner    string // whose entry it is ("" for a trusted origin: no share)
+	Scope    [32]byte
+	AltScope [32]byte // the session's own scope (sessionScope)
+	Block    int
+	Hashes   [][16]byte
 }
 
 // PrefixSeed is where an origin's prefix chains start for namespace: a
@@ -166,10 +168,40 @@ func (hs *hopSession) prefixScope() [32]byte {
 	return s
 }
 
+// sessionScope is prefixScope for this session's later epochs: the same
+// but for the session id in place of the peers of the hops before this
+// one. A re-routed session reuses what this hop computed in its previous
+// epoch whichever peers now serve the ranges before it: their rows are
+// bitwise the same (the same ranges and kernel classes), and the only
+// hidden states the old peers gave it are those the session already
+// generated its tokens from. Whose KV serves whom is unchanged: only the
+// origin that signed both epochs has this session id.
+func (hs *hopSession) sessionScope() [32]byte {
+	d := sha256.New()
+	field := func(b []byte) {
+		d.Write(binary.AppendUvarint(nil, uint64(len(b))))
+		d.Write(b)
+	}
+	field([]byte("meshp2p/prefix-session-scope/v1"))
+	field([]byte(hs.origin))
+	field(hs.open.GetSessionId())
+	field([]byte(hs.open.GetModelFingerprint()))
+	field([]byte(hs.h.cfg.KernelClass))
+	field(binary.AppendUvarint(nil, uint64(hs.wire)))
+	hops := hs.open.GetRoute().GetHops()
+	for _, x := range hops[:hs.idx+1] {
+		field(binary.AppendUvarint(binary.AppendUvarint(nil, uint64(x.GetStart())), uint64(x.GetEnd())))
+		field([]byte(x.GetKernelClass()))
+	}
+	var s [32]byte
+	copy(s[:], d.Sum(nil))
+	return s
+}
+
 // enginePrefix is the engine's key for this session's first positions:
 // the open's chain and more (a clean close's continuation).
 func (hs *hopSession) enginePrefix(more []byte) Prefix {
-	p := Prefix{Scope: hs.prefixScope(), Block: PrefixBlock, Hashes: splitHashes(append(slices.Clone(hs.open.GetPrefix().GetHashes()), more...))}
+	p := Prefix{Scope: hs.prefixScope(), AltScope: hs.sessionScope(), Block: PrefixBlock, Hashes: splitHashes(append(slices.Clone(hs.open.GetPrefix().GetHashes()), more...))}
 	if !hs.h.cfg.TrustedOrigins[hs.origin] {
 		p.Owner = string(hs.origin)
 	}
@@ -227,15 +259,26 @@ func (hs *hopSession) accepted() *meshp2pb.StreamMessage {
 	if len(acc.HopCached) > len(hs.route) {
 		acc.HopCached = acc.HopCached[:len(hs.route)]
 	}
+	if hs.tail || len(hs.downCached.GetHopReplay()) > 0 {
+		acc.HopReplay = append([]uint32{uint32(hs.replayTo)}, hs.downCached.GetHopReplay()...)
+		if len(acc.HopReplay) > len(hs.route) {
+			acc.HopReplay = acc.HopReplay[:len(hs.route)]
+		}
+	}
 	return msg
 }
 
-// startAt (the session's first frame, at position pos) drops the adopted
-// positions the origin recomputes: it started lower, because a hop after
-// this one holds fewer, or it knows nothing of the cache.
-func (hs *hopSession) startAt(pos int) error {
+// startAt (the session's first frame, a) settles where this hop starts:
+// the epoch's plan (planStarts) or a's position. It drops the adopted
+// positions above that start: the origin recomputes them, because a hop
+// after this one holds fewer, or it knows nothing of the cache.
+func (hs *hopSession) startAt(a *meshp2pb.ActivationHeader, from peer.ID) error {
 	if !hs.started.CompareAndSwap(false, true) {
 		return nil
+	}
+	pos, err := hs.planStarts(a, from)
+	if err != nil {
+		return err
 	}
 	if hs.sp != nil && pos > 0 && pos <= len(hs.cachedToks) {
 		hs.sp.history(hs.cachedToks[:pos])
@@ -244,7 +287,10 @@ func (hs *hopSession) startAt(pos int) error {
 	if pos >= hs.cached {
 		return nil
 	}
-	return hs.eng.Truncate(context.Background(), pos)
+	if err := hs.eng.Truncate(context.Background(), pos); err != nil {
+		return engineErr(err, from, hs.h.host.ID())
+	}
+	return nil
 }
 
 // withPrefix puts the chain of the epoch's prefill input in open (unless
@@ -265,24 +311,60 @@ func (e *epochRun) withPrefix(o *Origin, open *meshp2pb.SessionOpen, input []int
 	open.Prefix = e.chain
 }
 
-// cachedFrom is where the epoch's prefill starts: the positions the head
-// said every hop holds (its accept), which must be whole blocks of the
-// chain the open sent. It records them in res.
-func (e *epochRun) cachedFrom(res *Result, prompt int) (int, error) {
+// cachedFrom is where the epoch's prefill starts at each hop (starts;
+// nil: everywhere at the returned position, the head's): from what each
+// hop said it holds of the open's chain and can re-send from its records
+// (its accept: hop_cached, hop_replay; hopStarts). Every count must be
+// whole blocks of the chain the open sent. It records the figures in res.
+func (e *epochRun) cachedFrom(res *Result, prompt int) (int, []uint32, error) {
 	res.cachedFrom, res.CachedTokens, res.HopCached = 0, 0, nil
 	if e.chain == nil {
-		return 0, nil
+		return 0, nil, nil
 	}
-	n := int(e.accept.GetCachedTokens())
+	acc, k := e.accept, len(e.rt.Hops)
+	n := int(acc.GetCachedTokens())
 	blocks := len(e.chain.GetHashes()) / prefixHashLen
-	if n%PrefixBlock != 0 || n > blocks*PrefixBlock || len(e.accept.GetHopCached()) > len(e.rt.Hops) {
-		return 0, fmt.Errorf("head %s answered %d cached positions for %d hops, of a prefix of %d", e.head, n, len(e.accept.GetHopCached()), blocks*PrefixBlock)
+	whole := func(c int) bool { return c%PrefixBlock == 0 && c <= blocks*PrefixBlock }
+	if !whole(n) || len(acc.GetHopCached()) > k || len(acc.GetHopReplay()) > k {
+		return 0, nil, fmt.Errorf("head %s answered %d cached positions for %d hops, of a prefix of %d", e.head, n, len(acc.GetHopCached()), blocks*PrefixBlock)
 	}
-	for _, c := range e.accept.GetHopCached() {
+	for _, c := range acc.GetHopCached() {
+		if !whole(int(c)) {
+			return 0, nil, fmt.Errorf("head %s answered %d cached positions at a hop, of a prefix of %d", e.head, c, blocks*PrefixBlock)
+		}
 		res.HopCached = append(res.HopCached, int(c))
 	}
 	res.cachedFrom, res.CachedTokens = n, min(n, prompt)
-	return n, nil
+	if len(acc.GetHopCached()) != k || len(acc.GetHopReplay()) != k {
+		return n, nil, nil // an older hop: every hop from the minimum
+	}
+	starts := hopStarts(res.HopCached, acc.GetHopReplay())
+	if !slices.ContainsFunc(starts, func(s uint32) bool { return s != starts[0] }) {
+		return int(starts[0]), nil, nil
+	}
+	res.cachedFrom = int(slices.Max(starts))
+	return int(starts[0]), starts, nil
+}
+
+// hopStarts is where each hop starts computing, from the positions it
+// holds (cached) and those whose frames it can re-send the next hop
+// (replay), tail first: a hop starts where its cache ends unless the next
+// hop starts lower and its records do not reach that far, and then where
+// the next hop starts (it recomputes the rows the next hop needs). So a
+// session re-routed around one failed hop recomputes that hop's layers
+// and, on the hops after it, only what none of them held.
+func hopStarts(cached []int, replay []uint32) []uint32 {
+	k := len(cached)
+	s := make([]uint32, k)
+	s[k-1] = uint32(cached[k-1])
+	for i := k - 2; i >= 0; i-- {
+		c := uint32(cached[i])
+		if c > s[i+1] && replay[i] < c {
+			c = s[i+1]
+		}
+		s[i] = c
+	}
+	return s
 }
 
 // prefixMore is the close's continuation of the open's chain over the

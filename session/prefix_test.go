@@ -64,7 +64,7 @@ func (s *cachedSession) Adopt(_ context.Context, p Prefix) (int, []int32, error)
 	n := 0
 	var toks []int32
 	for _, e := range s.c.entries {
-		if e.p.Scope != p.Scope || e.p.Owner != p.Owner || e.p.Block != p.Block {
+		if !scopesMeet(e.p, p) || e.p.Owner != p.Owner || e.p.Block != p.Block {
 			continue
 		}
 		k := 0
@@ -80,6 +80,14 @@ func (s *cachedSession) Adopt(_ context.Context, p Prefix) (int, []int32, error)
 	s.c.adopted = append(s.c.adopted, n)
 	s.c.adoptedToks = append(s.c.adoptedToks, s.toks)
 	return n, slices.Clone(toks), nil
+}
+
+// scopesMeet is the engine's rule: a scope in common, the alternative
+// ones (a session's own) included.
+func scopesMeet(a, b Prefix) bool {
+	var zero [32]byte
+	meet := func(x, y [32]byte) bool { return x != zero && x == y }
+	return a.Scope == b.Scope || meet(a.AltScope, b.Scope) || meet(a.Scope, b.AltScope) || meet(a.AltScope, b.AltScope)
 }
 
 func (s *cachedSession) Keep(p Prefix) {
@@ -236,12 +244,21 @@ func TestPrefixChain(t *testing.T) {
 	res := &Result{}
 	for _, acc := range []*meshp2pb.SessionAccept{{CachedTokens: 128}, {CachedTokens: 40}, {CachedTokens: 32, HopCached: []uint32{32, 32, 32}}} {
 		e.accept = acc
-		if _, err := e.cachedFrom(res, 100); err == nil {
+		if _, _, err := e.cachedFrom(res, 100); err == nil {
 			t.Fatalf("accept %v taken for a chain of 3 blocks on 2 hops", acc)
 		}
 	}
-	e.accept = &meshp2pb.SessionAccept{CachedTokens: 96, HopCached: []uint32{96, 128}}
-	if n, err := e.cachedFrom(res, 90); n != 96 || err != nil || res.CachedTokens != 90 || !slices.Equal(res.HopCached, []int{96, 128}) {
-		t.Fatalf("from %d (%v), result %+v", n, err, res)
+	e.accept = &meshp2pb.SessionAccept{CachedTokens: 64, HopCached: []uint32{96, 64}}
+	if n, starts, err := e.cachedFrom(res, 90); n != 64 || starts != nil || err != nil || res.CachedTokens != 64 || !slices.Equal(res.HopCached, []int{96, 64}) {
+		t.Fatalf("from %d %v (%v), result %+v", n, starts, err, res)
+	}
+	e.accept = &meshp2pb.SessionAccept{CachedTokens: 32, HopCached: []uint32{96, 128}}
+	if _, _, err := e.cachedFrom(res, 90); err == nil {
+		t.Fatal("a hop's count past the chain taken")
+	}
+	// With each hop's records: the head re-sends what the tail lacks.
+	e.accept = &meshp2pb.SessionAccept{CachedTokens: 0, HopCached: []uint32{96, 0}, HopReplay: []uint32{96, 0}}
+	if n, starts, err := e.cachedFrom(res, 90); n != 96 || !slices.Equal(starts, []uint32{96, 0}) || err != nil || res.CachedTokens != 0 {
+		t.Fatalf("from %d %v (%v), result %+v", n, starts, err, res)
 	}
 }

@@ -62,7 +62,16 @@ type ActivationHeader struct {
 	SpecGen uint64 `protobuf:"varint,13,opt,name=spec_gen,json=specGen,proto3" json:"spec_gen,omitempty"`
 	// The proposed token after the last row (0 or 1 entries): the first row
 	// of the next window already in flight behind this one.
-	Lookahead     []int32 `protobuf:"varint,14,rep,packed,name=lookahead,proto3" json:"lookahead,omitempty"`
+	Lookahead []int32 `protobuf:"varint,14,rep,packed,name=lookahead,proto3" json:"lookahead,omitempty"`
+	// Prefill frames of an epoch whose hops start at different positions
+	// (docs/architecture.md, "Failover"): hop_starts[i] is where hop i of
+	// the route starts computing (it holds the positions before, reused or
+	// carried over from the session's previous epoch). A hop forwards only
+	// rows from the next hop's start on and, where the next hop starts
+	// below its own start, first re-sends the rows it sent in the previous
+	// epoch (its records). Empty: every hop starts at the first frame's
+	// position.
+	HopStarts     []uint32 `protobuf:"varint,15,rep,packed,name=hop_starts,json=hopStarts,proto3" json:"hop_starts,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -191,6 +200,13 @@ func (x *ActivationHeader) GetSpecGen() uint64 {
 func (x *ActivationHeader) GetLookahead() []int32 {
 	if x != nil {
 		return x.Lookahead
+	}
+	return nil
+}
+
+func (x *ActivationHeader) GetHopStarts() []uint32 {
+	if x != nil {
+		return x.HopStarts
 	}
 	return nil
 }
@@ -661,7 +677,7 @@ var File_meshp2p_v1_activation_proto protoreflect.FileDescriptor
 const file_meshp2p_v1_activation_proto_rawDesc = "" +
 	"\n" +
 	"\x1bmeshp2p/v1/activation.proto\x12\n" +
-	"meshp2p.v1\x1a\x17meshp2p/v1/common.proto\x1a\x17meshp2p/v1/timing.proto\"\xb5\x03\n" +
+	"meshp2p.v1\x1a\x17meshp2p/v1/common.proto\x1a\x17meshp2p/v1/timing.proto\"\xd4\x03\n" +
 	"\x10ActivationHeader\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\fR\tsessionId\x12\x14\n" +
@@ -681,7 +697,9 @@ const file_meshp2p_v1_activation_proto_rawDesc = "" +
 	"hop_timing\x18\v \x03(\v2\x15.meshp2p.v1.HopTimingR\thopTiming\x12\x16\n" +
 	"\x06verify\x18\f \x01(\bR\x06verify\x12\x19\n" +
 	"\bspec_gen\x18\r \x01(\x04R\aspecGen\x12\x1c\n" +
-	"\tlookahead\x18\x0e \x03(\x05R\tlookahead\"\x98\x01\n" +
+	"\tlookahead\x18\x0e \x03(\x05R\tlookahead\x12\x1d\n" +
+	"\n" +
+	"hop_starts\x18\x0f \x03(\rR\thopStarts\"\x98\x01\n" +
 	"\n" +
 	"TensorInfo\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12'\n" +

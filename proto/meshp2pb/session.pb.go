@@ -611,7 +611,13 @@ type SessionAccept struct {
 	// starts the prefill there. 0 or absent (an older peer): from 0.
 	CachedTokens uint32 `protobuf:"varint,5,opt,name=cached_tokens,json=cachedTokens,proto3" json:"cached_tokens,omitempty"`
 	// Each hop's own count, from the sender to the tail, in route order.
-	HopCached     []uint32 `protobuf:"varint,6,rep,packed,name=hop_cached,json=hopCached,proto3" json:"hop_cached,omitempty"`
+	HopCached []uint32 `protobuf:"varint,6,rep,packed,name=hop_cached,json=hopCached,proto3" json:"hop_cached,omitempty"`
+	// Failover: each hop's count, in the same order, of the first
+	// positions whose frames it sent the next hop in the session's previous
+	// epoch and still has (its audit records: prefill frames from position
+	// 0 on, in the open's wire dtype). The origin lets a hop start above
+	// the next hop's start only as far as these reach.
+	HopReplay     []uint32 `protobuf:"varint,7,rep,packed,name=hop_replay,json=hopReplay,proto3" json:"hop_replay,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -684,6 +690,13 @@ func (x *SessionAccept) GetCachedTokens() uint32 {
 func (x *SessionAccept) GetHopCached() []uint32 {
 	if x != nil {
 		return x.HopCached
+	}
+	return nil
+}
+
+func (x *SessionAccept) GetHopReplay() []uint32 {
+	if x != nil {
+		return x.HopReplay
 	}
 	return nil
 }
@@ -980,7 +993,7 @@ const file_meshp2p_v1_session_proto_rawDesc = "" +
 	"\agrammar\x18\n" +
 	" \x01(\tR\agrammar\x12\x1a\n" +
 	"\blogprobs\x18\v \x01(\bR\blogprobs\x12!\n" +
-	"\ftop_logprobs\x18\f \x01(\rR\vtopLogprobs\"\xc1\x01\n" +
+	"\ftop_logprobs\x18\f \x01(\rR\vtopLogprobs\"\xe0\x01\n" +
 	"\rSessionAccept\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\fR\tsessionId\x12\x14\n" +
@@ -989,7 +1002,9 @@ const file_meshp2p_v1_session_proto_rawDesc = "" +
 	"\x05error\x18\x04 \x01(\v2\x11.meshp2p.v1.ErrorR\x05error\x12#\n" +
 	"\rcached_tokens\x18\x05 \x01(\rR\fcachedTokens\x12\x1d\n" +
 	"\n" +
-	"hop_cached\x18\x06 \x03(\rR\thopCached\"|\n" +
+	"hop_cached\x18\x06 \x03(\rR\thopCached\x12\x1d\n" +
+	"\n" +
+	"hop_replay\x18\a \x03(\rR\thopReplay\"|\n" +
 	"\fSessionClose\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\fR\tsessionId\x12\x14\n" +

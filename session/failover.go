@@ -1,0 +1,157 @@
+package session
+
+import (
+	"fmt"
+	"slices"
+
+	"github.com/libp2p/go-libp2p/core/peer"
+
+	"github.com/neuron-tai/meshp2p/proto/frame"
+	"github.com/neuron-tai/meshp2p/proto/meshp2pb"
+)
+
+// Failover that recomputes one hop (docs/architecture.md, "Failover").
+// When a hop fails, the origin re-routes: a new epoch of the same session
+// over a route that replaces the failed hop. The hops that survive keep
+// what they computed in the old epoch: the old epoch's engine session
+// leaves its prefill's blocks in the prefix cache under the session's own
+// scope too (sessionScope), and the new epoch adopts them. The replacement
+// holds nothing; it needs the hidden states of every position from the
+// hop before it, which has them in its audit records (the frames it sent
+// in the old epoch): it re-sends them, and the hops after the replacement,
+// which hold those positions, do not recompute them. The origin plans
+// where each hop starts (hopStarts) from what the hops answered in their
+// accepts (hop_cached, hop_replay) and sends the plan on every prefill
+// frame (hop_starts); each hop then starts at its entry, re-sends what the
+// next hop needs below it, and forwards only rows from the next hop's
+// start on.
+
+// prefillSent is what this hop sent the next hop in the latest epoch of
+// key's session before key's that it still keeps: the prefill frames from
+// position 0 on while they run contiguously in dtype wire, and how many
+// positions they cover.
+func (s *auditStore) prefillSent(key Key, wire meshp2pb.DType) ([]*meshp2pb.RecordedFrame, int) {
+	s.mu.Lock()
+	var prev *kept
+	var epoch uint64
+	for k, kp := range s.m {
+		if k.Origin == key.Origin && k.ID == key.ID && k.Epoch < key.Epoch && (prev == nil || k.Epoch > epoch) {
+			prev, epoch = kp, k.Epoch
+		}
+	}
+	s.mu.Unlock()
+	if prev == nil {
+		return nil, 0
+	}
+	prev.mu.Lock()
+	sent := slices.Clone(prev.sent)
+	prev.mu.Unlock()
+	var out []*meshp2pb.RecordedFrame
+	to := 0
+	for _, f := range sent {
+		h := f.GetHeader()
+		ts := h.GetTensors()
+		if !h.GetIsPrefill() || h.GetVerify() || int(h.GetPosStart()) != to || len(ts) != 1 || ts[0].GetDtype() != wire {
+			break
+		}
+		out = append(out, f)
+		to += int(h.GetNRows())
+	}
+	return out, to
+}
+
+// findReplay (admission of a later epoch) looks up what this hop can
+// re-send the next hop from its records of the previous epoch.
+func (hs *hopSession) findReplay() {
+	if hs.tail || hs.key.Epoch == 0 || hs.open.GetPrefix() == nil {
+		return
+	}
+	hs.replay, hs.replayTo = hs.h.audits.prefillSent(hs.key, hs.wire)
+}
+
+// planStarts takes the epoch's plan from its first frame a: where this hop
+// starts (it must hold the positions before: adopted, and re-sendable
+// where the next hop starts lower) and the next hop's start. Without a
+// plan, this hop starts at a's position and forwards every row.
+func (hs *hopSession) planStarts(a *meshp2pb.ActivationHeader, from peer.ID) (int, error) {
+	st := a.GetHopStarts()
+	pos := int(a.GetPosStart())
+	if len(st) == 0 {
+		return pos, nil
+	}
+	if len(st) != len(hs.route) || int(st[hs.idx]) != pos || pos > hs.cached {
+		return 0, codeErr(meshp2pb.ErrorCode_ERROR_CODE_BAD_REQUEST,
+			fmt.Sprintf("hop starts %v: hop %d of %d holds %d positions, first frame at %d", st, hs.idx, len(hs.route), hs.cached, pos), from)
+	}
+	if hs.tail {
+		return pos, nil
+	}
+	next := int(st[hs.idx+1])
+	if next < pos && hs.replayTo < pos {
+		return 0, codeErr(meshp2pb.ErrorCode_ERROR_CODE_BAD_REQUEST,
+			fmt.Sprintf("hop starts %v: the next hop starts at %d, this hop's records reach %d of %d", st, next, hs.replayTo, pos), from)
+	}
+	hs.nextStart.Store(int32(next))
+	if next < pos {
+		hs.resend = [2]int{next, pos}
+	}
+	return pos, nil
+}
+
+// sendReplay re-sends the next hop the rows [resend[0], resend[1]) from
+// this hop's records, before anything of the epoch's first frame a (in
+// t). Once.
+func (hs *hopSession) sendReplay(a *meshp2pb.ActivationHeader, t *turn) error {
+	from, to := hs.resend[0], hs.resend[1]
+	if from >= to {
+		return nil
+	}
+	hs.resend = [2]int{}
+	rowBytes := frame.DTypeSize(hs.wire) * hs.se.info.NEmbd
+	for _, f := range hs.replay {
+		h := f.GetHeader()
+		lo, hi := max(from, int(h.GetPosStart())), min(to, int(h.GetPosStart()+h.GetNRows()))
+		if lo >= hi {
+			continue
+		}
+		off := (lo - int(h.GetPosStart())) * rowBytes
+		payload := f.GetPayload()[off : off+(hi-lo)*rowBytes]
+		hdr := &meshp2pb.ActivationHeader{SessionId: a.GetSessionId(), Epoch: a.GetEpoch(), Step: a.GetStep(), PosStart: uint32(lo),
+			NRows: uint32(hi - lo), IsPrefill: true, HopStarts: a.GetHopStarts(),
+			Tensors: []*meshp2pb.TensorInfo{{Name: BundleTensor, Dtype: hs.wire, Shape: []int64{int64(hi - lo), int64(hs.se.info.NEmbd)}}}}
+		// Each re-sent frame is an input frame of this hop's transcript
+		// too, so its statements keep covering one frame per frame sent.
+		hs.tx.input(hdr, [][]byte{payload})
+		if err := hs.tx.sent(hdr, payload); err != nil {
+			return err
+		}
+		if err := t.add(func() error { return hs.writeDown(hdr, payload) }); err != nil {
+			return err
+		}
+		if err := hs.inputDone(t); err != nil {
+			return err
+		}
+	}
+	hs.h.log.Debug("failover: re-sent the previous epoch's rows", "session", hs.key, "from", from, "to", to)
+	hs.replay = nil
+	return nil
+}
+
+// forwarded is the part of a's output (hidden, rows of nEmbd) the next hop
+// needs: the rows from its start on (all of them without a plan); ok is
+// false when it needs none.
+func (hs *hopSession) forwarded(a *meshp2pb.ActivationHeader, hidden []float32, nEmbd int) (*meshp2pb.ActivationHeader, []float32, bool) {
+	next := int(hs.nextStart.Load())
+	pos := int(a.GetPosStart())
+	if !a.GetIsPrefill() || next <= pos {
+		return a, hidden, true
+	}
+	cut := next - pos
+	if cut >= int(a.GetNRows()) {
+		return nil, nil, false
+	}
+	c := &meshp2pb.ActivationHeader{SessionId: a.GetSessionId(), Epoch: a.GetEpoch(), Step: a.GetStep(), PosStart: uint32(next),
+		NRows: a.GetNRows() - uint32(cut), IsPrefill: true, LastChunk: a.GetLastChunk(), HopStarts: a.GetHopStarts(),
+		HopUs: a.GetHopUs(), HopTiming: a.GetHopTiming()}
+	return c, hidden[cut*nEmbd:], true
+}
