@@ -1,0 +1,82 @@
+package node
+
+import (
+	"context"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/neuron-tai/meshp2p/engine/gguf"
+	"github.com/neuron-tai/meshp2p/internal/testmodels"
+	"github.com/neuron-tai/meshp2p/session"
+)
+
+// Killing the middle node of a long-context session re-routes through a
+// spare that recomputes only its own layers: the head and tail keep what
+// their first epoch's prefill left (every whole block of the prompt), the
+// head re-sends the spare the rows it sent the dead node (its records),
+// and the tokens are `--local`'s — the real engine, greedy.
+func TestKillMiddleNodeRecomputesOneHop(t *testing.T) {
+	model := testmodels.Path(t, "stories260K.gguf")
+	tn := newTestNet(t)
+	cache := func(c *Config) { c.Engine.PrefixCacheCells = 1024 }
+	head := tn.shardWith(model, &gguf.Range{Start: 0, End: 2}, cache)
+	mids := []*Node{tn.shardWith(model, &gguf.Range{Start: 2, End: 4}, cache), tn.shardWith(model, &gguf.Range{Start: 2, End: 4}, cache)}
+	tail := tn.shardWith(model, &gguf.Range{Start: 4, End: 5}, cache)
+	c := tn.client()
+	fp, nl := waitModel(t, c, "stories260K")
+	for deadline := time.Now().Add(30 * time.Second); len(c.Table().Shards(fp)) < 4; time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the client never saw both middle nodes")
+		}
+		lctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		_, _ = c.P2P().Discovery().Lookup(lctx, fp)
+		cancel()
+	}
+	prompt := thinClientPrompt(t, c, fp, strings.Repeat("Once upon a time, there was a little girl named Lily. She loved to play outside. ", 8))
+	const maxTok = 60
+	want := localTokens(t, model, prompt, maxTok)
+	var killed atomic.Pointer[Node]
+	stop, killerDone := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(killerDone)
+		for {
+			for _, m := range mids {
+				if m.Hop().Sessions() > 0 && m.Hop().DecodeSteps() >= 3 {
+					killed.Store(m)
+					for _, n := range []*Node{head, tail} {
+						_ = m.P2P().Host().Network().ClosePeer(n.P2P().ID())
+					}
+					_ = m.P2P().Host().Close()
+					return
+				}
+			}
+			select {
+			case <-stop:
+				return
+			case <-time.After(time.Millisecond):
+			}
+		}
+	}()
+	o := c.Origin(nil)
+	o.Audit = &session.Auditor{Rate: 0.5, Draw: func() float64 { return 0.99 }} // transcripts and records (the CLI's default), no audit
+	res, err := o.Generate(context.Background(), session.GenerateRequest{Fingerprint: fp, NLayer: nl, Prompt: prompt, MaxTokens: maxTok})
+	close(stop)
+	<-killerDone
+	if killed.Load() == nil {
+		t.Fatal("no middle node was serving the session")
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Reroutes != 1 || !equalTokens(res.Tokens, want) {
+		t.Fatalf("reroutes %d\nswarm %v\nlocal %v", res.Reroutes, res.Tokens, want)
+	}
+	blocks := (len(prompt) - 1) / session.PrefixBlock * session.PrefixBlock
+	if len(res.HopCached) != 3 || res.HopCached[0] < blocks || res.HopCached[1] != 0 || res.HopCached[2] < blocks {
+		t.Fatalf("the new epoch's hops held %v positions of a %d-token prompt; want ≥ %d on the head and tail, 0 on the spare", res.HopCached, len(prompt), blocks)
+	}
+	t.Logf("prompt %d tokens; after the kill the hops held %v positions, the spare computed them all", len(prompt), res.HopCached)
+	assertReleased(t, tn, head, tail, mids[0], mids[1])
+}
