@@ -42,8 +42,6 @@ top-k 40, top-p 0.95, min-p 0.05, greedy, 64 tokens, seed 42; the API
 follows OpenAI's (temperature 1, top_p 1, no top-k/min-p, a random seed;
 docs/api.md). The client's identity is <data-dir>/client.key (a node's
 is identity.key), the same on every run.
-
-Flags:
 `
 
 func wireDTypeHelp() string {
@@ -112,7 +110,7 @@ type routeHopJSON struct {
 }
 
 func runGenerate(ctx context.Context, stdout, stderr io.Writer, args []string) error {
-	g, err := parseGenerate(stderr, args)
+	g, err := parseGenerate(stdout, stderr, args)
 	if err != nil {
 		return err
 	}
@@ -166,11 +164,9 @@ type genFlags struct {
 }
 
 // parseGenerate parses and checks generate's flags.
-func parseGenerate(stderr io.Writer, args []string) (*genFlags, error) {
-	g := &genFlags{fs: flag.NewFlagSet("generate", flag.ContinueOnError)}
+func parseGenerate(stdout, stderr io.Writer, args []string) (*genFlags, error) {
+	g := &genFlags{fs: cmdFlagSet("generate", stdout, generateUsage)}
 	fs := g.fs
-	fs.SetOutput(stderr)
-	fs.Usage = func() { fmt.Fprint(stderr, generateUsage); fs.PrintDefaults() }
 	g.nf.register(fs, node.PresetClient)
 	g.tf.registerOrigin(fs)
 	fs.StringVar(&g.model, "model", "", "model name, fingerprint (or unique prefix of 16+ hex chars), or a local GGUF file")
@@ -207,7 +203,6 @@ func parseGenerate(stderr io.Writer, args []string) (*genFlags, error) {
 		return nil, err
 	}
 	if g.model == "" || g.prompt == "" {
-		fs.Usage()
 		return nil, fmt.Errorf("%w: --model and --prompt are required", errUsage)
 	}
 	wd, err := frame.ParseWireDType(*wire)

@@ -45,8 +45,6 @@ The API listens on loopback unless --api names another address; --api-key
 (or $MESHP2P_API_KEY) then protects every model endpoint: "Authorization:
 Bearer KEY" (Anthropic's "x-api-key: KEY" too). The gateway's peer id (for
 the nodes' --trusted-client) lasts: its key is <data-dir>/client.key.
-
-Flags:
 `
 
 // apiFlags are the HTTP API flags of serve and start.
@@ -131,9 +129,7 @@ func (f *apiFlags) run(ctx context.Context, stdout io.Writer, log *slog.Logger, 
 }
 
 func runServe(ctx context.Context, stdout, stderr io.Writer, args []string) error {
-	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() { fmt.Fprint(stderr, serveUsage); fs.PrintDefaults() }
+	fs := cmdFlagSet("serve", stdout, serveUsage)
 	var nf netFlags
 	nf.register(fs, node.PresetClient)
 	var tf trackerFlags
@@ -154,7 +150,6 @@ func runServe(ctx context.Context, stdout, stderr io.Writer, args []string) erro
 		return err
 	}
 	if len(pc.Bootstrap) == 0 && len(tf.trackers) == 0 {
-		fs.Usage()
 		return fmt.Errorf("%w: --bootstrap (or --tracker) is required: the gateway serves what the swarm serves", errUsage)
 	}
 	explicitDir := false
