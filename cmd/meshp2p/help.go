@@ -56,7 +56,7 @@ var flagGroups = map[string]map[string][]string{
 		hiddenGroup:     {"test-mode", "test-public-cidrs"},
 	},
 	"generate": {
-		"common":        {"model", "prompt", "bootstrap", "swarm-key", "max-tokens", "chat", "local", "json"},
+		"common":        {"model", "prompt", "bootstrap", "swarm-key", "max-tokens", "chat", "local", "stats", "json"},
 		"sampling":      {"temperature", "top-k", "top-p", "min-p", "repeat-penalty", "repeat-last-n", "frequency-penalty", "presence-penalty", "seed", "stop"},
 		"network":       {"network", "listen", "relay", "tracker", "data-dir", "wait"},
 		"placement":     {"device", "backend-dir", "threads", "mmap"},

@@ -140,7 +140,7 @@ func TestUsageErrorFirst(t *testing.T) {
 		{[]string{"start"}, "meshp2p start: usage: --model is required"},
 		{[]string{"start", "--bogus"}, "meshp2p start: usage: flag provided but not defined: -bogus"},
 		{[]string{"start", "--model", "m.gguf", "--layers"}, "meshp2p start: usage: flag needs an argument: -layers"},
-		{[]string{"generate", "--prompt", "x"}, "meshp2p generate: usage: --model and --prompt are required"},
+		{[]string{"generate", "--prompt", "x"}, "meshp2p generate: usage: --model and --prompt are required (--prompt - reads it from stdin)"},
 		{[]string{"generate", "--model", "m", "--prompt", "x", "--top-k", "many"}, `meshp2p generate: usage: invalid value "many" for flag -top-k: parse error`},
 		{[]string{"serve", "--api", "127.0.0.1:0"}, "meshp2p serve: usage: --bootstrap (or --tracker) is required: the gateway serves what the swarm serves"},
 		{[]string{"status"}, "meshp2p status: usage: --bootstrap is required (there are no public defaults)"},
