@@ -391,7 +391,7 @@ func (g *genFlags) runSwarm(ctx context.Context, stdout io.Writer, out *genResul
 	}
 	o := n.Origin(planner)
 	o.Chunk = *g.pf.chunk
-	c, err := newClient(n, o, pc.DataDir, g.log, false, demand.WarmConfig{})
+	c, err := newClient(n, o, pc.DataDir, g.log, false, demand.WarmConfig{}, enginevocab.Load)
 	if err != nil {
 		return time.Time{}, err
 	}
@@ -470,9 +470,9 @@ func (g *genFlags) localModel(ctx context.Context, c *client.Client) (string, er
 }
 
 // newClient is the client over a client peer n (generate, serve).
-func newClient(n *node.Node, o *session.Origin, dataDir string, log *slog.Logger, refresh bool, wc demand.WarmConfig) (*client.Client, error) {
+func newClient(n *node.Node, o *session.Origin, dataDir string, log *slog.Logger, refresh bool, wc demand.WarmConfig, load client.VocabLoader) (*client.Client, error) {
 	return client.New(client.Config{Swarm: n.P2P(), Host: n.ControlHost(), Table: n.Table(), Origin: o,
-		LoadVocab: enginevocab.Load, VocabDir: filepath.Join(dataDir, "vocab"), RefreshAdverts: refresh, Logger: log, Demand: n.DemandMeter(), Warming: wc})
+		LoadVocab: load, VocabDir: filepath.Join(dataDir, "vocab"), RefreshAdverts: refresh, Logger: log, Demand: n.DemandMeter(), Warming: wc})
 }
 
 // fillSwarmResult copies a swarm generation's report into out.

@@ -49,7 +49,7 @@ var flagGroups = map[string]map[string][]string{
 		"common":        {"model", "layers", "memory", "bootstrap", "swarm-key", "listen", "data-dir", "api"},
 		"network":       {"network", "relay", "relay-service", "tracker", "port-mapping"},
 		"placement":     {"name", "draft", "device", "backend-dir", "threads", "ctx", "batch", "max-sessions", "mmap", "rebalance-interval", "fetch-wait", "upload-limit", "upload-limit-per-peer"},
-		"api":           {"api-key", "cors-origin", "api-max-active", "api-queue", "api-max-tokens", "api-max-body", "warm-timeout", "speculative"},
+		"api":           {"api-key", "cors-origin", "api-max-active", "api-queue", "api-max-tokens", "api-max-body", "warm-timeout", "speculative", "chat-template"},
 		"trust":         {"trusted-client", "max-session-kv", "max-sessions-per-client", "idle-timeout", "require-ticket", "trust-tracker", "audit-rate", "audit-model", "proof-dir"},
 		"observability": {"metrics", "log-format", "v"},
 		"advanced":      {"dht-mode", "reachability", "direct-wait", "relay-peer-mib"},
@@ -68,7 +68,7 @@ var flagGroups = map[string]map[string][]string{
 	"serve": {
 		"common":        {"api", "bootstrap", "swarm-key", "api-key", "data-dir"},
 		"network":       {"network", "listen", "relay", "tracker"},
-		"api":           {"cors-origin", "api-max-active", "api-queue", "api-max-tokens", "api-max-body", "warm-timeout", "speculative"},
+		"api":           {"chat-template", "cors-origin", "api-max-active", "api-queue", "api-max-tokens", "api-max-body", "warm-timeout", "speculative"},
 		"trust":         {"require-tracker", "audit-rate", "audit-model", "proof-dir"},
 		"observability": {"log-format", "v"},
 		"advanced":      {"dht-mode", "reachability", "port-mapping"},
