@@ -188,6 +188,9 @@ func TestReadmeQuickstart(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs the README's swarm")
 	}
+	if _, err := exec.LookPath("curl"); err != nil {
+		t.Fatal("the README's API calls need curl (its install line installs it)")
+	}
 	root, _ := filepath.Abs(filepath.Join("..", ".."))
 	b, err := os.ReadFile(filepath.Join(root, "README.md"))
 	if err != nil {
