@@ -187,7 +187,7 @@ fuzz: $(GENERATED)
 	  done; \
 	done
 
-# Containers (testnet/compose, README "Containers"). `make image` builds the
+# Containers (testnet/compose, docs/reference.md "Containers"). `make image` builds the
 # offline image FROM scratch (no registry); the Dockerfile is for machines
 # with registry access. testnet-docker brings the compose testnet up (and
 # starts dockerd, host networking untouched, if none runs) and checks it;

@@ -150,7 +150,7 @@ func swarmError(ctx context.Context, req *GenerateRequest, err error) error {
 	case errors.As(err, &ce):
 		return BadRequest("max_tokens", "%v", ce)
 	case errors.Is(err, client.ErrNoChatTemplate):
-		return BadRequest("messages", "model %s has no chat template in its GGUF file: use /v1/completions with a prompt", model)
+		return BadRequest("messages", "model %s has no chat template in its GGUF file: use /v1/completions with a prompt, or give the gateway one (--chat-template chatml or a Jinja file)", model)
 	case errors.Is(err, client.ErrChatTemplate), errors.Is(err, client.ErrEmptyPrompt):
 		return BadRequest("messages", "model %s: %v", model, err)
 	case errors.Is(err, client.ErrGrammar):

@@ -137,6 +137,12 @@ type Input struct {
 	Now                 time.Time // for strftime_now; zero means time.Now()
 }
 
+// ChatML is the ChatML chat template (<|im_start|>role ... <|im_end|>),
+// for a model whose GGUF has none (serve --chat-template chatml): the
+// demo model stories260K, say, which was never trained on chats.
+const ChatML = "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}" +
+	"{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+
 // Template is a parsed chat template. It is safe for concurrent use.
 type Template struct {
 	tmpl         *jinja.Template

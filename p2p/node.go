@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -181,8 +182,17 @@ func (n *Node) privateSwarm(cfg Config, psk pnet.PSK) (Config, error) {
 	if len(kept) == 0 {
 		return cfg, fmt.Errorf("%w: a private swarm (swarm key) is TCP-only and no TCP listen address is configured (got %v)", ErrConfig, cfg.ListenAddrs)
 	}
+	// A warning only when a QUIC address was asked for: the default
+	// listen addresses' QUIC is dropped on every private client and node,
+	// which nobody needs to be warned of (issue 41: "a QUIC warning on
+	// every client run"); the swarm key's fingerprint is also in "p2p host
+	// started".
+	level := slog.LevelInfo
+	if len(dropped) > 0 && !slices.Equal(cfg.ListenAddrs, DefaultListenAddrs) {
+		level = slog.LevelWarn
+	}
 	cfg.ListenAddrs = kept
-	n.log.Warn("private swarm: pre-shared key active; QUIC is disabled (go-libp2p does not support QUIC with a PSK), TCP only",
+	n.log.Log(context.Background(), level, "private swarm: pre-shared key active; QUIC is disabled (go-libp2p does not support QUIC with a PSK), TCP only",
 		"swarm_key_fingerprint", n.pskFP, "dropped_listen_addrs", dropped)
 	return cfg, nil
 }

@@ -38,7 +38,7 @@ fi
 A=$((NL / 3 + (NL % 3 > 0))); B=$((A + (NL - A) / 2 + ((NL - A) % 2 > 0)))
 echo "== model $MODEL: $NL layers, split 0-$A, $A-$B, $B-$NL"
 
-# The flags a user adds for a swarm on one machine (see the README's "Use it").
+# The flags a user adds for a swarm on one machine (see "Use it" in docs/reference.md).
 net="--network demo --listen /ip4/127.0.0.1/tcp/0 --port-mapping=false"
 
 peer_of() { sed -n 's/.*"peer_id": *"\([^"]*\)".*/\1/p' "$WORK/$1/node.json"; }

@@ -7,7 +7,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
+	"github.com/neuron-tai/meshp2p/chattmpl"
 	"github.com/neuron-tai/meshp2p/client"
 	"github.com/neuron-tai/meshp2p/engine"
 )
@@ -58,4 +60,52 @@ func (v Vocab) ApplyChatTemplate(msgs []client.Message, addAssistant bool) (stri
 		return "", fmt.Errorf("%w: %w", client.ErrNoChatTemplate, err)
 	}
 	return s, err
+}
+
+// LoadWithTemplate is Load for a client that gives models without a chat
+// template of their own the template src (Jinja; serve --chat-template):
+// chats with them render through src instead of failing with
+// client.ErrNoChatTemplate. A model with its own template keeps it.
+func LoadWithTemplate(src string) (client.VocabLoader, error) {
+	t, err := chattmpl.Parse(src)
+	if err != nil {
+		return nil, err
+	}
+	return func(ctx context.Context, path string) (client.Vocab, error) {
+		v, err := Load(ctx, path)
+		if err != nil {
+			return nil, err
+		}
+		if ev := v.(Vocab); ev.ChatTemplate() == "" {
+			return templated{Vocab: ev, src: src, t: t}, nil
+		}
+		return v, nil
+	}, nil
+}
+
+// templated is a Vocab whose model has no chat template, given one.
+type templated struct {
+	Vocab
+	src string
+	t   *chattmpl.Template
+}
+
+var _ client.GrammarVocab = templated{}
+
+// TemplateSource is the given template and the model's BOS and EOS text.
+func (v templated) TemplateSource() (src, bos, eos string) {
+	_, bos, eos = v.Vocab.TemplateSource()
+	return v.src, bos, eos
+}
+
+// ApplyChatTemplate renders msgs with the given template.
+func (v templated) ApplyChatTemplate(msgs []client.Message, addAssistant bool) (string, error) {
+	_, bos, eos := v.Vocab.TemplateSource()
+	cm := make([]chattmpl.Message, len(msgs))
+	for i, m := range msgs {
+		cm[i] = chattmpl.Message(m)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), client.RenderTimeout)
+	defer cancel()
+	return v.t.Render(ctx, chattmpl.Input{Messages: cm, AddGenerationPrompt: addAssistant, BOS: bos, EOS: eos, Now: time.Now()})
 }

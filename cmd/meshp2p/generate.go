@@ -30,20 +30,24 @@ import (
 const generateUsage = `Usage:
   meshp2p generate --model NAME_OR_FINGERPRINT --prompt TEXT --bootstrap ADDR [flags]
   meshp2p generate --local --model FILE --prompt TEXT [flags]
+  echo TEXT | meshp2p generate --model NAME_OR_FINGERPRINT --bootstrap ADDR [flags]
 
 Generates text through the swarm: finds a route of shards covering every
 layer, fetches the model's vocabulary from a peer (verified against the
 fingerprint) unless --model is a local file, and streams text as it
-arrives. If a hop dies, the generation re-routes and continues; greedy
-output is identical to --local, which runs the whole model in-process.
+arrives, and nothing else: --stats adds the run's statistics on stderr
+(tokens, time to first token, ms/token, the route and each hop's timing),
+--json prints it all as one object. The prompt comes from stdin with
+--prompt -, or without --prompt when stdin is a pipe or a file (a final
+newline is dropped). If a hop dies, the generation re-routes and
+continues; greedy output is identical to --local, which runs the whole
+model in-process.
 The HTTP API (serve) runs the same code (package client): given the same
 sampling flags it writes the same text. Only the defaults differ: here
 top-k 40, top-p 0.95, min-p 0.05, greedy, 64 tokens, seed 42; the API
 follows OpenAI's (temperature 1, top_p 1, no top-k/min-p, a random seed;
 docs/api.md). The client's identity is <data-dir>/client.key (a node's
 is identity.key), the same on every run.
-
-Flags:
 `
 
 func wireDTypeHelp() string {
@@ -116,7 +120,7 @@ type routeHopJSON struct {
 }
 
 func runGenerate(ctx context.Context, stdout, stderr io.Writer, args []string) error {
-	g, err := parseGenerate(stderr, args)
+	g, err := parseGenerate(stdout, stderr, args)
 	if err != nil {
 		return err
 	}
@@ -141,7 +145,9 @@ func runGenerate(ctx context.Context, stdout, stderr io.Writer, args []string) e
 		return enc.Encode(out)
 	}
 	fmt.Fprintln(stdout)
-	printSummary(stderr, out)
+	if g.stats {
+		printSummary(stderr, out)
+	}
 	return nil
 }
 
@@ -162,6 +168,7 @@ type genFlags struct {
 	df         deviceFlags
 	mmap       bool
 	asJSON     bool
+	stats      bool // --stats: the summary and per-hop table on stderr
 	wire       meshp2pb.DType
 	spec       *meshp2pb.Speculation // --speculative (nil: off)
 	wait       time.Duration
@@ -170,15 +177,13 @@ type genFlags struct {
 }
 
 // parseGenerate parses and checks generate's flags.
-func parseGenerate(stderr io.Writer, args []string) (*genFlags, error) {
-	g := &genFlags{fs: flag.NewFlagSet("generate", flag.ContinueOnError)}
+func parseGenerate(stdout, stderr io.Writer, args []string) (*genFlags, error) {
+	g := &genFlags{fs: cmdFlagSet("generate", stdout, generateUsage)}
 	fs := g.fs
-	fs.SetOutput(stderr)
-	fs.Usage = func() { fmt.Fprint(stderr, generateUsage); fs.PrintDefaults() }
 	g.nf.register(fs, node.PresetClient)
 	g.tf.registerOrigin(fs)
 	fs.StringVar(&g.model, "model", "", "model name, fingerprint (or unique prefix of 16+ hex chars), or a local GGUF file")
-	fs.StringVar(&g.prompt, "prompt", "", "prompt text (required)")
+	fs.StringVar(&g.prompt, "prompt", "", "prompt text (required); - reads it from stdin, as does no --prompt when stdin is a pipe or a file")
 	fs.BoolVar(&g.chat, "chat", false, "wrap the prompt as a user message with the model's chat template")
 	fs.IntVar(&g.maxTokens, "max-tokens", defaultGenMaxTokens, "most tokens to generate")
 	temp := fs.Float64("temperature", 0, "sampling temperature (0: greedy)")
@@ -195,6 +200,7 @@ func parseGenerate(stderr io.Writer, args []string) (*genFlags, error) {
 	g.df.register(fs, "with --local: where the whole model runs")
 	fs.BoolVar(&g.mmap, "mmap", true, "with --local: map the model file (--mmap=false reads it into memory)")
 	fs.BoolVar(&g.asJSON, "json", false, "print one JSON object instead of streaming text")
+	fs.BoolVar(&g.stats, "stats", false, "after the text, print the run's statistics on stderr: tokens, time to first token, ms/token, the route and each hop's timing table, speculation and audit")
 	wire := fs.String("wire-dtype", frame.WireDTypes()[0].Name, "activation dtype between hops: "+wireDTypeHelp())
 	specMode := fs.String("speculative", client.SpecAuto, "speculative decoding: "+client.SpecModes()+" (the head proposes tokens, by n-gram lookup or with its --draft model, and the tail verifies several per pass; auto only while it pays; the output is the same)")
 	fs.DurationVar(&g.wait, "wait", client.DefaultWait, "how long to wait for peers covering the model; a model or layers nobody serves fail sooner, once every connected peer's adverts are in (under 2 s), unless nodes are still choosing their layers")
@@ -210,9 +216,11 @@ func parseGenerate(stderr io.Writer, args []string) (*genFlags, error) {
 	if err := g.af.check(); err != nil {
 		return nil, err
 	}
+	if err := g.stdinPrompt(os.Stdin); err != nil {
+		return nil, err
+	}
 	if g.model == "" || g.prompt == "" {
-		fs.Usage()
-		return nil, fmt.Errorf("%w: --model and --prompt are required", errUsage)
+		return nil, fmt.Errorf("%w: --model and --prompt are required (--prompt - reads it from stdin)", errUsage)
 	}
 	wd, err := frame.ParseWireDType(*wire)
 	if err != nil {
@@ -231,6 +239,39 @@ func parseGenerate(stderr io.Writer, args []string) (*genFlags, error) {
 	g.log = newLoggerAt(stderr, *verbose, slog.LevelWarn)
 	fs.Visit(func(f *flag.Flag) { g.explicitDD = g.explicitDD || f.Name == "data-dir" })
 	return g, nil
+}
+
+// maxStdinPrompt is the most a prompt read from stdin may hold.
+const maxStdinPrompt = 1 << 20
+
+// stdinPrompt reads the prompt from in with --prompt -, or without
+// --prompt when in is a pipe or a file (not a terminal, not /dev/null):
+// `echo TEXT | meshp2p generate ...`. A final newline is dropped, so the
+// prompt tokenizes as the same --prompt TEXT would.
+func (g *genFlags) stdinPrompt(in *os.File) error {
+	given := false
+	g.fs.Visit(func(f *flag.Flag) { given = given || f.Name == "prompt" })
+	if given && g.prompt != "-" {
+		return nil
+	}
+	if !given {
+		st, err := in.Stat()
+		if err != nil || (st.Mode()&os.ModeNamedPipe == 0 && !st.Mode().IsRegular()) {
+			return nil // a terminal or nothing: --prompt is required
+		}
+	}
+	b, err := io.ReadAll(io.LimitReader(in, maxStdinPrompt+1))
+	switch {
+	case err != nil:
+		return fmt.Errorf("reading the prompt from stdin: %w", err)
+	case len(b) > maxStdinPrompt:
+		return fmt.Errorf("%w: the prompt on stdin is over %d bytes", errUsage, maxStdinPrompt)
+	}
+	g.prompt = strings.TrimSuffix(strings.TrimSuffix(string(b), "\n"), "\r")
+	if g.prompt == "" && given {
+		return fmt.Errorf("%w: --prompt -: stdin held no prompt", errUsage)
+	}
+	return nil
 }
 
 // The CLI's sampling defaults (the API follows OpenAI's: docs/api.md).
@@ -355,7 +396,7 @@ func (g *genFlags) runSwarm(ctx context.Context, stdout io.Writer, out *genResul
 	}
 	o := n.Origin(planner)
 	o.Chunk = *g.pf.chunk
-	c, err := newClient(n, o, pc.DataDir, g.log, false, demand.WarmConfig{})
+	c, err := newClient(n, o, pc.DataDir, g.log, false, demand.WarmConfig{}, enginevocab.Load)
 	if err != nil {
 		return time.Time{}, err
 	}
@@ -434,9 +475,9 @@ func (g *genFlags) localModel(ctx context.Context, c *client.Client) (string, er
 }
 
 // newClient is the client over a client peer n (generate, serve).
-func newClient(n *node.Node, o *session.Origin, dataDir string, log *slog.Logger, refresh bool, wc demand.WarmConfig) (*client.Client, error) {
+func newClient(n *node.Node, o *session.Origin, dataDir string, log *slog.Logger, refresh bool, wc demand.WarmConfig, load client.VocabLoader) (*client.Client, error) {
 	return client.New(client.Config{Swarm: n.P2P(), Host: n.ControlHost(), Table: n.Table(), Origin: o,
-		LoadVocab: enginevocab.Load, VocabDir: filepath.Join(dataDir, "vocab"), RefreshAdverts: refresh, Logger: log, Demand: n.DemandMeter(), Warming: wc})
+		LoadVocab: load, VocabDir: filepath.Join(dataDir, "vocab"), RefreshAdverts: refresh, Logger: log, Demand: n.DemandMeter(), Warming: wc})
 }
 
 // fillSwarmResult copies a swarm generation's report into out.

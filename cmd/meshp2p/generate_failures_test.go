@@ -50,7 +50,7 @@ func TestGenerateFailureMemoryBetweenRuns(t *testing.T) {
 	cache := cacheHome(t)
 	liar := randomPeer(t)
 	run := func(args ...string) (*session.FailureMemory, func()) {
-		g, err := parseGenerate(io.Discard, append([]string{"--model", "m", "--prompt", "p"}, args...))
+		g, err := parseGenerate(io.Discard, io.Discard, append([]string{"--model", "m", "--prompt", "p"}, args...))
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -23,7 +23,6 @@ const keyUsage = `Usage:
 // runKey implements "meshp2p key show|swarm-gen".
 func runKey(ctx context.Context, stdout, stderr io.Writer, args []string) error {
 	if len(args) == 0 {
-		fmt.Fprint(stderr, keyUsage)
 		return fmt.Errorf("%w: key needs a subcommand (show or swarm-gen)", errUsage)
 	}
 	switch args[0] {
@@ -35,14 +34,12 @@ func runKey(ctx context.Context, stdout, stderr io.Writer, args []string) error 
 		fmt.Fprint(stdout, keyUsage)
 		return nil
 	default:
-		fmt.Fprint(stderr, keyUsage)
 		return fmt.Errorf("%w: unknown key subcommand %q", errUsage, args[0])
 	}
 }
 
 func runKeyShow(stdout, stderr io.Writer, args []string) error {
-	fs := flag.NewFlagSet("key show", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs := cmdFlagSet("key show", stdout, "")
 	dataDir := fs.String("data-dir", defaultDataDir(), "node data directory (holds "+p2p.IdentityFile+")")
 	if err := parseFlags(fs, args); err != nil {
 		return err
@@ -66,8 +63,7 @@ func runKeyShow(stdout, stderr io.Writer, args []string) error {
 }
 
 func runKeySwarmGen(stdout, stderr io.Writer, args []string) error {
-	fset := flag.NewFlagSet("key swarm-gen", flag.ContinueOnError)
-	fset.SetOutput(stderr)
+	fset := cmdFlagSet("key swarm-gen", stdout, "")
 	out := fset.String("o", "swarm.key", `output file ("-" writes to stdout); never overwritten`)
 	if err := parseFlags(fset, args); err != nil {
 		return err
@@ -101,11 +97,8 @@ func runKeySwarmGen(stdout, stderr io.Writer, args []string) error {
 // parseFlags parses args and rejects positional arguments; usage errors wrap
 // errUsage, --help returns flag.ErrHelp.
 func parseFlags(fs *flag.FlagSet, args []string) error {
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return err
-		}
-		return fmt.Errorf("%w: %v", errUsage, err)
+	if err := parseArgs(fs, args); err != nil {
+		return err
 	}
 	if fs.NArg() > 0 {
 		return fmt.Errorf("%w: unexpected argument %q", errUsage, fs.Arg(0))

@@ -47,7 +47,7 @@ func usage(w io.Writer) {
 	for _, c := range commands() {
 		fmt.Fprintf(w, "  %-9s %s\n", c.name, c.summary)
 	}
-	fmt.Fprintf(w, "\nRun 'meshp2p <command> --help' for a command's flags.\n")
+	fmt.Fprintf(w, "\nRun 'meshp2p <command> --help' for a command's flags (--help-all: every flag).\n")
 }
 
 func main() {
@@ -82,7 +82,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 			// convention for a command ended by SIGINT, no error text.
 			return exitInterrupted
 		case errors.Is(err, errUsage):
-			fmt.Fprintf(stderr, "meshp2p %s: %v\n", c.name, err)
+			// The error first, then a short usage: not the flag list.
+			path := cmdPath(args)
+			fmt.Fprintf(stderr, "meshp2p %s: %v\n%s", path, err, shortUsage(path))
 			return 2
 		default:
 			fmt.Fprintf(stderr, "meshp2p %s: %v\n", c.name, err)

@@ -106,12 +106,9 @@ func runProof(ctx context.Context, stdout, stderr io.Writer, args []string) erro
 			fmt.Fprint(stdout, proofUsage)
 			return nil
 		}
-		fmt.Fprint(stderr, proofUsage)
 		return fmt.Errorf("%w: proof needs the subcommand verify", errUsage)
 	}
-	fs := flag.NewFlagSet("proof verify", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() { fmt.Fprint(stderr, proofUsage); fs.PrintDefaults() }
+	fs := cmdFlagSet("proof verify", stdout, proofUsage)
 	model := fs.String("model", "", "the whole GGUF model the proof's session ran (required)")
 	dataDir := fs.String("data-dir", "", "where the model's window is split to (default: a temporary directory)")
 	asJSON := fs.Bool("json", false, "print the verdict as JSON")

@@ -16,7 +16,9 @@ import (
 	"github.com/libp2p/go-libp2p/core/peer"
 
 	"github.com/neuron-tai/meshp2p/api"
+	"github.com/neuron-tai/meshp2p/chattmpl"
 	"github.com/neuron-tai/meshp2p/client"
+	"github.com/neuron-tai/meshp2p/client/enginevocab"
 	"github.com/neuron-tai/meshp2p/demand"
 	"github.com/neuron-tai/meshp2p/engine"
 	"github.com/neuron-tai/meshp2p/internal/failfile"
@@ -45,8 +47,6 @@ The API listens on loopback unless --api names another address; --api-key
 (or $MESHP2P_API_KEY) then protects every model endpoint: "Authorization:
 Bearer KEY" (Anthropic's "x-api-key: KEY" too). The gateway's peer id (for
 the nodes' --trusted-client) lasts: its key is <data-dir>/client.key.
-
-Flags:
 `
 
 // apiFlags are the HTTP API flags of serve and start.
@@ -59,6 +59,7 @@ type apiFlags struct {
 	maxTokens int
 	maxBody   int64
 	spec      string // --speculative
+	chatTmpl  string // --chat-template
 	warmWait  time.Duration
 	audit     auditFlags
 	// models are whole model files the gateway may replay audited hops
@@ -79,7 +80,31 @@ func (f *apiFlags) register(fs *flag.FlagSet, defAddr, what string) {
 	fs.Int64Var(&f.maxBody, "api-max-body", api.DefaultMaxBody, "largest request body in bytes (413 beyond)")
 	fs.DurationVar(&f.warmWait, "warm-timeout", demand.DefaultWarmTimeout, "how long requests for a model nobody serves but standby peers offer to load are answered 503 model_warming (Retry-After); after that, 404 for "+demand.DefaultWarmCooldown.String())
 	fs.StringVar(&f.spec, "speculative", client.SpecAuto, "speculative decoding for API requests: "+client.SpecModes()+" (same output; auto only while it pays)")
+	fs.StringVar(&f.chatTmpl, "chat-template", "", "chat template for models whose GGUF has none (their chats are refused otherwise): chatml, or a Jinja template file; models with their own keep it")
 	f.audit.register(fs)
+}
+
+// vocabLoader loads the models' vocabularies, giving those without a chat
+// template --chat-template's.
+func (f *apiFlags) vocabLoader() (client.VocabLoader, error) {
+	src := f.chatTmpl
+	switch src {
+	case "":
+		return enginevocab.Load, nil
+	case "chatml":
+		src = chattmpl.ChatML
+	default:
+		b, err := os.ReadFile(src)
+		if err != nil {
+			return nil, fmt.Errorf("--chat-template: %w", err)
+		}
+		src = string(b)
+	}
+	load, err := enginevocab.LoadWithTemplate(src)
+	if err != nil {
+		return nil, fmt.Errorf("%w: --chat-template %s: %w", errUsage, f.chatTmpl, err)
+	}
+	return load, nil
 }
 
 // run serves the API for gateway node c (a client peer; its vocabularies
@@ -105,7 +130,12 @@ func (f *apiFlags) run(ctx context.Context, stdout io.Writer, log *slog.Logger, 
 		ln.Close()
 		return nil, fmt.Errorf("%w: --warm-timeout must be positive", errUsage)
 	}
-	cl, err := newClient(c, c.Origin(planner), dataDir, log, true, demand.WarmConfig{Timeout: f.warmWait})
+	load, err := f.vocabLoader()
+	if err != nil {
+		ln.Close()
+		return nil, err
+	}
+	cl, err := newClient(c, c.Origin(planner), dataDir, log, true, demand.WarmConfig{Timeout: f.warmWait}, load)
 	if err != nil {
 		ln.Close()
 		return nil, err
@@ -131,9 +161,7 @@ func (f *apiFlags) run(ctx context.Context, stdout io.Writer, log *slog.Logger, 
 }
 
 func runServe(ctx context.Context, stdout, stderr io.Writer, args []string) error {
-	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() { fmt.Fprint(stderr, serveUsage); fs.PrintDefaults() }
+	fs := cmdFlagSet("serve", stdout, serveUsage)
 	var nf netFlags
 	nf.register(fs, node.PresetClient)
 	var tf trackerFlags
@@ -154,7 +182,6 @@ func runServe(ctx context.Context, stdout, stderr io.Writer, args []string) erro
 		return err
 	}
 	if len(pc.Bootstrap) == 0 && len(tf.trackers) == 0 {
-		fs.Usage()
 		return fmt.Errorf("%w: --bootstrap (or --tracker) is required: the gateway serves what the swarm serves", errUsage)
 	}
 	explicitDir := false

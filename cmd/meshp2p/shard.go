@@ -39,7 +39,6 @@ const shardUsage = `Usage:
 // runShard implements "meshp2p shard inspect|split|synth|verify".
 func runShard(ctx context.Context, stdout, stderr io.Writer, args []string) error {
 	if len(args) == 0 {
-		fmt.Fprint(stderr, shardUsage)
 		return fmt.Errorf("%w: shard needs a subcommand (inspect, split, synth, verify, ls or rm)", errUsage)
 	}
 	switch args[0] {
@@ -59,7 +58,6 @@ func runShard(ctx context.Context, stdout, stderr io.Writer, args []string) erro
 		fmt.Fprint(stdout, shardUsage)
 		return nil
 	default:
-		fmt.Fprint(stderr, shardUsage)
 		return fmt.Errorf("%w: unknown shard subcommand %q", errUsage, args[0])
 	}
 }
@@ -69,11 +67,8 @@ func runShard(ctx context.Context, stdout, stderr io.Writer, args []string) erro
 func parseInterspersed(fs *flag.FlagSet, args []string, nPos int, what string) ([]string, error) {
 	var pos []string
 	for {
-		if err := fs.Parse(args); err != nil {
-			if errors.Is(err, flag.ErrHelp) {
-				return nil, err
-			}
-			return nil, fmt.Errorf("%w: %v", errUsage, err)
+		if err := parseArgs(fs, args); err != nil {
+			return nil, err
 		}
 		if fs.NArg() == 0 {
 			break
@@ -88,8 +83,7 @@ func parseInterspersed(fs *flag.FlagSet, args []string, nPos int, what string) (
 }
 
 func runShardInspect(ctx context.Context, stdout, stderr io.Writer, args []string) error {
-	fs := flag.NewFlagSet("shard inspect", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs := cmdFlagSet("shard inspect", stdout, "")
 	asJSON := fs.Bool("json", false, "print JSON")
 	noFP := fs.Bool("no-fingerprint", false, "skip the fingerprint (it reads every tensor)")
 	pos, err := parseInterspersed(fs, args, 1, "one GGUF file")
@@ -189,8 +183,7 @@ func humanCount(n uint64) string {
 }
 
 func runShardSplit(ctx context.Context, stdout, stderr io.Writer, args []string) error {
-	fs := flag.NewFlagSet("shard split", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs := cmdFlagSet("shard split", stdout, "")
 	rangesFlag := fs.String("ranges", "", "comma-separated half-open layer ranges, e.g. 0-3,3-6")
 	even := fs.Int("even", 0, "split into K ranges, as even as the architecture's cut rules allow, instead of --ranges")
 	first := fs.Int("first", 0, "instead: write the model cut to its first K layers, a standalone model with the same vocabulary (a self-draft for start --draft)")
@@ -300,8 +293,7 @@ func quantizeFile(ctx context.Context, in, out, typ string) error {
 }
 
 func runShardSynth(ctx context.Context, stdout, stderr io.Writer, args []string) error {
-	fs := flag.NewFlagSet("shard synth", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs := cmdFlagSet("shard synth", stdout, "")
 	sf := registerSynthFlags(fs)
 	if _, err := parseInterspersed(fs, args, 0, "no positional arguments"); err != nil {
 		return err

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -97,9 +96,7 @@ file, one model's shard of layers A-B, or everything cached for a model
 `
 
 func runShardLs(_ context.Context, stdout, stderr io.Writer, args []string) error {
-	fs := flag.NewFlagSet("shard ls", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() { fmt.Fprint(stderr, shardLsUsage); fs.PrintDefaults() }
+	fs := cmdFlagSet("shard ls", stdout, shardLsUsage)
 	dataDir := fs.String("data-dir", defaultDataDir(), "node data directory")
 	asJSON := fs.Bool("json", false, "JSON output")
 	if _, err := parseInterspersed(fs, args, 0, "no arguments"); err != nil {
@@ -128,9 +125,7 @@ func runShardLs(_ context.Context, stdout, stderr io.Writer, args []string) erro
 }
 
 func runShardRm(_ context.Context, stdout, stderr io.Writer, args []string) error {
-	fs := flag.NewFlagSet("shard rm", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() { fmt.Fprint(stderr, shardLsUsage); fs.PrintDefaults() }
+	fs := cmdFlagSet("shard rm", stdout, shardLsUsage)
 	dataDir := fs.String("data-dir", defaultDataDir(), "node data directory")
 	pos, err := parseInterspersed(fs, args, 1, "one FILE or MODEL[:A-B]")
 	if err != nil {

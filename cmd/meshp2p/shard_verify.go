@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -62,8 +61,7 @@ func parseSplits(s string) ([]int, error) {
 // runShardVerify implements "meshp2p shard verify": the in-process parity
 // check of whole model vs even splits (also what the CI parity tests run).
 func runShardVerify(ctx context.Context, stdout, stderr io.Writer, args []string) error {
-	fs := flag.NewFlagSet("shard verify", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs := cmdFlagSet("shard verify", stdout, "")
 	splitsFlag := fs.String("splits", defaultVerifySplits, "comma-separated shard counts: each is an even split (clamped to the layer count)")
 	tokens := fs.Int("tokens", defaultVerifyTokens, "greedy decode steps after the prompt")
 	prompt := fs.String("prompt", "Once upon a time", "prompt text (tokenized by the model)")

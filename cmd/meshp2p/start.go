@@ -44,8 +44,6 @@ Once ready, the node prints its peer id and addresses and writes them to
 <data-dir>/node.json. One node per data dir (it is locked: a second one is
 refused, naming the first's pid) and per --listen port (a port in use is
 refused). SIGINT/SIGTERM close sessions and withdraw the advert.
-
-Flags:
 `
 
 // Defaults of start's flags that neither node nor session names: what
@@ -122,16 +120,13 @@ type startRun struct {
 }
 
 func runStart(ctx context.Context, stdout, stderr io.Writer, args []string) error {
-	fs := flag.NewFlagSet("start", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() { fmt.Fprint(stderr, startUsage); fs.PrintDefaults() }
+	fs := cmdFlagSet("start", stdout, startUsage)
 	var f startFlags
 	f.register(fs)
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	if f.model == "" {
-		fs.Usage()
 		return fmt.Errorf("%w: --model is required", errUsage)
 	}
 	unlock, err := lockDataDir(f.nf.dataDir)

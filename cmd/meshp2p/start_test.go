@@ -108,6 +108,22 @@ func TestStartGenerateAndShutdown(t *testing.T) {
 	if fmt.Sprint(localS["tokens"]) != fmt.Sprint(swarmS["tokens"]) {
 		t.Fatalf("sampled: local %v, swarm %v", localS["tokens"], swarmS["tokens"])
 	}
+	// Without --json the text is all generate prints; --stats adds the
+	// summary, the route and each hop's timing table on stderr.
+	for _, stats := range []bool{false, true} {
+		var out, errb syncBuf
+		args := append([]string{"--model", "stories260K", "--bootstrap", boot, "--wait", "20s", "--prompt", "Once upon a time", "--max-tokens", "12"}, net...)
+		if stats {
+			args = append(args, "--stats")
+		}
+		if err := runGenerate(context.Background(), &out, &errb, args); err != nil || out.String() != swarm["text"].(string)+"\n" {
+			t.Fatalf("generate (--stats %v): %v, stdout %q", stats, err, out.String())
+		}
+		table := strings.Contains(errb.String(), "route:\n") && strings.Contains(errb.String(), "per token (ms):") && strings.HasPrefix(errb.String(), "12 tokens, stop=")
+		if table != stats || (!stats && strings.Contains(errb.String(), "tokens, stop=")) {
+			t.Fatalf("generate (--stats %v) printed on stderr:\n%s", stats, errb.String())
+		}
+	}
 	route, _ := swarm["route"].([]any)
 	if len(route) != 2 || swarm["ttft_ms"] == nil || swarm["reroutes"].(float64) != 0 {
 		t.Fatalf("swarm result %v", swarm)

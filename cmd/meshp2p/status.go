@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"flag"
 	"fmt"
 	"github.com/neuron-tai/meshp2p/client"
 	"io"
@@ -24,14 +23,10 @@ direct or relayed), and whether the layers are covered end to end (else
 which range is missing). A peer that is not connected gets one dial and
 ping (2 s); one that does not answer is shown dead and not counted.
 --json prints the document GET /api/status serves (docs/observability.md).
-
-Flags:
 `
 
 func runStatus(ctx context.Context, stdout, stderr io.Writer, args []string) error {
-	fs := flag.NewFlagSet("status", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() { fmt.Fprint(stderr, statusUsage); fs.PrintDefaults() }
+	fs := cmdFlagSet("status", stdout, statusUsage)
 	var nf netFlags
 	nf.register(fs, node.PresetClient)
 	model := fs.String("model", "", "also look this model up in the DHT (name or fingerprint)")
@@ -43,7 +38,6 @@ func runStatus(ctx context.Context, stdout, stderr io.Writer, args []string) err
 		return err
 	}
 	if nf.bootstrap == "" {
-		fs.Usage()
 		return fmt.Errorf("%w: --bootstrap is required (there are no public defaults)", errUsage)
 	}
 	pc, err := nf.config(node.PresetClient)

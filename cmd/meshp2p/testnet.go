@@ -60,7 +60,6 @@ relaxed relay rate limits. Start the relay first and wait until it is ready.
 // runTestnet implements `meshp2p testnet`.
 func runTestnet(ctx context.Context, stdout, stderr io.Writer, args []string) error {
 	if len(args) == 0 {
-		fmt.Fprint(stderr, testnetHelp)
 		return fmt.Errorf("%w: missing subcommand (up, down, status, exec, spec)", errUsage)
 	}
 	switch args[0] {
@@ -80,7 +79,6 @@ func runTestnet(ctx context.Context, stdout, stderr io.Writer, args []string) er
 	case "router-rules":
 		return testnetRouterRules(stdout, stderr, args[1:])
 	}
-	fmt.Fprint(stderr, testnetHelp)
 	return fmt.Errorf("%w: unknown subcommand %q", errUsage, args[0])
 }
 
@@ -113,22 +111,14 @@ func (f *specFlags) spec() (testnet.Spec, error) {
 	return s, nil
 }
 
-func newFlagSet(name string, stderr io.Writer) *flag.FlagSet {
-	fs := flag.NewFlagSet("meshp2p testnet "+name, flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	return fs
+// newFlagSet is the flag set of testnet's subcommand name; its help goes
+// to w.
+func newFlagSet(name string, w io.Writer) *flag.FlagSet {
+	return cmdFlagSet("testnet "+name, w, "")
 }
 
 // parse wraps flag errors (other than --help) as usage errors.
-func parse(fs *flag.FlagSet, args []string) error {
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return err
-		}
-		return fmt.Errorf("%w: %w", errUsage, err)
-	}
-	return nil
-}
+func parse(fs *flag.FlagSet, args []string) error { return parseArgs(fs, args) }
 
 func testnetUp(ctx context.Context, stdout, stderr io.Writer, args []string) error {
 	fs := newFlagSet("up", stderr)

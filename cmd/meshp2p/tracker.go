@@ -25,14 +25,10 @@ started with --require-ticket --trust-tracker <id> admit only sessions
 carrying one. Its identity persists in <data-dir>/identity.key
 ('meshp2p key show' prints the peer id to pin); once ready it prints its
 peer id and addresses and writes them to <data-dir>/node.json.
-
-Flags:
 `
 
 func runTracker(ctx context.Context, stdout, stderr io.Writer, args []string) error {
-	fs := flag.NewFlagSet("tracker", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() { fmt.Fprint(stderr, trackerUsage); fs.PrintDefaults() }
+	fs := cmdFlagSet("tracker", stdout, trackerUsage)
 	var nf netFlags
 	nf.register(fs, node.PresetRelay)
 	ttl := fs.Duration("ticket-ttl", tracker.DefaultTicketTTL, "how long an issued route ticket stays valid")

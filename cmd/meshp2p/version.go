@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"flag"
 	"fmt"
 	"io"
 
@@ -17,8 +16,7 @@ var (
 )
 
 func runVersion(ctx context.Context, stdout, stderr io.Writer, args []string) error {
-	fs := flag.NewFlagSet("version", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs := cmdFlagSet("version", stdout, "")
 	var df deviceFlags
 	df.register(fs, "(unused here)")
 	if err := parseFlags(fs, args); err != nil {
