@@ -18,7 +18,7 @@ import (
 
 // Knobs (environment), so single runs stay short on a shared machine:
 //
-//	MESHP2P_BENCH_ONLY     comma list of sections (fixedcost,slack,loopback,audit,floor,floor-tcp,sessions,sessions-small,prefill,invariance,speculation); default all
+//	MESHP2P_BENCH_ONLY     comma list of sections (fixedcost,slack,loopback,audit,floor,floor-tcp,sessions,sessions-small,prefill,conversation,invariance,speculation); default all
 //	MESHP2P_BENCH_BASELINE the invariance section's baseline test binary (make bench builds it)
 //	MESHP2P_BENCH_ROUNDS   interleaved A/B rounds per figure (default 3; medians are reported)
 //	MESHP2P_BENCH_TOKENS   tokens per generation (default 16)
@@ -99,6 +99,9 @@ func BenchmarkPerf(b *testing.B) {
 		}
 		if section("prefill") {
 			prefill(b, &t, lb, whole, threads, max(1, rounds-1))
+		}
+		if section("conversation") {
+			conversation(b, &t, threads)
 		}
 		if lb != nil {
 			lb.Close()

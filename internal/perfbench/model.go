@@ -35,11 +35,15 @@ func CacheDir() (string, error) {
 // Files returns the whole benchmark model and its even k-way shard files,
 // synthesizing and splitting them on first use.
 func Files(ctx context.Context, k int) (whole string, shards []string, err error) {
+	return FilesOf(ctx, Spec(), k)
+}
+
+// FilesOf is Files for the model of spec s.
+func FilesOf(ctx context.Context, s gguf.Spec, k int) (whole string, shards []string, err error) {
 	dir, err := CacheDir()
 	if err != nil {
 		return "", nil, err
 	}
-	s := Spec()
 	key := fmt.Sprintf("%s-e%d-l%d-h%d-kv%d-ff%d-%v-seed%d", s.Arch, s.Embd, s.Layers, s.Heads, s.KVHeads, s.FF, s.Type, s.Seed)
 	whole = filepath.Join(dir, key+".gguf")
 	if f, err := gguf.Open(whole); err == nil {
