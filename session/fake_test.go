@@ -522,6 +522,22 @@ func (f *fakeHop) killAtStep(n int, others ...*testHost) {
 	}
 }
 
+// killAtForward kills f during its n-th Forward (a speculative window is
+// one Forward of several rows), before that Forward's output leaves the
+// hop. The kill must finish inside the Forward: a kill left to another
+// goroutine races the generation, which on copyable text is a few dozen
+// windows and can end before the kill lands, so no hop ever fails.
+func (f *fakeHop) killAtForward(n int, others ...*testHost) {
+	var once sync.Once
+	f.eng.mu.Lock()
+	defer f.eng.mu.Unlock()
+	f.eng.onForward = func(forwards int) {
+		if forwards >= n {
+			once.Do(func() { f.kill(others...) })
+		}
+	}
+}
+
 func hostsOf(hops ...*fakeHop) []*testHost {
 	var out []*testHost
 	for _, h := range hops {

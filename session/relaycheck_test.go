@@ -6,7 +6,6 @@ import (
 	mrand "math/rand/v2"
 	"slices"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 
@@ -64,15 +63,7 @@ func (rc relayRun) run(t *testing.T) (*Result, []AuditReport, []*fakeHop) {
 	}
 	o, c := newOrigin(t, stagePlanner{stages}, all...)
 	if rc.failAt > 0 {
-		mid := route[1]
-		var once sync.Once
-		mid.eng.mu.Lock()
-		mid.eng.onForward = func(n int) {
-			if n >= rc.failAt {
-				once.Do(func() { go mid.kill(append([]*testHost{c}, hostsOf(all...)...)...) })
-			}
-		}
-		mid.eng.mu.Unlock()
+		route[1].killAtForward(rc.failAt, append([]*testHost{c}, hostsOf(all...)...)...)
 	}
 	l := auditing(o, c, func() int { return rc.target }, func() int { return len(rc.ranges) })
 	prompt := []int32{1, 2, 3, 4, 5, 1, 2, 3}

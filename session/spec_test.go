@@ -4,7 +4,6 @@ import (
 	"context"
 	"math"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -82,14 +81,7 @@ func TestSpeculationFailoverMidWindow(t *testing.T) {
 		t.Run(itoa(at), func(t *testing.T) {
 			head, mid, spare, tail := startHop(t, 0, 2, nil), startHop(t, 2, 4, nil), startHop(t, 2, 4, nil), startHop(t, 4, 6, nil)
 			o, c := newOrigin(t, stagePlanner{[][]*fakeHop{{head}, {mid, spare}, {tail}}}, head, mid, spare, tail)
-			var once sync.Once
-			mid.eng.mu.Lock()
-			mid.eng.onForward = func(n int) {
-				if n >= at {
-					once.Do(func() { go mid.kill(append([]*testHost{c}, hostsOf(head, spare, tail)...)...) })
-				}
-			}
-			mid.eng.mu.Unlock()
+			mid.killAtForward(at, append([]*testHost{c}, hostsOf(head, spare, tail)...)...)
 			prompt := []int32{1, 2, 3, 4, 5, 6, 1, 2, 3}
 			seed := uint64(cyclicSeed | 6)
 			const n = 80

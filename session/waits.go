@@ -43,9 +43,13 @@ import (
 //
 // A hop reported for a silence judges the report itself (verdict): it
 // blames itself if it has computed one frame for longer than its own
-// allowance, and its own upstream if it is itself overdue for its prompt
-// rows from there; otherwise the reporter is blamed, as before (a later
-// hop must not be able to get an earlier one excluded by a false report).
+// allowance, its own upstream if it is itself overdue for its prompt
+// rows from there, and the peer its own idle timer would blame
+// (silentPeer: on a head after the prompt, the tail) if it has heard
+// nothing for its own whole wait; otherwise the reporter is blamed, as
+// before (a later hop must not be able to get an earlier one excluded by
+// a false report: the last rule only settles a tie with the hop's own
+// timer, which says the same at that moment).
 // A head whose idle timer runs out after the whole prompt blames the tail
 // (its next frame comes over the ring), not the origin.
 
@@ -276,7 +280,9 @@ func (hs *hopSession) stuckAfter(rows int64) time.Duration {
 // sender, as any report against an earlier hop). A hop that has computed
 // one frame for longer than stuckAfter takes the blame; one that is
 // itself still waiting for its prompt rows, overdue by its own clock,
-// passes it to its own upstream (nobody on the head: the origin).
+// passes it to its own upstream (nobody on the head: the origin); one
+// whose own idle wait has run out since its last frame passes it where
+// its idle timer would (silentPeer).
 func (hs *hopSession) verdict(e *meshp2pb.Error) *hopError {
 	admitted := hs.clk.admitted.Load()
 	if admitted == 0 || e.GetCode() != meshp2pb.ErrorCode_ERROR_CODE_TIMEOUT {
@@ -299,6 +305,18 @@ func (hs *hopSession) verdict(e *meshp2pb.Error) *hopError {
 	}
 	if hs.rows.Load() < hs.waits.rows && now.Sub(heard) >= overdue {
 		return judged(e, me, hs.upstreamPeer(), fmt.Sprintf("this hop has waited %s for the prompt from its own upstream", now.Sub(heard).Round(time.Millisecond)))
+	}
+	if t := hs.clk.heard.Load(); t != 0 {
+		// Its own idle timer is due: the silence is the peer it waits on,
+		// as that timer is about to report. Waits after the prompt are the
+		// same on every hop and each starts when its hop hears its last
+		// prompt frame, so a later hop's timer runs out a frame's transit
+		// after this one's: which report wins is scheduling, and on a
+		// loaded machine the later one's often did (a stuck tail got the
+		// honest hop before it excluded, TestStuckHopTakesTheBlame).
+		if d, w := now.Sub(time.Unix(0, t)), hs.idleWait(); d >= w {
+			return judged(e, me, hs.silentPeer(), fmt.Sprintf("this hop has itself heard nothing for %s, its own wait %s", d.Round(time.Millisecond), w))
+		}
 	}
 	return nil
 }

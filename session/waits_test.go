@@ -218,6 +218,10 @@ func TestVerdict(t *testing.T) {
 		hs.waits = planWaits(open, 1, h.firstFrame(1), h.cfg.Idle)
 		return hs
 	}
+	asHead := func(hs *hopSession) { // the same hop as the route's head
+		hs.idx, hs.head, hs.route = 0, true, []peer.ID{me.ID(), "b", "c", "d"}
+		hs.waits = planWaits(open, 0, h.firstFrame(0), h.cfg.Idle)
+	}
 	report := func(code meshp2pb.ErrorCode, blamed peer.ID) *meshp2pb.Error {
 		return &meshp2pb.Error{Code: code, Message: "no frame since admission", FailedPeerId: []byte(blamed), PeerId: []byte("c")}
 	}
@@ -254,6 +258,38 @@ func TestVerdict(t *testing.T) {
 		{"prompt all in, idle", func(hs *hopSession) {
 			hs.clk.admitted.Store(ago(time.Hour))
 			hs.rows.Store(100)
+		}, report(timeout, me.ID()), "-"},
+		{"prompt all in, within its own wait", func(hs *hopSession) {
+			hs.clk.admitted.Store(ago(time.Hour))
+			hs.rows.Store(100)
+			hs.clk.heard.Store(ago(hs.waits.after - 100*time.Millisecond))
+		}, report(timeout, me.ID()), "-"},
+		// The reporter's wait after the prompt is this hop's, started a
+		// frame's transit later: this hop's own timer is due too and
+		// blames its upstream, whichever fires first.
+		{"prompt all in, its own wait run out", func(hs *hopSession) {
+			hs.clk.admitted.Store(ago(time.Hour))
+			hs.rows.Store(100)
+			hs.clk.heard.Store(ago(hs.waits.after + time.Millisecond))
+		}, report(timeout, me.ID()), up},
+		{"decoding, its own wait run out", func(hs *hopSession) {
+			hs.clk.admitted.Store(ago(time.Hour))
+			hs.rows.Store(105)
+			hs.clk.heard.Store(ago(h.cfg.Idle + time.Millisecond))
+		}, report(timeout, me.ID()), up},
+		// A head after the prompt waits on the ring: a stuck tail is its
+		// to report, not the reporter's (TestStuckHopTakesTheBlame/tail).
+		{"head after the prompt, its own wait run out", func(hs *hopSession) {
+			asHead(hs)
+			hs.clk.admitted.Store(ago(time.Hour))
+			hs.rows.Store(100)
+			hs.clk.heard.Store(ago(hs.waits.after + time.Millisecond))
+		}, report(timeout, me.ID()), "d"},
+		{"head after the prompt, within its own wait", func(hs *hopSession) {
+			asHead(hs)
+			hs.clk.admitted.Store(ago(time.Hour))
+			hs.rows.Store(100)
+			hs.clk.heard.Store(ago(hs.waits.after - 100*time.Millisecond))
 		}, report(timeout, me.ID()), "-"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
