@@ -203,9 +203,11 @@ func (s *Shard) keep(seq int, k *keepReq) {
 	if c.cells == 0 || k.p.Block <= 0 {
 		return
 	}
-	blocks := min(len(k.p.Hashes), k.pos/k.p.Block)
+	// A session longer than the whole cache keeps its first blocks that
+	// fit: a conversation past --prefix-cache still reuses its start.
+	blocks := min(len(k.p.Hashes), k.pos/k.p.Block, c.cells/k.p.Block)
 	n := blocks * k.p.Block
-	if blocks == 0 || n > c.cells || s.kv.lost[seq] != nil || s.cellsOf(seq) < n {
+	if blocks == 0 || s.kv.lost[seq] != nil || s.cellsOf(seq) < n {
 		return
 	}
 	hashes := k.p.Hashes[:blocks]

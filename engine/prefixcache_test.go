@@ -240,6 +240,28 @@ func batchedWithChurn(t *testing.T, y *invSession, toks []int32, from, to int, o
 	return got
 }
 
+// A session longer than the whole cache keeps its first blocks that fit,
+// and the next session adopts them.
+func TestPrefixCacheKeepsWhatFits(t *testing.T) {
+	path := testmodels.Path(t, "stories260K.gguf")
+	const cells = 5*testBlock + testBlock/2 // 5 whole blocks fit
+	chain := loadShards(t, path, 1, Config{NCtx: 256, NBatch: 64, MaxSessions: 4, Threads: 2, PrefixCacheCells: cells, PrefixCacheEntries: 2})
+	var toks []int32
+	for i := range 6 {
+		toks = append(toks, invPromptTokens(chain[0].info.NVocab, i)...)
+	}
+	x := openInv(t, chain, 1, 128)
+	feed(t, x, toks, 0, 100, 50)
+	x.keep(testPrefix("a", toks[:100]))
+	x.close()
+	requireCache(t, chain, 1, 5*testBlock)
+	y := openInv(t, chain, 2, 128)
+	if n := y.adopt(t, testPrefix("a", toks[:100])); n != 5*testBlock {
+		t.Fatalf("adopted %d positions, want %d", n, 5*testBlock)
+	}
+	y.close()
+}
+
 // Adopt is for new sessions only, and a shard without a cache adopts
 // nothing and keeps nothing.
 func TestPrefixCacheOff(t *testing.T) {
