@@ -166,6 +166,80 @@ func TestRebalanceRules(t *testing.T) {
 	}
 }
 
+// TestGapClosersTakeTurns: two self-placing replicas of 8-12 after 4-8
+// died can each close the gap alone, and each checks within seconds of
+// the crash; both moving left 8-12 empty, and both moved back, in step
+// (node TestAutoPlacementLoopback). The lower peer id moves at its first
+// check; the other waits a check, stays once it sees the planned window,
+// and moves at its second check if none came. A node that cannot close
+// the gap alone, or is moving already, does not hold the others.
+func TestGapClosersTakeTurns(t *testing.T) {
+	sz := uniformSizing(12)
+	budget := sz.FixedBytes + 4*100 + 60 // 4 layers, also at the tail
+	rng := rand.New(rand.NewPCG(3, 3))
+	head := Server{Peer: "a", Range: Range{0, 4}, Budget: budget}
+	view := func(me string, others ...Server) View {
+		v := View{NLayer: 12, Servers: []Server{head, {Peer: me, Range: Range{8, 12}, Budget: budget}}}
+		v.Servers = append(v.Servers, others...)
+		return v
+	}
+	if d := NewRebalancer(sz, budget, rng).Check(view("p2"), "p1", Range{8, 12}, 1); !d.Move || d.Reason != ReasonGap || d.To != (Range{4, 8}) {
+		t.Fatalf("the lower peer id did not close the gap at once: %+v", d)
+	}
+	b := NewRebalancer(sz, budget, rng)
+	d := b.Check(view("p1"), "p2", Range{8, 12}, 1)
+	if d.Move || !d.Recheck || !strings.Contains(d.Why, "p1") {
+		t.Fatalf("the higher peer id moved at its first check, with p1 able to: %+v", d)
+	}
+	if d := b.Check(view("p1", Server{Peer: "p1", Range: Range{4, 8}, Budget: budget, Planned: true}), "p2", Range{8, 12}, 1); d.Move {
+		t.Fatalf("moved with p1's window planned on the gap: %+v", d)
+	}
+	b = NewRebalancer(sz, budget, rng)
+	b.Check(view("p1"), "p2", Range{8, 12}, 1)
+	if d := b.Check(view("p1"), "p2", Range{8, 12}, 1); !d.Move || d.To != (Range{4, 8}) {
+		t.Fatalf("p1 never moved, and p2 did not at its second check: %+v", d)
+	}
+	// In step: each round both check on the same view (neither sees the
+	// other's move before its own check), then both moves land. Without
+	// turns both took 4-8, then both 8-12 again, round after round.
+	cur := map[string]Range{"p1": {8, 12}, "p2": {8, 12}}
+	rb := map[string]*Rebalancer{"p1": NewRebalancer(sz, budget, rng), "p2": NewRebalancer(sz, budget, rng)}
+	other := map[string]string{"p1": "p2", "p2": "p1"}
+	for round := 0; ; round++ {
+		next := map[string]Range{}
+		for p, r := range cur {
+			v := View{NLayer: 12, Servers: []Server{head, {Peer: other[p], Range: cur[other[p]], Budget: budget}}}
+			next[p] = r
+			if d := rb[p].Check(v, p, r, 1); d.Move {
+				next[p] = d.To
+			}
+		}
+		cur = next
+		if (View{NLayer: 12, Servers: []Server{head, {Range: cur["p1"]}, {Range: cur["p2"]}}}).Deficit() == 0 {
+			break
+		}
+		if round == 3 {
+			t.Fatalf("checking in step, the two replicas of 8-12 found no route in 4 rounds: p1 on %s, p2 on %s", cur["p1"], cur["p2"])
+		}
+	}
+	for _, tc := range []struct {
+		name string
+		v    View
+	}{
+		{"a rival whose budget does not hold the gap", View{NLayer: 12, Servers: []Server{head, {Peer: "p1", Range: Range{8, 12}, Budget: sz.FixedBytes + 3*100 + 60}}}},
+		{"a rival with fixed layers", View{NLayer: 12, Servers: []Server{head, {Peer: "p1", Range: Range{8, 12}}}}},
+		{"a rival moving already", view("p1", Server{Peer: "p1", Range: Range{0, 3}, Budget: budget, Planned: true})},
+		// p1 alone holds layer 0: any move of it keeps layer 0, and no 4
+		// layers from 0 close 4-8.
+		{"a rival alone on a layer far from the gap", View{NLayer: 12, Servers: []Server{{Peer: "p1", Range: Range{0, 1}, Budget: budget}, {Peer: "a", Range: Range{1, 4}},
+			{Peer: "c", Range: Range{8, 12}}}}},
+	} {
+		if d := NewRebalancer(sz, budget, rng).Check(tc.v, "p2", Range{8, 12}, 1); !d.Move || d.To != (Range{4, 8}) {
+			t.Errorf("%s: the gap not closed at once: %+v", tc.name, d)
+		}
+	}
+}
+
 func TestBudgetParsing(t *testing.T) {
 	if v, err := MemAvailable(strings.NewReader("MemTotal: 100 kB\nMemAvailable:    2048 kB\n")); err != nil || v != 2048<<10 {
 		t.Errorf("MemAvailable = %d, %v", v, err)

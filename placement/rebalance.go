@@ -10,8 +10,10 @@ type Reason string
 
 const (
 	// ReasonGap: the move shrinks the deficit (layers missing from the
-	// best route), with no cooldown: at once when it closes the gap, from
-	// the GapPatience-th check with a deficit when it only narrows it.
+	// best route), with no cooldown: at once when it closes the gap
+	// (unless a node with a lower peer id can close it alone too: then
+	// from the GapPatience-th check), from the GapPatience-th check with a
+	// deficit when it only narrows it.
 	ReasonGap Reason = "gap"
 	// ReasonThroughput: the move raises the swarm's weakest layer by more
 	// than Margin, seen on ConfirmChecks checks in a row, and the node's
@@ -121,6 +123,19 @@ func (b *Rebalancer) check(view View, me string, cur Range, ms float64) Decision
 		return stay(fmt.Sprintf("moving %s → %s waits for planned windows to load", cur, ch.Range))
 	}
 	db, wb := before.Deficit, Weakest(before.Coverage)
+	if ch.Deficit == 0 && db > 0 && b.gapChecks < GapPatience {
+		// Other nodes may close the gap alone too: each checks within
+		// seconds of the crash, and two that check within an advert's
+		// flight of each other both move (two replicas of a window both
+		// leave it: a new gap, which both then closed again, in step).
+		// As in heal plans, ties go by peer id: the lowest moves at its
+		// first check; the others see its planned window at their next,
+		// or move then.
+		if p := b.closerFirst(others, me, cur, ms); p != "" {
+			b.streak = 0
+			return Decision{To: cur, Why: fmt.Sprintf("moving %s → %s would close the gap, and so would a move of %s, which goes first (lower peer id); waiting a check", cur, ch.Range, short(p))}
+		}
+	}
 	switch {
 	case ch.Deficit < db && ch.Deficit > 0 && b.gapChecks < GapPatience:
 		// A partial fix can block a complete one (a shorter window here
@@ -142,6 +157,70 @@ func (b *Rebalancer) check(view View, me string, cur Range, ms float64) Decision
 	}
 	b.streak, b.since = 0, 0
 	return Decision{Move: true, To: ch.Range, Reason: ReasonThroughput, Why: why}
+}
+
+// closerFirst is the lowest peer id below me of another node in others
+// that could close the gap alone as well ("": none): one serving a loaded
+// window, placing itself (a budget), not moving already (no planned
+// window), with a window its budget holds that completes a route (me on
+// cur counted, planned windows too) and that leaves no loaded layer in
+// no window.
+func (b *Rebalancer) closerFirst(others View, me string, cur Range, ms float64) string {
+	moving := map[string]bool{}
+	for _, s := range others.Servers {
+		if s.Planned {
+			moving[s.Peer] = true
+		}
+	}
+	first := ""
+	for _, s := range others.Servers {
+		if s.Peer >= me || (first != "" && s.Peer >= first) || moving[s.Peer] || s.Budget <= 0 {
+			continue
+		}
+		rest := others.Without(s.Peer)
+		rest.Servers = append(rest.Servers, Server{Peer: me, Range: cur, MsPerLayer: ms})
+		if closesAlone(b.Sizing, s.Budget, rest, s.Range) {
+			first = s.Peer
+		}
+	}
+	return first
+}
+
+// closesAlone reports whether a node of budget serving cur, seeing rest,
+// closes the gap with one move: to a window its budget holds that
+// completes a route of rest's windows (a chain from layer 0 to its start,
+// and one from its end to the last layer) and is safe (loaded windows
+// only for what is left).
+func closesAlone(sz Sizing, budget int64, rest View, cur Range) bool {
+	g := rest.graph()
+	from, to := make([]bool, g.n+1), make([]bool, g.n+1)
+	from[0], to[g.n] = true, true
+	for b := 0; b < g.n; b++ {
+		for _, e := range g.ends[b] {
+			from[e] = from[e] || from[b]
+		}
+	}
+	for b := g.n - 1; b >= 0; b-- {
+		for _, e := range g.ends[b] {
+			to[b] = to[b] || to[e]
+		}
+	}
+	loaded := rest.loaded()
+	for a := range g.n {
+		if !from[a] {
+			continue
+		}
+		for e := a + 1; e <= g.n; e++ {
+			r := Range{a, e}
+			if sz.Need(r) > budget {
+				break // longer windows need more
+			}
+			if to[e] && r != cur && sz.Legal(r) && safe(loaded, cur, r, 0) {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // loaded is the view without planned windows.
