@@ -160,12 +160,13 @@ func TestComposeTestnet(t *testing.T) {
 	// --layers and place themselves (docs/placement.md). First with the
 	// default budget: the room under the container's mem_limit (NODE_MEM,
 	// 1g) less the reserve, not the host's MemAvailable. Then again (the
-	// containers are recreated) with --memory 12.9M: by the placement
-	// estimate (node.ModelSizing; mostly fixed buffers, KV counted twice
-	// for the batch-invariant engine's compaction) stories260K's windows
-	// need 11.18 MiB for one middle layer, +1.17 per layer, +1.13 with the
-	// output head, so 12.9M holds at most 2 layers (2-4: 12.35) and the
-	// only window with the last layer is 4-5 (12.31; 3-5: 13.48). a and b stop; the two must
+	// containers are recreated) with --memory 13.9M: by the placement
+	// estimate (node.ModelSizing; mostly fixed buffers, KV of --ctx and
+	// the default --prefix-cache, counted twice for the batch-invariant
+	// engine's compaction) stories260K's windows need 11.68 MiB for one
+	// middle layer, +1.67 per layer, +1.13 with the output head, so 13.9M
+	// holds at most 2 layers (2-4: 13.35) and the only window with the
+	// last layer is 4-5 (12.81; 3-5: 14.48). a and b stop; the two must
 	// split the gap 2-5 between them (2-4 and 4-5), and a generation
 	// through them equals --local. The one test-only
 	// value: a 3 s rebalance interval (default 2 min).
@@ -216,7 +217,7 @@ func TestComposeTestnet(t *testing.T) {
 		return scaled
 	}
 	scaleIn("", "cgroup")
-	scaled := scaleIn("--memory 12.9M", "--memory")
+	scaled := scaleIn("--memory 13.9M", "--memory")
 
 	if _, err := sh(ctx, "compose", "stop", "-t", "10", "a", "b"); err != nil {
 		t.Fatal(err)
