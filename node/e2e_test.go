@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -251,45 +252,11 @@ func TestKillMiddleNode(t *testing.T) {
 			// it: judged on the hop, not by the origin, because the ring
 			// does not wait for the origin and a starved origin could see
 			// token 3 only after the ring has finished.
-			var killed atomic.Pointer[Node]
-			stop := make(chan struct{})
-			killerDone := make(chan struct{})
-			go func() {
-				defer close(killerDone)
-				for {
-					for _, m := range mids {
-						if m.Hop().Sessions() > 0 && m.Hop().DecodeSteps() >= 3 {
-							killed.Store(m)
-							// Abrupt: the host goes away (no advert
-							// withdrawal, no goodbye), streams reset.
-							// It drops its connections to its
-							// neighbours first, the head first, so that
-							// to them the close is the remote's, as a
-							// crash looks. (Closing the host alone
-							// closes its connections one by one; the
-							// dying hop may then report its own close,
-							// blaming itself: TestOriginMetricsFollowAReroute
-							// runs that.)
-							for _, n := range []*Node{head, tail} {
-								_ = m.P2P().Host().Network().ClosePeer(n.P2P().ID())
-							}
-							_ = m.P2P().Host().Close()
-							return
-						}
-					}
-					select {
-					case <-stop:
-						return
-					case <-time.After(time.Millisecond):
-					}
-				}
-			}()
+			killed := killMiddleAfter(mids, 3, head, tail)
 			o := c.Origin(nil)
 			o.RouteWait = time.Second // no replacement is coming in the no-spare case
 			res, err := o.Generate(context.Background(), session.GenerateRequest{Fingerprint: fp, NLayer: nl, Prompt: prompt, MaxTokens: maxTok})
-			close(stop)
-			<-killerDone
-			if killed.Load() == nil {
+			if killed() == nil {
 				t.Fatal("no middle node was serving the session")
 			}
 			if !spare {
@@ -307,7 +274,7 @@ func TestKillMiddleNode(t *testing.T) {
 			if res.Reroutes != 1 || !equalTokens(res.Tokens, want) {
 				t.Fatalf("reroutes %d\nswarm %v\nlocal %v", res.Reroutes, res.Tokens, want)
 			}
-			if res.Route.Hops[1].Peer == killed.Load().P2P().ID() {
+			if res.Route.Hops[1].Peer == killed().P2P().ID() {
 				t.Fatal("final route still uses the killed node")
 			}
 			t.Logf("recovered after %v", res.Failures)
@@ -463,5 +430,45 @@ func TestSampledSwarmMatchesLocal(t *testing.T) {
 	cut.Seed = uint64(uint32(sp.Seed))
 	if equalTokens(localSampled(t, model, prompt, maxTok, cut), want) {
 		t.Fatal("a 32-bit seed gives the same tokens: this test does not exercise the seed width")
+	}
+}
+
+// killMiddleAfter kills the first of mids that has served steps decode
+// steps of a session (judged on the hop, not by the origin: the ring does
+// not wait for the origin, and a starved origin could see the token only
+// after the ring finished). Abrupt: the host goes away (no advert
+// withdrawal, no goodbye), streams reset. It drops its connections to
+// neighbours first, in order, so that to them the close is the remote's,
+// as a crash looks. (Closing the host alone closes its connections one by
+// one; the dying hop may then report its own close, blaming itself:
+// TestOriginMetricsFollowAReroute runs that.) The returned func stops the
+// watch and returns the node it killed (nil: none).
+func killMiddleAfter(mids []*Node, steps int, neighbours ...*Node) func() *Node {
+	var killed atomic.Pointer[Node]
+	stop, done := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			for _, m := range mids {
+				if m.Hop().Sessions() > 0 && m.Hop().DecodeSteps() >= steps {
+					killed.Store(m)
+					for _, n := range neighbours {
+						_ = m.P2P().Host().Network().ClosePeer(n.P2P().ID())
+					}
+					_ = m.P2P().Host().Close()
+					return
+				}
+			}
+			select {
+			case <-stop:
+				return
+			case <-time.After(time.Millisecond):
+			}
+		}
+	}()
+	var once sync.Once
+	return func() *Node {
+		once.Do(func() { close(stop); <-done })
+		return killed.Load()
 	}
 }

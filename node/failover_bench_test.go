@@ -4,7 +4,6 @@ import (
 	"context"
 	"os"
 	"path/filepath"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -66,28 +65,7 @@ func failoverStall(t *testing.T, model string, prompt []int32, noCache bool) ([]
 		_, _ = c.P2P().Discovery().Lookup(lctx, fp)
 		cancel()
 	}
-	var killed atomic.Bool
-	stop, done := make(chan struct{}), make(chan struct{})
-	go func() {
-		defer close(done)
-		for {
-			for _, m := range mids {
-				if m.Hop().Sessions() > 0 && m.Hop().DecodeSteps() >= 3 {
-					killed.Store(true)
-					for _, n := range []*Node{head, tail} {
-						_ = m.P2P().Host().Network().ClosePeer(n.P2P().ID())
-					}
-					_ = m.P2P().Host().Close()
-					return
-				}
-			}
-			select {
-			case <-stop:
-				return
-			case <-time.After(time.Millisecond):
-			}
-		}
-	}()
+	killed := killMiddleAfter(mids, 3, head, tail)
 	o := c.Origin(nil)
 	o.NoPrefixCache = noCache
 	o.Audit = &session.Auditor{Rate: 0.5, Draw: func() float64 { return 0.99 }} // the CLI's transcripts and records, no audit
@@ -105,10 +83,8 @@ func failoverStall(t *testing.T, model string, prompt []int32, noCache bool) ([]
 			last = now
 			return false
 		}})
-	close(stop)
-	<-done
-	if err != nil || !killed.Load() || res.Reroutes != 1 {
-		t.Fatalf("killed %v, reroutes %d: %v", killed.Load(), res.Reroutes, err)
+	if k := killed(); err != nil || k == nil || res.Reroutes != 1 {
+		t.Fatalf("killed %v, reroutes %d: %v", k != nil, res.Reroutes, err)
 	}
 	return res.Tokens, ttft, stall
 }

@@ -3,7 +3,6 @@ package node
 import (
 	"context"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -37,34 +36,11 @@ func TestKillMiddleNodeRecomputesOneHop(t *testing.T) {
 	prompt := thinClientPrompt(t, c, fp, strings.Repeat("Once upon a time, there was a little girl named Lily. She loved to play outside. ", 8))
 	const maxTok = 60
 	want := localTokens(t, model, prompt, maxTok)
-	var killed atomic.Pointer[Node]
-	stop, killerDone := make(chan struct{}), make(chan struct{})
-	go func() {
-		defer close(killerDone)
-		for {
-			for _, m := range mids {
-				if m.Hop().Sessions() > 0 && m.Hop().DecodeSteps() >= 3 {
-					killed.Store(m)
-					for _, n := range []*Node{head, tail} {
-						_ = m.P2P().Host().Network().ClosePeer(n.P2P().ID())
-					}
-					_ = m.P2P().Host().Close()
-					return
-				}
-			}
-			select {
-			case <-stop:
-				return
-			case <-time.After(time.Millisecond):
-			}
-		}
-	}()
+	killed := killMiddleAfter(mids, 3, head, tail)
 	o := c.Origin(nil)
 	o.Audit = &session.Auditor{Rate: 0.5, Draw: func() float64 { return 0.99 }} // transcripts and records (the CLI's default), no audit
 	res, err := o.Generate(context.Background(), session.GenerateRequest{Fingerprint: fp, NLayer: nl, Prompt: prompt, MaxTokens: maxTok})
-	close(stop)
-	<-killerDone
-	if killed.Load() == nil {
+	if killed() == nil {
 		t.Fatal("no middle node was serving the session")
 	}
 	if err != nil {
