@@ -368,11 +368,12 @@ func TestBackendErrors(t *testing.T) {
 		err    error
 		status int
 		code   string
+		retry  string // Retry-After
 	}{
-		{ModelNotFound("nope"), 404, "model_not_found"},
-		{fmt.Errorf("wrapped: %w", Unavailable("no peer serves layers 2-4 of 5")), 503, "model_unavailable"},
-		{Warming(7500*time.Millisecond, "model b is warming"), 503, "model_warming"},
-		{errors.New("boom"), 500, ""},
+		{ModelNotFound("nope"), 404, "model_not_found", ""},
+		{fmt.Errorf("wrapped: %w", Unavailable("no peer serves layers 2-4 of 5")), 503, "model_unavailable", "10"},
+		{Warming(7500*time.Millisecond, "model b is warming"), 503, "model_warming", "8"}, // the wait rounded up
+		{errors.New("boom"), 500, "", ""},
 	}
 	for _, tc := range cases {
 		for _, stream := range []string{"false", "true"} {
@@ -382,17 +383,19 @@ func TestBackendErrors(t *testing.T) {
 			if w.Code != tc.status || (tc.code != "" && e.Error.Code != tc.code) {
 				t.Fatalf("%v stream=%s: %d %+v", tc.err, stream, w.Code, e)
 			}
-			if ra := w.Header().Get("Retry-After"); (tc.code == "model_warming") != (ra == "8") {
-				t.Fatalf("%v stream=%s: Retry-After %q (a warming model: the wait rounded up, 8)", tc.err, stream, ra)
+			if ra := w.Header().Get("Retry-After"); ra != tc.retry {
+				t.Fatalf("%v stream=%s: Retry-After %q, want %q", tc.err, stream, ra, tc.retry)
 			}
 		}
 	}
 	// Anthropic's and Ollama's shapes carry the header too.
 	for _, req := range [][2]string{{"/v1/messages", `{"model":"b","max_tokens":4,"messages":[{"role":"user","content":"hi"}]}`},
 		{"/api/generate", `{"model":"b","prompt":"hi"}`}} {
-		s := New(Config{Backend: &scripted{err: Warming(10*time.Second, "warming")}})
-		if w := post(t, s, req[0], req[1]); w.Code != 503 || w.Header().Get("Retry-After") != "10" {
-			t.Fatalf("%s while warming: %d, Retry-After %q", req[0], w.Code, w.Header().Get("Retry-After"))
+		for _, err := range []error{Warming(10*time.Second, "warming"), Unavailable("no peer serves layers 2-4 of 5")} {
+			s := New(Config{Backend: &scripted{err: err}})
+			if w := post(t, s, req[0], req[1]); w.Code != 503 || w.Header().Get("Retry-After") != "10" {
+				t.Fatalf("%s, %v: %d, Retry-After %q", req[0], err, w.Code, w.Header().Get("Retry-After"))
+			}
 		}
 	}
 	s := New(Config{Backend: &scripted{}})

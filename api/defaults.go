@@ -28,6 +28,11 @@ const (
 	// DefaultChatMaxTokens is a chat completion's length when the request
 	// gives no max_tokens (`serve --api-max-tokens`).
 	DefaultChatMaxTokens = 512
+	// UnavailableRetry is the Retry-After of a 503 for a model with a
+	// missing layer range: long enough for a restarted node to load and
+	// re-advertise a small shard or a self-placing node to move, short
+	// enough that a client does not miss the model's return by much.
+	UnavailableRetry = 10 * time.Second
 )
 
 // Request limits (docs/api.md).

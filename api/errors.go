@@ -61,10 +61,14 @@ func Warming(retry time.Duration, format string, args ...any) *Error {
 	return e
 }
 
-// Unavailable is a 503: the model is known but no route covers it now
-// (the message names the missing layers).
+// Unavailable is a 503 with Retry-After UnavailableRetry: the model is
+// known but no route covers it now (the message names the missing
+// layers); a peer may serve them again (a restart, a self-placing node
+// moving to them).
 func Unavailable(format string, args ...any) *Error {
-	return newError(http.StatusServiceUnavailable, "server_error", "model_unavailable", "", format, args...)
+	e := newError(http.StatusServiceUnavailable, "server_error", "model_unavailable", "", format, args...)
+	e.RetryAfter = UnavailableRetry
+	return e
 }
 
 // SwarmFailed is a 503 for a generation the swarm could not finish (a

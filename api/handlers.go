@@ -4,6 +4,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"strings"
 	"time"
@@ -133,10 +134,13 @@ type modelExtension struct {
 	Name        string `json:"name"`
 	Fingerprint string `json:"fingerprint"`
 	NLayer      int    `json:"n_layer"`
-	// State: "served" (a route covers it) or "warmable" (standby peers,
-	// Offers of them, load it when it is asked for).
-	State  string `json:"state"`
-	Offers int    `json:"offers,omitempty"`
+	// State: "served" (a route covers it), "warmable" (standby peers,
+	// Offers of them, load it when it is asked for) or "unavailable" (it
+	// was served and has lost the layers MissingLayers: a request gets 503
+	// with Retry-After until a peer serves them again).
+	State         string `json:"state"`
+	Offers        int    `json:"offers,omitempty"`
+	MissingLayers string `json:"missing_layers,omitempty"`
 }
 
 func (s *Server) chat(w http.ResponseWriter, r *http.Request)        { s.openAI(w, r, parseChat) }
@@ -216,14 +220,27 @@ func (s *Server) findModel(r *http.Request, id string) (Model, *Error) {
 
 func toModelObject(m Model) modelObject {
 	return modelObject{ID: m.ID, Object: "model", Created: m.Created, OwnedBy: "meshp2p",
-		Meshp2p: &modelExtension{Name: m.Name, Fingerprint: m.Fingerprint, NLayer: m.NLayer, State: modelState(m), Offers: m.Offers}}
+		Meshp2p: &modelExtension{Name: m.Name, Fingerprint: m.Fingerprint, NLayer: m.NLayer, State: modelState(m), Offers: m.Offers,
+			MissingLayers: missingLayers(m)}}
 }
 
 func modelState(m Model) string {
-	if m.Warmable {
+	switch {
+	case m.Warmable:
 		return "warmable"
+	case m.Unavailable:
+		return "unavailable"
 	}
 	return "served"
+}
+
+// missingLayers is an unavailable model's gap as half-open "A-B" ("" when
+// it has none).
+func missingLayers(m Model) string {
+	if !m.Unavailable {
+		return ""
+	}
+	return fmt.Sprintf("%d-%d", m.MissingStart, m.MissingEnd)
 }
 
 // MinPrefix is the shortest fingerprint prefix that names a model (as

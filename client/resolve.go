@@ -27,10 +27,18 @@ type Model struct {
 	// *WarmingError meanwhile).
 	Warmable bool
 	Offers   int
+	// Unavailable: a model this client listed as served has lost layers
+	// MissingStart-MissingEnd (no known peer serves them now); a request
+	// for it is refused at once with the gap (503 with Retry-After in the
+	// API) until some peer serves them again.
+	Unavailable              bool
+	MissingStart, MissingEnd int
 }
 
 // Models lists every model whose layers the known peers cover (live or
-// full), and those peers offer to load (Warmable), sorted by ID.
+// full), those that were and have lost a layer range (Unavailable), and
+// those peers offer to load (Warmable), sorted by ID. A model that was
+// never covered (a swarm still loading) is not listed.
 func (c *Client) Models() []Model {
 	byFP := map[string][]route.Shard{}
 	for _, s := range c.cfg.Table.Shards("") {
@@ -44,10 +52,17 @@ func (c *Client) Models() []Model {
 		if nl == 0 {
 			nl, err = c.cfg.Table.LayerCount(fp)
 		}
-		if err != nil || !c.cfg.Table.Covers(fp, nl) {
+		if err != nil {
 			continue
 		}
-		out = append(out, Model{Name: ss[0].ModelName, Fingerprint: fp, NLayer: nl})
+		m := Model{Name: ss[0].ModelName, Fingerprint: fp, NLayer: nl}
+		if start, end, covered := c.cfg.Table.Gap(fp, nl); !covered {
+			if !c.listed(fp) {
+				continue
+			}
+			m.Unavailable, m.MissingStart, m.MissingEnd = true, start, end
+		}
+		out = append(out, m)
 		names[ss[0].ModelName]++
 	}
 	listed := map[string]bool{}
@@ -89,6 +104,14 @@ func (c *Client) Models() []Model {
 	}
 	slices.SortFunc(out, func(a, b Model) int { return strings.Compare(a.ID, b.ID) })
 	return out
+}
+
+// listed reports whether Models has listed fingerprint fp as served.
+func (c *Client) listed(fp string) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	_, ok := c.created[fp]
+	return ok
 }
 
 // modelOf is the Model the client lists for fingerprint fp (its ID as

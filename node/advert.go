@@ -14,6 +14,7 @@ import (
 
 	"github.com/neuron-tai/meshp2p/demand"
 	"github.com/neuron-tai/meshp2p/engine"
+	"github.com/neuron-tai/meshp2p/p2p"
 	"github.com/neuron-tai/meshp2p/proto/meshp2pb"
 	"github.com/neuron-tai/meshp2p/route"
 )
@@ -36,6 +37,7 @@ type advertiser struct {
 
 	mu     sync.Mutex
 	demand *meshp2pb.DemandReport // the last demand report (demandLoop)
+	body   []byte                 // the last advert body set (ownShards)
 }
 
 // localAdvert is where an advert goes (p2p.Discovery).
@@ -56,7 +58,20 @@ func (a *advertiser) publish() error {
 	if err != nil {
 		return err
 	}
+	a.body = body
 	return a.local.SetLocalAdvert(keys, body)
+}
+
+// ownShards are the shards the node's last advert lists.
+func (a *advertiser) ownShards() []route.Shard {
+	a.mu.Lock()
+	body := a.body
+	a.mu.Unlock()
+	if body == nil {
+		return nil
+	}
+	ss, _ := route.DecodeAdvert(p2p.Advert{Peer: a.self, Body: body})
+	return ss
 }
 
 // loop re-publishes when free capacity or measured speed changes (checked

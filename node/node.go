@@ -330,15 +330,16 @@ func (n *Node) placer(auto bool) *placementController {
 }
 
 // startBackground starts what runs for the node's lifetime whatever it
-// serves (the table's follower, the connection log, the demand reports,
+// serves (the table's follower, the connection and swarm logs, the demand reports,
 // the vocabulary and fetch servers) and returns the context that ends
 // with Close.
 func (n *Node) startBackground() context.Context {
 	bg, cancel := context.WithCancel(context.Background())
 	n.cancel = cancel
-	n.wg.Add(3)
+	n.wg.Add(4)
 	go func() { defer n.wg.Done(); route.Follow(bg, n.p2p.Discovery(), n.table) }()
 	go func() { defer n.wg.Done(); logConnEvents(bg, n.p2p, n.log) }()
+	go func() { defer n.wg.Done(); newSwarmLog(n.log, n.p2p.ID(), n.adv.ownShards).run(bg, n.p2p.Discovery()) }()
 	go func() { defer n.wg.Done(); n.adv.demandLoop(bg, n.meter, n.table, n.cfg.DemandInterval) }()
 	if n.loader.share != nil {
 		n.wg.Add(1)

@@ -154,6 +154,11 @@ type DiscoveryConfig struct {
 	// MaxBody bounds Advert.Body; MaxKeys and MaxKeyLen bound Advert.Keys.
 	// Defaults 16 KiB, 64 and 256 bytes.
 	MaxBody, MaxKeys, MaxKeyLen int
+	// LivenessGrace is how long after the last connection to a peer with
+	// an advert closes discovery waits before dialing it, and
+	// LivenessDialTimeout bounds that dial; a failed dial drops the advert
+	// (liveness.go). Defaults 1 s and 5 s.
+	LivenessGrace, LivenessDialTimeout time.Duration
 }
 
 // TestOptions are process-global tweaks for loopback tests and the netns test
@@ -252,6 +257,12 @@ func (d DiscoveryConfig) withDefaults() DiscoveryConfig {
 	}
 	if d.MaxKeyLen <= 0 {
 		d.MaxKeyLen = def.MaxKeyLen
+	}
+	if d.LivenessGrace <= 0 {
+		d.LivenessGrace = def.LivenessGrace
+	}
+	if d.LivenessDialTimeout <= 0 {
+		d.LivenessDialTimeout = def.LivenessDialTimeout
 	}
 	return d
 }

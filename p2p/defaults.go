@@ -34,6 +34,11 @@ func DefaultDiscoveryConfig() DiscoveryConfig {
 		MaxBody:           16 << 10,
 		MaxKeys:           64,
 		MaxKeyLen:         256,
+		// A killed node's advert stops steering routes within about
+		// LivenessGrace + one refused dial (liveness.go); a dead host
+		// that does not refuse takes up to LivenessDialTimeout more.
+		LivenessGrace:       time.Second,
+		LivenessDialTimeout: 5 * time.Second,
 	}
 }
 

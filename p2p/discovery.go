@@ -88,7 +88,8 @@ const (
 	// re-publish that changes none of them only extends the expiry and
 	// emits nothing.
 	AdvertUpdated
-	// AdvertRemoved: expired or withdrawn; see AdvertEvent.Reason.
+	// AdvertRemoved: expired, withdrawn, evicted or its peer unreachable;
+	// see AdvertEvent.Reason.
 	AdvertRemoved
 )
 
@@ -110,13 +111,16 @@ const (
 	ReasonExpired   = "expired"
 	ReasonWithdrawn = "withdrawn"
 	ReasonEvicted   = "evicted" // the table was full (see maxTableSize)
+	// ReasonUnreachable (liveness.go): the peer's connection closed and a
+	// dial to it failed.
+	ReasonUnreachable = "unreachable"
 )
 
 // AdvertEvent is one change to the advert table.
 type AdvertEvent struct {
 	Kind   AdvertEventKind
 	Advert Advert
-	Reason string // for AdvertRemoved: ReasonExpired or ReasonWithdrawn
+	Reason string // for AdvertRemoved: ReasonExpired, ReasonWithdrawn, ReasonEvicted or ReasonUnreachable
 }
 
 // ErrAdvertTooLarge is returned by SetLocalAdvert for keys or a body over
@@ -150,7 +154,11 @@ type Discovery struct {
 	lastSeq  uint64
 	table    map[peer.ID]*Advert
 	subs     map[chan AdvertEvent]struct{}
-	leaving  bool // Close started: no more regular adverts, only the tombstone
+	// gone marks peers dropped as unreachable, probing those being
+	// checked (liveness.go).
+	gone    map[peer.ID]goneMark
+	probing map[peer.ID]bool
+	leaving bool // Close started: no more regular adverts, only the tombstone
 	// lastFullWarn rate-limits the table-full warning.
 	lastFullWarn time.Time
 	closed       bool
@@ -197,6 +205,8 @@ func newDiscovery(n *Node) (*Discovery, error) {
 		provideNow: make(chan struct{}, 1),
 		table:      make(map[peer.ID]*Advert),
 		subs:       make(map[chan AdvertEvent]struct{}),
+		gone:       make(map[peer.ID]goneMark),
+		probing:    make(map[peer.ID]bool),
 	}
 	d.ctx, d.cancel = context.WithCancel(n.ctx)
 
@@ -238,7 +248,8 @@ func newDiscovery(n *Node) (*Discovery, error) {
 	n.host.SetStreamHandler(d.advPID, d.handleAdvertStream)
 	n.host.SetStreamHandler(d.syncPID, d.handleSyncStream)
 
-	d.wg.Add(5)
+	d.wg.Add(6)
+	go d.livenessLoop(n.tracker.subscribe(d.ctx, n.ctx))
 	go d.readLoop()
 	go d.publishLoop()
 	go d.provideLoop()
@@ -378,7 +389,7 @@ func (d *Discovery) ingest(rec *advertRecord, env []byte, now time.Time) bool {
 		return false
 	}
 	old := d.table[rec.Peer]
-	if old != nil && rec.Seq <= old.Seq {
+	if (old != nil && rec.Seq <= old.Seq) || d.refusedLocked(rec) {
 		return false
 	}
 	if rec.Withdrawn {
@@ -468,6 +479,7 @@ func (d *Discovery) sweep(now time.Time) {
 	d.checker.prune(now)
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	d.pruneGoneLocked(now)
 	for p, ad := range d.table {
 		if !ad.ExpiresAt.After(now) {
 			delete(d.table, p)

@@ -18,10 +18,13 @@ func TestRouteFull(t *testing.T) {
 		tb     *Table
 		full   bool
 		covers bool
+		gap    [2]int // Gap's range when not covered
 	}{
-		{"middle full", table(offer("a", 0, 2, p2p.PathDirect, 1), offer("b", 2, 4, p2p.PathDirect, 0), offer("c", 4, 6, p2p.PathDirect, 1)), true, true},
-		{"middle missing", table(offer("a", 0, 2, p2p.PathDirect, 1), offer("c", 4, 6, p2p.PathDirect, 1)), false, false},
-		{"one replica full, the other free", table(offer("a", 0, 6, p2p.PathDirect, 0), offer("b", 0, 6, p2p.PathDirect, 1)), false, true},
+		{"middle full", table(offer("a", 0, 2, p2p.PathDirect, 1), offer("b", 2, 4, p2p.PathDirect, 0), offer("c", 4, 6, p2p.PathDirect, 1)), true, true, [2]int{}},
+		{"middle missing", table(offer("a", 0, 2, p2p.PathDirect, 1), offer("c", 4, 6, p2p.PathDirect, 1)), false, false, [2]int{2, 4}},
+		{"head missing", table(offer("c", 4, 6, p2p.PathDirect, 1)), false, false, [2]int{0, 4}},
+		{"tail missing", table(offer("a", 0, 2, p2p.PathDirect, 1), offer("b", 2, 4, p2p.PathDirect, 1)), false, false, [2]int{4, 6}},
+		{"one replica full, the other free", table(offer("a", 0, 6, p2p.PathDirect, 0), offer("b", 0, 6, p2p.PathDirect, 1)), false, true, [2]int{}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := (&LocalPlanner{Table: tc.tb}).Plan(context.Background(), Request{Fingerprint: fp, NLayer: 6})
@@ -30,6 +33,10 @@ func TestRouteFull(t *testing.T) {
 			}
 			if got := tc.tb.Covers(fp, 6); got != tc.covers {
 				t.Fatalf("Covers %v, want %v", got, tc.covers)
+			}
+			a, b, covered := tc.tb.Gap(fp, 6)
+			if covered != tc.covers || (!covered && [2]int{a, b} != tc.gap) {
+				t.Fatalf("Gap %d-%d covered %v, want %v covered %v", a, b, covered, tc.gap, tc.covers)
 			}
 		})
 	}

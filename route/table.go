@@ -275,6 +275,23 @@ func (t *Table) Covers(fp string, nl int) bool {
 	return reach[nl]
 }
 
+// Gap is the first layer range [start, end) of model fp with nl layers
+// that no shard chain from layer 0 reaches (load aside), as the planner
+// names it; covered when there is none.
+func (t *Table) Gap(fp string, nl int) (start, end int, covered bool) {
+	var cands []Shard
+	for _, s := range t.Shards(fp) {
+		if s.NLayer == nl {
+			cands = append(cands, s)
+		}
+	}
+	e := gap(Request{Fingerprint: fp, NLayer: nl}, cands)
+	if e.MissingStart >= e.MissingEnd {
+		return nl, nl, true
+	}
+	return e.MissingStart, e.MissingEnd, false
+}
+
 // subscribers is how many Changed subscriptions are live (tests).
 func (t *Table) subscribers() int {
 	t.mu.RLock()

@@ -4,6 +4,8 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -252,6 +254,87 @@ func TestServeAPIAndHopKill(t *testing.T) {
 	id, _ := peer.IDFromPrivateKey(key)
 	if !strings.Contains(tail.out.String(), "api peer: "+id.String()) {
 		t.Fatalf("start --api did not print its gateway peer %s:\n%s", id, tail.out.String())
+	}
+
+	// Losing a layer range: the other middle node is SIGKILLed too.
+	var survivor *cliProc
+	for _, m := range mids {
+		if m != killed {
+			survivor = m
+		}
+	}
+	lostLayers(t, serve, base, survivor, head)
+}
+
+// lostLayers SIGKILLs gone, the last node serving layers 2-4 of the model
+// behind the gateway serve at base: within seconds (p2p's liveness check,
+// long before the advert's TTL) /v1/models says the model is unavailable
+// and names the gap, a request gets a 503 with Retry-After and the gap in
+// under 2 s, and the surviving node watching (a neighbour of gone) logs
+// the death and the lost range.
+func lostLayers(t *testing.T, serve *cliProc, base string, gone, watching *cliProc) {
+	t.Helper()
+	if err := gone.cmd.Process.Kill(); err != nil { // SIGKILL, by PID
+		t.Fatal(err)
+	}
+	killed := time.Now()
+	get := func(method, path, body string) (*http.Response, []byte) {
+		req, _ := http.NewRequest(method, base+path, strings.NewReader(body))
+		req.Header.Set("Authorization", "Bearer k")
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp, b
+	}
+	type listed struct {
+		Data []struct {
+			ID      string `json:"id"`
+			Meshp2p struct {
+				State         string `json:"state"`
+				MissingLayers string `json:"missing_layers"`
+			} `json:"meshp2p"`
+		} `json:"data"`
+	}
+	for {
+		_, b := get(http.MethodGet, "/models", "")
+		var l listed
+		if err := json.Unmarshal(b, &l); err != nil {
+			t.Fatalf("/v1/models: %v: %s", err, b)
+		}
+		if len(l.Data) == 1 && l.Data[0].Meshp2p.State == "unavailable" {
+			if l.Data[0].Meshp2p.MissingLayers != "2-4" {
+				t.Fatalf("/v1/models names the gap %q, want 2-4: %s", l.Data[0].Meshp2p.MissingLayers, b)
+			}
+			break
+		}
+		if time.Since(killed) > 30*time.Second {
+			t.Fatalf("30 s after the last middle node died /v1/models still says %s\nserve log:\n%s", b, serve.log.String())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Logf("/v1/models said unavailable (missing 2-4) %v after the SIGKILL (advert TTL 6 min)", time.Since(killed).Round(time.Millisecond))
+	asked := time.Now()
+	resp, b := get(http.MethodPost, "/chat/completions", `{"model":"stories-chat","messages":[{"role":"user","content":"hi"}],"max_tokens":4}`)
+	took := time.Since(asked)
+	if resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") == "" || !strings.Contains(string(b), "2-4") {
+		t.Fatalf("a request for the model with a gap: %d Retry-After %q %s", resp.StatusCode, resp.Header.Get("Retry-After"), b)
+	}
+	if took > 2*time.Second {
+		t.Errorf("the 503 took %v, want under 2 s", took)
+	}
+	t.Logf("request for the model with a gap: 503 Retry-After %s in %v: %s", resp.Header.Get("Retry-After"), took.Round(time.Millisecond), strings.TrimSpace(string(b)))
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		l := watching.log.String()
+		if strings.Contains(l, "peer died") && strings.Contains(l, "missing=2-4") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the head's log does not tell the death and the gap:\n%s", l)
+		}
 	}
 }
 
