@@ -69,6 +69,12 @@ func (l *windowLoader) load(ctx context.Context, path string) (*loadedShard, err
 		return nil, err
 	}
 	var err error
+	began := time.Now()
+	var size int64
+	if st, serr := os.Stat(path); serr == nil {
+		size = st.Size()
+	}
+	l.log.Info("loading shard", "file", filepath.Base(path), "bytes", size, "mmap", !l.noMmap, "device", l.device.Name)
 	if ls.model, err = engine.LoadModel(ctx, path, engine.LoadOptions{NoMmap: l.noMmap, Device: l.device}); err != nil {
 		return nil, err
 	}
@@ -82,6 +88,7 @@ func (l *windowLoader) load(ctx context.Context, path string) (*loadedShard, err
 	}
 	ls.share = l.share
 	l.share.add(ls.shard)
+	l.log.Info("shard loaded; measuring its decode speed", "took", time.Since(began).Round(time.Millisecond), "rows", calibrationRows)
 	if ls.calibration, err = ls.shard.MeasureDecode(ctx, calibrationRows); err != nil {
 		ls.close()
 		return nil, fmt.Errorf("measuring decode speed: %w", err)

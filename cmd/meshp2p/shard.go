@@ -470,7 +470,8 @@ func synthFile(ctx context.Context, stdout, stderr io.Writer, spec gguf.Spec, qu
 }
 
 // progress prints a progress line on stderr: a \r-updated line on a
-// terminal, otherwise a line every 10% for large jobs.
+// terminal, otherwise a line every 10% for large jobs; each with the rate
+// and, once a second of work shows it, the time left.
 type progress struct {
 	w        io.Writer
 	label    string
@@ -479,10 +480,12 @@ type progress struct {
 	lastPct  int
 	printed  bool
 	minBytes int64
+	began    time.Time // the first update
+	now      func() time.Time
 }
 
 func newProgress(w io.Writer, label string) *progress {
-	p := &progress{w: w, label: label, lastPct: -1, minBytes: 64 << 20}
+	p := &progress{w: w, label: label, lastPct: -1, minBytes: 64 << 20, now: time.Now}
 	if f, ok := w.(*os.File); ok {
 		if st, err := f.Stat(); err == nil && st.Mode()&os.ModeCharDevice != 0 {
 			p.tty = true
@@ -495,19 +498,37 @@ func (p *progress) update(done, total int64) {
 	if total <= 0 || total < p.minBytes {
 		return
 	}
+	now := p.now()
+	if p.began.IsZero() {
+		p.began = now
+	}
 	pct := int(done * 100 / total)
 	if p.tty {
-		if now := time.Now(); now.Sub(p.last) >= 100*time.Millisecond || done == total {
+		if now.Sub(p.last) >= 100*time.Millisecond || done == total {
 			p.last = now
-			fmt.Fprintf(p.w, "\r%s %3d%% %s / %s", p.label, pct, humanBytes(done), humanBytes(total))
+			fmt.Fprintf(p.w, "\r%s %3d%% %s / %s%s   ", p.label, pct, humanBytes(done), humanBytes(total), p.pace(done, total, now))
 			p.printed = true
 		}
 		return
 	}
 	if pct/10 != p.lastPct/10 {
 		p.lastPct = pct
-		fmt.Fprintf(p.w, "%s %d%% (%s / %s)\n", p.label, pct, humanBytes(done), humanBytes(total))
+		fmt.Fprintf(p.w, "%s %d%% (%s / %s%s)\n", p.label, pct, humanBytes(done), humanBytes(total), p.pace(done, total, now))
 	}
+}
+
+// pace is ", RATE/s, ETA left" once a second of work gives a rate ("" before).
+func (p *progress) pace(done, total int64, now time.Time) string {
+	el := now.Sub(p.began)
+	if el < time.Second || done <= 0 {
+		return ""
+	}
+	rate := float64(done) / el.Seconds()
+	if done >= total {
+		return fmt.Sprintf(", %s/s, took %s", humanBytes(int64(rate)), el.Round(time.Second))
+	}
+	left := time.Duration(float64(total-done) / rate * float64(time.Second))
+	return fmt.Sprintf(", %s/s, %s left", humanBytes(int64(rate)), left.Round(time.Second))
 }
 
 func (p *progress) finish() {
