@@ -126,12 +126,12 @@ func runGenerate(ctx context.Context, stdout, stderr io.Writer, args []string) e
 	}
 	out := &genResult{}
 	start := time.Now()
-	var first time.Time // when the first token arrived
-	if g.local {
-		first, err = g.runLocal(ctx, stdout, out)
-	} else {
-		first, err = g.runSwarm(ctx, stdout, out)
+	gen, err := g.open(ctx, out)
+	if err != nil {
+		return err
 	}
+	first, err := gen.run(ctx, g.promptOf(), g.textOut(stdout), out)
+	gen.close()
 	if err != nil {
 		return err
 	}
@@ -151,6 +151,23 @@ func runGenerate(ctx context.Context, stdout, stderr io.Writer, args []string) e
 	return nil
 }
 
+// generator runs prompts (generate runs one, chat one per turn): the whole
+// model in-process (--local) or a client peer of the swarm.
+type generator interface {
+	// run generates for p, streaming text to onText (nil: none), and
+	// reports into out; it returns when the first token came.
+	run(ctx context.Context, p client.Prompt, onText func(string), out *genResult) (time.Time, error)
+	close()
+}
+
+// open loads the --local model or joins the swarm.
+func (g *genFlags) open(ctx context.Context, out *genResult) (generator, error) {
+	if g.local {
+		return g.openLocal(ctx)
+	}
+	return g.openSwarm(ctx, out)
+}
+
 // genFlags are generate's parsed flags.
 type genFlags struct {
 	fs         *flag.FlagSet
@@ -161,6 +178,7 @@ type genFlags struct {
 	model      string
 	prompt     string
 	chat       bool
+	chatTmpl   string // --chat-template
 	maxTokens  int
 	sampling   *meshp2pb.SamplingParams
 	stops      []string
@@ -179,13 +197,31 @@ type genFlags struct {
 // parseGenerate parses and checks generate's flags.
 func parseGenerate(stdout, stderr io.Writer, args []string) (*genFlags, error) {
 	g := &genFlags{fs: cmdFlagSet("generate", stdout, generateUsage)}
+	finish := g.register(defaultGenMaxTokens)
+	if err := parseFlags(g.fs, args); err != nil {
+		return nil, err
+	}
+	if err := g.stdinPrompt(os.Stdin); err != nil {
+		return nil, err
+	}
+	if g.model == "" || g.prompt == "" {
+		return nil, fmt.Errorf("%w: --model and --prompt are required (--prompt - reads it from stdin)", errUsage)
+	}
+	return g, finish(stderr)
+}
+
+// register registers the flags generate and chat share on g.fs (maxTokens:
+// --max-tokens' default); finish, after parsing, checks them and fills in
+// what they give.
+func (g *genFlags) register(maxTokens int) (finish func(stderr io.Writer) error) {
 	fs := g.fs
 	g.nf.register(fs, node.PresetClient)
 	g.tf.registerOrigin(fs)
 	fs.StringVar(&g.model, "model", "", "model name, fingerprint (or unique prefix of 16+ hex chars), or a local GGUF file")
 	fs.StringVar(&g.prompt, "prompt", "", "prompt text (required); - reads it from stdin, as does no --prompt when stdin is a pipe or a file")
 	fs.BoolVar(&g.chat, "chat", false, "wrap the prompt as a user message with the model's chat template")
-	fs.IntVar(&g.maxTokens, "max-tokens", defaultGenMaxTokens, "most tokens to generate")
+	fs.StringVar(&g.chatTmpl, "chat-template", "", "chat template for a model whose GGUF has none (its chats are refused otherwise): chatml, or a Jinja template file; a model with its own keeps it")
+	fs.IntVar(&g.maxTokens, "max-tokens", maxTokens, "most tokens to generate")
 	temp := fs.Float64("temperature", 0, "sampling temperature (0: greedy)")
 	topK := fs.Int("top-k", defaultGenTopK, "top-k filter when sampling (0: off)")
 	topP := fs.Float64("top-p", defaultGenTopP, "top-p filter when sampling (1: off)")
@@ -207,38 +243,31 @@ func parseGenerate(stdout, stderr io.Writer, args []string) (*genFlags, error) {
 	verbose := fs.Bool("v", false, "debug logging")
 	g.pf.register(fs)
 	g.af.register(fs)
-	if err := parseFlags(fs, args); err != nil {
-		return nil, err
+	return func(stderr io.Writer) error {
+		if err := g.pf.check(); err != nil {
+			return err
+		}
+		if err := g.af.check(); err != nil {
+			return err
+		}
+		wd, err := frame.ParseWireDType(*wire)
+		if err != nil {
+			return fmt.Errorf("%w: --wire-dtype: %w", errUsage, err)
+		}
+		g.wire = wd
+		if g.spec, err = client.ParseSpeculation(*specMode); err != nil {
+			return fmt.Errorf("%w: --speculative: %w", errUsage, err)
+		}
+		// The one sampling representation, from here to the tail (and to
+		// the in-process reference): the wire's SamplingParams.
+		g.sampling = &meshp2pb.SamplingParams{Temperature: float32(*temp), TopK: int32(*topK), TopP: float32(*topP), MinP: float32(*minP),
+			RepeatPenalty: float32(*rep), RepeatLastN: int32(*repLastN), FrequencyPenalty: float32(*freq), PresencePenalty: float32(*pres),
+			Seed: *seed}
+		g.stops = splitList(*stop)
+		g.log = newLoggerAt(stderr, *verbose, slog.LevelWarn)
+		fs.Visit(func(f *flag.Flag) { g.explicitDD = g.explicitDD || f.Name == "data-dir" })
+		return nil
 	}
-	if err := g.pf.check(); err != nil {
-		return nil, err
-	}
-	if err := g.af.check(); err != nil {
-		return nil, err
-	}
-	if err := g.stdinPrompt(os.Stdin); err != nil {
-		return nil, err
-	}
-	if g.model == "" || g.prompt == "" {
-		return nil, fmt.Errorf("%w: --model and --prompt are required (--prompt - reads it from stdin)", errUsage)
-	}
-	wd, err := frame.ParseWireDType(*wire)
-	if err != nil {
-		return nil, fmt.Errorf("%w: --wire-dtype: %w", errUsage, err)
-	}
-	g.wire = wd
-	if g.spec, err = client.ParseSpeculation(*specMode); err != nil {
-		return nil, fmt.Errorf("%w: --speculative: %w", errUsage, err)
-	}
-	// The one sampling representation, from here to the tail (and to the
-	// in-process reference): the wire's SamplingParams.
-	g.sampling = &meshp2pb.SamplingParams{Temperature: float32(*temp), TopK: int32(*topK), TopP: float32(*topP), MinP: float32(*minP),
-		RepeatPenalty: float32(*rep), RepeatLastN: int32(*repLastN), FrequencyPenalty: float32(*freq), PresencePenalty: float32(*pres),
-		Seed: *seed}
-	g.stops = splitList(*stop)
-	g.log = newLoggerAt(stderr, *verbose, slog.LevelWarn)
-	fs.Visit(func(f *flag.Flag) { g.explicitDD = g.explicitDD || f.Name == "data-dir" })
-	return g, nil
 }
 
 // maxStdinPrompt is the most a prompt read from stdin may hold.
@@ -304,21 +333,53 @@ func (g *genFlags) textOut(stdout io.Writer) func(string) {
 	}
 }
 
-// runLocal runs the whole model file in-process: the reference the
+// localGen runs the whole model file in-process: the reference the
 // swarm's greedy output must equal. Prompt and text go through the same
 // client code as the swarm's.
-func (g *genFlags) runLocal(ctx context.Context, stdout io.Writer, out *genResult) (time.Time, error) {
+type localGen struct {
+	g     *genFlags
+	m     *engine.Model
+	v     client.Vocab
+	share *cpushare.Member // this process's share of the CPUs (nil: --threads given)
+}
+
+func (g *genFlags) openLocal(ctx context.Context) (*localGen, error) {
 	dev, err := g.df.choose(g.log)
 	if err != nil {
-		return time.Time{}, err
+		return nil, err
 	}
 	m, err := engine.LoadModel(ctx, g.model, engine.LoadOptions{NoMmap: !g.mmap, Device: dev})
 	if err != nil {
-		return time.Time{}, err
+		return nil, err
 	}
-	defer m.Close()
-	v := enginevocab.Vocab{Model: m}
-	toks, err := g.promptOf().Tokens(v)
+	lg := &localGen{g: g, m: m, v: enginevocab.Vocab{Model: m}}
+	if g.chatTmpl != "" {
+		if lg.v, err = g.vocabLoad(ctx, g.model); err != nil {
+			m.Close()
+			return nil, err
+		}
+	}
+	if *g.pf.threads == 0 { // auto, as start's default: this process's share of the machine
+		if sm, err := cpushare.Join(cpushare.DefaultDir()); err == nil {
+			lg.share = sm
+		}
+	}
+	return lg, nil
+}
+
+func (l *localGen) close() {
+	if l.share != nil {
+		l.share.Leave()
+	}
+	if l.v != nil && l.g.chatTmpl != "" {
+		l.v.Close()
+	}
+	l.m.Close()
+}
+
+func (l *localGen) run(ctx context.Context, p client.Prompt, onText func(string), out *genResult) (time.Time, error) {
+	g := l.g
+	toks, err := p.Tokens(l.v)
 	if err != nil {
 		return time.Time{}, promptError(err)
 	}
@@ -326,21 +387,18 @@ func (g *genFlags) runLocal(ctx context.Context, stdout io.Writer, out *genResul
 	ec.MaxSessions, ec.NCtx, ec.Logger, ec.Threads = 1, len(toks)+g.maxTokens+16, g.log, *g.pf.threads
 	ec.PrefixCacheCells = 0 // one generation: nothing to reuse
 	ec.NBatch = max(ec.NBatch, 2)
-	if ec.Threads == 0 { // auto, as start's default: this process's share of the machine
-		if sm, err := cpushare.Join(cpushare.DefaultDir()); err == nil {
-			ec.Threads = sm.Threads(ctx)
-			defer sm.Leave()
-		}
+	if l.share != nil {
+		ec.Threads = l.share.Threads(ctx)
 	}
-	sh, err := engine.NewShard(ctx, m, ec)
+	sh, err := engine.NewShard(ctx, l.m, ec)
 	if err != nil {
 		return time.Time{}, err
 	}
 	defer sh.Close()
-	st := client.NewStream(v, g.stops, g.textOut(stdout))
+	st := client.NewStream(l.v, g.stops, onText)
 	res, err := engine.RunChain(ctx, []*engine.Shard{sh}, toks, engine.ChainOptions{Steps: g.maxTokens - 1,
 		Sampling: engine.SamplingFromProto(g.sampling), Chunk: *g.pf.chunk,
-		Stop: func(t int32) bool { return st.Token(t) || m.IsEOG(t) }})
+		Stop: func(t int32) bool { return st.Token(t) || l.m.IsEOG(t) }})
 	st.End()
 	if err != nil {
 		return time.Time{}, err
@@ -354,29 +412,47 @@ func (g *genFlags) runLocal(ctx context.Context, stdout io.Writer, out *genResul
 	return st.FirstToken(), nil
 }
 
-// runSwarm generates through the swarm from a client peer of its own.
+// swarmGen generates through the swarm from a client peer of its own.
 // A --model naming a local file is fingerprinted here and its vocabulary
 // used as is; the client never opens files.
-func (g *genFlags) runSwarm(ctx context.Context, stdout io.Writer, out *genResult) (time.Time, error) {
+type swarmGen struct {
+	g      *genFlags
+	c      *client.Client
+	model  string
+	closer []func() // run in reverse by close
+}
+
+func (s *swarmGen) close() {
+	for i := len(s.closer) - 1; i >= 0; i-- {
+		s.closer[i]()
+	}
+}
+
+func (g *genFlags) openSwarm(ctx context.Context, out *genResult) (_ *swarmGen, err error) {
 	pc, err := g.nf.config(node.PresetClient)
 	if err != nil {
-		return time.Time{}, err
+		return nil, err
 	}
 	pc.Logger = g.log
 	trackers, err := g.tf.applyOrigin(&pc)
 	if err != nil {
-		return time.Time{}, err
+		return nil, err
 	}
 	if len(pc.Bootstrap) == 0 { // nothing else finds a swarm: say so now, not after --wait
-		return time.Time{}, fmt.Errorf("%w: %s", errUsage, noBootstrapHelp)
+		return nil, fmt.Errorf("%w: %s", errUsage, noBootstrapHelp)
 	}
 	release, err := clientIdentity(&pc, g.log)
 	if err != nil {
-		return time.Time{}, err
+		return nil, err
 	}
-	defer release()
+	s := &swarmGen{g: g, closer: []func(){release}}
+	defer func() {
+		if err != nil {
+			s.close()
+		}
+	}()
 	failures, saveFailures := g.failureMemory(pc.DataDir)
-	defer saveFailures() // on errors too: a failed run is the one that learned most
+	s.closer = append(s.closer, saveFailures) // on errors too: a failed run is the one that learned most
 	ncfg := node.Config{P2P: pc, Logger: g.log, Failures: failures}
 	var models []string
 	if st, err := os.Stat(g.model); err == nil && st.Mode().IsRegular() {
@@ -385,34 +461,55 @@ func (g *genFlags) runSwarm(ctx context.Context, stdout io.Writer, out *genResul
 	bind := g.af.apply(&ncfg, proofBase(g.nf.network, pc.DataDir, g.explicitDD), models, trackers, g.log, func(r session.AuditReport) { out.Audit = auditOf(r) })
 	n, err := node.Start(ctx, ncfg)
 	if err != nil {
-		return time.Time{}, err
+		return nil, err
 	}
 	bind(n)
-	defer n.Close()
-	defer n.WaitAudits() // before the summary: the audit's outcome is part of it
+	// n.WaitAudits runs before n.Close, and before the summary: the
+	// audit's outcome is part of it.
+	s.closer = append(s.closer, func() { n.Close() }, n.WaitAudits)
 	var planner route.Planner
 	if len(trackers) > 0 {
 		planner = n.TrackerPlanner(trackers, g.tf.requireTracker)
 	}
 	o := n.Origin(planner)
 	o.Chunk = *g.pf.chunk
-	c, err := newClient(n, o, pc.DataDir, g.log, false, demand.WarmConfig{}, enginevocab.Load)
+	load, err := g.vocabLoader()
 	if err != nil {
-		return time.Time{}, err
+		return nil, err
 	}
-	defer c.Close()
-	model, err := g.localModel(ctx, c)
-	if err != nil {
-		return time.Time{}, err
+	if s.c, err = newClient(n, o, pc.DataDir, g.log, false, demand.WarmConfig{}, load); err != nil {
+		return nil, err
 	}
+	s.closer = append(s.closer, func() { s.c.Close() })
+	if s.model, err = g.localModel(ctx, s.c, load); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+func (s *swarmGen) run(ctx context.Context, p client.Prompt, onText func(string), out *genResult) (time.Time, error) {
+	g := s.g
 	var first time.Time
-	res, err := c.Generate(ctx, client.Request{Model: model, Wait: g.wait, WaitForRoute: true, Prompt: g.promptOf(), MaxTokens: g.maxTokens,
-		Sampling: g.sampling, Stops: g.stops, WireDType: g.wire, Speculation: g.spec, OnText: g.textOut(stdout)})
+	res, err := s.c.Generate(ctx, client.Request{Model: s.model, Wait: g.wait, WaitForRoute: true, Prompt: p, MaxTokens: g.maxTokens,
+		Sampling: g.sampling, Stops: g.stops, WireDType: g.wire, Speculation: g.spec, OnText: onText})
 	if res != nil {
 		first = res.FirstToken
 		fillSwarmResult(out, res, client.SpecModeName(g.spec))
 	}
 	return first, promptError(err)
+}
+
+// vocabLoader loads vocabularies, giving models without a chat template
+// --chat-template's.
+func (g *genFlags) vocabLoader() (client.VocabLoader, error) { return chatTemplateLoader(g.chatTmpl) }
+
+// vocabLoad loads the vocabulary of the model file at path (vocabLoader).
+func (g *genFlags) vocabLoad(ctx context.Context, path string) (client.Vocab, error) {
+	load, err := g.vocabLoader()
+	if err != nil {
+		return nil, err
+	}
+	return load(ctx, path)
 }
 
 // noBootstrapHelp is the error of a client started without a swarm to
@@ -448,7 +545,7 @@ func (g *genFlags) failureMemory(dataDir string) (m *session.FailureMemory, save
 // localModel is the model name to resolve: --model as given, or the
 // fingerprint of the local file it names, whose vocabulary is then used
 // instead of fetching one.
-func (g *genFlags) localModel(ctx context.Context, c *client.Client) (string, error) {
+func (g *genFlags) localModel(ctx context.Context, c *client.Client, load client.VocabLoader) (string, error) {
 	st, err := os.Stat(g.model)
 	if err != nil || !st.Mode().IsRegular() {
 		return g.model, nil
@@ -463,7 +560,7 @@ func (g *genFlags) localModel(ctx context.Context, c *client.Client) (string, er
 		return "", err
 	}
 	fp := dg.Fingerprint()
-	v, err := enginevocab.Load(ctx, g.model)
+	v, err := load(ctx, g.model)
 	if err != nil {
 		return "", err
 	}

@@ -56,7 +56,7 @@ var flagGroups = map[string]map[string][]string{
 		hiddenGroup:     {"test-mode", "test-public-cidrs"},
 	},
 	"generate": {
-		"common":        {"model", "prompt", "bootstrap", "swarm-key", "max-tokens", "chat", "local", "stats", "json"},
+		"common":        {"model", "prompt", "bootstrap", "swarm-key", "max-tokens", "chat", "chat-template", "local", "stats", "json"},
 		"sampling":      {"temperature", "top-k", "top-p", "min-p", "repeat-penalty", "repeat-last-n", "frequency-penalty", "presence-penalty", "seed", "stop"},
 		"network":       {"network", "listen", "relay", "tracker", "data-dir", "wait"},
 		"placement":     {"device", "backend-dir", "threads", "mmap"},
@@ -64,6 +64,17 @@ var flagGroups = map[string]map[string][]string{
 		"observability": {"v"},
 		"advanced":      {"speculative", "wire-dtype", "dht-mode", "reachability", "port-mapping", "prefill-chunk"},
 		hiddenGroup:     clientHidden,
+	},
+	"chat": {
+		"common":        {"model", "system", "bootstrap", "swarm-key", "max-tokens", "chat-template", "local"},
+		"sampling":      {"temperature", "top-k", "top-p", "min-p", "repeat-penalty", "repeat-last-n", "frequency-penalty", "presence-penalty", "seed", "stop"},
+		"network":       {"network", "listen", "relay", "tracker", "data-dir", "wait"},
+		"placement":     {"device", "backend-dir", "threads", "mmap"},
+		"trust":         {"require-tracker", "audit-rate", "audit-model", "proof-dir"},
+		"observability": {"v"},
+		"advanced":      {"speculative", "wire-dtype", "dht-mode", "reachability", "port-mapping", "prefill-chunk"},
+		// generate's one-shot flags, refused by chat.
+		hiddenGroup: append([]string{"prompt", "chat", "stats", "json"}, clientHidden...),
 	},
 	"serve": {
 		"common":        {"api", "bootstrap", "swarm-key", "api-key", "data-dir"},

@@ -24,6 +24,7 @@ func commands() []command {
 	return []command{
 		{"start", "serve a layer range of a model to the swarm", runStart},
 		{"generate", "generate text through the swarm (or --local)", runGenerate},
+		{"chat", "chat with a model through the swarm (or --local), streaming", runChat},
 		{"serve", "serve an OpenAI-compatible HTTP API through the swarm", runServe},
 		{"status", "show the models, shards and routes the swarm offers", runStatus},
 		{"tracker", "run a tracker: relay, DHT server and signed route oracle", runTracker},
@@ -31,6 +32,7 @@ func commands() []command {
 		{"key", "show | swarm-gen: node identity and private-swarm keys", runKey},
 		{"proof", "verify: check a fraud proof offline by replaying the hop's layers", runProof},
 		{"testnet", "build a network-namespace NAT test network", runTestnet},
+		{"completion", "bash | zsh | fish: print a shell completion script", runCompletion},
 		{"version", "print version, llama.cpp revision, CPU features, backend libraries and devices", runVersion},
 	}
 }

@@ -86,8 +86,12 @@ func (f *apiFlags) register(fs *flag.FlagSet, defAddr, what string) {
 
 // vocabLoader loads the models' vocabularies, giving those without a chat
 // template --chat-template's.
-func (f *apiFlags) vocabLoader() (client.VocabLoader, error) {
-	src := f.chatTmpl
+func (f *apiFlags) vocabLoader() (client.VocabLoader, error) { return chatTemplateLoader(f.chatTmpl) }
+
+// chatTemplateLoader loads vocabularies, giving models without a chat
+// template tmpl's (--chat-template: "" none, chatml, or a Jinja file).
+func chatTemplateLoader(tmpl string) (client.VocabLoader, error) {
+	src := tmpl
 	switch src {
 	case "":
 		return enginevocab.Load, nil
@@ -102,7 +106,7 @@ func (f *apiFlags) vocabLoader() (client.VocabLoader, error) {
 	}
 	load, err := enginevocab.LoadWithTemplate(src)
 	if err != nil {
-		return nil, fmt.Errorf("%w: --chat-template %s: %w", errUsage, f.chatTmpl, err)
+		return nil, fmt.Errorf("%w: --chat-template %s: %w", errUsage, tmpl, err)
 	}
 	return load, nil
 }
