@@ -26,6 +26,7 @@ func commands() []command {
 		{"generate", "generate text through the swarm (or --local)", runGenerate},
 		{"chat", "chat with a model through the swarm (or --local), streaming", runChat},
 		{"serve", "serve an OpenAI-compatible HTTP API through the swarm", runServe},
+		{"ps", "list the meshp2p nodes and gateways running on this machine", runPS},
 		{"status", "show the models, shards and routes the swarm offers", runStatus},
 		{"tracker", "run a tracker: relay, DHT server and signed route oracle", runTracker},
 		{"shard", "inspect | split | synth | verify | ls | rm: GGUF models, shards and the shard cache", runShard},

@@ -222,6 +222,8 @@ func runServe(ctx context.Context, stdout, stderr io.Writer, args []string) erro
 		return err
 	}
 	fmt.Fprintf(stdout, "peer id:  %s\nready\n", n.P2P().ID())
+	unlist := registerLocal(log, "serve", pc.DataDir, n)
+	defer unlist()
 	<-ctx.Done()
 	log.Info("shutting down the API")
 	stop()

@@ -273,6 +273,8 @@ func (f *startFlags) serve(ctx context.Context, stdout io.Writer, sr *startRun, 
 		return err
 	}
 	fmt.Fprintf(stdout, "ready; node info in %s\n", p)
+	unlist := registerLocal(sr.log, "start", sr.cfg.P2P.DataDir, n)
+	defer unlist()
 	<-ctx.Done()
 	sr.log.Info("shutting down: closing sessions, withdrawing advert")
 	stopMetrics()

@@ -25,6 +25,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/neuron-tai/meshp2p/internal/localnodes"
 )
 
 // Window is how long Threads measures the machine's idle CPUs.
@@ -85,7 +87,7 @@ func (m *Member) Members() int {
 		if err != nil {
 			continue
 		}
-		if alive(pid) && (m.proc == "" || m.startTime(pid) == string(b)) {
+		if localnodes.Alive(pid) && (m.proc == "" || m.startTime(pid) == string(b)) {
 			n++
 		} else {
 			_ = os.Remove(filepath.Join(m.dir, e.Name()))

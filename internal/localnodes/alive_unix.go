@@ -1,11 +1,11 @@
 //go:build unix
 
-package cpushare
+package localnodes
 
 import "syscall"
 
-// alive reports whether process pid exists.
-func alive(pid int) bool {
+// Alive reports whether process pid exists.
+func Alive(pid int) bool {
 	err := syscall.Kill(pid, 0)
 	return err == nil || err == syscall.EPERM
 }
