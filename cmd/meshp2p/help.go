@@ -153,7 +153,7 @@ func parseArgs(fs *flag.FlagSet, args []string) error {
 		printHelp(fs, true)
 		return flag.ErrHelp
 	}
-	return nil
+	return applyConfig(fs, configPath())
 }
 
 func helpOf(fs *flag.FlagSet) *cmdHelp {

@@ -17,6 +17,10 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	os.Setenv("MESHP2P_DATA_DIR", dir)
+	// No config file: the tests (and the processes they start) must not
+	// read the user's ~/.config/meshp2p/config.toml; TestConfigFileCLI
+	// names its own.
+	os.Setenv(configEnv, "")
 	code := m.Run()
 	os.RemoveAll(dir)
 	os.Exit(code)
