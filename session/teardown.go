@@ -135,7 +135,23 @@ func (hs *hopSession) release() {
 	// A resume that found the session just before it left the map may
 	// have queued its stream meanwhile.
 	hs.dropPendingResumes()
-	h.log.Debug("session released", "session", hs.key, "err", hs.err)
+	hs.logEnd()
+}
+
+// logEnd is the session's one summary line on this hop (an admitted one
+// at info, every failed one at warn; a refused open only at debug): who
+// opened it, what it computed here and for how long, how much
+// the prefix cache gave, and how it ended.
+func (hs *hopSession) logEnd() {
+	args := []any{"session", hs.key, "origin", hs.origin, "hop", hs.idx, "rows", hs.rows.Load(), "cached", hs.cached}
+	switch {
+	case !hs.admitted:
+		hs.h.log.Debug("session released before admission", append(args, "err", hs.err)...)
+	case hs.err != nil:
+		hs.h.log.Warn("session ended with an error", append(args, "took", time.Since(hs.admittedAt).Round(time.Millisecond), "err", hs.err)...)
+	default:
+		hs.h.log.Info("session ended", append(args, "took", time.Since(hs.admittedAt).Round(time.Millisecond))...)
+	}
 }
 
 // dropPendingResumes resets replacement streams a seam move queued but the

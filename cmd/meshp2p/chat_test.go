@@ -5,6 +5,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/neuron-tai/meshp2p/internal/testbin"
 	"github.com/neuron-tai/meshp2p/internal/testmodels/chatmodel"
@@ -62,6 +63,12 @@ func TestChatCommand(t *testing.T) {
 		t.Fatalf("the second reply ignores the history: %q", second)
 	}
 	t.Logf("two turns through the swarm equal --local: %q", local)
+	// Each finished session gets one summary line in the hops' logs.
+	for deadline := time.Now().Add(5 * time.Second); !strings.Contains(head.log.String(), `msg="session ended"`); time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("no session summary in the head's log:\n%s", head.log.String())
+		}
+	}
 
 	plain := "../../models/stories260K.gguf"
 	cmd := exec.Command(bin, "chat", "--local", plain, "--max-tokens", "4")

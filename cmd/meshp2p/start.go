@@ -273,6 +273,9 @@ func (f *startFlags) serve(ctx context.Context, stdout io.Writer, sr *startRun, 
 		return err
 	}
 	fmt.Fprintf(stdout, "ready; node info in %s\n", p)
+	if len(sr.cfg.P2P.Bootstrap) > 0 && n.P2P().PeerCount() == 0 {
+		sr.log.Warn("ready, but no peer of the swarm is reached yet: serving alone while the bootstrap peers are retried", "bootstrap", len(sr.cfg.P2P.Bootstrap))
+	}
 	unlist := registerLocal(sr.log, "start", sr.cfg.P2P.DataDir, n)
 	defer unlist()
 	<-ctx.Done()
