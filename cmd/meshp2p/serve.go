@@ -29,7 +29,7 @@ import (
 	"github.com/neuron-tai/meshp2p/route"
 )
 
-const serveUsage = `Usage: meshp2p serve --bootstrap ADDR [--api 127.0.0.1:8080] [flags]
+const serveUsage = `Usage: meshp2p serve --join TOKEN|--bootstrap ADDR [--api 127.0.0.1:8080] [flags]
 
 Serves the swarm over HTTP in the shapes agents, editors and SDKs speak
 (docs/api.md), all through one backend: a long-lived client peer that holds
@@ -182,7 +182,7 @@ func runServe(ctx context.Context, stdout, stderr io.Writer, args []string) erro
 		return err
 	}
 	if len(pc.Bootstrap) == 0 && len(tf.trackers) == 0 {
-		return fmt.Errorf("%w: --bootstrap (or --tracker) is required: the gateway serves what the swarm serves", errUsage)
+		return fmt.Errorf("%w: --join or --bootstrap (or --tracker) is required: the gateway serves what the swarm serves", errUsage)
 	}
 	explicitDir := false
 	fs.Visit(func(f *flag.Flag) { explicitDir = explicitDir || f.Name == "data-dir" })
