@@ -28,7 +28,7 @@ import (
 // joinEnv is the environment variable that holds a join token.
 const joinEnv = "MESHP2P_JOIN"
 
-const joinUsage = "join token from 'meshp2p invite' (or @FILE holding one, or $" + joinEnv + "): sets --network, the swarm key and the bootstrap peers. A secret: whoever has it can join the swarm; --bootstrap adds peers to it"
+const joinUsage = "join token from 'meshp2p invite' (or @FILE holding one, or $" + joinEnv + "): sets --network, the swarm key and the bootstrap peers; --bootstrap adds peers to it. A secret: whoever has it can join the swarm (on a shared machine use @FILE or $" + joinEnv + ": other users can read command lines)"
 
 // given reports whether the flag name was set on the command line.
 func (f *netFlags) given(name string) bool {

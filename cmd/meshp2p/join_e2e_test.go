@@ -2,6 +2,9 @@ package main
 
 import (
 	"errors"
+	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -138,7 +141,12 @@ func TestJoinToken(t *testing.T) {
 	if st, err := os.Stat(tokFile); err != nil || st.Mode().Perm() != 0o600 {
 		t.Fatalf("invite -o wrote %v (%v), want mode 0600", st, err)
 	}
-	r.start("--model", model, "--layers", "3-5", "--join", token, "--listen", "/ip4/127.0.0.1/tcp/"+portB, "--data-dir", filepath.Join(r.dir, "b"))
+	api := "127.0.0.1:" + strconv.Itoa(freePort(t))
+	r.start("--model", model, "--layers", "3-5", "--join", token, "--listen", "/ip4/127.0.0.1/tcp/"+portB, "--data-dir", filepath.Join(r.dir, "b"), "--api", api)
+	// start --api's gateway peer joins with the token's key too.
+	if body, err := completeWithin(api, 30*time.Second); err != nil {
+		t.Fatalf("B's --api: %v %s", err, body)
+	}
 
 	gen := []string{"generate", "--model", "stories260K", "--prompt", "Once upon a time", "--max-tokens", "24", "--wait", "30s", "--data-dir", filepath.Join(r.dir, "client")}
 	local, errs, code := r.cli(nil, "generate", "--local", "--model", model, "--prompt", "Once upon a time", "--max-tokens", "24")
@@ -197,6 +205,29 @@ func (r *joinRun) checkRefusals(gen []string, token, key string) {
 		_, errs, code := r.cli(nil, append(gen, c.args...)...)
 		if code != 2 || !strings.Contains(errs, c.want) {
 			t.Fatalf("generate %q: exit %d, stderr %q; want exit 2 and %q", c.args[:min(2, len(c.args))], code, errs, c.want)
+		}
+	}
+}
+
+// completeWithin posts a short completion to the API at addr until it
+// answers 200 or d has passed.
+func completeWithin(addr string, d time.Duration) (string, error) {
+	req := `{"model": "stories260K", "prompt": "Once upon a time", "max_tokens": 8}`
+	var last string
+	for deadline := time.Now().Add(d); ; time.Sleep(200 * time.Millisecond) {
+		resp, err := http.Post("http://"+addr+"/v1/completions", "application/json", strings.NewReader(req))
+		if err == nil {
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return string(b), nil
+			}
+			last = resp.Status + " " + string(b)
+		} else {
+			last = err.Error()
+		}
+		if time.Now().After(deadline) {
+			return last, fmt.Errorf("no completion within %v", d)
 		}
 	}
 }

@@ -238,7 +238,7 @@ func (f *apiFlags) startAPI(ctx context.Context, stdout io.Writer, log *slog.Log
 	}
 	pc := node.Preset(node.PresetClient)
 	pc.TestMode = hostCfg.TestMode // --test-mode's relaxations, as the node has them
-	pc.Network, pc.SwarmKeyPath, pc.Logger = hostCfg.Network, hostCfg.SwarmKeyPath, log
+	pc.Network, pc.SwarmKey, pc.SwarmKeyPath, pc.Logger = hostCfg.Network, hostCfg.SwarmKey, hostCfg.SwarmKeyPath, log
 	pc.ListenAddrs = []string{"/ip4/127.0.0.1/tcp/0"}
 	pc.PortMapping = false
 	pc.Bootstrap = mergePeers([]peer.AddrInfo{n.P2P().AddrInfo()}, hostCfg.Bootstrap)
