@@ -225,11 +225,16 @@ func printInviteNotes(w io.Writer, in *inviteInfo, psk pnet.PSK, ai peer.AddrInf
 
 // joinHint is the line start prints once ready: how another machine
 // joins. It names the invite command, never the token (a secret: this
-// output often ends up in a log).
-func joinHint(dataDir string, addrs []string) string {
-	cmd := "meshp2p invite"
+// output often ends up in a log). joined: the node's swarm key came from
+// a token, so invite is given that token (FILE) again.
+func joinHint(dataDir string, addrs []string, joined bool) string {
+	cmd, note := "meshp2p invite", ""
 	if dataDir != defaultDataDir() {
 		cmd += " --data-dir " + dataDir
+	}
+	if joined { // no key file to read: invite needs the token again
+		cmd += " --join TOKEN"
+		note = " (TOKEN: the one this node joined with)"
 	}
 	var ports []string
 	for _, s := range addrs {
@@ -245,5 +250,5 @@ func joinHint(dataDir string, addrs []string) string {
 	if len(ports) > 0 {
 		fw = "; other machines connect to TCP " + strings.Join(ports, ", ") + " here (allow it in the firewall)"
 	}
-	return fmt.Sprintf("to join: run '%s' here for a token (a secret), then 'meshp2p start --join TOKEN ...' on the new machine%s", cmd, fw)
+	return fmt.Sprintf("to join: run '%s'%s here for a new token (a secret), then 'meshp2p start --join TOKEN ...' on the new machine%s", cmd, note, fw)
 }

@@ -114,17 +114,22 @@ func (f *netFlags) applyJoin(c *p2p.Config) error {
 }
 
 // parsePeers parses a comma-separated list of multiaddrs ending in
-// /p2p/<id>, or host:port forms whose peer id is learnt under psk.
+// /p2p/<id>, or host:port forms (or TCP multiaddrs without /p2p) whose
+// peer id is learnt under psk.
 func parsePeers(s, flagName string, psk pnet.PSK) ([]peer.AddrInfo, error) {
 	var out []peer.AddrInfo
 	for _, part := range splitList(s) {
 		if strings.HasPrefix(part, "/") {
-			ais, err := parseAddrInfos(part)
-			if err != nil {
-				return nil, err
+			hp, bare := bareTCPAddr(part)
+			if !bare {
+				ais, err := parseAddrInfos(part)
+				if err != nil {
+					return nil, err
+				}
+				out = append(out, ais...)
+				continue
 			}
-			out = append(out, ais...)
-			continue
+			part = hp
 		}
 		ai, err := resolvePeer(part, flagName, psk)
 		if err != nil {
@@ -177,4 +182,22 @@ func hostPortAddr(hostport string) (multiaddr.Multiaddr, error) {
 		host = ip.Unmap().String()
 	}
 	return multiaddr.NewMultiaddr("/" + proto + "/" + host + "/tcp/" + port)
+}
+
+// bareTCPAddr is the host:port of a multiaddr /ip4|ip6|dns|dns4|dns6/HOST/tcp/PORT
+// with no /p2p part (bare false for anything else).
+func bareTCPAddr(s string) (hostport string, bare bool) {
+	m, err := multiaddr.NewMultiaddr(s)
+	if err != nil || len(m) != 2 {
+		return "", false
+	}
+	port, err := m.ValueForProtocol(multiaddr.P_TCP)
+	if err != nil {
+		return "", false
+	}
+	switch m[0].Code() {
+	case multiaddr.P_IP4, multiaddr.P_IP6, multiaddr.P_DNS, multiaddr.P_DNS4, multiaddr.P_DNS6:
+		return net.JoinHostPort(m[0].Value(), port), true
+	}
+	return "", false
 }

@@ -272,7 +272,7 @@ func (f *startFlags) serve(ctx context.Context, stdout io.Writer, sr *startRun, 
 	if err != nil {
 		return err
 	}
-	fmt.Fprintln(stdout, joinHint(f.nf.dataDir, info.Addrs))
+	fmt.Fprintln(stdout, joinHint(f.nf.dataDir, info.Addrs, len(sr.cfg.P2P.SwarmKey) > 0))
 	fmt.Fprintf(stdout, "ready; node info in %s\n", p)
 	<-ctx.Done()
 	sr.log.Info("shutting down: closing sessions, withdrawing advert")
