@@ -137,8 +137,9 @@ func inviteKey(nf *netFlags, in *inviteInfo) (pnet.PSK, error) {
 }
 
 // inviteAddrs is the node as the token names it: its peer id and the
-// addresses of --addr, else node.json's direct ones (loopback only when
-// there is nothing else).
+// addresses of --addr, else node.json's direct ones (no relay or IPv6
+// link-local ones; loopback only when there is nothing else), at most
+// maxInviteAddrs.
 func inviteAddrs(in *inviteInfo, addrs string) (peer.AddrInfo, error) {
 	id, err := peer.Decode(in.PeerID)
 	if err != nil {
@@ -166,8 +167,8 @@ func inviteAddrs(in *inviteInfo, addrs string) (peer.AddrInfo, error) {
 			if err != nil || slices.ContainsFunc(a, func(c multiaddr.Component) bool { return c.Code() == multiaddr.P_CIRCUIT }) {
 				continue
 			}
-			if a, _ = peer.SplitAddr(a); a == nil {
-				continue
+			if a, _ = peer.SplitAddr(a); a == nil || manet.IsIP6LinkLocal(a) {
+				continue // link-local: needs a zone no other machine knows
 			}
 			if manet.IsIPLoopback(a) {
 				loop = append(loop, a)

@@ -3,6 +3,7 @@ package main
 import (
 	"errors"
 	"flag"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
@@ -124,4 +125,33 @@ func testJoinToken(t *testing.T, psk []byte) string {
 		t.Fatal(err)
 	}
 	return s
+}
+
+// invite names node.json's direct addresses: loopback only when there is
+// nothing else, no relay or link-local ones; --addr replaces them and
+// must not name another peer.
+func TestInviteAddrs(t *testing.T) {
+	const id = "12D3KooWMuZy8VHndkx8r5f43mUF9DpVzcsLqkh2RCEuGvZmjJUP"
+	const other = "12D3KooWEMZYuRhHGFe1BC7e9kHSsQ4hAixNQohEWCr88xtepLTF"
+	in := &inviteInfo{path: "node.json"}
+	in.PeerID = id
+	in.Addrs = []string{"/ip4/127.0.0.1/tcp/4001/p2p/" + id, "/ip4/192.168.1.5/tcp/4001/p2p/" + id, "/ip6/fe80::1/tcp/4001/p2p/" + id,
+		"/ip4/198.51.100.1/tcp/4001/p2p/" + other + "/p2p-circuit/p2p/" + id}
+	for addrs, want := range map[string]string{
+		"":                               "/ip4/192.168.1.5/tcp/4001",
+		"192.0.2.7:4001":                 "/ip4/192.0.2.7/tcp/4001",
+		"/dns/a.example/tcp/1/p2p/" + id: "/dns/a.example/tcp/1",
+	} {
+		ai, err := inviteAddrs(in, addrs)
+		if got := fmt.Sprint(ai.Addrs); err != nil || got != "["+want+"]" || ai.ID.String() != id {
+			t.Errorf("--addr %q: %s %v, %v; want [%s]", addrs, ai.ID, got, err, want)
+		}
+	}
+	if _, err := inviteAddrs(in, "/ip4/192.0.2.7/tcp/1/p2p/"+other); err == nil {
+		t.Error("--addr naming another peer accepted")
+	}
+	in.Addrs = in.Addrs[:1]
+	if ai, err := inviteAddrs(in, ""); err != nil || fmt.Sprint(ai.Addrs) != "[/ip4/127.0.0.1/tcp/4001]" {
+		t.Errorf("loopback only: %v, %v", ai.Addrs, err)
+	}
 }
