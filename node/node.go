@@ -472,6 +472,12 @@ type Info struct {
 	// AlsoServes names the models a multi-model node serves whole beside
 	// its own (docs/placement.md "Many models").
 	AlsoServes []string `json:"also_serves,omitempty"`
+	// SwarmKeyFile is the absolute path of the swarm key file the node
+	// was started with (--swarm-key; not the key), and
+	// SwarmKeyFingerprint its key's fingerprint (any private swarm):
+	// what meshp2p invite puts in a join token, and checks it against.
+	SwarmKeyFile        string `json:"swarm_key_file,omitempty"`
+	SwarmKeyFingerprint string `json:"swarm_key_fingerprint,omitempty"`
 }
 
 // Info describes the node (addresses include /p2p/<id>).
@@ -481,6 +487,12 @@ func (n *Node) Info() Info {
 		in.Addrs = append(in.Addrs, a.String())
 	}
 	n.set.info(&in)
+	if _, fp := n.p2p.Private(); fp != "" {
+		in.SwarmKeyFingerprint = fp
+		if p := n.cfg.P2P.SwarmKeyPath; p != "" {
+			in.SwarmKeyFile, _ = filepath.Abs(p)
+		}
+	}
 	if sh := n.Shard(); sh != nil {
 		in.Start, in.End = sh.Info().Start, sh.Info().End
 	}

@@ -91,6 +91,16 @@
 // Lock order: Discovery.mu before connTracker.mu; nothing calls back into
 // Discovery while holding connTracker.mu.
 //
+// # Joining
+//
+// A JoinToken (jointoken.go) carries what a new member needs, the swarm
+// name, the swarm key and bootstrap peers, as one "mp1_" word with a
+// checksum; it is a secret and never logged. ProbePeerID (peerprobe.go)
+// learns the peer id behind a bare host:port by running the PSK layer and
+// a Noise handshake itself (go-libp2p dials only known ids); it refuses to
+// run without a swarm key, where the answer could come from anyone on the
+// path.
+//
 // # Test mode
 //
 // TestOptions changes process-global libp2p settings (which address ranges

@@ -106,7 +106,7 @@ func TestGenerateFailsFast(t *testing.T) {
 	head := boot[strings.LastIndex(boot, "/")+1:]
 
 	took, err := generateErr("--model", "stories260K")
-	checkErr(t, "no --bootstrap", err, took, 10*time.Second, "--bootstrap is not set")
+	checkErr(t, "no --bootstrap", err, took, 10*time.Second, "--join and --bootstrap are not set")
 
 	took, err = generateErr("--model", "storie260k", "--bootstrap", boot)
 	checkErr(t, "misspelt model", err, took, 10*time.Second, `"storie260k"`, "the swarm serves: stories260K", `did you mean "stories260K"?`, "connected to 1 peer")

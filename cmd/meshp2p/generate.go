@@ -28,9 +28,9 @@ import (
 )
 
 const generateUsage = `Usage:
-  meshp2p generate --model NAME_OR_FINGERPRINT --prompt TEXT --bootstrap ADDR [flags]
+  meshp2p generate --model NAME_OR_FINGERPRINT --prompt TEXT --join TOKEN|--bootstrap ADDR [flags]
   meshp2p generate --local --model FILE --prompt TEXT [flags]
-  echo TEXT | meshp2p generate --model NAME_OR_FINGERPRINT --bootstrap ADDR [flags]
+  echo TEXT | meshp2p generate --model NAME_OR_FINGERPRINT --join TOKEN|--bootstrap ADDR [flags]
 
 Generates text through the swarm: finds a route of shards covering every
 layer, fetches the model's vocabulary from a peer (verified against the
@@ -514,7 +514,7 @@ func (g *genFlags) vocabLoad(ctx context.Context, path string) (client.Vocab, er
 
 // noBootstrapHelp is the error of a client started without a swarm to
 // join.
-const noBootstrapHelp = `--bootstrap is not set, and there is no --tracker: nothing to join. Give a node's address: an "address:" line that meshp2p start printed (or "addrs" in its node.json), e.g. --bootstrap /ip4/192.0.2.7/tcp/4001/p2p/12D3KooW...`
+const noBootstrapHelp = `--join and --bootstrap are not set, and there is no --tracker: nothing to join. Give a join token (meshp2p invite on a node's machine prints one: --join TOKEN) or a node's address: an "address:" line that meshp2p start printed (or "addrs" in its node.json), e.g. --bootstrap /ip4/192.0.2.7/tcp/4001/p2p/12D3KooW...`
 
 // failureMemory is the client's memory of peers blamed for failed
 // generations, restored from its failure file, and save, which merges it

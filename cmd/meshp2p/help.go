@@ -46,7 +46,7 @@ var clientHidden = []string{"test-mode", "test-public-cidrs", "relay-service", "
 // one "Flags" list.
 var flagGroups = map[string]map[string][]string{
 	"start": {
-		"common":        {"model", "layers", "memory", "bootstrap", "swarm-key", "listen", "data-dir", "api"},
+		"common":        {"model", "layers", "memory", "join", "bootstrap", "swarm-key", "listen", "data-dir", "api"},
 		"network":       {"network", "relay", "relay-service", "tracker", "port-mapping"},
 		"placement":     {"name", "draft", "device", "backend-dir", "threads", "ctx", "prefix-cache", "batch", "max-sessions", "mmap", "rebalance-interval", "fetch-wait", "upload-limit", "upload-limit-per-peer"},
 		"api":           {"api-key", "cors-origin", "api-max-active", "api-queue", "api-max-tokens", "api-max-body", "warm-timeout", "speculative", "chat-template"},
@@ -56,7 +56,7 @@ var flagGroups = map[string]map[string][]string{
 		hiddenGroup:     {"test-mode", "test-public-cidrs"},
 	},
 	"generate": {
-		"common":        {"model", "prompt", "bootstrap", "swarm-key", "max-tokens", "chat", "chat-template", "local", "stats", "json"},
+		"common":        {"model", "prompt", "join", "bootstrap", "swarm-key", "max-tokens", "chat", "chat-template", "local", "stats", "json"},
 		"sampling":      {"temperature", "top-k", "top-p", "min-p", "repeat-penalty", "repeat-last-n", "frequency-penalty", "presence-penalty", "seed", "stop"},
 		"network":       {"network", "listen", "relay", "tracker", "data-dir", "wait"},
 		"placement":     {"device", "backend-dir", "threads", "mmap"},
@@ -66,7 +66,7 @@ var flagGroups = map[string]map[string][]string{
 		hiddenGroup:     clientHidden,
 	},
 	"chat": {
-		"common":        {"model", "system", "bootstrap", "swarm-key", "max-tokens", "chat-template", "local"},
+		"common":        {"model", "system", "join", "bootstrap", "swarm-key", "max-tokens", "chat-template", "local"},
 		"sampling":      {"temperature", "top-k", "top-p", "min-p", "repeat-penalty", "repeat-last-n", "frequency-penalty", "presence-penalty", "seed", "stop"},
 		"network":       {"network", "listen", "relay", "tracker", "data-dir", "wait"},
 		"placement":     {"device", "backend-dir", "threads", "mmap"},
@@ -77,7 +77,7 @@ var flagGroups = map[string]map[string][]string{
 		hiddenGroup: append([]string{"prompt", "chat", "stats", "json"}, clientHidden...),
 	},
 	"serve": {
-		"common":        {"api", "bootstrap", "swarm-key", "api-key", "data-dir"},
+		"common":        {"api", "join", "bootstrap", "swarm-key", "api-key", "data-dir"},
 		"network":       {"network", "listen", "relay", "tracker"},
 		"api":           {"chat-template", "cors-origin", "api-max-active", "api-queue", "api-max-tokens", "api-max-body", "warm-timeout", "speculative"},
 		"trust":         {"require-tracker", "audit-rate", "audit-model", "proof-dir"},
@@ -86,7 +86,7 @@ var flagGroups = map[string]map[string][]string{
 		hiddenGroup:     clientHidden,
 	},
 	"status": {
-		"common":        {"bootstrap", "swarm-key", "model", "json", "watch"},
+		"common":        {"join", "bootstrap", "swarm-key", "model", "json", "watch"},
 		"network":       {"network", "listen", "relay", "wait"},
 		"observability": {"v"},
 		"advanced":      {"dht-mode", "reachability", "port-mapping"},
@@ -94,7 +94,7 @@ var flagGroups = map[string]map[string][]string{
 		hiddenGroup: append([]string{"data-dir"}, clientHidden...),
 	},
 	"tracker": {
-		"common":        {"listen", "data-dir", "network", "swarm-key", "bootstrap"},
+		"common":        {"listen", "data-dir", "network", "join", "swarm-key", "bootstrap"},
 		"network":       {"relay", "relay-service", "relay-peer-mib", "port-mapping", "dht-mode", "reachability"},
 		"trust":         {"ticket-ttl", "audit-rate", "audit-model"},
 		"observability": {"metrics", "log-format", "v"},
@@ -267,7 +267,7 @@ func wrap(s, indent string, width int) string {
 // command lines of a command or subcommand.
 func usageTexts() map[string]string {
 	return map[string]string{"start": startUsage, "generate": generateUsage, "serve": serveUsage, "status": statusUsage,
-		"tracker": trackerUsage, "shard": shardUsage + shardLsUsage, "key": keyUsage, "proof": proofUsage, "testnet": testnetHelp,
+		"tracker": trackerUsage, "shard": shardUsage + shardLsUsage, "key": keyUsage, "invite": inviteUsage, "proof": proofUsage, "testnet": testnetHelp,
 		"version": "Usage: meshp2p version [--backend-dir DIRS]\n"}
 }
 

@@ -30,6 +30,7 @@ func commands() []command {
 		{"status", "show the models, shards and routes the swarm offers", runStatus},
 		{"tracker", "run a tracker: relay, DHT server and signed route oracle", runTracker},
 		{"shard", "inspect | split | synth | verify | ls | rm: GGUF models, shards and the shard cache", runShard},
+		{"invite", "print a join token for this machine's node (a secret: --join TOKEN joins its swarm)", runInvite},
 		{"key", "show | swarm-gen: node identity and private-swarm keys", runKey},
 		{"proof", "verify: check a fraud proof offline by replaying the hop's layers", runProof},
 		{"testnet", "build a network-namespace NAT test network", runTestnet},

@@ -14,7 +14,8 @@ import (
 	"github.com/neuron-tai/meshp2p/p2p"
 )
 
-// netFlags are the p2p flags shared by start, generate and tracker.
+// netFlags are the p2p flags shared by start, generate, serve, status
+// and tracker.
 type netFlags struct {
 	network     string
 	listen      string
@@ -29,6 +30,8 @@ type netFlags struct {
 	relayMiB    int64
 	test        bool
 	testPublic  string
+	join        string
+	fs          *flag.FlagSet // what given looks the flags up in
 }
 
 // Defaults of the p2p flags that no package names: the test switches
@@ -42,9 +45,11 @@ const (
 )
 
 func (f *netFlags) register(fs *flag.FlagSet, preset string) {
+	f.fs = fs
+	fs.StringVar(&f.join, "join", notGiven, joinUsage)
 	fs.StringVar(&f.network, "network", node.DefaultNetwork, "swarm name; scopes every protocol ID, so swarms never mix")
 	fs.StringVar(&f.listen, "listen", notGiven, "comma-separated listen multiaddrs (default TCP and QUIC on all IPv4 interfaces, random ports)")
-	fs.StringVar(&f.bootstrap, "bootstrap", notGiven, "comma-separated bootstrap peers (multiaddrs ending in /p2p/<id>); there are no public defaults")
+	fs.StringVar(&f.bootstrap, "bootstrap", notGiven, "comma-separated bootstrap peers: multiaddrs ending in /p2p/<id>, or host:port with --swarm-key or --join (the peer id is learnt under the swarm key); there are no public defaults")
 	fs.StringVar(&f.relays, "relay", notGiven, "comma-separated static relays (multiaddrs with /p2p/<id>); default: the bootstrap peers")
 	fs.StringVar(&f.swarmKey, "swarm-key", notGiven, "private swarm key file (libp2p swarm.key; makes the node TCP-only)")
 	fs.StringVar(&f.dataDir, "data-dir", defaultDataDir(), "data directory: a node's identity.key, shard cache and node.json (one node per directory: it is locked), a client's client.key and fetched vocabularies")
@@ -93,7 +98,6 @@ func (f *netFlags) config(preset string) (p2p.Config, error) {
 	if f.test {
 		c = node.TestRelax(c)
 	}
-	c.Network = f.network
 	if f.dataDir == "" {
 		return c, fmt.Errorf("%w: --data-dir is required (no home directory found)", errUsage)
 	}
@@ -101,17 +105,16 @@ func (f *netFlags) config(preset string) (p2p.Config, error) {
 	if l := splitList(f.listen); len(l) > 0 {
 		c.ListenAddrs = l
 	}
-	var err error
-	if c.Bootstrap, err = parseAddrInfos(f.bootstrap); err != nil {
+	if err := f.applyJoin(&c); err != nil {
 		return c, err
 	}
+	var err error
 	c.StaticRelays = c.Bootstrap
 	if f.relays != "" {
 		if c.StaticRelays, err = parseAddrInfos(f.relays); err != nil {
 			return c, err
 		}
 	}
-	c.SwarmKeyPath = f.swarmKey
 	if f.dhtMode != "" {
 		c.DHTMode = f.dhtMode
 	}

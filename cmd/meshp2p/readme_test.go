@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/neuron-tai/meshp2p/internal/testbin"
+	"github.com/neuron-tai/meshp2p/p2p"
 )
 
 // readmeCommand is one command of a ```sh block of the README, with the
@@ -70,6 +71,7 @@ type readmeRun struct {
 	work    string
 	ports   map[string]int
 	bootA   string // machine A's address on loopback
+	token   string // the join token invite printed on machine A
 	procs   []*bgProc
 	outputs map[string]string // by command kind: what it printed
 }
@@ -102,7 +104,7 @@ func (r *readmeRun) prepare(c readmeCommand) *exec.Cmd {
 	cmd := exec.Command("sh", "-c", "exec "+s)
 	cmd.Dir = r.work
 	home := filepath.Join(r.work, "home-"+c.machine)
-	cmd.Env = append(os.Environ(), "HOME="+home, "MESHP2P_DATA_DIR="+filepath.Join(home, ".meshp2p"), "A="+r.bootA,
+	cmd.Env = append(os.Environ(), "HOME="+home, "MESHP2P_DATA_DIR="+filepath.Join(home, ".meshp2p"), "J="+r.token, joinEnv+"=",
 		"XDG_CACHE_HOME="+filepath.Join(home, ".cache"))
 	return cmd
 }
@@ -241,11 +243,20 @@ func (r *readmeRun) runReadme(c readmeCommand, notRun *[]string) string {
 			t.Fatalf("make demo: %v\n%s", err, out)
 		}
 		return "demo"
-	case strings.HasPrefix(c.text, "A="):
-		if !regexp.MustCompile(`^A=/ip4/192\.0\.2\.7/tcp/4001/p2p/12D3KooW`).MatchString(c.text) || r.bootA == "" {
-			t.Fatalf("README line %d: %q is not machine A's address as start prints it (%s)", c.line, c.text, r.bootA)
+	case strings.HasPrefix(c.text, "J="):
+		if !strings.HasPrefix(c.text, "J=mp1_...") || r.token == "" {
+			t.Fatalf("README line %d: %q is not the token machine A's invite printed", c.line, c.text)
 		}
-		return "A's address"
+		return "A's join token"
+	case len(f) >= 2 && f[0] == "bin/meshp2p" && f[1] == "invite":
+		out, errs := r.foreground(c)
+		r.token = strings.TrimSpace(out)
+		tok, err := p2p.DecodeJoinToken(r.token)
+		if err != nil || len(tok.Bootstrap) != 1 || tok.Bootstrap[0].ID.String() != r.bootA[strings.LastIndex(r.bootA, "/")+1:] ||
+			tok.Network != "mynet" || !strings.Contains(errs, "SECRET") {
+			t.Fatalf("README line %d: invite printed %q (%v), stderr %q; want a token for A (%s)", c.line, out, err, errs, r.bootA)
+		}
+		return "A's invite"
 	case len(f) > 2 && f[0] == "bin/meshp2p" && (f[1] == "start" || f[1] == "serve") && f[2] != "--help":
 		out := r.background(c)
 		if c.machine == "A" && f[1] == "start" {
@@ -278,7 +289,7 @@ func (r *readmeRun) checkOutputs(notRun []string) {
 	if _, err := os.Stat(filepath.Join(r.work, "swarm.key")); err != nil {
 		t.Fatalf("key swarm-gen wrote no swarm.key: %v", err)
 	}
-	if st := r.outputs["bin/meshp2p status --network"]; !strings.Contains(st, "stories260K") {
+	if st := r.outputs["bin/meshp2p status --join"]; !strings.Contains(st, "stories260K") {
 		t.Fatalf("status does not show the model:\n%s", st)
 	}
 	swarm, local := r.outputs["bin/meshp2p generate --model"], r.outputs["bin/meshp2p generate --local"]

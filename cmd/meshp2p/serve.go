@@ -29,7 +29,7 @@ import (
 	"github.com/neuron-tai/meshp2p/route"
 )
 
-const serveUsage = `Usage: meshp2p serve --bootstrap ADDR [--api 127.0.0.1:8080] [flags]
+const serveUsage = `Usage: meshp2p serve --join TOKEN|--bootstrap ADDR [--api 127.0.0.1:8080] [flags]
 
 Serves the swarm over HTTP in the shapes agents, editors and SDKs speak
 (docs/api.md), all through one backend: a long-lived client peer that holds
@@ -186,7 +186,7 @@ func runServe(ctx context.Context, stdout, stderr io.Writer, args []string) erro
 		return err
 	}
 	if len(pc.Bootstrap) == 0 && len(tf.trackers) == 0 {
-		return fmt.Errorf("%w: --bootstrap (or --tracker) is required: the gateway serves what the swarm serves", errUsage)
+		return fmt.Errorf("%w: --join or --bootstrap (or --tracker) is required: the gateway serves what the swarm serves", errUsage)
 	}
 	explicitDir := false
 	fs.Visit(func(f *flag.Flag) { explicitDir = explicitDir || f.Name == "data-dir" })
@@ -244,7 +244,7 @@ func (f *apiFlags) startAPI(ctx context.Context, stdout io.Writer, log *slog.Log
 	}
 	pc := node.Preset(node.PresetClient)
 	pc.TestMode = hostCfg.TestMode // --test-mode's relaxations, as the node has them
-	pc.Network, pc.SwarmKeyPath, pc.Logger = hostCfg.Network, hostCfg.SwarmKeyPath, log
+	pc.Network, pc.SwarmKey, pc.SwarmKeyPath, pc.Logger = hostCfg.Network, hostCfg.SwarmKey, hostCfg.SwarmKeyPath, log
 	pc.ListenAddrs = []string{"/ip4/127.0.0.1/tcp/0"}
 	pc.PortMapping = false
 	pc.Bootstrap = mergePeers([]peer.AddrInfo{n.P2P().AddrInfo()}, hostCfg.Bootstrap)

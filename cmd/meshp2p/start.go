@@ -272,6 +272,7 @@ func (f *startFlags) serve(ctx context.Context, stdout io.Writer, sr *startRun, 
 	if err != nil {
 		return err
 	}
+	fmt.Fprintln(stdout, joinHint(f.nf.dataDir, info.Addrs, len(sr.cfg.P2P.SwarmKey) > 0))
 	fmt.Fprintf(stdout, "ready; node info in %s\n", p)
 	if len(sr.cfg.P2P.Bootstrap) > 0 && n.P2P().PeerCount() == 0 {
 		sr.log.Warn("ready, but no peer of the swarm is reached yet: serving alone while the bootstrap peers are retried", "bootstrap", len(sr.cfg.P2P.Bootstrap))

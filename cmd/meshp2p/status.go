@@ -14,7 +14,7 @@ import (
 	"github.com/neuron-tai/meshp2p/status"
 )
 
-const statusUsage = `Usage: meshp2p status --bootstrap ADDR [--model NAME_OR_FINGERPRINT] [--json] [--watch 2s] [flags]
+const statusUsage = `Usage: meshp2p status --join TOKEN|--bootstrap ADDR [--model NAME_OR_FINGERPRINT] [--json] [--watch 2s] [flags]
 
 Joins the swarm as a client and prints what it sees: every model on offer,
 per-layer coverage (replicas per layer, gaps), which peers serve which
@@ -37,12 +37,12 @@ func runStatus(ctx context.Context, stdout, stderr io.Writer, args []string) err
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
-	if nf.bootstrap == "" {
-		return fmt.Errorf("%w: --bootstrap is required (there are no public defaults)", errUsage)
-	}
 	pc, err := nf.config(node.PresetClient)
 	if err != nil {
 		return err
+	}
+	if len(pc.Bootstrap) == 0 {
+		return fmt.Errorf("%w: --join or --bootstrap is required (there are no public defaults)", errUsage)
 	}
 	d, err := os.MkdirTemp("", "meshp2p-status-")
 	if err != nil {

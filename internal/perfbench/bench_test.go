@@ -18,7 +18,7 @@ import (
 
 // Knobs (environment), so single runs stay short on a shared machine:
 //
-//	MESHP2P_BENCH_ONLY     comma list of sections (fixedcost,slack,loopback,audit,floor,floor-tcp,sessions,sessions-small,prefill,conversation,invariance,speculation,processes); default all
+//	MESHP2P_BENCH_ONLY     comma list of sections (fixedcost,slack,loopback,audit,floor,floor-tcp,sessions,sessions-small,prefill,conversation,invariance,speculation,processes,uplink); default all
 //	MESHP2P_BENCH_BASELINE the invariance section's baseline test binary (make bench builds it)
 //	MESHP2P_BENCH_ROUNDS   interleaved A/B rounds per figure (default 3; medians are reported)
 //	MESHP2P_BENCH_TOKENS   tokens per generation (default 16)
@@ -118,6 +118,9 @@ func BenchmarkPerf(b *testing.B) {
 		}
 		if section("speculation") {
 			speculation(b, &t, threads, rounds)
+		}
+		if section("uplink") {
+			uplink(b, &t, threads)
 		}
 		if section("processes") {
 			processes(b, &t, rounds, envInt("MESHP2P_BENCH_PROC_TOKENS", 64))
