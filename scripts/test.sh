@@ -12,7 +12,7 @@ set -u
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 MAKE=${MAKE:-make}
-TEST_TIMEOUT=${TEST_TIMEOUT:-25m}
+TEST_TIMEOUT=${TEST_TIMEOUT:-35m}
 FUZZTIME=${FUZZTIME:-50000x}
 dir=.cache/test
 log=$dir/test.log
