@@ -39,8 +39,8 @@ BIN        := bin/meshp2p
 GENERATED  := engine/zz_cgo_include.go
 # Per test binary (go test -timeout): a guard against a hang, not a speed
 # goal. ./cmd/meshp2p, the longest (real processes), took 24 min of a
-# fresh-clone make test at load 9-11 on 2 cores (2026-12-05), 8-10 min on a
-# quiet one; 35m keeps a busy machine from failing it.
+# fresh-clone make test at load 9-11 on 2 cores (2026-12-05); 35m keeps a
+# busy machine from failing it.
 TEST_TIMEOUT ?= 35m
 # Fuzz budget per target. A count ("Nx"), not a duration: with a duration, Go's
 # fuzz coordinator can fail a target with "context deadline exceeded" and no
