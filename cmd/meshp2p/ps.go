@@ -9,8 +9,8 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/neuron-tai/meshp2p/internal/localnodes"
 	"github.com/neuron-tai/meshp2p/node"
+	"github.com/neuron-tai/meshp2p/node/localnodes"
 )
 
 const psUsage = `Usage: meshp2p ps [--json]

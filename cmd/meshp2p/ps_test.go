@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/neuron-tai/meshp2p/internal/localnodes"
 	"github.com/neuron-tai/meshp2p/internal/testbin"
+	"github.com/neuron-tai/meshp2p/node/localnodes"
 )
 
 // `meshp2p ps` lists a running `start` (data dir, model, layers, peers)

@@ -26,7 +26,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/neuron-tai/meshp2p/internal/localnodes"
+	"github.com/neuron-tai/meshp2p/node/localnodes"
 )
 
 // Window is how long Threads measures the machine's idle CPUs.
