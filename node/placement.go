@@ -268,7 +268,8 @@ func (c *placementController) chooseFetched(ctx context.Context, sz placement.Si
 			return r, err
 		}
 	}
-	c.log.Info("placement chose the layers to fetch (a move later fetches the new window)", "range", r.String(), "why", choiceWhy(ch), "budget", mib(c.budget))
+	c.log.Info("placement chose the layers to fetch (a move later fetches the new window)", "range", r.String(), "why", choiceWhy(ch),
+		"estimate", mib(sz.Need(placement.Range{Start: r.Start, End: r.End})), "budget", mib(c.budget))
 	return r, nil
 }
 
@@ -279,7 +280,7 @@ func (c *placementController) chooseFetched(ctx context.Context, sz placement.Si
 // planned until it is).
 func (c *placementController) announce(ctx context.Context, first placement.Choice) (gguf.Range, error) {
 	r := gguf.Range{Start: first.Range.Start, End: first.Range.End}
-	c.log.Info("placement: announcing", "range", r.String(), "why", choiceWhy(first))
+	c.log.Info("placement: announcing", "range", r.String(), "why", choiceWhy(first), "estimate", mib(c.sizing.Need(first.Range)), "budget", mib(c.budget))
 	c.setLoading(&r)
 	if err := c.publish(); err != nil {
 		return r, err
