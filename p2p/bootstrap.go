@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"strings"
 	"sync"
@@ -187,7 +188,13 @@ func (n *Node) bootstrapLoop() {
 			}
 		} else if n.PeerCount() == 0 && !warnedAlone {
 			warnedAlone = true
-			n.log.Warn("connected to no peer of the swarm yet; still trying the bootstrap peers", "err", n.NoPeersError())
+			// The reason was just logged per peer: repeated only when
+			// several peers' reasons add up to it.
+			var args []any
+			if len(n.boot.peers) > 1 {
+				args = append(args, "err", n.NoPeersError())
+			}
+			n.log.Log(n.ctx, n.dialFailureLevel(), "connected to no peer of the swarm yet; still trying the bootstrap peers", args...)
 		}
 		// Come back when the next peer is due, or within a second while
 		// anything is connected (a dropped bootstrap connection is then
@@ -244,7 +251,7 @@ func (n *Node) dialBootstrap(bp *bootPeer) error {
 	bp.st.silent = silence == speechNone
 	bp.st.Failures++
 	if why != bp.st.LastError || bp.st.Failures == 1 || bp.st.Failures%8 == 0 {
-		n.log.Warn("cannot reach bootstrap peer", "peer", bp.ai.ID, "addrs", bp.st.Addrs,
+		n.log.Log(n.ctx, n.dialFailureLevel(), "cannot reach bootstrap peer", "peer", bp.ai.ID, "addrs", bp.st.Addrs,
 			"reason", why, "attempts", bp.st.Failures, "retry_in", bp.backoff)
 	}
 	n.log.Debug("bootstrap dial failed", "peer", bp.ai.ID, "err", err)
@@ -252,6 +259,17 @@ func (n *Node) dialBootstrap(bp *bootPeer) error {
 	bp.next = time.Now().Add(bp.backoff)
 	bp.backoff = min(2*bp.backoff, bootstrapRetryMax)
 	return err
+}
+
+// dialFailureLevel is the level of bootstrap dial failures: warn on a
+// node; info on a client (generate, chat, status, serve), whose command
+// fails with the same reason when no peer answers (so generate, which
+// logs warnings only, says it once, not three times).
+func (n *Node) dialFailureLevel() slog.Level {
+	if n.cfg.Role == "client" {
+		return slog.LevelInfo
+	}
+	return slog.LevelWarn
 }
 
 // checkNetwork compares the swarm name in p's user agent
