@@ -247,6 +247,13 @@ func speculation(b *testing.B, t *Table, threads, rounds int) {
 		link delayproxy.Link
 		work []specWork
 	}{
+		// Plain loopback (no proxy): the hops' compute and the stack's
+		// own costs are all a trip costs, and speculation must not lose.
+		{"h=0", delayproxy.Link{}, []specWork{
+			{name: fmt.Sprintf("260K %d-token continuation", n300), prompt: story, n: n300, goal: ">= 0.97"},
+			{name: fmt.Sprintf("260K copy-heavy %d", n300), prompt: copyPrompt, n: n300, goal: ">= 0.97"},
+			{name: fmt.Sprintf("260K t=0.8, %d", n300), prompt: story, n: n300, goal: ">= 0.97", sampling: &meshp2pb.SamplingParams{Temperature: 0.8, Seed: 5}},
+		}},
 		{"h=5ms", delayproxy.Ideal(5 * time.Millisecond), []specWork{{name: "260K first 128", prompt: story, n: 128}}},
 		{"h=20ms", delayproxy.Ideal(20 * time.Millisecond), []specWork{
 			{name: fmt.Sprintf("260K %d-token continuation", n300), prompt: story, n: n300, goal: ">= 1.3"},
@@ -300,23 +307,28 @@ func speculation(b *testing.B, t *Table, threads, rounds int) {
 	}
 	// Random weights (the 154M model): no structure to copy; speculation
 	// must switch itself off.
-	if only != "" && !strings.Contains("154M random weights", only) {
-		return
-	}
 	_, shards, err := Files(ctx, 3)
 	if err != nil {
 		b.Fatal(err)
 	}
-	lb, err := StartWith(ctx, shards, engineCfg(threads), LoopbackOptions{Link: delayproxy.Ideal(20 * time.Millisecond)})
-	if err != nil {
-		b.Fatal(err)
+	for _, l := range []struct {
+		name string
+		link delayproxy.Link
+	}{{"h=0", delayproxy.Link{}}, {"h=20ms", delayproxy.Ideal(20 * time.Millisecond)}} {
+		if only != "" && !strings.Contains("154M random weights, "+l.name, only) {
+			continue
+		}
+		lb, err := StartWith(ctx, shards, engineCfg(threads), LoopbackOptions{Link: l.link})
+		if err != nil {
+			b.Fatal(err)
+		}
+		specRow(b, t, lb, l.name, specWork{name: "154M random weights 32", prompt: prompt(16), n: 32, goal: ">= 0.97"}, max(rounds, 5))
+		// Sampled at temperature 1 from random weights: next to no token
+		// repeats its context, so proposals must stay off.
+		specRow(b, t, lb, l.name, specWork{name: "154M random weights t=1.0, 32", prompt: prompt(16), n: 32, goal: ">= 0.97",
+			sampling: &meshp2pb.SamplingParams{Temperature: 1, Seed: 17}}, max(rounds, 5))
+		lb.Close()
 	}
-	specRow(b, t, lb, "h=20ms", specWork{name: "154M random weights 32", prompt: prompt(16), n: 32, goal: ">= 0.97"}, max(rounds, 5))
-	// Sampled at temperature 1 from random weights: next to no token
-	// repeats its context, so proposals must stay off.
-	specRow(b, t, lb, "h=20ms", specWork{name: "154M random weights t=1.0, 32", prompt: prompt(16), n: 32, goal: ">= 0.97",
-		sampling: &meshp2pb.SamplingParams{Temperature: 1, Seed: 17}}, max(rounds, 5))
-	lb.Close()
 }
 
 // specRow measures w on lb, plain and auto interleaved, and adds its rows.
