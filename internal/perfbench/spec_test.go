@@ -305,30 +305,66 @@ func speculation(b *testing.B, t *Table, threads, rounds int) {
 			lb.Close()
 		}
 	}
-	// Random weights (the 154M model): no structure to copy; speculation
-	// must switch itself off.
-	_, shards, err := Files(ctx, 3)
-	if err != nil {
-		b.Fatal(err)
-	}
-	for _, l := range []struct {
-		name string
-		link delayproxy.Link
-	}{{"h=0", delayproxy.Link{}}, {"h=20ms", delayproxy.Ideal(20 * time.Millisecond)}} {
-		if only != "" && !strings.Contains("154M random weights, "+l.name, only) {
+	// Random weights (the 154M model, F16, and at h = 0 its Q8_0 and
+	// Q4_K_M quantizations): compute-bound where the link is fast.
+	for _, m := range []struct{ typ, link string }{{"f16", "h=0"}, {"q8_0", "h=0"}, {"q4_k_m", "h=0"}, {"f16", "h=20ms"}} {
+		link := delayproxy.Link{}
+		if m.link == "h=20ms" {
+			link = delayproxy.Ideal(20 * time.Millisecond)
+		}
+		name := "154M random weights"
+		if m.typ != "f16" {
+			name = "154M " + strings.ToUpper(m.typ) + " random weights"
+		}
+		if only != "" && !strings.Contains(name+", "+m.link, only) {
 			continue
 		}
-		lb, err := StartWith(ctx, shards, engineCfg(threads), LoopbackOptions{Link: l.link})
+		shards, err := specShards(ctx, m.typ)
 		if err != nil {
 			b.Fatal(err)
 		}
-		specRow(b, t, lb, l.name, specWork{name: "154M random weights 32", prompt: prompt(16), n: 32, goal: ">= 0.97"}, max(rounds, 5))
+		lb, err := StartWith(ctx, shards, engineCfg(threads), LoopbackOptions{Link: link})
+		if err != nil {
+			b.Fatal(err)
+		}
+		specRow(b, t, lb, m.link, specWork{name: name + " 32", prompt: prompt(16), n: 32, goal: ">= 0.97"}, max(rounds, 5))
 		// Sampled at temperature 1 from random weights: next to no token
 		// repeats its context, so proposals must stay off.
-		specRow(b, t, lb, l.name, specWork{name: "154M random weights t=1.0, 32", prompt: prompt(16), n: 32, goal: ">= 0.97",
+		specRow(b, t, lb, m.link, specWork{name: name + " t=1.0, 32", prompt: prompt(16), n: 32, goal: ">= 0.97",
 			sampling: &meshp2pb.SamplingParams{Temperature: 1, Seed: 17}}, max(rounds, 5))
 		lb.Close()
 	}
+}
+
+// specShards is the 154M model of type typ (f16, q8_0, q4_k_m) split in
+// 3 even shards, made once in the bench cache.
+func specShards(ctx context.Context, typ string) ([]string, error) {
+	if typ == "f16" {
+		_, shards, err := Files(ctx, 3)
+		return shards, err
+	}
+	whole, err := invModel(ctx, typ)
+	if err != nil {
+		return nil, err
+	}
+	dir := strings.TrimSuffix(whole, ".gguf") + ".split3"
+	var shards []string
+	missing := false
+	for _, r := range gguf.EvenSplit(Spec().Layers, 3) {
+		p := filepath.Join(dir, gguf.ShardName(whole, r))
+		if f, err := gguf.Open(p); err == nil {
+			f.Close()
+		} else {
+			missing = true
+		}
+		shards = append(shards, p)
+	}
+	if missing {
+		if _, err := gguf.Split(ctx, whole, gguf.EvenSplit(Spec().Layers, 3), dir, nil); err != nil {
+			return nil, err
+		}
+	}
+	return shards, nil
 }
 
 // specRow measures w on lb, plain and auto interleaved, and adds its rows.
