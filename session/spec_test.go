@@ -45,7 +45,7 @@ func TestSpeculationMatchesPlain(t *testing.T) {
 					if tc.mode == meshp2pb.SpecMode_SPEC_MODE_AUTO {
 						// Rows batch almost free and a step costs more
 						// than the scheduler's hiccups: auto pays.
-						h.eng.callDelay = time.Millisecond
+						h.eng.callDelay = 2 * time.Millisecond
 					}
 					hops = append(hops, h)
 					stages = append(stages, []*fakeHop{h})
