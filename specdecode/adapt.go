@@ -240,8 +240,12 @@ func (a *Adaptive) rowCost() float64 {
 
 // maxK is the most proposals a window may carry now: twice the most of a
 // window measured (at least 2), so the row cost is measured before it is
-// relied on far from where it was measured.
+// relied on far from where it was measured; MaxK in the "ngram" mode
+// (Always), which sends proposals paying or not.
 func (a *Adaptive) maxK() int {
+	if a.Always {
+		return a.MaxK
+	}
 	return min(a.MaxK, max(2, 2*a.kSeen))
 }
 
