@@ -505,6 +505,7 @@ func (hs *hopSession) token(tf *meshp2pb.TokenFrame, from peer.ID, rt readTiming
 		return err
 	}
 	if hs.sp != nil {
+		hs.sp.prefilled(tf.GetHopUs())
 		if !hs.sp.begin(tf.GetToken(), int(tf.GetPosition()), tf.GetStep()) {
 			return codeErr(meshp2pb.ErrorCode_ERROR_CODE_UNEXPECTED_MESSAGE, "token frame in a speculative session that is verifying windows", from)
 		}

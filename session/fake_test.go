@@ -93,7 +93,10 @@ type fakeEngine struct {
 	cache *fakeCache
 	// delay, if set, is each Forward's compute time per row and layer: a
 	// slow machine (a prefill of n rows takes n × layers × delay).
-	delay       time.Duration
+	delay time.Duration
+	// callDelay, if set, is each Forward's fixed cost whatever its rows
+	// (a kernel's per-call overhead: rows batch almost free).
+	callDelay   time.Duration
 	refused     chan struct{} // closed at the first capacity refusal
 	refusedOnce sync.Once
 	sessions    map[Key]*fakeSession
@@ -192,7 +195,7 @@ func (s *fakeSession) Forward(ctx context.Context, in Input) (Output, error) {
 	}
 	s.nextPos += len(rows)
 	s.e.mu.Lock()
-	delay := s.e.delay * time.Duration(len(rows)*(info.End-info.Start))
+	delay := s.e.callDelay + s.e.delay*time.Duration(len(rows)*(info.End-info.Start))
 	s.e.mu.Unlock()
 	time.Sleep(delay)
 	s.e.mu.Lock()

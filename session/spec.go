@@ -161,6 +161,7 @@ type specHead struct {
 	mode     meshp2pb.SpecMode
 	kv       int
 	prompt   []int32 // prefilled tokens, until the proposer exists
+	chunk    int     // the last prefilled chunk's tokens
 	ng       Proposer
 	ad       specdecode.Adaptive
 	oneHop   bool
@@ -187,6 +188,9 @@ type specWindow struct {
 	look         bool // its last proposal rode as the lookahead
 	match        int  // the proposer's match length (acceptance per length)
 	at           time.Time
+	// alone: no other window was in flight while this one was, so its
+	// round time is its own (the wall-clock costs of Adaptive).
+	alone bool
 }
 
 // newSpecHead is the head's state for a speculative open; factory makes
@@ -215,7 +219,24 @@ func (sp *specHead) history(toks []int32) {
 	defer sp.mu.Unlock()
 	if !sp.begun {
 		sp.prompt = append(sp.prompt, toks...)
+		sp.chunk = len(toks)
 	}
+}
+
+// prefilled takes the hops' compute (µs, one per hop) of the prefill's
+// last chunk, the last tokens history had: what a batch of rows costs on
+// this route, before any window was timed.
+func (sp *specHead) prefilled(us []uint32) {
+	sp.mu.Lock()
+	defer sp.mu.Unlock()
+	if sp.begun {
+		return
+	}
+	var sum time.Duration
+	for _, u := range us {
+		sum += time.Duration(u) * time.Microsecond
+	}
+	sp.ad.ObservePrefill(sp.chunk, sum)
 }
 
 // begin starts the first chain from the prefill's token tok, fed at pos:
@@ -347,7 +368,11 @@ func (sp *specHead) windows(sid []byte, epoch uint64, kv, tokens int) []*meshp2p
 		a := &meshp2pb.ActivationHeader{SessionId: sid, Epoch: epoch, Step: sp.step, PosStart: uint32(sp.lastPos + sp.sent),
 			NRows: uint32(len(rows)), LastChunk: true, Tokens: rows, Verify: true, SpecGen: sp.gen, Lookahead: look}
 		sp.sent += len(rows)
-		sp.setInflight(append(sp.inflight, specWindow{rows: len(rows), drafts: len(rows) - 1 + len(look), look: len(look) > 0, match: match, at: time.Now()}))
+		for i := range sp.inflight {
+			sp.inflight[i].alone = false
+		}
+		sp.setInflight(append(sp.inflight, specWindow{rows: len(rows), drafts: len(rows) - 1 + len(look), look: len(look) > 0, match: match, at: time.Now(),
+			alone: n == 0}))
 		sp.stats.K = max(sp.stats.K, uint32(len(rows)-1+len(look)))
 		sp.stats.W = max(sp.stats.W, uint32(len(sp.inflight)))
 		out = append(out, a)
@@ -403,7 +428,11 @@ func (sp *specHead) result(wr *meshp2pb.WindowResult) (specResult, error) {
 	for _, us := range wr.GetHopUs() {
 		compute += time.Duration(us) * time.Microsecond
 	}
-	sp.ad.ObserveWindow(w.rows, time.Since(w.at), compute)
+	if w.alone {
+		sp.ad.ObserveWindow(w.rows, time.Since(w.at), compute)
+	} else {
+		sp.ad.ObserveCompute(w.rows, compute)
+	}
 	sp.advance(end, n)
 	sp.ad.ObserveAcceptance(w.match, accepted, verified)
 	sp.stats.Windows++

@@ -9,13 +9,17 @@ import (
 // Adaptive chooses how many proposals a verification window carries (K)
 // and how many windows may be in flight (W) from what the session
 // measures: the acceptance rate of the proposer (also of proposals it made
-// but did not send, so a switched-off session keeps learning), the time a
-// one-row window takes around the ring, and what each extra row adds to
-// it (the hops' compute). A window of K proposals commits on average
-// E(K) = (1-α^(K+1))/(1-α) tokens for the price of 1 + m·K one-row
-// windows (m: an extra row's cost relative to a one-row window); K is the
-// one that maximises E(K)/(1+m·K), and 0 (one row, no proposal: plain
-// decoding) when no K beats plain by Margin. A further window in flight
+// but did not send, so a switched-off session keeps learning), the wall
+// time a one-row window takes around the route (a plain step: S1), and
+// the wall time each extra row adds to a window (ρ), both from windows
+// alone in flight. A window of K proposals commits on average
+// E(K) = (1-α^(K+1))/(1-α) tokens in S1 + K·ρ, against one token per S1
+// for plain decoding; K is the one that maximises E(K)·S1/(S1 + K·ρ), and
+// 0 (one row, no proposal: plain decoding) when no K beats plain by
+// Margin. ρ is measured, never assumed cheap: until a window of several
+// rows has been timed, an extra row is taken to cost what the first row's
+// compute costs (the CPU without batched kernels), and K grows at most
+// to twice the largest window timed so far. A further window in flight
 // pays when the ones ahead of it are likely all accepted (α^(K·j) ≥ ½)
 // and the ring time covers its compute. Not safe for concurrent use.
 type Adaptive struct {
@@ -31,22 +35,40 @@ type Adaptive struct {
 	// Costs, each the median of its last few measurements: one window
 	// stalled by the scheduler must not switch a session off for good
 	// (while it is off no multi-row window re-measures the row cost).
-	t1  recent // seconds: a one-row window around the ring
-	row recent // seconds: what one more row adds (summed over hops)
-	c1  recent // seconds: a one-row window's compute, summed over hops
-	// offForCost counts proposals held back by the costs alone (their
-	// acceptance would pay at free rows): every ProbeEvery-th goes out
-	// as a one-proposal window, so the row cost is measured again.
-	offForCost int
+	s1   recent // seconds: a one-row window around the route (wall)
+	rho  recent // seconds: what one more row adds to a window (wall)
+	c1   recent // seconds: a one-row window's compute, summed over hops
+	rowC recent // seconds: what one more row adds to the hops' compute
+	// kSeen is the most proposals of a window whose costs were measured.
+	kSeen int
+	// pre is the hops' compute of the prefill's last chunk of preRows
+	// rows (seconds): a batch's cost on this route, the first estimate of
+	// a row's.
+	pre     float64
+	preRows int
+	// probeCredit is the time (seconds) probing may still spend: each
+	// plain window adds ProbeShare of its time, a probe takes what its
+	// extra row costs. While the costs alone hold proposals
+	// back (their acceptance would pay at free rows) a probe, one
+	// proposal, goes out when the credit covers it and ProbeEvery windows
+	// have passed since the last, so the row cost is measured again at a
+	// bounded price (≤ ProbeShare of the session's time).
+	probeCredit float64
+	sinceProbe  int
 }
 
-// ProbeEvery is how often a session switched off by the measured costs
-// (not by its acceptance rate) sends one proposal anyway, to measure the
-// costs again.
+// ProbeEvery is the fewest windows between two probes of a session
+// switched off by the measured costs (not by its acceptance rate).
 const ProbeEvery = 16
 
-// recentN measurements make a cost's median.
-const recentN = 5
+// ProbeShare bounds what probing costs a session switched off by its
+// costs: the extra time of its probes (their rows, as if all rejected)
+// over the time of its plain windows.
+const ProbeShare = 0.01
+
+// recentN measurements make a cost's median; from robustN on, one
+// outlier does not move it.
+const recentN, robustN = 5, 3
 
 // recent keeps the last recentN measurements of a cost.
 type recent struct {
@@ -76,7 +98,7 @@ func (r *recent) get() float64 {
 
 // Margin is the least predicted gain over plain decoding that turns
 // proposals on (the model's error and the proposer's own cost).
-const Margin = 1.05
+const Margin = 1.1
 
 // MinEvidence is how many proposals must have been checked (sent, or
 // only compared with what was committed) before proposals are sent: a
@@ -117,20 +139,47 @@ func (a *Adaptive) Rate(n int) float64 {
 	return (b.acc + 2*all) / (b.tot + 2)
 }
 
-// ObserveWindow adds one answered window of rows rows: round is the time
-// from sending it to its result, compute the hops' compute for it.
+// ObserveWindow adds one answered window of rows rows that was alone in
+// flight (none ahead of it or behind it): round is the wall time from
+// sending it to its result, compute the hops' compute for it.
 func (a *Adaptive) ObserveWindow(rows int, round, compute time.Duration) {
 	if rows < 1 || round <= 0 {
+		return
+	}
+	a.ObserveCompute(rows, compute)
+	r := round.Seconds()
+	if rows == 1 {
+		a.s1.add(r)
+		a.probeCredit += ProbeShare * r
+		return
+	}
+	if a.s1.n > 0 {
+		a.rho.add(max(0, (r-a.s1.get())/float64(rows-1)))
+	}
+}
+
+// ObservePrefill takes the hops' compute of the prefill's last chunk of
+// rows rows (summed over hops): until a window of several rows has been
+// timed, it says what an extra row costs on this route (these kernels,
+// these hops).
+func (a *Adaptive) ObservePrefill(rows int, compute time.Duration) {
+	if rows >= 2 && compute > 0 {
+		a.pre, a.preRows = compute.Seconds(), rows
+	}
+}
+
+// ObserveCompute adds the hops' compute of a window of rows rows (every
+// window: also those in flight with others, whose round times overlap).
+func (a *Adaptive) ObserveCompute(rows int, compute time.Duration) {
+	if rows < 1 || compute <= 0 {
 		return
 	}
 	c := compute.Seconds()
 	if rows == 1 {
 		a.c1.add(c)
 	} else if a.c1.n > 0 {
-		a.row.add(max(0, (c-a.c1.get())/float64(rows-1)))
-	}
-	if one := round.Seconds() - float64(rows-1)*a.row.get(); one > 0 {
-		a.t1.add(one)
+		a.rowC.add(max(0, (c-a.c1.get())/float64(rows-1)))
+		a.kSeen = max(a.kSeen, rows-1)
 	}
 }
 
@@ -159,12 +208,45 @@ func (a *Adaptive) freeRowGain(n int) float64 {
 	return (1 - math.Pow(alpha, float64(a.MaxK+1))) / (1 - alpha)
 }
 
-// rowCost is an extra row's cost relative to a one-row window.
-func (a *Adaptive) rowCost() float64 {
-	if t1 := a.t1.get(); t1 > 0 && a.c1.n > 0 && a.row.n > 0 {
-		return a.row.get() / t1
+// rowWall is what an extra row adds to a window's wall time (seconds):
+// measured on windows alone in flight; or, where windows go in flight
+// together (the ring covers their compute), what a row adds to the hops'
+// compute; or, before a window of several rows was answered, what a row
+// of the prefill's batch cost over a one-row window's compute; or,
+// without a batch, what the first row's compute costs (kernels that do
+// not batch).
+func (a *Adaptive) rowWall() float64 {
+	switch {
+	case a.rho.n > 0:
+		return a.rho.get()
+	case a.rowC.n > 0:
+		return a.rowC.get()
+	case a.c1.n > 0 && a.preRows >= 2:
+		return max(0, (a.pre-a.c1.get())/float64(a.preRows-1))
+	case a.c1.n > 0:
+		return a.c1.get()
 	}
-	return 0.05 // before any measurement: rows are cheap next to the ring
+	return a.s1.get() // nothing known: as dear as a plain step
+}
+
+// rowCost is an extra row's cost relative to a plain step (one-row
+// window), ρ/S1; 1 before any window was timed.
+func (a *Adaptive) rowCost() float64 {
+	if s1 := a.s1.get(); s1 > 0 {
+		return a.rowWall() / s1
+	}
+	return 1
+}
+
+// maxK is the most proposals a window may carry now: twice the most of a
+// window measured (at least 2), so the row cost is measured before it is
+// relied on far from where it was measured; MaxK in the "ngram" mode
+// (Always), which sends proposals paying or not.
+func (a *Adaptive) maxK() int {
+	if a.Always {
+		return a.MaxK
+	}
+	return min(a.MaxK, max(2, 2*a.kSeen))
 }
 
 // Choose returns K (0: plain) and W (≥ 1) for proposals from a match of
@@ -174,29 +256,59 @@ func (a *Adaptive) Choose(n int) (k, w int) {
 		return 0, 1
 	}
 	best, bestK := 1.0, 0
-	for k := 1; k <= a.MaxK; k++ {
+	for k := 1; k <= a.maxK(); k++ {
 		if g := a.Gain(n, k); g > best {
 			best, bestK = g, k
 		}
 	}
 	if best < Margin && !a.Always {
-		// Held back by the costs alone? Probe now and then.
-		if a.MaxK > 0 && a.freeRowGain(n) >= Margin {
-			if a.offForCost++; a.offForCost%ProbeEvery == 0 {
-				return 1, 1
-			}
+		if a.probe(n) {
+			return 1, 1
 		}
 		return 0, 1
 	}
-	a.offForCost = 0
 	if bestK == 0 {
 		bestK = min(1, a.MaxK)
 	}
-	w = 1
+	return bestK, a.inFlight(n, bestK)
+}
+
+// probe reports whether a session held back by the costs alone (its
+// acceptance would pay at free rows) sends one proposal now, to measure
+// the row cost again: at most one in ProbeEvery windows, and only while
+// the probes' expected cost stays within ProbeShare of the time.
+func (a *Adaptive) probe(n int) bool {
+	a.sinceProbe++
+	if a.MaxK == 0 || a.freeRowGain(n) < Margin || a.sinceProbe < ProbeEvery {
+		return false
+	}
+	// What a probe costs when its proposal is rejected: its row. Fewer
+	// than robustN timings of rows (one may be a window the scheduler
+	// stalled) do not hold probes back: the estimate before them had
+	// said rows were cheap, or none would have been sent.
+	cost := a.rowWall()
+	if (a.rho.n == 0 || a.rho.n >= robustN) && a.probeCredit < cost {
+		return false
+	}
+	a.probeCredit = max(0, a.probeCredit-cost)
+	a.sinceProbe = 0
+	return true
+}
+
+// inFlight is W for windows of k proposals from a match of n tokens:
+// another window goes in flight while the ones ahead of it are likely all
+// accepted and the ring time (a one-row window's round, less its compute)
+// covers its compute.
+func (a *Adaptive) inFlight(n, k int) int {
+	w := 1
 	alpha := a.Rate(n)
-	window := a.c1.get() + float64(bestK)*a.row.get()
-	for w < a.MaxW && math.Pow(alpha, float64(bestK*w)) >= 0.5 && a.t1.get() > float64(w+1)*window {
+	rowC := a.c1.get()
+	if a.rowC.n > 0 {
+		rowC = a.rowC.get()
+	}
+	window := a.c1.get() + float64(k)*rowC
+	for w < a.MaxW && math.Pow(alpha, float64(k*w)) >= 0.5 && a.s1.get() > float64(w+1)*window {
 		w++
 	}
-	return bestK, w
+	return w
 }

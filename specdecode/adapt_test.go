@@ -17,7 +17,23 @@ func TestAdaptiveChoose(t *testing.T) {
 	}{
 		{"no measurement: look first", false, func(*Adaptive) {}, 0, func(k int) bool { return k == 0 }, func(w int) bool { return w == 1 }},
 		{"no measurement, ngram mode: try", true, func(*Adaptive) {}, 0, func(k int) bool { return k > 0 }, func(w int) bool { return w == 1 }},
-		{"a few good proposals seen: try", false, func(a *Adaptive) { a.ObserveAcceptance(2, 4, 5) }, 2, func(k int) bool { return k > 0 }, func(w int) bool { return w == 1 }},
+		{"a few good proposals seen, nothing timed: rows may cost a step, off", false, func(a *Adaptive) { a.ObserveAcceptance(2, 4, 5) }, 2,
+			func(k int) bool { return k == 0 }, func(w int) bool { return w == 1 }},
+		{"a few good proposals seen, a step mostly ring: try", false, func(a *Adaptive) {
+			a.ObserveAcceptance(2, 4, 5)
+			a.ObserveWindow(1, 60*ms, 3*ms)
+		}, 2, func(k int) bool { return k > 0 && k <= 2 }, func(w int) bool { return w >= 1 }},
+		{"a few good proposals seen, a step mostly compute: off", false, func(a *Adaptive) {
+			a.ObserveAcceptance(2, 4, 5)
+			a.ObserveWindow(1, 17*ms, 16*ms)
+		}, 2, func(k int) bool { return k == 0 }, func(w int) bool { return w == 1 }},
+		{"good proposals, rows dear on the wall clock though cheap in the compute: off", false, func(a *Adaptive) {
+			a.ObserveAcceptance(2, 140, 200)
+			for range 10 {
+				a.ObserveWindow(1, 1*ms, 600*time.Microsecond)
+				a.ObserveWindow(9, 5400*time.Microsecond, 1*ms)
+			}
+		}, 2, func(k int) bool { return k == 0 }, func(w int) bool { return w == 1 }},
 		{"nothing accepted: off", false, func(a *Adaptive) { a.ObserveAcceptance(0, 0, 200) }, 0,
 			func(k int) bool { return k == 0 }, func(w int) bool { return w == 1 }},
 		{"nothing accepted, ngram mode: still one", true, func(a *Adaptive) { a.ObserveAcceptance(0, 0, 200) }, 0,
@@ -84,30 +100,63 @@ func TestAdaptiveChoose(t *testing.T) {
 }
 
 // TestAdaptiveProbesWhenOffForCost: a session switched off by its costs
-// while its proposals are good sends one proposal every ProbeEvery
-// windows, and cheap rows measured by the probes switch it back on; a
-// session off for bad proposals never probes.
+// while its proposals are good sends one proposal now and then, no more
+// often than every ProbeEvery windows and for at most ProbeShare of its
+// time (its probes' rows, all rejected), and cheap rows measured by the
+// probes switch it back on; a session off for bad proposals never probes.
 func TestAdaptiveProbesWhenOffForCost(t *testing.T) {
 	ms := time.Millisecond
+	for _, tc := range []struct {
+		name    string
+		row     time.Duration // what a probe's row costs
+		atLeast int           // probes expected in 1000 windows
+	}{
+		{"rows dear: rare probes", 19 * ms, 1},
+		{"rows a tenth of a step: every ProbeEvery", 200 * time.Microsecond, 1000/ProbeEvery - 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			a := &Adaptive{MaxK: 8, MaxW: 4}
+			a.ObserveAcceptance(3, 20, 100) // α 0.2: would pay only at free rows
+			for range recentN {
+				a.ObserveWindow(1, 2*ms, 1*ms)
+				a.ObserveWindow(2, 2*ms+tc.row, 1*ms+tc.row)
+			}
+			var spent, probed time.Duration
+			probes, last := 0, -ProbeEvery
+			for i := range 1000 {
+				k, _ := a.Choose(3)
+				if k > 1 {
+					t.Fatalf("window %d: K %d while rows cost %.2f steps", i, k, a.rowCost())
+				}
+				spent += 2 * ms
+				if k == 1 {
+					if i-last < ProbeEvery {
+						t.Fatalf("probes at windows %d and %d", last, i)
+					}
+					probes, last = probes+1, i
+					probed += tc.row
+					a.ObserveWindow(2, 2*ms+tc.row, 1*ms+tc.row)
+				} else {
+					a.ObserveWindow(1, 2*ms, 1*ms)
+				}
+			}
+			if probes < tc.atLeast || float64(probed) > ProbeShare*float64(spent)+float64(tc.row) {
+				t.Fatalf("%d probes (want ≥ %d) costing %v in %v", probes, tc.atLeast, probed, spent)
+			}
+		})
+	}
+
 	a := &Adaptive{MaxK: 8, MaxW: 4}
 	a.ObserveAcceptance(3, 300, 300)
 	for range recentN {
 		a.ObserveWindow(1, 2*ms, 1*ms)
 		a.ObserveWindow(3, 40*ms, 39*ms) // rows dear: off
 	}
-	probes := 0
-	for i := range 3 * ProbeEvery {
-		k, _ := a.Choose(3)
-		if k > 1 {
-			t.Fatalf("window %d: K %d while rows cost %.1f windows", i, k, a.rowCost())
-		}
-		probes += k
-	}
-	if probes != 3 {
-		t.Fatalf("%d probes in %d windows, want 3", probes, 3*ProbeEvery)
+	if k, _ := a.Choose(3); k != 0 {
+		t.Fatalf("K %d while rows cost %.1f steps", k, a.rowCost())
 	}
 	for range recentN/2 + 1 {
-		a.ObserveWindow(2, 2*ms, 1100*time.Microsecond) // cheap again
+		a.ObserveWindow(2, 2100*time.Microsecond, 1100*time.Microsecond) // cheap again
 	}
 	if k, _ := a.Choose(3); k < 2 {
 		t.Fatalf("K %d after cheap probes (row cost %.2f)", k, a.rowCost())

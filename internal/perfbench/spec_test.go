@@ -247,6 +247,13 @@ func speculation(b *testing.B, t *Table, threads, rounds int) {
 		link delayproxy.Link
 		work []specWork
 	}{
+		// Plain loopback (no proxy): the hops' compute and the stack's
+		// own costs are all a trip costs, and speculation must not lose.
+		{"h=0", delayproxy.Link{}, []specWork{
+			{name: fmt.Sprintf("260K %d-token continuation", n300), prompt: story, n: n300, goal: ">= 0.97"},
+			{name: fmt.Sprintf("260K copy-heavy %d", n300), prompt: copyPrompt, n: n300, goal: ">= 0.97"},
+			{name: fmt.Sprintf("260K t=0.8, %d", n300), prompt: story, n: n300, goal: ">= 0.97", sampling: &meshp2pb.SamplingParams{Temperature: 0.8, Seed: 5}},
+		}},
 		{"h=5ms", delayproxy.Ideal(5 * time.Millisecond), []specWork{{name: "260K first 128", prompt: story, n: 128}}},
 		{"h=20ms", delayproxy.Ideal(20 * time.Millisecond), []specWork{
 			{name: fmt.Sprintf("260K %d-token continuation", n300), prompt: story, n: n300, goal: ">= 1.3"},
@@ -298,25 +305,66 @@ func speculation(b *testing.B, t *Table, threads, rounds int) {
 			lb.Close()
 		}
 	}
-	// Random weights (the 154M model): no structure to copy; speculation
-	// must switch itself off.
-	if only != "" && !strings.Contains("154M random weights", only) {
-		return
+	// Random weights (the 154M model, F16, and at h = 0 its Q8_0 and
+	// Q4_K_M quantizations): compute-bound where the link is fast.
+	for _, m := range []struct{ typ, link string }{{"f16", "h=0"}, {"q8_0", "h=0"}, {"q4_k_m", "h=0"}, {"f16", "h=20ms"}} {
+		link := delayproxy.Link{}
+		if m.link == "h=20ms" {
+			link = delayproxy.Ideal(20 * time.Millisecond)
+		}
+		name := "154M random weights"
+		if m.typ != "f16" {
+			name = "154M " + strings.ToUpper(m.typ) + " random weights"
+		}
+		if only != "" && !strings.Contains(name+", "+m.link, only) {
+			continue
+		}
+		shards, err := specShards(ctx, m.typ)
+		if err != nil {
+			b.Fatal(err)
+		}
+		lb, err := StartWith(ctx, shards, engineCfg(threads), LoopbackOptions{Link: link})
+		if err != nil {
+			b.Fatal(err)
+		}
+		specRow(b, t, lb, m.link, specWork{name: name + " 32", prompt: prompt(16), n: 32, goal: ">= 0.97"}, max(rounds, 5))
+		// Sampled at temperature 1 from random weights: next to no token
+		// repeats its context, so proposals must stay off.
+		specRow(b, t, lb, m.link, specWork{name: name + " t=1.0, 32", prompt: prompt(16), n: 32, goal: ">= 0.97",
+			sampling: &meshp2pb.SamplingParams{Temperature: 1, Seed: 17}}, max(rounds, 5))
+		lb.Close()
 	}
-	_, shards, err := Files(ctx, 3)
+}
+
+// specShards is the 154M model of type typ (f16, q8_0, q4_k_m) split in
+// 3 even shards, made once in the bench cache.
+func specShards(ctx context.Context, typ string) ([]string, error) {
+	if typ == "f16" {
+		_, shards, err := Files(ctx, 3)
+		return shards, err
+	}
+	whole, err := invModel(ctx, typ)
 	if err != nil {
-		b.Fatal(err)
+		return nil, err
 	}
-	lb, err := StartWith(ctx, shards, engineCfg(threads), LoopbackOptions{Link: delayproxy.Ideal(20 * time.Millisecond)})
-	if err != nil {
-		b.Fatal(err)
+	dir := strings.TrimSuffix(whole, ".gguf") + ".split3"
+	var shards []string
+	missing := false
+	for _, r := range gguf.EvenSplit(Spec().Layers, 3) {
+		p := filepath.Join(dir, gguf.ShardName(whole, r))
+		if f, err := gguf.Open(p); err == nil {
+			f.Close()
+		} else {
+			missing = true
+		}
+		shards = append(shards, p)
 	}
-	specRow(b, t, lb, "h=20ms", specWork{name: "154M random weights 32", prompt: prompt(16), n: 32, goal: ">= 0.97"}, max(rounds, 5))
-	// Sampled at temperature 1 from random weights: next to no token
-	// repeats its context, so proposals must stay off.
-	specRow(b, t, lb, "h=20ms", specWork{name: "154M random weights t=1.0, 32", prompt: prompt(16), n: 32, goal: ">= 0.97",
-		sampling: &meshp2pb.SamplingParams{Temperature: 1, Seed: 17}}, max(rounds, 5))
-	lb.Close()
+	if missing {
+		if _, err := gguf.Split(ctx, whole, gguf.EvenSplit(Spec().Layers, 3), dir, nil); err != nil {
+			return nil, err
+		}
+	}
+	return shards, nil
 }
 
 // specRow measures w on lb, plain and auto interleaved, and adds its rows.
