@@ -297,6 +297,9 @@ func (r *readmeRun) checkOutputs(notRun []string) {
 	if errs := r.outputs["bin/meshp2p generate --model stderr"]; !strings.Contains(swarm, "Lily") || swarm != local || errs != "" {
 		t.Fatalf("generate through the swarm printed %q (stderr %q), --local %q", swarm, r.outputs["bin/meshp2p generate --model stderr"], local)
 	}
+	if talk := r.outputs[`echo "Tell me`]; strings.TrimSpace(talk) == "" {
+		t.Fatalf("chat through the swarm printed nothing (stderr %q)", r.outputs[`echo "Tell me stderr`])
+	}
 	var chat struct {
 		Choices []struct {
 			Message struct{ Content string } `json:"message"`
