@@ -60,6 +60,12 @@ func main() {
 		fmt.Fprintf(&b, " -I%s", p)
 	}
 	b.WriteString("\n")
+	if x := crossInclude(); x != "" {
+		// Cross compilers (mingw-w64, aarch64-linux-gnu) do not search
+		// /usr/include, where Debian puts the header-only nlohmann/json;
+		// this directory holds only a link to it (docs/platforms.md).
+		fmt.Fprintf(&b, "// #cgo windows arm64 CPPFLAGS: -I%s\n", x)
+	}
 	b.WriteString("import \"C\"\n\n")
 	commit := "unknown"
 	if mk, err := os.ReadFile(filepath.Join(d, "Makefile.sync")); err == nil {
@@ -77,4 +83,31 @@ func main() {
 		fmt.Fprintf(os.Stderr, "gencgo: %v\n", err)
 		os.Exit(1)
 	}
+}
+
+// crossInclude makes ../.cache/xinclude/nlohmann a link to Debian's
+// /usr/include/nlohmann and returns the absolute ../.cache/xinclude, or ""
+// where the header is not there (a native build then fails with the
+// compiler's own message, as before).
+func crossInclude() string {
+	const hdr = "/usr/include/nlohmann"
+	if _, err := os.Stat(filepath.Join(hdr, "json_fwd.hpp")); err != nil {
+		return ""
+	}
+	dir, err := filepath.Abs(filepath.Join("..", ".cache", "xinclude"))
+	if err != nil {
+		return ""
+	}
+	link := filepath.Join(dir, "nlohmann")
+	if t, err := os.Readlink(link); err == nil && t == hdr {
+		return dir
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return ""
+	}
+	_ = os.Remove(link)
+	if err := os.Symlink(hdr, link); err != nil {
+		return ""
+	}
+	return dir
 }
