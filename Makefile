@@ -147,9 +147,9 @@ dist: $(GENERATED)
 	AMD64_SIMD='$(AMD64_SIMD)' ARM64_SIMD='$(ARM64_SIMD)' sh scripts/dist.sh $(VERSION) $(PLATFORMS)
 
 test-platforms: $(GENERATED)
-	CROSS_SKIP_MISSING=1 AMD64_SIMD='$(AMD64_SIMD)' ARM64_SIMD='$(ARM64_SIMD)' sh scripts/cross.sh $(VERSION) bin/cross $(PLATFORMS)
+	CROSS_SKIP_MISSING=1 AMD64_SIMD='$(AMD64_SIMD)' ARM64_SIMD='$(ARM64_SIMD)' sh scripts/dist.sh $(VERSION) $(PLATFORMS)
 	-sh scripts/wine/prefix.sh .cache/wine
-	MESHP2P_CROSS_BIN=$(abspath bin/cross) MESHP2P_WINEPREFIX=$(abspath .cache/wine) \
+	MESHP2P_CROSS_BIN=$(abspath bin/cross) MESHP2P_WINEPREFIX=$(abspath .cache/wine) MESHP2P_DIST='$(abspath dist) $(VERSION)' \
 	  go test -count=1 -timeout 20m -v -run '^TestPlatform' ./cmd/meshp2p
 
 vet: $(GENERATED) lint
