@@ -12,6 +12,7 @@
 # the level's extensions is refused at start (engine/cpucheck.c). Each
 # platform's llama.cpp compile is cached by Go separately: minutes the
 # first time (docs/platforms.md has the times), seconds afterwards.
+# CROSS_VET=1 (make vet-cross): go vet ./... for each platform instead.
 # CROSS_SKIP_MISSING=1 (make test-platforms): a platform whose compiler is
 # not installed is skipped with a message instead of failing the run.
 set -eu
@@ -51,6 +52,13 @@ for plat in "$@"; do
 	# The same string as make build SIMD=... for linux-amd64, so the two
 	# share Go's cached llama.cpp build.
 	flags=$(echo "-O3 -march=$simd $amx -UGGML_USE_LLAMAFILE" | tr -s ' ')
+	if [ -n "${CROSS_VET:-}" ]; then
+		# go vet ./... as that platform compiles it (build tags, cgo)
+		echo "cross: go vet ./... for $goos/$goarch"
+		CC=$cc CXX=$cxx GOOS=$goos GOARCH=$goarch CGO_ENABLED=1 GOTOOLCHAIN=local \
+			CGO_CFLAGS=$flags CGO_CXXFLAGS=$flags go vet ./...
+		continue
+	fi
 	bin=$out/meshp2p-$plat$exe
 	echo "cross: $bin (CC=$cc, $flags)"
 	start=$(date +%s)
