@@ -94,7 +94,8 @@ func crossBin(t *testing.T, plat string) xbin {
 
 // TestPlatformUnitTests: the platform-specific code's own tests,
 // cross-compiled (pure Go) and run under the emulators: the data-dir
-// lock (LockFileEx on Windows, flock on Linux ARM64) and the memory
+// lock (LockFileEx on Windows, flock on Linux ARM64), the failure
+// memory's save lock across processes (LockFileEx) and the memory
 // budget (GlobalMemoryStatusEx on Windows; /proc/meminfo and cgroups on
 // Linux ARM64).
 func TestPlatformUnitTests(t *testing.T) {
@@ -104,6 +105,7 @@ func TestPlatformUnitTests(t *testing.T) {
 	for _, tc := range []struct{ plat, pkg, run string }{
 		{"windows-amd64", "internal/dirlock", "TestAcquireOtherProcess"},
 		{"windows-amd64", "placement", "TestBudgetHost"},
+		{"windows-amd64", "internal/failfile", "TestConcurrentSavesProcesses"},
 		{"linux-arm64", "internal/dirlock", "TestAcquire"},
 		{"linux-arm64", "placement", "TestBudget|TestCgroupV1"},
 	} {
@@ -244,6 +246,11 @@ func TestPlatformMixedSwarm(t *testing.T) {
 	nodes := map[string]string{head.peerID: lin.plat}
 	nodes[node(arm, "2-3", head.addr).peerID] = arm.plat
 	nodes[node(win, "3-5", head.addr).peerID] = win.plat
+	classes := advertisedClasses(t, lin, nodes, append([]string{"--bootstrap", head.addr}, netArgs...))
+	if !strings.HasPrefix(classes[arm.plat], "cpu/arm64/") || !strings.Contains(classes[arm.plat], "dotprod") || classes[win.plat] != classes[lin.plat] {
+		t.Fatalf("advertised kernel classes %v: want ARM64's cpu/arm64/…dotprod…, Windows' equal to Linux's", classes)
+	}
+	t.Logf("advertised kernel classes: %v", classes)
 	const prompt, n = "Once upon a time", 24
 	want, _ := localText(t, lin.path, "--model", model, "--prompt", prompt, "--max-tokens", fmt.Sprint(n))
 	audited := map[string]bool{}
@@ -290,6 +297,33 @@ func TestPlatformMixedSwarm(t *testing.T) {
 	if len(audited) < 3 {
 		t.Fatalf("hops audited: %v; want all three", audited)
 	}
+}
+
+// advertisedClasses is each platform's kernel class as the swarm's
+// status (the nodes' adverts) shows it, once every node's advert is in.
+func advertisedClasses(t *testing.T, x xbin, nodes map[string]string, args []string) map[string]string {
+	t.Helper()
+	var doc struct {
+		Models []struct {
+			Shards []struct {
+				Peer        string `json:"peer"`
+				KernelClass string `json:"kernel_class"`
+			} `json:"shards"`
+		} `json:"models"`
+	}
+	classes := map[string]string{}
+	for deadline := time.Now().Add(time.Minute); len(classes) < len(nodes) && time.Now().Before(deadline); time.Sleep(time.Second) {
+		out := x.output(t, append([]string{"status", "--json"}, args...)...)
+		if err := json.Unmarshal([]byte(out), &doc); err != nil {
+			t.Fatalf("status --json: %v\n%s", err, out)
+		}
+		for _, m := range doc.Models {
+			for _, sh := range m.Shards {
+				classes[nodes[sh.Peer]] = sh.KernelClass
+			}
+		}
+	}
+	return classes
 }
 
 // TestPlatformWindowsDataDir: on Windows the default data dir is
