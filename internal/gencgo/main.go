@@ -60,11 +60,12 @@ func main() {
 		fmt.Fprintf(&b, " -I%s", p)
 	}
 	b.WriteString("\n")
-	if x := crossInclude(); x != "" {
+	if crossInclude() {
 		// Cross compilers (mingw-w64, aarch64-linux-gnu) do not search
 		// /usr/include, where Debian puts the header-only nlohmann/json;
 		// this directory holds only a link to it (docs/platforms.md).
-		fmt.Fprintf(&b, "// #cgo windows arm64 CPPFLAGS: -I%s\n", x)
+		// ${SRCDIR}: the same file in every clone.
+		b.WriteString("// #cgo windows arm64 CPPFLAGS: -I${SRCDIR}/../.cache/xinclude\n")
 	}
 	b.WriteString("import \"C\"\n\n")
 	commit := "unknown"
@@ -85,29 +86,23 @@ func main() {
 	}
 }
 
-// crossInclude makes ../.cache/xinclude/nlohmann a link to Debian's
-// /usr/include/nlohmann and returns the absolute ../.cache/xinclude, or ""
-// where the header is not there (a native build then fails with the
-// compiler's own message, as before).
-func crossInclude() string {
+// crossInclude makes ../.cache/xinclude/nlohmann (from engine/) a link
+// to Debian's /usr/include/nlohmann and reports whether it is there; not
+// where the header is missing (a build then fails with the compiler's
+// own message, as before).
+func crossInclude() bool {
 	const hdr = "/usr/include/nlohmann"
 	if _, err := os.Stat(filepath.Join(hdr, "json_fwd.hpp")); err != nil {
-		return ""
+		return false
 	}
-	dir, err := filepath.Abs(filepath.Join("..", ".cache", "xinclude"))
-	if err != nil {
-		return ""
-	}
+	dir := filepath.Join("..", ".cache", "xinclude")
 	link := filepath.Join(dir, "nlohmann")
 	if t, err := os.Readlink(link); err == nil && t == hdr {
-		return dir
+		return true
 	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return ""
+		return false
 	}
 	_ = os.Remove(link)
-	if err := os.Symlink(hdr, link); err != nil {
-		return ""
-	}
-	return dir
+	return os.Symlink(hdr, link) == nil
 }
