@@ -62,7 +62,7 @@ STATICCHECK := .cache/bin/staticcheck-$(STATICCHECK_VERSION)/staticcheck
 DEADCODE_VERSION ?= v0.53.0
 DEADCODE := .cache/bin/deadcode-$(DEADCODE_VERSION)/deadcode
 
-.PHONY: all build build-check-amx generate test test-short vet lint lint-counts fmt fuzz bench bench-micro demo clean deps soak gpu gpu-lib gpu-tolerance placement-sim \
+.PHONY: all build build-check-amx cross dist test-platforms vet-cross generate test test-short vet lint lint-counts fmt fuzz bench bench-micro demo clean deps soak gpu gpu-lib gpu-tolerance placement-sim \
 	image testnet-docker testnet-docker-fit testnet-docker-down test-docker
 
 all: build
@@ -97,6 +97,7 @@ gpu-tolerance: gpu-lib $(GENERATED)
 deps:
 	go mod download
 	sh scripts/build-deps.sh
+	sh scripts/cross-deps.sh
 	sh testnet/deps.sh
 	sh scripts/browser-deps.sh
 	sh scripts/node-deps.sh
@@ -129,6 +130,35 @@ ifeq ($(CGO_ARCH),amd64)
 else
 	@echo "link check for -march=$(AMX_SIMD) skipped: GOARCH=$(CGO_ARCH), not amd64"
 endif
+
+# Other platforms (docs/platforms.md). make cross builds
+# bin/cross/meshp2p-<platform>[.exe] for PLATFORMS with Debian's cross
+# compilers (scripts/cross-deps.sh, run by make deps) at a portable SIMD
+# level: amd64 -march=$(AMD64_SIMD), arm64 -march=$(ARM64_SIMD), always
+# -UGGML_USE_LLAMAFILE. Each platform compiles llama.cpp once (5-14 min on
+# 2 cores; docs/platforms.md), seconds afterwards. make dist packs them
+# into dist/meshp2p-$(VERSION)-<platform>.tar.gz/.zip with README, the
+# license files and dist/SHA256SUMS. make test-platforms (run by make
+# test) runs them: Windows under wine, ARM64 (and amd64 on an older
+# emulated CPU) under qemu-user, a mixed loopback swarm.
+PLATFORMS  ?= linux-amd64 linux-arm64 windows-amd64
+AMD64_SIMD ?= x86-64-v3
+ARM64_SIMD ?= armv8.2-a+fp16+dotprod
+cross: $(GENERATED)
+	AMD64_SIMD='$(AMD64_SIMD)' ARM64_SIMD='$(ARM64_SIMD)' sh scripts/cross.sh $(VERSION) bin/cross $(PLATFORMS)
+
+dist: $(GENERATED)
+	AMD64_SIMD='$(AMD64_SIMD)' ARM64_SIMD='$(ARM64_SIMD)' sh scripts/dist.sh $(VERSION) $(PLATFORMS)
+
+# go vet for Windows and ARM64 (their build tags and cgo files).
+vet-cross: $(GENERATED)
+	CROSS_VET=1 CROSS_SKIP_MISSING=1 AMD64_SIMD='$(AMD64_SIMD)' ARM64_SIMD='$(ARM64_SIMD)' sh scripts/cross.sh $(VERSION) bin/cross $(filter-out linux-amd64,$(PLATFORMS))
+
+test-platforms: vet-cross
+	CROSS_SKIP_MISSING=1 AMD64_SIMD='$(AMD64_SIMD)' ARM64_SIMD='$(ARM64_SIMD)' sh scripts/dist.sh $(VERSION) $(PLATFORMS)
+	-sh scripts/wine/prefix.sh .cache/wine
+	MESHP2P_CROSS_BIN=$(abspath bin/cross) MESHP2P_WINEPREFIX=$(abspath .cache/wine) MESHP2P_DIST='$(abspath dist) $(VERSION)' \
+	  go test -count=1 -timeout 20m -v -run '^TestPlatform' ./cmd/meshp2p
 
 vet: $(GENERATED) lint
 	go vet ./...

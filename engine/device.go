@@ -1,7 +1,7 @@
 package engine
 
 /*
-#cgo LDFLAGS: -rdynamic -ldl
+#cgo !windows LDFLAGS: -rdynamic -ldl
 #include <stdlib.h>
 #include "ggml-backend.h"
 #include "vkenum.h"

@@ -7,7 +7,6 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"syscall"
 	"testing"
 	"time"
 
@@ -359,15 +358,6 @@ func TestPrefixCachePrefillTime(t *testing.T) {
 		t.Logf("turn of %4d tokens: prefill %v CPU whole, %v reusing %d cached: %.1f×", n, whole.Round(time.Millisecond), reuse.Round(time.Millisecond),
 			len(k.Hashes)*testBlock, float64(whole)/float64(reuse))
 	}
-}
-
-// cpuTime is the process's CPU time so far (user and system).
-func cpuTime(t *testing.T) time.Duration {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		t.Fatal(err)
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 func minDur(a, b time.Duration) time.Duration {

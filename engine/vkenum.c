@@ -4,10 +4,23 @@
 // the list (and which entries are software) before it loads the backend.
 // Only the handful of core entry points and the leading fields of the
 // structures are declared here; their layout is fixed by the Vulkan ABI.
-#include <dlfcn.h>
 #include <stdint.h>
 #include <string.h>
 #include "vkenum.h"
+
+#ifdef _WIN32
+#include <windows.h>
+#define MP_VK_LIB "vulkan-1.dll"
+static void *mp_dlopen(const char *name) { return (void *)LoadLibraryA(name); }
+static void *mp_dlsym(void *lib, const char *sym) { return (void *)GetProcAddress((HMODULE)lib, sym); }
+static void mp_dlclose(void *lib) { FreeLibrary((HMODULE)lib); }
+#else
+#include <dlfcn.h>
+#define MP_VK_LIB "libvulkan.so.1"
+static void *mp_dlopen(const char *name) { return dlopen(name, RTLD_NOW | RTLD_LOCAL); }
+static void *mp_dlsym(void *lib, const char *sym) { return dlsym(lib, sym); }
+static void mp_dlclose(void *lib) { dlclose(lib); }
+#endif
 
 typedef struct {
 	int32_t sType; // VK_STRUCTURE_TYPE_INSTANCE_CREATE_INFO = 1
@@ -34,16 +47,16 @@ typedef int32_t (*enum_fn)(void *, uint32_t *, void **);
 typedef void (*props_fn)(void *, void *);
 
 int mp_vk_enumerate(mp_vk_device *out, int cap) {
-	void *lib = dlopen("libvulkan.so.1", RTLD_NOW | RTLD_LOCAL);
+	void *lib = mp_dlopen(MP_VK_LIB);
 	if (!lib) {
 		return -1;
 	}
-	create_fn create = (create_fn)dlsym(lib, "vkCreateInstance");
-	destroy_fn destroy = (destroy_fn)dlsym(lib, "vkDestroyInstance");
-	enum_fn enumerate = (enum_fn)dlsym(lib, "vkEnumeratePhysicalDevices");
-	props_fn props = (props_fn)dlsym(lib, "vkGetPhysicalDeviceProperties");
+	create_fn create = (create_fn)mp_dlsym(lib, "vkCreateInstance");
+	destroy_fn destroy = (destroy_fn)mp_dlsym(lib, "vkDestroyInstance");
+	enum_fn enumerate = (enum_fn)mp_dlsym(lib, "vkEnumeratePhysicalDevices");
+	props_fn props = (props_fn)mp_dlsym(lib, "vkGetPhysicalDeviceProperties");
 	if (!create || !destroy || !enumerate || !props) {
-		dlclose(lib);
+		mp_dlclose(lib);
 		return -1;
 	}
 	mp_VkInstanceCreateInfo ci;
@@ -51,7 +64,7 @@ int mp_vk_enumerate(mp_vk_device *out, int cap) {
 	ci.sType = 1;
 	void *inst = NULL;
 	if (create(&ci, NULL, &inst) != 0 || !inst) {
-		dlclose(lib);
+		mp_dlclose(lib);
 		return -2;
 	}
 	void *devs[64];
@@ -59,7 +72,7 @@ int mp_vk_enumerate(mp_vk_device *out, int cap) {
 	int32_t rc = enumerate(inst, &n, devs);
 	if (rc < 0) { // VK_INCOMPLETE (5) still fills n entries
 		destroy(inst, NULL);
-		dlclose(lib);
+		mp_dlclose(lib);
 		return -2;
 	}
 	int k = 0;

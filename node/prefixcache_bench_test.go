@@ -6,7 +6,6 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"syscall"
 	"testing"
 	"time"
 
@@ -88,16 +87,6 @@ func TestPrefixCacheMeasure(t *testing.T) {
 }
 
 func ratio(a, b time.Duration) float64 { return float64(a) / float64(max(1, b)) }
-
-// cpuTime is the process's CPU time so far (user and system): every
-// in-process node's compute, robust to a loaded machine.
-func cpuTime(t *testing.T) time.Duration {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		t.Fatal(err)
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
-}
 
 func minDur(a, b time.Duration) time.Duration {
 	if a == 0 || b < a {

@@ -21,16 +21,27 @@ const (
 )
 
 // Budget is the memory a node may use when --memory is not given: the
-// available RAM (/proc/meminfo MemAvailable), or less when the process's
-// cgroup v2 limit (memory.max less memory.current), or its cgroup v1 one
-// (memory.limit_in_bytes less memory.usage_in_bytes), leaves less, minus
-// the reserve. src says which bound applied.
+// available RAM, minus the reserve. On Linux that is /proc/meminfo's
+// MemAvailable, or less when the process's cgroup v2 limit (memory.max
+// less memory.current), or its cgroup v1 one (memory.limit_in_bytes less
+// memory.usage_in_bytes), leaves less; on Windows GlobalMemoryStatusEx's
+// ullAvailPhys. src says which bound applied.
 func Budget() (budget int64, src string, err error) {
+	avail, src, err := hostAvailable()
+	if err != nil {
+		return 0, "", err
+	}
+	return ApplyReserve(avail), src, nil
+}
+
+// linuxAvailable is MemAvailable, bounded by the process's cgroup (v2,
+// else v1).
+func linuxAvailable() (avail int64, src string, err error) {
 	f, err := os.Open("/proc/meminfo")
 	if err != nil {
 		return 0, "", fmt.Errorf("placement: memory budget: %w (pass --memory)", err)
 	}
-	avail, err := MemAvailable(f)
+	avail, err = MemAvailable(f)
 	f.Close()
 	if err != nil {
 		return 0, "", err
@@ -41,7 +52,7 @@ func Budget() (budget int64, src string, err error) {
 	} else if lim, ok := cgroupV1Room(); ok && lim < avail {
 		avail, src = lim, "cgroup v1 memory.limit_in_bytes"
 	}
-	return ApplyReserve(avail), src, nil
+	return avail, src, nil
 }
 
 // ApplyReserve subtracts the reserve from avail (never below 0).

@@ -3,6 +3,8 @@ package placement
 import (
 	"fmt"
 	"math/rand/v2"
+	"runtime"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -375,4 +377,22 @@ func TestPlacementHonoursCutRules(t *testing.T) {
 		}
 	}
 	t.Logf("heal plan %v", plan.Moves)
+}
+
+// Budget reads this machine's available memory: /proc/meminfo and the
+// cgroup limits on Linux, GlobalMemoryStatusEx on Windows (run under wine
+// by make test-platforms).
+func TestBudgetHost(t *testing.T) {
+	b, src, err := Budget()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string][]string{"windows": {"GlobalMemoryStatusEx"}}[runtime.GOOS]
+	if want == nil {
+		want = []string{"MemAvailable", "cgroup memory.max", "cgroup v1 memory.limit_in_bytes"}
+	}
+	if b <= 0 || b > 1<<50 || !slices.Contains(want, src) {
+		t.Fatalf("Budget() = %d bytes from %q; want a positive budget from one of %q", b, src, want)
+	}
+	t.Logf("budget %.1f GiB (%s, %s/%s)", float64(b)/(1<<30), src, runtime.GOOS, runtime.GOARCH)
 }

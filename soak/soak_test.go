@@ -1,3 +1,5 @@
+//go:build linux
+
 // Package soak holds the churn soak: a loopback swarm of 6 shard nodes (3
 // layer ranges, 2 replicas each) serves 8 clients generating greedily and
 // continuously while one random node is SIGKILLed and restarted every

@@ -11,7 +11,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"sync"
-	"syscall"
 	"time"
 )
 
@@ -114,9 +113,8 @@ func (t *Topology) StartWith(ctx context.Context, node string, opts ProcOptions,
 	c.Env = append(os.Environ(), opts.Env...)
 	c.Stdout = io.MultiWriter(stdout, p)
 	c.Stderr = stderr
-	// Own process group (killed as a whole); SIGKILL if we die (the
-	// signal survives the exec by `ip netns exec`).
-	c.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	// Own process group (killed as a whole); SIGKILL if we die.
+	c.SysProcAttr = groupAttr()
 	p.cmd = c
 
 	if err := t.launch(p, cmd); err != nil {
@@ -361,8 +359,8 @@ func (p *Proc) kill() {
 	default:
 	}
 	if p.PID > 0 {
-		_ = syscall.Kill(-p.PID, syscall.SIGKILL) // the group (Setpgid: pgid == pid)
-		_ = syscall.Kill(p.PID, syscall.SIGKILL)
+		killPID(-p.PID) // the group (Setpgid: pgid == pid)
+		killPID(p.PID)
 	}
 }
 

@@ -7,9 +7,9 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"runtime"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 )
@@ -22,6 +22,9 @@ const RequireEnv = "MESHP2P_TESTNET_REQUIRE"
 // CAP_SYS_ADMIN+CAP_NET_ADMIN) and working ip/iptables. The error wraps
 // ErrUnavailable and says what to do.
 func Check(ctx context.Context) error {
+	if runtime.GOOS != "linux" {
+		return fmt.Errorf("%w: the NAT test network is built from Linux network namespaces (ip netns, iptables); this is %s", ErrUnavailable, runtime.GOOS)
+	}
 	for _, tool := range []string{"ip", "iptables", "iptables-restore", "sysctl"} {
 		if _, err := exec.LookPath(tool); err != nil {
 			return fmt.Errorf("%w: %s not found (run testnet/deps.sh as root: apt-get install iproute2 iptables)", ErrUnavailable, tool)
@@ -98,7 +101,7 @@ func SweepStale(ctx context.Context) error {
 // alive reports whether pid is a live process (a zombie — dead but not
 // reaped, common under a container's PID 1 — counts as dead).
 func alive(pid int) bool {
-	if err := syscall.Kill(pid, 0); err != nil && !errors.Is(err, syscall.EPERM) {
+	if !pidExists(pid) {
 		return false
 	}
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))

@@ -394,7 +394,7 @@ func deleteNetns(ctx context.Context, names []string, log *slog.Logger) error {
 		}
 		for _, pid := range netnsPIDs(ctx, ns) {
 			log.Debug("testnet: kill leftover", "netns", ns, "pid", pid)
-			_ = syscall.Kill(pid, syscall.SIGKILL)
+			killPID(pid)
 		}
 		if err := runCmd(ctx, log, "", "ip", "netns", "del", ns); err != nil {
 			errs = append(errs, err)

@@ -9,6 +9,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"runtime"
 
 	"github.com/libp2p/go-libp2p/core/peer"
 
@@ -106,11 +107,15 @@ func parseFlags(fs *flag.FlagSet, args []string) error {
 	return nil
 }
 
-// defaultDataDir is $MESHP2P_DATA_DIR, else ~/.meshp2p ("" if there is no
-// home directory).
+// defaultDataDir is $MESHP2P_DATA_DIR, else %LOCALAPPDATA%\meshp2p on
+// Windows (per user, not roamed: keys and shard caches stay on the
+// machine), else ~/.meshp2p ("" if there is no home directory).
 func defaultDataDir() string {
 	if d := os.Getenv("MESHP2P_DATA_DIR"); d != "" {
 		return d
+	}
+	if d := os.Getenv("LOCALAPPDATA"); d != "" && runtime.GOOS == "windows" {
+		return filepath.Join(d, "meshp2p")
 	}
 	home, err := os.UserHomeDir()
 	if err != nil {

@@ -9,7 +9,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -107,9 +106,7 @@ func TestGenerateAndAPISameText(t *testing.T) {
 
 	t.Run("model names a file", func(t *testing.T) {
 		fifo := filepath.Join(t.TempDir(), "fifo")
-		if err := syscall.Mkfifo(fifo, 0o600); err != nil {
-			t.Fatal(err)
-		}
+		mkfifo(t, fifo)
 		big := filepath.Join(t.TempDir(), "big.gguf")
 		f, err := os.Create(big)
 		if err != nil {

@@ -4,16 +4,37 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"runtime"
+	"strings"
 
 	"github.com/neuron-tai/meshp2p/engine"
 )
 
 // Set by the Makefile: buildSIMD (-X main.buildSIMD) is the -march level,
 // buildNoAMX (-X main.buildNoAMX) the flags that turned AMX off, if any.
+// buildDist (-X main.buildDist) names the release archive a binary was
+// built for (make dist: e.g. linux-arm64); empty for make build.
 var (
 	buildSIMD  = "default"
 	buildNoAMX = ""
+	buildDist  = ""
 )
+
+// buildName says which build this is: a release archive's or a local one.
+func buildName() string {
+	if buildDist != "" {
+		return "release build meshp2p-" + engine.Version + "-" + buildDist
+	}
+	return "local build"
+}
+
+// needsLine describes the CPU extensions the build requires.
+func needsLine(needs []string) string {
+	if len(needs) == 0 {
+		return "the architecture's baseline: runs on any " + runtime.GOARCH + " CPU"
+	}
+	return "needs " + strings.Join(needs, " ") + "; this CPU has them: one without them is refused at start"
+}
 
 func runVersion(ctx context.Context, stdout, stderr io.Writer, args []string) error {
 	fs := cmdFlagSet("version", stdout, "")
@@ -24,7 +45,8 @@ func runVersion(ctx context.Context, stdout, stderr io.Writer, args []string) er
 	}
 	fmt.Fprintf(stdout, "meshp2p %s\n", engine.Version)
 	fmt.Fprintf(stdout, "llama.cpp %s (via github.com/ollama/ollama %s)\n", engine.LlamaCommit, engine.OllamaVersion)
-	fmt.Fprintf(stdout, "simd: -march=%s\n", buildSIMD)
+	fmt.Fprintf(stdout, "build: %s/%s, %s\n", runtime.GOOS, runtime.GOARCH, buildName())
+	fmt.Fprintf(stdout, "simd: -march=%s (%s)\n", buildSIMD, needsLine(engine.CPUNeeds()))
 	fmt.Fprintf(stdout, "amx: %s\n", amxLine(engine.HasAMXInt8(), buildNoAMX))
 	fmt.Fprintf(stdout, "cpu features: %s\n", engine.SystemInfo())
 	inv := "batch-invariant"

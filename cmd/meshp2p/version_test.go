@@ -36,7 +36,7 @@ func TestVersionAMX(t *testing.T) {
 	if err := runVersion(context.Background(), &out, &out, nil); err != nil {
 		t.Fatal(err)
 	}
-	for _, re := range []string{`(?m)^simd: -march=\S+$`, `(?m)^amx: off \(.+\)$`, `(?m)^kernel class: cpu/\S+/fa \(batch-invariant\)$`} {
+	for _, re := range []string{`(?m)^simd: -march=\S+ \(.+\)$`, `(?m)^build: \w+/\w+, local build$`, `(?m)^amx: off \(.+\)$`, `(?m)^kernel class: cpu/\S+/fa \(batch-invariant\)$`} {
 		if !regexp.MustCompile(re).Match(out.Bytes()) {
 			t.Errorf("version output lacks %s:\n%s", re, out.String())
 		}

@@ -5,7 +5,7 @@
 // for their identity file, falling back to a temporary identity when
 // another run holds it.
 //
-// Where flock(2) exists the lock is the kernel's: it ends with its
+// Where flock(2) exists (and on Windows, LockFileEx) the lock is the kernel's: it ends with its
 // process, however that process ends, so a lock file left by a dead
 // process is simply taken over. Elsewhere the file itself is the lock,
 // and one naming a process that no longer runs is taken over.

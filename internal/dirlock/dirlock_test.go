@@ -1,7 +1,11 @@
 package dirlock
 
 import (
+	"bufio"
+	"bytes"
 	"errors"
+	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -50,4 +54,60 @@ func TestAcquire(t *testing.T) {
 	if b, _ := os.ReadFile(stale); strings.TrimSpace(string(b)) != strconv.Itoa(os.Getpid()) {
 		t.Fatalf("taken-over lock file holds %q, want this pid", b)
 	}
+}
+
+// Another process's lock is held here, names that process, and ends with
+// it (it exits without Release): flock on Unix, LockFileEx on Windows
+// (make test-platforms runs this under wine).
+func TestAcquireOtherProcess(t *testing.T) {
+	if path := os.Getenv("DIRLOCK_TEST_HOLD"); path != "" {
+		if _, err := Acquire(path); err != nil {
+			fmt.Println("error:", err)
+			os.Exit(1)
+		}
+		fmt.Println("held")
+		_, _ = io.ReadAll(os.Stdin) // until the parent closes it
+		os.Exit(0)
+	}
+	// Not t.TempDir: Wine 8 cannot os.RemoveAll (docs/platforms.md).
+	dir, err := os.MkdirTemp("", "dirlock-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
+	path := filepath.Join(dir, "node.lock")
+	cmd := exec.Command(os.Args[0], "-test.run=^TestAcquireOtherProcess$", "-test.count=1")
+	cmd.Env = append(os.Environ(), "DIRLOCK_TEST_HOLD="+path)
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	pr, pw := io.Pipe()
+	cmd.Stdout = io.MultiWriter(pw, &out)
+	if err := cmd.Start(); err != nil {
+		t.Skip("cannot start a second process:", err)
+	}
+	line, _ := bufio.NewReader(pr).ReadString('\n')
+	go func() { _, _ = io.Copy(io.Discard, pr) }()
+	if strings.TrimSpace(line) != "held" {
+		stdin.Close()
+		_ = cmd.Wait()
+		t.Fatalf("holder: %q %s", line, out.String())
+	}
+	_, err = Acquire(path)
+	var held *HeldError
+	if !errors.As(err, &held) || held.PID != cmd.Process.Pid {
+		t.Errorf("Acquire while pid %d holds it: %v", cmd.Process.Pid, err)
+	}
+	stdin.Close()
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("holder: %v\n%s", err, out.String())
+	}
+	pw.Close()
+	l, err := Acquire(path)
+	if err != nil {
+		t.Fatalf("after the holder exited: %v", err)
+	}
+	l.Release()
 }

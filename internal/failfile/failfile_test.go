@@ -292,7 +292,14 @@ func TestConcurrentSavesProcesses(t *testing.T) {
 		}
 		return
 	}
-	path := filepath.Join(t.TempDir(), FileName)
+	// Not t.TempDir: Wine 8 cannot os.RemoveAll, and make test-platforms
+	// runs this under wine (the save lock is LockFileEx there).
+	dir, err := os.MkdirTemp("", "failfile-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
+	path := filepath.Join(dir, FileName)
 	const procs = 4
 	ids := make([]peer.ID, procs)
 	cmds := make([]*exec.Cmd, procs)

@@ -60,6 +60,13 @@ func main() {
 		fmt.Fprintf(&b, " -I%s", p)
 	}
 	b.WriteString("\n")
+	if crossInclude() {
+		// Cross compilers (mingw-w64, aarch64-linux-gnu) do not search
+		// /usr/include, where Debian puts the header-only nlohmann/json;
+		// this directory holds only a link to it (docs/platforms.md).
+		// ${SRCDIR}: the same file in every clone.
+		b.WriteString("// #cgo windows arm64 CPPFLAGS: -I${SRCDIR}/../.cache/xinclude\n")
+	}
 	b.WriteString("import \"C\"\n\n")
 	commit := "unknown"
 	if mk, err := os.ReadFile(filepath.Join(d, "Makefile.sync")); err == nil {
@@ -77,4 +84,25 @@ func main() {
 		fmt.Fprintf(os.Stderr, "gencgo: %v\n", err)
 		os.Exit(1)
 	}
+}
+
+// crossInclude makes ../.cache/xinclude/nlohmann (from engine/) a link
+// to Debian's /usr/include/nlohmann and reports whether it is there; not
+// where the header is missing (a build then fails with the compiler's
+// own message, as before).
+func crossInclude() bool {
+	const hdr = "/usr/include/nlohmann"
+	if _, err := os.Stat(filepath.Join(hdr, "json_fwd.hpp")); err != nil {
+		return false
+	}
+	dir := filepath.Join("..", ".cache", "xinclude")
+	link := filepath.Join(dir, "nlohmann")
+	if t, err := os.Readlink(link); err == nil && t == hdr {
+		return true
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return false
+	}
+	_ = os.Remove(link)
+	return os.Symlink(hdr, link) == nil
 }
