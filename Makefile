@@ -62,7 +62,7 @@ STATICCHECK := .cache/bin/staticcheck-$(STATICCHECK_VERSION)/staticcheck
 DEADCODE_VERSION ?= v0.53.0
 DEADCODE := .cache/bin/deadcode-$(DEADCODE_VERSION)/deadcode
 
-.PHONY: all build build-check-amx cross dist test-platforms vet-cross generate test test-short vet lint lint-counts fmt fuzz bench bench-micro demo clean deps soak gpu gpu-lib gpu-tolerance placement-sim \
+.PHONY: all build build-check-amx cross cross-deps dist test-platforms vet-cross generate test test-short vet lint lint-counts fmt fuzz bench bench-micro demo clean deps soak gpu gpu-lib gpu-tolerance placement-sim \
 	image testnet-docker testnet-docker-fit testnet-docker-down test-docker
 
 all: build
@@ -97,7 +97,6 @@ gpu-tolerance: gpu-lib $(GENERATED)
 deps:
 	go mod download
 	sh scripts/build-deps.sh
-	sh scripts/cross-deps.sh
 	sh testnet/deps.sh
 	sh scripts/browser-deps.sh
 	sh scripts/node-deps.sh
@@ -133,25 +132,30 @@ endif
 
 # Other platforms (docs/platforms.md). make cross builds
 # bin/cross/meshp2p-<platform>[.exe] for PLATFORMS with Debian's cross
-# compilers (scripts/cross-deps.sh, run by make deps) at a portable SIMD
+# compilers (scripts/cross-deps.sh: make cross-deps, run first) at a portable SIMD
 # level: amd64 -march=$(AMD64_SIMD), arm64 -march=$(ARM64_SIMD), always
 # -UGGML_USE_LLAMAFILE. Each platform compiles llama.cpp once (5-14 min on
 # 2 cores; docs/platforms.md), seconds afterwards. make dist packs them
 # into dist/meshp2p-$(VERSION)-<platform>.tar.gz/.zip with README, the
-# license files and dist/SHA256SUMS. make test-platforms (run by make
-# test) runs them: Windows under wine, ARM64 (and amd64 on an older
-# emulated CPU) under qemu-user, a mixed loopback swarm.
+# license files and dist/SHA256SUMS. make test-platforms runs them:
+# Windows under wine, ARM64 (and amd64 on an older emulated CPU) under
+# qemu-user, a mixed loopback swarm. It installs its own Debian packages
+# (scripts/cross-deps.sh) and is not part of make test: a cold Go cache
+# makes it compile llama.cpp three times (35 min on 2 busy cores).
 PLATFORMS  ?= linux-amd64 linux-arm64 windows-amd64
 AMD64_SIMD ?= x86-64-v3
 ARM64_SIMD ?= armv8.2-a+fp16+dotprod
-cross: $(GENERATED)
+cross: cross-deps $(GENERATED)
 	AMD64_SIMD='$(AMD64_SIMD)' ARM64_SIMD='$(ARM64_SIMD)' sh scripts/cross.sh $(VERSION) bin/cross $(PLATFORMS)
 
-dist: $(GENERATED)
+dist: cross-deps $(GENERATED)
 	AMD64_SIMD='$(AMD64_SIMD)' ARM64_SIMD='$(ARM64_SIMD)' sh scripts/dist.sh $(VERSION) $(PLATFORMS)
 
+cross-deps:
+	sh scripts/cross-deps.sh
+
 # go vet for Windows and ARM64 (their build tags and cgo files).
-vet-cross: $(GENERATED)
+vet-cross: cross-deps $(GENERATED)
 	CROSS_VET=1 CROSS_SKIP_MISSING=1 AMD64_SIMD='$(AMD64_SIMD)' ARM64_SIMD='$(ARM64_SIMD)' sh scripts/cross.sh $(VERSION) bin/cross $(filter-out linux-amd64,$(PLATFORMS))
 
 test-platforms: vet-cross
