@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"runtime/cgo"
 	"strconv"
 	"unsafe"
 
@@ -84,6 +85,33 @@ type LoadOptions struct {
 	// On a GPU every layer of the file and the output head go there;
 	// the token embeddings stay on the CPU, as llama.cpp keeps them.
 	Device Device
+	// Progress, if set, is called as llama.cpp loads the weights with the
+	// fraction done (0 to 1). Whether or not it is set, a load whose ctx
+	// ends is aborted at the next report (ctx.Err() is returned).
+	Progress func(done float32)
+}
+
+// checkLoad is LoadModel's checks before llama.cpp sees path; vocabFP is
+// validateFile's.
+func checkLoad(ctx context.Context, path string, opts LoadOptions) (vocabFP string, err error) {
+	if _, err := os.Stat(path); err != nil {
+		return "", fmt.Errorf("engine: load %s: %w", path, err)
+	}
+	if vocabFP, err = validateFile(path, opts.VocabOnly); err != nil {
+		return "", fmt.Errorf("engine: load %s: %w", path, err)
+	}
+	if opts.Validate != nil {
+		if err := opts.Validate(ctx, path); err != nil {
+			return "", fmt.Errorf("engine: load %s: %w", path, err)
+		}
+	}
+	if err := ctx.Err(); err != nil {
+		return "", err
+	}
+	if !opts.Device.IsCPU() && opts.Device.dev == nil {
+		return "", fmt.Errorf("%w: device %q was not found by SelectDevice", ErrNoDevice, opts.Device.Name)
+	}
+	return vocabFP, nil
 }
 
 // validateFile checks path in pure Go before llama.cpp sees it, because
@@ -122,27 +150,20 @@ func validateFile(path string, vocabOnly bool) (string, error) {
 // files give an error wrapping the gguf error (gguf.ErrNotLoadable,
 // *gguf.FormatError, ...) instead of a llama.cpp abort.
 func LoadModel(ctx context.Context, path string, opts LoadOptions) (*Model, error) {
-	if _, err := os.Stat(path); err != nil {
-		return nil, fmt.Errorf("engine: load %s: %w", path, err)
-	}
-	vocabFP, err := validateFile(path, opts.VocabOnly)
+	vocabFP, err := checkLoad(ctx, path, opts)
 	if err != nil {
-		return nil, fmt.Errorf("engine: load %s: %w", path, err)
-	}
-	if opts.Validate != nil {
-		if err := opts.Validate(ctx, path); err != nil {
-			return nil, fmt.Errorf("engine: load %s: %w", path, err)
-		}
-	}
-	if err := ctx.Err(); err != nil {
 		return nil, err
-	}
-	if !opts.Device.IsCPU() && opts.Device.dev == nil {
-		return nil, fmt.Errorf("%w: device %q was not found by SelectDevice", ErrNoDevice, opts.Device.Name)
 	}
 	initBackend()
 	p := C.llama_model_default_params()
-	C.mp_quiet_model_params(&p)
+	h := cgo.NewHandle(func(done float32) bool {
+		if opts.Progress != nil {
+			opts.Progress(done)
+		}
+		return ctx.Err() == nil
+	})
+	defer h.Delete()
+	C.mp_progress_model_params(&p, C.uintptr_t(h))
 	p.vocab_only = C.bool(opts.VocabOnly)
 	p.use_mmap = C.bool(!opts.NoMmap)
 	// An explicit device list: with a GPU backend loaded, llama.cpp would
@@ -161,6 +182,9 @@ func LoadModel(ctx context.Context, path string, opts LoadOptions) (*Model, erro
 	defer C.free(unsafe.Pointer(cpath))
 	ptr := C.llama_model_load_from_file(cpath, p)
 	if ptr == nil {
+		if err := ctx.Err(); err != nil {
+			return nil, fmt.Errorf("engine: load %s: %w", path, err)
+		}
 		return nil, fmt.Errorf("%w: %s (see the log above for llama.cpp's reason)", ErrLoad, path)
 	}
 	m := &Model{ptr: ptr, vocab: C.llama_model_get_vocab(ptr), device: opts.Device}

@@ -81,11 +81,17 @@ void mp_set_capture(struct llama_context_params *p, mp_capture *c) {
 	p->cb_eval_user_data = c;
 }
 
-static bool mp_no_progress(float progress, void *ud) { (void)progress; (void)ud; return true; }
+// A model load reports to Go (loadprogress.go) instead of printing dots,
+// and Go may abort it (a cancelled context).
+// mpGoLoadProgress is Go's (loadprogress.go): the load's progress, false to
+// abort it. ud carries a cgo.Handle.
+extern _Bool mpGoLoadProgress(float progress, uintptr_t handle);
 
-void mp_quiet_model_params(struct llama_model_params *p) {
-	p->progress_callback = mp_no_progress;
-	p->progress_callback_user_data = NULL;
+static bool mp_progress(float progress, void *ud) { return mpGoLoadProgress(progress, (uintptr_t)ud); }
+
+void mp_progress_model_params(struct llama_model_params *p, uintptr_t handle) {
+	p->progress_callback = mp_progress;
+	p->progress_callback_user_data = (void *)handle;
 }
 
 static int mp_log_level = GGML_LOG_LEVEL_ERROR;

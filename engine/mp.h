@@ -2,6 +2,7 @@
 #define MESHP2P_MP_H
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 #include "llama.h"
 #include "ggml.h"
 #include "ggml-backend.h"
@@ -20,7 +21,7 @@ typedef struct {
 
 bool mp_eval_cb(struct ggml_tensor *t, bool ask, void *ud);
 void mp_set_capture(struct llama_context_params *p, mp_capture *c);
-void mp_quiet_model_params(struct llama_model_params *p);
+void mp_progress_model_params(struct llama_model_params *p, uintptr_t handle);
 void mp_log_init(int verbose);
 struct ggml_threadpool *mp_threadpool_new(int n_threads, int poll);
 long mp_timer_slack_ns(void);

@@ -75,7 +75,7 @@ func (l *windowLoader) load(ctx context.Context, path string) (*loadedShard, err
 		size = st.Size()
 	}
 	l.log.Info("loading shard", "file", filepath.Base(path), "bytes", size, "mmap", !l.noMmap, "device", l.device.Name)
-	if ls.model, err = engine.LoadModel(ctx, path, engine.LoadOptions{NoMmap: l.noMmap, Device: l.device}); err != nil {
+	if ls.model, err = engine.LoadModel(ctx, path, engine.LoadOptions{NoMmap: l.noMmap, Device: l.device, Progress: loadProgress(l.log, began)}); err != nil {
 		return nil, err
 	}
 	ec := l.engine
@@ -95,6 +95,26 @@ func (l *windowLoader) load(ctx context.Context, path string) (*loadedShard, err
 	}
 	l.log.Info("shard ready", "range", ls.window().String(), "decode_ms_per_token", float64(ls.calibration.Microseconds())/1000, "threads", ls.shard.Threads())
 	return ls, nil
+}
+
+// loadProgress logs a long load's progress: each quarter done, with the
+// time left, once a second has passed (a mapped file loads in less).
+func loadProgress(log *slog.Logger, began time.Time) func(float32) {
+	next := float32(0.25)
+	return func(done float32) {
+		if done < next || done >= 1 {
+			return
+		}
+		for next <= done {
+			next += 0.25
+		}
+		el := time.Since(began)
+		if el < time.Second {
+			return
+		}
+		left := time.Duration(float64(el) * float64(1-done) / float64(done))
+		log.Info("loading shard", "done", fmt.Sprintf("%.0f%%", 100*done), "left", left.Round(time.Second))
+	}
 }
 
 // cut cuts (or finds cached) window r of the whole model file at path,
