@@ -108,31 +108,56 @@ type chatLoop struct {
 	history []client.Message
 }
 
-// run reads messages from in until /bye or its end, answering each.
+// run reads messages from in until /bye or its end, answering each; a
+// cancelled ctx (Ctrl-C) ends it at once, also while it waits for a line.
 func (c *chatLoop) run(ctx context.Context, in io.Reader) error {
-	sc := bufio.NewScanner(in)
-	sc.Buffer(make([]byte, 64<<10), maxChatLine)
+	type line struct {
+		text string
+		err  error
+		eof  bool
+	}
+	lines := make(chan line)
+	next := make(chan struct{}, 1)
+	go func() { // the reader: one line per request on next
+		sc := bufio.NewScanner(in)
+		sc.Buffer(make([]byte, 64<<10), maxChatLine)
+		for range next {
+			if !sc.Scan() {
+				lines <- line{err: sc.Err(), eof: true}
+				return
+			}
+			lines <- line{text: sc.Text()}
+		}
+	}()
+	defer close(next)
 	for {
 		if c.tty {
 			fmt.Fprint(c.out, ">>> ")
 		}
-		if !sc.Scan() {
+		next <- struct{}{}
+		var l line
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case l = <-lines:
+		}
+		if l.eof {
 			if c.tty {
 				fmt.Fprintln(c.out)
 			}
-			if err := sc.Err(); err != nil {
-				return fmt.Errorf("reading stdin: %w", err)
+			if l.err != nil {
+				return fmt.Errorf("reading stdin: %w", l.err)
 			}
 			return nil
 		}
-		line := strings.TrimSpace(sc.Text())
+		text := strings.TrimSpace(l.text)
 		switch {
-		case line == "":
+		case text == "":
 			continue
-		case line == "/bye":
+		case text == "/bye":
 			return nil
 		}
-		if err := c.turn(ctx, line); err != nil {
+		if err := c.turn(ctx, text); err != nil {
 			if !c.tty || ctx.Err() != nil {
 				return err
 			}

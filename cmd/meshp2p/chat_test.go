@@ -1,6 +1,7 @@
 package main
 
 import (
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -68,6 +69,31 @@ func TestChatCommand(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Fatalf("no session summary in the head's log:\n%s", head.log.String())
 		}
+	}
+
+	// Ctrl-C while chat waits for a line (stdin open, nothing typed):
+	// it ends at once with status 130.
+	idle := exec.Command(bin, "chat", "--local", model)
+	stdin, err := idle.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stdin.Close()
+	if err := idle.Start(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(time.Second)               // loaded, waiting for the first line
+	_ = idle.Process.Signal(os.Interrupt) // by PID
+	done := make(chan error, 1)
+	go func() { done <- idle.Wait() }()
+	select {
+	case err := <-done:
+		if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != exitInterrupted {
+			t.Fatalf("chat interrupted at its prompt: %v, want exit %d", err, exitInterrupted)
+		}
+	case <-time.After(10 * time.Second):
+		_ = idle.Process.Kill()
+		t.Fatal("chat kept waiting for a line after Ctrl-C")
 	}
 
 	plain := "../../models/stories260K.gguf"
