@@ -487,9 +487,7 @@ type progress struct {
 func newProgress(w io.Writer, label string) *progress {
 	p := &progress{w: w, label: label, lastPct: -1, minBytes: 64 << 20, now: time.Now}
 	if f, ok := w.(*os.File); ok {
-		if st, err := f.Stat(); err == nil && st.Mode()&os.ModeCharDevice != 0 {
-			p.tty = true
-		}
+		p.tty = isTerminal(f)
 	}
 	return p
 }

@@ -53,12 +53,8 @@ func (f *fetchFlags) apply(cfg *node.Config, model string, layers *gguf.Range, s
 		return fmt.Errorf("%w: --model %s is fetched (no local file): give the layers to fetch with --layers A-B, or --memory to have them chosen", errUsage, model)
 	}
 	var mu sync.Mutex
-	tty := false
-	if fh, ok := stderr.(*os.File); ok {
-		if st, err := fh.Stat(); err == nil && st.Mode()&os.ModeCharDevice != 0 {
-			tty = true
-		}
-	}
+	fh, ok := stderr.(*os.File)
+	tty := ok && isTerminal(fh)
 	cfg.ModelPath = ""
 	cfg.Fetch = &node.FetchConfig{Model: model, Wait: f.wait, Progress: func(done, total int64, rate float64, eta time.Duration) {
 		mu.Lock()
