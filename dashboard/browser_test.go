@@ -203,6 +203,12 @@ func TestDashboardInBrowser(t *testing.T) {
 		document.querySelector('.model .badge.bad') !== null`, 15*time.Second)
 	t.Logf("killed node's layer red %v after SIGKILL", time.Since(killed).Round(time.Millisecond))
 	screenshot(t, ctx, "dashboard-killed.png")
+	// About a second later discovery drops the dead node's advert (p2p's
+	// liveness check); the page keeps showing its shard as dead
+	// (route.Table.Departed) rather than losing it.
+	time.Sleep(3 * time.Second)
+	evalUntil(t, ctx, `!!document.querySelector('.shard.dead[data-peer="`+c.id+`"]') &&
+		document.querySelectorAll('.bar .cell.gap').length === 1`, 5*time.Second)
 
 	t.Run("chat panel streams from a stand-in /v1", func(t *testing.T) { chatPanel(t, ctx) })
 }

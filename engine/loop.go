@@ -240,6 +240,7 @@ func (s *Shard) decode(parts []part, n int) error {
 		s.kv.dirty = true
 		return fmt.Errorf("%w: rc=%d (%d rows)", ErrDecode, int(rc), n)
 	}
+	s.freeRetired()
 	s.kv.used += n
 	for _, p := range parts {
 		s.kv.live[p.r.sess.seq] += p.rows

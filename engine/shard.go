@@ -150,6 +150,11 @@ type Shard struct {
 	lctx    *C.struct_llama_context
 	pool    *C.struct_ggml_threadpool // nil with DisposableThreads
 	threads int                       // the pool's threads (the loop's; SetThreads asks for others)
+	// retired are pools SetThreads replaced that llama.cpp's CPU backend
+	// may still point at: it switches (and pauses the old pool) only at
+	// its next graph compute, so they are freed after the next decode
+	// that succeeds (freeing one before that is a use after free).
+	retired []*C.struct_ggml_threadpool
 	// wantThreads is the thread count SetThreads asked for (0: none
 	// asked); the loop applies it before its next decode.
 	wantThreads atomic.Int32
@@ -339,6 +344,7 @@ func (s *Shard) freeC() {
 		C.ggml_threadpool_free(s.pool)
 		s.pool = nil
 	}
+	s.freeRetired()
 	if s.capture != nil {
 		C.free(unsafe.Pointer(s.capture.buf))
 		C.free(unsafe.Pointer(s.capture))
@@ -761,6 +767,16 @@ func (s *Shard) Threads() int {
 	return s.cfg.Threads
 }
 
+// freeRetired frees the pools SetThreads replaced. The loop calls it
+// after a decode succeeded (the CPU backend then uses s.pool) and freeC
+// after llama_free.
+func (s *Shard) freeRetired() {
+	for _, p := range s.retired {
+		C.ggml_threadpool_free(p)
+	}
+	s.retired = nil
+}
+
 // applyThreads runs on the loop before a decode: a new pool of the
 // threads SetThreads asked for replaces the old one.
 func (s *Shard) applyThreads() {
@@ -778,7 +794,7 @@ func (s *Shard) applyThreads() {
 			return
 		}
 		C.llama_attach_threadpool(s.lctx, pool, pool)
-		C.ggml_threadpool_free(s.pool)
+		s.retired = append(s.retired, s.pool)
 		s.pool = pool
 	}
 	s.log.Info("compute threads changed", "from", s.threads, "to", n)

@@ -66,6 +66,8 @@ type Table struct {
 	offers   map[peer.ID][]Offer
 	measured map[peer.ID]time.Time // each peer's last demand report (its measured_at)
 	demand   *demand.Map
+	// departed are dead peers' last shards (departed.go).
+	departed map[peer.ID]departure
 	// DemandConfig bounds the demand map (zero: package demand's
 	// defaults); set before the table is used.
 	DemandConfig demand.Config
@@ -480,6 +482,9 @@ func Follow(ctx context.Context, d *p2p.Discovery, t *Table) {
 				return
 			}
 			if ev.Kind == p2p.AdvertRemoved {
+				if ev.Reason == p2p.ReasonUnreachable {
+					t.markDeparted(ev.Advert.Peer, time.Now())
+				}
 				t.dropOffers(ev.Advert.Peer)
 				t.Set(ev.Advert.Peer, nil)
 				continue

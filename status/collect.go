@@ -65,6 +65,11 @@ func (c *Collector) Document(ctx context.Context) *Document {
 	doc.Counters.SessionsActive = doc.Self.Sessions
 	shards := c.Table.Shards("")
 	live := c.probeAll(ctx, shards)
+	// Peers found dead lately are listed too, as dead (not probed: their
+	// adverts were dropped because a dial failed; route.Table.Departed).
+	for _, d := range c.Table.Departed() {
+		shards = append(shards, d.Shard)
+	}
 	doc.Models = c.models(own, shards, live)
 	doc.Peers = c.peers(shards, live)
 	c.routePaths(doc.Routes)
