@@ -142,6 +142,10 @@ type Request struct {
 	// Client is the peer the route is for (tracker side: the requesting
 	// peer; the pending load one client's tickets add is capped).
 	Client peer.ID
+	// Warm are hops that hold KV this session can reuse (the route of an
+	// earlier turn of the conversation, or the failed epoch's): a shard
+	// of the same peer and range costs costWarm less. A preference only.
+	Warm []Hop
 }
 
 // checkLayerCount bounds req.NLayer before a planner sizes anything by it.
@@ -177,6 +181,11 @@ const (
 	costRelayed = 400.0  // a relayed hop pays the relay's extra leg and shares its bandwidth
 	costLoad    = 100.0  // scaled by the fraction of the hop's sessions in use
 	costJitter  = 1.0    // random tie-break so equal routes share the load
+	// costWarm is taken off a shard that holds the session's prefix
+	// (Request.Warm): more than any load difference, since reusing a
+	// cached prefix saves its whole prefill on that hop, but less than a
+	// hop or a relayed leg, which every token pays.
+	costWarm = 300.0
 
 	// localCostScale turns the costs above into the integer costs of the
 	// shared search (route/core.go): a millionth of a unit, far below the
@@ -205,6 +214,9 @@ func (p *LocalPlanner) Plan(ctx context.Context, req Request) (*Route, error) {
 		}
 		cands = append(cands, s)
 		c := edgeCost(s) + costJitter*rnd.Float64()
+		if isWarm(s, req.Warm) {
+			c -= costWarm
+		}
 		byStart[s.Start] = append(byStart[s.Start], edge{s: s, cost: int64(math.Round(c * localCostScale))})
 	}
 	path := shortest(byStart, req.MaxHops, math.MaxInt64)
@@ -217,6 +229,16 @@ func (p *LocalPlanner) Plan(ctx context.Context, req Request) (*Route, error) {
 			MsPerLayer: float64(e.s.DecodeMsPerLayer)}
 	}
 	return &Route{Fingerprint: req.Fingerprint, NLayer: n, Epoch: req.Epoch, Hops: out}, nil
+}
+
+// isWarm reports whether s is one of the warm hops (same peer and range).
+func isWarm(s Shard, warm []Hop) bool {
+	for _, h := range warm {
+		if h.Peer == s.Peer && h.Start == s.Start && h.End == s.End {
+			return true
+		}
+	}
+	return false
 }
 
 func edgeCost(s Shard) float64 {

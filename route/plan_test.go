@@ -126,3 +126,45 @@ func TestResolve(t *testing.T) {
 		t.Errorf("8-character prefix resolved: %v", err)
 	}
 }
+
+// Warm hops (a conversation's earlier route) are preferred over a replica
+// with more free sessions, never over a route with fewer hops or a direct
+// leg over a relayed one, and ignored when excluded or full.
+func TestPlanPrefersWarmHops(t *testing.T) {
+	D, R := p2p.PathDirect, p2p.PathRelayed
+	warmB := []Hop{{Peer: "a", Start: 0, End: 3}, {Peer: "b", Start: 3, End: 6}}
+	cases := []struct {
+		name    string
+		offers  []Shard
+		warm    []Hop
+		exclude []string
+		want    string
+	}{
+		{"no warm: the idler replica", []Shard{offer("a", 0, 3, D, 4), offer("b", 3, 6, D, 1), offer("c", 3, 6, D, 4)}, nil, nil, "a[0,3) c[3,6) "},
+		{"warm replica though busier", []Shard{offer("a", 0, 3, D, 4), offer("b", 3, 6, D, 1), offer("c", 3, 6, D, 4)}, warmB, nil, "a[0,3) b[3,6) "},
+		{"same peer, other range: not warm", []Shard{offer("a", 0, 3, D, 4), offer("b", 2, 6, D, 1), offer("c", 3, 6, D, 4)}, warmB, nil, "a[0,3) c[3,6) "},
+		{"fewer hops beat warm", []Shard{offer("a", 0, 3, D, 4), offer("b", 3, 6, D, 4), offer("w", 0, 6, D, 4)}, warmB, nil, "w[0,6) "},
+		{"direct beats warm relayed", []Shard{offer("a", 0, 3, D, 4), offer("b", 3, 6, R, 4), offer("c", 3, 6, D, 4)}, warmB, nil, "a[0,3) c[3,6) "},
+		{"warm but full", []Shard{offer("a", 0, 3, D, 4), offer("b", 3, 6, D, 0), offer("c", 3, 6, D, 4)}, warmB, nil, "a[0,3) c[3,6) "},
+		{"warm but excluded", []Shard{offer("a", 0, 3, D, 4), offer("b", 3, 6, D, 4), offer("c", 3, 6, D, 4)}, warmB, []string{"b"}, "a[0,3) c[3,6) "},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			tb := table(tc.offers...)
+			ex := map[peer.ID]bool{}
+			for _, e := range tc.exclude {
+				ex[peer.ID(e)] = true
+			}
+			for seed := range uint64(20) { // over the jitter
+				p := &LocalPlanner{Table: tb, Rand: rand.New(rand.NewPCG(seed, 1))}
+				r, err := p.Plan(context.Background(), Request{Fingerprint: fp, NLayer: 6, Exclude: ex, Warm: tc.warm})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if got := hops(r); got != tc.want {
+					t.Fatalf("seed %d: %s, want %s", seed, got, tc.want)
+				}
+			}
+		})
+	}
+}

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"slices"
 	"time"
 
 	"github.com/libp2p/go-libp2p/core/crypto"
@@ -80,6 +81,8 @@ type Origin struct {
 	// NoPrefixCache: sessions neither reuse nor leave cached prefixes at
 	// the hops (prefix.go; on by default).
 	NoPrefixCache bool
+
+	warm warmRoutes // recent sessions' routes, for cache affinity (warm.go)
 }
 
 // GenerateRequest is one generation.
@@ -206,7 +209,8 @@ func (o *Origin) generate(ctx context.Context, req GenerateRequest, obs OriginOb
 	var full capacityRetry
 	start := time.Now()
 	for epoch := uint64(1); ; epoch++ {
-		preq := route.Request{Fingerprint: req.Fingerprint, NLayer: req.NLayer, Exclude: exclude, NeedKV: len(req.Prompt) + req.MaxTokens + 1, Epoch: epoch, SessionID: sid[:]}
+		preq := route.Request{Fingerprint: req.Fingerprint, NLayer: req.NLayer, Exclude: exclude, NeedKV: len(req.Prompt) + req.MaxTokens + 1, Epoch: epoch, SessionID: sid[:],
+			Warm: o.warmHops(req, res)}
 		rt, err := o.planEpoch(ctx, &full, preq, res, obs)
 		if o.routeFull(err, req, len(res.Failures)) {
 			// Every peer serving some layer is full now: the planner skips
@@ -378,7 +382,11 @@ func (o *Origin) run(ctx context.Context, sid [16]byte, rt *route.Route, req Gen
 	if err := e.prefill(input, from, chunk, starts); err != nil {
 		return head, err
 	}
-	return e.collect(req, res, len(open.GetGenerated()), start, o.observer())
+	failed, err := e.collect(req, res, len(open.GetGenerated()), start, o.observer())
+	if err == nil && e.chain != nil {
+		o.warm.remember(append(slices.Clone(e.chain.GetHashes()), e.kept...), rt.Hops)
+	}
+	return failed, err
 }
 
 // sessionOpen is the SessionOpen of one epoch and the rows to prefill: the
@@ -413,6 +421,7 @@ type epochRun struct {
 	seed   [16]byte
 	input  []int32
 	accept *meshp2pb.SessionAccept
+	kept   []byte // the close's continuation of chain (what the hops keep)
 }
 
 // admit sends the open and waits until the whole route admitted it.
@@ -509,8 +518,9 @@ func (e *epochRun) collect(req GenerateRequest, res *Result, nGenerated int, sta
 				res.Stop = "max_tokens"
 			}
 			if res.Stop != "" {
+				e.kept = e.prefixMore(res.Tokens[nGenerated:])
 				_ = e.w.WriteStream(&meshp2pb.StreamMessage{Kind: &meshp2pb.StreamMessage_Close{Close: &meshp2pb.SessionClose{SessionId: e.sid[:], Epoch: e.rt.Epoch, Reason: res.Stop,
-					PrefixMore: e.prefixMore(res.Tokens[nGenerated:])}}})
+					PrefixMore: e.kept}}})
 				res.HopStats = hopStats(e.rt, sums, counts, prefillUs)
 				timings.fill(res.HopStats)
 				return "", nil
