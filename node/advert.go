@@ -34,6 +34,11 @@ type advertiser struct {
 	// place is the node's placement controller (nil on a client); set in
 	// Start before the first publish and the loops, read-only after.
 	place *placementController
+	// sessions receives when a session was admitted or ended on this
+	// node's hop (observers.sessions): the loop re-checks capacity then,
+	// at most every AdvertSessionGap, not only on its tick.
+	sessions <-chan struct{}
+	every    time.Duration // the check's period (0: AdvertCheckInterval)
 
 	mu     sync.Mutex
 	demand *meshp2pb.DemandReport // the last demand report (demandLoop)
@@ -75,26 +80,53 @@ func (a *advertiser) ownShards() []route.Shard {
 }
 
 // loop re-publishes when free capacity or measured speed changes (checked
-// every AdvertCheckInterval), until ctx ends.
+// every AdvertCheckInterval, and when a session is admitted or ends, at
+// most every AdvertSessionGap), until ctx ends. Sessions are checked at
+// once because planners skip peers whose advert shows no room: on the
+// tick alone, a slot freed just after one stayed invisible for up to
+// AdvertCheckInterval (an origin waiting for room waited that long), and
+// a node that filled up kept drawing opens it had to refuse.
 func (a *advertiser) loop(ctx context.Context) {
-	t := time.NewTicker(AdvertCheckInterval)
+	t := time.NewTicker(cmp.Or(a.every, AdvertCheckInterval))
 	defer t.Stop()
+	gap := time.NewTimer(0) // fires when a release may re-check again
+	defer gap.Stop()
+	var open, pending bool    // the gap has passed; a release waits for it
 	hop := a.set.hopService() // made with the first window, before the loop
 	last, lastSpeed, lastExtras := a.set.capacity(), hop.DecodeMsPerLayer(), a.set.extraCapacities()
+	check := func() {
+		c, sp, ex := a.set.capacity(), hop.DecodeMsPerLayer(), a.set.extraCapacities()
+		// Re-publish on capacity changes (extra models' too), or when
+		// the measured speed moved by more than a quarter (the
+		// tracker's cost model).
+		if c != last || !slices.Equal(ex, lastExtras) || math.Abs(float64(sp-lastSpeed)) > AdvertSpeedChange*float64(max(lastSpeed, 1e-6)) {
+			last, lastSpeed, lastExtras = c, sp, ex
+			if err := a.publish(); err != nil {
+				a.log.Warn("re-publish advert", "err", err)
+			}
+		}
+	}
+	now := func() {
+		open, pending = false, false
+		gap.Reset(AdvertSessionGap)
+		check()
+	}
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-			c, sp, ex := a.set.capacity(), hop.DecodeMsPerLayer(), a.set.extraCapacities()
-			// Re-publish on capacity changes (extra models' too), or when
-			// the measured speed moved by more than a quarter (the
-			// tracker's cost model).
-			if c != last || !slices.Equal(ex, lastExtras) || math.Abs(float64(sp-lastSpeed)) > AdvertSpeedChange*float64(max(lastSpeed, 1e-6)) {
-				last, lastSpeed, lastExtras = c, sp, ex
-				if err := a.publish(); err != nil {
-					a.log.Warn("re-publish advert", "err", err)
-				}
+			check()
+		case <-a.sessions:
+			if open {
+				now()
+			} else {
+				pending = true
+			}
+		case <-gap.C:
+			open = true
+			if pending {
+				now()
 			}
 		}
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"errors"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -365,5 +366,56 @@ func signOpen(t testing.TB, n *Node, open *meshp2pb.SessionOpen) {
 	t.Helper()
 	if err := session.SignOpen(open, n.host.Peerstore().PrivKey(n.P2P().ID()), time.Now()); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// A session's admission and end re-publish the capacity at once: with
+// the periodic check an hour apart, only they can make the client's table
+// show the only slot taken, then free again (planners skip peers whose
+// advert shows no room).
+func TestSessionsRepublishCapacity(t *testing.T) {
+	model := testmodels.Path(t, "stories260K.gguf")
+	tn := newTestNet(t)
+	n := tn.shardWith(model, nil, func(c *Config) { c.Engine.MaxSessions = 1; c.AdvertCheckInterval = time.Hour })
+	c := tn.client()
+	fp, nl := waitModel(t, c, "stories260K")
+	free := func() int {
+		for _, s := range c.Table().Shards(fp) {
+			if s.Peer == n.P2P().ID() {
+				return int(s.Capacity.GetFreeSessions())
+			}
+		}
+		return -1
+	}
+	// waitFree waits for the client's table to show want free sessions
+	// (the bound only ends a failing test).
+	waitFree := func(want int) error {
+		for deadline := time.Now().Add(30 * time.Second); free() != want; time.Sleep(10 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				return fmt.Errorf("the client's table shows %d free sessions, want %d", free(), want)
+			}
+		}
+		return nil
+	}
+	if err := waitFree(1); err != nil {
+		t.Fatal(err)
+	}
+	var held error
+	first := true
+	_, err := c.Origin(nil).Generate(context.Background(), session.GenerateRequest{Fingerprint: fp, NLayer: nl, Prompt: []int32{1, 403, 407}, MaxTokens: 8,
+		OnToken: func(int32) bool {
+			if first { // the session holds the slot while this waits
+				first, held = false, waitFree(0)
+			}
+			return false
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if held != nil {
+		t.Fatalf("while the session ran: %v", held)
+	}
+	if err := waitFree(1); err != nil {
+		t.Fatalf("after it ended: %v", err)
 	}
 }

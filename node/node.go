@@ -46,8 +46,12 @@ type Config struct {
 	// DemandInterval is how often the node gossips the demand its origins
 	// measured (DefaultDemandInterval).
 	DemandInterval time.Duration
-	ModelName      string // advertised name (default: the file name without .gguf)
-	Engine         engine.Config
+	// AdvertCheckInterval is how often the node compares its capacity and
+	// speed with its advert (0: AdvertCheckInterval); a session's end
+	// re-checks at once as well (advert.go).
+	AdvertCheckInterval time.Duration
+	ModelName           string // advertised name (default: the file name without .gguf)
+	Engine              engine.Config
 	// ThreadShare, with Engine.Threads 0, sizes the served windows'
 	// compute threads as this process's share of the machine
 	// (cpushare.Member.Threads), re-checked every ThreadShareInterval
@@ -255,7 +259,7 @@ func (n *Node) startHost(ctx context.Context) error {
 	}
 	n.host = streamHost(n.p2p, n.cfg.DirectWait)
 	n.table.Reach = func(p peer.ID) p2p.Path { return n.p2p.ConnStatus(p).Path }
-	n.adv = &advertiser{local: n.p2p.Discovery(), self: n.p2p.ID(), network: n.cfg.P2P.Network, set: n.set, log: n.log}
+	n.adv = &advertiser{local: n.p2p.Discovery(), self: n.p2p.ID(), network: n.cfg.P2P.Network, set: n.set, log: n.log, sessions: n.obs.sessions.c, every: n.cfg.AdvertCheckInterval}
 	n.set.publish = n.adv.publish
 	return nil
 }

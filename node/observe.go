@@ -3,6 +3,7 @@ package node
 import (
 	"github.com/neuron-tai/meshp2p/metrics"
 	"github.com/neuron-tai/meshp2p/p2p"
+	"github.com/neuron-tai/meshp2p/proto/meshp2pb"
 	"github.com/neuron-tai/meshp2p/route"
 	"github.com/neuron-tai/meshp2p/session"
 	"github.com/neuron-tai/meshp2p/status"
@@ -13,16 +14,36 @@ import (
 type observers struct {
 	recorder *status.Recorder // totals and recent routes for the status document
 	metrics  *metrics.Metrics
+	// sessions receives (coalesced) when a session is admitted or ends,
+	// so the advertiser re-publishes the capacity at once (advert.go).
+	sessions sessionSignal
+}
+
+// sessionSignal is a hop observer that signals its channel (one pending
+// signal at most) whenever a session is admitted or ends.
+type sessionSignal struct {
+	session.NopHop
+	c chan struct{}
+}
+
+func (r sessionSignal) SessionAdmitted(session.SessionInfo) { r.signal() }
+func (r sessionSignal) SessionEnded(meshp2pb.ErrorCode)     { r.signal() }
+
+func (r sessionSignal) signal() {
+	select {
+	case r.c <- struct{}{}:
+	default:
+	}
 }
 
 // newObservers wires the observers into cfg before anything starts: the
 // hop's observer, and go-libp2p's metrics through the p2p registerer.
 func newObservers(cfg Config) (*observers, Config) {
-	o := &observers{recorder: cfg.Recorder, metrics: cfg.Metrics}
+	o := &observers{recorder: cfg.Recorder, metrics: cfg.Metrics, sessions: sessionSignal{c: make(chan struct{}, 1)}}
 	if o.recorder == nil {
 		o.recorder = &status.Recorder{}
 	}
-	obs := session.HopObservers{o.recorder}
+	obs := session.HopObservers{o.recorder, o.sessions}
 	if m := cfg.Metrics; m != nil {
 		obs = append(obs, m)
 		if cfg.P2P.Metrics == nil {

@@ -16,6 +16,10 @@ const (
 	// AdvertCheckInterval is how often a node compares its free capacity
 	// and measured speed with what it last advertised.
 	AdvertCheckInterval = 2 * time.Second
+	// AdvertSessionGap is the least time between two capacity checks
+	// that sessions starting or ending set off (a busy hop sees many a
+	// second; each re-publish is one gossip message to the swarm).
+	AdvertSessionGap = 250 * time.Millisecond
 	// AdvertSpeedChange is the relative change of the measured speed that
 	// re-publishes the advert (the tracker's cost model reads it; smaller
 	// changes are noise).

@@ -119,7 +119,7 @@ func NewHopService(host Host, eng Engine, cfg HopConfig) *HopService {
 		cfg.Logger = slog.Default()
 	}
 	if cfg.Observer == nil {
-		cfg.Observer = nopHop{}
+		cfg.Observer = NopHop{}
 	}
 	if cfg.SilenceBackoff <= 0 {
 		cfg.SilenceBackoff = DefaultSilenceBackoff

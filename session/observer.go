@@ -94,17 +94,18 @@ func CodeLabel(c meshp2pb.ErrorCode) string {
 	return strings.ToLower(strings.TrimPrefix(c.String(), "ERROR_CODE_"))
 }
 
-// nopHop and nopOrigin are the observers used when none is configured.
-type nopHop struct{}
+// NopHop and nopOrigin are the observers used when none is configured;
+// embed NopHop to implement only some of HopObserver's methods.
+type NopHop struct{}
 
-func (nopHop) SessionAdmitted(SessionInfo)            {}
-func (nopHop) SessionRefused(meshp2pb.ErrorCode)      {}
-func (nopHop) SessionEnded(meshp2pb.ErrorCode)        {}
-func (nopHop) Computed(bool, int, time.Duration)      {}
-func (nopHop) TokenServed()                           {}
-func (nopHop) Verified(int, int)                      {}
-func (nopHop) WindowsInFlight(int)                    {}
-func (nopHop) SeamWrite(p2p.Path, int, time.Duration) {}
+func (NopHop) SessionAdmitted(SessionInfo)            {}
+func (NopHop) SessionRefused(meshp2pb.ErrorCode)      {}
+func (NopHop) SessionEnded(meshp2pb.ErrorCode)        {}
+func (NopHop) Computed(bool, int, time.Duration)      {}
+func (NopHop) TokenServed()                           {}
+func (NopHop) Verified(int, int)                      {}
+func (NopHop) WindowsInFlight(int)                    {}
+func (NopHop) SeamWrite(p2p.Path, int, time.Duration) {}
 func (nopOrigin) RoutePlanned(time.Duration, error)   {}
 func (nopOrigin) TokenReceived()                      {}
 func (nopOrigin) FirstToken(time.Duration)            {}
