@@ -315,10 +315,14 @@ func (c *advertChecker) accept(source peer.ID, data []byte, now time.Time) (*adv
 // Gossip bounds per author and for the replay state.
 const (
 	// authorBurst adverts at once, then one per authorRefill: honest nodes
-	// re-publish every RepublishInterval and when capacity changes (checked
-	// every 2 s).
+	// re-publish every RepublishInterval and when capacity changes, paced
+	// to publishBurst and authorRefill (publishLoop).
 	authorBurst  = 10
 	authorRefill = 2 * time.Second
+	// publishBurst is this node's own burst (publishLoop): half of what
+	// receivers allow, so gossip delays that bunch its adverts up stay
+	// within their limit.
+	publishBurst = authorBurst / 2
 	// maxSeqState bounds the replay state and the per-author buckets
 	// (peers remembered); past it the least recently heard peer is
 	// forgotten.

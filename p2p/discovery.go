@@ -24,6 +24,7 @@ import (
 	"github.com/libp2p/go-libp2p/p2p/protocol/holepunch"
 	"github.com/multiformats/go-multiaddr"
 	mh "github.com/multiformats/go-multihash"
+	"golang.org/x/time/rate"
 )
 
 // Discovery tunables; variables so tests can shrink them.
@@ -505,10 +506,15 @@ func (d *Discovery) SetLocalAdvert(keys []string, body []byte) error {
 		}
 	}
 	d.mu.Lock()
+	// The DHT records name the keys only: a new body under the same keys
+	// (a capacity change) needs no provide round.
+	newKeys := d.local == nil || !slices.Equal(d.local.keys, keys)
 	d.local = &localAdvert{keys: slices.Clone(keys), body: bytes.Clone(body)}
 	d.mu.Unlock()
 	poke(d.publishNow)
-	poke(d.provideNow)
+	if newKeys {
+		poke(d.provideNow)
+	}
 	return nil
 }
 
@@ -570,12 +576,20 @@ func (d *Discovery) publishLoop() {
 	d.awaitHolePunchReady()
 	timer := time.NewTimer(d.cfg.RepublishInterval)
 	defer timer.Stop()
+	// Paced below what receivers accept from one author (authorBurst,
+	// then one per authorRefill; more is dropped): changes that come
+	// faster are coalesced, and the advert sent when the pace allows is
+	// the latest, so the last state always goes out.
+	pace := rate.NewLimiter(rate.Every(authorRefill), publishBurst)
 	for {
 		select {
 		case <-d.ctx.Done():
 			return
 		case <-d.publishNow:
 		case <-timer.C:
+		}
+		if pace.Wait(d.ctx) != nil {
+			return
 		}
 		next := d.cfg.RepublishInterval
 		if !d.publish() {

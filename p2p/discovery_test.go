@@ -231,3 +231,28 @@ func TestFullTableEvicts(t *testing.T) {
 		}
 	}
 }
+
+// A node whose advert changes faster than receivers accept from one
+// author (authorBurst, then one per authorRefill) paces its gossip: the
+// changes coalesce, and the latest state reaches its peers. Unpaced, the
+// receivers dropped the tail of the burst, the last state included, until
+// the next republish (here a minute away).
+func TestRapidAdvertChangesArrive(t *testing.T) {
+	ctx := testCtx(t, 60*time.Second)
+	b, members := cluster(t, 1, func(c *Config) {
+		c.Discovery.RepublishInterval, c.Discovery.AdvertTTL = time.Minute, 5*time.Minute
+	})
+	m := members[0]
+	waitFor(ctx, t, "the members to connect", func() bool { return len(b.Host().Network().Peers()) > 0 })
+	time.Sleep(syncFollowUp + time.Second) // past the pulls that follow a connection
+	const n = 3 * authorBurst
+	for i := range n {
+		if err := m.Discovery().SetLocalAdvert([]string{"model"}, []byte(fmt.Sprintf("body-%d", i))); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(20 * time.Millisecond) // each change its own publish, unpaced
+	}
+	waitFor(ctx, t, "the bootstrap node to see the last advert", func() bool {
+		return hasAdvert(b, m.ID(), fmt.Sprintf("body-%d", n-1))
+	})
+}
