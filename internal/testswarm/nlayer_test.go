@@ -3,6 +3,7 @@ package testswarm_test
 import (
 	"context"
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -118,6 +119,15 @@ func TestTrackerLayerCountPoisoningOneIdentity(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 	}
 	origin := tn.Peer()
+	// The origin checks each ticket's hops against its own table, as a
+	// client does once it has resolved the model: wait until it holds
+	// the honest shard (a peer just started may not yet).
+	for !slices.ContainsFunc(origin.Table().Shards(fp), func(s route.Shard) bool { return s.Peer == honest.P2P().ID() }) {
+		if time.Now().After(deadline) {
+			t.Fatal("the origin never learnt the honest shard's advert")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 	planner := origin.TrackerPlanner([]peer.AddrInfo{tr.P2P().AddrInfo()}, true)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
