@@ -221,7 +221,7 @@ func newDiscovery(n *Node) (*Discovery, error) {
 		pubsub.WithMaxMessageSize(max(maxEnvelopeSize(cfg), MaxTopicMessage)+4096), // adverts are bounded by their validator
 		// A duplicate that outlives the seen cache is stale by then.
 		pubsub.WithSeenMessagesTTL(cfg.MaxAge+cfg.ClockSkew),
-		pubsub.WithLogger(d.log),
+		pubsub.WithLogger(demote(d.log, libLevelShift)), // its internals, not the swarm's story (liblog.go)
 	)
 	if err != nil {
 		d.cancel()
