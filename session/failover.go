@@ -1,10 +1,12 @@
 package session
 
 import (
+	"cmp"
 	"fmt"
 	"slices"
 
 	"github.com/libp2p/go-libp2p/core/peer"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/neuron-tai/meshp2p/proto/frame"
 	"github.com/neuron-tai/meshp2p/proto/meshp2pb"
@@ -26,38 +28,90 @@ import (
 // next hop needs below it, and forwards only rows from the next hop's
 // start on.
 
-// prefillSent is what this hop sent the next hop in the latest epoch of
-// key's session before key's that it still keeps: the prefill frames from
-// position 0 on while they run contiguously in dtype wire, and how many
-// positions they cover.
+// prefillSent is what this hop sent the next hop in the earlier epochs of
+// key's session that it still keeps: prefill frames in dtype wire that
+// run contiguously from position 0, and how many positions they cover.
+// A later epoch's frames are preferred and an earlier one's fill in below
+// them: after one failover a hop that adopted positions sent only the rows
+// from there on, and its first epoch's records hold the rest (the same
+// rows, bitwise: the same layers over the same inputs, which the prefix
+// scope guarantees). Frames are trimmed so that no position is sent twice.
 func (s *auditStore) prefillSent(key Key, wire meshp2pb.DType) ([]*meshp2pb.RecordedFrame, int) {
 	s.mu.Lock()
-	var prev *kept
-	var epoch uint64
+	var prev []*kept
+	var epochs []uint64
 	for k, kp := range s.m {
-		if k.Origin == key.Origin && k.ID == key.ID && k.Epoch < key.Epoch && (prev == nil || k.Epoch > epoch) {
-			prev, epoch = kp, k.Epoch
+		if k.Origin == key.Origin && k.ID == key.ID && k.Epoch < key.Epoch {
+			prev, epochs = append(prev, kp), append(epochs, k.Epoch)
 		}
 	}
 	s.mu.Unlock()
-	if prev == nil {
-		return nil, 0
+	var frames [][]*meshp2pb.RecordedFrame // latest epoch first
+	for _, i := range latestFirst(epochs) {
+		prev[i].mu.Lock()
+		frames = append(frames, usablePrefill(prev[i].sent, wire))
+		prev[i].mu.Unlock()
 	}
-	prev.mu.Lock()
-	sent := slices.Clone(prev.sent)
-	prev.mu.Unlock()
 	var out []*meshp2pb.RecordedFrame
 	to := 0
+	for {
+		f := coveringFrame(frames, to)
+		if f == nil {
+			return out, to
+		}
+		out = append(out, trimFrame(f, to))
+		to = int(f.GetHeader().GetPosStart() + f.GetHeader().GetNRows())
+	}
+}
+
+// latestFirst is the indices of epochs, latest epoch first.
+func latestFirst(epochs []uint64) []int {
+	idx := make([]int, len(epochs))
+	for i := range idx {
+		idx[i] = i
+	}
+	slices.SortFunc(idx, func(a, b int) int { return cmp.Compare(epochs[b], epochs[a]) })
+	return idx
+}
+
+// usablePrefill are the frames of sent a replay can re-send: prefill rows
+// (no speculative window's) of one tensor in dtype wire.
+func usablePrefill(sent []*meshp2pb.RecordedFrame, wire meshp2pb.DType) []*meshp2pb.RecordedFrame {
+	var out []*meshp2pb.RecordedFrame
 	for _, f := range sent {
 		h := f.GetHeader()
-		ts := h.GetTensors()
-		if !h.GetIsPrefill() || h.GetVerify() || int(h.GetPosStart()) != to || len(ts) != 1 || ts[0].GetDtype() != wire {
-			break
+		if ts := h.GetTensors(); h.GetIsPrefill() && !h.GetVerify() && h.GetNRows() > 0 && len(ts) == 1 && ts[0].GetDtype() == wire {
+			out = append(out, f)
 		}
-		out = append(out, f)
-		to += int(h.GetNRows())
 	}
-	return out, to
+	return out
+}
+
+// coveringFrame is a frame holding position to, from the latest epoch
+// that has one; nil when none does.
+func coveringFrame(epochs [][]*meshp2pb.RecordedFrame, to int) *meshp2pb.RecordedFrame {
+	for _, fs := range epochs {
+		for _, f := range fs {
+			h := f.GetHeader()
+			if int(h.GetPosStart()) <= to && to < int(h.GetPosStart()+h.GetNRows()) {
+				return f
+			}
+		}
+	}
+	return nil
+}
+
+// trimFrame is f from position from on (f itself when it starts there).
+func trimFrame(f *meshp2pb.RecordedFrame, from int) *meshp2pb.RecordedFrame {
+	h := f.GetHeader()
+	cut := from - int(h.GetPosStart())
+	if cut == 0 {
+		return f
+	}
+	rowBytes := len(f.GetPayload()) / int(h.GetNRows())
+	nh := proto.Clone(h).(*meshp2pb.ActivationHeader)
+	nh.PosStart, nh.NRows = uint32(from), h.GetNRows()-uint32(cut)
+	return &meshp2pb.RecordedFrame{Header: nh, Payload: f.GetPayload()[cut*rowBytes:]}
 }
 
 // findReplay (admission of a later epoch) looks up what this hop can
