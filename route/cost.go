@@ -283,6 +283,7 @@ func (p *CostPlanner) PlanObjective(ctx context.Context, req Request, obj Object
 	q := float64(m.Quantum) / float64(time.Millisecond)
 	byStart, cands := p.edgesLocked(shards, req, m, now, q)
 	tieReplicas(byStart, q)
+	preferWarm(byStart, req.Warm)
 	limit := int64(math.MaxInt64)
 	if obj == ObjectiveThroughput {
 		limit = bottleneckLimit(byStart)
@@ -318,6 +319,31 @@ func (p *CostPlanner) edgesLocked(shards []Shard, req Request, m CostModel, now 
 			stage: int64(math.Round(hc.Stage / q)), rec: p.last[s.Peer]})
 	}
 	return byStart, cands
+}
+
+// preferWarm makes a warm shard (Request.Warm: it holds KV the session
+// can reuse) win its ties: among replicas of a range at its cost, the
+// search's recency tie-break would spread sessions, so the warm edge
+// takes the lowest recency and the others at least one more. A faster
+// replica still wins: a prefix's prefill is saved once, a slower hop
+// costs every token.
+func preferWarm(byStart [][]edge, warm []Hop) {
+	if len(warm) == 0 {
+		return
+	}
+	for _, es := range byStart {
+		for i := range es {
+			if !isWarm(es[i].s, warm) {
+				continue
+			}
+			for j := range es {
+				if j != i && es[j].s.End == es[i].s.End && es[j].cost == es[i].cost {
+					es[j].rec = max(es[j].rec, 1)
+				}
+			}
+			es[i].rec = 0
+		}
+	}
 }
 
 // tieReplicas makes replicas of the same range whose estimates are within

@@ -230,3 +230,41 @@ func BenchmarkPlan1000(b *testing.B) {
 		})
 	}
 }
+
+// Warm hops win the tracker planner's ties: a conversation's second turn
+// lands on the replicas of its first, where the recency tie-break would
+// send it to the other pair; but a faster cold replica still wins.
+func TestCostPlannerPrefersWarmTies(t *testing.T) {
+	ms := time.Millisecond
+	table := func(msB float32) *CostPlanner {
+		tb, stats := synthTable([]synthPeer{
+			{id: pid(1), start: 0, end: 2, st: PeerStats{RTT: 2 * ms}},
+			{id: pid(2), start: 0, end: 2, st: PeerStats{RTT: 2 * ms}, msPerLayer: msB},
+			{id: pid(3), start: 2, end: 4, st: PeerStats{RTT: 2 * ms}},
+			{id: pid(4), start: 2, end: 4, st: PeerStats{RTT: 2 * ms}, msPerLayer: msB},
+		}, 4)
+		return &CostPlanner{Table: tb, Stats: stats}
+	}
+	plan := func(p *CostPlanner, warm []Hop) *Route {
+		t.Helper()
+		rt, err := p.Plan(context.Background(), Request{Fingerprint: testFP, NLayer: 4, Epoch: 1, Warm: warm})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return rt
+	}
+	p := table(0)
+	first := plan(p, nil)
+	if second := plan(p, first.Hops); hopsOf(second) != hopsOf(first) {
+		t.Fatalf("second turn on %s, want the first's %s", hopsOf(second), hopsOf(first))
+	}
+	if other := plan(p, nil); hopsOf(other) == hopsOf(first) {
+		t.Fatalf("a session without warm hops also got %s: the recency tie-break should spread it", hopsOf(other))
+	}
+	// Replicas 2 and 4 are 5 ms per layer slower: warm or not, they lose.
+	p = table(5)
+	slow := []Hop{{Peer: pid(2), Start: 0, End: 2}, {Peer: pid(4), Start: 2, End: 4}}
+	if rt := plan(p, slow); rt.Hops[0].Peer != pid(1) || rt.Hops[1].Peer != pid(3) {
+		t.Fatalf("warm but slower replicas chosen: %s", hopsOf(rt))
+	}
+}

@@ -144,9 +144,14 @@ type Request struct {
 	Client peer.ID
 	// Warm are hops that hold KV this session can reuse (the route of an
 	// earlier turn of the conversation, or the failed epoch's): a shard
-	// of the same peer and range costs costWarm less. A preference only.
+	// of the same peer and range costs costWarm less (LocalPlanner), or
+	// wins a tie between replicas (CostPlanner). A preference only; at
+	// most MaxWarmHops are sent to a tracker.
 	Warm []Hop
 }
+
+// MaxWarmHops bounds a route request's warm hops (a tracker refuses more).
+const MaxWarmHops = 64
 
 // checkLayerCount bounds req.NLayer before a planner sizes anything by it.
 func checkLayerCount(req Request) error {

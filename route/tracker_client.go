@@ -126,6 +126,9 @@ func (p *TrackerPlanner) Ask(ctx context.Context, ai peer.AddrInfo, req Request)
 	for id := range req.Exclude {
 		rq.Exclude = append(rq.Exclude, []byte(id))
 	}
+	for _, h := range req.Warm[:min(len(req.Warm), MaxWarmHops)] {
+		rq.Warm = append(rq.Warm, &meshp2pb.WarmHop{Peer: []byte(h.Peer), Start: uint32(h.Start), End: uint32(h.End)})
+	}
 	if err := frame.WriteMessage(s, rq); err != nil {
 		return nil, fmt.Errorf("send route request: %w", err)
 	}

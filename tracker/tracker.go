@@ -406,6 +406,11 @@ func (t *Tracker) answer(ctx context.Context, client peer.ID, req *meshp2pb.Rout
 			rq.Exclude[id] = true
 		}
 	}
+	for _, w := range req.GetWarm() {
+		if id, err := peer.IDFromBytes(w.GetPeer()); err == nil {
+			rq.Warm = append(rq.Warm, route.Hop{Peer: id, Start: int(w.GetStart()), End: int(w.GetEnd())})
+		}
+	}
 	for _, c := range t.Convicted() { // no tickets through a peer a verified proof convicted
 		rq.Exclude[c.Peer] = true
 	}
@@ -441,7 +446,7 @@ func (t *Tracker) answer(ctx context.Context, client peer.ID, req *meshp2pb.Rout
 // (nil: plan it).
 func (t *Tracker) checkRequest(ctx context.Context, client peer.ID, req *meshp2pb.RouteRequest) *meshp2pb.RouteResponse {
 	fp := req.GetModelFingerprint()
-	if fp == "" || len(fp) > 128 || len(req.GetExclude()) > 1024 {
+	if fp == "" || len(fp) > 128 || len(req.GetExclude()) > 1024 || len(req.GetWarm()) > route.MaxWarmHops {
 		return refuse(meshp2pb.ErrorCode_ERROR_CODE_BAD_REQUEST, "bad route request")
 	}
 	if sid := req.GetSessionId(); len(sid) != 0 && len(sid) != frame.SessionIDLen {

@@ -81,6 +81,7 @@ type RouteRequest struct {
 	Epoch            uint64                 `protobuf:"varint,6,opt,name=epoch,proto3" json:"epoch,omitempty"`                         // the session epoch the route is for (1 for a new session)
 	NeedKv           uint32                 `protobuf:"varint,7,opt,name=need_kv,json=needKv,proto3" json:"need_kv,omitempty"`         // KV cells the session needs on every hop (0: unknown); becomes the ticket's n_ctx_needed
 	SessionId        []byte                 `protobuf:"bytes,8,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"` // 16 bytes: the session the ticket is for (empty: not bound; hops then bind it at first use)
+	Warm             []*WarmHop             `protobuf:"bytes,9,rep,name=warm,proto3" json:"warm,omitempty"`                            // hops holding KV the session can reuse (cache affinity): preferred among equally good replicas; at most 64
 	unknownFields    protoimpl.UnknownFields
 	sizeCache        protoimpl.SizeCache
 }
@@ -171,6 +172,75 @@ func (x *RouteRequest) GetSessionId() []byte {
 	return nil
 }
 
+func (x *RouteRequest) GetWarm() []*WarmHop {
+	if x != nil {
+		return x.Warm
+	}
+	return nil
+}
+
+// WarmHop is a shard (peer and layer range) that holds KV a session can
+// reuse: an earlier turn's route, or a failed epoch's survivors.
+type WarmHop struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Peer          []byte                 `protobuf:"bytes,1,opt,name=peer,proto3" json:"peer,omitempty"` // binary peer ID
+	Start         uint32                 `protobuf:"varint,2,opt,name=start,proto3" json:"start,omitempty"`
+	End           uint32                 `protobuf:"varint,3,opt,name=end,proto3" json:"end,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WarmHop) Reset() {
+	*x = WarmHop{}
+	mi := &file_meshp2p_v1_tracker_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WarmHop) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WarmHop) ProtoMessage() {}
+
+func (x *WarmHop) ProtoReflect() protoreflect.Message {
+	mi := &file_meshp2p_v1_tracker_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WarmHop.ProtoReflect.Descriptor instead.
+func (*WarmHop) Descriptor() ([]byte, []int) {
+	return file_meshp2p_v1_tracker_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *WarmHop) GetPeer() []byte {
+	if x != nil {
+		return x.Peer
+	}
+	return nil
+}
+
+func (x *WarmHop) GetStart() uint32 {
+	if x != nil {
+		return x.Start
+	}
+	return 0
+}
+
+func (x *WarmHop) GetEnd() uint32 {
+	if x != nil {
+		return x.End
+	}
+	return 0
+}
+
 type RouteResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Ticket        *SignedRouteTicket     `protobuf:"bytes,1,opt,name=ticket,proto3" json:"ticket,omitempty"` // set on success
@@ -182,7 +252,7 @@ type RouteResponse struct {
 
 func (x *RouteResponse) Reset() {
 	*x = RouteResponse{}
-	mi := &file_meshp2p_v1_tracker_proto_msgTypes[1]
+	mi := &file_meshp2p_v1_tracker_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -194,7 +264,7 @@ func (x *RouteResponse) String() string {
 func (*RouteResponse) ProtoMessage() {}
 
 func (x *RouteResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meshp2p_v1_tracker_proto_msgTypes[1]
+	mi := &file_meshp2p_v1_tracker_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -207,7 +277,7 @@ func (x *RouteResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RouteResponse.ProtoReflect.Descriptor instead.
 func (*RouteResponse) Descriptor() ([]byte, []int) {
-	return file_meshp2p_v1_tracker_proto_rawDescGZIP(), []int{1}
+	return file_meshp2p_v1_tracker_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *RouteResponse) GetTicket() *SignedRouteTicket {
@@ -244,7 +314,7 @@ type AuditAssignment struct {
 
 func (x *AuditAssignment) Reset() {
 	*x = AuditAssignment{}
-	mi := &file_meshp2p_v1_tracker_proto_msgTypes[2]
+	mi := &file_meshp2p_v1_tracker_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -256,7 +326,7 @@ func (x *AuditAssignment) String() string {
 func (*AuditAssignment) ProtoMessage() {}
 
 func (x *AuditAssignment) ProtoReflect() protoreflect.Message {
-	mi := &file_meshp2p_v1_tracker_proto_msgTypes[2]
+	mi := &file_meshp2p_v1_tracker_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -269,7 +339,7 @@ func (x *AuditAssignment) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AuditAssignment.ProtoReflect.Descriptor instead.
 func (*AuditAssignment) Descriptor() ([]byte, []int) {
-	return file_meshp2p_v1_tracker_proto_rawDescGZIP(), []int{2}
+	return file_meshp2p_v1_tracker_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *AuditAssignment) GetAudit() bool {
@@ -307,7 +377,7 @@ type ProofSubmission struct {
 
 func (x *ProofSubmission) Reset() {
 	*x = ProofSubmission{}
-	mi := &file_meshp2p_v1_tracker_proto_msgTypes[3]
+	mi := &file_meshp2p_v1_tracker_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -319,7 +389,7 @@ func (x *ProofSubmission) String() string {
 func (*ProofSubmission) ProtoMessage() {}
 
 func (x *ProofSubmission) ProtoReflect() protoreflect.Message {
-	mi := &file_meshp2p_v1_tracker_proto_msgTypes[3]
+	mi := &file_meshp2p_v1_tracker_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -332,7 +402,7 @@ func (x *ProofSubmission) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProofSubmission.ProtoReflect.Descriptor instead.
 func (*ProofSubmission) Descriptor() ([]byte, []int) {
-	return file_meshp2p_v1_tracker_proto_rawDescGZIP(), []int{3}
+	return file_meshp2p_v1_tracker_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *ProofSubmission) GetSize() uint64 {
@@ -354,7 +424,7 @@ type ProofVerdict struct {
 
 func (x *ProofVerdict) Reset() {
 	*x = ProofVerdict{}
-	mi := &file_meshp2p_v1_tracker_proto_msgTypes[4]
+	mi := &file_meshp2p_v1_tracker_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -366,7 +436,7 @@ func (x *ProofVerdict) String() string {
 func (*ProofVerdict) ProtoMessage() {}
 
 func (x *ProofVerdict) ProtoReflect() protoreflect.Message {
-	mi := &file_meshp2p_v1_tracker_proto_msgTypes[4]
+	mi := &file_meshp2p_v1_tracker_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -379,7 +449,7 @@ func (x *ProofVerdict) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProofVerdict.ProtoReflect.Descriptor instead.
 func (*ProofVerdict) Descriptor() ([]byte, []int) {
-	return file_meshp2p_v1_tracker_proto_rawDescGZIP(), []int{4}
+	return file_meshp2p_v1_tracker_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *ProofVerdict) GetError() *Error {
@@ -415,7 +485,7 @@ var File_meshp2p_v1_tracker_proto protoreflect.FileDescriptor
 const file_meshp2p_v1_tracker_proto_rawDesc = "" +
 	"\n" +
 	"\x18meshp2p/v1/tracker.proto\x12\n" +
-	"meshp2p.v1\x1a\x17meshp2p/v1/common.proto\x1a\x16meshp2p/v1/route.proto\"\x91\x02\n" +
+	"meshp2p.v1\x1a\x17meshp2p/v1/common.proto\x1a\x16meshp2p/v1/route.proto\"\xba\x02\n" +
 	"\fRouteRequest\x12+\n" +
 	"\x11model_fingerprint\x18\x01 \x01(\tR\x10modelFingerprint\x12\x17\n" +
 	"\an_layer\x18\x02 \x01(\rR\x06nLayer\x12\x18\n" +
@@ -425,7 +495,12 @@ const file_meshp2p_v1_tracker_proto_rawDesc = "" +
 	"\x05epoch\x18\x06 \x01(\x04R\x05epoch\x12\x17\n" +
 	"\aneed_kv\x18\a \x01(\rR\x06needKv\x12\x1d\n" +
 	"\n" +
-	"session_id\x18\b \x01(\fR\tsessionId\"\xa2\x01\n" +
+	"session_id\x18\b \x01(\fR\tsessionId\x12'\n" +
+	"\x04warm\x18\t \x03(\v2\x13.meshp2p.v1.WarmHopR\x04warm\"E\n" +
+	"\aWarmHop\x12\x12\n" +
+	"\x04peer\x18\x01 \x01(\fR\x04peer\x12\x14\n" +
+	"\x05start\x18\x02 \x01(\rR\x05start\x12\x10\n" +
+	"\x03end\x18\x03 \x01(\rR\x03end\"\xa2\x01\n" +
 	"\rRouteResponse\x125\n" +
 	"\x06ticket\x18\x01 \x01(\v2\x1d.meshp2p.v1.SignedRouteTicketR\x06ticket\x12'\n" +
 	"\x05error\x18\x02 \x01(\v2\x11.meshp2p.v1.ErrorR\x05error\x121\n" +
@@ -458,28 +533,30 @@ func file_meshp2p_v1_tracker_proto_rawDescGZIP() []byte {
 }
 
 var file_meshp2p_v1_tracker_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_meshp2p_v1_tracker_proto_msgTypes = make([]protoimpl.MessageInfo, 5)
+var file_meshp2p_v1_tracker_proto_msgTypes = make([]protoimpl.MessageInfo, 6)
 var file_meshp2p_v1_tracker_proto_goTypes = []any{
 	(RouteObjective)(0),       // 0: meshp2p.v1.RouteObjective
 	(*RouteRequest)(nil),      // 1: meshp2p.v1.RouteRequest
-	(*RouteResponse)(nil),     // 2: meshp2p.v1.RouteResponse
-	(*AuditAssignment)(nil),   // 3: meshp2p.v1.AuditAssignment
-	(*ProofSubmission)(nil),   // 4: meshp2p.v1.ProofSubmission
-	(*ProofVerdict)(nil),      // 5: meshp2p.v1.ProofVerdict
-	(*SignedRouteTicket)(nil), // 6: meshp2p.v1.SignedRouteTicket
-	(*Error)(nil),             // 7: meshp2p.v1.Error
+	(*WarmHop)(nil),           // 2: meshp2p.v1.WarmHop
+	(*RouteResponse)(nil),     // 3: meshp2p.v1.RouteResponse
+	(*AuditAssignment)(nil),   // 4: meshp2p.v1.AuditAssignment
+	(*ProofSubmission)(nil),   // 5: meshp2p.v1.ProofSubmission
+	(*ProofVerdict)(nil),      // 6: meshp2p.v1.ProofVerdict
+	(*SignedRouteTicket)(nil), // 7: meshp2p.v1.SignedRouteTicket
+	(*Error)(nil),             // 8: meshp2p.v1.Error
 }
 var file_meshp2p_v1_tracker_proto_depIdxs = []int32{
 	0, // 0: meshp2p.v1.RouteRequest.objective:type_name -> meshp2p.v1.RouteObjective
-	6, // 1: meshp2p.v1.RouteResponse.ticket:type_name -> meshp2p.v1.SignedRouteTicket
-	7, // 2: meshp2p.v1.RouteResponse.error:type_name -> meshp2p.v1.Error
-	3, // 3: meshp2p.v1.RouteResponse.audit:type_name -> meshp2p.v1.AuditAssignment
-	7, // 4: meshp2p.v1.ProofVerdict.error:type_name -> meshp2p.v1.Error
-	5, // [5:5] is the sub-list for method output_type
-	5, // [5:5] is the sub-list for method input_type
-	5, // [5:5] is the sub-list for extension type_name
-	5, // [5:5] is the sub-list for extension extendee
-	0, // [0:5] is the sub-list for field type_name
+	2, // 1: meshp2p.v1.RouteRequest.warm:type_name -> meshp2p.v1.WarmHop
+	7, // 2: meshp2p.v1.RouteResponse.ticket:type_name -> meshp2p.v1.SignedRouteTicket
+	8, // 3: meshp2p.v1.RouteResponse.error:type_name -> meshp2p.v1.Error
+	4, // 4: meshp2p.v1.RouteResponse.audit:type_name -> meshp2p.v1.AuditAssignment
+	8, // 5: meshp2p.v1.ProofVerdict.error:type_name -> meshp2p.v1.Error
+	6, // [6:6] is the sub-list for method output_type
+	6, // [6:6] is the sub-list for method input_type
+	6, // [6:6] is the sub-list for extension type_name
+	6, // [6:6] is the sub-list for extension extendee
+	0, // [0:6] is the sub-list for field type_name
 }
 
 func init() { file_meshp2p_v1_tracker_proto_init() }
@@ -495,7 +572,7 @@ func file_meshp2p_v1_tracker_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_meshp2p_v1_tracker_proto_rawDesc), len(file_meshp2p_v1_tracker_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   5,
+			NumMessages:   6,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
