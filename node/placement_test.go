@@ -451,3 +451,86 @@ func rss(t *testing.T) int64 {
 	t.Skip("no VmRSS")
 	return 0
 }
+
+// routableCopies counts, per layer, the loaded windows of nodes that lie
+// on a complete route (a chain of windows from layer 0 to the last):
+// a copy of a layer in a window no route can use is no spare.
+func routableCopies(nl int, nodes []*Node) []int {
+	from, to := make([]bool, nl+1), make([]bool, nl+1)
+	from[0], to[nl] = true, true
+	var ws []gguf.Range
+	for _, n := range nodes {
+		in := n.Info()
+		ws = append(ws, gguf.Range{Start: in.Start, End: in.End})
+	}
+	for b := 0; b < nl; b++ {
+		for _, w := range ws {
+			if w.Start == b {
+				from[w.End] = from[w.End] || from[b]
+			}
+		}
+	}
+	for b := nl - 1; b >= 0; b-- {
+		for _, w := range ws {
+			if w.Start == b {
+				to[b] = to[b] || to[w.End]
+			}
+		}
+	}
+	c := make([]int, nl)
+	for _, w := range ws {
+		if from[w.Start] && to[w.End] {
+			for l := w.Start; l < w.End; l++ {
+				c[l]++
+			}
+		}
+	}
+	return c
+}
+
+// TestSelfPlacementSpareCopies (issue 39 item 6): four nodes with room
+// for 10 layers of a 20-layer model, started one after another, end with
+// every layer in two windows on complete routes (a spare for any one
+// node's loss), and the swarm answers like the whole model. Before, the
+// first node took a window anywhere (4-14, say) and split the rest into
+// fragments: 0-4 and 14-20 for the next two, and no spare for 10 layers.
+func TestSelfPlacementSpareCopies(t *testing.T) {
+	model := synthModel(t, "spare20", 20)
+	tn := newTestNet(t)
+	sz, err := ModelSizing(model, tn.config("").Engine)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b10 := budgetFor(sz, 10)
+	if sz.MaxWindow(5, b10) >= 11 {
+		t.Fatalf("budget %d holds %d middle layers; want 10", b10, sz.MaxWindow(5, b10))
+	}
+	var c *Node
+	var nodes []*Node
+	for i := range 4 { // one after another: each serves before the next starts
+		nodes = append(nodes, tn.placed(model, b10, uint64(5+i)))
+		if c == nil {
+			c = tn.client()
+		}
+		waitCover(t, c, nodes[0].Fingerprint(), nodes, 0, 30*time.Second)
+	}
+	fp, nl := nodes[0].Fingerprint(), sz.NLayer
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		rc := routableCopies(nl, nodes)
+		ok := advertised(c, fp, nodes)
+		for _, x := range rc {
+			ok = ok && x >= 2
+		}
+		if ok {
+			t.Logf("windows %v, routable copies per layer %v", windows(nodes), rc)
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("windows %v: routable copies per layer %v, want ≥ 2 everywhere", windows(nodes), rc)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	prompt := thinClientPrompt(t, c, fp, "Once upon a time")
+	generateEqualsLocal(t, c, model, fp, nl, prompt, 16)
+}
