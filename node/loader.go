@@ -177,7 +177,8 @@ func writeVocab(ctx context.Context, path, vp, fp string, log *slog.Logger) erro
 
 // deviceNeed is what the shard file at path takes on a GPU: its layers'
 // weights and KV cache, the compute buffers and, on a tail (its range is the
-// end of the model), the output matrix and logits. Token embeddings stay on
+// end of the model), the output matrix and logits; a head's logits too (it
+// computes them for every row). Not the load's slack (host memory). Token embeddings stay on
 // the CPU (llama.cpp keeps the input layer there), and a shard file is
 // not a whole model: Sizing.Need over the file alone would count a head's
 // embeddings twice (as a tied output) and a tail's head part.
@@ -195,9 +196,14 @@ func deviceNeed(path string, ec engine.Config) (int64, error) {
 	for _, b := range sz.LayerBytes {
 		need += b + sz.KVBytesPerLayer + sz.KVScratchBytesPerLayer
 	}
-	// A shard file says its range; a whole model is its own tail.
-	if si, err := gguf.ReadShardInfo(f.Metadata); err != nil || si.Range.End == si.ParentNLayer {
+	// A shard file says its range; a whole model is its own tail. A head
+	// computes logits for every row (placement.Sizing.HeadFixedBytes).
+	si, err := gguf.ReadShardInfo(f.Metadata)
+	switch {
+	case err != nil || si.Range.End == si.ParentNLayer:
 		need += sz.TailBytes + sz.TailFixedBytes
+	case si.Range.Start == 0:
+		need += sz.HeadFixedBytes
 	}
 	return need, nil
 }

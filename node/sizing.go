@@ -33,7 +33,10 @@ func fileSizing(f *gguf.File, ec engine.Config) (placement.Sizing, *gguf.Info, e
 	headDim := in.NEmbd / max(1, in.NHead)
 	kdim, vdim := mdIntOr(f.Metadata, arch+".attention.key_length", headDim), mdIntOr(f.Metadata, arch+".attention.value_length", headDim)
 	g := placement.Geometry{NLayer: in.NLayer, NEmbd: in.NEmbd, NHead: in.NHead, NFF: max(in.NFF, in.NFFExpert*in.NExpertUsed),
-		NVocab: in.VocabSize, KVWidth: (kdim + vdim) * in.NHeadKV}
+		NVocab: in.VocabSize, KVWidth: (kdim + vdim) * in.NHeadKV, OutputRequired: gguf.OutputRequired(arch)}
+	if m, ok := f.Metadata.ArrayLen("tokenizer.ggml.merges"); ok && g.NVocab > 1 {
+		g.VocabEntries = g.NVocab + m
+	}
 	ts := make([]placement.Tensor, len(f.Tensors))
 	for i, t := range f.Tensors {
 		ts[i] = placement.Tensor{Name: t.Name, Bytes: int64(t.Bytes)}
@@ -43,10 +46,25 @@ func fileSizing(f *gguf.File, ec engine.Config) (placement.Sizing, *gguf.Info, e
 	if !ec.Baseline { // the prefix cache's cells are the context's too
 		cells += ec.PrefixCacheCells
 	}
-	sz, err := placement.FromTensors(g, ts, placement.EngineShape{NCtx: cells, NBatch: ec.NBatch, FlashAttn: !ec.Baseline, Compacts: !ec.Baseline})
+	sz, err := placement.FromTensors(g, ts, placement.EngineShape{NCtx: cells, NBatch: ec.NBatch, NSeq: nSeq(ec),
+		FlashAttn: !ec.Baseline, Compacts: !ec.Baseline})
 	md, n := f.Metadata.Clone(), in.NLayer
 	sz.Cut = func(r placement.Range) error { return gguf.CheckCut(md, gguf.Range{Start: r.Start, End: r.End}, n) }
 	return sz, in, err
+}
+
+// nSeq is the n_seq_max the engine gives llama.cpp for ec: its sessions,
+// a scratch and a grave sequence, and the prefix cache's entries.
+func nSeq(ec engine.Config) int {
+	d, err := ec.WithDefaults()
+	if err != nil {
+		return 1
+	}
+	n := d.MaxSessions + 2
+	if !d.Baseline && d.PrefixCacheCells > 0 {
+		n += d.PrefixCacheEntries
+	}
+	return n
 }
 
 func mdIntOr(md gguf.Metadata, key string, def int) int {

@@ -233,26 +233,39 @@ type Choice struct {
 
 // Choose picks the window that most improves view for a node with ms
 // decode cost per layer (0: the view's median): the smallest deficit, then
-// the strongest weakest layer (leximin), then the longest window (fewer
-// hops per route), then prefer when it is among the best (a node keeps
-// what it announced), else at random. view must not hold this node's
-// own windows. ok is false when no window fits the budget.
+// the fewest layers left with under two copies on complete routes (spare
+// copies, spares.go), then the strongest weakest layer (leximin; within
+// Margin a tie the longer window wins), then the longest window (fewer
+// hops per route), then one anchored to the chains, then prefer when it is
+// among the best (a node keeps what it announced), else at random. view
+// must not hold this node's own windows. ok is false when no window fits
+// the budget.
 func Choose(view View, sz Sizing, budget int64, ms float64, prefer *Range, rng *rand.Rand) (Choice, bool) {
 	return choose(view, Candidates(sz, budget), ms, nil, prefer, rng)
 }
 
-// choose is Choose over given candidates; with keep set, a candidate
-// that would leave a layer of keep.Coverage > 0 in no window, or raise the
-// deficit above keep.Deficit, is not taken.
+// choose is Choose over given candidates; with keep set (the rebalancer:
+// keep is the swarm's score with the node on prefer, its window now), a
+// candidate that would leave a layer of keep.Coverage > 0 in no window,
+// raise the deficit above keep.Deficit, or, at the same deficit, leave
+// more layers with under two routable copies than prefer does, is not
+// taken; the spare-copy rank and the near tie are the first choice's only.
 func choose(view View, cands []Range, ms float64, keep *Score, prefer *Range, rng *rand.Rand) (Choice, bool) {
 	g := view.graph()
 	if ms <= 0 {
 		ms = g.ms
 	}
 	base := Score{Deficit: g.deficit(nil), Coverage: g.cov}
+	from, to := g.reach(nil)
+	anchor := func(r Range) int { return b2i(from[r.Start]) + b2i(to[r.End]) }
+	keepSingles := -1
+	if keep != nil && prefer != nil {
+		keepSingles = g.singles(*prefer)
+	}
 	var best []Range
 	var bestSc Score
 	var bestSorted []float64
+	bestSingles := -1 // g.singles(best[0]) once computed
 next:
 	for _, r := range cands {
 		d := g.deficit(&r)
@@ -267,27 +280,35 @@ next:
 					continue next
 				}
 			}
+			if d == keep.Deficit && keepSingles >= 0 && g.singles(r) > keepSingles {
+				continue // a move for throughput never takes a spare copy away
+			}
 		}
 		sorted := slices.Clone(sc.Coverage)
 		slices.Sort(sorted)
 		if best == nil {
-			best, bestSc, bestSorted = []Range{r}, sc, sorted
+			best, bestSc, bestSorted, bestSingles = []Range{r}, sc, sorted, -1
 			continue
 		}
 		cmp := compareSorted(sc.Deficit, sorted, bestSc.Deficit, bestSorted)
-		if keep == nil && sc.Deficit == bestSc.Deficit && nearTie(sorted[0], bestSorted[0]) && r.Len() != best[0].Len() {
-			// Choosing a first window: a weakest layer within Margin is a
-			// tie, and the longer window wins, so nodes that could hold
-			// five layers do not settle on one-layer fragments that leave
-			// no slack for a crash (issue 22).
-			cmp = r.Len() - best[0].Len()
+		single := -1
+		if keep == nil && sc.Deficit == bestSc.Deficit {
+			if bestSingles < 0 {
+				bestSingles = g.singles(best[0])
+			}
+			cmp, single = g.rankFirst(r, best[0], sorted, bestSorted, bestSingles, cmp)
 		}
 		if cmp == 0 {
 			cmp = r.Len() - best[0].Len()
 		}
+		if cmp == 0 {
+			// Anchored windows first (spares.go): the next node's window
+			// can chain to them.
+			cmp = anchor(r) - anchor(best[0])
+		}
 		switch {
 		case cmp > 0:
-			best, bestSc, bestSorted = []Range{r}, sc, sorted
+			best, bestSc, bestSorted, bestSingles = []Range{r}, sc, sorted, single
 		case cmp == 0:
 			best = append(best, r)
 		}
@@ -315,6 +336,24 @@ func addServer(c []float64, s Server, defMs float64) {
 	for l := max(0, s.Range.Start); l < min(len(c), s.Range.End); l++ {
 		c[l] += t
 	}
+}
+
+// rankFirst compares r with best, the best window so far, when a node
+// chooses its first window and both leave the same deficit (cmp: their
+// scores compared): the one that leaves fewer layers with under two
+// routable copies wins (spares.go; bestSingles is best's count, single
+// r's); then a weakest layer within Margin is a tie, and the longer window
+// wins, so nodes that could hold five layers do not settle on one-layer
+// fragments that leave no slack for a crash (issue 22).
+func (g *graph) rankFirst(r, best Range, sorted, bestSorted []float64, bestSingles, cmp int) (_, single int) {
+	single = g.singles(r)
+	switch {
+	case single != bestSingles:
+		cmp = bestSingles - single
+	case nearTie(sorted[0], bestSorted[0]) && r.Len() != best.Len():
+		cmp = r.Len() - best.Len()
+	}
+	return cmp, single
 }
 
 // nearTie: two weakest-layer throughputs within Margin of each other.

@@ -21,19 +21,27 @@ func TestSizingNeedAndWindows(t *testing.T) {
 	fixed, tail := ComputeEstimate(g, e)
 	kv := int64(10 * 8 * 2)
 	cases := []struct {
-		r    Range
-		want int64
+		r             Range
+		weights, rest int64
 	}{
-		{Range{1, 3}, fixed + 300 + 2*kv},
-		{Range{0, 1}, fixed + 150 + kv + 1000},
-		{Range{3, 4}, fixed + 150 + kv + 2010 + tail},
-		{Range{0, 4}, fixed + 600 + 4*kv + 1000 + 2010 + tail},
+		{Range{1, 3}, 300, 2 * kv},
+		{Range{0, 1}, 150 + 1000, kv + tail}, // a head holds logits too
+		{Range{3, 4}, 150 + 2010, kv + tail},
+		{Range{0, 4}, 600 + 1000 + 2010, 4*kv + tail},
 	}
 	for _, c := range cases {
-		if got := sz.Need(c.r); got != c.want {
-			t.Errorf("Need(%s) = %d, want %d", c.r, got, c.want)
+		// Loading weights leaves 1/DefaultLoadSlackDiv of them more resident.
+		if got, want := sz.Need(c.r), fixed+c.weights+c.weights/DefaultLoadSlackDiv+c.rest; got != want {
+			t.Errorf("Need(%s) = %d, want %d", c.r, got, want)
 		}
 	}
+	// An architecture without a tied fallback: the head and the tail
+	// carry the output matrix too.
+	g.OutputRequired = true
+	if o, _ := FromTensors(g, ts, e); o.HeadBytes != 3000 || o.TailBytes != 4010 {
+		t.Errorf("output required: head %d B, tail %d B; want 3000, 4010", o.HeadBytes, o.TailBytes)
+	}
+	g.OutputRequired = false
 	// The batch-invariant engine's compaction copies up to the whole
 	// cache once: KV counts twice.
 	e.Compacts = true
@@ -41,7 +49,7 @@ func TestSizingNeedAndWindows(t *testing.T) {
 		t.Errorf("with compaction Need(1-3) = %d, want %d", c.Need(Range{1, 3}), sz.Need(Range{1, 3})+2*kv)
 	}
 	e.Compacts = false
-	if got := sz.MaxWindow(1, fixed+300+2*kv); got != 2 {
+	if got := sz.MaxWindow(1, fixed+300+300/DefaultLoadSlackDiv+2*kv); got != 2 {
 		t.Errorf("MaxWindow = %d, want 2", got)
 	}
 	// A tied output: the tail holds a copy of the embeddings.

@@ -14,7 +14,8 @@ type Sizing struct {
 	// LayerBytes are the weights of each layer (len NLayer), at the
 	// model's actual tensor types.
 	LayerBytes []int64
-	// HeadBytes is what only the head holds (token embeddings).
+	// HeadBytes is what only the head holds (token embeddings, and the
+	// output matrix where Geometry.OutputRequired).
 	HeadBytes int64
 	// TailBytes is what only the tail holds (output norm and output
 	// matrix; a tied output is a copy of the token embeddings).
@@ -26,11 +27,22 @@ type Sizing struct {
 	// batch-invariant engine holds while it compacts its cache (engine
 	// kvState): at most the whole cache, once.
 	KVScratchBytesPerLayer int64
-	// FixedBytes is the per-shard compute buffers and runtime overhead
-	// (an estimate; ComputeEstimate).
+	// FixedBytes is the per-shard compute buffer, the batch's hidden
+	// states in and out, and the runtime overhead (ComputeEstimate).
 	FixedBytes int64
-	// TailFixedBytes is the tail's extra compute (the logits buffer).
-	TailFixedBytes int64
+	// TailFixedBytes is what a shard that ends the model adds: the
+	// vocabulary's logits for a full batch (the compute buffer's output
+	// stage beyond a layer's, and the output buffer they are copied to)
+	// and the tokenizer's tables. HeadFixedBytes is the same for a head
+	// that does not end the model: a non-tail shard asks for every row
+	// as an output (or llama.cpp drops rows from its last layer), and a
+	// head holds the vocabulary, so llama.cpp computes and keeps logits
+	// for every row it runs, through the tied embeddings.
+	TailFixedBytes, HeadFixedBytes int64
+	// LoadSlackDiv: loading the weights leaves 1/LoadSlackDiv of them
+	// more resident (FromTensors sets the measured DefaultLoadSlackDiv;
+	// 0: nothing).
+	LoadSlackDiv int
 	// Cut, if set, says why a window cannot be a shard: the
 	// architecture's cut rules (gguf.CheckCut; deepseek2 never takes a
 	// shard of 26 or 27 layers). nil: every window can. Every window
@@ -46,17 +58,25 @@ func (s Sizing) Need(r Range) int64 {
 	if r.Len() <= 0 {
 		return 0
 	}
-	n := s.FixedBytes
+	var w, n int64 // weights, the rest
 	for l := r.Start; l < r.End && l < len(s.LayerBytes); l++ {
-		n += s.LayerBytes[l] + s.KVBytesPerLayer + s.KVScratchBytesPerLayer
+		w += s.LayerBytes[l]
+		n += s.KVBytesPerLayer + s.KVScratchBytesPerLayer
 	}
 	if r.Start == 0 {
-		n += s.HeadBytes
+		w += s.HeadBytes
 	}
-	if r.End == s.NLayer {
-		n += s.TailBytes + s.TailFixedBytes
+	switch {
+	case r.End == s.NLayer: // a whole model is its own tail
+		w += s.TailBytes
+		n += s.TailFixedBytes
+	case r.Start == 0:
+		n += s.HeadFixedBytes
 	}
-	return n
+	if s.LoadSlackDiv > 0 {
+		n += w / int64(s.LoadSlackDiv)
+	}
+	return s.FixedBytes + w + n
 }
 
 // MaxWindow is the most layers a legal window starting at start may hold
@@ -84,11 +104,23 @@ type Geometry struct {
 	// KVWidth is n_embd_k_gqa + n_embd_v_gqa: the KV values one cell
 	// holds per layer.
 	KVWidth int
+	// VocabEntries is the tokenizer's tokens plus its BPE merges (0: NVocab).
+	VocabEntries int
+	// OutputRequired: llama.cpp needs output.weight in every shard of the
+	// architecture (no tied fallback; gguf.OutputRequired): a head shard
+	// carries it besides the token embeddings, and a tail besides the
+	// copy of it that fills its token_embd slot.
+	OutputRequired bool
 }
 
 // EngineShape is what the engine allocates per shard.
 type EngineShape struct {
 	NCtx, NBatch int
+	// NSeq is llama.cpp's n_seq_max (sessions, the engine's scratch and
+	// grave sequences, the prefix cache's entries; 0: 1): llama.cpp
+	// reserves its compute buffer for a batch rounded up to a multiple
+	// of it.
+	NSeq int
 	// KVElemBytes is the KV cache element size (2: llama.cpp's f16 cache).
 	KVElemBytes int
 	// FlashAttn: no n_head × n_ctx score matrix.
@@ -98,11 +130,34 @@ type EngineShape struct {
 	Compacts bool
 }
 
-// RuntimeOverhead is the fixed cost of a loaded shard besides its tensors
-// and buffers (context, thread pool, graph metadata, Go side): about 4.5
-// MiB measured with compute buffers included (TestMemoryEstimateAgainstRSS),
-// rounded up.
-const RuntimeOverhead = 8 << 20
+// Measured terms of the estimate (docs/placement.md "The memory
+// estimate"; TestMemoryAtRealSize with a Q4_K_M llama of n_embd 3072,
+// n_ff 8192 and a 50257-token BPE vocabulary at the default engine
+// settings, and TestMemoryEstimateAgainstRSS's F16 model with a
+// 32000-token SentencePiece vocabulary):
+const (
+	// RuntimeOverhead is the fixed cost of a loaded shard besides its
+	// tensors and buffers (the llama.cpp context and graph metadata,
+	// thread pool, the Go side): 2.4–13.4 MiB measured with the load's
+	// slack (below), rounded up.
+	RuntimeOverhead = 8 << 20
+	// DefaultLoadSlackDiv: loading a shard's weights into memory leaves
+	// about 1/DefaultLoadSlackDiv of them more resident (allocator slack
+	// of the load: 13.4 MiB for a 223 MiB Q4_K_M middle shard, 2.4 MiB
+	// for a 43 MiB F16 one).
+	DefaultLoadSlackDiv = 25
+	// VocabEntryBytes is what llama.cpp's tokenizer tables hold per
+	// token and per BPE merge on a shard with the vocabulary (head and
+	// tail; a middle shard has a 1-token stand-in): 27.6 MiB for 50257
+	// tokens and 50000 merges, 8.6 MiB for 32000 tokens.
+	VocabEntryBytes = 300
+	// BatchCopies is how many copies of a batch's hidden states (rows ×
+	// n_embd f32) a shard holds while it runs one: the llama_batch's
+	// input, the rows it was handed and the rows it returns, the l_out
+	// capture and its copy out (5.1 measured for a middle shard), rounded
+	// up.
+	BatchCopies = 6
+)
 
 // FromTensors sizes a model from its tensors (blk.N.* are layer N's;
 // token_embd.weight the head's; output*.weight the tail's) for engine e.
@@ -110,8 +165,8 @@ func FromTensors(g Geometry, tensors []Tensor, e EngineShape) (Sizing, error) {
 	if g.NLayer <= 0 {
 		return Sizing{}, fmt.Errorf("placement: model has %d layers", g.NLayer)
 	}
-	s := Sizing{NLayer: g.NLayer, LayerBytes: make([]int64, g.NLayer)}
-	var embd int64
+	s := Sizing{NLayer: g.NLayer, LayerBytes: make([]int64, g.NLayer), LoadSlackDiv: DefaultLoadSlackDiv}
+	var embd, out int64
 	hasOutput := false
 	for _, t := range tensors {
 		if t.Bytes < 0 {
@@ -128,7 +183,7 @@ func FromTensors(g Geometry, tensors []Tensor, e EngineShape) (Sizing, error) {
 		case t.Name == "token_embd.weight":
 			embd = t.Bytes
 		case t.Name == "output.weight":
-			hasOutput = true
+			hasOutput, out = true, t.Bytes
 			s.TailBytes += t.Bytes
 		default: // output_norm and other globals: the tail's
 			s.TailBytes += t.Bytes
@@ -138,6 +193,10 @@ func FromTensors(g Geometry, tensors []Tensor, e EngineShape) (Sizing, error) {
 	if !hasOutput {
 		s.TailBytes += embd // the tail stores the tied output as its own copy
 	}
+	if g.OutputRequired {
+		s.HeadBytes += out
+		s.TailBytes += out
+	}
 	if e.KVElemBytes == 0 {
 		e.KVElemBytes = 2
 	}
@@ -146,19 +205,36 @@ func FromTensors(g Geometry, tensors []Tensor, e EngineShape) (Sizing, error) {
 		s.KVScratchBytesPerLayer = s.KVBytesPerLayer
 	}
 	s.FixedBytes, s.TailFixedBytes = ComputeEstimate(g, e)
+	s.HeadFixedBytes = s.TailFixedBytes
 	return s, nil
 }
 
-// ComputeEstimate is llama.cpp's compute buffer for one shard, estimated
-// from the largest activations one decode of n_batch rows keeps alive: the
-// attention scores (n_head × n_ctx per row, without flash attention), the
-// feed-forward (3 × n_ff per row) and a few n_embd-wide rows, in f32, plus
-// RuntimeOverhead; the tail adds the logits (n_vocab per row).
-func ComputeEstimate(g Geometry, e EngineShape) (fixed, tail int64) {
-	rows := int64(max(1, e.NBatch))
-	per := int64(3*g.NFF + 8*g.NEmbd)
+// ComputeEstimate is one shard's compute and runtime memory (fixed) and
+// what a shard holding the vocabulary adds (vocab). llama.cpp reserves its
+// compute buffer for the largest stage of the graph, for n_batch rows
+// rounded up to a multiple of n_seq_max (T): a layer's stage keeps the
+// feed-forward's three n_ff-wide activations and four n_embd-wide rows
+// alive (f32; without flash attention also the n_head × n_ctx scores);
+// the output stage the logits of every row (n_vocab wide) and two n_embd
+// rows. fixed is the layer stage, BatchCopies copies of the batch's
+// hidden states and RuntimeOverhead; vocab is the output stage beyond the
+// layer stage, the output buffer the logits are copied to (n_batch rows)
+// and the tokenizer's tables (VocabEntryBytes per token and merge).
+func ComputeEstimate(g Geometry, e EngineShape) (fixed, vocab int64) {
+	b := int64(max(1, e.NBatch))
+	seq := int64(max(1, e.NSeq))
+	rows := (b + seq - 1) / seq * seq
+	layer := int64(3*g.NFF + 4*g.NEmbd)
 	if !e.FlashAttn {
-		per += int64(g.NHead) * int64(e.NCtx)
+		layer += int64(g.NHead) * int64(e.NCtx)
 	}
-	return RuntimeOverhead + 4*rows*per, 4 * rows * int64(g.NVocab)
+	layer *= 4 * rows
+	logits := 4*b*int64(g.NVocab) + 8*rows*int64(g.NEmbd)
+	fixed = RuntimeOverhead + layer + BatchCopies*4*b*int64(g.NEmbd)
+	entries := g.VocabEntries
+	if entries <= 0 {
+		entries = g.NVocab
+	}
+	vocab = max(0, logits-layer) + 4*b*int64(g.NVocab) + VocabEntryBytes*int64(entries)
+	return fixed, vocab
 }

@@ -18,6 +18,13 @@ import (
 // ErrIllegalCut is a layer range an architecture cannot be cut at.
 var ErrIllegalCut = errors.New("illegal cut")
 
+// OutputRequired reports whether llama.cpp's loader needs output.weight
+// in every shard of arch (no tied fallback): a head shard then carries
+// the output matrix besides the token embeddings, and a tail shard
+// besides the copy of it in its token_embd slot (Split). Read into
+// memory, as `start` loads by default, each copy costs its size.
+func OutputRequired(arch string) bool { return archRules[arch].outputRequired }
+
 // archRule is one architecture's rules.
 type archRule struct {
 	// covers names the model families of the architecture (for people).

@@ -163,10 +163,10 @@ func TestComposeTestnet(t *testing.T) {
 	// containers are recreated) with --memory 13.9M: by the placement
 	// estimate (node.ModelSizing; mostly fixed buffers, KV of --ctx and
 	// the default --prefix-cache, counted twice for the batch-invariant
-	// engine's compaction) stories260K's windows need 11.68 MiB for one
-	// middle layer, +1.67 per layer, +1.13 with the output head, so 13.9M
-	// holds at most 2 layers (2-4: 13.35) and the only window with the
-	// last layer is 4-5 (12.81; 3-5: 14.48). a and b stop; the two must
+	// engine's compaction) stories260K's windows need 12.04 MiB for one
+	// middle layer, +1.68 per layer, +1.27 with the output head, so 13.9M
+	// holds at most 2 layers (2-4: 13.72) and the only window with the
+	// last layer is 4-5 (13.31; 3-5: 15.00). a and b stop; the two must
 	// split the gap 2-5 between them (2-4 and 4-5), and a generation
 	// through them equals --local. The one test-only
 	// value: a 3 s rebalance interval (default 2 min).
