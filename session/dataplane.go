@@ -147,6 +147,9 @@ func (hs *hopSession) readUpstream(r *timedReader) error {
 			if more := k.Close.GetPrefixMore(); len(more) > 0 {
 				hs.prefixMore.Store(&more)
 			}
+			if hs.standby {
+				return nil // nothing to sign or relay
+			}
 			if err := hs.closeTranscripts(k.Close); err != nil {
 				hs.h.log.Debug("clean close", "session", hs.key, "err", err)
 			}
@@ -246,8 +249,6 @@ func (hs *hopSession) compute(a *meshp2pb.ActivationHeader, tensors [][]byte, fr
 	if err := hs.checkFrame(a, from, t); err != nil {
 		return err
 	}
-	nEmbd := hs.se.info.NEmbd
-	in := Input{Pos: int(a.GetPosStart())}
 	if a.GetVerify() {
 		if err := checkWindow(a, speculative(hs.open), hs.spec.gen); err != nil {
 			return codeErr(meshp2pb.ErrorCode_ERROR_CODE_BAD_REQUEST, err.Error(), from)
@@ -255,36 +256,19 @@ func (hs *hopSession) compute(a *meshp2pb.ActivationHeader, tensors [][]byte, fr
 	} else if len(a.GetLookahead()) != 0 || a.GetSpecGen() != 0 {
 		return codeErr(meshp2pb.ErrorCode_ERROR_CODE_BAD_REQUEST, "speculation fields on a frame that is not a verification window", from)
 	}
-	if hs.head {
-		if len(a.GetTokens()) != int(a.GetNRows()) || len(tensors) != 0 {
-			return codeErr(meshp2pb.ErrorCode_ERROR_CODE_BAD_REQUEST, "head expects token ids only", from)
-		}
-		in.Tokens = a.GetTokens()
-	} else {
-		if len(tensors) != 1 || a.GetTensors()[0].GetName() != BundleTensor {
-			return codeErr(meshp2pb.ErrorCode_ERROR_CODE_BAD_REQUEST, "expected one l_out tensor", from)
-		}
-		ti := a.GetTensors()[0]
-		if len(ti.GetShape()) != 2 || ti.GetShape()[0] != int64(a.GetNRows()) || ti.GetShape()[1] != int64(nEmbd) {
-			return codeErr(meshp2pb.ErrorCode_ERROR_CODE_BAD_REQUEST, fmt.Sprintf("tensor shape %v, want [%d %d]", ti.GetShape(), a.GetNRows(), nEmbd), from)
-		}
-		t0 := time.Now()
-		hidden, err := frame.ToF32(ti.GetDtype(), tensors[0], nil)
-		if err != nil {
-			return asHopError(err, from)
-		}
-		in.Hidden = hidden
-		rt.decode = time.Since(t0)
+	in, err := hs.inputOf(a, tensors, from, &rt)
+	if err != nil {
+		return err
 	}
-	last := a.GetLastChunk() || !a.GetIsPrefill()
-	if hs.tail {
-		in.Sample = last
+	sampler := hs.tail && !hs.standby // a standby's output goes nowhere
+	if sampler {
+		in.Sample = a.GetLastChunk() || !a.GetIsPrefill()
 	}
 	if a.GetVerify() {
 		if skip, err := hs.windowGen(a, from); skip || err != nil {
 			return err
 		}
-		if hs.tail {
+		if sampler {
 			in.Sample, in.Verify, in.Draft = false, true, append(slices.Clone(a.GetTokens()[1:]), a.GetLookahead()...)
 		}
 	} else if hs.sp != nil && a.GetIsPrefill() {
@@ -299,6 +283,10 @@ func (hs *hopSession) compute(a *meshp2pb.ActivationHeader, tensors [][]byte, fr
 		return engineErr(err, from, hs.h.host.ID())
 	}
 	took := time.Since(t0)
+	if hs.standby { // only its KV counts
+		hs.h.standby.computed(int(a.GetNRows()), took)
+		return nil
+	}
 	hs.h.cfg.Observer.Computed(a.GetIsPrefill(), int(a.GetNRows()), took)
 	us := uint32(took.Microseconds())
 	if a.GetNRows() == 1 && hs.se.own {
@@ -319,6 +307,36 @@ func (hs *hopSession) compute(a *meshp2pb.ActivationHeader, tensors [][]byte, fr
 	tf := tokenFrame(a, out.Token, hs.se.eng.IsEOG(out.Token))
 	tf.HopUs, tf.HopTiming, tf.Logprobs = append(a.GetHopUs(), us), timing, out.Logprobs
 	return hs.sendRing(&meshp2pb.StreamMessage{Kind: &meshp2pb.StreamMessage_Token{Token: tf}})
+}
+
+// inputOf is frame a's input to the engine: the head's tokens, or the
+// hidden states of its one tensor (rt.decode: the conversion's time); a
+// frame that does not fit is blamed on from.
+func (hs *hopSession) inputOf(a *meshp2pb.ActivationHeader, tensors [][]byte, from peer.ID, rt *readTiming) (Input, error) {
+	in := Input{Pos: int(a.GetPosStart())}
+	if hs.head {
+		if len(a.GetTokens()) != int(a.GetNRows()) || len(tensors) != 0 {
+			return in, codeErr(meshp2pb.ErrorCode_ERROR_CODE_BAD_REQUEST, "head expects token ids only", from)
+		}
+		in.Tokens = a.GetTokens()
+		return in, nil
+	}
+	nEmbd := hs.se.info.NEmbd
+	if len(tensors) != 1 || a.GetTensors()[0].GetName() != BundleTensor {
+		return in, codeErr(meshp2pb.ErrorCode_ERROR_CODE_BAD_REQUEST, "expected one l_out tensor", from)
+	}
+	ti := a.GetTensors()[0]
+	if len(ti.GetShape()) != 2 || ti.GetShape()[0] != int64(a.GetNRows()) || ti.GetShape()[1] != int64(nEmbd) {
+		return in, codeErr(meshp2pb.ErrorCode_ERROR_CODE_BAD_REQUEST, fmt.Sprintf("tensor shape %v, want [%d %d]", ti.GetShape(), a.GetNRows(), nEmbd), from)
+	}
+	t0 := time.Now()
+	hidden, err := frame.ToF32(ti.GetDtype(), tensors[0], nil)
+	if err != nil {
+		return in, asHopError(err, from)
+	}
+	in.Hidden = hidden
+	rt.decode = time.Since(t0)
+	return in, nil
 }
 
 // checkFrame refuses a frame of another session or epoch; the first
@@ -390,6 +408,7 @@ func (hs *hopSession) writeDown(hdr *meshp2pb.ActivationHeader, payload []byte) 
 	d := time.Since(t1)
 	hs.h.cfg.Observer.SeamWrite(path, len(payload), d)
 	hs.clock.write.Store(int64(usOf(d)))
+	hs.mirror.activation(hdr, payload) // the covered hop's standby gets the same
 	return nil
 }
 

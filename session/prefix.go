@@ -157,7 +157,7 @@ func (hs *hopSession) prefixScope() [32]byte {
 	field([]byte(hs.open.GetModelFingerprint()))
 	field([]byte(hs.h.cfg.KernelClass))
 	field(binary.AppendUvarint(nil, uint64(hs.wire)))
-	hops := hs.open.GetRoute().GetHops()
+	hops := hs.hops()
 	for _, x := range hops[:hs.idx+1] {
 		field(x.GetPeerId())
 		field(binary.AppendUvarint(binary.AppendUvarint(nil, uint64(x.GetStart())), uint64(x.GetEnd())))
@@ -188,7 +188,7 @@ func (hs *hopSession) sessionScope() [32]byte {
 	field([]byte(hs.open.GetModelFingerprint()))
 	field([]byte(hs.h.cfg.KernelClass))
 	field(binary.AppendUvarint(nil, uint64(hs.wire)))
-	hops := hs.open.GetRoute().GetHops()
+	hops := hs.hops()
 	for _, x := range hops[:hs.idx+1] {
 		field(binary.AppendUvarint(binary.AppendUvarint(nil, uint64(x.GetStart())), uint64(x.GetEnd())))
 		field([]byte(x.GetKernelClass()))
