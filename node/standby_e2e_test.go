@@ -2,6 +2,7 @@ package node
 
 import (
 	"context"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -21,9 +22,19 @@ import (
 // a standby, takes its place and adopts its own cells; the head and tail
 // adopt theirs. The tokens are `--local`'s (the real engine, greedy).
 // Counters, not timing: the new epoch's hops all held the prompt's whole
-// blocks (HopCached), the origin put the standby in (Takeovers), and the
-// standby computed the prompt while it stood by (StandbyStats).
+// blocks (HopCached) and, killed later, those of the tokens generated
+// before the kill too (SessionProgress), the origin put the standby in
+// (Takeovers), and the standby computed the prompt while it stood by
+// (StandbyStats).
 func TestStandbyTakesOverWithoutPrefill(t *testing.T) {
+	for _, steps := range []int{3, 40} {
+		t.Run(strconv.Itoa(steps), func(t *testing.T) { standbyTakeover(t, steps) })
+	}
+}
+
+// standbyTakeover is TestStandbyTakesOverWithoutPrefill with the covered
+// hop killed after steps decode steps.
+func standbyTakeover(t *testing.T, steps int) {
 	model := testmodels.Path(t, "stories260K.gguf")
 	tn := newTestNet(t)
 	cache := func(c *Config) { c.Engine.PrefixCacheCells = 1024 }
@@ -41,7 +52,7 @@ func TestStandbyTakesOverWithoutPrefill(t *testing.T) {
 		cancel()
 	}
 	prompt := thinClientPrompt(t, c, fp, strings.Repeat("Once upon a time, there was a little girl named Lily. She loved to play outside. ", 8))
-	const maxTok = 60
+	maxTok := 40 + steps
 	want := localTokens(t, model, prompt, maxTok)
 	byPeer := map[peer.ID]*Node{mids[0].P2P().ID(): mids[0], mids[1].P2P().ID(): mids[1]}
 	var covered, standby atomic.Pointer[Node]
@@ -61,7 +72,7 @@ func TestStandbyTakesOverWithoutPrefill(t *testing.T) {
 					standby.Store(x)
 				}
 			}
-			go killAfterSteps(m, 3, killed, head, tail)
+			go killAfterSteps(m, steps, killed, head, tail)
 		}})
 	<-killed
 	if err != nil {
@@ -73,7 +84,11 @@ func TestStandbyTakesOverWithoutPrefill(t *testing.T) {
 	if res.Route.Hops[1].Peer != standby.Load().P2P().ID() {
 		t.Fatalf("the new epoch's middle hop is %s, not the standby", res.Route.Hops[1].Peer)
 	}
-	blocks := (len(prompt) - 1) / session.PrefixBlock * session.PrefixBlock
+	// The prompt's whole blocks and those of the first half of the
+	// tokens generated before the kill (the origin sends progress as
+	// tokens reach it, a little behind the covered hop's steps): 224 of
+	// 250 positions when killed after 40 steps.
+	blocks := (len(prompt) + steps/2 - 1) / session.PrefixBlock * session.PrefixBlock
 	for i, n := range res.HopCached {
 		if n < blocks || len(res.HopCached) != 3 {
 			t.Fatalf("the new epoch's hops held %v positions (hop %d); want ≥ %d on every hop: none prefills the prompt again", res.HopCached, i, blocks)

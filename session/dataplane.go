@@ -114,19 +114,8 @@ func (hs *hopSession) readUpstream(r *timedReader) error {
 		hs.touch()
 		switch k := msg.GetKind().(type) {
 		case *meshp2pb.StreamMessage_Activation:
-			if hs.head && k.Activation.GetVerify() {
-				return codeErr(meshp2pb.ErrorCode_ERROR_CODE_BAD_REQUEST, "verification windows start at the head, not the origin", hs.upstreamPeer())
-			}
-			if hs.head {
-				// The origin sends the prompt and nothing after its last
-				// chunk: decode steps start at the head (from the ring). A
-				// step from the origin would race the ring's for one
-				// position (docs/locks.md: a one-hop speculative session
-				// then blocked on its own hs.self).
-				if !k.Activation.GetIsPrefill() || hs.prompted {
-					return codeErr(meshp2pb.ErrorCode_ERROR_CODE_BAD_REQUEST, "the origin sends prompt chunks up to the last one, nothing after it", hs.upstreamPeer())
-				}
-				hs.prompted = k.Activation.GetLastChunk()
+			if err := hs.fromOrigin(k.Activation); err != nil {
+				return err
 			}
 			if !hs.head {
 				if err := hs.tx.received(msg, tensors, hs.upstreamPeer()); err != nil {
@@ -154,6 +143,10 @@ func (hs *hopSession) readUpstream(r *timedReader) error {
 				hs.h.log.Debug("clean close", "session", hs.key, "err", err)
 			}
 			return nil
+		case *meshp2pb.StreamMessage_Progress:
+			if err := hs.progress(msg); err != nil {
+				return err
+			}
 		case *meshp2pb.StreamMessage_Cancel:
 			return nil
 		case *meshp2pb.StreamMessage_Error:
@@ -164,6 +157,26 @@ func (hs *hopSession) readUpstream(r *timedReader) error {
 			return codeErr(meshp2pb.ErrorCode_ERROR_CODE_UNEXPECTED_MESSAGE, "unexpected message on session stream", hs.upstreamPeer())
 		}
 	}
+}
+
+// fromOrigin (the head) checks a frame from the origin: prompt chunks up
+// to the last one, no verification window.
+func (hs *hopSession) fromOrigin(a *meshp2pb.ActivationHeader) error {
+	if !hs.head {
+		return nil
+	}
+	if a.GetVerify() {
+		return codeErr(meshp2pb.ErrorCode_ERROR_CODE_BAD_REQUEST, "verification windows start at the head, not the origin", hs.upstreamPeer())
+	}
+	// The origin sends the prompt and nothing after its last chunk:
+	// decode steps start at the head (from the ring). A step from the
+	// origin would race the ring's for one position (docs/locks.md: a
+	// one-hop speculative session then blocked on its own hs.self).
+	if !a.GetIsPrefill() || hs.prompted {
+		return codeErr(meshp2pb.ErrorCode_ERROR_CODE_BAD_REQUEST, "the origin sends prompt chunks up to the last one, nothing after it", hs.upstreamPeer())
+	}
+	hs.prompted = a.GetLastChunk()
+	return nil
 }
 
 // activation runs one frame through the shard and passes the result on.

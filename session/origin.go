@@ -438,6 +438,8 @@ type epochRun struct {
 	seed   [16]byte
 	input  []int32
 	accept *meshp2pb.SessionAccept
+	// sentBlocks is the chain's length the last SessionProgress gave.
+	sentBlocks int
 }
 
 // admit sends the open and waits until the whole route admitted it.
@@ -540,6 +542,7 @@ func (e *epochRun) collect(req GenerateRequest, res *Result, nGenerated int, sta
 				timings.fill(res.HopStats)
 				return "", nil
 			}
+			e.progress(res.Tokens[nGenerated:])
 		default:
 			return e.head, fmt.Errorf("unexpected message from head")
 		}

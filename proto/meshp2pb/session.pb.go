@@ -688,7 +688,11 @@ type SessionAccept struct {
 	// epoch and still has (its audit records: prefill frames from position
 	// 0 on, in the open's wire dtype). The origin lets a hop start above
 	// the next hop's start only as far as these reach.
-	HopReplay     []uint32 `protobuf:"varint,7,rep,packed,name=hop_replay,json=hopReplay,proto3" json:"hop_replay,omitempty"`
+	HopReplay []uint32 `protobuf:"varint,7,rep,packed,name=hop_replay,json=hopReplay,proto3" json:"hop_replay,omitempty"`
+	// This hop and every hop after it take SessionProgress (an older hop
+	// would fail the session on a message it does not know): the origin
+	// sends progress only when the head's accept says so.
+	Progress      bool `protobuf:"varint,8,opt,name=progress,proto3" json:"progress,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -772,6 +776,13 @@ func (x *SessionAccept) GetHopReplay() []uint32 {
 	return nil
 }
 
+func (x *SessionAccept) GetProgress() bool {
+	if x != nil {
+		return x.Progress
+	}
+	return false
+}
+
 // SessionClose ends (session, epoch) normally; propagated downstream, after
 // which each hop frees the sequence and closes its streams.
 type SessionClose struct {
@@ -846,6 +857,72 @@ func (x *SessionClose) GetPrefixMore() []byte {
 	return nil
 }
 
+// SessionProgress (origin → head → … → tail, and on to a standby) is the
+// open's prefix chain continued over the tokens committed so far, as
+// SessionClose.prefix_more, sent each time it grows by a block: a hop
+// whose session ends by a failure keeps those blocks too, so the next
+// epoch (a failover, a standby's takeover) recomputes at most the last
+// block, not every token generated since the prefill.
+type SessionProgress struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	SessionId     []byte                 `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	Epoch         uint64                 `protobuf:"varint,2,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	PrefixMore    []byte                 `protobuf:"bytes,3,opt,name=prefix_more,json=prefixMore,proto3" json:"prefix_more,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SessionProgress) Reset() {
+	*x = SessionProgress{}
+	mi := &file_meshp2p_v1_session_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SessionProgress) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SessionProgress) ProtoMessage() {}
+
+func (x *SessionProgress) ProtoReflect() protoreflect.Message {
+	mi := &file_meshp2p_v1_session_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SessionProgress.ProtoReflect.Descriptor instead.
+func (*SessionProgress) Descriptor() ([]byte, []int) {
+	return file_meshp2p_v1_session_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *SessionProgress) GetSessionId() []byte {
+	if x != nil {
+		return x.SessionId
+	}
+	return nil
+}
+
+func (x *SessionProgress) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+func (x *SessionProgress) GetPrefixMore() []byte {
+	if x != nil {
+		return x.PrefixMore
+	}
+	return nil
+}
+
 // SessionCancel aborts (session, epoch) at once: hops drop queued work,
 // free the sequence and propagate the cancel downstream.
 type SessionCancel struct {
@@ -859,7 +936,7 @@ type SessionCancel struct {
 
 func (x *SessionCancel) Reset() {
 	*x = SessionCancel{}
-	mi := &file_meshp2p_v1_session_proto_msgTypes[7]
+	mi := &file_meshp2p_v1_session_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -871,7 +948,7 @@ func (x *SessionCancel) String() string {
 func (*SessionCancel) ProtoMessage() {}
 
 func (x *SessionCancel) ProtoReflect() protoreflect.Message {
-	mi := &file_meshp2p_v1_session_proto_msgTypes[7]
+	mi := &file_meshp2p_v1_session_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -884,7 +961,7 @@ func (x *SessionCancel) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SessionCancel.ProtoReflect.Descriptor instead.
 func (*SessionCancel) Descriptor() ([]byte, []int) {
-	return file_meshp2p_v1_session_proto_rawDescGZIP(), []int{7}
+	return file_meshp2p_v1_session_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *SessionCancel) GetSessionId() []byte {
@@ -920,7 +997,7 @@ type VocabRequest struct {
 
 func (x *VocabRequest) Reset() {
 	*x = VocabRequest{}
-	mi := &file_meshp2p_v1_session_proto_msgTypes[8]
+	mi := &file_meshp2p_v1_session_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -932,7 +1009,7 @@ func (x *VocabRequest) String() string {
 func (*VocabRequest) ProtoMessage() {}
 
 func (x *VocabRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meshp2p_v1_session_proto_msgTypes[8]
+	mi := &file_meshp2p_v1_session_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -945,7 +1022,7 @@ func (x *VocabRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VocabRequest.ProtoReflect.Descriptor instead.
 func (*VocabRequest) Descriptor() ([]byte, []int) {
-	return file_meshp2p_v1_session_proto_rawDescGZIP(), []int{8}
+	return file_meshp2p_v1_session_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *VocabRequest) GetModelFingerprint() string {
@@ -966,7 +1043,7 @@ type VocabResponse struct {
 
 func (x *VocabResponse) Reset() {
 	*x = VocabResponse{}
-	mi := &file_meshp2p_v1_session_proto_msgTypes[9]
+	mi := &file_meshp2p_v1_session_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -978,7 +1055,7 @@ func (x *VocabResponse) String() string {
 func (*VocabResponse) ProtoMessage() {}
 
 func (x *VocabResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meshp2p_v1_session_proto_msgTypes[9]
+	mi := &file_meshp2p_v1_session_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -991,7 +1068,7 @@ func (x *VocabResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VocabResponse.ProtoReflect.Descriptor instead.
 func (*VocabResponse) Descriptor() ([]byte, []int) {
-	return file_meshp2p_v1_session_proto_rawDescGZIP(), []int{9}
+	return file_meshp2p_v1_session_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *VocabResponse) GetError() *Error {
@@ -1068,7 +1145,7 @@ const file_meshp2p_v1_session_proto_rawDesc = "" +
 	"\agrammar\x18\n" +
 	" \x01(\tR\agrammar\x12\x1a\n" +
 	"\blogprobs\x18\v \x01(\bR\blogprobs\x12!\n" +
-	"\ftop_logprobs\x18\f \x01(\rR\vtopLogprobs\"\xe0\x01\n" +
+	"\ftop_logprobs\x18\f \x01(\rR\vtopLogprobs\"\xfc\x01\n" +
 	"\rSessionAccept\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\fR\tsessionId\x12\x14\n" +
@@ -1079,13 +1156,20 @@ const file_meshp2p_v1_session_proto_rawDesc = "" +
 	"\n" +
 	"hop_cached\x18\x06 \x03(\rR\thopCached\x12\x1d\n" +
 	"\n" +
-	"hop_replay\x18\a \x03(\rR\thopReplay\"|\n" +
+	"hop_replay\x18\a \x03(\rR\thopReplay\x12\x1a\n" +
+	"\bprogress\x18\b \x01(\bR\bprogress\"|\n" +
 	"\fSessionClose\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\fR\tsessionId\x12\x14\n" +
 	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12\x16\n" +
 	"\x06reason\x18\x03 \x01(\tR\x06reason\x12\x1f\n" +
 	"\vprefix_more\x18\x04 \x01(\fR\n" +
+	"prefixMore\"g\n" +
+	"\x0fSessionProgress\x12\x1d\n" +
+	"\n" +
+	"session_id\x18\x01 \x01(\fR\tsessionId\x12\x14\n" +
+	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12\x1f\n" +
+	"\vprefix_more\x18\x03 \x01(\fR\n" +
 	"prefixMore\"\\\n" +
 	"\rSessionCancel\x12\x1d\n" +
 	"\n" +
@@ -1116,7 +1200,7 @@ func file_meshp2p_v1_session_proto_rawDescGZIP() []byte {
 }
 
 var file_meshp2p_v1_session_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_meshp2p_v1_session_proto_msgTypes = make([]protoimpl.MessageInfo, 10)
+var file_meshp2p_v1_session_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
 var file_meshp2p_v1_session_proto_goTypes = []any{
 	(SpecMode)(0),             // 0: meshp2p.v1.SpecMode
 	(*SessionOpen)(nil),       // 1: meshp2p.v1.SessionOpen
@@ -1126,27 +1210,28 @@ var file_meshp2p_v1_session_proto_goTypes = []any{
 	(*SamplingParams)(nil),    // 5: meshp2p.v1.SamplingParams
 	(*SessionAccept)(nil),     // 6: meshp2p.v1.SessionAccept
 	(*SessionClose)(nil),      // 7: meshp2p.v1.SessionClose
-	(*SessionCancel)(nil),     // 8: meshp2p.v1.SessionCancel
-	(*VocabRequest)(nil),      // 9: meshp2p.v1.VocabRequest
-	(*VocabResponse)(nil),     // 10: meshp2p.v1.VocabResponse
-	(*Route)(nil),             // 11: meshp2p.v1.Route
-	(DType)(0),                // 12: meshp2p.v1.DType
-	(*SignedRouteTicket)(nil), // 13: meshp2p.v1.SignedRouteTicket
-	(*RouteHop)(nil),          // 14: meshp2p.v1.RouteHop
-	(*Error)(nil),             // 15: meshp2p.v1.Error
+	(*SessionProgress)(nil),   // 8: meshp2p.v1.SessionProgress
+	(*SessionCancel)(nil),     // 9: meshp2p.v1.SessionCancel
+	(*VocabRequest)(nil),      // 10: meshp2p.v1.VocabRequest
+	(*VocabResponse)(nil),     // 11: meshp2p.v1.VocabResponse
+	(*Route)(nil),             // 12: meshp2p.v1.Route
+	(DType)(0),                // 13: meshp2p.v1.DType
+	(*SignedRouteTicket)(nil), // 14: meshp2p.v1.SignedRouteTicket
+	(*RouteHop)(nil),          // 15: meshp2p.v1.RouteHop
+	(*Error)(nil),             // 16: meshp2p.v1.Error
 }
 var file_meshp2p_v1_session_proto_depIdxs = []int32{
-	11, // 0: meshp2p.v1.SessionOpen.route:type_name -> meshp2p.v1.Route
+	12, // 0: meshp2p.v1.SessionOpen.route:type_name -> meshp2p.v1.Route
 	5,  // 1: meshp2p.v1.SessionOpen.sampling:type_name -> meshp2p.v1.SamplingParams
-	12, // 2: meshp2p.v1.SessionOpen.wire_dtype:type_name -> meshp2p.v1.DType
-	13, // 3: meshp2p.v1.SessionOpen.ticket:type_name -> meshp2p.v1.SignedRouteTicket
+	13, // 2: meshp2p.v1.SessionOpen.wire_dtype:type_name -> meshp2p.v1.DType
+	14, // 3: meshp2p.v1.SessionOpen.ticket:type_name -> meshp2p.v1.SignedRouteTicket
 	4,  // 4: meshp2p.v1.SessionOpen.speculation:type_name -> meshp2p.v1.Speculation
 	3,  // 5: meshp2p.v1.SessionOpen.prefix:type_name -> meshp2p.v1.PrefixChain
 	2,  // 6: meshp2p.v1.SessionOpen.standby:type_name -> meshp2p.v1.Standby
-	14, // 7: meshp2p.v1.Standby.hop:type_name -> meshp2p.v1.RouteHop
+	15, // 7: meshp2p.v1.Standby.hop:type_name -> meshp2p.v1.RouteHop
 	0,  // 8: meshp2p.v1.Speculation.mode:type_name -> meshp2p.v1.SpecMode
-	15, // 9: meshp2p.v1.SessionAccept.error:type_name -> meshp2p.v1.Error
-	15, // 10: meshp2p.v1.VocabResponse.error:type_name -> meshp2p.v1.Error
+	16, // 9: meshp2p.v1.SessionAccept.error:type_name -> meshp2p.v1.Error
+	16, // 10: meshp2p.v1.VocabResponse.error:type_name -> meshp2p.v1.Error
 	11, // [11:11] is the sub-list for method output_type
 	11, // [11:11] is the sub-list for method input_type
 	11, // [11:11] is the sub-list for extension type_name
@@ -1167,7 +1252,7 @@ func file_meshp2p_v1_session_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_meshp2p_v1_session_proto_rawDesc), len(file_meshp2p_v1_session_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   10,
+			NumMessages:   11,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
