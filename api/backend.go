@@ -127,6 +127,10 @@ type GenerateRequest struct {
 	TopK          int
 	MinP          float32
 	RepeatPenalty float32
+	// Standby (extension) asks for a hot standby of one hop of the route:
+	// a failure of that hop then costs no prefill (long prompts get one
+	// anyway; session.GenerateRequest.Standby).
+	Standby bool
 	// Stops end the text at the first of them (the stop string is not
 	// returned).
 	Stops []string

@@ -21,7 +21,7 @@ type request struct {
 
 // openAIFields are the fields chat and completion requests both take.
 var openAIFields = []string{"model", "stream", "stream_options", "max_tokens", "temperature", "top_p", "presence_penalty",
-	"frequency_penalty", "seed", "stop", "top_k", "min_p", "repeat_penalty", "n", "user"}
+	"frequency_penalty", "seed", "stop", "top_k", "min_p", "repeat_penalty", "standby", "n", "user"}
 
 // parseChat validates a /v1/chat/completions body.
 func parseChat(body []byte) (*request, *Error) {
@@ -72,7 +72,7 @@ func parseOpenAI(body []byte, chat bool, own []string, parsers ...func(jobj, *Ge
 		o.optFloat("temperature", &g.Temperature, 0, 2), o.optFloat("top_p", &g.TopP, 0, 1),
 		o.optFloat("presence_penalty", &g.PresencePenalty, -2, 2), o.optFloat("frequency_penalty", &g.FrequencyPenalty, -2, 2),
 		o.optSeed("seed", &g.Seed, false), o.optStops("stop", &g.Stops, true), o.optInt("top_k", &g.TopK, 0, MaxTopK),
-		o.optFloat("min_p", &g.MinP, 0, 1), o.optFloat("repeat_penalty", &g.RepeatPenalty, 0, 10),
+		o.optFloat("min_p", &g.MinP, 0, 1), o.optFloat("repeat_penalty", &g.RepeatPenalty, 0, 10), o.optBool("standby", &g.Standby),
 		o.only("n", "1", "one choice per request; send several requests for several answers"), o.optStr("user", &user, false),
 		r.parseStreamOptions(o)); e != nil {
 		return nil, e

@@ -446,7 +446,7 @@ func (n *Node) Origin(planner route.Planner) *session.Origin {
 	// it opens at once on any connection, relayed included, instead of
 	// waiting for a hole punch as activation seams do.
 	return &session.Origin{Dialer: n.ControlHost(), Key: n.host.Peerstore().PrivKey(n.host.ID()), Planner: planner, Protocol: n.host.ProtocolID(session.ProtoSession, session.ProtoVersion),
-		Limits: n.cfg.Hop.Limits, Logger: n.log, Failures: n.failures, Observer: n.obs.origin(), Covered: n.table.Covers, Audit: n.audits.auditor,
+		Limits: n.cfg.Hop.Limits, Logger: n.log, Failures: n.failures, Observer: n.obs.origin(), Covered: n.table.Covers, Audit: n.audits.auditor, Shards: n.table.Shards,
 		Rediscover: func(ctx context.Context, fp string) {
 			// A replacement may be known to a peer but not to us yet:
 			// re-pull adverts from connected peers and ask the DHT.

@@ -37,6 +37,13 @@ func (h *HopService) admit(open *meshp2pb.SessionOpen, from peer.ID) (int, *serv
 		return 0, nil, "", codeErr(meshp2pb.ErrorCode_ERROR_CODE_BAD_REQUEST, err.Error(), "")
 	}
 	hop := rt.GetHops()[idx]
+	sb, he := standbyHop(open, me)
+	if he != nil {
+		return 0, nil, "", he
+	}
+	if sb != nil { // this peer is the standby of hop idx (standby.go)
+		hop = sb
+	}
 	if peer.ID(hop.GetPeerId()) != me {
 		return 0, nil, "", codeErr(meshp2pb.ErrorCode_ERROR_CODE_BAD_REQUEST, "route hop names another peer", "")
 	}
@@ -178,7 +185,7 @@ func (h *HopService) handleSession(s network.Stream) {
 		refuse(he)
 		return
 	}
-	if open.GetTranscripts() { // only now: a refused open keeps nothing here
+	if open.GetTranscripts() && !hs.standby { // only now: a refused open keeps nothing here
 		hs.tx, hs.tailFinal = h.startTranscripts(hs), make(chan struct{})
 	}
 	h.serveAdmitted(s, r, hs)
@@ -237,6 +244,10 @@ func (h *HopService) newHopSession(s network.Stream, open *meshp2pb.SessionOpen,
 		done: make(chan struct{}), released: make(chan struct{}), engFreed: make(chan struct{}),
 		resumeUp: make(chan network.Stream, 1), resumeRing: make(chan network.Stream, 1),
 		maxTokens: int(open.GetMaxTokens()), tx: noAudit{}}
+	if sb, _ := standbyHop(open, h.host.ID()); sb != nil {
+		hs.standby = true
+		h.standby.sessions.Add(1)
+	}
 	for _, x := range open.GetRoute().GetHops() {
 		hs.route = append(hs.route, peer.ID(x.GetPeerId()))
 	}
@@ -542,6 +553,15 @@ func (h *HopService) supersede(key Key, idx int) {
 	h.mu.Unlock()
 	deadline := time.After(h.cfg.OpenTimeout / 2)
 	for _, hs := range old {
+		if hs.standby {
+			// A standby taking over first computes what its mirror
+			// still sends it (the mirror ends the stream after the last
+			// frame): then it holds what the covered hop held.
+			select {
+			case <-hs.done:
+			case <-deadline:
+			}
+		}
 		h.log.Debug("epoch superseded", "session", hs.key, "by", key.Epoch, "hop", idx)
 		hs.fail(codeErr(meshp2pb.ErrorCode_ERROR_CODE_STALE_EPOCH, fmt.Sprintf("superseded by epoch %d", key.Epoch), ""))
 		hs.unblock()

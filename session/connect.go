@@ -19,6 +19,9 @@ import (
 func (hs *hopSession) connect(ctx context.Context) *hopError {
 	h := hs.h
 	hops := hs.open.GetRoute().GetHops()
+	if hs.standby {
+		return nil // it sends nothing on (standby.go)
+	}
 	if !hs.tail {
 		next := hops[hs.idx+1]
 		np := peer.ID(next.GetPeerId())
@@ -60,6 +63,7 @@ func (hs *hopSession) connect(ctx context.Context) *hopError {
 		if path == p2p.PathRelayed {
 			go hs.migrateWhenDirect(np, false)
 		}
+		hs.startMirror()
 	}
 	if hs.tail && !hs.head {
 		head := peer.ID(hops[0].GetPeerId())

@@ -114,19 +114,8 @@ func (hs *hopSession) readUpstream(r *timedReader) error {
 		hs.touch()
 		switch k := msg.GetKind().(type) {
 		case *meshp2pb.StreamMessage_Activation:
-			if hs.head && k.Activation.GetVerify() {
-				return codeErr(meshp2pb.ErrorCode_ERROR_CODE_BAD_REQUEST, "verification windows start at the head, not the origin", hs.upstreamPeer())
-			}
-			if hs.head {
-				// The origin sends the prompt and nothing after its last
-				// chunk: decode steps start at the head (from the ring). A
-				// step from the origin would race the ring's for one
-				// position (docs/locks.md: a one-hop speculative session
-				// then blocked on its own hs.self).
-				if !k.Activation.GetIsPrefill() || hs.prompted {
-					return codeErr(meshp2pb.ErrorCode_ERROR_CODE_BAD_REQUEST, "the origin sends prompt chunks up to the last one, nothing after it", hs.upstreamPeer())
-				}
-				hs.prompted = k.Activation.GetLastChunk()
+			if err := hs.fromOrigin(k.Activation); err != nil {
+				return err
 			}
 			if !hs.head {
 				if err := hs.tx.received(msg, tensors, hs.upstreamPeer()); err != nil {
@@ -147,10 +136,17 @@ func (hs *hopSession) readUpstream(r *timedReader) error {
 			if more := k.Close.GetPrefixMore(); len(more) > 0 {
 				hs.prefixMore.Store(&more)
 			}
+			if hs.standby {
+				return nil // nothing to sign or relay
+			}
 			if err := hs.closeTranscripts(k.Close); err != nil {
 				hs.h.log.Debug("clean close", "session", hs.key, "err", err)
 			}
 			return nil
+		case *meshp2pb.StreamMessage_Progress:
+			if err := hs.progress(msg); err != nil {
+				return err
+			}
 		case *meshp2pb.StreamMessage_Cancel:
 			return nil
 		case *meshp2pb.StreamMessage_Error:
@@ -161,6 +157,26 @@ func (hs *hopSession) readUpstream(r *timedReader) error {
 			return codeErr(meshp2pb.ErrorCode_ERROR_CODE_UNEXPECTED_MESSAGE, "unexpected message on session stream", hs.upstreamPeer())
 		}
 	}
+}
+
+// fromOrigin (the head) checks a frame from the origin: prompt chunks up
+// to the last one, no verification window.
+func (hs *hopSession) fromOrigin(a *meshp2pb.ActivationHeader) error {
+	if !hs.head {
+		return nil
+	}
+	if a.GetVerify() {
+		return codeErr(meshp2pb.ErrorCode_ERROR_CODE_BAD_REQUEST, "verification windows start at the head, not the origin", hs.upstreamPeer())
+	}
+	// The origin sends the prompt and nothing after its last chunk:
+	// decode steps start at the head (from the ring). A step from the
+	// origin would race the ring's for one position (docs/locks.md: a
+	// one-hop speculative session then blocked on its own hs.self).
+	if !a.GetIsPrefill() || hs.prompted {
+		return codeErr(meshp2pb.ErrorCode_ERROR_CODE_BAD_REQUEST, "the origin sends prompt chunks up to the last one, nothing after it", hs.upstreamPeer())
+	}
+	hs.prompted = a.GetLastChunk()
+	return nil
 }
 
 // activation runs one frame through the shard and passes the result on.
@@ -246,8 +262,6 @@ func (hs *hopSession) compute(a *meshp2pb.ActivationHeader, tensors [][]byte, fr
 	if err := hs.checkFrame(a, from, t); err != nil {
 		return err
 	}
-	nEmbd := hs.se.info.NEmbd
-	in := Input{Pos: int(a.GetPosStart())}
 	if a.GetVerify() {
 		if err := checkWindow(a, speculative(hs.open), hs.spec.gen); err != nil {
 			return codeErr(meshp2pb.ErrorCode_ERROR_CODE_BAD_REQUEST, err.Error(), from)
@@ -255,36 +269,19 @@ func (hs *hopSession) compute(a *meshp2pb.ActivationHeader, tensors [][]byte, fr
 	} else if len(a.GetLookahead()) != 0 || a.GetSpecGen() != 0 {
 		return codeErr(meshp2pb.ErrorCode_ERROR_CODE_BAD_REQUEST, "speculation fields on a frame that is not a verification window", from)
 	}
-	if hs.head {
-		if len(a.GetTokens()) != int(a.GetNRows()) || len(tensors) != 0 {
-			return codeErr(meshp2pb.ErrorCode_ERROR_CODE_BAD_REQUEST, "head expects token ids only", from)
-		}
-		in.Tokens = a.GetTokens()
-	} else {
-		if len(tensors) != 1 || a.GetTensors()[0].GetName() != BundleTensor {
-			return codeErr(meshp2pb.ErrorCode_ERROR_CODE_BAD_REQUEST, "expected one l_out tensor", from)
-		}
-		ti := a.GetTensors()[0]
-		if len(ti.GetShape()) != 2 || ti.GetShape()[0] != int64(a.GetNRows()) || ti.GetShape()[1] != int64(nEmbd) {
-			return codeErr(meshp2pb.ErrorCode_ERROR_CODE_BAD_REQUEST, fmt.Sprintf("tensor shape %v, want [%d %d]", ti.GetShape(), a.GetNRows(), nEmbd), from)
-		}
-		t0 := time.Now()
-		hidden, err := frame.ToF32(ti.GetDtype(), tensors[0], nil)
-		if err != nil {
-			return asHopError(err, from)
-		}
-		in.Hidden = hidden
-		rt.decode = time.Since(t0)
+	in, err := hs.inputOf(a, tensors, from, &rt)
+	if err != nil {
+		return err
 	}
-	last := a.GetLastChunk() || !a.GetIsPrefill()
-	if hs.tail {
-		in.Sample = last
+	sampler := hs.tail && !hs.standby // a standby's output goes nowhere
+	if sampler {
+		in.Sample = a.GetLastChunk() || !a.GetIsPrefill()
 	}
 	if a.GetVerify() {
 		if skip, err := hs.windowGen(a, from); skip || err != nil {
 			return err
 		}
-		if hs.tail {
+		if sampler {
 			in.Sample, in.Verify, in.Draft = false, true, append(slices.Clone(a.GetTokens()[1:]), a.GetLookahead()...)
 		}
 	} else if hs.sp != nil && a.GetIsPrefill() {
@@ -299,6 +296,10 @@ func (hs *hopSession) compute(a *meshp2pb.ActivationHeader, tensors [][]byte, fr
 		return engineErr(err, from, hs.h.host.ID())
 	}
 	took := time.Since(t0)
+	if hs.standby { // only its KV counts
+		hs.h.standby.computed(int(a.GetNRows()), took)
+		return nil
+	}
 	hs.h.cfg.Observer.Computed(a.GetIsPrefill(), int(a.GetNRows()), took)
 	us := uint32(took.Microseconds())
 	if a.GetNRows() == 1 && hs.se.own {
@@ -319,6 +320,36 @@ func (hs *hopSession) compute(a *meshp2pb.ActivationHeader, tensors [][]byte, fr
 	tf := tokenFrame(a, out.Token, hs.se.eng.IsEOG(out.Token))
 	tf.HopUs, tf.HopTiming, tf.Logprobs = append(a.GetHopUs(), us), timing, out.Logprobs
 	return hs.sendRing(&meshp2pb.StreamMessage{Kind: &meshp2pb.StreamMessage_Token{Token: tf}})
+}
+
+// inputOf is frame a's input to the engine: the head's tokens, or the
+// hidden states of its one tensor (rt.decode: the conversion's time); a
+// frame that does not fit is blamed on from.
+func (hs *hopSession) inputOf(a *meshp2pb.ActivationHeader, tensors [][]byte, from peer.ID, rt *readTiming) (Input, error) {
+	in := Input{Pos: int(a.GetPosStart())}
+	if hs.head {
+		if len(a.GetTokens()) != int(a.GetNRows()) || len(tensors) != 0 {
+			return in, codeErr(meshp2pb.ErrorCode_ERROR_CODE_BAD_REQUEST, "head expects token ids only", from)
+		}
+		in.Tokens = a.GetTokens()
+		return in, nil
+	}
+	nEmbd := hs.se.info.NEmbd
+	if len(tensors) != 1 || a.GetTensors()[0].GetName() != BundleTensor {
+		return in, codeErr(meshp2pb.ErrorCode_ERROR_CODE_BAD_REQUEST, "expected one l_out tensor", from)
+	}
+	ti := a.GetTensors()[0]
+	if len(ti.GetShape()) != 2 || ti.GetShape()[0] != int64(a.GetNRows()) || ti.GetShape()[1] != int64(nEmbd) {
+		return in, codeErr(meshp2pb.ErrorCode_ERROR_CODE_BAD_REQUEST, fmt.Sprintf("tensor shape %v, want [%d %d]", ti.GetShape(), a.GetNRows(), nEmbd), from)
+	}
+	t0 := time.Now()
+	hidden, err := frame.ToF32(ti.GetDtype(), tensors[0], nil)
+	if err != nil {
+		return in, asHopError(err, from)
+	}
+	in.Hidden = hidden
+	rt.decode = time.Since(t0)
+	return in, nil
 }
 
 // checkFrame refuses a frame of another session or epoch; the first
@@ -390,6 +421,7 @@ func (hs *hopSession) writeDown(hdr *meshp2pb.ActivationHeader, payload []byte) 
 	d := time.Since(t1)
 	hs.h.cfg.Observer.SeamWrite(path, len(payload), d)
 	hs.clock.write.Store(int64(usOf(d)))
+	hs.mirror.activation(hdr, payload) // the covered hop's standby gets the same
 	return nil
 }
 

@@ -21,6 +21,8 @@
 //	ticket.go        the --require-ticket admission hook and its nonce memory
 //	prefix.go        the prefix cache: block chains, scope, adopt and keep, the
 //	                 origin's part (docs/architecture.md, "Prefix cache")
+//	standby.go       hot standby: the replica an open names, the mirror's bounded queue on the hop
+//	                 before the covered hop, the origin's pick and the takeover after a failure
 //	connect.go       the rest of the route: stream to the next hop, the ring to the head
 //	dataplane.go     upstream frames → engine → next hop / ring; the head's token loop and verification windows
 //	spec.go          speculation: caps, window checks, the head's proposer and windows (specHead)
@@ -50,7 +52,9 @@
 // path on every hop but the head's decode steps), watchDownstream for each
 // downstream stream (only errors travel upstream), readRing on the head
 // (tokens from the tail: the head's decode path), selfRing on a one-hop
-// route, and migrateWhenDirect for each relayed stream this hop writes.
+// route, migrateWhenDirect for each relayed stream this hop writes, and on
+// the hop before a hop with a standby the mirror's writer (mirror.run)
+// and the reader of the standby's stream (standby.go).
 //
 // # Lock order
 //

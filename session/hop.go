@@ -101,6 +101,7 @@ type HopService struct {
 	silence *silenceMemory // origins whose sessions sent nothing
 	grammar *grammarBudget // origins' grammar time on this tail
 	audits  *auditStore    // what sessions asking for transcripts kept here
+	standby standbyCounters
 
 	// relayTamper, nil but in tests, changes a token the head passes to
 	// the origin: a hostile head (relaycheck_test.go).
@@ -273,6 +274,12 @@ type hopSession struct {
 	replayTo  int
 	nextStart atomic.Int32
 	resend    [2]int
+
+	// Hot standby (standby.go): this session is a standby (it computes
+	// what the covered hop does and sends nothing on), or, on the hop
+	// before the covered one, mirror sends the standby the frames.
+	standby bool
+	mirror  *mirror
 
 	maxTokens int
 	produced  int      // head: tokens passed to the origin; only the ring reader touches it

@@ -81,6 +81,13 @@ type Origin struct {
 	// NoPrefixCache: sessions neither reuse nor leave cached prefixes at
 	// the hops (prefix.go; on by default).
 	NoPrefixCache bool
+	// Shards, if set, lists who serves a model (route.Table.Shards): the
+	// origin picks hot standbys from it (standby.go; nil: none).
+	Shards func(fp string) []route.Shard
+	// StandbyAbove is the prompt length from which a session gets a hot
+	// standby without asking (GenerateRequest.Standby; 0:
+	// DefaultStandbyAbove; negative: only when asked).
+	StandbyAbove int
 
 	warm warmRoutes // recent sessions' routes, for cache affinity (warm.go)
 }
@@ -111,6 +118,10 @@ type GenerateRequest struct {
 	// users (e.g. a gateway's API keys): sessions reuse only prefixes
 	// left by sessions of the same namespace (prefix.go).
 	CacheNamespace string
+	// Standby asks for a hot standby of one hop (standby.go): a replica
+	// that keeps the session's KV in step, so a failure of that hop costs
+	// no prefill. Long prompts get one anyway (Origin.StandbyAbove).
+	Standby bool
 }
 
 // HopStat is the mean compute time one hop spent per generated token.
@@ -154,6 +165,9 @@ type Result struct {
 	// what each hop of the final route held (the route reuses the least).
 	CachedTokens int
 	HopCached    []int
+	// Standbys counts the epochs that named a hot standby, Takeovers the
+	// re-routes that put a standby in the place of the hop it covered.
+	Standbys, Takeovers int
 
 	failedAt time.Time // the last re-route's failure, until tokens flow again
 	// lastOpen is the final epoch's open and prompt the request's prompt:
@@ -189,24 +203,32 @@ func (o *Origin) observer() OriginObserver {
 	return o.Observer
 }
 
-func (o *Origin) generate(ctx context.Context, req GenerateRequest, obs OriginObserver) (*Result, error) {
+// begin checks req (filling in its defaults) and draws the session id.
+func (o *Origin) begin(req *GenerateRequest) ([16]byte, error) {
+	var sid [16]byte
 	if len(req.Prompt) == 0 {
-		return nil, fmt.Errorf("%w: empty prompt", ErrGeneration)
+		return sid, fmt.Errorf("%w: empty prompt", ErrGeneration)
 	}
 	if o.Key == nil {
-		return nil, fmt.Errorf("%w: the origin has no key to sign its session opens with", ErrGeneration)
+		return sid, fmt.Errorf("%w: the origin has no key to sign its session opens with", ErrGeneration)
 	}
 	if req.MaxTokens <= 0 {
 		req.MaxTokens = DefaultMaxTokens
 	}
-	maxRe, log := o.maxReroutes(), o.logger()
-	var sid [16]byte
-	if _, err := rand.Read(sid[:]); err != nil {
+	_, err := rand.Read(sid[:])
+	return sid, err
+}
+
+func (o *Origin) generate(ctx context.Context, req GenerateRequest, obs OriginObserver) (*Result, error) {
+	sid, err := o.begin(&req)
+	if err != nil {
 		return nil, err
 	}
+	maxRe, log := o.maxReroutes(), o.logger()
 	res := &Result{prompt: req.Prompt}
 	exclude := o.Failures.convicted() // never routed through again
 	var full capacityRetry
+	var sb standbys
 	start := time.Now()
 	for epoch := uint64(1); ; epoch++ {
 		preq := route.Request{Fingerprint: req.Fingerprint, NLayer: req.NLayer, Exclude: exclude, NeedKV: len(req.Prompt) + req.MaxTokens + 1, Epoch: epoch, SessionID: sid[:],
@@ -232,11 +254,12 @@ func (o *Origin) generate(ctx context.Context, req GenerateRequest, obs OriginOb
 		if rt.Epoch != epoch {
 			return res, fmt.Errorf("%w: planner returned a route for epoch %d, want %d", ErrGeneration, rt.Epoch, epoch)
 		}
+		sb.next(o, rt, req, preq.NeedKV, exclude, res)
 		res.Route = rt
 		if req.OnRoute != nil {
 			req.OnRoute(rt, res.Reroutes)
 		}
-		failed, err := o.run(ctx, sid, rt, req, res, start)
+		failed, err := o.run(ctx, sid, rt, sb.cur.wire(), req, res, start)
 		failed = blameOnRoute(rt, failed)
 		if err == nil {
 			res.Total = time.Since(start)
@@ -256,7 +279,7 @@ func (o *Origin) generate(ctx context.Context, req GenerateRequest, obs OriginOb
 			log.Info("route refused for capacity, retrying", "full_peer", failed, "epoch", epoch+1, "err", err)
 			continue
 		}
-		full = capacityRetry{}
+		full, sb.prev = capacityRetry{}, nil
 		res.Failures = append(res.Failures, err.Error())
 		o.Failures.Blame(failed)
 		if failed == "" || res.Reroutes >= maxRe {
@@ -264,6 +287,7 @@ func (o *Origin) generate(ctx context.Context, req GenerateRequest, obs OriginOb
 		}
 		log.Warn("hop failed, re-routing", "failed_peer", failed, "epoch", epoch+1, "tokens_so_far", len(res.Tokens), "err", err)
 		exclude[failed] = true
+		sb.prev, sb.failed = sb.cur, failed
 		res.Reroutes++
 		res.failedAt = time.Now()
 		obs.Rerouted()
@@ -338,7 +362,7 @@ func blameOnRoute(rt *route.Route, failed peer.ID) peer.ID {
 
 // run drives one epoch. On failure it returns the peer to exclude ("" when
 // nobody is to blame and re-routing would not help).
-func (o *Origin) run(ctx context.Context, sid [16]byte, rt *route.Route, req GenerateRequest, res *Result, start time.Time) (peer.ID, error) {
+func (o *Origin) run(ctx context.Context, sid [16]byte, rt *route.Route, sb *meshp2pb.Standby, req GenerateRequest, res *Result, start time.Time) (peer.ID, error) {
 	o.observer().Routed(routeInfo(rt))
 	head := rt.Hops[0].Peer
 	dctx, cancel := context.WithTimeout(ctx, DialTimeout)
@@ -353,6 +377,7 @@ func (o *Origin) run(ctx context.Context, sid [16]byte, rt *route.Route, req Gen
 	e := &epochRun{s: s, w: frame.NewWriter(s, o.Limits), r: streamReader(s, o.Limits), sid: sid, rt: rt, head: head}
 	open, input := o.sessionOpen(sid, rt, req, res.Tokens)
 	open.Transcripts = o.Audit.on()
+	open.Standby = sb
 	e.withPrefix(o, open, input, req.CacheNamespace)
 	if err := SignOpen(open, o.Key, time.Now()); err != nil {
 		return "", fmt.Errorf("%w: %w", ErrGeneration, err)
@@ -422,6 +447,8 @@ type epochRun struct {
 	input  []int32
 	accept *meshp2pb.SessionAccept
 	kept   []byte // the close's continuation of chain (what the hops keep)
+	// sentBlocks is the chain's length the last SessionProgress gave.
+	sentBlocks int
 }
 
 // admit sends the open and waits until the whole route admitted it.
@@ -525,6 +552,7 @@ func (e *epochRun) collect(req GenerateRequest, res *Result, nGenerated int, sta
 				timings.fill(res.HopStats)
 				return "", nil
 			}
+			e.progress(res.Tokens[nGenerated:])
 		default:
 			return e.head, fmt.Errorf("unexpected message from head")
 		}

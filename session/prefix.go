@@ -157,7 +157,7 @@ func (hs *hopSession) prefixScope() [32]byte {
 	field([]byte(hs.open.GetModelFingerprint()))
 	field([]byte(hs.h.cfg.KernelClass))
 	field(binary.AppendUvarint(nil, uint64(hs.wire)))
-	hops := hs.open.GetRoute().GetHops()
+	hops := hs.hops()
 	for _, x := range hops[:hs.idx+1] {
 		field(x.GetPeerId())
 		field(binary.AppendUvarint(binary.AppendUvarint(nil, uint64(x.GetStart())), uint64(x.GetEnd())))
@@ -188,7 +188,7 @@ func (hs *hopSession) sessionScope() [32]byte {
 	field([]byte(hs.open.GetModelFingerprint()))
 	field([]byte(hs.h.cfg.KernelClass))
 	field(binary.AppendUvarint(nil, uint64(hs.wire)))
-	hops := hs.open.GetRoute().GetHops()
+	hops := hs.hops()
 	for _, x := range hops[:hs.idx+1] {
 		field(binary.AppendUvarint(binary.AppendUvarint(nil, uint64(x.GetStart())), uint64(x.GetEnd())))
 		field([]byte(x.GetKernelClass()))
@@ -255,6 +255,7 @@ func (hs *hopSession) accepted() *meshp2pb.StreamMessage {
 	if !hs.tail {
 		acc.CachedTokens = min(acc.CachedTokens, hs.downCached.GetCachedTokens())
 	}
+	acc.Progress = hs.tail || hs.downCached.GetProgress()
 	acc.HopCached = append([]uint32{uint32(hs.cached)}, hs.downCached.GetHopCached()...)
 	if len(acc.HopCached) > len(hs.route) {
 		acc.HopCached = acc.HopCached[:len(hs.route)]
@@ -365,6 +366,42 @@ func hopStarts(cached []int, replay []uint32) []uint32 {
 		s[i] = c
 	}
 	return s
+}
+
+// progress (origin) sends the head the chain over the epoch's input and
+// the tokens committed so far (toks) but the last, each time it grows by
+// a block, when every hop takes it (SessionAccept.progress): hops whose
+// session ends by a failure keep those blocks too (SessionProgress).
+func (e *epochRun) progress(toks []int32) {
+	if e.chain == nil || !e.accept.GetProgress() || len(toks) == 0 {
+		return
+	}
+	n := min((len(e.input)+len(toks)-1)/PrefixBlock, MaxPrefixBlocks)
+	if n <= e.sentBlocks || n*prefixHashLen <= len(e.chain.GetHashes()) {
+		return
+	}
+	e.sentBlocks = n
+	p := &meshp2pb.SessionProgress{SessionId: e.sid[:], Epoch: e.rt.Epoch, PrefixMore: e.prefixMore(toks)}
+	_ = e.w.WriteStream(&meshp2pb.StreamMessage{Kind: &meshp2pb.StreamMessage_Progress{Progress: p}}) // a failed write fails the next read
+}
+
+// progress (hop) takes the origin's chain so far (SessionProgress): kept
+// if the session ends before its close, and passed on down the route and
+// to a standby. A torn or shorter continuation is ignored.
+func (hs *hopSession) progress(msg *meshp2pb.StreamMessage) error {
+	more := msg.GetProgress().GetPrefixMore()
+	if cur := hs.prefixMore.Load(); !validChain(hs.open.GetPrefix(), more) || (cur != nil && len(*cur) >= len(more)) {
+		return nil
+	}
+	hs.prefixMore.Store(&more)
+	hs.mirror.message(msg)
+	if hs.tail || hs.standby {
+		return nil
+	}
+	if err := hs.down.Send(msg, WriteDeadline(hs.h.cfg.Idle)); err != nil {
+		return linkErr("send to next hop", err, hs.route[hs.idx+1], hs.h.host.ID())
+	}
+	return nil
 }
 
 // prefixMore is the close's continuation of the open's chain over the

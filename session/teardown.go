@@ -97,7 +97,13 @@ func (hs *hopSession) closeDown(c *meshp2pb.SessionClose, t *turn) error {
 		return nil
 	}
 	msg := &meshp2pb.StreamMessage{Kind: &meshp2pb.StreamMessage_Close{Close: proto.Clone(c).(*meshp2pb.SessionClose)}}
-	return t.add(func() error { return hs.down.Send(msg, WriteDeadline(hs.h.cfg.Idle)) })
+	return t.add(func() error {
+		if err := hs.down.Send(msg, WriteDeadline(hs.h.cfg.Idle)); err != nil {
+			return err
+		}
+		hs.mirror.message(msg)
+		return nil
+	})
 }
 
 // release frees everything the session holds on this hop.

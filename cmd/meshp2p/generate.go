@@ -189,6 +189,7 @@ type genFlags struct {
 	stats      bool // --stats: the summary and per-hop table on stderr
 	wire       meshp2pb.DType
 	spec       *meshp2pb.Speculation // --speculative (nil: off)
+	standby    bool                  // --standby
 	wait       time.Duration
 	log        *slog.Logger
 	explicitDD bool // --data-dir given
@@ -239,6 +240,7 @@ func (g *genFlags) register(maxTokens int) (finish func(stderr io.Writer) error)
 	fs.BoolVar(&g.stats, "stats", false, "after the text, print the run's statistics on stderr: tokens, time to first token, ms/token, the route and each hop's timing table, speculation and audit")
 	wire := fs.String("wire-dtype", frame.WireDTypes()[0].Name, "activation dtype between hops: "+wireDTypeHelp())
 	specMode := fs.String("speculative", client.SpecAuto, "speculative decoding: "+client.SpecModes()+" (the head proposes tokens, by n-gram lookup or with its --draft model, and the tail verifies several per pass; auto only while it pays; the output is the same)")
+	fs.BoolVar(&g.standby, "standby", false, fmt.Sprintf("keep a hot standby of one hop (a replica peer serving its layers computes the same frames), so that hop's failure costs no prefill; prompts of %d+ tokens get one anyway when a replica exists", session.DefaultStandbyAbove))
 	fs.DurationVar(&g.wait, "wait", client.DefaultWait, "how long to wait for peers covering the model; a model or layers nobody serves fail sooner, once every connected peer's adverts are in (under 2 s), unless nodes are still choosing their layers")
 	verbose := fs.Bool("v", false, "debug logging")
 	g.pf.register(fs)
@@ -491,7 +493,7 @@ func (s *swarmGen) run(ctx context.Context, p client.Prompt, onText func(string)
 	g := s.g
 	var first time.Time
 	res, err := s.c.Generate(ctx, client.Request{Model: s.model, Wait: g.wait, WaitForRoute: true, Prompt: p, MaxTokens: g.maxTokens,
-		Sampling: g.sampling, Stops: g.stops, WireDType: g.wire, Speculation: g.spec, OnText: onText})
+		Sampling: g.sampling, Stops: g.stops, WireDType: g.wire, Speculation: g.spec, Standby: g.standby, OnText: onText})
 	if res != nil {
 		first = res.FirstToken
 		fillSwarmResult(out, res, client.SpecModeName(g.spec))

@@ -62,7 +62,7 @@ var flagGroups = map[string]map[string][]string{
 		"placement":     {"device", "backend-dir", "threads", "mmap"},
 		"trust":         {"require-tracker", "audit-rate", "audit-model", "proof-dir"},
 		"observability": {"v"},
-		"advanced":      {"speculative", "wire-dtype", "dht-mode", "reachability", "port-mapping", "prefill-chunk"},
+		"advanced":      {"speculative", "standby", "wire-dtype", "dht-mode", "reachability", "port-mapping", "prefill-chunk"},
 		hiddenGroup:     clientHidden,
 	},
 	"chat": {
@@ -72,7 +72,7 @@ var flagGroups = map[string]map[string][]string{
 		"placement":     {"device", "backend-dir", "threads", "mmap"},
 		"trust":         {"require-tracker", "audit-rate", "audit-model", "proof-dir"},
 		"observability": {"v"},
-		"advanced":      {"speculative", "wire-dtype", "dht-mode", "reachability", "port-mapping", "prefill-chunk"},
+		"advanced":      {"speculative", "standby", "wire-dtype", "dht-mode", "reachability", "port-mapping", "prefill-chunk"},
 		// generate's one-shot flags, refused by chat.
 		hiddenGroup: append([]string{"prompt", "chat", "stats", "json"}, clientHidden...),
 	},

@@ -149,7 +149,18 @@ type SessionOpen struct {
 	// changes it can only make later hops reuse the origin's own prefixes
 	// computed through that same hop (the cache's scope), which it could
 	// spoil anyway by sending wrong hidden states.
-	Prefix        *PrefixChain `protobuf:"bytes,24,opt,name=prefix,proto3" json:"prefix,omitempty"`
+	Prefix *PrefixChain `protobuf:"bytes,24,opt,name=prefix,proto3" json:"prefix,omitempty"`
+	// A hot standby (docs/architecture.md, "Hot standby"): a replica peer
+	// serving exactly the layers of route hop standby.hop_index (≥ 1), of the
+	// same kernel class, on no hop of the route. The hop before the covered
+	// hop sends it the same frames it sends the covered hop (a bounded queue:
+	// a lagging standby is dropped, never waited for); the replica computes
+	// them, discards its output and keeps the session's KV in step, so when
+	// the covered hop fails the next epoch adopts the replica's cells instead
+	// of prefilling them. The open the replica gets is this one with
+	// hop_index = standby.hop_index. Signed (it reserves memory counted
+	// against the origin at the replica).
+	Standby       *Standby `protobuf:"bytes,25,opt,name=standby,proto3" json:"standby,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -338,6 +349,66 @@ func (x *SessionOpen) GetPrefix() *PrefixChain {
 	return nil
 }
 
+func (x *SessionOpen) GetStandby() *Standby {
+	if x != nil {
+		return x.Standby
+	}
+	return nil
+}
+
+// Standby names the replica that covers one hop of a route.
+type Standby struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	HopIndex      uint32                 `protobuf:"varint,1,opt,name=hop_index,json=hopIndex,proto3" json:"hop_index,omitempty"` // the route hop it covers
+	Hop           *RouteHop              `protobuf:"bytes,2,opt,name=hop,proto3" json:"hop,omitempty"`                            // the replica: peer, the covered hop's range, addrs, kernel class
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Standby) Reset() {
+	*x = Standby{}
+	mi := &file_meshp2p_v1_session_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Standby) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Standby) ProtoMessage() {}
+
+func (x *Standby) ProtoReflect() protoreflect.Message {
+	mi := &file_meshp2p_v1_session_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Standby.ProtoReflect.Descriptor instead.
+func (*Standby) Descriptor() ([]byte, []int) {
+	return file_meshp2p_v1_session_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *Standby) GetHopIndex() uint32 {
+	if x != nil {
+		return x.HopIndex
+	}
+	return 0
+}
+
+func (x *Standby) GetHop() *RouteHop {
+	if x != nil {
+		return x.Hop
+	}
+	return nil
+}
+
 // PrefixChain commits to a session's first tokens, block by block:
 // hashes[16·i : 16·(i+1)] = SHA-256(previous hash || the block's tokens,
 // little-endian int32)[:16], starting from a seed only the origin knows
@@ -353,7 +424,7 @@ type PrefixChain struct {
 
 func (x *PrefixChain) Reset() {
 	*x = PrefixChain{}
-	mi := &file_meshp2p_v1_session_proto_msgTypes[1]
+	mi := &file_meshp2p_v1_session_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -365,7 +436,7 @@ func (x *PrefixChain) String() string {
 func (*PrefixChain) ProtoMessage() {}
 
 func (x *PrefixChain) ProtoReflect() protoreflect.Message {
-	mi := &file_meshp2p_v1_session_proto_msgTypes[1]
+	mi := &file_meshp2p_v1_session_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -378,7 +449,7 @@ func (x *PrefixChain) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PrefixChain.ProtoReflect.Descriptor instead.
 func (*PrefixChain) Descriptor() ([]byte, []int) {
-	return file_meshp2p_v1_session_proto_rawDescGZIP(), []int{1}
+	return file_meshp2p_v1_session_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *PrefixChain) GetBlockTokens() uint32 {
@@ -406,7 +477,7 @@ type Speculation struct {
 
 func (x *Speculation) Reset() {
 	*x = Speculation{}
-	mi := &file_meshp2p_v1_session_proto_msgTypes[2]
+	mi := &file_meshp2p_v1_session_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -418,7 +489,7 @@ func (x *Speculation) String() string {
 func (*Speculation) ProtoMessage() {}
 
 func (x *Speculation) ProtoReflect() protoreflect.Message {
-	mi := &file_meshp2p_v1_session_proto_msgTypes[2]
+	mi := &file_meshp2p_v1_session_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -431,7 +502,7 @@ func (x *Speculation) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Speculation.ProtoReflect.Descriptor instead.
 func (*Speculation) Descriptor() ([]byte, []int) {
-	return file_meshp2p_v1_session_proto_rawDescGZIP(), []int{2}
+	return file_meshp2p_v1_session_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *Speculation) GetMode() SpecMode {
@@ -485,7 +556,7 @@ type SamplingParams struct {
 
 func (x *SamplingParams) Reset() {
 	*x = SamplingParams{}
-	mi := &file_meshp2p_v1_session_proto_msgTypes[3]
+	mi := &file_meshp2p_v1_session_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -497,7 +568,7 @@ func (x *SamplingParams) String() string {
 func (*SamplingParams) ProtoMessage() {}
 
 func (x *SamplingParams) ProtoReflect() protoreflect.Message {
-	mi := &file_meshp2p_v1_session_proto_msgTypes[3]
+	mi := &file_meshp2p_v1_session_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -510,7 +581,7 @@ func (x *SamplingParams) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SamplingParams.ProtoReflect.Descriptor instead.
 func (*SamplingParams) Descriptor() ([]byte, []int) {
-	return file_meshp2p_v1_session_proto_rawDescGZIP(), []int{3}
+	return file_meshp2p_v1_session_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *SamplingParams) GetTemperature() float32 {
@@ -617,14 +688,18 @@ type SessionAccept struct {
 	// epoch and still has (its audit records: prefill frames from position
 	// 0 on, in the open's wire dtype). The origin lets a hop start above
 	// the next hop's start only as far as these reach.
-	HopReplay     []uint32 `protobuf:"varint,7,rep,packed,name=hop_replay,json=hopReplay,proto3" json:"hop_replay,omitempty"`
+	HopReplay []uint32 `protobuf:"varint,7,rep,packed,name=hop_replay,json=hopReplay,proto3" json:"hop_replay,omitempty"`
+	// This hop and every hop after it take SessionProgress (an older hop
+	// would fail the session on a message it does not know): the origin
+	// sends progress only when the head's accept says so.
+	Progress      bool `protobuf:"varint,8,opt,name=progress,proto3" json:"progress,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *SessionAccept) Reset() {
 	*x = SessionAccept{}
-	mi := &file_meshp2p_v1_session_proto_msgTypes[4]
+	mi := &file_meshp2p_v1_session_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -636,7 +711,7 @@ func (x *SessionAccept) String() string {
 func (*SessionAccept) ProtoMessage() {}
 
 func (x *SessionAccept) ProtoReflect() protoreflect.Message {
-	mi := &file_meshp2p_v1_session_proto_msgTypes[4]
+	mi := &file_meshp2p_v1_session_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -649,7 +724,7 @@ func (x *SessionAccept) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SessionAccept.ProtoReflect.Descriptor instead.
 func (*SessionAccept) Descriptor() ([]byte, []int) {
-	return file_meshp2p_v1_session_proto_rawDescGZIP(), []int{4}
+	return file_meshp2p_v1_session_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *SessionAccept) GetSessionId() []byte {
@@ -701,6 +776,13 @@ func (x *SessionAccept) GetHopReplay() []uint32 {
 	return nil
 }
 
+func (x *SessionAccept) GetProgress() bool {
+	if x != nil {
+		return x.Progress
+	}
+	return false
+}
+
 // SessionClose ends (session, epoch) normally; propagated downstream, after
 // which each hop frees the sequence and closes its streams.
 type SessionClose struct {
@@ -719,7 +801,7 @@ type SessionClose struct {
 
 func (x *SessionClose) Reset() {
 	*x = SessionClose{}
-	mi := &file_meshp2p_v1_session_proto_msgTypes[5]
+	mi := &file_meshp2p_v1_session_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -731,7 +813,7 @@ func (x *SessionClose) String() string {
 func (*SessionClose) ProtoMessage() {}
 
 func (x *SessionClose) ProtoReflect() protoreflect.Message {
-	mi := &file_meshp2p_v1_session_proto_msgTypes[5]
+	mi := &file_meshp2p_v1_session_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -744,7 +826,7 @@ func (x *SessionClose) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SessionClose.ProtoReflect.Descriptor instead.
 func (*SessionClose) Descriptor() ([]byte, []int) {
-	return file_meshp2p_v1_session_proto_rawDescGZIP(), []int{5}
+	return file_meshp2p_v1_session_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *SessionClose) GetSessionId() []byte {
@@ -775,6 +857,72 @@ func (x *SessionClose) GetPrefixMore() []byte {
 	return nil
 }
 
+// SessionProgress (origin → head → … → tail, and on to a standby) is the
+// open's prefix chain continued over the tokens committed so far, as
+// SessionClose.prefix_more, sent each time it grows by a block: a hop
+// whose session ends by a failure keeps those blocks too, so the next
+// epoch (a failover, a standby's takeover) recomputes at most the last
+// block, not every token generated since the prefill.
+type SessionProgress struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	SessionId     []byte                 `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	Epoch         uint64                 `protobuf:"varint,2,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	PrefixMore    []byte                 `protobuf:"bytes,3,opt,name=prefix_more,json=prefixMore,proto3" json:"prefix_more,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SessionProgress) Reset() {
+	*x = SessionProgress{}
+	mi := &file_meshp2p_v1_session_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SessionProgress) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SessionProgress) ProtoMessage() {}
+
+func (x *SessionProgress) ProtoReflect() protoreflect.Message {
+	mi := &file_meshp2p_v1_session_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SessionProgress.ProtoReflect.Descriptor instead.
+func (*SessionProgress) Descriptor() ([]byte, []int) {
+	return file_meshp2p_v1_session_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *SessionProgress) GetSessionId() []byte {
+	if x != nil {
+		return x.SessionId
+	}
+	return nil
+}
+
+func (x *SessionProgress) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+func (x *SessionProgress) GetPrefixMore() []byte {
+	if x != nil {
+		return x.PrefixMore
+	}
+	return nil
+}
+
 // SessionCancel aborts (session, epoch) at once: hops drop queued work,
 // free the sequence and propagate the cancel downstream.
 type SessionCancel struct {
@@ -788,7 +936,7 @@ type SessionCancel struct {
 
 func (x *SessionCancel) Reset() {
 	*x = SessionCancel{}
-	mi := &file_meshp2p_v1_session_proto_msgTypes[6]
+	mi := &file_meshp2p_v1_session_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -800,7 +948,7 @@ func (x *SessionCancel) String() string {
 func (*SessionCancel) ProtoMessage() {}
 
 func (x *SessionCancel) ProtoReflect() protoreflect.Message {
-	mi := &file_meshp2p_v1_session_proto_msgTypes[6]
+	mi := &file_meshp2p_v1_session_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -813,7 +961,7 @@ func (x *SessionCancel) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SessionCancel.ProtoReflect.Descriptor instead.
 func (*SessionCancel) Descriptor() ([]byte, []int) {
-	return file_meshp2p_v1_session_proto_rawDescGZIP(), []int{6}
+	return file_meshp2p_v1_session_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *SessionCancel) GetSessionId() []byte {
@@ -849,7 +997,7 @@ type VocabRequest struct {
 
 func (x *VocabRequest) Reset() {
 	*x = VocabRequest{}
-	mi := &file_meshp2p_v1_session_proto_msgTypes[7]
+	mi := &file_meshp2p_v1_session_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -861,7 +1009,7 @@ func (x *VocabRequest) String() string {
 func (*VocabRequest) ProtoMessage() {}
 
 func (x *VocabRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meshp2p_v1_session_proto_msgTypes[7]
+	mi := &file_meshp2p_v1_session_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -874,7 +1022,7 @@ func (x *VocabRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VocabRequest.ProtoReflect.Descriptor instead.
 func (*VocabRequest) Descriptor() ([]byte, []int) {
-	return file_meshp2p_v1_session_proto_rawDescGZIP(), []int{7}
+	return file_meshp2p_v1_session_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *VocabRequest) GetModelFingerprint() string {
@@ -895,7 +1043,7 @@ type VocabResponse struct {
 
 func (x *VocabResponse) Reset() {
 	*x = VocabResponse{}
-	mi := &file_meshp2p_v1_session_proto_msgTypes[8]
+	mi := &file_meshp2p_v1_session_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -907,7 +1055,7 @@ func (x *VocabResponse) String() string {
 func (*VocabResponse) ProtoMessage() {}
 
 func (x *VocabResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meshp2p_v1_session_proto_msgTypes[8]
+	mi := &file_meshp2p_v1_session_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -920,7 +1068,7 @@ func (x *VocabResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VocabResponse.ProtoReflect.Descriptor instead.
 func (*VocabResponse) Descriptor() ([]byte, []int) {
-	return file_meshp2p_v1_session_proto_rawDescGZIP(), []int{8}
+	return file_meshp2p_v1_session_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *VocabResponse) GetError() *Error {
@@ -942,7 +1090,7 @@ var File_meshp2p_v1_session_proto protoreflect.FileDescriptor
 const file_meshp2p_v1_session_proto_rawDesc = "" +
 	"\n" +
 	"\x18meshp2p/v1/session.proto\x12\n" +
-	"meshp2p.v1\x1a\x17meshp2p/v1/common.proto\x1a\x16meshp2p/v1/route.proto\"\x93\a\n" +
+	"meshp2p.v1\x1a\x17meshp2p/v1/common.proto\x1a\x16meshp2p/v1/route.proto\"\xc2\a\n" +
 	"\vSessionOpen\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\fR\tsessionId\x12\x14\n" +
@@ -970,8 +1118,12 @@ const file_meshp2p_v1_session_proto_rawDesc = "" +
 	"\vspeculation\x18\x15 \x01(\v2\x17.meshp2p.v1.SpeculationR\vspeculation\x12 \n" +
 	"\vtranscripts\x18\x16 \x01(\bR\vtranscripts\x12'\n" +
 	"\x10hop_ms_per_layer\x18\x17 \x03(\x02R\rhopMsPerLayer\x12/\n" +
-	"\x06prefix\x18\x18 \x01(\v2\x17.meshp2p.v1.PrefixChainR\x06prefixJ\x04\b\n" +
-	"\x10\vJ\x04\b\x0e\x10\x0fR\bmax_rowsR\rbundle_schema\"H\n" +
+	"\x06prefix\x18\x18 \x01(\v2\x17.meshp2p.v1.PrefixChainR\x06prefix\x12-\n" +
+	"\astandby\x18\x19 \x01(\v2\x13.meshp2p.v1.StandbyR\astandbyJ\x04\b\n" +
+	"\x10\vJ\x04\b\x0e\x10\x0fR\bmax_rowsR\rbundle_schema\"N\n" +
+	"\aStandby\x12\x1b\n" +
+	"\thop_index\x18\x01 \x01(\rR\bhopIndex\x12&\n" +
+	"\x03hop\x18\x02 \x01(\v2\x14.meshp2p.v1.RouteHopR\x03hop\"H\n" +
 	"\vPrefixChain\x12!\n" +
 	"\fblock_tokens\x18\x01 \x01(\rR\vblockTokens\x12\x16\n" +
 	"\x06hashes\x18\x02 \x01(\fR\x06hashes\"u\n" +
@@ -993,7 +1145,7 @@ const file_meshp2p_v1_session_proto_rawDesc = "" +
 	"\agrammar\x18\n" +
 	" \x01(\tR\agrammar\x12\x1a\n" +
 	"\blogprobs\x18\v \x01(\bR\blogprobs\x12!\n" +
-	"\ftop_logprobs\x18\f \x01(\rR\vtopLogprobs\"\xe0\x01\n" +
+	"\ftop_logprobs\x18\f \x01(\rR\vtopLogprobs\"\xfc\x01\n" +
 	"\rSessionAccept\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\fR\tsessionId\x12\x14\n" +
@@ -1004,13 +1156,20 @@ const file_meshp2p_v1_session_proto_rawDesc = "" +
 	"\n" +
 	"hop_cached\x18\x06 \x03(\rR\thopCached\x12\x1d\n" +
 	"\n" +
-	"hop_replay\x18\a \x03(\rR\thopReplay\"|\n" +
+	"hop_replay\x18\a \x03(\rR\thopReplay\x12\x1a\n" +
+	"\bprogress\x18\b \x01(\bR\bprogress\"|\n" +
 	"\fSessionClose\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\fR\tsessionId\x12\x14\n" +
 	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12\x16\n" +
 	"\x06reason\x18\x03 \x01(\tR\x06reason\x12\x1f\n" +
 	"\vprefix_more\x18\x04 \x01(\fR\n" +
+	"prefixMore\"g\n" +
+	"\x0fSessionProgress\x12\x1d\n" +
+	"\n" +
+	"session_id\x18\x01 \x01(\fR\tsessionId\x12\x14\n" +
+	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12\x1f\n" +
+	"\vprefix_more\x18\x03 \x01(\fR\n" +
 	"prefixMore\"\\\n" +
 	"\rSessionCancel\x12\x1d\n" +
 	"\n" +
@@ -1041,38 +1200,43 @@ func file_meshp2p_v1_session_proto_rawDescGZIP() []byte {
 }
 
 var file_meshp2p_v1_session_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_meshp2p_v1_session_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
+var file_meshp2p_v1_session_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
 var file_meshp2p_v1_session_proto_goTypes = []any{
 	(SpecMode)(0),             // 0: meshp2p.v1.SpecMode
 	(*SessionOpen)(nil),       // 1: meshp2p.v1.SessionOpen
-	(*PrefixChain)(nil),       // 2: meshp2p.v1.PrefixChain
-	(*Speculation)(nil),       // 3: meshp2p.v1.Speculation
-	(*SamplingParams)(nil),    // 4: meshp2p.v1.SamplingParams
-	(*SessionAccept)(nil),     // 5: meshp2p.v1.SessionAccept
-	(*SessionClose)(nil),      // 6: meshp2p.v1.SessionClose
-	(*SessionCancel)(nil),     // 7: meshp2p.v1.SessionCancel
-	(*VocabRequest)(nil),      // 8: meshp2p.v1.VocabRequest
-	(*VocabResponse)(nil),     // 9: meshp2p.v1.VocabResponse
-	(*Route)(nil),             // 10: meshp2p.v1.Route
-	(DType)(0),                // 11: meshp2p.v1.DType
-	(*SignedRouteTicket)(nil), // 12: meshp2p.v1.SignedRouteTicket
-	(*Error)(nil),             // 13: meshp2p.v1.Error
+	(*Standby)(nil),           // 2: meshp2p.v1.Standby
+	(*PrefixChain)(nil),       // 3: meshp2p.v1.PrefixChain
+	(*Speculation)(nil),       // 4: meshp2p.v1.Speculation
+	(*SamplingParams)(nil),    // 5: meshp2p.v1.SamplingParams
+	(*SessionAccept)(nil),     // 6: meshp2p.v1.SessionAccept
+	(*SessionClose)(nil),      // 7: meshp2p.v1.SessionClose
+	(*SessionProgress)(nil),   // 8: meshp2p.v1.SessionProgress
+	(*SessionCancel)(nil),     // 9: meshp2p.v1.SessionCancel
+	(*VocabRequest)(nil),      // 10: meshp2p.v1.VocabRequest
+	(*VocabResponse)(nil),     // 11: meshp2p.v1.VocabResponse
+	(*Route)(nil),             // 12: meshp2p.v1.Route
+	(DType)(0),                // 13: meshp2p.v1.DType
+	(*SignedRouteTicket)(nil), // 14: meshp2p.v1.SignedRouteTicket
+	(*RouteHop)(nil),          // 15: meshp2p.v1.RouteHop
+	(*Error)(nil),             // 16: meshp2p.v1.Error
 }
 var file_meshp2p_v1_session_proto_depIdxs = []int32{
-	10, // 0: meshp2p.v1.SessionOpen.route:type_name -> meshp2p.v1.Route
-	4,  // 1: meshp2p.v1.SessionOpen.sampling:type_name -> meshp2p.v1.SamplingParams
-	11, // 2: meshp2p.v1.SessionOpen.wire_dtype:type_name -> meshp2p.v1.DType
-	12, // 3: meshp2p.v1.SessionOpen.ticket:type_name -> meshp2p.v1.SignedRouteTicket
-	3,  // 4: meshp2p.v1.SessionOpen.speculation:type_name -> meshp2p.v1.Speculation
-	2,  // 5: meshp2p.v1.SessionOpen.prefix:type_name -> meshp2p.v1.PrefixChain
-	0,  // 6: meshp2p.v1.Speculation.mode:type_name -> meshp2p.v1.SpecMode
-	13, // 7: meshp2p.v1.SessionAccept.error:type_name -> meshp2p.v1.Error
-	13, // 8: meshp2p.v1.VocabResponse.error:type_name -> meshp2p.v1.Error
-	9,  // [9:9] is the sub-list for method output_type
-	9,  // [9:9] is the sub-list for method input_type
-	9,  // [9:9] is the sub-list for extension type_name
-	9,  // [9:9] is the sub-list for extension extendee
-	0,  // [0:9] is the sub-list for field type_name
+	12, // 0: meshp2p.v1.SessionOpen.route:type_name -> meshp2p.v1.Route
+	5,  // 1: meshp2p.v1.SessionOpen.sampling:type_name -> meshp2p.v1.SamplingParams
+	13, // 2: meshp2p.v1.SessionOpen.wire_dtype:type_name -> meshp2p.v1.DType
+	14, // 3: meshp2p.v1.SessionOpen.ticket:type_name -> meshp2p.v1.SignedRouteTicket
+	4,  // 4: meshp2p.v1.SessionOpen.speculation:type_name -> meshp2p.v1.Speculation
+	3,  // 5: meshp2p.v1.SessionOpen.prefix:type_name -> meshp2p.v1.PrefixChain
+	2,  // 6: meshp2p.v1.SessionOpen.standby:type_name -> meshp2p.v1.Standby
+	15, // 7: meshp2p.v1.Standby.hop:type_name -> meshp2p.v1.RouteHop
+	0,  // 8: meshp2p.v1.Speculation.mode:type_name -> meshp2p.v1.SpecMode
+	16, // 9: meshp2p.v1.SessionAccept.error:type_name -> meshp2p.v1.Error
+	16, // 10: meshp2p.v1.VocabResponse.error:type_name -> meshp2p.v1.Error
+	11, // [11:11] is the sub-list for method output_type
+	11, // [11:11] is the sub-list for method input_type
+	11, // [11:11] is the sub-list for extension type_name
+	11, // [11:11] is the sub-list for extension extendee
+	0,  // [0:11] is the sub-list for field type_name
 }
 
 func init() { file_meshp2p_v1_session_proto_init() }
@@ -1088,7 +1252,7 @@ func file_meshp2p_v1_session_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_meshp2p_v1_session_proto_rawDesc), len(file_meshp2p_v1_session_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   9,
+			NumMessages:   11,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

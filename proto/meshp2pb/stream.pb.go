@@ -43,6 +43,7 @@ type StreamMessage struct {
 	//	*StreamMessage_Transcript
 	//	*StreamMessage_AuditFetch
 	//	*StreamMessage_AuditRecords
+	//	*StreamMessage_Progress
 	Kind          isStreamMessage_Kind `protobuf_oneof:"kind"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -184,6 +185,15 @@ func (x *StreamMessage) GetAuditRecords() *AuditRecords {
 	return nil
 }
 
+func (x *StreamMessage) GetProgress() *SessionProgress {
+	if x != nil {
+		if x, ok := x.Kind.(*StreamMessage_Progress); ok {
+			return x.Progress
+		}
+	}
+	return nil
+}
+
 type isStreamMessage_Kind interface {
 	isStreamMessage_Kind()
 }
@@ -232,6 +242,10 @@ type StreamMessage_AuditRecords struct {
 	AuditRecords *AuditRecords `protobuf:"bytes,11,opt,name=audit_records,json=auditRecords,proto3,oneof"`
 }
 
+type StreamMessage_Progress struct {
+	Progress *SessionProgress `protobuf:"bytes,12,opt,name=progress,proto3,oneof"` // origin → head → … → tail: the prefix chain so far (session.proto)
+}
+
 func (*StreamMessage_Open) isStreamMessage_Kind() {}
 
 func (*StreamMessage_Accept) isStreamMessage_Kind() {}
@@ -254,12 +268,14 @@ func (*StreamMessage_AuditFetch) isStreamMessage_Kind() {}
 
 func (*StreamMessage_AuditRecords) isStreamMessage_Kind() {}
 
+func (*StreamMessage_Progress) isStreamMessage_Kind() {}
+
 var File_meshp2p_v1_stream_proto protoreflect.FileDescriptor
 
 const file_meshp2p_v1_stream_proto_rawDesc = "" +
 	"\n" +
 	"\x17meshp2p/v1/stream.proto\x12\n" +
-	"meshp2p.v1\x1a\x1bmeshp2p/v1/activation.proto\x1a\x16meshp2p/v1/audit.proto\x1a\x17meshp2p/v1/common.proto\x1a\x18meshp2p/v1/session.proto\"\xfa\x04\n" +
+	"meshp2p.v1\x1a\x1bmeshp2p/v1/activation.proto\x1a\x16meshp2p/v1/audit.proto\x1a\x17meshp2p/v1/common.proto\x1a\x18meshp2p/v1/session.proto\"\xb5\x05\n" +
 	"\rStreamMessage\x12-\n" +
 	"\x04open\x18\x01 \x01(\v2\x17.meshp2p.v1.SessionOpenH\x00R\x04open\x123\n" +
 	"\x06accept\x18\x02 \x01(\v2\x19.meshp2p.v1.SessionAcceptH\x00R\x06accept\x120\n" +
@@ -277,7 +293,8 @@ const file_meshp2p_v1_stream_proto_rawDesc = "" +
 	"\vaudit_fetch\x18\n" +
 	" \x01(\v2\x16.meshp2p.v1.AuditFetchH\x00R\n" +
 	"auditFetch\x12?\n" +
-	"\raudit_records\x18\v \x01(\v2\x18.meshp2p.v1.AuditRecordsH\x00R\fauditRecordsB\x06\n" +
+	"\raudit_records\x18\v \x01(\v2\x18.meshp2p.v1.AuditRecordsH\x00R\fauditRecords\x129\n" +
+	"\bprogress\x18\f \x01(\v2\x1b.meshp2p.v1.SessionProgressH\x00R\bprogressB\x06\n" +
 	"\x04kindB.Z,github.com/neuron-tai/meshp2p/proto/meshp2pbb\x06proto3"
 
 var (
@@ -306,6 +323,7 @@ var file_meshp2p_v1_stream_proto_goTypes = []any{
 	(*SignedTranscript)(nil), // 9: meshp2p.v1.SignedTranscript
 	(*AuditFetch)(nil),       // 10: meshp2p.v1.AuditFetch
 	(*AuditRecords)(nil),     // 11: meshp2p.v1.AuditRecords
+	(*SessionProgress)(nil),  // 12: meshp2p.v1.SessionProgress
 }
 var file_meshp2p_v1_stream_proto_depIdxs = []int32{
 	1,  // 0: meshp2p.v1.StreamMessage.open:type_name -> meshp2p.v1.SessionOpen
@@ -319,11 +337,12 @@ var file_meshp2p_v1_stream_proto_depIdxs = []int32{
 	9,  // 8: meshp2p.v1.StreamMessage.transcript:type_name -> meshp2p.v1.SignedTranscript
 	10, // 9: meshp2p.v1.StreamMessage.audit_fetch:type_name -> meshp2p.v1.AuditFetch
 	11, // 10: meshp2p.v1.StreamMessage.audit_records:type_name -> meshp2p.v1.AuditRecords
-	11, // [11:11] is the sub-list for method output_type
-	11, // [11:11] is the sub-list for method input_type
-	11, // [11:11] is the sub-list for extension type_name
-	11, // [11:11] is the sub-list for extension extendee
-	0,  // [0:11] is the sub-list for field type_name
+	12, // 11: meshp2p.v1.StreamMessage.progress:type_name -> meshp2p.v1.SessionProgress
+	12, // [12:12] is the sub-list for method output_type
+	12, // [12:12] is the sub-list for method input_type
+	12, // [12:12] is the sub-list for extension type_name
+	12, // [12:12] is the sub-list for extension extendee
+	0,  // [0:12] is the sub-list for field type_name
 }
 
 func init() { file_meshp2p_v1_stream_proto_init() }
@@ -347,6 +366,7 @@ func file_meshp2p_v1_stream_proto_init() {
 		(*StreamMessage_Transcript)(nil),
 		(*StreamMessage_AuditFetch)(nil),
 		(*StreamMessage_AuditRecords)(nil),
+		(*StreamMessage_Progress)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{

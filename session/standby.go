@@ -1,0 +1,411 @@
+package session
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/libp2p/go-libp2p/core/peer"
+
+	"github.com/neuron-tai/meshp2p/proto/frame"
+	"github.com/neuron-tai/meshp2p/proto/meshp2pb"
+	"github.com/neuron-tai/meshp2p/route"
+)
+
+// Hot standby (docs/architecture.md, "Hot standby"). A session may name
+// one replica for one of its hops (SessionOpen.standby): a peer on no hop
+// of the route that serves exactly the covered hop's layers with the same
+// kernel class. The hop before the covered hop (the mirror) sends it
+// every frame it sends the covered hop, through a bounded queue it never
+// waits on: a standby that falls behind is dropped with a log line and the
+// session goes on without one. The standby runs the frames through its
+// layers and discards the output, so its KV holds bitwise what the covered
+// hop's does (same layers, same kernel class, batch invariance). It keeps
+// the session's blocks when it ends like any hop (prefix.go, under the
+// session's own scope), and when the covered hop fails the origin puts the
+// standby in its place: the next epoch's open supersedes the standby's
+// epoch, which keeps its blocks, and adopts them (failover.go), so no hop
+// of the new route prefills the context again.
+
+// StandbyQueueFrames and StandbyQueueBytes bound what the mirror holds for
+// a standby that has not taken it yet: beyond either, the standby lags
+// and is dropped (the covered hop is never waited for).
+const (
+	StandbyQueueFrames = 64
+	StandbyQueueBytes  = 64 << 20
+)
+
+// DefaultStandbyAbove is the prompt length from which an origin gives a
+// session a standby without being asked (Origin.StandbyAbove; chosen by
+// measurement, docs/performance.md "Hot standby").
+const DefaultStandbyAbove = 1024
+
+// StandbyStats is what standbys cost and did on one hop: as a standby
+// (sessions, rows computed and the compute time, whose outputs were
+// discarded) and as a mirror (frames and payload bytes sent to standbys,
+// standbys dropped for lagging or failing).
+type StandbyStats struct {
+	Sessions     int64
+	Rows         int64
+	Compute      time.Duration
+	MirrorFrames int64
+	MirrorBytes  int64
+	Dropped      int64
+}
+
+// standbyCounters are a HopService's StandbyStats.
+type standbyCounters struct {
+	sessions, rows, computeNs, frames, bytes, dropped atomic.Int64
+}
+
+// computed counts rows a standby computed in d.
+func (c *standbyCounters) computed(rows int, d time.Duration) {
+	c.rows.Add(int64(rows))
+	c.computeNs.Add(int64(d))
+}
+
+// StandbyStats reports what standbys cost on this hop so far.
+func (h *HopService) StandbyStats() StandbyStats {
+	c := &h.standby
+	return StandbyStats{Sessions: c.sessions.Load(), Rows: c.rows.Load(), Compute: time.Duration(c.computeNs.Load()),
+		MirrorFrames: c.frames.Load(), MirrorBytes: c.bytes.Load(), Dropped: c.dropped.Load()}
+}
+
+// standbyHop is the replica hop an open names for this peer at its hop
+// index (nil: the open is not a standby's). An open that names this peer
+// as the standby of another index, of another range or while on the route
+// too is refused.
+func standbyHop(open *meshp2pb.SessionOpen, me peer.ID) (*meshp2pb.RouteHop, *hopError) {
+	sb := open.GetStandby()
+	if sb == nil || peer.ID(sb.GetHop().GetPeerId()) != me {
+		return nil, nil
+	}
+	hops := open.GetRoute().GetHops()
+	i := int(sb.GetHopIndex())
+	switch {
+	case i != int(open.GetHopIndex()):
+		return nil, nil // this peer's open as a route hop (checked there)
+	case i < 1 || i >= len(hops):
+		return nil, codeErr(meshp2pb.ErrorCode_ERROR_CODE_BAD_REQUEST, "a standby covers a hop after the head", "")
+	case sb.GetHop().GetStart() != hops[i].GetStart() || sb.GetHop().GetEnd() != hops[i].GetEnd():
+		return nil, codeErr(meshp2pb.ErrorCode_ERROR_CODE_BAD_REQUEST, "a standby serves exactly the layers of the hop it covers", "")
+	case slices.ContainsFunc(hops, func(x *meshp2pb.RouteHop) bool { return peer.ID(x.GetPeerId()) == me }):
+		return nil, codeErr(meshp2pb.ErrorCode_ERROR_CODE_BAD_REQUEST, "a standby is on no hop of the route", "")
+	}
+	return sb.GetHop(), nil
+}
+
+// hops is the route as this session computes it: the open's, with the
+// standby in the place of the hop it covers on a standby.
+func (hs *hopSession) hops() []*meshp2pb.RouteHop {
+	hops := hs.open.GetRoute().GetHops()
+	if !hs.standby {
+		return hops
+	}
+	out := slices.Clone(hops)
+	out[hs.idx] = hs.open.GetStandby().GetHop()
+	return out
+}
+
+// mirror sends a standby the frames the covered hop (the next hop) gets.
+type mirror struct {
+	hs   *hopSession
+	peer peer.ID
+	q    chan *meshp2pb.StreamMessage // activations carry their payload in pay
+	pay  map[*meshp2pb.StreamMessage][]byte
+	mu   sync.Mutex // guards pay, queued
+	// queued is the payload bytes in q; dropped, once set, stops
+	// everything (gone is closed then).
+	queued  int
+	dropped atomic.Bool
+	gone    chan struct{}
+	once    sync.Once
+}
+
+// startMirror (connect, on the hop before the covered hop) starts sending
+// the open's standby what the next hop gets, if the open names one for
+// it. Admission never waits for the standby.
+func (hs *hopSession) startMirror() {
+	sb := hs.open.GetStandby()
+	if hs.standby || hs.tail || sb == nil || int(sb.GetHopIndex()) != hs.idx+1 {
+		return
+	}
+	m := &mirror{hs: hs, peer: peer.ID(sb.GetHop().GetPeerId()), q: make(chan *meshp2pb.StreamMessage, StandbyQueueFrames),
+		pay: map[*meshp2pb.StreamMessage][]byte{}, gone: make(chan struct{})}
+	hs.mirror = m
+	go m.run()
+}
+
+// drop ends the standby (once), saying why.
+func (m *mirror) drop(why string, err error) {
+	if m == nil {
+		return
+	}
+	m.once.Do(func() {
+		m.dropped.Store(true)
+		close(m.gone)
+		m.hs.h.standby.dropped.Add(1)
+		m.hs.h.log.Warn("standby dropped: the session goes on without it", "session", m.hs.key, "standby", m.peer, "why", why, "err", err)
+	})
+}
+
+// activation queues a copy of a frame the next hop got (never blocks: a
+// full queue drops the standby).
+func (m *mirror) activation(hdr *meshp2pb.ActivationHeader, payload []byte) {
+	if m == nil || m.dropped.Load() {
+		return
+	}
+	m.push(&meshp2pb.StreamMessage{Kind: &meshp2pb.StreamMessage_Activation{Activation: hdr}}, slices.Clone(payload))
+}
+
+// message queues a message the next hop got (a clean close).
+func (m *mirror) message(msg *meshp2pb.StreamMessage) { m.push(msg, nil) }
+
+func (m *mirror) push(msg *meshp2pb.StreamMessage, payload []byte) {
+	if m == nil || m.dropped.Load() {
+		return
+	}
+	m.mu.Lock()
+	if m.queued+len(payload) > StandbyQueueBytes {
+		m.mu.Unlock()
+		m.drop("lagging", fmt.Errorf("%d bytes queued for it", m.queued))
+		return
+	}
+	select {
+	case m.q <- msg:
+		m.queued += len(payload)
+		if payload != nil {
+			m.pay[msg] = payload
+		}
+		m.mu.Unlock()
+	default:
+		m.mu.Unlock()
+		m.drop("lagging", fmt.Errorf("%d frames queued for it", StandbyQueueFrames))
+	}
+}
+
+func (m *mirror) take(msg *meshp2pb.StreamMessage) []byte {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	p := m.pay[msg]
+	delete(m.pay, msg)
+	m.queued -= len(p)
+	return p
+}
+
+// run opens the standby's session and sends it the queue until the
+// session here ends (then it closes the standby's stream: the standby
+// ends and keeps its blocks) or the standby is dropped.
+func (m *mirror) run() {
+	hs, h := m.hs, m.hs.h
+	select {
+	case <-hs.done: // ended before its standby could start
+		return
+	default:
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), h.cfg.OpenTimeout)
+	defer cancel()
+	addAddrs(h.host, m.peer, hs.open.GetStandby().GetHop().GetAddrs())
+	s, err := h.host.NewStream(ctx, m.peer, h.host.ProtocolID(ProtoSession, ProtoVersion))
+	if err != nil {
+		m.drop("unreachable", err)
+		return
+	}
+	seam := NewSeam(s, h.cfg.Limits)
+	defer seam.Close()
+	open := cloneOpen(hs.open)
+	open.HopIndex = uint32(hs.idx + 1)
+	if err := seam.Send(&meshp2pb.StreamMessage{Kind: &meshp2pb.StreamMessage_Open{Open: open}}, h.cfg.OpenTimeout); err != nil {
+		m.drop("open", err)
+		return
+	}
+	r := streamReader(s, h.cfg.Limits)
+	if dl, ok := ctx.Deadline(); ok {
+		_ = s.SetReadDeadline(dl)
+	}
+	msg, _, err := r.ReadStream()
+	_ = s.SetReadDeadline(time.Time{})
+	if err == nil && !msg.GetAccept().GetOk() {
+		err = fmt.Errorf("refused: %v", frame.FromProto(msg.GetAccept().GetError()))
+	}
+	if err != nil {
+		m.drop("admission", err)
+		seam.Reset()
+		return
+	}
+	h.log.Info("standby open", "session", hs.key, "covers", hs.route[hs.idx+1], "standby", m.peer)
+	go func() { // a standby only speaks to say it failed
+		_, _, err := r.ReadStream()
+		select {
+		case <-hs.done: // the session ended here first
+		default:
+			m.drop("it ended", err)
+		}
+	}()
+	for {
+		select {
+		case msg := <-m.q:
+			if err := m.send(seam, msg); err != nil {
+				m.drop("write", err)
+				seam.Reset()
+				return
+			}
+		case <-m.gone:
+			seam.Reset()
+			return
+		case <-hs.done:
+			m.flush(seam)
+			return
+		}
+	}
+}
+
+// send writes one queued message to the standby.
+func (m *mirror) send(seam *Seam, msg *meshp2pb.StreamMessage) error {
+	deadline := WriteDeadline(m.hs.h.cfg.Idle)
+	a := msg.GetActivation()
+	if a == nil {
+		return seam.Send(msg, deadline)
+	}
+	p := m.take(msg)
+	if err := seam.SendActivation(a, p, deadline); err != nil {
+		return err
+	}
+	m.hs.h.standby.frames.Add(1)
+	m.hs.h.standby.bytes.Add(int64(len(p)))
+	return nil
+}
+
+// flush (the session here ended) sends what is queued, within a write
+// deadline, before the standby's stream closes.
+func (m *mirror) flush(seam *Seam) {
+	for {
+		select {
+		case msg := <-m.q:
+			if m.dropped.Load() || m.send(seam, msg) != nil {
+				return
+			}
+		default:
+			return
+		}
+	}
+}
+
+// standbyCandidate is a replica of hop i of rt an origin may name as its
+// standby: the same layers and kernel class, a free slot and room for
+// need cells, on no hop of rt and not excluded.
+func standbyCandidate(s route.Shard, rt *route.Route, i, need int, exclude map[peer.ID]bool) bool {
+	h := rt.Hops[i]
+	if s.Fingerprint != rt.Fingerprint || s.Start != h.Start || s.End != h.End || s.KernelClass != h.KernelClass || exclude[s.Peer] {
+		return false
+	}
+	if slices.ContainsFunc(rt.Hops, func(x route.Hop) bool { return x.Peer == s.Peer }) {
+		return false
+	}
+	c := s.Capacity
+	return c == nil || (c.GetFreeSessions() > 0 && c.GetFreeKvTokens() >= uint64(need))
+}
+
+// standbyPick is an epoch's standby: the hop index of the route it
+// covers and the replica.
+type standbyPick struct {
+	idx     int
+	covered peer.ID
+	hop     route.Hop
+	took    bool // it took over (counted once)
+}
+
+// wire is the open's Standby field for p (nil for none).
+func (p *standbyPick) wire() *meshp2pb.Standby {
+	if p == nil {
+		return nil
+	}
+	return &meshp2pb.Standby{HopIndex: uint32(p.idx), Hop: route.WireRoute(&route.Route{Hops: []route.Hop{p.hop}}).GetHops()[0]}
+}
+
+// pickStandby chooses the standby of an epoch: for the hop after the head
+// with the most layers (what a failure would have a replacement
+// recompute) that has a replica, the first replica the table lists; nil
+// when the request does not want one or none exists.
+func (o *Origin) pickStandby(rt *route.Route, req GenerateRequest, need int, exclude map[peer.ID]bool) *standbyPick {
+	if o.Shards == nil || !o.wantsStandby(req) || rt.Ticket != nil {
+		return nil
+	}
+	shards := o.Shards(rt.Fingerprint)
+	var best *standbyPick
+	layers := 0
+	for i := 1; i < len(rt.Hops); i++ {
+		if n := rt.Hops[i].End - rt.Hops[i].Start; n <= layers {
+			continue
+		}
+		for _, s := range shards {
+			if standbyCandidate(s, rt, i, need, exclude) && !o.Failures.Avoided(s.Peer) {
+				best = &standbyPick{idx: i, covered: rt.Hops[i].Peer, hop: route.Hop{Peer: s.Peer, Start: s.Start, End: s.End, Addrs: s.Addrs,
+					Reach: s.Reach, KernelClass: s.KernelClass, MsPerLayer: float64(s.DecodeMsPerLayer)}}
+				layers = s.End - s.Start
+				break
+			}
+		}
+	}
+	return best
+}
+
+// wantsStandby reports whether req gets a standby: asked for, or a prompt
+// of at least StandbyAbove tokens.
+func (o *Origin) wantsStandby(req GenerateRequest) bool {
+	above := o.StandbyAbove
+	if above == 0 {
+		above = DefaultStandbyAbove
+	}
+	return req.Standby || (above > 0 && len(req.Prompt) >= above)
+}
+
+// standbys is an origin's standby across a generation's epochs: the
+// current epoch's, and after a failure the standby of the epoch that
+// failed (prev) and the peer it failed on.
+type standbys struct {
+	cur, prev *standbyPick
+	failed    peer.ID
+}
+
+// next settles the standbys of an epoch about to run on rt: the failed
+// epoch's standby takes the failed hop's place, and one is picked for
+// this epoch (need: its KV cells), counted in res.
+func (s *standbys) next(o *Origin, rt *route.Route, req GenerateRequest, need int, exclude map[peer.ID]bool, res *Result) {
+	if p := s.prev; p != nil && takeOver(rt, p, s.failed, exclude) && !p.took {
+		p.took = true
+		res.Takeovers++
+		o.logger().Info("standby takes over the failed hop's layers", "standby", p.hop.Peer, "failed_peer", s.failed, "epoch", rt.Epoch)
+	}
+	s.cur = o.pickStandby(rt, req, need, exclude)
+	if s.cur != nil {
+		res.Standbys++
+	}
+}
+
+// takeOver puts the previous epoch's standby (prev) in the place of the
+// hop it covered when that hop failed (failed) and rt, the next epoch's
+// plan, has a hop of the same layers: the standby holds the session's KV.
+// It reports whether it did. A tracker's ticket is left as it is (it
+// names its hops).
+func takeOver(rt *route.Route, prev *standbyPick, failed peer.ID, exclude map[peer.ID]bool) bool {
+	if prev == nil || prev.covered != failed || exclude[prev.hop.Peer] {
+		return false
+	}
+	if i := slices.IndexFunc(rt.Hops, func(x route.Hop) bool { return x.Peer == prev.hop.Peer }); i >= 0 {
+		return rt.Hops[i].Start == prev.hop.Start && rt.Hops[i].End == prev.hop.End // the plan chose it
+	}
+	if rt.Ticket != nil {
+		return false
+	}
+	for i, x := range rt.Hops {
+		if x.Start == prev.hop.Start && x.End == prev.hop.End {
+			rt.Hops[i] = prev.hop
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,134 @@
+package session
+
+import (
+	"context"
+	"log/slog"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/neuron-tai/meshp2p/proto/meshp2pb"
+	"github.com/neuron-tai/meshp2p/route"
+)
+
+// A hop with a hot standby killed mid-generation: the origin puts the
+// standby in its place, and every hop of the new epoch, the standby
+// included, starts where its cells end (the prompt's whole blocks, and
+// those of the tokens generated before the kill that SessionProgress
+// gave the hops): no hop computes the prompt again, and the tokens are
+// those of a run without the failure — plain and speculative, middle and
+// tail.
+func TestStandbyTakesOver(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		pos        int
+		spec       bool
+		step, want int // the kill's decode step; the new epoch starts at least there
+	}{{"middle", 1, false, 5, 96}, {"tail", 2, false, 5, 96}, {"tail-speculative", 2, true, 5, 96}, {"middle-late", 1, false, 50, 128}} {
+		t.Run(tc.name, func(t *testing.T) {
+			primary := threeHops(t)
+			spare := startHop(t, primary[tc.pos].eng.info.Start, primary[tc.pos].eng.info.End, nil)
+			stages := [][]*fakeHop{{primary[0]}, {primary[1]}, {primary[2]}}
+			stages[tc.pos] = append(stages[tc.pos], spare)
+			caches := map[*fakeHop]*fakeCache{spare: spare.withCache()}
+			for _, h := range primary {
+				caches[h] = h.withCache()
+			}
+			o, c := newOrigin(t, stagePlanner{stages}, append(primary, spare)...)
+			o.Chunk = 16
+			o.StandbyAbove = -1
+			o.Shards = func(string) []route.Shard {
+				var out []route.Shard
+				for _, h := range append(primary, spare) {
+					x := h.hop()
+					out = append(out, route.Shard{Peer: x.Peer, Fingerprint: fakeFP, NLayer: fakeNLay, Start: x.Start, End: x.End, Addrs: x.Addrs})
+				}
+				return out
+			}
+			// Killed in decode step tc.step, once the standby has computed
+			// the prompt (the fake engines outrun the standby's own
+			// admission otherwise: a standby that comes too late only
+			// holds nothing).
+			var once sync.Once
+			victim, others := primary[tc.pos], append([]*testHost{c}, hostsOf(append(primary, spare)...)...)
+			victim.eng.mu.Lock()
+			victim.eng.onStep = func(steps int) {
+				if steps < tc.step {
+					return
+				}
+				once.Do(func() {
+					for deadline := time.Now().Add(10 * time.Second); spare.svc.StandbyStats().Rows < 100 && time.Now().Before(deadline); {
+						time.Sleep(time.Millisecond)
+					}
+					victim.kill(others...)
+				})
+			}
+			victim.eng.mu.Unlock()
+			prompt := make([]int32, 100)
+			for i := range prompt {
+				prompt[i] = int32(i%50 + 1)
+			}
+			maxTok := 30 + tc.step
+			req := GenerateRequest{Fingerprint: fakeFP, NLayer: fakeNLay, Prompt: prompt, MaxTokens: maxTok, Standby: true,
+				Sampling: &meshp2pb.SamplingParams{Seed: 5}}
+			if tc.spec {
+				req.Speculation = &meshp2pb.Speculation{Mode: meshp2pb.SpecMode_SPEC_MODE_NGRAM}
+			}
+			res, err := o.Generate(context.Background(), req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if want := reference(prompt, maxTok, 5); !equal(res.Tokens, want) {
+				t.Fatalf("tokens %v\nwant   %v", res.Tokens, want)
+			}
+			if res.Reroutes != 1 || res.Takeovers != 1 || res.Standbys != 1 || res.Route.Hops[tc.pos].Peer != spare.host.ID() {
+				t.Fatalf("reroutes %d, takeovers %d, standbys %d, hop %d now %s (the standby is %s)", res.Reroutes, res.Takeovers, res.Standbys,
+					tc.pos, res.Route.Hops[tc.pos].Peer, spare.host.ID())
+			}
+
+			for i := range res.Route.Hops {
+				hop := primary[i]
+				if i == tc.pos {
+					hop = spare
+				}
+				adopted, first, _ := caches[hop].snapshot()
+				if len(first) == 0 || adopted[len(adopted)-1] < tc.want || first[len(first)-1] < tc.want {
+					t.Fatalf("hop %d adopted %v and first computed %v: want the new epoch at %d or later", i, adopted, first, tc.want)
+				}
+			}
+			if st := spare.svc.StandbyStats(); st.Sessions != 1 || st.Rows < int64(len(prompt)) {
+				t.Fatalf("standby stats %+v: want one session that computed the prompt", st)
+			}
+			alive := []*fakeHop{spare}
+			for i, h := range primary {
+				if i != tc.pos {
+					alive = append(alive, h)
+				}
+			}
+			waitReleased(t, alive...)
+		})
+	}
+}
+
+// A standby that does not take its frames is dropped once the mirror's
+// queue is full: the mirror never waits for it.
+func TestLaggingStandbyIsDropped(t *testing.T) {
+	h := &HopService{log: slog.New(slog.DiscardHandler)}
+	m := &mirror{hs: &hopSession{h: h}, q: make(chan *meshp2pb.StreamMessage, StandbyQueueFrames), pay: map[*meshp2pb.StreamMessage][]byte{}, gone: make(chan struct{})}
+	for range StandbyQueueFrames + 3 {
+		m.activation(&meshp2pb.ActivationHeader{NRows: 1}, make([]byte, 8))
+	}
+	select {
+	case <-m.gone:
+	default:
+		t.Fatal("a full queue did not drop the standby")
+	}
+	if st := h.StandbyStats(); st.Dropped != 1 || len(m.q) != StandbyQueueFrames {
+		t.Fatalf("dropped %d times, %d frames queued", st.Dropped, len(m.q))
+	}
+	m = &mirror{hs: &hopSession{h: h}, q: make(chan *meshp2pb.StreamMessage, StandbyQueueFrames), pay: map[*meshp2pb.StreamMessage][]byte{}, gone: make(chan struct{})}
+	m.activation(&meshp2pb.ActivationHeader{NRows: 1}, make([]byte, StandbyQueueBytes+1))
+	if !m.dropped.Load() || h.StandbyStats().Dropped != 2 {
+		t.Fatal("a frame over the queue's bytes did not drop the standby")
+	}
+}
