@@ -414,6 +414,11 @@ func (hs *hopSession) writeDown(hdr *meshp2pb.ActivationHeader, payload []byte) 
 	// A next hop that stops reading must not wedge us: the write deadline
 	// (WriteDeadline) makes this specific error, which names the next hop,
 	// win over our own idle timeout, which could not.
+	if p := hs.progressOut.Swap(nil); p != nil {
+		if err := hs.down.Send(p, WriteDeadline(hs.h.cfg.Idle)); err != nil {
+			return linkErr("send to next hop", err, hs.route[hs.idx+1], hs.h.host.ID())
+		}
+	}
 	path, t1 := hs.seamPath(hs.down), time.Now()
 	if err := hs.down.SendActivation(hdr, payload, hs.downDeadline(hdr.GetNRows())); err != nil {
 		return linkErr("send to next hop", err, hs.route[hs.idx+1], hs.h.host.ID())

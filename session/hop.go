@@ -266,6 +266,12 @@ type hopSession struct {
 	downCached *meshp2pb.SessionAccept
 	started    atomic.Bool
 	prefixMore atomic.Pointer[[]byte]
+	// progressOut (head) is the origin's latest SessionProgress not yet
+	// passed on: the head's down seam has two writers (the origin's
+	// reader and the ring's), so the progress goes with the next frame
+	// the ring's writer sends (writeDown), never from the origin's reader
+	// at once, which would wait on the seam behind the ring's writes.
+	progressOut atomic.Pointer[meshp2pb.StreamMessage]
 	// Failover (failover.go): the prefill frames this hop sent in the
 	// session's previous epoch (replay, covering [0, replayTo)), the next
 	// hop's start from the epoch's hop_starts (it forwards only rows from

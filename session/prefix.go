@@ -398,6 +398,10 @@ func (hs *hopSession) progress(msg *meshp2pb.StreamMessage) error {
 	if hs.tail || hs.standby {
 		return nil
 	}
+	if hs.head {
+		hs.progressOut.Store(msg) // sent before the next frame (writeDown)
+		return nil
+	}
 	if err := hs.down.Send(msg, WriteDeadline(hs.h.cfg.Idle)); err != nil {
 		return linkErr("send to next hop", err, hs.route[hs.idx+1], hs.h.host.ID())
 	}
