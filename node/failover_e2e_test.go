@@ -18,21 +18,8 @@ import (
 // and the tokens are `--local`'s — the real engine, greedy.
 func TestKillMiddleNodeRecomputesOneHop(t *testing.T) {
 	model := testmodels.Path(t, "stories260K.gguf")
-	tn := newTestNet(t)
-	cache := func(c *Config) { c.Engine.PrefixCacheCells = 1024 }
-	head := tn.shardWith(model, &gguf.Range{Start: 0, End: 2}, cache)
-	mids := []*Node{tn.shardWith(model, &gguf.Range{Start: 2, End: 4}, cache), tn.shardWith(model, &gguf.Range{Start: 2, End: 4}, cache)}
-	tail := tn.shardWith(model, &gguf.Range{Start: 4, End: 5}, cache)
-	c := tn.client()
+	tn, head, mids, tail, c := spareMiddleSwarm(t, model)
 	fp, nl := waitModel(t, c, "stories260K")
-	for deadline := time.Now().Add(30 * time.Second); len(c.Table().Shards(fp)) < 4; time.Sleep(50 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("the client never saw both middle nodes")
-		}
-		lctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		_, _ = c.P2P().Discovery().Lookup(lctx, fp)
-		cancel()
-	}
 	prompt := thinClientPrompt(t, c, fp, strings.Repeat("Once upon a time, there was a little girl named Lily. She loved to play outside. ", 8))
 	const maxTok = 60
 	want := localTokens(t, model, prompt, maxTok)
@@ -55,4 +42,27 @@ func TestKillMiddleNodeRecomputesOneHop(t *testing.T) {
 	}
 	t.Logf("prompt %d tokens; after the kill the hops held %v positions, the spare computed them all", len(prompt), res.HopCached)
 	assertReleased(t, tn, head, tail, mids[0], mids[1])
+}
+
+// spareMiddleSwarm starts stories260K as head 0-2, two middles 2-4 and a
+// tail 4-5 (each with a prefix cache) and a client, and waits until the
+// client sees all four shards.
+func spareMiddleSwarm(t *testing.T, model string) (tn *testNet, head *Node, mids []*Node, tail, c *Node) {
+	t.Helper()
+	tn = newTestNet(t)
+	cache := func(c *Config) { c.Engine.PrefixCacheCells = 1024 }
+	head = tn.shardWith(model, &gguf.Range{Start: 0, End: 2}, cache)
+	mids = []*Node{tn.shardWith(model, &gguf.Range{Start: 2, End: 4}, cache), tn.shardWith(model, &gguf.Range{Start: 2, End: 4}, cache)}
+	tail = tn.shardWith(model, &gguf.Range{Start: 4, End: 5}, cache)
+	c = tn.client()
+	fp, _ := waitModel(t, c, "stories260K")
+	for deadline := time.Now().Add(30 * time.Second); len(c.Table().Shards(fp)) < 4; time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the client never saw both middle nodes")
+		}
+		lctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		_, _ = c.P2P().Discovery().Lookup(lctx, fp)
+		cancel()
+	}
+	return tn, head, mids, tail, c
 }

@@ -10,7 +10,6 @@ import (
 
 	"github.com/libp2p/go-libp2p/core/peer"
 
-	"github.com/neuron-tai/meshp2p/engine/gguf"
 	"github.com/neuron-tai/meshp2p/internal/testmodels"
 	"github.com/neuron-tai/meshp2p/route"
 	"github.com/neuron-tai/meshp2p/session"
@@ -36,21 +35,8 @@ func TestStandbyTakesOverWithoutPrefill(t *testing.T) {
 // hop killed after steps decode steps.
 func standbyTakeover(t *testing.T, steps int) {
 	model := testmodels.Path(t, "stories260K.gguf")
-	tn := newTestNet(t)
-	cache := func(c *Config) { c.Engine.PrefixCacheCells = 1024 }
-	head := tn.shardWith(model, &gguf.Range{Start: 0, End: 2}, cache)
-	mids := []*Node{tn.shardWith(model, &gguf.Range{Start: 2, End: 4}, cache), tn.shardWith(model, &gguf.Range{Start: 2, End: 4}, cache)}
-	tail := tn.shardWith(model, &gguf.Range{Start: 4, End: 5}, cache)
-	c := tn.client()
+	tn, head, mids, tail, c := spareMiddleSwarm(t, model)
 	fp, nl := waitModel(t, c, "stories260K")
-	for deadline := time.Now().Add(30 * time.Second); len(c.Table().Shards(fp)) < 4; time.Sleep(50 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("the client never saw both middle nodes")
-		}
-		lctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		_, _ = c.P2P().Discovery().Lookup(lctx, fp)
-		cancel()
-	}
 	prompt := thinClientPrompt(t, c, fp, strings.Repeat("Once upon a time, there was a little girl named Lily. She loved to play outside. ", 8))
 	maxTok := 40 + steps
 	want := localTokens(t, model, prompt, maxTok)
