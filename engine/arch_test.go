@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"fmt"
 	"path/filepath"
 	"testing"
 
@@ -64,6 +65,20 @@ var realGeometries = []realGeometry{
 		[]gguf.Range{rg(0, 18), rg(18, 48)}, []gguf.Range{rg(0, 16), rg(16, 32), rg(32, 48)}},
 	{"Llama-4-Maverick", func() gguf.Spec { return tinyLlama4(48, 128, 2) }, llama4Cuts,
 		[]gguf.Range{rg(0, 2), rg(2, 48)}, []gguf.Range{rg(0, 16), rg(16, 32), rg(32, 48)}},
+	// GLM-4.5 / 4.6 (config.json: 92 layers and 1 MTP layer,
+	// first_k_dense_replace 3, 160 experts, 8 per token, 1 shared, q/k
+	// norms, rotary on half of each 128-dim head) and GLM-4.5-Air (46 and
+	// 1, first_k_dense_replace 1, 128 experts, 8 per token, 1 shared).
+	{"GLM-4.5", func() gguf.Spec { return tinyGLM4MoE(93, 3, 160) }, glm4moeCuts(93),
+		[]gguf.Range{rg(0, 92), rg(92, 93)}, []gguf.Range{rg(0, 31), rg(31, 62), rg(62, 93)}},
+	{"GLM-4.5-Air", func() gguf.Spec { return tinyGLM4MoE(47, 1, 128) }, glm4moeCuts(47),
+		[]gguf.Range{rg(0, 30), rg(30, 46), rg(46, 47)}, []gguf.Range{rg(0, 16), rg(16, 32), rg(32, 47)}},
+}
+
+// glm4moeCuts is what gguf.LegalCuts says of a glm4moe model of n layers,
+// the last one its MTP block.
+func glm4moeCuts(n int) string {
+	return fmt.Sprintf("any range ending at layer %d or before, or at %d: layers %d-%d are the next-token-prediction block, which stays with the tail, and the tail starts at layer %d or before", n-1, n, n-1, n, n-2)
 }
 
 const (
@@ -105,6 +120,17 @@ func tinyGemma3(n, w int) gguf.Spec {
 func tinyLlama4(n, x, step int) gguf.Spec {
 	s := gguf.DefaultSpec("llama4")
 	s.Layers, s.Embd, s.Heads, s.KVHeads, s.FF, s.Experts, s.ExpertsUsed, s.ExpertFF, s.MoEStep = n, 32, 2, 1, 64, x, 1, 8, step
+	s.Type, s.Seed = gguf.TypeF16, 9
+	return s
+}
+
+// tinyGLM4MoE is glm4moe of n layers (the last one the MTP block), lead
+// dense ones and x experts (8 used, 1 shared) at small widths: heads wider
+// than embd/heads with rotary on half, as the real ones.
+func tinyGLM4MoE(n, lead, x int) gguf.Spec {
+	s := gguf.DefaultSpec("glm4moe")
+	s.Layers, s.Embd, s.Heads, s.KVHeads, s.HeadDim, s.RopeDim, s.FF = n, 32, 4, 2, 16, 8, 64
+	s.DenseLead, s.Experts, s.ExpertsUsed, s.ExpertFF, s.SharedExperts, s.NextN = lead, x, 8, 8, 1, 1
 	s.Type, s.Seed = gguf.TypeF16, 9
 	return s
 }

@@ -45,6 +45,9 @@ var invarianceModels = []parityModel{
 	{name: "gemma3_q4_k_m", spec: smallSpec("gemma3", gguf.TypeF16), quant: QuantQ4_KM, wantTypes: []string{"Q4_K", "Q6_K"}},
 	// Chunked attention (chunks of 8192: the sessions stay in the first).
 	{name: "llama4_q8_0", spec: smallSpec("llama4", gguf.TypeF16), quant: QuantQ8_0, wantTypes: []string{"Q8_0"}},
+	// M-RoPE on the shards fed hidden states (4 positions per row), also
+	// through compaction's save and restore.
+	{name: "glm4moe_q4_k_m", spec: smallSpec("glm4moe", gguf.TypeF16), quant: QuantQ4_KM, wantTypes: []string{"Q4_K", "Q6_K"}},
 }
 
 // invarianceModel is the row of invarianceModels called name.
@@ -313,7 +316,7 @@ func TestTruncateKeepsInvariance(t *testing.T) {
 	}
 	// The sliding-window architectures too: a truncation must not leave
 	// the window cache cells the full one does not.
-	names := []string{"stories260K", "llama_f16", "qwen3_q8_0", "gpt_oss_mxfp4", "gemma3_f16", "llama4_q8_0"}
+	names := []string{"stories260K", "llama_f16", "qwen3_q8_0", "gpt_oss_mxfp4", "gemma3_f16", "llama4_q8_0", "glm4moe_q4_k_m"}
 	for _, name := range names[1:] {
 		models[name] = func(t *testing.T) string { return makeParityModel(t, invarianceModel(t, name), dir) }
 	}

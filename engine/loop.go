@@ -228,6 +228,9 @@ func (s *Shard) fillBatch(parts []part) {
 func (s *Shard) decode(parts []part, n int) error {
 	b := s.batch
 	b.n_tokens = C.int32_t(n)
+	if s.mrope {
+		C.mp_batch_spread_pos(b)
+	}
 	if s.capture != nil {
 		s.capture.n, s.capture.fired, s.capture.err = 0, 0, 0
 	}

@@ -118,3 +118,30 @@ void mp_batch_set(struct llama_batch *b, int i, llama_token tok, llama_pos pos, 
 	b->seq_id[i][0] = seq;
 	b->logits[i] = out;
 }
+
+// mp_batch_pos4 gives b room for 4 positions per row (n rows): llama.cpp
+// reads 4 per row from a batch of embeddings when the model ropes with
+// M-RoPE (llama_batch_allocr::ubatch_add: pos[j*n_tokens + i], j < 4).
+// llama_batch_free frees it as llama_batch_init's. Returns false when out
+// of memory (b unchanged).
+bool mp_batch_pos4(struct llama_batch *b, int n) {
+	llama_pos *p = (llama_pos *)malloc(sizeof(llama_pos) * 4 * (size_t)n);
+	if (p == NULL) {
+		return false;
+	}
+	free(b->pos);
+	b->pos = p;
+	return true;
+}
+
+// mp_batch_spread_pos fills the 4 positions of each of b's n_tokens rows
+// from the first: (p, p, p, 0), as llama.cpp fills a text batch's for
+// M-RoPE (llm_graph_input_pos::set_input).
+void mp_batch_spread_pos(struct llama_batch *b) {
+	int n = b->n_tokens;
+	for (int i = 0; i < n; i++) {
+		b->pos[n + i] = b->pos[i];
+		b->pos[2 * n + i] = b->pos[i];
+		b->pos[3 * n + i] = 0;
+	}
+}

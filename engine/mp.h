@@ -26,4 +26,6 @@ void mp_log_init(int verbose);
 struct ggml_threadpool *mp_threadpool_new(int n_threads, int poll);
 long mp_timer_slack_ns(void);
 void mp_batch_set(struct llama_batch *b, int i, llama_token tok, llama_pos pos, llama_seq_id seq, int8_t out);
+bool mp_batch_pos4(struct llama_batch *b, int n);
+void mp_batch_spread_pos(struct llama_batch *b);
 #endif

@@ -159,6 +159,13 @@ func smallSpec(arch string, typ gguf.TensorType) gguf.Spec {
 		// so that 3 shards start at multiples of 4 and each holds a
 		// full-attention, no-rope layer (0-4-8-12).
 		s.Layers, s.Experts, s.ExpertsUsed, s.ExpertFF = 12, 8, 1, 256
+	case "glm4moe":
+		// GLM-4.5's proportions: heads of 128 with rotary on half,
+		// top-2 of 8 experts plus a shared one; 7 layers, the last one
+		// the MTP block, 4 dense lead ones so that the 3-way split
+		// (0-3-5-7) gives the middle shard a dense and an expert layer
+		// and the tail an expert layer and the MTP block.
+		s.Layers, s.HeadDim, s.RopeDim, s.ExpertFF, s.DenseLead, s.NextN = 7, 128, 64, 256, 4, 1
 	case "deepseek2":
 		// DeepSeek-V3's proportions (q LoRA 1536, kv LoRA 512, nope 128,
 		// rope 64, v 128) at a quarter or less; 6 layers, 3 dense lead
@@ -208,6 +215,10 @@ var archParityModels = []parityModel{
 	{name: "llama4_f16", spec: smallSpec("llama4", gguf.TypeF16)},
 	{name: "llama4_q8_0", spec: smallSpec("llama4", gguf.TypeF16), quant: QuantQ8_0, wantTypes: []string{"Q8_0"}},
 	{name: "llama4_q4_k_m", spec: smallSpec("llama4", gguf.TypeF16), quant: QuantQ4_KM, wantTypes: []string{"Q4_K", "Q6_K"}},
+	{name: "glm4moe_f32", spec: smallSpec("glm4moe", gguf.TypeF32)},
+	{name: "glm4moe_f16", spec: smallSpec("glm4moe", gguf.TypeF16)},
+	{name: "glm4moe_q8_0", spec: smallSpec("glm4moe", gguf.TypeF16), quant: QuantQ8_0, wantTypes: []string{"Q8_0"}},
+	{name: "glm4moe_q4_k_m", spec: smallSpec("glm4moe", gguf.TypeF16), quant: QuantQ4_KM, wantTypes: []string{"Q4_K", "Q6_K"}},
 }
 
 // makeParityModel synthesizes (and quantizes) m into dir.

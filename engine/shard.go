@@ -160,12 +160,15 @@ type Shard struct {
 	wantThreads atomic.Int32
 	capture     *C.mp_capture         // nil on the tail (it produces logits)
 	batch       *C.struct_llama_batch // in C memory: cgo may not see Go pointers to it
-	cands       []C.llama_token_data  // sampling scratch, owned by the loop
-	nCtx        int                   // KV cells sessions may reserve
-	cells       int                   // KV cells in all: nCtx and the prefix cache's
-	scratch     int                   // sequence id reserved for the self-test
-	grave       int                   // sequence id that holds freed cells until compaction
-	kv          kvState
+	// mrope: the batch holds 4 positions per row (initBatch), spread
+	// from the first at each decode.
+	mrope   bool
+	cands   []C.llama_token_data // sampling scratch, owned by the loop
+	nCtx    int                  // KV cells sessions may reserve
+	cells   int                  // KV cells in all: nCtx and the prefix cache's
+	scratch int                  // sequence id reserved for the self-test
+	grave   int                  // sequence id that holds freed cells until compaction
+	kv      kvState
 
 	reqs chan *request
 	quit chan struct{}
@@ -237,12 +240,10 @@ func NewShard(ctx context.Context, model *Model, cfg Config) (*Shard, error) {
 		C.llama_attach_threadpool(s.lctx, s.pool, s.pool)
 	}
 	s.threads = cfg.Threads
-	embd := 0
-	if !info.IsHead() {
-		embd = info.NEmbd
+	if err := s.initBatch(); err != nil {
+		s.freeC()
+		return nil, err
 	}
-	s.batch = (*C.struct_llama_batch)(C.malloc(C.size_t(unsafe.Sizeof(C.struct_llama_batch{}))))
-	*s.batch = C.llama_batch_init(C.int32_t(cfg.NBatch), C.int32_t(embd), 1)
 	if info.IsTail() {
 		s.cands = make([]C.llama_token_data, 0, info.NVocab)
 		s.cands = (*[1 << 30]C.llama_token_data)(C.malloc(C.size_t(info.NVocab) * C.size_t(unsafe.Sizeof(C.llama_token_data{}))))[:info.NVocab:info.NVocab]
@@ -256,6 +257,29 @@ func NewShard(ctx context.Context, model *Model, cfg Config) (*Shard, error) {
 	}
 	go s.loop()
 	return s, nil
+}
+
+// initBatch allocates the batch: tokens on the head, hidden states
+// elsewhere, and 4 positions per row on a shard fed hidden states whose
+// model ropes with M-RoPE (glm4moe's non-head shards:
+// docs/architectures.md), which llama.cpp reads for a batch of
+// embeddings.
+func (s *Shard) initBatch() error {
+	embd := 0
+	if !s.info.IsHead() {
+		embd = s.info.NEmbd
+	}
+	s.batch = (*C.struct_llama_batch)(C.malloc(C.size_t(unsafe.Sizeof(C.struct_llama_batch{}))))
+	*s.batch = C.llama_batch_init(C.int32_t(s.cfg.NBatch), C.int32_t(embd), 1)
+	rt := C.llama_model_rope_type(s.model.ptr)
+	if embd == 0 || (rt != C.LLAMA_ROPE_TYPE_MROPE && rt != C.LLAMA_ROPE_TYPE_IMROPE) {
+		return nil
+	}
+	if !C.mp_batch_pos4(s.batch, C.int(s.cfg.NBatch)) {
+		return fmt.Errorf("%w: cannot allocate the batch's positions", ErrNoCapacity)
+	}
+	s.mrope = true
+	return nil
 }
 
 // contextParams are the llama context's parameters for s's config with

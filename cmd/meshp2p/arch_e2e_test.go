@@ -40,6 +40,10 @@ var archSwarms = []struct {
 	// every 2nd layer, chunked attention 3:1, no rope on the 4th;
 	// shards start at multiples of 4 and hold at least 4 layers.
 	{"llama4", []string{"--type", "q8_0", "--layers", "12"}, []string{"0-4", "4-8", "8-12"}},
+	// GLM-4.5's structure: a dense lead layer, sigmoid experts with a
+	// shared one, partial rotary, and the MTP layer (5) with the tail;
+	// the middle and the tail run M-RoPE (4 positions a row).
+	{"glm4moe", []string{"--type", "q8_0"}, []string{"0-2", "2-4", "4-6"}},
 }
 
 // TestArchitectureSwarms: for each architecture, three `meshp2p start`

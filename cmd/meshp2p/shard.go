@@ -329,18 +329,19 @@ var archFlags = []struct {
 	arch, name, usage string
 	field             func(*gguf.Spec) *int
 }{
-	{"deepseek2", "dense-lead", "leading dense layers", func(s *gguf.Spec) *int { return &s.DenseLead }},
-	{"deepseek2", "shared-experts", "shared experts", func(s *gguf.Spec) *int { return &s.SharedExperts }},
+	{"deepseek2", "dense-lead", "deepseek2, glm4moe: leading dense layers", func(s *gguf.Spec) *int { return &s.DenseLead }},
+	{"deepseek2", "shared-experts", "deepseek2, glm4moe: shared experts", func(s *gguf.Spec) *int { return &s.SharedExperts }},
 	{"deepseek2", "q-lora", "q LoRA rank", func(s *gguf.Spec) *int { return &s.QLoraRank }},
 	{"deepseek2", "kv-lora", "kv LoRA rank (the latent KV)", func(s *gguf.Spec) *int { return &s.KVLoraRank }},
-	{"deepseek2", "rope-dim", "roped dims of a q/k head", func(s *gguf.Spec) *int { return &s.RopeDim }},
+	{"deepseek2", "rope-dim", "deepseek2, glm4moe, minimax-m2: roped dims of a q/k head", func(s *gguf.Spec) *int { return &s.RopeDim }},
 	{"deepseek2", "nope-dim", "other dims of a q/k head", func(s *gguf.Spec) *int { return &s.NopeDim }},
 	{"deepseek2", "v-dim", "value head dims", func(s *gguf.Spec) *int { return &s.VDim }},
 	{"deepseek2", "expert-groups", "expert groups (0: none)", func(s *gguf.Spec) *int { return &s.ExpertGroups }},
 	{"deepseek2", "expert-groups-used", "expert groups kept per token", func(s *gguf.Spec) *int { return &s.ExpertGroupsUsed }},
-	{"gpt-oss", "head-dim", "gpt-oss, gemma3: q/k/v dims of a head", func(s *gguf.Spec) *int { return &s.HeadDim }},
+	{"gpt-oss", "head-dim", "gpt-oss, gemma3, glm4moe: q/k/v dims of a head", func(s *gguf.Spec) *int { return &s.HeadDim }},
 	{"gpt-oss", "sliding-window", "gpt-oss, gemma3, llama4: the sliding layers' window (gemma3: 0 = none; llama4: > 0 = chunked attention)", func(s *gguf.Spec) *int { return &s.SlidingWindow }},
 	{"llama4", "moe-step", "experts on every N-th layer (interleave_moe_layer_step)", func(s *gguf.Spec) *int { return &s.MoEStep }},
+	{"glm4moe", "nextn", "next-token-prediction (MTP) layers at the end, counted in --layers (nextn_predict_layers)", func(s *gguf.Spec) *int { return &s.NextN }},
 }
 
 // registerSynthFlags registers the flags of "shard synth" on fs.

@@ -40,11 +40,15 @@ type archRule struct {
 	// shardKeys are the keys (after "<arch>.") it may change: a shard
 	// keeps their parent values under KeyParentPrefix + key, which the
 	// shard's proof covers (verifyShardMetadata undoes the rewrite).
-	shardMetadata func(md Metadata, p string, r Range, n int)
+	shardMetadata func(md *Metadata, p string, r Range, n int)
 	shardKeys     []string
 	// cut reports why range r of a model of n layers cannot be a shard
 	// (nil: it can); nil: every range can.
 	cut func(md Metadata, p string, r Range, n int) error
+	// legalCuts describes the legal ranges for people when LegalCuts'
+	// generic description (starts and lengths) does not fit the rule;
+	// nil: the generic one.
+	legalCuts func(md Metadata, p string, n int) string
 	// load reports why llama.cpp cannot run a file (model or shard) of n
 	// layers with metadata md (ValidateForLoad); nil: it can.
 	load func(md Metadata, p string, n int) error
@@ -71,6 +75,7 @@ var archRules = map[string]archRule{
 	"gpt-oss": gptOSSRule,
 	"gemma3":  gemma3Rule,
 	"llama4":  llama4Rule,
+	"glm4moe": glm4moeRule,
 }
 
 // gpt-oss (gpt-oss-20b, gpt-oss-120b): experts in every layer (biased,
@@ -311,10 +316,7 @@ var deepseek2Rule = archRule{
 	},
 	outputRequired: true,
 	shardKeys:      []string{"leading_dense_block_count"},
-	shardMetadata: func(md Metadata, p string, r Range, _ int) {
-		lead, _ := md.Uint(p + "leading_dense_block_count")
-		md.Set(p+"leading_dense_block_count", uint32(min(uint64(r.Len()), lead-min(lead, uint64(r.Start)))))
-	},
+	shardMetadata:  func(md *Metadata, p string, r Range, _ int) { rewriteDenseLead(md, p, r) },
 	cut: func(_ Metadata, _ string, r Range, n int) error {
 		switch {
 		case r.Len() == n:
@@ -328,13 +330,21 @@ var deepseek2Rule = archRule{
 	},
 }
 
+// rewriteDenseLead sets leading_dense_block_count, when md has it, to the
+// dense lead layers range r keeps: max(0, lead-r.Start), clipped to its
+// length.
+func rewriteDenseLead(md *Metadata, p string, r Range) {
+	if lead, ok := md.Uint(p + "leading_dense_block_count"); ok {
+		md.Set(p+"leading_dense_block_count", uint32(min(uint64(r.Len()), lead-min(lead, uint64(r.Start)))))
+	}
+}
+
 func deepseek2Lite(nLayer uint64) bool { return nLayer == 26 || nLayer == 27 }
 
 // notSplittable are architectures llama.cpp runs that meshp2p refuses,
 // with the reason (docs/architectures.md).
 var notSplittable = map[string]string{
-	"glm4moe": "llama.cpp aborts a glm4moe layer range fed hidden states (models/glm4-moe.cpp: GGML_ABORT on batch embeddings without M-RoPE), so it cannot be split without patching llama.cpp",
-	"glm4":    "llama.cpp aborts a glm4 layer range fed hidden states (models/glm4.cpp), so it cannot be split without patching llama.cpp",
+	"glm4": "llama.cpp aborts a glm4 layer range fed hidden states (models/glm4.cpp), so it cannot be split without patching llama.cpp",
 }
 
 // Certification says whether meshp2p certifies arch (split at any legal
@@ -365,6 +375,10 @@ func CheckCut(md Metadata, r Range, n int) error {
 // layers) may take ("" when any range is legal), for people: where a
 // shard may start and the lengths it may not have.
 func LegalCuts(md Metadata, n int) string {
+	arch, _ := md.String(KeyArchitecture)
+	if d := archRules[arch].legalCuts; d != nil {
+		return d(md, arch+".", n)
+	}
 	legal := func(r Range) bool { return CheckCut(md, r, n) == nil }
 	var starts []int // legal starts after 0
 	for a := 1; a < n; a++ {
@@ -443,14 +457,30 @@ func rewriteShardMetadata(md Metadata, arch string, r Range, n int) Metadata {
 	}
 	p := arch + "."
 	var keep Metadata
+	var absent []string
 	for _, k := range rule.shardKeys {
 		if v, ok := md.Get(p + k); ok {
 			keep = append(keep, KV{KeyParentPrefix + k, v})
+		} else {
+			absent = append(absent, k)
 		}
 	}
-	rule.shardMetadata(md, p, r, n)
+	rule.shardMetadata(&md, p, r, n)
+	var added []string // keys the parent lacks and the rewrite sets
+	for _, k := range absent {
+		if _, ok := md.Get(p + k); ok {
+			added = append(added, k)
+		}
+	}
+	if len(added) > 0 {
+		keep = append(keep, KV{KeyParentAbsent, added})
+	}
 	return append(md, keep...)
 }
+
+// KeyParentAbsent lists the keys (after "<arch>.") a shard's architecture
+// rewrite added that its parent lacks (parentMetadata removes them).
+const KeyParentAbsent = KeyParentPrefix + "absent_keys"
 
 // parentMetadata undoes rewriteShardMetadata on a shard's metadata: the
 // parent's values back, after checking the shard's are what the rewrite
@@ -469,8 +499,14 @@ func parentMetadata(md Metadata, arch string, r Range, n int) (Metadata, error) 
 		}
 		parent.Set(p+k, v)
 	}
+	if v, ok := md.Get(KeyParentAbsent); ok {
+		added, _ := v.([]string)
+		for _, k := range added {
+			parent.Delete(p + k)
+		}
+	}
 	again := parent.Clone()
-	rule.shardMetadata(again, p, r, n)
+	rule.shardMetadata(&again, p, r, n)
 	for _, k := range rule.shardKeys {
 		got, _ := md.Get(p + k)
 		want, _ := again.Get(p + k)

@@ -52,6 +52,8 @@ func tinySpec(arch string) Spec {
 		s.Layers, s.HeadDim = 18, 16 // 3 shards of 6 layers
 	case "llama4":
 		s.Layers, s.ExpertFF = 12, 16 // 3 shards of 4 layers
+	case "glm4moe":
+		s.Layers, s.HeadDim, s.RopeDim, s.ExpertFF, s.DenseLead = 6, 16, 8, 16, 2
 	case "deepseek2":
 		s.KVHeads, s.ExpertFF, s.QLoraRank, s.KVLoraRank, s.RopeDim, s.NopeDim, s.VDim, s.Layers = 1, 16, 16, 16, 8, 8, 8, 6
 	}

@@ -276,7 +276,7 @@ func (c *loadCheck) checkExperts() (nExp uint64, err error) {
 	if nExp == 0 && nUsed != 0 {
 		return 0, c.bad("expert_used_count %d without experts", nUsed)
 	}
-	if (c.arch == "qwen3moe" || c.arch == "deepseek2" || c.arch == "minimax-m2" || c.arch == "gpt-oss" || c.arch == "llama4") && nExp == 0 {
+	if (c.arch == "qwen3moe" || c.arch == "deepseek2" || c.arch == "minimax-m2" || c.arch == "gpt-oss" || c.arch == "llama4" || c.arch == "glm4moe") && nExp == 0 {
 		return 0, c.bad("%s needs expert_count > 0", c.arch)
 	}
 	return nExp, c.checkExpertGroups(nExp)

@@ -92,6 +92,13 @@ func (m *Metadata) Set(key string, v any) {
 	*m = append(*m, KV{key, v})
 }
 
+// Delete removes key.
+func (m *Metadata) Delete(key string) {
+	if i := m.Index(key); i >= 0 {
+		*m = append((*m)[:i], (*m)[i+1:]...)
+	}
+}
+
 // DeletePrefix removes every key that starts with prefix.
 func (m *Metadata) DeletePrefix(prefix string) {
 	out := (*m)[:0]

@@ -207,7 +207,7 @@ func TestSplitSynth(t *testing.T) {
 	moe.Experts, moe.ExpertsUsed = 4, 2
 	for name, s := range map[string]Spec{"qwen3-tied": tinySpec("qwen3"), "qwen3moe": tinySpec("qwen3moe"), "qwen2": tinySpec("qwen2"), "llama-experts": moe,
 		"deepseek2": tinySpec("deepseek2"), "minimax-m2": tinySpec("minimax-m2"), "mistral3": tinySpec("mistral3"),
-		"gpt-oss": tinySpec("gpt-oss"), "gemma3": tinySpec("gemma3"), "llama4": tinySpec("llama4")} {
+		"gpt-oss": tinySpec("gpt-oss"), "gemma3": tinySpec("gemma3"), "llama4": tinySpec("llama4"), "glm4moe": tinySpec("glm4moe")} {
 		t.Run(name, func(t *testing.T) {
 			p := synthFile(t, s)
 			f := mustOpen(t, p)
@@ -544,5 +544,95 @@ func TestDeepseek2Truncate(t *testing.T) {
 	}
 	if _, err := Truncate(ctx, src, 26, filepath.Join(t.TempDir(), "d.gguf")); !errors.Is(err, ErrIllegalCut) {
 		t.Errorf("first 26 layers: %v, want ErrIllegalCut", err)
+	}
+}
+
+// glm4moe's rules (arch_glm.go): a shard keeps the dense lead layers in
+// its range; the next-token-prediction (MTP) block at the end stays whole
+// with a tail that holds a layer before it, every other shard gets
+// nextn_predict_layers 0; every shard fed hidden states gets M-RoPE
+// sections (llama.cpp aborts a glm4moe graph fed embeddings without them),
+// the head keeps none. The proof covers every rewritten key.
+func TestGLM4MoEShardRules(t *testing.T) {
+	ctx := context.Background()
+	s := tinySpec("glm4moe") // 6 layers, 2 dense lead, the last the MTP block
+	src := synthFile(t, s)
+	for _, tc := range []struct {
+		r           Range
+		lead, nextn uint32
+		mrope       bool
+	}{
+		{Range{0, 2}, 2, 0, false}, {Range{1, 3}, 1, 0, true}, {Range{2, 5}, 0, 0, true},
+		{Range{3, 6}, 0, 1, true}, {Range{0, 6}, 2, 1, false}, {Range{1, 6}, 1, 1, true},
+	} {
+		res := splitAndCheck(t, src, []Range{tc.r})
+		sh := mustOpen(t, res[0].Path)
+		lead, _ := sh.Metadata.Get("glm4moe.leading_dense_block_count")
+		nextn, _ := sh.Metadata.Get("glm4moe.nextn_predict_layers")
+		if lead != tc.lead || nextn != tc.nextn || glm4moeMRoPE(sh.Metadata, "glm4moe.") != tc.mrope {
+			t.Errorf("%v: lead %v nextn %v M-RoPE %v, want %d %d %v", tc.r, lead, nextn, !tc.mrope, tc.lead, tc.nextn, tc.mrope)
+		}
+		if err := ValidateForLoad(sh); err != nil {
+			t.Errorf("%v: %v", tc.r, err)
+		}
+		if _, err := VerifyShard(ctx, res[0].Path); err != nil {
+			t.Errorf("%v: %v", tc.r, err)
+		}
+	}
+	res := splitAndCheck(t, src, []Range{{1, 4}})
+	for name, edit := range map[string]func(*Metadata){
+		"dense lead":      func(md *Metadata) { md.Set("glm4moe.leading_dense_block_count", uint32(0)) },
+		"nextn":           func(md *Metadata) { md.Set("glm4moe.nextn_predict_layers", uint32(1)) },
+		"parent nextn":    func(md *Metadata) { md.Set(KeyParentPrefix+"nextn_predict_layers", uint32(2)) },
+		"no sections":     func(md *Metadata) { md.Delete("glm4moe.rope.dimension_sections") },
+		"other sections":  func(md *Metadata) { md.Set("glm4moe.rope.dimension_sections", []int32{1, 3, 0, 0}) },
+		"parent sections": func(md *Metadata) { md.Delete(KeyParentAbsent) },
+	} {
+		out := filepath.Join(t.TempDir(), "forged.gguf")
+		rewriteWith(t, res[0].Path, out, edit, nil)
+		if _, err := VerifyShard(ctx, out); !errors.Is(err, ErrFingerprintMismatch) {
+			t.Errorf("forged %s: %v, want ErrFingerprintMismatch", name, err)
+		}
+	}
+	// Cut rules at GLM-4.5's real layer count: 92 layers and the MTP
+	// layer 92.
+	md := Metadata{{KeyArchitecture, "glm4moe"}, {"glm4moe.nextn_predict_layers", uint32(1)}}
+	for _, tc := range []struct {
+		r     Range
+		legal bool
+	}{
+		{Range{0, 92}, true}, {Range{0, 46}, true}, {Range{46, 92}, true}, {Range{46, 93}, true}, {Range{91, 93}, true}, {Range{0, 93}, true},
+		{Range{92, 93}, false}, {Range{30, 93}, true},
+	} {
+		err := CheckCut(md, tc.r, 93)
+		if (err == nil) != tc.legal || (err != nil && !errors.Is(err, ErrIllegalCut)) {
+			t.Errorf("%v of 93 layers: %v, legal %v", tc.r, err, tc.legal)
+		}
+	}
+	two := Metadata{{KeyArchitecture, "glm4moe"}, {"glm4moe.nextn_predict_layers", uint32(2)}}
+	for _, r := range []Range{{0, 93}, {10, 93}, {92, 94}, {93, 94}} {
+		if err := CheckCut(two, r, 94); !errors.Is(err, ErrIllegalCut) || !strings.Contains(err.Error(), "next-token-prediction") {
+			t.Errorf("%v of 94 layers, 2 MTP layers: %v, want ErrIllegalCut naming the MTP block", r, err)
+		}
+	}
+	if got := LegalCuts(md, 93); !strings.Contains(got, "ending at layer 92 or before, or at 93") {
+		t.Errorf("LegalCuts(93) = %q", got)
+	}
+	if got, err := LegalSplit(md, 93, 3); err != nil || rangesString(got) != "0-31,31-62,62-93" {
+		t.Errorf("LegalSplit(93, 3) = %v, %v", got, err)
+	}
+	if got, err := LegalSplit(md, 4, 4); !errors.Is(err, ErrIllegalCut) {
+		t.Errorf("LegalSplit(4, 4) = %v, %v; want ErrIllegalCut (the MTP layer alone)", got, err)
+	}
+	if _, err := Split(ctx, src, []Range{{0, 5}, {5, 6}}, t.TempDir(), nil); !errors.Is(err, ErrIllegalCut) || !strings.Contains(err.Error(), "next-token-prediction") {
+		t.Errorf("split 0-5, 5-6: %v, want ErrIllegalCut naming the MTP block", err)
+	}
+	// A self-draft (the first k layers) leaves the MTP block out.
+	tr, err := Truncate(ctx, src, 3, filepath.Join(t.TempDir(), "draft.gguf"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f := mustOpen(t, tr.Path); ValidateForLoad(f) != nil || glm4moeMRoPE(f.Metadata, "glm4moe.") {
+		t.Errorf("first 3 layers: %v, M-RoPE %v", ValidateForLoad(f), glm4moeMRoPE(f.Metadata, "glm4moe."))
 	}
 }

@@ -53,6 +53,10 @@ type Spec struct {
 	// gemma3 without one has none).
 	HeadDim       int
 	SlidingWindow int
+	// glm4moe: NextN is nextn_predict_layers, the next-token-prediction
+	// layers at the end (counted in Layers); also DenseLead,
+	// SharedExperts, ExpertFF, HeadDim and RopeDim (partial rotary).
+	NextN int
 	// llama4: experts (ExpertFF each, plus a shared one as wide) on every
 	// MoEStep-th layer (interleave_moe_layer_step), FF on the others;
 	// SlidingWindow > 0 turns chunked attention on (llama.cpp makes the
@@ -92,6 +96,12 @@ func DefaultSpec(arch string) Spec {
 		// every 2nd layer, chunked attention 3:1 with no rope on the
 		// 4th; two periods.
 		s.Layers, s.Experts, s.ExpertsUsed, s.ExpertFF, s.MoEStep, s.SlidingWindow = 8, 8, 1, 64, 2, 8192
+	case "glm4moe":
+		// GLM-4.5's structure at small widths: a dense lead layer,
+		// sigmoid-routed experts with a routing bias and a shared
+		// expert, heads wider than embd/heads with rotary on half of
+		// each, q/k norms, and one MTP layer at the end.
+		s.Layers, s.HeadDim, s.RopeDim, s.Experts, s.ExpertsUsed, s.ExpertFF, s.DenseLead, s.SharedExperts, s.NextN = 6, 64, 32, 8, 2, 64, 1, 1, 1
 	case "gemma3":
 		// Gemma 3's structure: two periods of the 5:1 sliding pattern,
 		// heads wider than embd/heads, tied output, a window of 8.
@@ -133,11 +143,8 @@ func (s *Spec) Validate() error {
 	if err := s.validateArch(); err != nil {
 		return bad("%v", err)
 	}
-	if s.Arch != "deepseek2" && (s.DenseLead != 0 || s.SharedExperts != 0 || s.QLoraRank != 0 || s.KVLoraRank != 0 || s.ExpertGroups != 0 || (s.RopeDim != 0 && s.Arch != "minimax-m2")) {
-		return bad("dense-lead, shared experts, LoRA ranks and expert groups are deepseek2's")
-	}
-	if s.Arch != "gpt-oss" && s.Arch != "gemma3" && (s.HeadDim != 0 || (s.SlidingWindow != 0 && s.Arch != "llama4")) {
-		return bad("head-dim and sliding-window are gpt-oss's and gemma3's (and sliding-window llama4's)")
+	if err := s.validateArchFields(); err != nil {
+		return bad("%v", err)
 	}
 	if s.Arch != "llama4" && s.MoEStep != 0 {
 		return bad("moe-step is llama4's")
@@ -147,6 +154,27 @@ func (s *Spec) Validate() error {
 	}
 	if s.Experts == 0 && s.ExpertsUsed != 0 {
 		return bad("experts-used %d without experts", s.ExpertsUsed)
+	}
+	return nil
+}
+
+// validateArchFields checks that the fields of one architecture are not
+// set for another.
+func (s *Spec) validateArchFields() error {
+	ds, glm := s.Arch == "deepseek2", s.Arch == "glm4moe"
+	switch {
+	case !ds && (s.QLoraRank != 0 || s.KVLoraRank != 0 || s.ExpertGroups != 0):
+		return fmt.Errorf("LoRA ranks and expert groups are deepseek2's")
+	case !ds && !glm && (s.DenseLead != 0 || s.SharedExperts != 0):
+		return fmt.Errorf("dense-lead and shared experts are deepseek2's and glm4moe's")
+	case !ds && !glm && s.Arch != "minimax-m2" && s.RopeDim != 0:
+		return fmt.Errorf("rope-dim is deepseek2's, glm4moe's and minimax-m2's")
+	case !glm && s.NextN != 0:
+		return fmt.Errorf("nextn is glm4moe's")
+	case s.Arch != "gpt-oss" && s.Arch != "gemma3" && !glm && s.HeadDim != 0:
+		return fmt.Errorf("head-dim is gpt-oss's, gemma3's and glm4moe's")
+	case s.Arch != "gpt-oss" && s.Arch != "gemma3" && s.Arch != "llama4" && s.SlidingWindow != 0:
+		return fmt.Errorf("sliding-window is gpt-oss's, gemma3's and llama4's")
 	}
 	return nil
 }
@@ -190,6 +218,8 @@ func (s *Spec) validateArch() error {
 		}
 	case "llama4":
 		return s.validateLlama4()
+	case "glm4moe":
+		return s.validateGLM4MoE()
 	case "llama", "mistral3":
 		if s.ExpertFF != 0 {
 			return fmt.Errorf("%s with experts uses ff per expert; expert-ff is for qwen3moe", s.Arch)
@@ -216,6 +246,21 @@ func (s *Spec) validateLlama4() error {
 		return fmt.Errorf("llama4's heads are embd/heads wide (no head-dim)")
 	case s.SlidingWindow > 0:
 		return swaPatternLoad("llama4", 4, s.Layers)
+	}
+	return nil
+}
+
+// validateGLM4MoE checks the glm4moe fields.
+func (s *Spec) validateGLM4MoE() error {
+	switch {
+	case s.Experts < 1 || s.ExpertFF < 1 || s.ExpertFF > 1<<20:
+		return fmt.Errorf("glm4moe needs experts >= 1 and expert-ff in 1..1048576")
+	case s.SharedExperts < 0 || s.DenseLead < 0 || s.DenseLead > s.Layers:
+		return fmt.Errorf("glm4moe: shared experts >= 0 and dense-lead %d in 0..layers %d", s.DenseLead, s.Layers)
+	case s.NextN < 0 || s.NextN >= s.Layers:
+		return fmt.Errorf("glm4moe: nextn %d must be in 0..layers-1 (%d)", s.NextN, s.Layers-1)
+	case s.RopeDim < 2 || s.RopeDim%2 != 0 || s.RopeDim > s.headDim():
+		return fmt.Errorf("glm4moe rope-dim %d must be even, in 2..head dim %d", s.RopeDim, s.headDim())
 	}
 	return nil
 }
@@ -341,6 +386,8 @@ func synthMetadata(s *Spec) Metadata {
 		md.Set(a+".rope.freq_base", float32(500000))
 		md = append(md, KV{a + ".expert_feed_forward_length", uint32(s.ExpertFF)},
 			KV{a + ".interleave_moe_layer_step", uint32(s.MoEStep)}, KV{a + ".attention.sliding_window", uint32(s.SlidingWindow)})
+	case "glm4moe":
+		md = glm4moeMetadata(md, s)
 	case "minimax-m2":
 		md.Set(a+".rope.dimension_count", uint32(s.RopeDim))
 		md = append(md, KV{a + ".attention.key_length", uint32(headDim)}, KV{a + ".attention.value_length", uint32(headDim)},
@@ -367,6 +414,27 @@ func swaMetadata(md Metadata, s *Spec) Metadata {
 	return append(md, KV{p + "expert_feed_forward_length", uint32(s.ExpertFF)},
 		KV{p + "rope.scaling.type", "yarn"}, KV{p + "rope.scaling.factor", float32(32)},
 		KV{p + "rope.scaling.original_context_length", uint32(min(4096, s.ContextLength))})
+}
+
+// glm4moeMetadata sets the glm4moe keys on md, as llama.cpp's converter
+// writes GLM-4.5: head length, partial rotary, experts (sigmoid gating,
+// weights normalised and scaled by 2.5), the dense lead and the MTP
+// layers; no M-RoPE sections (a text model).
+func glm4moeMetadata(md Metadata, s *Spec) Metadata {
+	p := s.Arch + "."
+	hd := uint32(s.headDim())
+	md.Set(p+"rope.dimension_count", uint32(s.RopeDim))
+	md.Set(p+"attention.layer_norm_rms_epsilon", float32(1e-5))
+	return append(md,
+		KV{p + "attention.key_length", hd}, KV{p + "attention.value_length", hd},
+		KV{p + "expert_feed_forward_length", uint32(s.ExpertFF)},
+		KV{p + "expert_shared_count", uint32(s.SharedExperts)},
+		KV{p + "leading_dense_block_count", uint32(s.DenseLead)},
+		KV{p + "expert_weights_scale", float32(2.5)},
+		KV{p + "expert_weights_norm", true},
+		KV{p + "expert_gating_func", uint32(2)},
+		KV{p + "nextn_predict_layers", uint32(s.NextN)},
+	)
 }
 
 // deepseek2Metadata sets the deepseek2 keys on md (as llama.cpp's
@@ -439,6 +507,9 @@ func synthTensors(s *Spec, nVocab int) []synthTensor {
 			continue
 		case "llama4":
 			ts = synthLlama4Layer(ts, s, i)
+			continue
+		case "glm4moe":
+			ts = synthGLM4MoELayer(ts, s, i)
 			continue
 		}
 		ts = synthLayer(ts, s, i)
@@ -641,6 +712,54 @@ func synthLlama4Layer(ts []synthTensor, s *Spec, i int) []synthTensor {
 		mat(l("ffn_gate_shexp.weight"), e, eff),
 		mat(l("ffn_down_shexp.weight"), eff, e),
 		mat(l("ffn_up_shexp.weight"), e, eff),
+	)
+}
+
+// synthGLM4MoELayer appends layer i of a glm4moe spec: attention with
+// q/k/v biases and per-head q/k norms, the post-attention norm, a dense
+// feed-forward in the lead layers, experts with a routing bias and shared
+// experts after, and in the last NextN layers the MTP tensors
+// (llama-model.cpp load_tensors, LLM_ARCH_GLM4_MOE).
+func synthGLM4MoELayer(ts []synthTensor, s *Spec, i int) []synthTensor {
+	l := func(n string) string { return layerName(i, n) }
+	mat := func(name string, shape ...uint64) synthTensor { return synthMat(s, name, shape...) }
+	hd := uint64(s.headDim())
+	e, q, kv := uint64(s.Embd), hd*uint64(s.Heads), hd*uint64(s.KVHeads)
+	ts = append(ts,
+		synthVec(l("attn_norm.weight"), initOnes, e),
+		mat(l("attn_q.weight"), e, q), synthVec(l("attn_q.bias"), initNormal, q),
+		mat(l("attn_k.weight"), e, kv), synthVec(l("attn_k.bias"), initNormal, kv),
+		mat(l("attn_v.weight"), e, kv), synthVec(l("attn_v.bias"), initNormal, kv),
+		mat(l("attn_output.weight"), q, e),
+		synthVec(l("attn_q_norm.weight"), initOnes, hd),
+		synthVec(l("attn_k_norm.weight"), initOnes, hd),
+		synthVec(l("post_attention_norm.weight"), initOnes, e),
+	)
+	if i < s.DenseLead {
+		ff := uint64(s.FF)
+		ts = append(ts, mat(l("ffn_gate.weight"), e, ff), mat(l("ffn_down.weight"), ff, e), mat(l("ffn_up.weight"), e, ff))
+	} else {
+		x, eff, sh := uint64(s.Experts), uint64(s.ExpertFF), uint64(s.ExpertFF*s.SharedExperts)
+		gate := mat(l("ffn_gate_inp.weight"), e, x)
+		gate.std = 0.5
+		bias := synthVec(l("exp_probs_b.bias"), initNormal, x)
+		bias.std = 0.1
+		ts = append(ts, gate, bias,
+			mat(l("ffn_gate_exps.weight"), e, eff, x),
+			mat(l("ffn_down_exps.weight"), eff, e, x),
+			mat(l("ffn_up_exps.weight"), e, eff, x))
+		if sh > 0 {
+			ts = append(ts, mat(l("ffn_gate_shexp.weight"), e, sh), mat(l("ffn_down_shexp.weight"), sh, e), mat(l("ffn_up_shexp.weight"), e, sh))
+		}
+	}
+	if i < s.Layers-s.NextN {
+		return ts
+	}
+	return append(ts,
+		mat(l("nextn.eh_proj.weight"), 2*e, e),
+		synthVec(l("nextn.enorm.weight"), initOnes, e),
+		synthVec(l("nextn.hnorm.weight"), initOnes, e),
+		synthVec(l("nextn.shared_head_norm.weight"), initOnes, e),
 	)
 }
 

@@ -55,7 +55,7 @@ func Truncate(ctx context.Context, src string, k int, path string) (SplitResult,
 	md.DeletePrefix("meshp2p.")
 	md.Set(arch+".block_count", uint32(k))
 	if rw := archRules[arch].shardMetadata; rw != nil {
-		rw(md, arch+".", Range{0, k}, n)
+		rw(&md, arch+".", Range{0, k}, n)
 	}
 	p := shardPlan{f: f, r: Range{0, k}, n: n, role: RoleWhole, nEmbd: nEmbd}
 	ts, err := p.tensors()
