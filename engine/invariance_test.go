@@ -238,7 +238,7 @@ func TestBatchInvariance(t *testing.T) {
 			// target runs among cells left by closed sessions and through
 			// a compaction.
 			for _, m := range []int{1, 3, 7} {
-				before := compactions(chain)
+				before, mergedBefore := compactions(chain), mergedRestores(chain)
 				others := make([]*invSession, m)
 				for j := range others {
 					others[j] = open()
@@ -275,9 +275,43 @@ func TestBatchInvariance(t *testing.T) {
 				if m == 7 && compactions(chain) == before {
 					t.Fatalf("with 7 others and churn no shard compacted its KV cache (%d cells): the test no longer covers compaction", chain[0].nCtx)
 				}
+				if m == 7 {
+					requireMerged(t, chain, mergedBefore)
+				}
 			}
 			requireReturned(t, chain, "after all sessions closed")
 		})
+	}
+}
+
+// mergedRestores counts the chain's compactions, and those restored in
+// one piece, per shard.
+func mergedRestores(chain []*Shard) map[*Shard][2]int64 {
+	n := map[*Shard][2]int64{}
+	for _, s := range chain {
+		n[s] = [2]int64{s.kv.compactions.Load(), s.kv.merged.Load()}
+	}
+	return n
+}
+
+// requireMerged fails unless every M-RoPE shard of chain restored each of
+// its compactions since before in one piece (kvmerge.go), at least one
+// did when the chain has one, and no other shard did.
+func requireMerged(t *testing.T, chain []*Shard, before map[*Shard][2]int64) {
+	t.Helper()
+	mrope, merged := false, int64(0)
+	for i, s := range chain {
+		c, m := s.kv.compactions.Load()-before[s][0], s.kv.merged.Load()-before[s][1]
+		switch {
+		case s.mrope && m != c:
+			t.Fatalf("shard %d ropes with M-RoPE: %d of its %d compactions restored in one piece, want all", i, m, c)
+		case !s.mrope && m != 0:
+			t.Fatalf("shard %d restored %d compactions in one piece without M-RoPE", i, m)
+		}
+		mrope, merged = mrope || s.mrope, merged+m
+	}
+	if mrope && merged == 0 {
+		t.Fatal("no M-RoPE shard compacted: the test no longer covers restores in one piece")
 	}
 }
 

@@ -42,6 +42,7 @@ type kvState struct {
 	lost        map[int]error
 	dirty       bool         // a failed decode may have left holes: compact first
 	compactions atomic.Int64 // read by tests while the loop runs
+	merged      atomic.Int64 // compactions restored in one piece (restoreMerged)
 }
 
 // makeRoom ensures n rows fit above used, compacting when they do not.
@@ -169,8 +170,10 @@ func (s *Shard) compact(n int) error {
 		bytes += int(v.n)
 	}
 	s.clearKV()
-	for _, v := range all {
-		s.restoreSeq(v)
+	if !s.mrope || !s.restoreMerged(all, bytes) {
+		for _, v := range all {
+			s.restoreSeq(v)
+		}
 	}
 	s.kv.compactions.Add(1)
 	s.log.Debug("KV cache compacted", "sequences", len(all), "cells", s.kv.used, "bytes", bytes, "took", time.Since(start))
@@ -215,6 +218,12 @@ func (s *Shard) restoreSeq(v savedSeq) {
 		s.kv.lost[v.seq] = fmt.Errorf("%w: KV of sequence %d could not be restored after compaction", ErrDecode, v.seq)
 		return
 	}
+	s.account(v)
+}
+
+// account books a restored sequence: a session's cells, or an entry's
+// (which carry the grave).
+func (s *Shard) account(v savedSeq) {
 	c := s.cellsOf(v.seq)
 	if v.entry == nil {
 		s.kv.live[v.seq] = c
@@ -223,4 +232,47 @@ func (s *Shard) restoreSeq(v savedSeq) {
 		C.llama_memory_seq_cp(C.llama_get_memory(s.lctx), C.llama_seq_id(v.seq), C.llama_seq_id(s.grave), -1, -1)
 	}
 	s.kv.used += c
+}
+
+// restoreMerged restores all at once as one whole-cache blob
+// (kvmerge.go): what an M-RoPE shard's compaction does, since llama.cpp's
+// one-sequence restore over-reads there. It reports false, with the cache
+// still empty, when the blobs cannot be merged (restore them one by one).
+// A failed restore loses every sequence, as one-by-one restores that all
+// failed would.
+func (s *Shard) restoreMerged(all []savedSeq, bytes int) bool {
+	if len(all) == 0 {
+		return true
+	}
+	dst := C.malloc(C.size_t(bytes))
+	if dst == nil {
+		return false
+	}
+	defer C.free(dst)
+	blobs := make([][]byte, len(all))
+	for i, v := range all {
+		blobs[i] = unsafe.Slice((*byte)(v.buf), int(v.n))
+	}
+	n, _, err := mergeSeqStates(unsafe.Slice((*byte)(dst), bytes), blobs)
+	if err != nil {
+		s.log.Warn("KV compaction: restoring sequences one by one", "err", err)
+		return false
+	}
+	if rd := C.llama_state_seq_set_data(s.lctx, (*C.uint8_t)(dst), C.size_t(n), -1); rd == 0 {
+		C.llama_memory_clear(C.llama_get_memory(s.lctx), C.bool(false))
+		s.kv.dirty = true
+		for _, v := range all {
+			if v.entry != nil {
+				s.kv.cache.forget(v.entry)
+				continue
+			}
+			s.kv.lost[v.seq] = fmt.Errorf("%w: KV of sequence %d could not be restored after compaction", ErrDecode, v.seq)
+		}
+		return true
+	}
+	for _, v := range all {
+		s.account(v)
+	}
+	s.kv.merged.Add(1)
+	return true
 }

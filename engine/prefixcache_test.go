@@ -89,7 +89,9 @@ func TestPrefixCacheExact(t *testing.T) {
 	}
 	// Sliding windows of 8 (gpt-oss, gemma3): the 96 positions slide far
 	// past them, and an entry's cells must stay put (NewShard's swa_full).
-	names := []string{"stories260K", "qwen3_q8_0", "gpt_oss_f32", "gemma3_f16"}
+	// glm4moe's shards fed hidden states restore a compaction in one
+	// piece (kvmerge.go), the entries' cells with the live ones'.
+	names := []string{"stories260K", "qwen3_q8_0", "gpt_oss_f32", "gemma3_f16", "glm4moe_q4_k_m"}
 	for _, name := range names[1:] {
 		models[name] = func(t *testing.T) string { return makeParityModel(t, invarianceModel(t, name), dir) }
 	}
@@ -149,7 +151,7 @@ func TestPrefixCacheExact(t *testing.T) {
 
 			// Adopted, then cut back (the origin started lower: the first
 			// frame's position), batched with others, through compactions.
-			before := compactions(chain)
+			before, mergedBefore := compactions(chain), mergedRestores(chain)
 			y = open()
 			if n := y.adopt(t, testPrefix("alice", toks[:80])); n != 80 {
 				t.Fatalf("adopted %d positions, want 80", n)
@@ -161,6 +163,7 @@ func TestPrefixCacheExact(t *testing.T) {
 			if compactions(chain) == before {
 				t.Fatal("no compaction: the test no longer covers the cache's cells through one")
 			}
+			requireMerged(t, chain, mergedBefore)
 			requireCache(t, chain, 1, 96)
 
 			// Pressure: more prefixes than the cache's 4 entries and 256

@@ -47,7 +47,7 @@ func fileSizing(f *gguf.File, ec engine.Config) (placement.Sizing, *gguf.Info, e
 		cells += ec.PrefixCacheCells
 	}
 	sz, err := placement.FromTensors(g, ts, placement.EngineShape{NCtx: cells, NBatch: ec.NBatch, NSeq: nSeq(ec),
-		FlashAttn: !ec.Baseline, Compacts: !ec.Baseline})
+		FlashAttn: !ec.Baseline, Compacts: !ec.Baseline, MergedRestore: gguf.MRoPEShards(arch)})
 	md, n := f.Metadata.Clone(), in.NLayer
 	sz.Cut = func(r placement.Range) error { return gguf.CheckCut(md, gguf.Range{Start: r.Start, End: r.End}, n) }
 	return sz, in, err

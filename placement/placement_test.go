@@ -48,7 +48,13 @@ func TestSizingNeedAndWindows(t *testing.T) {
 	if c, _ := FromTensors(g, ts, e); c.Need(Range{1, 3}) != sz.Need(Range{1, 3})+2*kv {
 		t.Errorf("with compaction Need(1-3) = %d, want %d", c.Need(Range{1, 3}), sz.Need(Range{1, 3})+2*kv)
 	}
-	e.Compacts = false
+	// An M-RoPE shard merges that copy into a second one (engine
+	// kvmerge.go): KV counts three times.
+	e.MergedRestore = true
+	if c, _ := FromTensors(g, ts, e); c.Need(Range{1, 3}) != sz.Need(Range{1, 3})+4*kv {
+		t.Errorf("with a merged restore Need(1-3) = %d, want %d", c.Need(Range{1, 3}), sz.Need(Range{1, 3})+4*kv)
+	}
+	e.Compacts, e.MergedRestore = false, false
 	if got := sz.MaxWindow(1, fixed+300+300/DefaultLoadSlackDiv+2*kv); got != 2 {
 		t.Errorf("MaxWindow = %d, want 2", got)
 	}

@@ -25,7 +25,8 @@ type Sizing struct {
 	KVBytesPerLayer int64
 	// KVScratchBytesPerLayer is the peak copy of live sessions' KV the
 	// batch-invariant engine holds while it compacts its cache (engine
-	// kvState): at most the whole cache, once.
+	// kvState): at most the whole cache, once (twice with
+	// EngineShape.MergedRestore).
 	KVScratchBytesPerLayer int64
 	// FixedBytes is the per-shard compute buffer, the batch's hidden
 	// states in and out, and the runtime overhead (ComputeEstimate).
@@ -128,6 +129,9 @@ type EngineShape struct {
 	// Compacts: the engine compacts its KV cache through a copy of the
 	// live sessions' cells (the batch-invariant engine does).
 	Compacts bool
+	// MergedRestore: the compaction also merges that copy into a second
+	// one before restoring it (an M-RoPE shard: engine/kvmerge.go).
+	MergedRestore bool
 }
 
 // Measured terms of the estimate (docs/placement.md "The memory
@@ -203,6 +207,9 @@ func FromTensors(g Geometry, tensors []Tensor, e EngineShape) (Sizing, error) {
 	s.KVBytesPerLayer = int64(e.NCtx) * int64(g.KVWidth) * int64(e.KVElemBytes)
 	if e.Compacts {
 		s.KVScratchBytesPerLayer = s.KVBytesPerLayer
+		if e.MergedRestore {
+			s.KVScratchBytesPerLayer *= 2
+		}
 	}
 	s.FixedBytes, s.TailFixedBytes = ComputeEstimate(g, e)
 	s.HeadFixedBytes = s.TailFixedBytes

@@ -25,6 +25,11 @@ var ErrIllegalCut = errors.New("illegal cut")
 // memory, as `start` loads by default, each copy costs its size.
 func OutputRequired(arch string) bool { return archRules[arch].outputRequired }
 
+// MRoPEShards reports whether arch's shards fed hidden states rope with
+// M-RoPE (their metadata rewritten so: glm4moe), whose KV compaction the
+// engine restores in one piece through a second copy (engine/kvmerge.go).
+func MRoPEShards(arch string) bool { return archRules[arch].mropeShards }
+
 // archRule is one architecture's rules.
 type archRule struct {
 	// covers names the model families of the architecture (for people).
@@ -35,6 +40,9 @@ type archRule struct {
 	// outputRequired: llama.cpp's loader needs output.weight (no tied
 	// fallback), so every shard carries one.
 	outputRequired bool
+	// mropeShards: shardMetadata gives shards fed hidden states M-RoPE
+	// sections (MRoPEShards).
+	mropeShards bool
 	// shardMetadata rewrites a shard's metadata for range r of a model
 	// of n layers (after block_count is set); nil: nothing to rewrite.
 	// shardKeys are the keys (after "<arch>.") it may change: a shard

@@ -31,6 +31,7 @@ var glm4moeRule = archRule{
 		"leading_dense_block_count", "nextn_predict_layers", "rope.dimension_sections",
 	},
 	shardMetadata: glm4moeShardMetadata,
+	mropeShards:   true,
 	cut:           glm4moeCut,
 	legalCuts: func(md Metadata, p string, n int) string {
 		nextn, _ := md.Uint(p + "nextn_predict_layers")
