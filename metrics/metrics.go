@@ -54,6 +54,7 @@ type Metrics struct {
 	reused     prometheus.Counter
 	prompt     prometheus.Counter
 	cached     prometheus.Counter
+	takeovers  prometheus.Counter
 	gaugeNames map[string]bool
 	mu         sync.Mutex // guards gaugeNames
 }
@@ -87,6 +88,7 @@ func New() *Metrics {
 	m.planned = f.histogramVec("route_plan_seconds", "Time the origin's planner took to answer, by result.", slowBuckets, "result")
 	m.ttft = f.histogram("ttft_seconds", "Time from the start of a generation to its first token.", slowBuckets)
 	m.reroutes = f.counter("reroutes_total", "Re-routes: a hop failed during a generation and the origin routed around it.")
+	m.takeovers = f.counter("standby_takeovers_total", "Of them, re-routes where the failed hop's hot standby took its place (no prefill).")
 	m.recovery = f.histogram("reroute_recovery_seconds", "Time from the failure behind a re-route until tokens flow again.", slowBuckets)
 	m.gens = f.counterVec("generations_total", "Generations this origin ran, by result.", "result")
 	m.genTokens = f.counter("generated_tokens_total", "Tokens this origin's generations received (counted as they arrive).")
@@ -313,6 +315,7 @@ func (m *Metrics) FirstToken(d time.Duration) { m.ttft.Observe(d.Seconds()) }
 func (m *Metrics) TokenReceived()             { m.genTokens.Inc() }
 func (m *Metrics) Rerouted()                  { m.reroutes.Inc() }
 func (m *Metrics) Recovered(d time.Duration)  { m.recovery.Observe(d.Seconds()) }
+func (m *Metrics) TakenOver()                 { m.takeovers.Inc() }
 func (m *Metrics) PromptCached(prompt, cached int) {
 	m.prompt.Add(float64(prompt))
 	m.cached.Add(float64(cached))

@@ -44,6 +44,8 @@ func TestMetricsLintAndLabels(t *testing.T) {
 	m.RoutePlanned(time.Millisecond, errors.New("tracker down"))
 	m.FirstToken(50 * time.Millisecond)
 	m.Rerouted()
+	m.Rerouted()
+	m.TakenOver()
 	m.Recovered(time.Second)
 	for i := 0; i < 12; i++ {
 		m.TokenReceived()
@@ -74,6 +76,8 @@ func TestMetricsLintAndLabels(t *testing.T) {
 		`meshp2p_seam_sent_bytes_total{path="relayed"} 512`,
 		`meshp2p_route_plan_seconds_count{result="no_route"} 1`,
 		`meshp2p_generated_tokens_total 12`,
+		`meshp2p_reroutes_total 2`,
+		`meshp2p_standby_takeovers_total 1`,
 		`meshp2p_spec_windows_total 2`,
 		`meshp2p_spec_proposed_total 6`,
 		`meshp2p_spec_accepted_total 3`,

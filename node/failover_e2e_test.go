@@ -8,6 +8,7 @@ import (
 
 	"github.com/neuron-tai/meshp2p/engine/gguf"
 	"github.com/neuron-tai/meshp2p/internal/testmodels"
+	"github.com/neuron-tai/meshp2p/metrics"
 	"github.com/neuron-tai/meshp2p/session"
 )
 
@@ -50,7 +51,7 @@ func TestKillMiddleNodeRecomputesOneHop(t *testing.T) {
 func spareMiddleSwarm(t *testing.T, model string) (tn *testNet, head *Node, mids []*Node, tail, c *Node) {
 	t.Helper()
 	tn = newTestNet(t)
-	cache := func(c *Config) { c.Engine.PrefixCacheCells = 1024 }
+	cache := func(c *Config) { c.Engine.PrefixCacheCells = 1024; c.Metrics = metrics.New() }
 	head = tn.shardWith(model, &gguf.Range{Start: 0, End: 2}, cache)
 	mids = []*Node{tn.shardWith(model, &gguf.Range{Start: 2, End: 4}, cache), tn.shardWith(model, &gguf.Range{Start: 2, End: 4}, cache)}
 	tail = tn.shardWith(model, &gguf.Range{Start: 4, End: 5}, cache)

@@ -91,6 +91,7 @@ func (o *observers) gauges(p *p2p.Node, table *route.Table, hop *session.HopServ
 	m.Gauge("prefix_cache_cells", "KV cells of this node's prefix cache (--prefix-cache).", func() float64 { return float64(set.capacity().PrefixCells) })
 	m.Gauge("prefix_cache_cells_used", "Prefix cache cells holding finished sessions' prefixes.", func() float64 { return float64(set.capacity().PrefixHeld) })
 	m.Gauge("prefix_cache_entries", "Prefixes this node's prefix cache keeps.", func() float64 { return float64(set.capacity().PrefixEntries) })
+	standbyCounters(m, hop)
 	m.Gauge("session_slots", "Session slots of this node's shard (--max-sessions).", func() float64 { return float64(set.capacity().MaxSessions) })
 	m.Gauge("decode_seconds_per_layer", "Measured single-row compute time per layer, as advertised.", func() float64 {
 		if v := hop.DecodeMsPerLayer(); v > 0 {
@@ -102,4 +103,23 @@ func (o *observers) gauges(p *p2p.Node, table *route.Table, hop *session.HopServ
 		}
 		return now.calibration.Seconds() / float64(max(1, now.window.Len()))
 	})
+}
+
+// standbyCounters registers what hot standbys cost and did on hop
+// (session.StandbyStats): as a standby and as the hop that mirrors its
+// input frames to one.
+func standbyCounters(m *metrics.Metrics, hop *session.HopService) {
+	for _, c := range []struct {
+		name, help string
+		v          func(session.StandbyStats) float64
+	}{
+		{"standby_sessions_total", "Sessions this node stood by for as a hot standby.", func(s session.StandbyStats) float64 { return float64(s.Sessions) }},
+		{"standby_rows_total", "Rows this node computed as a standby (outputs discarded).", func(s session.StandbyStats) float64 { return float64(s.Rows) }},
+		{"standby_compute_seconds_total", "Engine time this node spent computing as a standby.", func(s session.StandbyStats) float64 { return s.Compute.Seconds() }},
+		{"standby_mirrored_frames_total", "Input frames this node mirrored to the standbys of its sessions.", func(s session.StandbyStats) float64 { return float64(s.MirrorFrames) }},
+		{"standby_mirrored_bytes_total", "Payload bytes of those frames.", func(s session.StandbyStats) float64 { return float64(s.MirrorBytes) }},
+		{"standby_dropped_total", "Standbys this node stopped mirroring to (lagging behind the bounded queue, or failed).", func(s session.StandbyStats) float64 { return float64(s.Dropped) }},
+	} {
+		m.Counter(c.name, c.help, func() float64 { return c.v(hop.StandbyStats()) })
+	}
 }

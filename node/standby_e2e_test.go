@@ -85,6 +85,22 @@ func standbyTakeover(t *testing.T, steps int) {
 	if st.Sessions != 1 || st.Rows < int64(len(prompt)) || mirror.Dropped != 0 || mirror.MirrorFrames == 0 {
 		t.Fatalf("standby %+v, mirror %+v: want one standby session that computed the %d-token prompt, none dropped", st, mirror, len(prompt))
 	}
+	// /metrics says the same (node/observe.go standbyCounters).
+	for _, c := range []struct {
+		n    *Node
+		name string
+		want float64
+	}{
+		{standby.Load(), "meshp2p_standby_sessions_total", 1},
+		{standby.Load(), "meshp2p_standby_rows_total", float64(st.Rows)},
+		{head, "meshp2p_standby_mirrored_frames_total", float64(mirror.MirrorFrames)},
+		{head, "meshp2p_standby_mirrored_bytes_total", float64(mirror.MirrorBytes)},
+		{head, "meshp2p_standby_dropped_total", 0},
+	} {
+		if got := sample(t, c.n.cfg.Metrics, c.name, ""); got != c.want {
+			t.Errorf("%s = %v, want %v", c.name, got, c.want)
+		}
+	}
 	t.Logf("prompt %d tokens; after the kill the hops held %v positions; the standby computed %d rows in %v, the head mirrored %d frames (%d bytes)",
 		len(prompt), res.HopCached, st.Rows, st.Compute, mirror.MirrorFrames, mirror.MirrorBytes)
 	assertReleased(t, tn, head, tail, mids[0], mids[1])

@@ -65,6 +65,8 @@ type OriginObserver interface {
 	// PromptCached: a generation finished whose prompt had prompt tokens,
 	// cached of them reused from the hops' prefix caches (prefix.go).
 	PromptCached(prompt, cached int)
+	// TakenOver: a failed hop's hot standby took its place (standby.go).
+	TakenOver()
 }
 
 // SessionInfo describes an admitted session on one hop.
@@ -115,6 +117,7 @@ func (nopOrigin) GenerationDone(int, error)           {}
 func (nopOrigin) Audited(AuditReport)                 {}
 func (nopOrigin) Routed(SessionInfo)                  {}
 func (nopOrigin) PromptCached(int, int)               {}
+func (nopOrigin) TakenOver()                          {}
 
 type nopOrigin struct{}
 
@@ -235,5 +238,10 @@ func (o OriginObservers) Audited(r AuditReport) {
 func (o OriginObservers) PromptCached(prompt, cached int) {
 	for _, x := range o {
 		x.PromptCached(prompt, cached)
+	}
+}
+func (o OriginObservers) TakenOver() {
+	for _, x := range o {
+		x.TakenOver()
 	}
 }

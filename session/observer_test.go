@@ -66,6 +66,7 @@ func (r *recObs) Recovered(time.Duration)           { defer r.lock()(); r.recove
 func (r *recObs) GenerationDone(n int, _ error)     { defer r.lock()(); r.done = append(r.done, n) }
 func (r *recObs) Audited(AuditReport)               {}
 func (r *recObs) PromptCached(int, int)             {}
+func (r *recObs) TakenOver()                        {}
 
 // The observers see a generation with a re-route: the origin plans twice,
 // re-routes once and recovers once; the spare hop is admitted at epoch 2;

@@ -378,6 +378,7 @@ func (s *standbys) next(o *Origin, rt *route.Route, req GenerateRequest, need in
 	if p := s.prev; p != nil && takeOver(rt, p, s.failed, exclude) && !p.took {
 		p.took = true
 		res.Takeovers++
+		o.observer().TakenOver()
 		o.logger().Info("standby takes over the failed hop's layers", "standby", p.hop.Peer, "failed_peer", s.failed, "epoch", rt.Epoch)
 	}
 	s.cur = o.pickStandby(rt, req, need, exclude)
