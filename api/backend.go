@@ -129,8 +129,9 @@ type GenerateRequest struct {
 	RepeatPenalty float32
 	// Standby (extension) asks for a hot standby of one hop of the route:
 	// a failure of that hop then costs no prefill (long prompts get one
-	// anyway; session.GenerateRequest.Standby).
-	Standby bool
+	// anyway, unless the request says "standby": false: NoStandby;
+	// session.GenerateRequest).
+	Standby, NoStandby bool
 	// Stops end the text at the first of them (the stop string is not
 	// returned).
 	Stops []string

@@ -77,6 +77,7 @@ func parseOpenAI(body []byte, chat bool, own []string, parsers ...func(jobj, *Ge
 		r.parseStreamOptions(o)); e != nil {
 		return nil, e
 	}
+	g.NoStandby = o.has("standby") && !g.Standby
 	if e := parseAll(o, g, parsers...); e != nil {
 		return nil, e
 	}

@@ -42,6 +42,17 @@ func TestOpenAIFieldEdges(t *testing.T) {
 			t.Fatalf("%s: %d %s, want a 400 naming %s", c.body, w.Code, w.Body.String(), c.param)
 		}
 	}
+	// standby: true asks, false refuses the one a long prompt gets,
+	// absent (or null) leaves it to the prompt's length.
+	for _, c := range []struct {
+		field       string
+		yes, refuse bool
+	}{{``, false, false}, {`,"standby":null`, false, false}, {`,"standby":true`, true, false}, {`,"standby":false`, false, true}} {
+		w := post(t, s, "/v1/chat/completions", `{"model":"tiny","messages":[{"role":"user","content":"x"}]`+c.field+`}`)
+		if g := b.seen.Load(); w.Code != 200 || g.Standby != c.yes || g.NoStandby != c.refuse {
+			t.Fatalf("%q: %d, standby %v, no standby %v", c.field, w.Code, g.Standby, g.NoStandby)
+		}
+	}
 	w = post(t, s, "/api/chat", `{"model":"tiny","stream":false,"messages":[{"role":"user","content":"hi"}],
 		"tools":[{"type":"function","function":{"name":"f"}}],"tool_choice":{"type":"function","function":{"name":"f"}}}`)
 	if g := b.seen.Load(); w.Code != 200 || g.ToolChoice != (ToolChoice{Mode: ToolFunction, Name: "f"}) {

@@ -58,7 +58,7 @@ func (b *Swarm) Generate(ctx context.Context, req *GenerateRequest, onDelta func
 	}
 	cr := client.Request{Model: req.Model, Wait: client.APIResolveWait, Prompt: client.Prompt{Text: req.Prompt},
 		MaxTokens: maxTok, Sampling: req.sampling(), Stops: req.Stops, WireDType: b.cfg.WireDType, Speculation: b.cfg.Speculation, OnText: onText,
-		Logprobs: req.Logprobs, TopLogprobs: req.TopLogprobs, Standby: req.Standby}
+		Logprobs: req.Logprobs, TopLogprobs: req.TopLogprobs, Standby: req.Standby, NoStandby: req.NoStandby}
 	if req.Messages != nil {
 		cr.Prompt.Messages = req.Messages
 	}

@@ -56,8 +56,9 @@ type Request struct {
 	// CacheNamespace separates the prefix caches of this client's users
 	// (session.GenerateRequest.CacheNamespace; "": the client's own).
 	CacheNamespace string
-	// Standby asks for a hot standby of one hop (session.GenerateRequest.Standby).
-	Standby bool
+	// Standby asks for a hot standby of one hop, NoStandby refuses the one
+	// a long prompt gets (session.GenerateRequest).
+	Standby, NoStandby bool
 	// Logprobs asks the tail for each token's log-probability and
 	// TopLogprobs alternatives; OnLogprob gets them in token order.
 	Logprobs    bool
@@ -195,7 +196,7 @@ func (req *Request) samplingWith(grammar string) (*meshp2pb.SamplingParams, *mes
 // callbacks.
 func (req *Request) sessionRequest(m Model, v Vocab, prompt []int32, sampling *meshp2pb.SamplingParams, spec *meshp2pb.Speculation, st *Stream) session.GenerateRequest {
 	sreq := session.GenerateRequest{Fingerprint: m.Fingerprint, NLayer: m.NLayer, Prompt: prompt, MaxTokens: req.MaxTokens,
-		Sampling: sampling, WireDType: req.WireDType, Speculation: spec, OnToken: st.Token, CacheNamespace: req.CacheNamespace, Standby: req.Standby}
+		Sampling: sampling, WireDType: req.WireDType, Speculation: spec, OnToken: st.Token, CacheNamespace: req.CacheNamespace, Standby: req.Standby, NoStandby: req.NoStandby}
 	if req.OnLogprob != nil && req.Logprobs {
 		sreq.OnLogprobs = func(tok int32, lp *meshp2pb.TokenLogprobs) {
 			// An end-of-generation token is not text: no entry for it.

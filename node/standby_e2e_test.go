@@ -64,8 +64,8 @@ func standbyTakeover(t *testing.T, steps int) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if res.Reroutes != 1 || res.Takeovers != 1 || !equalTokens(res.Tokens, want) {
-		t.Fatalf("reroutes %d, takeovers %d\nswarm %v\nlocal %v", res.Reroutes, res.Takeovers, res.Tokens, want)
+	if res.Reroutes != 1 || res.Takeovers != 1 || len(res.Recoveries) != 1 || !equalTokens(res.Tokens, want) {
+		t.Fatalf("reroutes %d, takeovers %d, stalls %v\nswarm %v\nlocal %v", res.Reroutes, res.Takeovers, res.Recoveries, res.Tokens, want)
 	}
 	if res.Route.Hops[1].Peer != standby.Load().P2P().ID() {
 		t.Fatalf("the new epoch's middle hop is %s, not the standby", res.Route.Hops[1].Peer)

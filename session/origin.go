@@ -120,8 +120,9 @@ type GenerateRequest struct {
 	CacheNamespace string
 	// Standby asks for a hot standby of one hop (standby.go): a replica
 	// that keeps the session's KV in step, so a failure of that hop costs
-	// no prefill. Long prompts get one anyway (Origin.StandbyAbove).
-	Standby bool
+	// no prefill. Long prompts get one anyway (Origin.StandbyAbove)
+	// unless NoStandby refuses it (its compute and bytes).
+	Standby, NoStandby bool
 }
 
 // HopStat is the mean compute time one hop spent per generated token.
@@ -168,6 +169,9 @@ type Result struct {
 	// Standbys counts the epochs that named a hot standby, Takeovers the
 	// re-routes that put a standby in the place of the hop it covered.
 	Standbys, Takeovers int
+	// Recoveries are the re-routes' stalls: from each failure to the
+	// next token.
+	Recoveries []time.Duration
 
 	failedAt time.Time // the last re-route's failure, until tokens flow again
 	// lastOpen is the final epoch's open and prompt the request's prompt:
@@ -517,7 +521,9 @@ func (e *epochRun) collect(req GenerateRequest, res *Result, nGenerated int, sta
 				obs.FirstToken(res.TTFT)
 			}
 			if !res.failedAt.IsZero() {
-				obs.Recovered(time.Since(res.failedAt))
+				d := time.Since(res.failedAt)
+				obs.Recovered(d)
+				res.Recoveries = append(res.Recoveries, d)
 				res.failedAt = time.Time{}
 			}
 			if prefillUs == nil {

@@ -238,7 +238,10 @@ func (m *mirror) run() {
 	}
 	h.log.Info("standby open", "session", hs.key, "covers", hs.route[hs.idx+1], "standby", m.peer)
 	go func() { // a standby only speaks to say it failed
-		_, _, err := r.ReadStream()
+		msg, _, err := r.ReadStream()
+		if e := msg.GetError(); err == nil && e != nil {
+			err = frame.FromProto(e)
+		}
 		select {
 		case <-hs.done: // the session ended here first
 		default:
@@ -354,8 +357,11 @@ func (o *Origin) pickStandby(rt *route.Route, req GenerateRequest, need int, exc
 }
 
 // wantsStandby reports whether req gets a standby: asked for, or a prompt
-// of at least StandbyAbove tokens.
+// of at least StandbyAbove tokens not refused one.
 func (o *Origin) wantsStandby(req GenerateRequest) bool {
+	if req.NoStandby && !req.Standby {
+		return false
+	}
 	above := o.StandbyAbove
 	if above == 0 {
 		above = DefaultStandbyAbove

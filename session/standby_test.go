@@ -132,3 +132,27 @@ func TestLaggingStandbyIsDropped(t *testing.T) {
 		t.Fatal("a frame over the queue's bytes did not drop the standby")
 	}
 }
+
+// Who gets a standby: one asked for; a prompt of StandbyAbove tokens or
+// more unless it refuses one; nobody by length when StandbyAbove < 0.
+func TestWantsStandby(t *testing.T) {
+	long, short := make([]int32, DefaultStandbyAbove), make([]int32, DefaultStandbyAbove-1)
+	for _, c := range []struct {
+		name  string
+		above int
+		req   GenerateRequest
+		want  bool
+	}{
+		{"short", 0, GenerateRequest{Prompt: short}, false},
+		{"long", 0, GenerateRequest{Prompt: long}, true},
+		{"short, asked", 0, GenerateRequest{Prompt: short, Standby: true}, true},
+		{"long, refused", 0, GenerateRequest{Prompt: long, NoStandby: true}, false},
+		{"asked and refused: asked wins", 0, GenerateRequest{Prompt: short, Standby: true, NoStandby: true}, true},
+		{"long, only when asked", -1, GenerateRequest{Prompt: long}, false},
+		{"above 10", 10, GenerateRequest{Prompt: short[:10]}, true},
+	} {
+		if got := (&Origin{StandbyAbove: c.above}).wantsStandby(c.req); got != c.want {
+			t.Errorf("%s: %v, want %v", c.name, got, c.want)
+		}
+	}
+}

@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
@@ -74,7 +75,13 @@ type genResult struct {
 	// NetworkMsPerToken is ms_per_token minus every hop's busy time.
 	NetworkMsPerToken float64  `json:"network_ms_per_token"`
 	Failures          []string `json:"failures,omitempty"`
-	Model             string   `json:"model"`
+	// RecoveryMs is each re-route's stall, from the failure to the next
+	// token; Standbys the epochs that had a hot standby, Takeovers the
+	// re-routes a standby took over without a prefill.
+	RecoveryMs []float64 `json:"recovery_ms,omitempty"`
+	Standbys   int       `json:"standbys,omitempty"`
+	Takeovers  int       `json:"takeovers,omitempty"`
+	Model      string    `json:"model"`
 	// PromptTokens of the prompt; CachedTokens of them every hop reused
 	// from its prefix cache (not computed again).
 	PromptTokens int `json:"prompt_tokens"`
@@ -190,6 +197,7 @@ type genFlags struct {
 	wire       meshp2pb.DType
 	spec       *meshp2pb.Speculation // --speculative (nil: off)
 	standby    bool                  // --standby
+	noStandby  bool                  // --standby=false given: not even for a long prompt
 	wait       time.Duration
 	log        *slog.Logger
 	explicitDD bool // --data-dir given
@@ -240,7 +248,7 @@ func (g *genFlags) register(maxTokens int) (finish func(stderr io.Writer) error)
 	fs.BoolVar(&g.stats, "stats", false, "after the text, print the run's statistics on stderr: tokens, time to first token, ms/token, the route and each hop's timing table, speculation and audit")
 	wire := fs.String("wire-dtype", frame.WireDTypes()[0].Name, "activation dtype between hops: "+wireDTypeHelp())
 	specMode := fs.String("speculative", client.SpecAuto, "speculative decoding: "+client.SpecModes()+" (the head proposes tokens, by n-gram lookup or with its --draft model, and the tail verifies several per pass; auto only while it pays; the output is the same)")
-	fs.BoolVar(&g.standby, "standby", false, fmt.Sprintf("keep a hot standby of one hop (a replica peer serving its layers computes the same frames), so that hop's failure costs no prefill; prompts of %d+ tokens get one anyway when a replica exists", session.DefaultStandbyAbove))
+	fs.BoolVar(&g.standby, "standby", false, fmt.Sprintf("keep a hot standby of one hop (a replica peer serving its layers computes the same frames), so that hop's failure costs no prefill; prompts of %d+ tokens get one anyway when a replica exists, unless --standby=false", session.DefaultStandbyAbove))
 	fs.DurationVar(&g.wait, "wait", client.DefaultWait, "how long to wait for peers covering the model; a model or layers nobody serves fail sooner, once every connected peer's adverts are in (under 2 s), unless nodes are still choosing their layers")
 	verbose := fs.Bool("v", false, "debug logging")
 	g.pf.register(fs)
@@ -267,7 +275,10 @@ func (g *genFlags) register(maxTokens int) (finish func(stderr io.Writer) error)
 			Seed: *seed}
 		g.stops = splitList(*stop)
 		g.log = newLoggerAt(stderr, *verbose, slog.LevelWarn)
-		fs.Visit(func(f *flag.Flag) { g.explicitDD = g.explicitDD || f.Name == "data-dir" })
+		fs.Visit(func(f *flag.Flag) {
+			g.explicitDD = g.explicitDD || f.Name == "data-dir"
+			g.noStandby = g.noStandby || (f.Name == "standby" && !g.standby)
+		})
 		return nil
 	}
 }
@@ -493,7 +504,7 @@ func (s *swarmGen) run(ctx context.Context, p client.Prompt, onText func(string)
 	g := s.g
 	var first time.Time
 	res, err := s.c.Generate(ctx, client.Request{Model: s.model, Wait: g.wait, WaitForRoute: true, Prompt: p, MaxTokens: g.maxTokens,
-		Sampling: g.sampling, Stops: g.stops, WireDType: g.wire, Speculation: g.spec, Standby: g.standby, OnText: onText})
+		Sampling: g.sampling, Stops: g.stops, WireDType: g.wire, Speculation: g.spec, Standby: g.standby, NoStandby: g.noStandby, OnText: onText})
 	if res != nil {
 		first = res.FirstToken
 		fillSwarmResult(out, res, client.SpecModeName(g.spec))
@@ -588,6 +599,10 @@ func fillSwarmResult(out *genResult, res *client.Result, mode string) {
 		return
 	}
 	out.Reroutes, out.Failures, out.Hops = s.Reroutes, s.Failures, s.HopStats
+	out.Standbys, out.Takeovers = s.Standbys, s.Takeovers
+	for _, d := range s.Recoveries {
+		out.RecoveryMs = append(out.RecoveryMs, ms(d))
+	}
 	if mode != client.SpecOff {
 		sp := s.Spec
 		out.Speculation = &specJSON{Mode: mode, Proposer: sp.Proposer, Windows: sp.Windows, Proposed: sp.Proposed, Accepted: sp.Accepted,
@@ -623,7 +638,11 @@ func printSummary(stderr io.Writer, out *genResult) {
 		fmt.Fprintln(stderr)
 		return
 	}
-	fmt.Fprintf(stderr, ", reroutes %d\n", out.Reroutes)
+	fmt.Fprintf(stderr, ", reroutes %d", out.Reroutes)
+	if len(out.RecoveryMs) > 0 {
+		fmt.Fprintf(stderr, " (stalled %s ms; %d taken over by a standby)", joinMs(out.RecoveryMs), out.Takeovers)
+	}
+	fmt.Fprintln(stderr)
 	perWhat := "token"
 	if sp := out.Speculation; sp != nil {
 		if sp.Windows > 0 && sp.Proposed > 0 {
@@ -658,4 +677,13 @@ func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 func auditOf(r session.AuditReport) *auditJSON {
 	return &auditJSON{Hop: r.Hop, Peer: r.Peer.String(), Layers: [2]int{r.Start, r.End}, Outcome: string(r.Outcome), Reason: r.Reason,
 		Windows: r.Windows, Exact: r.Exact, ReplayMs: ms(r.Replay)}
+}
+
+// joinMs lists durations in ms, rounded.
+func joinMs(v []float64) string {
+	parts := make([]string, len(v))
+	for i, x := range v {
+		parts[i] = strconv.FormatFloat(x, 'f', 0, 64)
+	}
+	return strings.Join(parts, ", ")
 }

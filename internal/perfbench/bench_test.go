@@ -18,7 +18,7 @@ import (
 
 // Knobs (environment), so single runs stay short on a shared machine:
 //
-//	MESHP2P_BENCH_ONLY     comma list of sections (fixedcost,slack,loopback,audit,floor,floor-tcp,sessions,sessions-small,prefill,conversation,invariance,speculation,processes,uplink); default all
+//	MESHP2P_BENCH_ONLY     comma list of sections (fixedcost,slack,loopback,audit,floor,floor-tcp,sessions,sessions-small,prefill,conversation,invariance,speculation,processes,standby,uplink); default all
 //	MESHP2P_BENCH_BASELINE the invariance section's baseline test binary (make bench builds it)
 //	MESHP2P_BENCH_ROUNDS   interleaved A/B rounds per figure (default 3; medians are reported)
 //	MESHP2P_BENCH_TOKENS   tokens per generation (default 16)
@@ -27,6 +27,7 @@ import (
 //	MESHP2P_BENCH_SPEC_TOKENS  the speculation section's long stories260K continuation (default 300)
 //	MESHP2P_BENCH_SPEC_ONLY    the speculation section's rows whose name contains this (no curve)
 //	MESHP2P_BENCH_PROC_TOKENS  tokens per generate in the processes section (default 64)
+//	MESHP2P_BENCH_STANDBY_WORDS, _TOKENS  the standby section's prompt in words (default 250, about 1,000 tokens) and tokens per generate (48)
 func envInt(name string, def int) int {
 	if v, err := strconv.Atoi(os.Getenv(name)); err == nil && v > 0 {
 		return v
@@ -124,6 +125,9 @@ func BenchmarkPerf(b *testing.B) {
 		}
 		if section("processes") {
 			processes(b, &t, rounds, envInt("MESHP2P_BENCH_PROC_TOKENS", 64))
+		}
+		if section("standby") {
+			standby(b, &t, rounds)
 		}
 		if section("sessions-small") {
 			small, err := SmallFiles(ctx, 3)

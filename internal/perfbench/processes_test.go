@@ -40,9 +40,9 @@ func processes(b *testing.B, t *Table, rounds, tokens int) {
 		if boot != "" {
 			args = append(args, "--bootstrap", boot)
 		}
-		addr := startProc(b, bin, args...)
+		pr := startProc(b, bin, args...)
 		if boot == "" {
-			boot = addr
+			boot = pr.addr
 		}
 	}
 	prompt := "Once upon a time there was a little model split across three processes on one machine"
@@ -137,37 +137,63 @@ func (l *lockedBuf) String() string {
 	return l.b.String()
 }
 
+// proc is a `meshp2p start` process the bench started: its first
+// address, its metrics address ("" without --metrics) and its output.
+type proc struct {
+	cmd     *exec.Cmd
+	addr    string
+	metrics string
+	out     *lockedBuf
+	logs    *lockedBuf // stderr
+}
+
+// kill SIGKILLs the process (by PID) and reaps it.
+func (p *proc) kill() {
+	_ = p.cmd.Process.Kill()
+	_ = p.cmd.Wait()
+}
+
 // startProc starts `meshp2p start` (args), stopped by its PID when the
-// bench ends, and returns its first address once it prints ready.
-func startProc(b *testing.B, bin string, args ...string) string {
+// bench ends, once it prints ready.
+func startProc(b *testing.B, bin string, args ...string) *proc {
 	cmd := exec.Command(bin, args...)
 	var out, errOut lockedBuf
 	cmd.Stdout, cmd.Stderr = &out, &errOut
 	if err := cmd.Start(); err != nil {
 		b.Fatal(err)
 	}
-	b.Cleanup(func() {
-		_ = cmd.Process.Signal(os.Interrupt) // by PID
-		done := make(chan struct{})
-		go func() { _ = cmd.Wait(); close(done) }()
-		select {
-		case <-done:
-		case <-time.After(10 * time.Second):
-			_ = cmd.Process.Kill()
-			<-done
-		}
-	})
+	var once sync.Once
+	stop := func() {
+		once.Do(func() {
+			_ = cmd.Process.Signal(os.Interrupt) // by PID
+			done := make(chan struct{})
+			go func() { _ = cmd.Wait(); close(done) }()
+			select {
+			case <-done:
+			case <-time.After(10 * time.Second):
+				_ = cmd.Process.Kill()
+				<-done
+			}
+		})
+	}
+	b.Cleanup(stop)
+	p := &proc{cmd: cmd, out: &out, logs: &errOut}
 	for deadline := time.Now().Add(5 * time.Minute); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
 		s := out.String()
 		if !strings.Contains(s, "\nready") && !strings.HasPrefix(s, "ready") {
 			continue
 		}
 		for _, line := range strings.Split(s, "\n") {
-			if a, ok := strings.CutPrefix(line, "address:"); ok {
-				return strings.TrimSpace(a)
+			if a, ok := strings.CutPrefix(line, "address:"); ok && p.addr == "" {
+				p.addr = strings.TrimSpace(a)
+			}
+			if m, ok := strings.CutPrefix(line, "metrics:"); ok {
+				m = strings.TrimPrefix(strings.Fields(m)[0], "http://")
+				p.metrics = strings.TrimSuffix(m, "/metrics")
 			}
 		}
+		return p
 	}
 	b.Fatalf("meshp2p %v did not get ready:\n%s\n%s", args, out.String(), errOut.String())
-	return ""
+	return nil
 }
