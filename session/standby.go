@@ -239,8 +239,12 @@ func (m *mirror) run() {
 	h.log.Info("standby open", "session", hs.key, "covers", hs.route[hs.idx+1], "standby", m.peer)
 	go func() { // a standby only speaks to say it failed
 		msg, _, err := r.ReadStream()
-		if e := msg.GetError(); err == nil && e != nil {
-			err = frame.FromProto(e)
+		switch {
+		case err != nil:
+		case msg.GetError() != nil:
+			err = frame.FromProto(msg.GetError())
+		default:
+			err = fmt.Errorf("it sent %T", msg.GetKind())
 		}
 		select {
 		case <-hs.done: // the session ended here first
