@@ -37,7 +37,7 @@ var qwen3nextRule = archRule{
 	covers:   "Qwen3-Next (80B-A3B)",
 	refused:  qwen3nextRefusal,
 	layerOut: "post_moe", // models/qwen3next.cpp names no l_out
-	layer:   qwen3nextLayer,
+	layer:    qwen3nextLayer,
 	cut: func(_ Metadata, _ string, r Range, n int) error {
 		switch {
 		case r.Len() == n:
