@@ -20,6 +20,8 @@ import (
 	"sync/atomic"
 	"time"
 	"unsafe"
+
+	"github.com/neuron-tai/meshp2p/engine/gguf"
 )
 
 // Errors returned by shards and sessions; callers branch on them.
@@ -216,7 +218,7 @@ func NewShard(ctx context.Context, model *Model, cfg Config) (*Shard, error) {
 	p := s.contextParams(cacheSeqs)
 	if !info.IsTail() {
 		s.capture = (*C.mp_capture)(C.calloc(1, C.size_t(unsafe.Sizeof(C.mp_capture{}))))
-		name := fmt.Sprintf("l_out-%d", info.NLayer-1)
+		name := gguf.LayerOutputName(info.Arch, info.NLayer-1)
 		cname := C.CString(name)
 		C.strncpy(&s.capture.name[0], cname, 63)
 		C.free(unsafe.Pointer(cname))

@@ -330,17 +330,21 @@ var archFlags = []struct {
 	field             func(*gguf.Spec) *int
 }{
 	{"deepseek2", "dense-lead", "deepseek2, glm4moe: leading dense layers", func(s *gguf.Spec) *int { return &s.DenseLead }},
-	{"deepseek2", "shared-experts", "deepseek2, glm4moe: shared experts", func(s *gguf.Spec) *int { return &s.SharedExperts }},
+	{"deepseek2", "shared-experts", "deepseek2, glm4moe, qwen3next: shared experts", func(s *gguf.Spec) *int { return &s.SharedExperts }},
 	{"deepseek2", "q-lora", "q LoRA rank", func(s *gguf.Spec) *int { return &s.QLoraRank }},
 	{"deepseek2", "kv-lora", "kv LoRA rank (the latent KV)", func(s *gguf.Spec) *int { return &s.KVLoraRank }},
-	{"deepseek2", "rope-dim", "deepseek2, glm4moe, minimax-m2: roped dims of a q/k head", func(s *gguf.Spec) *int { return &s.RopeDim }},
+	{"deepseek2", "rope-dim", "deepseek2, glm4moe, minimax-m2, qwen3next: roped dims of a q/k head", func(s *gguf.Spec) *int { return &s.RopeDim }},
 	{"deepseek2", "nope-dim", "other dims of a q/k head", func(s *gguf.Spec) *int { return &s.NopeDim }},
 	{"deepseek2", "v-dim", "value head dims", func(s *gguf.Spec) *int { return &s.VDim }},
 	{"deepseek2", "expert-groups", "expert groups (0: none)", func(s *gguf.Spec) *int { return &s.ExpertGroups }},
 	{"deepseek2", "expert-groups-used", "expert groups kept per token", func(s *gguf.Spec) *int { return &s.ExpertGroupsUsed }},
-	{"gpt-oss", "head-dim", "gpt-oss, gemma3, glm4moe: q/k/v dims of a head", func(s *gguf.Spec) *int { return &s.HeadDim }},
+	{"gpt-oss", "head-dim", "gpt-oss, gemma3, glm4moe, qwen3next: q/k/v dims of a head", func(s *gguf.Spec) *int { return &s.HeadDim }},
 	{"gpt-oss", "sliding-window", "gpt-oss, gemma3, llama4: the sliding layers' window (gemma3: 0 = none; llama4: > 0 = chunked attention)", func(s *gguf.Spec) *int { return &s.SlidingWindow }},
 	{"llama4", "moe-step", "experts on every N-th layer (interleave_moe_layer_step)", func(s *gguf.Spec) *int { return &s.MoEStep }},
+	{"qwen3next", "ssm-state", "gated delta net head dims (ssm.state_size)", func(s *gguf.Spec) *int { return &s.SSMState }},
+	{"qwen3next", "ssm-groups", "gated delta net key heads (ssm.group_count)", func(s *gguf.Spec) *int { return &s.SSMGroups }},
+	{"qwen3next", "ssm-heads", "gated delta net value heads, a multiple of --ssm-groups (ssm.time_step_rank)", func(s *gguf.Spec) *int { return &s.SSMHeads }},
+	{"qwen3next", "ssm-conv", "gated delta net convolution taps (ssm.conv_kernel)", func(s *gguf.Spec) *int { return &s.SSMConv }},
 	{"glm4moe", "nextn", "next-token-prediction (MTP) layers at the end, counted in --layers (nextn_predict_layers)", func(s *gguf.Spec) *int { return &s.NextN }},
 }
 
@@ -348,7 +352,7 @@ var archFlags = []struct {
 func registerSynthFlags(fs *flag.FlagSet) *synthFlags {
 	def, moe := gguf.DefaultSpec("llama"), gguf.DefaultSpec("qwen3moe")
 	sf := &synthFlags{
-		arch:        fs.String("arch", "llama", "architecture: "+strings.Join(gguf.Architectures(), ", ")),
+		arch:        fs.String("arch", "llama", "architecture: "+strings.Join(gguf.Architectures(), ", ")+"; qwen3next (refused at start: to measure it)"),
 		layers:      fs.Int("layers", 0, fmt.Sprintf("number of layers (default %d)", def.Layers)),
 		embd:        fs.Int("embd", 0, fmt.Sprintf("embedding length (default %d)", def.Embd)),
 		heads:       fs.Int("heads", 0, fmt.Sprintf("attention heads (default %d)", def.Heads)),

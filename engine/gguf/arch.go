@@ -25,6 +25,16 @@ var ErrIllegalCut = errors.New("illegal cut")
 // memory, as `start` loads by default, each copy costs its size.
 func OutputRequired(arch string) bool { return archRules[arch].outputRequired }
 
+// LayerOutputName is the name llama.cpp's graph gives layer il's output
+// tensor in a model of arch ("l_out-<il>" for most).
+func LayerOutputName(arch string, il int) string {
+	name := archRules[arch].layerOut
+	if name == "" {
+		name = "l_out"
+	}
+	return fmt.Sprintf("%s-%d", name, il)
+}
+
 // MRoPEShards reports whether arch's shards fed hidden states rope with
 // M-RoPE (their metadata rewritten so: glm4moe), whose KV compaction the
 // engine restores in one piece through a second copy (engine/kvmerge.go).
@@ -60,6 +70,14 @@ type archRule struct {
 	// load reports why llama.cpp cannot run a file (model or shard) of n
 	// layers with metadata md (ValidateForLoad); nil: it can.
 	load func(md Metadata, p string, n int) error
+	// refused, when set, is why meshp2p does not run the architecture
+	// although it has its rules (synthesis and cut points, to measure it):
+	// not certified, and ValidateForLoad refuses it (ErrRefusedArch).
+	refused string
+	// layerOut names the graph tensor of a layer's output (llama.cpp's
+	// callback name before "-<il>"), which a shard that is not the tail
+	// captures; "": "l_out".
+	layerOut string
 }
 
 // archRules are the architectures meshp2p loads.
@@ -84,6 +102,9 @@ var archRules = map[string]archRule{
 	"gemma3":  gemma3Rule,
 	"llama4":  llama4Rule,
 	"glm4moe": glm4moeRule,
+	// qwen3next: rules to synthesize, cut and measure it; refused
+	// (arch_qwen3next.go).
+	"qwen3next": qwen3nextRule,
 }
 
 // gpt-oss (gpt-oss-20b, gpt-oss-120b): experts in every layer (biased,
@@ -266,11 +287,14 @@ func swaPatternLoad(arch string, period int, n int) error {
 	return fmt.Errorf("%s with %d layers has no full-attention layer (one in every %d), which llama.cpp aborts on (llm_graph_input_attn_kv_iswa::set_input): it needs at least %d layers", arch, n, period, period)
 }
 
-// Architectures lists the architectures meshp2p loads, sorted.
+// Architectures lists the architectures meshp2p loads, sorted (not the
+// refused ones).
 func Architectures() []string {
 	out := make([]string, 0, len(archRules))
-	for a := range archRules {
-		out = append(out, a)
+	for a, r := range archRules {
+		if r.refused == "" {
+			out = append(out, a)
+		}
 	}
 	slices.Sort(out)
 	return out
@@ -359,7 +383,9 @@ var notSplittable = map[string]string{
 // cut point, every shard chain computes exactly what the whole model does:
 // docs/architectures.md) and, for people, what it covers or why not.
 func Certification(arch string) (bool, string) {
-	if r, ok := archRules[arch]; ok {
+	if r, ok := archRules[arch]; ok && r.refused != "" {
+		return false, "not certified: " + r.refused
+	} else if ok {
 		return true, "certified: chains of shards equal the whole model exactly (" + r.covers + ")"
 	}
 	if why, ok := notSplittable[arch]; ok {

@@ -150,7 +150,11 @@ const MaxExperts = 512
 // architecture, 0 < block_count <= 512, sane head counts, expert counts
 // (expert_used_count in 1..expert_count when experts > 0, both 0
 // otherwise), alignment type, rope scaling type, tokenizer arrays of equal
-// length, and the tensors the architecture needs in every layer.
+// length, and the tensors the architecture needs in every layer. Last, an
+// architecture meshp2p has rules for but refuses (qwen3next) is refused
+// with its measured reason: an error wrapping ErrNotLoadable and
+// ErrRefusedArch, after every other check, so that the engine's tests can
+// load it to measure it (and nothing else does).
 func ValidateForLoad(f *File) error {
 	c := &loadCheck{md: f.Metadata, arch: f.Architecture()}
 	if _, ok := archRules[c.arch]; !ok {
@@ -178,7 +182,13 @@ func ValidateForLoad(f *File) error {
 	if err := c.checkTokenizer(); err != nil {
 		return err
 	}
-	return c.checkTensors(f, nLayer, nEmbd)
+	if err := c.checkTensors(f, nLayer, nEmbd); err != nil {
+		return err
+	}
+	if why := archRules[c.arch].refused; why != "" {
+		return fmt.Errorf("%w: %w: unsupported architecture %q: %s", ErrNotLoadable, ErrRefusedArch, c.arch, why)
+	}
+	return nil
 }
 
 // loadCheck is the state ValidateForLoad's steps share: the metadata, the

@@ -62,6 +62,14 @@ type Spec struct {
 	// SlidingWindow > 0 turns chunked attention on (llama.cpp makes the
 	// chunk 8192 whatever the value).
 	MoEStep int
+	// qwen3next: the gated delta net layers (3 of every 4): SSMGroups
+	// key heads and SSMHeads value heads (a multiple of it) of SSMState
+	// dims each (ssm.group_count, ssm.time_step_rank, ssm.state_size;
+	// ssm.inner_size is SSMState × SSMHeads), a causal convolution of
+	// SSMConv taps (ssm.conv_kernel); also HeadDim and RopeDim (gated
+	// attention with partial rotary), Experts, ExpertFF and
+	// SharedExperts (the shared expert is ExpertFF × SharedExperts wide).
+	SSMState, SSMGroups, SSMHeads, SSMConv int
 
 	Progress func(done, total int64) `json:"-"`
 }
@@ -102,6 +110,13 @@ func DefaultSpec(arch string) Spec {
 		// expert, heads wider than embd/heads with rotary on half of
 		// each, q/k norms, and one MTP layer at the end.
 		s.Layers, s.HeadDim, s.RopeDim, s.Experts, s.ExpertsUsed, s.ExpertFF, s.DenseLead, s.SharedExperts, s.NextN = 6, 64, 32, 8, 2, 64, 1, 1, 1
+	case "qwen3next":
+		// Qwen3-Next-80B-A3B's structure at small widths: two periods
+		// of 3 delta-net layers and a gated attention layer, heads wider
+		// than embd/heads with rotary on a quarter, 8 experts (top-2)
+		// and a shared one in every layer.
+		s.Layers, s.HeadDim, s.RopeDim, s.Experts, s.ExpertsUsed, s.ExpertFF, s.SharedExperts = 8, 64, 16, 8, 2, 64, 1
+		s.SSMState, s.SSMGroups, s.SSMHeads, s.SSMConv = 32, 2, 4, 4
 	case "gemma3":
 		// Gemma 3's structure: two periods of the 5:1 sliding pattern,
 		// heads wider than embd/heads, tied output, a window of 8.
@@ -161,18 +176,22 @@ func (s *Spec) Validate() error {
 // validateArchFields checks that the fields of one architecture are not
 // set for another.
 func (s *Spec) validateArchFields() error {
-	ds, glm := s.Arch == "deepseek2", s.Arch == "glm4moe"
+	ds, glm, q3n := s.Arch == "deepseek2", s.Arch == "glm4moe", s.Arch == "qwen3next"
 	switch {
 	case !ds && (s.QLoraRank != 0 || s.KVLoraRank != 0 || s.ExpertGroups != 0):
 		return fmt.Errorf("LoRA ranks and expert groups are deepseek2's")
-	case !ds && !glm && (s.DenseLead != 0 || s.SharedExperts != 0):
-		return fmt.Errorf("dense-lead and shared experts are deepseek2's and glm4moe's")
-	case !ds && !glm && s.Arch != "minimax-m2" && s.RopeDim != 0:
-		return fmt.Errorf("rope-dim is deepseek2's, glm4moe's and minimax-m2's")
+	case !ds && !glm && s.DenseLead != 0:
+		return fmt.Errorf("dense-lead is deepseek2's and glm4moe's")
+	case !ds && !glm && !q3n && s.SharedExperts != 0:
+		return fmt.Errorf("shared experts are deepseek2's, glm4moe's and qwen3next's")
+	case !ds && !glm && !q3n && s.Arch != "minimax-m2" && s.RopeDim != 0:
+		return fmt.Errorf("rope-dim is deepseek2's, glm4moe's, qwen3next's and minimax-m2's")
+	case !q3n && (s.SSMState != 0 || s.SSMGroups != 0 || s.SSMHeads != 0 || s.SSMConv != 0):
+		return fmt.Errorf("the ssm geometry is qwen3next's")
 	case !glm && s.NextN != 0:
 		return fmt.Errorf("nextn is glm4moe's")
-	case s.Arch != "gpt-oss" && s.Arch != "gemma3" && !glm && s.HeadDim != 0:
-		return fmt.Errorf("head-dim is gpt-oss's, gemma3's and glm4moe's")
+	case s.Arch != "gpt-oss" && s.Arch != "gemma3" && !glm && !q3n && s.HeadDim != 0:
+		return fmt.Errorf("head-dim is gpt-oss's, gemma3's, glm4moe's and qwen3next's")
 	case s.Arch != "gpt-oss" && s.Arch != "gemma3" && s.Arch != "llama4" && s.SlidingWindow != 0:
 		return fmt.Errorf("sliding-window is gpt-oss's, gemma3's and llama4's")
 	}
@@ -220,6 +239,8 @@ func (s *Spec) validateArch() error {
 		return s.validateLlama4()
 	case "glm4moe":
 		return s.validateGLM4MoE()
+	case "qwen3next":
+		return s.validateQwen3Next()
 	case "llama", "mistral3":
 		if s.ExpertFF != 0 {
 			return fmt.Errorf("%s with experts uses ff per expert; expert-ff is for qwen3moe", s.Arch)
@@ -265,6 +286,19 @@ func (s *Spec) validateGLM4MoE() error {
 	return nil
 }
 
+// validateQwen3Next checks the qwen3next fields.
+func (s *Spec) validateQwen3Next() error {
+	switch {
+	case s.Experts < 1 || s.ExpertFF < 1 || s.ExpertFF > 1<<20 || s.SharedExperts < 1:
+		return fmt.Errorf("qwen3next needs experts >= 1, expert-ff in 1..1048576 and shared experts >= 1")
+	case s.RopeDim < 2 || s.RopeDim%2 != 0 || s.RopeDim > s.headDim():
+		return fmt.Errorf("qwen3next rope-dim %d must be even, in 2..head dim %d", s.RopeDim, s.headDim())
+	case s.SSMState < 1 || s.SSMGroups < 1 || s.SSMHeads < 1 || s.SSMHeads%s.SSMGroups != 0 || s.SSMConv < 2:
+		return fmt.Errorf("qwen3next needs ssm state, groups >= 1, ssm heads a multiple of groups and a conv kernel >= 2")
+	}
+	return qwen3nextLoad(s.Layers)
+}
+
 // validateDeepseek2 checks the deepseek2 fields.
 func (s *Spec) validateDeepseek2() error {
 	switch {
@@ -289,6 +323,7 @@ const (
 	initNormal = iota
 	initOnes
 	initRopeFreqs
+	initDecay // negative (a delta net's A = -exp(A_log)): between -0.25 and -2
 )
 
 type synthTensor struct {
@@ -388,6 +423,8 @@ func synthMetadata(s *Spec) Metadata {
 			KV{a + ".interleave_moe_layer_step", uint32(s.MoEStep)}, KV{a + ".attention.sliding_window", uint32(s.SlidingWindow)})
 	case "glm4moe":
 		md = glm4moeMetadata(md, s)
+	case "qwen3next":
+		md = qwen3nextMetadata(md, s)
 	case "minimax-m2":
 		md.Set(a+".rope.dimension_count", uint32(s.RopeDim))
 		md = append(md, KV{a + ".attention.key_length", uint32(headDim)}, KV{a + ".attention.value_length", uint32(headDim)},
@@ -434,6 +471,26 @@ func glm4moeMetadata(md Metadata, s *Spec) Metadata {
 		KV{p + "expert_weights_norm", true},
 		KV{p + "expert_gating_func", uint32(2)},
 		KV{p + "nextn_predict_layers", uint32(s.NextN)},
+	)
+}
+
+// qwen3nextMetadata sets the qwen3next keys on md, as llama.cpp's
+// converter writes Qwen3-Next: head length, partial rotary, experts and
+// the shared expert's width, and the delta net's geometry (ssm.*).
+func qwen3nextMetadata(md Metadata, s *Spec) Metadata {
+	p := s.Arch + "."
+	hd := uint32(s.headDim())
+	md.Set(p+"rope.dimension_count", uint32(s.RopeDim))
+	md.Set(p+"rope.freq_base", float32(10000000))
+	return append(md,
+		KV{p + "attention.key_length", hd}, KV{p + "attention.value_length", hd},
+		KV{p + "expert_feed_forward_length", uint32(s.ExpertFF)},
+		KV{p + "expert_shared_feed_forward_length", uint32(s.ExpertFF * s.SharedExperts)},
+		KV{p + "ssm.conv_kernel", uint32(s.SSMConv)},
+		KV{p + "ssm.state_size", uint32(s.SSMState)},
+		KV{p + "ssm.group_count", uint32(s.SSMGroups)},
+		KV{p + "ssm.time_step_rank", uint32(s.SSMHeads)},
+		KV{p + "ssm.inner_size", uint32(s.SSMState * s.SSMHeads)},
 	)
 }
 
@@ -510,6 +567,9 @@ func synthTensors(s *Spec, nVocab int) []synthTensor {
 			continue
 		case "glm4moe":
 			ts = synthGLM4MoELayer(ts, s, i)
+			continue
+		case "qwen3next":
+			ts = synthQwen3NextLayer(ts, s, i)
 			continue
 		}
 		ts = synthLayer(ts, s, i)
@@ -763,6 +823,53 @@ func synthGLM4MoELayer(ts []synthTensor, s *Spec, i int) []synthTensor {
 	)
 }
 
+// synthQwen3NextLayer appends layer i of a qwen3next spec: a gated delta
+// net (3 of every 4 layers) or gated attention with q/k norms (the 4th),
+// the post-attention norm, then experts and a sigmoid-gated shared expert
+// (llama-model.cpp load_tensors, LLM_ARCH_QWEN3NEXT).
+func synthQwen3NextLayer(ts []synthTensor, s *Spec, i int) []synthTensor {
+	l := func(n string) string { return layerName(i, n) }
+	mat := func(name string, shape ...uint64) synthTensor { return synthMat(s, name, shape...) }
+	e, hd := uint64(s.Embd), uint64(s.headDim())
+	ts = append(ts, synthVec(l("attn_norm.weight"), initOnes, e), synthVec(l("post_attention_norm.weight"), initOnes, e))
+	if qwen3nextRecurrent(i) {
+		st, hv := uint64(s.SSMState), uint64(s.SSMHeads)
+		key, val := st*uint64(s.SSMGroups), st*hv
+		dt := synthVec(l("ssm_dt.bias"), initNormal, hv)
+		dt.std = 0.5
+		ts = append(ts,
+			mat(l("ssm_in.weight"), e, 2*key+2*val),
+			// ggml's ssm_conv takes an F32 kernel only (llama.cpp's
+			// quantizer leaves it so).
+			synthTensor{l("ssm_conv1d.weight"), TypeF32, []uint64{uint64(s.SSMConv), 2*key + val}, initNormal, 0.3},
+			dt,
+			synthTensor{l("ssm_a"), TypeF32, []uint64{hv}, initDecay, 0},
+			mat(l("ssm_ba.weight"), e, 2*hv),
+			synthVec(l("ssm_norm.weight"), initOnes, st),
+			mat(l("ssm_out.weight"), val, e))
+	} else {
+		q, kv := hd*uint64(s.Heads), hd*uint64(s.KVHeads)
+		ts = append(ts,
+			mat(l("attn_q.weight"), e, 2*q), // the query and its gate
+			mat(l("attn_k.weight"), e, kv),
+			mat(l("attn_v.weight"), e, kv),
+			mat(l("attn_output.weight"), q, e),
+			synthVec(l("attn_q_norm.weight"), initOnes, hd),
+			synthVec(l("attn_k_norm.weight"), initOnes, hd))
+	}
+	x, eff, sh := uint64(s.Experts), uint64(s.ExpertFF), uint64(s.ExpertFF*s.SharedExperts)
+	gate := mat(l("ffn_gate_inp.weight"), e, x)
+	gate.std = 0.5
+	return append(ts, gate,
+		mat(l("ffn_gate_exps.weight"), e, eff, x),
+		mat(l("ffn_down_exps.weight"), eff, e, x),
+		mat(l("ffn_up_exps.weight"), e, eff, x),
+		synthVec(l("ffn_gate_inp_shexp.weight"), initNormal, e),
+		mat(l("ffn_gate_shexp.weight"), e, sh),
+		mat(l("ffn_up_shexp.weight"), e, sh),
+		mat(l("ffn_down_shexp.weight"), sh, e))
+}
+
 // synthData generates a tensor's bytes on demand: element i is a pure
 // function of (seed, name, i/synthChunk, i%synthChunk).
 type synthData struct {
@@ -823,6 +930,10 @@ func (d *synthData) fill(chunk int64, vals []float32) {
 		for i := range vals {
 			k := float64(chunk*synthChunk + int64(i))
 			vals[i] = float32(1 + 3*k/max(1, n-1))
+		}
+	case initDecay:
+		for i := range vals {
+			vals[i] = -0.25 - float32((chunk*synthChunk+int64(i))%8)/4
 		}
 	default:
 		r := rand.New(rand.NewPCG(d.seed^d.nameHash, uint64(chunk)))
