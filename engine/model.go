@@ -13,7 +13,6 @@ import (
 	"os"
 	"runtime/cgo"
 	"strconv"
-	"sync/atomic"
 	"unsafe"
 
 	"github.com/neuron-tai/meshp2p/engine/gguf"
@@ -90,6 +89,10 @@ type LoadOptions struct {
 	// fraction done (0 to 1). Whether or not it is set, a load whose ctx
 	// ends is aborted at the next report (ctx.Err() is returned).
 	Progress func(done float32)
+	// measureRefused loads an architecture gguf refuses with a measured
+	// reason (gguf.ErrRefusedArch: qwen3next), for the engine's own tests
+	// that measure it; nothing outside the package can set it.
+	measureRefused bool
 }
 
 // checkLoad is LoadModel's checks before llama.cpp sees path; vocabFP is
@@ -98,7 +101,7 @@ func checkLoad(ctx context.Context, path string, opts LoadOptions) (vocabFP stri
 	if _, err := os.Stat(path); err != nil {
 		return "", fmt.Errorf("engine: load %s: %w", path, err)
 	}
-	if vocabFP, err = validateFile(path, opts.VocabOnly); err != nil {
+	if vocabFP, err = validateFile(path, opts.VocabOnly, opts.measureRefused); err != nil {
 		return "", fmt.Errorf("engine: load %s: %w", path, err)
 	}
 	if opts.Validate != nil {
@@ -123,7 +126,7 @@ func checkLoad(ctx context.Context, path string, opts LoadOptions) (vocabFP stri
 // gguf.ValidateTokenizer. A vocabulary-only load reads no hyper-parameters
 // and no tensors, so it gets the lighter gguf.ValidateVocabForLoad. It
 // returns the vocabulary fingerprint a vocabulary file claims ("" if none).
-func validateFile(path string, vocabOnly bool) (string, error) {
+func validateFile(path string, vocabOnly, measureRefused bool) (string, error) {
 	f, err := gguf.Open(path)
 	if err != nil {
 		return "", err
@@ -136,7 +139,7 @@ func validateFile(path string, vocabOnly bool) (string, error) {
 		fp, _ := gguf.ReadVocabFingerprint(f.Metadata)
 		return fp, nil
 	}
-	if err := gguf.ValidateForLoad(f); err != nil && !(measureRefused.Load() && errors.Is(err, gguf.ErrRefusedArch)) {
+	if err := gguf.ValidateForLoad(f); err != nil && !(measureRefused && errors.Is(err, gguf.ErrRefusedArch)) {
 		return "", err
 	}
 	if err := gguf.ValidateTokenizer(f.Metadata); err != nil {
@@ -144,11 +147,6 @@ func validateFile(path string, vocabOnly bool) (string, error) {
 	}
 	return "", nil
 }
-
-// measureRefused lets the engine's own tests load an architecture gguf
-// refuses with a measured reason (gguf.ErrRefusedArch: qwen3next), to
-// measure it; nothing else sets it.
-var measureRefused atomic.Bool
 
 // LoadModel loads a whole model, a shard file or (VocabOnly) a vocabulary
 // (a model, a head/tail shard or a gguf.WriteVocab file). The file is

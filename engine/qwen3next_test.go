@@ -27,12 +27,6 @@ var qwen3nextModels = []parityModel{
 	{name: "qwen3next_q4_k_m", spec: qwen3nextSpec(gguf.TypeF16), quant: QuantQ4_KM, wantTypes: []string{"Q4_K", "Q6_K"}},
 }
 
-// allowRefused lets t load architectures gguf refuses (measureRefused).
-func allowRefused(t *testing.T) {
-	measureRefused.Store(true)
-	t.Cleanup(func() { measureRefused.Store(false) })
-}
-
 // traceDelta is the first position where got's and want's logits differ
 // (-1: none) and their largest |Δ|.
 func traceDelta(got, want invTrace) (first int, logit float64) {
@@ -69,8 +63,7 @@ func TestQwen3NextMeasured(t *testing.T) {
 			if _, err := LoadModel(ctx, path, LoadOptions{}); !errors.Is(err, gguf.ErrRefusedArch) {
 				t.Fatalf("load: %v, want gguf.ErrRefusedArch", err)
 			}
-			allowRefused(t)
-			model, err := LoadModel(ctx, path, LoadOptions{})
+			model, err := LoadModel(ctx, path, LoadOptions{measureRefused: true})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -23,9 +23,15 @@ type fpCache struct {
 }
 
 // modelFingerprint returns the fingerprint and layer count of a whole model.
+// A model the engine refuses (an architecture without rules, or one refused
+// with a reason) is refused first, before its fingerprint and cut read and
+// copy the whole file.
 func modelFingerprint(ctx context.Context, dataDir, path string, log *slog.Logger) (string, int, error) {
 	st, err := os.Stat(path)
 	if err != nil {
+		return "", 0, err
+	}
+	if err := validateModel(path); err != nil {
 		return "", 0, err
 	}
 	abs, _ := filepath.Abs(path)
@@ -118,4 +124,18 @@ func prepareShard(ctx context.Context, dataDir, path string, r gguf.Range, progr
 		return "", "", 0, fmt.Errorf("model changed while splitting (fingerprint %s, expected %s)", res[0].Fingerprint, fp)
 	}
 	return res[0].Path, fp, nLayer, nil
+}
+
+// validateModel checks the whole model's header as the engine will check
+// its shard's (gguf.ValidateForLoad).
+func validateModel(path string) error {
+	f, err := gguf.Open(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	if err := gguf.ValidateForLoad(f); err != nil {
+		return fmt.Errorf("%s: %w", path, err)
+	}
+	return nil
 }
