@@ -170,6 +170,7 @@ func (h *HopService) handleSession(s network.Stream) {
 	// Only now, with the open admitted and its origin proven, may it end
 	// an older epoch of the same session (from the same origin).
 	h.supersede(hs.key, idx)
+	h.waitClosing(hs.key)
 	if he := h.reserve(hs); he != nil {
 		refuse(he)
 		return
@@ -569,6 +570,41 @@ func (h *HopService) supersede(key Key, idx int) {
 		select {
 		case <-hs.engFreed:
 		case <-deadline:
+			return
+		}
+	}
+}
+
+// ClosingWait bounds how long an admission waits for the same origin's
+// closing sessions to be released (waitClosing).
+const ClosingWait = time.Second
+
+// waitClosing waits, at most ClosingWait, until the sessions of key's
+// origin whose Close already arrived here are released. Released, a
+// session has kept its blocks in the prefix cache (prefix.go), so a
+// conversation's next turn, sent as soon as the last answer arrived (an
+// agent's tool result), adopts them instead of racing their keep: the
+// origin sends the Close before it answers, but the next turn's open
+// travels on other streams. Sessions still running are not waited for.
+func (h *HopService) waitClosing(key Key) {
+	h.mu.Lock()
+	var closing []*hopSession
+	for k, hs := range h.active {
+		if k.Origin == key.Origin && k.ID != key.ID && hs.closing.Load() {
+			closing = append(closing, hs)
+		}
+	}
+	h.mu.Unlock()
+	if len(closing) == 0 {
+		return
+	}
+	deadline := time.NewTimer(ClosingWait)
+	defer deadline.Stop()
+	for _, hs := range closing {
+		select {
+		case <-hs.released:
+		case <-deadline.C:
+			h.log.Debug("admission: a closing session of the same origin is still being released", "session", hs.key, "waited", ClosingWait)
 			return
 		}
 	}

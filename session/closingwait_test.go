@@ -1,0 +1,58 @@
+package session
+
+import (
+	"log/slog"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/libp2p/go-libp2p/core/peer"
+)
+
+// An admission waits for the sessions of its origin whose Close arrived
+// (they keep their blocks as they are released: a conversation's next
+// turn adopts them), not for that origin's running sessions nor another
+// origin's, and at most ClosingWait.
+func TestAdmissionWaitsForClosingSession(t *testing.T) {
+	mk := func(o peer.ID, id byte, closing bool) *hopSession {
+		hs := &hopSession{key: Key{Origin: o, ID: [16]byte{id}, Epoch: 1}, released: make(chan struct{})}
+		hs.closing.Store(closing)
+		return hs
+	}
+	setup := func() (*HopService, *hopSession) {
+		h := &HopService{active: map[Key]*hopSession{}, log: slog.New(slog.DiscardHandler)}
+		closing := mk("origin", 1, true)
+		for _, hs := range []*hopSession{closing, mk("origin", 2, false), mk("other", 3, true)} {
+			h.active[hs.key] = hs
+		}
+		return h, closing
+	}
+	next := Key{Origin: "origin", ID: [16]byte{4}, Epoch: 1}
+
+	synctest.Test(t, func(t *testing.T) {
+		h, closing := setup()
+		done := make(chan struct{})
+		go func() { h.waitClosing(next); close(done) }()
+		synctest.Wait()
+		select {
+		case <-done:
+			t.Fatal("the admission did not wait for its origin's closing session")
+		default:
+		}
+		close(closing.released)
+		synctest.Wait()
+		select {
+		case <-done:
+		default:
+			t.Fatal("the admission still waits after the closing session was released (for a running session, or another origin's)")
+		}
+	})
+	synctest.Test(t, func(t *testing.T) {
+		h, _ := setup() // never released
+		start := time.Now()
+		h.waitClosing(next)
+		if d := time.Since(start); d != ClosingWait {
+			t.Fatalf("waited %v for a session never released, want ClosingWait (%v)", d, ClosingWait)
+		}
+	})
+}
