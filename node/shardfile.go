@@ -24,14 +24,11 @@ type fpCache struct {
 
 // modelFingerprint returns the fingerprint and layer count of a whole model.
 // A model the engine refuses (an architecture without rules, or one refused
-// with a reason) is refused first, before its fingerprint and cut read and
-// copy the whole file.
+// with a reason) is refused from its header, before its fingerprint and cut
+// read and copy the whole file.
 func modelFingerprint(ctx context.Context, dataDir, path string, log *slog.Logger) (string, int, error) {
 	st, err := os.Stat(path)
 	if err != nil {
-		return "", 0, err
-	}
-	if err := validateModel(path); err != nil {
 		return "", 0, err
 	}
 	abs, _ := filepath.Abs(path)
@@ -52,6 +49,11 @@ func modelFingerprint(ctx context.Context, dataDir, path string, log *slog.Logge
 	defer f.Close()
 	if _, ok := f.Metadata.Get(gguf.KeyParentFingerprint); ok {
 		return "", 0, fmt.Errorf("%s is a shard file; give the whole model to --model", path)
+	}
+	// Refused before anything reads or copies the whole file (a model
+	// that fails is never cached, so a cache hit above was checked).
+	if err := gguf.ValidateForLoad(f); err != nil {
+		return "", 0, fmt.Errorf("%s: %w", path, err)
 	}
 	n, err := f.NLayer()
 	if err != nil {
@@ -124,18 +126,4 @@ func prepareShard(ctx context.Context, dataDir, path string, r gguf.Range, progr
 		return "", "", 0, fmt.Errorf("model changed while splitting (fingerprint %s, expected %s)", res[0].Fingerprint, fp)
 	}
 	return res[0].Path, fp, nLayer, nil
-}
-
-// validateModel checks the whole model's header as the engine will check
-// its shard's (gguf.ValidateForLoad).
-func validateModel(path string) error {
-	f, err := gguf.Open(path)
-	if err != nil {
-		return err
-	}
-	defer f.Close()
-	if err := gguf.ValidateForLoad(f); err != nil {
-		return fmt.Errorf("%s: %w", path, err)
-	}
-	return nil
 }
