@@ -292,6 +292,10 @@ func (o *Origin) generate(ctx context.Context, req GenerateRequest, obs OriginOb
 		log.Warn("hop failed, re-routing", "failed_peer", failed, "epoch", epoch+1, "tokens_so_far", len(res.Tokens), "err", err)
 		exclude[failed] = true
 		sb.prev, sb.failed = sb.cur, failed
+		if sb.prev != nil && standbyLost(err) {
+			log.Info("the standby was dropped before the failure: not putting it in the failed hop's place", "standby", sb.prev.hop.Peer)
+			sb.dropped()
+		}
 		res.Reroutes++
 		res.failedAt = time.Now()
 		obs.Rerouted()

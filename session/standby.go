@@ -2,7 +2,9 @@ package session
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -379,6 +381,20 @@ func (o *Origin) wantsStandby(req GenerateRequest) bool {
 type standbys struct {
 	cur, prev *standbyPick
 	failed    peer.ID
+	lost      map[peer.ID]bool // standbys a mirror dropped: not named again in this generation
+}
+
+// dropped forgets the failed epoch's standby, which its mirror had dropped
+// (standbyLost): it neither takes over nor covers a later epoch.
+func (s *standbys) dropped() {
+	if s.prev == nil {
+		return
+	}
+	if s.lost == nil {
+		s.lost = map[peer.ID]bool{}
+	}
+	s.lost[s.prev.hop.Peer] = true
+	s.prev = nil
 }
 
 // next settles the standbys of an epoch about to run on rt: the failed
@@ -391,10 +407,22 @@ func (s *standbys) next(o *Origin, rt *route.Route, req GenerateRequest, need in
 		o.observer().TakenOver()
 		o.logger().Info("standby takes over the failed hop's layers", "standby", p.hop.Peer, "failed_peer", s.failed, "epoch", rt.Epoch)
 	}
+	if len(s.lost) > 0 {
+		exclude = maps.Clone(exclude)
+		maps.Copy(exclude, s.lost)
+	}
 	s.cur = o.pickStandby(rt, req, need, exclude)
 	if s.cur != nil {
 		res.Standbys++
 	}
+}
+
+// standbyLost reports whether a failure's report says the hop mirroring
+// the standby had dropped it (Error.standby_lost): its KV lags the
+// covered hop's, and the peer may be gone.
+func standbyLost(err error) bool {
+	var re *frame.RemoteError
+	return errors.As(err, &re) && re.E.GetStandbyLost()
 }
 
 // takeOver puts the previous epoch's standby (prev) in the place of the

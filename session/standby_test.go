@@ -156,3 +156,65 @@ func TestWantsStandby(t *testing.T) {
 		}
 	}
 }
+
+// A standby the mirror dropped before the covered hop failed (here: the
+// standby's peer died) is not put in the failed hop's place: the mirror's
+// report says so (Error.standby_lost) and the origin re-routes as without
+// a standby, through a live replica, in one re-route, and names it no more.
+func TestDroppedStandbyDoesNotTakeOver(t *testing.T) {
+	primary := threeHops(t)
+	start, end := primary[1].eng.info.Start, primary[1].eng.info.End
+	standby, replica := startHop(t, start, end, nil), startHop(t, start, end, nil)
+	all := append(primary, standby, replica)
+	o, c := newOrigin(t, stagePlanner{[][]*fakeHop{{primary[0]}, {primary[1], replica, standby}, {primary[2]}}}, all...)
+	o.Chunk = 16
+	o.StandbyAbove = -1
+	o.Shards = func(string) []route.Shard { // the standby is the replica listed first
+		var out []route.Shard
+		for _, h := range []*fakeHop{standby, replica} {
+			x := h.hop()
+			out = append(out, route.Shard{Peer: x.Peer, Fingerprint: fakeFP, NLayer: fakeNLay, Start: x.Start, End: x.End, Addrs: x.Addrs})
+		}
+		return out
+	}
+	others := append([]*testHost{c}, hostsOf(all...)...)
+	var once sync.Once
+	victim := primary[1]
+	victim.eng.mu.Lock()
+	victim.eng.onStep = func(steps int) {
+		if steps < 5 {
+			return
+		}
+		once.Do(func() {
+			for deadline := time.Now().Add(10 * time.Second); standby.svc.StandbyStats().Rows < 100 && time.Now().Before(deadline); {
+				time.Sleep(time.Millisecond)
+			}
+			standby.kill(others...)
+			for deadline := time.Now().Add(10 * time.Second); primary[0].svc.StandbyStats().Dropped == 0 && time.Now().Before(deadline); {
+				time.Sleep(time.Millisecond)
+			}
+			victim.kill(others...)
+		})
+	}
+	victim.eng.mu.Unlock()
+	prompt := make([]int32, 100)
+	for i := range prompt {
+		prompt[i] = int32(i%50 + 1)
+	}
+	req := GenerateRequest{Fingerprint: fakeFP, NLayer: fakeNLay, Prompt: prompt, MaxTokens: 30, Standby: true, Sampling: &meshp2pb.SamplingParams{Seed: 5}}
+	res, err := o.Generate(context.Background(), req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := reference(prompt, 30, 5); !equal(res.Tokens, want) {
+		t.Fatalf("tokens %v\nwant   %v", res.Tokens, want)
+	}
+	if d := primary[0].svc.StandbyStats().Dropped; d != 1 {
+		t.Fatalf("the mirror dropped %d standbys, want 1 (the test kills it first)", d)
+	}
+	if res.Reroutes != 1 || res.Takeovers != 0 || res.Route.Hops[1].Peer != replica.host.ID() {
+		t.Fatalf("reroutes %d, takeovers %d, hop 1 now %s: want one re-route through the replica %s, no takeover by the dropped standby %s",
+			res.Reroutes, res.Takeovers, res.Route.Hops[1].Peer, replica.host.ID(), standby.host.ID())
+	}
+	waitReleased(t, primary[0], primary[2], replica)
+}

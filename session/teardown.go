@@ -23,6 +23,9 @@ func (hs *hopSession) fail(he *hopError) {
 				he.e.PeerId = []byte(hs.h.host.ID())
 			}
 			he.e.SessionId, he.e.Epoch = hs.open.GetSessionId(), hs.open.GetEpoch()
+			if hs.mirror != nil && hs.mirror.dropped.Load() {
+				he.e.StandbyLost = true // the origin must not count on it
+			}
 			msg := &meshp2pb.StreamMessage{Kind: &meshp2pb.StreamMessage_Error{Error: he.e}}
 			// A writer blocked on a peer that stopped reading holds the
 			// seam; the deadline frees it (and bounds our own write).

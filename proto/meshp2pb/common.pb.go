@@ -198,14 +198,19 @@ func (ErrorCode) EnumDescriptor() ([]byte, []int) {
 // session's streams it travels upstream towards the origin, which decides
 // whether to re-route (epoch + 1) without failed_peer_id.
 type Error struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Code          ErrorCode              `protobuf:"varint,1,opt,name=code,proto3,enum=meshp2p.v1.ErrorCode" json:"code,omitempty"`
-	Message       string                 `protobuf:"bytes,2,opt,name=message,proto3" json:"message,omitempty"`                                 // human-readable, for logs; never parsed
-	PeerId        []byte                 `protobuf:"bytes,4,opt,name=peer_id,json=peerId,proto3" json:"peer_id,omitempty"`                     // reporter (binary libp2p peer ID)
-	FailedPeerId  []byte                 `protobuf:"bytes,5,opt,name=failed_peer_id,json=failedPeerId,proto3" json:"failed_peer_id,omitempty"` // peer to blame / exclude when re-routing (may equal peer_id); empty: unknown
-	SessionId     []byte                 `protobuf:"bytes,6,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`            // 16 bytes when the error concerns a session
-	Epoch         uint64                 `protobuf:"varint,7,opt,name=epoch,proto3" json:"epoch,omitempty"`
-	RetryAfterMs  uint64                 `protobuf:"varint,8,opt,name=retry_after_ms,json=retryAfterMs,proto3" json:"retry_after_ms,omitempty"` // hint for NO_CAPACITY / SHUTTING_DOWN; 0 = none
+	state        protoimpl.MessageState `protogen:"open.v1"`
+	Code         ErrorCode              `protobuf:"varint,1,opt,name=code,proto3,enum=meshp2p.v1.ErrorCode" json:"code,omitempty"`
+	Message      string                 `protobuf:"bytes,2,opt,name=message,proto3" json:"message,omitempty"`                                 // human-readable, for logs; never parsed
+	PeerId       []byte                 `protobuf:"bytes,4,opt,name=peer_id,json=peerId,proto3" json:"peer_id,omitempty"`                     // reporter (binary libp2p peer ID)
+	FailedPeerId []byte                 `protobuf:"bytes,5,opt,name=failed_peer_id,json=failedPeerId,proto3" json:"failed_peer_id,omitempty"` // peer to blame / exclude when re-routing (may equal peer_id); empty: unknown
+	SessionId    []byte                 `protobuf:"bytes,6,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`            // 16 bytes when the error concerns a session
+	Epoch        uint64                 `protobuf:"varint,7,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	RetryAfterMs uint64                 `protobuf:"varint,8,opt,name=retry_after_ms,json=retryAfterMs,proto3" json:"retry_after_ms,omitempty"` // hint for NO_CAPACITY / SHUTTING_DOWN; 0 = none
+	// Set by a hop that mirrored a hot standby (session.proto, Standby) and
+	// had dropped it before this failure (lagging, unreachable, ended): the
+	// standby's KV is not the covered hop's, so the origin does not put it
+	// in the failed hop's place. A relaying hop keeps it.
+	StandbyLost   bool `protobuf:"varint,9,opt,name=standby_lost,json=standbyLost,proto3" json:"standby_lost,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -289,12 +294,19 @@ func (x *Error) GetRetryAfterMs() uint64 {
 	return 0
 }
 
+func (x *Error) GetStandbyLost() bool {
+	if x != nil {
+		return x.StandbyLost
+	}
+	return false
+}
+
 var File_meshp2p_v1_common_proto protoreflect.FileDescriptor
 
 const file_meshp2p_v1_common_proto_rawDesc = "" +
 	"\n" +
 	"\x17meshp2p/v1/common.proto\x12\n" +
-	"meshp2p.v1\"\xf7\x01\n" +
+	"meshp2p.v1\"\x9a\x02\n" +
 	"\x05Error\x12)\n" +
 	"\x04code\x18\x01 \x01(\x0e2\x15.meshp2p.v1.ErrorCodeR\x04code\x12\x18\n" +
 	"\amessage\x18\x02 \x01(\tR\amessage\x12\x17\n" +
@@ -303,7 +315,8 @@ const file_meshp2p_v1_common_proto_rawDesc = "" +
 	"\n" +
 	"session_id\x18\x06 \x01(\fR\tsessionId\x12\x14\n" +
 	"\x05epoch\x18\a \x01(\x04R\x05epoch\x12$\n" +
-	"\x0eretry_after_ms\x18\b \x01(\x04R\fretryAfterMsJ\x04\b\x03\x10\x04R\tretryable*4\n" +
+	"\x0eretry_after_ms\x18\b \x01(\x04R\fretryAfterMs\x12!\n" +
+	"\fstandby_lost\x18\t \x01(\bR\vstandbyLostJ\x04\b\x03\x10\x04R\tretryable*4\n" +
 	"\x05DType\x12\r\n" +
 	"\tDTYPE_F32\x10\x00\x12\r\n" +
 	"\tDTYPE_F16\x10\x01\x12\r\n" +
