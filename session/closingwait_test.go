@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/libp2p/go-libp2p/core/peer"
+
+	"github.com/neuron-tai/meshp2p/proto/meshp2pb"
 )
 
 // An admission waits for the sessions of its origin whose Close arrived
@@ -55,4 +57,32 @@ func TestAdmissionWaitsForClosingSession(t *testing.T) {
 			t.Fatalf("waited %v for a session never released, want ClosingWait (%v)", d, ClosingWait)
 		}
 	})
+}
+
+// A clean close marks the session closing on every hop that keeps blocks,
+// the tail of a route without transcripts included (it sends nothing on,
+// so closeDown never ran there): the next turn's admission waits for it.
+func TestCleanCloseMarksClosing(t *testing.T) {
+	for _, tc := range []struct {
+		name         string
+		prefix, tail bool
+		want         bool
+	}{
+		{"tail with a prefix", true, true, true},
+		{"tail without a prefix", false, true, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			open := &meshp2pb.SessionOpen{}
+			if tc.prefix {
+				open.Prefix = &meshp2pb.PrefixChain{BlockTokens: PrefixBlock}
+			}
+			hs := &hopSession{open: open, tail: tc.tail}
+			if err := hs.closeTranscripts(&meshp2pb.SessionClose{}); err != nil {
+				t.Fatal(err)
+			}
+			if got := hs.closing.Load(); got != tc.want {
+				t.Fatalf("closing %v after a clean close, want %v", got, tc.want)
+			}
+		})
+	}
 }

@@ -56,7 +56,13 @@ func (hs *hopSession) closeTranscripts(c *meshp2pb.SessionClose) error {
 	if !hs.open.GetTranscripts() {
 		// No transcripts: the route ends as the streams close, but a
 		// session with a prefix tells every hop what to keep first.
-		if hs.open.GetPrefix() == nil || hs.tail {
+		switch {
+		case hs.open.GetPrefix() == nil:
+			return nil
+		case hs.tail:
+			// Closing here too, so the next turn's admission waits for
+			// this session's keep (waitClosing).
+			hs.closing.Store(true)
 			return nil
 		}
 		return hs.closeDown(c, nil)
