@@ -1,6 +1,7 @@
 package session
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -170,7 +171,7 @@ func (h *HopService) handleSession(s network.Stream) {
 	// Only now, with the open admitted and its origin proven, may it end
 	// an older epoch of the same session (from the same origin).
 	h.supersede(hs.key, idx)
-	h.waitClosing(hs.key)
+	h.waitClosing(hs.key, open.GetFollows())
 	if he := h.reserve(hs); he != nil {
 		refuse(he)
 		return
@@ -580,17 +581,19 @@ func (h *HopService) supersede(key Key, idx int) {
 const ClosingWait = time.Second
 
 // waitClosing waits, at most ClosingWait, until the sessions of key's
-// origin whose Close already arrived here are released. Released, a
-// session has kept its blocks in the prefix cache (prefix.go), so a
-// conversation's next turn, sent as soon as the last answer arrived (an
-// agent's tool result), adopts them instead of racing their keep: the
-// origin sends the Close before it answers, but the next turn's open
-// travels on other streams. Sessions still running are not waited for.
-func (h *HopService) waitClosing(key Key) {
+// origin whose Close already arrived here, and the one the open follows
+// (SessionOpen.follows: the conversation's previous turn, whose Close may
+// not have been read here yet), are released. Released, a session has
+// kept its blocks in the prefix cache (prefix.go), so a conversation's
+// next turn, sent as soon as the last answer arrived (an agent's tool
+// result), adopts them instead of racing their keep: the origin sends the
+// Close before it answers, but the next turn's open travels on other
+// streams. Other sessions still running are not waited for.
+func (h *HopService) waitClosing(key Key, follows []byte) {
 	h.mu.Lock()
 	var closing []*hopSession
 	for k, hs := range h.active {
-		if k.Origin == key.Origin && k.ID != key.ID && hs.closing.Load() {
+		if k.Origin == key.Origin && k.ID != key.ID && (hs.closing.Load() || bytes.Equal(k.ID[:], follows)) {
 			closing = append(closing, hs)
 		}
 	}

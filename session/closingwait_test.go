@@ -13,7 +13,8 @@ import (
 
 // An admission waits for the sessions of its origin whose Close arrived
 // (they keep their blocks as they are released: a conversation's next
-// turn adopts them), not for that origin's running sessions nor another
+// turn adopts them) and for the one its open follows even before its
+// Close arrived, not for that origin's other running sessions nor another
 // origin's, and at most ClosingWait.
 func TestAdmissionWaitsForClosingSession(t *testing.T) {
 	mk := func(o peer.ID, id byte, closing bool) *hopSession {
@@ -34,7 +35,7 @@ func TestAdmissionWaitsForClosingSession(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		h, closing := setup()
 		done := make(chan struct{})
-		go func() { h.waitClosing(next); close(done) }()
+		go func() { h.waitClosing(next, nil); close(done) }()
 		synctest.Wait()
 		select {
 		case <-done:
@@ -49,10 +50,30 @@ func TestAdmissionWaitsForClosingSession(t *testing.T) {
 			t.Fatal("the admission still waits after the closing session was released (for a running session, or another origin's)")
 		}
 	})
+	synctest.Test(t, func(t *testing.T) { // the session it follows, its Close not read yet
+		h, closing := setup()
+		follows := h.active[Key{Origin: "origin", ID: [16]byte{2}, Epoch: 1}]
+		done := make(chan struct{})
+		go func() { h.waitClosing(next, follows.key.ID[:]); close(done) }()
+		close(closing.released)
+		synctest.Wait()
+		select {
+		case <-done:
+			t.Fatal("the admission did not wait for the session its open follows")
+		default:
+		}
+		close(follows.released)
+		synctest.Wait()
+		select {
+		case <-done:
+		default:
+			t.Fatal("the admission still waits after the session it follows was released")
+		}
+	})
 	synctest.Test(t, func(t *testing.T) {
 		h, _ := setup() // never released
 		start := time.Now()
-		h.waitClosing(next)
+		h.waitClosing(next, nil)
 		if d := time.Since(start); d != ClosingWait {
 			t.Fatalf("waited %v for a session never released, want ClosingWait (%v)", d, ClosingWait)
 		}

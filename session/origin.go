@@ -179,6 +179,7 @@ type Result struct {
 	lastOpen   *meshp2pb.SessionOpen
 	prompt     []int32
 	cachedFrom int
+	follows    []byte // the earlier session the opens follow (warmHops)
 }
 
 // ErrGeneration wraps failures that ended a generation.
@@ -387,6 +388,9 @@ func (o *Origin) run(ctx context.Context, sid [16]byte, rt *route.Route, sb *mes
 	open.Transcripts = o.Audit.on()
 	open.Standby = sb
 	e.withPrefix(o, open, input, req.CacheNamespace)
+	if open.Prefix != nil {
+		open.Follows = res.follows
+	}
 	if err := SignOpen(open, o.Key, time.Now()); err != nil {
 		return "", fmt.Errorf("%w: %w", ErrGeneration, err)
 	}
@@ -417,7 +421,7 @@ func (o *Origin) run(ctx context.Context, sid [16]byte, rt *route.Route, sb *mes
 	}
 	failed, err := e.collect(req, res, len(open.GetGenerated()), start, o.observer())
 	if err == nil && e.chain != nil {
-		o.warm.remember(append(slices.Clone(e.chain.GetHashes()), e.kept...), rt.Hops)
+		o.warm.remember(append(slices.Clone(e.chain.GetHashes()), e.kept...), rt.Hops, sid)
 	}
 	return failed, err
 }

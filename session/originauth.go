@@ -60,7 +60,7 @@ func originPayload(open *meshp2pb.SessionOpen) []byte {
 	// that relays the open must not change them (an audit replays the
 	// tail with the origin's sampling).
 	tail, _ := proto.MarshalOptions{Deterministic: true}.Marshal(&meshp2pb.SessionOpen{Sampling: open.GetSampling(),
-		Generated: open.GetGenerated(), Speculation: open.GetSpeculation(), WireDtype: open.GetWireDtype(), Transcripts: open.GetTranscripts(), Standby: open.GetStandby()})
+		Generated: open.GetGenerated(), Speculation: open.GetSpeculation(), WireDtype: open.GetWireDtype(), Transcripts: open.GetTranscripts(), Standby: open.GetStandby(), Follows: open.GetFollows()})
 	return field(tail)
 }
 

@@ -1,6 +1,7 @@
 package session
 
 import (
+	"bytes"
 	"context"
 	"slices"
 	"sync"
@@ -176,8 +177,9 @@ func testPrefixCacheAcrossTurns(t *testing.T, transcripts bool) {
 	for i := range turn1 {
 		turn1[i] = int32(i%90 + 1)
 	}
-	if res := gen(turn1, "alice"); res.CachedTokens != 0 {
-		t.Fatalf("the first turn reused %d tokens", res.CachedTokens)
+	res1 := gen(turn1, "alice")
+	if res1.CachedTokens != 0 || len(res1.lastOpen.GetFollows()) != 0 {
+		t.Fatalf("the first turn reused %d tokens, follows session %x", res1.CachedTokens, res1.lastOpen.GetFollows())
 	}
 	// Turn 1 fed 50 + 19 tokens: 2 whole blocks kept on every hop, one
 	// of them from the chain its close continued.
@@ -185,6 +187,9 @@ func testPrefixCacheAcrossTurns(t *testing.T, transcripts bool) {
 	res := gen(turn2, "alice")
 	if res.CachedTokens != 64 || !slices.Equal(res.HopCached, []int{64, 64, 64}) {
 		t.Fatalf("second turn: %d cached, per hop %v; want 64 on every hop", res.CachedTokens, res.HopCached)
+	}
+	if f := res.lastOpen.GetFollows(); !bytes.Equal(f, res1.lastOpen.GetSessionId()) {
+		t.Fatalf("the second turn's open follows session %x, want the first turn's %x", f, res1.lastOpen.GetSessionId())
 	}
 	for i, c := range caches {
 		adopted, first, toks := c.snapshot()

@@ -26,8 +26,9 @@ import (
 const MaxWarmRoutes = 64
 
 type warmRoute struct {
-	hashes []byte // the chain the hops kept (prefixHashLen bytes per block)
-	hops   []route.Hop
+	hashes  []byte // the chain the hops kept (prefixHashLen bytes per block)
+	hops    []route.Hop
+	session [16]byte // the session that kept it
 }
 
 // warmRoutes is an origin's memory of recent sessions' routes, least
@@ -37,8 +38,8 @@ type warmRoutes struct {
 	rs []warmRoute
 }
 
-// remember records that rt's hops keep the prefix named by hashes.
-func (w *warmRoutes) remember(hashes []byte, hops []route.Hop) {
+// remember records that session's hops keep the prefix named by hashes.
+func (w *warmRoutes) remember(hashes []byte, hops []route.Hop, session [16]byte) {
 	if len(hashes) < prefixHashLen || len(hops) == 0 {
 		return
 	}
@@ -50,12 +51,12 @@ func (w *warmRoutes) remember(hashes []byte, hops []route.Hop) {
 	if len(w.rs) >= MaxWarmRoutes {
 		w.rs = slices.Delete(w.rs, 0, 1)
 	}
-	w.rs = append(w.rs, warmRoute{hashes: slices.Clone(hashes), hops: slices.Clone(hops)})
+	w.rs = append(w.rs, warmRoute{hashes: slices.Clone(hashes), hops: slices.Clone(hops), session: session})
 }
 
-// lookup is the route of the remembered session sharing the most whole
-// blocks with hashes (at least one), nil when none does.
-func (w *warmRoutes) lookup(hashes []byte) []route.Hop {
+// lookup is the route and the id of the remembered session sharing the
+// most whole blocks with hashes (at least one); nil when none does.
+func (w *warmRoutes) lookup(hashes []byte) ([]route.Hop, []byte) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	best, bestN := -1, 0
@@ -65,11 +66,11 @@ func (w *warmRoutes) lookup(hashes []byte) []route.Hop {
 		}
 	}
 	if best < 0 {
-		return nil
+		return nil, nil
 	}
 	r := w.rs[best]
 	w.rs = append(slices.Delete(w.rs, best, best+1), r) // most recently used
-	return slices.Clone(r.hops)
+	return slices.Clone(r.hops), r.session[:]
 }
 
 // commonBlocks is how many leading block hashes a and b share (a chain's
@@ -87,7 +88,8 @@ func commonBlocks(a, b []byte) int {
 
 // warmHops are the hops this epoch of req should prefer: after a failure
 // the last route's (its survivors adopt the epoch's cells), else those of
-// the remembered session sharing the most of req's prompt.
+// the remembered session sharing the most of req's prompt, which the
+// epochs' opens then name as the session they follow (res.follows).
 func (o *Origin) warmHops(req GenerateRequest, res *Result) []route.Hop {
 	if o.NoPrefixCache {
 		return nil
@@ -95,5 +97,7 @@ func (o *Origin) warmHops(req GenerateRequest, res *Result) []route.Hop {
 	if res.Route != nil {
 		return res.Route.Hops
 	}
-	return o.warm.lookup(prefixOf(PrefixSeed(o.Key, req.CacheNamespace), req.Prompt).GetHashes())
+	hops, follows := o.warm.lookup(prefixOf(PrefixSeed(o.Key, req.CacheNamespace), req.Prompt).GetHashes())
+	res.follows = follows
+	return hops
 }

@@ -19,31 +19,35 @@ func chainOf(base byte, n int) []byte {
 func TestWarmRoutes(t *testing.T) {
 	hop := func(p string) []route.Hop { return []route.Hop{{Peer: peer.ID(p), Start: 0, End: 4}} }
 	var w warmRoutes
-	if got := w.lookup(chainOf(1, 3)); got != nil {
-		t.Fatalf("empty memory found %v", got)
+	if got, sid := w.lookup(chainOf(1, 3)); got != nil || sid != nil {
+		t.Fatalf("empty memory found %v (session %x)", got, sid)
 	}
-	w.remember(chainOf(1, 2), hop("turn1"))
-	w.remember(chainOf(2, 4), hop("other"))
+	w.remember(chainOf(1, 2), hop("turn1"), [16]byte{1})
+	w.remember(chainOf(2, 4), hop("other"), [16]byte{2})
 	cases := []struct {
 		name  string
 		chain []byte
 		want  peer.ID
+		sid   byte // the session it follows
 	}{
-		{"a longer chain of the same conversation", chainOf(1, 5), "turn1"},
-		{"one shared block is enough", chainOf(1, 1), "turn1"},
-		{"the other conversation", chainOf(2, 3), "other"},
-		{"nothing shared", chainOf(3, 3), ""},
-		{"no whole block", chainOf(1, 0), ""},
+		{"a longer chain of the same conversation", chainOf(1, 5), "turn1", 1},
+		{"one shared block is enough", chainOf(1, 1), "turn1", 1},
+		{"the other conversation", chainOf(2, 3), "other", 2},
+		{"nothing shared", chainOf(3, 3), "", 0},
+		{"no whole block", chainOf(1, 0), "", 0},
 	}
 	for _, tc := range cases {
-		got := w.lookup(tc.chain)
+		got, sid := w.lookup(tc.chain)
 		if (tc.want == "") != (got == nil) || (got != nil && got[0].Peer != tc.want) {
 			t.Errorf("%s: lookup = %v, want %q", tc.name, got, tc.want)
 		}
+		if want := [16]byte{tc.sid}; tc.want != "" && !bytes.Equal(sid, want[:]) {
+			t.Errorf("%s: follows session %x, want %x", tc.name, sid, want)
+		}
 	}
 	// The next turn replaces the entry its chain extends.
-	w.remember(chainOf(1, 4), hop("turn2"))
-	if got := w.lookup(chainOf(1, 2)); got == nil || got[0].Peer != "turn2" {
+	w.remember(chainOf(1, 4), hop("turn2"), [16]byte{3})
+	if got, _ := w.lookup(chainOf(1, 2)); got == nil || got[0].Peer != "turn2" {
 		t.Fatalf("after turn 2: %v", got)
 	}
 	if len(w.rs) != 2 {
@@ -53,15 +57,15 @@ func TestWarmRoutes(t *testing.T) {
 	// now, so after MaxWarmRoutes-1 new entries it stays and turn 2 goes.
 	w.lookup(chainOf(2, 1))
 	for i := range MaxWarmRoutes - 1 {
-		w.remember(chainOf(byte(10+i), 1), hop("x"))
+		w.remember(chainOf(byte(10+i), 1), hop("x"), [16]byte{})
 	}
 	if len(w.rs) != MaxWarmRoutes {
 		t.Fatalf("%d entries, want the bound %d", len(w.rs), MaxWarmRoutes)
 	}
-	if got := w.lookup(chainOf(2, 1)); got == nil || got[0].Peer != "other" {
+	if got, _ := w.lookup(chainOf(2, 1)); got == nil || got[0].Peer != "other" {
 		t.Fatalf("the recently used entry was dropped: %v", got)
 	}
-	if got := w.lookup(chainOf(1, 1)); got != nil {
+	if got, _ := w.lookup(chainOf(1, 1)); got != nil {
 		t.Fatalf("the least recently used entry was kept: %v", got)
 	}
 }

@@ -160,7 +160,16 @@ type SessionOpen struct {
 	// of prefilling them. The open the replica gets is this one with
 	// hop_index = standby.hop_index. Signed (it reserves memory counted
 	// against the origin at the replica).
-	Standby       *Standby `protobuf:"bytes,25,opt,name=standby,proto3" json:"standby,omitempty"`
+	Standby *Standby `protobuf:"bytes,25,opt,name=standby,proto3" json:"standby,omitempty"`
+	// The session (16 bytes) this one continues: the origin's earlier
+	// session whose kept prefix shares the most blocks with this one's (a
+	// conversation's previous turn; session/warm.go). A hop where that
+	// session, of the same origin, is still active waits for its release
+	// (at most session.ClosingWait) before admitting this one, so its
+	// blocks are kept when this one adopts: the close and this open travel
+	// on different streams. Empty: none known. Signed (a relaying hop
+	// cannot make the hops after it wait).
+	Follows       []byte `protobuf:"bytes,26,opt,name=follows,proto3" json:"follows,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -352,6 +361,13 @@ func (x *SessionOpen) GetPrefix() *PrefixChain {
 func (x *SessionOpen) GetStandby() *Standby {
 	if x != nil {
 		return x.Standby
+	}
+	return nil
+}
+
+func (x *SessionOpen) GetFollows() []byte {
+	if x != nil {
+		return x.Follows
 	}
 	return nil
 }
@@ -1090,7 +1106,7 @@ var File_meshp2p_v1_session_proto protoreflect.FileDescriptor
 const file_meshp2p_v1_session_proto_rawDesc = "" +
 	"\n" +
 	"\x18meshp2p/v1/session.proto\x12\n" +
-	"meshp2p.v1\x1a\x17meshp2p/v1/common.proto\x1a\x16meshp2p/v1/route.proto\"\xc2\a\n" +
+	"meshp2p.v1\x1a\x17meshp2p/v1/common.proto\x1a\x16meshp2p/v1/route.proto\"\xdc\a\n" +
 	"\vSessionOpen\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\fR\tsessionId\x12\x14\n" +
@@ -1119,7 +1135,8 @@ const file_meshp2p_v1_session_proto_rawDesc = "" +
 	"\vtranscripts\x18\x16 \x01(\bR\vtranscripts\x12'\n" +
 	"\x10hop_ms_per_layer\x18\x17 \x03(\x02R\rhopMsPerLayer\x12/\n" +
 	"\x06prefix\x18\x18 \x01(\v2\x17.meshp2p.v1.PrefixChainR\x06prefix\x12-\n" +
-	"\astandby\x18\x19 \x01(\v2\x13.meshp2p.v1.StandbyR\astandbyJ\x04\b\n" +
+	"\astandby\x18\x19 \x01(\v2\x13.meshp2p.v1.StandbyR\astandby\x12\x18\n" +
+	"\afollows\x18\x1a \x01(\fR\afollowsJ\x04\b\n" +
 	"\x10\vJ\x04\b\x0e\x10\x0fR\bmax_rowsR\rbundle_schema\"N\n" +
 	"\aStandby\x12\x1b\n" +
 	"\thop_index\x18\x01 \x01(\rR\bhopIndex\x12&\n" +
