@@ -3,7 +3,8 @@
 # Debian's mingw-w64 (Windows, posix threads) and aarch64 cross compilers,
 # qemu-user-static (runs the ARM64 binary, and the amd64 one on an older
 # emulated CPU), wine64 (runs the Windows binary) and zip (make dist's
-# Windows archive). Run by `make deps`.
+# Windows archive). Run by make cross, dist, vet-cross and test-platforms (not by make deps:
+# make test does not need them).
 # Does nothing when they are all there; without root it says what is
 # missing (make cross then fails, and the platform tests skip, saying so).
 set -eu

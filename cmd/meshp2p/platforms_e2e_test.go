@@ -80,7 +80,7 @@ func crossBin(t *testing.T, plat string) xbin {
 	emulator(t, plat)
 	dir := os.Getenv("MESHP2P_CROSS_BIN")
 	if dir == "" {
-		t.Skip("MESHP2P_CROSS_BIN is not set: `make test-platforms` (run by make test) builds the cross binaries and runs these tests")
+		t.Skip("MESHP2P_CROSS_BIN is not set: `make test-platforms` (a target of its own, not part of make test: docs/platforms.md) builds the cross binaries and runs these tests")
 	}
 	real := filepath.Join(dir, "meshp2p-"+plat)
 	if plat == "windows-amd64" {
