@@ -16,15 +16,16 @@ import (
 // included, starts where its cells end (the prompt's whole blocks, and
 // those of the tokens generated before the kill that SessionProgress
 // gave the hops): no hop computes the prompt again, and the tokens are
-// those of a run without the failure — plain and speculative, middle and
-// tail.
+// those of a run without the failure — plain and speculative, head
+// (whose standby the origin feeds), middle and tail.
 func TestStandbyTakesOver(t *testing.T) {
 	for _, tc := range []struct {
 		name       string
 		pos        int
 		spec       bool
 		step, want int // the kill's decode step; the new epoch starts at least there
-	}{{"middle", 1, false, 5, 96}, {"tail", 2, false, 5, 96}, {"tail-speculative", 2, true, 5, 96}, {"middle-late", 1, false, 50, 128}} {
+	}{{"middle", 1, false, 5, 96}, {"tail", 2, false, 5, 96}, {"tail-speculative", 2, true, 5, 96}, {"middle-late", 1, false, 50, 128},
+		{"head", 0, false, 5, 96}, {"head-speculative", 0, true, 5, 96}, {"head-late", 0, false, 50, 128}} {
 		t.Run(tc.name, func(t *testing.T) {
 			primary := threeHops(t)
 			spare := startHop(t, primary[tc.pos].eng.info.Start, primary[tc.pos].eng.info.End, nil)
@@ -52,8 +53,17 @@ func TestStandbyTakesOver(t *testing.T) {
 			var once sync.Once
 			victim, others := primary[tc.pos], append([]*testHost{c}, hostsOf(append(primary, spare)...)...)
 			victim.eng.mu.Lock()
+			var survivors []*fakeHop
+			for i, h := range primary {
+				if i != tc.pos {
+					survivors = append(survivors, h)
+				}
+			}
 			victim.eng.onStep = func(steps int) {
-				if steps < tc.step {
+				// Late: once the origin's SessionProgress reached the
+				// hops that survive (the head relays it with its next
+				// frame), so that they hold the generated tokens' block.
+				if steps < tc.step || (tc.want > 96 && !progressed(survivors)) {
 					return
 				}
 				once.Do(func() {
@@ -110,6 +120,25 @@ func TestStandbyTakesOver(t *testing.T) {
 	}
 }
 
+// progressed reports whether every hop of hops holds a session that got
+// a SessionProgress (a continuation of its open's chain).
+func progressed(hops []*fakeHop) bool {
+	for _, h := range hops {
+		h.svc.mu.Lock()
+		ok := false
+		for _, hs := range h.svc.active {
+			if p := hs.prefixMore.Load(); p != nil && len(*p) > 0 {
+				ok = true
+			}
+		}
+		h.svc.mu.Unlock()
+		if !ok {
+			return false
+		}
+	}
+	return true
+}
+
 // A standby that does not take its frames is dropped once the mirror's
 // queue is full: the mirror never waits for it.
 func TestLaggingStandbyIsDropped(t *testing.T) {
@@ -130,6 +159,42 @@ func TestLaggingStandbyIsDropped(t *testing.T) {
 	m.activation(&meshp2pb.ActivationHeader{NRows: 1}, make([]byte, StandbyQueueBytes+1))
 	if !m.dropped.Load() || h.StandbyStats().Dropped != 2 {
 		t.Fatal("a frame over the queue's bytes did not drop the standby")
+	}
+}
+
+// The origin's feed of a head standby that does not take its frames is
+// dropped once its queue is full: pushing never waits, the drop is
+// counted once, and the standby is lost (it will not take over).
+func TestLaggingHeadStandbyIsDropped(t *testing.T) {
+	obs := &recObs{}
+	f := &headFeed{o: &Origin{Logger: quiet, Observer: obs}, open: &meshp2pb.SessionOpen{}, q: make(chan *meshp2pb.StreamMessage, StandbyQueueFrames),
+		gone: make(chan struct{}), end: make(chan struct{}), done: make(chan struct{})}
+	pushed := make(chan struct{})
+	go func() {
+		defer close(pushed)
+		for i := range StandbyQueueFrames + 3 {
+			f.token(int32(i), uint32(100+i))
+		}
+		f.message(&meshp2pb.StreamMessage{Kind: &meshp2pb.StreamMessage_Close{Close: &meshp2pb.SessionClose{}}})
+	}()
+	select {
+	case <-pushed:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the origin blocked on a lagging head standby")
+	}
+	select {
+	case <-f.gone:
+	default:
+		t.Fatal("a full queue did not drop the head standby")
+	}
+	if !f.lost() || obs.sbDropped != 1 || len(f.q) != StandbyQueueFrames {
+		t.Fatalf("lost %v, dropped %d times, %d frames queued", f.lost(), obs.sbDropped, len(f.q))
+	}
+	var none *headFeed // no head standby: every call is a no-op
+	none.token(1, 1)
+	none.finish()
+	if none.lost() {
+		t.Fatal("no feed reported a lost standby")
 	}
 }
 
