@@ -283,3 +283,72 @@ func TestDroppedStandbyDoesNotTakeOver(t *testing.T) {
 	}
 	waitReleased(t, primary[0], primary[2], replica)
 }
+
+// A head standby the origin dropped before the head failed (here: the
+// standby's peer died) is not put in the head's place: the origin knows
+// it dropped it (headFeed.lost) and re-routes as without a standby,
+// through a live replica of the head, in one re-route.
+func TestDroppedHeadStandbyDoesNotTakeOver(t *testing.T) {
+	primary := threeHops(t)
+	start, end := primary[0].eng.info.Start, primary[0].eng.info.End
+	standby, replica := startHop(t, start, end, nil), startHop(t, start, end, nil)
+	all := append(primary, standby, replica)
+	o, c := newOrigin(t, stagePlanner{[][]*fakeHop{{primary[0], replica, standby}, {primary[1]}, {primary[2]}}}, all...)
+	obs := &recObs{}
+	o.Observer = obs
+	o.Chunk = 16
+	o.StandbyAbove = -1
+	o.Shards = func(string) []route.Shard { // the standby is the replica listed first
+		var out []route.Shard
+		for _, h := range []*fakeHop{standby, replica} {
+			x := h.hop()
+			out = append(out, route.Shard{Peer: x.Peer, Fingerprint: fakeFP, NLayer: fakeNLay, Start: x.Start, End: x.End, Addrs: x.Addrs})
+		}
+		return out
+	}
+	others := append([]*testHost{c}, hostsOf(all...)...)
+	var once sync.Once
+	victim := primary[0]
+	victim.eng.mu.Lock()
+	victim.eng.onStep = func(steps int) {
+		if steps < 5 {
+			return
+		}
+		once.Do(func() {
+			for deadline := time.Now().Add(10 * time.Second); standby.svc.StandbyStats().Rows < 100 && time.Now().Before(deadline); {
+				time.Sleep(time.Millisecond)
+			}
+			standby.kill(others...)
+			for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+				obs.mu.Lock()
+				d := obs.sbDropped
+				obs.mu.Unlock()
+				if d > 0 {
+					break
+				}
+			}
+			victim.kill(others...)
+		})
+	}
+	victim.eng.mu.Unlock()
+	prompt := make([]int32, 100)
+	for i := range prompt {
+		prompt[i] = int32(i%50 + 1)
+	}
+	req := GenerateRequest{Fingerprint: fakeFP, NLayer: fakeNLay, Prompt: prompt, MaxTokens: 30, Standby: true, Sampling: &meshp2pb.SamplingParams{Seed: 5}}
+	res, err := o.Generate(context.Background(), req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := reference(prompt, 30, 5); !equal(res.Tokens, want) {
+		t.Fatalf("tokens %v\nwant   %v", res.Tokens, want)
+	}
+	if obs.sbDropped != 1 || obs.fed < len(prompt) {
+		t.Fatalf("the origin dropped %d head standbys after feeding %d rows, want 1 (the test kills it first) after the prompt", obs.sbDropped, obs.fed)
+	}
+	if res.Reroutes != 1 || res.Takeovers != 0 || res.Route.Hops[0].Peer != replica.host.ID() {
+		t.Fatalf("reroutes %d, takeovers %d, head now %s: want one re-route through the replica %s, no takeover by the dropped standby %s",
+			res.Reroutes, res.Takeovers, res.Route.Hops[0].Peer, replica.host.ID(), standby.host.ID())
+	}
+	waitReleased(t, primary[1], primary[2], replica)
+}
