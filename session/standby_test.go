@@ -2,10 +2,13 @@ package session
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/libp2p/go-libp2p/core/peer"
 
 	"github.com/neuron-tai/meshp2p/proto/meshp2pb"
 	"github.com/neuron-tai/meshp2p/route"
@@ -351,4 +354,59 @@ func TestDroppedHeadStandbyDoesNotTakeOver(t *testing.T) {
 			res.Reroutes, res.Takeovers, res.Route.Hops[0].Peer, replica.host.ID(), standby.host.ID())
 	}
 	waitReleased(t, primary[1], primary[2], replica)
+}
+
+// Which hop's replica pickStandby names: the hop with the most layers
+// that has one, the hops after the head first (a tie keeps them), the
+// head with strictly more layers or the only one with a replica, and the
+// head never on a route that is not batch-invariant (its standby's rows
+// come in another batching than the head's).
+func TestPickStandbyHead(t *testing.T) {
+	ids := make([]peer.ID, 6)
+	for i := range ids {
+		ids[i] = peer.ID(fmt.Sprintf("peer-%d", i))
+	}
+	cpu, gpu := "cpu/amd64/llama.cpp", "cuda/H100/llama.cpp"
+	routeOf := func(class string, ends ...int) *route.Route {
+		rt := &route.Route{Fingerprint: fakeFP, NLayer: ends[len(ends)-1]}
+		start := 0
+		for i, e := range ends {
+			rt.Hops = append(rt.Hops, route.Hop{Peer: ids[i], Start: start, End: e, KernelClass: class})
+			start = e
+		}
+		return rt
+	}
+	replica := func(p int, rt *route.Route, hop int) route.Shard {
+		h := rt.Hops[hop]
+		return route.Shard{Peer: ids[p], Fingerprint: fakeFP, Start: h.Start, End: h.End, KernelClass: h.KernelClass}
+	}
+	for _, tc := range []struct {
+		name     string
+		rt       *route.Route
+		replicas []int // hops with a replica
+		want     int   // the covered hop (-1: none)
+	}{
+		{"only the head has one", routeOf(cpu, 2, 4, 6), []int{0}, 0},
+		{"tie: the hop after the head", routeOf(cpu, 2, 4, 6), []int{0, 1}, 1},
+		{"the head with more layers", routeOf(cpu, 3, 5, 6), []int{0, 1, 2}, 0},
+		{"a later hop with more layers", routeOf(cpu, 1, 4, 6), []int{0, 1, 2}, 1},
+		{"one-hop route", routeOf(cpu, 6), []int{0}, 0},
+		{"not batch-invariant: no head standby", routeOf(gpu, 2, 4, 6), []int{0}, -1},
+		{"not batch-invariant: a later hop", routeOf(gpu, 3, 5, 6), []int{0, 1}, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var shards []route.Shard
+			for k, hop := range tc.replicas {
+				shards = append(shards, replica(len(tc.rt.Hops)+k, tc.rt, hop))
+			}
+			o := &Origin{Shards: func(string) []route.Shard { return shards }}
+			got := o.pickStandby(tc.rt, GenerateRequest{Standby: true}, 10, nil)
+			switch {
+			case tc.want < 0 && got != nil:
+				t.Fatalf("picked a standby of hop %d, want none", got.idx)
+			case tc.want >= 0 && (got == nil || got.idx != tc.want || got.covered != tc.rt.Hops[tc.want].Peer):
+				t.Fatalf("picked %+v, want a standby of hop %d", got, tc.want)
+			}
+		})
+	}
 }
