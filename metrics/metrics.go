@@ -55,6 +55,8 @@ type Metrics struct {
 	prompt     prometheus.Counter
 	cached     prometheus.Counter
 	takeovers  prometheus.Counter
+	headFed    prometheus.Counter
+	headDrop   prometheus.Counter
 	gaugeNames map[string]bool
 	mu         sync.Mutex // guards gaugeNames
 }
@@ -89,6 +91,8 @@ func New() *Metrics {
 	m.ttft = f.histogram("ttft_seconds", "Time from the start of a generation to its first token.", slowBuckets)
 	m.reroutes = f.counter("reroutes_total", "Re-routes: a hop failed during a generation and the origin routed around it.")
 	m.takeovers = f.counter("standby_takeovers_total", "Of them, re-routes where the failed hop's hot standby took its place (no prefill).")
+	m.headFed = f.counter("standby_head_fed_rows_total", "Input rows this origin sent the hot standbys of its routes' heads (prompt and committed tokens).")
+	m.headDrop = f.counter("standby_head_dropped_total", "Head standbys this origin stopped feeding (lagging behind the bounded queue, or failed).")
 	m.recovery = f.histogram("reroute_recovery_seconds", "Time from the failure behind a re-route until tokens flow again.", slowBuckets)
 	m.gens = f.counterVec("generations_total", "Generations this origin ran, by result.", "result")
 	m.genTokens = f.counter("generated_tokens_total", "Tokens this origin's generations received (counted as they arrive).")
@@ -316,6 +320,8 @@ func (m *Metrics) TokenReceived()             { m.genTokens.Inc() }
 func (m *Metrics) Rerouted()                  { m.reroutes.Inc() }
 func (m *Metrics) Recovered(d time.Duration)  { m.recovery.Observe(d.Seconds()) }
 func (m *Metrics) TakenOver()                 { m.takeovers.Inc() }
+func (m *Metrics) StandbyFed(rows int)        { m.headFed.Add(float64(rows)) }
+func (m *Metrics) StandbyDropped()            { m.headDrop.Inc() }
 func (m *Metrics) PromptCached(prompt, cached int) {
 	m.prompt.Add(float64(prompt))
 	m.cached.Add(float64(cached))

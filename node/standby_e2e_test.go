@@ -2,7 +2,6 @@ package node
 
 import (
 	"context"
-	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -10,7 +9,9 @@ import (
 
 	"github.com/libp2p/go-libp2p/core/peer"
 
+	"github.com/neuron-tai/meshp2p/engine/gguf"
 	"github.com/neuron-tai/meshp2p/internal/testmodels"
+	"github.com/neuron-tai/meshp2p/metrics"
 	"github.com/neuron-tai/meshp2p/route"
 	"github.com/neuron-tai/meshp2p/session"
 )
@@ -19,31 +20,39 @@ import (
 // node's death without prefilling the prompt again on any hop: the
 // second middle node, which computed every frame the first one got while
 // a standby, takes its place and adopts its own cells; the head and tail
-// adopt theirs. The tokens are `--local`'s (the real engine, greedy).
-// Counters, not timing: the new epoch's hops all held the prompt's whole
-// blocks (HopCached) and, killed later, those of the tokens generated
-// before the kill too (SessionProgress), the origin put the standby in
-// (Takeovers), and the standby computed the prompt while it stood by
-// (StandbyStats).
+// adopt theirs. The same with a standby of the head, which the origin
+// feeds (the prompt, then the committed tokens): the second head node
+// takes the head's place. The tokens are `--local`'s (the real engine,
+// greedy). Counters, not timing: the new epoch's hops all held the
+// prompt's whole blocks (HopCached) and, killed later, those of the
+// tokens generated before the kill too (SessionProgress), the origin put
+// the standby in (Takeovers), and the standby computed the prompt while
+// it stood by (StandbyStats).
 func TestStandbyTakesOverWithoutPrefill(t *testing.T) {
-	for _, steps := range []int{3, 40} {
-		t.Run(strconv.Itoa(steps), func(t *testing.T) { standbyTakeover(t, steps) })
+	for _, tc := range []struct {
+		name       string
+		pos, steps int // the covered hop, killed after steps decode steps
+	}{{"3", 1, 3}, {"40", 1, 40}, {"head-3", 0, 3}, {"head-40", 0, 40}} {
+		t.Run(tc.name, func(t *testing.T) { standbyTakeover(t, tc.pos, tc.steps) })
 	}
 }
 
-// standbyTakeover is TestStandbyTakesOverWithoutPrefill with the covered
-// hop killed after steps decode steps.
-func standbyTakeover(t *testing.T, steps int) {
+// standbyTakeover is TestStandbyTakesOverWithoutPrefill with hop pos (of
+// three; two nodes serve it) killed after steps decode steps.
+func standbyTakeover(t *testing.T, pos, steps int) {
 	model := testmodels.Path(t, "stories260K.gguf")
-	tn, head, mids, tail, c := spareMiddleSwarm(t, model)
+	tn, stages, c := spareSwarm(t, model, pos)
 	fp, nl := waitModel(t, c, "stories260K")
 	prompt := thinClientPrompt(t, c, fp, strings.Repeat("Once upon a time, there was a little girl named Lily. She loved to play outside. ", 8))
 	maxTok := 40 + steps
 	want := localTokens(t, model, prompt, maxTok)
-	byPeer := map[peer.ID]*Node{mids[0].P2P().ID(): mids[0], mids[1].P2P().ID(): mids[1]}
-	var covered, standby atomic.Pointer[Node]
+	spares := stages[pos]
+	byPeer := map[peer.ID]*Node{spares[0].P2P().ID(): spares[0], spares[1].P2P().ID(): spares[1]}
+	var standby atomic.Pointer[Node]
 	killed := make(chan struct{})
 	o := c.Origin(nil)
+	m := metrics.New() // what the origin counts of a head standby
+	o.Observer = session.OriginObservers{o.Observer, m}
 	o.StandbyAbove = -1                                                         // asked for below, not by length
 	o.Audit = &session.Auditor{Rate: 0.5, Draw: func() float64 { return 0.99 }} // transcripts and records (the CLI's default), no audit
 	res, err := o.Generate(context.Background(), session.GenerateRequest{Fingerprint: fp, NLayer: nl, Prompt: prompt, MaxTokens: maxTok, Standby: true,
@@ -51,14 +60,19 @@ func standbyTakeover(t *testing.T, steps int) {
 			if reroutes > 0 || len(rt.Hops) != 3 {
 				return
 			}
-			m := byPeer[rt.Hops[1].Peer]
-			covered.Store(m)
-			for _, x := range mids {
-				if x != m {
+			victim := byPeer[rt.Hops[pos].Peer]
+			for _, x := range spares {
+				if x != victim {
 					standby.Store(x)
 				}
 			}
-			go killAfterSteps(m, steps, killed, head, tail)
+			neighbours := []*Node{c} // the head's upstream is the origin
+			for i, st := range stages {
+				if i != pos {
+					neighbours = append(neighbours, st[0])
+				}
+			}
+			go killAfterSteps(victim, steps, killed, neighbours...)
 		}})
 	<-killed
 	if err != nil {
@@ -67,8 +81,8 @@ func standbyTakeover(t *testing.T, steps int) {
 	if res.Reroutes != 1 || res.Takeovers != 1 || len(res.Recoveries) != 1 || !equalTokens(res.Tokens, want) {
 		t.Fatalf("reroutes %d, takeovers %d, stalls %v\nswarm %v\nlocal %v", res.Reroutes, res.Takeovers, res.Recoveries, res.Tokens, want)
 	}
-	if res.Route.Hops[1].Peer != standby.Load().P2P().ID() {
-		t.Fatalf("the new epoch's middle hop is %s, not the standby", res.Route.Hops[1].Peer)
+	if res.Route.Hops[pos].Peer != standby.Load().P2P().ID() {
+		t.Fatalf("the new epoch's hop %d is %s, not the standby", pos, res.Route.Hops[pos].Peer)
 	}
 	// The prompt's whole blocks and those of the first half of the
 	// tokens generated before the kill (the origin sends progress as
@@ -80,30 +94,73 @@ func standbyTakeover(t *testing.T, steps int) {
 			t.Fatalf("the new epoch's hops held %v positions (hop %d); want ≥ %d on every hop: none prefills the prompt again", res.HopCached, i, blocks)
 		}
 	}
-	st := standby.Load().Hop().StandbyStats()
-	mirror := head.Hop().StandbyStats()
-	if st.Sessions != 1 || st.Rows < int64(len(prompt)) || mirror.Dropped != 0 || mirror.MirrorFrames == 0 {
-		t.Fatalf("standby %+v, mirror %+v: want one standby session that computed the %d-token prompt, none dropped", st, mirror, len(prompt))
+	checkStandbyStats(t, standby.Load(), stages[0][0], m, pos, len(prompt))
+	t.Logf("prompt %d tokens; after the kill the hops held %v positions; the standby computed %d rows in %v",
+		len(prompt), res.HopCached, standby.Load().Hop().StandbyStats().Rows, standby.Load().Hop().StandbyStats().Compute)
+	assertReleased(t, tn, append(append(append([]*Node{}, stages[0]...), stages[1]...), stages[2]...)...)
+}
+
+// checkStandbyStats checks the counters of a takeover of hop pos: the
+// standby computed the prompt (prompt tokens) in one session; the head
+// (pos > 0) or the origin (pos 0, its metrics m) fed it and dropped none;
+// /metrics says the same (node/observe.go standbyCounters).
+func checkStandbyStats(t *testing.T, standby, head *Node, m *metrics.Metrics, pos, prompt int) {
+	t.Helper()
+	st := standby.Hop().StandbyStats()
+	if st.Sessions != 1 || st.Rows < int64(prompt) {
+		t.Fatalf("standby %+v: want one standby session that computed the %d-token prompt", st, prompt)
 	}
-	// /metrics says the same (node/observe.go standbyCounters).
-	for _, c := range []struct {
-		n    *Node
+	type counter struct {
+		m    *metrics.Metrics
 		name string
 		want float64
-	}{
-		{standby.Load(), "meshp2p_standby_sessions_total", 1},
-		{standby.Load(), "meshp2p_standby_rows_total", float64(st.Rows)},
-		{head, "meshp2p_standby_mirrored_frames_total", float64(mirror.MirrorFrames)},
-		{head, "meshp2p_standby_mirrored_bytes_total", float64(mirror.MirrorBytes)},
-		{head, "meshp2p_standby_dropped_total", 0},
-	} {
-		if got := sample(t, c.n.cfg.Metrics, c.name, ""); got != c.want {
+	}
+	checks := []counter{{standby.cfg.Metrics, "meshp2p_standby_sessions_total", 1}, {standby.cfg.Metrics, "meshp2p_standby_rows_total", float64(st.Rows)}}
+	if pos == 0 {
+		if fed := sample(t, m, "meshp2p_standby_head_fed_rows_total", ""); fed < float64(prompt) {
+			t.Fatalf("the origin fed the head standby %v rows, want ≥ %d", fed, prompt)
+		}
+		checks = append(checks, counter{m, "meshp2p_standby_head_dropped_total", 0})
+	} else {
+		mirror := head.Hop().StandbyStats()
+		if mirror.Dropped != 0 || mirror.MirrorFrames == 0 {
+			t.Fatalf("mirror %+v: want frames mirrored, none dropped", mirror)
+		}
+		checks = append(checks, counter{head.cfg.Metrics, "meshp2p_standby_mirrored_frames_total", float64(mirror.MirrorFrames)},
+			counter{head.cfg.Metrics, "meshp2p_standby_mirrored_bytes_total", float64(mirror.MirrorBytes)}, counter{head.cfg.Metrics, "meshp2p_standby_dropped_total", 0})
+	}
+	for _, c := range checks {
+		if got := sample(t, c.m, c.name, ""); got != c.want {
 			t.Errorf("%s = %v, want %v", c.name, got, c.want)
 		}
 	}
-	t.Logf("prompt %d tokens; after the kill the hops held %v positions; the standby computed %d rows in %v, the head mirrored %d frames (%d bytes)",
-		len(prompt), res.HopCached, st.Rows, st.Compute, mirror.MirrorFrames, mirror.MirrorBytes)
-	assertReleased(t, tn, head, tail, mids[0], mids[1])
+}
+
+// spareSwarm is a swarm of three stages (layers 0-2, 2-4, 4-5) of
+// stories260K, stage pos served by two nodes, and a client that knows all
+// four nodes.
+func spareSwarm(t *testing.T, model string, pos int) (tn *testNet, stages [][]*Node, c *Node) {
+	t.Helper()
+	tn = newTestNet(t)
+	cache := func(c *Config) { c.Engine.PrefixCacheCells = 1024; c.Metrics = metrics.New() }
+	for i, r := range []gguf.Range{{Start: 0, End: 2}, {Start: 2, End: 4}, {Start: 4, End: 5}} {
+		stage := []*Node{tn.shardWith(model, &r, cache)}
+		if i == pos {
+			stage = append(stage, tn.shardWith(model, &r, cache))
+		}
+		stages = append(stages, stage)
+	}
+	c = tn.client()
+	fp, _ := waitModel(t, c, "stories260K")
+	for deadline := time.Now().Add(30 * time.Second); len(c.Table().Shards(fp)) < 4; time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the client never saw both nodes of the spared stage")
+		}
+		lctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		_, _ = c.P2P().Discovery().Lookup(lctx, fp)
+		cancel()
+	}
+	return tn, stages, c
 }
 
 // killAfterSteps kills m's host once it has run steps decode steps

@@ -253,7 +253,7 @@ func (h *HopService) newHopSession(s network.Stream, open *meshp2pb.SessionOpen,
 	for _, x := range open.GetRoute().GetHops() {
 		hs.route = append(hs.route, peer.ID(x.GetPeerId()))
 	}
-	if hs.head && speculative(open) {
+	if hs.head && speculative(open) && !hs.standby { // a standby proposes nothing
 		hs.sp = newSpecHead(open, hs.tail, h.cfg.Proposer, h.cfg.Observer.WindowsInFlight)
 	}
 	hs.waits = planWaits(open, idx, h.firstFrame(idx), h.cfg.Idle)

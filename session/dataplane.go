@@ -27,7 +27,7 @@ const BundleTensor = "l_out"
 // run processes the session until it ends: it waits for the ring (head),
 // reads upstream frames in a goroutine and keeps the idle timer.
 func (hs *hopSession) run(r *timedReader) {
-	if hs.head && !hs.tail {
+	if hs.head && !hs.tail && !hs.standby { // a standby gets no ring
 		select {
 		case rs := <-hs.ring:
 			hs.ringIn.Swap(rs)
@@ -39,7 +39,7 @@ func (hs *hopSession) run(r *timedReader) {
 			return
 		}
 	}
-	if hs.head && hs.tail {
+	if hs.head && hs.tail && !hs.standby {
 		go hs.selfRing()
 	}
 	upstream := make(chan error, 1)
@@ -160,13 +160,17 @@ func (hs *hopSession) readUpstream(r *timedReader) error {
 }
 
 // fromOrigin (the head) checks a frame from the origin: prompt chunks up
-// to the last one, no verification window.
+// to the last one, no verification window; to the head's standby the
+// origin then sends the committed tokens (headstandby.go).
 func (hs *hopSession) fromOrigin(a *meshp2pb.ActivationHeader) error {
 	if !hs.head {
 		return nil
 	}
 	if a.GetVerify() {
 		return codeErr(meshp2pb.ErrorCode_ERROR_CODE_BAD_REQUEST, "verification windows start at the head, not the origin", hs.upstreamPeer())
+	}
+	if hs.standby && hs.prompted && !a.GetIsPrefill() {
+		return nil // a standby has no ring: its decode rows come from the origin
 	}
 	// The origin sends the prompt and nothing after its last chunk:
 	// decode steps start at the head (from the ring). A step from the

@@ -67,6 +67,12 @@ type OriginObserver interface {
 	PromptCached(prompt, cached int)
 	// TakenOver: a failed hop's hot standby took its place (standby.go).
 	TakenOver()
+	// StandbyFed: the origin sent the head's standby a frame of rows
+	// input rows (headstandby.go).
+	StandbyFed(rows int)
+	// StandbyDropped: the origin dropped the head's standby (it lagged
+	// behind the bounded queue, or failed).
+	StandbyDropped()
 }
 
 // SessionInfo describes an admitted session on one hop.
@@ -118,6 +124,8 @@ func (nopOrigin) Audited(AuditReport)                 {}
 func (nopOrigin) Routed(SessionInfo)                  {}
 func (nopOrigin) PromptCached(int, int)               {}
 func (nopOrigin) TakenOver()                          {}
+func (nopOrigin) StandbyFed(int)                      {}
+func (nopOrigin) StandbyDropped()                     {}
 
 type nopOrigin struct{}
 
@@ -243,5 +251,15 @@ func (o OriginObservers) PromptCached(prompt, cached int) {
 func (o OriginObservers) TakenOver() {
 	for _, x := range o {
 		x.TakenOver()
+	}
+}
+func (o OriginObservers) StandbyFed(rows int) {
+	for _, x := range o {
+		x.StandbyFed(rows)
+	}
+}
+func (o OriginObservers) StandbyDropped() {
+	for _, x := range o {
+		x.StandbyDropped()
 	}
 }

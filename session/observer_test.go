@@ -24,9 +24,11 @@ type recObs struct {
 	ttft     int
 	reroutes int
 	recover  int
-	done     []int
-	routed   []SessionInfo
-	received int
+	// fed and sbDropped count the head standby's rows and drops.
+	fed, sbDropped int
+	done           []int
+	routed         []SessionInfo
+	received       int
 }
 
 func (r *recObs) lock() func() { r.mu.Lock(); return r.mu.Unlock }
@@ -67,6 +69,8 @@ func (r *recObs) GenerationDone(n int, _ error)     { defer r.lock()(); r.done =
 func (r *recObs) Audited(AuditReport)               {}
 func (r *recObs) PromptCached(int, int)             {}
 func (r *recObs) TakenOver()                        {}
+func (r *recObs) StandbyFed(n int)                  { defer r.lock()(); r.fed += n }
+func (r *recObs) StandbyDropped()                   { defer r.lock()(); r.sbDropped++ }
 
 // The observers see a generation with a re-route: the origin plans twice,
 // re-routes once and recovers once; the spare hop is admitted at epoch 2;

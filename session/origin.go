@@ -180,6 +180,9 @@ type Result struct {
 	prompt     []int32
 	cachedFrom int
 	follows    []byte // the earlier session the opens follow (warmHops)
+	// standbyLost: the last epoch's head standby was dropped by the
+	// origin's feed (it must not take over; headstandby.go).
+	standbyLost bool
 }
 
 // ErrGeneration wraps failures that ended a generation.
@@ -293,7 +296,7 @@ func (o *Origin) generate(ctx context.Context, req GenerateRequest, obs OriginOb
 		log.Warn("hop failed, re-routing", "failed_peer", failed, "epoch", epoch+1, "tokens_so_far", len(res.Tokens), "err", err)
 		exclude[failed] = true
 		sb.prev, sb.failed = sb.cur, failed
-		if sb.prev != nil && standbyLost(err) {
+		if sb.prev != nil && (standbyLost(err) || res.standbyLost) {
 			log.Info("the standby was dropped before the failure: not putting it in the failed hop's place", "standby", sb.prev.hop.Peer)
 			sb.dropped()
 		}
@@ -373,6 +376,7 @@ func blameOnRoute(rt *route.Route, failed peer.ID) peer.ID {
 // nobody is to blame and re-routing would not help).
 func (o *Origin) run(ctx context.Context, sid [16]byte, rt *route.Route, sb *meshp2pb.Standby, req GenerateRequest, res *Result, start time.Time) (peer.ID, error) {
 	o.observer().Routed(routeInfo(rt))
+	res.standbyLost = false // this epoch's (headstandby.go)
 	head := rt.Hops[0].Peer
 	dctx, cancel := context.WithTimeout(ctx, DialTimeout)
 	s, err := o.Dialer.NewStream(dctx, head, o.Protocol)
@@ -395,6 +399,10 @@ func (o *Origin) run(ctx context.Context, sid [16]byte, rt *route.Route, sb *mes
 		return "", fmt.Errorf("%w: %w", ErrGeneration, err)
 	}
 	res.lastOpen = open
+	chunk := o.Chunk
+	if chunk <= 0 {
+		chunk = DefaultChunk
+	}
 	// Longer than a hop's idle timeout (the ladder in defaults.go), so a
 	// stalled hop is reported by its neighbour, which can name it, before
 	// we give up and can only blame the head. The first token also waits
@@ -408,13 +416,13 @@ func (o *Origin) run(ctx context.Context, sid [16]byte, rt *route.Route, sb *mes
 	if failed, err := e.admit(open); err != nil {
 		return failed, err
 	}
+	// The head's standby opens once the route admitted the session, its
+	// frames never waited for (headstandby.go).
+	e.feed = o.startHeadFeed(sb, open, input, chunk)
+	defer func() { res.standbyLost = e.feed.lost(); e.feed.finish() }()
 	from, starts, err := e.cachedFrom(res, len(req.Prompt))
 	if err != nil {
 		return head, err
-	}
-	chunk := o.Chunk
-	if chunk <= 0 {
-		chunk = DefaultChunk
 	}
 	if err := e.prefill(input, from, chunk, starts); err != nil {
 		return head, err
@@ -461,6 +469,9 @@ type epochRun struct {
 	kept   []byte // the close's continuation of chain (what the hops keep)
 	// sentBlocks is the chain's length the last SessionProgress gave.
 	sentBlocks int
+	// feed sends the head's standby what the head gets (nil: none;
+	// headstandby.go).
+	feed *headFeed
 }
 
 // admit sends the open and waits until the whole route admitted it.
@@ -560,12 +571,15 @@ func (e *epochRun) collect(req GenerateRequest, res *Result, nGenerated int, sta
 			}
 			if res.Stop != "" {
 				e.kept = e.prefixMore(res.Tokens[nGenerated:])
-				_ = e.w.WriteStream(&meshp2pb.StreamMessage{Kind: &meshp2pb.StreamMessage_Close{Close: &meshp2pb.SessionClose{SessionId: e.sid[:], Epoch: e.rt.Epoch, Reason: res.Stop,
-					PrefixMore: e.kept}}})
+				msg := &meshp2pb.StreamMessage{Kind: &meshp2pb.StreamMessage_Close{Close: &meshp2pb.SessionClose{SessionId: e.sid[:], Epoch: e.rt.Epoch, Reason: res.Stop,
+					PrefixMore: e.kept}}}
+				_ = e.w.WriteStream(msg)
+				e.feed.message(msg)
 				res.HopStats = hopStats(e.rt, sums, counts, prefillUs)
 				timings.fill(res.HopStats)
 				return "", nil
 			}
+			e.feed.token(tf.GetToken(), tf.GetPosition()) // the head feeds it back in: so does its standby
 			e.progress(res.Tokens[nGenerated:])
 		default:
 			return e.head, fmt.Errorf("unexpected message from head")

@@ -382,7 +382,9 @@ func (e *epochRun) progress(toks []int32) {
 	}
 	e.sentBlocks = n
 	p := &meshp2pb.SessionProgress{SessionId: e.sid[:], Epoch: e.rt.Epoch, PrefixMore: e.prefixMore(toks)}
-	_ = e.w.WriteStream(&meshp2pb.StreamMessage{Kind: &meshp2pb.StreamMessage_Progress{Progress: p}}) // a failed write fails the next read
+	msg := &meshp2pb.StreamMessage{Kind: &meshp2pb.StreamMessage_Progress{Progress: p}}
+	_ = e.w.WriteStream(msg) // a failed write fails the next read
+	e.feed.message(msg)
 }
 
 // progress (hop) takes the origin's chain so far (SessionProgress): kept

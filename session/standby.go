@@ -23,7 +23,10 @@ import (
 // kernel class. The hop before the covered hop (the mirror) sends it
 // every frame it sends the covered hop, through a bounded queue it never
 // waits on: a standby that falls behind is dropped with a log line and the
-// session goes on without one. The standby runs the frames through its
+// session goes on without one. The head's upstream is the origin, so the
+// origin is the mirror of a head standby (headstandby.go): it sends the
+// standby the prompt and then the committed tokens the head feeds back
+// in, which the standby's fromOrigin check admits (it has no ring). The standby runs the frames through its
 // layers and discards the output, so its KV holds bitwise what the covered
 // hop's does (same layers, same kernel class, batch invariance). It keeps
 // the session's blocks when it ends like any hop (prefix.go, under the
@@ -90,8 +93,8 @@ func standbyHop(open *meshp2pb.SessionOpen, me peer.ID) (*meshp2pb.RouteHop, *ho
 	switch {
 	case i != int(open.GetHopIndex()):
 		return nil, nil // this peer's open as a route hop (checked there)
-	case i < 1 || i >= len(hops):
-		return nil, codeErr(meshp2pb.ErrorCode_ERROR_CODE_BAD_REQUEST, "a standby covers a hop after the head", "")
+	case i < 0 || i >= len(hops):
+		return nil, codeErr(meshp2pb.ErrorCode_ERROR_CODE_BAD_REQUEST, "a standby covers a hop of the route", "")
 	case sb.GetHop().GetStart() != hops[i].GetStart() || sb.GetHop().GetEnd() != hops[i].GetEnd():
 		return nil, codeErr(meshp2pb.ErrorCode_ERROR_CODE_BAD_REQUEST, "a standby serves exactly the layers of the hop it covers", "")
 	case slices.ContainsFunc(hops, func(x *meshp2pb.RouteHop) bool { return peer.ID(x.GetPeerId()) == me }):
@@ -335,10 +338,13 @@ func (p *standbyPick) wire() *meshp2pb.Standby {
 	return &meshp2pb.Standby{HopIndex: uint32(p.idx), Hop: route.WireRoute(&route.Route{Hops: []route.Hop{p.hop}}).GetHops()[0]}
 }
 
-// pickStandby chooses the standby of an epoch: for the hop after the head
-// with the most layers (what a failure would have a replacement
-// recompute) that has a replica, the first replica the table lists; nil
-// when the request does not want one or none exists.
+// pickStandby chooses the standby of an epoch: for the hop with the most
+// layers (what a failure would have a replacement recompute) that has a
+// replica, the first replica the table lists; nil when the request does
+// not want one or none exists. The hops after the head come first, in
+// order, and the head last (it wins with strictly more layers): its
+// standby is fed by the origin (headstandby.go), in another batching
+// than the head's, so only on a batch-invariant route.
 func (o *Origin) pickStandby(rt *route.Route, req GenerateRequest, need int, exclude map[peer.ID]bool) *standbyPick {
 	if o.Shards == nil || !o.wantsStandby(req) || rt.Ticket != nil {
 		return nil
@@ -346,8 +352,9 @@ func (o *Origin) pickStandby(rt *route.Route, req GenerateRequest, need int, exc
 	shards := o.Shards(rt.Fingerprint)
 	var best *standbyPick
 	layers := 0
-	for i := 1; i < len(rt.Hops); i++ {
-		if n := rt.Hops[i].End - rt.Hops[i].Start; n <= layers {
+	for k := 1; k <= len(rt.Hops); k++ {
+		i := k % len(rt.Hops) // 1, ..., n-1, then the head
+		if n := rt.Hops[i].End - rt.Hops[i].Start; n <= layers || (i == 0 && !rt.BatchInvariant()) {
 			continue
 		}
 		for _, s := range shards {

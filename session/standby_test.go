@@ -2,10 +2,13 @@ package session
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/libp2p/go-libp2p/core/peer"
 
 	"github.com/neuron-tai/meshp2p/proto/meshp2pb"
 	"github.com/neuron-tai/meshp2p/route"
@@ -16,15 +19,16 @@ import (
 // included, starts where its cells end (the prompt's whole blocks, and
 // those of the tokens generated before the kill that SessionProgress
 // gave the hops): no hop computes the prompt again, and the tokens are
-// those of a run without the failure — plain and speculative, middle and
-// tail.
+// those of a run without the failure — plain and speculative, head
+// (whose standby the origin feeds), middle and tail.
 func TestStandbyTakesOver(t *testing.T) {
 	for _, tc := range []struct {
 		name       string
 		pos        int
 		spec       bool
 		step, want int // the kill's decode step; the new epoch starts at least there
-	}{{"middle", 1, false, 5, 96}, {"tail", 2, false, 5, 96}, {"tail-speculative", 2, true, 5, 96}, {"middle-late", 1, false, 50, 128}} {
+	}{{"middle", 1, false, 5, 96}, {"tail", 2, false, 5, 96}, {"tail-speculative", 2, true, 5, 96}, {"middle-late", 1, false, 50, 128},
+		{"head", 0, false, 5, 96}, {"head-speculative", 0, true, 5, 96}, {"head-late", 0, false, 50, 128}} {
 		t.Run(tc.name, func(t *testing.T) {
 			primary := threeHops(t)
 			spare := startHop(t, primary[tc.pos].eng.info.Start, primary[tc.pos].eng.info.End, nil)
@@ -52,8 +56,17 @@ func TestStandbyTakesOver(t *testing.T) {
 			var once sync.Once
 			victim, others := primary[tc.pos], append([]*testHost{c}, hostsOf(append(primary, spare)...)...)
 			victim.eng.mu.Lock()
+			var survivors []*fakeHop
+			for i, h := range primary {
+				if i != tc.pos {
+					survivors = append(survivors, h)
+				}
+			}
 			victim.eng.onStep = func(steps int) {
-				if steps < tc.step {
+				// Late: once the origin's SessionProgress reached the
+				// hops that survive (the head relays it with its next
+				// frame), so that they hold the generated tokens' block.
+				if steps < tc.step || (tc.want > 96 && !progressed(survivors)) {
 					return
 				}
 				once.Do(func() {
@@ -110,6 +123,25 @@ func TestStandbyTakesOver(t *testing.T) {
 	}
 }
 
+// progressed reports whether every hop of hops holds a session that got
+// a SessionProgress (a continuation of its open's chain).
+func progressed(hops []*fakeHop) bool {
+	for _, h := range hops {
+		h.svc.mu.Lock()
+		ok := false
+		for _, hs := range h.svc.active {
+			if p := hs.prefixMore.Load(); p != nil && len(*p) > 0 {
+				ok = true
+			}
+		}
+		h.svc.mu.Unlock()
+		if !ok {
+			return false
+		}
+	}
+	return true
+}
+
 // A standby that does not take its frames is dropped once the mirror's
 // queue is full: the mirror never waits for it.
 func TestLaggingStandbyIsDropped(t *testing.T) {
@@ -130,6 +162,42 @@ func TestLaggingStandbyIsDropped(t *testing.T) {
 	m.activation(&meshp2pb.ActivationHeader{NRows: 1}, make([]byte, StandbyQueueBytes+1))
 	if !m.dropped.Load() || h.StandbyStats().Dropped != 2 {
 		t.Fatal("a frame over the queue's bytes did not drop the standby")
+	}
+}
+
+// The origin's feed of a head standby that does not take its frames is
+// dropped once its queue is full: pushing never waits, the drop is
+// counted once, and the standby is lost (it will not take over).
+func TestLaggingHeadStandbyIsDropped(t *testing.T) {
+	obs := &recObs{}
+	f := &headFeed{o: &Origin{Logger: quiet, Observer: obs}, open: &meshp2pb.SessionOpen{}, q: make(chan *meshp2pb.StreamMessage, StandbyQueueFrames),
+		gone: make(chan struct{}), end: make(chan struct{}), done: make(chan struct{})}
+	pushed := make(chan struct{})
+	go func() {
+		defer close(pushed)
+		for i := range StandbyQueueFrames + 3 {
+			f.token(int32(i), uint32(100+i))
+		}
+		f.message(&meshp2pb.StreamMessage{Kind: &meshp2pb.StreamMessage_Close{Close: &meshp2pb.SessionClose{}}})
+	}()
+	select {
+	case <-pushed:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the origin blocked on a lagging head standby")
+	}
+	select {
+	case <-f.gone:
+	default:
+		t.Fatal("a full queue did not drop the head standby")
+	}
+	if !f.lost() || obs.sbDropped != 1 || len(f.q) != StandbyQueueFrames {
+		t.Fatalf("lost %v, dropped %d times, %d frames queued", f.lost(), obs.sbDropped, len(f.q))
+	}
+	var none *headFeed // no head standby: every call is a no-op
+	none.token(1, 1)
+	none.finish()
+	if none.lost() {
+		t.Fatal("no feed reported a lost standby")
 	}
 }
 
@@ -217,4 +285,128 @@ func TestDroppedStandbyDoesNotTakeOver(t *testing.T) {
 			res.Reroutes, res.Takeovers, res.Route.Hops[1].Peer, replica.host.ID(), standby.host.ID())
 	}
 	waitReleased(t, primary[0], primary[2], replica)
+}
+
+// A head standby the origin dropped before the head failed (here: the
+// standby's peer died) is not put in the head's place: the origin knows
+// it dropped it (headFeed.lost) and re-routes as without a standby,
+// through a live replica of the head, in one re-route.
+func TestDroppedHeadStandbyDoesNotTakeOver(t *testing.T) {
+	primary := threeHops(t)
+	start, end := primary[0].eng.info.Start, primary[0].eng.info.End
+	standby, replica := startHop(t, start, end, nil), startHop(t, start, end, nil)
+	all := append(primary, standby, replica)
+	o, c := newOrigin(t, stagePlanner{[][]*fakeHop{{primary[0], replica, standby}, {primary[1]}, {primary[2]}}}, all...)
+	obs := &recObs{}
+	o.Observer = obs
+	o.Chunk = 16
+	o.StandbyAbove = -1
+	o.Shards = func(string) []route.Shard { // the standby is the replica listed first
+		var out []route.Shard
+		for _, h := range []*fakeHop{standby, replica} {
+			x := h.hop()
+			out = append(out, route.Shard{Peer: x.Peer, Fingerprint: fakeFP, NLayer: fakeNLay, Start: x.Start, End: x.End, Addrs: x.Addrs})
+		}
+		return out
+	}
+	others := append([]*testHost{c}, hostsOf(all...)...)
+	var once sync.Once
+	victim := primary[0]
+	victim.eng.mu.Lock()
+	victim.eng.onStep = func(steps int) {
+		if steps < 5 {
+			return
+		}
+		once.Do(func() {
+			for deadline := time.Now().Add(10 * time.Second); standby.svc.StandbyStats().Rows < 100 && time.Now().Before(deadline); {
+				time.Sleep(time.Millisecond)
+			}
+			standby.kill(others...)
+			for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+				obs.mu.Lock()
+				d := obs.sbDropped
+				obs.mu.Unlock()
+				if d > 0 {
+					break
+				}
+			}
+			victim.kill(others...)
+		})
+	}
+	victim.eng.mu.Unlock()
+	prompt := make([]int32, 100)
+	for i := range prompt {
+		prompt[i] = int32(i%50 + 1)
+	}
+	req := GenerateRequest{Fingerprint: fakeFP, NLayer: fakeNLay, Prompt: prompt, MaxTokens: 30, Standby: true, Sampling: &meshp2pb.SamplingParams{Seed: 5}}
+	res, err := o.Generate(context.Background(), req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := reference(prompt, 30, 5); !equal(res.Tokens, want) {
+		t.Fatalf("tokens %v\nwant   %v", res.Tokens, want)
+	}
+	if obs.sbDropped != 1 || obs.fed < len(prompt) {
+		t.Fatalf("the origin dropped %d head standbys after feeding %d rows, want 1 (the test kills it first) after the prompt", obs.sbDropped, obs.fed)
+	}
+	if res.Reroutes != 1 || res.Takeovers != 0 || res.Route.Hops[0].Peer != replica.host.ID() {
+		t.Fatalf("reroutes %d, takeovers %d, head now %s: want one re-route through the replica %s, no takeover by the dropped standby %s",
+			res.Reroutes, res.Takeovers, res.Route.Hops[0].Peer, replica.host.ID(), standby.host.ID())
+	}
+	waitReleased(t, primary[1], primary[2], replica)
+}
+
+// Which hop's replica pickStandby names: the hop with the most layers
+// that has one, the hops after the head first (a tie keeps them), the
+// head with strictly more layers or the only one with a replica, and the
+// head never on a route that is not batch-invariant (its standby's rows
+// come in another batching than the head's).
+func TestPickStandbyHead(t *testing.T) {
+	ids := make([]peer.ID, 6)
+	for i := range ids {
+		ids[i] = peer.ID(fmt.Sprintf("peer-%d", i))
+	}
+	cpu, gpu := "cpu/amd64/llama.cpp", "cuda/H100/llama.cpp"
+	routeOf := func(class string, ends ...int) *route.Route {
+		rt := &route.Route{Fingerprint: fakeFP, NLayer: ends[len(ends)-1]}
+		start := 0
+		for i, e := range ends {
+			rt.Hops = append(rt.Hops, route.Hop{Peer: ids[i], Start: start, End: e, KernelClass: class})
+			start = e
+		}
+		return rt
+	}
+	replica := func(p int, rt *route.Route, hop int) route.Shard {
+		h := rt.Hops[hop]
+		return route.Shard{Peer: ids[p], Fingerprint: fakeFP, Start: h.Start, End: h.End, KernelClass: h.KernelClass}
+	}
+	for _, tc := range []struct {
+		name     string
+		rt       *route.Route
+		replicas []int // hops with a replica
+		want     int   // the covered hop (-1: none)
+	}{
+		{"only the head has one", routeOf(cpu, 2, 4, 6), []int{0}, 0},
+		{"tie: the hop after the head", routeOf(cpu, 2, 4, 6), []int{0, 1}, 1},
+		{"the head with more layers", routeOf(cpu, 3, 5, 6), []int{0, 1, 2}, 0},
+		{"a later hop with more layers", routeOf(cpu, 1, 4, 6), []int{0, 1, 2}, 1},
+		{"one-hop route", routeOf(cpu, 6), []int{0}, 0},
+		{"not batch-invariant: no head standby", routeOf(gpu, 2, 4, 6), []int{0}, -1},
+		{"not batch-invariant: a later hop", routeOf(gpu, 3, 5, 6), []int{0, 1}, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var shards []route.Shard
+			for k, hop := range tc.replicas {
+				shards = append(shards, replica(len(tc.rt.Hops)+k, tc.rt, hop))
+			}
+			o := &Origin{Shards: func(string) []route.Shard { return shards }}
+			got := o.pickStandby(tc.rt, GenerateRequest{Standby: true}, 10, nil)
+			switch {
+			case tc.want < 0 && got != nil:
+				t.Fatalf("picked a standby of hop %d, want none", got.idx)
+			case tc.want >= 0 && (got == nil || got.idx != tc.want || got.covered != tc.rt.Hops[tc.want].Peer):
+				t.Fatalf("picked %+v, want a standby of hop %d", got, tc.want)
+			}
+		})
+	}
 }

@@ -76,6 +76,8 @@ func (r *Recorder) Recovered(time.Duration)                {}
 func (r *Recorder) GenerationDone(int, error)              { r.gens.Add(1) }
 func (r *Recorder) PromptCached(int, int)                  {}
 func (r *Recorder) TakenOver()                             {}
+func (r *Recorder) StandbyFed(int)                         {}
+func (r *Recorder) StandbyDropped()                        {}
 func (r *Recorder) Audited(rep session.AuditReport) {
 	switch rep.Outcome {
 	case session.AuditPassed:
