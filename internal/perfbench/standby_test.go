@@ -20,16 +20,27 @@ import (
 
 // standby: a failover as users meet it (issue 40, item 4). Four `meshp2p
 // start` processes at default flags serve the 154M model on plain
-// loopback: a head 0-4, two middles 4-8 and a tail 8-12. `generate --json`
-// runs a long prompt with and without `--standby`, interleaved, and the
-// middle on the route (the one that is not the standby) is SIGKILLed once
-// it has decoded killAfter tokens; a new middle replaces it before the
-// next run. The stall is generate's recovery_ms (the failure to the next
-// token), against the run's own token time outside the stall. Without a
-// standby the surviving middle recomputes its layers' share of the prompt
-// (issue 40, item 3); with one it has them already. The cost of standing
-// by comes from the processes' /metrics.
+// loopback: a head 0-4, a middle 4-8 and a tail 8-12, and a second
+// process for the covered range (the middle's, then the head's: the
+// standby covers the hop with a replica). `generate --json` runs a long
+// prompt with and without `--standby`, interleaved, and the covered
+// range's process on the route (the one that is not the standby) is
+// SIGKILLed once it has decoded killAfter tokens; a new one replaces it
+// before the next run. The stall is generate's recovery_ms (the failure
+// to the next token), against the run's own token time outside the
+// stall. Without a standby the survivor that replaces it recomputes its
+// layers' share of the prompt (issue 40, item 3); with one it has them
+// already (a middle's standby is fed by the head, the head's by the
+// origin). The cost of standing by comes from the processes' /metrics.
 func standby(b *testing.B, t *Table, rounds int) {
+	for _, covered := range []string{"middle", "head"} {
+		standbyCovering(b, t, rounds, covered)
+	}
+}
+
+// standbyCovering is the standby section with the covered range's two
+// processes serving covered's layers ("middle": 4-8, "head": 0-4).
+func standbyCovering(b *testing.B, t *Table, rounds int, covered string) {
 	ctx := context.Background()
 	whole, _, err := Files(ctx, 3)
 	if err != nil {
@@ -48,9 +59,19 @@ func standby(b *testing.B, t *Table, rounds int) {
 		}
 		return startProc(b, bin, args...)
 	}
-	head := start("0-4", "")
-	mids := []*proc{start("4-8", head.addr), start("4-8", head.addr)}
-	start("8-12", head.addr)
+	// The tail is never killed: everyone bootstraps from it.
+	tail := start("8-12", "")
+	layers := map[string]string{"middle": "4-8", "head": "0-4"}[covered]
+	mids := []*proc{start(layers, tail.addr), start(layers, tail.addr)}
+	// head mirrors a middle's standby (its /metrics count the bytes and
+	// drops); a head's standby is fed by the origin (generate: no
+	// /metrics), so head stays nil then.
+	var head *proc
+	if covered == "middle" {
+		head = start("0-4", tail.addr)
+	} else {
+		start("4-8", tail.addr)
+	}
 	model := nodeModel(b, filepath.Join(dir, "n1"))
 	words := strings.Fields("once upon a time there was a little model split across four processes on one machine and")
 	var sb strings.Builder
@@ -60,7 +81,7 @@ func standby(b *testing.B, t *Table, rounds int) {
 	const killAfter = 16
 	maxTok := envInt("MESHP2P_BENCH_STANDBY_TOKENS", 48)
 	client := []string{"generate", "--json", "-v=" + strconv.FormatBool(debug), "--max-tokens", strconv.Itoa(maxTok), "--speculative", "off",
-		"--model", model, "--bootstrap", head.addr, "--data-dir", filepath.Join(dir, "client"), "--network", "benchstandby", "--listen", "/ip4/127.0.0.1/tcp/0"}
+		"--model", model, "--bootstrap", tail.addr, "--data-dir", filepath.Join(dir, "client"), "--network", "benchstandby", "--listen", "/ip4/127.0.0.1/tcp/0"}
 	type run struct{ stall, token time.Duration }
 	runs := make([][]run, 2)
 	var prompt int
@@ -84,7 +105,7 @@ func standby(b *testing.B, t *Table, rounds int) {
 			}
 			if withStandby {
 				c := cost.read(b, head, mids).minus(before)
-				if c.dropped > 0 {
+				if c.dropped > 0 && head != nil {
 					b.Logf("the head dropped the standby:\n%s", grepLines(head.logs.String(), "standby"))
 					for _, m := range mids {
 						b.Logf("middle's warnings:\n%s", grepLines(m.logs.String(), "level=WARN"))
@@ -98,7 +119,7 @@ func standby(b *testing.B, t *Table, rounds int) {
 			tok := (time.Duration(g.MsPerToken*float64(len(g.Tokens)-1)*float64(time.Millisecond)) - stall) / time.Duration(max(1, len(g.Tokens)-2))
 			runs[b2i(withStandby)] = append(runs[b2i(withStandby)], run{stall, tok})
 			prompt = g.PromptTokens
-			mids[killed] = start("4-8", head.addr) // a fresh middle for the next run
+			mids[killed] = start(layers, tail.addr) // a fresh one for the next run
 		}
 	}
 	for i, name := range []string{"no standby (the spare recomputes its layers' share of the prompt)", "--standby (takes over, no prefill)"} {
@@ -109,7 +130,7 @@ func standby(b *testing.B, t *Table, rounds int) {
 			ratios = append(ratios, float64(x.stall)/float64(x.token))
 		}
 		b.Logf("standby %s: stalls %v, token times %v", name, stalls, toks)
-		t.Add(Row{Name: fmt.Sprintf("standby: %d-token prompt, middle SIGKILLed, stall, %s", prompt, name), Value: medianMs(stalls), Unit: "ms"})
+		t.Add(Row{Name: fmt.Sprintf("standby: %d-token prompt, %s SIGKILLed, stall, %s", prompt, covered, name), Value: medianMs(stalls), Unit: "ms"})
 		goal := ""
 		if i == 1 {
 			goal = "≤ 3"
@@ -119,8 +140,10 @@ func standby(b *testing.B, t *Table, rounds int) {
 	k := float64(max(1, len(runs[1])))
 	t.Add(Row{Name: "  standby cost per generation: rows the standby computed", Value: float64(cost.rows) / k, Unit: "rows"})
 	t.Add(Row{Name: "  standby cost per generation: its compute", Value: cost.compute / k * 1000, Unit: "ms"})
-	t.Add(Row{Name: "  standby cost per generation: bytes the head mirrored", Value: cost.bytes / k / (1 << 20), Unit: "MiB"})
-	t.Add(Row{Name: "  standbys dropped (lagging)", Value: cost.dropped, Unit: ""})
+	if covered == "middle" { // a head's standby gets token ids from the origin (generate: no /metrics)
+		t.Add(Row{Name: "  standby cost per generation: bytes the head mirrored", Value: cost.bytes / k / (1 << 20), Unit: "MiB"})
+		t.Add(Row{Name: "  standbys dropped (lagging)", Value: cost.dropped, Unit: ""})
+	}
 }
 
 func b2i(v bool) int {
@@ -217,8 +240,10 @@ func (c standbyCost) read(b *testing.B, head *proc, mids []*proc) standbyCost {
 		x.rows += scrape(b, m, "meshp2p_standby_rows_total")
 		x.compute += scrape(b, m, "meshp2p_standby_compute_seconds_total")
 	}
-	x.bytes = scrape(b, head, "meshp2p_standby_mirrored_bytes_total")
-	x.dropped = scrape(b, head, "meshp2p_standby_dropped_total")
+	if head != nil {
+		x.bytes = scrape(b, head, "meshp2p_standby_mirrored_bytes_total")
+		x.dropped = scrape(b, head, "meshp2p_standby_dropped_total")
+	}
 	return x
 }
 
