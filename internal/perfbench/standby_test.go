@@ -2,6 +2,7 @@ package perfbench
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -33,7 +34,10 @@ import (
 // already (a middle's standby is fed by the head, the head's by the
 // origin). The cost of standing by comes from the processes' /metrics.
 func standby(b *testing.B, t *Table, rounds int) {
-	for _, covered := range []string{"middle", "head"} {
+	for _, covered := range strings.Split(cmp.Or(os.Getenv("MESHP2P_BENCH_STANDBY_COVERED"), "middle,head"), ",") {
+		if covered != "middle" && covered != "head" {
+			b.Fatalf("MESHP2P_BENCH_STANDBY_COVERED: %q is neither middle nor head", covered)
+		}
 		standbyCovering(b, t, rounds, covered)
 	}
 }
