@@ -381,13 +381,16 @@ func (x *Session) AdoptedInputs() []float32 {
 }
 
 // addRows keeps the input rows of a Forward that ran (after its
-// positions are known to follow the kept ones).
+// positions are known to follow the kept ones). x.shard.kv.cache.rowBytes
+// is fixed when the shard starts: read outside the loop.
 func (x *Session) addRows(in []float32) {
 	if !x.keepRows || !x.rowsOK {
 		return
 	}
 	w := x.shard.info.NEmbd
-	if len(x.rows) != x.nextPos*w {
+	// Rows past the cache's bound could never be kept: a session holds
+	// at most that much (PrefixCacheInputBytes) and then none.
+	if len(x.rows) != x.nextPos*w || int64(len(x.rows)+len(in))*4 > x.shard.kv.cache.rowBytes {
 		x.rowsOK, x.rows = false, nil
 		return
 	}

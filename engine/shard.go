@@ -84,7 +84,9 @@ type Config struct {
 	// they were fed, so an audit can rebuild the cells; prefixcache.go).
 	// Past it the least recently used entries lose their rows (they still
 	// serve; their adopters' epochs cannot be audited). 0: the default,
-	// DefaultPrefixCacheInputBytes; negative: none kept.
+	// DefaultPrefixCacheInputBytes; negative: none kept. A session keeps
+	// at most this much of its own rows too (rows past it could never
+	// be kept): the worst case is MaxSessions + 1 times it.
 	PrefixCacheInputBytes int64
 }
 
