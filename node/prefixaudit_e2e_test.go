@@ -8,6 +8,7 @@ import (
 
 	"github.com/neuron-tai/meshp2p/engine/gguf"
 	"github.com/neuron-tai/meshp2p/internal/testmodels"
+	"github.com/neuron-tai/meshp2p/proto/meshp2pb"
 	"github.com/neuron-tai/meshp2p/session"
 )
 
@@ -50,7 +51,8 @@ func (s *cheatSession) Forward(ctx context.Context, in session.Input) (session.O
 }
 
 // A conversation through 3 real nodes with prefix caches, every turn
-// audited (turn i audits hop i mod 3): the turns after the first reuse
+// audited (turn i audits hop i mod 3; greedy, sampled with a seed and
+// speculative turns): the turns after the first reuse
 // cached positions on every hop and their audits replay them from the
 // inputs the hops kept, and pass. With a middle hop that cheats only in
 // sessions that adopted cached positions, the first turn's audit passes
@@ -95,16 +97,22 @@ func testAuditCachedConversation(t *testing.T, cheat bool) {
 			}
 			return (float64(target) + 0.5) / 3
 		}}
-	turns := 4
+	sampled := &meshp2pb.SamplingParams{Temperature: 0.8, TopK: 40, TopP: 0.95, RepeatPenalty: 1.1, Seed: 77}
+	spec := &meshp2pb.Speculation{Mode: meshp2pb.SpecMode_SPEC_MODE_NGRAM}
+	turns := []struct {
+		sp   *meshp2pb.SamplingParams
+		spec *meshp2pb.Speculation
+	}{{nil, nil}, {nil, nil}, {sampled, nil}, {nil, spec}, {sampled, nil}, {nil, spec}}
 	if cheat {
-		target, turns = 1, 2
+		target, turns = 1, turns[:2]
 	}
 	convo := thinClientPrompt(t, c, fp, "Once upon a time, there was a little girl named Lily. She loved to play outside")
-	for i := range turns {
+	for i, turn := range turns {
 		if !cheat {
 			target = i % 3
 		}
-		res, err := o.Generate(context.Background(), session.GenerateRequest{Fingerprint: fp, NLayer: nl, Prompt: convo, MaxTokens: 40})
+		res, err := o.Generate(context.Background(), session.GenerateRequest{Fingerprint: fp, NLayer: nl, Prompt: convo, MaxTokens: 40,
+			Sampling: turn.sp, Speculation: turn.spec})
 		if err != nil {
 			t.Fatal(err)
 		}
