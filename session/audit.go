@@ -292,7 +292,7 @@ func (o *Origin) audit(ctx context.Context, open *meshp2pb.SessionOpen, hop int,
 		rep.Outcome, rep.Reason = AuditFailed, err.Error()
 		return rep
 	}
-	adopted, failed, why := o.adoptedInputs(ctx, open, hop, sts, known, nEmbd(frames))
+	adopted, failed, why := o.adoptedInputs(ctx, open, hop, sts, known, frames)
 	if failed != "" || why != "" {
 		return adoptedVerdict(rep, failed, why)
 	}
@@ -332,12 +332,19 @@ func (o *Origin) audit(ctx context.Context, open *meshp2pb.SessionOpen, hop int,
 // inconclusive) and, on the head, against the session's tokens known
 // (failed: a head that signed it reused other tokens than the prompt's is
 // convicted here, like a false kernel class: a signed contradiction).
-func (o *Origin) adoptedInputs(ctx context.Context, open *meshp2pb.SessionOpen, hop int, sts []*meshp2pb.SignedTranscript, known []int32, width int) (frames []*meshp2pb.RecordedFrame, failed, why string) {
+func (o *Origin) adoptedInputs(ctx context.Context, open *meshp2pb.SessionOpen, hop int, sts []*meshp2pb.SignedTranscript, known []int32, inputs []*meshp2pb.RecordedFrame) (frames []*meshp2pb.RecordedFrame, failed, why string) {
 	st, err := OpenTranscript(sts[0])
-	if err != nil || st.GetAdopted() == 0 {
-		return nil, "", "" // judged (and refused) by the replay
-	}
 	n := int(st.GetAdopted())
+	switch {
+	case err != nil:
+		return nil, "", "" // judged (and refused) by the replay
+	case len(inputs) > 0 && int(inputs[0].GetHeader().GetPosStart()) != n:
+		// An older hop signs no adopted positions; an honest one's first
+		// input frame is where its adopted positions end.
+		return nil, "", fmt.Sprintf("hop %d signed %d adopted positions, its first input frame is at position %d", hop, n, inputs[0].GetHeader().GetPosStart())
+	case n == 0:
+		return nil, "", ""
+	}
 	if len(st.GetAdoptedDigest()) == 0 {
 		return nil, "", fmt.Sprintf("hop %d adopted %d cached positions whose inputs its cache entry did not keep: no replay rebuilds them", hop, n)
 	}
@@ -345,7 +352,7 @@ func (o *Origin) adoptedInputs(ctx context.Context, open *meshp2pb.SessionOpen, 
 	if err != nil {
 		return nil, "", fmt.Sprintf("inputs of the %d positions hop %d adopted: %v", n, hop, err)
 	}
-	if err := checkAdopted(frames, st, hop == 0, width); err != nil {
+	if err := checkAdopted(frames, st, hop == 0, nEmbd(inputs)); err != nil {
 		return nil, "", fmt.Sprintf("inputs of the %d positions hop %d adopted (%d frames kept): %v", n, hop, len(frames), err)
 	}
 	if toks := adoptedTokens(frames); hop == 0 && (len(toks) > len(known) || !slices.Equal(toks, known[:len(toks)])) {
