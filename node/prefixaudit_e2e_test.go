@@ -52,11 +52,13 @@ func (s *cheatSession) Forward(ctx context.Context, in session.Input) (session.O
 
 // A conversation through 3 real nodes with prefix caches, every turn
 // audited (turn i audits hop i mod 3; greedy, sampled with a seed and
-// speculative turns): the turns after the first reuse
-// cached positions on every hop and their audits replay them from the
-// inputs the hops kept, and pass. With a middle hop that cheats only in
-// sessions that adopted cached positions, the first turn's audit passes
-// and the second's convicts it, with a proof that verifies on its own.
+// speculative turns): the turns after the first reuse cached positions on
+// every hop, their audits replay them from the inputs the hops kept and
+// pass, and after the head the adopted rows are those the hop signed it
+// received in the turn before (the cross-check). With a middle hop that
+// cheats only in sessions that adopted cached positions, the first turn's
+// audit passes and the second's convicts it, with a proof that verifies
+// on its own.
 func TestAuditCachedConversation(t *testing.T) {
 	for _, cheat := range []bool{false, true} {
 		t.Run(map[bool]string{false: "honest", true: "cheats_on_cached"}[cheat], func(t *testing.T) {
@@ -120,8 +122,8 @@ func testAuditCachedConversation(t *testing.T, cheat bool) {
 		mu.Lock()
 		rep := reps[len(reps)-1]
 		mu.Unlock()
-		t.Logf("turn %d: %d cached (per hop %v); audit of hop %d: %s, %d windows, %d adopted, exact %v %s",
-			i, res.CachedTokens, res.HopCached, rep.Hop, rep.Outcome, rep.Windows, rep.Adopted, rep.Exact, rep.Reason)
+		t.Logf("turn %d: %d cached (per hop %v); audit of hop %d: %s, %d windows, %d adopted (%d cross-checked), exact %v %s",
+			i, res.CachedTokens, res.HopCached, rep.Hop, rep.Outcome, rep.Windows, rep.Adopted, rep.CrossChecked, rep.Exact, rep.Reason)
 		switch {
 		case i == 0 && (rep.Outcome != session.AuditPassed || rep.Adopted != 0):
 			t.Fatalf("first turn's audit: %+v", rep)
@@ -129,6 +131,8 @@ func testAuditCachedConversation(t *testing.T, cheat bool) {
 			t.Fatalf("turn %d reused nothing", i)
 		case i > 0 && !cheat && (rep.Outcome != session.AuditPassed || rep.Windows == 0 || rep.Adopted != res.HopCached[rep.Hop] || rep.Hop != target):
 			t.Fatalf("turn %d's audit: %+v", i, rep)
+		case i > 0 && !cheat && rep.Hop > 0 && rep.CrossChecked == 0:
+			t.Fatalf("turn %d: the adopted rows of hop %d were not cross-checked against the turn before's", i, rep.Hop)
 		case i > 0 && cheat && (rep.Outcome != session.AuditFailed || rep.Peer != mid.P2P().ID() || rep.Proof == nil || rep.Adopted == 0):
 			t.Fatalf("the cheating hop's audit: %+v", rep)
 		}

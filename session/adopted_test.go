@@ -82,6 +82,11 @@ func TestAuditCachedEpochPasses(t *testing.T) {
 			if rep.Outcome != AuditPassed || rep.Windows == 0 || rep.Adopted != 64 || rep.Hop != target || !rep.Exact {
 				t.Fatalf("cached epoch's audit: %+v", rep)
 			}
+			// After the head, the adopted rows are those the hop signed it
+			// received in the first turn (its records are still held).
+			if want := map[bool]int{true: 0, false: 64}[target == 0]; rep.CrossChecked != want {
+				t.Fatalf("%d adopted positions cross-checked, want %d", rep.CrossChecked, want)
+			}
 		})
 	}
 }
@@ -150,6 +155,34 @@ func TestAuditCatchesCheatOnCachedEpoch(t *testing.T) {
 				if _, err := CheckProof(forged); !errors.Is(err, ErrProof) {
 					t.Fatalf("adopted inputs %s, CheckProof: %v", what, err)
 				}
+			}
+		})
+	}
+}
+
+// A hop after the head that keeps other rows with its cache entry than
+// it received (its cells computed from them would pass the replay, which
+// rebuilds them from the same rows) is convicted by the cross-check: the
+// rows it signed it adopted are not those it signed it received in the
+// session that left the entry.
+func TestAuditCrossCheckCatchesPoisonedEntry(t *testing.T) {
+	for target, name := range []string{"middle", "tail"} {
+		target++
+		t.Run(name, func(t *testing.T) {
+			ct := newCachedTurns(t)
+			ct.target = target
+			ct.caches[target].mu.Lock()
+			ct.caches[target].poison = true
+			ct.caches[target].mu.Unlock()
+			if _, rep := ct.gen(t, ct.turn1); rep.Outcome != AuditPassed {
+				t.Fatalf("first turn: %+v", rep)
+			}
+			_, rep := ct.gen(t, ct.turn2)
+			if rep.Outcome != AuditFailed || rep.Peer != ct.hops[target].host.ID() || rep.CrossChecked != 1 || !strings.Contains(rep.Reason, "position 0") {
+				t.Fatalf("poisoned entry's audit: %+v", rep)
+			}
+			if !ct.o.Failures.Convicted(rep.Peer) {
+				t.Fatal("not avoided")
 			}
 		})
 	}

@@ -79,6 +79,10 @@ type AuditReport struct {
 	// Adopted is how many positions the hop adopted from its prefix
 	// cache, whose inputs the replay fed first (0: none).
 	Adopted int
+	// CrossChecked is how many adopted positions' rows were found to be
+	// those the hop signed it received in the session that left them
+	// (crosscheck.go; 0: not checked).
+	CrossChecked int
 	// Relayed is how many of the final epoch's tokens the relay check
 	// found to be the ones the tail signed it sent (relaycheck.go; 0: not
 	// checked, a one-hop route, or records missing).
@@ -101,6 +105,7 @@ type Auditor struct {
 	mu      sync.Mutex
 	running int
 	wg      sync.WaitGroup
+	recent  []recentGen // the cross-check's sources (crosscheck.go)
 }
 
 // maxAuditsQueued bounds the audits running or waiting at once: more are
@@ -134,6 +139,7 @@ func (o *Origin) maybeAudit(res *Result) {
 		return
 	}
 	open, known := res.lastOpen, slices.Concat(res.prompt, res.Tokens)
+	a.remember(open, known)                                                // the cross-check of later audits (crosscheck.go)
 	at := len(res.prompt) + min(len(open.GetGenerated()), len(res.Tokens)) // the final epoch's first token
 	got := relayed{tokens: known[at:], at: at, eos: res.Stop == "eos"}
 	n := len(open.GetRoute().GetHops())
@@ -297,6 +303,9 @@ func (o *Origin) audit(ctx context.Context, open *meshp2pb.SessionOpen, hop int,
 		return adoptedVerdict(rep, failed, why)
 	}
 	rep.Adopted = positions(adopted)
+	if rep.CrossChecked, failed = o.crossCheck(ctx, open, hop, known, adopted); failed != "" {
+		return adoptedVerdict(rep, failed, "")
+	}
 	p := &meshp2pb.Proof{Version: 1, Open: open, HopIndex: uint32(hop), NEmbd: uint32(nEmbd(frames)), Statements: sts, Inputs: frames, Adopted: adopted}
 	if hop == 0 {
 		if err := checkHeadInputs(frames, known); err != nil {

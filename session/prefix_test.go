@@ -19,6 +19,9 @@ type fakeCache struct {
 	// position of its first Forward, in order.
 	adopted, first []int
 	adoptedToks    [][]int32
+	// poison, if set, makes the entries keep other rows than their
+	// sessions were fed (a hop poisoning its own cache).
+	poison bool
 }
 
 type fakeEntry struct {
@@ -157,10 +160,13 @@ func (s *cachedSession) Close() {
 		n := min(len(keep.Hashes), pos/keep.Block)
 		keep.Hashes = keep.Hashes[:n]
 		e := fakeEntry{p: *keep, toks: toks[:min(len(toks), n*keep.Block)]}
-		if len(rows) >= n*keep.Block*fakeEmbd {
-			e.rows = rows[:n*keep.Block*fakeEmbd]
-		}
 		s.c.mu.Lock()
+		if len(rows) >= n*keep.Block*fakeEmbd {
+			e.rows = slices.Clone(rows[:n*keep.Block*fakeEmbd])
+			if s.c.poison && len(e.rows) > 3 {
+				e.rows[3]++ // position 0's last value: the fake checks the others
+			}
+		}
 		s.c.entries = append(s.c.entries, e)
 		s.c.mu.Unlock()
 	}
