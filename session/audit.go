@@ -303,8 +303,8 @@ func (o *Origin) audit(ctx context.Context, open *meshp2pb.SessionOpen, hop int,
 		return adoptedVerdict(rep, failed, why)
 	}
 	rep.Adopted = positions(adopted)
-	if rep.CrossChecked, failed = o.crossCheck(ctx, open, hop, known, adopted); failed != "" {
-		return adoptedVerdict(rep, failed, "")
+	if rep.CrossChecked, why = o.crossCheck(ctx, open, hop, known, adopted); why != "" {
+		return adoptedVerdict(rep, "", why)
 	}
 	p := &meshp2pb.Proof{Version: 1, Open: open, HopIndex: uint32(hop), NEmbd: uint32(nEmbd(frames)), Statements: sts, Inputs: frames, Adopted: adopted}
 	if hop == 0 {

@@ -10,19 +10,27 @@ import (
 
 	"github.com/neuron-tai/meshp2p/proto/frame"
 	"github.com/neuron-tai/meshp2p/proto/meshp2pb"
+	"github.com/neuron-tai/meshp2p/route"
 )
 
 // The cross-check of a hop's adopted rows (docs/trust.md, "Prefix cache":
 // a poisoned entry). The replay rebuilds a hop's adopted cells from the
 // rows the hop itself kept; a hop after the head that kept other rows
 // than it received would pass it. So an audit also looks for the
-// origin's earlier session whose close left that entry (same hops up to
-// the audited one, the same first tokens), fetches from the hop before
+// origin's earlier session whose close left that entry (the same model,
+// wire dtype and hops up to the audited one, the same first tokens; an
+// entry kept by another session of the same tokens holds bitwise the
+// same rows, batch invariance, so which one left it does not matter),
+// and, unless a hop before the audited one is not batch-invariant,
+// fetches from the hop before
 // the audited one the frames it sent in that session and from the
 // statements' holder the audited hop's statements of it, and compares
 // the rows the hop signed it received there with those it signed it
-// adopted here: a difference is two signed statements of the hop that
-// contradict each other. Positions that session itself adopted are not
+// adopted here. A difference makes the audit inconclusive, not a
+// conviction: the entry may have been left by another session of the same
+// tokens (a later session that keeps blocks an entry already holds only
+// touches it), whose rows differ from this one's when a hop before the
+// audited one cheated in either: an honest hop must not answer for that. Positions that session itself adopted are not
 // covered (a chain of earlier sessions), nor is anything once the records
 // expired (DefaultAuditHold): then nothing is compared.
 
@@ -61,9 +69,14 @@ func (a *Auditor) source(open *meshp2pb.SessionOpen, hop, n int, known []int32) 
 	for i := len(a.recent) - 1; i >= 0; i-- {
 		g := a.recent[i]
 		gh := g.open.GetRoute().GetHops()
-		same := len(gh) > hop && slices.EqualFunc(gh[:hop+1], hops[:hop+1], func(x, y *meshp2pb.RouteHop) bool {
-			return string(x.GetPeerId()) == string(y.GetPeerId()) && x.GetStart() == y.GetStart() && x.GetEnd() == y.GetEnd()
-		})
+		// Rows of the same tokens are bitwise the same only through the
+		// same computation: model, wire dtype, and the hops' peers,
+		// ranges and kernel classes up to this one (the entry's scope).
+		same := len(gh) > hop && g.open.GetModelFingerprint() == open.GetModelFingerprint() && g.open.GetWireDtype() == open.GetWireDtype() &&
+			slices.EqualFunc(gh[:hop+1], hops[:hop+1], func(x, y *meshp2pb.RouteHop) bool {
+				return string(x.GetPeerId()) == string(y.GetPeerId()) && x.GetStart() == y.GetStart() && x.GetEnd() == y.GetEnd() &&
+					x.GetKernelClass() == y.GetKernelClass()
+			})
 		if same && (string(g.open.GetSessionId()) != string(open.GetSessionId()) || g.open.GetEpoch() != open.GetEpoch()) &&
 			len(g.known) >= n && len(known) >= n && slices.Equal(g.known[:n], known[:n]) {
 			return &g
@@ -74,12 +87,17 @@ func (a *Auditor) source(open *meshp2pb.SessionOpen, hop, n int, known []int32) 
 
 // crossCheck compares hop's adopted rows (adopted, checked against its
 // signed digest) with the rows it signed it received in the session that
-// left them (see above): the positions compared, and why the hop is
-// convicted ("": no contradiction found, or nothing to compare).
+// left them (see above): the positions compared, and why the audit is
+// inconclusive ("": no difference found, or nothing to compare).
 func (o *Origin) crossCheck(ctx context.Context, open *meshp2pb.SessionOpen, hop int, known []int32, adopted []*meshp2pb.RecordedFrame) (int, string) {
 	n := positions(adopted)
 	if hop == 0 || n == 0 {
 		return 0, ""
+	}
+	for _, h := range open.GetRoute().GetHops()[:hop] {
+		if !route.InvariantClass(h.GetKernelClass()) {
+			return 0, "" // the hop before computes rows that depend on their batch: two sessions' differ
+		}
 	}
 	g := o.Audit.source(open, hop, n, known)
 	if g == nil {
@@ -99,8 +117,8 @@ func (o *Origin) crossCheck(ctx context.Context, open *meshp2pb.SessionOpen, hop
 		}
 		checked++
 		if !slices.Equal(mine[pos], row) {
-			return checked, fmt.Sprintf("hop %d signed it adopted cells computed from other rows at position %d than it signed it received there in session %x epoch %d",
-				hop, pos, g.open.GetSessionId()[:4], g.open.GetEpoch())
+			return checked, fmt.Sprintf("hop %d signed it adopted cells computed from other rows at position %d than it signed it received there in session %x epoch %d "+
+				"(a poisoned cache entry, or one another session left whose hops before this one sent other rows)", hop, pos, g.open.GetSessionId()[:4], g.open.GetEpoch())
 		}
 	}
 	return checked, ""
