@@ -68,6 +68,11 @@ const PrefixOwnerDivisor = 2
 // (each is a llama.cpp sequence; 256 in all, live sessions first).
 const DefaultPrefixCacheEntries = 32
 
+// DefaultPrefixCacheInputBytes bounds the input rows a shard's prefix
+// cache keeps (Config.PrefixCacheInputBytes): 64 MiB, 4096 positions of
+// a 4096-wide model.
+const DefaultPrefixCacheInputBytes = 64 << 20
+
 // cacheEntry is one cached prefix: sequence seq holds its positions
 // [0, len(hashes)·block).
 type cacheEntry struct {
@@ -77,8 +82,9 @@ type cacheEntry struct {
 	alt    [32]byte // zero: none
 	block  int
 	hashes [][16]byte
-	toks   []int32 // head shards: the tokens of its positions
-	last   uint64  // LRU clock
+	toks   []int32   // head shards: the tokens of its positions
+	rows   []float32 // shards after the head: the input rows of its positions (nil: none kept)
+	last   uint64    // LRU clock
 }
 
 func (e *cacheEntry) cells() int { return len(e.hashes) * e.block }
@@ -91,6 +97,9 @@ type prefixCache struct {
 	entries map[int]*cacheEntry
 	held    int
 	clock   uint64
+	// rowBytes bounds the bytes of input rows the entries keep together
+	// (Config.PrefixCacheInputBytes); rowsHeld is what they keep.
+	rowBytes, rowsHeld int64
 
 	heldN, entriesN, evicted atomic.Int64
 }
@@ -169,17 +178,19 @@ func (c *prefixCache) victim(owner string, n int) *cacheEntry {
 // keepReq is what a closing session asks the cache to keep.
 type keepReq struct {
 	p    Prefix
-	pos  int     // the session's positions
-	toks []int32 // head: its tokens
+	pos  int       // the session's positions
+	toks []int32   // head: its tokens
+	rows []float32 // KeepInputs: its input rows of every position (nil: not all known)
 }
 
 // adopt gives sequence seq (no cells yet) the longest cached prefix of p;
-// it returns the positions and, on a head shard, their tokens.
-func (s *Shard) adopt(seq int, p *Prefix) (int, []int32) {
+// it returns the positions and, on a head shard, their tokens, and with
+// rows their input rows when the entry kept them.
+func (s *Shard) adopt(seq int, p *Prefix, rows bool) (int, []int32, []float32) {
 	c := &s.kv.cache
 	e, n := c.match(p)
 	if e == nil {
-		return 0, nil
+		return 0, nil, nil
 	}
 	C.llama_memory_seq_cp(C.llama_get_memory(s.lctx), C.llama_seq_id(e.seq), C.llama_seq_id(seq), 0, C.llama_pos(n))
 	s.kv.live[seq] = n
@@ -190,7 +201,11 @@ func (s *Shard) adopt(seq int, p *Prefix) (int, []int32) {
 	if len(e.toks) >= n {
 		toks = slices.Clone(e.toks[:n])
 	}
-	return n, toks
+	var in []float32
+	if w := n * s.info.NEmbd; rows && len(e.rows) >= w {
+		in = slices.Clone(e.rows[:w])
+	}
+	return n, toks, in
 }
 
 // keep makes the first whole blocks of seq's positions an entry (before
@@ -236,7 +251,38 @@ func (s *Shard) keep(seq int, k *keepReq) {
 	}
 	c.entries[cseq] = e
 	c.held += n
+	if w := n * s.info.NEmbd; len(k.rows) >= w && c.fitRows(int64(w)*4) {
+		e.rows = slices.Clone(k.rows[:w])
+		c.rowsHeld += int64(w) * 4
+	}
 	c.setCounts()
+}
+
+// fitRows makes room for n bytes of input rows within the bound, taking
+// the rows of the least recently used entries that keep some (they stay,
+// without them); false when n is over the whole bound.
+func (c *prefixCache) fitRows(n int64) bool {
+	if n > c.rowBytes {
+		return false
+	}
+	for c.rowsHeld+n > c.rowBytes {
+		var v *cacheEntry
+		for _, e := range c.entries {
+			if e.rows != nil && (v == nil || e.last < v.last) {
+				v = e
+			}
+		}
+		if v == nil {
+			return false
+		}
+		c.dropRows(v)
+	}
+	return true
+}
+
+func (c *prefixCache) dropRows(e *cacheEntry) {
+	c.rowsHeld -= int64(len(e.rows)) * 4
+	e.rows = nil
 }
 
 // evict drops entry e. Its cells stay occupied (no holes) until the next
@@ -252,6 +298,7 @@ func (s *Shard) evict(e *cacheEntry) {
 
 // forget removes e from the index (its cells are the caller's business).
 func (c *prefixCache) forget(e *cacheEntry) {
+	c.dropRows(e)
 	delete(c.entries, e.seq)
 	c.free = append(c.free, e.seq)
 	c.held -= e.cells()
@@ -313,7 +360,41 @@ func (x *Session) Adopt(ctx context.Context, p Prefix) (int, []int32, error) {
 	if s.info.IsHead() {
 		x.toks = r.out.Tokens
 	}
+	if x.keepRows {
+		x.rowsOK = len(r.out.Hidden) == r.adopted*s.info.NEmbd
+		x.rows, x.adoptedRows = nil, nil
+		if x.rowsOK {
+			x.rows, x.adoptedRows = slices.Clone(r.out.Hidden), r.out.Hidden
+		}
+	}
 	return r.adopted, r.out.Tokens, nil
+}
+
+// AdoptedInputs are the input rows of the positions the last Adopt gave
+// (positions × n_embd, row-major), as the session that computed their
+// cells was fed them: nil unless the session keeps its inputs
+// (SessionParams.KeepInputs) and the entry kept them.
+func (x *Session) AdoptedInputs() []float32 {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	return x.adoptedRows
+}
+
+// addRows keeps the input rows of a Forward that ran (after its
+// positions are known to follow the kept ones). x.shard.kv.cache.rowBytes
+// is fixed when the shard starts: read outside the loop.
+func (x *Session) addRows(in []float32) {
+	if !x.keepRows || !x.rowsOK {
+		return
+	}
+	w := x.shard.info.NEmbd
+	// Rows past the cache's bound could never be kept: a session holds
+	// at most that much (PrefixCacheInputBytes) and then none.
+	if len(x.rows) != x.nextPos*w || int64(len(x.rows)+len(in))*4 > x.shard.kv.cache.rowBytes {
+		x.rowsOK, x.rows = false, nil
+		return
+	}
+	x.rows = append(x.rows, in...)
 }
 
 // Keep makes Close keep the session's first positions in the shard's

@@ -78,6 +78,16 @@ type Config struct {
 	// sequence; default DefaultPrefixCacheEntries, at most what 256
 	// sequences leave after the sessions').
 	PrefixCacheEntries int
+	// PrefixCacheInputBytes bounds the input rows the prefix cache keeps
+	// beside its entries' cells, all entries together (host memory, not
+	// KV: sessions opened with SessionParams.KeepInputs keep the f32 rows
+	// they were fed, so an audit can rebuild the cells; prefixcache.go).
+	// Past it the least recently used entries lose their rows (they still
+	// serve; their adopters' epochs cannot be audited). 0: the default,
+	// DefaultPrefixCacheInputBytes; negative: none kept. A session keeps
+	// at most this much of its own rows too (rows past it could never
+	// be kept): the worst case is MaxSessions + 1 times it.
+	PrefixCacheInputBytes int64
 }
 
 // WithDefaults is c with every zero field at its default (what NewShard
@@ -102,6 +112,9 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if c.PrefixCacheEntries == 0 {
 		c.PrefixCacheEntries = DefaultPrefixCacheEntries
+	}
+	if c.PrefixCacheInputBytes == 0 {
+		c.PrefixCacheInputBytes = DefaultPrefixCacheInputBytes
 	}
 	switch {
 	case c.NCtx < 16 || c.NCtx > 1<<22:
@@ -211,6 +224,7 @@ func NewShard(ctx context.Context, model *Model, cfg Config) (*Shard, error) {
 	cacheSeqs := 0
 	if !cfg.Baseline && model.device.IsCPU() && cfg.PrefixCacheCells > 0 {
 		s.kv.cache.cells, cacheSeqs = cfg.PrefixCacheCells, cfg.PrefixCacheEntries
+		s.kv.cache.rowBytes = max(0, cfg.PrefixCacheInputBytes)
 	}
 	for i := range cacheSeqs {
 		s.kv.cache.free = append(s.kv.cache.free, cfg.MaxSessions+2+i)
@@ -389,6 +403,12 @@ type SessionParams struct {
 	KVTokens int
 	// Sampling is used on the tail only.
 	Sampling Sampling
+	// KeepInputs (shards after the head) keeps the hidden-state rows the
+	// session is fed, per position, so that what it keeps in the prefix
+	// cache holds them beside the cells and an adopter gets them back
+	// (Session.AdoptedInputs): what an audit replays the adopted
+	// positions from. A head shard always keeps its tokens.
+	KeepInputs bool
 }
 
 // Session is one sequence in a shard's context.
@@ -408,6 +428,12 @@ type Session struct {
 	// what Close keeps there (Keep).
 	toks []int32
 	keep *Prefix
+	// rows (KeepInputs, shards after the head) are the input rows of
+	// positions [0, nextPos) while rowsOK (false once a position's rows
+	// are unknown: adopted from an entry that kept none); adoptedRows are
+	// those of the positions Adopt gave.
+	keepRows, rowsOK  bool
+	rows, adoptedRows []float32
 }
 
 // OpenSession admits a session: it needs a free sequence slot and KV cells.
@@ -458,7 +484,7 @@ func (s *Shard) OpenSession(key SessionKey, p SessionParams) (*Session, error) {
 	seq := s.freeSeq[len(s.freeSeq)-1]
 	s.freeSeq = s.freeSeq[:len(s.freeSeq)-1]
 	s.reserved += kv
-	sess := &Session{shard: s, key: key, seq: seq, kv: kv, smp: smp}
+	sess := &Session{shard: s, key: key, seq: seq, kv: kv, smp: smp, keepRows: p.KeepInputs && !s.info.IsHead(), rowsOK: true}
 	s.sessions[key] = sess
 	return sess, nil
 }
@@ -603,6 +629,7 @@ func forwardMany(ctx context.Context, xs []*Session, ins []Input) ([]*Output, er
 		if sh.info.IsHead() {
 			xs[i].toks = append(xs[i].toks[:min(len(xs[i].toks), xs[i].nextPos)], ins[i].Tokens...)
 		}
+		xs[i].addRows(ins[i].Hidden)
 		xs[i].nextPos += r.rows
 		outs[i] = &r.out
 	}
@@ -693,6 +720,11 @@ func (x *Session) Truncate(ctx context.Context, pos int) error {
 	}
 	x.nextPos = pos
 	x.toks = x.toks[:min(len(x.toks), pos)]
+	if x.rowsOK {
+		x.rows = x.rows[:min(len(x.rows), pos*s.info.NEmbd)]
+	} else if pos == 0 {
+		x.rowsOK, x.rows = true, nil // nothing unknown is left
+	}
 	return nil
 }
 
@@ -729,6 +761,9 @@ func (x *Session) Close() {
 	var keep *keepReq
 	if x.keep != nil && x.broken == nil {
 		keep = &keepReq{p: *x.keep, pos: x.nextPos, toks: x.toks}
+		if x.keepRows && x.rowsOK {
+			keep.rows = x.rows
+		}
 	}
 	x.mu.Unlock()
 	s := x.shard

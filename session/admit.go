@@ -274,7 +274,8 @@ func (h *HopService) reserve(hs *hopSession) *hopError {
 	if he := h.takeQuota(hs, int(open.GetNCtxNeeded())); he != nil {
 		return he
 	}
-	eng, err := hs.se.eng.OpenSession(hs.key, EngineParams{KVTokens: int(open.GetNCtxNeeded()), Sampling: open.GetSampling(), Generated: open.GetGenerated()})
+	eng, err := hs.se.eng.OpenSession(hs.key, EngineParams{KVTokens: int(open.GetNCtxNeeded()), Sampling: open.GetSampling(), Generated: open.GetGenerated(),
+		KeepInputs: open.GetTranscripts()})
 	if err != nil {
 		h.giveQuota(hs)
 		code := meshp2pb.ErrorCode_ERROR_CODE_BAD_REQUEST

@@ -76,6 +76,13 @@ type AuditReport struct {
 	Replay     time.Duration // the replay's compute
 	Exact      bool          // compared exactly (same kernel class)
 	Proof      *meshp2pb.Proof
+	// Adopted is how many positions the hop adopted from its prefix
+	// cache, whose inputs the replay fed first (0: none).
+	Adopted int
+	// CrossChecked is how many adopted positions' rows were found to be
+	// those the hop signed it received in the session that left them
+	// (crosscheck.go; 0: not checked).
+	CrossChecked int
 	// Relayed is how many of the final epoch's tokens the relay check
 	// found to be the ones the tail signed it sent (relaycheck.go; 0: not
 	// checked, a one-hop route, or records missing).
@@ -98,6 +105,7 @@ type Auditor struct {
 	mu      sync.Mutex
 	running int
 	wg      sync.WaitGroup
+	recent  []recentGen // the cross-check's sources (crosscheck.go)
 }
 
 // maxAuditsQueued bounds the audits running or waiting at once: more are
@@ -131,6 +139,7 @@ func (o *Origin) maybeAudit(res *Result) {
 		return
 	}
 	open, known := res.lastOpen, slices.Concat(res.prompt, res.Tokens)
+	a.remember(open, known)                                                // the cross-check of later audits (crosscheck.go)
 	at := len(res.prompt) + min(len(open.GetGenerated()), len(res.Tokens)) // the final epoch's first token
 	got := relayed{tokens: known[at:], at: at, eos: res.Stop == "eos"}
 	n := len(open.GetRoute().GetHops())
@@ -158,7 +167,7 @@ func (o *Origin) maybeAudit(res *Result) {
 	go func() {
 		defer a.wg.Done()
 		ctx, cancel := context.WithTimeout(context.Background(), DefaultAuditTimeout)
-		rep := o.auditGeneration(ctx, open, hop, known, got, advertisedClass(res.Route, open, hop), res.cachedFrom)
+		rep := o.auditGeneration(ctx, open, hop, known, got, advertisedClass(res.Route, open, hop))
 		cancel()
 		a.mu.Lock()
 		a.running--
@@ -168,24 +177,18 @@ func (o *Origin) maybeAudit(res *Result) {
 }
 
 // auditGeneration checks the head's relay (every audited generation: it
-// needs no replay) and, unless that convicts the head, audits hop — but
-// not when the epoch's hops started from cachedFrom > 0 cached positions:
-// the cells they reused were computed in an earlier session, from inputs
-// this one's records do not hold, so no replay could reproduce them
-// (docs/trust.md, "Prefix cache").
-func (o *Origin) auditGeneration(ctx context.Context, open *meshp2pb.SessionOpen, hop int, known []int32, got relayed, advertised string, cachedFrom int) AuditReport {
+// needs no replay) and, unless that convicts the head, audits hop. An
+// epoch whose hops reused cached positions is audited too: the hop signed
+// what it adopted and kept its inputs, which the replay feeds first
+// (adopted.go); without them the audit is inconclusive (docs/trust.md,
+// "Prefix cache").
+func (o *Origin) auditGeneration(ctx context.Context, open *meshp2pb.SessionOpen, hop int, known []int32, got relayed, advertised string) AuditReport {
 	rc := o.checkRelay(ctx, open, got)
 	if rc.Outcome == AuditFailed {
 		return rc
 	}
 	if rc.Outcome == AuditInconclusive {
 		o.logger().Info("relay check inconclusive", "head", rc.Peer, "reason", rc.Reason)
-	}
-	if cachedFrom > 0 {
-		hops := open.GetRoute().GetHops()
-		return AuditReport{Peer: peer.ID(hops[hop].GetPeerId()), Hop: hop, Start: int(hops[hop].GetStart()), End: int(hops[hop].GetEnd()),
-			Epoch: open.GetEpoch(), Outcome: AuditSkipped, Relayed: rc.Relayed,
-			Reason: fmt.Sprintf("the hops reused %d cached positions: no recorded inputs replay them", cachedFrom)}
 	}
 	rep := o.audit(ctx, open, hop, known, advertised)
 	rep.Relayed = rc.Relayed
@@ -295,7 +298,15 @@ func (o *Origin) audit(ctx context.Context, open *meshp2pb.SessionOpen, hop int,
 		rep.Outcome, rep.Reason = AuditFailed, err.Error()
 		return rep
 	}
-	p := &meshp2pb.Proof{Version: 1, Open: open, HopIndex: uint32(hop), NEmbd: uint32(nEmbd(frames)), Statements: sts, Inputs: frames}
+	adopted, failed, why := o.adoptedInputs(ctx, open, hop, sts, known, frames)
+	if failed != "" || why != "" {
+		return adoptedVerdict(rep, failed, why)
+	}
+	rep.Adopted = positions(adopted)
+	if rep.CrossChecked, why = o.crossCheck(ctx, open, hop, known, adopted); why != "" {
+		return adoptedVerdict(rep, "", why)
+	}
+	p := &meshp2pb.Proof{Version: 1, Open: open, HopIndex: uint32(hop), NEmbd: uint32(nEmbd(frames)), Statements: sts, Inputs: frames, Adopted: adopted}
 	if hop == 0 {
 		if err := checkHeadInputs(frames, known); err != nil {
 			return inconclusive("%v", err)
@@ -322,6 +333,41 @@ func (o *Origin) audit(ctx context.Context, open *meshp2pb.SessionOpen, hop int,
 	}
 	rep.Outcome, rep.Reason, rep.Proof = AuditFailed, v.Reason, v.Proof
 	return rep
+}
+
+// adoptedInputs fetches from the audited hop the inputs of the positions
+// it signed it adopted from its prefix cache (sts[0].adopted; none: nil)
+// and checks them against its signed digest (why: the audit is
+// inconclusive) and, on the head, against the session's tokens known
+// (failed: a head that signed it reused other tokens than the prompt's is
+// convicted here, like a false kernel class: a signed contradiction).
+func (o *Origin) adoptedInputs(ctx context.Context, open *meshp2pb.SessionOpen, hop int, sts []*meshp2pb.SignedTranscript, known []int32, inputs []*meshp2pb.RecordedFrame) (frames []*meshp2pb.RecordedFrame, failed, why string) {
+	st, err := OpenTranscript(sts[0])
+	n := int(st.GetAdopted())
+	switch {
+	case err != nil:
+		return nil, "", "" // judged (and refused) by the replay
+	case len(inputs) > 0 && int(inputs[0].GetHeader().GetPosStart()) != n:
+		// An older hop signs no adopted positions; an honest one's first
+		// input frame is where its adopted positions end.
+		return nil, "", fmt.Sprintf("hop %d signed %d adopted positions, its first input frame is at position %d", hop, n, inputs[0].GetHeader().GetPosStart())
+	case n == 0:
+		return nil, "", ""
+	}
+	if len(st.GetAdoptedDigest()) == 0 {
+		return nil, "", fmt.Sprintf("hop %d adopted %d cached positions whose inputs its cache entry did not keep: no replay rebuilds them", hop, n)
+	}
+	_, frames, err = o.fetch(ctx, peer.ID(open.GetRoute().GetHops()[hop].GetPeerId()), open, meshp2pb.AuditPart_AUDIT_PART_ADOPTED)
+	if err != nil {
+		return nil, "", fmt.Sprintf("inputs of the %d positions hop %d adopted: %v", n, hop, err)
+	}
+	if err := checkAdopted(frames, st, hop == 0, nEmbd(inputs)); err != nil {
+		return nil, "", fmt.Sprintf("inputs of the %d positions hop %d adopted (%d frames kept): %v", n, hop, len(frames), err)
+	}
+	if toks := adoptedTokens(frames); hop == 0 && (len(toks) > len(known) || !slices.Equal(toks, known[:len(toks)])) {
+		return nil, fmt.Sprintf("the head signed it reused the cached KV of %d tokens that are not the session's first %d", n, n), ""
+	}
+	return frames, "", ""
 }
 
 // nEmbd is the row width of the recorded inputs (0 for the head's).
@@ -501,6 +547,11 @@ func Judge(ctx context.Context, p *meshp2pb.Proof, engines AuditEngines) (Verdic
 	if err != nil || len(windows) == 0 {
 		return v, err // nothing to replay (no output either), or inputs not the hop's
 	}
+	if len(sts) > 0 {
+		if err := checkAdopted(p.GetAdopted(), sts[0], hop == 0, int(p.GetNEmbd())); err != nil {
+			return v, fmt.Errorf("%w: %w", ErrProof, err)
+		}
+	}
 	eng, class, release, err := engines.Engine(ctx, open.GetModelFingerprint(), int(h.GetStart()), int(h.GetEnd()))
 	if err != nil {
 		return v, err
@@ -508,7 +559,7 @@ func Judge(ctx context.Context, p *meshp2pb.Proof, engines AuditEngines) (Verdic
 	defer release()
 	v.Class = class
 	t0 := time.Now()
-	got, err := RunReplay(ctx, eng, Replay{Open: open, Hop: hop, NEmbd: int(p.GetNEmbd()), Frames: p.GetInputs(), Windows: windows})
+	got, err := RunReplay(ctx, eng, Replay{Open: open, Hop: hop, NEmbd: int(p.GetNEmbd()), Frames: p.GetInputs(), Windows: windows, Adopted: p.GetAdopted()})
 	v.Replay = time.Since(t0)
 	if err != nil {
 		return v, err
@@ -620,6 +671,11 @@ func CheckProof(p *meshp2pb.Proof) (peer.ID, error) {
 	windows, _, err := replayableWindows(p, sts)
 	if err != nil {
 		return "", err
+	}
+	if len(sts) > 0 {
+		if err := checkAdopted(p.GetAdopted(), sts[0], p.GetHopIndex() == 0, int(p.GetNEmbd())); err != nil {
+			return "", fmt.Errorf("%w: %w", ErrProof, err)
+		}
 	}
 	if len(windows) == 0 {
 		return "", fmt.Errorf("%w: no window with its inputs: nothing to replay", ErrProof)

@@ -62,6 +62,11 @@ type hopAudit interface {
 	// (the head: the tail's); last: it was that hop's final one. An error
 	// blames from.
 	statement(st *meshp2pb.SignedTranscript, from peer.ID) (last bool, err error)
+	// adopted (the epoch's first frame) signs from then on the n
+	// positions this hop adopted from its prefix cache with the digest of
+	// their inputs (the head's tokens, elsewhere the rows; nil: unknown),
+	// and keeps those inputs for an audit (adopted.go).
+	adopted(n int, toks []int32, rows []float32)
 	// end marks the session's records complete (an audit may fetch them).
 	end()
 }
@@ -77,6 +82,7 @@ func (noAudit) done() (*meshp2pb.SignedTranscript, error)                 { retu
 func (noAudit) final() (*meshp2pb.SignedTranscript, error)                { return nil, nil }
 func (noAudit) received(*meshp2pb.StreamMessage, [][]byte, peer.ID) error { return nil }
 func (noAudit) end()                                                      {}
+func (noAudit) adopted(int, []int32, []float32)                           {}
 
 func (noAudit) statement(_ *meshp2pb.SignedTranscript, from peer.ID) (bool, error) {
 	return false, codeErr(meshp2pb.ErrorCode_ERROR_CODE_UNEXPECTED_MESSAGE, "transcript in a session without transcripts", from)

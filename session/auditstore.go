@@ -15,7 +15,8 @@ import (
 
 // What a hop keeps for audits (docs/trust.md): for each session that asks
 // for transcripts, the activation frames it sent its next hop (the next
-// hop's inputs), on the head also its own input frames (token ids), on
+// hop's inputs), the inputs of the positions it adopted from its prefix
+// cache (adopted.go), on the head also its own input frames (token ids), on
 // the tail the tokens and window results it sent the head (the origin
 // checks the head's relay against them, relaycheck.go), and the
 // statements of the hop before it (the head: the tail's) it checked.
@@ -51,6 +52,7 @@ type kept struct {
 	inputs     []*meshp2pb.RecordedFrame
 	ring       []*meshp2pb.StreamMessage // the tail's: what it sent the head
 	statements []*meshp2pb.SignedTranscript
+	adopted    []*meshp2pb.RecordedFrame // the inputs of the positions adopted from the prefix cache (adopted.go)
 	truncated  bool
 	ended      chan struct{}
 	endedAt    time.Time
@@ -287,6 +289,8 @@ func (k *kept) part(part meshp2pb.AuditPart) (rec *meshp2pb.AuditRecords, frames
 		frames = k.sent
 	case meshp2pb.AuditPart_AUDIT_PART_INPUTS:
 		frames = k.inputs
+	case meshp2pb.AuditPart_AUDIT_PART_ADOPTED:
+		frames = k.adopted
 	case meshp2pb.AuditPart_AUDIT_PART_STATEMENTS:
 		for _, st := range k.statements {
 			msgs = append(msgs, &meshp2pb.StreamMessage{Kind: &meshp2pb.StreamMessage_Transcript{Transcript: st}})

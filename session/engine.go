@@ -103,6 +103,10 @@ type EngineParams struct {
 	// Generated are tokens already produced before a re-route: they feed
 	// the repetition penalty and offset the seeded draws.
 	Generated []int32
+	// KeepInputs asks a shard after the head to keep its input rows with
+	// what it keeps in the prefix cache (InputKeeper): sessions that
+	// record transcripts, whose later adopters can then be audited.
+	KeepInputs bool
 }
 
 // Input is one chunk of rows: token ids on the head, hidden states (rows ×

@@ -132,7 +132,7 @@ func (e *fakeEngine) OpenSession(key Key, p EngineParams) (EngineSession, error)
 	e.sessions[key] = s
 	e.reserved += p.KVTokens
 	if e.cache != nil {
-		return &cachedSession{fakeSession: s, c: e.cache}, nil
+		return &cachedSession{fakeSession: s, c: e.cache, keepRows: p.KeepInputs && !e.info.IsHead()}, nil
 	}
 	return s, nil
 }

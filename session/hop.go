@@ -263,6 +263,7 @@ type hopSession struct {
 	// frame came (startAt), and a clean close's continuation of the chain.
 	cached     int
 	cachedToks []int32
+	cachedRows []float32 // the adopted positions' input rows (InputKeeper; shards after the head)
 	downCached *meshp2pb.SessionAccept
 	started    atomic.Bool
 	prefixMore atomic.Pointer[[]byte]

@@ -222,6 +222,9 @@ func (hs *hopSession) adoptPrefix() {
 		return
 	}
 	hs.cached, hs.cachedToks = n, toks
+	if ik, ok := hs.eng.(InputKeeper); ok && n > 0 {
+		hs.cachedRows = ik.AdoptedInputs()
+	}
 }
 
 // keepPrefix (before the engine session closes) has the engine keep the
@@ -284,7 +287,8 @@ func (hs *hopSession) startAt(a *meshp2pb.ActivationHeader, from peer.ID) error 
 	if hs.sp != nil && pos > 0 && pos <= len(hs.cachedToks) {
 		hs.sp.history(hs.cachedToks[:pos])
 	}
-	hs.cachedToks = nil
+	hs.tx.adopted(min(pos, hs.cached), hs.cachedToks, hs.cachedRows)
+	hs.cachedToks, hs.cachedRows = nil, nil
 	if pos >= hs.cached {
 		return nil
 	}

@@ -20,11 +20,15 @@ type fakeCache struct {
 	// position of its first Forward, in order.
 	adopted, first []int
 	adoptedToks    [][]int32
+	// poison, if set, makes the entries keep other rows than their
+	// sessions were fed (a hop poisoning its own cache).
+	poison bool
 }
 
 type fakeEntry struct {
 	p    Prefix
 	toks []int32
+	rows []float32 // KeepInputs: the input rows of its positions
 }
 
 // withCache gives f's engine a prefix cache (its sessions implement
@@ -55,6 +59,10 @@ type cachedSession struct {
 	keep  *Prefix
 	toks  []int32 // head: the tokens of its positions
 	first bool
+	// keepRows (EngineParams.KeepInputs, not the head): rows are the
+	// input rows of its positions, adoptedRows those Adopt gave.
+	keepRows          bool
+	rows, adoptedRows []float32
 }
 
 func (s *cachedSession) Adopt(_ context.Context, p Prefix) (int, []int32, error) {
@@ -74,10 +82,15 @@ func (s *cachedSession) Adopt(_ context.Context, p Prefix) (int, []int32, error)
 		}
 		if k*p.Block > n {
 			n, toks = k*p.Block, e.toks[:min(len(e.toks), k*p.Block)]
+			s.adoptedRows = nil
+			if w := k * p.Block * fakeEmbd; s.keepRows && len(e.rows) >= w {
+				s.adoptedRows = slices.Clone(e.rows[:w])
+			}
 		}
 	}
 	s.nextPos = n
 	s.toks = slices.Clone(toks)
+	s.rows = slices.Clone(s.adoptedRows)
 	s.c.adopted = append(s.c.adopted, n)
 	s.c.adoptedToks = append(s.c.adoptedToks, s.toks)
 	return n, slices.Clone(toks), nil
@@ -110,7 +123,23 @@ func (s *cachedSession) Forward(ctx context.Context, in Input) (Output, error) {
 		s.toks = append(s.toks[:min(len(s.toks), in.Pos)], in.Tokens...)
 		s.mu.Unlock()
 	}
+	if err == nil && s.keepRows {
+		s.mu.Lock()
+		if len(s.rows) == in.Pos*fakeEmbd {
+			s.rows = append(s.rows, in.Hidden...)
+		} else {
+			s.rows = nil // a position's rows unknown: none kept
+		}
+		s.mu.Unlock()
+	}
 	return out, err
+}
+
+// AdoptedInputs are the rows of the positions Adopt gave (InputKeeper).
+func (s *cachedSession) AdoptedInputs() []float32 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.adoptedRows
 }
 
 func (s *cachedSession) Truncate(ctx context.Context, pos int) error {
@@ -119,19 +148,27 @@ func (s *cachedSession) Truncate(ctx context.Context, pos int) error {
 	}
 	s.mu.Lock()
 	s.toks = s.toks[:min(len(s.toks), pos)]
+	s.rows = s.rows[:min(len(s.rows), pos*fakeEmbd)]
 	s.mu.Unlock()
 	return nil
 }
 
 func (s *cachedSession) Close() {
 	s.mu.Lock()
-	keep, pos, toks := s.keep, s.nextPos, s.toks
+	keep, pos, toks, rows := s.keep, s.nextPos, s.toks, s.rows
 	s.mu.Unlock()
 	if keep != nil {
 		n := min(len(keep.Hashes), pos/keep.Block)
 		keep.Hashes = keep.Hashes[:n]
+		e := fakeEntry{p: *keep, toks: toks[:min(len(toks), n*keep.Block)]}
 		s.c.mu.Lock()
-		s.c.entries = append(s.c.entries, fakeEntry{p: *keep, toks: toks[:min(len(toks), n*keep.Block)]})
+		if len(rows) >= n*keep.Block*fakeEmbd {
+			e.rows = slices.Clone(rows[:n*keep.Block*fakeEmbd])
+			if s.c.poison && len(e.rows) > 3 {
+				e.rows[3]++ // position 0's last value: the fake checks the others
+			}
+		}
+		s.c.entries = append(s.c.entries, e)
 		s.c.mu.Unlock()
 	}
 	s.fakeSession.Close()

@@ -27,6 +27,10 @@ type Replay struct {
 	NEmbd   int
 	Frames  []*meshp2pb.RecordedFrame
 	Windows []uint32 // input frames per window, in order (their sum ≤ len(Frames))
+	// Adopted are the inputs of the positions the hop adopted from its
+	// prefix cache (AdoptedFrames), fed before Frames: they rebuild the
+	// cells the epoch's frames attend to.
+	Adopted []*meshp2pb.RecordedFrame
 }
 
 // ReplayWindow is what the replay made in one window: the same digest a
@@ -59,6 +63,9 @@ func RunReplay(ctx context.Context, eng Engine, r Replay) ([]ReplayWindow, error
 	}
 	defer es.Close()
 	rp := replayer{r: &r, eng: eng, es: es, head: r.Hop == 0, tail: r.Hop == len(r.Open.GetRoute().GetHops())-1, h: sha256.New()}
+	if err := rp.adopt(ctx); err != nil {
+		return nil, err
+	}
 	var inWindow uint32
 	next := 0
 	for i, f := range r.Frames[:total] {
@@ -119,6 +126,21 @@ type replayer struct {
 	h          hash.Hash // the current window's output digest
 	cur        ReplayWindow
 	out        []ReplayWindow
+}
+
+// adopt feeds the adopted positions' inputs (their outputs are not the
+// epoch's: the hop sent nothing for them).
+func (rp *replayer) adopt(ctx context.Context) error {
+	for i, f := range rp.r.Adopted {
+		in, err := rp.input(i, f)
+		if err != nil {
+			return fmt.Errorf("adopted positions: %w", err)
+		}
+		if _, err := rp.es.Forward(ctx, in); err != nil {
+			return fmt.Errorf("%w: adopted input frame %d: %w", ErrReplay, i, err)
+		}
+	}
+	return nil
 }
 
 // frame runs input frame i (f) through the engine session as the hop

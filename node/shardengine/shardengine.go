@@ -37,7 +37,7 @@ func (e Engine) IsEOG(tok int32) bool { return e.Model.IsEOG(tok) }
 func (e Engine) OpenSession(key session.Key, p session.EngineParams) (session.EngineSession, error) {
 	smp := engine.SamplingFromProto(p.Sampling)
 	smp.Generated = p.Generated
-	s, err := e.Shard.OpenSession(engine.SessionKey{ID: key.Local(), Epoch: key.Epoch}, engine.SessionParams{KVTokens: p.KVTokens, Sampling: smp})
+	s, err := e.Shard.OpenSession(engine.SessionKey{ID: key.Local(), Epoch: key.Epoch}, engine.SessionParams{KVTokens: p.KVTokens, Sampling: smp, KeepInputs: p.KeepInputs})
 	if err != nil {
 		return nil, Error(err)
 	}
@@ -75,6 +75,12 @@ func (s shardSession) Adopt(ctx context.Context, p session.Prefix) (int, []int32
 	n, toks, err := s.s.Adopt(ctx, engine.Prefix(p))
 	return n, toks, Error(err)
 }
+
+var _ session.InputKeeper = shardSession{}
+
+// AdoptedInputs are the input rows of the adopted positions
+// (session.InputKeeper).
+func (s shardSession) AdoptedInputs() []float32 { return s.s.AdoptedInputs() }
 
 // Keep makes Close keep the session's first blocks (session.PrefixSession).
 func (s shardSession) Keep(p session.Prefix) { s.s.Keep(engine.Prefix(p)) }

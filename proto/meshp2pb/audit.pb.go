@@ -32,6 +32,7 @@ const (
 	AuditPart_AUDIT_PART_INPUTS      AuditPart = 2 // the head's own input frames (token ids)
 	AuditPart_AUDIT_PART_STATEMENTS  AuditPart = 3 // the previous hop's transcripts this hop checked (the head: the tail's)
 	AuditPart_AUDIT_PART_RING        AuditPart = 4 // the tail's tokens and window results it sent the head (the relay check)
+	AuditPart_AUDIT_PART_ADOPTED     AuditPart = 5 // this hop's inputs of the positions it adopted from its prefix cache (Transcript.adopted)
 )
 
 // Enum value maps for AuditPart.
@@ -42,6 +43,7 @@ var (
 		2: "AUDIT_PART_INPUTS",
 		3: "AUDIT_PART_STATEMENTS",
 		4: "AUDIT_PART_RING",
+		5: "AUDIT_PART_ADOPTED",
 	}
 	AuditPart_value = map[string]int32{
 		"AUDIT_PART_UNSPECIFIED": 0,
@@ -49,6 +51,7 @@ var (
 		"AUDIT_PART_INPUTS":      2,
 		"AUDIT_PART_STATEMENTS":  3,
 		"AUDIT_PART_RING":        4,
+		"AUDIT_PART_ADOPTED":     5,
 	}
 )
 
@@ -109,7 +112,16 @@ type Transcript struct {
 	// (session.OpenDigest): a proof must replay with that open, so nobody
 	// can re-sign the session with other sampling or wire dtype and make an
 	// honest hop's statements look wrong.
-	OpenDigest    []byte `protobuf:"bytes,17,opt,name=open_digest,json=openDigest,proto3" json:"open_digest,omitempty"`
+	OpenDigest []byte `protobuf:"bytes,17,opt,name=open_digest,json=openDigest,proto3" json:"open_digest,omitempty"`
+	// The positions [0, adopted) this hop took from its prefix cache at the
+	// epoch's start (its first input frame is at position `adopted`), the
+	// same in every statement of the epoch, and adopted_digest: the input
+	// digest (as in_digest) of the frames that rebuild those cells, as
+	// session.AdoptedFrames cuts them: PrefixBlock positions a frame, the
+	// head's tokens or the f32 rows the engine got. Empty with adopted > 0:
+	// the cache entry held no inputs (the epoch cannot be audited).
+	Adopted       uint32 `protobuf:"varint,18,opt,name=adopted,proto3" json:"adopted,omitempty"`
+	AdoptedDigest []byte `protobuf:"bytes,19,opt,name=adopted_digest,json=adoptedDigest,proto3" json:"adopted_digest,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -259,6 +271,20 @@ func (x *Transcript) GetFinal() bool {
 func (x *Transcript) GetOpenDigest() []byte {
 	if x != nil {
 		return x.OpenDigest
+	}
+	return nil
+}
+
+func (x *Transcript) GetAdopted() uint32 {
+	if x != nil {
+		return x.Adopted
+	}
+	return 0
+}
+
+func (x *Transcript) GetAdoptedDigest() []byte {
+	if x != nil {
+		return x.AdoptedDigest
 	}
 	return nil
 }
@@ -597,8 +623,11 @@ type Proof struct {
 	ReplaySketch       []*SketchRow           `protobuf:"bytes,12,rep,name=replay_sketch,json=replaySketch,proto3" json:"replay_sketch,omitempty"`
 	ReplayTokens       []int32                `protobuf:"varint,13,rep,packed,name=replay_tokens,json=replayTokens,proto3" json:"replay_tokens,omitempty"` // the tail: the tokens the replay produced in that window
 	Reason             string                 `protobuf:"bytes,14,opt,name=reason,proto3" json:"reason,omitempty"`                                         // what differed, for people
-	unknownFields      protoimpl.UnknownFields
-	sizeCache          protoimpl.SizeCache
+	// The inputs of the positions the hop adopted from its prefix cache
+	// (statements' adopted, adopted_digest): fed before `inputs`.
+	Adopted       []*RecordedFrame `protobuf:"bytes,15,rep,name=adopted,proto3" json:"adopted,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Proof) Reset() {
@@ -729,12 +758,19 @@ func (x *Proof) GetReason() string {
 	return ""
 }
 
+func (x *Proof) GetAdopted() []*RecordedFrame {
+	if x != nil {
+		return x.Adopted
+	}
+	return nil
+}
+
 var File_meshp2p_v1_audit_proto protoreflect.FileDescriptor
 
 const file_meshp2p_v1_audit_proto_rawDesc = "" +
 	"\n" +
 	"\x16meshp2p/v1/audit.proto\x12\n" +
-	"meshp2p.v1\x1a\x1bmeshp2p/v1/activation.proto\x1a\x17meshp2p/v1/common.proto\x1a\x18meshp2p/v1/session.proto\"\x88\x04\n" +
+	"meshp2p.v1\x1a\x1bmeshp2p/v1/activation.proto\x1a\x17meshp2p/v1/common.proto\x1a\x18meshp2p/v1/session.proto\"\xc9\x04\n" +
 	"\n" +
 	"Transcript\x12\x1d\n" +
 	"\n" +
@@ -758,7 +794,9 @@ const file_meshp2p_v1_audit_proto_rawDesc = "" +
 	"\x06sketch\x18\x0f \x03(\v2\x15.meshp2p.v1.SketchRowR\x06sketch\x12\x14\n" +
 	"\x05final\x18\x10 \x01(\bR\x05final\x12\x1f\n" +
 	"\vopen_digest\x18\x11 \x01(\fR\n" +
-	"openDigest\"7\n" +
+	"openDigest\x12\x18\n" +
+	"\aadopted\x18\x12 \x01(\rR\aadopted\x12%\n" +
+	"\x0eadopted_digest\x18\x13 \x01(\fR\radoptedDigest\"7\n" +
 	"\tSketchRow\x12\x14\n" +
 	"\x05index\x18\x01 \x03(\rR\x05index\x12\x14\n" +
 	"\x05value\x18\x02 \x03(\x02R\x05value\"o\n" +
@@ -785,7 +823,7 @@ const file_meshp2p_v1_audit_proto_rawDesc = "" +
 	"\ttruncated\x18\x05 \x01(\bR\ttruncated\"_\n" +
 	"\rRecordedFrame\x124\n" +
 	"\x06header\x18\x01 \x01(\v2\x1c.meshp2p.v1.ActivationHeaderR\x06header\x12\x18\n" +
-	"\apayload\x18\x02 \x01(\fR\apayload\"\xa8\x04\n" +
+	"\apayload\x18\x02 \x01(\fR\apayload\"\xdd\x04\n" +
 	"\x05Proof\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\rR\aversion\x12\x1c\n" +
 	"\n" +
@@ -804,13 +842,15 @@ const file_meshp2p_v1_audit_proto_rawDesc = "" +
 	"\x11replay_out_digest\x18\v \x01(\fR\x0freplayOutDigest\x12:\n" +
 	"\rreplay_sketch\x18\f \x03(\v2\x15.meshp2p.v1.SketchRowR\freplaySketch\x12#\n" +
 	"\rreplay_tokens\x18\r \x03(\x05R\freplayTokens\x12\x16\n" +
-	"\x06reason\x18\x0e \x01(\tR\x06reason*\x83\x01\n" +
+	"\x06reason\x18\x0e \x01(\tR\x06reason\x123\n" +
+	"\aadopted\x18\x0f \x03(\v2\x19.meshp2p.v1.RecordedFrameR\aadopted*\x9b\x01\n" +
 	"\tAuditPart\x12\x1a\n" +
 	"\x16AUDIT_PART_UNSPECIFIED\x10\x00\x12\x13\n" +
 	"\x0fAUDIT_PART_SENT\x10\x01\x12\x15\n" +
 	"\x11AUDIT_PART_INPUTS\x10\x02\x12\x19\n" +
 	"\x15AUDIT_PART_STATEMENTS\x10\x03\x12\x13\n" +
-	"\x0fAUDIT_PART_RING\x10\x04B.Z,github.com/neuron-tai/meshp2p/proto/meshp2pbb\x06proto3"
+	"\x0fAUDIT_PART_RING\x10\x04\x12\x16\n" +
+	"\x12AUDIT_PART_ADOPTED\x10\x05B.Z,github.com/neuron-tai/meshp2p/proto/meshp2pbb\x06proto3"
 
 var (
 	file_meshp2p_v1_audit_proto_rawDescOnce sync.Once
@@ -849,11 +889,12 @@ var file_meshp2p_v1_audit_proto_depIdxs = []int32{
 	3,  // 6: meshp2p.v1.Proof.statements:type_name -> meshp2p.v1.SignedTranscript
 	6,  // 7: meshp2p.v1.Proof.inputs:type_name -> meshp2p.v1.RecordedFrame
 	2,  // 8: meshp2p.v1.Proof.replay_sketch:type_name -> meshp2p.v1.SketchRow
-	9,  // [9:9] is the sub-list for method output_type
-	9,  // [9:9] is the sub-list for method input_type
-	9,  // [9:9] is the sub-list for extension type_name
-	9,  // [9:9] is the sub-list for extension extendee
-	0,  // [0:9] is the sub-list for field type_name
+	6,  // 9: meshp2p.v1.Proof.adopted:type_name -> meshp2p.v1.RecordedFrame
+	10, // [10:10] is the sub-list for method output_type
+	10, // [10:10] is the sub-list for method input_type
+	10, // [10:10] is the sub-list for extension type_name
+	10, // [10:10] is the sub-list for extension extendee
+	0,  // [0:10] is the sub-list for field type_name
 }
 
 func init() { file_meshp2p_v1_audit_proto_init() }

@@ -1,0 +1,152 @@
+package node
+
+import (
+	"context"
+	"slices"
+	"sync"
+	"testing"
+
+	"github.com/neuron-tai/meshp2p/engine/gguf"
+	"github.com/neuron-tai/meshp2p/internal/testmodels"
+	"github.com/neuron-tai/meshp2p/proto/meshp2pb"
+	"github.com/neuron-tai/meshp2p/session"
+)
+
+// cachedCheat is a hop's engine that computes honestly except in sessions
+// that adopted cached positions, where it adds 1e-3 to the last value of
+// every output: a hop that cheats only where it used to be unauditable.
+type cachedCheat struct{ session.Engine }
+
+func (e cachedCheat) OpenSession(key session.Key, p session.EngineParams) (session.EngineSession, error) {
+	s, err := e.Engine.OpenSession(key, p)
+	if err != nil {
+		return nil, err
+	}
+	return &cheatSession{EngineSession: s}, nil
+}
+
+type cheatSession struct {
+	session.EngineSession
+	adopted bool
+}
+
+func (s *cheatSession) Adopt(ctx context.Context, p session.Prefix) (int, []int32, error) {
+	n, toks, err := s.EngineSession.(session.PrefixSession).Adopt(ctx, p)
+	s.adopted = n > 0
+	return n, toks, err
+}
+
+func (s *cheatSession) Keep(p session.Prefix) { s.EngineSession.(session.PrefixSession).Keep(p) }
+
+func (s *cheatSession) AdoptedInputs() []float32 {
+	return s.EngineSession.(session.InputKeeper).AdoptedInputs()
+}
+
+func (s *cheatSession) Forward(ctx context.Context, in session.Input) (session.Output, error) {
+	out, err := s.EngineSession.Forward(ctx, in)
+	if err == nil && s.adopted && len(out.Hidden) > 0 {
+		out.Hidden[len(out.Hidden)-1] += 1e-3
+	}
+	return out, err
+}
+
+// A conversation through 3 real nodes with prefix caches, every turn
+// audited (turn i audits hop i mod 3; greedy, sampled with a seed and
+// speculative turns): the turns after the first reuse cached positions on
+// every hop, their audits replay them from the inputs the hops kept and
+// pass, and after the head the adopted rows are those the hop signed it
+// received in the turn before (the cross-check). With a middle hop that
+// cheats only in sessions that adopted cached positions, the first turn's
+// audit passes and the second's convicts it, with a proof that verifies
+// on its own.
+func TestAuditCachedConversation(t *testing.T) {
+	for _, cheat := range []bool{false, true} {
+		t.Run(map[bool]string{false: "honest", true: "cheats_on_cached"}[cheat], func(t *testing.T) {
+			testAuditCachedConversation(t, cheat)
+		})
+	}
+}
+
+func testAuditCachedConversation(t *testing.T, cheat bool) {
+	model := testmodels.Path(t, "stories260K.gguf")
+	tn := newTestNet(t)
+	var mid *Node
+	for i, r := range gguf.EvenSplit(5, 3) {
+		n := tn.shardWith(model, &r, func(c *Config) {
+			c.Engine.PrefixCacheCells = 512
+			if cheat && i == 1 {
+				c.WrapEngine = func(e session.Engine) session.Engine { return cachedCheat{e} }
+			}
+		})
+		if i == 1 {
+			mid = n
+		}
+	}
+	c := tn.client()
+	fp, nl := waitModel(t, c, "stories260K")
+	o := c.Origin(nil)
+	eng := &AuditEngines{Models: []string{model}, DataDir: t.TempDir(), Threads: 1}
+	defer eng.Close()
+	var mu sync.Mutex
+	var reps []session.AuditReport
+	target, draw := 0, 0
+	o.Audit = &session.Auditor{Rate: 1, Engines: eng, Protocol: c.P2P().ProtocolID(session.ProtoAudit, session.ProtoVersion),
+		OnReport: func(r session.AuditReport) { mu.Lock(); reps = append(reps, r); mu.Unlock() },
+		Draw: func() float64 { // audit or not, then the hop
+			draw++
+			if draw%2 == 1 {
+				return 0
+			}
+			return (float64(target) + 0.5) / 3
+		}}
+	sampled := &meshp2pb.SamplingParams{Temperature: 0.8, TopK: 40, TopP: 0.95, RepeatPenalty: 1.1, Seed: 77}
+	spec := &meshp2pb.Speculation{Mode: meshp2pb.SpecMode_SPEC_MODE_NGRAM}
+	turns := []struct {
+		sp   *meshp2pb.SamplingParams
+		spec *meshp2pb.Speculation
+	}{{nil, nil}, {nil, nil}, {sampled, nil}, {nil, spec}, {sampled, nil}, {nil, spec}}
+	if cheat {
+		target, turns = 1, turns[:2]
+	}
+	convo := thinClientPrompt(t, c, fp, "Once upon a time, there was a little girl named Lily. She loved to play outside")
+	for i, turn := range turns {
+		if !cheat {
+			target = i % 3
+		}
+		res, err := o.Generate(context.Background(), session.GenerateRequest{Fingerprint: fp, NLayer: nl, Prompt: convo, MaxTokens: 40,
+			Sampling: turn.sp, Speculation: turn.spec})
+		if err != nil {
+			t.Fatal(err)
+		}
+		o.Audit.Wait()
+		mu.Lock()
+		rep := reps[len(reps)-1]
+		mu.Unlock()
+		t.Logf("turn %d: %d cached (per hop %v); audit of hop %d: %s, %d windows, %d adopted (%d cross-checked), exact %v %s",
+			i, res.CachedTokens, res.HopCached, rep.Hop, rep.Outcome, rep.Windows, rep.Adopted, rep.CrossChecked, rep.Exact, rep.Reason)
+		switch {
+		case i == 0 && (rep.Outcome != session.AuditPassed || rep.Adopted != 0):
+			t.Fatalf("first turn's audit: %+v", rep)
+		case i > 0 && res.CachedTokens == 0:
+			t.Fatalf("turn %d reused nothing", i)
+		case i > 0 && !cheat && (rep.Outcome != session.AuditPassed || rep.Windows == 0 || rep.Adopted != res.HopCached[rep.Hop] || rep.Hop != target):
+			t.Fatalf("turn %d's audit: %+v", i, rep)
+		case i > 0 && !cheat && rep.Hop > 0 && rep.CrossChecked == 0:
+			t.Fatalf("turn %d: the adopted rows of hop %d were not cross-checked against the turn before's", i, rep.Hop)
+		case i > 0 && cheat && (rep.Outcome != session.AuditFailed || rep.Peer != mid.P2P().ID() || rep.Proof == nil || rep.Adopted == 0):
+			t.Fatalf("the cheating hop's audit: %+v", rep)
+		}
+		convo = slices.Concat(convo, res.Tokens, []int32{13, 376, 471, 263})
+	}
+	if cheat {
+		mu.Lock()
+		p := reps[len(reps)-1].Proof
+		mu.Unlock()
+		judge := &AuditEngines{Models: []string{model}, DataDir: t.TempDir(), Threads: 1}
+		defer judge.Close()
+		v, err := session.Judge(context.Background(), p, judge)
+		if err != nil || !v.Convicted || !v.Exact || len(p.GetAdopted()) == 0 {
+			t.Fatalf("the proof alone: %+v, %v (%d adopted frames)", v, err, len(p.GetAdopted()))
+		}
+	}
+}
