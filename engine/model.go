@@ -167,7 +167,6 @@ func LoadModel(ctx context.Context, path string, opts LoadOptions) (*Model, erro
 		return ctx.Err() == nil
 	})
 	defer h.Delete()
-	C.mp_progress_model_params(&p, C.uintptr_t(h))
 	p.vocab_only = C.bool(opts.VocabOnly)
 	p.use_mmap = C.bool(!opts.NoMmap)
 	// An explicit device list: with a GPU backend loaded, llama.cpp would
@@ -184,7 +183,7 @@ func LoadModel(ctx context.Context, path string, opts LoadOptions) (*Model, erro
 	}
 	cpath := C.CString(path)
 	defer C.free(unsafe.Pointer(cpath))
-	ptr := C.llama_model_load_from_file(cpath, p)
+	ptr := C.mp_model_load(cpath, p, C.uintptr_t(h)) // the progress callback is set there (mp.c)
 	if ptr == nil {
 		if err := ctx.Err(); err != nil {
 			return nil, fmt.Errorf("engine: load %s: %w", path, err)

@@ -89,9 +89,16 @@ extern _Bool mpGoLoadProgress(float progress, uintptr_t handle);
 
 static bool mp_progress(float progress, void *ud) { return mpGoLoadProgress(progress, (uintptr_t)ud); }
 
-void mp_progress_model_params(struct llama_model_params *p, uintptr_t handle) {
-	p->progress_callback = mp_progress;
-	p->progress_callback_user_data = (void *)handle;
+// mp_model_load loads path with p, reporting to the Go callback behind
+// handle. The handle goes into the params only here, on the C side: a
+// cgo.Handle is a small integer, and a Go-side llama_model_params holding
+// it in its void * field is a Go stack slot with an invalid pointer, which
+// the garbage collector's stack scan aborts on ("invalid pointer found on
+// stack") when it runs while that frame is live.
+struct llama_model *mp_model_load(const char *path, struct llama_model_params p, uintptr_t handle) {
+	p.progress_callback = mp_progress;
+	p.progress_callback_user_data = (void *)handle;
+	return llama_model_load_from_file(path, p);
 }
 
 static int mp_log_level = GGML_LOG_LEVEL_ERROR;

@@ -21,7 +21,7 @@ typedef struct {
 
 bool mp_eval_cb(struct ggml_tensor *t, bool ask, void *ud);
 void mp_set_capture(struct llama_context_params *p, mp_capture *c);
-void mp_progress_model_params(struct llama_model_params *p, uintptr_t handle);
+struct llama_model *mp_model_load(const char *path, struct llama_model_params p, uintptr_t handle);
 void mp_log_init(int verbose);
 struct ggml_threadpool *mp_threadpool_new(int n_threads, int poll);
 long mp_timer_slack_ns(void);
