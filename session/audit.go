@@ -387,7 +387,8 @@ func nEmbd(frames []*meshp2pb.RecordedFrame) int {
 // rejected one never reaches the output, and a changed one is only a
 // rejection), and so is the first row of a window sent while the one
 // before it was in flight (it is that window's lookahead); every other
-// window's first row is the session's token at its position and is
+// window's first row, like a plain step's row (sent at K = 0, with
+// nothing in flight), is the session's token at its position and is
 // checked like a plain decode row.
 func checkHeadInputs(frames []*meshp2pb.RecordedFrame, known []int32) error {
 	var prev *meshp2pb.ActivationHeader // the last verification window
@@ -402,6 +403,8 @@ func checkHeadInputs(frames []*meshp2pb.RecordedFrame, known []int32) error {
 				continue
 			}
 			toks = toks[:1]
+		} else {
+			prev = nil // a plain step (K = 0) goes with nothing in flight
 		}
 		for j, t := range toks {
 			pos := int(a.GetPosStart()) + j

@@ -542,19 +542,42 @@ func (hs *hopSession) token(tf *meshp2pb.TokenFrame, from peer.ID, rt readTiming
 	if hs.closing.Load() {
 		return nil // the origin closed the session: digested, not relayed
 	}
+	if hs.sp != nil {
+		return hs.specToken(tf, from, rt)
+	}
 	if done, err := hs.relay(tf); done || err != nil {
 		return err
-	}
-	if hs.sp != nil {
-		hs.sp.prefilled(tf.GetHopUs())
-		if !hs.sp.begin(tf.GetToken(), int(tf.GetPosition()), tf.GetStep()) {
-			return codeErr(meshp2pb.ErrorCode_ERROR_CODE_UNEXPECTED_MESSAGE, "token frame in a speculative session that is verifying windows", from)
-		}
-		return hs.sendWindows(from, rt)
 	}
 	a := &meshp2pb.ActivationHeader{SessionId: tf.GetSessionId(), Epoch: tf.GetEpoch(), Step: tf.GetStep() + 1,
 		PosStart: tf.GetPosition(), NRows: 1, LastChunk: true, Tokens: []int32{tf.GetToken()}}
 	return hs.activation(a, nil, from, rt)
+}
+
+// specToken (head of a speculative session) takes a token frame from the
+// tail (from): the prefill's, which starts the proposer, or a plain
+// step's (K = 0). Each goes to the origin, then the next windows or step
+// go out; a token frame no plain step asked for is blamed on from.
+func (hs *hopSession) specToken(tf *meshp2pb.TokenFrame, from peer.ID, rt readTiming) error {
+	res, begun, err := hs.sp.stepped(tf)
+	switch {
+	case err != nil:
+		return codeErr(meshp2pb.ErrorCode_ERROR_CODE_UNEXPECTED_MESSAGE, err.Error(), from)
+	case begun && res.toks == nil:
+		return nil // the session ended
+	case begun:
+		tf.Spec = res.stats
+	}
+	if done, err := hs.relay(tf); done || err != nil {
+		hs.sp.finish() // the origin closes the session
+		return err
+	}
+	if !begun {
+		hs.sp.prefilled(tf.GetHopUs())
+		if !hs.sp.begin(tf.GetToken(), int(tf.GetPosition()), tf.GetStep()) {
+			return codeErr(meshp2pb.ErrorCode_ERROR_CODE_UNEXPECTED_MESSAGE, "token frame in a speculative session that is verifying windows", from)
+		}
+	}
+	return hs.sendWindows(from, rt)
 }
 
 // selfRing is the ring of a one-hop route: it feeds each sampled token

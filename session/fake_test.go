@@ -102,6 +102,9 @@ type fakeEngine struct {
 	sessions    map[Key]*fakeSession
 	reserved    int
 	steps       int
+	// plain and verified count the tail's Forwards of one-row decode
+	// steps it samples after, and of verification windows.
+	plain, verified int
 }
 
 func newFakeEngine(start, end int) *fakeEngine {
@@ -205,6 +208,11 @@ func (s *fakeSession) Forward(ctx context.Context, in Input) (Output, error) {
 		steps = s.e.steps
 	}
 	s.e.forwards++
+	if info.IsTail() && in.Verify {
+		s.e.verified++
+	} else if info.IsTail() && in.Sample && len(rows) == 1 {
+		s.e.plain++
+	}
 	forwards, onForward := s.e.forwards, s.e.onForward
 	s.e.mu.Unlock()
 	if steps > 0 && onStep != nil {

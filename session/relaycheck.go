@@ -173,11 +173,12 @@ func judgeRelay(sent []*meshp2pb.StreamMessage, complete bool, got relayed, spec
 			if end, ok := s.take(0, []int32{tf.GetToken()}, tf.GetEos()); ok {
 				s.add(0, end, false)
 			}
-		case i == 0 || tf != nil:
+		case i == 0:
 			// The head fails the session there (a window result before
-			// the first token, or a second token frame): not a history
-			// that ends in a generation.
+			// the first token): not a history that ends in a generation.
 			return relayVerdict{checked: s.reach(), reason: fmt.Sprintf("the tail's message %d ends the session on an honest head", i)}
+		case tf != nil:
+			s.token(tf)
 		default:
 			s.result(wr)
 		}
@@ -291,6 +292,27 @@ func (s *relaySim) result(wr *meshp2pb.WindowResult) {
 			s.add(g+1, off, false) // the last result was a correction: the head drops wr
 		}
 		s.step(g, off, wr)
+	}
+}
+
+// token moves every history by a later token frame tf: the answer to a
+// plain step, which an honest head sends with nothing in flight (K = 0)
+// and passes on whole; its generation stays (a head sends one only once
+// its hops saw its generation). A head with windows in flight, or whose
+// step was at another position, fails the session there.
+func (s *relaySim) token(tf *meshp2pb.TokenFrame) {
+	old := s.buckets
+	s.buckets = map[uint64]map[int]bool{}
+	for g, b := range old {
+		for off := range b {
+			if int(tf.GetPosition())-s.p0 != off {
+				s.lost(off, fmt.Sprintf("the tail's token at position %d does not continue the %d tokens passed before it", tf.GetPosition(), off))
+				continue
+			}
+			if end, ok := s.take(off, []int32{tf.GetToken()}, tf.GetEos()); ok {
+				s.add(g, end, false)
+			}
+		}
 	}
 }
 

@@ -253,7 +253,10 @@ func TestJudgeRelay(t *testing.T) {
 		{name: "spec/out of position", sent: msgs(ringTok(a, 4, false), ringWin(0, 6, false, b)), spec: true, got: []int32{a, b}, convicted: "does not continue the 1 tokens", checked: 1},
 		{name: "spec/tokens never sent", sent: chain[:2], complete: true, spec: true, got: []int32{a, b, c, d}, convicted: "1 tokens from position 7 on that the tail never sent", checked: 3},
 		{name: "spec/records end", sent: chain[:2], spec: true, got: []int32{a, b, c, d}, checked: 3},
-		{name: "spec/second token frame", sent: msgs(ringTok(a, 4, false), ringTok(b, 5, false)), spec: true, got: []int32{a, b}, checked: 1},
+		{name: "spec/plain steps", sent: msgs(ringTok(a, 4, false), ringTok(b, 5, false), ringWin(0, 6, false, c, d), ringTok(e, 8, false)), spec: true,
+			got: []int32{a, b, c, d, e}, explained: true, checked: 5},
+		{name: "spec/plain step changed", sent: msgs(ringTok(a, 4, false), ringTok(b, 5, false)), spec: true, got: []int32{a, x}, convicted: "passed token 21 at position 5, the tail signed it sent 12", checked: 1},
+		{name: "spec/plain step out of position", sent: msgs(ringTok(a, 4, false), ringTok(b, 6, false)), spec: true, got: []int32{a, b}, convicted: "token at position 6 does not continue the 1 tokens", checked: 1},
 		{name: "spec/window result first", sent: msgs(ringWin(0, 5, false, a)), spec: true, got: []int32{a}},
 		{name: "spec/long chain", sent: long, spec: true, got: append([]int32{a}, longGot...), explained: true, checked: 5001},
 	} {
@@ -366,9 +369,19 @@ func (ts *relayTail) answer(a *meshp2pb.ActivationHeader) *meshp2pb.WindowResult
 	return wr
 }
 
+// step answers a plain step like the tail (tokenFrame), its token drawn
+// (an end of generation now and then).
+func (ts *relayTail) step(a *meshp2pb.ActivationHeader) *meshp2pb.StreamMessage {
+	t := ts.rng.Int32N(5) + 1
+	if ts.rng.Float64() < 0.015 {
+		t = 0
+	}
+	return &meshp2pb.StreamMessage{Kind: &meshp2pb.StreamMessage_Token{Token: tokenFrame(a, t, t == 0)}}
+}
+
 // hostile is a message a hostile tail slips in (kind % 4): a result of an
 // older generation, one of a random generation and place, its last result
-// again, or a second token frame.
+// again, or a token frame at a random position.
 func (ts *relayTail) hostile(kind uint8, last *meshp2pb.WindowResult) *meshp2pb.StreamMessage {
 	toks := []int32{ts.rng.Int32N(5) + 1, ts.rng.Int32N(5) + 1}[:1+ts.rng.IntN(2)]
 	switch kind % 4 {
@@ -426,15 +439,26 @@ func FuzzJudgeRelayHonestHead(f *testing.F) {
 			default:
 				a := queue[0]
 				queue = queue[1:]
+				if !a.GetVerify() { // a plain step (K = 0)
+					m = ts.step(a)
+					break
+				}
 				if last = ts.answer(a); last == nil {
 					continue // a window of the rejected generation
 				}
 				m = &meshp2pb.StreamMessage{Kind: &meshp2pb.StreamMessage_WindowResult{WindowResult: last}}
 			}
 			sent = append(sent, m)
-			if tf := m.GetToken(); tf != nil { // the head passes it on, then fails the session
-				relay(tf.GetToken(), tf.GetEos())
-				failed = true
+			if tf := m.GetToken(); tf != nil {
+				// A plain step's answer: passed on; any other token
+				// frame fails the session.
+				res, _, err := sp.stepped(tf)
+				if failed = err != nil; failed || res.toks == nil {
+					continue
+				}
+				if done = relay(tf.GetToken(), tf.GetEos()); done {
+					sp.finish()
+				}
 				continue
 			}
 			wr := m.GetWindowResult()
@@ -450,10 +474,9 @@ func FuzzJudgeRelayHonestHead(f *testing.F) {
 				}
 			}
 		}
-		secondToken := failed && sent[len(sent)-1].GetToken() != nil
 		for _, complete := range []bool{true, false} {
 			v := judgeRelay(sent, complete, relayed{tokens: got, at: p0, eos: eos}, true)
-			if v.convicted || (complete && !secondToken && (!v.explained || v.checked != len(got))) {
+			if v.convicted || (complete && (!v.explained || v.checked != len(got))) {
 				t.Fatalf("an honest head's %d tokens (stop at %d, failed %v) against %d tail messages (complete %v): %+v", len(got), stopAt, failed, len(sent), complete, v)
 			}
 		}

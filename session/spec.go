@@ -23,7 +23,9 @@ import (
 // previous one's last proposal (its lookahead). After a rejection the head
 // raises spec_gen: every hop drops the session's rows from the next
 // window's first position on, and the tail drops the windows of the
-// rejected generation still in flight.
+// rejected generation still in flight. While the head proposes nothing
+// (Adaptive chose K = 0) it sends plain decode steps instead, the frames
+// of a session without speculation, answered by token frames.
 //
 // Exactness: the tail samples each committed position once and in order
 // (Input.Verify), so penalties and the seeded draw see exactly the tokens
@@ -175,11 +177,18 @@ type specHead struct {
 	pending  []int32
 	sent     int
 	inflight []specWindow
-	shadow   []int32 // proposals made but not sent: checked against what is committed (acceptance while off)
-	shadowN  int     // their match length
-	step     uint64
-	lastK    int // the K chosen last
-	stats    meshp2pb.SpecStats
+	// stepAt: when the plain step in flight went out (zero: none). At
+	// K = 0 the head sends plain decode steps, as without speculation.
+	stepAt time.Time
+	// genSent is the generation of the last window sent: a plain step
+	// goes only once the hops saw the current one (its first window
+	// drops the rejected rows from their caches).
+	genSent uint64
+	shadow  []int32 // proposals made but not sent: checked against what is committed (acceptance while off)
+	shadowN int     // their match length
+	step    uint64
+	lastK   int // the K chosen last
+	stats   meshp2pb.SpecStats
 }
 
 // specWindow is a window in flight.
@@ -232,11 +241,7 @@ func (sp *specHead) prefilled(us []uint32) {
 	if sp.begun {
 		return
 	}
-	var sum time.Duration
-	for _, u := range us {
-		sum += time.Duration(u) * time.Microsecond
-	}
-	sp.ad.ObservePrefill(sp.chunk, sum)
+	sp.ad.ObservePrefill(sp.chunk, hopCompute(us))
 }
 
 // begin starts the first chain from the prefill's token tok, fed at pos:
@@ -306,15 +311,18 @@ func (sp *specHead) setInflight(ws []specWindow) {
 	sp.inflight = ws
 }
 
-// windows returns the windows to send now (none once the session ended).
-// The session may produce at most tokens more tokens (max_tokens) and
-// feed rows below position kv (its KV cells).
+// windows returns the windows to send now (none once the session ended),
+// or one plain decode step: the frame a session without speculation sends,
+// when nothing is in flight and nothing is proposed (K = 0, or no
+// proposal), so a session the controller holds off costs what plain
+// decoding costs. The session may produce at most tokens more tokens
+// (max_tokens) and feed rows below position kv (its KV cells).
 func (sp *specHead) windows(sid []byte, epoch uint64, kv, tokens int) []*meshp2pb.ActivationHeader {
 	sp.mu.Lock()
 	defer sp.mu.Unlock()
 	room := min(kv-1-sp.lastPos, tokens)
 	var out []*meshp2pb.ActivationHeader
-	for sp.begun && !sp.finished && !sp.closed {
+	for sp.begun && !sp.finished && !sp.closed && sp.stepAt.IsZero() {
 		n := len(sp.inflight)
 		if n > 0 && sp.sent == len(sp.pending)+1 {
 			return out // the window in flight ends the chain (no lookahead)
@@ -346,41 +354,101 @@ func (sp *specHead) windows(sid []byte, epoch uint64, kv, tokens int) []*meshp2p
 			}
 			drafts = nil
 		}
-		first := sp.last
-		if sp.sent > 0 {
-			first = sp.pending[sp.sent-1]
+		if len(drafts) == 0 && n == 0 && sp.genSent == sp.gen {
+			return append(out, sp.plainStep(sid, epoch))
 		}
-		rows := []int32{first}
-		var look []int32
-		switch {
-		case len(drafts) > k && k > 0 && n+1 < w:
-			// Another window follows at once: the last proposal rides as
-			// this one's lookahead and is the next one's first row.
-			rows = append(rows, drafts[:k-1]...)
-			look = drafts[k-1 : k]
-			sp.pending = append(sp.pending, drafts[:k]...)
-		default:
-			drafts = drafts[:min(len(drafts), k)]
-			rows = append(rows, drafts...)
-			sp.pending = append(sp.pending, drafts...)
-		}
-		sp.step++
-		a := &meshp2pb.ActivationHeader{SessionId: sid, Epoch: epoch, Step: sp.step, PosStart: uint32(sp.lastPos + sp.sent),
-			NRows: uint32(len(rows)), LastChunk: true, Tokens: rows, Verify: true, SpecGen: sp.gen, Lookahead: look}
-		sp.sent += len(rows)
-		for i := range sp.inflight {
-			sp.inflight[i].alone = false
-		}
-		sp.setInflight(append(sp.inflight, specWindow{rows: len(rows), drafts: len(rows) - 1 + len(look), look: len(look) > 0, match: match, at: time.Now(),
-			alone: n == 0}))
-		sp.stats.K = max(sp.stats.K, uint32(len(rows)-1+len(look)))
-		sp.stats.W = max(sp.stats.W, uint32(len(sp.inflight)))
+		a := sp.window(sid, epoch, drafts, k, match, n, w)
 		out = append(out, a)
-		if len(look) == 0 {
+		if len(a.GetLookahead()) == 0 {
 			return out
 		}
 	}
 	return out
+}
+
+// plainStep is the plain decode step of the last committed token, as a
+// session without speculation sends it. sp.mu is held.
+func (sp *specHead) plainStep(sid []byte, epoch uint64) *meshp2pb.ActivationHeader {
+	sp.step++
+	sp.stepAt = time.Now()
+	return &meshp2pb.ActivationHeader{SessionId: sid, Epoch: epoch, Step: sp.step, PosStart: uint32(sp.lastPos), NRows: 1, LastChunk: true,
+		Tokens: []int32{sp.last}}
+}
+
+// window is the next window of the chain: up to k of drafts (the
+// proposer's, from a match of match tokens) after the chain's next row,
+// with n windows in flight of at most w. sp.mu is held.
+func (sp *specHead) window(sid []byte, epoch uint64, drafts []int32, k, match, n, w int) *meshp2pb.ActivationHeader {
+	first := sp.last
+	if sp.sent > 0 {
+		first = sp.pending[sp.sent-1]
+	}
+	rows := []int32{first}
+	var look []int32
+	switch {
+	case len(drafts) > k && k > 0 && n+1 < w:
+		// Another window follows at once: the last proposal rides as
+		// this one's lookahead and is the next one's first row.
+		rows = append(rows, drafts[:k-1]...)
+		look = drafts[k-1 : k]
+		sp.pending = append(sp.pending, drafts[:k]...)
+	default:
+		drafts = drafts[:min(len(drafts), k)]
+		rows = append(rows, drafts...)
+		sp.pending = append(sp.pending, drafts...)
+	}
+	sp.step++
+	a := &meshp2pb.ActivationHeader{SessionId: sid, Epoch: epoch, Step: sp.step, PosStart: uint32(sp.lastPos + sp.sent),
+		NRows: uint32(len(rows)), LastChunk: true, Tokens: rows, Verify: true, SpecGen: sp.gen, Lookahead: look}
+	sp.sent += len(rows)
+	sp.genSent = sp.gen
+	for i := range sp.inflight {
+		sp.inflight[i].alone = false
+	}
+	sp.setInflight(append(sp.inflight, specWindow{rows: len(rows), drafts: len(rows) - 1 + len(look), look: len(look) > 0, match: match, at: time.Now(),
+		alone: n == 0}))
+	sp.stats.K = max(sp.stats.K, uint32(len(rows)-1+len(look)))
+	sp.stats.W = max(sp.stats.W, uint32(len(sp.inflight)))
+	return a
+}
+
+// stepped takes the tail's token frame tf for the plain step in flight
+// and returns what it commits: the token, and the session's counts after
+// it (no token once the session ended). begun is false before the first
+// token (the prefill's: begin takes it); an error says what is wrong
+// with tf (blame the tail): no plain step in flight (a token frame while
+// windows are verified), or another position. Nothing changes unless tf
+// is valid.
+func (sp *specHead) stepped(tf *meshp2pb.TokenFrame) (res specResult, begun bool, err error) {
+	sp.mu.Lock()
+	defer sp.mu.Unlock()
+	switch {
+	case !sp.begun:
+		return specResult{}, false, nil
+	case sp.finished || sp.closed:
+		return specResult{}, true, nil
+	case sp.stepAt.IsZero():
+		return specResult{}, true, fmt.Errorf("token frame in a speculative session that is verifying windows")
+	case int(tf.GetPosition()) != sp.lastPos+1:
+		return specResult{}, true, fmt.Errorf("token frame at position %d, want %d", tf.GetPosition(), sp.lastPos+1)
+	}
+	// A plain step is a one-row window alone in flight: it times S1.
+	sp.ad.ObserveWindow(1, time.Since(sp.stepAt), hopCompute(tf.GetHopUs()))
+	sp.stepAt = time.Time{}
+	tok := tf.GetToken()
+	sp.commit([]int32{tok})
+	sp.last, sp.lastPos = tok, sp.lastPos+1
+	sp.finished = tf.GetEos()
+	return specResult{toks: []int32{tok}, stats: sp.snapshotLocked()}, true, nil
+}
+
+// hopCompute is the hops' compute of a step or window (µs, one per hop).
+func hopCompute(us []uint32) time.Duration {
+	var sum time.Duration
+	for _, u := range us {
+		sum += time.Duration(u) * time.Microsecond
+	}
+	return sum
 }
 
 // specResult is what a window's result commits: its tokens, the
@@ -424,10 +492,7 @@ func (sp *specHead) result(wr *meshp2pb.WindowResult) (specResult, error) {
 	if err != nil {
 		return specResult{}, err
 	}
-	var compute time.Duration
-	for _, us := range wr.GetHopUs() {
-		compute += time.Duration(us) * time.Microsecond
-	}
+	compute := hopCompute(wr.GetHopUs())
 	if w.alone {
 		sp.ad.ObserveWindow(w.rows, time.Since(w.at), compute)
 	} else {
@@ -506,7 +571,7 @@ func (sp *specHead) advance(end windowEnd, n int) {
 func (sp *specHead) stalled() bool {
 	sp.mu.Lock()
 	defer sp.mu.Unlock()
-	return sp.begun && !sp.finished && !sp.closed && len(sp.inflight) == 0
+	return sp.begun && !sp.finished && !sp.closed && len(sp.inflight) == 0 && sp.stepAt.IsZero()
 }
 
 // finish marks the generation ended (the origin closes the session): no

@@ -62,7 +62,7 @@ func TestSpeculationMatchesPlain(t *testing.T) {
 					t.Fatalf("tokens %v, want %v", res.Tokens, want)
 				}
 				sp := res.Spec
-				if sp.Windows == 0 || sp.Accepted > sp.Proposed {
+				if sp.Proposer == "" || sp.Accepted > sp.Proposed {
 					t.Fatalf("spec stats %+v", sp)
 				}
 				if tc.copies && sp.Accepted < n/3 {
@@ -75,6 +75,63 @@ func TestSpeculationMatchesPlain(t *testing.T) {
 				waitReleased(t, hops...)
 			})
 		}
+	}
+}
+
+// TestSpeculationOffSendsPlainSteps: where the controller proposes
+// nothing (K = 0: output nothing repeats, or rows as dear as a step), the
+// head sends plain decode steps, the frames a session without speculation
+// sends, not one-row verification windows; the tokens stay plain
+// decoding's. Before, every token went as a window.
+func TestSpeculationOffSendsPlainSteps(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		seed  uint64
+		row   time.Duration // each Forward's cost per row and layer
+		call  time.Duration // each Forward's fixed cost
+		hops  [][2]int
+		probe bool // windows may go (a probe: acceptance would pay at free rows)
+	}{
+		{"novel, rows cheap, 2 hops", 7, 0, 2 * time.Millisecond, [][2]int{{0, 3}, {3, 6}}, false},
+		{"novel, rows cheap, 1 hop", 7, 0, 2 * time.Millisecond, [][2]int{{0, 6}}, false},
+		{"copyable, rows dear, 2 hops", cyclicSeed | 5, 2 * time.Millisecond, 0, [][2]int{{0, 3}, {3, 6}}, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var hops []*fakeHop
+			var stages [][]*fakeHop
+			for _, r := range tc.hops {
+				h := startHop(t, r[0], r[1], nil)
+				h.eng.delay, h.eng.callDelay = tc.row, tc.call
+				hops = append(hops, h)
+				stages = append(stages, []*fakeHop{h})
+			}
+			o, _ := newOrigin(t, stagePlanner{stages}, hops...)
+			prompt := []int32{1, 2, 3, 4, 5, 1, 2, 3}
+			const n = 48
+			res, err := o.Generate(context.Background(), GenerateRequest{Fingerprint: fakeFP, NLayer: fakeNLay, Prompt: prompt, MaxTokens: n,
+				Sampling: &meshp2pb.SamplingParams{Seed: tc.seed}, Speculation: &meshp2pb.Speculation{Mode: meshp2pb.SpecMode_SPEC_MODE_AUTO}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if want := reference(prompt, n, tc.seed); !equal(res.Tokens, want) {
+				t.Fatalf("tokens %v, want %v", res.Tokens, want)
+			}
+			tail := hops[len(hops)-1].eng
+			tail.mu.Lock()
+			plain, verified := tail.plain, tail.verified
+			tail.mu.Unlock()
+			t.Logf("plain steps %d, windows %d (%+v)", plain, verified, res.Spec)
+			// The first token is the prefill's; every later one came by a
+			// plain step, bar the few a probe's window committed.
+			maxWindows := 0
+			if tc.probe {
+				maxWindows = n / 8
+			}
+			if verified > maxWindows || plain+2*verified < n-1 || verified != res.Spec.Windows || res.Spec.Proposer != "ngram" {
+				t.Fatalf("the tail verified %d windows (at most %d), sampled %d plain steps, of %d tokens; spec %+v", verified, maxWindows, plain, n, res.Spec)
+			}
+			waitReleased(t, hops...)
+		})
 	}
 }
 

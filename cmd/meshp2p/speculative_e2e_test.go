@@ -98,7 +98,9 @@ func TestSpeculativeEqualsLocal(t *testing.T) {
 				switch {
 				case mode == "off" && sp != nil:
 					t.Fatalf("--speculative off reported speculation %+v", sp)
-				case mode != "off" && (sp == nil || sp.Mode != mode || sp.Windows == 0 || sp.Accepted > sp.Proposed):
+				case mode != "off" && (sp == nil || sp.Mode != mode || mode == "ngram" && sp.Windows == 0 || sp.Accepted > sp.Proposed):
+					// auto and draft may verify no window at all: they
+					// send plain steps while they propose nothing (K = 0).
 					t.Fatalf("--speculative %s: speculation %+v", mode, sp)
 				case mode == "draft" && sp.Proposer != "draft" || mode != "draft" && mode != "off" && sp.Proposer != "ngram":
 					t.Fatalf("--speculative %s: proposer %q", mode, sp.Proposer)
