@@ -41,15 +41,16 @@ func TestFailoverStallMeasure(t *testing.T) {
 	var ref []int32
 	for rep := range 2 {
 		for _, noCache := range []bool{rep == 0, rep != 0} {
-			toks, ttft, stall := failoverStall(t, model, prompt, noCache)
+			r := measureFailover(t, model, "bench512", prompt, noCache, false)
 			if ref == nil {
-				ref = toks
-			} else if !equalTokens(ref, toks) {
-				t.Fatalf("tokens differ with and without the cache:\n%v\n%v", ref, toks)
+				ref = r.toks
+			} else if !equalTokens(ref, r.toks) {
+				t.Fatalf("tokens differ with and without the cache:\n%v\n%v", ref, r.toks)
 			}
-			share := ttft / 3
-			t.Logf("prefix cache %-5v: first-epoch TTFT %v, stall after the kill %v = %.2f× the replaced hop's share (%v)",
-				!noCache, ttft.Round(time.Millisecond), stall.Round(time.Millisecond), float64(stall)/float64(share), share.Round(time.Millisecond))
+			share := r.ttft / 3
+			t.Logf("prefix cache %-5v: first-epoch TTFT %v, stall after the kill %v = %.2f× the replaced hop's share (%v); kill to re-route %v, re-route to token %v",
+				!noCache, r.ttft.Round(time.Millisecond), r.stall.Round(time.Millisecond), float64(r.stall)/float64(share), share.Round(time.Millisecond),
+				r.detect.Round(time.Millisecond), r.resume.Round(time.Millisecond))
 		}
 	}
 }
@@ -66,14 +67,6 @@ type failoverRun struct {
 	detect, resume  time.Duration
 	res             *session.Result
 	standby, mirror session.StandbyStats
-}
-
-// failoverStall runs one generation over a fresh swarm, killing the
-// middle node after 3 decode steps: its tokens, TTFT and longest gap
-// between tokens.
-func failoverStall(t *testing.T, model string, prompt []int32, noCache bool) ([]int32, time.Duration, time.Duration) {
-	r := measureFailover(t, model, "bench512", prompt, noCache, false)
-	return r.toks, r.ttft, r.stall
 }
 
 // measureFailover runs one generation over a fresh swarm of 4 nodes (a
