@@ -151,10 +151,12 @@ type SessionOpen struct {
 	// spoil anyway by sending wrong hidden states.
 	Prefix *PrefixChain `protobuf:"bytes,24,opt,name=prefix,proto3" json:"prefix,omitempty"`
 	// A hot standby (docs/architecture.md, "Hot standby"): a replica peer
-	// serving exactly the layers of route hop standby.hop_index (≥ 1), of the
+	// serving exactly the layers of route hop standby.hop_index, of the
 	// same kernel class, on no hop of the route. The hop before the covered
-	// hop sends it the same frames it sends the covered hop (a bounded queue:
-	// a lagging standby is dropped, never waited for); the replica computes
+	// hop sends it the same frames it sends the covered hop (for the head's
+	// standby, hop_index 0, the origin sends it the prompt and then every
+	// committed token); the queue is bounded: a lagging standby is dropped,
+	// never waited for. The replica computes
 	// them, discards its output and keeps the session's KV in step, so when
 	// the covered hop fails the next epoch adopts the replica's cells instead
 	// of prefilling them. The open the replica gets is this one with
