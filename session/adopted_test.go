@@ -92,9 +92,11 @@ func TestAuditCachedEpochPasses(t *testing.T) {
 }
 
 // A hop that computes honestly until its sessions reuse cached positions
-// and cheats then is convicted by the audit of such an epoch; the proof
-// carries the adopted inputs and verifies on its own, and a proof whose
-// adopted inputs are changed or left out convicts nobody.
+// and cheats then is caught by the audit of such an epoch: reported
+// (inconclusive, not convicted, while an honest cached replay is not known
+// to be bitwise: the churn soak once saw an honest head differ) with a
+// proof that carries the adopted inputs and verifies on its own; a proof
+// whose adopted inputs are changed or left out convicts nobody.
 func TestAuditCatchesCheatOnCachedEpoch(t *testing.T) {
 	for target, name := range []string{"head", "middle", "tail"} {
 		t.Run(name, func(t *testing.T) {
@@ -115,7 +117,7 @@ func TestAuditCatchesCheatOnCachedEpoch(t *testing.T) {
 			}
 			bad.eng.mu.Unlock()
 			_, rep := ct.gen(t, ct.turn2)
-			if rep.Outcome != AuditFailed || rep.Peer != bad.host.ID() || rep.Proof == nil || rep.Adopted != 64 {
+			if rep.Outcome != AuditInconclusive || !strings.Contains(rep.Reason, "not convicted") || rep.Peer != bad.host.ID() || rep.Proof == nil || rep.Adopted != 64 {
 				t.Fatalf("cheating hop's audit: %+v", rep)
 			}
 			b, err := proto.Marshal(rep.Proof)
