@@ -313,7 +313,18 @@ func (o *Origin) audit(ctx context.Context, open *meshp2pb.SessionOpen, hop int,
 		}
 	}
 	v, err := Judge(ctx, p, o.Audit.Engines)
+	return o.verdict(rep, v, err, inRecs.GetTruncated(), source)
+}
+
+// verdict is the report of an audit whose replay ended with v (err);
+// truncated: the inputs' records hit their bound; source: the hop that
+// sent the inputs.
+func (o *Origin) verdict(rep AuditReport, v Verdict, err error, truncated bool, source int) AuditReport {
 	rep.Windows, rep.Frames, rep.Replay, rep.Exact = v.Windows, v.Frames, v.Replay, v.Exact
+	inconclusive := func(format string, args ...any) AuditReport {
+		rep.Outcome, rep.Reason = AuditInconclusive, fmt.Sprintf(format, args...)
+		return rep
+	}
 	switch {
 	case errors.Is(err, ErrNoAuditor):
 		rep.Outcome, rep.Reason = AuditSkipped, err.Error()
@@ -323,7 +334,7 @@ func (o *Origin) audit(ctx context.Context, open *meshp2pb.SessionOpen, hop int,
 	case v.Inconclusive != "":
 		return inconclusive("%s", v.Inconclusive)
 	case !v.Convicted && v.Windows < v.Signed:
-		if inRecs.GetTruncated() {
+		if truncated {
 			return inconclusive("only %d of %d windows recorded (the record bound)", v.Windows, v.Signed)
 		}
 		return inconclusive("hop %d sent inputs for %d of %d windows", source, v.Windows, v.Signed)
@@ -335,10 +346,9 @@ func (o *Origin) audit(ctx context.Context, open *meshp2pb.SessionOpen, hop int,
 		// once replayed differently (the churn soak, 2026-12-05: its
 		// tokens still equal --local), and the cause is not found. Until
 		// it is, a cached epoch's mismatch is reported, never convicted.
-		rep.Outcome, rep.Proof = AuditInconclusive, v.Proof
-		rep.Reason = fmt.Sprintf("the replay differs on an epoch that adopted %d cached positions (not convicted: such a replay is not known to be bitwise yet): %s", rep.Adopted, v.Reason)
+		rep.Proof = v.Proof
 		o.logger().Warn("audit: a cached epoch's replay differs; not convicted", "peer", rep.Peer, "hop", rep.Hop, "adopted", rep.Adopted, "reason", v.Reason)
-		return rep
+		return inconclusive("the replay differs on an epoch that adopted %d cached positions (not convicted: such a replay is not known to be bitwise yet): %s", rep.Adopted, v.Reason)
 	}
 	rep.Outcome, rep.Reason, rep.Proof = AuditFailed, v.Reason, v.Proof
 	return rep
