@@ -322,3 +322,53 @@ func FuzzCheckAdopted(f *testing.F) {
 		}
 	})
 }
+
+// The churn soak's case: a client ran a prompt through head A, which kept
+// its blocks; running it again through head B, B fails mid-generation and
+// the new epoch's head is A, which adopts the earlier run's blocks of the
+// prompt and the tokens generated so far. The audit of that epoch's head,
+// plain and speculative (auto), passes: an honest hop is never reported.
+func TestAuditFailoverOntoCachedHead(t *testing.T) {
+	for _, spec := range []meshp2pb.SpecMode{meshp2pb.SpecMode_SPEC_MODE_OFF, meshp2pb.SpecMode_SPEC_MODE_AUTO} {
+		t.Run(spec.String(), func(t *testing.T) {
+			fake := func(c *HopConfig) { c.KernelClass = "fake" }
+			a, b := startHop(t, 0, 2, fake), startHop(t, 0, 2, fake)
+			mid, tail := startHop(t, 2, 4, fake), startHop(t, 4, 6, fake)
+			all := []*fakeHop{a, b, mid, tail}
+			for _, h := range all {
+				h.withCache()
+			}
+			pl := &stagePlanner{[][]*fakeHop{{a, b}, {mid}, {tail}}}
+			o, c := newOrigin(t, pl, all...)
+			o.Chunk = 16
+			l := auditing(o, c, func() int { return 0 }, func() int { return 3 })
+			prompt := []int32{5, 6, 7, 8, 9}
+			req := GenerateRequest{Fingerprint: fakeFP, NLayer: fakeNLay, Prompt: prompt, MaxTokens: 70, Sampling: &meshp2pb.SamplingParams{Seed: 3},
+				Speculation: &meshp2pb.Speculation{Mode: spec}}
+			if _, err := o.Generate(context.Background(), req); err != nil {
+				t.Fatal(err)
+			}
+			o.Audit.Wait()
+			waitReleased(t, all...)
+			pl.stages[0] = []*fakeHop{b, a}
+			b.killAtStep(40, append([]*testHost{c}, hostsOf(a, mid, tail)...)...)
+			res, err := o.Generate(context.Background(), req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			o.Audit.Wait()
+			if want := reference(prompt, 70, 3); !equal(res.Tokens, want) {
+				t.Fatalf("tokens %v\nwant   %v", res.Tokens, want)
+			}
+			reps := l.all()
+			rep := reps[len(reps)-1]
+			if res.Reroutes != 1 || res.Route.Hops[0].Peer != a.host.ID() {
+				t.Fatalf("reroutes %d, head %s: want one re-route onto the first head", res.Reroutes, res.Route.Hops[0].Peer)
+			}
+			t.Logf("audit of the new epoch's head: %s, adopted %d, windows %d, %s", rep.Outcome, rep.Adopted, rep.Windows, rep.Reason)
+			if rep.Outcome != AuditPassed || rep.Epoch != 2 || rep.Hop != 0 {
+				t.Fatalf("audit %+v", rep)
+			}
+		})
+	}
+}
