@@ -6,6 +6,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/neuron-tai/meshp2p/engine/gguf"
 	"github.com/neuron-tai/meshp2p/internal/testmodels"
@@ -150,5 +151,75 @@ func testAuditCachedConversation(t *testing.T, cheat bool) {
 		if err != nil || !v.Convicted || !v.Exact || len(p.GetAdopted()) == 0 {
 			t.Fatalf("the proof alone: %+v, %v (%d adopted frames)", v, err, len(p.GetAdopted()))
 		}
+	}
+}
+
+// The churn soak's false accusation, with real engines: a client ran a
+// prompt through head A (which kept its blocks); its next run of the same
+// prompt goes through head B (A is avoided), B dies after a few decode
+// steps, and the new epoch's head is A, which adopts the first run's
+// blocks. The audit of that epoch's head must pass: every hop is honest.
+func TestAuditFailoverOntoCachedHead(t *testing.T) {
+	model := testmodels.Path(t, "stories260K.gguf")
+	tn := newTestNet(t)
+	cfg := func(c *Config) { c.Engine.PrefixCacheCells = 512 }
+	heads := []*Node{tn.shardWith(model, &gguf.Range{Start: 0, End: 2}, cfg), tn.shardWith(model, &gguf.Range{Start: 0, End: 2}, cfg)}
+	mid := tn.shardWith(model, &gguf.Range{Start: 2, End: 4}, cfg)
+	tail := tn.shardWith(model, &gguf.Range{Start: 4, End: 5}, cfg)
+	c := tn.client()
+	fp, nl := waitModel(t, c, "stories260K")
+	for deadline := time.Now().Add(30 * time.Second); len(c.Table().Shards(fp)) < 4 && time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		lctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		_, _ = c.P2P().Discovery().Lookup(lctx, fp)
+		cancel()
+	}
+	o := c.Origin(nil)
+	eng := &AuditEngines{Models: []string{model}, DataDir: t.TempDir(), Threads: 1}
+	defer eng.Close()
+	var mu sync.Mutex
+	var reps []session.AuditReport
+	draw := 0
+	o.Audit = &session.Auditor{Rate: 1, Engines: eng, Protocol: c.P2P().ProtocolID(session.ProtoAudit, session.ProtoVersion),
+		OnReport: func(r session.AuditReport) { mu.Lock(); reps = append(reps, r); mu.Unlock() },
+		Draw: func() float64 { // audit, then the head
+			draw++
+			if draw%2 == 1 {
+				return 0
+			}
+			return 0.5 / 3
+		}}
+	prompt := thinClientPrompt(t, c, fp, "Once upon a time, there was a little girl named Lily. She loved to play outside in the park with her friends and her dog")
+	req := session.GenerateRequest{Fingerprint: fp, NLayer: nl, Prompt: prompt, MaxTokens: 40}
+	first, err := o.Generate(context.Background(), req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	o.Audit.Wait()
+	a := first.Route.Hops[0].Peer
+	b := heads[0]
+	if b.P2P().ID() == a {
+		b = heads[1]
+	}
+	time.Sleep(200 * time.Millisecond) // the first run's keeps
+	o.Failures.Blame(a)                // the next run's first epoch goes through b
+	go killAfterSteps(b, 5, nil, append(heads, mid, tail)...)
+	res, err := o.Generate(context.Background(), req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	o.Audit.Wait()
+	if !equalTokens(res.Tokens, first.Tokens) {
+		t.Fatalf("tokens differ from the first run:\n%v\n%v", res.Tokens, first.Tokens)
+	}
+	mu.Lock()
+	rep := reps[len(reps)-1]
+	mu.Unlock()
+	t.Logf("reroutes %d, head %s (the first run's %s), hop_cached %v; audit of hop %d epoch %d: %s, adopted %d, windows %d, exact %v %s",
+		res.Reroutes, res.Route.Hops[0].Peer, a, res.HopCached, rep.Hop, rep.Epoch, rep.Outcome, rep.Adopted, rep.Windows, rep.Exact, rep.Reason)
+	if res.Reroutes != 1 || res.Route.Hops[0].Peer != a {
+		t.Skipf("the failover did not land on the first run's head (reroutes %d): nothing to check", res.Reroutes)
+	}
+	if rep.Outcome != session.AuditPassed || rep.Epoch != 2 || rep.Hop != 0 {
+		t.Fatalf("audit of the new epoch's head: %+v", rep)
 	}
 }
