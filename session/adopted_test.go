@@ -92,11 +92,9 @@ func TestAuditCachedEpochPasses(t *testing.T) {
 }
 
 // A hop that computes honestly until its sessions reuse cached positions
-// and cheats then is caught by the audit of such an epoch: reported
-// (inconclusive, not convicted, while an honest cached replay is not known
-// to be bitwise: the churn soak once saw an honest head differ) with a
-// proof that carries the adopted inputs and verifies on its own; a proof
-// whose adopted inputs are changed or left out convicts nobody.
+// and cheats then is convicted by the audit of such an epoch; the proof
+// carries the adopted inputs and verifies on its own, and a proof whose
+// adopted inputs are changed or left out convicts nobody.
 func TestAuditCatchesCheatOnCachedEpoch(t *testing.T) {
 	for target, name := range []string{"head", "middle", "tail"} {
 		t.Run(name, func(t *testing.T) {
@@ -117,7 +115,7 @@ func TestAuditCatchesCheatOnCachedEpoch(t *testing.T) {
 			}
 			bad.eng.mu.Unlock()
 			_, rep := ct.gen(t, ct.turn2)
-			if rep.Outcome != AuditInconclusive || !strings.Contains(rep.Reason, "not convicted") || rep.Peer != bad.host.ID() || rep.Proof == nil || rep.Adopted != 64 {
+			if rep.Outcome != AuditFailed || rep.Peer != bad.host.ID() || rep.Proof == nil || rep.Adopted != 64 {
 				t.Fatalf("cheating hop's audit: %+v", rep)
 			}
 			b, err := proto.Marshal(rep.Proof)
@@ -370,5 +368,44 @@ func TestAuditFailoverOntoCachedHead(t *testing.T) {
 				t.Fatalf("audit %+v", rep)
 			}
 		})
+	}
+}
+
+// A failover whose new head holds nothing while the middle and tail
+// survive with the session's cells: the head starts at 0 and the hops
+// after it later (hop_starts), so it computes rows it does not send
+// (forwarded). The audit of that head replays them and cuts them from its
+// digest the same way: it passes. (Before the replay cut them, this
+// convicted an honest head: the churn soak's false accusation.)
+func TestAuditHeadBelowNextStart(t *testing.T) {
+	fake := func(c *HopConfig) { c.KernelClass = "fake" }
+	a, b := startHop(t, 0, 2, fake), startHop(t, 0, 2, fake)
+	mid, tail := startHop(t, 2, 4, fake), startHop(t, 4, 6, fake)
+	all := []*fakeHop{a, b, mid, tail}
+	for _, h := range all {
+		h.withCache()
+	}
+	o, c := newOrigin(t, &stagePlanner{[][]*fakeHop{{a, b}, {mid}, {tail}}}, all...)
+	o.Chunk = 16
+	l := auditing(o, c, func() int { return 0 }, func() int { return 3 })
+	prompt := make([]int32, 70)
+	for i := range prompt {
+		prompt[i] = int32(i%90 + 1)
+	}
+	a.killAtStep(5, append([]*testHost{c}, hostsOf(b, mid, tail)...)...)
+	res, err := o.Generate(context.Background(), GenerateRequest{Fingerprint: fakeFP, NLayer: fakeNLay, Prompt: prompt, MaxTokens: 20, Sampling: &meshp2pb.SamplingParams{Seed: 3}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	o.Audit.Wait()
+	if want := reference(prompt, 20, 3); !equal(res.Tokens, want) {
+		t.Fatalf("tokens %v\nwant   %v", res.Tokens, want)
+	}
+	if res.Reroutes != 1 || len(res.HopCached) != 3 || res.HopCached[0] != 0 || res.HopCached[1] == 0 {
+		t.Fatalf("reroutes %d, hop_cached %v: want a new head holding nothing before hops that hold the prompt", res.Reroutes, res.HopCached)
+	}
+	reps := l.all()
+	if rep := reps[len(reps)-1]; rep.Outcome != AuditPassed || rep.Epoch != 2 || rep.Hop != 0 || rep.Windows == 0 {
+		t.Fatalf("audit of the new head: %+v", rep)
 	}
 }

@@ -341,14 +341,6 @@ func (o *Origin) verdict(rep AuditReport, v Verdict, err error, truncated bool, 
 	case !v.Convicted:
 		rep.Outcome = AuditPassed
 		return rep
-	case rep.Adopted > 0:
-		// Not a conviction: an honest head that adopted cached positions
-		// once replayed differently (the churn soak, 2026-12-05: its
-		// tokens still equal --local), and the cause is not found. Until
-		// it is, a cached epoch's mismatch is reported, never convicted.
-		rep.Proof = v.Proof
-		o.logger().Warn("audit: a cached epoch's replay differs; not convicted", "peer", rep.Peer, "hop", rep.Hop, "adopted", rep.Adopted, "reason", v.Reason)
-		return inconclusive("the replay differs on an epoch that adopted %d cached positions (not convicted: such a replay is not known to be bitwise yet): %s", rep.Adopted, v.Reason)
 	}
 	rep.Outcome, rep.Reason, rep.Proof = AuditFailed, v.Reason, v.Proof
 	return rep

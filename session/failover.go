@@ -195,7 +195,13 @@ func (hs *hopSession) sendReplay(a *meshp2pb.ActivationHeader, t *turn) error {
 // needs: the rows from its start on (all of them without a plan); ok is
 // false when it needs none.
 func (hs *hopSession) forwarded(a *meshp2pb.ActivationHeader, hidden []float32, nEmbd int) (*meshp2pb.ActivationHeader, []float32, bool) {
-	next := int(hs.nextStart.Load())
+	return forwardFrom(a, hidden, nEmbd, int(hs.nextStart.Load()))
+}
+
+// forwardFrom is the part of a's output (hidden, rows of nEmbd) a next hop
+// that starts at next needs (forwarded; an audit's replay cuts the same,
+// replay.go).
+func forwardFrom(a *meshp2pb.ActivationHeader, hidden []float32, nEmbd, next int) (*meshp2pb.ActivationHeader, []float32, bool) {
 	pos := int(a.GetPosStart())
 	if !a.GetIsPrefill() || next <= pos {
 		return a, hidden, true

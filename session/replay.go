@@ -123,9 +123,13 @@ type replayer struct {
 	es         EngineSession
 	head, tail bool
 	spec       specHop
-	h          hash.Hash // the current window's output digest
-	cur        ReplayWindow
-	out        []ReplayWindow
+	// next is where the next hop starts (the epoch's plan, hop_starts, in
+	// its first frame: planStarts): rows below it are computed, not sent.
+	next    int
+	started bool
+	h       hash.Hash // the current window's output digest
+	cur     ReplayWindow
+	out     []ReplayWindow
 }
 
 // adopt feeds the adopted positions' inputs (their outputs are not the
@@ -150,6 +154,12 @@ func (rp *replayer) frame(ctx context.Context, i int, f *meshp2pb.RecordedFrame)
 	in, err := rp.input(i, f)
 	if err != nil {
 		return err
+	}
+	if !rp.started { // as planStarts takes the plan from the epoch's first frame
+		rp.started = true
+		if st := a.GetHopStarts(); !rp.tail && len(st) == len(rp.r.Open.GetRoute().GetHops()) {
+			rp.next = int(st[rp.r.Hop+1])
+		}
 	}
 	skip := false
 	if rp.tail {
@@ -206,7 +216,11 @@ func (rp *replayer) input(i int, f *meshp2pb.RecordedFrame) (Input, error) {
 func (rp *replayer) output(i int, a *meshp2pb.ActivationHeader, in Input, o Output) error {
 	switch {
 	case !rp.tail:
-		hdr, payload := downFrame(a, o.Hidden, rp.r.Open.GetWireDtype(), rp.r.NEmbd)
+		a, hidden, ok := forwardFrom(a, o.Hidden, rp.r.NEmbd, rp.next)
+		if !ok {
+			return nil // rows the next hop held: computed, not sent
+		}
+		hdr, payload := downFrame(a, hidden, rp.r.Open.GetWireDtype(), rp.r.NEmbd)
 		digestActivation(rp.h, hdr, payload)
 		s, err := sketchOf(hdr.GetTensors()[0].GetDtype(), payload, int(hdr.GetNRows()), rp.r.NEmbd)
 		if err != nil {
