@@ -123,23 +123,31 @@ func (t *Tracker) assignAudit(tk *meshp2pb.RouteTicket) (*meshp2pb.AuditAssignme
 // handleProof reads one proof, judges it and answers the verdict; a
 // conviction is remembered (bounded) and routes avoid the peer. What a
 // proof may cost is bounded by the proof gate (proofgate.go): a tracker
-// that judges no proofs refuses before reading a byte.
+// that judges no proofs refuses before reading a byte. Every slot the
+// proof held (in flight, memory, judging) is given back before the
+// verdict is written: a client that submits its next proof as soon as it
+// reads this verdict is not refused as "a proof of yours is in flight".
 func (t *Tracker) handleProof(s network.Stream) {
 	defer s.Close()
-	answer := func(v *meshp2pb.ProofVerdict) {
-		_ = s.SetWriteDeadline(time.Now().Add(ProofGrace))
-		_ = frame.WriteMessage(s, v)
-		_ = s.CloseWrite()
+	v := t.readAndJudge(s)
+	_ = s.SetWriteDeadline(time.Now().Add(ProofGrace))
+	_ = frame.WriteMessage(s, v)
+	_ = s.CloseWrite()
+}
+
+// readAndJudge admits, reads and judges the proof on s; what it holds is
+// given back when it returns.
+func (t *Tracker) readAndJudge(s network.Stream) *meshp2pb.ProofVerdict {
+	refuse := func(code meshp2pb.ErrorCode, msg string) *meshp2pb.ProofVerdict {
+		return &meshp2pb.ProofVerdict{Error: &meshp2pb.Error{Code: code, Message: msg}}
 	}
 	if t.cfg.Judge == nil {
-		answer(&meshp2pb.ProofVerdict{Error: &meshp2pb.Error{Code: meshp2pb.ErrorCode_ERROR_CODE_UNSUPPORTED_VERSION, Message: "this tracker checks no proofs (start it with --audit-model)"}})
-		return
+		return refuse(meshp2pb.ErrorCode_ERROR_CODE_UNSUPPORTED_VERSION, "this tracker checks no proofs (start it with --audit-model)")
 	}
 	from := s.Conn().RemotePeer()
 	done, err := t.proofs.admit(from, t.cfg.Now())
 	if err != nil {
-		answer(&meshp2pb.ProofVerdict{Error: &meshp2pb.Error{Code: meshp2pb.ErrorCode_ERROR_CODE_NO_CAPACITY, Message: err.Error()}})
-		return
+		return refuse(meshp2pb.ErrorCode_ERROR_CODE_NO_CAPACITY, err.Error())
 	}
 	defer done()
 	rd := t.proofs.reader(s, time.Now())
@@ -149,19 +157,16 @@ func (t *Tracker) handleProof(s network.Stream) {
 	var sub meshp2pb.ProofSubmission
 	b, err := frame.NewReader(rd, lim).ChargeTo(rd).ReadBlob(&sub)
 	if err != nil {
-		e := frame.ToProto(err)
-		if errors.Is(err, errProofBusy) {
-			e = &meshp2pb.Error{Code: meshp2pb.ErrorCode_ERROR_CODE_NO_CAPACITY, Message: err.Error()}
-		}
 		t.log.Info("proof not read", "from", from, "err", err)
-		answer(&meshp2pb.ProofVerdict{Error: e})
-		return
+		if errors.Is(err, errProofBusy) {
+			return refuse(meshp2pb.ErrorCode_ERROR_CODE_NO_CAPACITY, err.Error())
+		}
+		return &meshp2pb.ProofVerdict{Error: frame.ToProto(err)}
 	}
 	_ = s.SetReadDeadline(time.Time{})
 	p := &meshp2pb.Proof{}
 	if err := proto.Unmarshal(b, p); err != nil {
-		answer(&meshp2pb.ProofVerdict{Error: &meshp2pb.Error{Code: meshp2pb.ErrorCode_ERROR_CODE_MALFORMED, Message: "not a proof: " + err.Error()}})
-		return
+		return refuse(meshp2pb.ErrorCode_ERROR_CODE_MALFORMED, "not a proof: "+err.Error())
 	}
 	sum := sha256.Sum256(b)
 	b = nil // decoded: its bytes can go (its charge stays until the verdict)
@@ -169,20 +174,23 @@ func (t *Tracker) handleProof(s network.Stream) {
 	defer jcancel()
 	release, err := t.proofs.judgeSlot(jctx)
 	if err != nil {
-		answer(&meshp2pb.ProofVerdict{Error: &meshp2pb.Error{Code: meshp2pb.ErrorCode_ERROR_CODE_NO_CAPACITY, Message: err.Error()}})
-		return
+		return refuse(meshp2pb.ErrorCode_ERROR_CODE_NO_CAPACITY, err.Error())
 	}
 	defer release()
 	convicted, who, reason, err := t.cfg.Judge(jctx, p)
 	if err != nil {
-		t.log.Info("proof not verified", "from", s.Conn().RemotePeer(), "err", err)
-		answer(&meshp2pb.ProofVerdict{Error: &meshp2pb.Error{Code: meshp2pb.ErrorCode_ERROR_CODE_BAD_REQUEST, Message: err.Error()}})
-		return
+		t.log.Info("proof not verified", "from", from, "err", err)
+		return refuse(meshp2pb.ErrorCode_ERROR_CODE_BAD_REQUEST, err.Error())
 	}
 	if !convicted {
-		answer(&meshp2pb.ProofVerdict{Reason: "the replay agrees with what the hop signed"})
-		return
+		return &meshp2pb.ProofVerdict{Reason: "the replay agrees with what the hop signed"}
 	}
+	t.convict(who, reason, sum[:], from)
+	return &meshp2pb.ProofVerdict{Convicted: true, PeerId: []byte(who), Reason: reason}
+}
+
+// convict remembers who (bounded) and publishes the conviction.
+func (t *Tracker) convict(who peer.ID, reason string, proof []byte, from peer.ID) {
 	t.mu.Lock()
 	if _, ok := t.convicted[who]; !ok && len(t.convicted) >= MaxConvicted {
 		for q := range t.convicted { // a memory bound, not a policy
@@ -190,11 +198,10 @@ func (t *Tracker) handleProof(s network.Stream) {
 			break
 		}
 	}
-	t.convicted[who] = Conviction{Peer: who, Reason: reason, At: t.cfg.Now(), Proof: sum[:]}
+	t.convicted[who] = Conviction{Peer: who, Reason: reason, At: t.cfg.Now(), Proof: proof}
 	t.mu.Unlock()
 	if err := t.publish(); err != nil {
 		t.log.Warn("could not publish the conviction", "peer", who, "err", err)
 	}
-	t.log.Warn("fraud proof verified: no tickets through this peer from now on", "peer", who, "from", s.Conn().RemotePeer(), "reason", reason)
-	answer(&meshp2pb.ProofVerdict{Convicted: true, PeerId: []byte(who), Reason: reason})
+	t.log.Warn("fraud proof verified: no tickets through this peer from now on", "peer", who, "from", from, "reason", reason)
 }
