@@ -63,7 +63,7 @@ STATICCHECK := .cache/bin/staticcheck-$(STATICCHECK_VERSION)/staticcheck
 DEADCODE_VERSION ?= v0.53.0
 DEADCODE := .cache/bin/deadcode-$(DEADCODE_VERSION)/deadcode
 
-.PHONY: all build build-check-amx cross cross-deps dist test-platforms vet-cross generate test test-short vet lint lint-counts fmt fuzz bench bench-micro demo clean deps soak gpu gpu-lib gpu-tolerance placement-sim \
+.PHONY: all build build-check-amx cross cross-deps dist test-platforms test-platforms-unit vet-cross generate test test-short vet lint lint-counts fmt fuzz bench bench-micro demo clean deps soak gpu gpu-lib gpu-tolerance placement-sim \
 	image testnet-docker testnet-docker-fit testnet-docker-down test-docker
 
 all: build
@@ -142,7 +142,9 @@ endif
 # Windows under wine, ARM64 (and amd64 on an older emulated CPU) under
 # qemu-user, a mixed loopback swarm. It installs its own Debian packages
 # (scripts/cross-deps.sh) and is not part of make test: a cold Go cache
-# makes it compile llama.cpp three times (35 min on 2 busy cores).
+# makes it compile llama.cpp three times (35 min on 2 busy cores). make
+# test runs test-platforms-unit instead: the platform code's pure-Go tests
+# under wine and qemu.
 PLATFORMS  ?= linux-amd64 linux-arm64 windows-amd64
 AMD64_SIMD ?= x86-64-v3
 ARM64_SIMD ?= armv8.2-a+fp16+dotprod
@@ -158,6 +160,14 @@ cross-deps:
 # go vet for Windows and ARM64 (their build tags and cgo files).
 vet-cross: cross-deps $(GENERATED)
 	CROSS_VET=1 CROSS_SKIP_MISSING=1 AMD64_SIMD='$(AMD64_SIMD)' ARM64_SIMD='$(ARM64_SIMD)' sh scripts/cross.sh $(VERSION) bin/cross $(filter-out linux-amd64,$(PLATFORMS))
+
+# The platform code's own Go tests (pure Go, no llama.cpp), cross-compiled
+# and run under wine and qemu-user: a step of make test (about 1 minute,
+# 3-4 the first time on a machine; docs/platforms.md).
+test-platforms-unit: cross-deps
+	-sh scripts/wine/prefix.sh .cache/wine
+	MESHP2P_PLATFORM_UNIT=1 MESHP2P_WINEPREFIX=$(abspath .cache/wine) \
+	  go test -count=1 -timeout 10m -v -run '^TestPlatformUnitTests$$' ./cmd/meshp2p
 
 test-platforms: vet-cross
 	CROSS_SKIP_MISSING=1 AMD64_SIMD='$(AMD64_SIMD)' ARM64_SIMD='$(ARM64_SIMD)' sh scripts/dist.sh $(VERSION) $(PLATFORMS)

@@ -1,11 +1,12 @@
 #!/bin/sh
 # The test steps of `make test` (after deps, build, the AMX link check and
 # vet): the Vulkan library, `go test ./...`, the container test, a
-# 5-minute soak and the fuzz smoke. (The Windows and ARM64 builds under
-# wine and qemu are `make test-platforms`, not run here: on a machine
-# whose Go cache is cold they compile llama.cpp three more times, 35 min
-# on 2 busy cores, which would more than double make test;
-# docs/platforms.md.) Every step runs even when an earlier one failed,
+# 5-minute soak, the fuzz smoke and the platform code's pure-Go tests
+# under wine and qemu (make test-platforms-unit). (The Windows and ARM64
+# release builds under wine and qemu are `make test-platforms`, not run
+# here: on a machine whose Go cache is cold they compile llama.cpp three
+# more times, 35 min on 2 busy cores, which would more than double make
+# test; docs/platforms.md.) Every step runs even when an earlier one failed,
 # its output goes to the terminal and to .cache/test/test.log, and the last
 # lines printed are a summary: one line per failed test with its package
 # (internal/testsum), then each failed step. Exit status 1 if anything
@@ -66,6 +67,7 @@ step "go test ./..." env MESHP2P_GPU_TESTS=$gpu go test -count=1 -timeout "$TEST
 step "make test-docker" $MAKE --no-print-directory test-docker
 step "make soak" $MAKE --no-print-directory soak SOAK_DURATION=5m
 step "make fuzz" $MAKE --no-print-directory fuzz FUZZTIME="$FUZZTIME"
+step "make test-platforms-unit" $MAKE --no-print-directory test-platforms-unit
 
 secs=$(($(date +%s) - start))
 echo

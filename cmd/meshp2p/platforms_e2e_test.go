@@ -93,31 +93,50 @@ func crossBin(t *testing.T, plat string) xbin {
 }
 
 // TestPlatformUnitTests: the platform-specific code's own tests,
-// cross-compiled (pure Go) and run under the emulators: the data-dir
-// lock (LockFileEx on Windows, flock on Linux ARM64), the failure
-// memory's save lock across processes (LockFileEx) and the memory
-// budget (GlobalMemoryStatusEx on Windows; /proc/meminfo and cgroups on
-// Linux ARM64).
+// cross-compiled (pure Go, no llama.cpp: minutes even with a cold cache)
+// and run under the emulators: the data-dir lock (LockFileEx on Windows,
+// flock on Linux ARM64), the failure memory's save lock across processes,
+// the memory budget (GlobalMemoryStatusEx on Windows; /proc/meminfo and
+// cgroups on Linux ARM64), the registry of local processes and the CPU
+// share of co-located nodes (OpenProcess, GetProcessTimes and
+// GetSystemTimes on Windows), and the frame codec. make test runs it
+// (make test-platforms-unit, MESHP2P_PLATFORM_UNIT=1); make
+// test-platforms runs it with the release binaries' tests.
 func TestPlatformUnitTests(t *testing.T) {
-	if os.Getenv("MESHP2P_CROSS_BIN") == "" {
-		t.Skip("MESHP2P_CROSS_BIN is not set: make test-platforms runs these")
+	if os.Getenv("MESHP2P_CROSS_BIN") == "" && os.Getenv("MESHP2P_PLATFORM_UNIT") == "" {
+		t.Skip("MESHP2P_PLATFORM_UNIT is not set: make test (make test-platforms-unit) and make test-platforms run these")
 	}
 	for _, tc := range []struct{ plat, pkg, run string }{
 		{"windows-amd64", "internal/dirlock", "TestAcquireOtherProcess"},
 		{"windows-amd64", "placement", "TestBudgetHost"},
 		{"windows-amd64", "internal/failfile", "TestConcurrentSavesProcesses"},
-		{"linux-arm64", "internal/dirlock", "TestAcquire"},
+		{"windows-amd64", "node/localnodes", "TestAlive"},
+		{"windows-amd64", "node/cpushare", "TestMembers|TestThreadsLeaveBusyCPUs|TestThreadsCancelled"},
+		{"windows-amd64", "proto/frame", "Test.*"},
+		{"linux-arm64", "internal/dirlock", "TestAcquire|TestAcquireOtherProcess"},
 		{"linux-arm64", "placement", "TestBudget|TestCgroupV1"},
+		{"linux-arm64", "internal/failfile", "TestConcurrentSavesProcesses"},
+		{"linux-arm64", "node/localnodes", "TestAlive"},
+		{"linux-arm64", "node/cpushare", "TestMembers|TestThreadsLeaveBusyCPUs|TestThreadsCancelled"},
+		{"linux-arm64", "proto/frame", "Test.*"},
 	} {
 		t.Run(tc.plat+"/"+tc.pkg, func(t *testing.T) {
 			goos, goarch, _ := strings.Cut(tc.plat, "-")
+			emulator(t, tc.plat) // skips without it
 			bin := filepath.Join(t.TempDir(), strings.ReplaceAll(tc.pkg, "/", "_")+".test")
 			build := exec.Command("go", "test", "-c", "-o", bin, "../../"+tc.pkg)
 			build.Env = append(os.Environ(), "GOOS="+goos, "GOARCH="+goarch, "CGO_ENABLED=0")
 			if out, err := build.CombinedOutput(); err != nil {
 				t.Fatalf("go test -c %s for %s: %v\n%s", tc.pkg, tc.plat, err, out)
 			}
-			out, err := exec.Command(emulated(t, tc.plat, bin), "-test.run", "^("+tc.run+")$", "-test.v", "-test.count=1").CombinedOutput()
+			c := exec.Command(emulated(t, tc.plat, bin), "-test.run", "^("+tc.run+")$", "-test.v", "-test.count=1")
+			c.Dir = filepath.Join("..", "..", tc.pkg) // its testdata
+			if tc.plat == "linux-arm64" {
+				// Children of the test binary (other processes holding
+				// locks) go through qemu too: there is no binfmt_misc.
+				c.Env = append(os.Environ(), "MESHP2P_TEST_EXEC=qemu-aarch64-static")
+			}
+			out, err := c.CombinedOutput()
 			if err != nil || !strings.Contains(string(out), "--- PASS") {
 				t.Fatalf("%s tests of %s: %v\n%s", tc.plat, tc.pkg, err, out)
 			}

@@ -12,6 +12,8 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/neuron-tai/meshp2p/internal/testbin"
 )
 
 // A held lock names its holder; released, it is free again; a lock file
@@ -76,7 +78,7 @@ func TestAcquireOtherProcess(t *testing.T) {
 	}
 	defer os.RemoveAll(dir)
 	path := filepath.Join(dir, "node.lock")
-	cmd := exec.Command(os.Args[0], "-test.run=^TestAcquireOtherProcess$", "-test.count=1")
+	cmd := testbin.Self("-test.run=^TestAcquireOtherProcess$", "-test.count=1")
 	cmd.Env = append(os.Environ(), "DIRLOCK_TEST_HOLD="+path)
 	stdin, err := cmd.StdinPipe()
 	if err != nil {

@@ -16,6 +16,7 @@ import (
 	"github.com/libp2p/go-libp2p/core/crypto"
 	"github.com/libp2p/go-libp2p/core/peer"
 
+	"github.com/neuron-tai/meshp2p/internal/testbin"
 	"github.com/neuron-tai/meshp2p/session"
 )
 
@@ -305,7 +306,7 @@ func TestConcurrentSavesProcesses(t *testing.T) {
 	cmds := make([]*exec.Cmd, procs)
 	for i := range cmds {
 		ids[i] = newPeer(t)
-		cmds[i] = exec.Command(os.Args[0], "-test.run=^TestConcurrentSavesProcesses$", "-test.count=1")
+		cmds[i] = testbin.Self("-test.run=^TestConcurrentSavesProcesses$", "-test.count=1")
 		cmds[i].Env = append(os.Environ(), "FAILFILE_TEST_SAVE="+path, "FAILFILE_TEST_PEER="+ids[i].String())
 	}
 	for _, c := range cmds {

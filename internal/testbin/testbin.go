@@ -28,3 +28,14 @@ func CLI(t testing.TB) string {
 	}
 	return out
 }
+
+// Self is a command that runs this test binary again with args (a child
+// process of the test). Under qemu-user without binfmt_misc, which is how
+// the platform tests run ARM64 test binaries (docs/platforms.md), the
+// child goes through the emulator that $MESHP2P_TEST_EXEC names.
+func Self(args ...string) *exec.Cmd {
+	if emu := os.Getenv("MESHP2P_TEST_EXEC"); emu != "" {
+		return exec.Command(emu, append([]string{os.Args[0]}, args...)...)
+	}
+	return exec.Command(os.Args[0], args...)
+}

@@ -10,20 +10,18 @@
 // its pid and holding its start time, so a reused pid is not counted) and
 // takes its share: the machine's CPUs over the live members, and no more
 // than the CPUs idle beside it, measured over a short window from
-// /proc/stat (this process's own time counted as idle). Where /proc is
-// missing, every CPU counts as idle.
+// /proc/stat, or GetSystemTimes on Windows (this process's own time
+// counted as idle). Where neither is there, every CPU counts as idle.
 package cpushare
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"math"
 	"os"
 	"path/filepath"
 	"runtime"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/neuron-tai/meshp2p/node/localnodes"
@@ -43,7 +41,7 @@ type Member struct {
 // DefaultDir is the members' directory: one per user, in the temporary
 // directory.
 func DefaultDir() string {
-	return filepath.Join(os.TempDir(), fmt.Sprintf("meshp2p-%d", os.Getuid()), "engines")
+	return filepath.Join(localnodes.UserDir(), "engines")
 }
 
 // Join registers this process in dir (created if missing).
@@ -87,7 +85,10 @@ func (m *Member) Members() int {
 		if err != nil {
 			continue
 		}
-		if localnodes.Alive(pid) && (m.proc == "" || m.startTime(pid) == string(b)) {
+		// A member's file holds its start time where the platform has one
+		// (/proc, GetProcessTimes): a live pid with another start time is a
+		// reused pid, not the member.
+		if want := string(b); localnodes.Alive(pid) && (want == "" || m.startTime(pid) == want) {
 			n++
 		} else {
 			_ = os.Remove(filepath.Join(m.dir, e.Name()))
@@ -111,16 +112,9 @@ func (m *Member) Threads(ctx context.Context) int {
 // idleCPUs measures how many CPUs were idle or running this process over
 // Window.
 func (m *Member) idleCPUs(ctx context.Context) (float64, error) {
-	if m.proc == "" {
-		return float64(m.ncpu), nil
-	}
-	idle0, total0, err := m.machineTicks()
-	if err != nil {
-		return 0, err
-	}
-	own0, err := m.ownTicks()
-	if err != nil {
-		return 0, err
+	idle0, total0, own0, ok, err := m.ticks()
+	if err != nil || !ok {
+		return float64(m.ncpu), err
 	}
 	t := time.NewTimer(Window)
 	defer t.Stop()
@@ -129,11 +123,7 @@ func (m *Member) idleCPUs(ctx context.Context) (float64, error) {
 		return 0, ctx.Err()
 	case <-t.C:
 	}
-	idle1, total1, err := m.machineTicks()
-	if err != nil {
-		return 0, err
-	}
-	own1, err := m.ownTicks()
+	idle1, total1, own1, _, err := m.ticks()
 	if err != nil {
 		return 0, err
 	}
@@ -142,72 +132,4 @@ func (m *Member) idleCPUs(ctx context.Context) (float64, error) {
 	}
 	free := float64(idle1-idle0+own1-own0) / float64(total1-total0)
 	return min(1, free) * float64(m.ncpu), nil
-}
-
-// machineTicks reads the idle (idle + iowait) and total ticks of every
-// CPU from /proc/stat.
-func (m *Member) machineTicks() (idle, total uint64, err error) {
-	b, err := os.ReadFile(filepath.Join(m.proc, "stat"))
-	if err != nil {
-		return 0, 0, err
-	}
-	line, _, _ := strings.Cut(string(b), "\n")
-	f := strings.Fields(line)
-	if len(f) < 5 || f[0] != "cpu" {
-		return 0, 0, errors.New("cpushare: /proc/stat has no cpu line")
-	}
-	for i, s := range f[1:] {
-		v, err := strconv.ParseUint(s, 10, 64)
-		if err != nil {
-			return 0, 0, fmt.Errorf("cpushare: /proc/stat: %w", err)
-		}
-		total += v
-		if i == 3 || i == 4 { // idle, iowait
-			idle += v
-		}
-	}
-	return idle, total, nil
-}
-
-// ownTicks reads this process's user + system ticks.
-func (m *Member) ownTicks() (uint64, error) {
-	f, err := m.statFields(os.Getpid())
-	if err != nil || len(f) < 15 {
-		return 0, fmt.Errorf("cpushare: own stat: %v", err)
-	}
-	u, err1 := strconv.ParseUint(f[13], 10, 64)
-	s, err2 := strconv.ParseUint(f[14], 10, 64)
-	if err1 != nil || err2 != nil {
-		return 0, errors.New("cpushare: own stat: bad ticks")
-	}
-	return u + s, nil
-}
-
-// startTime is pid's start time (field 22 of /proc/pid/stat), or "" where
-// there is no /proc.
-func (m *Member) startTime(pid int) string {
-	if m.proc == "" {
-		return ""
-	}
-	f, err := m.statFields(pid)
-	if err != nil || len(f) < 22 {
-		return ""
-	}
-	return f[21]
-}
-
-// statFields splits /proc/pid/stat into its fields (the command name,
-// which may hold spaces, counts as one).
-func (m *Member) statFields(pid int) ([]string, error) {
-	b, err := os.ReadFile(filepath.Join(m.proc, strconv.Itoa(pid), "stat"))
-	if err != nil {
-		return nil, err
-	}
-	s := string(b)
-	i := strings.LastIndexByte(s, ')')
-	if i < 0 {
-		return nil, errors.New("no command name")
-	}
-	head, _, _ := strings.Cut(s, " ")
-	return append([]string{head, s[strings.IndexByte(s, '(') : i+1]}, strings.Fields(s[i+1:])...), nil
 }

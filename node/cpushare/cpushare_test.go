@@ -7,20 +7,57 @@ import (
 	"path/filepath"
 	"runtime"
 	"strconv"
-	"syscall"
 	"testing"
+	"time"
+
+	"github.com/neuron-tai/meshp2p/internal/testbin"
 )
 
-// child starts a process of ours that lives until the test ends (killed
-// by its PID).
-func child(t *testing.T, script string) *exec.Cmd {
+// childEnv makes the test binary a child process: "sleep" waits (until
+// killed, or a minute), "spin" keeps a CPU busy, "exit" ends at once. The
+// tests run this binary itself, not sh, so that they run on Windows
+// (under wine here: docs/platforms.md) too.
+const childEnv = "MESHP2P_CPUSHARE_CHILD"
+
+func TestMain(m *testing.M) {
+	switch os.Getenv(childEnv) {
+	case "sleep":
+		time.Sleep(time.Minute)
+		os.Exit(0)
+	case "spin":
+		for end := time.Now().Add(time.Minute); time.Now().Before(end); {
+		}
+		os.Exit(0)
+	case "exit":
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+// child starts a process of ours doing what (childEnv) that lives until
+// the test ends (killed by its PID).
+func child(t *testing.T, what string) *exec.Cmd {
 	t.Helper()
-	c := exec.Command("sh", "-c", script)
+	c := testbin.Self("-test.run=^$")
+	c.Env = append(os.Environ(), childEnv+"="+what)
 	if err := c.Start(); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = c.Process.Signal(syscall.SIGKILL); _ = c.Wait() })
+	t.Cleanup(func() { _ = c.Process.Kill(); _ = c.Wait() })
 	return c
+}
+
+// tempDir is a directory removed when the test ends, as far as the
+// platform lets it: wine 8.0 fails Go's os.RemoveAll, which t.TempDir
+// would report as a failure.
+func tempDir(t *testing.T) string {
+	t.Helper()
+	d, err := os.MkdirTemp("", "cpushare")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(d) })
+	return d
 }
 
 // register writes a member file for pid as Join would (start time given).
@@ -31,11 +68,10 @@ func register(t *testing.T, m *Member, pid int, start string) {
 	}
 }
 
+// Members counts this process and live members, not a dead one nor a
+// reused pid (a live process whose start time is not the member's).
 func TestMembers(t *testing.T) {
-	if _, err := os.Stat("/proc/self/stat"); err != nil {
-		t.Skip("needs /proc")
-	}
-	m, err := Join(t.TempDir())
+	m, err := Join(tempDir(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -43,14 +79,19 @@ func TestMembers(t *testing.T) {
 	if n := m.Members(); n != 1 {
 		t.Fatalf("alone: %d members", n)
 	}
-	live := child(t, "sleep 60")
-	register(t, m, live.Process.Pid, m.startTime(live.Process.Pid))
-	dead := exec.Command("true")
+	live := child(t, "sleep")
+	start := m.startTime(live.Process.Pid)
+	if start == "" {
+		t.Fatalf("no start time for a live child (%s)", runtime.GOOS)
+	}
+	register(t, m, live.Process.Pid, start)
+	dead := testbin.Self("-test.run=^$")
+	dead.Env = append(os.Environ(), childEnv+"=exit")
 	if err := dead.Run(); err != nil {
 		t.Fatal(err)
 	}
 	register(t, m, dead.Process.Pid, "1")
-	reused := child(t, "sleep 60") // a live pid whose start time is not the member's
+	reused := child(t, "sleep") // a live pid whose start time is not the member's
 	register(t, m, reused.Process.Pid, "0")
 	if n := m.Members(); n != 2 {
 		t.Fatalf("self, a live member, a dead one and a reused pid: %d members, want 2", n)
@@ -60,10 +101,17 @@ func TestMembers(t *testing.T) {
 			t.Errorf("the file of pid %d (not a member) was kept", pid)
 		}
 	}
-	other := child(t, "sleep 60")
+	other := child(t, "sleep")
 	register(t, m, other.Process.Pid, m.startTime(other.Process.Pid))
 	if got, want := m.Threads(context.Background()), max(1, runtime.NumCPU()/3); got > want {
 		t.Fatalf("three members on %d CPUs: %d threads, want at most %d", runtime.NumCPU(), got, want)
+	}
+	// A member killed without leaving (a crash, Task Manager) stops
+	// counting.
+	_ = other.Process.Kill()
+	_ = other.Wait()
+	if n := m.Members(); n != 2 {
+		t.Fatalf("after a member was killed: %d members, want 2", n)
 	}
 	m.Leave()
 	if _, err := os.Stat(m.file); !os.IsNotExist(err) {
@@ -73,19 +121,20 @@ func TestMembers(t *testing.T) {
 
 // A CPU spinning beside the process is not counted as free.
 func TestThreadsLeaveBusyCPUs(t *testing.T) {
-	if _, err := os.Stat("/proc/stat"); err != nil {
-		t.Skip("needs /proc")
-	}
 	ncpu := runtime.NumCPU()
 	if ncpu < 2 {
 		t.Skip("one CPU: the share is 1 anyway")
 	}
-	m, err := Join(t.TempDir())
+	m, err := Join(tempDir(t))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer m.Leave()
-	child(t, "while :; do :; done")
+	if _, _, _, ok, err := m.ticks(); !ok || err != nil {
+		t.Skipf("no CPU times on %s (ok %v, %v): every CPU counts as idle", runtime.GOOS, ok, err)
+	}
+	child(t, "spin")
+	time.Sleep(50 * time.Millisecond) // the child has started spinning
 	got := m.Threads(context.Background())
 	t.Logf("%d CPUs, one spinning: %d threads", ncpu, got)
 	if got < 1 || got > ncpu-1 {
@@ -94,7 +143,7 @@ func TestThreadsLeaveBusyCPUs(t *testing.T) {
 }
 
 func TestThreadsCancelled(t *testing.T) {
-	m, err := Join(t.TempDir())
+	m, err := Join(tempDir(t))
 	if err != nil {
 		t.Fatal(err)
 	}

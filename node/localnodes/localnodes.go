@@ -35,8 +35,16 @@ type Entry struct {
 }
 
 // Dir is the registry: one per user, in the temporary directory.
-func Dir() string {
-	return filepath.Join(os.TempDir(), fmt.Sprintf("meshp2p-%d", os.Getuid()), "nodes")
+func Dir() string { return filepath.Join(UserDir(), "nodes") }
+
+// UserDir is this user's meshp2p directory in the temporary directory:
+// meshp2p-<uid>, or meshp2p where there are no uids (Windows, whose
+// temporary directory is the user's own).
+func UserDir() string {
+	if uid := os.Getuid(); uid >= 0 {
+		return filepath.Join(os.TempDir(), fmt.Sprintf("meshp2p-%d", uid))
+	}
+	return filepath.Join(os.TempDir(), "meshp2p")
 }
 
 // maxEntryBytes bounds a registry file List reads.
