@@ -728,5 +728,6 @@ func (hs *hopSession) sendWindows(from peer.ID, rt readTiming) error {
 		}
 		rt = readTiming{}
 	}
+	hs.sp.afterSend()
 	return nil
 }

@@ -189,6 +189,11 @@ type specHead struct {
 	step    uint64
 	lastK   int // the K chosen last
 	stats   meshp2pb.SpecStats
+	// unseen are committed tokens the proposer has not been given yet
+	// (catchUp); quiet: the last step went out before the proposer
+	// caught up (afterSend does it).
+	unseen []int32
+	quiet  bool
 }
 
 // specWindow is a window in flight.
@@ -275,9 +280,19 @@ func (sp *specHead) begin(tok int32, pos int, step uint64) bool {
 	return true
 }
 
-// commit adds committed tokens to the history and checks the shadow
-// proposals against them.
+// commit takes committed tokens; the proposer sees them at catchUp.
 func (sp *specHead) commit(toks []int32) {
+	sp.unseen = append(sp.unseen, toks...)
+}
+
+// catchUp adds the committed tokens the proposer has not seen to its
+// history and checks the shadow proposals against them. sp.mu is held.
+func (sp *specHead) catchUp() {
+	toks := sp.unseen
+	if len(toks) == 0 {
+		return
+	}
+	sp.unseen = sp.unseen[:0]
 	sp.ng.Append(toks...)
 	for _, t := range toks {
 		if len(sp.shadow) == 0 {
@@ -322,6 +337,13 @@ func (sp *specHead) windows(sid []byte, epoch uint64, kv, tokens int) []*meshp2p
 	defer sp.mu.Unlock()
 	room := min(kv-1-sp.lastPos, tokens)
 	var out []*meshp2pb.ActivationHeader
+	if sp.begun && !sp.finished && !sp.closed && sp.stepAt.IsZero() && len(sp.inflight) == 0 && sp.genSent == sp.gen && room > 0 && sp.ad.Quiet() {
+		// Nothing would be proposed whatever the proposer says: the plain
+		// step goes first, the proposer catches up after it (afterSend).
+		sp.quiet = true
+		return append(out, sp.plainStep(sid, epoch))
+	}
+	sp.catchUp()
 	for sp.begun && !sp.finished && !sp.closed && sp.stepAt.IsZero() {
 		n := len(sp.inflight)
 		if n > 0 && sp.sent == len(sp.pending)+1 {
@@ -364,6 +386,25 @@ func (sp *specHead) windows(sid []byte, epoch uint64, kv, tokens int) []*meshp2p
 		}
 	}
 	return out
+}
+
+// afterSend runs once the windows or step windows returned are on the
+// route: after a quiet plain step, the proposer's bookkeeping (the new
+// tokens, the shadow proposals that keep the acceptance rate learning)
+// that windows skipped.
+func (sp *specHead) afterSend() {
+	sp.mu.Lock()
+	defer sp.mu.Unlock()
+	if !sp.quiet || sp.closed {
+		return
+	}
+	sp.quiet = false
+	sp.catchUp()
+	if len(sp.shadow) == 0 && len(sp.pending) == 0 {
+		if drafts, match := sp.propose(sp.ad.MaxK + 1); len(drafts) > 0 {
+			sp.shadow, sp.shadowN = drafts, match
+		}
+	}
 }
 
 // plainStep is the plain decode step of the last committed token, as a
@@ -493,9 +534,13 @@ func (sp *specHead) result(wr *meshp2pb.WindowResult) (specResult, error) {
 		return specResult{}, err
 	}
 	compute := hopCompute(wr.GetHopUs())
-	if w.alone {
+	switch {
+	case w.alone && w.rows == 1: // the window after a rejection
+		sp.ad.ObserveRedo(time.Since(w.at))
+		sp.ad.ObserveCompute(w.rows, compute)
+	case w.alone:
 		sp.ad.ObserveWindow(w.rows, time.Since(w.at), compute)
-	} else {
+	default:
 		sp.ad.ObserveCompute(w.rows, compute)
 	}
 	sp.advance(end, n)

@@ -306,10 +306,14 @@ func speculation(b *testing.B, t *Table, threads, rounds int) {
 		}
 	}
 	// Random weights (the 154M model, F16, and at h = 0 its Q8_0 and
-	// Q4_K_M quantizations): compute-bound where the link is fast.
-	for _, m := range []struct{ typ, link string }{{"f16", "h=0"}, {"q8_0", "h=0"}, {"q4_k_m", "h=0"}, {"f16", "h=20ms"}} {
+	// Q4_K_M quantizations): compute-bound where the link is fast; at
+	// h = 5 ms the link and the compute are of a size.
+	for _, m := range []struct{ typ, link string }{{"f16", "h=0"}, {"q8_0", "h=0"}, {"q4_k_m", "h=0"}, {"f16", "h=5ms"}, {"f16", "h=20ms"}} {
 		link := delayproxy.Link{}
-		if m.link == "h=20ms" {
+		switch m.link {
+		case "h=5ms":
+			link = delayproxy.Ideal(5 * time.Millisecond)
+		case "h=20ms":
 			link = delayproxy.Ideal(20 * time.Millisecond)
 		}
 		name := "154M random weights"
