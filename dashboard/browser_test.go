@@ -354,7 +354,11 @@ func TestDashboardChatThroughAPI(t *testing.T) {
 	model := testmodels.Path(t, "stories260K.gguf")
 	// --audit-rate 1: the gateway audits the chat's generation with the
 	// node's model file (docs/trust.md), and the dashboard counts it.
-	a := startProc(t, bin, append([]string{"start", "--model", model, "--layers", "0-3", "--api", "127.0.0.1:0", "--audit-rate", "1"}, netArgs("chattest", dataDir(t, "a"))...)...)
+	// --speculative ngram: the head sends every proposal it has, so the
+	// chat's generation has windows for the dashboard to count (the
+	// default, auto, sends them only where they pay, which on a busy
+	// loopback may be nowhere).
+	a := startProc(t, bin, append([]string{"start", "--model", model, "--layers", "0-3", "--api", "127.0.0.1:0", "--audit-rate", "1", "--speculative", "ngram"}, netArgs("chattest", dataDir(t, "a"))...)...)
 	startProc(t, bin, append([]string{"start", "--model", model, "--layers", "3-5", "--bootstrap", a.addr}, netArgs("chattest", dataDir(t, "b"))...)...)
 	if a.api == "" {
 		t.Fatalf("no api address printed:\n%s", a.logs.String())
@@ -379,11 +383,11 @@ func TestDashboardChatThroughAPI(t *testing.T) {
 	t.Logf("reply through the API: %q", reply)
 	screenshot(t, ctx, "dashboard-api-chat.png")
 	fams := waitValue(t, a.api, "meshp2p_generations_total", map[string]string{"result": "ok"}, 1)
-	// Speculation is on by default (auto): the head answered windows, none
-	// is left in flight, and the dashboard counts them.
+	// Speculation (ngram): the head answered windows, none is left in
+	// flight, and the dashboard counts them.
 	waitValue(t, a.api, "meshp2p_spec_windows_in_flight", nil, 0)
 	if w := value(fams, "meshp2p_spec_windows_total", nil); w < 1 {
-		t.Errorf("meshp2p_spec_windows_total = %v after a generation with speculation auto", w)
+		t.Errorf("meshp2p_spec_windows_total = %v after a generation with speculation ngram", w)
 	}
 	evalUntil(t, ctx, `/ in [1-9][0-9]* windows$/.test(document.getElementById('accept').title)`, 10*time.Second)
 	waitValue(t, a.api, "meshp2p_audits_total", map[string]string{"outcome": "passed"}, 1)
