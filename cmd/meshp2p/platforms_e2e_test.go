@@ -114,7 +114,7 @@ func TestPlatformUnitTests(t *testing.T) {
 		{"windows-amd64", "node/cpushare", "TestMembers|TestThreadsLeaveBusyCPUs|TestThreadsCancelled"},
 		{"windows-amd64", "proto/frame", "Test.*"},
 		{"linux-arm64", "internal/dirlock", "TestAcquire|TestAcquireOtherProcess"},
-		{"linux-arm64", "placement", "TestBudget|TestCgroupV1"},
+		{"linux-arm64", "placement", "TestBudgetParsing|TestBudgetHost|TestCgroupV1"},
 		{"linux-arm64", "internal/failfile", "TestConcurrentSavesProcesses"},
 		{"linux-arm64", "node/localnodes", "TestAlive"},
 		{"linux-arm64", "node/cpushare", "TestMembers|TestThreadsLeaveBusyCPUs|TestThreadsCancelled"},
@@ -139,6 +139,11 @@ func TestPlatformUnitTests(t *testing.T) {
 			out, err := c.CombinedOutput()
 			if err != nil || !strings.Contains(string(out), "--- PASS") {
 				t.Fatalf("%s tests of %s: %v\n%s", tc.plat, tc.pkg, err, out)
+			}
+			for _, name := range strings.Split(tc.run, "|") {
+				if !strings.ContainsAny(name, ".*") && !strings.Contains(string(out), "--- PASS: "+name+" ") {
+					t.Errorf("%s: %s of %s did not run and pass:\n%s", tc.plat, name, tc.pkg, out)
+				}
 			}
 			t.Logf("%s", out)
 		})
