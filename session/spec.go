@@ -337,14 +337,14 @@ func (sp *specHead) windows(sid []byte, epoch uint64, kv, tokens int) []*meshp2p
 	defer sp.mu.Unlock()
 	room := min(kv-1-sp.lastPos, tokens)
 	var out []*meshp2pb.ActivationHeader
-	if sp.begun && !sp.finished && !sp.closed && sp.stepAt.IsZero() && len(sp.inflight) == 0 && sp.genSent == sp.gen && room > 0 && sp.ad.Quiet() {
+	if sp.open() && len(sp.inflight) == 0 && sp.genSent == sp.gen && room > 0 && sp.ad.Quiet() {
 		// Nothing would be proposed whatever the proposer says: the plain
 		// step goes first, the proposer catches up after it (afterSend).
 		sp.quiet = true
 		return append(out, sp.plainStep(sid, epoch))
 	}
 	sp.catchUp()
-	for sp.begun && !sp.finished && !sp.closed && sp.stepAt.IsZero() {
+	for sp.open() {
 		n := len(sp.inflight)
 		if n > 0 && sp.sent == len(sp.pending)+1 {
 			return out // the window in flight ends the chain (no lookahead)
@@ -616,7 +616,13 @@ func (sp *specHead) advance(end windowEnd, n int) {
 func (sp *specHead) stalled() bool {
 	sp.mu.Lock()
 	defer sp.mu.Unlock()
-	return sp.begun && !sp.finished && !sp.closed && len(sp.inflight) == 0 && sp.stepAt.IsZero()
+	return sp.open() && len(sp.inflight) == 0
+}
+
+// open reports whether the session may send another window or step now:
+// begun, not ended, and no plain step in flight. sp.mu is held.
+func (sp *specHead) open() bool {
+	return sp.begun && !sp.finished && !sp.closed && sp.stepAt.IsZero()
 }
 
 // finish marks the generation ended (the origin closes the session): no

@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"testing"
+	"time"
 )
 
 // CLI compiles ./cmd/meshp2p of the module into a temporary directory
@@ -38,4 +39,36 @@ func Self(args ...string) *exec.Cmd {
 		return exec.Command(emu, append([]string{os.Args[0]}, args...)...)
 	}
 	return exec.Command(os.Args[0], args...)
+}
+
+// childEnv asks a test binary started by Child to be a child process
+// (Main) instead of running its tests.
+const childEnv = "MESHP2P_TEST_CHILD"
+
+// Child is a command that runs this test binary as a child process doing
+// what: "sleep" (a minute, or until killed), "spin" (a CPU busy for a
+// minute) or "exit" (ends at once). The package's TestMain must be Main.
+// Tests use it instead of sh, so that they run under wine and qemu too.
+func Child(what string) *exec.Cmd {
+	c := Self("-test.run=^$")
+	c.Env = append(os.Environ(), childEnv+"="+what)
+	return c
+}
+
+// Main is a TestMain for packages whose tests start Child processes: it
+// is that child when the environment says so, and runs the tests
+// otherwise.
+func Main(m *testing.M) {
+	switch os.Getenv(childEnv) {
+	case "sleep":
+		time.Sleep(time.Minute)
+		os.Exit(0)
+	case "spin":
+		for end := time.Now().Add(time.Minute); time.Now().Before(end); {
+		}
+		os.Exit(0)
+	case "exit":
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
 }

@@ -13,33 +13,13 @@ import (
 	"github.com/neuron-tai/meshp2p/internal/testbin"
 )
 
-// childEnv makes the test binary a child process: "sleep" waits (until
-// killed, or a minute), "spin" keeps a CPU busy, "exit" ends at once. The
-// tests run this binary itself, not sh, so that they run on Windows
-// (under wine here: docs/platforms.md) too.
-const childEnv = "MESHP2P_CPUSHARE_CHILD"
+func TestMain(m *testing.M) { testbin.Main(m) }
 
-func TestMain(m *testing.M) {
-	switch os.Getenv(childEnv) {
-	case "sleep":
-		time.Sleep(time.Minute)
-		os.Exit(0)
-	case "spin":
-		for end := time.Now().Add(time.Minute); time.Now().Before(end); {
-		}
-		os.Exit(0)
-	case "exit":
-		os.Exit(0)
-	}
-	os.Exit(m.Run())
-}
-
-// child starts a process of ours doing what (childEnv) that lives until
-// the test ends (killed by its PID).
+// child starts a process of ours doing what (testbin.Child) that lives
+// until the test ends (killed by its PID).
 func child(t *testing.T, what string) *exec.Cmd {
 	t.Helper()
-	c := testbin.Self("-test.run=^$")
-	c.Env = append(os.Environ(), childEnv+"="+what)
+	c := testbin.Child(what)
 	if err := c.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -85,8 +65,7 @@ func TestMembers(t *testing.T) {
 		t.Fatalf("no start time for a live child (%s)", runtime.GOOS)
 	}
 	register(t, m, live.Process.Pid, start)
-	dead := testbin.Self("-test.run=^$")
-	dead.Env = append(os.Environ(), childEnv+"=exit")
+	dead := testbin.Child("exit")
 	if err := dead.Run(); err != nil {
 		t.Fatal(err)
 	}

@@ -3,25 +3,11 @@ package localnodes
 import (
 	"os"
 	"testing"
-	"time"
 
 	"github.com/neuron-tai/meshp2p/internal/testbin"
 )
 
-// childEnv makes the test binary a child: "sleep" waits (until killed, or
-// a minute), "exit" ends at once.
-const childEnv = "MESHP2P_LOCALNODES_CHILD"
-
-func TestMain(m *testing.M) {
-	switch os.Getenv(childEnv) {
-	case "sleep":
-		time.Sleep(time.Minute)
-		os.Exit(0)
-	case "exit":
-		os.Exit(0)
-	}
-	os.Exit(m.Run())
-}
+func TestMain(m *testing.M) { testbin.Main(m) }
 
 // Alive tells a live process from one that ended (killed or exited), on
 // every platform that can ask (Unix: kill 0; Windows: OpenProcess and
@@ -30,8 +16,7 @@ func TestAlive(t *testing.T) {
 	if !Alive(os.Getpid()) {
 		t.Fatal("this process is not alive")
 	}
-	live := testbin.Self("-test.run=^$")
-	live.Env = append(os.Environ(), childEnv+"=sleep")
+	live := testbin.Child("sleep")
 	if err := live.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -39,8 +24,7 @@ func TestAlive(t *testing.T) {
 	if !Alive(live.Process.Pid) {
 		t.Fatal("a sleeping child is not alive")
 	}
-	exited := testbin.Self("-test.run=^$")
-	exited.Env = append(os.Environ(), childEnv+"=exit")
+	exited := testbin.Child("exit")
 	if err := exited.Run(); err != nil {
 		t.Fatal(err)
 	}
