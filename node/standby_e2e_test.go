@@ -2,6 +2,7 @@ package node
 
 import (
 	"context"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -14,6 +15,7 @@ import (
 	"github.com/neuron-tai/meshp2p/metrics"
 	"github.com/neuron-tai/meshp2p/route"
 	"github.com/neuron-tai/meshp2p/session"
+	"github.com/neuron-tai/meshp2p/tracker"
 )
 
 // A session with a hot standby of its middle hop survives the middle
@@ -32,25 +34,33 @@ func TestStandbyTakesOverWithoutPrefill(t *testing.T) {
 	for _, tc := range []struct {
 		name       string
 		pos, steps int // the covered hop, killed after steps decode steps
-	}{{"3", 1, 3}, {"40", 1, 40}, {"head-3", 0, 3}, {"head-40", 0, 40}} {
-		t.Run(tc.name, func(t *testing.T) { standbyTakeover(t, tc.pos, tc.steps) })
+		tracker    bool
+	}{{"3", 1, 3, false}, {"40", 1, 40, false}, {"head-3", 0, 3, false}, {"head-40", 0, 40, false}, {"tracker-3", 1, 3, true}, {"tracker-head-3", 0, 3, true}} {
+		t.Run(tc.name, func(t *testing.T) { standbyTakeover(t, tc.pos, tc.steps, tc.tracker) })
 	}
 }
 
 // standbyTakeover is TestStandbyTakesOverWithoutPrefill with hop pos (of
-// three; two nodes serve it) killed after steps decode steps.
-func standbyTakeover(t *testing.T, pos, steps int) {
+// three; two nodes serve it) killed after steps decode steps. With a
+// tracker (withTracker) every node demands its tickets, the tracker names
+// the standby in the ticket, and a third node serves hop pos: the re-route
+// asks the tracker to take the standby over (RouteRequest.takeover), else
+// it could pick the third node, which holds nothing.
+func standbyTakeover(t *testing.T, pos, steps int, withTracker bool) {
 	model := testmodels.Path(t, "stories260K.gguf")
-	tn, stages, c := spareSwarm(t, model, pos)
+	tn, stages, c, planner := spareSwarm(t, model, pos, withTracker)
 	fp, nl := waitModel(t, c, "stories260K")
 	prompt := thinClientPrompt(t, c, fp, strings.Repeat("Once upon a time, there was a little girl named Lily. She loved to play outside. ", 8))
 	maxTok := 40 + steps
 	want := localTokens(t, model, prompt, maxTok)
 	spares := stages[pos]
-	byPeer := map[peer.ID]*Node{spares[0].P2P().ID(): spares[0], spares[1].P2P().ID(): spares[1]}
-	var standby atomic.Pointer[Node]
+	byPeer := map[peer.ID]*Node{}
+	for _, x := range spares {
+		byPeer[x.P2P().ID()] = x
+	}
+	var standby, victimNode atomic.Pointer[Node]
 	killed := make(chan struct{})
-	o := c.Origin(nil)
+	o := c.Origin(planner)
 	m := metrics.New() // what the origin counts of a head standby
 	o.Observer = session.OriginObservers{o.Observer, m}
 	o.StandbyAbove = -1                                                         // asked for below, not by length
@@ -61,10 +71,14 @@ func standbyTakeover(t *testing.T, pos, steps int) {
 				return
 			}
 			victim := byPeer[rt.Hops[pos].Peer]
+			victimNode.Store(victim)
 			for _, x := range spares {
-				if x != victim {
+				if x != victim && (rt.Standby == nil || rt.Standby.Hop.Peer == x.P2P().ID()) {
 					standby.Store(x)
 				}
+			}
+			if withTracker && (rt.Standby == nil || rt.Standby.Index != pos || rt.Ticket == nil) {
+				standby.Store(nil) // the check below fails: the ticket named no standby of hop pos
 			}
 			neighbours := []*Node{c} // the head's upstream is the origin
 			for i, st := range stages {
@@ -77,6 +91,9 @@ func standbyTakeover(t *testing.T, pos, steps int) {
 	<-killed
 	if err != nil {
 		t.Fatal(err)
+	}
+	if standby.Load() == nil {
+		t.Fatalf("the first route (ticket %v) named no standby of hop %d", res.Route.Ticket != nil, pos)
 	}
 	if res.Reroutes != 1 || res.Takeovers != 1 || len(res.Recoveries) != 1 || !equalTokens(res.Tokens, want) {
 		t.Fatalf("reroutes %d, takeovers %d, stalls %v\nswarm %v\nlocal %v", res.Reroutes, res.Takeovers, res.Recoveries, res.Tokens, want)
@@ -97,7 +114,21 @@ func standbyTakeover(t *testing.T, pos, steps int) {
 	checkStandbyStats(t, standby.Load(), stages[0][0], m, pos, len(prompt))
 	t.Logf("prompt %d tokens; after the kill the hops held %v positions; the standby computed %d rows in %v",
 		len(prompt), res.HopCached, standby.Load().Hop().StandbyStats().Rows, standby.Load().Hop().StandbyStats().Compute)
+	if withTracker && res.Route.Ticket == nil {
+		t.Fatal("the new epoch's route has no ticket")
+	}
 	assertReleased(t, tn, append(append(append([]*Node{}, stages[0]...), stages[1]...), stages[2]...)...)
+	for _, x := range spares {
+		// The third middle node stood by in the new epoch, where the hops
+		// adopted the prompt's blocks: its mirror sent it the rows below
+		// theirs from its records (standbystart.go), or it could not
+		// follow (and the mirror's dropped count above is 1).
+		if withTracker && pos > 0 && x != standby.Load() && x != victimNode.Load() {
+			if st := x.Hop().StandbyStats(); st.Sessions != 1 || st.Rows < int64(len(prompt)) {
+				t.Fatalf("the new epoch's standby: %+v, want one session that computed the %d-token prompt", st, len(prompt))
+			}
+		}
+	}
 }
 
 // checkStandbyStats checks the counters of a takeover of hop pos: the
@@ -138,29 +169,47 @@ func checkStandbyStats(t *testing.T, standby, head *Node, m *metrics.Metrics, po
 
 // spareSwarm is a swarm of three stages (layers 0-2, 2-4, 4-5) of
 // stories260K, stage pos served by two nodes, and a client that knows all
-// four nodes.
-func spareSwarm(t *testing.T, model string, pos int) (tn *testNet, stages [][]*Node, c *Node) {
+// of them. withTracker: a tracker first (the nodes' bootstrap peer), every
+// node demands its tickets, stage pos has a third node, and planner asks
+// the tracker (nil otherwise: the client plans).
+func spareSwarm(t *testing.T, model string, pos int, withTracker bool) (tn *testNet, stages [][]*Node, c *Node, planner route.Planner) {
 	t.Helper()
 	tn = newTestNet(t)
-	cache := func(c *Config) { c.Engine.PrefixCacheCells = 1024; c.Metrics = metrics.New() }
+	var tr *tracker.Tracker
+	replicas := 2
+	if withTracker {
+		tr, replicas = tn.tracker(t.TempDir()), 3
+	}
+	cache := func(c *Config) {
+		c.Engine.PrefixCacheCells = 1024
+		c.Metrics = metrics.New()
+		if tr != nil {
+			requireTicket(tn, tr.ID())(c)
+		}
+	}
+	n := 0
 	for i, r := range []gguf.Range{{Start: 0, End: 2}, {Start: 2, End: 4}, {Start: 4, End: 5}} {
 		stage := []*Node{tn.shardWith(model, &r, cache)}
-		if i == pos {
+		for i == pos && len(stage) < replicas {
 			stage = append(stage, tn.shardWith(model, &r, cache))
 		}
-		stages = append(stages, stage)
+		stages, n = append(stages, stage), n+len(stage)
 	}
 	c = tn.client()
 	fp, _ := waitModel(t, c, "stories260K")
-	for deadline := time.Now().Add(30 * time.Second); len(c.Table().Shards(fp)) < 4; time.Sleep(50 * time.Millisecond) {
+	for deadline := time.Now().Add(30 * time.Second); len(c.Table().Shards(fp)) < n; time.Sleep(50 * time.Millisecond) {
 		if time.Now().After(deadline) {
-			t.Fatal("the client never saw both nodes of the spared stage")
+			t.Fatal("the client never saw every node of the spared stage")
 		}
 		lctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		_, _ = c.P2P().Discovery().Lookup(lctx, fp)
 		cancel()
 	}
-	return tn, stages, c
+	if tr != nil {
+		waitShards(t, tr.Table(), fp, n)
+		planner = c.TrackerPlanner(trackerAI(tr), true)
+	}
+	return tn, stages, c, planner
 }
 
 // killAfterSteps kills m's host once it has run steps decode steps
@@ -177,4 +226,51 @@ func killAfterSteps(m *Node, steps int, killed chan<- struct{}, neighbours ...*N
 		_ = m.P2P().Host().Network().ClosePeer(n.P2P().ID())
 	}
 	_ = m.P2P().Host().Close()
+}
+
+// A conversation's next turn gets, as its standby, a replica that kept
+// the turn before's blocks (the standby or the covered hop of turn 1:
+// the origin remembers both as warm, and the tracker picks a warm
+// standby first), never the third, cold replica: a mirror can only
+// follow a standby from what it holds, and a cold one behind hops that
+// adopt the conversation cannot follow (it would be dropped). Three
+// replicas of the middle, a tracker naming the standbys, tokens equal
+// --local on both turns.
+func TestStandbyFollowsTheConversation(t *testing.T) {
+	model := testmodels.Path(t, "stories260K.gguf")
+	tn, stages, c, planner := spareSwarm(t, model, 1, true)
+	fp, nl := waitModel(t, c, "stories260K")
+	o := c.Origin(planner)
+	o.StandbyAbove = -1
+	prompt := thinClientPrompt(t, c, fp, strings.Repeat("Once upon a time, there was a little girl named Lily. She loved to play outside. ", 6))
+	var standbys []peer.ID
+	var routes [][]route.Hop
+	onRoute := func(rt *route.Route, _ int) {
+		if rt.Standby != nil {
+			standbys = append(standbys, rt.Standby.Hop.Peer)
+		}
+		routes = append(routes, rt.Hops)
+	}
+	for turn := range 3 {
+		want := localTokens(t, model, prompt, 16)
+		res, err := o.Generate(context.Background(), session.GenerateRequest{Fingerprint: fp, NLayer: nl, Prompt: prompt, MaxTokens: 16, Standby: true, OnRoute: onRoute})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !equalTokens(res.Tokens, want) || res.Standbys != 1 || len(standbys) != turn+1 {
+			t.Fatalf("turn %d: standbys %d (%v)\nswarm %v\nlocal %v", turn, res.Standbys, standbys, res.Tokens, want)
+		}
+		if turn > 0 {
+			warm := []peer.ID{standbys[turn-1], routes[turn-1][1].Peer}
+			if !slices.Contains(warm, standbys[turn]) || !slices.Contains(warm, routes[turn][1].Peer) || res.CachedTokens == 0 {
+				t.Fatalf("turn %d: middle %s, standby %s, %d cached tokens; want the two replicas that kept turn %d's blocks %v",
+					turn, routes[turn][1].Peer, standbys[turn], res.CachedTokens, turn-1, warm)
+			}
+		}
+		prompt = append(append(slices.Clone(prompt), res.Tokens...), prompt[1:20]...) // the next turn: the conversation so far and more
+	}
+	if st := stages[0][0].Hop().StandbyStats(); st.Dropped != 0 || st.MirrorFrames == 0 {
+		t.Fatalf("the head's mirror: %+v; want frames mirrored, no standby dropped", st)
+	}
+	assertReleased(t, tn, append(append(append([]*Node{}, stages[0]...), stages[1]...), stages[2]...)...)
 }

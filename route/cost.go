@@ -284,6 +284,7 @@ func (p *CostPlanner) PlanObjective(ctx context.Context, req Request, obj Object
 	byStart, cands := p.edgesLocked(shards, req, m, now, q)
 	tieReplicas(byStart, q)
 	preferWarm(byStart, req.Warm)
+	pinTakeover(byStart, req.Takeover)
 	limit := int64(math.MaxInt64)
 	if obj == ObjectiveThroughput {
 		limit = bottleneckLimit(byStart)

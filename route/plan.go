@@ -123,6 +123,9 @@ type Route struct {
 	// Audit is the tracker's audit assignment for this route (checked
 	// against the ticket's commitment; nil: none, the origin draws).
 	Audit *meshp2pb.AuditAssignment
+	// Standby is the hot standby the ticket names (Request.Standby; nil:
+	// none, or a route planned without a tracker: the origin picks).
+	Standby *StandbyHop
 }
 
 // Request asks a planner for a route.
@@ -148,6 +151,19 @@ type Request struct {
 	// wins a tie between replicas (CostPlanner). A preference only; at
 	// most MaxWarmHops are sent to a tracker.
 	Warm []Hop
+	// WarmStandby are replicas that kept the session's blocks as an
+	// earlier session's standby: preferred as its standby
+	// (PickStandby), not as route hops (the hops after one would miss
+	// their blocks, keyed on the peers before them). At most
+	// MaxWarmHops go to a tracker.
+	WarmStandby []Hop
+	// Standby asks a tracker to name a hot standby in its ticket
+	// (RouteTicket.standby); a local plan ignores it (the origin picks).
+	Standby bool
+	// Takeover is the failed epoch's standby (after a failure): it holds
+	// the failed hop's KV, so the planners route its range through it
+	// while it is usable.
+	Takeover *Hop
 }
 
 // MaxWarmHops bounds a route request's warm hops (a tracker refuses more).
@@ -224,6 +240,7 @@ func (p *LocalPlanner) Plan(ctx context.Context, req Request) (*Route, error) {
 		}
 		byStart[s.Start] = append(byStart[s.Start], edge{s: s, cost: int64(math.Round(c * localCostScale))})
 	}
+	pinTakeover(byStart, req.Takeover)
 	path := shortest(byStart, req.MaxHops, math.MaxInt64)
 	if path == nil {
 		return nil, noRoute(req, cands, p.Table.Shards(req.Fingerprint))

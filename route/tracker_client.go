@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"time"
 
 	"github.com/libp2p/go-libp2p/core/network"
@@ -129,6 +130,13 @@ func (p *TrackerPlanner) Ask(ctx context.Context, ai peer.AddrInfo, req Request)
 	for _, h := range req.Warm[:min(len(req.Warm), MaxWarmHops)] {
 		rq.Warm = append(rq.Warm, &meshp2pb.WarmHop{Peer: []byte(h.Peer), Start: uint32(h.Start), End: uint32(h.End)})
 	}
+	for _, h := range req.WarmStandby[:min(len(req.WarmStandby), MaxWarmHops)] {
+		rq.WarmStandby = append(rq.WarmStandby, &meshp2pb.WarmHop{Peer: []byte(h.Peer), Start: uint32(h.Start), End: uint32(h.End)})
+	}
+	rq.Standby = req.Standby
+	if h := req.Takeover; h != nil {
+		rq.Takeover = &meshp2pb.WarmHop{Peer: []byte(h.Peer), Start: uint32(h.Start), End: uint32(h.End)}
+	}
 	if err := frame.WriteMessage(s, rq); err != nil {
 		return nil, fmt.Errorf("send route request: %w", err)
 	}
@@ -211,5 +219,26 @@ func (p *TrackerPlanner) Verify(st *meshp2pb.SignedRouteTicket, tracker peer.ID,
 			return nil, ticketErr(ErrTicketAdvert, "hop %d: %s does not advertise layers %d-%d of model %.16s", i, h.Peer, h.Start, h.End, req.Fingerprint)
 		}
 	}
+	sb, err := ticketStandby(t.GetStandby(), rt)
+	if err != nil || sb == nil {
+		return rt, err
+	}
+	if req.Exclude[sb.Hop.Peer] {
+		return nil, ticketErr(ErrNotInTicket, "ticket's standby is excluded peer %s", sb.Hop.Peer)
+	}
+	if p.Table != nil {
+		i := slices.IndexFunc(shards, func(s Shard) bool {
+			return s.Peer == sb.Hop.Peer && s.Start == sb.Hop.Start && s.End == sb.Hop.End && s.NLayer == req.NLayer
+		})
+		if i < 0 {
+			return nil, ticketErr(ErrTicketAdvert, "standby %s does not advertise layers %d-%d of model %.16s", sb.Hop.Peer, sb.Hop.Start, sb.Hop.End, req.Fingerprint)
+		}
+		s := shards[i]
+		sb.Hop.Reach, sb.Hop.KernelClass, sb.Hop.MsPerLayer = s.Reach, s.KernelClass, float64(s.DecodeMsPerLayer)
+		if len(sb.Hop.Addrs) == 0 {
+			sb.Hop.Addrs = s.Addrs
+		}
+	}
+	rt.Standby = sb
 	return rt, nil
 }

@@ -45,6 +45,9 @@ type headFeed struct {
 	done    chan struct{} // closed when the feed's goroutine returned
 	once    sync.Once
 	endOnce sync.Once
+	// closed: the clean close went to the standby, which then ends its
+	// stream; that end is no drop, even before the epoch ends here.
+	closed atomic.Bool
 }
 
 // startHeadFeed starts feeding the epoch's head standby sb (nil, or a
@@ -202,7 +205,9 @@ func (f *headFeed) watch(r *frame.Reader) {
 	select {
 	case <-f.end: // the epoch ended first
 	default:
-		f.drop("it ended", err)
+		if !f.closed.Load() {
+			f.drop("it ended", err)
+		}
 	}
 }
 
@@ -226,6 +231,7 @@ func (f *headFeed) prefill(seam *Seam, from int) error {
 func (f *headFeed) send(seam *Seam, msg *meshp2pb.StreamMessage) error {
 	a := msg.GetActivation()
 	if a == nil {
+		f.closed.Store(msg.GetClose() != nil)
 		return seam.Send(msg, WriteDeadline(DefaultIdle))
 	}
 	a = f.batch(a)

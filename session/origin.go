@@ -180,6 +180,9 @@ type Result struct {
 	prompt     []int32
 	cachedFrom int
 	follows    []byte // the earlier session the opens follow (warmHops)
+	// warmStandby is that session's standby (warmHops): preferred as this
+	// session's standby.
+	warmStandby []route.Hop
 	// standbyLost: the last epoch's head standby was dropped by the
 	// origin's feed (it must not take over; headstandby.go).
 	standbyLost bool
@@ -240,7 +243,7 @@ func (o *Origin) generate(ctx context.Context, req GenerateRequest, obs OriginOb
 	start := time.Now()
 	for epoch := uint64(1); ; epoch++ {
 		preq := route.Request{Fingerprint: req.Fingerprint, NLayer: req.NLayer, Exclude: exclude, NeedKV: len(req.Prompt) + req.MaxTokens + 1, Epoch: epoch, SessionID: sid[:],
-			Warm: o.warmHops(req, res)}
+			Warm: o.warmHops(req, res), WarmStandby: res.warmStandby, Standby: o.wantsStandby(req), Takeover: sb.takeover()}
 		rt, err := o.planEpoch(ctx, &full, preq, res, obs)
 		if o.routeFull(err, req, len(res.Failures)) {
 			// Every peer serving some layer is full now: the planner skips
@@ -262,7 +265,7 @@ func (o *Origin) generate(ctx context.Context, req GenerateRequest, obs OriginOb
 		if rt.Epoch != epoch {
 			return res, fmt.Errorf("%w: planner returned a route for epoch %d, want %d", ErrGeneration, rt.Epoch, epoch)
 		}
-		sb.next(o, rt, req, preq.NeedKV, exclude, res)
+		sb.next(o, rt, req, preq, res)
 		res.Route = rt
 		if req.OnRoute != nil {
 			req.OnRoute(rt, res.Reroutes)
@@ -429,7 +432,9 @@ func (o *Origin) run(ctx context.Context, sid [16]byte, rt *route.Route, sb *mes
 	}
 	failed, err := e.collect(req, res, len(open.GetGenerated()), start, o.observer())
 	if err == nil && e.chain != nil {
-		o.warm.remember(append(slices.Clone(e.chain.GetHashes()), e.kept...), rt.Hops, sid)
+		// The standby kept the covered hop's blocks too: the next turn
+		// prefers it as its standby (it can only follow from what it holds).
+		o.warm.remember(append(slices.Clone(e.chain.GetHashes()), e.kept...), rt.Hops, standbyHops(sb, e.feed.lost()), sid)
 	}
 	return failed, err
 }

@@ -128,6 +128,10 @@ type mirror struct {
 	dropped atomic.Bool
 	gone    chan struct{}
 	once    sync.Once
+	start   standbyStart // the mirror goroutine's alone (standbystart.go)
+	// closed: the clean close went to the standby, which then ends its
+	// stream; that end is no drop, even before the session here ends.
+	closed atomic.Bool
 }
 
 // startMirror (connect, on the hop before the covered hop) starts sending
@@ -139,7 +143,8 @@ func (hs *hopSession) startMirror() {
 		return
 	}
 	m := &mirror{hs: hs, peer: peer.ID(sb.GetHop().GetPeerId()), q: make(chan *meshp2pb.StreamMessage, StandbyQueueFrames),
-		pay: map[*meshp2pb.StreamMessage][]byte{}, gone: make(chan struct{})}
+		pay: map[*meshp2pb.StreamMessage][]byte{}, gone: make(chan struct{}),
+		start: standbyStart{fill: hs.replay, fillTo: hs.replayTo, wire: hs.wire, nEmbd: hs.se.info.NEmbd}}
 	hs.mirror = m
 	go m.run()
 }
@@ -241,7 +246,10 @@ func (m *mirror) run() {
 		seam.Reset()
 		return
 	}
-	h.log.Info("standby open", "session", hs.key, "covers", hs.route[hs.idx+1], "standby", m.peer)
+	if hc := msg.GetAccept().GetHopCached(); len(hc) > 0 {
+		m.start.from = int(hc[0])
+	}
+	h.log.Info("standby open", "session", hs.key, "covers", hs.route[hs.idx+1], "standby", m.peer, "from", m.start.from)
 	go func() { // a standby only speaks to say it failed
 		msg, _, err := r.ReadStream()
 		switch {
@@ -254,14 +262,16 @@ func (m *mirror) run() {
 		select {
 		case <-hs.done: // the session ended here first
 		default:
-			m.drop("it ended", err)
+			if !m.closed.Load() {
+				m.drop("it ended", err)
+			}
 		}
 	}()
 	for {
 		select {
 		case msg := <-m.q:
 			if err := m.send(seam, msg); err != nil {
-				m.drop("write", err)
+				m.drop(dropReason(err), err)
 				seam.Reset()
 				return
 			}
@@ -280,15 +290,29 @@ func (m *mirror) send(seam *Seam, msg *meshp2pb.StreamMessage) error {
 	deadline := WriteDeadline(m.hs.h.cfg.Idle)
 	a := msg.GetActivation()
 	if a == nil {
+		m.closed.Store(msg.GetClose() != nil)
 		return seam.Send(msg, deadline)
 	}
-	p := m.take(msg)
-	if err := seam.SendActivation(a, p, deadline); err != nil {
+	frames, err := m.start.align(a, m.take(msg))
+	if err != nil {
 		return err
 	}
-	m.hs.h.standby.frames.Add(1)
-	m.hs.h.standby.bytes.Add(int64(len(p)))
+	for _, f := range frames {
+		if err := seam.SendActivation(f.GetHeader(), f.GetPayload(), deadline); err != nil {
+			return err
+		}
+		m.hs.h.standby.frames.Add(1)
+		m.hs.h.standby.bytes.Add(int64(len(f.GetPayload())))
+	}
 	return nil
+}
+
+// dropReason is the log's "why" of a standby dropped for err.
+func dropReason(err error) string {
+	if errors.Is(err, errCannotFollow) {
+		return "cannot follow"
+	}
+	return "write"
 }
 
 // flush (the session here ended) sends what is queued, within a write
@@ -306,21 +330,6 @@ func (m *mirror) flush(seam *Seam) {
 	}
 }
 
-// standbyCandidate is a replica of hop i of rt an origin may name as its
-// standby: the same layers and kernel class, a free slot and room for
-// need cells, on no hop of rt and not excluded.
-func standbyCandidate(s route.Shard, rt *route.Route, i, need int, exclude map[peer.ID]bool) bool {
-	h := rt.Hops[i]
-	if s.Fingerprint != rt.Fingerprint || s.Start != h.Start || s.End != h.End || s.KernelClass != h.KernelClass || exclude[s.Peer] {
-		return false
-	}
-	if slices.ContainsFunc(rt.Hops, func(x route.Hop) bool { return x.Peer == s.Peer }) {
-		return false
-	}
-	c := s.Capacity
-	return c == nil || (c.GetFreeSessions() > 0 && c.GetFreeKvTokens() >= uint64(need))
-}
-
 // standbyPick is an epoch's standby: the hop index of the route it
 // covers and the replica.
 type standbyPick struct {
@@ -335,38 +344,31 @@ func (p *standbyPick) wire() *meshp2pb.Standby {
 	if p == nil {
 		return nil
 	}
-	return &meshp2pb.Standby{HopIndex: uint32(p.idx), Hop: route.WireRoute(&route.Route{Hops: []route.Hop{p.hop}}).GetHops()[0]}
+	return (&route.StandbyHop{Index: p.idx, Hop: p.hop}).Wire()
 }
 
-// pickStandby chooses the standby of an epoch: for the hop with the most
-// layers (what a failure would have a replacement recompute) that has a
-// replica, the first replica the table lists; nil when the request does
-// not want one or none exists. The hops after the head come first, in
-// order, and the head last (it wins with strictly more layers): its
-// standby is fed by the origin (headstandby.go), in another batching
-// than the head's, so only on a batch-invariant route.
-func (o *Origin) pickStandby(rt *route.Route, req GenerateRequest, need int, exclude map[peer.ID]bool) *standbyPick {
-	if o.Shards == nil || !o.wantsStandby(req) || rt.Ticket != nil {
+// pickStandby chooses the standby of an epoch (route.PickStandby: the hop
+// with the most layers that has a replica; the head only on a
+// batch-invariant route, its standby fed by the origin, headstandby.go);
+// nil when the request does not want one or none exists. A tracker's
+// route has the standby its ticket names, if any: hops that demand
+// tickets admit no other.
+func (o *Origin) pickStandby(rt *route.Route, req GenerateRequest, need int, exclude map[peer.ID]bool, warm []route.Hop) *standbyPick {
+	if !o.wantsStandby(req) {
 		return nil
 	}
-	shards := o.Shards(rt.Fingerprint)
-	var best *standbyPick
-	layers := 0
-	for k := 1; k <= len(rt.Hops); k++ {
-		i := k % len(rt.Hops) // 1, ..., n-1, then the head
-		if n := rt.Hops[i].End - rt.Hops[i].Start; n <= layers || (i == 0 && !rt.BatchInvariant()) {
-			continue
+	avoid := func(p peer.ID) bool { return exclude[p] || o.Failures.Avoided(p) }
+	sb := rt.Standby
+	if rt.Ticket == nil {
+		if o.Shards == nil {
+			return nil
 		}
-		for _, s := range shards {
-			if standbyCandidate(s, rt, i, need, exclude) && !o.Failures.Avoided(s.Peer) {
-				best = &standbyPick{idx: i, covered: rt.Hops[i].Peer, hop: route.Hop{Peer: s.Peer, Start: s.Start, End: s.End, Addrs: s.Addrs,
-					Reach: s.Reach, KernelClass: s.KernelClass, MsPerLayer: float64(s.DecodeMsPerLayer)}}
-				layers = s.End - s.Start
-				break
-			}
-		}
+		sb = route.PickStandby(rt, o.Shards(rt.Fingerprint), need, avoid, warm)
 	}
-	return best
+	if sb == nil || sb.Index >= len(rt.Hops) || avoid(sb.Hop.Peer) || (sb.Index == 0 && !rt.BatchInvariant()) {
+		return nil
+	}
+	return &standbyPick{idx: sb.Index, covered: rt.Hops[sb.Index].Peer, hop: sb.Hop}
 }
 
 // wantsStandby reports whether req gets a standby: asked for, or a prompt
@@ -407,7 +409,8 @@ func (s *standbys) dropped() {
 // next settles the standbys of an epoch about to run on rt: the failed
 // epoch's standby takes the failed hop's place, and one is picked for
 // this epoch (need: its KV cells), counted in res.
-func (s *standbys) next(o *Origin, rt *route.Route, req GenerateRequest, need int, exclude map[peer.ID]bool, res *Result) {
+func (s *standbys) next(o *Origin, rt *route.Route, req GenerateRequest, preq route.Request, res *Result) {
+	need, exclude := preq.NeedKV, preq.Exclude
 	if p := s.prev; p != nil && takeOver(rt, p, s.failed, exclude) && !p.took {
 		p.took = true
 		res.Takeovers++
@@ -418,10 +421,21 @@ func (s *standbys) next(o *Origin, rt *route.Route, req GenerateRequest, need in
 		exclude = maps.Clone(exclude)
 		maps.Copy(exclude, s.lost)
 	}
-	s.cur = o.pickStandby(rt, req, need, exclude)
+	s.cur = o.pickStandby(rt, req, need, exclude, append(slices.Clone(preq.WarmStandby), preq.Warm...))
 	if s.cur != nil {
 		res.Standbys++
 	}
+}
+
+// takeover is the failed epoch's standby, when it covered the failed hop
+// (it holds that hop's KV): the next plan routes that range through it
+// (route.Request.Takeover); nil otherwise.
+func (s *standbys) takeover() *route.Hop {
+	if s.prev == nil || s.prev.covered != s.failed {
+		return nil
+	}
+	h := s.prev.hop
+	return &h
 }
 
 // standbyLost reports whether a failure's report says the hop mirroring

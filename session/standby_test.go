@@ -400,7 +400,7 @@ func TestPickStandbyHead(t *testing.T) {
 				shards = append(shards, replica(len(tc.rt.Hops)+k, tc.rt, hop))
 			}
 			o := &Origin{Shards: func(string) []route.Shard { return shards }}
-			got := o.pickStandby(tc.rt, GenerateRequest{Standby: true}, 10, nil)
+			got := o.pickStandby(tc.rt, GenerateRequest{Standby: true}, 10, nil, nil)
 			switch {
 			case tc.want < 0 && got != nil:
 				t.Fatalf("picked a standby of hop %d, want none", got.idx)

@@ -29,9 +29,10 @@ type TicketPolicy struct {
 // whose ticket is missing (TICKET_INVALID), forged or tampered
 // (TICKET_INVALID), expired (TICKET_EXPIRED), signed by an untrusted
 // tracker (TICKET_UNTRUSTED), for another model (MODEL_MISMATCH) or whose
-// route — hops, ranges, epoch — is not the ticket's (NOT_IN_TICKET; the
-// built-in admission already checks that route hop idx is this peer with
-// its range, so the ticket then lists this hop too). Refusals are not
+// route — hops, ranges, epoch — or standby is not the ticket's
+// (NOT_IN_TICKET; the built-in admission already checks that route hop
+// idx, or the open's standby of hop idx, is this peer with its range, so
+// the ticket then lists this peer too). Refusals are not
 // retryable (another route would carry the same ticket problem) except
 // TICKET_EXPIRED, which blames the ticket's tracker so that the origin
 // re-plans with a fresh ticket.
@@ -59,6 +60,9 @@ func TicketAdmission(pol TicketPolicy) func(open *meshp2pb.SessionOpen, idx int,
 			Fingerprint: open.GetModelFingerprint(), Epoch: open.GetEpoch(), Now: now, ClockSkew: skew})
 		if err == nil {
 			err = route.SameRoute(tk.GetRoute(), open.GetRoute())
+		}
+		if err == nil { // a standby holds a copy of a hop: the tracker chooses it too
+			err = route.SameStandby(tk.GetStandby(), open.GetStandby())
 		}
 		if err == nil {
 			err = route.CheckTicketSession(tk, open.GetSessionId(), open.GetNCtxNeeded())

@@ -130,3 +130,46 @@ func TestTicketReplayRefused(t *testing.T) {
 	refused("more KV than the ticket", c, a, ticketOpen(bound, hops, 0, 2*kv, st3))
 	admitted("bound session", c, a, ticketOpen(bound, hops, 0, kv, st3))
 }
+
+// A hop that demands tickets admits an open naming a standby only when
+// the ticket names exactly that standby: an origin cannot make a peer the
+// tracker did not choose hold a copy of a hop's KV (NOT_IN_TICKET).
+func TestTicketNamesTheStandby(t *testing.T) {
+	tkey, _, err := crypto.GenerateEd25519Key(crand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tid, _ := peer.IDFromPrivateKey(tkey)
+	admit := func(c *HopConfig) {
+		c.Admit = TicketAdmission(TicketPolicy{Network: ticketTestNetwork, Trusted: []peer.ID{tid}})
+	}
+	a, b, x := startHop(t, 0, 3, admit), startHop(t, 3, 6, admit), startHop(t, 3, 6, admit)
+	_, c := newOrigin(t, nil, a, b, x)
+	hops := []route.Hop{a.hop(), b.hop()}
+	sb := (&route.StandbyHop{Index: 1, Hop: x.hop()}).Wire()
+	other := (&route.StandbyHop{Index: 1, Hop: a.hop()}).Wire()
+	for _, tc := range []struct {
+		name          string
+		ticket, named *meshp2pb.Standby
+		ok            bool
+	}{
+		{"the ticket names none", nil, sb, false},
+		{"another standby than the ticket's", other, sb, false},
+		{"the ticket's", sb, sb, true},
+		{"none named", sb, nil, true},
+	} {
+		st := issue(t, tkey, c.ID(), hops, func(tk *meshp2pb.RouteTicket) { tk.Standby = tc.ticket })
+		open := ticketOpen(newSID(), hops, 0, 64, st)
+		open.Standby = tc.named
+		s, msg := rawOpen(t, c, a.host.ID(), open)
+		acc := msg.GetAccept()
+		switch {
+		case tc.ok && !acc.GetOk():
+			t.Errorf("%s: refused: %v", tc.name, msg)
+		case !tc.ok && (acc.GetOk() || acc.GetError().GetCode() != meshp2pb.ErrorCode_ERROR_CODE_NOT_IN_TICKET):
+			t.Errorf("%s: %v, want NOT_IN_TICKET", tc.name, msg)
+		}
+		_ = s.Reset()
+		waitReleased(t, a, b, x)
+	}
+}

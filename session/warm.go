@@ -5,6 +5,9 @@ import (
 	"slices"
 	"sync"
 
+	"github.com/libp2p/go-libp2p/core/peer"
+
+	"github.com/neuron-tai/meshp2p/proto/meshp2pb"
 	"github.com/neuron-tai/meshp2p/route"
 )
 
@@ -28,7 +31,8 @@ const MaxWarmRoutes = 64
 type warmRoute struct {
 	hashes  []byte // the chain the hops kept (prefixHashLen bytes per block)
 	hops    []route.Hop
-	session [16]byte // the session that kept it
+	standby []route.Hop // the session's standby, which kept the covered hop's blocks (none: empty)
+	session [16]byte    // the session that kept it
 }
 
 // warmRoutes is an origin's memory of recent sessions' routes, least
@@ -38,8 +42,9 @@ type warmRoutes struct {
 	rs []warmRoute
 }
 
-// remember records that session's hops keep the prefix named by hashes.
-func (w *warmRoutes) remember(hashes []byte, hops []route.Hop, session [16]byte) {
+// remember records that session's hops (and its standby, if any) keep
+// the prefix named by hashes.
+func (w *warmRoutes) remember(hashes []byte, hops, standby []route.Hop, session [16]byte) {
 	if len(hashes) < prefixHashLen || len(hops) == 0 {
 		return
 	}
@@ -51,12 +56,13 @@ func (w *warmRoutes) remember(hashes []byte, hops []route.Hop, session [16]byte)
 	if len(w.rs) >= MaxWarmRoutes {
 		w.rs = slices.Delete(w.rs, 0, 1)
 	}
-	w.rs = append(w.rs, warmRoute{hashes: slices.Clone(hashes), hops: slices.Clone(hops), session: session})
+	w.rs = append(w.rs, warmRoute{hashes: slices.Clone(hashes), hops: slices.Clone(hops), standby: slices.Clone(standby), session: session})
 }
 
-// lookup is the route and the id of the remembered session sharing the
-// most whole blocks with hashes (at least one); nil when none does.
-func (w *warmRoutes) lookup(hashes []byte) ([]route.Hop, []byte) {
+// lookup is the route, the standby and the id of the remembered session
+// sharing the most whole blocks with hashes (at least one); nil when none
+// does.
+func (w *warmRoutes) lookup(hashes []byte) ([]route.Hop, []route.Hop, []byte) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	best, bestN := -1, 0
@@ -66,11 +72,11 @@ func (w *warmRoutes) lookup(hashes []byte) ([]route.Hop, []byte) {
 		}
 	}
 	if best < 0 {
-		return nil, nil
+		return nil, nil, nil
 	}
 	r := w.rs[best]
 	w.rs = append(slices.Delete(w.rs, best, best+1), r) // most recently used
-	return slices.Clone(r.hops), r.session[:]
+	return slices.Clone(r.hops), slices.Clone(r.standby), r.session[:]
 }
 
 // commonBlocks is how many leading block hashes a and b share (a chain's
@@ -89,7 +95,11 @@ func commonBlocks(a, b []byte) int {
 // warmHops are the hops this epoch of req should prefer: after a failure
 // the last route's (its survivors adopt the epoch's cells), else those of
 // the remembered session sharing the most of req's prompt, which the
-// epochs' opens then name as the session they follow (res.follows).
+// epochs' opens then name as the session they follow (res.follows), and
+// whose standby is the one to prefer as this session's
+// (res.warmStandby: a mirror can only follow a standby from what it
+// holds; not a route hop, or the hops after it would miss their blocks,
+// which are keyed on the peers before them).
 func (o *Origin) warmHops(req GenerateRequest, res *Result) []route.Hop {
 	if o.NoPrefixCache {
 		return nil
@@ -97,7 +107,17 @@ func (o *Origin) warmHops(req GenerateRequest, res *Result) []route.Hop {
 	if res.Route != nil {
 		return res.Route.Hops
 	}
-	hops, follows := o.warm.lookup(prefixOf(PrefixSeed(o.Key, req.CacheNamespace), req.Prompt).GetHashes())
-	res.follows = follows
+	hops, sb, follows := o.warm.lookup(prefixOf(PrefixSeed(o.Key, req.CacheNamespace), req.Prompt).GetHashes())
+	res.follows, res.warmStandby = follows, sb
 	return hops
+}
+
+// standbyHops is the standby sb as a warm hop (nil for none, or when it
+// was lost): it keeps the covered hop's blocks when the session ends.
+func standbyHops(sb *meshp2pb.Standby, lost bool) []route.Hop {
+	if sb == nil || lost {
+		return nil
+	}
+	h := sb.GetHop()
+	return []route.Hop{{Peer: peer.ID(h.GetPeerId()), Start: int(h.GetStart()), End: int(h.GetEnd())}}
 }

@@ -19,11 +19,11 @@ func chainOf(base byte, n int) []byte {
 func TestWarmRoutes(t *testing.T) {
 	hop := func(p string) []route.Hop { return []route.Hop{{Peer: peer.ID(p), Start: 0, End: 4}} }
 	var w warmRoutes
-	if got, sid := w.lookup(chainOf(1, 3)); got != nil || sid != nil {
+	if got, _, sid := w.lookup(chainOf(1, 3)); got != nil || sid != nil {
 		t.Fatalf("empty memory found %v (session %x)", got, sid)
 	}
-	w.remember(chainOf(1, 2), hop("turn1"), [16]byte{1})
-	w.remember(chainOf(2, 4), hop("other"), [16]byte{2})
+	w.remember(chainOf(1, 2), hop("turn1"), nil, [16]byte{1})
+	w.remember(chainOf(2, 4), hop("other"), nil, [16]byte{2})
 	cases := []struct {
 		name  string
 		chain []byte
@@ -37,7 +37,7 @@ func TestWarmRoutes(t *testing.T) {
 		{"no whole block", chainOf(1, 0), "", 0},
 	}
 	for _, tc := range cases {
-		got, sid := w.lookup(tc.chain)
+		got, _, sid := w.lookup(tc.chain)
 		if (tc.want == "") != (got == nil) || (got != nil && got[0].Peer != tc.want) {
 			t.Errorf("%s: lookup = %v, want %q", tc.name, got, tc.want)
 		}
@@ -46,8 +46,8 @@ func TestWarmRoutes(t *testing.T) {
 		}
 	}
 	// The next turn replaces the entry its chain extends.
-	w.remember(chainOf(1, 4), hop("turn2"), [16]byte{3})
-	if got, _ := w.lookup(chainOf(1, 2)); got == nil || got[0].Peer != "turn2" {
+	w.remember(chainOf(1, 4), hop("turn2"), nil, [16]byte{3})
+	if got, _, _ := w.lookup(chainOf(1, 2)); got == nil || got[0].Peer != "turn2" {
 		t.Fatalf("after turn 2: %v", got)
 	}
 	if len(w.rs) != 2 {
@@ -57,15 +57,15 @@ func TestWarmRoutes(t *testing.T) {
 	// now, so after MaxWarmRoutes-1 new entries it stays and turn 2 goes.
 	w.lookup(chainOf(2, 1))
 	for i := range MaxWarmRoutes - 1 {
-		w.remember(chainOf(byte(10+i), 1), hop("x"), [16]byte{})
+		w.remember(chainOf(byte(10+i), 1), hop("x"), nil, [16]byte{})
 	}
 	if len(w.rs) != MaxWarmRoutes {
 		t.Fatalf("%d entries, want the bound %d", len(w.rs), MaxWarmRoutes)
 	}
-	if got, _ := w.lookup(chainOf(2, 1)); got == nil || got[0].Peer != "other" {
+	if got, _, _ := w.lookup(chainOf(2, 1)); got == nil || got[0].Peer != "other" {
 		t.Fatalf("the recently used entry was dropped: %v", got)
 	}
-	if got, _ := w.lookup(chainOf(1, 1)); got != nil {
+	if got, _, _ := w.lookup(chainOf(1, 1)); got != nil {
 		t.Fatalf("the least recently used entry was kept: %v", got)
 	}
 }

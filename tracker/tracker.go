@@ -394,6 +394,17 @@ func refuse(code meshp2pb.ErrorCode, format string, args ...any) *meshp2pb.Route
 	return &meshp2pb.RouteResponse{Error: &meshp2pb.Error{Code: code, Message: fmt.Sprintf(format, args...)}}
 }
 
+// warmHops reads a request's warm hops (unreadable peer ids left out).
+func warmHops(ws []*meshp2pb.WarmHop) []route.Hop {
+	var out []route.Hop
+	for _, w := range ws {
+		if id, err := peer.IDFromBytes(w.GetPeer()); err == nil {
+			out = append(out, route.Hop{Peer: id, Start: int(w.GetStart()), End: int(w.GetEnd())})
+		}
+	}
+	return out
+}
+
 func (t *Tracker) answer(ctx context.Context, client peer.ID, req *meshp2pb.RouteRequest) *meshp2pb.RouteResponse {
 	if r := t.checkRequest(ctx, client, req); r != nil {
 		return r
@@ -406,13 +417,14 @@ func (t *Tracker) answer(ctx context.Context, client peer.ID, req *meshp2pb.Rout
 			rq.Exclude[id] = true
 		}
 	}
-	for _, w := range req.GetWarm() {
-		if id, err := peer.IDFromBytes(w.GetPeer()); err == nil {
-			rq.Warm = append(rq.Warm, route.Hop{Peer: id, Start: int(w.GetStart()), End: int(w.GetEnd())})
-		}
-	}
+	rq.Warm, rq.WarmStandby = warmHops(req.GetWarm()), warmHops(req.GetWarmStandby())
 	for _, c := range t.Convicted() { // no tickets through a peer a verified proof convicted
 		rq.Exclude[c.Peer] = true
+	}
+	if w := req.GetTakeover(); w != nil {
+		if id, err := peer.IDFromBytes(w.GetPeer()); err == nil {
+			rq.Takeover = &route.Hop{Peer: id, Start: int(w.GetStart()), End: int(w.GetEnd())}
+		}
 	}
 	obj := route.ObjectiveLatency
 	if req.GetObjective() == meshp2pb.RouteObjective_ROUTE_OBJECTIVE_THROUGHPUT {
@@ -429,14 +441,23 @@ func (t *Tracker) answer(ctx context.Context, client peer.ID, req *meshp2pb.Rout
 		}
 		return refuse(code, "%v", err)
 	}
+	if req.GetStandby() {
+		// The hot standby the client asked for, from the same table and
+		// exclusions (docs/architecture.md, "Hot standby").
+		rt.Standby = route.PickStandby(rt, t.table.Shards(fp), rq.NeedKV, func(p peer.ID) bool { return rq.Exclude[p] }, append(rq.WarmStandby, rq.Warm...))
+	}
 	resp := t.issue(client, req, rt)
 	if resp.GetTicket() != nil {
 		hops := make([]string, len(rt.Hops))
 		for i, h := range rt.Hops {
 			hops[i] = fmt.Sprintf("%s[%d-%d]%s %.2fms", shortID(h.Peer), h.Start, h.End, h.Reach, est.Hops[i].Total())
 		}
+		sb := "none"
+		if rt.Standby != nil {
+			sb = fmt.Sprintf("%s[%d-%d] for hop %d", shortID(rt.Standby.Hop.Peer), rt.Standby.Hop.Start, rt.Standby.Hop.End, rt.Standby.Index)
+		}
 		t.log.Info("route ticket issued", "client", client, "model", fp[:min(16, len(fp))], "epoch", rq.Epoch, "objective", obj,
-			"excluded", len(rq.Exclude), "hops", hops, "est_ms_per_token", fmt.Sprintf("%.2f", est.PerTokenMs), "candidates", est.Candidates)
+			"excluded", len(rq.Exclude), "hops", hops, "standby", sb, "est_ms_per_token", fmt.Sprintf("%.2f", est.PerTokenMs), "candidates", est.Candidates)
 	}
 	return resp
 }
@@ -446,7 +467,7 @@ func (t *Tracker) answer(ctx context.Context, client peer.ID, req *meshp2pb.Rout
 // (nil: plan it).
 func (t *Tracker) checkRequest(ctx context.Context, client peer.ID, req *meshp2pb.RouteRequest) *meshp2pb.RouteResponse {
 	fp := req.GetModelFingerprint()
-	if fp == "" || len(fp) > 128 || len(req.GetExclude()) > 1024 || len(req.GetWarm()) > route.MaxWarmHops {
+	if fp == "" || len(fp) > 128 || len(req.GetExclude()) > 1024 || len(req.GetWarm()) > route.MaxWarmHops || len(req.GetWarmStandby()) > route.MaxWarmHops {
 		return refuse(meshp2pb.ErrorCode_ERROR_CODE_BAD_REQUEST, "bad route request")
 	}
 	if sid := req.GetSessionId(); len(sid) != 0 && len(sid) != frame.SessionIDLen {
@@ -492,7 +513,7 @@ func (t *Tracker) issue(client peer.ID, req *meshp2pb.RouteRequest, rt *route.Ro
 	now := t.cfg.Now()
 	tk := &meshp2pb.RouteTicket{Network: t.cfg.P2P.Network, Route: route.WireRoute(rt), ClientPeerId: []byte(client), Nonce: nonce,
 		IssuedAtMs: now.UnixMilli(), ExpiresAtMs: now.Add(t.cfg.TicketTTL).UnixMilli(), TrackerPeerId: []byte(t.p2p.ID()),
-		SessionId: req.GetSessionId(), NCtxNeeded: req.GetNeedKv()}
+		SessionId: req.GetSessionId(), NCtxNeeded: req.GetNeedKv(), Standby: rt.Standby.Wire()}
 	audit, err := t.assignAudit(tk)
 	if err != nil {
 		return refuse(meshp2pb.ErrorCode_ERROR_CODE_INTERNAL, "audit assignment: %v", err)

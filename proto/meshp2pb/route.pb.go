@@ -173,6 +173,61 @@ func (x *RouteHop) GetKernelClass() string {
 	return ""
 }
 
+// Standby names the replica that covers one hop of a route (a hot
+// standby, docs/architecture.md): in a SessionOpen (signed by the origin)
+// and in a RouteTicket (signed by the tracker that chose it).
+type Standby struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	HopIndex      uint32                 `protobuf:"varint,1,opt,name=hop_index,json=hopIndex,proto3" json:"hop_index,omitempty"` // the route hop it covers
+	Hop           *RouteHop              `protobuf:"bytes,2,opt,name=hop,proto3" json:"hop,omitempty"`                            // the replica: peer, the covered hop's range, addrs, kernel class
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Standby) Reset() {
+	*x = Standby{}
+	mi := &file_meshp2p_v1_route_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Standby) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Standby) ProtoMessage() {}
+
+func (x *Standby) ProtoReflect() protoreflect.Message {
+	mi := &file_meshp2p_v1_route_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Standby.ProtoReflect.Descriptor instead.
+func (*Standby) Descriptor() ([]byte, []int) {
+	return file_meshp2p_v1_route_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *Standby) GetHopIndex() uint32 {
+	if x != nil {
+		return x.HopIndex
+	}
+	return 0
+}
+
+func (x *Standby) GetHop() *RouteHop {
+	if x != nil {
+		return x.Hop
+	}
+	return nil
+}
+
 // RouteTicket is a route issued by a tracker (schema only in v1; the route/
 // package owns signing and verification).
 type RouteTicket struct {
@@ -191,13 +246,18 @@ type RouteTicket struct {
 	// only the client the opening, so no hop learns whether it is audited
 	// (docs/trust.md). Empty: the tracker assigns no audits.
 	AuditCommitment []byte `protobuf:"bytes,10,opt,name=audit_commitment,json=auditCommitment,proto3" json:"audit_commitment,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// The hot standby the tracker chose for this route (RouteRequest.standby;
+	// absent: none). A hop that demands tickets admits a session whose open
+	// names a standby only when it is exactly this one, so an origin cannot
+	// make a peer the tracker did not choose hold a copy of a hop's KV.
+	Standby       *Standby `protobuf:"bytes,11,opt,name=standby,proto3" json:"standby,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *RouteTicket) Reset() {
 	*x = RouteTicket{}
-	mi := &file_meshp2p_v1_route_proto_msgTypes[2]
+	mi := &file_meshp2p_v1_route_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -209,7 +269,7 @@ func (x *RouteTicket) String() string {
 func (*RouteTicket) ProtoMessage() {}
 
 func (x *RouteTicket) ProtoReflect() protoreflect.Message {
-	mi := &file_meshp2p_v1_route_proto_msgTypes[2]
+	mi := &file_meshp2p_v1_route_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -222,7 +282,7 @@ func (x *RouteTicket) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RouteTicket.ProtoReflect.Descriptor instead.
 func (*RouteTicket) Descriptor() ([]byte, []int) {
-	return file_meshp2p_v1_route_proto_rawDescGZIP(), []int{2}
+	return file_meshp2p_v1_route_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *RouteTicket) GetNetwork() string {
@@ -295,6 +355,13 @@ func (x *RouteTicket) GetAuditCommitment() []byte {
 	return nil
 }
 
+func (x *RouteTicket) GetStandby() *Standby {
+	if x != nil {
+		return x.Standby
+	}
+	return nil
+}
+
 // SignedRouteTicket carries the exact bytes that were signed. signature is
 // the tracker's libp2p key signature over "meshp2p/route-ticket/v1\x00" || ticket.
 type SignedRouteTicket struct {
@@ -308,7 +375,7 @@ type SignedRouteTicket struct {
 
 func (x *SignedRouteTicket) Reset() {
 	*x = SignedRouteTicket{}
-	mi := &file_meshp2p_v1_route_proto_msgTypes[3]
+	mi := &file_meshp2p_v1_route_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -320,7 +387,7 @@ func (x *SignedRouteTicket) String() string {
 func (*SignedRouteTicket) ProtoMessage() {}
 
 func (x *SignedRouteTicket) ProtoReflect() protoreflect.Message {
-	mi := &file_meshp2p_v1_route_proto_msgTypes[3]
+	mi := &file_meshp2p_v1_route_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -333,7 +400,7 @@ func (x *SignedRouteTicket) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SignedRouteTicket.ProtoReflect.Descriptor instead.
 func (*SignedRouteTicket) Descriptor() ([]byte, []int) {
-	return file_meshp2p_v1_route_proto_rawDescGZIP(), []int{3}
+	return file_meshp2p_v1_route_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *SignedRouteTicket) GetTicket() []byte {
@@ -373,7 +440,10 @@ const file_meshp2p_v1_route_proto_rawDesc = "" +
 	"\x05start\x18\x02 \x01(\rR\x05start\x12\x10\n" +
 	"\x03end\x18\x03 \x01(\rR\x03end\x12\x14\n" +
 	"\x05addrs\x18\x04 \x03(\tR\x05addrs\x12!\n" +
-	"\fkernel_class\x18\x05 \x01(\tR\vkernelClass\"\xe6\x02\n" +
+	"\fkernel_class\x18\x05 \x01(\tR\vkernelClass\"N\n" +
+	"\aStandby\x12\x1b\n" +
+	"\thop_index\x18\x01 \x01(\rR\bhopIndex\x12&\n" +
+	"\x03hop\x18\x02 \x01(\v2\x14.meshp2p.v1.RouteHopR\x03hop\"\x95\x03\n" +
 	"\vRouteTicket\x12\x18\n" +
 	"\anetwork\x18\x01 \x01(\tR\anetwork\x12'\n" +
 	"\x05route\x18\x02 \x01(\v2\x11.meshp2p.v1.RouteR\x05route\x12$\n" +
@@ -388,7 +458,8 @@ const file_meshp2p_v1_route_proto_rawDesc = "" +
 	"\fn_ctx_needed\x18\t \x01(\rR\n" +
 	"nCtxNeeded\x12)\n" +
 	"\x10audit_commitment\x18\n" +
-	" \x01(\fR\x0fauditCommitment\"h\n" +
+	" \x01(\fR\x0fauditCommitment\x12-\n" +
+	"\astandby\x18\v \x01(\v2\x13.meshp2p.v1.StandbyR\astandby\"h\n" +
 	"\x11SignedRouteTicket\x12\x16\n" +
 	"\x06ticket\x18\x01 \x01(\fR\x06ticket\x12\x1c\n" +
 	"\tsignature\x18\x02 \x01(\fR\tsignature\x12\x1d\n" +
@@ -407,21 +478,24 @@ func file_meshp2p_v1_route_proto_rawDescGZIP() []byte {
 	return file_meshp2p_v1_route_proto_rawDescData
 }
 
-var file_meshp2p_v1_route_proto_msgTypes = make([]protoimpl.MessageInfo, 4)
+var file_meshp2p_v1_route_proto_msgTypes = make([]protoimpl.MessageInfo, 5)
 var file_meshp2p_v1_route_proto_goTypes = []any{
 	(*Route)(nil),             // 0: meshp2p.v1.Route
 	(*RouteHop)(nil),          // 1: meshp2p.v1.RouteHop
-	(*RouteTicket)(nil),       // 2: meshp2p.v1.RouteTicket
-	(*SignedRouteTicket)(nil), // 3: meshp2p.v1.SignedRouteTicket
+	(*Standby)(nil),           // 2: meshp2p.v1.Standby
+	(*RouteTicket)(nil),       // 3: meshp2p.v1.RouteTicket
+	(*SignedRouteTicket)(nil), // 4: meshp2p.v1.SignedRouteTicket
 }
 var file_meshp2p_v1_route_proto_depIdxs = []int32{
 	1, // 0: meshp2p.v1.Route.hops:type_name -> meshp2p.v1.RouteHop
-	0, // 1: meshp2p.v1.RouteTicket.route:type_name -> meshp2p.v1.Route
-	2, // [2:2] is the sub-list for method output_type
-	2, // [2:2] is the sub-list for method input_type
-	2, // [2:2] is the sub-list for extension type_name
-	2, // [2:2] is the sub-list for extension extendee
-	0, // [0:2] is the sub-list for field type_name
+	1, // 1: meshp2p.v1.Standby.hop:type_name -> meshp2p.v1.RouteHop
+	0, // 2: meshp2p.v1.RouteTicket.route:type_name -> meshp2p.v1.Route
+	2, // 3: meshp2p.v1.RouteTicket.standby:type_name -> meshp2p.v1.Standby
+	4, // [4:4] is the sub-list for method output_type
+	4, // [4:4] is the sub-list for method input_type
+	4, // [4:4] is the sub-list for extension type_name
+	4, // [4:4] is the sub-list for extension extendee
+	0, // [0:4] is the sub-list for field type_name
 }
 
 func init() { file_meshp2p_v1_route_proto_init() }
@@ -435,7 +509,7 @@ func file_meshp2p_v1_route_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_meshp2p_v1_route_proto_rawDesc), len(file_meshp2p_v1_route_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   4,
+			NumMessages:   5,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

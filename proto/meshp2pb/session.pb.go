@@ -374,59 +374,6 @@ func (x *SessionOpen) GetFollows() []byte {
 	return nil
 }
 
-// Standby names the replica that covers one hop of a route.
-type Standby struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	HopIndex      uint32                 `protobuf:"varint,1,opt,name=hop_index,json=hopIndex,proto3" json:"hop_index,omitempty"` // the route hop it covers
-	Hop           *RouteHop              `protobuf:"bytes,2,opt,name=hop,proto3" json:"hop,omitempty"`                            // the replica: peer, the covered hop's range, addrs, kernel class
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
-}
-
-func (x *Standby) Reset() {
-	*x = Standby{}
-	mi := &file_meshp2p_v1_session_proto_msgTypes[1]
-	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-	ms.StoreMessageInfo(mi)
-}
-
-func (x *Standby) String() string {
-	return protoimpl.X.MessageStringOf(x)
-}
-
-func (*Standby) ProtoMessage() {}
-
-func (x *Standby) ProtoReflect() protoreflect.Message {
-	mi := &file_meshp2p_v1_session_proto_msgTypes[1]
-	if x != nil {
-		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-		if ms.LoadMessageInfo() == nil {
-			ms.StoreMessageInfo(mi)
-		}
-		return ms
-	}
-	return mi.MessageOf(x)
-}
-
-// Deprecated: Use Standby.ProtoReflect.Descriptor instead.
-func (*Standby) Descriptor() ([]byte, []int) {
-	return file_meshp2p_v1_session_proto_rawDescGZIP(), []int{1}
-}
-
-func (x *Standby) GetHopIndex() uint32 {
-	if x != nil {
-		return x.HopIndex
-	}
-	return 0
-}
-
-func (x *Standby) GetHop() *RouteHop {
-	if x != nil {
-		return x.Hop
-	}
-	return nil
-}
-
 // PrefixChain commits to a session's first tokens, block by block:
 // hashes[16·i : 16·(i+1)] = SHA-256(previous hash || the block's tokens,
 // little-endian int32)[:16], starting from a seed only the origin knows
@@ -442,7 +389,7 @@ type PrefixChain struct {
 
 func (x *PrefixChain) Reset() {
 	*x = PrefixChain{}
-	mi := &file_meshp2p_v1_session_proto_msgTypes[2]
+	mi := &file_meshp2p_v1_session_proto_msgTypes[1]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -454,7 +401,7 @@ func (x *PrefixChain) String() string {
 func (*PrefixChain) ProtoMessage() {}
 
 func (x *PrefixChain) ProtoReflect() protoreflect.Message {
-	mi := &file_meshp2p_v1_session_proto_msgTypes[2]
+	mi := &file_meshp2p_v1_session_proto_msgTypes[1]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -467,7 +414,7 @@ func (x *PrefixChain) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PrefixChain.ProtoReflect.Descriptor instead.
 func (*PrefixChain) Descriptor() ([]byte, []int) {
-	return file_meshp2p_v1_session_proto_rawDescGZIP(), []int{2}
+	return file_meshp2p_v1_session_proto_rawDescGZIP(), []int{1}
 }
 
 func (x *PrefixChain) GetBlockTokens() uint32 {
@@ -495,7 +442,7 @@ type Speculation struct {
 
 func (x *Speculation) Reset() {
 	*x = Speculation{}
-	mi := &file_meshp2p_v1_session_proto_msgTypes[3]
+	mi := &file_meshp2p_v1_session_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -507,7 +454,7 @@ func (x *Speculation) String() string {
 func (*Speculation) ProtoMessage() {}
 
 func (x *Speculation) ProtoReflect() protoreflect.Message {
-	mi := &file_meshp2p_v1_session_proto_msgTypes[3]
+	mi := &file_meshp2p_v1_session_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -520,7 +467,7 @@ func (x *Speculation) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Speculation.ProtoReflect.Descriptor instead.
 func (*Speculation) Descriptor() ([]byte, []int) {
-	return file_meshp2p_v1_session_proto_rawDescGZIP(), []int{3}
+	return file_meshp2p_v1_session_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *Speculation) GetMode() SpecMode {
@@ -574,7 +521,7 @@ type SamplingParams struct {
 
 func (x *SamplingParams) Reset() {
 	*x = SamplingParams{}
-	mi := &file_meshp2p_v1_session_proto_msgTypes[4]
+	mi := &file_meshp2p_v1_session_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -586,7 +533,7 @@ func (x *SamplingParams) String() string {
 func (*SamplingParams) ProtoMessage() {}
 
 func (x *SamplingParams) ProtoReflect() protoreflect.Message {
-	mi := &file_meshp2p_v1_session_proto_msgTypes[4]
+	mi := &file_meshp2p_v1_session_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -599,7 +546,7 @@ func (x *SamplingParams) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SamplingParams.ProtoReflect.Descriptor instead.
 func (*SamplingParams) Descriptor() ([]byte, []int) {
-	return file_meshp2p_v1_session_proto_rawDescGZIP(), []int{4}
+	return file_meshp2p_v1_session_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *SamplingParams) GetTemperature() float32 {
@@ -717,7 +664,7 @@ type SessionAccept struct {
 
 func (x *SessionAccept) Reset() {
 	*x = SessionAccept{}
-	mi := &file_meshp2p_v1_session_proto_msgTypes[5]
+	mi := &file_meshp2p_v1_session_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -729,7 +676,7 @@ func (x *SessionAccept) String() string {
 func (*SessionAccept) ProtoMessage() {}
 
 func (x *SessionAccept) ProtoReflect() protoreflect.Message {
-	mi := &file_meshp2p_v1_session_proto_msgTypes[5]
+	mi := &file_meshp2p_v1_session_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -742,7 +689,7 @@ func (x *SessionAccept) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SessionAccept.ProtoReflect.Descriptor instead.
 func (*SessionAccept) Descriptor() ([]byte, []int) {
-	return file_meshp2p_v1_session_proto_rawDescGZIP(), []int{5}
+	return file_meshp2p_v1_session_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *SessionAccept) GetSessionId() []byte {
@@ -819,7 +766,7 @@ type SessionClose struct {
 
 func (x *SessionClose) Reset() {
 	*x = SessionClose{}
-	mi := &file_meshp2p_v1_session_proto_msgTypes[6]
+	mi := &file_meshp2p_v1_session_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -831,7 +778,7 @@ func (x *SessionClose) String() string {
 func (*SessionClose) ProtoMessage() {}
 
 func (x *SessionClose) ProtoReflect() protoreflect.Message {
-	mi := &file_meshp2p_v1_session_proto_msgTypes[6]
+	mi := &file_meshp2p_v1_session_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -844,7 +791,7 @@ func (x *SessionClose) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SessionClose.ProtoReflect.Descriptor instead.
 func (*SessionClose) Descriptor() ([]byte, []int) {
-	return file_meshp2p_v1_session_proto_rawDescGZIP(), []int{6}
+	return file_meshp2p_v1_session_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *SessionClose) GetSessionId() []byte {
@@ -892,7 +839,7 @@ type SessionProgress struct {
 
 func (x *SessionProgress) Reset() {
 	*x = SessionProgress{}
-	mi := &file_meshp2p_v1_session_proto_msgTypes[7]
+	mi := &file_meshp2p_v1_session_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -904,7 +851,7 @@ func (x *SessionProgress) String() string {
 func (*SessionProgress) ProtoMessage() {}
 
 func (x *SessionProgress) ProtoReflect() protoreflect.Message {
-	mi := &file_meshp2p_v1_session_proto_msgTypes[7]
+	mi := &file_meshp2p_v1_session_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -917,7 +864,7 @@ func (x *SessionProgress) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SessionProgress.ProtoReflect.Descriptor instead.
 func (*SessionProgress) Descriptor() ([]byte, []int) {
-	return file_meshp2p_v1_session_proto_rawDescGZIP(), []int{7}
+	return file_meshp2p_v1_session_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *SessionProgress) GetSessionId() []byte {
@@ -954,7 +901,7 @@ type SessionCancel struct {
 
 func (x *SessionCancel) Reset() {
 	*x = SessionCancel{}
-	mi := &file_meshp2p_v1_session_proto_msgTypes[8]
+	mi := &file_meshp2p_v1_session_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -966,7 +913,7 @@ func (x *SessionCancel) String() string {
 func (*SessionCancel) ProtoMessage() {}
 
 func (x *SessionCancel) ProtoReflect() protoreflect.Message {
-	mi := &file_meshp2p_v1_session_proto_msgTypes[8]
+	mi := &file_meshp2p_v1_session_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -979,7 +926,7 @@ func (x *SessionCancel) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SessionCancel.ProtoReflect.Descriptor instead.
 func (*SessionCancel) Descriptor() ([]byte, []int) {
-	return file_meshp2p_v1_session_proto_rawDescGZIP(), []int{8}
+	return file_meshp2p_v1_session_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *SessionCancel) GetSessionId() []byte {
@@ -1015,7 +962,7 @@ type VocabRequest struct {
 
 func (x *VocabRequest) Reset() {
 	*x = VocabRequest{}
-	mi := &file_meshp2p_v1_session_proto_msgTypes[9]
+	mi := &file_meshp2p_v1_session_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1027,7 +974,7 @@ func (x *VocabRequest) String() string {
 func (*VocabRequest) ProtoMessage() {}
 
 func (x *VocabRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meshp2p_v1_session_proto_msgTypes[9]
+	mi := &file_meshp2p_v1_session_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1040,7 +987,7 @@ func (x *VocabRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VocabRequest.ProtoReflect.Descriptor instead.
 func (*VocabRequest) Descriptor() ([]byte, []int) {
-	return file_meshp2p_v1_session_proto_rawDescGZIP(), []int{9}
+	return file_meshp2p_v1_session_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *VocabRequest) GetModelFingerprint() string {
@@ -1061,7 +1008,7 @@ type VocabResponse struct {
 
 func (x *VocabResponse) Reset() {
 	*x = VocabResponse{}
-	mi := &file_meshp2p_v1_session_proto_msgTypes[10]
+	mi := &file_meshp2p_v1_session_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1073,7 +1020,7 @@ func (x *VocabResponse) String() string {
 func (*VocabResponse) ProtoMessage() {}
 
 func (x *VocabResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meshp2p_v1_session_proto_msgTypes[10]
+	mi := &file_meshp2p_v1_session_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1086,7 +1033,7 @@ func (x *VocabResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VocabResponse.ProtoReflect.Descriptor instead.
 func (*VocabResponse) Descriptor() ([]byte, []int) {
-	return file_meshp2p_v1_session_proto_rawDescGZIP(), []int{10}
+	return file_meshp2p_v1_session_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *VocabResponse) GetError() *Error {
@@ -1139,10 +1086,7 @@ const file_meshp2p_v1_session_proto_rawDesc = "" +
 	"\x06prefix\x18\x18 \x01(\v2\x17.meshp2p.v1.PrefixChainR\x06prefix\x12-\n" +
 	"\astandby\x18\x19 \x01(\v2\x13.meshp2p.v1.StandbyR\astandby\x12\x18\n" +
 	"\afollows\x18\x1a \x01(\fR\afollowsJ\x04\b\n" +
-	"\x10\vJ\x04\b\x0e\x10\x0fR\bmax_rowsR\rbundle_schema\"N\n" +
-	"\aStandby\x12\x1b\n" +
-	"\thop_index\x18\x01 \x01(\rR\bhopIndex\x12&\n" +
-	"\x03hop\x18\x02 \x01(\v2\x14.meshp2p.v1.RouteHopR\x03hop\"H\n" +
+	"\x10\vJ\x04\b\x0e\x10\x0fR\bmax_rowsR\rbundle_schema\"H\n" +
 	"\vPrefixChain\x12!\n" +
 	"\fblock_tokens\x18\x01 \x01(\rR\vblockTokens\x12\x16\n" +
 	"\x06hashes\x18\x02 \x01(\fR\x06hashes\"u\n" +
@@ -1219,43 +1163,41 @@ func file_meshp2p_v1_session_proto_rawDescGZIP() []byte {
 }
 
 var file_meshp2p_v1_session_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_meshp2p_v1_session_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
+var file_meshp2p_v1_session_proto_msgTypes = make([]protoimpl.MessageInfo, 10)
 var file_meshp2p_v1_session_proto_goTypes = []any{
 	(SpecMode)(0),             // 0: meshp2p.v1.SpecMode
 	(*SessionOpen)(nil),       // 1: meshp2p.v1.SessionOpen
-	(*Standby)(nil),           // 2: meshp2p.v1.Standby
-	(*PrefixChain)(nil),       // 3: meshp2p.v1.PrefixChain
-	(*Speculation)(nil),       // 4: meshp2p.v1.Speculation
-	(*SamplingParams)(nil),    // 5: meshp2p.v1.SamplingParams
-	(*SessionAccept)(nil),     // 6: meshp2p.v1.SessionAccept
-	(*SessionClose)(nil),      // 7: meshp2p.v1.SessionClose
-	(*SessionProgress)(nil),   // 8: meshp2p.v1.SessionProgress
-	(*SessionCancel)(nil),     // 9: meshp2p.v1.SessionCancel
-	(*VocabRequest)(nil),      // 10: meshp2p.v1.VocabRequest
-	(*VocabResponse)(nil),     // 11: meshp2p.v1.VocabResponse
-	(*Route)(nil),             // 12: meshp2p.v1.Route
-	(DType)(0),                // 13: meshp2p.v1.DType
-	(*SignedRouteTicket)(nil), // 14: meshp2p.v1.SignedRouteTicket
-	(*RouteHop)(nil),          // 15: meshp2p.v1.RouteHop
-	(*Error)(nil),             // 16: meshp2p.v1.Error
+	(*PrefixChain)(nil),       // 2: meshp2p.v1.PrefixChain
+	(*Speculation)(nil),       // 3: meshp2p.v1.Speculation
+	(*SamplingParams)(nil),    // 4: meshp2p.v1.SamplingParams
+	(*SessionAccept)(nil),     // 5: meshp2p.v1.SessionAccept
+	(*SessionClose)(nil),      // 6: meshp2p.v1.SessionClose
+	(*SessionProgress)(nil),   // 7: meshp2p.v1.SessionProgress
+	(*SessionCancel)(nil),     // 8: meshp2p.v1.SessionCancel
+	(*VocabRequest)(nil),      // 9: meshp2p.v1.VocabRequest
+	(*VocabResponse)(nil),     // 10: meshp2p.v1.VocabResponse
+	(*Route)(nil),             // 11: meshp2p.v1.Route
+	(DType)(0),                // 12: meshp2p.v1.DType
+	(*SignedRouteTicket)(nil), // 13: meshp2p.v1.SignedRouteTicket
+	(*Standby)(nil),           // 14: meshp2p.v1.Standby
+	(*Error)(nil),             // 15: meshp2p.v1.Error
 }
 var file_meshp2p_v1_session_proto_depIdxs = []int32{
-	12, // 0: meshp2p.v1.SessionOpen.route:type_name -> meshp2p.v1.Route
-	5,  // 1: meshp2p.v1.SessionOpen.sampling:type_name -> meshp2p.v1.SamplingParams
-	13, // 2: meshp2p.v1.SessionOpen.wire_dtype:type_name -> meshp2p.v1.DType
-	14, // 3: meshp2p.v1.SessionOpen.ticket:type_name -> meshp2p.v1.SignedRouteTicket
-	4,  // 4: meshp2p.v1.SessionOpen.speculation:type_name -> meshp2p.v1.Speculation
-	3,  // 5: meshp2p.v1.SessionOpen.prefix:type_name -> meshp2p.v1.PrefixChain
-	2,  // 6: meshp2p.v1.SessionOpen.standby:type_name -> meshp2p.v1.Standby
-	15, // 7: meshp2p.v1.Standby.hop:type_name -> meshp2p.v1.RouteHop
-	0,  // 8: meshp2p.v1.Speculation.mode:type_name -> meshp2p.v1.SpecMode
-	16, // 9: meshp2p.v1.SessionAccept.error:type_name -> meshp2p.v1.Error
-	16, // 10: meshp2p.v1.VocabResponse.error:type_name -> meshp2p.v1.Error
-	11, // [11:11] is the sub-list for method output_type
-	11, // [11:11] is the sub-list for method input_type
-	11, // [11:11] is the sub-list for extension type_name
-	11, // [11:11] is the sub-list for extension extendee
-	0,  // [0:11] is the sub-list for field type_name
+	11, // 0: meshp2p.v1.SessionOpen.route:type_name -> meshp2p.v1.Route
+	4,  // 1: meshp2p.v1.SessionOpen.sampling:type_name -> meshp2p.v1.SamplingParams
+	12, // 2: meshp2p.v1.SessionOpen.wire_dtype:type_name -> meshp2p.v1.DType
+	13, // 3: meshp2p.v1.SessionOpen.ticket:type_name -> meshp2p.v1.SignedRouteTicket
+	3,  // 4: meshp2p.v1.SessionOpen.speculation:type_name -> meshp2p.v1.Speculation
+	2,  // 5: meshp2p.v1.SessionOpen.prefix:type_name -> meshp2p.v1.PrefixChain
+	14, // 6: meshp2p.v1.SessionOpen.standby:type_name -> meshp2p.v1.Standby
+	0,  // 7: meshp2p.v1.Speculation.mode:type_name -> meshp2p.v1.SpecMode
+	15, // 8: meshp2p.v1.SessionAccept.error:type_name -> meshp2p.v1.Error
+	15, // 9: meshp2p.v1.VocabResponse.error:type_name -> meshp2p.v1.Error
+	10, // [10:10] is the sub-list for method output_type
+	10, // [10:10] is the sub-list for method input_type
+	10, // [10:10] is the sub-list for extension type_name
+	10, // [10:10] is the sub-list for extension extendee
+	0,  // [0:10] is the sub-list for field type_name
 }
 
 func init() { file_meshp2p_v1_session_proto_init() }
@@ -1271,7 +1213,7 @@ func file_meshp2p_v1_session_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_meshp2p_v1_session_proto_rawDesc), len(file_meshp2p_v1_session_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   11,
+			NumMessages:   10,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

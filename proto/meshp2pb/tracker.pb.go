@@ -82,8 +82,21 @@ type RouteRequest struct {
 	NeedKv           uint32                 `protobuf:"varint,7,opt,name=need_kv,json=needKv,proto3" json:"need_kv,omitempty"`         // KV cells the session needs on every hop (0: unknown); becomes the ticket's n_ctx_needed
 	SessionId        []byte                 `protobuf:"bytes,8,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"` // 16 bytes: the session the ticket is for (empty: not bound; hops then bind it at first use)
 	Warm             []*WarmHop             `protobuf:"bytes,9,rep,name=warm,proto3" json:"warm,omitempty"`                            // hops holding KV the session can reuse (cache affinity): preferred among equally good replicas; at most 64
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// The client wants a hot standby for this route: the tracker names one
+	// in the ticket (RouteTicket.standby) where a replica of a hop can serve
+	// as one (the hop with the most layers; the head only on a
+	// batch-invariant route), else the ticket has none.
+	Standby bool `protobuf:"varint,10,opt,name=standby,proto3" json:"standby,omitempty"`
+	// After a failure: the failed epoch's standby, which holds the failed
+	// hop's KV. The tracker routes that range through it when it can still
+	// serve it (it then replaces the failed hop without any prefill).
+	Takeover *WarmHop `protobuf:"bytes,11,opt,name=takeover,proto3" json:"takeover,omitempty"`
+	// Replicas that kept the session's blocks as an earlier session's
+	// standby (a conversation's previous turn): preferred as the ticket's
+	// standby, not as route hops; at most 64.
+	WarmStandby   []*WarmHop `protobuf:"bytes,12,rep,name=warm_standby,json=warmStandby,proto3" json:"warm_standby,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *RouteRequest) Reset() {
@@ -175,6 +188,27 @@ func (x *RouteRequest) GetSessionId() []byte {
 func (x *RouteRequest) GetWarm() []*WarmHop {
 	if x != nil {
 		return x.Warm
+	}
+	return nil
+}
+
+func (x *RouteRequest) GetStandby() bool {
+	if x != nil {
+		return x.Standby
+	}
+	return false
+}
+
+func (x *RouteRequest) GetTakeover() *WarmHop {
+	if x != nil {
+		return x.Takeover
+	}
+	return nil
+}
+
+func (x *RouteRequest) GetWarmStandby() []*WarmHop {
+	if x != nil {
+		return x.WarmStandby
 	}
 	return nil
 }
@@ -485,7 +519,7 @@ var File_meshp2p_v1_tracker_proto protoreflect.FileDescriptor
 const file_meshp2p_v1_tracker_proto_rawDesc = "" +
 	"\n" +
 	"\x18meshp2p/v1/tracker.proto\x12\n" +
-	"meshp2p.v1\x1a\x17meshp2p/v1/common.proto\x1a\x16meshp2p/v1/route.proto\"\xba\x02\n" +
+	"meshp2p.v1\x1a\x17meshp2p/v1/common.proto\x1a\x16meshp2p/v1/route.proto\"\xbd\x03\n" +
 	"\fRouteRequest\x12+\n" +
 	"\x11model_fingerprint\x18\x01 \x01(\tR\x10modelFingerprint\x12\x17\n" +
 	"\an_layer\x18\x02 \x01(\rR\x06nLayer\x12\x18\n" +
@@ -496,7 +530,11 @@ const file_meshp2p_v1_tracker_proto_rawDesc = "" +
 	"\aneed_kv\x18\a \x01(\rR\x06needKv\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\b \x01(\fR\tsessionId\x12'\n" +
-	"\x04warm\x18\t \x03(\v2\x13.meshp2p.v1.WarmHopR\x04warm\"E\n" +
+	"\x04warm\x18\t \x03(\v2\x13.meshp2p.v1.WarmHopR\x04warm\x12\x18\n" +
+	"\astandby\x18\n" +
+	" \x01(\bR\astandby\x12/\n" +
+	"\btakeover\x18\v \x01(\v2\x13.meshp2p.v1.WarmHopR\btakeover\x126\n" +
+	"\fwarm_standby\x18\f \x03(\v2\x13.meshp2p.v1.WarmHopR\vwarmStandby\"E\n" +
 	"\aWarmHop\x12\x12\n" +
 	"\x04peer\x18\x01 \x01(\fR\x04peer\x12\x14\n" +
 	"\x05start\x18\x02 \x01(\rR\x05start\x12\x10\n" +
@@ -548,15 +586,17 @@ var file_meshp2p_v1_tracker_proto_goTypes = []any{
 var file_meshp2p_v1_tracker_proto_depIdxs = []int32{
 	0, // 0: meshp2p.v1.RouteRequest.objective:type_name -> meshp2p.v1.RouteObjective
 	2, // 1: meshp2p.v1.RouteRequest.warm:type_name -> meshp2p.v1.WarmHop
-	7, // 2: meshp2p.v1.RouteResponse.ticket:type_name -> meshp2p.v1.SignedRouteTicket
-	8, // 3: meshp2p.v1.RouteResponse.error:type_name -> meshp2p.v1.Error
-	4, // 4: meshp2p.v1.RouteResponse.audit:type_name -> meshp2p.v1.AuditAssignment
-	8, // 5: meshp2p.v1.ProofVerdict.error:type_name -> meshp2p.v1.Error
-	6, // [6:6] is the sub-list for method output_type
-	6, // [6:6] is the sub-list for method input_type
-	6, // [6:6] is the sub-list for extension type_name
-	6, // [6:6] is the sub-list for extension extendee
-	0, // [0:6] is the sub-list for field type_name
+	2, // 2: meshp2p.v1.RouteRequest.takeover:type_name -> meshp2p.v1.WarmHop
+	2, // 3: meshp2p.v1.RouteRequest.warm_standby:type_name -> meshp2p.v1.WarmHop
+	7, // 4: meshp2p.v1.RouteResponse.ticket:type_name -> meshp2p.v1.SignedRouteTicket
+	8, // 5: meshp2p.v1.RouteResponse.error:type_name -> meshp2p.v1.Error
+	4, // 6: meshp2p.v1.RouteResponse.audit:type_name -> meshp2p.v1.AuditAssignment
+	8, // 7: meshp2p.v1.ProofVerdict.error:type_name -> meshp2p.v1.Error
+	8, // [8:8] is the sub-list for method output_type
+	8, // [8:8] is the sub-list for method input_type
+	8, // [8:8] is the sub-list for extension type_name
+	8, // [8:8] is the sub-list for extension extendee
+	0, // [0:8] is the sub-list for field type_name
 }
 
 func init() { file_meshp2p_v1_tracker_proto_init() }
