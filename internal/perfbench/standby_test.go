@@ -52,7 +52,7 @@ func standbyCovering(b *testing.B, t *Table, rounds int, covered string) {
 	}
 	bin := testbin.CLI(b)
 	dir := b.TempDir()
-	debug := os.Getenv("MESHP2P_BENCH_STANDBY_DEBUG") != "" // every process's debug log, after each run
+	debug := os.Getenv("MESHP2P_BENCH_STANDBY_DEBUG") != "" // every process's debug log after each run (a directory: written there, one file each)
 	net := []string{"--network", "benchstandby", "--listen", "/ip4/127.0.0.1/tcp/0", "--metrics", "127.0.0.1:0", "-v=" + strconv.FormatBool(debug)}
 	n := 0
 	start := func(layers, boot string) *proc {
@@ -71,10 +71,12 @@ func standbyCovering(b *testing.B, t *Table, rounds int, covered string) {
 	// drops); a head's standby is fed by the origin (generate: no
 	// /metrics), so head stays nil then.
 	var head *proc
+	others := []*proc{tail} // the processes never killed (their logs, with MESHP2P_BENCH_STANDBY_DEBUG)
 	if covered == "middle" {
 		head = start("0-4", tail.addr)
+		others = append(others, head)
 	} else {
-		start("4-8", tail.addr)
+		others = append(others, start("4-8", tail.addr))
 	}
 	model := nodeModel(b, filepath.Join(dir, "n1"))
 	words := strings.Fields("once upon a time there was a little model split across four processes on one machine and")
@@ -98,7 +100,7 @@ func standbyCovering(b *testing.B, t *Table, rounds int, covered string) {
 			text := fmt.Sprintf("run %d %v: %s", r, withStandby, sb.String())
 			args := append(slices.Clone(client), "--prompt", text, "--standby="+strconv.FormatBool(withStandby))
 			before := cost.read(b, head, mids)
-			g, killed := generateKilling(b, bin, args, mids, killAfter)
+			g, killed := generateKilling(b, bin, args, mids, others, killAfter)
 			if len(g.Tokens) != maxTok {
 				b.Fatalf("--standby=%v: %d tokens, want %d", withStandby, len(g.Tokens), maxTok)
 			}
@@ -142,8 +144,8 @@ func standbyCovering(b *testing.B, t *Table, rounds int, covered string) {
 		t.Add(Row{Name: "  stall / the run's token time", Value: median(ratios), Unit: "x", Goal: goal})
 	}
 	k := float64(max(1, len(runs[1])))
-	t.Add(Row{Name: "  standby cost per generation: rows the standby computed", Value: float64(cost.rows) / k, Unit: "rows"})
-	t.Add(Row{Name: "  standby cost per generation: its compute", Value: cost.compute / k * 1000, Unit: "ms"})
+	t.Add(Row{Name: "  standby cost per generation: rows the standby computed", Value: cost.sumRows / k, Unit: "rows"})
+	t.Add(Row{Name: "  standby cost per generation: its compute", Value: cost.sumCPU / k * 1000, Unit: "ms"})
 	if covered == "middle" { // a head's standby gets token ids from the origin (generate: no /metrics)
 		t.Add(Row{Name: "  standby cost per generation: bytes the head mirrored", Value: cost.bytes / k / (1 << 20), Unit: "MiB"})
 		t.Add(Row{Name: "  standbys dropped (lagging)", Value: cost.dropped, Unit: ""})
@@ -182,7 +184,7 @@ type standbyGen struct {
 // generateKilling runs generate (args) and SIGKILLs the middle on its
 // route once that middle has decoded killAfter tokens; it returns the
 // report and which middle it killed.
-func generateKilling(b *testing.B, bin string, args []string, mids []*proc, killAfter int) (standbyGen, int) {
+func generateKilling(b *testing.B, bin string, args []string, mids, others []*proc, killAfter int) (standbyGen, int) {
 	rows := make([]float64, len(mids))
 	sessions := make([]float64, len(mids))
 	for i, m := range mids {
@@ -224,25 +226,42 @@ func generateKilling(b *testing.B, bin string, args []string, mids []*proc, kill
 	if err := json.Unmarshal([]byte(out.String()), &g); err != nil {
 		b.Fatalf("generate --json: %v\n%s", err, out.String())
 	}
-	if os.Getenv("MESHP2P_BENCH_STANDBY_DEBUG") != "" {
-		b.Logf("generate's log:\n%s", errOut.String())
+	if d := os.Getenv("MESHP2P_BENCH_STANDBY_DEBUG"); d != "" {
+		logs := map[string]string{"generate": errOut.String()}
 		for i, m := range mids {
-			b.Logf("middle %d's log:\n%s", i, m.logs.String())
+			logs[fmt.Sprint("covered", i)] = m.logs.String()
+		}
+		for i, m := range others {
+			logs[fmt.Sprint("other", i)] = m.logs.String()
+		}
+		for name, l := range logs {
+			if st, err := os.Stat(d); err == nil && st.IsDir() { // whole logs, one file each per run
+				_ = os.WriteFile(filepath.Join(d, fmt.Sprintf("%d-%s.log", time.Now().UnixMilli(), name)), []byte(l), 0o644)
+			} else {
+				b.Logf("%s's log:\n%s", name, l)
+			}
 		}
 	}
 	return g, killed
 }
 
-// standbyCost is what standing by cost, from the processes' /metrics.
+// standbyCost is what standing by cost, from the processes' /metrics:
+// per process, since the killed one's counters vanish with it (a
+// difference of sums then lost the rows of a process that stood by in an
+// earlier run and was killed in this one).
 type standbyCost struct {
-	rows, compute, bytes, dropped float64
+	rows, compute   map[*proc]float64
+	bytes, dropped  float64
+	sumRows, sumCPU float64 // add's totals
 }
 
 func (c standbyCost) read(b *testing.B, head *proc, mids []*proc) standbyCost {
-	var x standbyCost
+	x := standbyCost{rows: map[*proc]float64{}, compute: map[*proc]float64{}}
 	for _, m := range mids {
-		x.rows += scrape(b, m, "meshp2p_standby_rows_total")
-		x.compute += scrape(b, m, "meshp2p_standby_compute_seconds_total")
+		if m.cmd.ProcessState == nil { // alive
+			x.rows[m] = scrape(b, m, "meshp2p_standby_rows_total")
+			x.compute[m] = scrape(b, m, "meshp2p_standby_compute_seconds_total")
+		}
 	}
 	if head != nil {
 		x.bytes = scrape(b, head, "meshp2p_standby_mirrored_bytes_total")
@@ -251,12 +270,20 @@ func (c standbyCost) read(b *testing.B, head *proc, mids []*proc) standbyCost {
 	return x
 }
 
+// minus is what the processes alive in c did since o.
 func (c standbyCost) minus(o standbyCost) standbyCost {
-	return standbyCost{c.rows - o.rows, c.compute - o.compute, c.bytes - o.bytes, c.dropped - o.dropped}
+	d := standbyCost{bytes: c.bytes - o.bytes, dropped: c.dropped - o.dropped}
+	for p, v := range c.rows {
+		if v >= o.rows[p] { // counters only grow; less: it died (scrape read 0)
+			d.sumRows += v - o.rows[p]
+			d.sumCPU += c.compute[p] - o.compute[p]
+		}
+	}
+	return d
 }
 
 func (c *standbyCost) add(o standbyCost) {
-	c.rows, c.compute, c.bytes, c.dropped = c.rows+o.rows, c.compute+o.compute, c.bytes+o.bytes, c.dropped+o.dropped
+	c.sumRows, c.sumCPU, c.bytes, c.dropped = c.sumRows+o.sumRows, c.sumCPU+o.sumCPU, c.bytes+o.bytes, c.dropped+o.dropped
 }
 
 // scrape is the value of the sample named series (name and labels as
