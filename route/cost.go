@@ -304,6 +304,7 @@ func (p *CostPlanner) edgesLocked(shards []Shard, req Request, m CostModel, now 
 	byStart := make([][]edge, req.NLayer)
 	var cands []Shard
 	for _, s := range shards {
+		s = takeoverShard(s, req)
 		if !usable(s, req) {
 			continue
 		}

@@ -230,6 +230,7 @@ func (p *LocalPlanner) Plan(ctx context.Context, req Request) (*Route, error) {
 	var cands []Shard
 	byStart := make([][]edge, n)
 	for _, s := range p.Table.Shards(req.Fingerprint) {
+		s = takeoverShard(s, req)
 		if !usable(s, req) {
 			continue
 		}

@@ -5,6 +5,7 @@ import (
 	"slices"
 
 	"github.com/libp2p/go-libp2p/core/peer"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/neuron-tai/meshp2p/proto/meshp2pb"
 )
@@ -131,4 +132,23 @@ func pinTakeover(byStart [][]edge, tk *Hop) {
 		return
 	}
 	byStart[tk.Start] = slices.DeleteFunc(es, func(e edge) bool { return e.s.End == tk.End && e.s.Peer != tk.Peer })
+}
+
+// takeoverShard is s as the planners see it: the failed epoch's standby
+// (req.Takeover) with the slot and the cells its standby session holds
+// counted free, since the new epoch takes exactly those (its open
+// supersedes the standby epoch and adopts its cells); its advert, which
+// counts that session, would otherwise show it full.
+func takeoverShard(s Shard, req Request) Shard {
+	tk := req.Takeover
+	if tk == nil || s.Peer != tk.Peer || s.Start != tk.Start || s.End != tk.End || s.Capacity == nil {
+		return s
+	}
+	c := proto.Clone(s.Capacity).(*meshp2pb.ShardCapacity)
+	if c.GetMaxSessions() == 0 || c.GetFreeSessions() < c.GetMaxSessions() {
+		c.FreeSessions++
+	}
+	c.FreeKvTokens += uint64(max(req.NeedKV, 0))
+	s.Capacity = c
+	return s
 }

@@ -78,6 +78,7 @@ func TestPlanTakeover(t *testing.T) {
 	}{
 		{"no takeover: the whole model", offers, nil, "", "w[0,6) "},
 		{"takeover: the standby for its range (the busier replica)", offers[:3], &Hop{Peer: "s", Start: 3, End: 6}, "", "a[0,3) s[3,6) "},
+		{"takeover whose advert counts its standby session (full)", []Shard{offers[0], offers[1], offer("s", 3, 6, D, 0)}, &Hop{Peer: "s", Start: 3, End: 6}, "", "a[0,3) s[3,6) "},
 		{"takeover excluded: the other replica", offers[:3], &Hop{Peer: "s", Start: 3, End: 6}, "s", "a[0,3) b[3,6) "},
 		{"takeover of a range no longer served", offers[:3], &Hop{Peer: "s", Start: 2, End: 6}, "", "a[0,3) b[3,6) "},
 	}
