@@ -121,8 +121,9 @@ func standbyTakeover(t *testing.T, pos, steps int, withTracker bool) {
 	for _, x := range spares {
 		// The third middle node stood by in the new epoch, where the hops
 		// adopted the prompt's blocks: its mirror sent it the rows below
-		// theirs from its records (standbystart.go), or it could not
-		// follow (and the mirror's dropped count above is 1).
+		// theirs from its records (standbystart.go), so it computed the
+		// whole prompt (a standby that cannot follow computes nothing
+		// and is dropped: the mirror's count checked above).
 		if withTracker && pos > 0 && x != standby.Load() && x != victimNode.Load() {
 			if st := x.Hop().StandbyStats(); st.Sessions != 1 || st.Rows < int64(len(prompt)) {
 				t.Fatalf("the new epoch's standby: %+v, want one session that computed the %d-token prompt", st, len(prompt))

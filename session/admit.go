@@ -146,6 +146,7 @@ func (h *HopService) handleSession(s network.Stream) {
 	if open == nil {
 		return
 	}
+	openedAt := time.Now()
 	if open.GetResume() {
 		h.resume(s, w, open)
 		return
@@ -190,6 +191,7 @@ func (h *HopService) handleSession(s network.Stream) {
 	if open.GetTranscripts() && !hs.standby { // only now: a refused open keeps nothing here
 		hs.tx, hs.tailFinal = h.startTranscripts(hs), make(chan struct{})
 	}
+	hs.openedAt, hs.localAt = openedAt, time.Now()
 	h.serveAdmitted(s, r, hs)
 }
 
@@ -350,7 +352,8 @@ func (h *HopService) serveAdmitted(s network.Stream, r *timedReader, hs *hopSess
 	si := sessionInfo(open, idx)
 	si.Cached = int(min(uint32(hs.cached), acc.GetAccept().GetCachedTokens()))
 	h.cfg.Observer.SessionAdmitted(si)
-	h.log.Debug("session open", "session", hs.key, "hop", idx, "of", n)
+	h.log.Debug("session open", "session", hs.key, "hop", idx, "of", n, "cached", hs.cached,
+		"here", hs.localAt.Sub(hs.openedAt).Round(time.Microsecond), "route_after", hs.admittedAt.Sub(hs.localAt).Round(time.Microsecond))
 	hs.run(r)
 }
 
@@ -555,6 +558,7 @@ func (h *HopService) supersede(key Key, idx int) {
 	}
 	h.mu.Unlock()
 	deadline := time.After(h.cfg.OpenTimeout / 2)
+	t0 := time.Now()
 	for _, hs := range old {
 		if hs.standby {
 			// A standby taking over first computes what its mirror
@@ -574,6 +578,7 @@ func (h *HopService) supersede(key Key, idx int) {
 		case <-deadline:
 			return
 		}
+		h.log.Debug("superseded epoch's cells free", "session", hs.key, "waited", time.Since(t0).Round(time.Microsecond))
 	}
 }
 

@@ -300,6 +300,10 @@ func (hs *hopSession) compute(a *meshp2pb.ActivationHeader, tensors [][]byte, fr
 		return engineErr(err, from, hs.h.host.ID())
 	}
 	took := time.Since(t0)
+	if hs.key.Epoch > 1 && !hs.firstRows.Swap(true) { // a re-routed epoch: where its stall goes (debug)
+		hs.h.log.Debug("re-routed epoch's first rows computed", "session", hs.key, "pos", a.GetPosStart(), "rows", a.GetNRows(),
+			"took", took.Round(time.Microsecond), "since_admitted", time.Since(hs.admittedAt).Round(time.Microsecond))
+	}
 	if hs.standby { // only its KV counts
 		hs.h.standby.computed(int(a.GetNRows()), took)
 		return nil

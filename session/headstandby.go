@@ -2,7 +2,9 @@ package session
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -205,7 +207,7 @@ func (f *headFeed) watch(r *frame.Reader) {
 	select {
 	case <-f.end: // the epoch ended first
 	default:
-		if !f.closed.Load() {
+		if !f.closed.Load() || !errors.Is(err, io.EOF) { // after the close: only a clean end is no drop
 			f.drop("it ended", err)
 		}
 	}

@@ -208,6 +208,11 @@ type hopSession struct {
 	// the route accepted the session (silence strikes).
 	heard      atomic.Bool
 	admittedAt time.Time
+	// openedAt is when the open was read, localAt when this hop's own
+	// admission was done (supersede, adoption, reservation): the debug
+	// log's split of an admission's time, the rest of it the route after.
+	openedAt, localAt time.Time
+	firstRows         atomic.Bool // a re-routed epoch's first rows were logged
 	// rows is what this epoch has computed here (rowBudget bounds it).
 	rows atomic.Int64
 	// engOnce closes the engine session once (supersede frees a dead

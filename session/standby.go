@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"maps"
 	"slices"
 	"sync"
@@ -246,7 +247,7 @@ func (m *mirror) run() {
 		seam.Reset()
 		return
 	}
-	if hc := msg.GetAccept().GetHopCached(); len(hc) > 0 {
+	if hc := msg.GetAccept().GetHopCached(); len(hc) > 0 && int(hc[0])%PrefixBlock == 0 { // whole blocks, as any hop answers
 		m.start.from = int(hc[0])
 	}
 	h.log.Info("standby open", "session", hs.key, "covers", hs.route[hs.idx+1], "standby", m.peer, "from", m.start.from)
@@ -262,7 +263,7 @@ func (m *mirror) run() {
 		select {
 		case <-hs.done: // the session ended here first
 		default:
-			if !m.closed.Load() {
+			if !m.closed.Load() || !errors.Is(err, io.EOF) { // after the close: only a clean end is no drop
 				m.drop("it ended", err)
 			}
 		}
@@ -321,7 +322,11 @@ func (m *mirror) flush(seam *Seam) {
 	for {
 		select {
 		case msg := <-m.q:
-			if m.dropped.Load() || m.send(seam, msg) != nil {
+			if m.dropped.Load() {
+				return
+			}
+			if err := m.send(seam, msg); err != nil {
+				m.drop(dropReason(err), err)
 				return
 			}
 		default:

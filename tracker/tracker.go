@@ -421,7 +421,7 @@ func (t *Tracker) answer(ctx context.Context, client peer.ID, req *meshp2pb.Rout
 	for _, c := range t.Convicted() { // no tickets through a peer a verified proof convicted
 		rq.Exclude[c.Peer] = true
 	}
-	if w := req.GetTakeover(); w != nil {
+	if w := req.GetTakeover(); w != nil && req.GetEpoch() > 1 { // only a re-route has a failed epoch's standby
 		if id, err := peer.IDFromBytes(w.GetPeer()); err == nil {
 			rq.Takeover = &route.Hop{Peer: id, Start: int(w.GetStart()), End: int(w.GetEnd())}
 		}
