@@ -250,7 +250,9 @@ func testAuditFailoverOntoCachedHead(t *testing.T, busy bool) {
 	if res.Reroutes != 1 || res.Route.Hops[0].Peer != a {
 		t.Skipf("the failover did not land on the first run's head (reroutes %d): nothing to check", res.Reroutes)
 	}
-	if rep.Outcome != session.AuditPassed || rep.Epoch != 2 || rep.Hop != 0 {
-		t.Fatalf("audit of the new epoch's head: %+v", rep)
+	// The new epoch is the route's last: 2, or later when busy clients
+	// filled the hops for a moment (a capacity wait takes an epoch too).
+	if rep.Outcome != session.AuditPassed || rep.Epoch != res.Route.Epoch || res.Route.Epoch < 2 || rep.Hop != 0 {
+		t.Fatalf("audit of the new epoch's head (epoch %d): %+v", res.Route.Epoch, rep)
 	}
 }
