@@ -3,6 +3,7 @@ package route
 import (
 	"context"
 	"math"
+	"slices"
 	"sort"
 	"sync"
 	"time"
@@ -294,7 +295,33 @@ func (p *CostPlanner) PlanObjective(ctx context.Context, req Request, obj Object
 		return nil, nil, noRoute(req, cands, shards)
 	}
 	rt, est := p.issueLocked(path, req, now, len(cands))
+	if req.Standby {
+		rt.Standby = p.standbyLocked(rt, shards, req, m, now)
+	}
 	return rt, est, nil
+}
+
+// standbyLocked picks rt's hot standby (req.Standby; PickStandby, the warm
+// standbys and warm hops first) among the shards the cost model would
+// route through now, its pending tickets counted (a standby holds a slot
+// like a hop), and counts it as pending load in turn (p.mu held).
+func (p *CostPlanner) standbyLocked(rt *Route, shards []Shard, req Request, m CostModel, now time.Time) *StandbyHop {
+	avoid := func(id peer.ID) bool { return req.Exclude[id] }
+	var ok []Shard
+	for _, s := range shards {
+		var st PeerStats
+		if p.Stats != nil {
+			st = p.Stats(s.Peer)
+		}
+		if m.Hop(s, st, p.pendingLocked(s.Peer, now, m)).Skip == "" {
+			ok = append(ok, s)
+		}
+	}
+	sb := PickStandby(rt, ok, req.NeedKV, avoid, append(slices.Clone(req.WarmStandby), req.Warm...))
+	if sb != nil {
+		p.pending[sb.Hop.Peer] = append(p.pending[sb.Hop.Peer], pendingTicket{at: now, client: req.Client})
+	}
+	return sb
 }
 
 // edgesLocked prices every usable shard the cost model does not skip (p.mu

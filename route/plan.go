@@ -157,8 +157,9 @@ type Request struct {
 	// their blocks, keyed on the peers before them). At most
 	// MaxWarmHops go to a tracker.
 	WarmStandby []Hop
-	// Standby asks a tracker to name a hot standby in its ticket
-	// (RouteTicket.standby); a local plan ignores it (the origin picks).
+	// Standby asks for a hot standby: a tracker's CostPlanner picks one
+	// (Route.Standby, signed into the ticket); a local plan ignores it
+	// (the origin picks).
 	Standby bool
 	// Takeover is the failed epoch's standby (after a failure): it holds
 	// the failed hop's KV, so the planners route its range through it

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"math/rand/v2"
+	"slices"
 	"testing"
 	"time"
 
@@ -191,5 +192,38 @@ func TestTicketStandby(t *testing.T) {
 				t.Fatalf("SameStandby: %v (code %s), want ok %v", err, TicketCode(err), tc.ok)
 			}
 		})
+	}
+}
+
+// A tracker's cost planner names the standby when asked, from the shards
+// it would route through now, and counts it as pending load: a replica
+// with one free slot stands by for one session, not for the next one
+// planned before its advert shows the slot taken.
+func TestCostPlannerStandby(t *testing.T) {
+	D := p2p.PathDirect
+	tb := table(offer("a", 0, 3, D, 4), offer("b", 3, 6, D, 4), offer("s", 3, 6, D, 1))
+	p := &CostPlanner{Table: tb}
+	req := Request{Fingerprint: fp, NLayer: 6, Epoch: 1, Standby: true}
+	r, err := p.Plan(context.Background(), req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Standby == nil || r.Standby.Index != 1 || slices.ContainsFunc(r.Hops, func(h Hop) bool { return h.Peer == r.Standby.Hop.Peer }) {
+		t.Fatalf("route %s, standby %+v: want a replica of hop 1 off the route", hops(r), r.Standby)
+	}
+	if r.Standby.Hop.Peer != "s" || r.Hops[1].Peer != "b" {
+		t.Fatalf("route %s, standby %s: want b routed (idler) and s standing by", hops(r), r.Standby.Hop.Peer)
+	}
+	if r, _ := p.Plan(context.Background(), Request{Fingerprint: fp, NLayer: 6, Epoch: 1}); r == nil || r.Standby != nil {
+		t.Fatalf("a request without standby got one: %+v", r)
+	}
+	// s's single slot is counted pending now: the next session gets no
+	// standby (b is on its route; nothing else serves 3-6).
+	r, err = p.Plan(context.Background(), req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Standby != nil {
+		t.Fatalf("s stood by twice with one free slot: route %s, standby %+v", hops(r), r.Standby)
 	}
 }

@@ -426,6 +426,7 @@ func (t *Tracker) answer(ctx context.Context, client peer.ID, req *meshp2pb.Rout
 			rq.Takeover = &route.Hop{Peer: id, Start: int(w.GetStart()), End: int(w.GetEnd())}
 		}
 	}
+	rq.Standby = req.GetStandby() // the planner picks it too, its pending load counted (docs/architecture.md, "Hot standby")
 	obj := route.ObjectiveLatency
 	if req.GetObjective() == meshp2pb.RouteObjective_ROUTE_OBJECTIVE_THROUGHPUT {
 		obj = route.ObjectiveThroughput
@@ -440,11 +441,6 @@ func (t *Tracker) answer(ctx context.Context, client peer.ID, req *meshp2pb.Rout
 			code = meshp2pb.ErrorCode_ERROR_CODE_BAD_REQUEST
 		}
 		return refuse(code, "%v", err)
-	}
-	if req.GetStandby() {
-		// The hot standby the client asked for, from the same table and
-		// exclusions (docs/architecture.md, "Hot standby").
-		rt.Standby = route.PickStandby(rt, t.table.Shards(fp), rq.NeedKV, func(p peer.ID) bool { return rq.Exclude[p] }, append(rq.WarmStandby, rq.Warm...))
 	}
 	resp := t.issue(client, req, rt)
 	if resp.GetTicket() != nil {
