@@ -70,7 +70,7 @@ func TestMetricsStatusAndDashboard(t *testing.T) {
 		{"head", "meshp2p_hop_rows_total", decode, 11}, // the 12th token is not fed back
 		{"head", "meshp2p_hop_compute_seconds", decode, 11},
 		{"head", "meshp2p_seam_sent_bytes_total", map[string]string{"path": "direct"}, (prompt + 11) * nEmbd * 4},
-		{"head", "meshp2p_seam_write_seconds", map[string]string{"path": "direct"}, 1 + 11}, // the prefill in one frame (a short prompt: at most session.SmallPrefillRows), 11 steps
+		{"head", "meshp2p_seam_write_seconds", map[string]string{"path": "direct"}, 2 + 11}, // the prefill in two chunks (the first of session.FirstChunkRows), 11 steps
 		{"head", "meshp2p_seam_sent_bytes_total", map[string]string{"path": "relayed"}, 0},
 		{"head", "meshp2p_sessions_active", nil, 0},
 		{"head", "meshp2p_kv_cells", nil, 4096},

@@ -143,13 +143,6 @@ const (
 	// sessions that reserve a route and send nothing, and so stay short:
 	// at most Idle) never wait for a prompt's worth of work.
 	FirstChunkRows = 1
-	// SmallPrefillRows: a prefill of at most this many rows goes in one
-	// frame, not a first row and the rest (a short prompt, or what a
-	// re-routed epoch recomputes past the last whole block the hops
-	// kept): a second frame costs every hop a second forward pass, which
-	// after a failover is most of the stall; this much work still comes
-	// in about a decode step.
-	SmallPrefillRows = 32
 	// DefaultMaxTokens is a generation's length when none is asked.
 	DefaultMaxTokens = 128
 	// DefaultRouteWait bounds how long a re-route waits for a replacement

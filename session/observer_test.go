@@ -144,11 +144,11 @@ func TestObserverSeesSeamPaths(t *testing.T) {
 		r.mu.Lock()
 		defer r.mu.Unlock()
 	}
-	// The head writes one prefill frame (a 2-token prompt is at most
-	// SmallPrefillRows) and maxTok-1 decode steps; the tail writes maxTok
-	// tokens over the ring.
-	if w := obs[0].writes; w[p2p.PathRelayed] != 1+maxTok-1 || w[p2p.PathDirect] != 0 {
-		t.Fatalf("head seam writes %v, want %d relayed", w, 1+maxTok-1)
+	// The head writes two prefill chunks (FirstChunkRows, then the rest)
+	// and maxTok-1 decode steps; the tail writes maxTok tokens over the
+	// ring.
+	if w := obs[0].writes; w[p2p.PathRelayed] != 2+maxTok-1 || w[p2p.PathDirect] != 0 {
+		t.Fatalf("head seam writes %v, want %d relayed", w, 2+maxTok-1)
 	}
 	if w := obs[1].writes; w[p2p.PathDirect] != maxTok || w[p2p.PathRelayed] != 0 {
 		t.Fatalf("tail ring writes %v, want %d direct", w, maxTok)

@@ -501,15 +501,10 @@ func (e *epochRun) admit(open *meshp2pb.SessionOpen) (peer.ID, error) {
 }
 
 // prefill sends the input from position from (what the hops hold before
-// it) as token-id frames: FirstChunkRows first (all of it when it is at
-// most SmallPrefillRows), then chunks of at most chunk rows; starts (nil:
-// none) are the hops' starts (hopStarts).
+// it) as token-id frames: FirstChunkRows first, then chunks of at most
+// chunk rows; starts (nil: none) are the hops' starts (hopStarts).
 func (e *epochRun) prefill(input []int32, from, chunk int, starts []uint32) error {
-	first := FirstChunkRows
-	if len(input)-from <= SmallPrefillRows {
-		first = len(input) - from
-	}
-	for off, n := from, first; off < len(input); off, n = off+n, chunk {
+	for off, n := from, FirstChunkRows; off < len(input); off, n = off+n, chunk {
 		end := min(off+n, len(input))
 		a := &meshp2pb.ActivationHeader{SessionId: e.sid[:], Epoch: e.rt.Epoch, PosStart: uint32(off), NRows: uint32(end - off),
 			IsPrefill: true, LastChunk: end == len(input), Tokens: input[off:end], HopStarts: starts}
