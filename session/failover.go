@@ -161,18 +161,9 @@ func (hs *hopSession) sendReplay(a *meshp2pb.ActivationHeader, t *turn) error {
 		return nil
 	}
 	hs.resend = [2]int{}
-	rowBytes := frame.DTypeSize(hs.wire) * hs.se.info.NEmbd
-	for _, f := range hs.replay {
-		h := f.GetHeader()
-		lo, hi := max(from, int(h.GetPosStart())), min(to, int(h.GetPosStart()+h.GetNRows()))
-		if lo >= hi {
-			continue
-		}
-		off := (lo - int(h.GetPosStart())) * rowBytes
-		payload := f.GetPayload()[off : off+(hi-lo)*rowBytes]
-		hdr := &meshp2pb.ActivationHeader{SessionId: a.GetSessionId(), Epoch: a.GetEpoch(), Step: a.GetStep(), PosStart: uint32(lo),
-			NRows: uint32(hi - lo), IsPrefill: true, HopStarts: a.GetHopStarts(),
-			Tensors: []*meshp2pb.TensorInfo{{Name: BundleTensor, Dtype: hs.wire, Shape: []int64{int64(hi - lo), int64(hs.se.info.NEmbd)}}}}
+	for _, f := range recordedRows(hs.replay, from, to, hs.wire, hs.se.info.NEmbd, a) {
+		hdr, payload := f.GetHeader(), f.GetPayload()
+		hdr.HopStarts = a.GetHopStarts()
 		// Each re-sent frame is an input frame of this hop's transcript
 		// too, so its statements keep covering one frame per frame sent.
 		hs.tx.input(hdr, [][]byte{payload})
@@ -189,6 +180,27 @@ func (hs *hopSession) sendReplay(a *meshp2pb.ActivationHeader, t *turn) error {
 	hs.h.log.Debug("failover: re-sent the previous epoch's rows", "session", hs.key, "from", from, "to", to)
 	hs.replay = nil
 	return nil
+}
+
+// recordedRows is the rows [from, to) of recorded prefill frames fs (in
+// dtype wire, rows of nEmbd) as frames of a's session, epoch and step, one
+// per recorded frame that holds some (sendReplay, a standby's fill).
+func recordedRows(fs []*meshp2pb.RecordedFrame, from, to int, wire meshp2pb.DType, nEmbd int, a *meshp2pb.ActivationHeader) []*meshp2pb.RecordedFrame {
+	rowBytes := frame.DTypeSize(wire) * nEmbd
+	var out []*meshp2pb.RecordedFrame
+	for _, f := range fs {
+		h := f.GetHeader()
+		lo, hi := max(from, int(h.GetPosStart())), min(to, int(h.GetPosStart()+h.GetNRows()))
+		if lo >= hi {
+			continue
+		}
+		off := (lo - int(h.GetPosStart())) * rowBytes
+		out = append(out, &meshp2pb.RecordedFrame{Header: &meshp2pb.ActivationHeader{SessionId: a.GetSessionId(), Epoch: a.GetEpoch(), Step: a.GetStep(),
+			PosStart: uint32(lo), NRows: uint32(hi - lo), IsPrefill: true,
+			Tensors: []*meshp2pb.TensorInfo{{Name: BundleTensor, Dtype: wire, Shape: []int64{int64(hi - lo), int64(nEmbd)}}}},
+			Payload: f.GetPayload()[off : off+(hi-lo)*rowBytes]})
+	}
+	return out
 }
 
 // forwarded is the part of a's output (hidden, rows of nEmbd) the next hop

@@ -6,7 +6,6 @@ import (
 
 	"google.golang.org/protobuf/proto"
 
-	"github.com/neuron-tai/meshp2p/proto/frame"
 	"github.com/neuron-tai/meshp2p/proto/meshp2pb"
 )
 
@@ -78,20 +77,7 @@ func (st *standbyStart) fillFrames(a *meshp2pb.ActivationHeader, pos int) ([]*me
 	if st.fillTo < pos {
 		return nil, fmt.Errorf("%w: it holds %d positions, the covered hop starts at %d, and this hop's records reach %d", errCannotFollow, st.from, pos, st.fillTo)
 	}
-	rowBytes := frame.DTypeSize(st.wire) * st.nEmbd
-	var out []*meshp2pb.RecordedFrame
-	for _, f := range st.fill {
-		h := f.GetHeader()
-		lo, hi := max(st.from, int(h.GetPosStart())), min(pos, int(h.GetPosStart()+h.GetNRows()))
-		if lo >= hi {
-			continue
-		}
-		off := (lo - int(h.GetPosStart())) * rowBytes
-		out = append(out, &meshp2pb.RecordedFrame{Header: &meshp2pb.ActivationHeader{SessionId: a.GetSessionId(), Epoch: a.GetEpoch(), PosStart: uint32(lo),
-			NRows: uint32(hi - lo), IsPrefill: true, Tensors: []*meshp2pb.TensorInfo{{Name: BundleTensor, Dtype: st.wire, Shape: []int64{int64(hi - lo), int64(st.nEmbd)}}}},
-			Payload: f.GetPayload()[off : off+(hi-lo)*rowBytes]})
-	}
-	return out, nil
+	return recordedRows(st.fill, st.from, pos, st.wire, st.nEmbd, a), nil
 }
 
 // cutFrame is prefill frame a (payload p, one tensor) without its first
