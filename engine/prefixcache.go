@@ -58,6 +58,17 @@ type Prefix struct {
 	// Hashes chain the tokens: Hashes[i] commits to the tokens of
 	// positions [0, (i+1)·Block), so equal hashes mean equal prefixes.
 	Hashes [][16]byte
+	// KeepTail (Keep) keeps every position the session holds, past its
+	// whole blocks too: the tail only its own session's later epochs
+	// may adopt (Own), through AltScope.
+	KeepTail bool
+	// Own (Adopt) is how many positions of an entry kept by this
+	// session's own earlier epoch (matched through AltScope, every one of
+	// its blocks matching) the adopter may take past whole blocks: the
+	// positions whose tokens the session's origin committed before this
+	// epoch, whose cells every hop computed from those tokens (a
+	// re-routed epoch adopts its hops' partial blocks; 0: whole blocks).
+	Own int
 }
 
 // PrefixOwnerDivisor: an owner holding more than this fraction of the
@@ -82,12 +93,13 @@ type cacheEntry struct {
 	alt    [32]byte // zero: none
 	block  int
 	hashes [][16]byte
+	tail   int       // positions past the whole blocks (Prefix.KeepTail): its session's own epochs only
 	toks   []int32   // head shards: the tokens of its positions
 	rows   []float32 // shards after the head: the input rows of its positions (nil: none kept)
 	last   uint64    // LRU clock
 }
 
-func (e *cacheEntry) cells() int { return len(e.hashes) * e.block }
+func (e *cacheEntry) cells() int { return len(e.hashes)*e.block + e.tail }
 
 // prefixCache is the loop's index of the cached prefixes; the counters
 // are read by Capacity from other goroutines.
@@ -118,12 +130,25 @@ func (c *prefixCache) match(p *Prefix) (*cacheEntry, int) {
 		if !e.serves(p) {
 			continue
 		}
-		k := commonBlocks(e.hashes, p.Hashes)
-		if k > 0 && (k*e.block > n || k*e.block == n && e.last > best.last) {
-			best, n = e, k*e.block
+		m := e.positions(p)
+		if m > 0 && (m > n || m == n && e.last > best.last) {
+			best, n = e, m
 		}
 	}
 	return best, n
+}
+
+// positions is how many of e's positions serve p (which e serves): its
+// blocks in common, and its tail where p is a later epoch of the session
+// that kept e (its session scope, every block of e matching) within p.Own.
+func (e *cacheEntry) positions(p *Prefix) int {
+	k := commonBlocks(e.hashes, p.Hashes)
+	n := k * e.block
+	var zero [32]byte
+	if e.tail > 0 && k == len(e.hashes) && p.Own > n && e.alt != zero && e.alt == p.AltScope {
+		n = min(n+e.tail, p.Own)
+	}
+	return n
 }
 
 // serves reports whether e may serve a session keyed p: the same owner
@@ -222,7 +247,12 @@ func (s *Shard) keep(seq int, k *keepReq) {
 	// fit: a conversation past --prefix-cache still reuses its start.
 	blocks := min(len(k.p.Hashes), k.pos/k.p.Block, c.cells/k.p.Block)
 	n := blocks * k.p.Block
-	if blocks == 0 || s.kv.lost[seq] != nil || s.cellsOf(seq) < n {
+	tail := 0
+	var zero [32]byte
+	if k.p.KeepTail && k.p.AltScope != zero && blocks == min(len(k.p.Hashes), k.pos/k.p.Block) {
+		tail = min(k.pos, c.cells) - n
+	}
+	if n+tail == 0 || s.kv.lost[seq] != nil || s.cellsOf(seq) < n+tail {
 		return
 	}
 	hashes := k.p.Hashes[:blocks]
@@ -232,20 +262,21 @@ func (s *Shard) keep(seq int, k *keepReq) {
 			continue
 		}
 		switch common := commonBlocks(e.hashes, hashes); {
-		case common == blocks:
+		case common == blocks && e.cells() >= n+tail:
 			e.last = c.clock
 			return
 		case common == len(e.hashes):
 			s.evict(e)
 		}
 	}
+	n += tail
 	for c.held+n > c.cells || len(c.free) == 0 {
 		s.evict(c.victim(k.p.Owner, n))
 	}
 	cseq := c.free[len(c.free)-1]
 	c.free = c.free[:len(c.free)-1]
 	C.llama_memory_seq_cp(C.llama_get_memory(s.lctx), C.llama_seq_id(seq), C.llama_seq_id(cseq), 0, C.llama_pos(n))
-	e := &cacheEntry{seq: cseq, owner: k.p.Owner, scope: k.p.Scope, alt: k.p.AltScope, block: k.p.Block, hashes: slices.Clone(hashes), last: c.clock}
+	e := &cacheEntry{seq: cseq, owner: k.p.Owner, scope: k.p.Scope, alt: k.p.AltScope, block: k.p.Block, hashes: slices.Clone(hashes), tail: tail, last: c.clock}
 	if len(k.toks) >= n {
 		e.toks = slices.Clone(k.toks[:n])
 	}

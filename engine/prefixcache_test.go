@@ -369,3 +369,58 @@ func minDur(a, b time.Duration) time.Duration {
 	}
 	return a
 }
+
+// A session's own later epoch (a re-route) adopts the positions its old
+// epoch held past the whole blocks (Prefix.KeepTail, Own), through the
+// session's scope only and within Own, and computes the rest bitwise as
+// a session computing every position; anyone else gets the whole blocks.
+func TestPrefixCacheOwnTail(t *testing.T) {
+	chain := loadShards(t, testmodels.Path(t, "stories260K.gguf"), 3, Config{NCtx: 256, NBatch: 64, MaxSessions: 4, Threads: 2, PrefixCacheCells: 256, PrefixCacheEntries: 4})
+	nv := chain[0].info.NVocab
+	toks := slices.Concat(invPromptTokens(nv, 0), invPromptTokens(nv, 1), invPromptTokens(nv, 2), invPromptTokens(nv, 3))[:64]
+	r := openInv(t, chain, 1, 128)
+	ref := feed(t, r, toks, 0, 64, 64)
+	r.close()
+	own := sha256.Sum256([]byte("session/1"))
+	kept := testPrefix("a", toks[:45])
+	kept.AltScope, kept.KeepTail = own, true
+	x := openInv(t, chain, 2, 128)
+	feed(t, x, toks, 0, 45, 20)
+	x.keep(kept)
+	x.close()
+	requireCache(t, chain, 1, 45)
+	cases := []struct {
+		name      string
+		alt       [32]byte
+		own, want int
+	}{
+		{"another session", sha256.Sum256([]byte("session/2")), 60, 2 * testBlock},
+		{"no own count", own, 0, 2 * testBlock},
+		{"own count below the tail", own, 40, 40},
+		{"own count past the tail", own, 60, 45},
+	}
+	for i, c := range cases {
+		p := testPrefix("a", toks[:63])
+		p.AltScope, p.Own = c.alt, c.own
+		y := openInv(t, chain, byte(3+i), 128)
+		if n := y.adopt(t, p); n != c.want {
+			t.Fatalf("%s: adopted %d positions, want %d", c.name, n, c.want)
+		}
+		sameTrace(t, c.name, feed(t, y, toks, c.want, 64, 7), ref.rows(c.want))
+		y.close()
+	}
+	// A clean close keeps whole blocks only.
+	z := openInv(t, chain, 9, 128)
+	feed(t, z, toks, 0, 50, 50)
+	p := testPrefix("b", toks[:50])
+	p.AltScope = sha256.Sum256([]byte("session/9"))
+	z.keep(p)
+	z.close()
+	p.Own = 50
+	w := openInv(t, chain, 10, 128)
+	if n := w.adopt(t, p); n != 3*testBlock {
+		t.Fatalf("an entry kept without its tail gave %d positions, want %d", n, 3*testBlock)
+	}
+	w.close()
+	requireReturned(t, chain, "after all sessions closed")
+}

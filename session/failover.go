@@ -29,8 +29,9 @@ import (
 // start on.
 
 // prefillSent is what this hop sent the next hop in the earlier epochs of
-// key's session that it still keeps: prefill frames in dtype wire that
-// run contiguously from position 0, and how many positions they cover.
+// key's session that it still keeps: prefill and plain decode frames in
+// dtype wire (usableRows) that run contiguously from position 0, and how
+// many positions they cover.
 // A later epoch's frames are preferred and an earlier one's fill in below
 // them: after one failover a hop that adopted positions sent only the rows
 // from there on, and its first epoch's records hold the rest (the same
@@ -49,7 +50,7 @@ func (s *auditStore) prefillSent(key Key, wire meshp2pb.DType) ([]*meshp2pb.Reco
 	var frames [][]*meshp2pb.RecordedFrame // latest epoch first
 	for _, i := range latestFirst(epochs) {
 		prev[i].mu.Lock()
-		frames = append(frames, usablePrefill(prev[i].sent, wire))
+		frames = append(frames, usableRows(prev[i].sent, wire))
 		prev[i].mu.Unlock()
 	}
 	var out []*meshp2pb.RecordedFrame
@@ -74,13 +75,17 @@ func latestFirst(epochs []uint64) []int {
 	return idx
 }
 
-// usablePrefill are the frames of sent a replay can re-send: prefill rows
-// (no speculative window's) of one tensor in dtype wire.
-func usablePrefill(sent []*meshp2pb.RecordedFrame, wire meshp2pb.DType) []*meshp2pb.RecordedFrame {
+// usableRows are the frames of sent a replay can re-send: prefill and
+// plain decode rows (no speculative window's: their proposals may have
+// been rejected) of one tensor in dtype wire. A decode row is bitwise the
+// row a prefill computes (batch invariance), and its token was committed
+// before it was fed, so a re-routed epoch, whose hops adopt every token
+// fed but the last (PrefixChain.own), still finds the rows below them.
+func usableRows(sent []*meshp2pb.RecordedFrame, wire meshp2pb.DType) []*meshp2pb.RecordedFrame {
 	var out []*meshp2pb.RecordedFrame
 	for _, f := range sent {
 		h := f.GetHeader()
-		if ts := h.GetTensors(); h.GetIsPrefill() && !h.GetVerify() && h.GetNRows() > 0 && len(ts) == 1 && ts[0].GetDtype() == wire {
+		if ts := h.GetTensors(); !h.GetVerify() && h.GetNRows() > 0 && len(ts) == 1 && ts[0].GetDtype() == wire {
 			out = append(out, f)
 		}
 	}

@@ -185,7 +185,7 @@ func (f *headFeed) admit() (*Seam, int, error) {
 		return nil, 0, err
 	}
 	from := 0
-	if hc := msg.GetAccept().GetHopCached(); len(hc) > 0 && int(hc[0])%PrefixBlock == 0 {
+	if hc := msg.GetAccept().GetHopCached(); len(hc) > 0 && ownCount(f.open.GetPrefix(), hc[0]) {
 		from = min(int(hc[0]), len(f.input)-1)
 	}
 	o.logger().Info("standby open", "covers", "head", "standby", f.peer, "from", from)

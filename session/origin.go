@@ -394,7 +394,7 @@ func (o *Origin) run(ctx context.Context, sid [16]byte, rt *route.Route, sb *mes
 	open, input := o.sessionOpen(sid, rt, req, res.Tokens)
 	open.Transcripts = o.Audit.on()
 	open.Standby = sb
-	e.withPrefix(o, open, input, req.CacheNamespace)
+	e.withPrefix(o, open, input, req.CacheNamespace, res)
 	if open.Prefix != nil {
 		open.Follows = res.follows
 	}

@@ -68,6 +68,12 @@ type Prefix struct {
 	AltScope [32]byte // the session's own scope (sessionScope)
 	Block    int
 	Hashes   [][16]byte
+	// KeepTail keeps the positions past the whole blocks too, for this
+	// session's own later epochs (a session that did not close cleanly).
+	KeepTail bool
+	// Own is how many positions this session's own earlier epochs kept
+	// that the adopter may take past whole blocks (PrefixChain.own).
+	Own int
 }
 
 // PrefixSeed is where an origin's prefix chains start for namespace: a
@@ -201,7 +207,8 @@ func (hs *hopSession) sessionScope() [32]byte {
 // enginePrefix is the engine's key for this session's first positions:
 // the open's chain and more (a clean close's continuation).
 func (hs *hopSession) enginePrefix(more []byte) Prefix {
-	p := Prefix{Scope: hs.prefixScope(), AltScope: hs.sessionScope(), Block: PrefixBlock, Hashes: splitHashes(append(slices.Clone(hs.open.GetPrefix().GetHashes()), more...))}
+	p := Prefix{Scope: hs.prefixScope(), AltScope: hs.sessionScope(), Block: PrefixBlock, Hashes: splitHashes(append(slices.Clone(hs.open.GetPrefix().GetHashes()), more...)),
+		KeepTail: !hs.closing.Load(), Own: int(hs.open.GetPrefix().GetOwn())}
 	if !hs.h.cfg.TrustedOrigins[hs.origin] {
 		p.Owner = string(hs.origin)
 	}
@@ -300,7 +307,7 @@ func (hs *hopSession) startAt(a *meshp2pb.ActivationHeader, from peer.ID) error 
 
 // withPrefix puts the chain of the epoch's prefill input in open (unless
 // the origin's prefix cache is off) and remembers it for the close.
-func (e *epochRun) withPrefix(o *Origin, open *meshp2pb.SessionOpen, input []int32, namespace string) {
+func (e *epochRun) withPrefix(o *Origin, open *meshp2pb.SessionOpen, input []int32, namespace string, res *Result) {
 	if o.NoPrefixCache {
 		return
 	}
@@ -313,6 +320,13 @@ func (e *epochRun) withPrefix(o *Origin, open *meshp2pb.SessionOpen, input []int
 	if h := e.chain.GetHashes(); len(h) > room {
 		e.chain.Hashes = h[:max(0, room/prefixHashLen*prefixHashLen)]
 	}
+	if res.Reroutes > 0 {
+		// A re-routed epoch: every hop computed the rows of every token
+		// fed before the last from those tokens (speculative rows past
+		// the last rejection are above it), so it may adopt what its old
+		// epoch held of them, past whole blocks.
+		e.chain.Own = uint32(len(input) - 1)
+	}
 	open.Prefix = e.chain
 }
 
@@ -320,7 +334,9 @@ func (e *epochRun) withPrefix(o *Origin, open *meshp2pb.SessionOpen, input []int
 // nil: everywhere at the returned position, the head's): from what each
 // hop said it holds of the open's chain and can re-send from its records
 // (its accept: hop_cached, hop_replay; hopStarts). Every count must be
-// whole blocks of the chain the open sent. It records the figures in res.
+// whole blocks of the chain the open sent, or within what a re-routed
+// epoch may adopt of its own (PrefixChain.own). It records the figures in
+// res.
 func (e *epochRun) cachedFrom(res *Result, prompt int) (int, []uint32, error) {
 	res.cachedFrom, res.CachedTokens, res.HopCached = 0, 0, nil
 	if e.chain == nil {
@@ -329,7 +345,7 @@ func (e *epochRun) cachedFrom(res *Result, prompt int) (int, []uint32, error) {
 	acc, k := e.accept, len(e.rt.Hops)
 	n := int(acc.GetCachedTokens())
 	blocks := len(e.chain.GetHashes()) / prefixHashLen
-	whole := func(c int) bool { return c%PrefixBlock == 0 && c <= blocks*PrefixBlock }
+	whole := func(c int) bool { return ownCount(e.chain, uint32(c)) }
 	if !whole(n) || len(acc.GetHopCached()) > k || len(acc.GetHopReplay()) > k {
 		return 0, nil, fmt.Errorf("head %s answered %d cached positions for %d hops, of a prefix of %d", e.head, n, len(acc.GetHopCached()), blocks*PrefixBlock)
 	}
@@ -349,6 +365,12 @@ func (e *epochRun) cachedFrom(res *Result, prompt int) (int, []uint32, error) {
 	}
 	res.cachedFrom = int(slices.Max(starts))
 	return int(starts[0]), starts, nil
+}
+
+// ownCount reports whether a hop may hold n positions of chain c: whole
+// blocks of it, or what a re-routed epoch may adopt of its own (c.own).
+func ownCount(c *meshp2pb.PrefixChain, n uint32) bool {
+	return n%PrefixBlock == 0 && int(n) <= len(c.GetHashes())/prefixHashLen*PrefixBlock || n <= c.GetOwn()
 }
 
 // hopStarts is where each hop starts computing, from the positions it

@@ -247,7 +247,7 @@ func (m *mirror) run() {
 		seam.Reset()
 		return
 	}
-	if hc := msg.GetAccept().GetHopCached(); len(hc) > 0 && int(hc[0])%PrefixBlock == 0 { // whole blocks, as any hop answers
+	if hc := msg.GetAccept().GetHopCached(); len(hc) > 0 && ownCount(open.GetPrefix(), hc[0]) { // as any hop answers
 		m.start.from = int(hc[0])
 	}
 	h.log.Info("standby open", "session", hs.key, "covers", hs.route[hs.idx+1], "standby", m.peer, "from", m.start.from)

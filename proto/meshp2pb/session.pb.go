@@ -380,9 +380,15 @@ func (x *SessionOpen) GetFollows() []byte {
 // (session.PrefixSeed), so a hop learns nothing of the tokens from it and
 // two origins' chains never meet.
 type PrefixChain struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	BlockTokens   uint32                 `protobuf:"varint,1,opt,name=block_tokens,json=blockTokens,proto3" json:"block_tokens,omitempty"` // tokens per block (session.PrefixBlock)
-	Hashes        []byte                 `protobuf:"bytes,2,opt,name=hashes,proto3" json:"hashes,omitempty"`                               // 16 bytes per block, at most session.MaxPrefixBlocks blocks
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	BlockTokens uint32                 `protobuf:"varint,1,opt,name=block_tokens,json=blockTokens,proto3" json:"block_tokens,omitempty"` // tokens per block (session.PrefixBlock)
+	Hashes      []byte                 `protobuf:"bytes,2,opt,name=hashes,proto3" json:"hashes,omitempty"`                               // 16 bytes per block, at most session.MaxPrefixBlocks blocks
+	// A re-routed epoch's (0 on a session's first): how many positions of
+	// what this session's earlier epochs computed a hop may adopt past the
+	// whole blocks: those of every token the origin fed but the last (their
+	// cells hold those tokens' rows at every hop; docs/architecture.md,
+	// "Failover").
+	Own           uint32 `protobuf:"varint,3,opt,name=own,proto3" json:"own,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -429,6 +435,13 @@ func (x *PrefixChain) GetHashes() []byte {
 		return x.Hashes
 	}
 	return nil
+}
+
+func (x *PrefixChain) GetOwn() uint32 {
+	if x != nil {
+		return x.Own
+	}
+	return 0
 }
 
 type Speculation struct {
@@ -1086,10 +1099,11 @@ const file_meshp2p_v1_session_proto_rawDesc = "" +
 	"\x06prefix\x18\x18 \x01(\v2\x17.meshp2p.v1.PrefixChainR\x06prefix\x12-\n" +
 	"\astandby\x18\x19 \x01(\v2\x13.meshp2p.v1.StandbyR\astandby\x12\x18\n" +
 	"\afollows\x18\x1a \x01(\fR\afollowsJ\x04\b\n" +
-	"\x10\vJ\x04\b\x0e\x10\x0fR\bmax_rowsR\rbundle_schema\"H\n" +
+	"\x10\vJ\x04\b\x0e\x10\x0fR\bmax_rowsR\rbundle_schema\"Z\n" +
 	"\vPrefixChain\x12!\n" +
 	"\fblock_tokens\x18\x01 \x01(\rR\vblockTokens\x12\x16\n" +
-	"\x06hashes\x18\x02 \x01(\fR\x06hashes\"u\n" +
+	"\x06hashes\x18\x02 \x01(\fR\x06hashes\x12\x10\n" +
+	"\x03own\x18\x03 \x01(\rR\x03own\"u\n" +
 	"\vSpeculation\x12(\n" +
 	"\x04mode\x18\x01 \x01(\x0e2\x14.meshp2p.v1.SpecModeR\x04mode\x12\x1b\n" +
 	"\tmax_draft\x18\x02 \x01(\rR\bmaxDraft\x12\x1f\n" +
