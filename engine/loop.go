@@ -145,7 +145,7 @@ func (s *Shard) enqueue(r *request, decodes, prefills []*request) ([]*request, [
 		return decodes, prefills
 	}
 	if r.adopt != nil {
-		r.adopted, r.out.Tokens, r.out.Hidden = s.adopt(r.sess.seq, r.adopt, r.sess.keepRows)
+		r.adopted, r.out.Tokens, r.adoptRows = s.adopt(r.sess.seq, r.adopt, r.sess.keepRows)
 		r.done <- nil
 		return decodes, prefills
 	}

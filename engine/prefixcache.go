@@ -93,10 +93,10 @@ type cacheEntry struct {
 	alt    [32]byte // zero: none
 	block  int
 	hashes [][16]byte
-	tail   int       // positions past the whole blocks (Prefix.KeepTail): its session's own epochs only
-	toks   []int32   // head shards: the tokens of its positions
-	rows   []float32 // shards after the head: the input rows of its positions (nil: none kept)
-	last   uint64    // LRU clock
+	tail   int         // positions past the whole blocks (Prefix.KeepTail): its session's own epochs only
+	toks   []int32     // head shards: the tokens of its positions
+	rows   [][]float32 // shards after the head: the input rows of its positions, read only (nil: none kept)
+	last   uint64      // LRU clock
 }
 
 func (e *cacheEntry) cells() int { return len(e.hashes)*e.block + e.tail }
@@ -203,15 +203,15 @@ func (c *prefixCache) victim(owner string, n int) *cacheEntry {
 // keepReq is what a closing session asks the cache to keep.
 type keepReq struct {
 	p    Prefix
-	pos  int       // the session's positions
-	toks []int32   // head: its tokens
-	rows []float32 // KeepInputs: its input rows of every position (nil: not all known)
+	pos  int         // the session's positions
+	toks []int32     // head: its tokens
+	rows [][]float32 // KeepInputs: its input rows of every position, handed over (nil: not all known)
 }
 
 // adopt gives sequence seq (no cells yet) the longest cached prefix of p;
 // it returns the positions and, on a head shard, their tokens, and with
-// rows their input rows when the entry kept them.
-func (s *Shard) adopt(seq int, p *Prefix, rows bool) (int, []int32, []float32) {
+// rows their input rows when the entry kept them (shared, read only).
+func (s *Shard) adopt(seq int, p *Prefix, rows bool) (int, []int32, [][]float32) {
 	c := &s.kv.cache
 	e, n := c.match(p)
 	if e == nil {
@@ -226,9 +226,9 @@ func (s *Shard) adopt(seq int, p *Prefix, rows bool) (int, []int32, []float32) {
 	if len(e.toks) >= n {
 		toks = slices.Clone(e.toks[:n])
 	}
-	var in []float32
-	if w := n * s.info.NEmbd; rows && len(e.rows) >= w {
-		in = slices.Clone(e.rows[:w])
+	var in [][]float32
+	if w := n * s.info.NEmbd; rows && segsLen(e.rows) >= w {
+		in = cutSegs(e.rows, w)
 	}
 	return n, toks, in
 }
@@ -282,8 +282,8 @@ func (s *Shard) keep(seq int, k *keepReq) {
 	}
 	c.entries[cseq] = e
 	c.held += n
-	if w := n * s.info.NEmbd; len(k.rows) >= w && c.fitRows(int64(w)*4) {
-		e.rows = slices.Clone(k.rows[:w])
+	if w := n * s.info.NEmbd; segsLen(k.rows) >= w && c.fitRows(int64(w)*4) {
+		e.rows = cutSegs(k.rows, w) // no copy while a re-routed epoch waits for this keep
 		c.rowsHeld += int64(w) * 4
 	}
 	c.setCounts()
@@ -312,7 +312,7 @@ func (c *prefixCache) fitRows(n int64) bool {
 }
 
 func (c *prefixCache) dropRows(e *cacheEntry) {
-	c.rowsHeld -= int64(len(e.rows)) * 4
+	c.rowsHeld -= int64(segsLen(e.rows)) * 4
 	e.rows = nil
 }
 
@@ -392,10 +392,10 @@ func (x *Session) Adopt(ctx context.Context, p Prefix) (int, []int32, error) {
 		x.toks = r.out.Tokens
 	}
 	if x.keepRows {
-		x.rowsOK = len(r.out.Hidden) == r.adopted*s.info.NEmbd
-		x.rows, x.adoptedRows = nil, nil
+		x.rowsOK = segsLen(r.adoptRows) == r.adopted*s.info.NEmbd
+		x.rows, x.adoptedRows = rowSegs{}, nil
 		if x.rowsOK {
-			x.rows, x.adoptedRows = slices.Clone(r.out.Hidden), r.out.Hidden
+			x.rows, x.adoptedRows = rowSegs{segs: r.adoptRows}, r.adoptRows
 		}
 	}
 	return r.adopted, r.out.Tokens, nil
@@ -404,11 +404,13 @@ func (x *Session) Adopt(ctx context.Context, p Prefix) (int, []int32, error) {
 // AdoptedInputs are the input rows of the positions the last Adopt gave
 // (positions × n_embd, row-major), as the session that computed their
 // cells was fed them: nil unless the session keeps its inputs
-// (SessionParams.KeepInputs) and the entry kept them.
+// (SessionParams.KeepInputs) and the entry kept them. A copy: the session
+// shares the entry's rows until then.
 func (x *Session) AdoptedInputs() []float32 {
 	x.mu.Lock()
-	defer x.mu.Unlock()
-	return x.adoptedRows
+	segs := x.adoptedRows
+	x.mu.Unlock()
+	return flat(segs)
 }
 
 // addRows keeps the input rows of a Forward that ran (after its
@@ -421,11 +423,11 @@ func (x *Session) addRows(in []float32) {
 	w := x.shard.info.NEmbd
 	// Rows past the cache's bound could never be kept: a session holds
 	// at most that much (PrefixCacheInputBytes) and then none.
-	if len(x.rows) != x.nextPos*w || int64(len(x.rows)+len(in))*4 > x.shard.kv.cache.rowBytes {
-		x.rowsOK, x.rows = false, nil
+	if n := x.rows.n(); n != x.nextPos*w || int64(n+len(in))*4 > x.shard.kv.cache.rowBytes {
+		x.rowsOK, x.rows = false, rowSegs{}
 		return
 	}
-	x.rows = append(x.rows, in...)
+	x.rows.add(in)
 }
 
 // Keep makes Close keep the session's first positions in the shard's

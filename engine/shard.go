@@ -432,8 +432,9 @@ type Session struct {
 	// positions [0, nextPos) while rowsOK (false once a position's rows
 	// are unknown: adopted from an entry that kept none); adoptedRows are
 	// those of the positions Adopt gave.
-	keepRows, rowsOK  bool
-	rows, adoptedRows []float32
+	keepRows, rowsOK bool
+	rows             rowSegs
+	adoptedRows      [][]float32 // the entry's, shared
 }
 
 // OpenSession admits a session: it needs a free sequence slot and KV cells.
@@ -721,9 +722,9 @@ func (x *Session) Truncate(ctx context.Context, pos int) error {
 	x.nextPos = pos
 	x.toks = x.toks[:min(len(x.toks), pos)]
 	if x.rowsOK {
-		x.rows = x.rows[:min(len(x.rows), pos*s.info.NEmbd)]
+		x.rows.cut(min(x.rows.n(), pos*s.info.NEmbd))
 	} else if pos == 0 {
-		x.rowsOK, x.rows = true, nil // nothing unknown is left
+		x.rowsOK, x.rows = true, rowSegs{} // nothing unknown is left
 	}
 	return nil
 }
@@ -762,7 +763,7 @@ func (x *Session) Close() {
 	if x.keep != nil && x.broken == nil {
 		keep = &keepReq{p: *x.keep, pos: x.nextPos, toks: x.toks}
 		if x.keepRows && x.rowsOK {
-			keep.rows = x.rows
+			keep.rows = x.rows.frozen()
 		}
 	}
 	x.mu.Unlock()
@@ -791,11 +792,12 @@ type request struct {
 	keep  *keepReq // with free: what the prefix cache keeps of the session
 	// adopt asks for the longest cached prefix (Session.Adopt); the loop
 	// answers its positions in adopted and their tokens in out.Tokens.
-	adopt   *Prefix
-	adopted int
-	trim    int // with trimTo: drop the session's rows from position trim on
-	out     Output
-	done    chan error // receives exactly one result
+	adopt     *Prefix
+	adopted   int
+	adoptRows [][]float32 // the adopted positions' input rows (shared)
+	trim      int         // with trimTo: drop the session's rows from position trim on
+	out       Output
+	done      chan error // receives exactly one result
 	// trimTo marks a Truncate request.
 	trimTo bool
 	// stopped is set once a Verify request's target differed from the

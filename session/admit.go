@@ -172,11 +172,14 @@ func (h *HopService) handleSession(s network.Stream) {
 	// Only now, with the open admitted and its origin proven, may it end
 	// an older epoch of the same session (from the same origin).
 	h.supersede(hs.key, idx)
+	hs.superseded = time.Now()
 	h.waitClosing(hs.key, open.GetFollows())
+	hs.closingWaited = time.Since(hs.superseded)
 	if he := h.reserve(hs); he != nil {
 		refuse(he)
 		return
 	}
+	hs.reserved = time.Now()
 	// Remembered against replay only once it holds something here: opens
 	// refused above cost the hop no memory.
 	if he := h.useOpen(hs); he != nil {
@@ -353,7 +356,8 @@ func (h *HopService) serveAdmitted(s network.Stream, r *timedReader, hs *hopSess
 	si.Cached = int(min(uint32(hs.cached), acc.GetAccept().GetCachedTokens()))
 	h.cfg.Observer.SessionAdmitted(si)
 	h.log.Debug("session open", "session", hs.key, "hop", idx, "of", n, "cached", hs.cached,
-		"here", hs.localAt.Sub(hs.openedAt).Round(time.Microsecond), "route_after", hs.admittedAt.Sub(hs.localAt).Round(time.Microsecond))
+		"here", hs.localAt.Sub(hs.openedAt).Round(time.Microsecond), "supersede", hs.superseded.Sub(hs.openedAt).Round(time.Microsecond),
+		"closing", hs.closingWaited.Round(time.Microsecond), "reserve", (hs.reserved.Sub(hs.superseded) - hs.closingWaited).Round(time.Microsecond), "route_after", hs.admittedAt.Sub(hs.localAt).Round(time.Microsecond))
 	hs.run(r)
 }
 

@@ -104,7 +104,12 @@ func adoptedTokens(frames []*meshp2pb.RecordedFrame) []int32 {
 // adopted (the epoch's first frame) signs, from now on, the n positions
 // this hop adopted and the digest of their inputs (toks on the head, rows
 // elsewhere; missing: none signed), and keeps those inputs for an audit.
-func (t *hopTranscripts) adopted(n int, toks []int32, rows []float32) {
+// The frames and their digest (a copy and a hash of every adopted row:
+// megabytes, and fresh memory is slow to touch on some machines) are made
+// beside the session, not before its first frame is computed: the first
+// statement, TranscriptWindow frames later or at the close, waits for
+// them. toks is read only; rows (nil: none) gives the rows.
+func (t *hopTranscripts) adopted(n int, toks []int32, rows func() []float32) {
 	if t.tr == nil || n == 0 {
 		return
 	}
@@ -112,16 +117,26 @@ func (t *hopTranscripts) adopted(n int, toks []int32, rows []float32) {
 	if t.hs.head {
 		w = 0
 	}
-	frames := AdoptedFrames(n, toks, rows, w)
 	t.tr.base.Adopted = uint32(n)
-	if frames == nil {
-		return
-	}
-	t.tr.base.AdoptedDigest = InputDigest(frames)
-	for _, f := range frames { // framed like the session's own (not digested)
-		f.Header.SessionId, f.Header.Epoch = t.hs.open.GetSessionId(), t.hs.key.Epoch
-	}
-	t.store.recordAdopted(t.kept, frames)
+	ready := make(chan struct{})
+	t.tr.adoptedReady = ready
+	sid, epoch := t.hs.open.GetSessionId(), t.hs.key.Epoch
+	go func() {
+		defer close(ready)
+		var in []float32
+		if rows != nil && w > 0 {
+			in = rows()
+		}
+		frames := AdoptedFrames(n, toks, in, w)
+		if frames == nil {
+			return
+		}
+		t.tr.adoptedDigest = InputDigest(frames)
+		for _, f := range frames { // framed like the session's own (not digested)
+			f.Header.SessionId, f.Header.Epoch = sid, epoch
+		}
+		t.store.recordAdopted(t.kept, frames)
+	}()
 }
 
 // recordAdopted keeps a session's adopted inputs: on top of its bound

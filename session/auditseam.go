@@ -66,7 +66,7 @@ type hopAudit interface {
 	// positions this hop adopted from its prefix cache with the digest of
 	// their inputs (the head's tokens, elsewhere the rows; nil: unknown),
 	// and keeps those inputs for an audit (adopted.go).
-	adopted(n int, toks []int32, rows []float32)
+	adopted(n int, toks []int32, rows func() []float32)
 	// end marks the session's records complete (an audit may fetch them).
 	end()
 }
@@ -82,7 +82,7 @@ func (noAudit) done() (*meshp2pb.SignedTranscript, error)                 { retu
 func (noAudit) final() (*meshp2pb.SignedTranscript, error)                { return nil, nil }
 func (noAudit) received(*meshp2pb.StreamMessage, [][]byte, peer.ID) error { return nil }
 func (noAudit) end()                                                      {}
-func (noAudit) adopted(int, []int32, []float32)                           {}
+func (noAudit) adopted(int, []int32, func() []float32)                    {}
 
 func (noAudit) statement(_ *meshp2pb.SignedTranscript, from peer.ID) (bool, error) {
 	return false, codeErr(meshp2pb.ErrorCode_ERROR_CODE_UNEXPECTED_MESSAGE, "transcript in a session without transcripts", from)

@@ -212,7 +212,11 @@ type hopSession struct {
 	// admission was done (supersede, adoption, reservation): the debug
 	// log's split of an admission's time, the rest of it the route after.
 	openedAt, localAt time.Time
-	firstRows         atomic.Bool // a re-routed epoch's first rows were logged
+	// superseded and reserved are when the supersede of older epochs and
+	// the engine reservation (slot, adoption, replay lookup) were done.
+	superseded, reserved time.Time
+	closingWaited        time.Duration // waitClosing's share (between them)
+	firstRows            atomic.Bool   // a re-routed epoch's first rows were logged
 	// rows is what this epoch has computed here (rowBudget bounds it).
 	rows atomic.Int64
 	// engOnce closes the engine session once (supersede frees a dead
@@ -268,7 +272,7 @@ type hopSession struct {
 	// frame came (startAt), and a clean close's continuation of the chain.
 	cached     int
 	cachedToks []int32
-	cachedRows []float32 // the adopted positions' input rows (InputKeeper; shards after the head)
+	cachedRows func() []float32 // the adopted positions' input rows (InputKeeper; shards after the head), read off the first frame's path
 	downCached *meshp2pb.SessionAccept
 	started    atomic.Bool
 	prefixMore atomic.Pointer[[]byte]

@@ -230,7 +230,7 @@ func (hs *hopSession) adoptPrefix() {
 	}
 	hs.cached, hs.cachedToks = n, toks
 	if ik, ok := hs.eng.(InputKeeper); ok && n > 0 {
-		hs.cachedRows = ik.AdoptedInputs()
+		hs.cachedRows = ik.AdoptedInputs // a copy: taken beside the session (hopTranscripts.adopted)
 	}
 }
 

@@ -189,6 +189,11 @@ type transcriber struct {
 	n         uint32 // windows signed
 	sketch    []*meshp2pb.SketchRow
 	finalSent bool
+	// adoptedDigest is the digest of the adopted positions' inputs once
+	// adoptedReady is closed (hopTranscripts.adopted computes it off the
+	// first frame's path; the first statement waits for it).
+	adoptedReady  chan struct{}
+	adoptedDigest []byte
 }
 
 func newTranscriber(hs *hopSession, key crypto.PrivKey, kernelClass string) *transcriber {
@@ -229,6 +234,10 @@ func (t *transcriber) done() (*meshp2pb.SignedTranscript, error) {
 // statement signs the current window (final: the last one, possibly
 // empty) and starts the next.
 func (t *transcriber) statement(final bool) (*meshp2pb.SignedTranscript, error) {
+	if t.adoptedReady != nil {
+		<-t.adoptedReady
+		t.base.AdoptedDigest, t.adoptedReady = t.adoptedDigest, nil
+	}
 	st := proto.Clone(t.base).(*meshp2pb.Transcript)
 	st.Window, st.FirstFrame, st.Frames, st.Final = t.n, t.first, t.frames, final
 	st.InDigest, st.OutDigest, st.Sketch = t.in.sum(), t.out.sum(), t.sketch
