@@ -59,9 +59,12 @@ type Prefix struct {
 	// positions [0, (i+1)·Block), so equal hashes mean equal prefixes.
 	Hashes [][16]byte
 	// KeepTail (Keep) keeps every position the session holds, past its
-	// whole blocks too: the tail only its own session's later epochs
-	// may adopt (Own), through AltScope.
+	// whole blocks too (at most MaxTailBlocks blocks more): the tail only
+	// its own session's later epochs may adopt (Own), through AltScope.
 	KeepTail bool
+	// Epoch (Keep) is the keeping session's epoch: its tail serves a
+	// later epoch up to OwnFor(Epoch).
+	Epoch uint64
 	// Own (Adopt) is how many positions of an entry kept by this
 	// session's own earlier epoch (matched through AltScope, every one of
 	// its blocks matching) the adopter may take past whole blocks: the
@@ -69,7 +72,18 @@ type Prefix struct {
 	// epoch, whose cells every hop computed from those tokens (a
 	// re-routed epoch adopts its hops' partial blocks; 0: whole blocks).
 	Own int
+	// OwnFor (Adopt; nil: Own) bounds the tail of an entry kept in epoch
+	// k: the positions the session had committed when the epoch after k
+	// opened (past them k's rows may be proposals a later epoch replaced).
+	OwnFor func(k uint64) int
 }
+
+// MaxTailBlocks bounds a kept tail, in blocks of the prefix: a session
+// that ends past its blocks by more keeps no tail (it is for a re-route
+// right after a failure, whose tail is the last block and the tokens
+// since the progress the origin sent: a longer one would only crowd out
+// other entries).
+const MaxTailBlocks = 4
 
 // PrefixOwnerDivisor: an owner holding more than this fraction of the
 // cache's cells loses its own entries first when room is needed.
@@ -94,6 +108,7 @@ type cacheEntry struct {
 	block  int
 	hashes [][16]byte
 	tail   int         // positions past the whole blocks (Prefix.KeepTail): its session's own epochs only
+	epoch  uint64      // the epoch of the session that kept it (Prefix.Epoch)
 	toks   []int32     // head shards: the tokens of its positions
 	rows   [][]float32 // shards after the head: the input rows of its positions, read only (nil: none kept)
 	last   uint64      // LRU clock
@@ -145,8 +160,15 @@ func (e *cacheEntry) positions(p *Prefix) int {
 	k := commonBlocks(e.hashes, p.Hashes)
 	n := k * e.block
 	var zero [32]byte
-	if e.tail > 0 && k == len(e.hashes) && p.Own > n && e.alt != zero && e.alt == p.AltScope {
-		n = min(n+e.tail, p.Own)
+	if e.tail == 0 || k < len(e.hashes) || e.alt == zero || e.alt != p.AltScope {
+		return n
+	}
+	own := p.Own
+	if p.OwnFor != nil {
+		own = min(own, p.OwnFor(e.epoch))
+	}
+	if own > n {
+		n = min(n+e.tail, own)
 	}
 	return n
 }
@@ -250,7 +272,9 @@ func (s *Shard) keep(seq int, k *keepReq) {
 	tail := 0
 	var zero [32]byte
 	if k.p.KeepTail && k.p.AltScope != zero && blocks == min(len(k.p.Hashes), k.pos/k.p.Block) {
-		tail = min(k.pos, c.cells) - n
+		if tail = min(k.pos, c.cells) - n; tail > MaxTailBlocks*k.p.Block {
+			tail = 0
+		}
 	}
 	if n+tail == 0 || s.kv.lost[seq] != nil || s.cellsOf(seq) < n+tail {
 		return
@@ -262,7 +286,7 @@ func (s *Shard) keep(seq int, k *keepReq) {
 			continue
 		}
 		switch common := commonBlocks(e.hashes, hashes); {
-		case common == blocks && e.cells() >= n+tail:
+		case common == blocks && e.cells() >= n+tail && e.epoch == k.p.Epoch:
 			e.last = c.clock
 			return
 		case common == len(e.hashes):
@@ -276,7 +300,7 @@ func (s *Shard) keep(seq int, k *keepReq) {
 	cseq := c.free[len(c.free)-1]
 	c.free = c.free[:len(c.free)-1]
 	C.llama_memory_seq_cp(C.llama_get_memory(s.lctx), C.llama_seq_id(seq), C.llama_seq_id(cseq), 0, C.llama_pos(n))
-	e := &cacheEntry{seq: cseq, owner: k.p.Owner, scope: k.p.Scope, alt: k.p.AltScope, block: k.p.Block, hashes: slices.Clone(hashes), tail: tail, last: c.clock}
+	e := &cacheEntry{seq: cseq, owner: k.p.Owner, scope: k.p.Scope, alt: k.p.AltScope, block: k.p.Block, hashes: slices.Clone(hashes), tail: tail, epoch: k.p.Epoch, last: c.clock}
 	if len(k.toks) >= n {
 		e.toks = slices.Clone(k.toks[:n])
 	}
@@ -284,6 +308,9 @@ func (s *Shard) keep(seq int, k *keepReq) {
 	c.held += n
 	if w := n * s.info.NEmbd; segsLen(k.rows) >= w && c.fitRows(int64(w)*4) {
 		e.rows = cutSegs(k.rows, w) // no copy while a re-routed epoch waits for this keep
+		if segsLen(k.rows) > w+w/4+1024 {
+			e.rows = [][]float32{flat(e.rows)} // not the closed session's much longer rows
+		}
 		c.rowsHeld += int64(w) * 4
 	}
 	c.setCounts()

@@ -409,10 +409,31 @@ func TestPrefixCacheOwnTail(t *testing.T) {
 		sameTrace(t, c.name, feed(t, y, toks, c.want, 64, 7), ref.rows(c.want))
 		y.close()
 	}
+	// What epoch 1 kept serves a later epoch only below the own of the
+	// epoch after it (its rows past that may be proposals epoch 2
+	// replaced), and a later epoch's keep of the same blocks replaces it.
+	p := testPrefix("a", toks[:63])
+	p.AltScope, p.Own = own, 60
+	p.OwnFor = func(k uint64) int { return map[uint64]int{0: 41}[k] }
+	v := openInv(t, chain, 7, 128)
+	if n := v.adopt(t, p); n != 41 {
+		t.Fatalf("an epoch-0 tail adopted %d positions past the next epoch's own, want 41", n)
+	}
+	feed(t, v, toks, 41, 44, 3)
+	kept.Epoch = 2
+	v.keep(kept)
+	v.close()
+	requireCache(t, chain, 1, 44)
+	p.OwnFor = func(k uint64) int { return map[uint64]int{0: 41, 2: 60}[k] }
+	u := openInv(t, chain, 8, 128)
+	if n := u.adopt(t, p); n != 44 {
+		t.Fatalf("epoch 2's tail adopted %d positions, want 44", n)
+	}
+	u.close()
 	// A clean close keeps whole blocks only.
 	z := openInv(t, chain, 9, 128)
 	feed(t, z, toks, 0, 50, 50)
-	p := testPrefix("b", toks[:50])
+	p = testPrefix("b", toks[:50])
 	p.AltScope = sha256.Sum256([]byte("session/9"))
 	z.keep(p)
 	z.close()

@@ -144,6 +144,11 @@ func (t *hopTranscripts) adopted(n int, toks []int32, rows func() []float32) {
 // past that they are not kept and the record is not truncated (the
 // epoch's own frames still are, for the relay check).
 func (s *auditStore) recordAdopted(k *kept, frames []*meshp2pb.RecordedFrame) {
+	select {
+	case <-k.ended: // made beside a session that ended before any statement: nothing to audit
+		return
+	default:
+	}
 	var n int64
 	for _, f := range frames {
 		n += int64(len(f.GetPayload()) + recordOverhead)

@@ -174,6 +174,9 @@ type Result struct {
 	Recoveries []time.Duration
 
 	failedAt time.Time // the last re-route's failure, until tokens flow again
+	// owns are the own counts of the epochs opened so far with one
+	// (PrefixChain.earlier of the next).
+	owns []*meshp2pb.EpochOwn
 	// lastOpen is the final epoch's open and prompt the request's prompt:
 	// what an audit needs; cachedFrom is where its prefill started.
 	lastOpen   *meshp2pb.SessionOpen

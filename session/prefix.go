@@ -71,9 +71,30 @@ type Prefix struct {
 	// KeepTail keeps the positions past the whole blocks too, for this
 	// session's own later epochs (a session that did not close cleanly).
 	KeepTail bool
+	// Epoch is the keeping session's epoch.
+	Epoch uint64
 	// Own is how many positions this session's own earlier epochs kept
-	// that the adopter may take past whole blocks (PrefixChain.own).
-	Own int
+	// that the adopter may take past whole blocks (PrefixChain.own), and
+	// OwnFor bounds that for what epoch k kept (PrefixChain.earlier).
+	Own    int
+	OwnFor func(k uint64) int
+}
+
+// MaxEarlierEpochs bounds PrefixChain.earlier: a session re-routed more
+// often adopts whole blocks only.
+const MaxEarlierEpochs = 64
+
+// ownFor is the bound on the tail of an entry a hop kept in epoch k, for
+// an epoch opened with chain c: the own of the first epoch after k.
+func ownFor(c *meshp2pb.PrefixChain) func(k uint64) int {
+	return func(k uint64) int {
+		for _, eo := range c.GetEarlier() {
+			if eo.GetEpoch() > k {
+				return int(min(eo.GetOwn(), c.GetOwn()))
+			}
+		}
+		return int(c.GetOwn())
+	}
 }
 
 // PrefixSeed is where an origin's prefix chains start for namespace: a
@@ -137,7 +158,7 @@ func prefixMore(seed [16]byte, chain *meshp2pb.PrefixChain, fed []int32) []byte 
 func validChain(c *meshp2pb.PrefixChain, more []byte) bool {
 	n := len(c.GetHashes()) + len(more)
 	return c.GetBlockTokens() == PrefixBlock && len(c.GetHashes())%prefixHashLen == 0 &&
-		len(more)%prefixHashLen == 0 && n <= MaxPrefixBlocks*prefixHashLen
+		len(more)%prefixHashLen == 0 && n <= MaxPrefixBlocks*prefixHashLen && len(c.GetEarlier()) <= MaxEarlierEpochs
 }
 
 func splitHashes(b []byte) [][16]byte {
@@ -208,7 +229,7 @@ func (hs *hopSession) sessionScope() [32]byte {
 // the open's chain and more (a clean close's continuation).
 func (hs *hopSession) enginePrefix(more []byte) Prefix {
 	p := Prefix{Scope: hs.prefixScope(), AltScope: hs.sessionScope(), Block: PrefixBlock, Hashes: splitHashes(append(slices.Clone(hs.open.GetPrefix().GetHashes()), more...)),
-		KeepTail: !hs.closing.Load(), Own: int(hs.open.GetPrefix().GetOwn())}
+		KeepTail: !hs.closing.Load(), Epoch: hs.key.Epoch, Own: int(hs.open.GetPrefix().GetOwn()), OwnFor: ownFor(hs.open.GetPrefix())}
 	if !hs.h.cfg.TrustedOrigins[hs.origin] {
 		p.Owner = string(hs.origin)
 	}
@@ -320,12 +341,15 @@ func (e *epochRun) withPrefix(o *Origin, open *meshp2pb.SessionOpen, input []int
 	if h := e.chain.GetHashes(); len(h) > room {
 		e.chain.Hashes = h[:max(0, room/prefixHashLen*prefixHashLen)]
 	}
-	if res.Reroutes > 0 {
+	if res.Reroutes > 0 && len(res.owns) < MaxEarlierEpochs {
 		// A re-routed epoch: every hop computed the rows of every token
 		// fed before the last from those tokens (speculative rows past
 		// the last rejection are above it), so it may adopt what its old
-		// epoch held of them, past whole blocks.
+		// epoch held of them, past whole blocks; what an older epoch
+		// kept, only below the own of the epoch after it (earlier).
 		e.chain.Own = uint32(len(input) - 1)
+		e.chain.Earlier = slices.Clone(res.owns)
+		res.owns = append(res.owns, &meshp2pb.EpochOwn{Epoch: open.GetEpoch(), Own: e.chain.Own})
 	}
 	open.Prefix = e.chain
 }

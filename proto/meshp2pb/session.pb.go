@@ -388,7 +388,13 @@ type PrefixChain struct {
 	// whole blocks: those of every token the origin fed but the last (their
 	// cells hold those tokens' rows at every hop; docs/architecture.md,
 	// "Failover").
-	Own           uint32 `protobuf:"varint,3,opt,name=own,proto3" json:"own,omitempty"`
+	Own uint32 `protobuf:"varint,3,opt,name=own,proto3" json:"own,omitempty"`
+	// With own: the own of each earlier epoch of this session that carried
+	// one, in ascending epochs (at most session.MaxEarlierEpochs). What a
+	// hop kept in epoch k holds committed rows only below the own of the
+	// first epoch after k: later epochs may have committed other tokens
+	// where k's rows were proposals.
+	Earlier       []*EpochOwn `protobuf:"bytes,4,rep,name=earlier,proto3" json:"earlier,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -444,6 +450,65 @@ func (x *PrefixChain) GetOwn() uint32 {
 	return 0
 }
 
+func (x *PrefixChain) GetEarlier() []*EpochOwn {
+	if x != nil {
+		return x.Earlier
+	}
+	return nil
+}
+
+type EpochOwn struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Epoch         uint64                 `protobuf:"varint,1,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	Own           uint32                 `protobuf:"varint,2,opt,name=own,proto3" json:"own,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EpochOwn) Reset() {
+	*x = EpochOwn{}
+	mi := &file_meshp2p_v1_session_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EpochOwn) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EpochOwn) ProtoMessage() {}
+
+func (x *EpochOwn) ProtoReflect() protoreflect.Message {
+	mi := &file_meshp2p_v1_session_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EpochOwn.ProtoReflect.Descriptor instead.
+func (*EpochOwn) Descriptor() ([]byte, []int) {
+	return file_meshp2p_v1_session_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *EpochOwn) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+func (x *EpochOwn) GetOwn() uint32 {
+	if x != nil {
+		return x.Own
+	}
+	return 0
+}
+
 type Speculation struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Mode          SpecMode               `protobuf:"varint,1,opt,name=mode,proto3,enum=meshp2p.v1.SpecMode" json:"mode,omitempty"`
@@ -455,7 +520,7 @@ type Speculation struct {
 
 func (x *Speculation) Reset() {
 	*x = Speculation{}
-	mi := &file_meshp2p_v1_session_proto_msgTypes[2]
+	mi := &file_meshp2p_v1_session_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -467,7 +532,7 @@ func (x *Speculation) String() string {
 func (*Speculation) ProtoMessage() {}
 
 func (x *Speculation) ProtoReflect() protoreflect.Message {
-	mi := &file_meshp2p_v1_session_proto_msgTypes[2]
+	mi := &file_meshp2p_v1_session_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -480,7 +545,7 @@ func (x *Speculation) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Speculation.ProtoReflect.Descriptor instead.
 func (*Speculation) Descriptor() ([]byte, []int) {
-	return file_meshp2p_v1_session_proto_rawDescGZIP(), []int{2}
+	return file_meshp2p_v1_session_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *Speculation) GetMode() SpecMode {
@@ -534,7 +599,7 @@ type SamplingParams struct {
 
 func (x *SamplingParams) Reset() {
 	*x = SamplingParams{}
-	mi := &file_meshp2p_v1_session_proto_msgTypes[3]
+	mi := &file_meshp2p_v1_session_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -546,7 +611,7 @@ func (x *SamplingParams) String() string {
 func (*SamplingParams) ProtoMessage() {}
 
 func (x *SamplingParams) ProtoReflect() protoreflect.Message {
-	mi := &file_meshp2p_v1_session_proto_msgTypes[3]
+	mi := &file_meshp2p_v1_session_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -559,7 +624,7 @@ func (x *SamplingParams) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SamplingParams.ProtoReflect.Descriptor instead.
 func (*SamplingParams) Descriptor() ([]byte, []int) {
-	return file_meshp2p_v1_session_proto_rawDescGZIP(), []int{3}
+	return file_meshp2p_v1_session_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *SamplingParams) GetTemperature() float32 {
@@ -677,7 +742,7 @@ type SessionAccept struct {
 
 func (x *SessionAccept) Reset() {
 	*x = SessionAccept{}
-	mi := &file_meshp2p_v1_session_proto_msgTypes[4]
+	mi := &file_meshp2p_v1_session_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -689,7 +754,7 @@ func (x *SessionAccept) String() string {
 func (*SessionAccept) ProtoMessage() {}
 
 func (x *SessionAccept) ProtoReflect() protoreflect.Message {
-	mi := &file_meshp2p_v1_session_proto_msgTypes[4]
+	mi := &file_meshp2p_v1_session_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -702,7 +767,7 @@ func (x *SessionAccept) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SessionAccept.ProtoReflect.Descriptor instead.
 func (*SessionAccept) Descriptor() ([]byte, []int) {
-	return file_meshp2p_v1_session_proto_rawDescGZIP(), []int{4}
+	return file_meshp2p_v1_session_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *SessionAccept) GetSessionId() []byte {
@@ -779,7 +844,7 @@ type SessionClose struct {
 
 func (x *SessionClose) Reset() {
 	*x = SessionClose{}
-	mi := &file_meshp2p_v1_session_proto_msgTypes[5]
+	mi := &file_meshp2p_v1_session_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -791,7 +856,7 @@ func (x *SessionClose) String() string {
 func (*SessionClose) ProtoMessage() {}
 
 func (x *SessionClose) ProtoReflect() protoreflect.Message {
-	mi := &file_meshp2p_v1_session_proto_msgTypes[5]
+	mi := &file_meshp2p_v1_session_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -804,7 +869,7 @@ func (x *SessionClose) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SessionClose.ProtoReflect.Descriptor instead.
 func (*SessionClose) Descriptor() ([]byte, []int) {
-	return file_meshp2p_v1_session_proto_rawDescGZIP(), []int{5}
+	return file_meshp2p_v1_session_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *SessionClose) GetSessionId() []byte {
@@ -852,7 +917,7 @@ type SessionProgress struct {
 
 func (x *SessionProgress) Reset() {
 	*x = SessionProgress{}
-	mi := &file_meshp2p_v1_session_proto_msgTypes[6]
+	mi := &file_meshp2p_v1_session_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -864,7 +929,7 @@ func (x *SessionProgress) String() string {
 func (*SessionProgress) ProtoMessage() {}
 
 func (x *SessionProgress) ProtoReflect() protoreflect.Message {
-	mi := &file_meshp2p_v1_session_proto_msgTypes[6]
+	mi := &file_meshp2p_v1_session_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -877,7 +942,7 @@ func (x *SessionProgress) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SessionProgress.ProtoReflect.Descriptor instead.
 func (*SessionProgress) Descriptor() ([]byte, []int) {
-	return file_meshp2p_v1_session_proto_rawDescGZIP(), []int{6}
+	return file_meshp2p_v1_session_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *SessionProgress) GetSessionId() []byte {
@@ -914,7 +979,7 @@ type SessionCancel struct {
 
 func (x *SessionCancel) Reset() {
 	*x = SessionCancel{}
-	mi := &file_meshp2p_v1_session_proto_msgTypes[7]
+	mi := &file_meshp2p_v1_session_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -926,7 +991,7 @@ func (x *SessionCancel) String() string {
 func (*SessionCancel) ProtoMessage() {}
 
 func (x *SessionCancel) ProtoReflect() protoreflect.Message {
-	mi := &file_meshp2p_v1_session_proto_msgTypes[7]
+	mi := &file_meshp2p_v1_session_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -939,7 +1004,7 @@ func (x *SessionCancel) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SessionCancel.ProtoReflect.Descriptor instead.
 func (*SessionCancel) Descriptor() ([]byte, []int) {
-	return file_meshp2p_v1_session_proto_rawDescGZIP(), []int{7}
+	return file_meshp2p_v1_session_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *SessionCancel) GetSessionId() []byte {
@@ -975,7 +1040,7 @@ type VocabRequest struct {
 
 func (x *VocabRequest) Reset() {
 	*x = VocabRequest{}
-	mi := &file_meshp2p_v1_session_proto_msgTypes[8]
+	mi := &file_meshp2p_v1_session_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -987,7 +1052,7 @@ func (x *VocabRequest) String() string {
 func (*VocabRequest) ProtoMessage() {}
 
 func (x *VocabRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meshp2p_v1_session_proto_msgTypes[8]
+	mi := &file_meshp2p_v1_session_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1000,7 +1065,7 @@ func (x *VocabRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VocabRequest.ProtoReflect.Descriptor instead.
 func (*VocabRequest) Descriptor() ([]byte, []int) {
-	return file_meshp2p_v1_session_proto_rawDescGZIP(), []int{8}
+	return file_meshp2p_v1_session_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *VocabRequest) GetModelFingerprint() string {
@@ -1021,7 +1086,7 @@ type VocabResponse struct {
 
 func (x *VocabResponse) Reset() {
 	*x = VocabResponse{}
-	mi := &file_meshp2p_v1_session_proto_msgTypes[9]
+	mi := &file_meshp2p_v1_session_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1033,7 +1098,7 @@ func (x *VocabResponse) String() string {
 func (*VocabResponse) ProtoMessage() {}
 
 func (x *VocabResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meshp2p_v1_session_proto_msgTypes[9]
+	mi := &file_meshp2p_v1_session_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1046,7 +1111,7 @@ func (x *VocabResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VocabResponse.ProtoReflect.Descriptor instead.
 func (*VocabResponse) Descriptor() ([]byte, []int) {
-	return file_meshp2p_v1_session_proto_rawDescGZIP(), []int{9}
+	return file_meshp2p_v1_session_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *VocabResponse) GetError() *Error {
@@ -1099,11 +1164,15 @@ const file_meshp2p_v1_session_proto_rawDesc = "" +
 	"\x06prefix\x18\x18 \x01(\v2\x17.meshp2p.v1.PrefixChainR\x06prefix\x12-\n" +
 	"\astandby\x18\x19 \x01(\v2\x13.meshp2p.v1.StandbyR\astandby\x12\x18\n" +
 	"\afollows\x18\x1a \x01(\fR\afollowsJ\x04\b\n" +
-	"\x10\vJ\x04\b\x0e\x10\x0fR\bmax_rowsR\rbundle_schema\"Z\n" +
+	"\x10\vJ\x04\b\x0e\x10\x0fR\bmax_rowsR\rbundle_schema\"\x8a\x01\n" +
 	"\vPrefixChain\x12!\n" +
 	"\fblock_tokens\x18\x01 \x01(\rR\vblockTokens\x12\x16\n" +
 	"\x06hashes\x18\x02 \x01(\fR\x06hashes\x12\x10\n" +
-	"\x03own\x18\x03 \x01(\rR\x03own\"u\n" +
+	"\x03own\x18\x03 \x01(\rR\x03own\x12.\n" +
+	"\aearlier\x18\x04 \x03(\v2\x14.meshp2p.v1.EpochOwnR\aearlier\"2\n" +
+	"\bEpochOwn\x12\x14\n" +
+	"\x05epoch\x18\x01 \x01(\x04R\x05epoch\x12\x10\n" +
+	"\x03own\x18\x02 \x01(\rR\x03own\"u\n" +
 	"\vSpeculation\x12(\n" +
 	"\x04mode\x18\x01 \x01(\x0e2\x14.meshp2p.v1.SpecModeR\x04mode\x12\x1b\n" +
 	"\tmax_draft\x18\x02 \x01(\rR\bmaxDraft\x12\x1f\n" +
@@ -1177,41 +1246,43 @@ func file_meshp2p_v1_session_proto_rawDescGZIP() []byte {
 }
 
 var file_meshp2p_v1_session_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_meshp2p_v1_session_proto_msgTypes = make([]protoimpl.MessageInfo, 10)
+var file_meshp2p_v1_session_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
 var file_meshp2p_v1_session_proto_goTypes = []any{
 	(SpecMode)(0),             // 0: meshp2p.v1.SpecMode
 	(*SessionOpen)(nil),       // 1: meshp2p.v1.SessionOpen
 	(*PrefixChain)(nil),       // 2: meshp2p.v1.PrefixChain
-	(*Speculation)(nil),       // 3: meshp2p.v1.Speculation
-	(*SamplingParams)(nil),    // 4: meshp2p.v1.SamplingParams
-	(*SessionAccept)(nil),     // 5: meshp2p.v1.SessionAccept
-	(*SessionClose)(nil),      // 6: meshp2p.v1.SessionClose
-	(*SessionProgress)(nil),   // 7: meshp2p.v1.SessionProgress
-	(*SessionCancel)(nil),     // 8: meshp2p.v1.SessionCancel
-	(*VocabRequest)(nil),      // 9: meshp2p.v1.VocabRequest
-	(*VocabResponse)(nil),     // 10: meshp2p.v1.VocabResponse
-	(*Route)(nil),             // 11: meshp2p.v1.Route
-	(DType)(0),                // 12: meshp2p.v1.DType
-	(*SignedRouteTicket)(nil), // 13: meshp2p.v1.SignedRouteTicket
-	(*Standby)(nil),           // 14: meshp2p.v1.Standby
-	(*Error)(nil),             // 15: meshp2p.v1.Error
+	(*EpochOwn)(nil),          // 3: meshp2p.v1.EpochOwn
+	(*Speculation)(nil),       // 4: meshp2p.v1.Speculation
+	(*SamplingParams)(nil),    // 5: meshp2p.v1.SamplingParams
+	(*SessionAccept)(nil),     // 6: meshp2p.v1.SessionAccept
+	(*SessionClose)(nil),      // 7: meshp2p.v1.SessionClose
+	(*SessionProgress)(nil),   // 8: meshp2p.v1.SessionProgress
+	(*SessionCancel)(nil),     // 9: meshp2p.v1.SessionCancel
+	(*VocabRequest)(nil),      // 10: meshp2p.v1.VocabRequest
+	(*VocabResponse)(nil),     // 11: meshp2p.v1.VocabResponse
+	(*Route)(nil),             // 12: meshp2p.v1.Route
+	(DType)(0),                // 13: meshp2p.v1.DType
+	(*SignedRouteTicket)(nil), // 14: meshp2p.v1.SignedRouteTicket
+	(*Standby)(nil),           // 15: meshp2p.v1.Standby
+	(*Error)(nil),             // 16: meshp2p.v1.Error
 }
 var file_meshp2p_v1_session_proto_depIdxs = []int32{
-	11, // 0: meshp2p.v1.SessionOpen.route:type_name -> meshp2p.v1.Route
-	4,  // 1: meshp2p.v1.SessionOpen.sampling:type_name -> meshp2p.v1.SamplingParams
-	12, // 2: meshp2p.v1.SessionOpen.wire_dtype:type_name -> meshp2p.v1.DType
-	13, // 3: meshp2p.v1.SessionOpen.ticket:type_name -> meshp2p.v1.SignedRouteTicket
-	3,  // 4: meshp2p.v1.SessionOpen.speculation:type_name -> meshp2p.v1.Speculation
+	12, // 0: meshp2p.v1.SessionOpen.route:type_name -> meshp2p.v1.Route
+	5,  // 1: meshp2p.v1.SessionOpen.sampling:type_name -> meshp2p.v1.SamplingParams
+	13, // 2: meshp2p.v1.SessionOpen.wire_dtype:type_name -> meshp2p.v1.DType
+	14, // 3: meshp2p.v1.SessionOpen.ticket:type_name -> meshp2p.v1.SignedRouteTicket
+	4,  // 4: meshp2p.v1.SessionOpen.speculation:type_name -> meshp2p.v1.Speculation
 	2,  // 5: meshp2p.v1.SessionOpen.prefix:type_name -> meshp2p.v1.PrefixChain
-	14, // 6: meshp2p.v1.SessionOpen.standby:type_name -> meshp2p.v1.Standby
-	0,  // 7: meshp2p.v1.Speculation.mode:type_name -> meshp2p.v1.SpecMode
-	15, // 8: meshp2p.v1.SessionAccept.error:type_name -> meshp2p.v1.Error
-	15, // 9: meshp2p.v1.VocabResponse.error:type_name -> meshp2p.v1.Error
-	10, // [10:10] is the sub-list for method output_type
-	10, // [10:10] is the sub-list for method input_type
-	10, // [10:10] is the sub-list for extension type_name
-	10, // [10:10] is the sub-list for extension extendee
-	0,  // [0:10] is the sub-list for field type_name
+	15, // 6: meshp2p.v1.SessionOpen.standby:type_name -> meshp2p.v1.Standby
+	3,  // 7: meshp2p.v1.PrefixChain.earlier:type_name -> meshp2p.v1.EpochOwn
+	0,  // 8: meshp2p.v1.Speculation.mode:type_name -> meshp2p.v1.SpecMode
+	16, // 9: meshp2p.v1.SessionAccept.error:type_name -> meshp2p.v1.Error
+	16, // 10: meshp2p.v1.VocabResponse.error:type_name -> meshp2p.v1.Error
+	11, // [11:11] is the sub-list for method output_type
+	11, // [11:11] is the sub-list for method input_type
+	11, // [11:11] is the sub-list for extension type_name
+	11, // [11:11] is the sub-list for extension extendee
+	0,  // [0:11] is the sub-list for field type_name
 }
 
 func init() { file_meshp2p_v1_session_proto_init() }
@@ -1227,7 +1298,7 @@ func file_meshp2p_v1_session_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_meshp2p_v1_session_proto_rawDesc), len(file_meshp2p_v1_session_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   10,
+			NumMessages:   11,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
