@@ -15,24 +15,19 @@ type rowSegs struct {
 }
 
 // n is how many floats r holds.
-func (r *rowSegs) n() int {
-	n := len(r.own)
-	for _, s := range r.segs {
-		n += len(s)
-	}
-	return n
-}
+func (r *rowSegs) n() int { return segsLen(r.segs) + len(r.own) }
 
 // add appends in to r's own rows.
 func (r *rowSegs) add(in []float32) { r.own = append(r.own, in...) }
 
 // cut keeps r's first n floats (n ≤ r.n()).
 func (r *rowSegs) cut(n int) {
-	if k := segsLen(r.segs); n <= k {
+	k := segsLen(r.segs)
+	if n <= k {
 		r.segs, r.own = cutSegs(r.segs, n), r.own[:0]
 		return
 	}
-	r.own = r.own[:n-segsLen(r.segs)]
+	r.own = r.own[:n-k]
 }
 
 // cutSegs is the first n floats of segs (n ≤ their length) as read-only

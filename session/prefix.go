@@ -369,12 +369,11 @@ func (e *epochRun) cachedFrom(res *Result, prompt int) (int, []uint32, error) {
 	acc, k := e.accept, len(e.rt.Hops)
 	n := int(acc.GetCachedTokens())
 	blocks := len(e.chain.GetHashes()) / prefixHashLen
-	whole := func(c int) bool { return ownCount(e.chain, uint32(c)) }
-	if !whole(n) || len(acc.GetHopCached()) > k || len(acc.GetHopReplay()) > k {
+	if !ownCount(e.chain, uint32(n)) || len(acc.GetHopCached()) > k || len(acc.GetHopReplay()) > k {
 		return 0, nil, fmt.Errorf("head %s answered %d cached positions for %d hops, of a prefix of %d", e.head, n, len(acc.GetHopCached()), blocks*PrefixBlock)
 	}
 	for _, c := range acc.GetHopCached() {
-		if !whole(int(c)) {
+		if !ownCount(e.chain, c) {
 			return 0, nil, fmt.Errorf("head %s answered %d cached positions at a hop, of a prefix of %d", e.head, c, blocks*PrefixBlock)
 		}
 		res.HopCached = append(res.HopCached, int(c))
