@@ -63,7 +63,7 @@ STATICCHECK := .cache/bin/staticcheck-$(STATICCHECK_VERSION)/staticcheck
 DEADCODE_VERSION ?= v0.53.0
 DEADCODE := .cache/bin/deadcode-$(DEADCODE_VERSION)/deadcode
 
-.PHONY: all build build-check-amx cross cross-deps dist test-platforms test-platforms-unit vet-cross generate test test-short vet lint lint-counts fmt fuzz bench bench-micro demo clean deps soak gpu gpu-lib gpu-tolerance placement-sim \
+.PHONY: all build build-check-amx cross cross-deps dist test-platforms test-platforms-run test-platforms-unit vet-cross generate test test-short vet lint lint-counts fmt fuzz bench bench-micro demo clean deps soak gpu gpu-lib gpu-tolerance placement-sim \
 	image testnet-docker testnet-docker-fit testnet-docker-down test-docker
 
 all: build
@@ -138,13 +138,13 @@ endif
 # -UGGML_USE_LLAMAFILE. Each platform compiles llama.cpp once (5-14 min on
 # 2 cores; docs/platforms.md), seconds afterwards. make dist packs them
 # into dist/meshp2p-$(VERSION)-<platform>.tar.gz/.zip with README, the
-# license files and dist/SHA256SUMS. make test-platforms runs them:
-# Windows under wine, ARM64 (and amd64 on an older emulated CPU) under
-# qemu-user, a mixed loopback swarm. It installs its own Debian packages
-# (scripts/cross-deps.sh) and is not part of make test: a cold Go cache
-# makes it compile llama.cpp three times (35 min on 2 busy cores). make
-# test runs test-platforms-unit instead: the platform code's pure-Go tests
-# under wine and qemu.
+# license files and dist/SHA256SUMS. make test-platforms builds and runs
+# them: Windows under wine, ARM64 (and amd64 on an older emulated CPU)
+# under qemu-user, a mixed loopback swarm, the archives. It installs its
+# own Debian packages (scripts/cross-deps.sh). make test runs the same
+# tests (test-platforms-run) on a make dist it starts in the background
+# at nice 19 (scripts/test.sh): a cold Go cache compiles llama.cpp three
+# times (10-35 min on 2 cores), a warm one relinks (minutes).
 PLATFORMS  ?= linux-amd64 linux-arm64 windows-amd64
 AMD64_SIMD ?= x86-64-v3
 ARM64_SIMD ?= armv8.2-a+fp16+dotprod
@@ -162,8 +162,8 @@ vet-cross: cross-deps $(GENERATED)
 	CROSS_VET=1 CROSS_SKIP_MISSING=1 AMD64_SIMD='$(AMD64_SIMD)' ARM64_SIMD='$(ARM64_SIMD)' sh scripts/cross.sh $(VERSION) bin/cross $(filter-out linux-amd64,$(PLATFORMS))
 
 # The platform code's own Go tests (pure Go, no llama.cpp), cross-compiled
-# and run under wine and qemu-user: a step of make test (about 1 minute,
-# 3-4 the first time on a machine; docs/platforms.md).
+# and run under wine and qemu-user (about 1 minute, 3-4 the first time on
+# a machine; docs/platforms.md), without the release binaries.
 test-platforms-unit: cross-deps
 	-sh scripts/wine/prefix.sh .cache/wine
 	MESHP2P_PLATFORM_UNIT=1 MESHP2P_WINEPREFIX=$(abspath .cache/wine) \
@@ -171,6 +171,12 @@ test-platforms-unit: cross-deps
 
 test-platforms: vet-cross
 	CROSS_SKIP_MISSING=1 AMD64_SIMD='$(AMD64_SIMD)' ARM64_SIMD='$(ARM64_SIMD)' sh scripts/dist.sh $(VERSION) $(PLATFORMS)
+	$(MAKE) --no-print-directory test-platforms-run
+
+# Every platform test (the unit tests above, version, the CPU check,
+# shard verify, the mixed swarm, the Windows data dir, the archives) on
+# what make dist left in bin/cross and dist: make test's last step.
+test-platforms-run: cross-deps
 	-sh scripts/wine/prefix.sh .cache/wine
 	MESHP2P_CROSS_BIN=$(abspath bin/cross) MESHP2P_WINEPREFIX=$(abspath .cache/wine) MESHP2P_DIST='$(abspath dist) $(VERSION)' \
 	  go test -count=1 -timeout 20m -v -run '^TestPlatform' ./cmd/meshp2p

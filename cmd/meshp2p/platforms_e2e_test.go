@@ -23,8 +23,9 @@ import (
 	"github.com/neuron-tai/meshp2p/internal/testmodels"
 )
 
-// The release binaries of other platforms (make test-platforms builds
-// them into $MESHP2P_CROSS_BIN with scripts/cross.sh) run here under
+// The release binaries of other platforms (make dist builds them into
+// $MESHP2P_CROSS_BIN with scripts/cross.sh; make test and make
+// test-platforms run these tests on them) run here under
 // emulation: the Windows one under wine, the ARM64 one under qemu-user,
 // the portable linux-amd64 one natively (and under qemu-x86_64 as an
 // older CPU). docs/platforms.md.
@@ -80,7 +81,7 @@ func crossBin(t *testing.T, plat string) xbin {
 	emulator(t, plat)
 	dir := os.Getenv("MESHP2P_CROSS_BIN")
 	if dir == "" {
-		t.Skip("MESHP2P_CROSS_BIN is not set: `make test-platforms` (a target of its own, not part of make test: docs/platforms.md) builds the cross binaries and runs these tests")
+		t.Skip("MESHP2P_CROSS_BIN is not set: make test (its last step, make test-platforms-run) and make test-platforms run these on the cross binaries of make dist (docs/platforms.md)")
 	}
 	real := filepath.Join(dir, "meshp2p-"+plat)
 	if plat == "windows-amd64" {
@@ -99,12 +100,13 @@ func crossBin(t *testing.T, plat string) xbin {
 // the memory budget (GlobalMemoryStatusEx on Windows; /proc/meminfo and
 // cgroups on Linux ARM64), the registry of local processes and the CPU
 // share of co-located nodes (OpenProcess, GetProcessTimes and
-// GetSystemTimes on Windows), and the frame codec. make test runs it
-// (make test-platforms-unit, MESHP2P_PLATFORM_UNIT=1); make
-// test-platforms runs it with the release binaries' tests.
+// GetSystemTimes on Windows), and the frame codec. make
+// test-platforms-unit runs it alone (MESHP2P_PLATFORM_UNIT=1); make
+// test-platforms-run (make test's last step) with the release binaries'
+// tests.
 func TestPlatformUnitTests(t *testing.T) {
 	if os.Getenv("MESHP2P_CROSS_BIN") == "" && os.Getenv("MESHP2P_PLATFORM_UNIT") == "" {
-		t.Skip("MESHP2P_PLATFORM_UNIT is not set: make test (make test-platforms-unit) and make test-platforms run these")
+		t.Skip("neither MESHP2P_PLATFORM_UNIT nor MESHP2P_CROSS_BIN is set: make test-platforms-unit, make test and make test-platforms run these")
 	}
 	for _, tc := range []struct{ plat, pkg, run string }{
 		{"windows-amd64", "internal/dirlock", "TestAcquireOtherProcess"},
