@@ -237,6 +237,14 @@ func (s *Shard) decode(parts []part, n int) error {
 	if err := s.makeRoom(n); err != nil {
 		return err
 	}
+	if g := s.cfg.Gate; g != nil && s.pool != nil {
+		k := g.Acquire(s.threads)
+		defer g.Release(k)
+		if k != s.running {
+			C.llama_set_n_threads(s.lctx, C.int32_t(k), C.int32_t(k))
+			s.running = k
+		}
+	}
 	if rc := C.llama_decode(s.lctx, *b); rc != 0 {
 		// llama.cpp removes a failed ubatch's positions again, which can
 		// leave holes: compact before the next decode.

@@ -69,6 +69,11 @@ type Config struct {
 	// Poll is ggml's spin level (0-100) for idle pool workers before they
 	// sleep; 0 (default) sleeps at once, leaving idle CPU to other shards.
 	Poll int
+	// Gate, if set, sizes each decode's threads at the moment it starts
+	// (at most Threads, the pool's size): the machine's co-located
+	// processes claim CPUs decode by decode (node/cpushare.Gate). Results
+	// do not depend on the thread count.
+	Gate ThreadGate
 	// PrefixCacheCells are KV cells on top of NCtx that keep finished
 	// sessions' prefixes for later sessions that start the same way
 	// (prefixcache.go); 0: no prefix cache. Ignored (no cache) where the
@@ -165,6 +170,9 @@ type Shard struct {
 	lctx    *C.struct_llama_context
 	pool    *C.struct_ggml_threadpool // nil with DisposableThreads
 	threads int                       // the pool's threads (the loop's; SetThreads asks for others)
+	// running is the thread count llama.cpp computes with now: threads,
+	// or fewer where Config.Gate gave a decode fewer (the loop's).
+	running int
 	// retired are pools SetThreads replaced that llama.cpp's CPU backend
 	// may still point at: it switches (and pauses the old pool) only at
 	// its next graph compute, so they are freed after the next decode
@@ -256,6 +264,7 @@ func NewShard(ctx context.Context, model *Model, cfg Config) (*Shard, error) {
 		C.llama_attach_threadpool(s.lctx, s.pool, s.pool)
 	}
 	s.threads = cfg.Threads
+	s.running = cfg.Threads
 	if err := s.initBatch(); err != nil {
 		s.freeC()
 		return nil, err
@@ -811,6 +820,14 @@ type request struct {
 	serr error
 }
 
+// ThreadGate hands a decode its threads (Config.Gate).
+type ThreadGate interface {
+	// Acquire claims the threads of a decode starting now, 1 to limit.
+	Acquire(limit int) int
+	// Release gives back what Acquire claimed.
+	Release(n int)
+}
+
 // SetThreads asks the shard to compute with n threads from its next
 // decode on (the loop swaps its thread pool between decodes; n < 1 is
 // ignored). Results do not depend on the thread count: every product and
@@ -848,11 +865,13 @@ func (s *Shard) applyThreads() {
 		return
 	}
 	C.llama_set_n_threads(s.lctx, C.int32_t(n), C.int32_t(n))
+	s.running = n
 	if s.pool != nil {
 		pool := C.mp_threadpool_new(C.int(n), C.int(s.cfg.Poll))
 		if pool == nil {
 			s.log.Warn("could not change the thread count; keeping the old pool", "threads", s.threads, "asked", n)
 			C.llama_set_n_threads(s.lctx, C.int32_t(s.threads), C.int32_t(s.threads))
+			s.running = s.threads
 			s.wantThreads.Store(int32(s.threads))
 			return
 		}

@@ -79,8 +79,9 @@ func (l *windowLoader) load(ctx context.Context, path string) (*loadedShard, err
 		return nil, err
 	}
 	ec := l.engine
+	var gate *windowGate
 	if l.share != nil {
-		ec.Threads = l.share.threads(ctx)
+		gate = l.share.configure(ctx, &ec)
 	}
 	if ls.shard, err = engine.NewShard(ctx, ls.model, ec); err != nil {
 		ls.model.Close()
@@ -89,7 +90,10 @@ func (l *windowLoader) load(ctx context.Context, path string) (*loadedShard, err
 	ls.share = l.share
 	l.share.add(ls.shard)
 	l.log.Info("shard loaded; measuring its decode speed", "took", time.Since(began).Round(time.Millisecond), "rows", calibrationRows)
-	if ls.calibration, err = ls.shard.MeasureDecode(ctx, calibrationRows); err != nil {
+	if ls.calibration, err = ls.shard.MeasureDecode(ctx, calibrationRows); err == nil {
+		ls.calibration, err = gate.choose(ctx, ls.shard, ls.calibration, l.log)
+	}
+	if err != nil {
 		ls.close()
 		return nil, fmt.Errorf("measuring decode speed: %w", err)
 	}

@@ -3,7 +3,9 @@ package node
 import (
 	"context"
 	"log/slog"
+	"math"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/neuron-tai/meshp2p/engine"
@@ -17,11 +19,16 @@ const DefaultThreadShareInterval = 30 * time.Second
 // threadShare sizes the compute threads of a node's loaded windows as the
 // process's share of the machine (package cpushare): the share when a
 // window loads, and again every interval, applied between decodes
-// (engine.Shard.SetThreads; results do not depend on it). Methods on a nil
-// threadShare do nothing.
+// (engine.Shard.SetThreads; results do not depend on it). Where the
+// platform has a cpushare.Gate, the share is the CPUs that meshp2p
+// processes may use (Member.Cap) and each decode takes what the
+// co-located processes are not computing on at that moment: the hops of a
+// route on one machine decode one after another, each on every core.
+// Methods on a nil threadShare do nothing.
 type threadShare struct {
-	m   *cpushare.Member
-	log *slog.Logger
+	m    *cpushare.Member
+	gate *cpushare.Gate // nil: the static share (Member.Threads)
+	log  *slog.Logger
 
 	mu     sync.Mutex
 	shards map[*engine.Shard]bool
@@ -29,12 +36,74 @@ type threadShare struct {
 }
 
 func newThreadShare(m *cpushare.Member, log *slog.Logger) *threadShare {
-	return &threadShare{m: m, log: log, shards: map[*engine.Shard]bool{}}
+	return &threadShare{m: m, gate: m.Gate(), log: log, shards: map[*engine.Shard]bool{}}
+}
+
+// configure sizes ec for a window: its pool's threads (the share now)
+// and the gate its decodes claim them through (nil: none).
+func (ts *threadShare) configure(ctx context.Context, ec *engine.Config) *windowGate {
+	ec.Threads = ts.threads(ctx)
+	if ts.gate == nil {
+		return nil
+	}
+	wg := &windowGate{g: ts.gate}
+	wg.limit.Store(math.MaxInt32)
+	ec.Gate = wg
+	return wg
+}
+
+// windowGate is one window's way to the process's gate: its decodes claim
+// at most limit threads. A model so small that its rows gain nothing from
+// a second thread (the demo's stories260K: ggml's per-operation barriers
+// cost more than they split) is held to one (choose).
+type windowGate struct {
+	g     *cpushare.Gate
+	limit atomic.Int32
+}
+
+func (w *windowGate) Acquire(n int) int { return w.g.Acquire(min(n, int(w.limit.Load()))) }
+func (w *windowGate) Release(n int)     { w.g.Release(n) }
+
+// gateProbeMax: a window whose decode step takes longer than this on every
+// thread it may claim is compute-bound enough that more threads pay; it
+// is not measured on one.
+const gateProbeMax = 20 * time.Millisecond
+
+// gateGainMin: more threads must make a decode step at least this much
+// faster than one thread, or the window computes on one.
+const gateGainMin = 0.9
+
+// choose measures the window's decode step on one thread against many
+// (its calibration, measured on what the gate gave) and holds it to one
+// thread where many were not gateGainMin faster. It returns the
+// calibration of the count chosen.
+func (w *windowGate) choose(ctx context.Context, sh *engine.Shard, many time.Duration, log *slog.Logger) (time.Duration, error) {
+	if w == nil || sh.Threads() < 2 || many > gateProbeMax {
+		return many, nil
+	}
+	w.limit.Store(1)
+	one, err := sh.MeasureDecode(ctx, calibrationRows)
+	if err != nil {
+		return 0, err
+	}
+	if float64(many) < gateGainMin*float64(one) {
+		w.limit.Store(math.MaxInt32)
+		log.Info("decodes claim the machine's free CPUs", "step_one_thread", one, "step_free_cpus", many)
+		return many, nil
+	}
+	log.Info("decodes compute on one thread: more are no faster for this window", "step_one_thread", one, "step_free_cpus", many)
+	return one, nil
 }
 
 // threads measures the share now.
 func (ts *threadShare) threads(ctx context.Context) int {
-	n := ts.m.Threads(ctx)
+	var n int
+	if ts.gate != nil {
+		ts.m.Sweep(ts.gate)
+		n = ts.m.Cap(ctx)
+	} else {
+		n = ts.m.Threads(ctx)
+	}
 	ts.mu.Lock()
 	ts.last = n
 	ts.mu.Unlock()

@@ -8,7 +8,7 @@
 #          Zen 1 and later), AMX off as in make build;
 #   arm64: -march=$ARM64_SIMD (armv8.2-a+fp16+dotprod: Cortex-A55/A76,
 #          Neoverse N1, Graviton 2, Raspberry Pi 5 and later).
-# Always -UGGML_USE_LLAMAFILE (batch invariance, Makefile). A CPU without
+# Always -UGGML_USE_LLAMAFILE (batch invariance, Makefile) and -trimpath. A CPU without
 # the level's extensions is refused at start (engine/cpucheck.c). Each
 # platform's llama.cpp compile is cached by Go separately: minutes the
 # first time (docs/platforms.md has the times), seconds afterwards.
@@ -49,8 +49,10 @@ for plat in "$@"; do
 		fi
 		exit 1
 	fi
-	# The same string as make build SIMD=... for linux-amd64, so the two
-	# share Go's cached llama.cpp build.
+	# -trimpath: no paths of this machine in a release binary, and Go's
+	# cache keys of this repository's packages do not depend on the
+	# clone's directory, so a fresh clone (make test in CI) recompiles only
+	# what changed and relinks.
 	flags=$(echo "-O3 -march=$simd $amx -UGGML_USE_LLAMAFILE" | tr -s ' ')
 	if [ -n "${CROSS_VET:-}" ]; then
 		# go vet ./... as that platform compiles it (build tags, cgo)
@@ -64,7 +66,7 @@ for plat in "$@"; do
 	start=$(date +%s)
 	CC=$cc CXX=$cxx GOOS=$goos GOARCH=$goarch CGO_ENABLED=1 GOTOOLCHAIN=local \
 		CGO_CFLAGS=$flags CGO_CXXFLAGS=$flags \
-		go build -ldflags "-X github.com/neuron-tai/meshp2p/engine.Version=$version -X main.buildSIMD=$simd -X 'main.buildNoAMX=$amx' -X main.buildDist=$plat" \
+		go build -trimpath -ldflags "-X github.com/neuron-tai/meshp2p/engine.Version=$version -X main.buildSIMD=$simd -X 'main.buildNoAMX=$amx' -X main.buildDist=$plat" \
 		-o "$bin" ./cmd/meshp2p
 	echo "cross: $bin built in $(($(date +%s) - start)) s"
 done

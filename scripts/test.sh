@@ -40,10 +40,11 @@ fi
 # The other platforms' release binaries and archives, in the background at
 # the lowest priority (the tests keep the CPU they ask for).
 : >"$dir/dist.log"
-rm -f "$dir/dist.rc"
+rm -f "$dir/dist.rc" "$dir/dist.end"
 (
 	CROSS_SKIP_MISSING=1 nice -n 19 $MAKE --no-print-directory dist >"$dir/dist.log" 2>&1
 	echo $? >"$dir/dist.rc"
+	date +%s >"$dir/dist.end"
 ) &
 dist_pid=$!
 dist_start=$(date +%s)
@@ -91,7 +92,7 @@ platforms() {
 		echo "make test: waiting for the release builds (started $(($(date +%s) - dist_start)) s ago; $dir/dist.log)"
 	fi
 	wait "$dist_pid"
-	echo "make test: release builds done $(($(date +%s) - dist_start)) s after they started"
+	echo "make test: the release builds took $(($(cat "$dir/dist.end" 2>/dev/null || date +%s) - dist_start)) s in the background"
 	if [ "$(cat "$dir/dist.rc" 2>/dev/null)" != 0 ]; then
 		tail -n 40 "$dir/dist.log"
 		echo "make test: make dist failed (exit $(cat "$dir/dist.rc" 2>/dev/null)); full log in $dir/dist.log"

@@ -401,7 +401,11 @@ func (l *localGen) run(ctx context.Context, p client.Prompt, onText func(string)
 	ec.PrefixCacheCells = 0 // one generation: nothing to reuse
 	ec.NBatch = max(ec.NBatch, 2)
 	if l.share != nil {
-		ec.Threads = l.share.Threads(ctx)
+		if g := l.share.Gate(); g != nil {
+			ec.Threads, ec.Gate = l.share.Cap(ctx), g
+		} else {
+			ec.Threads = l.share.Threads(ctx)
+		}
 	}
 	sh, err := engine.NewShard(ctx, l.m, ec)
 	if err != nil {

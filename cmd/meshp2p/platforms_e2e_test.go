@@ -119,7 +119,7 @@ func TestPlatformUnitTests(t *testing.T) {
 		{"linux-arm64", "placement", "TestBudgetParsing|TestBudgetHost|TestCgroupV1"},
 		{"linux-arm64", "internal/failfile", "TestConcurrentSavesProcesses"},
 		{"linux-arm64", "node/localnodes", "TestAlive"},
-		{"linux-arm64", "node/cpushare", "TestMembers|TestThreadsLeaveBusyCPUs|TestThreadsCancelled"},
+		{"linux-arm64", "node/cpushare", "TestMembers|TestThreadsLeaveBusyCPUs|TestThreadsCancelled|TestGateClaims|TestGateConcurrent|TestGateAcrossProcesses"},
 		{"linux-arm64", "proto/frame", "Test.*"},
 	} {
 		t.Run(tc.plat+"/"+tc.pkg, func(t *testing.T) {

@@ -33,7 +33,10 @@ func threadsOf(t *testing.T, p *cliProc) int {
 // nodes on one machine split its CPUs (the old default, one thread per
 // CPU each, made a 1 ms token take hundreds on a busy 2-core machine).
 // Only upper bounds are asserted: other tests' nodes on this machine also
-// count.
+// count. Where the platform has a cpushare.Gate (Unix), a node's pool is
+// the CPUs meshp2p may use (not the spinner's), and each decode claims
+// from it what the co-located nodes are not computing on at that moment
+// (node/cpushare's tests); elsewhere the pool is the static share.
 func TestStartSharesTheCPUs(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts two nodes")
@@ -59,7 +62,11 @@ func TestStartSharesTheCPUs(t *testing.T) {
 	b := startCLI(t, bin, t.TempDir(), append([]string{"--model", model, "--layers", "3-5", "--bootstrap", a.addr}, net...)...)
 	nb := threadsOf(t, b)
 	t.Logf("the second node: %d threads", nb)
-	if nb > max(1, ncpu/2) {
-		t.Fatalf("second node: %d threads beside another node on %d CPUs, want at most %d", nb, ncpu, max(1, ncpu/2))
+	want := max(1, ncpu/2)
+	if runtime.GOOS != "windows" {
+		want = ncpu - 1
+	}
+	if nb > want {
+		t.Fatalf("second node: %d threads beside another node and a spinning CPU on %d CPUs, want at most %d", nb, ncpu, want)
 	}
 }

@@ -27,6 +27,7 @@ import (
 //	MESHP2P_BENCH_SPEC_TOKENS  the speculation section's long stories260K continuation (default 300)
 //	MESHP2P_BENCH_SPEC_ONLY    the speculation section's rows whose name contains this (no curve)
 //	MESHP2P_BENCH_PROC_TOKENS  tokens per generate in the processes section (default 64)
+//	MESHP2P_BENCH_PROC_START_ARGS  extra flags for its start processes (e.g. "--threads 2")
 //	MESHP2P_BENCH_STANDBY_WORDS, _TOKENS  the standby section's prompt in words (default 250, about 1,000 tokens) and tokens per generate (48)
 //	MESHP2P_BENCH_STANDBY_COVERED  the hops the standby section kills, with and without a standby (default middle,head)
 func envInt(name string, def int) int {

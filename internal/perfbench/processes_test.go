@@ -40,6 +40,7 @@ func processes(b *testing.B, t *Table, rounds, tokens int) {
 		if boot != "" {
 			args = append(args, "--bootstrap", boot)
 		}
+		args = append(args, strings.Fields(os.Getenv("MESHP2P_BENCH_PROC_START_ARGS"))...)
 		pr := startProc(b, bin, args...)
 		if boot == "" {
 			boot = pr.addr

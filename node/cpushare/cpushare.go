@@ -22,6 +22,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/neuron-tai/meshp2p/node/localnodes"
@@ -36,6 +37,9 @@ type Member struct {
 	dir, file string
 	ncpu      int
 	proc      string // the /proc root ("" : none)
+
+	gateOnce sync.Once
+	gate     *Gate // Gate's (nil: none here)
 }
 
 // DefaultDir is the members' directory: one per user, in the temporary
@@ -61,8 +65,12 @@ func Join(dir string) (*Member, error) {
 	return m, nil
 }
 
-// Leave removes this process from the members.
-func (m *Member) Leave() { _ = os.Remove(m.file) }
+// Leave removes this process from the members (and frees its slot in
+// the claims file).
+func (m *Member) Leave() {
+	m.gate.Close()
+	_ = os.Remove(m.file)
+}
 
 // Members counts the live members, this process included; files of
 // processes that are gone are removed.
@@ -102,17 +110,28 @@ func (m *Member) Members() int {
 // Window, at least 1.
 func (m *Member) Threads(ctx context.Context) int {
 	share := max(1, m.ncpu/m.Members())
-	idle, err := m.idleCPUs(ctx)
+	idle, err := m.idleCPUs(ctx, false)
 	if err != nil {
 		return share
 	}
 	return max(1, min(share, int(math.Round(idle))))
 }
 
-// idleCPUs measures how many CPUs were idle or running this process over
-// Window.
-func (m *Member) idleCPUs(ctx context.Context) (float64, error) {
-	idle0, total0, own0, ok, err := m.ticks()
+// Cap is how many CPUs the machine's meshp2p processes may compute on
+// now: those idle or running a member over Window, at least 1. It sizes
+// the thread pool of an engine whose decodes a Gate sizes.
+func (m *Member) Cap(ctx context.Context) int {
+	free, err := m.idleCPUs(ctx, true)
+	if err != nil {
+		return max(1, m.ncpu/m.Members())
+	}
+	return max(1, int(math.Round(free)))
+}
+
+// idleCPUs measures how many CPUs were idle or running this process (with
+// members, any member) over Window.
+func (m *Member) idleCPUs(ctx context.Context, members bool) (float64, error) {
+	idle0, total0, own0, ok, err := m.ticks(members)
 	if err != nil || !ok {
 		return float64(m.ncpu), err
 	}
@@ -123,12 +142,15 @@ func (m *Member) idleCPUs(ctx context.Context) (float64, error) {
 		return 0, ctx.Err()
 	case <-t.C:
 	}
-	idle1, total1, own1, _, err := m.ticks()
+	idle1, total1, own1, _, err := m.ticks(members)
 	if err != nil {
 		return 0, err
 	}
 	if total1 <= total0 {
 		return float64(m.ncpu), nil
+	}
+	if own1 < own0 { // a member left between the two readings
+		own1 = own0
 	}
 	free := float64(idle1-idle0+own1-own0) / float64(total1-total0)
 	return min(1, free) * float64(m.ncpu), nil

@@ -10,8 +10,9 @@ import (
 
 // ticks reads the machine's idle and total CPU time (GetSystemTimes: its
 // kernel time includes the idle time; both summed over the CPUs) and this
-// process's own (GetProcessTimes), in 100 ns units.
-func (m *Member) ticks() (idle, total, own uint64, ok bool, err error) {
+// process's own (GetProcessTimes), in 100 ns units; members is ignored
+// (there is no Gate on Windows).
+func (m *Member) ticks(_ bool) (idle, total, own uint64, ok bool, err error) {
 	var fi, fk, fu windows.Filetime
 	// GetSystemTimes: x/sys/windows does not wrap it.
 	getSystemTimes := windows.NewLazySystemDLL("kernel32.dll").NewProc("GetSystemTimes")

@@ -1,0 +1,148 @@
+package cpushare
+
+import (
+	"os"
+	"strconv"
+	"sync/atomic"
+	"unsafe"
+)
+
+// GateSlots is how many processes the claims file has room for; a
+// process that finds no free slot computes with its static share.
+const GateSlots = 64
+
+// Gate hands each decode of this process its compute threads at the
+// moment it starts, out of the CPUs the machine's meshp2p processes are
+// not computing on right then. The route's hops on one machine decode one
+// after another (a token goes head, middle, tail), so a hop that finds
+// the others idle takes every core where a static share would leave it
+// one; hops that decode at once (sessions in flight) split the cores as
+// the static share would. Claims live in a small file of the members'
+// directory, mapped into every member's memory: one 64-bit slot per
+// process, its pid in the high half and the threads it is computing with
+// in the low half. A slot whose process is gone is cleared when the next
+// process joins or re-checks (Sweep). Results do not depend on the thread
+// count (docs/architecture.md, "Batch invariance").
+type Gate struct {
+	words []uint64 // the mapped slots
+	mine  *uint64  // this process's slot
+	pid   uint64
+	ncpu  int
+}
+
+// slots views the mapped file as GateSlots words.
+func slots(b []byte) []uint64 {
+	return unsafe.Slice((*uint64)(unsafe.Pointer(&b[0])), GateSlots)
+}
+
+// Gate is this process's gate: the first call opens the members' claims
+// file and takes a slot in it. Nil where the platform has no shared
+// mapping (Windows: the static share applies), the file cannot be used,
+// or every slot is taken.
+func (m *Member) Gate() *Gate {
+	m.gateOnce.Do(func() { m.gate = m.openGate() })
+	return m.gate
+}
+
+func (m *Member) openGate() *Gate {
+	b, unmap, err := mapClaims(m.dir + string(os.PathSeparator) + "claims")
+	if err != nil {
+		return nil
+	}
+	pid := uint64(os.Getpid())
+	g := &Gate{words: slots(b), ncpu: m.ncpu, pid: pid}
+	// A slot of this pid is a dead process's whose pid was reused.
+	for i := range g.words {
+		if w := atomic.LoadUint64(&g.words[i]); w>>32 == pid {
+			atomic.CompareAndSwapUint64(&g.words[i], w, 0)
+		}
+	}
+	m.sweep(g)
+	for i := range g.words {
+		if atomic.CompareAndSwapUint64(&g.words[i], 0, pid<<32) {
+			g.mine = &g.words[i]
+			return g
+		}
+	}
+	unmap()
+	return nil
+}
+
+// sweep clears the slots of processes that are not members any more (no
+// member file: Members removes those of processes that are gone).
+func (m *Member) sweep(g *Gate) {
+	for i := range g.words {
+		w := atomic.LoadUint64(&g.words[i])
+		if w == 0 || (g.mine != nil && &g.words[i] == g.mine) {
+			continue
+		}
+		if _, err := os.Stat(m.dir + string(os.PathSeparator) + strconv.FormatUint(w>>32, 10)); os.IsNotExist(err) {
+			atomic.CompareAndSwapUint64(&g.words[i], w, 0)
+		}
+	}
+}
+
+// Sweep clears the slots of members that are gone (the node's periodic
+// re-check calls it after Members).
+func (m *Member) Sweep(g *Gate) {
+	if g != nil {
+		m.Members()
+		m.sweep(g)
+	}
+}
+
+// busy is how many threads the members are computing with now.
+func (g *Gate) busy() int {
+	n := 0
+	for i := range g.words {
+		n += int(uint32(atomic.LoadUint64(&g.words[i])))
+	}
+	return n
+}
+
+// add adds d (negative: takes it off) to this process's claim, as long
+// as the slot is still this process's (Close clears it).
+func (g *Gate) add(d int) {
+	for {
+		w := atomic.LoadUint64(g.mine)
+		if w>>32 != g.pid || int(uint32(w))+d < 0 {
+			return
+		}
+		if atomic.CompareAndSwapUint64(g.mine, w, w+uint64(int64(d))) {
+			return
+		}
+	}
+}
+
+// Acquire claims the threads of a decode that starts now: the CPUs no
+// member is computing on, at most limit, at least 1. Two members that
+// claim at the same moment see each other's claim (the atomics are
+// sequentially consistent) and the later reading gives back what
+// oversubscribes the machine, so together they never exceed its CPUs
+// unless each holds one thread. Release gives the claim back.
+func (g *Gate) Acquire(limit int) int {
+	k := max(1, min(limit, g.ncpu-g.busy()))
+	g.add(k)
+	if over := g.busy() - g.ncpu; over > 0 && k > 1 {
+		back := min(k-1, over)
+		g.add(-back)
+		k -= back
+	}
+	return k
+}
+
+// Release gives back the threads an Acquire claimed.
+func (g *Gate) Release(k int) {
+	if k > 0 {
+		g.add(-k)
+	}
+}
+
+// Close frees this process's slot; Acquire still answers after it (with
+// nothing claimed), so a decode that ends after Close does no harm. The
+// mapping (one page) stays until the process exits.
+func (g *Gate) Close() {
+	if g != nil {
+		atomic.StoreUint64(g.mine, 0)
+	}
+}
