@@ -16,7 +16,7 @@ type perfFlags struct {
 }
 
 func (p *perfFlags) register(fs *flag.FlagSet) {
-	p.threads = fs.Int("threads", 0, "with --local: compute threads (0: auto, this process's share of the machine, like start's default); give the nodes' --threads for a fair comparison")
+	p.threads = fs.Int("threads", 0, "with --local: compute threads (0: auto, like start's default: the CPUs the machine's meshp2p processes are not computing on); give the nodes' --threads for a fair comparison")
 	p.chunk = fs.Int("prefill-chunk", session.DefaultChunk, "prompt rows per prefill frame (with --local: per llama_decode)")
 }
 

@@ -377,8 +377,9 @@ func TestPlatformWindowsDataDir(t *testing.T) {
 // TestPlatformDist: make dist's archives (MESHP2P_DIST="DIR VERSION",
 // make test-platforms packs them): one per built platform, named
 // meshp2p-VERSION-PLATFORM.tar.gz (.zip for Windows), holding the binary
-// that was tested, the README, the demo model and the license files, with
-// its SHA-256 in DIR/SHA256SUMS.
+// that was tested (built with -trimpath: no path of the clone in it), the
+// README, the demo model and the license files, with its SHA-256 in
+// DIR/SHA256SUMS.
 func TestPlatformDist(t *testing.T) {
 	dir, version, ok := strings.Cut(os.Getenv("MESHP2P_DIST"), " ")
 	if !ok {
@@ -412,6 +413,10 @@ func TestPlatformDist(t *testing.T) {
 			}
 			if sha256hex(files[name+"/meshp2p"+exe]) != sha256hex(bin) {
 				t.Errorf("%s%s: its binary is not the tested bin/cross one", name, ext)
+			}
+			// -trimpath: no path of the build machine in a release binary.
+			if root, err := filepath.Abs(filepath.Join("..", "..")); err != nil || bytes.Contains(bin, []byte(root+"/")) {
+				t.Errorf("the %s binary holds this clone's path %s (built without -trimpath?)", plat, root)
 			}
 			if !strings.Contains(string(sums), sha256hex(archive)+"  "+name+ext+"\n") {
 				t.Errorf("SHA256SUMS has no line for %s%s with its sum %s:\n%s", name, ext, sha256hex(archive), sums)

@@ -96,7 +96,7 @@ func (f *startFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&f.nctx, "ctx", node.DefaultNCtx, "KV cells shared by all sessions")
 	fs.IntVar(&f.nbatch, "batch", node.DefaultNBatch, "most rows per llama_decode")
 	fs.IntVar(&f.prefixCache, "prefix-cache", defaultPrefixCache, "KV cells (tokens), on top of --ctx, that keep finished sessions' prefixes so a conversation's next turn computes only its new tokens; counted by placement like --ctx; reused only by the same client (-1: half of --ctx; 0: off)")
-	fs.IntVar(&f.threads, "threads", defaultThreads, "compute threads (default 0: auto, this node's share of the machine: the CPUs over the meshp2p processes running on it, at most the CPUs left idle by other programs; re-checked every 30 s)")
+	fs.IntVar(&f.threads, "threads", defaultThreads, "compute threads (default 0: auto: the CPUs not busy with other programs, re-checked every 30 s; on Unix each decode takes those the machine's other meshp2p processes are not computing on at that moment (one for a model too small to gain from more), elsewhere a static share: the CPUs over the meshp2p processes)")
 	fs.DurationVar(&f.idle, "idle-timeout", session.DefaultIdle, "free a session after this long without frames")
 	fs.IntVar(&f.sessKV, "max-session-kv", defaultMaxSessionKV, "KV cells (tokens) one session may reserve here (0: half of --ctx, so one client cannot take the whole cache; -1: up to --ctx)")
 	fs.IntVar(&f.peerQuota, "max-sessions-per-client", defaultSessionsPerClient, "sessions one client (the origin that signed them) may hold at once on this node, at any position of a route (0: half of --max-sessions; -1: no quota)")
