@@ -237,7 +237,7 @@ func (s *Shard) decode(parts []part, n int) error {
 	if err := s.makeRoom(n); err != nil {
 		return err
 	}
-	if g := s.cfg.Gate; g != nil && s.pool != nil {
+	if g := s.cfg.Gate; g != nil {
 		k := g.Acquire(s.threads)
 		defer g.Release(k)
 		if k != s.running {

@@ -63,6 +63,7 @@ type scriptGate struct {
 	limits   []int
 	held     int
 	acquired int
+	last     int // the last count handed out
 }
 
 func (g *scriptGate) Acquire(limit int) int {
@@ -72,6 +73,7 @@ func (g *scriptGate) Acquire(limit int) int {
 	g.acquired++
 	g.limits = append(g.limits, limit)
 	g.held += k
+	g.last = k
 	return k
 }
 
@@ -104,10 +106,19 @@ func TestGateSizesEachDecode(t *testing.T) {
 		defer sess.Close()
 		var all [][]float32
 		in := Input{Pos: 0, Tokens: prompt, Sample: true, Logits: true}
-		for range 6 {
+		for i := range 6 {
 			out, err := sess.Forward(context.Background(), in)
 			if err != nil {
 				t.Fatal(err)
+			}
+			// One decode per step; the loop's answer orders the read.
+			if s == gated {
+				g.mu.Lock()
+				want := g.last
+				g.mu.Unlock()
+				if s.running != want {
+					t.Fatalf("step %d computed on %d threads, want the gate's %d", i, s.running, want)
+				}
 			}
 			all = append(all, slices.Clone(out.Logits))
 			in = Input{Pos: in.Pos + len(in.Tokens), Tokens: []int32{out.Token}, Sample: true, Logits: true}

@@ -59,10 +59,18 @@ func (ts *threadShare) configure(ctx context.Context, ec *engine.Config) *window
 type windowGate struct {
 	g     *cpushare.Gate
 	limit atomic.Int32
+	most  atomic.Int32 // the most threads a decode got (choose)
 }
 
-func (w *windowGate) Acquire(n int) int { return w.g.Acquire(min(n, int(w.limit.Load()))) }
-func (w *windowGate) Release(n int)     { w.g.Release(n) }
+func (w *windowGate) Acquire(n int) int {
+	k := w.g.Acquire(min(n, int(w.limit.Load())))
+	if int32(k) > w.most.Load() {
+		w.most.Store(int32(k))
+	}
+	return k
+}
+
+func (w *windowGate) Release(n int) { w.g.Release(n) }
 
 // gateProbeMax: a window whose decode step takes longer than this on every
 // thread it may claim is compute-bound enough that more threads pay; it
@@ -76,9 +84,10 @@ const gateGainMin = 0.9
 // choose measures the window's decode step on one thread against many
 // (its calibration, measured on what the gate gave) and holds it to one
 // thread where many were not gateGainMin faster. It returns the
-// calibration of the count chosen.
+// calibration of the count chosen. Where the calibration never got a
+// second thread (other members computed throughout), nothing is decided.
 func (w *windowGate) choose(ctx context.Context, sh *engine.Shard, many time.Duration, log *slog.Logger) (time.Duration, error) {
-	if w == nil || sh.Threads() < 2 || many > gateProbeMax {
+	if w == nil || sh.Threads() < 2 || many > gateProbeMax || w.most.Load() < 2 {
 		return many, nil
 	}
 	w.limit.Store(1)

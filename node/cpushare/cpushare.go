@@ -131,7 +131,11 @@ func (m *Member) Cap(ctx context.Context) int {
 // idleCPUs measures how many CPUs were idle or running this process (with
 // members, any member) over Window.
 func (m *Member) idleCPUs(ctx context.Context, members bool) (float64, error) {
-	idle0, total0, own0, ok, err := m.ticks(members)
+	idle0, total0, own0, ok, err := m.ticks()
+	var others0 map[int]uint64
+	if members {
+		others0 = m.othersTicks()
+	}
 	if err != nil || !ok {
 		return float64(m.ncpu), err
 	}
@@ -142,15 +146,21 @@ func (m *Member) idleCPUs(ctx context.Context, members bool) (float64, error) {
 		return 0, ctx.Err()
 	case <-t.C:
 	}
-	idle1, total1, own1, _, err := m.ticks(members)
+	idle1, total1, own1, _, err := m.ticks()
 	if err != nil {
 		return 0, err
 	}
 	if total1 <= total0 {
 		return float64(m.ncpu), nil
 	}
-	if own1 < own0 { // a member left between the two readings
-		own1 = own0
+	// Members' time over the window: only those there at both readings
+	// (one that joined in between brings its whole lifetime).
+	if members {
+		for pid, t1 := range m.othersTicks() {
+			if t0, ok := others0[pid]; ok && t1 >= t0 {
+				own1 += t1 - t0
+			}
+		}
 	}
 	free := float64(idle1-idle0+own1-own0) / float64(total1-total0)
 	return min(1, free) * float64(m.ncpu), nil

@@ -2,6 +2,7 @@ package cpushare
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -18,6 +19,24 @@ func TestMain(m *testing.M) {
 		gateChild(dir)
 	}
 	testbin.Main(m)
+}
+
+// gateChildEnv makes a test binary a member that claims every CPU and
+// holds the claim until killed (gateChild).
+const gateChildEnv = "MESHP2P_CPUSHARE_GATE_CHILD"
+
+func gateChild(dir string) {
+	m, err := Join(dir)
+	if err != nil {
+		os.Exit(2)
+	}
+	g := m.Gate()
+	if g == nil {
+		os.Exit(3)
+	}
+	fmt.Println(g.Acquire(m.ncpu))
+	time.Sleep(time.Minute)
+	os.Exit(0)
 }
 
 // child starts a process of ours doing what (testbin.Child) that lives
@@ -114,7 +133,7 @@ func TestThreadsLeaveBusyCPUs(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer m.Leave()
-	if _, _, _, ok, err := m.ticks(false); !ok || err != nil {
+	if _, _, _, ok, err := m.ticks(); !ok || err != nil {
 		t.Skipf("no CPU times on %s (ok %v, %v): every CPU counts as idle", runtime.GOOS, ok, err)
 	}
 	child(t, "spin")

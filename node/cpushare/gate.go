@@ -16,18 +16,19 @@ const GateSlots = 64
 // not computing on right then. The route's hops on one machine decode one
 // after another (a token goes head, middle, tail), so a hop that finds
 // the others idle takes every core where a static share would leave it
-// one; hops that decode at once (sessions in flight) split the cores as
-// the static share would. Claims live in a small file of the members'
+// one; hops that decode at once (sessions in flight) split the cores
+// evenly, as the static share would. Claims live in a small file of the members'
 // directory, mapped into every member's memory: one 64-bit slot per
 // process, its pid in the high half and the threads it is computing with
 // in the low half. A slot whose process is gone is cleared when the next
 // process joins or re-checks (Sweep). Results do not depend on the thread
 // count (docs/architecture.md, "Batch invariance").
 type Gate struct {
-	words []uint64 // the mapped slots
-	mine  *uint64  // this process's slot
-	pid   uint64
-	ncpu  int
+	words  []uint64               // the mapped slots
+	mine   atomic.Pointer[uint64] // this process's slot
+	closed atomic.Bool
+	pid    uint64
+	ncpu   int
 }
 
 // slots views the mapped file as GateSlots words.
@@ -57,15 +58,24 @@ func (m *Member) openGate() *Gate {
 			atomic.CompareAndSwapUint64(&g.words[i], w, 0)
 		}
 	}
+	m.Members() // removes the member files of processes that are gone
 	m.sweep(g)
+	if !g.takeSlot() {
+		unmap()
+		return nil
+	}
+	return g
+}
+
+// takeSlot takes a free slot for this process.
+func (g *Gate) takeSlot() bool {
 	for i := range g.words {
-		if atomic.CompareAndSwapUint64(&g.words[i], 0, pid<<32) {
-			g.mine = &g.words[i]
-			return g
+		if atomic.CompareAndSwapUint64(&g.words[i], 0, g.pid<<32) {
+			g.mine.Store(&g.words[i])
+			return true
 		}
 	}
-	unmap()
-	return nil
+	return false
 }
 
 // sweep clears the slots of processes that are not members any more (no
@@ -73,7 +83,7 @@ func (m *Member) openGate() *Gate {
 func (m *Member) sweep(g *Gate) {
 	for i := range g.words {
 		w := atomic.LoadUint64(&g.words[i])
-		if w == 0 || (g.mine != nil && &g.words[i] == g.mine) {
+		if w == 0 || &g.words[i] == g.mine.Load() {
 			continue
 		}
 		if _, err := os.Stat(m.dir + string(os.PathSeparator) + strconv.FormatUint(w>>32, 10)); os.IsNotExist(err) {
@@ -83,47 +93,67 @@ func (m *Member) sweep(g *Gate) {
 }
 
 // Sweep clears the slots of members that are gone (the node's periodic
-// re-check calls it after Members).
+// re-check and generate --local call it). A process whose own slot was
+// cleared (its member file was taken for a dead process's) takes another,
+// so it does not compute unseen by the others.
 func (m *Member) Sweep(g *Gate) {
-	if g != nil {
-		m.Members()
-		m.sweep(g)
+	if g == nil {
+		return
+	}
+	m.Members()
+	m.sweep(g)
+	if mine := g.mine.Load(); !g.closed.Load() && mine != nil && atomic.LoadUint64(mine)>>32 != g.pid {
+		g.takeSlot()
 	}
 }
 
-// busy is how many threads the members are computing with now.
-func (g *Gate) busy() int {
-	n := 0
+// busy is how many threads the members are computing with now, and how
+// many slots other than this process's hold a claim.
+func (g *Gate) busy() (threads, others int) {
+	mine := g.mine.Load()
 	for i := range g.words {
-		n += int(uint32(atomic.LoadUint64(&g.words[i])))
+		n := int(uint32(atomic.LoadUint64(&g.words[i])))
+		threads += n
+		if n > 0 && &g.words[i] != mine {
+			others++
+		}
 	}
-	return n
+	return threads, others
 }
 
 // add adds d (negative: takes it off) to this process's claim, as long
 // as the slot is still this process's (Close clears it).
 func (g *Gate) add(d int) {
+	mine := g.mine.Load()
 	for {
-		w := atomic.LoadUint64(g.mine)
+		w := atomic.LoadUint64(mine)
 		if w>>32 != g.pid || int(uint32(w))+d < 0 {
 			return
 		}
-		if atomic.CompareAndSwapUint64(g.mine, w, w+uint64(int64(d))) {
+		if atomic.CompareAndSwapUint64(mine, w, w+uint64(int64(d))) {
 			return
 		}
 	}
 }
 
 // Acquire claims the threads of a decode that starts now: the CPUs no
-// member is computing on, at most limit, at least 1. Two members that
-// claim at the same moment see each other's claim (the atomics are
-// sequentially consistent) and the later reading gives back what
-// oversubscribes the machine, so together they never exceed its CPUs
-// unless each holds one thread. Release gives the claim back.
+// member is computing on, at most limit, at least 1, and while other
+// members compute at most an even share of the CPUs (so a process that
+// decodes back to back does not keep the CPUs from one that got a
+// single thread). Two members that claim at the same moment see each
+// other's claim (the atomics are sequentially consistent) and the later
+// reading gives back what oversubscribes the machine, so together they
+// never exceed its CPUs unless each holds one thread. Release gives the
+// claim back.
 func (g *Gate) Acquire(limit int) int {
-	k := max(1, min(limit, g.ncpu-g.busy()))
+	busy, others := g.busy()
+	k := max(1, min(limit, g.ncpu-busy))
+	if others > 0 {
+		k = max(1, min(k, g.ncpu/(others+1)))
+	}
 	g.add(k)
-	if over := g.busy() - g.ncpu; over > 0 && k > 1 {
+	if busy, _ = g.busy(); busy-g.ncpu > 0 && k > 1 {
+		over := busy - g.ncpu
 		back := min(k-1, over)
 		g.add(-back)
 		k -= back
@@ -143,6 +173,7 @@ func (g *Gate) Release(k int) {
 // mapping (one page) stays until the process exits.
 func (g *Gate) Close() {
 	if g != nil {
-		atomic.StoreUint64(g.mine, 0)
+		g.closed.Store(true)
+		atomic.StoreUint64(g.mine.Load(), 0)
 	}
 }

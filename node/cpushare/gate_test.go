@@ -3,34 +3,14 @@
 package cpushare
 
 import (
-	"context"
-	"fmt"
 	"os"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"testing"
-	"time"
 
 	"github.com/neuron-tai/meshp2p/internal/testbin"
 )
-
-// gateChildEnv makes a test binary a member that claims every CPU and
-// holds the claim until killed (gateChild).
-const gateChildEnv = "MESHP2P_CPUSHARE_GATE_CHILD"
-
-func gateChild(dir string) {
-	m, err := Join(dir)
-	if err != nil {
-		os.Exit(2)
-	}
-	g := m.Gate()
-	if g == nil {
-		os.Exit(3)
-	}
-	fmt.Println(g.Acquire(m.ncpu))
-	time.Sleep(time.Minute)
-	os.Exit(0)
-}
 
 // fakeGate is a Gate of a made-up member pid on m's claims file (its
 // member file written, so sweeps keep it), for claims of several
@@ -46,7 +26,7 @@ func fakeGate(t *testing.T, m *Member, pid int) *Gate {
 	for i := range g.words {
 		if g.words[i] == 0 {
 			g.words[i] = uint64(pid) << 32
-			g.mine = &g.words[i]
+			g.mine.Store(&g.words[i])
 			return g
 		}
 	}
@@ -65,8 +45,8 @@ func TestGateClaims(t *testing.T) {
 	m.ncpu = 4
 	a, b := fakeGate(t, m, 1<<30), fakeGate(t, m, 1<<30+1)
 	for _, tc := range []struct {
-		name       string
-		hold       int // a's claim while b asks (0: none)
+		name        string
+		hold        int // a's claim while b asks (0: none)
 		limit, want int
 	}{
 		{"alone", 0, 4, 4},
@@ -74,6 +54,7 @@ func TestGateClaims(t *testing.T) {
 		{"beside a decode on 2", 2, 4, 2},
 		{"beside a decode on 3", 3, 4, 1},
 		{"beside a decode on every CPU: still one", 4, 4, 1},
+		{"beside a decode on one: an even share, not the other 3", 1, 4, 2},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if tc.hold > 0 {
@@ -85,19 +66,20 @@ func TestGateClaims(t *testing.T) {
 			got := b.Acquire(tc.limit)
 			defer b.Release(got)
 			if got != tc.want {
-				t.Fatalf("b claimed %d, want %d (busy %d)", got, tc.want, b.busy())
+				busy, _ := b.busy()
+				t.Fatalf("b claimed %d, want %d (busy %d)", got, tc.want, busy)
 			}
 		})
 	}
-	if n := a.busy(); n != 0 {
+	if n, _ := a.busy(); n != 0 {
 		t.Fatalf("%d threads claimed after every release", n)
 	}
 	// After Close the slot is free, and a late Release does not touch it.
 	k := b.Acquire(4)
 	b.Close()
 	b.Release(k)
-	if *b.mine != 0 {
-		t.Fatalf("slot after Close and a late Release: %#x", *b.mine)
+	if w := *b.mine.Load(); w != 0 {
+		t.Fatalf("slot after Close and a late Release: %#x", w)
 	}
 }
 
@@ -118,9 +100,11 @@ func TestGateConcurrent(t *testing.T) {
 		n := 2 + round%5 // members decoding at once
 		ks := make([]int, n)
 		var wg sync.WaitGroup
+		start := make(chan struct{})
 		for i := range n {
-			wg.Go(func() { ks[i] = gates[i].Acquire(4) })
+			wg.Go(func() { <-start; ks[i] = gates[i].Acquire(4) })
 		}
+		close(start)
 		wg.Wait()
 		total, ones := 0, 0
 		for _, k := range ks {
@@ -129,14 +113,14 @@ func TestGateConcurrent(t *testing.T) {
 				ones++
 			}
 		}
-		if total != gates[0].busy() || total > 4+ones {
-			t.Fatalf("round %d: claims %v (busy %d) on 4 CPUs", round, ks, gates[0].busy())
+		if busy, _ := gates[0].busy(); total != busy || total > 4+ones {
+			t.Fatalf("round %d: claims %v (busy %d) on 4 CPUs", round, ks, busy)
 		}
 		for i, k := range ks {
 			gates[i].Release(k)
 		}
 	}
-	if n := gates[0].busy(); n != 0 {
+	if n, _ := gates[0].busy(); n != 0 {
 		t.Fatalf("%d threads claimed after every release", n)
 	}
 }
@@ -183,5 +167,16 @@ func TestGateAcrossProcesses(t *testing.T) {
 	} else {
 		g.Release(k)
 	}
-	_ = context.Background()
+	// A process whose slot another cleared takes a new one at its next
+	// sweep, so its claims are seen again.
+	atomic.StoreUint64(g.mine.Load(), 0)
+	m.Sweep(g)
+	if w := atomic.LoadUint64(g.mine.Load()); w>>32 != uint64(os.Getpid()) {
+		t.Fatalf("own slot after a sweep: %#x", w)
+	}
+	k := g.Acquire(m.ncpu)
+	defer g.Release(k)
+	if busy, _ := g.busy(); busy != k {
+		t.Fatalf("a claim of %d after re-taking the slot: %d claimed", k, busy)
+	}
 }

@@ -12,9 +12,8 @@ import (
 )
 
 // ticks reads the machine's idle and total CPU ticks and this process's
-// own (with members, every member's), from /proc (ok false where there is
-// none).
-func (m *Member) ticks(members bool) (idle, total, own uint64, ok bool, err error) {
+// own, from /proc (ok false where there is none).
+func (m *Member) ticks() (idle, total, own uint64, ok bool, err error) {
 	if m.proc == "" {
 		return 0, 0, 0, false, nil
 	}
@@ -22,17 +21,17 @@ func (m *Member) ticks(members bool) (idle, total, own uint64, ok bool, err erro
 		return 0, 0, 0, false, err
 	}
 	own, err = m.ownTicks()
-	if members && err == nil {
-		own += m.othersTicks()
-	}
 	return idle, total, own, err == nil, err
 }
 
-// othersTicks sums the user + system ticks of the other members (a member
-// that cannot be read counts 0).
-func (m *Member) othersTicks() uint64 {
+// othersTicks reads the user + system ticks of each other member that
+// can be read, by pid.
+func (m *Member) othersTicks() map[int]uint64 {
+	if m.proc == "" {
+		return nil
+	}
 	ents, _ := os.ReadDir(m.dir)
-	var n uint64
+	n := map[int]uint64{}
 	for _, e := range ents {
 		pid, err := strconv.Atoi(e.Name())
 		if err != nil || pid == os.Getpid() {
@@ -41,7 +40,7 @@ func (m *Member) othersTicks() uint64 {
 		if f, err := m.statFields(pid); err == nil && len(f) >= 15 {
 			u, _ := strconv.ParseUint(f[13], 10, 64)
 			s, _ := strconv.ParseUint(f[14], 10, 64)
-			n += u + s
+			n[pid] = u + s
 		}
 	}
 	return n

@@ -10,9 +10,8 @@ import (
 
 // ticks reads the machine's idle and total CPU time (GetSystemTimes: its
 // kernel time includes the idle time; both summed over the CPUs) and this
-// process's own (GetProcessTimes), in 100 ns units; members is ignored
-// (there is no Gate on Windows).
-func (m *Member) ticks(_ bool) (idle, total, own uint64, ok bool, err error) {
+// process's own (GetProcessTimes), in 100 ns units.
+func (m *Member) ticks() (idle, total, own uint64, ok bool, err error) {
 	var fi, fk, fu windows.Filetime
 	// GetSystemTimes: x/sys/windows does not wrap it.
 	getSystemTimes := windows.NewLazySystemDLL("kernel32.dll").NewProc("GetSystemTimes")
@@ -25,6 +24,9 @@ func (m *Member) ticks(_ bool) (idle, total, own uint64, ok bool, err error) {
 	}
 	return ft(fi), ft(fk) + ft(fu), ft(k) + ft(u), true, nil
 }
+
+// othersTicks: not read on Windows (there is no Gate there).
+func (m *Member) othersTicks() map[int]uint64 { return nil }
 
 func ft(f windows.Filetime) uint64 { return uint64(f.HighDateTime)<<32 | uint64(f.LowDateTime) }
 
