@@ -119,7 +119,13 @@ func TestPlatformUnitTests(t *testing.T) {
 		{"linux-arm64", "placement", "TestBudgetParsing|TestBudgetHost|TestCgroupV1"},
 		{"linux-arm64", "internal/failfile", "TestConcurrentSavesProcesses"},
 		{"linux-arm64", "node/localnodes", "TestAlive"},
-		{"linux-arm64", "node/cpushare", "TestMembers|TestThreadsLeaveBusyCPUs|TestThreadsCancelled|TestGateClaims|TestGateConcurrent|TestGateAcrossProcesses"},
+		// Not TestGateAcrossProcesses: qemu-user answers a process's
+		// reads of its own /proc/<pid>/stat itself, with another start
+		// time than the host's /proc shows the others, so two emulated
+		// members take each other for reused pids and drop each other's
+		// files (a harness artifact; TestMembers registers its children
+		// with start times the parent reads, and passes).
+		{"linux-arm64", "node/cpushare", "TestMembers|TestThreadsLeaveBusyCPUs|TestThreadsCancelled|TestGateClaims|TestGateConcurrent"},
 		{"linux-arm64", "proto/frame", "Test.*"},
 	} {
 		t.Run(tc.plat+"/"+tc.pkg, func(t *testing.T) {
