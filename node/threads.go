@@ -106,13 +106,7 @@ func (w *windowGate) choose(ctx context.Context, sh *engine.Shard, many time.Dur
 
 // threads measures the share now.
 func (ts *threadShare) threads(ctx context.Context) int {
-	var n int
-	if ts.gate != nil {
-		ts.m.Sweep(ts.gate)
-		n = ts.m.Cap(ctx)
-	} else {
-		n = ts.m.Threads(ctx)
-	}
+	n, _ := ts.m.Pool(ctx)
 	ts.mu.Lock()
 	ts.last = n
 	ts.mu.Unlock()

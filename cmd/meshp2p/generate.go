@@ -401,11 +401,9 @@ func (l *localGen) run(ctx context.Context, p client.Prompt, onText func(string)
 	ec.PrefixCacheCells = 0 // one generation: nothing to reuse
 	ec.NBatch = max(ec.NBatch, 2)
 	if l.share != nil {
-		if g := l.share.Gate(); g != nil {
-			l.share.Sweep(g) // a killed node's claim does not hold this run to one thread
-			ec.Threads, ec.Gate = l.share.Cap(ctx), g
-		} else {
-			ec.Threads = l.share.Threads(ctx)
+		var g *cpushare.Gate
+		if ec.Threads, g = l.share.Pool(ctx); g != nil {
+			ec.Gate = g
 		}
 	}
 	sh, err := engine.NewShard(ctx, l.m, ec)

@@ -1,6 +1,7 @@
 package cpushare
 
 import (
+	"context"
 	"os"
 	"strconv"
 	"sync/atomic"
@@ -90,6 +91,18 @@ func (m *Member) sweep(g *Gate) {
 			atomic.CompareAndSwapUint64(&g.words[i], w, 0)
 		}
 	}
+}
+
+// Pool is the thread pool an engine of this process takes now, and the
+// gate its decodes claim threads through: Cap with this process's gate
+// (swept first, so a killed member's claim does not count), or the
+// static share (Threads) and nil where there is no gate.
+func (m *Member) Pool(ctx context.Context) (int, *Gate) {
+	if g := m.Gate(); g != nil {
+		m.Sweep(g)
+		return m.Cap(ctx), g
+	}
+	return m.Threads(ctx), nil
 }
 
 // Sweep clears the slots of members that are gone (the node's periodic
