@@ -178,6 +178,15 @@ func copyTensor(ctx context.Context, w io.Writer, t WriteTensor, n int64, buf []
 // WriteFile writes a GGUF file atomically: to a temporary file in the same
 // directory, synced, then renamed over path. On any error nothing is left
 // behind.
+//
+// Once synced, the file's pages are dropped from the page cache (Linux):
+// a shard is mapped by the engine right after it is written, and the
+// pages a buffered write leaves are scattered small ones, while pages the
+// mapping reads back come in readahead's large contiguous blocks. On the
+// 2-vCPU VM of docs/performance.md a single-thread decode streamed the
+// weights 1.3-3x slower from written pages than from read-back ones, and
+// slower the longer the process ran. It also keeps a split of a large
+// model from filling the page cache with a second copy of its bytes.
 func WriteFile(ctx context.Context, path string, md Metadata, tensors []WriteTensor, progress func(done, total int64)) (err error) {
 	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp-*")
 	if err != nil {
@@ -202,6 +211,7 @@ func WriteFile(ctx context.Context, path string, md Metadata, tensors []WriteTen
 	if err = tmp.Sync(); err != nil {
 		return err
 	}
+	dropPageCache(tmp)
 	if err = tmp.Close(); err != nil {
 		return err
 	}
