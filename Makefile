@@ -232,18 +232,9 @@ soak: $(GENERATED)
 	MESHP2P_SOAK_DURATION=$(SOAK_DURATION) go test -run TestChurnSoak -timeout 35m -v -count=1 ./soak
 
 # Runs every fuzz target briefly (CI: FUZZTIME execs each) or longer: make fuzz FUZZTIME=5m
-# -fuzzminimizetime 1s: some inputs are signed and verified (transcripts,
-# proofs), and minimizing each new one for the default 60 s stalls a run.
-# -trimpath: the instrumented builds' cache keys do not depend on the
-# clone's directory, so a fresh clone rebuilds only the packages that
-# changed (without it, make test's fuzz step recompiled them all).
+# (scripts/fuzz.sh: one instrumented test binary per package).
 fuzz: $(GENERATED)
-	@for pkg in $$(go list ./...); do \
-	  for f in $$(go test -list '^Fuzz' $$pkg 2>/dev/null | grep '^Fuzz'); do \
-	    echo "fuzz $$pkg $$f ($(FUZZTIME))"; \
-	    go test -trimpath -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZTIME) -fuzzminimizetime 1s $$pkg || exit 1; \
-	  done; \
-	done
+	@sh scripts/fuzz.sh '$(FUZZTIME)'
 
 # Containers (testnet/compose, docs/reference.md "Containers"). `make image` builds the
 # offline image FROM scratch (no registry); the Dockerfile is for machines
