@@ -59,8 +59,7 @@ func (m *Member) openGate() *Gate {
 			atomic.CompareAndSwapUint64(&g.words[i], w, 0)
 		}
 	}
-	m.Members() // removes the member files of processes that are gone
-	m.sweep(g)
+	m.Sweep(g) // the slots of processes that are gone (no slot of its own yet)
 	if !g.takeSlot() {
 		unmap()
 		return nil
@@ -106,7 +105,7 @@ func (m *Member) Pool(ctx context.Context) (int, *Gate) {
 }
 
 // Sweep clears the slots of members that are gone (the node's periodic
-// re-check and generate --local call it). A process whose own slot was
+// re-check, generate --local and the gate's opening call it). A process whose own slot was
 // cleared (its member file was taken for a dead process's) takes another,
 // so it does not compute unseen by the others.
 func (m *Member) Sweep(g *Gate) {
@@ -165,9 +164,8 @@ func (g *Gate) Acquire(limit int) int {
 		k = max(1, min(k, g.ncpu/(others+1)))
 	}
 	g.add(k)
-	if busy, _ = g.busy(); busy-g.ncpu > 0 && k > 1 {
-		over := busy - g.ncpu
-		back := min(k-1, over)
+	if busy, _ = g.busy(); busy > g.ncpu && k > 1 {
+		back := min(k-1, busy-g.ncpu)
 		g.add(-back)
 		k -= back
 	}
