@@ -14,6 +14,13 @@
 // since a proof holds the accused's own signed statements of a session its
 // publisher really ran through it. A publisher whose proof a replay finds
 // honest is not heard again for PenaltyTime.
+//
+// Gossip keeps no history: a node that joined the topic's mesh just after
+// a proof went round (or was down then) would never hear it. So the author
+// sends each of its proofs again (Config.Republish), and a node forwards
+// such a repeat of a proof it already judged (at most once per
+// Config.RepeatInterval) without replaying it again: the repeat reaches the nodes
+// that missed the first copy, and costs the others a digest.
 package proofgossip
 
 import (
@@ -49,9 +56,22 @@ const (
 	// PenaltyTime is how long an author whose proof a replay found honest
 	// is not heard.
 	PenaltyTime = time.Hour
+	// DefaultRepeatInterval is the least time between two forwards of one
+	// proof by a node (its author's repeats, or another author's copy).
+	DefaultRepeatInterval = time.Minute
+	// MaxOwn bounds the proofs a node sends again (the newest are kept).
+	MaxOwn = 8
 	// maxRemembered bounds the digests and authors remembered.
 	maxRemembered = 4096
 )
+
+// DefaultRepublish is when an author sends its proof again: each gap after
+// the last send, the last gap repeating while the node runs. The first
+// catches the nodes that were joining the mesh as the proof went round
+// (a gossipsub heartbeat or two); the later ones, nodes that joined since.
+func DefaultRepublish() []time.Duration {
+	return []time.Duration{5 * time.Second, time.Minute, 10 * time.Minute, time.Hour, 6 * time.Hour}
+}
 
 // Judge replays a proof (session.Judge over this node's audit engines).
 type Judge func(ctx context.Context, p *meshp2pb.Proof) (session.Verdict, error)
@@ -72,6 +92,13 @@ type Config struct {
 	// Serving reports whether p advertises layers now: proofs against
 	// anyone else (throwaway keys) are dropped before any work.
 	Serving func(peer.ID) bool
+	// Republish is when this node sends its own proofs again (gaps after
+	// the previous send; the last repeats). Nil: DefaultRepublish(); empty
+	// (not nil): never.
+	Republish []time.Duration
+	// RepeatInterval: the least time between two forwards of one proof
+	// heard before (DefaultRepeatInterval when 0).
+	RepeatInterval time.Duration
 	// PublisherInterval, Queue, JudgeTimeout: see the defaults.
 	PublisherInterval time.Duration
 	Queue             int
@@ -84,8 +111,26 @@ type Config struct {
 type Stats struct {
 	// Heard: accepted and forwarded; Refused: malformed or forged
 	// (the forwarder's score pays); Dropped: over a rate, a penalised
-	// author, a throwaway accused or a full replay queue.
-	Heard, Refused, Dropped, Judged, Convicted, Refuted, Suspected int
+	// author, a throwaway accused or a full replay queue; Repeated: a
+	// proof heard before, forwarded again without a replay; Republished:
+	// this node's own proofs sent again.
+	Heard, Refused, Dropped, Judged, Convicted, Refuted, Suspected, Repeated, Republished int
+}
+
+// fate is what a node made of a proof (by digest).
+type fate uint8
+
+const (
+	unknown fate = iota // never heard, or dropped (a repeat is checked afresh)
+	heard               // accepted: queued for a replay, or suspected
+	refused             // malformed or forged
+)
+
+// own is one of this node's proofs, sent again on the Republish schedule.
+type own struct {
+	data []byte
+	due  time.Time
+	step int
 }
 
 // Gossip is one node's end of the proofs topic.
@@ -96,9 +141,13 @@ type Gossip struct {
 	work  chan *meshp2pb.Proof
 
 	mu      sync.Mutex
-	seen    map[[32]byte]bool
+	seen    map[[32]byte]fate
+	read    map[[32]byte]bool      // delivered to readLoop (a repeat is not queued again)
+	fwd     map[[32]byte]time.Time // when a repeat was last forwarded
 	lastBy  map[peer.ID]time.Time
 	penalty map[peer.ID]time.Time
+	mine    []*own
+	wake    chan struct{}
 	stats   Stats
 
 	cancel context.CancelFunc
@@ -125,17 +174,25 @@ func Start(ctx context.Context, d *p2p.Discovery, self peer.ID, cfg Config) (*Go
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	g := &Gossip{cfg: cfg, self: self, work: make(chan *meshp2pb.Proof, cfg.Queue),
-		seen: map[[32]byte]bool{}, lastBy: map[peer.ID]time.Time{}, penalty: map[peer.ID]time.Time{}}
+	if cfg.RepeatInterval <= 0 {
+		cfg.RepeatInterval = DefaultRepeatInterval
+	}
+	if cfg.Republish == nil {
+		cfg.Republish = DefaultRepublish()
+	}
+	g := &Gossip{cfg: cfg, self: self, work: make(chan *meshp2pb.Proof, cfg.Queue), wake: make(chan struct{}, 1),
+		seen: map[[32]byte]fate{}, read: map[[32]byte]bool{}, fwd: map[[32]byte]time.Time{},
+		lastBy: map[peer.ID]time.Time{}, penalty: map[peer.ID]time.Time{}}
 	t, err := d.Join(TopicName, g.validate)
 	if err != nil {
 		return nil, err
 	}
 	g.topic = t
 	ctx, g.cancel = context.WithCancel(ctx)
-	g.wg.Add(2)
+	g.wg.Add(3)
 	go g.readLoop(ctx)
 	go g.judgeLoop(ctx)
+	go g.republishLoop(ctx)
 	return g, nil
 }
 
@@ -158,18 +215,89 @@ func (g *Gossip) Publish(ctx context.Context, p *meshp2pb.Proof) error {
 	if len(b) > p2p.MaxTopicMessage {
 		return fmt.Errorf("%w: %d bytes, more than %d (submit it to a tracker, or check it with `meshp2p proof verify`)", ErrTooLarge, len(b), p2p.MaxTopicMessage)
 	}
+	sum := sha256.Sum256(b)
 	g.mu.Lock()
-	g.remember(sha256.Sum256(b))
+	g.remember(sum, heard)
+	g.keep(b)
 	g.mu.Unlock()
+	select {
+	case g.wake <- struct{}{}:
+	default:
+	}
 	return g.topic.Publish(ctx, b)
 }
 
-// remember records a digest as seen (mu held; bounded).
-func (g *Gossip) remember(sum [32]byte) {
+// keep schedules proof b to be sent again (mu held; the newest MaxOwn).
+func (g *Gossip) keep(b []byte) {
+	if len(g.cfg.Republish) == 0 {
+		return
+	}
+	if len(g.mine) >= MaxOwn {
+		g.mine = g.mine[1:]
+	}
+	g.mine = append(g.mine, &own{data: b, due: g.cfg.Now().Add(g.cfg.Republish[0])})
+}
+
+// republishLoop sends this node's proofs again when due.
+func (g *Gossip) republishLoop(ctx context.Context) {
+	defer g.wg.Done()
+	t := time.NewTimer(time.Hour)
+	defer t.Stop()
+	for {
+		t.Reset(g.republish(ctx))
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		case <-g.wake:
+		}
+	}
+}
+
+// republish sends the proofs due and returns the wait until the next one.
+func (g *Gossip) republish(ctx context.Context) time.Duration {
+	now := g.cfg.Now()
+	next := time.Hour
+	var due [][]byte
+	g.mu.Lock()
+	for _, o := range g.mine {
+		if !now.Before(o.due) {
+			due = append(due, o.data)
+			o.step = min(o.step+1, len(g.cfg.Republish)-1)
+			o.due = now.Add(g.cfg.Republish[o.step])
+		}
+		next = min(next, o.due.Sub(now))
+	}
+	g.stats.Republished += len(due)
+	g.mu.Unlock()
+	for _, b := range due {
+		if err := g.topic.Publish(ctx, b); err != nil && ctx.Err() == nil {
+			g.log().Info("could not send a fraud proof again", "err", err)
+		}
+	}
+	return max(next, 10*time.Millisecond)
+}
+
+// remember records what this node made of a digest (mu held; bounded).
+func (g *Gossip) remember(sum [32]byte, f fate) {
 	if len(g.seen) >= maxRemembered {
 		clear(g.seen) // a memory bound: a replay after it costs one more check
 	}
-	g.seen[sum] = true
+	g.seen[sum] = f
+}
+
+// repeat decides on a proof heard before (mu held): forwarded again at
+// most once per RepeatInterval, never replayed again.
+func (g *Gossip) repeat(sum [32]byte, now time.Time) p2p.TopicVerdict {
+	if now.Sub(g.fwd[sum]) < g.cfg.RepeatInterval {
+		return p2p.TopicIgnore
+	}
+	if len(g.fwd) >= maxRemembered {
+		clear(g.fwd)
+	}
+	g.fwd[sum] = now
+	g.stats.Repeated++
+	return p2p.TopicAccept
 }
 
 // validate is the topic's validator: the checks that need no replay, in
@@ -181,10 +309,16 @@ func (g *Gossip) validate(_ context.Context, from peer.ID, data []byte) p2p.Topi
 	now := g.cfg.Now()
 	sum := sha256.Sum256(data)
 	g.mu.Lock()
-	switch {
-	case g.seen[sum]:
+	switch g.seen[sum] {
+	case refused:
 		g.mu.Unlock()
 		return p2p.TopicIgnore
+	case heard:
+		v := g.repeat(sum, now)
+		g.mu.Unlock()
+		return v
+	}
+	switch {
 	case now.Before(g.penalty[from]):
 		g.stats.Dropped++
 		g.mu.Unlock()
@@ -198,14 +332,14 @@ func (g *Gossip) validate(_ context.Context, from peer.ID, data []byte) p2p.Topi
 	accused, err := check(data)
 	if err != nil {
 		g.mu.Lock()
-		g.remember(sum)
+		g.remember(sum, refused)
 		g.stats.Refused++
 		g.mu.Unlock()
 		g.log().Info("gossiped proof refused", "from", from, "err", err)
 		return p2p.TopicReject
 	}
 	if g.cfg.Serving != nil && !g.cfg.Serving(accused) {
-		g.drop(sum, from, now)
+		g.drop(from, now)
 		return p2p.TopicIgnore // a throwaway key's conviction is worth no work
 	}
 	g.mu.Lock()
@@ -214,7 +348,7 @@ func (g *Gossip) validate(_ context.Context, from peer.ID, data []byte) p2p.Topi
 		clear(g.lastBy)
 	}
 	g.lastBy[from] = now
-	g.remember(sum)
+	g.remember(sum, heard)
 	g.stats.Heard++
 	return p2p.TopicAccept
 }
@@ -228,11 +362,12 @@ func check(data []byte) (peer.ID, error) {
 	return session.CheckProof(p)
 }
 
-// drop remembers a proof dropped after its checks (not heard again).
-func (g *Gossip) drop(sum [32]byte, from peer.ID, now time.Time) {
+// drop counts a proof dropped after its checks: its author's rate is
+// spent, and a repeat of it is checked afresh (the accused may have
+// joined this node's table since).
+func (g *Gossip) drop(from peer.ID, now time.Time) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	g.remember(sum)
 	g.lastBy[from] = now
 	g.stats.Dropped++
 }
@@ -247,8 +382,8 @@ func (g *Gossip) readLoop(ctx context.Context) {
 		if err != nil {
 			return
 		}
-		if from == g.self {
-			continue
+		if from == g.self || !g.first(sha256.Sum256(data)) {
+			continue // a repeat: forwarded, not judged again
 		}
 		p := &meshp2pb.Proof{}
 		if proto.Unmarshal(data, p) != nil {
@@ -268,6 +403,20 @@ func (g *Gossip) readLoop(ctx context.Context) {
 			g.log().Info("gossiped proof not replayed: the replay queue is full", "from", from)
 		}
 	}
+}
+
+// first reports whether a delivered proof is new to readLoop (bounded).
+func (g *Gossip) first(sum [32]byte) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.read[sum] {
+		return false
+	}
+	if len(g.read) >= maxRemembered {
+		clear(g.read)
+	}
+	g.read[sum] = true
+	return true
 }
 
 // judgeLoop replays queued proofs one at a time.

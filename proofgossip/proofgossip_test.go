@@ -47,7 +47,7 @@ func id(t *testing.T, k crypto.PrivKey) peer.ID {
 // start starts a member; judge false: it replays nothing (Judge nil).
 // guilty are the peers its replays find lying; serving the peers that
 // advertise layers.
-func start(t *testing.T, network string, boot []peer.AddrInfo, judge bool, guilty, serving map[peer.ID]bool) *member {
+func start(t *testing.T, network string, boot []peer.AddrInfo, judge bool, guilty, serving map[peer.ID]bool, tweak ...func(*proofgossip.Config)) *member {
 	t.Helper()
 	ctx := context.Background()
 	n, err := p2p.New(ctx, p2p.Config{Network: network, Role: "test", Version: "0", DataDir: t.TempDir(),
@@ -72,11 +72,92 @@ func start(t *testing.T, network string, boot []peer.AddrInfo, judge bool, guilt
 			return session.Verdict{Convicted: guilty[accused], Reason: "replayed"}, nil
 		}
 	}
+	for _, f := range tweak {
+		f(&cfg)
+	}
 	if m.g, err = proofgossip.Start(ctx, n.Discovery(), n.ID(), cfg); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(m.g.Close)
 	return m
+}
+
+// formed waits until every member knows a peer on the proofs topic, and
+// a gossipsub heartbeat or two more (the mesh grafts).
+func formed(t *testing.T, all ...*member) {
+	t.Helper()
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		ready := true
+		for _, m := range all {
+			ready = ready && m.g.Peers() > 0
+		}
+		if ready {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the proofs topic never formed")
+		}
+	}
+	time.Sleep(2 * time.Second)
+}
+
+// eventually waits up to 15 s for cond.
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(15 * time.Second); !cond(); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("after 15 s: %s", what)
+		}
+	}
+}
+
+// Gossip keeps no history, so a node that was not in the mesh when a proof
+// went round (it joined later) hears it only from its author's repeats
+// (Config.Republish), forwarded by nodes that judged it already and do not
+// judge it again. A node that dropped the proof because its table did not
+// list the accused yet checks a repeat afresh.
+func TestRepeatsReachNodesThatMissedTheProof(t *testing.T) {
+	liar, origin := key(t), key(t)
+	network := "proofgossip-repeat"
+	fast := func(c *proofgossip.Config) {
+		c.Republish = []time.Duration{300 * time.Millisecond}
+		c.RepeatInterval, c.PublisherInterval = 100*time.Millisecond, 100*time.Millisecond
+	}
+	serving := map[peer.ID]bool{id(t, liar): true}
+	judge := start(t, network, nil, true, map[peer.ID]bool{id(t, liar): true}, serving, fast)
+	bi := []peer.AddrInfo{judge.n.AddrInfo()}
+	author := start(t, network, bi, false, nil, serving, fast)
+	formed(t, judge, author)
+	if err := author.g.Publish(context.Background(), proof(t, origin, liar, 1)); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the judge never replayed the proof", func() bool { return judge.judged.Load() == 1 })
+
+	// Joins now, and does not list the liar among the serving peers yet.
+	var lists atomic.Bool
+	late := start(t, network, bi, false, nil, nil, fast, func(c *proofgossip.Config) {
+		c.Serving = func(p peer.ID) bool { return lists.Load() && p == id(t, liar) }
+	})
+	eventually(t, "the late node never heard a repeat", func() bool { return late.g.Stats().Dropped > 0 })
+	late.mu.Lock()
+	if late.susp[id(t, liar)] {
+		t.Error("the late node suspects a hop its table does not list")
+	}
+	late.mu.Unlock()
+	lists.Store(true)
+	eventually(t, "the late node never suspected the liar", func() bool {
+		late.mu.Lock()
+		defer late.mu.Unlock()
+		return late.susp[id(t, liar)]
+	})
+	st := judge.g.Stats()
+	t.Logf("author %+v; judge %+v; late %+v", author.g.Stats(), st, late.g.Stats())
+	if judge.judged.Load() != 1 || st.Judged != 1 || st.Repeated == 0 {
+		t.Errorf("the judge replayed %d times (%+v); want the proof replayed once and its repeats forwarded", judge.judged.Load(), st)
+	}
+	if author.g.Stats().Republished == 0 {
+		t.Error("the author never sent its proof again")
+	}
 }
 
 // proof is a well-signed proof of one window against the hop of hopKey,
@@ -115,21 +196,10 @@ func TestGossipedProofsConvictAndCostBoundedWork(t *testing.T) {
 	bi := []peer.AddrInfo{boot.n.AddrInfo()}
 	judges := []*member{boot, start(t, network, bi, true, guilty, serving)}
 	blind := start(t, network, bi, false, guilty, serving)
-	authors := []*member{start(t, network, bi, false, nil, serving), start(t, network, bi, false, nil, serving), start(t, network, bi, false, nil, serving)}
-	all := append(append([]*member{blind}, judges...), authors...)
-	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
-		ready := true
-		for _, m := range all {
-			ready = ready && m.g.Peers() > 0
-		}
-		if ready {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the proofs topic never formed")
-		}
-	}
-	time.Sleep(2 * time.Second) // a gossipsub heartbeat or two: the mesh grafts
+	// The authors send each proof once: the counts below are of one copy.
+	once := func(c *proofgossip.Config) { c.Republish = []time.Duration{} }
+	authors := []*member{start(t, network, bi, false, nil, serving, once), start(t, network, bi, false, nil, serving, once), start(t, network, bi, false, nil, serving, once)}
+	formed(t, append(append([]*member{blind}, judges...), authors...)...)
 	ctx := context.Background()
 	judged := func() (n int64) {
 		for _, j := range judges {
