@@ -148,6 +148,36 @@ func validateFile(path string, vocabOnly, measureRefused bool) (string, error) {
 	return "", nil
 }
 
+// warmShare is the part of a load's progress the warm pass reports when it
+// reads the file (llama.cpp's own pass over cached pages is the rest).
+const warmShare = 0.9
+
+// warm brings the weights a CPU load maps into the page cache in 2 MiB
+// folios (gguf.WarmPages: the engine's mapping then walks far fewer page
+// table entries a token) and returns how llama.cpp's progress is to be
+// scaled after it.
+func warm(ctx context.Context, path string, opts LoadOptions) (func(float32) float32, error) {
+	same := func(d float32) float32 { return d }
+	if opts.NoMmap || opts.VocabOnly || !opts.Device.IsCPU() {
+		return same, nil
+	}
+	var report func(float64)
+	if opts.Progress != nil {
+		report = func(d float64) { opts.Progress(float32(d * warmShare)) }
+	}
+	read, err := gguf.WarmPages(ctx, path, report)
+	if err != nil {
+		if cerr := ctx.Err(); cerr != nil {
+			return nil, fmt.Errorf("engine: load %s: %w", path, cerr)
+		}
+		return same, nil // advice: llama.cpp reads the file as it always did
+	}
+	if read == 0 {
+		return same, nil
+	}
+	return func(d float32) float32 { return warmShare + (1-warmShare)*d }, nil
+}
+
 // LoadModel loads a whole model, a shard file or (VocabOnly) a vocabulary
 // (a model, a head/tail shard or a gguf.WriteVocab file). The file is
 // validated in pure Go first (validateFile, then opts.Validate), so bad
@@ -158,11 +188,15 @@ func LoadModel(ctx context.Context, path string, opts LoadOptions) (*Model, erro
 	if err != nil {
 		return nil, err
 	}
+	scale, err := warm(ctx, path, opts)
+	if err != nil {
+		return nil, err
+	}
 	initBackend()
 	p := C.llama_model_default_params()
 	h := cgo.NewHandle(func(done float32) bool {
 		if opts.Progress != nil {
-			opts.Progress(done)
+			opts.Progress(scale(done))
 		}
 		return ctx.Err() == nil
 	})
