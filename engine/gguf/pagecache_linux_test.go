@@ -40,9 +40,8 @@ func writtenFile(t *testing.T, n int) string {
 	return p
 }
 
-// residentPages maps the file at p and counts its pages in the page cache,
-// and how many pages it has.
-func residentPages(t *testing.T, p string) (resident, pages int) {
+// mapFile maps the file at p read-only (the caller unmaps it).
+func mapFile(t *testing.T, p string) []byte {
 	t.Helper()
 	f, err := os.Open(p)
 	if err != nil {
@@ -57,11 +56,19 @@ func residentPages(t *testing.T, p string) (resident, pages int) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return m
+}
+
+// residentPages maps the file at p and counts its pages in the page cache,
+// and how many pages it has.
+func residentPages(t *testing.T, p string) (resident, pages int) {
+	t.Helper()
+	m := mapFile(t, p)
 	defer unix.Munmap(m)
 	page := os.Getpagesize()
 	vec := make([]byte, (len(m)+page-1)/page)
-	if _, _, e := unix.Syscall(unix.SYS_MINCORE, uintptr(unsafe.Pointer(&m[0])), uintptr(len(m)), uintptr(unsafe.Pointer(&vec[0]))); e != 0 {
-		t.Fatal(e)
+	if err := mincore(m, vec); err != nil {
+		t.Fatal(err)
 	}
 	for _, v := range vec {
 		resident += int(v & 1)
@@ -86,19 +93,7 @@ func TestWriteFileLeavesNoPages(t *testing.T) {
 // mapping (kB in 2 MiB entries) and its size in kB.
 func pmdMappedKB(t *testing.T, p string) (pmd, size int) {
 	t.Helper()
-	f, err := os.Open(p)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	st, err := f.Stat()
-	if err != nil {
-		t.Fatal(err)
-	}
-	m, err := unix.Mmap(int(f.Fd()), 0, int(st.Size()), unix.PROT_READ, unix.MAP_SHARED)
-	if err != nil {
-		t.Fatal(err)
-	}
+	m := mapFile(t, p)
 	defer unix.Munmap(m)
 	if err := unix.Madvise(m, unix.MADV_POPULATE_READ); err != nil {
 		t.Skipf("MADV_POPULATE_READ: %v", err)
@@ -119,7 +114,7 @@ func pmdMappedKB(t *testing.T, p string) (pmd, size int) {
 			pmd, _ = strconv.Atoi(strings.Fields(l)[1])
 		}
 	}
-	return pmd, int(st.Size() / 1024)
+	return pmd, len(m) / 1024
 }
 
 // TestWarmPagesReadsInHugeFolios: WarmPages brings a file that is not
