@@ -97,7 +97,8 @@ func (l *windowLoader) load(ctx context.Context, path string) (*loadedShard, err
 		ls.close()
 		return nil, fmt.Errorf("measuring decode speed: %w", err)
 	}
-	l.log.Info("shard ready", "range", ls.window().String(), "decode_ms_per_token", float64(ls.calibration.Microseconds())/1000, "threads", ls.shard.Threads())
+	l.log.Info("shard ready", "range", ls.window().String(), "decode_ms_per_token", float64(ls.calibration.Microseconds())/1000,
+		"threads", ls.shard.Threads(), "threads_by", l.share.mode())
 	return ls, nil
 }
 

@@ -39,6 +39,19 @@ func newThreadShare(m *cpushare.Member, log *slog.Logger) *threadShare {
 	return &threadShare{m: m, gate: m.Gate(), log: log, shards: map[*engine.Shard]bool{}}
 }
 
+// mode names what sizes a window's threads, for its "shard ready" log:
+// "flag" (--threads, or a GPU's count), "share" (the static share) or
+// "gate" (each decode claims the co-located processes' free CPUs).
+func (ts *threadShare) mode() string {
+	switch {
+	case ts == nil:
+		return "flag"
+	case ts.gate == nil:
+		return "share"
+	}
+	return "gate"
+}
+
 // configure sizes ec for a window: its pool's threads (the share now)
 // and the gate its decodes claim them through (nil: none).
 func (ts *threadShare) configure(ctx context.Context, ec *engine.Config) *windowGate {

@@ -113,7 +113,7 @@ func TestPlatformUnitTests(t *testing.T) {
 		{"windows-amd64", "placement", "TestBudgetHost"},
 		{"windows-amd64", "internal/failfile", "TestConcurrentSavesProcesses"},
 		{"windows-amd64", "node/localnodes", "TestAlive"},
-		{"windows-amd64", "node/cpushare", "TestMembers|TestThreadsLeaveBusyCPUs|TestThreadsCancelled"},
+		{"windows-amd64", "node/cpushare", "TestMembers|TestThreadsLeaveBusyCPUs|TestThreadsCancelled|TestOthersTicksReadsMembers|TestGateClaims|TestGateConcurrent|TestGateAcrossProcesses"},
 		{"windows-amd64", "proto/frame", "Test.*"},
 		{"linux-arm64", "internal/dirlock", "TestAcquire|TestAcquireOtherProcess"},
 		{"linux-arm64", "placement", "TestBudgetParsing|TestBudgetHost|TestCgroupV1"},
@@ -270,14 +270,24 @@ func TestPlatformMixedSwarm(t *testing.T) {
 	netArgs := []string{"--network", "xplat", "--listen", "/ip4/127.0.0.1/tcp/0", "--port-mapping=false"}
 	node := func(x xbin, layers string, boot string) *cliProc {
 		start := time.Now()
-		p := startCLI(t, x.path, filepath.Join(dir, x.plat), append([]string{"--model", model, "--layers", layers, "--threads", "1", "--bootstrap", boot}, netArgs...)...)
+		args := []string{"--model", model, "--layers", layers, "--bootstrap", boot}
+		if x.plat != "windows-amd64" { // Windows' at its default: the gate
+			args = append(args, "--threads", "1")
+		}
+		p := startCLI(t, x.path, filepath.Join(dir, x.plat), append(args, netArgs...)...)
 		t.Logf("%s node (layers %s) up in %.1f s: %s", x.plat, layers, time.Since(start).Seconds(), p.peerID)
 		return p
 	}
 	head := node(lin, "0-2", "")
 	nodes := map[string]string{head.peerID: lin.plat}
 	nodes[node(arm, "2-3", head.addr).peerID] = arm.plat
-	nodes[node(win, "3-5", head.addr).peerID] = win.plat
+	winNode := node(win, "3-5", head.addr)
+	nodes[winNode.peerID] = win.plat
+	// The Windows node's decodes claim CPUs through the claims file it
+	// maps (cpushare.Gate), like Linux's.
+	if log := winNode.log.String(); !strings.Contains(log, "threads_by=gate") {
+		t.Fatalf("the Windows node at default threads does not use the gate:\n%s", log)
+	}
 	classes := advertisedClasses(t, lin, nodes, append([]string{"--bootstrap", head.addr}, netArgs...))
 	if !strings.HasPrefix(classes[arm.plat], "cpu/arm64/") || !strings.Contains(classes[arm.plat], "dotprod") || classes[win.plat] != classes[lin.plat] {
 		t.Fatalf("advertised kernel classes %v: want ARM64's cpu/arm64/…dotprod…, Windows' equal to Linux's", classes)

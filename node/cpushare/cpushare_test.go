@@ -18,12 +18,21 @@ func TestMain(m *testing.M) {
 	if dir := os.Getenv(gateChildEnv); dir != "" {
 		gateChild(dir)
 	}
+	if dir := os.Getenv(memberChildEnv); dir != "" {
+		if _, err := Join(dir); err != nil {
+			os.Exit(2)
+		}
+	}
 	testbin.Main(m)
 }
 
 // gateChildEnv makes a test binary a member that claims every CPU and
 // holds the claim until killed (gateChild).
 const gateChildEnv = "MESHP2P_CPUSHARE_GATE_CHILD"
+
+// memberChildEnv makes a test binary started by child join the members
+// of the directory it names first.
+const memberChildEnv = "MESHP2P_CPUSHARE_MEMBER_CHILD"
 
 func gateChild(dir string) {
 	m, err := Join(dir)
@@ -143,6 +152,40 @@ func TestThreadsLeaveBusyCPUs(t *testing.T) {
 	if got < 1 || got > ncpu-1 {
 		t.Fatalf("%d threads with one of %d CPUs spinning, want 1 to %d", got, ncpu, ncpu-1)
 	}
+}
+
+// A member's CPU time is read (Cap counts it as the members' to share):
+// a spinning member's time grows.
+func TestOthersTicksReadsMembers(t *testing.T) {
+	dir := tempDir(t)
+	m, err := Join(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Leave()
+	if _, _, _, ok, err := m.ticks(); !ok || err != nil {
+		t.Skipf("no CPU times on %s (ok %v, %v)", runtime.GOOS, ok, err)
+	}
+	c := testbin.Child("spin")
+	c.Env = append(c.Env, memberChildEnv+"="+dir)
+	if err := c.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Process.Kill(); _ = c.Wait() })
+	pid := c.Process.Pid
+	var first uint64
+	seen := false
+	for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		ticks, ok := m.othersTicks()[pid]
+		switch {
+		case !ok:
+		case !seen:
+			first, seen = ticks, true
+		case ticks > first:
+			return
+		}
+	}
+	t.Fatalf("the spinning member %d: read %v, its time never grew past %d (members' ticks: %v)", pid, seen, first, m.othersTicks())
 }
 
 func TestThreadsCancelled(t *testing.T) {

@@ -2,6 +2,7 @@ package cpushare
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"strconv"
 	"sync/atomic"
@@ -37,10 +38,35 @@ func slots(b []byte) []uint64 {
 	return unsafe.Slice((*uint64)(unsafe.Pointer(&b[0])), GateSlots)
 }
 
+// mapClaims maps the claims file (created at GateSlots words of zeros if
+// missing) shared between processes: mmap on Unix, a file mapping object
+// on Windows.
+func mapClaims(path string) ([]byte, func(), error) {
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, nil, fmt.Errorf("cpushare: %w", err)
+	}
+	defer f.Close()
+	const size = GateSlots * 8
+	if fi, err := f.Stat(); err != nil {
+		return nil, nil, fmt.Errorf("cpushare: %w", err)
+	} else if fi.Size() < size {
+		// Growing only: two processes truncating at once both grow it to size.
+		if err := f.Truncate(size); err != nil {
+			return nil, nil, fmt.Errorf("cpushare: %w", err)
+		}
+	}
+	b, unmap, err := mapShared(f, size)
+	if err != nil {
+		return nil, nil, fmt.Errorf("cpushare: mapping %s: %w", path, err)
+	}
+	return b, unmap, nil
+}
+
 // Gate is this process's gate: the first call opens the members' claims
 // file and takes a slot in it. Nil where the platform has no shared
-// mapping (Windows: the static share applies), the file cannot be used,
-// or every slot is taken.
+// mapping (neither Unix nor Windows: the static share applies), the file
+// cannot be used, or every slot is taken.
 func (m *Member) Gate() *Gate {
 	m.gateOnce.Do(func() { m.gate = m.openGate() })
 	return m.gate

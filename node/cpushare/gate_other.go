@@ -1,10 +1,13 @@
-//go:build !unix
+//go:build !unix && !windows
 
 package cpushare
 
-import "errors"
+import (
+	"errors"
+	"os"
+)
 
-// mapClaims: no shared mapping here (Windows); the static share applies.
-func mapClaims(string) ([]byte, func(), error) {
-	return nil, nil, errors.New("cpushare: no claims file on this platform")
+// mapShared: no shared mapping here; the static share applies.
+func mapShared(*os.File, int) ([]byte, func(), error) {
+	return nil, nil, errors.New("no shared mapping on this platform")
 }

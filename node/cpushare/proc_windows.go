@@ -2,6 +2,7 @@ package cpushare
 
 import (
 	"fmt"
+	"os"
 	"strconv"
 	"unsafe"
 
@@ -25,8 +26,36 @@ func (m *Member) ticks() (idle, total, own uint64, ok bool, err error) {
 	return ft(fi), ft(fk) + ft(fu), ft(k) + ft(u), true, nil
 }
 
-// othersTicks: not read on Windows (there is no Gate there).
-func (m *Member) othersTicks() map[int]uint64 { return nil }
+// othersTicks reads the kernel + user time of each other member that can
+// be read (GetProcessTimes), by pid, in the 100 ns units of ticks.
+func (m *Member) othersTicks() map[int]uint64 {
+	ents, _ := os.ReadDir(m.dir)
+	n := map[int]uint64{}
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid == os.Getpid() {
+			continue
+		}
+		if t, ok := processTime(pid); ok {
+			n[pid] = t
+		}
+	}
+	return n
+}
+
+// processTime is pid's kernel + user time.
+func processTime(pid int) (uint64, bool) {
+	h, err := windows.OpenProcess(windows.PROCESS_QUERY_LIMITED_INFORMATION, false, uint32(pid))
+	if err != nil {
+		return 0, false
+	}
+	defer windows.CloseHandle(h)
+	var c, x, k, u windows.Filetime
+	if err := windows.GetProcessTimes(h, &c, &x, &k, &u); err != nil {
+		return 0, false
+	}
+	return ft(k) + ft(u), true
+}
 
 func ft(f windows.Filetime) uint64 { return uint64(f.HighDateTime)<<32 | uint64(f.LowDateTime) }
 
