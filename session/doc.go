@@ -24,6 +24,7 @@
 //	standby.go       hot standby: the replica an open names, the mirror's bounded queue on the hop
 //	                 before the covered hop, the origin's pick and the takeover after a failure
 //	headstandby.go   the head's standby: the origin's feed (prompt, committed tokens, progress, close)
+//	standbylink.go   what both feeders of a standby share: the drop, the admission, the watch
 //	connect.go       the rest of the route: stream to the next hop, the ring to the head
 //	dataplane.go     upstream frames → engine → next hop / ring; the head's token loop and verification windows
 //	spec.go          speculation: caps, window checks, the head's proposer and windows (specHead)
@@ -55,9 +56,9 @@
 // (tokens from the tail: the head's decode path), selfRing on a one-hop
 // route, migrateWhenDirect for each relayed stream this hop writes, and on
 // the hop before a hop with a standby the mirror's writer (mirror.run)
-// and the reader of the standby's stream (standby.go). On the origin, an
+// and the reader of the standby's stream (standbyLink.watch). On the origin, an
 // epoch with a head standby runs its feed's writer (headFeed.run) and the
-// reader of the standby's stream (headFeed.watch; headstandby.go).
+// reader of the standby's stream (standbyLink.watch; standbylink.go).
 //
 // # Lock order
 //

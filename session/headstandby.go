@@ -2,16 +2,11 @@ package session
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"io"
 	"sync"
-	"sync/atomic"
-	"time"
 
 	"github.com/libp2p/go-libp2p/core/peer"
 
-	"github.com/neuron-tai/meshp2p/proto/frame"
 	"github.com/neuron-tai/meshp2p/proto/meshp2pb"
 )
 
@@ -40,16 +35,11 @@ type headFeed struct {
 	chunk int
 	q     chan *meshp2pb.StreamMessage
 	// held is a message taken from q while batching tokens, sent next.
-	held    *meshp2pb.StreamMessage
-	dropped atomic.Bool
-	gone    chan struct{} // closed when dropped
+	held *meshp2pb.StreamMessage
+	standbyLink
 	end     chan struct{} // closed by finish: the epoch ended
 	done    chan struct{} // closed when the feed's goroutine returned
-	once    sync.Once
 	endOnce sync.Once
-	// closed: the clean close went to the standby, which then ends its
-	// stream; that end is no drop, even before the epoch ends here.
-	closed atomic.Bool
 }
 
 // startHeadFeed starts feeding the epoch's head standby sb (nil, or a
@@ -60,16 +50,14 @@ func (o *Origin) startHeadFeed(sb *meshp2pb.Standby, open *meshp2pb.SessionOpen,
 		return nil
 	}
 	f := &headFeed{o: o, peer: peer.ID(sb.GetHop().GetPeerId()), open: open, input: input, chunk: chunk,
-		q: make(chan *meshp2pb.StreamMessage, StandbyQueueFrames), gone: make(chan struct{}), end: make(chan struct{}), done: make(chan struct{})}
+		q: make(chan *meshp2pb.StreamMessage, StandbyQueueFrames), standbyLink: newStandbyLink(), end: make(chan struct{}), done: make(chan struct{})}
 	go f.run()
 	return f
 }
 
 // drop ends the feed (once), saying why.
 func (f *headFeed) drop(why string, err error) {
-	f.once.Do(func() {
-		f.dropped.Store(true)
-		close(f.gone)
+	f.markDropped(func() {
 		f.o.observer().StandbyDropped()
 		f.o.logger().Warn("standby dropped: the session goes on without it", "standby", f.peer, "covers", "head", "why", why, "err", err)
 	})
@@ -169,48 +157,15 @@ func (f *headFeed) admit() (*Seam, int, error) {
 		return nil, 0, fmt.Errorf("open stream: %w", err)
 	}
 	seam := NewSeam(s, o.Limits)
-	if err := seam.Send(&meshp2pb.StreamMessage{Kind: &meshp2pb.StreamMessage_Open{Open: f.open}}, DefaultOpenTimeout); err != nil {
-		seam.Reset()
-		return nil, 0, fmt.Errorf("send open: %w", err)
-	}
-	r := streamReader(s, o.Limits)
-	_ = s.SetReadDeadline(time.Now().Add(DefaultOpenTimeout))
-	msg, _, err := r.ReadStream()
-	_ = s.SetReadDeadline(time.Time{})
-	if err == nil && !msg.GetAccept().GetOk() {
-		err = fmt.Errorf("refused: %v", frame.FromProto(msg.GetAccept().GetError()))
-	}
+	r, from, err := admitStandby(s, seam, o.Limits, f.open, DefaultOpenTimeout)
 	if err != nil {
 		seam.Reset()
 		return nil, 0, err
 	}
-	from := 0
-	if hc := msg.GetAccept().GetHopCached(); len(hc) > 0 && ownCount(f.open.GetPrefix(), hc[0]) {
-		from = min(int(hc[0]), len(f.input)-1)
-	}
+	from = min(from, len(f.input)-1)
 	o.logger().Info("standby open", "covers", "head", "standby", f.peer, "from", from)
-	go f.watch(r)
+	go f.watch(r, f.end, f.drop)
 	return seam, from, nil
-}
-
-// watch reads the standby's stream: a standby only speaks to say it
-// failed.
-func (f *headFeed) watch(r *frame.Reader) {
-	msg, _, err := r.ReadStream()
-	switch {
-	case err != nil:
-	case msg.GetError() != nil:
-		err = frame.FromProto(msg.GetError())
-	default:
-		err = fmt.Errorf("it sent %T", msg.GetKind())
-	}
-	select {
-	case <-f.end: // the epoch ended first
-	default:
-		if !f.closed.Load() || !errors.Is(err, io.EOF) { // after the close: only a clean end is no drop
-			f.drop("it ended", err)
-		}
-	}
 }
 
 // prefill sends the input from position from as the head's prefill goes:

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"maps"
 	"slices"
 	"sync"
@@ -123,16 +122,10 @@ type mirror struct {
 	q    chan *meshp2pb.StreamMessage // activations carry their payload in pay
 	pay  map[*meshp2pb.StreamMessage][]byte
 	mu   sync.Mutex // guards pay, queued
-	// queued is the payload bytes in q; dropped, once set, stops
-	// everything (gone is closed then).
-	queued  int
-	dropped atomic.Bool
-	gone    chan struct{}
-	once    sync.Once
-	start   standbyStart // the mirror goroutine's alone (standbystart.go)
-	// closed: the clean close went to the standby, which then ends its
-	// stream; that end is no drop, even before the session here ends.
-	closed atomic.Bool
+	// queued is the payload bytes in q; a drop stops everything.
+	queued int
+	standbyLink
+	start standbyStart // the mirror goroutine's alone (standbystart.go)
 }
 
 // startMirror (connect, on the hop before the covered hop) starts sending
@@ -144,7 +137,7 @@ func (hs *hopSession) startMirror() {
 		return
 	}
 	m := &mirror{hs: hs, peer: peer.ID(sb.GetHop().GetPeerId()), q: make(chan *meshp2pb.StreamMessage, StandbyQueueFrames),
-		pay: map[*meshp2pb.StreamMessage][]byte{}, gone: make(chan struct{}),
+		pay: map[*meshp2pb.StreamMessage][]byte{}, standbyLink: newStandbyLink(),
 		start: standbyStart{fill: hs.replay, fillTo: hs.replayTo, wire: hs.wire, nEmbd: hs.se.info.NEmbd}}
 	hs.mirror = m
 	go m.run()
@@ -155,9 +148,7 @@ func (m *mirror) drop(why string, err error) {
 	if m == nil {
 		return
 	}
-	m.once.Do(func() {
-		m.dropped.Store(true)
-		close(m.gone)
+	m.markDropped(func() {
 		m.hs.h.standby.dropped.Add(1)
 		m.hs.h.log.Warn("standby dropped: the session goes on without it", "session", m.hs.key, "standby", m.peer, "why", why, "err", err)
 	})
@@ -229,45 +220,15 @@ func (m *mirror) run() {
 	defer seam.Close()
 	open := cloneOpen(hs.open)
 	open.HopIndex = uint32(hs.idx + 1)
-	if err := seam.Send(&meshp2pb.StreamMessage{Kind: &meshp2pb.StreamMessage_Open{Open: open}}, h.cfg.OpenTimeout); err != nil {
-		m.drop("open", err)
-		return
-	}
-	r := streamReader(s, h.cfg.Limits)
-	if dl, ok := ctx.Deadline(); ok {
-		_ = s.SetReadDeadline(dl)
-	}
-	msg, _, err := r.ReadStream()
-	_ = s.SetReadDeadline(time.Time{})
-	if err == nil && !msg.GetAccept().GetOk() {
-		err = fmt.Errorf("refused: %v", frame.FromProto(msg.GetAccept().GetError()))
-	}
+	r, from, err := admitStandby(s, seam, h.cfg.Limits, open, h.cfg.OpenTimeout)
 	if err != nil {
 		m.drop("admission", err)
 		seam.Reset()
 		return
 	}
-	if hc := msg.GetAccept().GetHopCached(); len(hc) > 0 && ownCount(open.GetPrefix(), hc[0]) { // as any hop answers
-		m.start.from = int(hc[0])
-	}
+	m.start.from = from
 	h.log.Info("standby open", "session", hs.key, "covers", hs.route[hs.idx+1], "standby", m.peer, "from", m.start.from)
-	go func() { // a standby only speaks to say it failed
-		msg, _, err := r.ReadStream()
-		switch {
-		case err != nil:
-		case msg.GetError() != nil:
-			err = frame.FromProto(msg.GetError())
-		default:
-			err = fmt.Errorf("it sent %T", msg.GetKind())
-		}
-		select {
-		case <-hs.done: // the session ended here first
-		default:
-			if !m.closed.Load() || !errors.Is(err, io.EOF) { // after the close: only a clean end is no drop
-				m.drop("it ended", err)
-			}
-		}
-	}()
+	go m.watch(r, hs.done, m.drop)
 	for {
 		select {
 		case msg := <-m.q:

@@ -146,7 +146,7 @@ func progressed(hops []*fakeHop) bool {
 // queue is full: the mirror never waits for it.
 func TestLaggingStandbyIsDropped(t *testing.T) {
 	h := &HopService{log: slog.New(slog.DiscardHandler)}
-	m := &mirror{hs: &hopSession{h: h}, q: make(chan *meshp2pb.StreamMessage, StandbyQueueFrames), pay: map[*meshp2pb.StreamMessage][]byte{}, gone: make(chan struct{})}
+	m := &mirror{hs: &hopSession{h: h}, q: make(chan *meshp2pb.StreamMessage, StandbyQueueFrames), pay: map[*meshp2pb.StreamMessage][]byte{}, standbyLink: newStandbyLink()}
 	for range StandbyQueueFrames + 3 {
 		m.activation(&meshp2pb.ActivationHeader{NRows: 1}, make([]byte, 8))
 	}
@@ -158,7 +158,7 @@ func TestLaggingStandbyIsDropped(t *testing.T) {
 	if st := h.StandbyStats(); st.Dropped != 1 || len(m.q) != StandbyQueueFrames {
 		t.Fatalf("dropped %d times, %d frames queued", st.Dropped, len(m.q))
 	}
-	m = &mirror{hs: &hopSession{h: h}, q: make(chan *meshp2pb.StreamMessage, StandbyQueueFrames), pay: map[*meshp2pb.StreamMessage][]byte{}, gone: make(chan struct{})}
+	m = &mirror{hs: &hopSession{h: h}, q: make(chan *meshp2pb.StreamMessage, StandbyQueueFrames), pay: map[*meshp2pb.StreamMessage][]byte{}, standbyLink: newStandbyLink()}
 	m.activation(&meshp2pb.ActivationHeader{NRows: 1}, make([]byte, StandbyQueueBytes+1))
 	if !m.dropped.Load() || h.StandbyStats().Dropped != 2 {
 		t.Fatal("a frame over the queue's bytes did not drop the standby")
@@ -171,7 +171,7 @@ func TestLaggingStandbyIsDropped(t *testing.T) {
 func TestLaggingHeadStandbyIsDropped(t *testing.T) {
 	obs := &recObs{}
 	f := &headFeed{o: &Origin{Logger: quiet, Observer: obs}, open: &meshp2pb.SessionOpen{}, q: make(chan *meshp2pb.StreamMessage, StandbyQueueFrames),
-		gone: make(chan struct{}), end: make(chan struct{}), done: make(chan struct{})}
+		standbyLink: newStandbyLink(), end: make(chan struct{}), done: make(chan struct{})}
 	pushed := make(chan struct{})
 	go func() {
 		defer close(pushed)
