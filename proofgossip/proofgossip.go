@@ -20,7 +20,13 @@
 // sends each of its proofs again (Config.Republish), and a node forwards
 // such a repeat of a proof it already judged (at most once per
 // Config.RepeatInterval) without replaying it again: the repeat reaches the nodes
-// that missed the first copy, and costs the others a digest.
+// that missed the first copy, and costs the others a digest. An author may
+// be gone a minute later (a `generate` run that exited), so a node whose
+// own replay convicted carries the proof on: it sends it again on the same
+// schedule, each time later by up to half the gap at random, and skips a
+// turn when a copy from anyone else arrived since it last sent one. So the
+// nodes that carry a proof send about one copy per turn between them, and
+// none while its author still sends its own.
 package proofgossip
 
 import (
@@ -29,6 +35,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"sync"
 	"time"
 
@@ -59,7 +66,8 @@ const (
 	// DefaultRepeatInterval is the least time between two forwards of one
 	// proof by a node (its author's repeats, or another author's copy).
 	DefaultRepeatInterval = time.Minute
-	// MaxOwn bounds the proofs a node sends again (the newest are kept).
+	// MaxOwn bounds the proofs a node sends again (the newest are kept),
+	// its own and, as many again, those its replays convicted on.
 	MaxOwn = 8
 	// maxRemembered bounds the digests and authors remembered.
 	maxRemembered = 4096
@@ -113,8 +121,10 @@ type Stats struct {
 	// (the forwarder's score pays); Dropped: over a rate, a penalised
 	// author, a throwaway accused or a full replay queue; Repeated: a
 	// proof heard before, forwarded again without a replay; Republished:
-	// this node's own proofs sent again.
-	Heard, Refused, Dropped, Judged, Convicted, Refuted, Suspected, Repeated, Republished int
+	// this node's own proofs sent again, and those it carries; Carried:
+	// proofs this node's replay convicted on, taken on to send again;
+	// Skipped: a carried proof's turns not sent, a copy having come since.
+	Heard, Refused, Dropped, Judged, Convicted, Refuted, Suspected, Repeated, Republished, Carried, Skipped int
 }
 
 // fate is what a node made of a proof (by digest).
@@ -126,11 +136,22 @@ const (
 	refused             // malformed or forged
 )
 
-// own is one of this node's proofs, sent again on the Republish schedule.
+// own is a proof this node sends again on the Republish schedule: one of
+// its own, or one its replay convicted on (carried).
 type own struct {
 	data []byte
 	due  time.Time
 	step int
+	// carried: jittered turns, skipped when a copy came since last.
+	carried bool
+	sum     [32]byte
+	last    time.Time
+}
+
+// job is a proof heard, waiting for a replay, and its bytes as they came.
+type job struct {
+	p    *meshp2pb.Proof
+	data []byte
 }
 
 // Gossip is one node's end of the proofs topic.
@@ -138,7 +159,7 @@ type Gossip struct {
 	cfg   Config
 	topic *p2p.Topic
 	self  peer.ID
-	work  chan *meshp2pb.Proof
+	work  chan job
 
 	mu      sync.Mutex
 	seen    map[[32]byte]fate
@@ -147,6 +168,8 @@ type Gossip struct {
 	lastBy  map[peer.ID]time.Time
 	penalty map[peer.ID]time.Time
 	mine    []*own
+	carried []*own
+	came    map[[32]byte]time.Time // when a copy last came from another node
 	wake    chan struct{}
 	stats   Stats
 
@@ -180,8 +203,8 @@ func Start(ctx context.Context, d *p2p.Discovery, self peer.ID, cfg Config) (*Go
 	if cfg.Republish == nil {
 		cfg.Republish = DefaultRepublish()
 	}
-	g := &Gossip{cfg: cfg, self: self, work: make(chan *meshp2pb.Proof, cfg.Queue), wake: make(chan struct{}, 1),
-		seen: map[[32]byte]fate{}, read: map[[32]byte]bool{}, fwd: map[[32]byte]time.Time{},
+	g := &Gossip{cfg: cfg, self: self, work: make(chan job, cfg.Queue), wake: make(chan struct{}, 1),
+		seen: map[[32]byte]fate{}, read: map[[32]byte]bool{}, fwd: map[[32]byte]time.Time{}, came: map[[32]byte]time.Time{},
 		lastBy: map[peer.ID]time.Time{}, penalty: map[peer.ID]time.Time{}}
 	t, err := d.Join(TopicName, g.validate)
 	if err != nil {
@@ -238,6 +261,32 @@ func (g *Gossip) keep(b []byte) {
 	g.mine = append(g.mine, &own{data: b, due: g.cfg.Now().Add(g.cfg.Republish[0])})
 }
 
+// carry takes on proof b, which this node's replay convicted on, to send
+// again (the newest MaxOwn).
+func (g *Gossip) carry(b []byte) {
+	if len(g.cfg.Republish) == 0 {
+		return
+	}
+	now := g.cfg.Now()
+	g.mu.Lock()
+	if len(g.carried) >= MaxOwn {
+		g.carried = g.carried[1:]
+	}
+	g.carried = append(g.carried, &own{data: b, carried: true, sum: sha256.Sum256(b), last: now, due: now.Add(jittered(g.cfg.Republish[0]))})
+	g.stats.Carried++
+	g.mu.Unlock()
+	select {
+	case g.wake <- struct{}{}:
+	default:
+	}
+}
+
+// jittered is gap plus up to half of it at random, so that the nodes that
+// carry one proof do not send it in the same instant.
+func jittered(gap time.Duration) time.Duration {
+	return gap + rand.N(gap/2+1)
+}
+
 // republishLoop sends this node's proofs again when due.
 func (g *Gossip) republishLoop(ctx context.Context) {
 	defer g.wg.Done()
@@ -260,13 +309,25 @@ func (g *Gossip) republish(ctx context.Context) time.Duration {
 	next := time.Hour
 	var due [][]byte
 	g.mu.Lock()
-	for _, o := range g.mine {
-		if !now.Before(o.due) {
-			due = append(due, o.data)
-			o.step = min(o.step+1, len(g.cfg.Republish)-1)
-			o.due = now.Add(g.cfg.Republish[o.step])
+	for _, o := range append(g.mine[:len(g.mine):len(g.mine)], g.carried...) {
+		if now.Before(o.due) {
+			next = min(next, o.due.Sub(now))
+			continue
 		}
-		next = min(next, o.due.Sub(now))
+		o.step = min(o.step+1, len(g.cfg.Republish)-1)
+		gap := g.cfg.Republish[o.step]
+		switch {
+		case !o.carried:
+			due = append(due, o.data)
+		case g.came[o.sum].After(o.last): // someone sent it since
+			g.stats.Skipped++
+			gap = jittered(gap)
+		default:
+			due = append(due, o.data)
+			gap = jittered(gap)
+		}
+		o.last, o.due = now, now.Add(gap)
+		next = min(next, gap)
 	}
 	g.stats.Republished += len(due)
 	g.mu.Unlock()
@@ -314,6 +375,10 @@ func (g *Gossip) validate(_ context.Context, from peer.ID, data []byte) p2p.Topi
 		g.mu.Unlock()
 		return p2p.TopicIgnore
 	case heard:
+		if len(g.came) >= maxRemembered {
+			clear(g.came)
+		}
+		g.came[sum] = now
 		v := g.repeat(sum, now)
 		g.mu.Unlock()
 		return v
@@ -395,7 +460,7 @@ func (g *Gossip) readLoop(ctx context.Context) {
 		}
 		p.AuditorPeerId = []byte(from) // who to penalise if it is refuted
 		select {
-		case g.work <- p:
+		case g.work <- job{p: p, data: data}:
 		default:
 			g.mu.Lock()
 			g.stats.Dropped++
@@ -426,17 +491,20 @@ func (g *Gossip) judgeLoop(ctx context.Context) {
 		select {
 		case <-ctx.Done():
 			return
-		case p := <-g.work:
-			g.judge(ctx, p)
+		case j := <-g.work:
+			if g.judge(ctx, j.p) {
+				g.carry(j.data)
+			}
 		}
 	}
 }
 
-func (g *Gossip) judge(ctx context.Context, p *meshp2pb.Proof) {
+// judge replays p; it reports whether the replay convicted.
+func (g *Gossip) judge(ctx context.Context, p *meshp2pb.Proof) (convicted bool) {
 	from := peer.ID(p.GetAuditorPeerId())
 	accused := peer.ID(p.GetOpen().GetRoute().GetHops()[p.GetHopIndex()].GetPeerId())
 	if g.cfg.Convicted != nil && g.cfg.Convicted(accused) {
-		return
+		return false
 	}
 	jctx, cancel := context.WithTimeout(ctx, g.cfg.JudgeTimeout)
 	v, err := g.cfg.Judge(jctx, p)
@@ -457,6 +525,7 @@ func (g *Gossip) judge(ctx context.Context, p *meshp2pb.Proof) {
 		g.cfg.Convict(accused, v.Reason)
 		g.mu.Lock()
 		g.log().Warn("gossiped fraud proof replayed here: hop convicted, avoided from now on", "peer", accused, "from", from, "reason", v.Reason)
+		convicted = true
 	case v.Inconclusive != "":
 		g.stats.Judged++
 		g.log().Info("gossiped proof inconclusive here", "accused", accused, "from", from, "reason", v.Inconclusive)
@@ -469,6 +538,7 @@ func (g *Gossip) judge(ctx context.Context, p *meshp2pb.Proof) {
 		g.penalty[from] = g.cfg.Now().Add(PenaltyTime)
 		g.log().Warn("gossiped proof refuted by the replay here: its author is not heard for a while", "accused", accused, "from", from, "for", PenaltyTime)
 	}
+	return convicted
 }
 
 // suspect softly avoids the hop a proof accuses that this node cannot

@@ -160,6 +160,44 @@ func TestRepeatsReachNodesThatMissedTheProof(t *testing.T) {
 	}
 }
 
+// An author may be gone before a node joins (a generate run that exited):
+// the nodes whose replay convicted carry its proof on. While the author
+// still sends its own repeats they skip their turns; once it is gone, a
+// node that joins later hears the proof from them.
+func TestJudgesCarryTheProofOfAGoneAuthor(t *testing.T) {
+	liar, origin := key(t), key(t)
+	network := "proofgossip-carry"
+	fast := func(c *proofgossip.Config) {
+		c.Republish = []time.Duration{300 * time.Millisecond}
+		c.RepeatInterval, c.PublisherInterval = 100*time.Millisecond, 100*time.Millisecond
+	}
+	serving := map[peer.ID]bool{id(t, liar): true}
+	guilty := map[peer.ID]bool{id(t, liar): true}
+	judge := start(t, network, nil, true, guilty, serving, fast)
+	bi := []peer.AddrInfo{judge.n.AddrInfo()}
+	author := start(t, network, bi, false, nil, serving, fast)
+	formed(t, judge, author)
+	if err := author.g.Publish(context.Background(), proof(t, origin, liar, 1)); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the judge never carried the proof it convicted on", func() bool { return judge.g.Stats().Carried == 1 })
+	eventually(t, "the judge never skipped a turn while the author sent its own", func() bool { return judge.g.Stats().Skipped > 0 })
+	author.g.Close()
+	author.n.Close()
+	sent := judge.g.Stats().Republished
+	late := start(t, network, bi, false, nil, serving, fast)
+	eventually(t, "the node that joined after the author left never heard the proof", func() bool {
+		late.mu.Lock()
+		defer late.mu.Unlock()
+		return late.susp[id(t, liar)]
+	})
+	st := judge.g.Stats()
+	t.Logf("judge %+v; late %+v", st, late.g.Stats())
+	if judge.judged.Load() != 1 || st.Republished <= sent {
+		t.Errorf("the judge replayed %d times and sent %d copies after the author left (%+v); want one replay, copies sent", judge.judged.Load(), st.Republished-sent, st)
+	}
+}
+
 // proof is a well-signed proof of one window against the hop of hopKey,
 // in a session origin ran (payload makes proofs differ).
 func proof(t *testing.T, origin, hopKey crypto.PrivKey, payload byte) *meshp2pb.Proof {
