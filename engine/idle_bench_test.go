@@ -28,7 +28,7 @@ func BenchmarkDecodeAfterIdle(b *testing.B) {
 		b.Run(map[int]string{1: "threads=1", 2: "threads=2"}[threads], func(b *testing.B) {
 			shards := benchChain(b, 3, Config{NCtx: 2048, NBatch: 512, MaxSessions: 2, Threads: threads})
 			sess := openChain(b, shards, SessionKey{ID: [16]byte{7}}, 2048)
-			defer closeChain(sess)
+			defer func() { closeChain(sess) }() // the last sessions opened
 			ctx := context.Background()
 			prompt := []int32{1, 40, 50, 60}
 			tok := chainStep(b, sess, prompt, 0)

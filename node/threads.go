@@ -40,12 +40,13 @@ func newThreadShare(m *cpushare.Member, log *slog.Logger) *threadShare {
 }
 
 // mode names what sizes a window's threads, for its "shard ready" log:
-// "flag" (--threads, or a GPU's count), "share" (the static share) or
-// "gate" (each decode claims the co-located processes' free CPUs).
+// "fixed" (--threads, a GPU, or a process that could not join the CPU
+// share, which start logs), "share" (the static share) or "gate" (each
+// decode claims the co-located processes' free CPUs).
 func (ts *threadShare) mode() string {
 	switch {
 	case ts == nil:
-		return "flag"
+		return "fixed"
 	case ts.gate == nil:
 		return "share"
 	}

@@ -24,8 +24,9 @@
 // be gone a minute later (a `generate` run that exited), so a node whose
 // own replay convicted carries the proof on: it sends it again on the same
 // schedule, each time later by up to half the gap at random, and skips a
-// turn when a copy from anyone else arrived since it last sent one. So the
-// nodes that carry a proof send about one copy per turn between them, and
+// turn when a copy from anyone else arrived since it last sent one (or,
+// before its first turn, since the proof first came). So the nodes that
+// carry a proof send about one copy per turn between them, and mostly
 // none while its author still sends its own.
 package proofgossip
 
@@ -148,10 +149,12 @@ type own struct {
 	last    time.Time
 }
 
-// job is a proof heard, waiting for a replay, and its bytes as they came.
+// job is a proof heard, waiting for a replay: its bytes as they came, and
+// when.
 type job struct {
 	p    *meshp2pb.Proof
 	data []byte
+	came time.Time
 }
 
 // Gossip is one node's end of the proofs topic.
@@ -262,8 +265,10 @@ func (g *Gossip) keep(b []byte) {
 }
 
 // carry takes on proof b, which this node's replay convicted on, to send
-// again (the newest MaxOwn).
-func (g *Gossip) carry(b []byte) {
+// again (the newest MaxOwn); it first came at came (its first turn is
+// skipped if a copy came since, e.g. the author's 5 s repeat during the
+// replay).
+func (g *Gossip) carry(b []byte, came time.Time) {
 	if len(g.cfg.Republish) == 0 {
 		return
 	}
@@ -272,7 +277,7 @@ func (g *Gossip) carry(b []byte) {
 	if len(g.carried) >= MaxOwn {
 		g.carried = g.carried[1:]
 	}
-	g.carried = append(g.carried, &own{data: b, carried: true, sum: sha256.Sum256(b), last: now, due: now.Add(jittered(g.cfg.Republish[0]))})
+	g.carried = append(g.carried, &own{data: b, carried: true, sum: sha256.Sum256(b), last: came, due: now.Add(jittered(g.cfg.Republish[0]))})
 	g.stats.Carried++
 	g.mu.Unlock()
 	select {
@@ -460,7 +465,7 @@ func (g *Gossip) readLoop(ctx context.Context) {
 		}
 		p.AuditorPeerId = []byte(from) // who to penalise if it is refuted
 		select {
-		case g.work <- job{p: p, data: data}:
+		case g.work <- job{p: p, data: data, came: g.cfg.Now()}:
 		default:
 			g.mu.Lock()
 			g.stats.Dropped++
@@ -493,7 +498,7 @@ func (g *Gossip) judgeLoop(ctx context.Context) {
 			return
 		case j := <-g.work:
 			if g.judge(ctx, j.p) {
-				g.carry(j.data)
+				g.carry(j.data, j.came)
 			}
 		}
 	}

@@ -124,7 +124,9 @@ func TestRepeatsReachNodesThatMissedTheProof(t *testing.T) {
 		c.RepeatInterval, c.PublisherInterval = 100*time.Millisecond, 100*time.Millisecond
 	}
 	serving := map[peer.ID]bool{id(t, liar): true}
-	judge := start(t, network, nil, true, map[peer.ID]bool{id(t, liar): true}, serving, fast)
+	// The judge carries nothing on (no schedule): the late node can only
+	// hear the author's repeats.
+	judge := start(t, network, nil, true, map[peer.ID]bool{id(t, liar): true}, serving, fast, func(c *proofgossip.Config) { c.Republish = []time.Duration{} })
 	bi := []peer.AddrInfo{judge.n.AddrInfo()}
 	author := start(t, network, bi, false, nil, serving, fast)
 	formed(t, judge, author)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/libp2p/go-libp2p/core/peer"
 
@@ -157,12 +158,14 @@ func (f *headFeed) admit() (*Seam, int, error) {
 		return nil, 0, fmt.Errorf("open stream: %w", err)
 	}
 	seam := NewSeam(s, o.Limits)
-	r, from, err := admitStandby(s, seam, o.Limits, f.open, DefaultOpenTimeout)
+	r, from, err := admitStandby(s, seam, o.Limits, f.open, time.Now().Add(DefaultOpenTimeout))
 	if err != nil {
 		seam.Reset()
 		return nil, 0, err
 	}
-	from = min(from, len(f.input)-1)
+	if from > 0 {
+		from = min(from, len(f.input)-1)
+	}
 	o.logger().Info("standby open", "covers", "head", "standby", f.peer, "from", from)
 	go f.watch(r, f.end, f.drop)
 	return seam, from, nil

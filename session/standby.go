@@ -220,7 +220,8 @@ func (m *mirror) run() {
 	defer seam.Close()
 	open := cloneOpen(hs.open)
 	open.HopIndex = uint32(hs.idx + 1)
-	r, from, err := admitStandby(s, seam, h.cfg.Limits, open, h.cfg.OpenTimeout)
+	deadline, _ := ctx.Deadline() // the open's budget, from before the dial
+	r, from, err := admitStandby(s, seam, h.cfg.Limits, open, deadline)
 	if err != nil {
 		m.drop("admission", err)
 		seam.Reset()

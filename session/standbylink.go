@@ -39,16 +39,16 @@ func (l *standbyLink) markDropped(report func()) {
 }
 
 // admitStandby sends open on the standby's new stream s (seam) and reads
-// its accept within timeout: the reader of the stream (watch goes on
+// its accept, both by deadline: the reader of the stream (watch goes on
 // reading it) and the positions of open's chain the standby holds, where
 // its prefill starts (its hop_cached where open's prefix owns them, as any
 // hop answers; 0 otherwise).
-func admitStandby(s network.Stream, seam *Seam, lim frame.Limits, open *meshp2pb.SessionOpen, timeout time.Duration) (*frame.Reader, int, error) {
-	if err := seam.Send(&meshp2pb.StreamMessage{Kind: &meshp2pb.StreamMessage_Open{Open: open}}, timeout); err != nil {
+func admitStandby(s network.Stream, seam *Seam, lim frame.Limits, open *meshp2pb.SessionOpen, deadline time.Time) (*frame.Reader, int, error) {
+	if err := seam.Send(&meshp2pb.StreamMessage{Kind: &meshp2pb.StreamMessage_Open{Open: open}}, time.Until(deadline)); err != nil {
 		return nil, 0, fmt.Errorf("send open: %w", err)
 	}
 	r := streamReader(s, lim)
-	_ = s.SetReadDeadline(time.Now().Add(timeout))
+	_ = s.SetReadDeadline(deadline)
 	msg, _, err := r.ReadStream()
 	_ = s.SetReadDeadline(time.Time{})
 	if err == nil && !msg.GetAccept().GetOk() {
