@@ -225,78 +225,27 @@ func TestWantsStandby(t *testing.T) {
 	}
 }
 
-// A standby the mirror dropped before the covered hop failed (here: the
-// standby's peer died) is not put in the failed hop's place: the mirror's
-// report says so (Error.standby_lost) and the origin re-routes as without
-// a standby, through a live replica, in one re-route, and names it no more.
+// A standby dropped before the hop it covers failed (here: the standby's
+// peer died) is not put in the failed hop's place. A middle hop's standby
+// is dropped by the mirror on the hop before, whose report says so
+// (Error.standby_lost); the head's by the origin, which knows it dropped
+// it (headFeed.lost). Either way the origin re-routes as without a
+// standby, through a live replica, in one re-route, and names it no more.
 func TestDroppedStandbyDoesNotTakeOver(t *testing.T) {
-	primary := threeHops(t)
-	start, end := primary[1].eng.info.Start, primary[1].eng.info.End
-	standby, replica := startHop(t, start, end, nil), startHop(t, start, end, nil)
-	all := append(primary, standby, replica)
-	o, c := newOrigin(t, stagePlanner{[][]*fakeHop{{primary[0]}, {primary[1], replica, standby}, {primary[2]}}}, all...)
-	o.Chunk = 16
-	o.StandbyAbove = -1
-	o.Shards = func(string) []route.Shard { // the standby is the replica listed first
-		var out []route.Shard
-		for _, h := range []*fakeHop{standby, replica} {
-			x := h.hop()
-			out = append(out, route.Shard{Peer: x.Peer, Fingerprint: fakeFP, NLayer: fakeNLay, Start: x.Start, End: x.End, Addrs: x.Addrs})
-		}
-		return out
+	for _, covered := range []int{1, 0} {
+		t.Run(map[int]string{0: "head", 1: "middle"}[covered], func(t *testing.T) { testDroppedStandby(t, covered) })
 	}
-	others := append([]*testHost{c}, hostsOf(all...)...)
-	var once sync.Once
-	victim := primary[1]
-	victim.eng.mu.Lock()
-	victim.eng.onStep = func(steps int) {
-		if steps < 5 {
-			return
-		}
-		once.Do(func() {
-			for deadline := time.Now().Add(10 * time.Second); standby.svc.StandbyStats().Rows < 100 && time.Now().Before(deadline); {
-				time.Sleep(time.Millisecond)
-			}
-			standby.kill(others...)
-			for deadline := time.Now().Add(10 * time.Second); primary[0].svc.StandbyStats().Dropped == 0 && time.Now().Before(deadline); {
-				time.Sleep(time.Millisecond)
-			}
-			victim.kill(others...)
-		})
-	}
-	victim.eng.mu.Unlock()
-	prompt := make([]int32, 100)
-	for i := range prompt {
-		prompt[i] = int32(i%50 + 1)
-	}
-	req := GenerateRequest{Fingerprint: fakeFP, NLayer: fakeNLay, Prompt: prompt, MaxTokens: 30, Standby: true, Sampling: &meshp2pb.SamplingParams{Seed: 5}}
-	res, err := o.Generate(context.Background(), req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if want := reference(prompt, 30, 5); !equal(res.Tokens, want) {
-		t.Fatalf("tokens %v\nwant   %v", res.Tokens, want)
-	}
-	if d := primary[0].svc.StandbyStats().Dropped; d != 1 {
-		t.Fatalf("the mirror dropped %d standbys, want 1 (the test kills it first)", d)
-	}
-	if res.Reroutes != 1 || res.Takeovers != 0 || res.Route.Hops[1].Peer != replica.host.ID() {
-		t.Fatalf("reroutes %d, takeovers %d, hop 1 now %s: want one re-route through the replica %s, no takeover by the dropped standby %s",
-			res.Reroutes, res.Takeovers, res.Route.Hops[1].Peer, replica.host.ID(), standby.host.ID())
-	}
-	waitReleased(t, primary[0], primary[2], replica)
 }
 
-// A head standby the origin dropped before the head failed (here: the
-// standby's peer died) is not put in the head's place: the origin knows
-// it dropped it (headFeed.lost) and re-routes as without a standby,
-// through a live replica of the head, in one re-route.
-func TestDroppedHeadStandbyDoesNotTakeOver(t *testing.T) {
+func testDroppedStandby(t *testing.T, covered int) {
 	primary := threeHops(t)
-	start, end := primary[0].eng.info.Start, primary[0].eng.info.End
+	victim := primary[covered]
+	start, end := victim.eng.info.Start, victim.eng.info.End
 	standby, replica := startHop(t, start, end, nil), startHop(t, start, end, nil)
 	all := append(primary, standby, replica)
-	o, c := newOrigin(t, stagePlanner{[][]*fakeHop{{primary[0], replica, standby}, {primary[1]}, {primary[2]}}}, all...)
+	stages := [][]*fakeHop{{primary[0]}, {primary[1]}, {primary[2]}}
+	stages[covered] = []*fakeHop{victim, replica, standby}
+	o, c := newOrigin(t, stagePlanner{stages}, all...)
 	obs := &recObs{}
 	o.Observer = obs
 	o.Chunk = 16
@@ -309,9 +258,18 @@ func TestDroppedHeadStandbyDoesNotTakeOver(t *testing.T) {
 		}
 		return out
 	}
+	// dropped: how many standbys were dropped, by the mirror on the hop
+	// before or by the origin (the head's).
+	dropped := func() int {
+		if covered > 0 {
+			return int(primary[covered-1].svc.StandbyStats().Dropped)
+		}
+		obs.mu.Lock()
+		defer obs.mu.Unlock()
+		return obs.sbDropped
+	}
 	others := append([]*testHost{c}, hostsOf(all...)...)
 	var once sync.Once
-	victim := primary[0]
 	victim.eng.mu.Lock()
 	victim.eng.onStep = func(steps int) {
 		if steps < 5 {
@@ -322,13 +280,8 @@ func TestDroppedHeadStandbyDoesNotTakeOver(t *testing.T) {
 				time.Sleep(time.Millisecond)
 			}
 			standby.kill(others...)
-			for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
-				obs.mu.Lock()
-				d := obs.sbDropped
-				obs.mu.Unlock()
-				if d > 0 {
-					break
-				}
+			for deadline := time.Now().Add(10 * time.Second); dropped() == 0 && time.Now().Before(deadline); {
+				time.Sleep(time.Millisecond)
 			}
 			victim.kill(others...)
 		})
@@ -346,14 +299,26 @@ func TestDroppedHeadStandbyDoesNotTakeOver(t *testing.T) {
 	if want := reference(prompt, 30, 5); !equal(res.Tokens, want) {
 		t.Fatalf("tokens %v\nwant   %v", res.Tokens, want)
 	}
-	if obs.sbDropped != 1 || obs.fed < len(prompt) {
-		t.Fatalf("the origin dropped %d head standbys after feeding %d rows, want 1 (the test kills it first) after the prompt", obs.sbDropped, obs.fed)
+	if d := dropped(); d != 1 {
+		t.Fatalf("%d standbys dropped, want 1 (the test kills it first)", d)
 	}
-	if res.Reroutes != 1 || res.Takeovers != 0 || res.Route.Hops[0].Peer != replica.host.ID() {
-		t.Fatalf("reroutes %d, takeovers %d, head now %s: want one re-route through the replica %s, no takeover by the dropped standby %s",
-			res.Reroutes, res.Takeovers, res.Route.Hops[0].Peer, replica.host.ID(), standby.host.ID())
+	obs.mu.Lock()
+	fed := obs.fed
+	obs.mu.Unlock()
+	if covered == 0 && fed < len(prompt) {
+		t.Fatalf("the origin fed the head standby %d rows before dropping it, want the prompt's %d", fed, len(prompt))
 	}
-	waitReleased(t, primary[1], primary[2], replica)
+	if res.Reroutes != 1 || res.Takeovers != 0 || res.Route.Hops[covered].Peer != replica.host.ID() {
+		t.Fatalf("reroutes %d, takeovers %d, hop %d now %s: want one re-route through the replica %s, no takeover by the dropped standby %s",
+			res.Reroutes, res.Takeovers, covered, res.Route.Hops[covered].Peer, replica.host.ID(), standby.host.ID())
+	}
+	var live []*fakeHop
+	for i, h := range primary {
+		if i != covered {
+			live = append(live, h)
+		}
+	}
+	waitReleased(t, append(live, replica)...)
 }
 
 // Which hop's replica pickStandby names: the hop with the most layers
