@@ -172,6 +172,7 @@ type Gossip struct {
 	penalty map[peer.ID]time.Time
 	mine    []*own
 	carried []*own
+	sent    time.Time              // when this node last published a proof
 	came    map[[32]byte]time.Time // when a copy last came from another node
 	wake    chan struct{}
 	stats   Stats
@@ -245,6 +246,7 @@ func (g *Gossip) Publish(ctx context.Context, p *meshp2pb.Proof) error {
 	g.mu.Lock()
 	g.remember(sum, heard)
 	g.keep(b)
+	g.sent = g.cfg.Now()
 	g.mu.Unlock()
 	select {
 	case g.wake <- struct{}{}:
@@ -308,40 +310,60 @@ func (g *Gossip) republishLoop(ctx context.Context) {
 	}
 }
 
-// republish sends the proofs due and returns the wait until the next one.
+// republish sends a proof due and returns the wait until the next one.
+// It sends at most one per PublisherInterval (counting Publish), the one
+// due longest first: a node that never heard the proofs takes no more
+// than that from one sender, so the others wait their turn instead of
+// being dropped.
 func (g *Gossip) republish(ctx context.Context) time.Duration {
 	now := g.cfg.Now()
 	next := time.Hour
-	var due [][]byte
+	var pick *own
+	waiting := 0
 	g.mu.Lock()
 	for _, o := range append(g.mine[:len(g.mine):len(g.mine)], g.carried...) {
-		if now.Before(o.due) {
-			next = min(next, o.due.Sub(now))
-			continue
-		}
-		o.step = min(o.step+1, len(g.cfg.Republish)-1)
-		gap := g.cfg.Republish[o.step]
 		switch {
-		case !o.carried:
-			due = append(due, o.data)
-		case g.came[o.sum].After(o.last): // someone sent it since
+		case now.Before(o.due):
+			next = min(next, o.due.Sub(now))
+		case o.carried && g.came[o.sum].After(o.last): // someone sent it since
 			g.stats.Skipped++
-			gap = jittered(gap)
+			next = min(next, g.advance(o, now))
 		default:
-			due = append(due, o.data)
-			gap = jittered(gap)
+			waiting++
+			if pick == nil || o.due.Before(pick.due) {
+				pick = o
+			}
 		}
-		o.last, o.due = now, now.Add(gap)
-		next = min(next, gap)
 	}
-	g.stats.Republished += len(due)
+	free := g.sent.Add(g.cfg.PublisherInterval)
+	var send []byte
+	if pick != nil && !now.Before(free) {
+		send, g.sent, free = pick.data, now, now.Add(g.cfg.PublisherInterval)
+		g.stats.Republished++
+		next = min(next, g.advance(pick, now))
+		waiting--
+	}
+	if waiting > 0 { // the rest, overdue, at this sender's next slot
+		next = min(next, free.Sub(now))
+	}
 	g.mu.Unlock()
-	for _, b := range due {
-		if err := g.topic.Publish(ctx, b); err != nil && ctx.Err() == nil {
+	if send != nil {
+		if err := g.topic.Publish(ctx, send); err != nil && ctx.Err() == nil {
 			g.log().Info("could not send a fraud proof again", "err", err)
 		}
 	}
 	return max(next, 10*time.Millisecond)
+}
+
+// advance moves o to its next turn (mu held) and returns the gap.
+func (g *Gossip) advance(o *own, now time.Time) time.Duration {
+	o.step = min(o.step+1, len(g.cfg.Republish)-1)
+	gap := g.cfg.Republish[o.step]
+	if o.carried {
+		gap = jittered(gap)
+	}
+	o.last, o.due = now, now.Add(gap)
+	return gap
 }
 
 // remember records what this node made of a digest (mu held; bounded).

@@ -200,6 +200,43 @@ func TestJudgesCarryTheProofOfAGoneAuthor(t *testing.T) {
 	}
 }
 
+// A node that never heard an author's proofs takes one a minute from it
+// (PublisherInterval), so an author's repeats of several proofs go one
+// per interval: a late node hears them all and drops none for the rate.
+// (The author spaces them by 300 ms, the late node's limit is 100 ms: the
+// margin is for the transit's jitter, which in a swarm is far below the
+// default minute.)
+func TestRepeatsOfSeveralProofsAreSpaced(t *testing.T) {
+	liars := []crypto.PrivKey{key(t), key(t)}
+	origin := key(t)
+	network := "proofgossip-spaced"
+	serving := map[peer.ID]bool{id(t, liars[0]): true, id(t, liars[1]): true}
+	quiet := func(c *proofgossip.Config) {
+		c.Republish, c.PublisherInterval, c.RepeatInterval = []time.Duration{}, 100*time.Millisecond, 100*time.Millisecond
+	}
+	judge := start(t, network, nil, false, nil, serving, quiet)
+	bi := []peer.AddrInfo{judge.n.AddrInfo()}
+	author := start(t, network, bi, false, nil, serving, func(c *proofgossip.Config) {
+		c.Republish, c.PublisherInterval, c.RepeatInterval = []time.Duration{300 * time.Millisecond}, 300*time.Millisecond, 100*time.Millisecond
+	})
+	formed(t, judge, author)
+	for i, l := range liars {
+		if err := author.g.Publish(context.Background(), proof(t, origin, l, byte(i+1))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	late := start(t, network, bi, false, nil, serving, quiet)
+	eventually(t, "the late node never suspected both liars", func() bool {
+		late.mu.Lock()
+		defer late.mu.Unlock()
+		return late.susp[id(t, liars[0])] && late.susp[id(t, liars[1])]
+	})
+	if st := late.g.Stats(); st.Dropped != 0 {
+		t.Errorf("the late node dropped %d proofs (%+v): the author's repeats came closer than its rate", st.Dropped, st)
+	}
+	t.Logf("author %+v; late %+v", author.g.Stats(), late.g.Stats())
+}
+
 // proof is a well-signed proof of one window against the hop of hopKey,
 // in a session origin ran (payload makes proofs differ).
 func proof(t *testing.T, origin, hopKey crypto.PrivKey, payload byte) *meshp2pb.Proof {
