@@ -248,10 +248,7 @@ func (g *Gossip) Publish(ctx context.Context, p *meshp2pb.Proof) error {
 	g.keep(b)
 	g.sent = g.cfg.Now()
 	g.mu.Unlock()
-	select {
-	case g.wake <- struct{}{}:
-	default:
-	}
+	g.poke()
 	return g.topic.Publish(ctx, b)
 }
 
@@ -282,6 +279,11 @@ func (g *Gossip) carry(b []byte, came time.Time) {
 	g.carried = append(g.carried, &own{data: b, carried: true, sum: sha256.Sum256(b), last: came, due: now.Add(jittered(g.cfg.Republish[0]))})
 	g.stats.Carried++
 	g.mu.Unlock()
+	g.poke()
+}
+
+// poke has republishLoop recompute its next wake (a proof was added).
+func (g *Gossip) poke() {
 	select {
 	case g.wake <- struct{}{}:
 	default:

@@ -111,6 +111,13 @@ func eventually(t *testing.T, what string, cond func() bool) {
 	}
 }
 
+// fast sends repeats every 300 ms and takes a proof heard before, or a new
+// one from the same sender, again after 100 ms.
+func fast(c *proofgossip.Config) {
+	c.Republish = []time.Duration{300 * time.Millisecond}
+	c.RepeatInterval, c.PublisherInterval = 100*time.Millisecond, 100*time.Millisecond
+}
+
 // Gossip keeps no history, so a node that was not in the mesh when a proof
 // went round (it joined later) hears it only from its author's repeats
 // (Config.Republish), forwarded by nodes that judged it already and do not
@@ -119,10 +126,6 @@ func eventually(t *testing.T, what string, cond func() bool) {
 func TestRepeatsReachNodesThatMissedTheProof(t *testing.T) {
 	liar, origin := key(t), key(t)
 	network := "proofgossip-repeat"
-	fast := func(c *proofgossip.Config) {
-		c.Republish = []time.Duration{300 * time.Millisecond}
-		c.RepeatInterval, c.PublisherInterval = 100*time.Millisecond, 100*time.Millisecond
-	}
 	serving := map[peer.ID]bool{id(t, liar): true}
 	// The judge carries nothing on (no schedule): the late node can only
 	// hear the author's repeats.
@@ -169,10 +172,6 @@ func TestRepeatsReachNodesThatMissedTheProof(t *testing.T) {
 func TestJudgesCarryTheProofOfAGoneAuthor(t *testing.T) {
 	liar, origin := key(t), key(t)
 	network := "proofgossip-carry"
-	fast := func(c *proofgossip.Config) {
-		c.Republish = []time.Duration{300 * time.Millisecond}
-		c.RepeatInterval, c.PublisherInterval = 100*time.Millisecond, 100*time.Millisecond
-	}
 	serving := map[peer.ID]bool{id(t, liar): true}
 	guilty := map[peer.ID]bool{id(t, liar): true}
 	judge := start(t, network, nil, true, guilty, serving, fast)

@@ -128,6 +128,23 @@ func (m *Member) Cap(ctx context.Context) int {
 	return max(1, int(math.Round(free)))
 }
 
+// othersTicks reads the CPU time (processTicks) of each other member that
+// can be read, by pid.
+func (m *Member) othersTicks() map[int]uint64 {
+	ents, _ := os.ReadDir(m.dir)
+	n := map[int]uint64{}
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid == os.Getpid() {
+			continue
+		}
+		if t, ok := m.processTicks(pid); ok {
+			n[pid] = t
+		}
+	}
+	return n
+}
+
 // idleCPUs measures how many CPUs were idle or running this process (with
 // members, any member) over Window.
 func (m *Member) idleCPUs(ctx context.Context, members bool) (float64, error) {

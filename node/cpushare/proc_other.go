@@ -24,26 +24,18 @@ func (m *Member) ticks() (idle, total, own uint64, ok bool, err error) {
 	return idle, total, own, err == nil, err
 }
 
-// othersTicks reads the user + system ticks of each other member that
-// can be read, by pid.
-func (m *Member) othersTicks() map[int]uint64 {
+// processTicks is pid's user + system ticks, from /proc.
+func (m *Member) processTicks(pid int) (uint64, bool) {
 	if m.proc == "" {
-		return nil
+		return 0, false
 	}
-	ents, _ := os.ReadDir(m.dir)
-	n := map[int]uint64{}
-	for _, e := range ents {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil || pid == os.Getpid() {
-			continue
-		}
-		if f, err := m.statFields(pid); err == nil && len(f) >= 15 {
-			u, _ := strconv.ParseUint(f[13], 10, 64)
-			s, _ := strconv.ParseUint(f[14], 10, 64)
-			n[pid] = u + s
-		}
+	f, err := m.statFields(pid)
+	if err != nil || len(f) < 15 {
+		return 0, false
 	}
-	return n
+	u, _ := strconv.ParseUint(f[13], 10, 64)
+	s, _ := strconv.ParseUint(f[14], 10, 64)
+	return u + s, true
 }
 
 // machineTicks reads the idle (idle + iowait) and total ticks of every

@@ -2,7 +2,6 @@ package cpushare
 
 import (
 	"fmt"
-	"os"
 	"strconv"
 	"unsafe"
 
@@ -26,35 +25,27 @@ func (m *Member) ticks() (idle, total, own uint64, ok bool, err error) {
 	return ft(fi), ft(fk) + ft(fu), ft(k) + ft(u), true, nil
 }
 
-// othersTicks reads the kernel + user time of each other member that can
-// be read (GetProcessTimes), by pid, in the 100 ns units of ticks.
-func (m *Member) othersTicks() map[int]uint64 {
-	ents, _ := os.ReadDir(m.dir)
-	n := map[int]uint64{}
-	for _, e := range ents {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil || pid == os.Getpid() {
-			continue
-		}
-		if t, ok := processTime(pid); ok {
-			n[pid] = t
-		}
-	}
-	return n
+// processTicks is pid's kernel + user time (GetProcessTimes), in the
+// 100 ns units of ticks.
+func (m *Member) processTicks(pid int) (uint64, bool) {
+	_, used, ok := processTimes(pid)
+	return used, ok
 }
 
-// processTime is pid's kernel + user time.
-func processTime(pid int) (uint64, bool) {
+// processTimes is pid's creation time and its kernel + user time; ok is
+// false when they cannot be read (the process is gone, or not ours to
+// query).
+func processTimes(pid int) (created, used uint64, ok bool) {
 	h, err := windows.OpenProcess(windows.PROCESS_QUERY_LIMITED_INFORMATION, false, uint32(pid))
 	if err != nil {
-		return 0, false
+		return 0, 0, false
 	}
 	defer windows.CloseHandle(h)
 	var c, x, k, u windows.Filetime
 	if err := windows.GetProcessTimes(h, &c, &x, &k, &u); err != nil {
-		return 0, false
+		return 0, 0, false
 	}
-	return ft(k) + ft(u), true
+	return ft(c), ft(k) + ft(u), true
 }
 
 func ft(f windows.Filetime) uint64 { return uint64(f.HighDateTime)<<32 | uint64(f.LowDateTime) }
@@ -62,14 +53,9 @@ func ft(f windows.Filetime) uint64 { return uint64(f.HighDateTime)<<32 | uint64(
 // startTime is pid's creation time (GetProcessTimes), or "" when it
 // cannot be read (the process is gone, or not ours to query).
 func (m *Member) startTime(pid int) string {
-	h, err := windows.OpenProcess(windows.PROCESS_QUERY_LIMITED_INFORMATION, false, uint32(pid))
-	if err != nil {
+	c, _, ok := processTimes(pid)
+	if !ok {
 		return ""
 	}
-	defer windows.CloseHandle(h)
-	var c, x, k, u windows.Filetime
-	if err := windows.GetProcessTimes(h, &c, &x, &k, &u); err != nil {
-		return ""
-	}
-	return strconv.FormatUint(ft(c), 10)
+	return strconv.FormatUint(c, 10)
 }
